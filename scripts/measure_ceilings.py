@@ -1,0 +1,33 @@
+"""Measure the two ceilings of the GPU this runs on (METHOD.md): an fp32 SGEMM with TF32 off, and a large
+device-to-device copy (bytes read + written). Needs PyTorch with CUDA. Prints one line each."""
+
+import torch
+
+
+def _time_ms(fn, reps: int = 10, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def main() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    n = 8192
+    a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+    ms = _time_ms(lambda: a @ b)
+    print(f"{torch.cuda.get_device_name()}: fp32 SGEMM {n}^3 (TF32 off): {2 * n**3 / ms / 1e9:.1f} TFLOP/s")
+    x = torch.randn(2**29, device="cuda")  # 2 GiB
+    y = torch.empty_like(x)
+    ms = _time_ms(lambda: y.copy_(x))
+    print(f"{torch.cuda.get_device_name()}: device-to-device copy 2 GiB: {2 * x.numel() * 4 / ms / 1e6:.0f} GB/s "
+          f"(read + write)")
+
+
+if __name__ == "__main__":
+    main()
