@@ -1,0 +1,157 @@
+"""Image decoding and torchvision's Inception-V3 preprocessing, on Pillow and NumPy only.
+
+torchvision's ``Inception_V3_Weights.IMAGENET1K_V1.transforms()`` is ``ImageClassification(crop_size=299,
+resize_size=342)``: Resize(342, bilinear) -> CenterCrop(299) -> to float in [0, 1] -> Normalize(mean, std).
+On a PIL image that is (torchvision/transforms/functional.py, ``_compute_resized_output_size`` and
+``center_crop``):
+
+- the shorter side becomes 342 and the longer ``int(342 * long / short)``; PIL's own bilinear ``resize`` (which
+  filters over the whole footprint when shrinking, i.e. antialiased) does it; no resize when already that size;
+- crop offsets ``top = int(round((h - 299) / 2.0))``, ``left = int(round((w - 299) / 2.0))``;
+- ``uint8 / 255`` then ``(x - mean) / std``, all in float32.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from . import arch
+from .errors import EngineError
+from .weights import IMAGENET_MEAN, IMAGENET_STD
+
+RESIZE = 342  # torchvision's resize_size for Inception-V3
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    size: int = arch.INPUT_SIZE
+    resize: int = RESIZE
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> Preprocess:
+        """The weight file's ``input`` section wins over torchvision's defaults, field by field."""
+        inp = manifest.get("input", {}) or {}
+        return cls(size=int(inp.get("size", arch.INPUT_SIZE)), resize=int(inp.get("resize", RESIZE)),
+                   mean=tuple(float(m) for m in inp.get("mean", IMAGENET_MEAN)),  # type: ignore[arg-type]
+                   std=tuple(float(s) for s in inp.get("std", IMAGENET_STD)))  # type: ignore[arg-type]
+
+
+def image_extensions() -> set[str]:
+    """Lower-case file extensions Pillow can open (".jpg", ".png", ...)."""
+    Image.init()
+    return {ext.lower() for ext in Image.registered_extensions()}
+
+
+def open_image(path: str | Path) -> Image.Image:
+    """Decode a file fully (so truncation shows up here), orientation from EXIF applied. Any failure is an
+    EngineError naming the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise EngineError(f"{path}: is a directory, not an image")
+    try:
+        if path.stat().st_size == 0:
+            raise EngineError(f"{path}: empty file")
+        with Image.open(path) as img:
+            img.load()
+            return exif_upright(img)
+    except EngineError:
+        raise
+    except FileNotFoundError:
+        raise EngineError(f"{path}: no such file") from None
+    except PermissionError:
+        raise EngineError(f"{path}: permission denied") from None
+    except UnidentifiedImageError:
+        raise EngineError(f"{path}: not an image (Pillow cannot identify the format)") from None
+    except Image.DecompressionBombError as e:
+        raise EngineError(f"{path}: refused, too many pixels ({e})") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        # Pillow reports truncated or corrupt data as OSError ("image file is truncated", "broken data stream")
+        # and some decoders as ValueError/SyntaxError.
+        raise EngineError(f"{path}: corrupt or truncated image data ({first_line(e)})") from None
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def exif_upright(img: Image.Image) -> Image.Image:
+    """Rotate/flip as the EXIF orientation tag says; a broken EXIF block leaves the pixels as stored, since the
+    picture itself decoded fine."""
+    try:
+        return ImageOps.exif_transpose(img)
+    except Exception:  # Pillow raises assorted errors on malformed EXIF
+        return img.copy()
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB from any Pillow mode: alpha composited on white, 16/32-bit integer grey scaled from 0..65535,
+    float grey taken as 0..1, bilevel as 0/255, CMYK/YCbCr/LAB/HSV via Pillow's conversions."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or (mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA") if mode != "La" else img.convert("LA").convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode.startswith("I"):  # I;16, I;16B, I;16L, I;16N, I (32-bit): 16-bit grey is the usual content
+        a = np.asarray(img).astype(np.float64)
+        grey = np.clip(np.rint(a / 257.0), 0, 255).astype(np.uint8)  # 65535 / 255 = 257
+        return Image.fromarray(grey, "L").convert("RGB")
+    if mode == "F":
+        a = np.asarray(img, dtype=np.float64)
+        grey = np.clip(np.rint(np.nan_to_num(a) * 255.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey, "L").convert("RGB")
+    try:
+        return img.convert("RGB")
+    except ValueError as e:
+        raise EngineError(f"image mode {mode} cannot be converted to RGB ({e})") from None
+
+
+def resized_size(w: int, h: int, size: int) -> tuple[int, int]:
+    """(w, h) after torchvision's Resize(size) with an int size: shorter side -> size, longer truncated."""
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = size, int(size * long / short)
+    return (new_short, new_long) if w <= h else (new_long, new_short)
+
+
+def crop_box(w: int, h: int, size: int) -> tuple[int, int, int, int]:
+    """PIL crop box (left, top, right, bottom) of torchvision's CenterCrop(size) on a w x h image >= size."""
+    top = int(round((h - size) / 2.0))
+    left = int(round((w - size) / 2.0))
+    return left, top, left + size, top + size
+
+
+def preprocess_pil(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
+    """(3, size, size) float32, normalised, from an already decoded image."""
+    img = to_rgb(exif_upright(img))
+    new = resized_size(*img.size, pre.resize)
+    if new != img.size:
+        img = img.resize(new, Image.BILINEAR)
+    if min(img.size) < pre.size:  # only with a manifest whose resize < size; torchvision would pad
+        raise EngineError(f"resize {pre.resize} is smaller than crop {pre.size}; the weight manifest is inconsistent")
+    img = img.crop(crop_box(*img.size, pre.size))
+    x = np.asarray(img, dtype=np.uint8).astype(np.float32) / np.float32(255)
+    x = (x - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def load_image(source: str | os.PathLike | Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
+    """A path or a PIL image -> (3, size, size) float32. Bad files raise EngineError with one line."""
+    if isinstance(source, Image.Image):
+        return preprocess_pil(source, pre)
+    img = open_image(source)
+    try:
+        return preprocess_pil(img, pre)
+    except EngineError as e:
+        raise EngineError(f"{source}: {e}") from None
+    except (OSError, ValueError) as e:
+        raise EngineError(f"{source}: cannot convert image ({first_line(e)})") from None
