@@ -1,11 +1,20 @@
 """NumPy backend: the reference every other backend is checked against (float64), and the CPU path (float32).
 
-Convolution is im2col + one BLAS matrix product per layer; 1x1 stride-1 convolutions skip im2col entirely.
+Convolution is im2col + one BLAS matrix product per image, written straight into the destination view (a channel
+slice of a concat buffer is contiguous per image, so BLAS writes the concat in place). 1x1 stride-1 convolutions
+skip im2col. The backend prepares every op once at init: weights reshaped to the im2col row order, arena views,
+a zero-bordered padding scratch per padded shape, one shared im2col scratch. ``forward`` then only copies and
+multiplies; nothing is allocated per call.
+
+im2col row order is (ki, kj, c): each (ki, kj) block of rows is one contiguous copy of a shifted input window,
+and the weights are transposed to (O, kh, kw, C) once to match.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -13,43 +22,154 @@ from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
 
 
+def _out_size(size: int, kernel: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def conv_weight_2d(w: np.ndarray) -> np.ndarray:
+    """(O, C, kh, kw) -> (O, kh * kw * C), the row order ``_im2col`` produces."""
+    o = w.shape[0]
+    return np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
+
+
+def _im2col(xp: np.ndarray, kh: int, kw: int, stride: int, ho: int, wo: int, cols: np.ndarray) -> None:
+    """xp (C, Hp, Wp), already padded -> cols (kh * kw * C, ho * wo)."""
+    c = xp.shape[0]
+    blocks = cols.reshape(kh, kw, c, ho, wo)
+    for i in range(kh):
+        for j in range(kw):
+            blocks[i, j] = xp[:, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride]
+
+
+@dataclass
+class _Conv:
+    """One convolution, prepared: ``run(x, out)`` computes relu(conv(x) + b) into ``out`` (both views, NCHW)."""
+
+    w2d: np.ndarray  # (O, kh * kw * C)
+    bias: np.ndarray  # (O, 1, 1)
+    kernel: tuple[int, int]
+    stride: int
+    pad: tuple[int, int]
+    relu: bool
+    padded: np.ndarray | None  # (C, H + 2 ph, W + 2 pw) scratch, borders zero and never written
+    cols: np.ndarray | None  # (kh * kw * C, Ho * Wo) scratch
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        n, c, h, w = x.shape
+        o, ho, wo = out.shape[1:]
+        (kh, kw), (ph, pw) = self.kernel, self.pad
+        if self.cols is None:  # 1x1, stride 1, no padding: the input already is the column matrix
+            np.matmul(self.w2d, x.reshape(n, c, h * w), out=out.reshape(n, o, ho * wo))
+        else:
+            for i in range(n):
+                xp = x[i]
+                if self.padded is not None:
+                    self.padded[:, ph:ph + h, pw:pw + w] = xp
+                    xp = self.padded
+                _im2col(xp, kh, kw, self.stride, ho, wo, self.cols)
+                np.matmul(self.w2d, self.cols, out=out[i].reshape(o, ho * wo))
+        out += self.bias
+        if self.relu:
+            np.maximum(out, 0, out=out)
+
+
+def _prepare_conv(w2d: np.ndarray, b: np.ndarray, in_shape: tuple[int, int, int, int], kernel: tuple[int, int],
+                  stride: int, pad: tuple[int, int], relu: bool,
+                  scratch: Callable[[str, tuple[int, ...]], np.ndarray]) -> _Conv:
+    """``scratch(kind, shape)`` hands out work memory: kind "cols" may be shared by all convs, kind "pad:..." is
+    shared only by convs with the same padded shape (whose zero borders then stay zero)."""
+    _, c, h, w = in_shape
+    (kh, kw), (ph, pw) = kernel, pad
+    ho, wo = _out_size(h, kh, stride, ph), _out_size(w, kw, stride, pw)
+    direct = kh == kw == 1 and stride == 1 and ph == pw == 0
+    padded = scratch(f"pad:{c}x{h}x{w}+{ph}x{pw}", (c, h + 2 * ph, w + 2 * pw)) if ph or pw else None
+    cols = None if direct else scratch("cols", (kh * kw * c, ho * wo))
+    return _Conv(w2d, b.reshape(-1, 1, 1), kernel, stride, pad, relu, padded, cols)
+
+
+def _fresh_scratch(dtype: np.dtype) -> Callable[[str, tuple[int, ...]], np.ndarray]:
+    return lambda kind, shape: np.zeros(shape, dtype)
+
+
 def conv2d_bias_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1,
-                     pad: tuple[int, int] = (0, 0), relu: bool = True) -> np.ndarray:
-    """x (N, C, H, W), w (O, C, kh, kw), b (O,) -> (N, O, Ho, Wo)."""
+                     pad: tuple[int, int] = (0, 0), relu: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+    """x (N, C, H, W), w (O, C, kh, kw), b (O,) -> (N, O, Ho, Wo), in the dtype of x. ``out`` may be a view
+    (e.g. a channel slice) as long as each image of it is contiguous."""
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
-    ph, pw = pad
-    ho, wo = (h + 2 * ph - kh) // stride + 1, (wd + 2 * pw - kw) // stride + 1
-    if kh == kw == 1 and stride == 1 and ph == pw == 0:
-        y = np.matmul(w.reshape(o, c), x.reshape(n, c, h * wd))
+    ho, wo = _out_size(h, kh, stride, pad[0]), _out_size(wd, kw, stride, pad[1])
+    if out is None:
+        out = np.empty((n, o, ho, wo), x.dtype)
+    conv = _prepare_conv(conv_weight_2d(w.astype(x.dtype, copy=False)), b.astype(x.dtype, copy=False), x.shape,
+                         (kh, kw), stride, pad, relu, _fresh_scratch(x.dtype))
+    conv.run(x, out)
+    return out
+
+
+@dataclass
+class _Pool:
+    """One max or average pool, prepared. Separable: reduce along W into ``rows``, then along H into the output
+    (a 3x3 window costs 4 elementwise passes instead of 8)."""
+
+    kind: str
+    kernel: int
+    stride: int
+    pad: int
+    padded: np.ndarray | None  # (N, C, H + 2p, W + 2p), borders -inf (max) or 0 (avg), never written
+    rows: np.ndarray  # (N, C, Hp, Wo)
+    scale: np.ndarray | float  # 1 / number of elements each average window divides by, (Ho, Wo) or scalar
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        k, s, p = self.kernel, self.stride, self.pad
+        ho, wo = out.shape[2:]
+        if self.padded is not None:
+            self.padded[:, :, p:p + x.shape[2], p:p + x.shape[3]] = x
+            x = self.padded
+        reduce = np.maximum if self.kind == "max" else np.add
+        rows = self.rows
+        rows[...] = x[..., 0:s * (wo - 1) + 1:s]
+        for j in range(1, k):
+            reduce(rows, x[..., j:j + s * (wo - 1) + 1:s], out=rows)
+        out[...] = rows[:, :, 0:s * (ho - 1) + 1:s]
+        for i in range(1, k):
+            reduce(out, rows[:, :, i:i + s * (ho - 1) + 1:s], out=out)
+        if self.kind == "avg":
+            out *= self.scale
+
+
+def _window_counts(size: int, kernel: int, stride: int, pad: int) -> np.ndarray:
+    """How many in-bounds elements each output position's window covers, along one axis."""
+    starts = np.arange(_out_size(size, kernel, stride, pad)) * stride - pad
+    return np.minimum(starts + kernel, size) - np.maximum(starts, 0)
+
+
+def _prepare_pool(in_shape: tuple[int, int, int, int], kind: str, kernel: int, stride: int, pad: int,
+                  count_include_pad: bool, dtype: np.dtype) -> _Pool:
+    if kind not in ("max", "avg"):
+        raise ValueError(f"pool kind must be 'max' or 'avg', got {kind!r}")
+    n, c, h, w = in_shape
+    ho, wo = _out_size(h, kernel, stride, pad), _out_size(w, kernel, stride, pad)
+    padded = None
+    if pad:
+        padded = np.full((n, c, h + 2 * pad, w + 2 * pad), -np.inf if kind == "max" else 0, dtype)
+    rows = np.empty((n, c, h + 2 * pad, wo), dtype)
+    if count_include_pad or not pad:
+        scale: np.ndarray | float = 1.0 / (kernel * kernel)
     else:
-        xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-        win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::stride, ::stride]
-        # (N, C, Ho, Wo, kh, kw) -> (N, C*kh*kw, Ho*Wo): the im2col matrix, one copy.
-        cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * kh * kw, ho * wo)
-        y = np.matmul(w.reshape(o, c * kh * kw), cols)
-    y = y.reshape(n, o, ho, wo)
-    y += b.reshape(1, o, 1, 1)
-    if relu:
-        np.maximum(y, 0, out=y)
-    return y
+        counts = np.outer(_window_counts(h, kernel, stride, pad), _window_counts(w, kernel, stride, pad))
+        scale = (1.0 / counts).astype(dtype)
+    return _Pool(kind, kernel, stride, pad, padded, rows, scale)
 
 
 def pool2d(x: np.ndarray, kind: str, kernel: int, stride: int, pad: int = 0,
-           count_include_pad: bool = True) -> np.ndarray:
+           count_include_pad: bool = True, out: np.ndarray | None = None) -> np.ndarray:
     """Max or average pool over kernel x kernel windows. Max pads with -inf; average divides by the window size
     (count_include_pad) or by the number of in-bounds elements."""
-    fill = -np.inf if kind == "max" else 0.0
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=fill) if pad else x
-    win = np.lib.stride_tricks.sliding_window_view(xp, (kernel, kernel), axis=(2, 3))[:, :, ::stride, ::stride]
-    if kind == "max":
-        return win.max(axis=(4, 5))
-    s = win.sum(axis=(4, 5))
-    if count_include_pad or not pad:
-        return s / (kernel * kernel)
-    ones = np.pad(np.ones(x.shape[2:], x.dtype), pad)
-    cnt = np.lib.stride_tricks.sliding_window_view(ones, (kernel, kernel))[::stride, ::stride].sum(axis=(2, 3))
-    return s / cnt
+    n, c, h, w = x.shape
+    if out is None:
+        out = np.empty((n, c, _out_size(h, kernel, stride, pad), _out_size(w, kernel, stride, pad)), x.dtype)
+    _prepare_pool(x.shape, kind, kernel, stride, pad, count_include_pad, x.dtype).run(x, out)
+    return out
 
 
 def global_avg_pool(x: np.ndarray) -> np.ndarray:
@@ -71,32 +191,62 @@ class NumpyBackend:
     def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32):
         self.plan = plan
         self.dtype = np.dtype(dtype)
-        self.params = {k: v.astype(self.dtype) for k, v in weights.arrays.items()}
         self.arena = np.empty(plan.arena_elems, self.dtype)
+        self._scratch: dict[str, np.ndarray] = {}
+        cols_elems = max([self._cols_elems(op) for op in plan.conv_ops], default=0)
+        self._scratch["cols"] = np.empty(cols_elems, self.dtype)
+        self._steps = [self._prepare(op, weights) for op in plan.ops]
+        self._input = self._view(plan.input)
+        self._output = self._view(plan.output).reshape(plan.batch, -1)
+
+    @staticmethod
+    def _cols_elems(op: ConvOp) -> int:
+        _, _, ho, wo = op.dst.dims
+        return op.kernel[0] * op.kernel[1] * op.src.channels * ho * wo
+
+    def _scratch_for(self, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape))
+        if kind not in self._scratch:
+            self._scratch[kind] = np.zeros(size, self.dtype)
+        return self._scratch[kind][:size].reshape(shape)
 
     def _view(self, v: View) -> np.ndarray:
         n, c, h, w = v.shape
         buf = self.arena[v.offset:v.offset + n * c * h * w].reshape(n, c, h, w)
         return buf[:, v.c_offset:v.c_offset + v.channels]
 
+    def _prepare(self, op, weights: Weights) -> Callable[[], None]:
+        src, dst = self._view(op.src), self._view(op.dst)
+        if isinstance(op, ConvOp):
+            w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
+            conv = _prepare_conv(conv_weight_2d(w), b, src.shape, op.kernel, op.stride, op.pad, True,
+                                 self._scratch_for)
+            return lambda: conv.run(src, dst)
+        if isinstance(op, PoolOp):
+            pool = _prepare_pool(src.shape, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad, self.dtype)
+            return lambda: pool.run(src, dst)
+        if isinstance(op, GlobalAvgPoolOp):
+            n, c, h, w = src.shape
+            return lambda: np.mean(src.reshape(n, c, h * w), axis=2, out=dst.reshape(n, c))
+        if isinstance(op, FCOp):
+            n = src.shape[0]
+            w_t = weights.arrays[op.name + ".weight"].astype(self.dtype).T
+            b = weights.arrays[op.name + ".bias"].astype(self.dtype)
+            x2d, y2d = src.reshape(n, -1), dst.reshape(n, -1)
+
+            def run_fc() -> None:
+                np.matmul(x2d, w_t, out=y2d)
+                np.add(y2d, b, out=y2d)
+            return run_fc
+        raise TypeError(f"unknown op {op!r}")
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         if x.shape != self.plan.input.dims:
             raise ValueError(f"input shape {x.shape} does not match the plan's {self.plan.input.dims}")
-        self._view(self.plan.input)[...] = x
-        for op in self.plan.ops:
-            src, dst = self._view(op.src), self._view(op.dst)
-            if isinstance(op, ConvOp):
-                dst[...] = conv2d_bias_relu(src, self.params[op.name + ".weight"], self.params[op.name + ".bias"],
-                                            op.stride, op.pad)
-            elif isinstance(op, PoolOp):
-                dst[...] = pool2d(src, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad)
-            elif isinstance(op, GlobalAvgPoolOp):
-                dst[...] = global_avg_pool(src)
-            elif isinstance(op, FCOp):
-                n = src.shape[0]
-                dst[...] = fc(src.reshape(n, -1), self.params[op.name + ".weight"],
-                              self.params[op.name + ".bias"]).reshape(dst.shape)
-        return self._view(self.plan.output).reshape(self.plan.batch, -1).copy()
+        self._input[...] = x
+        for step in self._steps:
+            step()
+        return self._output.copy()
 
     def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
         for _ in range(warmup):
@@ -110,3 +260,5 @@ class NumpyBackend:
 
     def close(self) -> None:
         self.arena = np.empty(0, self.dtype)
+        self._scratch.clear()
+        self._steps.clear()
