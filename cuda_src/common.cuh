@@ -1,0 +1,34 @@
+// common.cuh: small helpers shared by the kernels of inception-engine.
+//
+// Warp and block reductions by butterfly shuffles (every lane ends with the result), and the block shape the
+// element-wise kernels use. Tensors are float32, NCHW; a "view" is a channel slice of a buffer: a pointer to
+// channel 0 of the slice in batch item 0 plus the batch stride (the whole buffer's C_total * H * W), so kernels
+// read and write concat buffers in place.
+#pragma once
+
+#define IE_THREADS 256  // block size of the element-wise kernels (pool, reduce, softmax)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum (IS_MAX false) or max over the block; every thread gets the result. blockDim.x must be a multiple of 32
+// and at most 1024. `scratch` holds one float per warp; the leading barrier makes it safe to call repeatedly.
+template <bool IS_MAX>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = IS_MAX ? warp_max(v) : warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : (IS_MAX ? -INFINITY : 0.f);
+    return IS_MAX ? warp_max(v) : warp_sum(v);
+}

@@ -1,0 +1,193 @@
+// conv.cu: 2-D convolution + bias + ReLU as an implicit GEMM (fp32 FFMA, NCHW), and the split-K reduction.
+//
+// Computes y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s])
+// (x is zero outside the image) for every convolution of Inception-V3: kernels 1x1, 3x3, 5x5, 1x7, 7x1, 1x3, 3x1,
+// stride 1 or 2, padding 0..3.
+//
+// Idea: the convolution is the matrix product C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo and
+// K = Cin*KH*KW. A is the weights, uploaded transposed as wt[K][M] so that a tile row is contiguous along M.
+// B is the im2col matrix, which never exists: whoever loads a B tile into shared memory gathers its elements from
+// x. Each thread loads always the same output pixel n of the tile, so (b, oh, ow) is decoded once per block;
+// KH and KW are template parameters, so decoding k -> (c, r, s) is multiplication by constants. A block computes a
+// BM x BN tile of C, a thread a TM x TN micro-tile in registers, fed by 16-byte shared-memory reads: the thread's
+// rows are TM/4 runs of 4 spaced BM/(TM/4) apart (columns likewise), so the 8 threads of a quarter warp read 32
+// consecutive words, free of bank conflicts. Global loads of tile t+1 go to registers before the math of tile t
+// and to the second shared buffer after it: one barrier per tile.
+// Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split). With one slice the epilogue adds the bias,
+// applies the ReLU and writes y; with several it writes raw partial sums to the workspace ws[z][M][N] and
+// conv_splitk_reduce finishes. Batch-1 layers on 17x17 and 8x8 grids (N = 289, 64) need this to fill 132 SMs.
+// Views: x points at channel 0 of the source view in batch item 0 and item b starts x_bstride floats later (the
+// source buffer's C_total*H*W); y likewise. A conv reads a channel slice and writes into its concat's buffer.
+//
+// Launch: conv_<KH>x<KW>_<BM>x<BN>: block ((BM/TM)*(BN/TN)) = 256 threads, grid (ceil(N/BN), ceil(M/BM), splits).
+//         conv_splitk_reduce: block 256, grid ceil(M*N/256).
+#include "common.cuh"
+
+template <int KH, int KW, int BM, int BN, int BK, int TM, int TN>
+__device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const float* __restrict__ wt,
+                                          const float* __restrict__ bias, float* __restrict__ y, int batch, int cin,
+                                          int h, int w, int x_bstride, int cout, int ho, int wo, int y_bstride,
+                                          int stride, int pad_h, int pad_w, int k_split, int relu) {
+    constexpr int NT = (BM / TM) * (BN / TN);  // threads
+    constexpr int TX = BN / TN;                // threads along N
+    constexpr int A_STEP = NT / BM, A_LOADS = BK / A_STEP;
+    constexpr int B_STEP = NT / BN, B_LOADS = BK / B_STEP;
+    constexpr int M_RUNS = TM / 4, N_RUNS = TN / 4;
+    constexpr int KHW = KH * KW;
+    static_assert(TM % 4 == 0 && TN % 4 == 0, "micro-tiles are read as float4 runs");
+    static_assert(NT % BM == 0 && NT % BN == 0 && BK % A_STEP == 0 && BK % B_STEP == 0, "loader shape");
+
+    __shared__ __align__(16) float As[2][BK][BM];
+    __shared__ __align__(16) float Bs[2][BK][BN];
+
+    const int tid = threadIdx.x;
+    const int howo = ho * wo, n_total = batch * howo, hw = h * w;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+    const int k_begin = blockIdx.z * k_split;
+    const int k_end = min(cin * KHW, k_begin + k_split);
+
+    // A loader: column a_m of the tile, rows a_k, a_k + A_STEP, ...
+    const int a_m = tid % BM, a_k = tid / BM;
+    const bool a_ok = m0 + a_m < cout;
+    const float* a_src = wt + m0 + a_m;
+    // B loader: output pixel b_n of the tile, rows b_k, b_k + B_STEP, ...
+    const int b_n = tid % BN, b_k = tid / BN;
+    const bool b_ok = n0 + b_n < n_total;
+    int ih0 = 0, iw0 = 0;
+    const float* xb = x;
+    if (b_ok) {
+        const int b = (n0 + b_n) / howo, p = (n0 + b_n) - b * howo, oh = p / wo, ow = p - oh * wo;
+        ih0 = oh * stride - pad_h;
+        iw0 = ow * stride - pad_w;
+        xb = x + (size_t)b * x_bstride;
+    }
+
+    float ra[A_LOADS], rb[B_LOADS];
+    auto load = [&](int kt) {
+#pragma unroll
+        for (int i = 0; i < A_LOADS; ++i) {
+            const int k = kt + a_k + i * A_STEP;
+            ra[i] = (a_ok && k < k_end) ? __ldg(a_src + (size_t)k * cout) : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < B_LOADS; ++i) {
+            const int k = kt + b_k + i * B_STEP;
+            float v = 0.f;
+            if (b_ok && k < k_end) {
+                const int c = k / KHW, rs = k - c * KHW, r = rs / KW, s = rs - r * KW;
+                const int ih = ih0 + r, iw = iw0 + s;
+                if ((unsigned)ih < (unsigned)h && (unsigned)iw < (unsigned)w) v = __ldg(xb + (size_t)c * hw + ih * w + iw);
+            }
+            rb[i] = v;
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < A_LOADS; ++i) As[buf][a_k + i * A_STEP][a_m] = ra[i];
+#pragma unroll
+        for (int i = 0; i < B_LOADS; ++i) Bs[buf][b_k + i * B_STEP][b_n] = rb[i];
+    };
+
+    const int tx = tid % TX, ty = tid / TX;
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+
+    load(k_begin);
+    store(0);
+    __syncthreads();
+    int buf = 0;
+    for (int kt = k_begin; kt < k_end; kt += BK) {
+        const bool more = kt + BK < k_end;
+        if (more) load(kt + BK);
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float a[TM], b[TN];
+#pragma unroll
+            for (int run = 0; run < M_RUNS; ++run) {
+                const float4 v = *reinterpret_cast<const float4*>(&As[buf][kk][run * (BM / M_RUNS) + ty * 4]);
+                a[run * 4 + 0] = v.x; a[run * 4 + 1] = v.y; a[run * 4 + 2] = v.z; a[run * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int run = 0; run < N_RUNS; ++run) {
+                const float4 v = *reinterpret_cast<const float4*>(&Bs[buf][kk][run * (BN / N_RUNS) + tx * 4]);
+                b[run * 4 + 0] = v.x; b[run * 4 + 1] = v.y; b[run * 4 + 2] = v.z; b[run * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        if (more) store(buf ^ 1);
+        __syncthreads();
+        buf ^= 1;
+    }
+
+    const bool split = gridDim.z > 1;
+    float* ws = y + (size_t)blockIdx.z * cout * n_total;
+#pragma unroll
+    for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / N_RUNS) + tx * 4 + j % 4;
+        if (n >= n_total) continue;
+        const int b = n / howo, p = n - b * howo;
+        float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
+        const size_t m_step = split ? (size_t)n_total : (size_t)howo;
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * (BM / M_RUNS) + ty * 4 + i % 4;
+            if (m >= cout) continue;
+            float v = acc[i][j];
+            if (!split) {
+                v += __ldg(bias + m);
+                if (relu) v = fmaxf(v, 0.f);
+            }
+            yp[m * m_step] = v;
+        }
+    }
+}
+
+#define CONV_PARAMS                                                                                                 \
+    const float *__restrict__ x, const float *__restrict__ wt, const float *__restrict__ bias, float *__restrict__ y, \
+        int batch, int cin, int h, int w, int x_bstride, int cout, int ho, int wo, int y_bstride, int stride,       \
+        int pad_h, int pad_w, int k_split, int relu
+#define CONV_ARGS x, wt, bias, y, batch, cin, h, w, x_bstride, cout, ho, wo, y_bstride, stride, pad_h, pad_w, k_split, relu
+
+// One extern "C" entry point per (kernel size, tile); the names are what cuda_backend.py asks the module for.
+// MIN_BLOCKS caps registers: 2 blocks of 256 threads per SM leave 128 registers a thread for the 8x8 tile.
+#define CONV_KERNEL(KH, KW, BM, BN, BK, TM, TN, MIN_BLOCKS)                                          \
+    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                 \
+        conv_##KH##x##KW##_##BM##x##BN(CONV_PARAMS) {                                               \
+        conv_gemm<KH, KW, BM, BN, BK, TM, TN>(CONV_ARGS);                                           \
+    }
+
+#define CONV_TILES(KH, KW)                        \
+    CONV_KERNEL(KH, KW, 128, 128, 8, 8, 8, 2)     \
+    CONV_KERNEL(KH, KW, 64, 64, 16, 4, 4, 4)      \
+    CONV_KERNEL(KH, KW, 32, 128, 16, 4, 4, 4)
+
+CONV_TILES(1, 1)
+CONV_TILES(3, 3)
+CONV_TILES(5, 5)
+CONV_TILES(1, 7)
+CONV_TILES(7, 1)
+CONV_TILES(1, 3)
+CONV_TILES(3, 1)
+
+// y[b, m, p] = relu(bias[m] + sum_z ws[z][m][n]) for n = b*howo + p; the slices are added in order z = 0, 1, ...
+// so the result does not depend on scheduling.
+extern "C" __global__ void __launch_bounds__(IE_THREADS)
+    conv_splitk_reduce(const float* __restrict__ ws, const float* __restrict__ bias, float* __restrict__ y,
+                       int splits, int cout, int n_total, int howo, int y_bstride, int relu) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= cout * n_total) return;
+    const int m = idx / n_total, n = idx - m * n_total;
+    const size_t slice = (size_t)cout * n_total;
+    float v = 0.f;
+    for (int z = 0; z < splits; ++z) v += __ldg(ws + z * slice + idx);
+    v += __ldg(bias + m);
+    if (relu) v = fmaxf(v, 0.f);
+    const int b = n / howo, p = n - b * howo;
+    y[(size_t)b * y_bstride + (size_t)m * howo + p] = v;
+}
