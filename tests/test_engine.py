@@ -1,0 +1,121 @@
+"""The Python API: batching (full and partial batches), order of results, probabilities, errors per image."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from random_weights import random_weights, write_random_weights
+
+from inception_engine import backends
+from inception_engine.backends.numpy_backend import NumpyBackend
+from inception_engine.engine import Engine, softmax
+from inception_engine.errors import BackendUnavailable, EngineError, WeightsError
+from inception_engine.images import load_image
+from inception_engine.labels import imagenet_labels
+from inception_engine.plan import build_plan
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(seed=1)
+
+
+def reference_logits(weights, x: np.ndarray) -> np.ndarray:
+    """float64 NumPy forward, one image at a time (so batching in the engine cannot hide in it)."""
+    backend = NumpyBackend(weights, build_plan(1, weights.layers()), dtype=np.float64)
+    return np.concatenate([backend.forward(x[i:i + 1].astype(np.float64)) for i in range(len(x))])
+
+
+def images(n: int, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (300 + 10 * i, 340, 3), dtype=np.uint8)) for i in range(n)]
+
+
+def test_forward_full_and_partial_batches_match_reference(weights):
+    x = np.stack([load_image(im) for im in images(4)])
+    with Engine(weights, backend="cpu", batch_size=3) as engine:
+        got = engine.forward(x)
+        assert sorted(engine._backends) == [1, 3]  # one full batch of 3, a partial batch of 1 with its own plan
+    ref = reference_logits(weights, x)
+    assert got.shape == (4, 1000) and got.dtype == np.float32
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+    assert not np.allclose(ref[0], ref[1], rtol=1e-3)  # rows differ, so a mixed-up order would show
+
+
+def test_predict_keeps_order_reports_bad_images_and_matches_softmax(weights, tmp_path):
+    ims = images(3, seed=5)
+    good = tmp_path / "good.png"
+    ims[0].save(good)
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("not an image")
+    sources = [good, bad, ims[1], tmp_path / "missing.png", ims[2]]
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        done = []
+        preds = engine.predict(sources, top_k=4, on_progress=done.append)
+    assert sum(done) == len(sources)
+    assert [p.ok for p in preds] == [True, False, True, False, True]
+    assert preds[0].image == str(good) and preds[2].image == "<PIL.Image 2>"
+    assert "not an image" in preds[1].error and str(bad) in preds[1].error
+    assert "no such file" in preds[3].error
+
+    x = np.stack([load_image(im) for im in (ims[0], ims[1], ims[2])])
+    probs = softmax(reference_logits(weights, x))
+    labels = imagenet_labels()
+    for p, row in zip([preds[0], preds[2], preds[4]], probs):
+        want = np.argsort(-row, kind="stable")[:4]
+        assert [i for i, _, _ in p.top] == list(want)
+        assert [l for _, l, _ in p.top] == [labels[i] for i in want]
+        np.testing.assert_allclose([q for _, _, q in p.top], row[want], rtol=1e-4)
+
+
+def test_softmax_is_stable_and_normalised():
+    logits = np.array([[1000.0, 1001.0, 999.0], [0.0, 0.0, 0.0]], np.float32)
+    p = softmax(logits)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)
+    e = np.exp([-1.0, 0.0, -2.0])
+    np.testing.assert_allclose(p[0], e / e.sum())
+    np.testing.assert_allclose(p[1], 1 / 3)
+
+
+def test_weights_from_path(tmp_path):
+    path = write_random_weights(tmp_path / "w.npz", seed=2)
+    with Engine(path, backend="cpu", batch_size=1) as engine:
+        assert engine.weights.path == path and engine.backend_name == "cpu"
+
+
+def test_no_weights_found_says_how_to_get_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("INCEPTION_WEIGHTS", raising=False)
+    with pytest.raises(WeightsError, match="inception-convert-weights"):
+        Engine(None, backend="cpu")
+
+
+def test_bad_arguments_are_engine_errors(weights):
+    with pytest.raises(EngineError, match="unknown backend"):
+        Engine(weights, backend="tpu")
+    with pytest.raises(EngineError, match="batch size"):
+        Engine(weights, backend="cpu", batch_size=0)
+    engine = Engine(weights, backend="cpu")
+    with pytest.raises(EngineError, match="top-k"):
+        engine.predict([], top_k=0)
+    with pytest.raises(EngineError, match="shape"):
+        engine.forward(np.zeros((2, 3, 224, 224), np.float32))
+    assert engine.predict([], top_k=5) == []
+
+
+@pytest.mark.parametrize("name", ["cuda", "cudnn", "torch"])
+def test_unavailable_backend_is_one_clear_line(weights, name):
+    ok, reason = backends.is_available(name)
+    if ok:
+        pytest.skip(f"{name} is usable here")
+    with pytest.raises(BackendUnavailable) as e:
+        Engine(weights, backend=name)
+    assert str(e.value) == reason and name in reason and "\n" not in reason
+
+
+def test_auto_picks_cpu_without_a_gpu(weights):
+    if backends.is_available("cuda")[0]:
+        pytest.skip("a GPU is usable here; auto means cuda")
+    assert Engine(weights, backend="auto").backend_name == "cpu"
