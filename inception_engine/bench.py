@@ -1,0 +1,411 @@
+"""inception-bench's work: time every backend at every batch size on the same input, check its logits against the
+float64 NumPy reference, and put onnxruntime (CPU) beside the CPU path in the same run.
+
+Timing goes through each backend's ``time_forward(x, iters, warmup)`` (ms per forward, the backend's own clock:
+CUDA events on the GPU, perf_counter on the CPU). Per-layer timing uses an optional backend method
+
+    time_layers(x, iters, warmup) -> dict[str, float | list[float]]   # conv op name -> ms (median taken if a list)
+
+and ``peak_memory_bytes() -> int`` where a backend has them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import backends
+from .backends.numpy_backend import NumpyBackend
+from .errors import EngineError, WeightsError
+from .images import first_line
+from .plan import Plan, build_plan
+from .weights import ENV_VAR, Weights, atomic_write, candidate_paths, find_weights, load_weights
+
+ORT = "onnxruntime"
+INPUT_SEED = 0
+SYNTHETIC_SEED = 0
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Row:
+    backend: str
+    batch: int
+    status: str = "ok"  # "ok", "unavailable: <reason>" or "error: <what went wrong>"
+    median_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    images_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    rel_l2: float | None = None  # ||logits - reference|| / ||reference||, reference in float64
+    speedup_vs_cudnn: float | None = None  # cudnn median / this median, same batch
+    ratio_vs_onnxruntime: float | None = None  # this median / onnxruntime median, same batch (CPU row only)
+
+
+@dataclass
+class LayerTime:
+    batch: int
+    layer: str
+    flops: int
+    ms: dict[str, float] = field(default_factory=dict)  # backend -> median ms
+
+    def gflops(self, backend: str) -> float:
+        return self.flops / (self.ms[backend] * 1e-3) / 1e9
+
+
+@dataclass
+class Report:
+    weights: str
+    synthetic: bool
+    iters: int
+    warmup: int
+    batch_sizes: list[int]
+    backends: list[str]
+    rows: list[Row] = field(default_factory=list)
+    layers: list[LayerTime] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    host: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "weights": self.weights, "synthetic": self.synthetic, "iters": self.iters, "warmup": self.warmup,
+            "batch_sizes": self.batch_sizes, "backends": self.backends,
+            "input": f"standard normal, seed {INPUT_SEED}, float32 (N, 3, 299, 299)", "host": self.host,
+            "rows": [asdict(r) for r in self.rows],
+            "layers": [{**asdict(l), "gflops": {b: l.gflops(b) for b in l.ms}} for l in self.layers],
+            "notes": self.notes,
+        }
+
+
+def host_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine(),
+                            "cpus": os.cpu_count(), "numpy": np.__version__}
+    try:
+        import onnxruntime
+
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def pick_weights(path: str | None, notes: list[str]) -> tuple[Weights, str, bool]:
+    """The weights to run: --weights, else the usual places, else the synthetic model (and a note saying so)."""
+    if path is None and not os.environ.get(ENV_VAR):
+        try:
+            found = find_weights(None)
+        except WeightsError:
+            from .synthetic import synthetic_weights
+
+            looked = ", ".join(str(p) for _, p in candidate_paths(None))
+            notes.append(f"no weight file found (looked in {looked}): running the SYNTHETIC model (random weights, "
+                         f"seed {SYNTHETIC_SEED}); timings are real, predictions meaningless")
+            return synthetic_weights(seed=SYNTHETIC_SEED), f"synthetic (seed {SYNTHETIC_SEED})", True
+        return load_weights(found), str(found), False
+    found = find_weights(path)
+    return load_weights(found), str(found), False
+
+
+def stats_row(backend: str, batch: int, times_ms: list[float]) -> Row:
+    t = np.asarray(times_ms, dtype=np.float64)
+    p10, p50, p90, p99 = np.percentile(t, [10, 50, 90, 99])
+    return Row(backend, batch, median_ms=float(p50), p10_ms=float(p10), p90_ms=float(p90), p99_ms=float(p99),
+               images_per_s=batch / (float(p50) * 1e-3))
+
+
+def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
+    got = np.asarray(got, dtype=np.float64).reshape(ref.shape)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def median_ms(v: float | list[float]) -> float:
+    return float(statistics.median(v)) if isinstance(v, (list, tuple)) else float(v)
+
+
+class OnnxRuntimePeer:
+    """onnxruntime on the CPU running the ONNX file the weights came from (or the synthetic one)."""
+
+    def __init__(self, onnx_path: Path):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # warnings about unused initialisers etc. are noise here
+        self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        self.fixed_batch = inp.shape[0] if isinstance(inp.shape[0], int) else None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {self.input_name: x})[0]
+
+    def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
+        for _ in range(warmup):
+            self.forward(x)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            self.forward(x)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+
+
+def onnxruntime_peer(onnx_path: str | None, synthetic: bool, tmp: Path, notes: list[str]) -> OnnxRuntimePeer | str:
+    """The peer, or the reason there is none (which becomes the row's status)."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return "unavailable: onnxruntime is not installed (pip install onnxruntime)"
+    if onnx_path is None:
+        if not synthetic:
+            return "unavailable: pass --onnx MODEL.onnx (the file the weights were converted from)"
+        from .synthetic import write_synthetic_onnx
+
+        onnx_path = str(write_synthetic_onnx(tmp / "synthetic.onnx", seed=SYNTHETIC_SEED))
+        notes.append(f"onnxruntime runs the synthetic model written as ONNX (seed {SYNTHETIC_SEED})")
+    if not Path(onnx_path).is_file():
+        raise EngineError(f"{onnx_path}: no such ONNX file (--onnx)")
+    try:
+        return OnnxRuntimePeer(Path(onnx_path))
+    except Exception as e:  # onnxruntime's own exception types; the message says what it could not load
+        return f"error: onnxruntime cannot load {onnx_path}: {first_line(e)}"
+
+
+def run_backend(name: str, klass: Any, weights: Weights, plan: Plan, x: np.ndarray, ref: np.ndarray | None,
+                iters: int, warmup: int, per_layer: bool) -> tuple[Row, dict[str, float]]:
+    backend = klass(weights, plan)
+    try:
+        out = backend.forward(x)
+        row = stats_row(name, plan.batch, backend.time_forward(x, iters, warmup))
+        if ref is not None:
+            row.rel_l2 = rel_l2(out, ref)
+        if hasattr(backend, "peak_memory_bytes"):
+            row.peak_memory_bytes = int(backend.peak_memory_bytes())
+        layer_ms: dict[str, float] = {}
+        if per_layer and hasattr(backend, "time_layers"):
+            layer_ms = {k: median_ms(v) for k, v in backend.time_layers(x, iters, warmup).items()}
+        return row, layer_ms
+    finally:
+        backend.close()
+
+
+def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20, warmup: int = 3,
+              weights_path: str | None = None, onnx_path: str | None = None, per_layer: bool = False,
+              reference: bool = True, progress: Progress | None = None) -> Report:
+    if iters < 1 or warmup < 0:
+        raise EngineError(f"--iters must be >= 1 and --warmup >= 0, got {iters} and {warmup}")
+    if not backend_names or not batch_sizes or min(batch_sizes) < 1:
+        raise EngineError("need at least one backend and batch sizes >= 1")
+    say = progress or (lambda _msg: None)
+    notes: list[str] = []
+    weights, weights_desc, synthetic = pick_weights(weights_path, notes)
+    report = Report(weights_desc, synthetic, iters, warmup, list(batch_sizes), list(backend_names), notes=notes,
+                    host=host_info())
+    classes: dict[str, Any] = {}
+    for name in backend_names:
+        try:
+            classes[name] = backends.backend_class(name)
+        except EngineError as e:
+            classes[name] = f"unavailable: {e}"
+
+    with tempfile.TemporaryDirectory(prefix="inception-bench-") as tmp:
+        peer = onnxruntime_peer(onnx_path, synthetic, Path(tmp), notes) if "cpu" in backend_names else None
+        for batch in batch_sizes:
+            plan = build_plan(batch, weights.layers())
+            x = np.random.default_rng(INPUT_SEED).standard_normal(plan.input.dims).astype(np.float32)
+            ref = None
+            if reference:
+                say(f"batch {batch}: float64 NumPy reference")
+                ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
+            layer_times = {op.name: LayerTime(batch, op.name, op.flops) for op in plan.conv_ops}
+            for name in backend_names:
+                klass = classes[name]
+                if isinstance(klass, str):
+                    report.rows.append(Row(name, batch, status=klass))
+                    continue
+                say(f"batch {batch}: {name}, {warmup} warm-up + {iters} timed forwards")
+                try:
+                    row, layer_ms = run_backend(name, klass, weights, plan, x, ref, iters, warmup, per_layer)
+                except EngineError as e:
+                    row, layer_ms = Row(name, batch, status=f"unavailable: {e}"), {}
+                except Exception as e:  # a backend failing at one batch size must not hide the other rows
+                    row, layer_ms = Row(name, batch, status=f"error: {type(e).__name__}: {first_line(e)}"), {}
+                report.rows.append(row)
+                for layer, ms in layer_ms.items():
+                    if layer in layer_times:
+                        layer_times[layer].ms[name] = ms
+            if peer is not None:
+                report.rows.append(run_peer(peer, batch, x, ref, iters, warmup, say))
+            report.layers += [l for l in layer_times.values() if l.ms]
+    compare(report)
+    if per_layer and not report.layers:
+        notes.append("--per-layer: no backend in this run has time_layers() (the GPU backends do)")
+    return report
+
+
+def run_peer(peer: OnnxRuntimePeer | str, batch: int, x: np.ndarray, ref: np.ndarray | None, iters: int,
+             warmup: int, say: Progress) -> Row:
+    if isinstance(peer, str):
+        return Row(ORT, batch, status=peer)
+    if peer.fixed_batch is not None and peer.fixed_batch != batch:
+        return Row(ORT, batch, status=f"unavailable: the ONNX model's batch size is fixed at {peer.fixed_batch}")
+    say(f"batch {batch}: {ORT}, {warmup} warm-up + {iters} timed forwards")
+    try:
+        out = peer.forward(x)
+        row = stats_row(ORT, batch, peer.time_forward(x, iters, warmup))
+    except Exception as e:  # onnxruntime's own error types
+        return Row(ORT, batch, status=f"error: {first_line(e)}")
+    if ref is not None:
+        row.rel_l2 = rel_l2(out, ref)
+    return row
+
+
+def compare(report: Report) -> None:
+    """Fill in speed-up vs cudnn and the CPU / onnxruntime ratio, batch by batch."""
+    for batch in report.batch_sizes:
+        ok = {r.backend: r for r in report.rows if r.batch == batch and r.status == "ok"}
+        if "cudnn" in ok:
+            for r in ok.values():
+                if r.backend != ORT:
+                    r.speedup_vs_cudnn = ok["cudnn"].median_ms / r.median_ms
+        if "cpu" in ok and ORT in ok:
+            ok["cpu"].ratio_vs_onnxruntime = ok["cpu"].median_ms / ok[ORT].median_ms
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+COLUMNS = ("backend", "batch", "median ms", "p10 ms", "p90 ms", "p99 ms", "images/s", "peak MiB", "rel L2",
+           "x cudnn", "cpu/ort")
+
+
+def table(report: Report) -> str:
+    lines = [f"weights: {report.weights}", f"{report.warmup} warm-up + {report.iters} timed forwards per row; "
+             f"input N(0, 1) seed {INPUT_SEED}; rel L2 = logits vs float64 NumPy reference"]
+    lines += [f"note: {n}" for n in report.notes]
+    body = []
+    for r in report.rows:
+        if r.status != "ok":
+            body.append((r.backend, str(r.batch), r.status))
+            continue
+        mem = None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20
+        body.append((r.backend, str(r.batch), fmt(r.median_ms, ".2f"), fmt(r.p10_ms, ".2f"), fmt(r.p90_ms, ".2f"),
+                     fmt(r.p99_ms, ".2f"), fmt(r.images_per_s, ".1f"), fmt(mem, ".0f"), fmt(r.rel_l2, ".1e"),
+                     fmt(r.speedup_vs_cudnn, ".2f"), fmt(r.ratio_vs_onnxruntime, ".2f")))
+    measured = [b for b in body if len(b) == len(COLUMNS)]
+    widths = [max([len(c)] + [len(b[i]) for b in measured]) for i, c in enumerate(COLUMNS)]
+    widths[0] = max([widths[0]] + [len(b[0]) for b in body])
+    widths[1] = max([widths[1]] + [len(b[1]) for b in body])
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    lines += ["", line(COLUMNS)]
+    for b in body:  # a row that did not run has its status spanning the rest of the line
+        lines.append(line(b) if len(b) == len(COLUMNS) else f"{line(b[:2])}  {b[2]}")
+    if report.layers:
+        lines += ["", layer_table(report)]
+    return "\n".join(lines)
+
+
+def layer_table(report: Report) -> str:
+    names = [b for b in report.backends if any(b in l.ms for l in report.layers)]
+    head = f"{'batch':>5}  {'conv layer':<32}{'GFLOP':>8}" + "".join(f"  {n + ' ms':>12}  {'GFLOP/s':>8}"
+                                                                    for n in names)
+    lines = ["per-layer (conv) times:", head]
+    for l in report.layers:
+        cells = "".join(f"  {fmt(l.ms.get(n), '.3f'):>12}  {fmt(l.gflops(n) if n in l.ms else None, '.0f'):>8}"
+                        for n in names)
+        lines.append(f"{l.batch:>5}  {l.layer:<32}{l.flops / 1e9:>8.3f}{cells}")
+    return "\n".join(lines)
+
+
+def write_json(report: Report, path: str | Path) -> Path:
+    data = json.dumps(report.to_json(), indent=2).encode()
+    return atomic_write(path, lambda f: f.write(data))
+
+
+CSV_FIELDS = [f.name for f in Row.__dataclass_fields__.values()]
+
+
+def write_csv(report: Report, path: str | Path) -> list[Path]:
+    """The rows to ``path``; per-layer times (when any) to ``<stem>_layers.csv`` beside it."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for r in report.rows:
+        w.writerow(asdict(r))
+    written = [atomic_write(path, lambda f: f.write(buf.getvalue().encode()))]
+    if report.layers:
+        lbuf = io.StringIO()
+        lw = csv.writer(lbuf, lineterminator="\n")
+        lw.writerow(["batch", "layer", "flops", "backend", "ms", "gflops"])
+        for l in report.layers:
+            for b, ms in l.ms.items():
+                lw.writerow([l.batch, l.layer, l.flops, b, ms, l.gflops(b)])
+        path = Path(path)
+        written.append(atomic_write(path.with_name(path.stem + "_layers.csv"),
+                                    lambda f: f.write(lbuf.getvalue().encode())))
+    return written
+
+
+def require_matplotlib() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EngineError("--plot needs matplotlib, which is not installed: pip install matplotlib "
+                          "(or pip install -e '.[plot]')") from None
+    return plt
+
+
+def write_plot(report: Report, path: str | Path) -> Path:
+    """Latency vs batch size per backend; with per-layer times, a second panel of bars per conv layer (largest
+    batch size measured)."""
+    plt = require_matplotlib()
+    panels = 2 if report.layers else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(12, 4.5 * panels), squeeze=False)
+    ax = axes[0][0]
+    for name in dict.fromkeys(r.backend for r in report.rows):
+        pts = [(r.batch, r.median_ms) for r in report.rows if r.backend == name and r.status == "ok"]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=name)
+    ax.set(xlabel="batch size", ylabel="median latency (ms)", title=f"Inception-V3 forward, weights: {report.weights}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    if report.layers:
+        batch = max(l.batch for l in report.layers)
+        layers = [l for l in report.layers if l.batch == batch]
+        names = [b for b in report.backends if any(b in l.ms for l in layers)]
+        ax = axes[1][0]
+        width = 0.8 / len(names)
+        for k, name in enumerate(names):
+            ax.bar([i + k * width for i in range(len(layers))], [l.ms.get(name, 0.0) for l in layers], width,
+                   label=name)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(layers))], [l.layer for l in layers], rotation=90,
+                      fontsize=5)
+        ax.set(ylabel="ms", title=f"conv layer times, batch {batch}")
+        ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    return atomic_write(path, lambda f: f.write(buf.getvalue()))

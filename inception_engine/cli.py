@@ -1,0 +1,255 @@
+"""The console commands: inception-run, inception-convert-weights, inception-bench.
+
+User mistakes (EngineError) print one line ``error: <message>`` on stderr and exit with code 2; an image that cannot
+be read is reported with the others' results and makes inception-run exit with 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import backends
+from .errors import EngineError
+from .images import image_extensions
+
+BACKEND_CHOICES = ("auto", *backends.BACKENDS)
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+class UserError(click.ClickException):
+    """An EngineError on its way out: one line on stderr, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EngineError as e:
+            raise UserError(" ".join(str(e).split())) from None  # one line, whatever the message held
+
+    return wrapper
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+# ---------------------------------------------------------------------------------------------------- inception-run
+
+def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """(path, None) per image to classify, (argument, error) per argument that names nothing usable. Directories
+    give the image files directly inside them, sorted; an argument that does not exist is tried as a glob."""
+    exts = image_extensions()
+    out: list[tuple[str, str | None]] = []
+
+    def directory(d: Path) -> None:
+        files = sorted(p for p in d.iterdir()
+                       if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in exts)
+        out.extend((str(p), None) for p in files)
+        if not files:
+            out.append((str(d), f"{d}: directory has no image files"))
+
+    for arg in args:
+        p = Path(arg)
+        if p.is_dir():
+            directory(p)
+        elif p.exists() or not glob.has_magic(arg):
+            out.append((arg, None))  # a missing file is reported by the image loader with the others
+        else:
+            matches = sorted(glob.glob(arg, recursive=True))
+            for m in matches:
+                if Path(m).is_dir():
+                    directory(Path(m))
+                else:
+                    out.append((m, None))
+            if not matches:
+                out.append((arg, f"{arg}: no files match this pattern"))
+    return out
+
+
+@click.command(name="inception-run", context_settings=CONTEXT)
+@click.argument("images", nargs=-1, required=True)
+@click.option("--weights", "weights_path", metavar="PATH",
+              help="Weight file (default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache).")
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
+              help="auto = cuda when a GPU and pycuda are usable, else cpu.")
+@click.option("--top-k", type=click.IntRange(1, 1000), default=5, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=8, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
+@user_errors
+def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, top_k: int, batch_size: int,
+            as_json: bool) -> None:
+    """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
+    from .engine import Engine, Prediction
+
+    inputs = expand_inputs(images)
+    todo = [path for path, err in inputs if err is None]
+    with Engine(weights_path, backend=backend, batch_size=batch_size) as engine:
+        if stderr_is_tty() and len(todo) > batch_size:
+            with click.progressbar(length=len(todo), label="classifying", file=sys.stderr) as bar:
+                preds = engine.predict(todo, top_k, on_progress=bar.update)
+        else:
+            preds = engine.predict(todo, top_k)
+        weights_desc, backend_name = str(engine.weights.path), engine.backend_name
+    by_path = iter(preds)
+    results = [next(by_path) if err is None else Prediction(path, error=err) for path, err in inputs]
+
+    if as_json:
+        doc = {"weights": weights_desc, "backend": backend_name, "results": [
+            {"image": r.image, "top": [{"index": i, "label": l, "prob": p} for i, l, p in r.top]} if r.ok
+            else {"image": r.image, "error": r.error} for r in results]}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for r in results:
+            click.echo(r.image)
+            if r.ok:
+                for i, l, p in r.top:
+                    click.echo(f"  {p:7.4f}  {l} ({i})")
+            else:
+                click.echo(f"  error: {r.error}")
+    failed = sum(not r.ok for r in results)
+    if failed:
+        click.echo(f"error: {failed} of {len(results)} inputs could not be classified", err=True)
+        raise click.exceptions.Exit(1)
+
+
+# ----------------------------------------------------------------------------------------- inception-convert-weights
+
+@click.command(name="inception-convert-weights", context_settings=CONTEXT)
+@click.argument("model", required=False, metavar="MODEL.onnx")
+@click.option("-o", "--output", default="weights/inception_v3.npz", show_default=True, metavar="OUT.npz",
+              help="Where to write the engine's weight file.")
+@click.option("--synthetic", "synthetic_out", metavar="OUT.onnx",
+              help="Instead: write a synthetic Inception-V3 ONNX model (random weights, torch.onnx-like graph).")
+@click.option("--style", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
+              help="With --synthetic: which torch.onnx exporter's graph to imitate.")
+@click.option("--transform-input", is_flag=True, help="With --synthetic: include torchvision's transform_input.")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --synthetic: random seed.")
+@user_errors
+def convert_cmd(model: str | None, output: str, synthetic_out: str | None, style: str, transform_input: bool,
+                seed: int) -> None:
+    """Convert an ONNX export of torchvision's Inception-V3 (MODEL.onnx) into the engine's weight file."""
+    ctx = click.get_current_context()
+    if synthetic_out is None:
+        only_synthetic = [f"--{n.replace('_', '-')}" for n in ("style", "transform_input", "seed")
+                          if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
+        if only_synthetic:
+            raise EngineError(f"{', '.join(only_synthetic)} only apply with --synthetic OUT.onnx")
+        if model is None:
+            raise EngineError("give the ONNX file to convert (inception-convert-weights MODEL.onnx), "
+                              "or --synthetic OUT.onnx to write a synthetic one")
+        from .onnx_convert import convert
+        from .weights import load_weights
+
+        if not Path(model).is_file():
+            raise EngineError(f"{model}: no such ONNX file")
+        out = convert(model, output)
+        m = load_weights(out).manifest  # read back: the file on disk passes its own checksums
+        click.echo(f"wrote {out} (from {Path(model).name}, exporter {m.get('exporter', '?')}, "
+                   f"opset {m.get('opset', '?')})")
+        return
+    if model is not None:
+        raise EngineError("give either MODEL.onnx to convert or --synthetic OUT.onnx, not both")
+    if ctx.get_parameter_source("output") != click.core.ParameterSource.DEFAULT:
+        raise EngineError("-o applies to conversion; --synthetic writes OUT.onnx, convert it in a second step")
+    from .synthetic import write_synthetic_onnx
+
+    out = write_synthetic_onnx(synthetic_out, style=style, transform_input=transform_input, seed=seed)
+    click.echo(f"wrote {out} (synthetic Inception-V3, {style} style, seed {seed}); "
+               f"convert it with: inception-convert-weights {out}")
+
+
+# -------------------------------------------------------------------------------------------------- inception-bench
+
+def backend_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in backends.BACKENDS]
+    if unknown or not names:
+        raise click.BadParameter(f"{', '.join(unknown) or 'empty'}; choose from {', '.join(backends.BACKENDS)}")
+    return list(dict.fromkeys(names))
+
+
+def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"{value!r}: batch sizes must be integers >= 1")
+    return sorted(set(sizes))
+
+
+def default_backends() -> list[str]:
+    """The GPU backends where a GPU is usable, else the CPU path (with onnxruntime beside it)."""
+    return ["cuda", "cudnn", "torch"] if backends.is_available("cuda")[0] else ["cpu"]
+
+
+@click.command(name="inception-bench", context_settings=CONTEXT)
+@click.option("--backends", "backend_names", callback=backend_list, metavar="LIST",
+              help="Comma-separated, from cpu,cuda,cudnn,torch (default: cuda,cudnn,torch with a GPU, else cpu).")
+@click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST")
+@click.option("--iters", type=click.IntRange(1), default=20, show_default=True, help="Timed forwards per row.")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed forwards first.")
+@click.option("--weights", "weights_path", metavar="PATH",
+              help="Weight file (default: the usual places; none found -> the synthetic model, said so).")
+@click.option("--onnx", "onnx_path", metavar="PATH",
+              help="ONNX file the weights came from, for the onnxruntime row (synthetic: written automatically).")
+@click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON.")
+@click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV (per-layer: FILE's stem + _layers.csv).")
+@click.option("--plot", "plot_path", metavar="FILE.png", help="Plot latency vs batch size (needs matplotlib).")
+@click.option("--per-layer", is_flag=True, help="Time every conv layer on backends that support it.")
+@click.option("--no-reference", is_flag=True, help="Skip the float64 NumPy reference (no rel L2 column).")
+@user_errors
+def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], iters: int, warmup: int,
+              weights_path: str | None, onnx_path: str | None, json_path: str | None, csv_path: str | None,
+              plot_path: str | None, per_layer: bool, no_reference: bool) -> None:
+    """Time Inception-V3 forwards per backend and batch size, with accuracy against the float64 reference."""
+    from . import bench
+
+    if plot_path:
+        bench.require_matplotlib()  # fail before the minutes of timing, not after
+    progress = (lambda msg: click.echo(f"[bench] {msg}", err=True)) if stderr_is_tty() else None
+    report = bench.run_bench(backend_names or default_backends(), batch_sizes, iters, warmup, weights_path,
+                             onnx_path, per_layer, not no_reference, progress)
+    click.echo(bench.table(report))
+    written: list[Path] = []
+    if json_path:
+        written.append(bench.write_json(report, json_path))
+    if csv_path:
+        written += bench.write_csv(report, csv_path)
+    if plot_path:
+        written.append(bench.write_plot(report, plot_path))
+    for p in written:
+        click.echo(f"wrote {p}", err=True)
+    if any(r.status.startswith("error") for r in report.rows):
+        raise click.exceptions.Exit(1)
+
+
+# ----------------------------------------------------------------------------------------------------- entry points
+
+def run_main() -> None:
+    run_cmd.main(prog_name="inception-run")
+
+
+def convert_main() -> None:
+    convert_cmd.main(prog_name="inception-convert-weights")
+
+
+def bench_main() -> None:
+    bench_cmd.main(prog_name="inception-bench")
