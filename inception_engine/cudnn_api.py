@@ -120,10 +120,19 @@ class Library:
     path: str
     reason: Callable[[int], str]
 
+    def bind(self, where: str, fn: str, *args: Any) -> Callable[[], None]:
+        """``fn(*args)`` as a call with nothing left to look up; a failing status raises CudnnError."""
+        f = getattr(self.cdll, fn)
+
+        def run() -> None:
+            status = f(*args)
+            if status != 0:
+                raise CudnnError(f"{where}: {fn} failed: {self.reason(status)}")
+
+        return run
+
     def call(self, where: str, fn: str, *args: Any) -> None:
-        status = getattr(self.cdll, fn)(*args)
-        if status != 0:
-            raise CudnnError(f"{where}: {fn} failed: {self.reason(status)}")
+        self.bind(where, fn, *args)()
 
     def create(self, where: str, fn: str) -> c_void_p:
         """Run a ``cudnnCreate*`` / ``cublasCreate_v2`` style function and return the new handle."""
