@@ -1,0 +1,154 @@
+"""The torch backend against the float64 NumPy reference: on the CPU here, on the GPU (eager, CUDA graph, tf32, fp16)
+where one is. PyTorch is optional; without it only the 'not installed' path is tested."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+from backend_helpers import SMALL_INPUT, network_weights, reference, rel_l2, small_network, small_weights, top5
+
+from inception_engine import backends
+from inception_engine.errors import BackendUnavailable, EngineError
+from inception_engine.plan import build_plan
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_without_torch_the_backend_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(BackendUnavailable, match="PyTorch is not installed"):
+        backends.backend_class("torch")
+
+
+@pytest.fixture(scope="module")
+def net():
+    """Real network, batch 1: weights, plan, input and the float64 reference logits."""
+    weights = network_weights(0)
+    plan = build_plan(1, weights.layers())
+    x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
+    return weights, plan, x, reference(weights, plan, x)
+
+
+@needs_torch
+def test_full_network_cpu_matches_reference(net):
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights, plan, x, ref = net
+    backend = TorchBackend(weights, plan, device="cpu")
+    try:
+        got = backend.forward(x)
+        assert got.shape == (1, 1000) and got.dtype == np.float32
+        assert rel_l2(got, ref) <= 1e-4
+        assert (top5(got) == top5(ref)).all()
+        times = backend.time_forward(x, iters=1, warmup=0)
+        assert len(times) == 1 and times[0] > 0
+        assert backend.peak_memory_bytes() >= sum(a.nbytes for a in weights.arrays.values())
+    finally:
+        backend.close()
+
+
+@needs_torch
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_small_network_every_op_and_view_kind(count_include_pad):
+    """Concat slices written and read back, padded avg pools counting padding or not, 1x7 / 7x1, batch 3."""
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights = small_weights(count_include_pad, seed=2)
+    plan = build_plan(3, small_network(count_include_pad), input_size=SMALL_INPUT)
+    x = np.random.default_rng(3).standard_normal(plan.input.dims).astype(np.float32)
+    backend = TorchBackend(weights, plan, device="cpu")
+    try:
+        got = backend.forward(x)
+    finally:
+        backend.close()
+    assert got.shape == (3, 10)
+    assert rel_l2(got, reference(weights, plan, x)) <= 1e-5
+
+
+@needs_torch
+def test_bad_options_are_one_line_errors():
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights = small_weights(True)
+    plan = build_plan(1, small_network(True), input_size=SMALL_INPUT)
+    with pytest.raises(EngineError, match="precision must be one of"):
+        TorchBackend(weights, plan, device="cpu", precision="bf16")
+    with pytest.raises(BackendUnavailable, match="graph=True needs a CUDA device"):
+        TorchBackend(weights, plan, device="cpu", graph=True)
+    backend = TorchBackend(weights, plan, device="cpu")
+    with pytest.raises(ValueError, match="does not match the plan"):
+        backend.forward(np.zeros((2, 3, SMALL_INPUT, SMALL_INPUT), np.float32))
+
+
+@needs_torch
+def test_math_switches_are_put_back():
+    import torch
+
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights = small_weights(True)
+    plan = build_plan(1, small_network(True), input_size=SMALL_INPUT)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    backend = TorchBackend(weights, plan, device="cpu", precision="tf32")
+    backend.forward(np.zeros(plan.input.dims, np.float32))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.benchmark) == before
+
+
+@pytest.fixture(scope="module")
+def net8():
+    weights = network_weights(0)
+    plan = build_plan(8, weights.layers())
+    x = np.random.default_rng(4).standard_normal(plan.input.dims).astype(np.float32)
+    return weights, plan, x, reference(weights, plan, x)
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("which", ["net", "net8"])
+def test_gpu_fp32_matches_reference(graph, which, request):
+    if not torch_cuda():
+        pytest.skip("PyTorch has no CUDA device")
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights, plan, x, ref = request.getfixturevalue(which)
+    backend = TorchBackend(weights, plan, device="cuda", graph=graph)
+    try:
+        got = backend.forward(x)
+        assert rel_l2(got, ref) <= 1e-4
+        assert (top5(got) == top5(ref)).all()
+        assert np.array_equal(backend.forward(x), got)  # replay / rerun gives the same logits
+        times = backend.time_forward(x, iters=3, warmup=1)
+        assert len(times) == 3 and min(times) > 0
+        assert backend.peak_memory_bytes() > sum(a.nbytes for a in weights.arrays.values())
+    finally:
+        backend.close()
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("precision, tolerance", [("tf32", 2e-2), ("fp16", 5e-2)])
+def test_gpu_reduced_precision_runs_close(precision, tolerance, net):
+    if not torch_cuda():
+        pytest.skip("PyTorch has no CUDA device")
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights, plan, x, ref = net
+    backend = TorchBackend(weights, plan, device="cuda", precision=precision)
+    try:
+        got = backend.forward(x)
+    finally:
+        backend.close()
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    assert rel_l2(got, ref) <= tolerance
