@@ -1,0 +1,76 @@
+"""Export torchvision's pretrained Inception-V3 to ONNX, for ``inception-convert-weights``.
+
+Run it on a machine with internet access and PyTorch + torchvision (the engine itself needs neither):
+
+    pip install torch torchvision onnx          # plus onnxscript for --exporter dynamo
+    python scripts/export_torchvision_onnx.py                       # -> inception_v3.onnx (TorchScript exporter)
+    python scripts/export_torchvision_onnx.py --exporter dynamo     # torch.export-based exporter (torch >= 2.6)
+    inception-convert-weights inception_v3.onnx                     # -> weights/inception_v3.npz
+
+The model is ``torchvision.models.inception_v3(weights="IMAGENET1K_V1")`` in eval mode (so no auxiliary head, and
+BatchNorm uses its running statistics), exported with a dynamic batch dimension, input ``image`` (N, 3, 299, 299)
+normalised with the ImageNet mean/std, output ``logits`` (N, 1000). Those weights come with ``transform_input=True``
+(torchvision re-normalises inside the model); the export keeps that step and the converter folds it away.
+``--no-pretrained`` exports randomly initialised weights instead, to test the export path without a download.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-o", "--output", default="inception_v3.onnx", help="ONNX file to write (default: %(default)s)")
+    ap.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript",
+                    help="torch.onnx.export(dynamo=False) or (dynamo=True) (default: %(default)s)")
+    ap.add_argument("--opset", type=int, default=None,
+                    help="ONNX opset (default: 17 for torchscript, 18 for dynamo)")
+    ap.add_argument("--no-pretrained", action="store_true",
+                    help="random weights, no download (checks the export path only)")
+    args = ap.parse_args()
+
+    try:
+        import torch
+        import torchvision
+    except ImportError as e:
+        raise SystemExit(f"error: this script needs PyTorch and torchvision ({e.name} is not installed): "
+                         f"pip install torch torchvision onnx")
+
+    weights = None if args.no_pretrained else "IMAGENET1K_V1"
+    # init_weights only matters without pretrained weights; it silences torchvision's warning about the default.
+    model = torchvision.models.inception_v3(weights=weights, init_weights=weights is None).eval()
+    x = torch.randn(2, 3, 299, 299)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    common = dict(input_names=["image"], output_names=["logits"])
+    with torch.no_grad():
+        expected = model(x).numpy()
+        if args.exporter == "torchscript":
+            torch.onnx.export(model, (x,), str(out), dynamo=False, opset_version=args.opset or 17,
+                              dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, **common)
+        else:
+            batch = torch.export.Dim("batch", min=1, max=4096)
+            torch.onnx.export(model, (x,), str(out), dynamo=True, opset_version=args.opset or 18,
+                              dynamic_shapes=({0: batch},), external_data=False, **common)
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.exporter} exporter, "
+          f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
+          f"{'random' if weights is None else weights} weights)")
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("onnxruntime not installed: skipped the check of the exported file against PyTorch")
+        return
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    err = float(abs(got - expected).max())
+    print(f"onnxruntime vs PyTorch on a random batch of 2: max |difference| of logits {err:.2e}")
+    if err > 1e-3:
+        raise SystemExit("error: the exported model does not reproduce PyTorch's logits; do not convert it")
+    print(f"next: inception-convert-weights {out}")
+
+
+if __name__ == "__main__":
+    main()
