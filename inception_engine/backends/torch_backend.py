@@ -74,8 +74,9 @@ class TorchBackend:
         self.params: dict[str, Any] = {}
         for op in plan.ops:
             if isinstance(op, (ConvOp, FCOp)):
-                w = torch.from_numpy(np.ascontiguousarray(weights.arrays[op.name + ".weight"], dtype=np.float32))
-                b = torch.from_numpy(np.ascontiguousarray(weights.arrays[op.name + ".bias"], dtype=np.float32))
+                # np.array copies: weight files load read-only, and torch wants arrays it may write
+                w = torch.from_numpy(np.array(weights.arrays[op.name + ".weight"], dtype=np.float32))
+                b = torch.from_numpy(np.array(weights.arrays[op.name + ".bias"], dtype=np.float32))
                 w = w.to(self.device, self.dtype)
                 if w.dim() == 4:
                     w = w.contiguous(memory_format=self.memory_format)
