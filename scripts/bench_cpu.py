@@ -1,6 +1,7 @@
 """Dev benchmark: the NumPy CPU path against onnxruntime on the same model, side by side in one process.
 
     python scripts/bench_cpu.py --batch 1 --iters 20
+    OPENBLAS_NUM_THREADS=1 python scripts/bench_cpu.py --ort-threads 1     # both on one core
 
 Both run the same random He-initialised Inception-V3 (no download needed); rounds alternate between the two so
 that load from other processes hits both alike. Prints median ms per forward and the ratio ours / onnxruntime.
@@ -78,12 +79,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--ort-threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
     args = ap.parse_args()
 
     weights = he_weights(0)
     x = np.random.default_rng(1).standard_normal((args.batch, 3, arch.INPUT_SIZE, arch.INPUT_SIZE)).astype(np.float32)
     ours = NumpyBackend(weights, build_plan(args.batch, weights.layers()))
-    sess = ort.InferenceSession(onnx_model(weights), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.ort_threads
+    sess = ort.InferenceSession(onnx_model(weights), options, providers=["CPUExecutionProvider"])
 
     ref = sess.run(None, {arch.INPUT: x})[0]
     got = ours.forward(x)

@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
+from inception_engine.backends import numpy_backend
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc, global_avg_pool, pool2d
 
 
@@ -104,6 +105,21 @@ def test_conv_matches_naive_loops(case, dtype):
     fresh = conv2d_bias_relu(x, wt, b, stride, pad)  # without out=: a new array of the same values
     assert fresh.shape == ref.shape and fresh.dtype == dtype
     np.testing.assert_array_equal(fresh, out)
+
+
+@pytest.mark.parametrize("case", [c for c in CONV_CASES if c[5] != (1, 1) or c[6] != 1][::2])
+def test_conv_split_into_row_blocks(case, monkeypatch):
+    """Large layers run im2col in blocks of output rows; force small, uneven blocks on small layers."""
+    n, c, h, w, o, kernel, stride, pad = case
+    monkeypatch.setattr(numpy_backend, "COLS_BLOCK_ELEMS", (kernel[0] * kernel[1] * c + 1) * w)  # ~2 rows a block
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()) + 1)
+    x, wt, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, *kernel)), rng.standard_normal(o)
+    ref = naive_conv(x, wt, b, stride, pad)
+    buf, out = poisoned_slice(rng, ref.shape, np.float64)
+    conv2d_bias_relu(x, wt, b, stride, pad, out=out)
+    assert not np.isnan(out).any(), "some outputs were never written"
+    assert_guards_untouched(buf)
+    assert rel_err(out, ref) < 1e-12
 
 
 def test_conv_without_relu_keeps_negatives():

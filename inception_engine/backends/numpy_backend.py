@@ -41,54 +41,96 @@ def _im2col(xp: np.ndarray, kh: int, kw: int, stride: int, ho: int, wo: int, col
             blocks[i, j] = xp[:, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride]
 
 
+# im2col runs in blocks of output rows of at most this many elements (4 MB in float32), so that a block is still
+# in cache when the GEMM reads it. Only the stem's matrices (up to 25 MB) are split.
+COLS_BLOCK_ELEMS = 1 << 20
+
+
+def _block_rows(k: int, ho: int, wo: int) -> int:
+    blocks = -(-k * ho * wo // COLS_BLOCK_ELEMS)
+    return -(-ho // blocks)
+
+
 @dataclass
 class _Conv:
-    """One convolution, prepared: ``run(x, out)`` computes relu(conv(x) + b) into ``out`` (both views, NCHW)."""
+    """One convolution, prepared: ``run(x, out)`` computes relu(conv(x) + b) into ``out`` (both views, NCHW).
 
-    w2d: np.ndarray  # (O, kh * kw * C)
+    With im2col the bias rides in the GEMM: the weights get the bias as an extra column and the im2col block an
+    extra row of ones, which saves a pass over the output.
+    """
+
+    w2d: np.ndarray  # (O, kh * kw * C), plus the bias column when im2col is used
     bias: np.ndarray  # (O, 1, 1)
     kernel: tuple[int, int]
     stride: int
     pad: tuple[int, int]
     relu: bool
     padded: np.ndarray | None  # (C, H + 2 ph, W + 2 pw) scratch, borders zero and never written
-    cols: np.ndarray | None  # (kh * kw * C, Ho * Wo) scratch
+    cols: np.ndarray | None  # flat scratch for one block of (kh * kw * C + 1, block_rows * Wo); None: 1x1 conv
+    block_rows: int
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         n, c, h, w = x.shape
         o, ho, wo = out.shape[1:]
-        (kh, kw), (ph, pw) = self.kernel, self.pad
         if self.cols is None:  # 1x1, stride 1, no padding: the input already is the column matrix
             np.matmul(self.w2d, x.reshape(n, c, h * w), out=out.reshape(n, o, ho * wo))
-        else:
-            for i in range(n):
-                xp = x[i]
-                if self.padded is not None:
-                    self.padded[:, ph:ph + h, pw:pw + w] = xp
-                    xp = self.padded
-                _im2col(xp, kh, kw, self.stride, ho, wo, self.cols)
-                np.matmul(self.w2d, self.cols, out=out[i].reshape(o, ho * wo))
-        out += self.bias
-        if self.relu:
-            np.maximum(out, 0, out=out)
+            out += self.bias
+            if self.relu:
+                np.maximum(out, 0, out=out)
+            return
+        (kh, kw), (ph, pw), s = self.kernel, self.pad, self.stride
+        k = self.w2d.shape[1] - 1
+        for i in range(n):
+            xp = x[i]
+            if self.padded is not None:
+                self.padded[:, ph:ph + h, pw:pw + w] = xp
+                xp = self.padded
+            out2d = out[i].reshape(o, ho * wo)
+            for r0 in range(0, ho, self.block_rows):
+                rows = min(self.block_rows, ho - r0)
+                cols = self.cols[:(k + 1) * rows * wo].reshape(k + 1, rows * wo)
+                _im2col(xp[:, r0 * s:(r0 + rows - 1) * s + kh], kh, kw, s, rows, wo, cols[:k])
+                cols[k] = 1
+                block = out2d[:, r0 * wo:(r0 + rows) * wo]
+                np.matmul(self.w2d, cols, out=block)
+                if self.relu:
+                    np.maximum(block, 0, out=block)
 
 
-def _prepare_conv(w2d: np.ndarray, b: np.ndarray, in_shape: tuple[int, int, int, int], kernel: tuple[int, int],
-                  stride: int, pad: tuple[int, int], relu: bool,
-                  scratch: Callable[[str, tuple[int, ...]], np.ndarray]) -> _Conv:
-    """``scratch(kind, shape)`` hands out work memory: kind "cols" may be shared by all convs, kind "pad:..." is
-    shared only by convs with the same padded shape (whose zero borders then stay zero)."""
+def _prepare_conv(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, int, int, int], stride: int,
+                  pad: tuple[int, int], relu: bool, scratch: Callable[[str, int], np.ndarray]) -> _Conv:
+    """w (O, C, kh, kw) and b (O,) in the compute dtype. ``scratch(kind, elems)`` hands out flat work memory:
+    kind "cols" may be shared by all convs, kind "pad:..." only by convs with the same padded shape (whose zero
+    borders then stay zero)."""
+    _, c, h, wd = in_shape
+    o, _, kh, kw = w.shape
+    ph, pw = pad
+    ho, wo = _out_size(h, kh, stride, ph), _out_size(wd, kw, stride, pw)
+    bias = b.reshape(o, 1, 1)
+    if kh == kw == 1 and stride == 1 and ph == pw == 0:
+        return _Conv(w.reshape(o, c), bias, (1, 1), 1, pad, relu, None, None, ho)
+    w2d = np.concatenate([conv_weight_2d(w), b.reshape(o, 1)], axis=1)
+    padded = None
+    if ph or pw:
+        hp, wp = h + 2 * ph, wd + 2 * pw
+        padded = scratch(f"pad:{c}x{h}x{wd}+{ph}x{pw}", c * hp * wp).reshape(c, hp, wp)
+    rows = _block_rows(w2d.shape[1], ho, wo)
+    return _Conv(w2d, bias, (kh, kw), stride, pad, relu, padded, scratch("cols", w2d.shape[1] * rows * wo), rows)
+
+
+def cols_scratch_elems(in_shape: tuple[int, int, int, int], out_ch: int, kernel: tuple[int, int], stride: int,
+                       pad: tuple[int, int]) -> int:
+    """Size of the im2col scratch one conv needs (0 for a 1x1 stride-1 conv)."""
     _, c, h, w = in_shape
     (kh, kw), (ph, pw) = kernel, pad
-    ho, wo = _out_size(h, kh, stride, ph), _out_size(w, kw, stride, pw)
-    direct = kh == kw == 1 and stride == 1 and ph == pw == 0
-    padded = scratch(f"pad:{c}x{h}x{w}+{ph}x{pw}", (c, h + 2 * ph, w + 2 * pw)) if ph or pw else None
-    cols = None if direct else scratch("cols", (kh * kw * c, ho * wo))
-    return _Conv(w2d, b.reshape(-1, 1, 1), kernel, stride, pad, relu, padded, cols)
+    if kh == kw == 1 and stride == 1 and ph == pw == 0:
+        return 0
+    k, ho, wo = kh * kw * c + 1, _out_size(h, kh, stride, ph), _out_size(w, kw, stride, pw)
+    return k * _block_rows(k, ho, wo) * wo
 
 
-def _fresh_scratch(dtype: np.dtype) -> Callable[[str, tuple[int, ...]], np.ndarray]:
-    return lambda kind, shape: np.zeros(shape, dtype)
+def _fresh_scratch(dtype: np.dtype) -> Callable[[str, int], np.ndarray]:
+    return lambda kind, elems: np.zeros(elems, dtype)
 
 
 def conv2d_bias_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1,
@@ -100,8 +142,8 @@ def conv2d_bias_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 
     ho, wo = _out_size(h, kh, stride, pad[0]), _out_size(wd, kw, stride, pad[1])
     if out is None:
         out = np.empty((n, o, ho, wo), x.dtype)
-    conv = _prepare_conv(conv_weight_2d(w.astype(x.dtype, copy=False)), b.astype(x.dtype, copy=False), x.shape,
-                         (kh, kw), stride, pad, relu, _fresh_scratch(x.dtype))
+    conv = _prepare_conv(w.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False), x.shape, stride, pad, relu,
+                         _fresh_scratch(x.dtype))
     conv.run(x, out)
     return out
 
@@ -193,22 +235,17 @@ class NumpyBackend:
         self.dtype = np.dtype(dtype)
         self.arena = np.empty(plan.arena_elems, self.dtype)
         self._scratch: dict[str, np.ndarray] = {}
-        cols_elems = max([self._cols_elems(op) for op in plan.conv_ops], default=0)
+        cols_elems = max([cols_scratch_elems(op.src.dims, op.dst.channels, op.kernel, op.stride, op.pad)
+                          for op in plan.conv_ops], default=0)
         self._scratch["cols"] = np.empty(cols_elems, self.dtype)
         self._steps = [self._prepare(op, weights) for op in plan.ops]
         self._input = self._view(plan.input)
         self._output = self._view(plan.output).reshape(plan.batch, -1)
 
-    @staticmethod
-    def _cols_elems(op: ConvOp) -> int:
-        _, _, ho, wo = op.dst.dims
-        return op.kernel[0] * op.kernel[1] * op.src.channels * ho * wo
-
-    def _scratch_for(self, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-        size = int(np.prod(shape))
+    def _scratch_for(self, kind: str, elems: int) -> np.ndarray:
         if kind not in self._scratch:
-            self._scratch[kind] = np.zeros(size, self.dtype)
-        return self._scratch[kind][:size].reshape(shape)
+            self._scratch[kind] = np.zeros(elems, self.dtype)
+        return self._scratch[kind][:elems]
 
     def _view(self, v: View) -> np.ndarray:
         n, c, h, w = v.shape
@@ -219,8 +256,7 @@ class NumpyBackend:
         src, dst = self._view(op.src), self._view(op.dst)
         if isinstance(op, ConvOp):
             w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
-            conv = _prepare_conv(conv_weight_2d(w), b, src.shape, op.kernel, op.stride, op.pad, True,
-                                 self._scratch_for)
+            conv = _prepare_conv(w, b, src.shape, op.stride, op.pad, True, self._scratch_for)
             return lambda: conv.run(src, dst)
         if isinstance(op, PoolOp):
             pool = _prepare_pool(src.shape, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad, self.dtype)
