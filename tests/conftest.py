@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +31,55 @@ def pytest_collection_modifyitems(config, items):
             reason = reason or gpu_unavailable_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"no GPU: {reason}"))
+
+
+# --- Synthetic Inception-V3 models ------------------------------------------------------------------------------
+# Stable fixture names, for any test that needs a whole model without real weights:
+#
+#   model_cache_dir         (session) Path where generated models are kept between runs: $INCEPTION_TEST_CACHE,
+#                           else ~/.cache/inception-engine/test-models/v<GENERATOR_VERSION> (a temp dir if that
+#                           cannot be created). Files appear atomically, so an interrupted run leaves nothing half.
+#   synthetic_onnx          (session) factory: synthetic_onnx(style="torchscript" | "dynamo", transform_input=False,
+#                           softmax=False, aux=False, batch=None, seed=0) -> Path of that synthetic ONNX model,
+#                           generated on first use (a few seconds; ~100 MB; dynamo style with its .data file).
+#   synthetic_weights_file  (session) Path of synthetic_onnx() converted to an engine weight file (.npz); its arrays
+#                           equal inception_engine.synthetic.synthetic_weights(0).arrays.
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory) -> Path:
+    from inception_engine.synthetic import GENERATOR_VERSION
+
+    root = os.environ.get("INCEPTION_TEST_CACHE")
+    path = Path(root) if root else (Path.home() / ".cache" / "inception-engine" / "test-models"
+                                    / f"v{GENERATOR_VERSION}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = tmp_path_factory.mktemp("test-models")
+    return path
+
+
+@pytest.fixture(scope="session")
+def synthetic_onnx(model_cache_dir):
+    from inception_engine.synthetic import GENERATOR_VERSION, write_synthetic_onnx
+
+    def make(style: str = "torchscript", transform_input: bool = False, softmax: bool = False, aux: bool = False,
+             batch: int | None = None, seed: int = 0) -> Path:
+        # The generator version is in the name too, for caches shared through $INCEPTION_TEST_CACHE.
+        name = (f"inception_v3_g{GENERATOR_VERSION}_{style}_t{int(transform_input)}_s{int(softmax)}_a{int(aux)}"
+                f"_b{batch or 'N'}_seed{seed}.onnx")
+        path = model_cache_dir / name
+        complete = path.is_file() and (style != "dynamo" or path.with_name(name + ".data").is_file())
+        if not complete:
+            write_synthetic_onnx(path, style, transform_input, softmax, aux, batch, seed)
+        return path
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def synthetic_weights_file(synthetic_onnx, tmp_path_factory) -> Path:
+    from inception_engine.onnx_convert import convert
+
+    return convert(synthetic_onnx(), tmp_path_factory.mktemp("weights") / "inception_v3.npz")
