@@ -1,4 +1,5 @@
-"""ctypes bindings for the slice of cuDNN 9 (legacy API) and cuBLAS that the cudnn backend calls.
+"""ctypes bindings for the slice of cuDNN 9 (legacy API) and cuBLAS that the cudnn backend calls, and the one CUDA
+driver call (cuStreamWaitValue32_v2) it times layers with.
 
 Signatures and enum values follow cuDNN 9's ``cudnn_graph.h`` / ``cudnn_ops.h`` / ``cudnn_cnn.h`` and CUDA's
 ``cublas_api.h``. Every handle and descriptor is an opaque pointer (``c_void_p``); device pointers are passed as
@@ -16,7 +17,7 @@ import ctypes
 import functools
 import os
 import sys
-from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_void_p
+from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_size_t, c_void_p
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -45,6 +46,9 @@ CUBLAS_STATUS_SUCCESS = 0
 CUBLAS_OP_N = 0
 CUBLAS_OP_T = 1
 CUBLAS_DEFAULT_MATH = 0  # fp32 stays fp32 (TF32 only with CUBLAS_TF32_TENSOR_OP_MATH)
+
+# cuda.h
+CU_STREAM_WAIT_VALUE_GEQ = 0  # wait until (int32_t)(*addr - value) >= 0
 
 
 class ConvFwdAlgoPerf(ctypes.Structure):
@@ -112,6 +116,13 @@ CUBLAS_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
 }
 
 
+CUDA_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
+    # stream, device address, value, flags (CUDA >= 11.7; the unsuffixed symbol is the older call)
+    "cuStreamWaitValue32_v2": (I, [P, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]),
+    "cuGetErrorName": (I, [I, POINTER(c_char_p)]),
+}
+
+
 @dataclass
 class Library:
     """A loaded library whose functions return a status; ``call`` checks it."""
@@ -137,7 +148,7 @@ class Library:
     def create(self, where: str, fn: str) -> c_void_p:
         """Run a ``cudnnCreate*`` / ``cublasCreate_v2`` style function and return the new handle."""
         h = c_void_p()
-        self.call(where, fn, ctypes.byref(h))
+        self.call(where, fn, byref(h))
         return h
 
 
@@ -213,3 +224,19 @@ def load_cublas() -> Library:
 def cudnn_version() -> int:
     """cuDNN's version as MAJOR * 10000 + MINOR * 100 + PATCH; needs no GPU."""
     return int(load_cudnn().cdll.cudnnGetVersion())
+
+
+@functools.cache
+def load_cuda_driver() -> Library:
+    try:
+        cdll = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise BackendUnavailable(f"the CUDA driver library libcuda.so.1 does not load ({e})") from None
+    _bind(cdll, "libcuda.so.1", CUDA_FUNCTIONS, "CUDA driver (11.7 or newer)")
+
+    def reason(status: int) -> str:
+        name = c_char_p()
+        cdll.cuGetErrorName(status, byref(name))
+        return f"{(name.value or b'CUDA error').decode()} ({status})"
+
+    return Library(cdll, "libcuda.so.1", reason)

@@ -22,9 +22,10 @@ left out.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from ctypes import byref, c_float, c_int, c_size_t, c_void_p
 from typing import Any
@@ -34,14 +35,15 @@ import numpy as np
 from ..cudnn_api import (CUBLAS_DEFAULT_MATH, CUBLAS_OP_N, CUBLAS_OP_T, CUDNN_ACTIVATION_RELU, CUDNN_CROSS_CORRELATION,
                          CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
                          CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, CUDNN_POOLING_MAX, CUDNN_PROPAGATE_NAN,
-                         CUDNN_TENSOR_NCHW, FWD_ALGOS, ConvFwdAlgoPerf, CudnnError, Library, load_cublas,
-                         load_cudnn)
+                         CUDNN_TENSOR_NCHW, CU_STREAM_WAIT_VALUE_GEQ, FWD_ALGOS, ConvFwdAlgoPerf, CudnnError,
+                         Library, load_cublas, load_cuda_driver, load_cudnn)
 from ..errors import BackendUnavailable
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
 
 F32 = 4  # bytes
 ALIGN_BYTES = 256
+GATED_ITERS = 32  # time_layers: iterations enqueued behind one closed gate (the stream's queue is finite)
 
 
 def _aligned(nbytes: int) -> int:
@@ -58,6 +60,7 @@ def _primary_context(device: int) -> Any:
     process and never released: releasing the last reference would destroy it under the runtime's feet."""
     import pycuda.driver as drv
 
+    drv.init()
     return drv.Device(device).retain_primary_context()
 
 
@@ -126,25 +129,32 @@ class CudnnBackend:
         self._cudnn = load_cudnn()
         self._cublas = load_cublas()
         self._closed = False
-        self._pushed = False
+        self._ctx = _primary_context(device)
         self._allocs: list[Any] = []
         self._destroy: list[tuple[Library, str, c_void_p]] = []  # (library, destroy function, handle)
         self._descs: dict[View, c_void_p] = {}
         self.algos: dict[str, str] = {}  # conv op -> the cuDNN algorithm it runs
         try:
-            self._setup(weights, find_workspace_mib << 20, device)
+            with self._active():
+                self._setup(weights, find_workspace_mib << 20)
         except BaseException:
             self.close()
             raise
 
+    @contextlib.contextmanager
+    def _active(self) -> Iterator[None]:
+        """The device's primary context is current inside; nothing stays pushed between calls, so this backend and
+        others (the cuda backend, PyTorch) can live in one process."""
+        self._ctx.push()
+        try:
+            yield
+        finally:
+            self._drv.Context.pop()
+
     # ---- set-up -------------------------------------------------------------------------------------------------
 
-    def _setup(self, weights: Weights, find_ws_cap: int, device: int) -> None:
+    def _setup(self, weights: Weights, find_ws_cap: int) -> None:
         drv = self._drv
-        drv.init()
-        if drv.Context.get_current() is None:  # else run in the caller's context
-            _primary_context(device).push()
-            self._pushed = True
         self._stream = drv.Stream()
         self._handle = self._own(self._cudnn, "cudnnDestroy", self._cudnn.create("cudnn init", "cudnnCreate"))
         self._cudnn.call("cudnn init", "cudnnSetStream", self._handle, self._stream.handle)
@@ -158,6 +168,9 @@ class CudnnBackend:
         self._arena = self._alloc(self._arena_bytes)
         drv.memset_d32(self._arena, 0, plan.arena_elems)  # the algorithm search reads it: finite values
         self._upload_weights(weights)
+        self._gate = self._alloc(F32)  # time_layers holds the stream on this word
+        drv.memset_d32(self._gate, 0, 1)
+        self._gate_count = 0
 
         self._relu = self._own(self._cudnn, "cudnnDestroyActivationDescriptor",
                                self._cudnn.create("cudnn init", "cudnnCreateActivationDescriptor"))
@@ -355,44 +368,60 @@ class CudnnBackend:
             run()
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        self._upload(x)
-        self._run_all()
-        self._drv.memcpy_dtoh_async(self._host_out, self._out_ptr, self._stream)
-        self._stream.synchronize()
+        with self._active():
+            self._upload(x)
+            self._run_all()
+            self._drv.memcpy_dtoh_async(self._host_out, self._out_ptr, self._stream)
+            self._stream.synchronize()
         v = self.plan.output
         return self._host_out[:, v.c_offset:v.c_offset + v.channels].reshape(self.plan.batch, -1).copy()
 
     def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
-        """Device ms per forward (all ops, input already on the device), one CUDA-event pair per forward."""
-        self._upload(x)
-        for _ in range(warmup):
-            self._run_all()
-        start, end = self._drv.Event(), self._drv.Event()
-        times = []
-        for _ in range(iters):
-            start.record(self._stream)
-            self._run_all()
-            end.record(self._stream)
-            end.synchronize()
-            times.append(start.time_till(end))
+        """Device ms per forward (all ops, input already on the device), one CUDA-event pair per forward, each
+        forward starting on an idle GPU."""
+        with self._active():
+            self._upload(x)
+            for _ in range(warmup):
+                self._run_all()
+            start, end = self._drv.Event(), self._drv.Event()
+            times = []
+            for _ in range(iters):
+                self._stream.synchronize()
+                start.record(self._stream)
+                self._run_all()
+                end.record(self._stream)
+                end.synchronize()
+                times.append(start.time_till(end))
         return times
 
-    def time_layers(self, x: np.ndarray, iters: int, warmup: int = 1) -> dict[str, float]:
-        """Device ms per op: each op run ``iters`` times back to back between two events, divided by ``iters``.
-        Ops shorter than the host's cost of one call (~10 us) measure that cost instead."""
-        self._upload(x)
-        self._run_all()  # every op's input holds this input's activations
-        start, end = self._drv.Event(), self._drv.Event()
-        out = {}
-        for op, run in zip(self.plan.ops, self._runs):
-            for _ in range(warmup):
-                run()
-            start.record(self._stream)
-            for _ in range(iters):
-                run()
-            end.record(self._stream)
-            end.synchronize()
-            out[op.name] = start.time_till(end) / iters
+    def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1) -> dict[str, list[float]]:
+        """Device ms of each op, ``iters`` times (an event pair around each run).
+
+        The stream first waits on a gate word (cuStreamWaitValue32); the host enqueues the runs and their events
+        behind it and only then opens the gate from a second stream, so the host's ~10 us per cuDNN call is not
+        counted as GPU time for short ops."""
+        drv = self._drv
+        wait = load_cuda_driver()
+        out: dict[str, list[float]] = {}
+        with self._active():
+            opener = drv.Stream()
+            self._upload(x)
+            for _ in range(max(1, warmup)):
+                self._run_all()  # every op's input now holds what it reads in a real forward
+            for op, run in zip(self.plan.ops, self._runs):
+                out[op.name] = []
+                for first in range(0, iters, GATED_ITERS):
+                    self._gate_count += 1
+                    wait.call(op.name, "cuStreamWaitValue32_v2", self._stream.handle, int(self._gate),
+                              self._gate_count, CU_STREAM_WAIT_VALUE_GEQ)
+                    events = [(drv.Event(), drv.Event()) for _ in range(min(GATED_ITERS, iters - first))]
+                    for start, end in events:
+                        start.record(self._stream)
+                        run()
+                        end.record(self._stream)
+                    drv.memset_d32_async(self._gate, self._gate_count, 1, opener)
+                    self._stream.synchronize()
+                    out[op.name] += [start.time_till(end) for start, end in events]
         return out
 
     def peak_memory_bytes(self) -> int:
@@ -403,32 +432,33 @@ class CudnnBackend:
     # ---- direct access, for tests that check one op against poisoned memory ------------------------------------
 
     def read_arena(self) -> np.ndarray:
-        self._stream.synchronize()
         host = np.empty(self.plan.arena_elems, np.float32)
-        self._drv.memcpy_dtoh(host, self._arena)
+        with self._active():
+            self._stream.synchronize()
+            self._drv.memcpy_dtoh(host, self._arena)
         return host
 
     def write_arena(self, host: np.ndarray) -> None:
-        self._stream.synchronize()
-        self._drv.memcpy_htod(self._arena, np.ascontiguousarray(host, dtype=np.float32))
+        with self._active():
+            self._stream.synchronize()
+            self._drv.memcpy_htod(self._arena, np.ascontiguousarray(host, dtype=np.float32))
 
     def run_op(self, index: int) -> None:
-        self._runs[index]()
-        self._stream.synchronize()
+        with self._active():
+            self._runs[index]()
+            self._stream.synchronize()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        stream = getattr(self, "_stream", None)
-        if stream is not None:
-            stream.synchronize()
-        for lib, destroy, handle in reversed(self._destroy):
-            getattr(lib.cdll, destroy)(handle)  # status ignored: nothing left to do about it at teardown
-        self._destroy.clear()
-        for a in self._allocs:
-            a.free()
-        self._allocs.clear()
-        if self._pushed:
-            self._drv.Context.pop()
-            self._pushed = False
+        with self._active():
+            stream = getattr(self, "_stream", None)
+            if stream is not None:
+                stream.synchronize()
+            for lib, destroy, handle in reversed(self._destroy):
+                getattr(lib.cdll, destroy)(handle)  # status ignored: nothing left to do about it at teardown
+            self._destroy.clear()
+            for a in self._allocs:
+                a.free()
+            self._allocs.clear()
