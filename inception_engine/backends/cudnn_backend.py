@@ -9,15 +9,16 @@ slice of a concat buffer, so convolutions and pools write straight into their sl
 
 - convolution: cudnnConvolutionBiasActivationForward, y = relu(conv(x) + bias). Its ``z`` input gets ``y`` with
   alpha2 = 0 (the API wants a z; PyTorch's cudnn_convolution_relu does the same). RELU allows every algorithm
-  (only IDENTITY activation is restricted to IMPLICIT_PRECOMP_GEMM); an algorithm Find offers that the fused call
-  still refuses for these descriptors is skipped at init, and the next fastest is tried.
+  (the cuDNN API reference restricts only IDENTITY activation, to IMPLICIT_PRECOMP_GEMM); an algorithm Find offers
+  that the fused call still refuses for these descriptors is skipped at init, and the next fastest is tried.
 - max / average pool: cudnnPoolingForward (average pools count padding or not as the op says);
 - global average pool: cudnnPoolingForward with an H x W window;
 - fc: cublasSgemm (default math, no TF32), then the bias by cudnnAddTensor.
 
-Timing (``time_forward``, ``time_layers``) is device time between CUDA events with the input already on the device:
-the host-to-device copy of the input and the copy back of the logits are the same for every GPU backend and are
-left out.
+Timing (``time_forward``, ``time_layers``) is device time between CUDA events with the input already on the device
+(the input upload and the logits download are the same for every GPU backend and are left out), as in the cuda
+backend. Ops are called from Python one by one (no CUDA graph), so at small batch sizes the host's cost per cuDNN call
+can bound ``time_forward``; ``time_layers`` holds the stream behind a gate so that it measures GPU time only.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import contextlib
 import ctypes
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from ctypes import byref, c_float, c_int, c_size_t, c_void_p
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
