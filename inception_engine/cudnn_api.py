@@ -94,6 +94,9 @@ CUDNN_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     # handle, *alpha1, xDesc, x, wDesc, w, convDesc, algo, workspace, workspace bytes, *alpha2, zDesc, z,
     # biasDesc, bias, activationDesc, yDesc, y
     "cudnnConvolutionBiasActivationForward": (I, [P, P, P, P, P, P, P, I, P, c_size_t, P, P, P, P, P, P, P, P]),
+    # handle, *alpha, xDesc, x, wDesc, w, convDesc, algo, workspace, workspace bytes, *beta, yDesc, y
+    "cudnnConvolutionForward": (I, [P, P, P, P, P, P, P, I, P, c_size_t, P, P, P]),
+    "cudnnActivationForward": (I, [P, P, P, P, P, P, P, P]),  # handle, desc, *alpha, xDesc, x, *beta, yDesc, y
     "cudnnCreateActivationDescriptor": (I, [PP]),
     "cudnnSetActivationDescriptor": (I, [P, I, I, c_double]),  # desc, mode, nan propagation, coef
     "cudnnDestroyActivationDescriptor": (I, [P]),

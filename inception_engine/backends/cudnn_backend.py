@@ -10,7 +10,9 @@ slice of a concat buffer, so convolutions and pools write straight into their sl
 - convolution: cudnnConvolutionBiasActivationForward, y = relu(conv(x) + bias). Its ``z`` input gets ``y`` with
   alpha2 = 0 (the API wants a z; PyTorch's cudnn_convolution_relu does the same). RELU allows every algorithm
   (the cuDNN API reference restricts only IDENTITY activation, to IMPLICIT_PRECOMP_GEMM); an algorithm Find offers
-  that the fused call still refuses for these descriptors is skipped at init, and the next fastest is tried.
+  that the fused call still refuses for these descriptors is skipped at init, and the next fastest is tried; a
+  layer the fused call refuses with every algorithm runs as cudnnConvolutionForward + cudnnAddTensor +
+  cudnnActivationForward (listed in ``unfused``).
 - max / average pool: cudnnPoolingForward (average pools count padding or not as the op says);
 - global average pool: cudnnPoolingForward with an H x W window;
 - fc: cublasSgemm (default math, no TF32), then the bias by cudnnAddTensor.
@@ -86,11 +88,27 @@ class _Conv:
     zero: int
 
     def fused(self, algo: int, ws_ptr: int, ws_bytes: int) -> Callable[[], None]:
-        """y = relu(conv(x) + bias). The API also adds alpha2 * z; z = y with alpha2 = 0 (PyTorch's
+        """y = relu(conv(x) + bias) in one call. The API also adds alpha2 * z; z = y with alpha2 = 0 (PyTorch's
         cudnn_convolution_relu does the same), so y's old contents must not matter."""
         return self.lib.bind(self.where, "cudnnConvolutionBiasActivationForward", self.handle, self.one, self.x,
                              self.xp, self.w, self.wp, self.conv, algo, ws_ptr, ws_bytes, self.zero, self.y, self.yp,
                              self.bias, self.bp, self.relu, self.y, self.yp)
+
+    def unfused(self, algo: int, ws_ptr: int, ws_bytes: int) -> Callable[[], None]:
+        """The same in three calls (convolution, bias, ReLU in place): two more passes over y, for layers whose
+        descriptors the fused call refuses."""
+        calls = [self.lib.bind(self.where, "cudnnConvolutionForward", self.handle, self.one, self.x, self.xp, self.w,
+                               self.wp, self.conv, algo, ws_ptr, ws_bytes, self.zero, self.y, self.yp),
+                 self.lib.bind(self.where, "cudnnAddTensor", self.handle, self.one, self.bias, self.bp, self.one,
+                               self.y, self.yp),
+                 self.lib.bind(self.where, "cudnnActivationForward", self.handle, self.relu, self.one, self.y,
+                               self.yp, self.zero, self.y, self.yp)]
+
+        def run() -> None:
+            for call in calls:
+                call()
+
+        return run
 
 
 class CudnnBackend:
@@ -135,6 +153,7 @@ class CudnnBackend:
         self._destroy: list[tuple[Library, str, c_void_p]] = []  # (library, destroy function, handle)
         self._descs: dict[View, c_void_p] = {}
         self.algos: dict[str, str] = {}  # conv op -> the cuDNN algorithm it runs
+        self.unfused: list[str] = []  # conv ops the fused call refused, run as convolution + bias + ReLU
         try:
             with self._active():
                 self._setup(weights, find_workspace_mib << 20)
@@ -189,11 +208,18 @@ class CudnnBackend:
             self._stream.synchronize()
             find_ws.free()
         # Pass 2: one workspace, the largest any chosen algorithm needs; every op bound to its arguments.
-        self._ws_bytes = _aligned(max([ws for _, ws in chosen.values()] + [1]))
+        self._ws_bytes = _aligned(max([ws for _, ws, _ in chosen.values()] + [1]))
         ws_ptr = int(self._alloc(self._ws_bytes))
-        self.algos = {name: FWD_ALGOS[algo] for name, (algo, _) in chosen.items()}
-        self._runs = [convs[op.name].fused(chosen[op.name][0], ws_ptr, self._ws_bytes) if isinstance(op, ConvOp)
-                      else self._prepare(op) for op in plan.ops]
+        self.algos = {name: FWD_ALGOS[algo] for name, (algo, _, _) in chosen.items()}
+        self.unfused = [name for name, (_, _, fused) in chosen.items() if not fused]
+        self._runs = []
+        for op in plan.ops:
+            if isinstance(op, ConvOp):
+                algo, _, fused = chosen[op.name]
+                conv = convs[op.name]
+                self._runs.append((conv.fused if fused else conv.unfused)(algo, ws_ptr, self._ws_bytes))
+            else:
+                self._runs.append(self._prepare(op))
 
         self._in_ptr = self._ptr(plan.input)
         self._host_in = drv.pagelocked_empty(plan.input.dims, np.float32)
@@ -321,9 +347,10 @@ class CudnnBackend:
                      self._wptr[where + ".bias"], self._relu, ctypes.addressof(self._one),
                      ctypes.addressof(self._zero))
 
-    def _choose_algo(self, conv: _Conv, ws_ptr: int, ws_bytes: int) -> tuple[int, int]:
-        """(algorithm, workspace bytes): the fastest that Find measured and the fused call accepts, or the one
-        algorithm asked for. Runs the fused convolution once per candidate tried (the output is overwritten later)."""
+    def _choose_algo(self, conv: _Conv, ws_ptr: int, ws_bytes: int) -> tuple[int, int, bool]:
+        """(algorithm, workspace bytes, fused): the fastest algorithm Find measured (or the one asked for), through
+        the fused call where cuDNN accepts it, else as three calls. Each candidate is tried by running it once (the
+        output is overwritten later)."""
         lib, where = self._cudnn, conv.where
         if self.algo != "find":
             algo, ws = FWD_ALGOS.index(self.algo), c_size_t()
@@ -332,29 +359,31 @@ class CudnnBackend:
             if ws.value > ws_bytes:
                 raise CudnnError(f"{where}: {self.algo} needs {ws.value >> 20} MiB of workspace, more than the "
                                  f"{ws_bytes >> 20} MiB allowed")
-            conv.fused(algo, ws_ptr, ws_bytes)()
-            return algo, ws.value
-        count, returned = c_int(), c_int()
-        lib.call(where, "cudnnGetConvolutionForwardAlgorithmMaxCount", self._handle, byref(count))
-        perf = (ConvFwdAlgoPerf * count.value)()
-        lib.call(where, "cudnnFindConvolutionForwardAlgorithmEx", self._handle, conv.x, conv.xp, conv.w, conv.wp,
-                 conv.conv, conv.y, conv.yp, count.value, byref(returned), perf, ws_ptr, ws_bytes)
-        results = perf[:returned.value]  # fastest first
-        refused = []
-        for p in results:
+            candidates = [(algo, ws.value)]
+            found = self.algo
+        else:
+            count, returned = c_int(), c_int()
+            lib.call(where, "cudnnGetConvolutionForwardAlgorithmMaxCount", self._handle, byref(count))
+            perf = (ConvFwdAlgoPerf * count.value)()
+            lib.call(where, "cudnnFindConvolutionForwardAlgorithmEx", self._handle, conv.x, conv.xp, conv.w,
+                     conv.wp, conv.conv, conv.y, conv.yp, count.value, byref(returned), perf, ws_ptr, ws_bytes)
+            results = perf[:returned.value]  # fastest first
             # only plain-FMA results: another math type (tensor cores, TF32) is not what we compare against
-            if p.status != 0 or p.math_type != CUDNN_FMA_MATH or p.memory > ws_bytes:
-                continue
-            try:  # the fused call may refuse what plain convolution (which Find measures) accepts
-                conv.fused(p.algo, ws_ptr, ws_bytes)()
-            except CudnnError as e:
-                refused.append(str(e))
-                continue
-            return p.algo, p.memory
-        found = ", ".join(f"{FWD_ALGOS[p.algo]} status {p.status} math {p.math_type} {p.memory >> 20} MiB"
-                          for p in results)
-        raise CudnnError(f"{where}: no cuDNN algorithm runs this fused convolution in fp32 FMA math (Find: "
-                         f"{found or 'nothing'}; {' / '.join(refused) or 'no fused trial'})")
+            candidates = [(p.algo, p.memory) for p in results
+                          if p.status == 0 and p.math_type == CUDNN_FMA_MATH and p.memory <= ws_bytes]
+            found = ", ".join(f"{FWD_ALGOS[p.algo]} status {p.status} math {p.math_type} {p.memory >> 20} MiB"
+                              for p in results) or "nothing"
+        refused = []
+        for fused in (True, False):  # the fused call may refuse what plain convolution (which Find measures) accepts
+            for algo, ws in candidates:
+                try:
+                    (conv.fused if fused else conv.unfused)(algo, ws_ptr, ws_bytes)()
+                except CudnnError as e:
+                    refused.append(str(e))
+                    continue
+                return algo, ws, fused
+        raise CudnnError(f"{where}: no cuDNN algorithm runs this convolution in fp32 FMA math (Find: {found}; "
+                         f"{' / '.join(refused) or 'nothing to try'})")
 
     # ---- running ------------------------------------------------------------------------------------------------
 
