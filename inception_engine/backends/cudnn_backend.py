@@ -40,7 +40,7 @@ from ..cudnn_api import (CUBLAS_DEFAULT_MATH, CUBLAS_OP_N, CUBLAS_OP_T, CUDNN_AC
                          CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, CUDNN_POOLING_MAX, CUDNN_PROPAGATE_NAN,
                          CUDNN_TENSOR_NCHW, CU_STREAM_WAIT_VALUE_GEQ, FWD_ALGOS, ConvFwdAlgoPerf, CudnnError,
                          Library, load_cublas, load_cuda_driver, load_cudnn)
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, EngineError
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
 
@@ -388,6 +388,8 @@ class CudnnBackend:
     # ---- running ------------------------------------------------------------------------------------------------
 
     def _upload(self, x: np.ndarray) -> None:
+        if self._closed:
+            raise EngineError("this cudnn backend was closed; create a new one")
         if x.shape != self.plan.input.dims:
             raise ValueError(f"input shape {x.shape} does not match the plan's {self.plan.input.dims}")
         self._host_in[...] = x
