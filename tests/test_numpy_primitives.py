@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from inception_engine.backends import numpy_backend
-from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc, global_avg_pool, pool2d
+from inception_engine.backends.numpy_backend import (conv2d_bias_relu, fc, global_avg_pool, pool2d, winograd_matrices,
+                                                     winograd_tile)
 
 
 def naive_conv(x, w, b, stride, pad, relu=True):
@@ -82,13 +83,19 @@ CONV_CASES = [
     (3, 6, 9, 7, 9, (3, 1), 1, (1, 0)),
     (1, 2, 6, 6, 3, (3, 1), 2, (2, 1)),
     (3, 3, 7, 8, 4, (5, 5), 1, (0, 0)),
+    # Maps of 16 and more get 4x4 Winograd tiles; sizes that are not a multiple of the tile crop the last one.
+    (1, 4, 19, 17, 6, (3, 3), 1, (1, 1)),
+    (2, 3, 16, 21, 5, (3, 3), 1, (0, 0)),
+    (1, 3, 20, 18, 4, (5, 5), 1, (2, 2)),
+    (1, 5, 17, 17, 4, (1, 7), 1, (0, 3)),
 ]
 
 
+@pytest.mark.parametrize("winograd", [False, True], ids=["direct", "winograd"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "n{}_c{}_{}x{}_o{}_k{}x{}_s{}_p{}x{}".format(
     *c[:5], *c[5], c[6], *c[7]))
-def test_conv_matches_naive_loops(case, dtype):
+def test_conv_matches_naive_loops(case, dtype, winograd):
     n, c, h, w, o, kernel, stride, pad = case
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
@@ -97,29 +104,51 @@ def test_conv_matches_naive_loops(case, dtype):
     ref = naive_conv(x, wt, b, stride, pad)
     assert (ref > 0).any() and (ref == 0).any(), "test data should exercise both sides of the ReLU"
     buf, out = poisoned_slice(rng, ref.shape, dtype)
-    got = conv2d_bias_relu(x, wt, b, stride, pad, out=out)
+    got = conv2d_bias_relu(x, wt, b, stride, pad, out=out, winograd=winograd)
     assert got is out
     assert not np.isnan(out).any(), "some outputs were never written"
     assert_guards_untouched(buf)
     assert rel_err(out, ref) < (1e-12 if dtype == np.float64 else 1e-5)
-    fresh = conv2d_bias_relu(x, wt, b, stride, pad)  # without out=: a new array of the same values
+    fresh = conv2d_bias_relu(x, wt, b, stride, pad, winograd=winograd)  # without out=: a new array, same values
     assert fresh.shape == ref.shape and fresh.dtype == dtype
     np.testing.assert_array_equal(fresh, out)
 
 
+@pytest.mark.parametrize("winograd", [False, True], ids=["direct", "winograd"])
 @pytest.mark.parametrize("case", [c for c in CONV_CASES if c[5] != (1, 1) or c[6] != 1][::2])
-def test_conv_split_into_row_blocks(case, monkeypatch):
-    """Large layers run im2col in blocks of output rows; force small, uneven blocks on small layers."""
+def test_conv_split_into_row_blocks(case, winograd, monkeypatch):
+    """Large layers run in blocks of output rows; force small, uneven blocks (about 2 rows or 1 tile row a block)
+    on small layers."""
     n, c, h, w, o, kernel, stride, pad = case
-    monkeypatch.setattr(numpy_backend, "COLS_BLOCK_ELEMS", (kernel[0] * kernel[1] * c + 1) * w)  # ~2 rows a block
+    monkeypatch.setattr(numpy_backend, "BLOCK_ELEMS", 2 * (kernel[0] * kernel[1] * c + 1) * w)
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()) + 1)
     x, wt, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, *kernel)), rng.standard_normal(o)
     ref = naive_conv(x, wt, b, stride, pad)
     buf, out = poisoned_slice(rng, ref.shape, np.float64)
-    conv2d_bias_relu(x, wt, b, stride, pad, out=out)
+    conv2d_bias_relu(x, wt, b, stride, pad, out=out, winograd=winograd)
     assert not np.isnan(out).any(), "some outputs were never written"
     assert_guards_untouched(buf)
     assert rel_err(out, ref) < 1e-12
+
+
+@pytest.mark.parametrize("m,r", [(2, 3), (4, 3), (6, 3), (2, 5), (4, 5), (2, 7), (4, 7)])
+def test_winograd_matrices_compute_the_correlation(m, r):
+    at, g, bt = winograd_matrices(m, r)
+    n = m + r - 1
+    assert at.shape == (m, n) and g.shape == (n, r) and bt.shape == (n, n)
+    rng = np.random.default_rng(m * 10 + r)
+    for _ in range(3):
+        filt, d = rng.standard_normal(r), rng.standard_normal(n)
+        ref = [sum(filt[k] * d[i + k] for k in range(r)) for i in range(m)]
+        np.testing.assert_allclose(at @ ((g @ filt) * (bt @ d)), ref, rtol=0, atol=1e-12)
+
+
+def test_winograd_tiles_used_by_the_network():
+    assert winograd_tile((3, 3), (35, 35)) == (4, 4)
+    assert winograd_tile((3, 3), (8, 8)) == (2, 2)
+    assert winograd_tile((1, 7), (17, 17)) == (1, 2) and winograd_tile((7, 1), (17, 17)) == (2, 1)
+    assert winograd_tile((5, 5), (35, 35)) == (4, 4)
+    assert winograd_tile((1, 3), (8, 8)) == (1, 2)
 
 
 def test_conv_without_relu_keeps_negatives():

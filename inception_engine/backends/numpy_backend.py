@@ -1,78 +1,103 @@
 """NumPy backend: the reference every other backend is checked against (float64), and the CPU path (float32).
 
-Convolution is im2col + one BLAS matrix product per image, written straight into the destination view (a channel
-slice of a concat buffer is contiguous per image, so BLAS writes the concat in place). 1x1 stride-1 convolutions
-skip im2col. The backend prepares every op once at init: weights reshaped to the im2col row order, arena views,
-a zero-bordered padding scratch per padded shape, one shared im2col scratch. ``forward`` then only copies and
-multiplies; nothing is allocated per call.
+Two ways to convolve, both ending in BLAS matrix products that write straight into the destination view (a
+channel slice of a concat buffer is contiguous per image, so the concat is written in place):
 
-im2col row order is (ki, kj, c): each (ki, kj) block of rows is one contiguous copy of a shifted input window,
-and the weights are transposed to (O, kh, kw, C) once to match.
+* direct: im2col + one GEMM (1x1 stride-1 convolutions skip im2col). The float64 reference always uses it.
+* Winograd (float32, stride-1 convolutions with a kernel wider than 1): fewer multiplies for the same result,
+  see ``_WinogradConv``. It exists because on the CI machine NumPy's OpenBLAS is pinned to its AVX2 kernels
+  (docs/PERFORMANCE.md, "CPU path (NumPy)") and the direct GEMMs alone took twice onnxruntime's whole forward.
+
+The backend prepares every op once at init: weights reshaped or transformed, arena views, zero-bordered padding
+buffers, shared work memory. ``forward`` then only copies and multiplies; nothing is allocated per call.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
 
+# Work memory of one conv is split into blocks of output rows of at most about this many elements (4 MB in
+# float32), so that what im2col or a transform writes is still in cache when the next product reads it.
+BLOCK_ELEMS = 1 << 20
+
 
 def _out_size(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
-def conv_weight_2d(w: np.ndarray) -> np.ndarray:
-    """(O, C, kh, kw) -> (O, kh * kw * C), the row order ``_im2col`` produces."""
-    o = w.shape[0]
-    return np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1))
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
-def _im2col(xp: np.ndarray, kh: int, kw: int, stride: int, ho: int, wo: int, cols: np.ndarray) -> None:
-    """xp (C, Hp, Wp), already padded -> cols (kh * kw * C, ho * wo)."""
+class Scratch:
+    """Work memory for ops that run one after another. ``take(kind, elems)`` lends the start of one flat buffer
+    per kind (its contents are garbage and belong to the caller until the next take of that kind), growing it if
+    needed; ``reserve`` sizes it ahead. ``zeroed(key, shape)`` lends a buffer that starts as zeros and is only ever
+    shared under the same key: convs with the same padded shape write only its interior, so the border stays 0."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def reserve(self, kind: str, elems: int) -> None:
+        if elems > self.buffers.get(kind, np.empty(0)).size:
+            self.buffers[kind] = np.empty(elems, self.dtype)
+
+    def take(self, kind: str, elems: int) -> np.ndarray:
+        self.reserve(kind, elems)
+        return self.buffers[kind][:elems]
+
+    def zeroed(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
+        if key not in self.buffers:
+            self.buffers[key] = np.zeros(shape, self.dtype)
+        return self.buffers[key]
+
+
+def _im2col(xp: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], ho: int, wo: int,
+            cols: np.ndarray) -> None:
+    """xp (C, Hp, Wp), already padded -> cols (kh * kw * C, ho * wo), rows in (ki, kj, c) order: each kernel tap
+    is one block copy of a shifted, strided input window."""
+    (kh, kw), (sh, sw) = kernel, stride
     c = xp.shape[0]
     blocks = cols.reshape(kh, kw, c, ho, wo)
     for i in range(kh):
         for j in range(kw):
-            blocks[i, j] = xp[:, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride]
+            blocks[i, j] = xp[:, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
 
 
-# im2col runs in blocks of output rows of at most this many elements (4 MB in float32), so that a block is still
-# in cache when the GEMM reads it. Only the stem's matrices (up to 25 MB) are split.
-COLS_BLOCK_ELEMS = 1 << 20
-
-
-def _block_rows(k: int, ho: int, wo: int) -> int:
-    blocks = -(-k * ho * wo // COLS_BLOCK_ELEMS)
-    return -(-ho // blocks)
+def _padded_input(scratch: Scratch, c: int, h: int, w: int, pad: tuple[int, int],
+                  shape: tuple[int, int]) -> np.ndarray:
+    """A zero (C, *shape) buffer whose interior at ``pad`` receives the (C, h, w) input on every call."""
+    return scratch.zeroed(f"pad:{c}x{h}x{w}@{pad[0]},{pad[1]}in{shape[0]}x{shape[1]}", (c, *shape))
 
 
 @dataclass
-class _Conv:
-    """One convolution, prepared: ``run(x, out)`` computes relu(conv(x) + b) into ``out`` (both views, NCHW).
+class _DirectConv:
+    """relu(conv(x) + b) by im2col + GEMM. The bias rides in the GEMM: the weights get it as an extra column and
+    each im2col block an extra row of ones, which saves a pass over the output."""
 
-    With im2col the bias rides in the GEMM: the weights get the bias as an extra column and the im2col block an
-    extra row of ones, which saves a pass over the output.
-    """
-
-    w2d: np.ndarray  # (O, kh * kw * C), plus the bias column when im2col is used
-    bias: np.ndarray  # (O, 1, 1)
+    w2d: np.ndarray  # (O, C) for a 1x1 stride-1 conv; else (O, kh * kw * C + 1), bias last
+    bias: np.ndarray  # (O, 1, 1), used by the 1x1 path
     kernel: tuple[int, int]
     stride: int
     pad: tuple[int, int]
     relu: bool
-    padded: np.ndarray | None  # (C, H + 2 ph, W + 2 pw) scratch, borders zero and never written
-    cols: np.ndarray | None  # flat scratch for one block of (kh * kw * C + 1, block_rows * Wo); None: 1x1 conv
-    block_rows: int
+    padded: np.ndarray | None  # zero-bordered input, None without padding
+    block_rows: int  # output rows per im2col block
+    work: dict[str, int] = field(default_factory=dict)  # scratch elements needed per kind
 
-    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def run(self, x: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
         n, c, h, w = x.shape
         o, ho, wo = out.shape[1:]
-        if self.cols is None:  # 1x1, stride 1, no padding: the input already is the column matrix
+        if self.kernel == (1, 1) and self.stride == 1 and self.pad == (0, 0):  # the input is the column matrix
             np.matmul(self.w2d, x.reshape(n, c, h * w), out=out.reshape(n, o, ho * wo))
             out += self.bias
             if self.relu:
@@ -88,8 +113,8 @@ class _Conv:
             out2d = out[i].reshape(o, ho * wo)
             for r0 in range(0, ho, self.block_rows):
                 rows = min(self.block_rows, ho - r0)
-                cols = self.cols[:(k + 1) * rows * wo].reshape(k + 1, rows * wo)
-                _im2col(xp[:, r0 * s:(r0 + rows - 1) * s + kh], kh, kw, s, rows, wo, cols[:k])
+                cols = scratch.take("cols", (k + 1) * rows * wo).reshape(k + 1, rows * wo)
+                _im2col(xp[:, r0 * s:(r0 + rows - 1) * s + kh], self.kernel, (s, s), rows, wo, cols[:k])
                 cols[k] = 1
                 block = out2d[:, r0 * wo:(r0 + rows) * wo]
                 np.matmul(self.w2d, cols, out=block)
@@ -97,54 +122,182 @@ class _Conv:
                     np.maximum(block, 0, out=block)
 
 
-def _prepare_conv(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, int, int, int], stride: int,
-                  pad: tuple[int, int], relu: bool, scratch: Callable[[str, int], np.ndarray]) -> _Conv:
-    """w (O, C, kh, kw) and b (O,) in the compute dtype. ``scratch(kind, elems)`` hands out flat work memory:
-    kind "cols" may be shared by all convs, kind "pad:..." only by convs with the same padded shape (whose zero
-    borders then stay zero)."""
+def _prepare_direct(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], stride: int, pad: tuple[int, int],
+                    relu: bool, scratch: Scratch) -> _DirectConv:
     _, c, h, wd = in_shape
     o, _, kh, kw = w.shape
     ph, pw = pad
     ho, wo = _out_size(h, kh, stride, ph), _out_size(wd, kw, stride, pw)
     bias = b.reshape(o, 1, 1)
     if kh == kw == 1 and stride == 1 and ph == pw == 0:
-        return _Conv(w.reshape(o, c), bias, (1, 1), 1, pad, relu, None, None, ho)
-    w2d = np.concatenate([conv_weight_2d(w), b.reshape(o, 1)], axis=1)
-    padded = None
-    if ph or pw:
-        hp, wp = h + 2 * ph, wd + 2 * pw
-        padded = scratch(f"pad:{c}x{h}x{wd}+{ph}x{pw}", c * hp * wp).reshape(c, hp, wp)
-    rows = _block_rows(w2d.shape[1], ho, wo)
-    return _Conv(w2d, bias, (kh, kw), stride, pad, relu, padded, scratch("cols", w2d.shape[1] * rows * wo), rows)
+        return _DirectConv(w.reshape(o, c), bias, (1, 1), 1, pad, relu, None, ho)
+    # (O, C, kh, kw) -> (O, kh, kw, C): the row order of _im2col.
+    w2d = np.concatenate([w.transpose(0, 2, 3, 1).reshape(o, -1), b.reshape(o, 1)], axis=1)
+    padded = _padded_input(scratch, c, h, wd, pad, (h + 2 * ph, wd + 2 * pw)) if ph or pw else None
+    k = w2d.shape[1]
+    rows = _ceil_div(ho, _ceil_div(k * ho * wo, BLOCK_ELEMS))
+    return _DirectConv(w2d, bias, (kh, kw), stride, pad, relu, padded, rows, {"cols": k * rows * wo})
 
 
-def cols_scratch_elems(in_shape: tuple[int, int, int, int], out_ch: int, kernel: tuple[int, int], stride: int,
-                       pad: tuple[int, int]) -> int:
-    """Size of the im2col scratch one conv needs (0 for a 1x1 stride-1 conv)."""
-    _, c, h, w = in_shape
-    (kh, kw), (ph, pw) = kernel, pad
-    if kh == kw == 1 and stride == 1 and ph == pw == 0:
-        return 0
-    k, ho, wo = kh * kw * c + 1, _out_size(h, kh, stride, ph), _out_size(w, kw, stride, pw)
-    return k * _block_rows(k, ho, wo) * wo
+# Interpolation points for the Winograd matrices, in the order they are used: small magnitudes first keep the
+# transforms' entries small (Lavin & Gray 2016, section 4; 0, +-1, +-2, +-1/2 as in their F(4x4, 3x3)).
+WINOGRAD_POINTS = (0, 1, -1, 2, -2, Fraction(1, 2), Fraction(-1, 2), 3, -3)
 
 
-def _fresh_scratch(dtype: np.dtype) -> Callable[[str, int], np.ndarray]:
-    return lambda kind, elems: np.zeros(elems, dtype)
+def _poly_mul(a: list[Fraction], b: list[Fraction]) -> list[Fraction]:
+    out = [Fraction(0)] * (len(a) + len(b) - 1)
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            out[i + j] += x * y
+    return out
 
 
-def conv2d_bias_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1,
-                     pad: tuple[int, int] = (0, 0), relu: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+@functools.cache
+def winograd_matrices(m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """F(m, r): AT (m, n), G (n, r), BT (n, n), n = m + r - 1, with ``AT @ ((G @ g) * (BT @ d))`` equal to the
+    correlation ``y[i] = sum_k g[k] * d[i + k]`` for i < m. Exact (rational) construction, returned as float64.
+
+    Toom-Cook: a product of polynomials of degrees r - 1 and m - 1 is fixed by its values at n - 1 points plus
+    its leading coefficient (the point at infinity). For the polynomial product s = C @ ((Vr @ g) * (Vm @ e)),
+    with Vk the (n, k) evaluation matrices and C the interpolation matrix; correlation is the transpose of that
+    product, so AT = Vm.T, G = Vr, BT = C.T (Lavin & Gray 2016, section 4 and its reference to Winograd 1980).
+    """
+    n = m + r - 1
+    pts = [Fraction(p) for p in WINOGRAD_POINTS[:n - 1]]
+    if len(pts) != n - 1:
+        raise ValueError(f"F({m}, {r}) needs {n - 1} interpolation points, only {len(WINOGRAD_POINTS)} are defined")
+
+    def evaluation(k: int) -> list[list[Fraction]]:
+        return [[p ** j for j in range(k)] for p in pts] + [[Fraction(int(j == k - 1)) for j in range(k)]]
+
+    interp = [[Fraction(0)] * n for _ in range(n)]  # column j: coefficients of the j-th basis polynomial
+    for j, a in enumerate(pts):  # Lagrange basis on the finite points
+        poly = [Fraction(1)]
+        for q in pts:
+            if q != a:
+                poly = _poly_mul(poly, [-q / (a - q), 1 / (a - q)])
+        for i, coef in enumerate(poly):
+            interp[i][j] = coef
+    poly = [Fraction(1)]
+    for q in pts:  # the leading coefficient multiplies prod(x - a_j), which vanishes at every finite point
+        poly = _poly_mul(poly, [-q, Fraction(1)])
+    for i, coef in enumerate(poly):
+        interp[i][n - 1] = coef
+    as_array = lambda rows: np.array([[float(v) for v in row] for row in rows])  # noqa: E731
+    return as_array(evaluation(m)).T.copy(), as_array(evaluation(r)), as_array(interp).T.copy()
+
+
+def winograd_tile(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[int, int]:
+    """Output tile (mh, mw) Winograd uses for a stride-1 conv: 1 along an axis the kernel does not extend in.
+
+    4 outputs a tile for 3 and 5 wide kernels (2 on maps under 16 wide, where 4x4 tiles leave the GEMMs too few
+    columns), 2 for 7 wide ones: F(4, 7) would save more but its transforms have entries up to 729 and lose about
+    three more digits in float32 (measured: 7e-6 against 1.2e-6 relative error per layer)."""
+    def axis(r: int, size: int) -> int:
+        if r == 1:
+            return 1
+        return 2 if r == 7 or size < 16 else 4
+    return axis(kernel[0], out_hw[0]), axis(kernel[1], out_hw[1])
+
+
+@dataclass
+class _WinogradConv:
+    """relu(conv(x) + b) for stride 1 by Winograd's minimal filtering, F(mh x mw, kh x kw).
+
+    The input is cut into overlapping n x n tiles (n = m + k - 1) at stride m, each giving an m x m output
+    tile. Per tile: V = B d, M = U (.) V elementwise over the n x n positions and summed over input channels, so
+    for each position one GEMM over channels, Y = A M. With the tiles of all channels side by side every step is
+    one BLAS call: im2col at stride m gathers the tiles, B and A (the Kronecker products of the 1-D transforms)
+    multiply all of them at once, and the nn position-wise GEMMs are one batched matmul. U (the weights
+    transformed by G) is computed once, in float64. The GEMMs do (m + k - 1)^2 / (m^2 k^2) of the direct
+    multiplies: 0.44x for F(4x4, 3x3), 0.57x for F(2, 7).
+    """
+
+    u: np.ndarray  # (nn, O, C)
+    b_t: np.ndarray  # (nn, nn)
+    a_t: np.ndarray  # (mm, nn)
+    bias: np.ndarray  # (O, 1, 1)
+    kernel: tuple[int, int]
+    pad: tuple[int, int]
+    tile: tuple[int, int]
+    relu: bool
+    padded: np.ndarray  # (C, th * mh + kh - 1, tw * mw + kw - 1), zero border
+    block_tile_rows: int
+    work: dict[str, int] = field(default_factory=dict)
+
+    def run(self, x: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
+        n, c, h, w = x.shape
+        o, ho, wo = out.shape[1:]
+        (kh, kw), (ph, pw), (mh, mw) = self.kernel, self.pad, self.tile
+        nh, nw = mh + kh - 1, mw + kw - 1
+        nn, mm = nh * nw, mh * mw
+        th, tw = _ceil_div(ho, mh), _ceil_div(wo, mw)
+        for i in range(n):
+            self.padded[:, ph:ph + h, pw:pw + w] = x[i]
+            for t0 in range(0, th, self.block_tile_rows):
+                rows = min(self.block_tile_rows, th - t0)
+                tiles = rows * tw
+                cols = scratch.take("cols", nn * c * tiles).reshape(nn, c * tiles)
+                v = scratch.take("wino_v", nn * c * tiles).reshape(nn, c * tiles)
+                prod = scratch.take("wino_m", nn * o * tiles).reshape(nn, o * tiles)
+                _im2col(self.padded[:, t0 * mh:(t0 + rows - 1) * mh + nh], (nh, nw), (mh, mw), rows, tw, cols)
+                np.matmul(self.b_t, cols, out=v)
+                np.matmul(self.u, v.reshape(nn, c, tiles), out=prod.reshape(nn, o, tiles))
+                y = scratch.take("cols", mm * o * tiles).reshape(mm, o * tiles)  # cols is dead by now
+                np.matmul(self.a_t, prod, out=y)
+                y5 = y.reshape(mh, mw, o, rows, tw)
+                block = out[i][:, t0 * mh:min((t0 + rows) * mh, ho)]
+                for a in range(mh):
+                    for b in range(mw):
+                        dst = block[:, a::mh, b::mw]
+                        np.add(y5[a, b, :, :dst.shape[1], :dst.shape[2]], self.bias, out=dst)
+                if self.relu:
+                    np.maximum(block, 0, out=block)
+
+
+def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], pad: tuple[int, int], relu: bool,
+                      scratch: Scratch, dtype: np.dtype) -> _WinogradConv:
+    _, c, h, wd = in_shape
+    o, _, kh, kw = w.shape
+    ho, wo = _out_size(h, kh, 1, pad[0]), _out_size(wd, kw, 1, pad[1])
+    mh, mw = winograd_tile((kh, kw), (ho, wo))
+    at_h, g_h, bt_h = winograd_matrices(mh, kh) if kh > 1 else (np.ones((1, 1)),) * 3
+    at_w, g_w, bt_w = winograd_matrices(mw, kw) if kw > 1 else (np.ones((1, 1)),) * 3
+    nn, mm = (mh + kh - 1) * (mw + kw - 1), mh * mw
+    g = np.kron(g_h, g_w)  # (nn, kh * kw)
+    u = np.einsum("tk,ock->toc", g, w.reshape(o, c, kh * kw).astype(np.float64))
+    th, tw = _ceil_div(ho, mh), _ceil_div(wo, mw)
+    padded = _padded_input(scratch, c, h, wd, pad, (th * mh + kh - 1, tw * mw + kw - 1))
+    per_tile_row = tw * (max(nn * c, mm * o) + nn * c + nn * o)
+    rows = _ceil_div(th, _ceil_div(th * per_tile_row, BLOCK_ELEMS))
+    tiles = rows * tw
+    work = {"cols": max(nn * c, mm * o) * tiles, "wino_v": nn * c * tiles, "wino_m": nn * o * tiles}
+    return _WinogradConv(np.ascontiguousarray(u, dtype), np.kron(bt_h, bt_w).astype(dtype),
+                         np.kron(at_h, at_w).astype(dtype), b.reshape(o, 1, 1), (kh, kw), pad, (mh, mw), relu,
+                         padded, rows, work)
+
+
+def _prepare_conv(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], stride: int, pad: tuple[int, int],
+                  relu: bool, winograd: bool, scratch: Scratch) -> _DirectConv | _WinogradConv:
+    """w (O, C, kh, kw) and b (O,) already in the compute dtype."""
+    if winograd and stride == 1 and max(w.shape[2:]) > 1:
+        return _prepare_winograd(w, b, in_shape, pad, relu, scratch, w.dtype)
+    return _prepare_direct(w, b, in_shape, stride, pad, relu, scratch)
+
+
+def conv2d_bias_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, pad: tuple[int, int] = (0, 0),
+                     relu: bool = True, out: np.ndarray | None = None, winograd: bool = False) -> np.ndarray:
     """x (N, C, H, W), w (O, C, kh, kw), b (O,) -> (N, O, Ho, Wo), in the dtype of x. ``out`` may be a view
-    (e.g. a channel slice) as long as each image of it is contiguous."""
+    (a channel slice, say) as long as each image of it is contiguous. ``winograd`` uses Winograd's algorithm where
+    it applies (stride 1, kernel wider than 1), as the float32 backend does."""
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
-    ho, wo = _out_size(h, kh, stride, pad[0]), _out_size(wd, kw, stride, pad[1])
     if out is None:
-        out = np.empty((n, o, ho, wo), x.dtype)
+        out = np.empty((n, o, _out_size(h, kh, stride, pad[0]), _out_size(wd, kw, stride, pad[1])), x.dtype)
+    scratch = Scratch(x.dtype)
     conv = _prepare_conv(w.astype(x.dtype, copy=False), b.astype(x.dtype, copy=False), x.shape, stride, pad, relu,
-                         _fresh_scratch(x.dtype))
-    conv.run(x, out)
+                         winograd, scratch)
+    conv.run(x, out, scratch)
     return out
 
 
@@ -185,12 +338,12 @@ def _window_counts(size: int, kernel: int, stride: int, pad: int) -> np.ndarray:
     return np.minimum(starts + kernel, size) - np.maximum(starts, 0)
 
 
-def _prepare_pool(in_shape: tuple[int, int, int, int], kind: str, kernel: int, stride: int, pad: int,
+def _prepare_pool(in_shape: tuple[int, ...], kind: str, kernel: int, stride: int, pad: int,
                   count_include_pad: bool, dtype: np.dtype) -> _Pool:
     if kind not in ("max", "avg"):
         raise ValueError(f"pool kind must be 'max' or 'avg', got {kind!r}")
     n, c, h, w = in_shape
-    ho, wo = _out_size(h, kernel, stride, pad), _out_size(w, kernel, stride, pad)
+    wo = _out_size(w, kernel, stride, pad)
     padded = None
     if pad:
         padded = np.full((n, c, h + 2 * pad, w + 2 * pad), -np.inf if kind == "max" else 0, dtype)
@@ -224,40 +377,38 @@ def fc(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class NumpyBackend:
+    """``dtype`` float32 (the CPU path) or float64 (the reference). ``winograd`` defaults to on for float32 and
+    off for float64, so the reference computes every convolution directly."""
+
     name = "cpu"
 
     @classmethod
     def check_available(cls) -> None:
         pass
 
-    def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32):
+    def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32, winograd: bool | None = None):
         self.plan = plan
         self.dtype = np.dtype(dtype)
+        self.winograd = self.dtype == np.float32 if winograd is None else winograd
         self.arena = np.empty(plan.arena_elems, self.dtype)
-        self._scratch: dict[str, np.ndarray] = {}
-        cols_elems = max([cols_scratch_elems(op.src.dims, op.dst.channels, op.kernel, op.stride, op.pad)
-                          for op in plan.conv_ops], default=0)
-        self._scratch["cols"] = np.empty(cols_elems, self.dtype)
+        self.scratch = Scratch(self.dtype)
         self._steps = [self._prepare(op, weights) for op in plan.ops]
         self._input = self._view(plan.input)
         self._output = self._view(plan.output).reshape(plan.batch, -1)
-
-    def _scratch_for(self, kind: str, elems: int) -> np.ndarray:
-        if kind not in self._scratch:
-            self._scratch[kind] = np.zeros(elems, self.dtype)
-        return self._scratch[kind][:elems]
 
     def _view(self, v: View) -> np.ndarray:
         n, c, h, w = v.shape
         buf = self.arena[v.offset:v.offset + n * c * h * w].reshape(n, c, h, w)
         return buf[:, v.c_offset:v.c_offset + v.channels]
 
-    def _prepare(self, op, weights: Weights) -> Callable[[], None]:
+    def _prepare(self, op, weights: Weights):
         src, dst = self._view(op.src), self._view(op.dst)
         if isinstance(op, ConvOp):
             w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
-            conv = _prepare_conv(w, b, src.shape, op.stride, op.pad, True, self._scratch_for)
-            return lambda: conv.run(src, dst)
+            conv = _prepare_conv(w, b, src.shape, op.stride, op.pad, True, self.winograd, self.scratch)
+            for kind, elems in conv.work.items():
+                self.scratch.reserve(kind, elems)
+            return lambda: conv.run(src, dst, self.scratch)
         if isinstance(op, PoolOp):
             pool = _prepare_pool(src.shape, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad, self.dtype)
             return lambda: pool.run(src, dst)
@@ -296,5 +447,5 @@ class NumpyBackend:
 
     def close(self) -> None:
         self.arena = np.empty(0, self.dtype)
-        self._scratch.clear()
+        self.scratch.buffers.clear()
         self._steps.clear()
