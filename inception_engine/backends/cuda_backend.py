@@ -1,0 +1,597 @@
+"""CUDA backend: the whole Inception-V3 forward on the GPU with the engine's own kernels (cuda_src/), via pycuda.
+
+Set-up does everything once: compile (or load cached) cubins, pick a kernel variant and launch shape for every op
+(``choose_configs``, a small cost model), upload the weights in the layout the kernels read (conv weights
+transposed to [K][Cout]), allocate one arena for all activations (the plan's offsets), the split-K workspace and
+pinned host buffers, and turn the plan into a list of prepared launches (``launch_specs``). A forward is then:
+copy the input in, replay the launches (one CUDA graph, or one ``prepared_async_call`` each), copy the logits out.
+Nothing is allocated, compiled or synchronised in between.
+
+The planning half (configs, parameter packing, launch specs) is plain Python and needs no GPU; pycuda is imported
+only when a backend is built, so a missing pycuda is reported by ``check_available`` as one line.
+
+    python -m inception_engine.backends.cuda_backend --selftest [--batch 1] [--graph on|off] [--input-size 299]
+
+runs one forward on random He-initialised weights against the float64 NumPy reference (for compute-sanitizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import cuda_build
+from ..errors import BackendUnavailable, EngineError
+from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
+from ..weights import Weights
+
+THREADS = 256  # every kernel's block size (conv.cu's tiles are 256 threads too)
+ALIGN = 64  # elements; parameters start on 256-byte boundaries, as arena buffers do (plan.ALIGN)
+NAN_BITS = 0x7FC00000  # float32 quiet NaN: the arena starts poisoned, so a read of never-written memory shows
+
+KERNEL_SIZES = ((1, 1), (3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1))  # conv.cu instantiates these
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One block-tile shape of conv.cu, and what the cost model assumes about it."""
+
+    bm: int  # output channels per block
+    bn: int  # output pixels per block
+    bk: int  # reduction depth per shared-memory stage
+    resident: int  # blocks per SM (conv.cu's __launch_bounds__ minimum)
+    macs_per_us: float  # one SM's multiply-adds per microsecond with `resident` blocks (model, not measured)
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}"
+
+
+TILES = (Tile(128, 128, 8, 2, 180e3), Tile(64, 64, 16, 4, 120e3), Tile(32, 128, 16, 4, 120e3))
+
+# Cost model of one conv launch (microseconds), used only to rank variants against each other.
+WAVE_OVERHEAD_US = 1.0  # first loads and final stores of each wave of blocks
+REDUCE_FIXED_US = 2.0  # the split-K reduction is one more kernel
+REDUCE_BYTES_PER_US = 2.0e6  # partial sums written and read back through L2, ~2 TB/s
+MIN_K_SPLIT = 64  # a K slice shorter than this spends more on prologue and reduction than it saves
+MAX_SPLITS = 64
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    tile: Tile
+    splits: int  # K slices (blockIdx.z); > 1 writes partial sums to the workspace, then conv_splitk_reduce
+    k_split: int  # K per slice, a multiple of tile.bk
+    est_us: float
+
+
+def conv_config(cout: int, n_total: int, k_total: int, num_sms: int) -> ConvConfig:
+    """The (tile, split-K) pair the cost model ranks fastest for C[cout, n_total] with reduction depth k_total.
+
+    Time = waves of blocks x (work of one block at 1/resident of an SM) + split-K traffic. A lone block per SM is
+    charged as much as a full SM, so few large blocks (batch 1 on 17x17 and 8x8 grids) lose to more, thinner ones.
+    """
+    best: ConvConfig | None = None
+    for tile in TILES:
+        tiles = math.ceil(cout / tile.bm) * math.ceil(n_total / tile.bn)
+        seen = set()
+        for want in range(1, MAX_SPLITS + 1):
+            k_split = math.ceil(math.ceil(k_total / want) / tile.bk) * tile.bk
+            if want > 1 and k_split < MIN_K_SPLIT:
+                break
+            splits = math.ceil(k_total / k_split)
+            if splits in seen:
+                continue
+            seen.add(splits)
+            waves = math.ceil(tiles * splits / (num_sms * tile.resident))
+            us = waves * (tile.bm * tile.bn * k_split * tile.resident / tile.macs_per_us + WAVE_OVERHEAD_US)
+            if splits > 1:
+                us += REDUCE_FIXED_US + 4 * (2 * splits + 1) * cout * n_total / REDUCE_BYTES_PER_US
+            if best is None or us < best.est_us:
+                best = ConvConfig(tile, splits, k_split, us)
+    assert best is not None
+    return best
+
+
+def uses_gemv(op: FCOp) -> bool:
+    """fc_gemv at batch 1 (float4 loads: in_features % 4 == 0 and a 16-byte aligned input); else the GEMM."""
+    src = op.src
+    return src.n == 1 and src.channels % 4 == 0 and (src.offset + src.c_offset * src.h * src.w) % 4 == 0
+
+
+def choose_configs(plan: Plan, num_sms: int) -> dict[str, ConvConfig | None]:
+    """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it."""
+    configs: dict[str, ConvConfig | None] = {}
+    for op in plan.ops:
+        if isinstance(op, ConvOp):
+            if op.kernel not in KERNEL_SIZES:
+                raise EngineError(f"{op.name}: no CUDA kernel for a {op.kernel[0]}x{op.kernel[1]} convolution "
+                                  f"(have {', '.join(f'{a}x{b}' for a, b in KERNEL_SIZES)})")
+            k_total = op.src.channels * op.kernel[0] * op.kernel[1]
+            configs[op.name] = conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w, k_total, num_sms)
+        elif isinstance(op, FCOp):
+            configs[op.name] = None if uses_gemv(op) else conv_config(op.dst.channels, op.dst.n, op.src.channels,
+                                                                      num_sms)
+    return configs
+
+
+def workspace_elems(plan: Plan, configs: dict[str, ConvConfig | None]) -> int:
+    """Floats of split-K workspace: the largest splits x Cout x N over all ops (they run one after another)."""
+    need = 0
+    for op in plan.ops:
+        cfg = configs.get(op.name)
+        if cfg is not None and cfg.splits > 1:
+            need = max(need, cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w)
+    return need
+
+
+def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
+                                                                                             dict[str, int]]:
+    """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset.
+
+    Conv weights (Cout, Cin, kh, kw) become wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order), the GEMM's A stored
+    K-major so that a tile row is contiguous along Cout. The FC weight stays (out, in) for fc_gemv and is
+    transposed to [in][out] when the FC runs as a 1x1-conv GEMM.
+    """
+    parts: list[np.ndarray] = []
+    offsets: dict[str, int] = {}
+    pos = 0
+    for op in plan.ops:
+        if not isinstance(op, (ConvOp, FCOp)):
+            continue
+        w, b = weights.arrays[op.name + ".weight"], weights.arrays[op.name + ".bias"]
+        if isinstance(op, ConvOp) or configs[op.name] is not None:
+            w = w.reshape(w.shape[0], -1).T
+        for key, a in ((op.name + ".weight", w), (op.name + ".bias", b)):
+            a = np.ascontiguousarray(a, dtype=np.float32).ravel()
+            offsets[key] = pos
+            padded = -(-a.size // ALIGN) * ALIGN
+            parts += [a, np.zeros(padded - a.size, np.float32)]
+            pos += padded
+    return np.concatenate(parts), offsets
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One kernel launch: everything pycuda needs, as plain numbers."""
+
+    op: str  # the plan op it belongs to (per-layer timing groups by this)
+    kernel: str  # entry point in the cubins
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[int, ...]  # device pointers and int32s, in the kernel's parameter order
+
+
+# Parameter lists of the kernels as pycuda struct formats: P = pointer, i = int32, q = int64.
+CONV_FORMAT = "PPPP" + "i" * 14
+ARG_FORMATS = {
+    "conv_splitk_reduce": "PPP" + "i" * 6,
+    "pool2d": "PP" + "i" * 13,
+    "global_avg_pool": "PP" + "i" * 5,
+    "fc_gemv": "PPPP" + "i" * 4,
+    "softmax_rows": "PP" + "i" * 3,
+    "gpu_sleep": "q",
+}
+SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
+             "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
+
+
+def conv_kernel_name(kernel: tuple[int, int], tile: Tile) -> str:
+    return f"conv_{kernel[0]}x{kernel[1]}_{tile.name}"
+
+
+def arg_format(kernel: str) -> str:
+    return CONV_FORMAT if kernel.startswith("conv_") and kernel not in ARG_FORMATS else ARG_FORMATS[kernel]
+
+
+def source_of(kernel: str) -> str:
+    return SOURCE_OF.get(kernel, "conv.cu")
+
+
+def all_kernel_names() -> list[str]:
+    return [conv_kernel_name(k, t) for k in KERNEL_SIZES for t in TILES] + list(ARG_FORMATS)
+
+
+def view_ptr(base: int, v: View) -> int:
+    """Device address of element (0, 0, 0, 0) of the view."""
+    return base + 4 * (v.offset + v.c_offset * v.h * v.w)
+
+
+def batch_stride(v: View) -> int:
+    return v.c_total * v.h * v.w
+
+
+def _blocks(n: int, per_block: int) -> int:
+    return max(1, math.ceil(n / per_block))
+
+
+def conv_specs(name: str, src: View, dst: View, kernel: tuple[int, int], stride: int, pad: tuple[int, int],
+               relu: bool, cfg: ConvConfig, arena: int, w: int, b: int, ws: int) -> list[LaunchSpec]:
+    """The implicit-GEMM launch, plus the split-K reduction when cfg.splits > 1. w, b: weight/bias addresses."""
+    n, cin, h, wd = src.dims
+    _, cout, ho, wo = dst.dims
+    n_total, t = n * ho * wo, cfg.tile
+    split = cfg.splits > 1
+    y = view_ptr(arena, dst)
+    gemm = LaunchSpec(name, conv_kernel_name(kernel, t),
+                      (_blocks(n_total, t.bn), _blocks(cout, t.bm), cfg.splits), (THREADS, 1, 1),
+                      (view_ptr(arena, src), w, b, ws if split else y, n, cin, h, wd, batch_stride(src), cout, ho, wo,
+                       batch_stride(dst), stride, pad[0], pad[1], cfg.k_split, int(relu)))
+    if not split:
+        return [gemm]
+    reduce = LaunchSpec(name, "conv_splitk_reduce", (_blocks(cout * n_total, THREADS), 1, 1), (THREADS, 1, 1),
+                        (ws, b, y, cfg.splits, cout, n_total, ho * wo, batch_stride(dst), int(relu)))
+    return [gemm, reduce]
+
+
+def pool_spec(op: PoolOp, arena: int) -> LaunchSpec:
+    n, c, h, w = op.src.dims
+    _, _, ho, wo = op.dst.dims
+    return LaunchSpec(op.name, "pool2d", (_blocks(n * c * ho * wo, THREADS), 1, 1), (THREADS, 1, 1),
+                      (view_ptr(arena, op.src), view_ptr(arena, op.dst), n, c, h, w, batch_stride(op.src), ho, wo,
+                       batch_stride(op.dst), op.kernel, op.stride, op.pad, int(op.kind == "max"),
+                       int(op.count_include_pad)))
+
+
+def gap_spec(op: GlobalAvgPoolOp, arena: int) -> LaunchSpec:
+    n, c, h, w = op.src.dims
+    return LaunchSpec(op.name, "global_avg_pool", (_blocks(n * c, THREADS // 32), 1, 1), (THREADS, 1, 1),
+                      (view_ptr(arena, op.src), view_ptr(arena, op.dst), n, c, h * w, batch_stride(op.src),
+                       batch_stride(op.dst)))
+
+
+def fc_specs(op: FCOp, cfg: ConvConfig | None, arena: int, w: int, b: int, ws: int) -> list[LaunchSpec]:
+    n, fin, _, _ = op.src.dims
+    fout = op.dst.channels
+    if cfg is None:
+        return [LaunchSpec(op.name, "fc_gemv", (_blocks(fout, THREADS // 32), n, 1), (THREADS, 1, 1),
+                           (view_ptr(arena, op.src), w, b, view_ptr(arena, op.dst), fin, fout,
+                            batch_stride(op.src), batch_stride(op.dst)))]
+    # A 1x1 convolution of a (N, in, 1, 1) image: M = out, N = batch, K = in; no ReLU on the logits.
+    return conv_specs(op.name, op.src, op.dst, (1, 1), 1, (0, 0), False, cfg, arena, w, b, ws)
+
+
+def softmax_spec(logits: View, arena: int, probs: int) -> LaunchSpec:
+    n, c = logits.n, logits.channels
+    return LaunchSpec("softmax", "softmax_rows", (n, 1, 1), (THREADS, 1, 1),
+                      (view_ptr(arena, logits), probs, c, batch_stride(logits), c))
+
+
+def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, params: int,
+                 offsets: dict[str, int], ws: int, probs: int | None = None) -> list[LaunchSpec]:
+    """The whole forward as launches, in plan order. probs: where softmax writes, None for logits only."""
+    specs: list[LaunchSpec] = []
+    for op in plan.ops:
+        if isinstance(op, (ConvOp, FCOp)):
+            w, b = params + 4 * offsets[op.name + ".weight"], params + 4 * offsets[op.name + ".bias"]
+        if isinstance(op, ConvOp):
+            cfg = configs[op.name]
+            assert cfg is not None
+            specs += conv_specs(op.name, op.src, op.dst, op.kernel, op.stride, op.pad, True, cfg, arena, w, b, ws)
+        elif isinstance(op, PoolOp):
+            specs.append(pool_spec(op, arena))
+        elif isinstance(op, GlobalAvgPoolOp):
+            specs.append(gap_spec(op, arena))
+        elif isinstance(op, FCOp):
+            specs += fc_specs(op, configs[op.name], arena, w, b, ws)
+    if probs is not None:
+        specs.append(softmax_spec(plan.output, arena, probs))
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The GPU half: pycuda from here on.
+
+
+def driver() -> Any:
+    try:
+        import pycuda.driver as drv
+    except ImportError as e:
+        if importlib.util.find_spec("pycuda") is None:
+            raise BackendUnavailable("the cuda backend needs pycuda, which is not installed (pip install '.[gpu]')"
+                                     ) from None
+        raise BackendUnavailable(f"pycuda is installed but cannot load ({e}); is the NVIDIA driver installed?"
+                                 ) from None
+    return drv
+
+
+def probe(index: int = 0) -> tuple[Any, str]:
+    """(device, nvcc target) of GPU ``index``, without creating a context; BackendUnavailable if there is none."""
+    drv = driver()
+    try:
+        drv.init()
+        if drv.Device.count() <= index:
+            raise BackendUnavailable("no CUDA GPU found (the driver sees no device)")
+        device = drv.Device(index)
+        return device, cuda_build.target(device.compute_capability())
+    except drv.Error as e:
+        raise BackendUnavailable(f"the CUDA driver is unusable here ({str(e).splitlines()[0]}); "
+                                 f"check the GPU with nvidia-smi") from None
+
+
+class Gpu:
+    """One device and its primary context (shared with the CUDA runtime, so cuDNN or PyTorch in the same process
+    see the same memory). The context is current only inside ``with gpu:``; nothing is left pushed in between."""
+
+    def __init__(self, index: int = 0):
+        drv = driver()
+        self.device, self.arch = probe(index)
+        self.ctx = self.device.retain_primary_context()
+        self.num_sms = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+
+    def __enter__(self) -> Gpu:
+        self.ctx.push()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        driver().Context.pop()
+
+    def release(self) -> None:
+        self.ctx.detach()
+
+
+class Kernels:
+    """The cubins of cuda_src loaded into the current context; entry points prepared on first use."""
+
+    def __init__(self, arch: str):
+        drv = driver()
+        self._modules = {src: drv.module_from_file(str(path)) for src, path in cuda_build.build(arch).items()}
+        self._funcs: dict[str, Any] = {}
+
+    def __getitem__(self, kernel: str) -> Any:
+        if kernel not in self._funcs:
+            fn = self._modules[source_of(kernel)].get_function(kernel)
+            fn.prepare(arg_format(kernel))
+            self._funcs[kernel] = fn
+        return self._funcs[kernel]
+
+
+@dataclass(frozen=True)
+class Launch:
+    spec: LaunchSpec
+    func: Any  # prepared pycuda Function
+
+    def __call__(self, stream: Any) -> None:
+        self.func.prepared_async_call(self.spec.grid, self.spec.block, stream, *self.spec.args)
+
+
+class CudaBackend:
+    name = "cuda"
+
+    @classmethod
+    def check_available(cls) -> None:
+        _, arch = probe()
+        if not cuda_build.is_cached(arch) and cuda_build.find_nvcc() is None:
+            raise BackendUnavailable(f"nvcc (the CUDA compiler) is not on PATH and no compiled kernels for "
+                                     f"{arch} are cached; install the CUDA toolkit or put its bin/ on PATH")
+
+    def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0):
+        """softmax: forward returns probabilities (softmax on the GPU) instead of logits."""
+        if plan.arena_elems >= 2**31:
+            raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
+                              f"use a smaller batch")
+        drv = driver()
+        self.plan = plan
+        self.graph_mode = graph
+        self._gpu = Gpu(device)
+        self._allocs: list[Any] = []
+        self._device_bytes = 0
+        self._graph: Any = None
+        self._launches: list[Launch] = []
+        self._host: list[Any] = []
+        self._closed = False
+        with self._gpu:
+            try:
+                self._setup(weights, softmax, drv)
+            except BaseException:
+                self._free()
+                raise
+
+    def _alloc(self, elems: int) -> int:
+        drv = driver()
+        nbytes = 4 * max(elems, 1)
+        try:
+            a = drv.mem_alloc(nbytes)
+        except drv.MemoryError:
+            need = self._device_bytes + nbytes
+            raise BackendUnavailable(f"not enough GPU memory for batch {self.plan.batch} (needs ~{need >> 20} MiB); "
+                                     f"use a smaller batch") from None
+        self._allocs.append(a)
+        self._device_bytes += nbytes
+        return int(a)
+
+    def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
+        plan = self.plan
+        self.configs = choose_configs(plan, self._gpu.num_sms)
+        kernels = Kernels(self._gpu.arch)
+        params, offsets = pack_params(weights, plan, self.configs)
+        self._arena = self._alloc(plan.arena_elems)
+        self._params = self._alloc(params.size)
+        self._ws = self._alloc(workspace_elems(plan, self.configs))
+        self._probs = self._alloc(plan.batch * plan.output.channels) if softmax else None
+        drv.memset_d32(self._arena, NAN_BITS, plan.arena_elems)
+        drv.memcpy_htod(self._params, params)
+        drv.Context.synchronize()
+        self._stream = drv.Stream(1)  # CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
+        self._x_host = drv.pagelocked_empty(plan.input.dims, np.float32)
+        self._y_host = drv.pagelocked_empty((plan.batch, plan.output.channels), np.float32)
+        self._host = [self._x_host, self._y_host]
+        self._in_ptr = view_ptr(self._arena, plan.input)
+        self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
+        self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs)
+        self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
+        self._sleep = kernels["gpu_sleep"]
+        if self.graph_mode:
+            from ..cuda_graph import CudaGraph
+
+            self._graph = CudaGraph(self._stream.handle, self._launch_all)
+
+    def _launch_all(self) -> None:
+        for launch in self._launches:
+            launch(self._stream)
+
+    def _run(self) -> None:
+        if self._graph is not None:
+            self._graph.launch()
+        else:
+            self._launch_all()
+
+    def _upload(self, x: np.ndarray) -> None:
+        if self._closed:
+            raise EngineError("this cuda backend was closed; create a new one")
+        if tuple(x.shape) != self.plan.input.dims:
+            raise ValueError(f"input shape {tuple(x.shape)} does not match the plan's {self.plan.input.dims}")
+        np.copyto(self._x_host, x, casting="same_kind")
+        driver().memcpy_htod_async(self._in_ptr, self._x_host, self._stream)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        drv = driver()
+        with self._gpu:
+            self._upload(x)
+            self._run()
+            drv.memcpy_dtoh_async(self._y_host, self._out_ptr, self._stream)
+            self._stream.synchronize()
+        return self._y_host.copy()
+
+    def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
+        """Milliseconds per forward on the GPU's clock (CUDA events around the launches; the input is uploaded
+        once before). Each forward starts from an idle GPU, as a latency-bound caller would see it."""
+        drv = driver()
+        with self._gpu:
+            self._upload(x)
+            for _ in range(warmup):
+                self._run()
+            start, end = drv.Event(), drv.Event()
+            times = []
+            for _ in range(iters):
+                self._stream.synchronize()
+                start.record(self._stream)
+                self._run()
+                end.record(self._stream)
+                end.synchronize()
+                times.append(end.time_since(start))
+        return times
+
+    def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1) -> dict[str, list[float]]:
+        """Per op: milliseconds of GPU time of its launches (a split-K conv counts both), launched eagerly.
+
+        gpu_sleep holds the GPU while the host enqueues start event, the op's launches and end event for all
+        iterations, so launch latency of the host is not counted as kernel time.
+        """
+        drv = driver()
+        groups: dict[str, list[Launch]] = {}
+        for launch in self._launches:
+            groups.setdefault(launch.spec.op, []).append(launch)
+        out: dict[str, list[float]] = {}
+        with self._gpu:
+            self._upload(x)
+            for _ in range(max(1, warmup)):
+                self._launch_all()  # every buffer now holds what this op reads in a real forward
+            for op, launches in groups.items():
+                events = [(drv.Event(), drv.Event()) for _ in range(iters)]
+                # ~10 us of host time per enqueued call is plenty; the sleep ends early if the host is faster.
+                sleep_ns = 20_000 * (len(launches) + 2) * iters + 50_000
+                self._sleep.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, sleep_ns)
+                for start, end in events:
+                    start.record(self._stream)
+                    for launch in launches:
+                        launch(self._stream)
+                    end.record(self._stream)
+                self._stream.synchronize()
+                out[op] = [end.time_since(start) for start, end in events]
+        return out
+
+    def peak_memory_bytes(self) -> int:
+        """Device memory this backend holds: arena, parameters, split-K workspace (and probabilities)."""
+        return self._device_bytes
+
+    def _free(self) -> None:
+        if self._graph is not None:
+            self._graph.close()
+            self._graph = None
+        for a in self._allocs:
+            a.free()
+        self._allocs = []
+        for h in self._host:
+            h.base.free()  # pagelocked_empty's array base is its HostAllocation
+        self._host = []
+        self._x_host = self._y_host = None
+        self._launches = []
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._gpu:
+            self._free()
+        self._gpu.release()
+        self._closed = True
+
+    def __enter__(self) -> CudaBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Self-test: one forward against the float64 NumPy reference (compute-sanitizer runs this).
+
+
+def he_weights(seed: int) -> Weights:
+    """He-initialised random weights of the real shapes: activations stay O(1) through the 94 ReLU layers."""
+    from .. import arch
+
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for key, shape in arch.weight_shapes().items():
+        fan_in = int(np.prod(shape[1:])) if key.endswith(".weight") else 0
+        scale = math.sqrt(2.0 / fan_in) if fan_in else 0.1
+        arrays[key] = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return Weights(arrays, {"count_include_pad": True})
+
+
+def rel_l2(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def selftest(batch: int, graph: bool, input_size: int, seed: int = 0) -> bool:
+    from ..plan import build_plan
+    from .numpy_backend import NumpyBackend
+
+    weights = he_weights(seed)
+    plan = build_plan(batch, weights.layers(), input_size=input_size)
+    x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
+    with CudaBackend(weights, plan, graph=graph) as backend:
+        got = backend.forward(x)
+        launches = len(backend.specs)
+    ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
+    err = rel_l2(got, ref)
+    same_top5 = all(np.array_equal(np.argsort(-g)[:5], np.argsort(-r)[:5]) for g, r in zip(got, ref))
+    ok = bool(np.isfinite(got).all()) and err <= 1e-4 and same_top5
+    print(f"cuda selftest: batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, {launches} launches: "
+          f"rel L2 {err:.2e}, top-5 {'same' if same_top5 else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inception_engine.backends.cuda_backend")
+    p.add_argument("--selftest", action="store_true", required=True, help="one forward vs the NumPy reference")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--graph", choices=("on", "off"), default="on")
+    p.add_argument("--input-size", type=int, default=299, help="smaller images make sanitizer runs faster")
+    args = p.parse_args(argv)
+    try:
+        return 0 if selftest(args.batch, args.graph == "on", args.input_size) else 1
+    except EngineError as e:
+        print(f"cuda selftest: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

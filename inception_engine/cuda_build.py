@@ -1,0 +1,106 @@
+"""Compile the CUDA kernels (cuda_src/*.cu) to cubins with nvcc, once per (sources, flags, target), cached on disk.
+
+A cubin is named ``<source stem>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every
+file of cuda_src (a header change rebuilds everything), the flags and the target, so a second process starts without
+compiling and an edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from .errors import BackendUnavailable
+from .weights import user_cache_dir
+
+SOURCES = ("conv.cu", "pool.cu", "fc.cu", "softmax.cu", "timing.cu")
+# -lineinfo costs nothing at run time and lets compute-sanitizer and Nsight point at source lines.
+FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
+
+
+def source_dir() -> Path:
+    """cuda_src/ as installed (package ``inception_engine.cuda_src``), else next to this package in a checkout."""
+    try:
+        path = Path(str(resources.files("inception_engine.cuda_src")))
+        if (path / SOURCES[0]).is_file():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / "cuda_src"
+
+
+def cache_dir() -> Path:
+    return user_cache_dir() / "kernels"
+
+
+def find_nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+            return os.path.join(home, "bin", "nvcc")
+    return None
+
+
+def target(compute_capability: tuple[int, int]) -> str:
+    """nvcc's name for a device's architecture: (9, 0) -> "sm_90"."""
+    return f"sm_{compute_capability[0]}{compute_capability[1]}"
+
+
+def build_key(arch: str) -> str:
+    h = hashlib.sha256()
+    src = source_dir()
+    for path in sorted(src.iterdir()):
+        if path.suffix in (".cu", ".cuh", ".h"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(" ".join((arch, *FLAGS)).encode())
+    return h.hexdigest()[:20]
+
+
+def cubin_paths(arch: str) -> dict[str, Path]:
+    """Where each source's cubin lives for this target (whether built yet or not)."""
+    key = build_key(arch)
+    return {name: cache_dir() / f"{Path(name).stem}-{key}.cubin" for name in SOURCES}
+
+
+def is_cached(arch: str) -> bool:
+    return all(p.is_file() for p in cubin_paths(arch).values())
+
+
+def build(arch: str) -> dict[str, Path]:
+    """Compile what is not cached yet (all sources at once, in parallel) and return source name -> cubin path."""
+    paths = cubin_paths(arch)
+    todo = {name: p for name, p in paths.items() if not p.is_file()}
+    if not todo:
+        return paths
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise BackendUnavailable(f"nvcc (the CUDA compiler) is not on PATH and the kernels for {arch} are not "
+                                 f"cached in {cache_dir()}; install the CUDA toolkit or put its bin/ on PATH")
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    src = source_dir()
+    jobs = []
+    for name, dst in todo.items():
+        fd, tmp = tempfile.mkstemp(prefix="." + dst.name + ".", suffix=".part", dir=dst.parent)
+        os.close(fd)
+        cmd = [nvcc, f"-arch={arch}", *FLAGS, "-cubin", "-o", tmp, str(src / name)]
+        jobs.append((name, dst, tmp, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                      text=True)))
+    failure = None
+    for name, dst, tmp, proc in jobs:
+        out, _ = proc.communicate()
+        if proc.returncode == 0:
+            os.replace(tmp, dst)
+            continue
+        os.unlink(tmp)
+        lines = [l for l in out.splitlines() if "error" in l.lower()] or out.splitlines() or ["(no output)"]
+        failure = failure or f"nvcc could not compile {name} for {arch}: {lines[0].strip()}"
+    if failure:
+        raise BackendUnavailable(failure)
+    return paths
