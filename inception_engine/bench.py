@@ -388,6 +388,7 @@ def write_plot(report: Report, path: str | Path) -> Path:
             ax.plot(*zip(*pts), marker="o", label=name)
     ax.set(xlabel="batch size", ylabel="median latency (ms)", title=f"Inception-V3 forward, weights: {report.weights}")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(report.batch_sizes, [str(b) for b in report.batch_sizes])
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
