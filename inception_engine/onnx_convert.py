@@ -147,8 +147,9 @@ def _evaluate(node: onnx.NodeProto, args: list[Any]) -> list[np.ndarray]:
     if op == "Reshape":
         return [_reshape(x, args[1], at.get("allowzero", 0))]
     if op == "Flatten":
-        axis = at.get("axis", 1) % max(x.ndim, 1)
-        return [x.reshape(int(np.prod(x.shape[:axis])), -1)]
+        axis = at.get("axis", 1)
+        axis = axis + x.ndim if axis < 0 else axis
+        return [x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))]
     if op == "Expand":
         shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in np.reshape(args[1], -1)))
         return [np.broadcast_to(x, shape).copy()]
@@ -243,7 +244,8 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
         try:
             consts[t.name] = numpy_helper.to_array(t)
         except Exception as e:  # numpy_helper raises several types for short or malformed tensors
-            raise ConversionError(f"{source}: initializer '{t.name}' is unreadable ({e}); the file is corrupt") from None
+            raise ConversionError(f"{source}: initializer '{t.name}' is unreadable ({e}); the file is corrupt"
+                                  ) from None
     inputs = [i for i in g.input if i.name not in consts]
     if len(inputs) != 1:
         raise ConversionError(f"{source}: expected one image input, found {len(inputs)} "
@@ -280,6 +282,8 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
                 raise graph.fail(f"cannot evaluate constant expression ({e})", i) from None
             for name, value in zip(node.output, outs):
                 consts[name] = np.asarray(value)
+            for name in node.output[len(outs):]:  # Dropout's mask: not a constant the interpreter knows
+                graph.producer[name] = i
         elif node.op_type in ("Identity", "Dropout") and node.domain in ("", "ai.onnx"):
             # Dropout is the identity at inference unless asked to train (third input true).
             training = graph.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
@@ -445,8 +449,10 @@ def _match_fc(g: _Graph, layer: arch.FC, value: str) -> tuple[str, np.ndarray, n
         args = [g.const(v) if v else None for v in node.input]
         if node.op_type == "Flatten" and at.get("axis", 1) != 1:
             raise g.fail(f"{what}: Flatten(axis={at['axis']}) before the classifier (expected axis 1)", p)
-        if node.op_type == "Reshape":
-            shape = [] if args[1] is None else [int(d) for d in args[1].reshape(-1)]
+        if node.op_type == "Reshape" and args[1] is not None:
+            # A shape computed at run time (x.view(x.size(0), -1)) is accepted: feeding a Gemm of 2048 input
+            # features, (N, 2048) is the only shape a valid model can reshape (N, 2048, 1, 1) to.
+            shape = [int(d) for d in args[1].reshape(-1)]
             if len(shape) != 2 or not (shape[1] == layer.in_features or (shape[1] == -1 and shape[0] != -1)):
                 raise g.fail(f"{what}: Reshape to {shape} before the classifier (expected [N, "
                              f"{layer.in_features}])", p)

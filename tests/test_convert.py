@@ -238,6 +238,25 @@ def test_weights_in_constant_nodes_and_reduce_mean_head(model, tmp_path, referen
     assert_arrays_equal(arrays, reference)
 
 
+def test_head_reshaped_with_a_run_time_shape(model, tmp_path, reference):
+    """x.view(x.size(0), -1) as older exports write it: Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
+    g = model.graph
+    flat = next(n for n in g.node if n.op_type == "Flatten")
+    i = list(g.node).index(flat)
+    g.initializer.extend([numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                          numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+                          numpy_helper.from_array(np.array([-1], np.int64), "minus1")])
+    g.node.remove(flat)
+    for node in reversed([helper.make_node("Shape", [flat.input[0]], ["shape"]),
+                          helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+                          helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+                          helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+                          helper.make_node("Reshape", [flat.input[0], "target"], [flat.output[0]])]):
+        g.node.insert(i, node)
+    arrays, _ = convert(model, tmp_path)
+    assert_arrays_equal(arrays, reference)
+
+
 def test_preprocessing_as_broadcast_mul_add_is_folded(model, tmp_path, reference):
     """A per-channel scale/shift written differently from torchvision (one Mul and one Sub of (1,3,1,1)
     constants) is still recognised and folded."""
@@ -256,8 +275,8 @@ def test_preprocessing_as_broadcast_mul_add_is_folded(model, tmp_path, reference
     np.testing.assert_allclose(aff["shift"], shift, rtol=1e-7)
     w = reference[FIRST + ".weight"].astype(np.float64)
     np.testing.assert_allclose(arrays[FIRST + ".weight"], w * scale.reshape(1, 3, 1, 1), rtol=1e-6)
-    np.testing.assert_allclose(arrays[FIRST + ".bias"], reference[FIRST + ".bias"] + (w.sum(axis=(2, 3)) * shift).sum(1),
-                               rtol=1e-5, atol=1e-6)
+    want_bias = reference[FIRST + ".bias"] + (w.sum(axis=(2, 3)) * shift).sum(axis=1)
+    np.testing.assert_allclose(arrays[FIRST + ".bias"], want_bias, rtol=1e-5, atol=1e-6)
 
 
 def test_count_include_pad_comes_from_the_model(model, tmp_path):
@@ -285,6 +304,13 @@ def test_refuses_missing_relu(model, tmp_path):
         n.input[list(n.input).index(relu.output[0])] = relu.input[0]
     model.graph.node.remove(relu)
     refused(model, tmp_path, "Conv2d_2a_3x3 (Conv + ReLU) expects Relu, found Conv")
+
+
+def test_refuses_other_activation(model, tmp_path):
+    relu = conv_named(model, "Mixed_6c.branch7x7dbl_3")
+    act = next(n for n in model.graph.node if n.op_type == "Relu" and n.input[0] == relu.output[0])
+    act.op_type = "LeakyRelu"
+    refused(model, tmp_path, "Mixed_6c.branch7x7dbl_3 (Conv + ReLU) expects Relu, found LeakyRelu")
 
 
 def test_refuses_changed_channel_count(model, tmp_path):
