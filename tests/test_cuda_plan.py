@@ -1,0 +1,151 @@
+"""The CUDA backend's planning half, which needs no GPU: kernel configs, parameter packing, launch specs.
+
+The kernels themselves are checked on a GPU (test_cuda_kernels.py); here the numbers handed to them are: every
+config covers K exactly within launch limits, every launch's arguments match its kernel's parameter list and
+fit int32, pointers land on the right views and parameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inception_engine import arch, backends
+from inception_engine.backends import cuda_backend as cb
+from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan
+from inception_engine.weights import Weights
+
+ARENA, PARAMS, WS, PROBS = 1 << 40, 1 << 41, 1 << 42, 1 << 43  # fake device addresses
+
+
+@pytest.fixture(scope="module")
+def weights() -> Weights:
+    rng = np.random.default_rng(0)
+    return Weights({k: rng.standard_normal(s).astype(np.float32) for k, s in arch.weight_shapes().items()}, {})
+
+
+@pytest.mark.parametrize("num_sms", [132, 114, 8])
+@pytest.mark.parametrize("batch", [1, 3, 8, 128])
+def test_configs_cover_k_exactly_within_launch_limits(batch, num_sms):
+    plan = build_plan(batch)
+    configs = cb.choose_configs(plan, num_sms)
+    assert set(configs) == {op.name for op in plan.ops if isinstance(op, (ConvOp, FCOp))}
+    for op in plan.ops:
+        cfg = configs.get(op.name)
+        if cfg is None:
+            continue
+        k_total = op.src.channels * (op.kernel[0] * op.kernel[1] if isinstance(op, ConvOp) else 1)
+        assert cfg.k_split % cfg.tile.bk == 0
+        assert (cfg.splits - 1) * cfg.k_split < k_total <= cfg.splits * cfg.k_split, op.name
+        assert 1 <= cfg.splits <= cb.MAX_SPLITS
+        assert cfg.splits == 1 or cfg.k_split >= cb.MIN_K_SPLIT
+
+
+def test_small_grids_at_batch1_are_split_to_fill_the_gpu():
+    """17x17 and 8x8 layers at batch 1 (N = 289, 64) would give a handful of blocks without split-K: they get at
+    least 64 blocks, or as many K slices as MIN_K_SPLIT allows."""
+    plan = build_plan(1)
+    configs = cb.choose_configs(plan, 132)
+    for op in plan.conv_ops:
+        if op.dst.h <= 17:
+            cfg = configs[op.name]
+            tiles = -(-op.dst.channels // cfg.tile.bm) * -(-op.dst.h * op.dst.w // cfg.tile.bn)
+            k_total = op.src.channels * op.kernel[0] * op.kernel[1]
+            assert tiles * cfg.splits >= min(64, tiles * (k_total // cb.MIN_K_SPLIT)), (op.name, cfg)
+
+
+def test_fc_is_gemv_at_batch1_and_gemm_above():
+    assert cb.choose_configs(build_plan(1), 132)["fc"] is None
+    assert cb.choose_configs(build_plan(2), 132)["fc"] is not None
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_params_are_packed_in_the_kernels_layout(weights, batch):
+    plan = build_plan(batch)
+    configs = cb.choose_configs(plan, 132)
+    flat, offsets = cb.pack_params(weights, plan, configs)
+    assert flat.dtype == np.float32 and len(offsets) == len(weights.arrays)
+    assert all(off % cb.ALIGN == 0 for off in offsets.values())
+    for op in plan.ops:
+        if not isinstance(op, (ConvOp, FCOp)):
+            continue
+        w, b = weights.conv(op.name)
+        m, k = w.shape[0], w[0].size
+        got_w = flat[offsets[op.name + ".weight"]:][:m * k]
+        if isinstance(op, FCOp) and configs["fc"] is None:
+            np.testing.assert_array_equal(got_w.reshape(m, k), w)
+        else:  # wt[K][M]
+            np.testing.assert_array_equal(got_w.reshape(k, m).T, w.reshape(m, k))
+        np.testing.assert_array_equal(flat[offsets[op.name + ".bias"]:][:m], b)
+
+
+@pytest.mark.parametrize("batch,softmax", [(1, False), (8, True), (128, False)])
+def test_launch_specs_match_kernel_signatures_and_views(weights, batch, softmax):
+    plan = build_plan(batch)
+    configs = cb.choose_configs(plan, 132)
+    _, offsets = cb.pack_params(weights, plan, configs)
+    specs = cb.launch_specs(plan, configs, ARENA, PARAMS, offsets, WS, PROBS if softmax else None)
+    kernels = set(cb.all_kernel_names())
+    for s in specs:
+        assert s.kernel in kernels
+        fmt = cb.arg_format(s.kernel)
+        assert len(s.args) == len(fmt), s
+        for c, a in zip(fmt, s.args):
+            assert isinstance(a, int) and (c != "i" or -2**31 <= a < 2**31), (s.kernel, a)
+        assert s.block == (cb.THREADS, 1, 1)
+        assert 1 <= s.grid[0] < 2**31 and 1 <= s.grid[1] < 2**16 and 1 <= s.grid[2] < 2**16
+    # ops in plan order, each with its launches, then the softmax
+    names = [s.op for s in specs]
+    assert list(dict.fromkeys(names)) == [op.name for op in plan.ops] + (["softmax"] if softmax else [])
+    by_op = {op.name: op for op in plan.ops}
+    for s in specs:
+        op = by_op.get(s.op)
+        if isinstance(op, ConvOp) and s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce":
+            x, w, b, y = s.args[:4]
+            assert x == ARENA + 4 * (op.src.offset + op.src.c_offset * op.src.h * op.src.w)
+            assert w == PARAMS + 4 * offsets[op.name + ".weight"] and b == PARAMS + 4 * offsets[op.name + ".bias"]
+            split = configs[op.name].splits > 1
+            assert y == (WS if split else ARENA + 4 * (op.dst.offset + op.dst.c_offset * op.dst.h * op.dst.w))
+            assert s.args[4:9] == (batch, op.src.channels, op.src.h, op.src.w, op.src.c_total * op.src.h * op.src.w)
+            assert s.kernel == f"conv_{op.kernel[0]}x{op.kernel[1]}_{configs[op.name].tile.name}"
+            assert s.args[-1] == 1  # ReLU on every conv
+        elif s.kernel == "conv_splitk_reduce":
+            assert s.args[2] == ARENA + 4 * (op.dst.offset + op.dst.c_offset * op.dst.h * op.dst.w)
+        elif isinstance(op, PoolOp):
+            assert s.args[-2:] == (int(op.kind == "max"), int(op.count_include_pad))
+        elif isinstance(op, GlobalAvgPoolOp):
+            assert s.grid[0] * cb.THREADS // 32 >= batch * 2048
+    ws_need = cb.workspace_elems(plan, configs)
+    for op in plan.conv_ops:
+        cfg = configs[op.name]
+        assert cfg.splits == 1 or cfg.splits * op.dst.channels * batch * op.dst.h * op.dst.w <= ws_need
+    if softmax:
+        assert specs[-1].kernel == "softmax_rows" and specs[-1].args[1] == PROBS
+
+
+def test_unsupported_kernel_size_is_one_clear_line():
+    layers = [arch.Conv("odd", arch.INPUT, 3, 8, (2, 2)), arch.GlobalAvgPool("gap", "odd"),
+              arch.FC("fc", "gap", 8, 4)]
+    with pytest.raises(cb.EngineError, match="no CUDA kernel for a 2x2 convolution"):
+        cb.choose_configs(build_plan(1, layers), 132)
+
+
+def test_unavailable_without_pycuda_is_one_line():
+    try:
+        import pycuda.driver  # noqa: F401  (only whether it imports)
+    except ImportError:
+        ok, why = backends.is_available("cuda")
+        assert not ok and "pycuda" in why and "\n" not in why
+    else:
+        pytest.skip("pycuda is installed here")
+
+
+def test_graph_without_driver_is_one_line():
+    from inception_engine import cuda_graph
+
+    try:
+        cuda_graph.libcuda()
+    except cb.BackendUnavailable as e:
+        assert "libcuda.so.1" in str(e) and "\n" not in str(e)
+    else:
+        pytest.skip("the CUDA driver is installed here")
