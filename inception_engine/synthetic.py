@@ -210,9 +210,8 @@ class _Graph:
                                                self.param(var)], epsilon=BN_EPS, momentum=0.9)
         else:
             wf, bf = fold_batchnorm(w, np.zeros(w.shape[0]), gamma, beta, mean, var, FOLD_EPS)
-            b = self.param(bf.astype(np.float32))
-            y = self.op("Conv", [x, self.param(wf.astype(np.float32)), self.op("Identity", [b]) if share_bias else b],
-                        **attrs)
+            wp, bp = self.param(wf.astype(np.float32)), self.param(bf.astype(np.float32))
+            y = self.op("Conv", [x, wp, self.op("Identity", [bp]) if share_bias else bp], **attrs)
         return self.op("Relu", [y])
 
     def pool(self, x: str, kind: str, kernel: int, stride: int, pad: int) -> str:
