@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import numpy_helper
 
 from . import arch
@@ -646,6 +647,11 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
     ``model`` is read from ``source_path``'s folder (and filled into ``model``)."""
     source = Path(source_path)
     external = _load_external_data(model, source)
+    if model.functions:  # module-level functions, as some dynamo exporter versions leave them: one flat graph
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:  # the inliner's own error says what is wrong with the function
+            raise ConversionError(f"{source}: cannot inline the model's local functions ({e})") from None
     g = _normalise(model, str(source))
     outputs = [o.name for o in model.graph.output]
     if not outputs:

@@ -257,6 +257,25 @@ def test_head_reshaped_with_a_run_time_shape(model, tmp_path, reference):
     assert_arrays_equal(arrays, reference)
 
 
+def test_local_functions_are_inlined(model, tmp_path, reference):
+    """Some dynamo exporter versions keep modules as local functions: Conv + Relu units called as functions."""
+    g = model.graph
+    fn = helper.make_function("pkg.test", "ConvRelu", ["x", "w", "b"], ["y"],
+                              [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], strides=[1, 1]),
+                               helper.make_node("Relu", ["c"], ["y"])],
+                              [helper.make_opsetid("", 17)])
+    model.functions.append(fn)
+    model.opset_import.append(helper.make_opsetid("pkg.test", 1))
+    conv = conv_named(model, "Conv2d_2a_3x3")  # 3x3, stride 1, no padding: the function's attributes
+    relu = consumers(model, conv.output[0])[0]
+    i = list(g.node).index(conv)
+    g.node.remove(conv)
+    g.node.remove(relu)
+    g.node.insert(i, helper.make_node("ConvRelu", list(conv.input), [relu.output[0]], domain="pkg.test"))
+    arrays, _ = convert(model, tmp_path)
+    assert_arrays_equal(arrays, reference)
+
+
 def test_preprocessing_as_broadcast_mul_add_is_folded(model, tmp_path, reference):
     """A per-channel scale/shift written differently from torchvision (one Mul and one Sub of (1,3,1,1)
     constants) is still recognised and folded."""

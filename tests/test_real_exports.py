@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import inspect
 from collections import Counter
 
 import numpy as np
@@ -66,6 +67,8 @@ def test_real_export_converts_and_matches_torch(source, exporter, transform_inpu
         pytest.skip("torchvision is not installed (the stand-in variant covers the exporter)")
     if exporter == "dynamo" and not has("onnxscript"):
         pytest.skip("onnxscript is not installed: torch's dynamo ONNX exporter needs it")
+    if exporter == "dynamo" and "dynamo" not in inspect.signature(torch.onnx.export).parameters:
+        pytest.skip(f"torch {torch.__version__} has no dynamo ONNX exporter (torch.onnx.export(dynamo=True))")
     m = model(source, transform_input)
     path = tmp_path / f"inception_v3_{exporter}.onnx"
     export(m, path, exporter)
