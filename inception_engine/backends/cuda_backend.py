@@ -383,15 +383,21 @@ class CudaBackend:
         self._allocs: list[Any] = []
         self._device_bytes = 0
         self._graph: Any = None
+        self._sleep: Any = None
         self._launches: list[Launch] = []
         self._host: list[Any] = []
         self._closed = False
-        with self._gpu:
-            try:
-                self._setup(weights, softmax, drv)
-            except BaseException:
-                self._free()
-                raise
+        try:
+            with self._gpu:
+                try:
+                    self._setup(weights, softmax, drv)
+                except BaseException:
+                    self._free()
+                    raise
+        except BaseException:
+            self._gpu.release()
+            self._closed = True
+            raise
 
     def _alloc(self, elems: int) -> int:
         drv = driver()
@@ -523,6 +529,7 @@ class CudaBackend:
         self._host = []
         self._x_host = self._y_host = None
         self._launches = []
+        self._sleep = None
 
     def close(self) -> None:
         if self._closed:
@@ -560,6 +567,13 @@ def rel_l2(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
+def top5_agree(got: np.ndarray, ref: np.ndarray) -> bool:
+    """Same five classes in the same order, except swaps of classes the float64 reference puts within fp32 noise."""
+    gi, ri = np.argsort(-got)[:5], np.argsort(-ref)[:5]
+    noise = 1e-4 * np.abs(ref).max()
+    return all(a == b or abs(ref[a] - ref[b]) <= noise for a, b in zip(gi, ri))
+
+
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0) -> bool:
     from ..plan import build_plan
     from .numpy_backend import NumpyBackend
@@ -572,7 +586,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0) -> bool:
         launches = len(backend.specs)
     ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
     err = rel_l2(got, ref)
-    same_top5 = all(np.array_equal(np.argsort(-g)[:5], np.argsort(-r)[:5]) for g, r in zip(got, ref))
+    same_top5 = all(top5_agree(g, r) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= 1e-4 and same_top5
     print(f"cuda selftest: batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, {launches} launches: "
           f"rel L2 {err:.2e}, top-5 {'same' if same_top5 else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU machine's whole check of the CUDA backend, in one command from the repo root (with .whl/ carried):
+#
+#   bash scripts/gpu_check.sh
+#
+# 1. pytest -m gpu (every GPU test of the repo: kernels, the CUDA backend, and whatever else is gpu-marked)
+# 2. compute-sanitizer memcheck on one full forward (299x299, eager launches) against the NumPy reference
+# 3. scripts/bench_kernels.py: per-op TFLOP/s and GB/s next to the roofline, batch 1, 8, 128
+# 4. compute-sanitizer racecheck on one forward at 75x75 (racecheck is slow; the kernels are the same)
+# 5. the self-test at batch 8 through the CUDA graph
+# 6. inception-bench: cuda vs cudnn vs torch with per-layer times, if the CLI is there
+#
+# Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
+# Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
+# summary always prints inside the device's 10-minute command limit; steps run most important first.
+set -u -o pipefail
+
+BUDGET=${GPU_CHECK_BUDGET:-540}
+OUT=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$OUT"
+SUMMARY=()
+
+# shellcheck disable=SC1091
+if ! source .whl/gpu-env.sh >"$OUT/env_pytest.log" 2>&1; then
+  cat "$OUT/env_pytest.log"
+  echo "gpu_check: .whl/gpu-env.sh failed (is .whl/ carried?)" >&2
+  exit 1
+fi
+export PATH="$PATH:/usr/local/cuda/bin"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >>"$OUT/env_pytest.log" 2>&1
+
+# step NAME LOG LIMIT_S COMMAND...: run with a time limit, append to LOG, remember status, time and last line.
+step() {
+  local name=$1 log=$2 limit=$3
+  shift 3
+  local left=$((BUDGET - SECONDS - 10))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 15 ]; then
+    SUMMARY+=("$(printf '%-22s %-14s' "$name" "SKIPPED(budget)")")
+    return
+  fi
+  local t0=$SECONDS
+  echo "### $name: $*" >>"$OUT/$log"
+  timeout "$limit" "$@" >>"$OUT/$log" 2>&1
+  local rc=$?
+  local status=ok
+  [ $rc -eq 124 ] && status="TIMEOUT(${limit}s)"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && status="FAIL(rc=$rc)"
+  SUMMARY+=("$(printf '%-22s %-14s %5ss  %s' "$name" "$status" $((SECONDS - t0)) "$(grep -v '^\s*$' "$OUT/$log" | tail -1 | cut -c1-110)")")
+}
+
+SELFTEST=(python3 -m inception_engine.backends.cuda_backend --selftest)
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+
+# Compile the kernels once (cached in ~/.cache/inception-engine/kernels for every later step).
+step "build kernels" env_pytest.log 60 python3 -c "
+from inception_engine.backends import cuda_backend as cb
+from inception_engine import cuda_build
+g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
+
+step "pytest -m gpu" env_pytest.log 200 python3 -m pytest -m gpu -q -rs --durations=15 tests
+
+step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
+
+step "bench_kernels" bench_kernels.log 90 python3 scripts/bench_kernels.py --batch-sizes 1,8,128 --iters 20 \
+  --json "$OUT/bench_kernels.json"
+
+step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
+  --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75
+
+step "selftest graph b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on
+
+if python3 -c "import inception_engine.cli" 2>/dev/null; then
+  step "inception-bench" inception_bench.log 90 python3 -c \
+    "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \
+    --backends cuda,cudnn,torch --batch-sizes 1,8 --iters 20 --per-layer --json "$OUT/inception_bench.json"
+else
+  SUMMARY+=("inception-bench        skipped        (inception_engine.cli not present)")
+fi
+
+{
+  echo
+  echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) =="
+  sed -n '/^summary$/,$p' "$OUT/bench_kernels.log" 2>/dev/null | grep "^batch"
+  echo "pytest: $(grep -E "[0-9]+ (passed|failed|errors?)" "$OUT/env_pytest.log" | tail -1)"
+  for line in "${SUMMARY[@]}"; do echo "$line"; done
+} | tee "$OUT/summary.txt"
