@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnx.inliner
 from onnx import numpy_helper
 
 from . import arch
@@ -649,7 +648,9 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
     external = _load_external_data(model, source)
     if model.functions:  # module-level functions, as some dynamo exporter versions leave them: one flat graph
         try:
-            model = onnx.inliner.inline_local_functions(model)
+            from onnx import inliner  # onnx >= 1.15
+
+            model = inliner.inline_local_functions(model)
         except Exception as e:  # the inliner's own error says what is wrong with the function
             raise ConversionError(f"{source}: cannot inline the model's local functions ({e})") from None
     g = _normalise(model, str(source))
