@@ -74,13 +74,15 @@ def weights() -> Weights:
     return he_weights(0)
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
 @pytest.mark.parametrize("count_include_pad", [True, False])
-def test_float64_matches_plain_executor(count_include_pad):
+def test_float64_matches_plain_executor(count_include_pad, fast):
+    """In float64 the fast path (Winograd, fused 1x1 groups, pools moved behind convs) must agree to rounding."""
     w = he_weights(1, count_include_pad)
     x = images(2, seed=2)
     ref = plain_forward(w, x)
     assert 1 < np.abs(ref).max() < 1e3 and ref.std() > 0.1, "weights should keep logits O(1)"
-    backend = NumpyBackend(w, build_plan(2, w.layers()), dtype=np.float64)
+    backend = NumpyBackend(w, build_plan(2, w.layers()), dtype=np.float64, fast=fast)
     backend.arena[...] = np.nan  # an op reading anything its producer did not write turns the logits NaN
     got = backend.forward(x)
     assert got.shape == (2, 1000) and got.dtype == np.float64

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -139,9 +140,11 @@ def _prepare_direct(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], str
     return _DirectConv(w2d, bias, (kh, kw), stride, pad, relu, padded, rows, {"cols": k * rows * wo})
 
 
-# Interpolation points for the Winograd matrices, in the order they are used: small magnitudes first keep the
-# transforms' entries small (Lavin & Gray 2016, section 4; 0, +-1, +-2, +-1/2 as in their F(4x4, 3x3)).
-WINOGRAD_POINTS = (0, 1, -1, 2, -2, Fraction(1, 2), Fraction(-1, 2), 3, -3)
+# Interpolation points for the Winograd matrices, in the order they are used. F(4, 3) takes the first five:
+# 0, 1, -1, 1/2, -2 rather than Lavin & Gray's 0, +-1, +-2 (Barabasz et al. 2020, "Error analysis and improving
+# the accuracy of Winograd convolution for deep neural networks", recommend mixing 2 with 1/2); measured here on
+# Inception's 3x3 layers in float32: relative error 1.0e-6 against 1.5e-6 (direct im2col: 2e-7).
+WINOGRAD_POINTS = (0, 1, -1, Fraction(1, 2), -2, Fraction(-1, 2), 2, 3, -3)
 
 
 def _poly_mul(a: list[Fraction], b: list[Fraction]) -> list[Fraction]:
@@ -191,8 +194,9 @@ def winograd_tile(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[int
     """Output tile (mh, mw) Winograd uses for a stride-1 conv: 1 along an axis the kernel does not extend in.
 
     4 outputs a tile for 3 and 5 wide kernels (2 on maps under 16 wide, where 4x4 tiles leave the GEMMs too few
-    columns), 2 for 7 wide ones: F(4, 7) would save more but its transforms have entries up to 729 and lose about
-    three more digits in float32 (measured: 7e-6 against 1.2e-6 relative error per layer)."""
+    columns), 2 for 7 wide ones: F(4, 7) would save more but its transforms have entries up to 729 (F(2, 7): 64)
+    and its float32 error is six times larger (measured on a 1x7 layer of Mixed_6c's shape: relative error 5.6e-6
+    against 9.4e-7; direct 2.1e-7), too much for the synthetic model's error budget."""
     def axis(r: int, size: int) -> int:
         if r == 1:
             return 1
@@ -376,9 +380,67 @@ def fc(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x @ w.T + b
 
 
+def _is_pointwise(op: object) -> bool:
+    return isinstance(op, ConvOp) and op.kernel == (1, 1) and op.stride == 1 and op.pad == (0, 0)
+
+
+@dataclass
+class _PointwiseGroup:
+    """1x1 convolutions (op indices) that read the same tensor ``src``, run as one GEMM of their stacked weights
+    whose product waits in scratch until each conv's own step adds its bias and applies ReLU into its
+    destination. ``pools`` maps a member to the average pool that feeds it, moved behind the conv: both are
+    linear (the pool per channel, the conv per pixel, and the count_include_pad=False divisor only depends on the
+    position), so they commute, and the pool then runs on the conv's few output channels instead of its many
+    inputs. The member's own step does nothing; the pool's step pools the product into the member's
+    destination."""
+
+    src: View
+    convs: list[int]
+    pools: dict[int, int]  # conv index -> index of the average pool that feeds it
+
+    @property
+    def first(self) -> int:
+        return min(self.convs + list(self.pools.values()))
+
+    @property
+    def last(self) -> int:
+        return max([c for c in self.convs if c not in self.pools] + list(self.pools.values()))
+
+
+def pointwise_groups(plan: Plan) -> list[_PointwiseGroup]:
+    """The groups worth fusing (two convs or more, or a pool to move), none overlapping another in op order (they
+    share one scratch). Only pools whose single reader is a 1x1 conv qualify, and only where the conv's
+    destination is already live when the pool runs."""
+    ops = plan.ops
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        readers.setdefault(op.src.buffer, []).append(i)
+    feeds: dict[int, int] = {}  # conv index -> pool index
+    for i, op in enumerate(ops):
+        if isinstance(op, PoolOp) and op.kind == "avg" and op.stride == 1 and len(readers[op.dst.buffer]) == 1:
+            conv = readers[op.dst.buffer][0]
+            if _is_pointwise(ops[conv]) and plan.buffers[ops[conv].dst.buffer].first <= i:
+                feeds[conv] = i
+    by_src: dict[View, _PointwiseGroup] = {}
+    for i, op in enumerate(ops):
+        if _is_pointwise(op):
+            src = ops[feeds[i]].src if i in feeds else op.src
+            group = by_src.setdefault(src, _PointwiseGroup(src, [], {}))
+            group.convs.append(i)
+            if i in feeds:
+                group.pools[i] = feeds[i]
+    groups, end = [], -1
+    for g in sorted(by_src.values(), key=lambda g: g.first):
+        if (len(g.convs) > 1 or g.pools) and g.first > end:
+            groups.append(g)
+            end = g.last
+    return groups
+
+
 class NumpyBackend:
-    """``dtype`` float32 (the CPU path) or float64 (the reference). ``winograd`` defaults to on for float32 and
-    off for float64, so the reference computes every convolution directly."""
+    """``dtype`` float32 (the CPU path) or float64 (the reference). ``fast`` (default: on for float32, off for
+    float64, so that the reference computes every layer as written) turns on Winograd convolutions and the fused
+    1x1 groups with their average pools moved behind the conv (``_PointwiseGroup``)."""
 
     name = "cpu"
 
@@ -386,13 +448,22 @@ class NumpyBackend:
     def check_available(cls) -> None:
         pass
 
-    def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32, winograd: bool | None = None):
+    def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32, fast: bool | None = None):
         self.plan = plan
         self.dtype = np.dtype(dtype)
-        self.winograd = self.dtype == np.float32 if winograd is None else winograd
+        self.fast = self.dtype == np.float32 if fast is None else fast
         self.arena = np.empty(plan.arena_elems, self.dtype)
         self.scratch = Scratch(self.dtype)
-        self._steps = [self._prepare(op, weights) for op in plan.ops]
+        steps: list[list[Callable[[], None]]] = [[] for _ in plan.ops]
+        replaced: set[int] = set()
+        for group in pointwise_groups(plan) if self.fast else []:
+            for i, actions in self._prepare_group(group, weights).items():
+                steps[i] += actions
+                replaced.add(i)
+        for i, op in enumerate(plan.ops):
+            if i not in replaced:
+                steps[i].append(self._prepare(op, weights))
+        self._steps = [action for actions in steps for action in actions]
         self._input = self._view(plan.input)
         self._output = self._view(plan.output).reshape(plan.batch, -1)
 
@@ -401,11 +472,11 @@ class NumpyBackend:
         buf = self.arena[v.offset:v.offset + n * c * h * w].reshape(n, c, h, w)
         return buf[:, v.c_offset:v.c_offset + v.channels]
 
-    def _prepare(self, op, weights: Weights):
+    def _prepare(self, op, weights: Weights) -> Callable[[], None]:
         src, dst = self._view(op.src), self._view(op.dst)
         if isinstance(op, ConvOp):
             w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
-            conv = _prepare_conv(w, b, src.shape, op.stride, op.pad, True, self.winograd, self.scratch)
+            conv = _prepare_conv(w, b, src.shape, op.stride, op.pad, True, self.fast, self.scratch)
             for kind, elems in conv.work.items():
                 self.scratch.reserve(kind, elems)
             return lambda: conv.run(src, dst, self.scratch)
@@ -426,6 +497,47 @@ class NumpyBackend:
                 np.add(y2d, b, out=y2d)
             return run_fc
         raise TypeError(f"unknown op {op!r}")
+
+    def _prepare_group(self, group: _PointwiseGroup, weights: Weights) -> dict[int, list[Callable[[], None]]]:
+        """Actions by op index: the shared GEMM first, at the group's first op; each member's bias + ReLU (or
+        pool + bias + ReLU) at its own op or at its pool's; nothing at a member whose pool ran for it."""
+        ops = self.plan.ops
+        src = self._view(group.src)
+        n, c, h, w = src.shape
+        params = [weights.conv(ops[i].name) for i in group.convs]
+        stacked = np.concatenate([wt.reshape(wt.shape[0], c) for wt, _ in params]).astype(self.dtype)
+        total = stacked.shape[0]
+        self.scratch.reserve("fused", n * total * h * w)
+
+        def product() -> np.ndarray:
+            return self.scratch.take("fused", n * total * h * w).reshape(n, total, h, w)
+
+        def gemm() -> None:
+            np.matmul(stacked, src.reshape(n, c, h * w), out=product().reshape(n, total, h * w))
+
+        actions: dict[int, list[Callable[[], None]]] = {group.first: [gemm]}
+        row = 0
+        for i, (wt, b) in zip(group.convs, params):
+            rows, dst = slice(row, row + wt.shape[0]), self._view(ops[i].dst)
+            row += wt.shape[0]
+            bias = b.astype(self.dtype).reshape(-1, 1, 1)
+            if i in group.pools:
+                pool_op = ops[group.pools[i]]
+                pool = _prepare_pool(dst.shape, "avg", pool_op.kernel, 1, pool_op.pad, pool_op.count_include_pad,
+                                     self.dtype)
+
+                def pooled(pool=pool, rows=rows, dst=dst, bias=bias) -> None:
+                    pool.run(product()[:, rows], dst)
+                    dst += bias
+                    np.maximum(dst, 0, out=dst)
+                actions.setdefault(group.pools[i], []).append(pooled)
+                actions.setdefault(i, [])
+            else:
+                def finish(rows=rows, dst=dst, bias=bias) -> None:
+                    np.add(product()[:, rows], bias, out=dst)
+                    np.maximum(dst, 0, out=dst)
+                actions.setdefault(i, []).append(finish)
+        return actions
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         if x.shape != self.plan.input.dims:
