@@ -1,0 +1,104 @@
+// emu.h: run the engine's CUDA kernels on the CPU, for tests on machines without a GPU (CI).
+//
+// Compiled with g++ ahead of cuda_src/*.cu (g++ -include emu.h). Each CUDA thread of a block is a fiber
+// (ucontext); blocks run one after another. __syncthreads and warp shuffles yield to a scheduler that resumes every
+// live fiber once per round, so after a round all threads have reached their next barrier. That is exact for
+// kernels whose threads all pass the same sequence of barriers and shuffles, which CUDA requires anyway. Shared
+// memory is a function-static array (one block at a time). No inline PTX: timing.cu is not emulated.
+#pragma once
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+using std::max;
+using std::min;
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+inline dim3 gridDim, blockDim, blockIdx, threadIdx;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __syncthreads() emu::yield()
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+template <class T>
+T __ldg(const T* p) { return *p; }
+
+namespace emu {
+struct Fiber {
+    ucontext_t ctx;
+    bool done;
+};
+inline ucontext_t scheduler;
+inline Fiber* current;
+inline std::vector<Fiber> fibers;
+inline std::vector<std::vector<char>> stacks;
+inline std::function<void()> kernel;
+inline float lanes[1024];
+
+inline void yield() { swapcontext(&current->ctx, &scheduler); }
+inline void fiber_main() {
+    kernel();
+    current->done = true;
+}
+
+// Run f() as a grid of blocks of block.x threads (1-D blocks, as every kernel of the engine uses).
+template <class F>
+void launch(dim3 grid, dim3 block, F f) {
+    gridDim = grid;
+    blockDim = block;
+    kernel = f;
+    fibers.resize(block.x);
+    while (stacks.size() < block.x) stacks.emplace_back(1 << 16);
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                blockIdx = {x, y, z};
+                for (unsigned t = 0; t < block.x; ++t) {
+                    Fiber& fb = fibers[t];
+                    fb.done = false;
+                    getcontext(&fb.ctx);
+                    fb.ctx.uc_stack.ss_sp = stacks[t].data();
+                    fb.ctx.uc_stack.ss_size = stacks[t].size();
+                    fb.ctx.uc_link = &scheduler;
+                    makecontext(&fb.ctx, fiber_main, 0);
+                }
+                for (bool alive = true; alive;) {
+                    alive = false;
+                    for (unsigned t = 0; t < block.x; ++t) {
+                        if (fibers[t].done) continue;
+                        threadIdx = {t, 0, 0};
+                        current = &fibers[t];
+                        swapcontext(&scheduler, &fibers[t].ctx);
+                        alive = true;
+                    }
+                }
+            }
+}
+
+// Converts a void* argument to whichever pointer type the kernel parameter has.
+struct Ptr {
+    void* p;
+    template <class T>
+    operator T*() const { return static_cast<T*>(p); }
+};
+}  // namespace emu
+
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+    const unsigned t = threadIdx.x;
+    emu::lanes[t] = v;
+    emu::yield();
+    const float r = emu::lanes[(t & ~31u) | ((t & 31u) ^ static_cast<unsigned>(mask))];
+    emu::yield();
+    return r;
+}

@@ -1,0 +1,197 @@
+"""Stand-in for ``pycuda.driver`` that runs kernels on the CPU (tests only; see tests/test_cuda_emulated.py).
+
+Device memory is host memory (a device pointer is a host address), kernels run in the fiber emulator compiled
+from cuda_src with tests/cuda_emu/emu.h into the library named by $INCEPTION_EMU_LIB, whose ``emu_<kernel>``
+entry points take (grid x, y, z, block x, kernel arguments...). Everything runs synchronously in call order.
+Checks what the real driver would reject: calls outside a pushed context, async copies from pageable memory,
+argument lists that do not match the prepared format, grid limits. gpu_sleep (inline PTX) is a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import numpy as np
+
+_lib = ctypes.CDLL(os.environ["INCEPTION_EMU_LIB"])
+_live: dict[int, "DeviceAllocation"] = {}
+_C_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong}
+
+
+class Error(Exception):
+    pass
+
+
+class MemoryError(Error):  # noqa: A001 (pycuda's name)
+    pass
+
+
+class device_attribute:  # noqa: N801 (pycuda's name)
+    MULTIPROCESSOR_COUNT = "MULTIPROCESSOR_COUNT"
+
+
+def init() -> None:
+    pass
+
+
+def _need_context() -> None:
+    if not Context.stack:
+        raise Error("no current context")
+
+
+class Context:
+    stack: list["Context"] = []
+
+    def push(self) -> None:
+        Context.stack.append(self)
+
+    @staticmethod
+    def pop() -> None:
+        Context.stack.pop()
+
+    @staticmethod
+    def synchronize() -> None:
+        _need_context()
+
+    def detach(self) -> None:
+        pass
+
+
+class Device:
+    def __init__(self, index: int):
+        self.index = index
+
+    @staticmethod
+    def count() -> int:
+        return 1
+
+    def name(self) -> str:
+        return "CPU emulation"
+
+    def compute_capability(self) -> tuple[int, int]:
+        return (9, 0)
+
+    def get_attribute(self, attr: str) -> int:
+        return 132
+
+    def retain_primary_context(self) -> Context:
+        return Context()
+
+
+class DeviceAllocation:
+    def __init__(self, nbytes: int):
+        self._buf = np.empty(nbytes // 4 + 64, np.float32)
+        self._addr = (self._buf.ctypes.data + 255) // 256 * 256
+        _live[self._addr] = self
+
+    def __int__(self) -> int:
+        return self._addr
+
+    def free(self) -> None:
+        _need_context()
+        _live.pop(self._addr, None)
+
+
+def mem_alloc(nbytes: int) -> DeviceAllocation:
+    _need_context()
+    return DeviceAllocation(nbytes)
+
+
+def _at(ptr: int, count: int, dtype: type = np.float32) -> np.ndarray:
+    nbytes = count * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(int(ptr)), dtype)
+
+
+def memset_d32(ptr: int, value: int, count: int) -> None:
+    _need_context()
+    _at(ptr, count, np.uint32)[:] = value
+
+
+def memcpy_htod(ptr: int, src: np.ndarray) -> None:
+    _need_context()
+    src = np.ascontiguousarray(src)
+    _at(ptr, src.nbytes // 4)[:] = src.view(np.float32).ravel()
+
+
+def memcpy_dtoh(dst: np.ndarray, ptr: int) -> None:
+    _need_context()
+    dst.reshape(-1)[:] = _at(ptr, dst.size)
+
+
+class PagelockedHostAllocation(bytearray):
+    def free(self) -> None:
+        pass
+
+
+def pagelocked_empty(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    _need_context()
+    return np.ndarray(shape, dtype, buffer=PagelockedHostAllocation(int(np.prod(shape)) * np.dtype(dtype).itemsize))
+
+
+def _pinned(a: np.ndarray) -> None:
+    if not isinstance(a.base, PagelockedHostAllocation):
+        raise Error("async copy needs page-locked host memory")
+
+
+def memcpy_htod_async(ptr: int, src: np.ndarray, stream: "Stream | None" = None) -> None:
+    _pinned(src)
+    memcpy_htod(ptr, src)
+
+
+def memcpy_dtoh_async(dst: np.ndarray, ptr: int, stream: "Stream | None" = None) -> None:
+    _pinned(dst)
+    memcpy_dtoh(dst, ptr)
+
+
+class Stream:
+    def __init__(self, flags: int = 0):
+        _need_context()
+        self.handle = id(self)
+
+    def synchronize(self) -> None:
+        _need_context()
+
+
+class Event:
+    def record(self, stream: Stream | None = None) -> None:
+        _need_context()
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def time_since(self, start: "Event") -> float:
+        return (self.t - start.t) * 1e3
+
+
+class Function:
+    def __init__(self, name: str):
+        self.name = name
+
+    def prepare(self, fmt: str) -> "Function":
+        self.fmt = fmt
+        if self.name != "gpu_sleep":
+            self.fn = getattr(_lib, "emu_" + self.name)
+            self.fn.argtypes = [ctypes.c_uint] * 4 + [_C_TYPES[c] for c in fmt]
+        return self
+
+    def prepared_async_call(self, grid: tuple, block: tuple, stream: Stream | None, *args: int) -> None:
+        _need_context()
+        if len(args) != len(self.fmt) or len(grid) != 3 or block[1:] != (1, 1):
+            raise Error(f"{self.name}: bad launch {grid} {block} with {len(args)} args for format {self.fmt}")
+        if not (grid[0] < 2**31 and grid[1] < 2**16 and grid[2] < 2**16 and block[0] <= 1024):
+            raise Error(f"{self.name}: grid {grid} block {block} beyond the launch limits")
+        if self.name != "gpu_sleep":
+            self.fn(*grid, block[0], *args)
+
+
+class Module:
+    def get_function(self, name: str) -> Function:
+        return Function(name)
+
+
+def module_from_file(path: str) -> Module:
+    _need_context()
+    return Module()
