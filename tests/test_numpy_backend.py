@@ -74,15 +74,16 @@ def weights() -> Weights:
     return he_weights(0)
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+@pytest.mark.parametrize("fast,threads", [(False, 1), (True, 1), (True, 3)], ids=["reference", "fast", "fast-3threads"])
 @pytest.mark.parametrize("count_include_pad", [True, False])
-def test_float64_matches_plain_executor(count_include_pad, fast):
-    """In float64 the fast path (Winograd, fused 1x1 groups, pools moved behind convs) must agree to rounding."""
+def test_float64_matches_plain_executor(count_include_pad, fast, threads):
+    """In float64 the fast path (Winograd, fused 1x1 groups, pools moved behind convs) must agree to rounding, and
+    so must every layer split by output channels over threads (3: uneven parts)."""
     w = he_weights(1, count_include_pad)
     x = images(2, seed=2)
     ref = plain_forward(w, x)
     assert 1 < np.abs(ref).max() < 1e3 and ref.std() > 0.1, "weights should keep logits O(1)"
-    backend = NumpyBackend(w, build_plan(2, w.layers()), dtype=np.float64, fast=fast)
+    backend = NumpyBackend(w, build_plan(2, w.layers()), dtype=np.float64, fast=fast, threads=threads)
     backend.arena[...] = np.nan  # an op reading anything its producer did not write turns the logits NaN
     got = backend.forward(x)
     assert got.shape == (2, 1000) and got.dtype == np.float64

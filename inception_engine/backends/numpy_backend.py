@@ -14,9 +14,12 @@ buffers, shared work memory. ``forward`` then only copies and multiplies; nothin
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -24,6 +27,7 @@ import numpy as np
 
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
+from .blas_threads import openblas_threads, single_threaded_blas
 
 # Work memory of one conv is split into blocks of output rows of at most about this many elements (4 MB in
 # float32), so that what im2col or a transform writes is still in cache when the next product reads it.
@@ -437,10 +441,34 @@ def pointwise_groups(plan: Plan) -> list[_PointwiseGroup]:
     return groups
 
 
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# Default for NumpyBackend's threads; layers are split by output channels, which gets thin on many cores.
+MAX_THREADS = 4
+MIN_PART_CHANNELS = 16
+
+
+def split_channels(total: int, parts: int) -> list[slice]:
+    """``total`` channels in at most ``parts`` nearly equal contiguous slices of at least MIN_PART_CHANNELS."""
+    parts = max(1, min(parts, total // MIN_PART_CHANNELS))
+    bounds = [total * k // parts for k in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 class NumpyBackend:
     """``dtype`` float32 (the CPU path) or float64 (the reference). ``fast`` (default: on for float32, off for
     float64, so that the reference computes every layer as written) turns on Winograd convolutions and the fused
-    1x1 groups with their average pools moved behind the conv (``_PointwiseGroup``)."""
+    1x1 groups with their average pools moved behind the conv (``_PointwiseGroup``).
+
+    ``threads``: each convolution, pool and fused GEMM is split by output channels into up to this many parts
+    that run at once on the backend's own threads, with OpenBLAS held at one thread meanwhile (blas_threads.py
+    says why). Default: the usable CPUs, at most MAX_THREADS, or 1 (and OpenBLAS's own threading untouched) where
+    the OpenBLAS thread count cannot be controlled."""
 
     name = "cpu"
 
@@ -448,12 +476,17 @@ class NumpyBackend:
     def check_available(cls) -> None:
         pass
 
-    def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32, fast: bool | None = None):
+    def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32, fast: bool | None = None,
+                 threads: int | None = None):
         self.plan = plan
         self.dtype = np.dtype(dtype)
         self.fast = self.dtype == np.float32 if fast is None else fast
+        if threads is None:
+            threads = min(usable_cpus(), MAX_THREADS) if openblas_threads() else 1
+        self.threads = max(1, threads)
         self.arena = np.empty(plan.arena_elems, self.dtype)
-        self.scratch = Scratch(self.dtype)
+        self.scratches = [Scratch(self.dtype) for _ in range(self.threads)]
+        self._pool = ThreadPoolExecutor(self.threads - 1, "numpy-backend") if self.threads > 1 else None
         steps: list[list[Callable[[], None]]] = [[] for _ in plan.ops]
         replaced: set[int] = set()
         for group in pointwise_groups(plan) if self.fast else []:
@@ -472,17 +505,43 @@ class NumpyBackend:
         buf = self.arena[v.offset:v.offset + n * c * h * w].reshape(n, c, h, w)
         return buf[:, v.c_offset:v.c_offset + v.channels]
 
+    def _together(self, parts: list[Callable[[], None]]) -> Callable[[], None]:
+        """One step that runs ``parts`` at once: the first on the calling thread, the others on the pool."""
+        if len(parts) == 1:
+            return parts[0]
+        first, rest = parts[0], parts[1:]
+
+        def run() -> None:
+            futures = [self._pool.submit(part) for part in rest]
+            first()
+            for f in futures:
+                f.result()
+        return run
+
+    def _pool_parts(self, in_shape: tuple[int, ...], dst: np.ndarray, kind: str, kernel: int, stride: int,
+                    pad: int, count_include_pad: bool) -> list[Callable[[np.ndarray], None]]:
+        """Channel parts of a pool into ``dst``, each a function of the input (``in_shape``) it reads."""
+        parts = []
+        for sl in split_channels(dst.shape[1], self.threads):
+            pool = _prepare_pool((in_shape[0], sl.stop - sl.start, *in_shape[2:]), kind, kernel, stride, pad,
+                                 count_include_pad, self.dtype)
+            parts.append(lambda x, pool=pool, sl=sl: pool.run(x[:, sl], dst[:, sl]))
+        return parts
+
     def _prepare(self, op, weights: Weights) -> Callable[[], None]:
         src, dst = self._view(op.src), self._view(op.dst)
         if isinstance(op, ConvOp):
             w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
-            conv = _prepare_conv(w, b, src.shape, op.stride, op.pad, True, self.fast, self.scratch)
-            for kind, elems in conv.work.items():
-                self.scratch.reserve(kind, elems)
-            return lambda: conv.run(src, dst, self.scratch)
+            parts = []
+            for sl, scratch in zip(split_channels(w.shape[0], self.threads), self.scratches):
+                conv = _prepare_conv(w[sl], b[sl], src.shape, op.stride, op.pad, True, self.fast, scratch)
+                for kind, elems in conv.work.items():
+                    scratch.reserve(kind, elems)
+                parts.append(lambda conv=conv, out=dst[:, sl], scratch=scratch: conv.run(src, out, scratch))
+            return self._together(parts)
         if isinstance(op, PoolOp):
-            pool = _prepare_pool(src.shape, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad, self.dtype)
-            return lambda: pool.run(src, dst)
+            pools = self._pool_parts(src.shape, dst, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad)
+            return self._together([lambda pool=pool: pool(src) for pool in pools])
         if isinstance(op, GlobalAvgPoolOp):
             n, c, h, w = src.shape
             return lambda: np.mean(src.reshape(n, c, h * w), axis=2, out=dst.reshape(n, c))
@@ -507,44 +566,52 @@ class NumpyBackend:
         params = [weights.conv(ops[i].name) for i in group.convs]
         stacked = np.concatenate([wt.reshape(wt.shape[0], c) for wt, _ in params]).astype(self.dtype)
         total = stacked.shape[0]
-        self.scratch.reserve("fused", n * total * h * w)
+        scratch = self.scratches[0]
+        scratch.reserve("fused", n * total * h * w)
 
         def product() -> np.ndarray:
-            return self.scratch.take("fused", n * total * h * w).reshape(n, total, h, w)
+            return scratch.take("fused", n * total * h * w).reshape(n, total, h, w)
 
-        def gemm() -> None:
-            np.matmul(stacked, src.reshape(n, c, h * w), out=product().reshape(n, total, h * w))
+        def gemm(rows: slice) -> None:
+            np.matmul(stacked[rows], src.reshape(n, c, h * w), out=product().reshape(n, total, h * w)[:, rows])
 
-        actions: dict[int, list[Callable[[], None]]] = {group.first: [gemm]}
+        actions = {group.first: [self._together([functools.partial(gemm, sl)
+                                                 for sl in split_channels(total, self.threads)])]}
         row = 0
         for i, (wt, b) in zip(group.convs, params):
             rows, dst = slice(row, row + wt.shape[0]), self._view(ops[i].dst)
             row += wt.shape[0]
             bias = b.astype(self.dtype).reshape(-1, 1, 1)
             if i in group.pools:
-                pool_op = ops[group.pools[i]]
-                pool = _prepare_pool(dst.shape, "avg", pool_op.kernel, 1, pool_op.pad, pool_op.count_include_pad,
-                                     self.dtype)
-
-                def pooled(pool=pool, rows=rows, dst=dst, bias=bias) -> None:
-                    pool.run(product()[:, rows], dst)
-                    dst += bias
-                    np.maximum(dst, 0, out=dst)
-                actions.setdefault(group.pools[i], []).append(pooled)
+                p = ops[group.pools[i]]
+                pools = self._pool_parts((n, dst.shape[1], h, w), dst, "avg", p.kernel, 1, p.pad, p.count_include_pad)
+                parts = []
+                for pool, sl in zip(pools, split_channels(dst.shape[1], self.threads)):
+                    def pooled(pool=pool, rows=rows, out=dst[:, sl], bias=bias[sl]) -> None:
+                        pool(product()[:, rows])
+                        out += bias
+                        np.maximum(out, 0, out=out)
+                    parts.append(pooled)
+                actions.setdefault(group.pools[i], []).append(self._together(parts))
                 actions.setdefault(i, [])
             else:
-                def finish(rows=rows, dst=dst, bias=bias) -> None:
-                    np.add(product()[:, rows], bias, out=dst)
-                    np.maximum(dst, 0, out=dst)
-                actions.setdefault(i, []).append(finish)
+                parts = []
+                for sl in split_channels(dst.shape[1], self.threads):
+                    def finish(rows=slice(rows.start + sl.start, rows.start + sl.stop), out=dst[:, sl],
+                               bias=bias[sl]) -> None:
+                        np.add(product()[:, rows], bias, out=out)
+                        np.maximum(out, 0, out=out)
+                    parts.append(finish)
+                actions.setdefault(i, []).append(self._together(parts))
         return actions
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         if x.shape != self.plan.input.dims:
             raise ValueError(f"input shape {x.shape} does not match the plan's {self.plan.input.dims}")
         self._input[...] = x
-        for step in self._steps:
-            step()
+        with single_threaded_blas() if self.threads > 1 else contextlib.nullcontext():
+            for step in self._steps:
+                step()
         return self._output.copy()
 
     def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
@@ -558,6 +625,9 @@ class NumpyBackend:
         return times
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         self.arena = np.empty(0, self.dtype)
-        self.scratch.buffers.clear()
+        self.scratches.clear()
         self._steps.clear()
