@@ -14,17 +14,13 @@ import pytest
 from inception_engine import arch
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.plan import build_plan
+from inception_engine.synthetic import image_like_batch, synthetic_arrays
 from inception_engine.weights import Weights
 
 
-def he_weights(seed: int, count_include_pad: bool = True) -> Weights:
-    """He-normal conv weights keep ReLU activations O(1) through all 94 layers; small random biases."""
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for key, shape in arch.weight_shapes().items():
-        scale = np.sqrt(2.0 / np.prod(shape[1:])) if key.endswith(".weight") else 0.1
-        arrays[key] = (rng.standard_normal(shape) * scale).astype(np.float32)
-    return Weights(arrays, {"count_include_pad": count_include_pad})
+def synthetic(count_include_pad: bool = True) -> Weights:
+    """The synthetic model (calibrated so activations stay O(1) and depend on the image), either pool flavour."""
+    return Weights(synthetic_arrays(0), {"count_include_pad": count_include_pad})
 
 
 def plain_forward(weights: Weights, x: np.ndarray) -> np.ndarray:
@@ -66,12 +62,12 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def images(batch: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((batch, 3, 299, 299)).astype(np.float32)
+    return image_like_batch(batch, seed=seed)
 
 
 @pytest.fixture(scope="module")
 def weights() -> Weights:
-    return he_weights(0)
+    return synthetic()
 
 
 @pytest.mark.parametrize("fast,threads", [(False, 1), (True, 1), (True, 3)], ids=["reference", "fast", "fast-3threads"])
@@ -79,7 +75,7 @@ def weights() -> Weights:
 def test_float64_matches_plain_executor(count_include_pad, fast, threads):
     """In float64 the fast path (Winograd, fused 1x1 groups, pools moved behind convs) must agree to rounding, and
     so must every layer split by output channels over threads (3: uneven parts)."""
-    w = he_weights(1, count_include_pad)
+    w = synthetic(count_include_pad)
     x = images(2, seed=2)
     ref = plain_forward(w, x)
     assert 1 < np.abs(ref).max() < 1e3 and ref.std() > 0.1, "weights should keep logits O(1)"
