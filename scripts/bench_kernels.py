@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inception_engine.backends import cuda_backend as cb  # noqa: E402
 from inception_engine.plan import ConvOp, FCOp, Op, View, build_plan  # noqa: E402
+from inception_engine.weights import Weights  # noqa: E402
 
 # Datasheet peaks: fp32 (non-tensor) FLOP/s and HBM bytes/s. H100 SXM: 67 TFLOP/s, 3.35 TB/s (~3.0 reachable).
 PEAKS = {"H200": (67e12, 4.8e12), "H100": (67e12, 3.35e12)}
@@ -60,8 +61,7 @@ def describe(op: Op, backend: cb.CudaBackend) -> str:
     return next(s.kernel for s in backend.specs if s.op == op.name)
 
 
-def bench(batch: int, iters: int, peak_flops: float, peak_bytes: float) -> dict:
-    weights = cb.he_weights(0)  # values do not change the timing
+def bench(weights: Weights, batch: int, iters: int, peak_flops: float, peak_bytes: float) -> dict:
     plan = build_plan(batch, weights.layers())
     x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
     with cb.CudaBackend(weights, plan, graph=True) as backend:
@@ -104,9 +104,10 @@ def main() -> int:
     gpu.release()
     peak_flops, peak_bytes = peaks_for(name)
     print(f"{name}: roofline {peak_flops / 1e12:.0f} TFLOP/s fp32, {peak_bytes / 1e12:.2f} TB/s")
+    weights = cb.he_weights(0)  # values do not change the timing
     results = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        results.append(bench(batch, args.iters, peak_flops, peak_bytes))
+        results.append(bench(weights, batch, args.iters, peak_flops, peak_bytes))
         print(table(results[-1]), flush=True)
     print("\nsummary")
     for r in results:

@@ -3,12 +3,13 @@
 #
 #   bash scripts/gpu_check.sh
 #
-# 1. pytest -m gpu (every GPU test of the repo: kernels, the CUDA backend, and whatever else is gpu-marked)
+# 1. pytest -m gpu on the CUDA kernel and backend tests
 # 2. compute-sanitizer memcheck on one full forward (299x299, eager launches) against the NumPy reference
 # 3. scripts/bench_kernels.py: per-op TFLOP/s and GB/s next to the roofline, batch 1, 8, 128
 # 4. compute-sanitizer racecheck on one forward at 75x75 (racecheck is slow; the kernels are the same)
 # 5. the self-test at batch 8 through the CUDA graph
-# 6. inception-bench: cuda vs cudnn vs torch with per-layer times, if the CLI is there
+# 6. every other gpu-marked test of the repo
+# 7. inception-bench: cuda vs cudnn vs torch with per-layer times, if the CLI is there
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -21,7 +22,7 @@ mkdir -p "$OUT"
 SUMMARY=()
 
 # shellcheck disable=SC1091
-if ! source .whl/gpu-env.sh >"$OUT/env_pytest.log" 2>&1; then
+if ! source "${GPU_ENV:-.whl/gpu-env.sh}" >"$OUT/env_pytest.log" 2>&1; then
   cat "$OUT/env_pytest.log"
   echo "gpu_check: .whl/gpu-env.sh failed (is .whl/ carried?)" >&2
   exit 1
@@ -58,7 +59,8 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
-step "pytest -m gpu" env_pytest.log 200 python3 -m pytest -m gpu -q -rs --durations=15 tests
+step "pytest cuda" env_pytest.log 170 python3 -m pytest -m gpu -q -rfEs --durations=10 \
+  tests/test_cuda_kernels.py tests/test_cuda_backend.py
 
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
@@ -70,6 +72,9 @@ step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racech
   --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75
 
 step "selftest graph b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on
+
+step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
+  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py
 
 if python3 -c "import inception_engine.cli" 2>/dev/null; then
   step "inception-bench" inception_bench.log 90 python3 -c \
@@ -83,6 +88,6 @@ fi
   echo
   echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) =="
   sed -n '/^summary$/,$p' "$OUT/bench_kernels.log" 2>/dev/null | grep "^batch"
-  echo "pytest: $(grep -E "[0-9]+ (passed|failed|errors?)" "$OUT/env_pytest.log" | tail -1)"
+  grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"
