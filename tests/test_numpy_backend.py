@@ -108,12 +108,16 @@ def test_float32_close_to_float64(weights, batch):
     assert err <= 1e-4, f"float32 vs float64 relative L2 error of the logits {err:.2e}"
 
 
-def test_batch_rows_are_the_single_image_results(weights):
+@pytest.mark.parametrize("threads", [2, 3])
+def test_batch_rows_are_the_single_image_results(weights, threads):
+    """Work is split across threads by images, rows or channels depending on the batch; the split must not change
+    the result (float64, where only rounding can differ)."""
     x = images(3, seed=8)
-    batched = NumpyBackend(weights, build_plan(3, weights.layers())).forward(x)
-    single = NumpyBackend(weights, build_plan(1, weights.layers()))
+    batched = NumpyBackend(weights, build_plan(3, weights.layers()), np.float64, fast=True, threads=threads)
+    single = NumpyBackend(weights, build_plan(1, weights.layers()), np.float64, fast=True, threads=threads)
+    got = batched.forward(x)
     for i in range(3):
-        assert rel_l2(batched[i], single.forward(x[i:i + 1])[0]) < 1e-5
+        assert rel_l2(got[i], single.forward(x[i:i + 1])[0]) < 1e-12
 
 
 def test_repeated_forwards_see_only_their_own_input(weights):

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from inception_engine.backends import numpy_backend
-from inception_engine.backends.numpy_backend import (conv2d_bias_relu, fc, global_avg_pool, pool2d, winograd_matrices,
-                                                     winograd_tile)
+from inception_engine.backends.numpy_backend import (conv2d_bias_relu, fc, global_avg_pool, pool2d, split_work,
+                                                     winograd_matrices, winograd_tile)
 
 
 def naive_conv(x, w, b, stride, pad, relu=True):
@@ -244,3 +244,41 @@ def test_fc_matches_loops(n):
     x, w, b = rng.standard_normal((n, 13)), rng.standard_normal((6, 13)), rng.standard_normal(6)
     ref = np.array([[b[o] + sum(x[i, k] * w[o, k] for k in range(13)) for o in range(6)] for i in range(n)])
     assert rel_err(fc(x, w, b), ref) < 1e-13
+
+
+@pytest.mark.parametrize("images,rows,per_row,channels,parts", [
+    (1, 147, 147, 64, 2), (3, 17, 17, 192, 2), (3, 9, 9, 96, 4), (8, 4, 4, 384, 3), (1, 4, 4, 384, 2),
+    (1, 17, 17, 20, 2), (2, 1, 1, 1000, 3), (1, 35, 35, 64, 1)])
+def test_split_work_covers_every_output_once(images, rows, per_row, channels, parts):
+    pieces = split_work(images, rows, per_row, channels, parts)
+    assert 1 <= len(pieces) <= parts
+    covered = np.zeros((channels, images, rows), int)
+    for channel_slice, spans in pieces:
+        for image, span_rows in spans:
+            covered[channel_slice, image, span_rows.start:span_rows.stop] += 1
+    assert (covered == 1).all()
+    if len(pieces) > 1 and pieces[0][0] == slice(0, channels):  # cut along images and rows: balanced
+        sizes = [sum(len(r) for _, r in spans) for _, spans in pieces]
+        assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("winograd", [False, True], ids=["direct", "winograd"])
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("case", [c for c in CONV_CASES if c[5] != (1, 1)][1::2] + [CONV_CASES[1]])
+def test_conv_parts_as_the_backend_splits_them(case, parts, winograd, monkeypatch):
+    """Each part reads only its own input rows (into its own padding buffer); together they write every output."""
+    n, c, h, w, o, kernel, stride, pad = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()) + parts)
+    x, wt, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, *kernel)), rng.standard_normal(o)
+    ref = naive_conv(x, wt, b, stride, pad)
+    buf, out = poisoned_slice(rng, ref.shape, np.float64)
+    rows, per_row = numpy_backend.conv_row_units(kernel, stride, pad, (h, w), winograd)
+    monkeypatch.setattr(numpy_backend, "MIN_PART_OUTPUTS", 1)  # small test layers: still cut along rows
+    for channels, spans in split_work(n, rows, per_row, o, parts):
+        scratch = numpy_backend.Scratch(np.dtype(np.float64))
+        conv = numpy_backend._prepare_conv(wt[channels], b[channels], x.shape, stride, pad, True, winograd, scratch,
+                                           spans)
+        conv.run(x, out[:, channels], scratch)
+    assert not np.isnan(out).any(), "some outputs were never written"
+    assert_guards_untouched(buf)
+    assert rel_err(out, ref) < 1e-12

@@ -78,48 +78,105 @@ def _im2col(xp: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], ho
             blocks[i, j] = xp[:, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
 
 
-def _padded_input(scratch: Scratch, c: int, h: int, w: int, pad: tuple[int, int],
-                  shape: tuple[int, int]) -> np.ndarray:
-    """A zero (C, *shape) buffer whose interior at ``pad`` receives the (C, h, w) input on every call."""
-    return scratch.zeroed(f"pad:{c}x{h}x{w}@{pad[0]},{pad[1]}in{shape[0]}x{shape[1]}", (c, *shape))
+@dataclass
+class _InputRows:
+    """The input rows one conv (or one part of a conv) reads, in padded coordinates [start, stop), for any image.
+    With padding they are copied into a private zero buffer whose padding is never written; without padding
+    (and rows and columns within the image) the image is read in place."""
+
+    buffer: np.ndarray | None  # (C, stop - start, padded width)
+    start: int
+    image_rows: slice  # image rows inside [start, stop)
+    buffer_rows: slice  # where they go in the buffer
+    pad_w: int
+
+    def read(self, image: np.ndarray) -> tuple[np.ndarray, int]:
+        """The array to take input rows from, and the padded row its row 0 stands for."""
+        if self.buffer is None:
+            return image, 0
+        self.buffer[:, self.buffer_rows, self.pad_w:self.pad_w + image.shape[2]] = image[:, self.image_rows]
+        return self.buffer, self.start
+
+
+def _input_rows(scratch: Scratch, c: int, h: int, w: int, pad: tuple[int, int], start: int, stop: int,
+                padded_w: int) -> _InputRows:
+    ph, pw = pad
+    inside = slice(max(0, start - ph), min(h, stop - ph))
+    if ph == pw == 0 and stop <= h and padded_w <= w:
+        return _InputRows(None, 0, inside, inside, 0)
+    key = f"pad:{c}x{h}x{w}+{ph},{pw}:{start}-{stop}x{padded_w}"  # same key, same interior: borders stay 0
+    buffer = scratch.zeroed(key, (c, stop - start, padded_w))
+    return _InputRows(buffer, start, inside, slice(inside.start + ph - start, inside.stop + ph - start), pw)
+
+
+def conv_row_units(kernel: tuple[int, int], stride: int, pad: tuple[int, int], in_hw: tuple[int, int],
+                   winograd: bool) -> tuple[int, int]:
+    """How a conv's output divides into rows of work: (rows, outputs per row). Output rows for im2col, rows of
+    tiles for Winograd. Parts of a conv computed on separate threads take contiguous ranges of these rows."""
+    ho, wo = (_out_size(size, k, stride, p) for size, k, p in zip(in_hw, kernel, pad))
+    if not _uses_winograd(kernel, stride, winograd):
+        return ho, wo
+    mh, mw = winograd_tile(kernel, (ho, wo))
+    return _ceil_div(ho, mh), _ceil_div(wo, mw)
+
+
+def _uses_winograd(kernel: tuple[int, int], stride: int, winograd: bool) -> bool:
+    return winograd and stride == 1 and max(kernel) > 1
+
+
+@dataclass
+class _Span:
+    """Rows ``rows`` (in conv_row_units) of image ``image``: the part of a conv's output one thread computes is a
+    list of spans. ``inputs`` are the input rows they read."""
+
+    image: int
+    rows: range
+    inputs: _InputRows
+
+
+def _spans(scratch: Scratch, in_shape: tuple[int, ...], pad: tuple[int, int], spans: list[tuple[int, range]],
+           input_rows: Callable[[range], tuple[int, int]], padded_w: int) -> list[_Span]:
+    _, c, h, w = in_shape
+    return [_Span(i, rows, _input_rows(scratch, c, h, w, pad, *input_rows(rows), padded_w)) for i, rows in spans]
 
 
 @dataclass
 class _DirectConv:
-    """relu(conv(x) + b) by im2col + GEMM. The bias rides in the GEMM: the weights get it as an extra column and
-    each im2col block an extra row of ones, which saves a pass over the output."""
+    """relu(conv(x) + b) by im2col + GEMM over the output ``spans``. The bias rides in the
+    GEMM: the weights get it as an extra column and each im2col block an extra row of ones, which saves a pass
+    over the output. A 1x1 stride-1 conv needs no im2col: its input rows are the column matrix."""
 
-    w2d: np.ndarray  # (O, C) for a 1x1 stride-1 conv; else (O, kh * kw * C + 1), bias last
-    bias: np.ndarray  # (O, 1, 1), used by the 1x1 path
+    w2d: np.ndarray  # (O, C) when pointwise; else (O, kh * kw * C + 1), bias last
+    bias: np.ndarray  # (O, 1), used when pointwise
     kernel: tuple[int, int]
     stride: int
-    pad: tuple[int, int]
     relu: bool
-    padded: np.ndarray | None  # zero-bordered input, None without padding
+    pointwise: bool
+    spans: list[_Span]
     block_rows: int  # output rows per im2col block
     work: dict[str, int] = field(default_factory=dict)  # scratch elements needed per kind
 
     def run(self, x: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
-        n, c, h, w = x.shape
+        c, h, w = x.shape[1:]
         o, ho, wo = out.shape[1:]
-        if self.kernel == (1, 1) and self.stride == 1 and self.pad == (0, 0):  # the input is the column matrix
-            np.matmul(self.w2d, x.reshape(n, c, h * w), out=out.reshape(n, o, ho * wo))
-            out += self.bias
-            if self.relu:
-                np.maximum(out, 0, out=out)
-            return
-        (kh, kw), (ph, pw), s = self.kernel, self.pad, self.stride
+        (kh, kw), s = self.kernel, self.stride
         k = self.w2d.shape[1] - 1
-        for i in range(n):
-            xp = x[i]
-            if self.padded is not None:
-                self.padded[:, ph:ph + h, pw:pw + w] = xp
-                xp = self.padded
-            out2d = out[i].reshape(o, ho * wo)
-            for r0 in range(0, ho, self.block_rows):
-                rows = min(self.block_rows, ho - r0)
+        for span in self.spans:
+            out2d = out[span.image].reshape(o, ho * wo)
+            if self.pointwise:
+                cols = slice(span.rows.start * wo, span.rows.stop * wo)
+                block = out2d[:, cols]
+                np.matmul(self.w2d, x[span.image].reshape(c, h * w)[:, cols], out=block)
+                block += self.bias
+                if self.relu:
+                    np.maximum(block, 0, out=block)
+                continue
+            xp, base = span.inputs.read(x[span.image])
+            for r0 in range(span.rows.start, span.rows.stop, self.block_rows):
+                rows = min(self.block_rows, span.rows.stop - r0)
                 cols = scratch.take("cols", (k + 1) * rows * wo).reshape(k + 1, rows * wo)
-                _im2col(xp[:, r0 * s:(r0 + rows - 1) * s + kh], self.kernel, (s, s), rows, wo, cols[:k])
+                top = r0 * s - base
+                _im2col(xp[:, top:top + (rows - 1) * s + kh], self.kernel, (s, s), rows, wo, cols[:k])
                 cols[k] = 1
                 block = out2d[:, r0 * wo:(r0 + rows) * wo]
                 np.matmul(self.w2d, cols, out=block)
@@ -128,20 +185,21 @@ class _DirectConv:
 
 
 def _prepare_direct(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], stride: int, pad: tuple[int, int],
-                    relu: bool, scratch: Scratch) -> _DirectConv:
+                    relu: bool, scratch: Scratch, spans: list[tuple[int, range]]) -> _DirectConv:
     _, c, h, wd = in_shape
     o, _, kh, kw = w.shape
-    ph, pw = pad
-    ho, wo = _out_size(h, kh, stride, ph), _out_size(wd, kw, stride, pw)
-    bias = b.reshape(o, 1, 1)
+    (ph, pw), ho, wo = pad, _out_size(h, kh, stride, pad[0]), _out_size(wd, kw, stride, pad[1])
     if kh == kw == 1 and stride == 1 and ph == pw == 0:
-        return _DirectConv(w.reshape(o, c), bias, (1, 1), 1, pad, relu, None, ho)
+        no_copy = _InputRows(None, 0, slice(0), slice(0), 0)
+        return _DirectConv(w.reshape(o, c), b.reshape(o, 1), (1, 1), 1, relu, True,
+                           [_Span(i, rows, no_copy) for i, rows in spans], ho)
     # (O, C, kh, kw) -> (O, kh, kw, C): the row order of _im2col.
     w2d = np.concatenate([w.transpose(0, 2, 3, 1).reshape(o, -1), b.reshape(o, 1)], axis=1)
-    padded = _padded_input(scratch, c, h, wd, pad, (h + 2 * ph, wd + 2 * pw)) if ph or pw else None
     k = w2d.shape[1]
-    rows = _ceil_div(ho, _ceil_div(k * ho * wo, BLOCK_ELEMS))
-    return _DirectConv(w2d, bias, (kh, kw), stride, pad, relu, padded, rows, {"cols": k * rows * wo})
+    block = _ceil_div(ho, _ceil_div(k * ho * wo, BLOCK_ELEMS))
+    parts = _spans(scratch, in_shape, pad, spans, lambda r: (r.start * stride, (r.stop - 1) * stride + kh),
+                   wd + 2 * pw)
+    return _DirectConv(w2d, b.reshape(o, 1), (kh, kw), stride, relu, False, parts, block, {"cols": k * block * wo})
 
 
 # Interpolation points for the Winograd matrices, in the order they are used. F(4, 3) takes the first five:
@@ -210,7 +268,8 @@ def winograd_tile(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[int
 
 @dataclass
 class _WinogradConv:
-    """relu(conv(x) + b) for stride 1 by Winograd's minimal filtering, F(mh x mw, kh x kw).
+    """relu(conv(x) + b) for stride 1 by Winograd's minimal filtering, F(mh x mw, kh x kw), for images ``images``
+    and rows of tiles ``rows``.
 
     The input is cut into overlapping n x n tiles (n = m + k - 1) at stride m, each giving an m x m output
     tile. Per tile: V = B d, M = U (.) V elementwise over the n x n positions and summed over input channels, so
@@ -226,29 +285,30 @@ class _WinogradConv:
     a_t: np.ndarray  # (mm, nn)
     bias: np.ndarray  # (O, 1, 1)
     kernel: tuple[int, int]
-    pad: tuple[int, int]
     tile: tuple[int, int]
     relu: bool
-    padded: np.ndarray  # (C, th * mh + kh - 1, tw * mw + kw - 1), zero border
-    block_tile_rows: int
+    spans: list[_Span]  # in rows of tiles
+    block_rows: int  # rows of tiles per block
     work: dict[str, int] = field(default_factory=dict)
 
     def run(self, x: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
-        n, c, h, w = x.shape
+        c = x.shape[1]
         o, ho, wo = out.shape[1:]
-        (kh, kw), (ph, pw), (mh, mw) = self.kernel, self.pad, self.tile
+        (kh, kw), (mh, mw) = self.kernel, self.tile
         nh, nw = mh + kh - 1, mw + kw - 1
         nn, mm = nh * nw, mh * mw
-        th, tw = _ceil_div(ho, mh), _ceil_div(wo, mw)
-        for i in range(n):
-            self.padded[:, ph:ph + h, pw:pw + w] = x[i]
-            for t0 in range(0, th, self.block_tile_rows):
-                rows = min(self.block_tile_rows, th - t0)
+        tw = _ceil_div(wo, mw)
+        for span in self.spans:
+            i = span.image
+            xp, base = span.inputs.read(x[i])
+            for t0 in range(span.rows.start, span.rows.stop, self.block_rows):
+                rows = min(self.block_rows, span.rows.stop - t0)
                 tiles = rows * tw
                 cols = scratch.take("cols", nn * c * tiles).reshape(nn, c * tiles)
                 v = scratch.take("wino_v", nn * c * tiles).reshape(nn, c * tiles)
                 prod = scratch.take("wino_m", nn * o * tiles).reshape(nn, o * tiles)
-                _im2col(self.padded[:, t0 * mh:(t0 + rows - 1) * mh + nh], (nh, nw), (mh, mw), rows, tw, cols)
+                top = t0 * mh - base
+                _im2col(xp[:, top:top + (rows - 1) * mh + nh], (nh, nw), (mh, mw), rows, tw, cols)
                 np.matmul(self.b_t, cols, out=v)
                 np.matmul(self.u, v.reshape(nn, c, tiles), out=prod.reshape(nn, o, tiles))
                 y = scratch.take("cols", mm * o * tiles).reshape(mm, o * tiles)  # cols is dead by now
@@ -264,7 +324,7 @@ class _WinogradConv:
 
 
 def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], pad: tuple[int, int], relu: bool,
-                      scratch: Scratch, dtype: np.dtype) -> _WinogradConv:
+                      scratch: Scratch, spans: list[tuple[int, range]]) -> _WinogradConv:
     _, c, h, wd = in_shape
     o, _, kh, kw = w.shape
     ho, wo = _out_size(h, kh, 1, pad[0]), _out_size(wd, kw, 1, pad[1])
@@ -275,22 +335,28 @@ def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], p
     g = np.kron(g_h, g_w)  # (nn, kh * kw)
     u = np.einsum("tk,ock->toc", g, w.reshape(o, c, kh * kw).astype(np.float64))
     th, tw = _ceil_div(ho, mh), _ceil_div(wo, mw)
-    padded = _padded_input(scratch, c, h, wd, pad, (th * mh + kh - 1, tw * mw + kw - 1))
-    per_tile_row = tw * (max(nn * c, mm * o) + nn * c + nn * o)
-    rows = _ceil_div(th, _ceil_div(th * per_tile_row, BLOCK_ELEMS))
-    tiles = rows * tw
+    per_row = tw * (max(nn * c, mm * o) + nn * c + nn * o)
+    block = _ceil_div(th, _ceil_div(th * per_row, BLOCK_ELEMS))
+    tiles = block * tw
     work = {"cols": max(nn * c, mm * o) * tiles, "wino_v": nn * c * tiles, "wino_m": nn * o * tiles}
-    return _WinogradConv(np.ascontiguousarray(u, dtype), np.kron(bt_h, bt_w).astype(dtype),
-                         np.kron(at_h, at_w).astype(dtype), b.reshape(o, 1, 1), (kh, kw), pad, (mh, mw), relu,
-                         padded, rows, work)
+    parts = _spans(scratch, in_shape, pad, spans, lambda r: (r.start * mh, r.stop * mh + kh - 1), tw * mw + kw - 1)
+    return _WinogradConv(np.ascontiguousarray(u, w.dtype), np.kron(bt_h, bt_w).astype(w.dtype),
+                         np.kron(at_h, at_w).astype(w.dtype), b.reshape(o, 1, 1), (kh, kw), (mh, mw), relu, parts,
+                         block, work)
 
 
 def _prepare_conv(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], stride: int, pad: tuple[int, int],
-                  relu: bool, winograd: bool, scratch: Scratch) -> _DirectConv | _WinogradConv:
-    """w (O, C, kh, kw) and b (O,) already in the compute dtype."""
-    if winograd and stride == 1 and max(w.shape[2:]) > 1:
-        return _prepare_winograd(w, b, in_shape, pad, relu, scratch, w.dtype)
-    return _prepare_direct(w, b, in_shape, stride, pad, relu, scratch)
+                  relu: bool, winograd: bool, scratch: Scratch,
+                  spans: list[tuple[int, range]] | None = None) -> _DirectConv | _WinogradConv:
+    """w (O, C, kh, kw) and b (O,) already in the compute dtype. ``spans``, (image, rows in conv_row_units)
+    pairs, restrict it to part of the output; default all of it."""
+    kernel = w.shape[2:]
+    if spans is None:
+        rows = range(conv_row_units(kernel, stride, pad, in_shape[2:], winograd)[0])
+        spans = [(i, rows) for i in range(in_shape[0])]
+    if _uses_winograd(kernel, stride, winograd):
+        return _prepare_winograd(w, b, in_shape, pad, relu, scratch, spans)
+    return _prepare_direct(w, b, in_shape, stride, pad, relu, scratch, spans)
 
 
 def conv2d_bias_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, pad: tuple[int, int] = (0, 0),
@@ -451,6 +517,7 @@ def usable_cpus() -> int:
 # Default for NumpyBackend's threads; layers are split by output channels, which gets thin on many cores.
 MAX_THREADS = 4
 MIN_PART_CHANNELS = 16
+MIN_PART_OUTPUTS = 32
 
 
 def split_channels(total: int, parts: int) -> list[slice]:
@@ -458,6 +525,24 @@ def split_channels(total: int, parts: int) -> list[slice]:
     parts = max(1, min(parts, total // MIN_PART_CHANNELS))
     bounds = [total * k // parts for k in range(parts + 1)]
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def split_work(images: int, rows: int, per_row: int, channels: int,
+               parts: int) -> list[tuple[slice, list[tuple[int, range]]]]:
+    """A conv's output in up to ``parts`` pieces of nearly equal work, as (output channels, spans) pairs. Cut
+    along images and rows (each piece reads only the input rows it needs) where every piece still gets
+    MIN_PART_OUTPUTS outputs per channel; else cut the output channels (each piece then reads all the input)."""
+    everything = slice(0, channels)
+    total = images * rows
+    if parts == 1 or total * per_row < parts * MIN_PART_OUTPUTS or total < parts:
+        return [(sl, [(i, range(rows)) for i in range(images)]) for sl in split_channels(channels, parts)]
+    pieces = []
+    for k in range(parts):
+        lo, hi = total * k // parts, total * (k + 1) // parts  # in units of (image, row), image-major
+        spans = [(i, range(max(lo - i * rows, 0), min(hi - i * rows, rows)))
+                 for i in range(lo // rows, _ceil_div(hi, rows))]
+        pieces.append((everything, spans))
+    return pieces
 
 
 class NumpyBackend:
@@ -532,9 +617,11 @@ class NumpyBackend:
         src, dst = self._view(op.src), self._view(op.dst)
         if isinstance(op, ConvOp):
             w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
+            rows, per_row = conv_row_units(op.kernel, op.stride, op.pad, src.shape[2:], self.fast)
             parts = []
-            for sl, scratch in zip(split_channels(w.shape[0], self.threads), self.scratches):
-                conv = _prepare_conv(w[sl], b[sl], src.shape, op.stride, op.pad, True, self.fast, scratch)
+            for scratch, (sl, spans) in zip(self.scratches, split_work(src.shape[0], rows, per_row, w.shape[0],
+                                                                       self.threads)):
+                conv = _prepare_conv(w[sl], b[sl], src.shape, op.stride, op.pad, True, self.fast, scratch, spans)
                 for kind, elems in conv.work.items():
                     scratch.reserve(kind, elems)
                 parts.append(lambda conv=conv, out=dst[:, sl], scratch=scratch: conv.run(src, out, scratch))
