@@ -151,11 +151,12 @@ def test_winograd_tiles_used_by_the_network():
     assert winograd_tile((1, 3), (8, 8)) == (1, 2)
 
 
-def test_conv_without_relu_keeps_negatives():
+@pytest.mark.parametrize("winograd", [False, True], ids=["direct", "winograd"])
+def test_conv_without_relu_keeps_negatives(winograd):
     rng = np.random.default_rng(7)
     x, wt, b = rng.standard_normal((2, 3, 6, 7)), rng.standard_normal((4, 3, 3, 3)), rng.standard_normal(4)
     ref = naive_conv(x, wt, b, 1, (1, 1), relu=False)
-    got = conv2d_bias_relu(x, wt, b, 1, (1, 1), relu=False)
+    got = conv2d_bias_relu(x, wt, b, 1, (1, 1), relu=False, winograd=winograd)
     assert (got < 0).any()
     assert rel_err(got, ref) < 1e-12
 

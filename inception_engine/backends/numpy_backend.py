@@ -282,8 +282,8 @@ class _WinogradConv:
 
     u: np.ndarray  # (nn, O, C)
     b_t: np.ndarray  # (nn, nn)
-    a_t: np.ndarray  # (mm, nn)
-    bias: np.ndarray  # (O, 1, 1)
+    a_t: np.ndarray  # (mm, nn + 1): the output transform, and a column of ones that adds the bias row
+    bias: np.ndarray  # (O, 1)
     kernel: tuple[int, int]
     tile: tuple[int, int]
     relu: bool
@@ -306,11 +306,12 @@ class _WinogradConv:
                 tiles = rows * tw
                 cols = scratch.take("cols", nn * c * tiles).reshape(nn, c * tiles)
                 v = scratch.take("wino_v", nn * c * tiles).reshape(nn, c * tiles)
-                prod = scratch.take("wino_m", nn * o * tiles).reshape(nn, o * tiles)
+                prod = scratch.take("wino_m", (nn + 1) * o * tiles).reshape(nn + 1, o * tiles)
                 top = t0 * mh - base
                 _im2col(xp[:, top:top + (rows - 1) * mh + nh], (nh, nw), (mh, mw), rows, tw, cols)
                 np.matmul(self.b_t, cols, out=v)
-                np.matmul(self.u, v.reshape(nn, c, tiles), out=prod.reshape(nn, o, tiles))
+                np.matmul(self.u, v.reshape(nn, c, tiles), out=prod[:nn].reshape(nn, o, tiles))
+                prod[nn].reshape(o, tiles)[...] = self.bias  # the bias rides in the output transform
                 y = scratch.take("cols", mm * o * tiles).reshape(mm, o * tiles)  # cols is dead by now
                 np.matmul(self.a_t, prod, out=y)
                 y5 = y.reshape(mh, mw, o, rows, tw)
@@ -318,9 +319,11 @@ class _WinogradConv:
                 for a in range(mh):
                     for b in range(mw):
                         dst = block[:, a::mh, b::mw]
-                        np.add(y5[a, b, :, :dst.shape[1], :dst.shape[2]], self.bias, out=dst)
-                if self.relu:
-                    np.maximum(block, 0, out=block)
+                        tile = y5[a, b, :, :dst.shape[1], :dst.shape[2]]
+                        if self.relu:
+                            np.maximum(tile, 0, out=dst)
+                        else:
+                            dst[...] = tile
 
 
 def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], pad: tuple[int, int], relu: bool,
@@ -335,14 +338,14 @@ def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], p
     g = np.kron(g_h, g_w)  # (nn, kh * kw)
     u = np.einsum("tk,ock->toc", g, w.reshape(o, c, kh * kw).astype(np.float64))
     th, tw = _ceil_div(ho, mh), _ceil_div(wo, mw)
-    per_row = tw * (max(nn * c, mm * o) + nn * c + nn * o)
+    per_row = tw * (max(nn * c, mm * o) + nn * c + (nn + 1) * o)
     block = _ceil_div(th, _ceil_div(th * per_row, BLOCK_ELEMS))
     tiles = block * tw
-    work = {"cols": max(nn * c, mm * o) * tiles, "wino_v": nn * c * tiles, "wino_m": nn * o * tiles}
+    work = {"cols": max(nn * c, mm * o) * tiles, "wino_v": nn * c * tiles, "wino_m": (nn + 1) * o * tiles}
     parts = _spans(scratch, in_shape, pad, spans, lambda r: (r.start * mh, r.stop * mh + kh - 1), tw * mw + kw - 1)
     return _WinogradConv(np.ascontiguousarray(u, w.dtype), np.kron(bt_h, bt_w).astype(w.dtype),
-                         np.kron(at_h, at_w).astype(w.dtype), b.reshape(o, 1, 1), (kh, kw), (mh, mw), relu, parts,
-                         block, work)
+                         np.hstack([np.kron(at_h, at_w), np.ones((mm, 1))]).astype(w.dtype), b.reshape(o, 1),
+                         (kh, kw), (mh, mw), relu, parts, block, work)
 
 
 def _prepare_conv(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], stride: int, pad: tuple[int, int],
