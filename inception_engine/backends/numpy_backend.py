@@ -256,13 +256,17 @@ def winograd_tile(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[int
     """Output tile (mh, mw) Winograd uses for a stride-1 conv: 1 along an axis the kernel does not extend in.
 
     4 outputs a tile for 3 and 5 wide kernels (2 on maps under 16 wide, where 4x4 tiles leave the GEMMs too few
-    columns), 2 for 7 wide ones: F(4, 7) would save more but its transforms have entries up to 729 (F(2, 7): 64)
-    and its float32 error is six times larger (measured on a 1x7 layer of Mixed_6c's shape: relative error 5.6e-6
-    against 9.4e-7; direct 2.1e-7), too much for the synthetic model's error budget."""
+    columns), 3 for 7 wide ones (17 = 6 tiles of 3, less one). Larger tiles cost float32 accuracy: on a 1x7 layer
+    of Mixed_6c's shape the relative error is 2.1e-7 direct, 9.4e-7 with F(2, 7), 2.9e-6 with F(3, 7), 5.6e-6
+    with F(4, 7); on the synthetic model's logits (four images, worst) 4.4e-5 with F(2, 7), 5.1e-5 with F(3, 7),
+    7.4e-5 with F(4, 7), against a limit of 1e-4. F(3, 7) is 4.5 ms faster than F(2, 7) on one core, F(4, 7) no
+    faster than F(3, 7)."""
     def axis(r: int, size: int) -> int:
         if r == 1:
             return 1
-        return 2 if r == 7 or size < 16 else 4
+        if r == 7:
+            return 3
+        return 2 if size < 16 else 4
     return axis(kernel[0], out_hw[0]), axis(kernel[1], out_hw[1])
 
 
