@@ -28,11 +28,10 @@ import numpy as np
 
 from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
-from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
+from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
 
 THREADS = 256  # every kernel's block size (conv.cu's tiles are 256 threads too)
-ALIGN = 64  # elements; parameters start on 256-byte boundaries, as arena buffers do (plan.ALIGN)
 NAN_BITS = 0x7FC00000  # float32 quiet NaN: the arena starts poisoned, so a read of never-written memory shows
 
 KERNEL_SIZES = ((1, 1), (3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1))  # conv.cu instantiates these
@@ -133,7 +132,8 @@ def workspace_elems(plan: Plan, configs: dict[str, ConvConfig | None]) -> int:
 
 def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
                                                                                              dict[str, int]]:
-    """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset.
+    """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset
+    (ALIGN-aligned, so every array starts on a 256-byte boundary as arena buffers do).
 
     Conv weights (Cout, Cin, kh, kw) become wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order), the GEMM's A stored
     K-major so that a tile row is contiguous along Cout. The FC weight stays (out, in) for fc_gemv and is
@@ -482,6 +482,7 @@ class CudaBackend:
                 end.record(self._stream)
                 end.synchronize()
                 times.append(end.time_since(start))
+            del start, end
         return times
 
     def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1) -> dict[str, list[float]]:
@@ -499,9 +500,9 @@ class CudaBackend:
             self._upload(x)
             for _ in range(max(1, warmup)):
                 self._launch_all()  # every buffer now holds what this op reads in a real forward
+            events = [(drv.Event(), drv.Event()) for _ in range(iters)]
             for op, launches in groups.items():
-                events = [(drv.Event(), drv.Event()) for _ in range(iters)]
-                # ~10 us of host time per enqueued call is plenty; the sleep ends early if the host is faster.
+                # 20 us of host time per enqueued call is generous; a longer sleep only costs idle GPU time.
                 sleep_ns = 20_000 * (len(launches) + 2) * iters + 50_000
                 self._sleep.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, sleep_ns)
                 for start, end in events:
@@ -511,6 +512,7 @@ class CudaBackend:
                     end.record(self._stream)
                 self._stream.synchronize()
                 out[op] = [end.time_since(start) for start, end in events]
+            del events  # destroyed while the context is current
         return out
 
     def peak_memory_bytes(self) -> int:
