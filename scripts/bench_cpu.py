@@ -38,7 +38,7 @@ def main() -> None:
 
     weights = synthetic_weights(0)
     x = image_like_batch(args.batch, seed=1)
-    ours = NumpyBackend(weights, build_plan(args.batch, weights.layers()))
+    ours = NumpyBackend(weights, build_plan(args.batch, weights.layers()), threads=args.threads or None)
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     sess = ort.InferenceSession(synthetic_onnx_model("torchscript").SerializeToString(), options,
