@@ -8,6 +8,8 @@ the plan's wiring and the backend's bookkeeping as well as the arithmetic.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -70,14 +72,19 @@ def weights() -> Weights:
     return synthetic()
 
 
+@functools.cache
+def plain_reference(count_include_pad: bool) -> tuple[np.ndarray, np.ndarray]:
+    x = images(2, seed=2)
+    return x, plain_forward(synthetic(count_include_pad), x)
+
+
 @pytest.mark.parametrize("fast,threads", [(False, 1), (True, 1), (True, 3)], ids=["reference", "fast", "fast-3threads"])
 @pytest.mark.parametrize("count_include_pad", [True, False])
 def test_float64_matches_plain_executor(count_include_pad, fast, threads):
     """In float64 the fast path (Winograd, fused 1x1 groups, pools moved behind convs) must agree to rounding, and
-    so must every layer split by output channels over threads (3: uneven parts)."""
+    so must every layer split over threads (by rows or by output channels; 3: uneven parts)."""
     w = synthetic(count_include_pad)
-    x = images(2, seed=2)
-    ref = plain_forward(w, x)
+    x, ref = plain_reference(count_include_pad)
     assert 1 < np.abs(ref).max() < 1e3 and ref.std() > 0.1, "weights should keep logits O(1)"
     backend = NumpyBackend(w, build_plan(2, w.layers()), dtype=np.float64, fast=fast, threads=threads)
     backend.arena[...] = np.nan  # an op reading anything its producer did not write turns the logits NaN
