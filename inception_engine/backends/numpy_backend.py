@@ -9,7 +9,8 @@ channel slice of a concat buffer is contiguous per image, so the concat is writt
   (docs/PERFORMANCE.md, "CPU path (NumPy)") and the direct GEMMs alone took twice onnxruntime's whole forward.
 
 The backend prepares every op once at init: weights reshaped or transformed, arena views, zero-bordered padding
-buffers, shared work memory. ``forward`` then only copies and multiplies; nothing is allocated per call.
+buffers, shared work memory, and how each layer is split over its threads (``split_work``). ``forward`` then
+only copies and multiplies; nothing is allocated per call.
 """
 
 from __future__ import annotations
@@ -573,10 +574,11 @@ class NumpyBackend:
     float64, so that the reference computes every layer as written) turns on Winograd convolutions and the fused
     1x1 groups with their average pools moved behind the conv (``_PointwiseGroup``).
 
-    ``threads``: each convolution, pool and fused GEMM is split by output channels into up to this many parts
-    that run at once on the backend's own threads, with OpenBLAS held at one thread meanwhile (blas_threads.py
-    says why). Default: the usable CPUs, at most MAX_THREADS, or 1 (and OpenBLAS's own threading untouched) where
-    the OpenBLAS thread count cannot be controlled."""
+    ``threads``: each convolution (by images and rows, or by output channels: ``split_work``), pool and fused
+    GEMM (by channels) is split into up to this many parts that run at once on the backend's own threads, with
+    OpenBLAS held at one thread meanwhile (blas_threads.py says why). Default: the usable CPUs, at most
+    MAX_THREADS, or 1 (and OpenBLAS's own threading untouched) where the OpenBLAS thread count cannot be
+    controlled."""
 
     name = "cpu"
 
