@@ -73,6 +73,8 @@ step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racech
 
 step "selftest graph b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on
 
+step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
+
 step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
   --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py
 

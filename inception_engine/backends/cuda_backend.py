@@ -448,9 +448,12 @@ class CudaBackend:
         else:
             self._launch_all()
 
-    def _upload(self, x: np.ndarray) -> None:
+    def _check_open(self) -> None:
+        """Before entering the context: a closed backend has released it, so it must not push or pop it."""
         if self._closed:
             raise EngineError("this cuda backend was closed; create a new one")
+
+    def _upload(self, x: np.ndarray) -> None:
         if tuple(x.shape) != self.plan.input.dims:
             raise ValueError(f"input shape {tuple(x.shape)} does not match the plan's {self.plan.input.dims}")
         np.copyto(self._x_host, x, casting="same_kind")
@@ -458,6 +461,7 @@ class CudaBackend:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         drv = driver()
+        self._check_open()
         with self._gpu:
             self._upload(x)
             self._run()
@@ -469,6 +473,7 @@ class CudaBackend:
         """Milliseconds per forward on the GPU's clock (CUDA events around the launches; the input is uploaded
         once before). Each forward starts from an idle GPU, as a latency-bound caller would see it."""
         drv = driver()
+        self._check_open()
         with self._gpu:
             self._upload(x)
             for _ in range(warmup):
@@ -496,6 +501,7 @@ class CudaBackend:
         for launch in self._launches:
             groups.setdefault(launch.spec.op, []).append(launch)
         out: dict[str, list[float]] = {}
+        self._check_open()
         with self._gpu:
             self._upload(x)
             for _ in range(max(1, warmup)):
