@@ -29,7 +29,8 @@ CUDNN_STATUS_SUCCESS = 0
 CUDNN_DATA_FLOAT = 0
 CUDNN_TENSOR_NCHW = 0
 CUDNN_CROSS_CORRELATION = 1  # what deep-learning frameworks call convolution (no kernel flip)
-CUDNN_DEFAULT_MATH = 0
+CUDNN_DEFAULT_MATH = 0  # on Ampere and newer this permits TF32 tensor-core math for float data
+CUDNN_TENSOR_OP_MATH = 1  # tensor cores (TF32 for float data); 2 (..._ALLOW_CONVERSION) would permit fp16
 CUDNN_FMA_MATH = 3  # plain fp32 FMA: no tensor cores, no TF32 (comparable with our own fp32 kernels)
 CUDNN_PROPAGATE_NAN = 1
 CUDNN_ACTIVATION_RELU = 1
@@ -46,6 +47,7 @@ CUBLAS_STATUS_SUCCESS = 0
 CUBLAS_OP_N = 0
 CUBLAS_OP_T = 1
 CUBLAS_DEFAULT_MATH = 0  # fp32 stays fp32 (TF32 only with CUBLAS_TF32_TENSOR_OP_MATH)
+CUBLAS_TF32_TENSOR_OP_MATH = 3
 
 # cuda.h
 CU_STREAM_WAIT_VALUE_GEQ = 0  # wait until (int32_t)(*addr - value) >= 0
@@ -113,6 +115,7 @@ CUBLAS_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "cublasDestroy_v2": (I, [P]),
     "cublasSetStream_v2": (I, [P, P]),
     "cublasSetMathMode": (I, [P, I]),
+    "cublasSetWorkspace_v2": (I, [P, P, c_size_t]),  # handle, device buffer, bytes
     "cublasGetStatusString": (c_char_p, [I]),
     # handle, transa, transb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc   (column-major)
     "cublasSgemm_v2": (I, [P, I, I, I, I, I, P, P, I, P, I, P, P, I]),

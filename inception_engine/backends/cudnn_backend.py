@@ -2,7 +2,15 @@
 
 Everything is set up once, at init: one device arena (the plan's), one weight block, one workspace, one
 descriptor per view, and per convolution the algorithm cudnnFindConvolutionForwardAlgorithmEx measured fastest among
-those that run in plain fp32 (CUDNN_FMA_MATH: no tensor cores, no TF32, like our own kernels).
+those that run in the precision asked for: "fp32" (the default) allows plain FMA math only (CUDNN_FMA_MATH, cuBLAS
+default math: no tensor cores, no TF32, like our own kernels); "tf32" allows TF32 tensor-core math as well (each
+layer runs the math type Find measured for its algorithm; cuBLAS in CUBLAS_TF32_TENSOR_OP_MATH).
+
+Then one eager forward, and (``graph=True``, the default) the whole forward, every cuDNN and cuBLAS call on the
+backend's stream, is captured once into a CUDA graph that each forward replays: the host's ~10 us per cuDNN call no
+longer bounds small batches, so timings compare cuDNN's kernels with ours. If capture fails the backend runs eagerly
+and says why in ``graph_fallback`` (never silently). cuBLAS gets a workspace of its own (cublasSetWorkspace) so that
+nothing is allocated inside the capture.
 
 Concat costs nothing: a tensor descriptor with explicit strides (n-stride = C_total * H * W) describes a channel
 slice of a concat buffer, so convolutions and pools write straight into their slice. Ops:
@@ -19,8 +27,9 @@ slice of a concat buffer, so convolutions and pools write straight into their sl
 
 Timing (``time_forward``, ``time_layers``) is device time between CUDA events with the input already on the device
 (the input upload and the logits download are the same for every GPU backend and are left out), as in the cuda
-backend. Ops are called from Python one by one (no CUDA graph), so at small batch sizes the host's cost per cuDNN call
-can bound ``time_forward``; ``time_layers`` holds the stream behind a gate so that it measures GPU time only.
+backend. Eagerly (``graph=False``) ops are called from Python one by one, so at small batch sizes the host's cost per
+cuDNN call can bound ``time_forward``; ``time_layers`` always runs ops one by one and holds the stream behind a gate
+so that it measures GPU time only.
 """
 
 from __future__ import annotations
@@ -35,11 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from ..cudnn_api import (CUBLAS_DEFAULT_MATH, CUBLAS_OP_N, CUBLAS_OP_T, CUDNN_ACTIVATION_RELU, CUDNN_CROSS_CORRELATION,
-                         CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
+from ..cudnn_api import (CUBLAS_DEFAULT_MATH, CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_TF32_TENSOR_OP_MATH,
+                         CUDNN_ACTIVATION_RELU, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH,
+                         CUDNN_FMA_MATH, CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
                          CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, CUDNN_POOLING_MAX, CUDNN_PROPAGATE_NAN,
-                         CUDNN_TENSOR_NCHW, CU_STREAM_WAIT_VALUE_GEQ, FWD_ALGOS, ConvFwdAlgoPerf, CudnnError,
-                         Library, load_cublas, load_cuda_driver, load_cudnn)
+                         CUDNN_TENSOR_NCHW, CUDNN_TENSOR_OP_MATH, CU_STREAM_WAIT_VALUE_GEQ, FWD_ALGOS,
+                         ConvFwdAlgoPerf, CudnnError, Library, load_cublas, load_cuda_driver, load_cudnn)
+from ..cuda_graph import CudaGraph
 from ..errors import BackendUnavailable, EngineError
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
@@ -47,6 +58,15 @@ from ..weights import Weights
 F32 = 4  # bytes
 ALIGN_BYTES = 256
 GATED_ITERS = 32  # time_layers: iterations enqueued behind one closed gate (the stream's queue is finite)
+CUBLAS_WORKSPACE_BYTES = 32 << 20  # what the cuBLAS docs recommend for Hopper; set explicitly for graph capture
+
+PRECISIONS = ("fp32", "tf32")
+MATH_NAMES = {CUDNN_DEFAULT_MATH: "default", CUDNN_TENSOR_OP_MATH: "tensor_op", CUDNN_FMA_MATH: "fma"}
+# precision -> (math type set on every convolution descriptor for Find, math types a Find result may have,
+#               cuBLAS math mode). TENSOR_OP_MATH_ALLOW_CONVERSION (fp32 -> fp16) is never allowed.
+MATH = {"fp32": (CUDNN_FMA_MATH, (CUDNN_FMA_MATH,), CUBLAS_DEFAULT_MATH),
+        "tf32": (CUDNN_TENSOR_OP_MATH, (CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH, CUDNN_FMA_MATH),
+                 CUBLAS_TF32_TENSOR_OP_MATH)}
 
 
 def _aligned(nbytes: int) -> int:
@@ -113,6 +133,7 @@ class _Conv:
 
 class CudnnBackend:
     name = "cudnn"
+    PRECISIONS = PRECISIONS
 
     @classmethod
     def check_available(cls) -> None:
@@ -132,18 +153,22 @@ class CudnnBackend:
         load_cublas()
 
     def __init__(self, weights: Weights, plan: Plan, algo: str = "find", find_workspace_mib: int = 1024,
-                 device: int = 0):
+                 device: int = 0, graph: bool = True, precision: str = "fp32"):
         """``algo``: "find" (fastest per layer, measured) or one cuDNN algorithm for every layer, by name
         (``FWD_ALGOS``: "implicit_gemm", "implicit_precomp_gemm", ...). ``find_workspace_mib`` caps the workspace
-        an algorithm may need during the search (and so the one kept)."""
+        an algorithm may need during the search (and so the one kept). ``graph``: replay the forward as one CUDA
+        graph (eager if capture fails; ``graph_fallback`` says why). ``precision``: "fp32" or "tf32"."""
         if algo != "find" and algo not in FWD_ALGOS:
             raise ValueError(f"algo must be 'find' or one of {', '.join(FWD_ALGOS)}, got {algo!r}")
+        if precision not in PRECISIONS:
+            raise EngineError(f"the cudnn backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         if not _is_whole(plan.input):
             raise ValueError("the plan's input must be a whole buffer")
         import pycuda.driver as drv
 
         self.plan = plan
         self.algo = algo
+        self.precision = precision
         self._drv = drv
         self._cudnn = load_cudnn()
         self._cublas = load_cublas()
@@ -153,10 +178,15 @@ class CudnnBackend:
         self._destroy: list[tuple[Library, str, c_void_p]] = []  # (library, destroy function, handle)
         self._descs: dict[View, c_void_p] = {}
         self.algos: dict[str, str] = {}  # conv op -> the cuDNN algorithm it runs
+        self.math: dict[str, str] = {}  # conv op -> the math type it runs ("fma", "default", "tensor_op")
         self.unfused: list[str] = []  # conv ops the fused call refused, run as convolution + bias + ReLU
+        self.graph_fallback: str | None = None  # why a graph was asked for and the forward runs eagerly
+        self._graph: CudaGraph | None = None
         try:
             with self._active():
                 self._setup(weights, find_workspace_mib << 20)
+                if graph:
+                    self._capture()
         except BaseException:
             self.close()
             raise
@@ -180,12 +210,15 @@ class CudnnBackend:
         self._cudnn.call("cudnn init", "cudnnSetStream", self._handle, self._stream.handle)
         self._blas = self._own(self._cublas, "cublasDestroy_v2", self._cublas.create("cublas init", "cublasCreate_v2"))
         self._cublas.call("cublas init", "cublasSetStream_v2", self._blas, self._stream.handle)
-        self._cublas.call("cublas init", "cublasSetMathMode", self._blas, CUBLAS_DEFAULT_MATH)
+        self._cublas.call("cublas init", "cublasSetMathMode", self._blas, MATH[self.precision][2])
         self._one, self._zero = c_float(1.0), c_float(0.0)  # host scalars, passed by address
 
         plan = self.plan
         self._arena_bytes = plan.arena_elems * F32
         self._arena = self._alloc(self._arena_bytes)
+        # after cublasSetStream, which resets the workspace to cuBLAS's own pool
+        self._cublas.call("cublas init", "cublasSetWorkspace_v2", self._blas,
+                          int(self._alloc(CUBLAS_WORKSPACE_BYTES)), CUBLAS_WORKSPACE_BYTES)
         drv.memset_d32(self._arena, 0, plan.arena_elems)  # the algorithm search reads it: finite values
         self._upload_weights(weights)
         self._gate = self._alloc(F32)  # time_layers holds the stream on this word
@@ -208,14 +241,15 @@ class CudnnBackend:
             self._stream.synchronize()
             find_ws.free()
         # Pass 2: one workspace, the largest any chosen algorithm needs; every op bound to its arguments.
-        self._ws_bytes = _aligned(max([ws for _, ws, _ in chosen.values()] + [1]))
+        self._ws_bytes = _aligned(max([ws for _, ws, _, _ in chosen.values()] + [1]))
         ws_ptr = int(self._alloc(self._ws_bytes))
-        self.algos = {name: FWD_ALGOS[algo] for name, (algo, _, _) in chosen.items()}
-        self.unfused = [name for name, (_, _, fused) in chosen.items() if not fused]
+        self.algos = {name: FWD_ALGOS[algo] for name, (algo, _, _, _) in chosen.items()}
+        self.math = {name: MATH_NAMES[math] for name, (_, _, math, _) in chosen.items()}
+        self.unfused = [name for name, (_, _, _, fused) in chosen.items() if not fused]
         self._runs = []
         for op in plan.ops:
             if isinstance(op, ConvOp):
-                algo, _, fused = chosen[op.name]
+                algo, _, _, fused = chosen[op.name]
                 conv = convs[op.name]
                 self._runs.append((conv.fused if fused else conv.unfused)(algo, ws_ptr, self._ws_bytes))
             else:
@@ -336,7 +370,7 @@ class CudnnBackend:
                          lib.create(where, "cudnnCreateConvolutionDescriptor"))
         lib.call(where, "cudnnSetConvolution2dDescriptor", conv, *op.pad, op.stride, op.stride, 1, 1,
                  CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT)
-        lib.call(where, "cudnnSetConvolutionMathType", conv, CUDNN_FMA_MATH)
+        lib.call(where, "cudnnSetConvolutionMathType", conv, MATH[self.precision][0])
         dims = [c_int() for _ in range(4)]
         lib.call(where, "cudnnGetConvolution2dForwardOutputDim", conv, x, w, *map(byref, dims))
         if tuple(d.value for d in dims) != op.dst.dims:
@@ -347,11 +381,13 @@ class CudnnBackend:
                      self._wptr[where + ".bias"], self._relu, ctypes.addressof(self._one),
                      ctypes.addressof(self._zero))
 
-    def _choose_algo(self, conv: _Conv, ws_ptr: int, ws_bytes: int) -> tuple[int, int, bool]:
-        """(algorithm, workspace bytes, fused): the fastest algorithm Find measured (or the one asked for), through
-        the fused call where cuDNN accepts it, else as three calls. Each candidate is tried by running it once (the
-        output is overwritten later)."""
+    def _choose_algo(self, conv: _Conv, ws_ptr: int, ws_bytes: int) -> tuple[int, int, int, bool]:
+        """(algorithm, workspace bytes, math type, fused): the fastest algorithm Find measured (or the one asked
+        for) in a math type the precision allows, through the fused call where cuDNN accepts it, else as three
+        calls. Each candidate is tried by running it once (the output is overwritten later); the convolution
+        descriptor keeps the math type of the one returned."""
         lib, where = self._cudnn, conv.where
+        set_math, allowed, _ = MATH[self.precision]
         if self.algo != "find":
             algo, ws = FWD_ALGOS.index(self.algo), c_size_t()
             lib.call(where, "cudnnGetConvolutionForwardWorkspaceSize", self._handle, conv.x, conv.w, conv.conv,
@@ -359,7 +395,7 @@ class CudnnBackend:
             if ws.value > ws_bytes:
                 raise CudnnError(f"{where}: {self.algo} needs {ws.value >> 20} MiB of workspace, more than the "
                                  f"{ws_bytes >> 20} MiB allowed")
-            candidates = [(algo, ws.value)]
+            candidates = [(algo, ws.value, set_math)]
             found = self.algo
         else:
             count, returned = c_int(), c_int()
@@ -368,22 +404,23 @@ class CudnnBackend:
             lib.call(where, "cudnnFindConvolutionForwardAlgorithmEx", self._handle, conv.x, conv.xp, conv.w,
                      conv.wp, conv.conv, conv.y, conv.yp, count.value, byref(returned), perf, ws_ptr, ws_bytes)
             results = perf[:returned.value]  # fastest first
-            # only plain-FMA results: another math type (tensor cores, TF32) is not what we compare against
-            candidates = [(p.algo, p.memory) for p in results
-                          if p.status == 0 and p.math_type == CUDNN_FMA_MATH and p.memory <= ws_bytes]
+            # fp32: plain-FMA results only (tensor cores / TF32 are not what we compare against there)
+            candidates = [(p.algo, p.memory, p.math_type) for p in results
+                          if p.status == 0 and p.math_type in allowed and p.memory <= ws_bytes]
             found = ", ".join(f"{FWD_ALGOS[p.algo]} status {p.status} math {p.math_type} {p.memory >> 20} MiB"
                               for p in results) or "nothing"
         refused = []
         for fused in (True, False):  # the fused call may refuse what plain convolution (which Find measures) accepts
-            for algo, ws in candidates:
+            for algo, ws, math in candidates:
+                lib.call(where, "cudnnSetConvolutionMathType", conv.conv, math)
                 try:
                     (conv.fused if fused else conv.unfused)(algo, ws_ptr, ws_bytes)()
                 except CudnnError as e:
                     refused.append(str(e))
                     continue
-                return algo, ws, fused
-        raise CudnnError(f"{where}: no cuDNN algorithm runs this convolution in fp32 FMA math (Find: {found}; "
-                         f"{' / '.join(refused) or 'nothing to try'})")
+                return algo, ws, math, fused
+        raise CudnnError(f"{where}: no cuDNN algorithm runs this convolution in {self.precision} "
+                         f"(Find: {found}; {' / '.join(refused) or 'nothing to try'})")
 
     # ---- running ------------------------------------------------------------------------------------------------
 
@@ -399,10 +436,31 @@ class CudnnBackend:
         for run in self._runs:
             run()
 
+    def _capture(self) -> None:
+        """One eager forward first (whatever cuDNN or cuBLAS set up lazily happens outside the capture), then the
+        same calls captured. A failure leaves the backend eager, with the reason in ``graph_fallback``."""
+        self._run_all()
+        self._stream.synchronize()
+        try:
+            self._graph = CudaGraph(self._stream.handle, self._run_all)
+        except EngineError as e:  # CudnnError from a call refused inside the capture, or the driver's refusal
+            self.graph_fallback = f"CUDA-graph capture failed ({' '.join(str(e).split())}); running eagerly"
+        self._stream.synchronize()
+
+    @property
+    def mode(self) -> str:
+        return "graph" if self._graph is not None else "eager"
+
+    def _forward_on_device(self) -> None:
+        if self._graph is not None:
+            self._graph.launch()
+        else:
+            self._run_all()
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         with self._active():
             self._upload(x)
-            self._run_all()
+            self._forward_on_device()
             self._drv.memcpy_dtoh_async(self._host_out, self._out_ptr, self._stream)
             self._stream.synchronize()
         v = self.plan.output
@@ -414,13 +472,13 @@ class CudnnBackend:
         with self._active():
             self._upload(x)
             for _ in range(warmup):
-                self._run_all()
+                self._forward_on_device()
             start, end = self._drv.Event(), self._drv.Event()
             times = []
             for _ in range(iters):
                 self._stream.synchronize()
                 start.record(self._stream)
-                self._run_all()
+                self._forward_on_device()
                 end.record(self._stream)
                 end.synchronize()
                 times.append(start.time_till(end))
@@ -457,9 +515,9 @@ class CudnnBackend:
         return out
 
     def peak_memory_bytes(self) -> int:
-        """Device memory this backend holds: arena + weights + workspace (cuDNN's and cuBLAS's handles not
-        included)."""
-        return self._arena_bytes + self._weights_bytes + self._ws_bytes
+        """Device memory this backend holds: arena + weights + cuDNN's and cuBLAS's workspaces (the handles' own
+        memory and the graph's not included)."""
+        return self._arena_bytes + self._weights_bytes + self._ws_bytes + CUBLAS_WORKSPACE_BYTES
 
     # ---- direct access, for tests that check one op against poisoned memory ------------------------------------
 
@@ -488,6 +546,9 @@ class CudnnBackend:
             stream = getattr(self, "_stream", None)
             if stream is not None:
                 stream.synchronize()
+            if self._graph is not None:  # before the memory its kernels point into is freed
+                self._graph.close()
+                self._graph = None
             for lib, destroy, handle in reversed(self._destroy):
                 getattr(lib.cdll, destroy)(handle)  # status ignored: nothing left to do about it at teardown
             self._destroy.clear()
