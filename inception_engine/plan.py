@@ -6,7 +6,11 @@ concat simply writes at its channel offset in the concat's buffer and no concat 
 
 Memory plan: each buffer is live from the first op that writes it to the last op that reads it; buffers whose
 lifetimes do not overlap share arena space (greedy best-fit over offsets). With ``reuse=False`` every buffer gets
-its own space, which backends that run branches concurrently need.
+its own space. With ``concurrent=True`` lifetimes count in whole *stages* instead of ops: a stage is one Inception
+module (its ops are named "<module>.<branch>") or one op outside the modules, and a buffer is live from its first
+writer's stage to its last reader's stage inclusive. Buffers used in one stage then never share memory, so a backend
+may run the ops of a stage in any order or concurrently (respecting their data dependencies) as long as it joins
+all of them before the next stage starts.
 """
 
 from __future__ import annotations
@@ -125,6 +129,8 @@ class Plan:
     input: View
     output: View  # logits, (N, 1000, 1, 1)
     layers: tuple[Layer, ...] = field(repr=False, default=())
+    stages: tuple[int, ...] = ()  # stage of each op (non-decreasing); see the module docstring
+    concurrent: bool = False  # buffers used within one stage never share memory (concurrent=True or reuse=False)
 
     @property
     def conv_ops(self) -> list[ConvOp]:
@@ -143,8 +149,21 @@ def _align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
+def op_stages(names: list[str]) -> list[int]:
+    """Stage of each op in order: consecutive ops of one module ("Mixed_5b.branch1x1", "Mixed_5b.avg_pool") share
+    a stage; an op whose name has no module prefix is a stage of its own."""
+    stages: list[int] = []
+    prev = None
+    for name in names:
+        module = name.split(".", 1)[0] if "." in name else None
+        same = bool(stages) and module is not None and module == prev
+        stages.append(stages[-1] if same else (stages[-1] + 1 if stages else 0))
+        prev = module
+    return stages
+
+
 def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True,
-               input_size: int = arch.INPUT_SIZE) -> Plan:
+               input_size: int = arch.INPUT_SIZE, concurrent: bool = False) -> Plan:
     if batch < 1:
         raise ValueError(f"batch size must be >= 1, got {batch}")
     layers = list(layers or arch.inception_v3())
@@ -193,6 +212,13 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
         last[home[l.src][0]] = i
     out_name = compute[-1].name
     last[out_name] = len(compute)
+    stages = op_stages([l.name for l in compute])
+    # The time axis of liveness: op indices, or with concurrent=True the stage of the op (-1 and one past the
+    # last stage for the input and the logits, which live outside the forward).
+    if concurrent:
+        at = {-1: -1, len(compute): stages[-1] + 1, **dict(enumerate(stages))}
+    else:
+        at = {i: i for i in range(-1, len(compute) + 1)}
 
     # 3. Offsets: greedy best-fit in order of first write.
     offsets: dict[str, int] = {}
@@ -201,7 +227,7 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
     for b in sorted(first, key=lambda b: first[b]):
         size = _align(batch * chw[b][0] * chw[b][1] * chw[b][2])
         if reuse:
-            live = [x for x in live if last[x[2]] >= first[b]]
+            live = [x for x in live if at[last[x[2]]] >= at[first[b]]]
         live.sort()
         best, cursor = None, 0
         for off, sz, _ in live:
@@ -230,4 +256,5 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
             ops.append(GlobalAvgPoolOp(l.name, view(l.src), view(l.name)))
         elif isinstance(l, FC):
             ops.append(FCOp(l.name, view(l.src), view(l.name)))
-    return Plan(batch, tuple(ops), buffers, arena, view(arch.INPUT), view(out_name), tuple(layers))
+    return Plan(batch, tuple(ops), buffers, arena, view(arch.INPUT), view(out_name), tuple(layers), tuple(stages),
+                concurrent or not reuse)

@@ -77,5 +77,5 @@ def test_kernel_tests_pass_on_the_emulator(emu_lib):
 
 def test_backend_forward_on_the_emulator(emu_lib):
     r = run_emulated(emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest", "--batch", "2",
-                     "--graph", "off", "--input-size", "75")
+                     "--graph", "off", "--concurrent", "on", "--input-size", "75")
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]

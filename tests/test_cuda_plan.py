@@ -98,6 +98,7 @@ def test_launch_specs_match_kernel_signatures_and_views(weights, batch, softmax)
     names = [s.op for s in specs]
     assert list(dict.fromkeys(names)) == [op.name for op in plan.ops] + (["softmax"] if softmax else [])
     by_op = {op.name: op for op in plan.ops}
+    ws_offsets = cb.workspace_layout(plan, configs)[1]
     for s in specs:
         op = by_op.get(s.op)
         if isinstance(op, ConvOp) and s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce":
@@ -105,7 +106,7 @@ def test_launch_specs_match_kernel_signatures_and_views(weights, batch, softmax)
             assert x == ARENA + 4 * (op.src.offset + op.src.c_offset * op.src.h * op.src.w)
             assert w == PARAMS + 4 * offsets[op.name + ".weight"] and b == PARAMS + 4 * offsets[op.name + ".bias"]
             split = configs[op.name].splits > 1
-            assert y == (WS if split else ARENA + 4 * (op.dst.offset + op.dst.c_offset * op.dst.h * op.dst.w))
+            assert y == (WS + 4 * ws_offsets[op.name] if split else ARENA + 4 * (op.dst.offset + op.dst.c_offset * op.dst.h * op.dst.w))
             assert s.args[4:9] == (batch, op.src.channels, op.src.h, op.src.w, op.src.c_total * op.src.h * op.src.w)
             assert s.kernel == f"conv_{op.kernel[0]}x{op.kernel[1]}_{configs[op.name].tile.name}"
             assert s.args[-1] == 1  # ReLU on every conv
@@ -115,10 +116,10 @@ def test_launch_specs_match_kernel_signatures_and_views(weights, batch, softmax)
             assert s.args[-2:] == (int(op.kind == "max"), int(op.count_include_pad))
         elif isinstance(op, GlobalAvgPoolOp):
             assert s.grid[0] * cb.THREADS // 32 >= batch * 2048
-    ws_need = cb.workspace_elems(plan, configs)
+    ws_need, ws_offsets = cb.workspace_layout(plan, configs)
     for op in plan.conv_ops:
         cfg = configs[op.name]
-        assert cfg.splits == 1 or cfg.splits * op.dst.channels * batch * op.dst.h * op.dst.w <= ws_need
+        assert cfg.splits == 1 or ws_offsets[op.name] + cfg.splits * op.dst.channels * batch * op.dst.h * op.dst.w <= ws_need
     if softmax:
         assert specs[-1].kernel == "softmax_rows" and specs[-1].args[1] == PROBS
 
@@ -149,3 +150,70 @@ def test_graph_without_driver_is_one_line():
         assert "libcuda.so.1" in str(e) and "\n" not in str(e)
     else:
         pytest.skip("the CUDA driver is installed here")
+
+
+def view_ranges(v) -> list[tuple[int, int]]:
+    """Arena element ranges [a, b) a view covers: one run of channels * H * W per image."""
+    hw = v.h * v.w
+    return [(v.offset + (n * v.c_total + v.c_offset) * hw, v.offset + (n * v.c_total + v.c_offset + v.channels) * hw)
+            for n in range(v.n)]
+
+
+def clash(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    return any(x0 < y1 and y0 < x1 for x0, x1 in a for y0, y1 in b)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_concurrent_schedule_orders_every_memory_conflict(batch):
+    """Independently of the names the scheduler reasons with: any two ops of one stage whose arena or split-K
+    workspace ranges overlap, one of them writing, must be ordered by stream order or event waits (transitively).
+    Ops of different stages are ordered by the join at each stage's end."""
+    plan = build_plan(batch, concurrent=True)
+    assert plan.concurrent and len(plan.stages) == len(plan.ops)
+    configs = cb.choose_configs(plan, 132)
+    _, ws_offsets = cb.workspace_layout(plan, configs)
+    sched = cb.schedule(plan)
+    reads, writes = [], []
+    for op in plan.ops:
+        w = view_ranges(op.dst)
+        cfg = configs.get(op.name)
+        if cfg is not None and cfg.splits > 1:  # the workspace, as a range far above the arena
+            base = plan.arena_elems + ws_offsets[op.name]
+            w.append((base, base + cfg.splits * op.dst.channels * batch * op.dst.h * op.dst.w))
+        reads.append(view_ranges(op.src))
+        writes.append(w)
+    before: dict[int, set[int]] = {}  # op -> ops of its stage that finish before it starts
+    last_on: dict[tuple[int, int], int] = {}
+    for i, s in enumerate(sched):
+        prev = last_on.get((plan.stages[i], s.stream))
+        direct = set(s.waits) | ({prev} if prev is not None else set())
+        assert all(plan.stages[j] == plan.stages[i] for j in direct)
+        before[i] = set().union(direct, *(before[j] for j in direct))
+        last_on[(plan.stages[i], s.stream)] = i
+    conflicts = 0
+    for i in range(len(plan.ops)):
+        for j in range(i):
+            if plan.stages[i] != plan.stages[j]:
+                continue
+            if clash(writes[i], writes[j]) or clash(writes[i], reads[j]) or clash(reads[i], writes[j]):
+                conflicts += 1
+                assert j in before[i], f"{plan.ops[j].name} and {plan.ops[i].name} may run at once"
+    assert conflicts > 0  # the branch chains themselves
+    streams = max(s.stream for s in sched) + 1
+    assert streams >= 4, "every module's branches should run side by side"
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_concurrent_plan_never_shares_memory_within_a_stage(batch):
+    plan = build_plan(batch, concurrent=True)
+    stage_of = {}
+    for i, op in enumerate(plan.ops):
+        for v in (op.src, op.dst):
+            stage_of.setdefault(v.buffer, set()).add(plan.stages[i])
+    bufs = list(plan.buffers.values())
+    for a in bufs:
+        for b in bufs:
+            if a.name < b.name and stage_of.get(a.name, set()) & stage_of.get(b.name, set()):
+                assert a.offset + a.elems <= b.offset or b.offset + b.elems <= a.offset, (a.name, b.name)
+    # reuse still works across stages: far below one buffer per tensor
+    assert plan.arena_elems < build_plan(batch, reuse=False).arena_elems / 2

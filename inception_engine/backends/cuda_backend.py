@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
-from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
+from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan
 from ..weights import Weights
 
 THREADS = 256  # every kernel's block size (conv.cu's tiles are 256 threads too)
@@ -120,14 +120,64 @@ def choose_configs(plan: Plan, num_sms: int) -> dict[str, ConvConfig | None]:
     return configs
 
 
-def workspace_elems(plan: Plan, configs: dict[str, ConvConfig | None]) -> int:
-    """Floats of split-K workspace: the largest splits x Cout x N over all ops (they run one after another)."""
-    need = 0
-    for op in plan.ops:
+def workspace_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[int, dict[str, int]]:
+    """(floats of split-K workspace, element offset of each split op's slice of splits x Cout x N floats).
+
+    Ops that may run at the same time get disjoint slices: all ops of one stage when the plan is concurrent, so a
+    stage needs the sum of its ops' slices; else ops run one after another and every slice starts at 0.
+    """
+    need, offsets, used, stage = 0, {}, 0, None
+    for i, op in enumerate(plan.ops):
         cfg = configs.get(op.name)
-        if cfg is not None and cfg.splits > 1:
-            need = max(need, cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w)
-    return need
+        if cfg is None or cfg.splits == 1:
+            continue
+        if not plan.concurrent or plan.stages[i] != stage:
+            used, stage = 0, plan.stages[i]
+        offsets[op.name] = used
+        used += -(-cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w // ALIGN) * ALIGN
+        need = max(need, used)
+    return need, offsets
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """Where one op runs in a concurrent forward."""
+
+    stream: int  # 0 is the main stream, which forks every stage to the others and joins them at its end
+    waits: tuple[int, ...]  # earlier ops of the same stage, on other streams, that must finish first
+
+
+def _overlap(a: View, b: View) -> bool:
+    return a.buffer == b.buffer and bool(range(max(a.c_offset, b.c_offset),
+                                              min(a.c_offset + a.channels, b.c_offset + b.channels)))
+
+
+def depends(later: Any, earlier: Any) -> bool:
+    """Whether op ``later`` must wait for op ``earlier``: it reads what ``earlier`` writes, or writes what it reads
+    or writes. By buffer name and channels, which is exact within a stage of a concurrent plan (no two buffers
+    used in one stage share memory)."""
+    return (_overlap(later.src, earlier.dst) or _overlap(later.dst, earlier.src)
+            or _overlap(later.dst, earlier.dst))
+
+
+def schedule(plan: Plan) -> list[Scheduled]:
+    """Streams for the ops of each stage, one per op of ``plan.ops``. An op with no dependency in its stage starts
+    a new stream (the stage's first op takes the main stream); an op whose latest dependency is the last op so far
+    on that op's stream continues that stream (a branch's chain of convs stays on one stream); any other op starts
+    a new stream and waits for its dependencies by events. Streams are numbered afresh in each stage."""
+    out: list[Scheduled] = []
+    start = 0
+    tails: dict[int, int] = {}  # stream -> last op placed on it in this stage
+    for i, op in enumerate(plan.ops):
+        if i and plan.stages[i] != plan.stages[i - 1]:
+            start, tails = i, {}
+        deps = [j for j in range(start, i) if depends(op, plan.ops[j])]
+        stream = len(tails)
+        if deps and tails[out[deps[-1]].stream] == deps[-1]:
+            stream = out[deps[-1]].stream
+        tails[stream] = i
+        out.append(Scheduled(stream, tuple(j for j in deps if out[j].stream != stream)))
+    return out
 
 
 def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
@@ -265,21 +315,24 @@ def softmax_spec(logits: View, arena: int, probs: int) -> LaunchSpec:
 
 def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, params: int,
                  offsets: dict[str, int], ws: int, probs: int | None = None) -> list[LaunchSpec]:
-    """The whole forward as launches, in plan order. probs: where softmax writes, None for logits only."""
+    """The whole forward as launches, in plan order. ws: the split-K workspace (``workspace_layout``'s size);
+    probs: where softmax writes, None for logits only."""
     specs: list[LaunchSpec] = []
+    ws_offsets = workspace_layout(plan, configs)[1]
     for op in plan.ops:
         if isinstance(op, (ConvOp, FCOp)):
             w, b = params + 4 * offsets[op.name + ".weight"], params + 4 * offsets[op.name + ".bias"]
+            ws_op = ws + 4 * ws_offsets.get(op.name, 0)
         if isinstance(op, ConvOp):
             cfg = configs[op.name]
             assert cfg is not None
-            specs += conv_specs(op.name, op.src, op.dst, op.kernel, op.stride, op.pad, True, cfg, arena, w, b, ws)
+            specs += conv_specs(op.name, op.src, op.dst, op.kernel, op.stride, op.pad, True, cfg, arena, w, b, ws_op)
         elif isinstance(op, PoolOp):
             specs.append(pool_spec(op, arena))
         elif isinstance(op, GlobalAvgPoolOp):
             specs.append(gap_spec(op, arena))
         elif isinstance(op, FCOp):
-            specs += fc_specs(op, configs[op.name], arena, w, b, ws)
+            specs += fc_specs(op, configs[op.name], arena, w, b, ws_op)
     if probs is not None:
         specs.append(softmax_spec(plan.output, arena, probs))
     return specs
@@ -371,8 +424,17 @@ class CudaBackend:
             raise BackendUnavailable(f"nvcc (the CUDA compiler) is not on PATH and no compiled kernels for "
                                      f"{arch} are cached; install the CUDA toolkit or put its bin/ on PATH")
 
-    def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0):
-        """softmax: forward returns probabilities (softmax on the GPU) instead of logits."""
+    def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
+                 concurrent: bool | None = None):
+        """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
+        branches of each Inception module on several streams (``schedule``); default: with the graph only, where
+        the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
+        rebuilt so."""
+        self.concurrent = graph if concurrent is None else concurrent
+        if self.concurrent and not plan.concurrent:
+            if not plan.layers:
+                raise ValueError("a concurrent cuda backend needs a plan from build_plan (it has no layers)")
+            plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
         if plan.arena_elems >= 2**31:
             raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
                               f"use a smaller batch")
@@ -385,6 +447,9 @@ class CudaBackend:
         self._graph: Any = None
         self._sleep: Any = None
         self._launches: list[Launch] = []
+        self._streams: list[Any] = []
+        self._stages: list[tuple[Any, list[tuple[Any, Any, list[Any], list[Launch]]], list[tuple[Any, Any]]]] = []
+        self._tail: list[Launch] = []
         self._host: list[Any] = []
         self._closed = False
         try:
@@ -419,7 +484,7 @@ class CudaBackend:
         params, offsets = pack_params(weights, plan, self.configs)
         self._arena = self._alloc(plan.arena_elems)
         self._params = self._alloc(params.size)
-        self._ws = self._alloc(workspace_elems(plan, self.configs))
+        self._ws = self._alloc(workspace_layout(plan, self.configs)[0])
         self._probs = self._alloc(plan.batch * plan.output.channels) if softmax else None
         drv.memset_d32(self._arena, NAN_BITS, plan.arena_elems)
         drv.memcpy_htod(self._params, params)
@@ -433,14 +498,54 @@ class CudaBackend:
         self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs)
         self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
         self._sleep = kernels["gpu_sleep"]
+        if self.concurrent:
+            self._setup_streams(drv)
         if self.graph_mode:
             from ..cuda_graph import CudaGraph
 
             self._graph = CudaGraph(self._stream.handle, self._launch_all)
 
-    def _launch_all(self) -> None:
+    def _setup_streams(self, drv: Any) -> None:
+        """Streams and events for ``schedule(plan)``: per op its launches, stream and the events it waits for;
+        per stage a fork event and the join events of its side streams. Events are recorded anew each forward."""
+        plan, sched = self.plan, schedule(self.plan)
+        by_op: dict[str, list[Launch]] = {}
         for launch in self._launches:
-            launch(self._stream)
+            by_op.setdefault(launch.spec.op, []).append(launch)
+        self._streams = [self._stream] + [drv.Stream(1) for _ in range(max(s.stream for s in sched))]
+        flags = drv.event_flags.DISABLE_TIMING
+        done = {j: drv.Event(flags) for s in sched for j in s.waits}
+        for stage in sorted(set(plan.stages)):
+            ops = [i for i, st in enumerate(plan.stages) if st == stage]
+            side = sorted({sched[i].stream for i in ops} - {0})
+            steps = [(self._streams[sched[i].stream], done.get(i), [done[j] for j in sched[i].waits],
+                      by_op.get(plan.ops[i].name, [])) for i in ops]
+            self._stages.append((drv.Event(flags), steps, [(self._streams[k], drv.Event(flags)) for k in side]))
+        self._tail = [launch for launch in self._launches if launch.spec.op not in {op.name for op in plan.ops}]
+
+    def _launch_all(self) -> None:
+        if not self.concurrent:
+            for launch in self._launches:
+                launch(self._stream)
+            return
+        main = self._stream
+        for fork, steps, joins in self._stages:
+            if joins:
+                fork.record(main)
+                for stream, _ in joins:
+                    stream.wait_for_event(fork)
+            for stream, done, waits, launches in steps:
+                for event in waits:
+                    stream.wait_for_event(event)
+                for launch in launches:
+                    launch(stream)
+                if done is not None:
+                    done.record(stream)
+            for stream, join in joins:
+                join.record(stream)
+                main.wait_for_event(join)
+        for launch in self._tail:
+            launch(main)
 
     def _run(self) -> None:
         if self._graph is not None:
@@ -537,6 +642,7 @@ class CudaBackend:
         self._host = []
         self._x_host = self._y_host = None
         self._launches = []
+        self._stages, self._tail, self._streams = [], [], []
         self._sleep = None
 
     def close(self) -> None:
@@ -582,21 +688,21 @@ def top5_agree(got: np.ndarray, ref: np.ndarray) -> bool:
     return all(a == b or abs(ref[a] - ref[b]) <= noise for a, b in zip(gi, ri))
 
 
-def selftest(batch: int, graph: bool, input_size: int, seed: int = 0) -> bool:
-    from ..plan import build_plan
+def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None) -> bool:
     from .numpy_backend import NumpyBackend
 
     weights = he_weights(seed)
     plan = build_plan(batch, weights.layers(), input_size=input_size)
     x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
-    with CudaBackend(weights, plan, graph=graph) as backend:
+    with CudaBackend(weights, plan, graph=graph, concurrent=concurrent) as backend:
         got = backend.forward(x)
-        launches = len(backend.specs)
+        launches, streams = len(backend.specs), max(1, len(backend._streams))
     ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
     err = rel_l2(got, ref)
     same_top5 = all(top5_agree(g, r) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= 1e-4 and same_top5
-    print(f"cuda selftest: batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, {launches} launches: "
+    print(f"cuda selftest: batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, {launches} launches "
+          f"on {streams} stream(s): "
           f"rel L2 {err:.2e}, top-5 {'same' if same_top5 else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok
 
@@ -606,10 +712,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--selftest", action="store_true", required=True, help="one forward vs the NumPy reference")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--graph", choices=("on", "off"), default="on")
+    p.add_argument("--concurrent", choices=("on", "off", "auto"), default="auto",
+                   help="branches on several streams (auto: with the graph only)")
     p.add_argument("--input-size", type=int, default=299, help="smaller images make sanitizer runs faster")
     args = p.parse_args(argv)
+    concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
     try:
-        return 0 if selftest(args.batch, args.graph == "on", args.input_size) else 1
+        return 0 if selftest(args.batch, args.graph == "on", args.input_size, concurrent=concurrent) else 1
     except EngineError as e:
         print(f"cuda selftest: {e}", file=sys.stderr)
         return 2

@@ -32,6 +32,10 @@ class device_attribute:  # noqa: N801 (pycuda's name)
     MULTIPROCESSOR_COUNT = "MULTIPROCESSOR_COUNT"
 
 
+class event_flags:  # noqa: N801 (pycuda's name)
+    DISABLE_TIMING = 2
+
+
 def init() -> None:
     pass
 
@@ -49,6 +53,8 @@ class Context:
 
     @staticmethod
     def pop() -> None:
+        if not Context.stack:
+            raise Error("cannot pop context from empty stack")
         Context.stack.pop()
 
     @staticmethod
@@ -153,8 +159,16 @@ class Stream:
     def synchronize(self) -> None:
         _need_context()
 
+    def wait_for_event(self, event: "Event") -> None:
+        _need_context()
+        if not hasattr(event, "t"):
+            raise Error("waiting for an event never recorded")
+
 
 class Event:
+    def __init__(self, flags: int = 0):
+        self.flags = flags
+
     def record(self, stream: Stream | None = None) -> None:
         _need_context()
         self.t = time.perf_counter()
@@ -163,6 +177,8 @@ class Event:
         pass
 
     def time_since(self, start: "Event") -> float:
+        if (self.flags | start.flags) & event_flags.DISABLE_TIMING:
+            raise Error("timing an event created with DISABLE_TIMING")
         return (self.t - start.t) * 1e3
 
 
