@@ -251,7 +251,7 @@ def test_fc_matches_loops(n):
     (1, 147, 147, 64, 2), (3, 17, 17, 192, 2), (3, 9, 9, 96, 4), (8, 4, 4, 384, 3), (1, 4, 4, 384, 2),
     (1, 17, 17, 20, 2), (2, 1, 1, 1000, 3), (1, 35, 35, 64, 1)])
 def test_split_work_covers_every_output_once(images, rows, per_row, channels, parts):
-    pieces = split_work(images, rows, per_row, channels, parts)
+    pieces = split_work(images, rows, per_row, channels, parts, parts)
     assert 1 <= len(pieces) <= parts
     covered = np.zeros((channels, images, rows), int)
     for channel_slice, spans in pieces:
@@ -275,7 +275,7 @@ def test_conv_parts_as_the_backend_splits_them(case, parts, winograd, monkeypatc
     buf, out = poisoned_slice(rng, ref.shape, np.float64)
     rows, per_row = numpy_backend.conv_row_units(kernel, stride, pad, (h, w), winograd)
     monkeypatch.setattr(numpy_backend, "MIN_PART_OUTPUTS", 1)  # small test layers: still cut along rows
-    for channels, spans in split_work(n, rows, per_row, o, parts):
+    for channels, spans in split_work(n, rows, per_row, o, parts, parts):
         scratch = numpy_backend.Scratch(np.dtype(np.float64))
         conv = numpy_backend._prepare_conv(wt[channels], b[channels], x.shape, stride, pad, True, winograd, scratch,
                                            spans)

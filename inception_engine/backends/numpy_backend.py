@@ -67,6 +67,17 @@ class Scratch:
         return self.buffers[key]
 
 
+@dataclass
+class _Keyed:
+    """A Scratch's zeroed buffers under a key prefix: parts of one conv that may run at once get their own."""
+
+    scratch: Scratch
+    prefix: str
+
+    def zeroed(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
+        return self.scratch.zeroed(self.prefix + key, shape)
+
+
 def _im2col(xp: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], ho: int, wo: int,
             cols: np.ndarray) -> None:
     """xp (C, Hp, Wp), already padded -> cols (kh * kw * C, ho * wo), rows in (ki, kj, c) order: each kernel tap
@@ -99,14 +110,14 @@ class _InputRows:
         return self.buffer, self.start
 
 
-def _input_rows(scratch: Scratch, c: int, h: int, w: int, pad: tuple[int, int], start: int, stop: int,
+def _input_rows(padding: Scratch | _Keyed, c: int, h: int, w: int, pad: tuple[int, int], start: int, stop: int,
                 padded_w: int) -> _InputRows:
     ph, pw = pad
     inside = slice(max(0, start - ph), min(h, stop - ph))
     if ph == pw == 0 and stop <= h and padded_w <= w:
         return _InputRows(None, 0, inside, inside, 0)
     key = f"pad:{c}x{h}x{w}+{ph},{pw}:{start}-{stop}x{padded_w}"  # same key, same interior: borders stay 0
-    buffer = scratch.zeroed(key, (c, stop - start, padded_w))
+    buffer = padding.zeroed(key, (c, stop - start, padded_w))
     return _InputRows(buffer, start, inside, slice(inside.start + ph - start, inside.stop + ph - start), pw)
 
 
@@ -135,10 +146,11 @@ class _Span:
     inputs: _InputRows
 
 
-def _spans(scratch: Scratch, in_shape: tuple[int, ...], pad: tuple[int, int], spans: list[tuple[int, range]],
-           input_rows: Callable[[range], tuple[int, int]], padded_w: int) -> list[_Span]:
+def _spans(padding: Scratch | _Keyed, in_shape: tuple[int, ...], pad: tuple[int, int],
+           spans: list[tuple[int, range]], input_rows: Callable[[range], tuple[int, int]],
+           padded_w: int) -> list[_Span]:
     _, c, h, w = in_shape
-    return [_Span(i, rows, _input_rows(scratch, c, h, w, pad, *input_rows(rows), padded_w)) for i, rows in spans]
+    return [_Span(i, rows, _input_rows(padding, c, h, w, pad, *input_rows(rows), padded_w)) for i, rows in spans]
 
 
 @dataclass
@@ -186,7 +198,7 @@ class _DirectConv:
 
 
 def _prepare_direct(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], stride: int, pad: tuple[int, int],
-                    relu: bool, scratch: Scratch, spans: list[tuple[int, range]]) -> _DirectConv:
+                    relu: bool, padding: Scratch | _Keyed, spans: list[tuple[int, range]]) -> _DirectConv:
     _, c, h, wd = in_shape
     o, _, kh, kw = w.shape
     (ph, pw), ho, wo = pad, _out_size(h, kh, stride, pad[0]), _out_size(wd, kw, stride, pad[1])
@@ -198,7 +210,7 @@ def _prepare_direct(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], str
     w2d = np.concatenate([w.transpose(0, 2, 3, 1).reshape(o, -1), b.reshape(o, 1)], axis=1)
     k = w2d.shape[1]
     block = _ceil_div(ho, _ceil_div(k * ho * wo, BLOCK_ELEMS))
-    parts = _spans(scratch, in_shape, pad, spans, lambda r: (r.start * stride, (r.stop - 1) * stride + kh),
+    parts = _spans(padding, in_shape, pad, spans, lambda r: (r.start * stride, (r.stop - 1) * stride + kh),
                    wd + 2 * pw)
     return _DirectConv(w2d, b.reshape(o, 1), (kh, kw), stride, relu, False, parts, block, {"cols": k * block * wo})
 
@@ -347,7 +359,7 @@ class _WinogradConv:
 
 
 def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], pad: tuple[int, int], relu: bool,
-                      scratch: Scratch, spans: list[tuple[int, range]]) -> _WinogradConv:
+                      padding: Scratch | _Keyed, spans: list[tuple[int, range]]) -> _WinogradConv:
     _, c, h, wd = in_shape
     o, _, kh, kw = w.shape
     ho, wo = _out_size(h, kh, 1, pad[0]), _out_size(wd, kw, 1, pad[1])
@@ -362,7 +374,7 @@ def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], p
     block = _ceil_div(th, _ceil_div(th * per_row, BLOCK_ELEMS))
     tiles = block * tw
     work = {"cols": max(nn * c, mm * o) * tiles, "wino_v": nn * c * tiles, "wino_m": (nn + 1) * o * tiles}
-    parts = _spans(scratch, in_shape, pad, spans, lambda r: (r.start * mh, r.stop * mh + kh - 1), tw * mw + kw - 1)
+    parts = _spans(padding, in_shape, pad, spans, lambda r: (r.start * mh, r.stop * mh + kh - 1), tw * mw + kw - 1)
     return _WinogradConv(np.ascontiguousarray(u, w.dtype), bt_h.astype(w.dtype) if kh > 1 else None,
                          bt_w.astype(w.dtype) if kw > 1 else None,
                          np.hstack([np.kron(at_h, at_w), np.ones((mm, 1))]).astype(w.dtype), b.reshape(o, 1),
@@ -370,17 +382,18 @@ def _prepare_winograd(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], p
 
 
 def _prepare_conv(w: np.ndarray, b: np.ndarray, in_shape: tuple[int, ...], stride: int, pad: tuple[int, int],
-                  relu: bool, winograd: bool, scratch: Scratch,
+                  relu: bool, winograd: bool, padding: Scratch | _Keyed,
                   spans: list[tuple[int, range]] | None = None) -> _DirectConv | _WinogradConv:
-    """w (O, C, kh, kw) and b (O,) already in the compute dtype. ``spans``, (image, rows in conv_row_units)
-    pairs, restrict it to part of the output; default all of it."""
+    """w (O, C, kh, kw) and b (O,) already in the compute dtype. ``padding`` lends the zero-bordered input
+    buffers; ``spans``, (image, rows in conv_row_units) pairs, restrict the conv to part of its output (default:
+    all of it). ``run`` takes the work memory (``work`` says how much of each kind)."""
     kernel = w.shape[2:]
     if spans is None:
         rows = range(conv_row_units(kernel, stride, pad, in_shape[2:], winograd)[0])
         spans = [(i, rows) for i in range(in_shape[0])]
     if _uses_winograd(kernel, stride, winograd):
-        return _prepare_winograd(w, b, in_shape, pad, relu, scratch, spans)
-    return _prepare_direct(w, b, in_shape, stride, pad, relu, scratch, spans)
+        return _prepare_winograd(w, b, in_shape, pad, relu, padding, spans)
+    return _prepare_direct(w, b, in_shape, stride, pad, relu, padding, spans)
 
 
 def conv2d_bias_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, pad: tuple[int, int] = (0, 0),
@@ -542,6 +555,9 @@ def usable_cpus() -> int:
 MAX_THREADS = 4
 MIN_PART_CHANNELS = 16
 MIN_PART_OUTPUTS = 32
+# Parts per thread for work that splits without repeating anything (rows, images, channels of a pool or a 1x1
+# GEMM): threads take parts as they finish, so a thread slowed down by another process takes fewer.
+PARTS_PER_THREAD = 2
 
 
 def split_channels(total: int, parts: int) -> list[slice]:
@@ -551,22 +567,24 @@ def split_channels(total: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def split_work(images: int, rows: int, per_row: int, channels: int,
-               parts: int) -> list[tuple[slice, list[tuple[int, range]]]]:
-    """A conv's output in up to ``parts`` pieces of nearly equal work, as (output channels, spans) pairs. Cut
-    along images and rows (each piece reads only the input rows it needs) where every piece still gets
-    MIN_PART_OUTPUTS outputs per channel; else cut the output channels (each piece then reads all the input)."""
-    everything = slice(0, channels)
+def split_work(images: int, rows: int, per_row: int, channels: int, parts: int,
+               channel_parts: int) -> list[tuple[slice, list[tuple[int, range]]]]:
+    """A conv's output in pieces of nearly equal work, as (output channels, spans) pairs. Cut along images and
+    rows (each piece reads only the input rows it needs) into ``parts`` pieces, or failing that into
+    ``channel_parts``, where every piece still gets MIN_PART_OUTPUTS outputs per channel; else cut the output
+    channels into ``channel_parts`` pieces (each then reads, pads and transforms all of the input, so there
+    should be no more of them than threads)."""
     total = images * rows
-    if parts == 1 or total * per_row < parts * MIN_PART_OUTPUTS or total < parts:
-        return [(sl, [(i, range(rows)) for i in range(images)]) for sl in split_channels(channels, parts)]
-    pieces = []
-    for k in range(parts):
-        lo, hi = total * k // parts, total * (k + 1) // parts  # in units of (image, row), image-major
-        spans = [(i, range(max(lo - i * rows, 0), min(hi - i * rows, rows)))
-                 for i in range(lo // rows, _ceil_div(hi, rows))]
-        pieces.append((everything, spans))
-    return pieces
+    for n in (parts, channel_parts):
+        if n > 1 and total >= n and total * per_row >= n * MIN_PART_OUTPUTS:
+            pieces = []
+            for k in range(n):
+                lo, hi = total * k // n, total * (k + 1) // n  # in units of (image, row), image-major
+                spans = [(i, range(max(lo - i * rows, 0), min(hi - i * rows, rows)))
+                         for i in range(lo // rows, _ceil_div(hi, rows))]
+                pieces.append((slice(0, channels), spans))
+            return pieces
+    return [(sl, [(i, range(rows)) for i in range(images)]) for sl in split_channels(channels, channel_parts)]
 
 
 class NumpyBackend:
@@ -594,8 +612,10 @@ class NumpyBackend:
         if threads is None:
             threads = min(usable_cpus(), MAX_THREADS) if openblas_threads() else 1
         self.threads = max(1, threads)
+        self.parts = self.threads * PARTS_PER_THREAD if self.threads > 1 else 1
         self.arena = np.empty(plan.arena_elems, self.dtype)
-        self.scratches = [Scratch(self.dtype) for _ in range(self.threads)]
+        self.scratches = [Scratch(self.dtype) for _ in range(self.threads)]  # work memory, one per thread
+        self.padding = Scratch(self.dtype)  # zero-bordered input buffers, keyed by part
         self._pool = ThreadPoolExecutor(self.threads - 1, "numpy-backend") if self.threads > 1 else None
         steps: list[list[Callable[[], None]]] = [[] for _ in plan.ops]
         replaced: set[int] = set()
@@ -615,15 +635,20 @@ class NumpyBackend:
         buf = self.arena[v.offset:v.offset + n * c * h * w].reshape(n, c, h, w)
         return buf[:, v.c_offset:v.c_offset + v.channels]
 
-    def _together(self, parts: list[Callable[[], None]]) -> Callable[[], None]:
-        """One step that runs ``parts`` at once: the first on the calling thread, the others on the pool."""
+    def _together(self, parts: list[Callable[[Scratch], None]]) -> Callable[[], None]:
+        """One step that runs ``parts``, each given the work memory of the thread that runs it: the calling
+        thread and the pool's take the next part as they finish one (a list iterator hands each out once)."""
         if len(parts) == 1:
-            return parts[0]
-        first, rest = parts[0], parts[1:]
+            return functools.partial(parts[0], self.scratches[0])
 
         def run() -> None:
-            futures = [self._pool.submit(part) for part in rest]
-            first()
+            todo = iter(parts)
+
+            def drain(scratch: Scratch) -> None:
+                for part in todo:
+                    part(scratch)
+            futures = [self._pool.submit(drain, scratch) for scratch in self.scratches[1:]]
+            drain(self.scratches[0])
             for f in futures:
                 f.result()
         return run
@@ -632,7 +657,7 @@ class NumpyBackend:
                     pad: int, count_include_pad: bool) -> list[Callable[[np.ndarray], None]]:
         """Channel parts of a pool into ``dst``, each a function of the input (``in_shape``) it reads."""
         parts = []
-        for sl in split_channels(dst.shape[1], self.threads):
+        for sl in split_channels(dst.shape[1], self.parts):
             pool = _prepare_pool((in_shape[0], sl.stop - sl.start, *in_shape[2:]), kind, kernel, stride, pad,
                                  count_include_pad, self.dtype)
             parts.append(lambda x, pool=pool, sl=sl: pool.run(x[:, sl], dst[:, sl]))
@@ -644,16 +669,18 @@ class NumpyBackend:
             w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
             rows, per_row = conv_row_units(op.kernel, op.stride, op.pad, src.shape[2:], self.fast)
             parts = []
-            for scratch, (sl, spans) in zip(self.scratches, split_work(src.shape[0], rows, per_row, w.shape[0],
-                                                                       self.threads)):
-                conv = _prepare_conv(w[sl], b[sl], src.shape, op.stride, op.pad, True, self.fast, scratch, spans)
+            pieces = split_work(src.shape[0], rows, per_row, w.shape[0], self.parts, self.threads)
+            for k, (sl, spans) in enumerate(pieces):
+                conv = _prepare_conv(w[sl], b[sl], src.shape, op.stride, op.pad, True, self.fast,
+                                     _Keyed(self.padding, f"part{k}/"), spans)
                 for kind, elems in conv.work.items():
-                    scratch.reserve(kind, elems)
-                parts.append(lambda conv=conv, out=dst[:, sl], scratch=scratch: conv.run(src, out, scratch))
+                    for scratch in self.scratches:
+                        scratch.reserve(kind, elems)
+                parts.append(functools.partial(conv.run, src, dst[:, sl]))
             return self._together(parts)
         if isinstance(op, PoolOp):
             pools = self._pool_parts(src.shape, dst, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad)
-            return self._together([lambda pool=pool: pool(src) for pool in pools])
+            return self._together([lambda _, pool=pool: pool(src) for pool in pools])
         if isinstance(op, GlobalAvgPoolOp):
             n, c, h, w = src.shape
             return lambda: np.mean(src.reshape(n, c, h * w), axis=2, out=dst.reshape(n, c))
@@ -684,11 +711,11 @@ class NumpyBackend:
         def product() -> np.ndarray:
             return scratch.take("fused", n * total * h * w).reshape(n, total, h, w)
 
-        def gemm(rows: slice) -> None:
+        def gemm(rows: slice, _: Scratch) -> None:
             np.matmul(stacked[rows], src.reshape(n, c, h * w), out=product().reshape(n, total, h * w)[:, rows])
 
         actions = {group.first: [self._together([functools.partial(gemm, sl)
-                                                 for sl in split_channels(total, self.threads)])]}
+                                                 for sl in split_channels(total, self.parts)])]}
         row = 0
         for i, (wt, b) in zip(group.convs, params):
             rows, dst = slice(row, row + wt.shape[0]), self._view(ops[i].dst)
@@ -698,8 +725,8 @@ class NumpyBackend:
                 p = ops[group.pools[i]]
                 pools = self._pool_parts((n, dst.shape[1], h, w), dst, "avg", p.kernel, 1, p.pad, p.count_include_pad)
                 parts = []
-                for pool, sl in zip(pools, split_channels(dst.shape[1], self.threads)):
-                    def pooled(pool=pool, rows=rows, out=dst[:, sl], bias=bias[sl]) -> None:
+                for pool, sl in zip(pools, split_channels(dst.shape[1], self.parts)):
+                    def pooled(_: Scratch, pool=pool, rows=rows, out=dst[:, sl], bias=bias[sl]) -> None:
                         pool(product()[:, rows])
                         out += bias
                         np.maximum(out, 0, out=out)
@@ -708,8 +735,8 @@ class NumpyBackend:
                 actions.setdefault(i, [])
             else:
                 parts = []
-                for sl in split_channels(dst.shape[1], self.threads):
-                    def finish(rows=slice(rows.start + sl.start, rows.start + sl.stop), out=dst[:, sl],
+                for sl in split_channels(dst.shape[1], self.parts):
+                    def finish(_: Scratch, rows=slice(rows.start + sl.start, rows.start + sl.stop), out=dst[:, sl],
                                bias=bias[sl]) -> None:
                         np.add(product()[:, rows], bias, out=out)
                         np.maximum(out, 0, out=out)
@@ -742,4 +769,5 @@ class NumpyBackend:
             self._pool = None
         self.arena = np.empty(0, self.dtype)
         self.scratches.clear()
+        self.padding.buffers.clear()
         self._steps.clear()
