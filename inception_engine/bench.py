@@ -6,12 +6,19 @@ CUDA events on the GPU, perf_counter on the CPU). Per-layer timing uses an optio
 
     time_layers(x, iters, warmup) -> dict[str, float | list[float]]   # conv op name -> ms (median taken if a list)
 
-and ``peak_memory_bytes() -> int`` where a backend has them.
+and ``peak_memory_bytes() -> int`` where a backend has them. Names may be variants (backends.VARIANTS, e.g.
+"torch-graph"); ``precision`` is passed to backends whose ``PRECISIONS`` hold it, any other row says it has no such
+mode. The float64 reference runs on the first ``reference_images`` images of each batch only (the input's first
+images are the same at every batch size, so it is computed once per slice size), which keeps batch 128 affordable.
+
+Every batch size also gets the chip's two floors: compute (plan FLOPs / peak FLOP/s) and memory (weights once +
+every activation buffer written once, / peak bytes/s); "x floor" is a row's median over the larger of the two.
 """
 
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import json
 import os
@@ -30,12 +37,27 @@ from . import backends
 from .backends.numpy_backend import NumpyBackend
 from .errors import EngineError, WeightsError
 from .images import first_line
-from .plan import Plan, build_plan
+from .plan import ConvOp, FCOp, Plan, build_plan
 from .weights import ENV_VAR, Weights, atomic_write, candidate_paths, find_weights, load_weights
 
 ORT = "onnxruntime"
 INPUT_SEED = 0
 SYNTHETIC_SEED = 0
+PRECISIONS = ("fp32", "tf32", "fp16")
+FP32_PEAK_TFLOPS = 51.3  # fp32 SGEMM 8192^3, TF32 off, measured on the lent H200 (docs/PERFORMANCE.md)
+PEAK_GBS = 4300.0  # device-to-device copy, bytes read + written, same H200
+REFERENCE_IMAGES = 2
+CPU_ROWS = ("cpu", ORT)
+DESCRIPTIONS = {
+    "cpu": "NumPy on the CPU",
+    "cuda": "own kernels, one CUDA graph per forward",
+    "cuda-eager": "own kernels, launched one by one",
+    "cudnn": "cuDNN + cuBLAS, one CUDA graph per forward",
+    "cudnn-eager": "cuDNN + cuBLAS, called one by one from Python",
+    "torch": "PyTorch eager",
+    "torch-graph": "PyTorch, CUDA-graph replay",
+    ORT: "onnxruntime on the CPU",
+}
 
 Progress = Callable[[str], None]
 
@@ -51,7 +73,11 @@ class Row:
     p99_ms: float | None = None
     images_per_s: float | None = None
     peak_memory_bytes: int | None = None
-    rel_l2: float | None = None  # ||logits - reference|| / ||reference||, reference in float64
+    rel_l2: float | None = None  # ||logits - reference|| / ||reference||, reference in float64, first images only
+    top1_agree: int | None = None  # of the ``ref_images`` checked, how many have the reference's top-1 class
+    ref_images: int | None = None
+    x_floor: float | None = None  # median / the larger of the batch's compute and memory floors
+    graph_fallback: str | None = None  # the backend was asked for a CUDA graph and runs eagerly: why
     speedup_vs_cudnn: float | None = None  # cudnn median / this median, same batch
     ratio_vs_onnxruntime: float | None = None  # this median / onnxruntime median, same batch (CPU row only)
 
@@ -68,6 +94,30 @@ class LayerTime:
 
 
 @dataclass
+class Floor:
+    """The chip's two lower bounds on one forward at one batch size."""
+
+    batch: int
+    flops: int
+    bytes: int  # weights once + every activation buffer once, in the precision's element size
+    compute_ms: float | None  # None: no peak FLOP/s known for this precision
+    memory_ms: float
+
+    @property
+    def ms(self) -> float:
+        return max(self.compute_ms or 0.0, self.memory_ms)
+
+
+def floor(plan: Plan, weights: Weights, precision: str, peak_tflops: float | None, peak_gbs: float) -> Floor:
+    elem = 2 if precision == "fp16" else 4
+    params = sum(weights.arrays[f"{op.name}.{part}"].size for op in plan.ops if isinstance(op, (ConvOp, FCOp))
+                 for part in ("weight", "bias"))
+    nbytes = elem * (params + sum(b.elems for b in plan.buffers.values()))
+    compute_ms = None if peak_tflops is None else plan.flops / (peak_tflops * 1e12) * 1e3
+    return Floor(plan.batch, plan.flops, nbytes, compute_ms, nbytes / (peak_gbs * 1e9) * 1e3)
+
+
+@dataclass
 class Report:
     weights: str
     synthetic: bool
@@ -75,17 +125,24 @@ class Report:
     warmup: int
     batch_sizes: list[int]
     backends: list[str]
+    precision: str = "fp32"
+    peak_tflops: float | None = FP32_PEAK_TFLOPS
+    peak_gbs: float = PEAK_GBS
+    reference_images: int | None = REFERENCE_IMAGES  # None: no reference
     rows: list[Row] = field(default_factory=list)
     layers: list[LayerTime] = field(default_factory=list)
+    floors: list[Floor] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     host: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "weights": self.weights, "synthetic": self.synthetic, "iters": self.iters, "warmup": self.warmup,
-            "batch_sizes": self.batch_sizes, "backends": self.backends,
+            "batch_sizes": self.batch_sizes, "backends": self.backends, "precision": self.precision,
+            "peak_tflops": self.peak_tflops, "peak_gbs": self.peak_gbs, "reference_images": self.reference_images,
             "input": f"standard normal, seed {INPUT_SEED}, float32 (N, 3, 299, 299)", "host": self.host,
             "rows": [asdict(r) for r in self.rows],
+            "floors": [{**asdict(f), "ms": f.ms} for f in self.floors],
             "layers": [{**asdict(l), "gflops": {b: l.gflops(b) for b in l.ms}} for l in self.layers],
             "notes": self.notes,
         }
@@ -130,6 +187,28 @@ def stats_row(backend: str, batch: int, times_ms: list[float]) -> Row:
 def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
     got = np.asarray(got, dtype=np.float64).reshape(ref.shape)
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def check_against(row: Row, out: np.ndarray, ref: np.ndarray | None) -> None:
+    """rel L2 and top-1 agreement of the batch's first images (as many as the reference has) vs the reference."""
+    if ref is None:
+        return
+    k = ref.shape[0]
+    got = np.asarray(out).reshape(-1, ref.shape[1])[:k]
+    row.rel_l2 = rel_l2(got, ref)
+    row.top1_agree = int((got.argmax(axis=1) == ref.argmax(axis=1)).sum())
+    row.ref_images = k
+
+
+def backend_options(name: str, klass: Any, precision: str) -> dict[str, Any] | str:
+    """The keyword options for bench name ``name`` at ``precision``, or the row's status when it cannot run so."""
+    options = backends.variant(name)[1]
+    accepts = "precision" in inspect.signature(klass.__init__).parameters
+    if accepts and precision in getattr(klass, "PRECISIONS", (precision,)):
+        return {**options, "precision": precision}
+    if precision == "fp32" and not accepts:  # a backend without the keyword runs fp32
+        return options
+    return f"unavailable: backend has no {precision} mode"
 
 
 def median_ms(v: float | list[float]) -> float:
@@ -184,14 +263,14 @@ def onnxruntime_peer(onnx_path: str | None, synthetic: bool, tmp: Path, notes: l
         return f"error: onnxruntime cannot load {onnx_path}: {first_line(e)}"
 
 
-def run_backend(name: str, klass: Any, weights: Weights, plan: Plan, x: np.ndarray, ref: np.ndarray | None,
-                iters: int, warmup: int, per_layer: bool) -> tuple[Row, dict[str, float]]:
-    backend = klass(weights, plan)
+def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights, plan: Plan, x: np.ndarray,
+                ref: np.ndarray | None, iters: int, warmup: int, per_layer: bool) -> tuple[Row, dict[str, float]]:
+    backend = klass(weights, plan, **options)
     try:
         out = backend.forward(x)
         row = stats_row(name, plan.batch, backend.time_forward(x, iters, warmup))
-        if ref is not None:
-            row.rel_l2 = rel_l2(out, ref)
+        row.graph_fallback = getattr(backend, "graph_fallback", None)
+        check_against(row, out, ref)
         if hasattr(backend, "peak_memory_bytes"):
             row.peak_memory_bytes = int(backend.peak_memory_bytes())
         layer_ms: dict[str, float] = {}
@@ -204,32 +283,60 @@ def run_backend(name: str, klass: Any, weights: Weights, plan: Plan, x: np.ndarr
 
 def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20, warmup: int = 3,
               weights_path: str | None = None, onnx_path: str | None = None, per_layer: bool = False,
-              reference: bool = True, progress: Progress | None = None) -> Report:
+              reference: bool = True, progress: Progress | None = None, precision: str = "fp32",
+              peak_tflops: float | None = None, peak_gbs: float = PEAK_GBS,
+              reference_images: int = REFERENCE_IMAGES) -> Report:
+    """``peak_tflops`` None: the measured fp32 peak for fp32, none (no compute floor) for tf32 / fp16."""
     if iters < 1 or warmup < 0:
         raise EngineError(f"--iters must be >= 1 and --warmup >= 0, got {iters} and {warmup}")
     if not backend_names or not batch_sizes or min(batch_sizes) < 1:
         raise EngineError("need at least one backend and batch sizes >= 1")
+    if precision not in PRECISIONS:
+        raise EngineError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if (peak_tflops is not None and peak_tflops <= 0) or peak_gbs <= 0 or reference_images < 1:
+        raise EngineError("--peak-tflops and --peak-gbs must be > 0 and --reference-images >= 1")
     say = progress or (lambda _msg: None)
     notes: list[str] = []
+    if peak_tflops is None and precision == "fp32":
+        peak_tflops = FP32_PEAK_TFLOPS
+    elif peak_tflops is None:
+        notes.append(f"no compute floor: give --peak-tflops (the chip's measured {precision} peak) for one")
     weights, weights_desc, synthetic = pick_weights(weights_path, notes)
-    report = Report(weights_desc, synthetic, iters, warmup, list(batch_sizes), list(backend_names), notes=notes,
-                    host=host_info())
+    report = Report(weights_desc, synthetic, iters, warmup, list(batch_sizes), list(backend_names), precision,
+                    peak_tflops, peak_gbs, reference_images if reference else None, notes=notes, host=host_info())
     classes: dict[str, Any] = {}
+    options: dict[str, dict[str, Any]] = {}
     for name in backend_names:
         try:
-            classes[name] = backends.backend_class(name)
+            classes[name] = backends.backend_class(backends.variant(name)[0])
         except EngineError as e:
             classes[name] = f"unavailable: {e}"
+            continue
+        opts = backend_options(name, classes[name], precision)
+        if isinstance(opts, str):
+            classes[name] = opts
+        else:
+            options[name] = opts
 
+    refs: dict[int, np.ndarray] = {}  # images -> float64 logits of the input's first images
     with tempfile.TemporaryDirectory(prefix="inception-bench-") as tmp:
-        peer = onnxruntime_peer(onnx_path, synthetic, Path(tmp), notes) if "cpu" in backend_names else None
+        peer = None
+        if "cpu" in backend_names:
+            peer = (onnxruntime_peer(onnx_path, synthetic, Path(tmp), notes) if precision == "fp32"
+                    else f"unavailable: the {ORT} peer runs fp32 only")
         for batch in batch_sizes:
             plan = build_plan(batch, weights.layers())
+            report.floors.append(floor(plan, weights, precision, peak_tflops, peak_gbs))
+            # the first k images of this draw are the first k of any batch size's draw (one stream of normals)
             x = np.random.default_rng(INPUT_SEED).standard_normal(plan.input.dims).astype(np.float32)
             ref = None
             if reference:
-                say(f"batch {batch}: float64 NumPy reference")
-                ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
+                k = min(batch, reference_images)
+                if k not in refs:
+                    say(f"float64 NumPy reference on the input's first {k} image(s)")
+                    refs[k] = NumpyBackend(weights, build_plan(k, weights.layers()), dtype=np.float64).forward(
+                        x[:k].astype(np.float64))
+                ref = refs[k]
             layer_times = {op.name: LayerTime(batch, op.name, op.flops) for op in plan.conv_ops}
             for name in backend_names:
                 klass = classes[name]
@@ -238,12 +345,15 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
                     continue
                 say(f"batch {batch}: {name}, {warmup} warm-up + {iters} timed forwards")
                 try:
-                    row, layer_ms = run_backend(name, klass, weights, plan, x, ref, iters, warmup, per_layer)
+                    row, layer_ms = run_backend(name, klass, options[name], weights, plan, x, ref, iters, warmup,
+                                                per_layer)
                 except EngineError as e:
                     row, layer_ms = Row(name, batch, status=f"unavailable: {e}"), {}
                 except Exception as e:  # a backend failing at one batch size must not hide the other rows
                     row, layer_ms = Row(name, batch, status=f"error: {type(e).__name__}: {first_line(e)}"), {}
                 report.rows.append(row)
+                if row.graph_fallback:
+                    notes.append(f"{name}, batch {batch}: {row.graph_fallback}")
                 for layer, ms in layer_ms.items():
                     if layer in layer_times:
                         layer_times[layer].ms[name] = ms
@@ -268,15 +378,19 @@ def run_peer(peer: OnnxRuntimePeer | str, batch: int, x: np.ndarray, ref: np.nda
         row = stats_row(ORT, batch, peer.time_forward(x, iters, warmup))
     except Exception as e:  # onnxruntime's own error types
         return Row(ORT, batch, status=f"error: {first_line(e)}")
-    if ref is not None:
-        row.rel_l2 = rel_l2(out, ref)
+    check_against(row, out, ref)
     return row
 
 
 def compare(report: Report) -> None:
-    """Fill in speed-up vs cudnn and the CPU / onnxruntime ratio, batch by batch."""
+    """Fill in speed-up vs cudnn, the CPU / onnxruntime ratio and the distance to the floor, batch by batch."""
+    floors = {f.batch: f for f in report.floors}
     for batch in report.batch_sizes:
         ok = {r.backend: r for r in report.rows if r.batch == batch and r.status == "ok"}
+        if batch in floors:  # the floors are the GPU's: the CPU rows have none
+            for r in ok.values():
+                if r.backend not in CPU_ROWS:
+                    r.x_floor = r.median_ms / floors[batch].ms
         if "cudnn" in ok:
             for r in ok.values():
                 if r.backend != ORT:
@@ -290,22 +404,50 @@ def fmt(v: float | None, spec: str) -> str:
 
 
 COLUMNS = ("backend", "batch", "median ms", "p10 ms", "p90 ms", "p99 ms", "images/s", "peak MiB", "rel L2",
-           "x cudnn", "cpu/ort")
+           "top-1", "x floor", "x cudnn", "cpu/ort")
+
+
+def label(r: Row) -> str:
+    return f"{r.backend} (eager)" if r.graph_fallback else r.backend
+
+
+def header(report: Report) -> list[str]:
+    lines = [f"weights: {report.weights}; precision {report.precision}",
+             f"{report.warmup} warm-up + {report.iters} timed forwards per row; input N(0, 1) seed {INPUT_SEED}"]
+    if report.reference_images is not None:
+        lines.append(f"rel L2 and top-1 = logits of each batch's first {report.reference_images} image(s) (fewer "
+                     f"if the batch is smaller) vs the float64 NumPy reference on those images")
+    names = [*report.backends, *([ORT] if "cpu" in report.backends else [])]
+    lines.append("backends: " + "; ".join(f"{n} = {DESCRIPTIONS[n]}" for n in names if n in DESCRIPTIONS))
+    peak = "-" if report.peak_tflops is None else f"{report.peak_tflops:g} TFLOP/s"
+    lines.append(f"x floor (GPU rows) = median / the larger floor of the GPU (compute: FLOPs / {peak}; memory: weights + all activations "
+                 f"once / {report.peak_gbs:g} GB/s)")
+    return lines
+
+
+def floor_lines(report: Report) -> list[str]:
+    lines = ["floors:"]
+    for f in report.floors:
+        compute = "-" if f.compute_ms is None else f"{f.compute_ms:.3f} ms"
+        lines.append(f"  batch {f.batch:>4}: compute {compute} ({f.flops / 1e9:.1f} GFLOP), memory "
+                     f"{f.memory_ms:.3f} ms ({f.bytes / 1e6:.0f} MB)")
+    return lines
 
 
 def table(report: Report) -> str:
-    lines = [f"weights: {report.weights}", f"{report.warmup} warm-up + {report.iters} timed forwards per row; "
-             f"input N(0, 1) seed {INPUT_SEED}; rel L2 = logits vs float64 NumPy reference"]
+    lines = header(report)
     lines += [f"note: {n}" for n in report.notes]
     body = []
     for r in report.rows:
         if r.status != "ok":
-            body.append((r.backend, str(r.batch), r.status))
+            body.append((label(r), str(r.batch), r.status))
             continue
         mem = None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20
-        body.append((r.backend, str(r.batch), fmt(r.median_ms, ".2f"), fmt(r.p10_ms, ".2f"), fmt(r.p90_ms, ".2f"),
+        top1 = "-" if r.top1_agree is None else f"{r.top1_agree}/{r.ref_images}"
+        body.append((label(r), str(r.batch), fmt(r.median_ms, ".2f"), fmt(r.p10_ms, ".2f"), fmt(r.p90_ms, ".2f"),
                      fmt(r.p99_ms, ".2f"), fmt(r.images_per_s, ".1f"), fmt(mem, ".0f"), fmt(r.rel_l2, ".1e"),
-                     fmt(r.speedup_vs_cudnn, ".2f"), fmt(r.ratio_vs_onnxruntime, ".2f")))
+                     top1, fmt(r.x_floor, ".1f"), fmt(r.speedup_vs_cudnn, ".2f"),
+                     fmt(r.ratio_vs_onnxruntime, ".2f")))
     measured = [b for b in body if len(b) == len(COLUMNS)]
     widths = [max([len(c)] + [len(b[i]) for b in measured]) for i, c in enumerate(COLUMNS)]
     widths[0] = max([widths[0]] + [len(b[0]) for b in body])
@@ -317,6 +459,8 @@ def table(report: Report) -> str:
     lines += ["", line(COLUMNS)]
     for b in body:  # a row that did not run has its status spanning the rest of the line
         lines.append(line(b) if len(b) == len(COLUMNS) else f"{line(b[:2])}  {b[2]}")
+    if report.floors:
+        lines += ["", *floor_lines(report)]
     if report.layers:
         lines += ["", layer_table(report)]
     return "\n".join(lines)

@@ -179,9 +179,9 @@ def backend_list(ctx: click.Context, param: click.Parameter, value: str | None) 
     if value is None:
         return None
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in backends.BACKENDS]
+    unknown = [n for n in names if n not in backends.BENCH_BACKENDS]
     if unknown or not names:
-        raise click.BadParameter(f"{', '.join(unknown) or 'empty'}; choose from {', '.join(backends.BACKENDS)}")
+        raise click.BadParameter(f"{', '.join(unknown) or 'empty'}; choose from {', '.join(backends.BENCH_BACKENDS)}")
     return list(dict.fromkeys(names))
 
 
@@ -195,15 +195,30 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
     return sorted(set(sizes))
 
 
+GPU_DEFAULT = ("cuda", "cudnn", "torch", "torch-graph")
+
+
 def default_backends() -> list[str]:
     """The GPU backends where a GPU is usable, else the CPU path (with onnxruntime beside it)."""
-    return ["cuda", "cudnn", "torch"] if backends.is_available("cuda")[0] else ["cpu"]
+    return list(GPU_DEFAULT) if backends.is_available("cuda")[0] else ["cpu"]
 
 
 @click.command(name="inception-bench", context_settings=CONTEXT)
 @click.option("--backends", "backend_names", callback=backend_list, metavar="LIST",
-              help="Comma-separated, from cpu,cuda,cudnn,torch (default: cuda,cudnn,torch with a GPU, else cpu).")
+              help=f"Comma-separated, from {','.join(backends.BENCH_BACKENDS)} (default: {','.join(GPU_DEFAULT)} "
+                   f"with a GPU, else cpu; cpu adds onnxruntime). cuda and cudnn replay a CUDA graph, torch runs "
+                   f"eagerly; torch-graph, cuda-eager, cudnn-eager are the other ways round.")
 @click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST")
+@click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
+              help="Passed to backends that have the mode; the others' rows say they have not.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="X",
+              help="The chip's peak for the compute floor [default: 51.3, the H200's measured fp32 SGEMM, with "
+                   "fp32; none, so no compute floor, with tf32/fp16].")
+@click.option("--peak-gbs", type=click.FloatRange(min=0, min_open=True), metavar="X",
+              help="The chip's memory bandwidth for the memory floor, GB/s [default: 4300, the H200's measured "
+                   "device-to-device copy].")
+@click.option("--reference-images", type=click.IntRange(1), default=2, show_default=True, metavar="K",
+              help="Check each batch's first K images against the float64 reference (it is slow on the CPU).")
 @click.option("--iters", type=click.IntRange(1), default=20, show_default=True, help="Timed forwards per row.")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed forwards first.")
 @click.option("--weights", "weights_path", metavar="PATH",
@@ -214,11 +229,12 @@ def default_backends() -> list[str]:
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV (per-layer: FILE's stem + _layers.csv).")
 @click.option("--plot", "plot_path", metavar="FILE.png", help="Plot latency vs batch size (needs matplotlib).")
 @click.option("--per-layer", is_flag=True, help="Time every conv layer on backends that support it.")
-@click.option("--no-reference", is_flag=True, help="Skip the float64 NumPy reference (no rel L2 column).")
+@click.option("--no-reference", is_flag=True, help="Skip the float64 NumPy reference (no rel L2, top-1 columns).")
 @user_errors
-def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], iters: int, warmup: int,
-              weights_path: str | None, onnx_path: str | None, json_path: str | None, csv_path: str | None,
-              plot_path: str | None, per_layer: bool, no_reference: bool) -> None:
+def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], precision: str, peak_tflops: float | None,
+              peak_gbs: float | None, reference_images: int, iters: int, warmup: int, weights_path: str | None,
+              onnx_path: str | None, json_path: str | None, csv_path: str | None, plot_path: str | None,
+              per_layer: bool, no_reference: bool) -> None:
     """Time Inception-V3 forwards per backend and batch size, with accuracy against the float64 reference."""
     from . import bench
 
@@ -226,7 +242,8 @@ def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], iters: in
         bench.require_matplotlib()  # fail before the minutes of timing, not after
     progress = (lambda msg: click.echo(f"[bench] {msg}", err=True)) if stderr_is_tty() else None
     report = bench.run_bench(backend_names or default_backends(), batch_sizes, iters, warmup, weights_path,
-                             onnx_path, per_layer, not no_reference, progress)
+                             onnx_path, per_layer, not no_reference, progress, precision, peak_tflops,
+                             peak_gbs or bench.PEAK_GBS, reference_images)
     click.echo(bench.table(report))
     written: list[Path] = []
     if json_path:

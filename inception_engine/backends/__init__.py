@@ -9,8 +9,14 @@
         def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]: ...  # ms per forward
         def close(self) -> None: ...
 
+Optional, used by inception-bench where present: ``PRECISIONS`` (a class attribute: the values the ``precision``
+keyword of ``__init__`` accepts, "fp32" / "tf32" / "fp16"), a ``graph`` keyword (replay one CUDA graph per forward),
+``graph_fallback`` (an instance attribute: why a graph was asked for and the backend runs eagerly; None otherwise),
+``time_layers`` and ``peak_memory_bytes`` (see bench.py).
+
 Modules are imported lazily so that a missing optional dependency (pycuda, torch) only matters when that backend
-is asked for.
+is asked for. ``BACKENDS`` are what ``inception-run --backend`` and ``Engine`` accept; ``VARIANTS`` are further
+names for the benchmark: a backend run with other options.
 """
 
 from __future__ import annotations
@@ -26,6 +32,25 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "cudnn": ("inception_engine.backends.cudnn_backend", "CudnnBackend"),
     "torch": ("inception_engine.backends.torch_backend", "TorchBackend"),
 }
+
+# name -> (backend, keyword options). The bare names run each backend's default: cuda and cudnn replay a CUDA graph,
+# torch runs eagerly.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "torch-graph": ("torch", {"graph": True}),
+    "cudnn-eager": ("cudnn", {"graph": False}),
+    "cuda-eager": ("cuda", {"graph": False}),
+}
+BENCH_BACKENDS = (*BACKENDS, *VARIANTS)
+
+
+def variant(name: str) -> tuple[str, dict[str, Any]]:
+    """(backend, options) for a bench name; a plain backend name runs with no options."""
+    if name in VARIANTS:
+        backend, options = VARIANTS[name]
+        return backend, dict(options)
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(BENCH_BACKENDS)}")
+    return name, {}
 
 
 def backend_class(name: str) -> Any:

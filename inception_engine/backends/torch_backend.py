@@ -37,6 +37,7 @@ def _is_whole(v: View) -> bool:
 
 class TorchBackend:
     name = "torch"
+    PRECISIONS = PRECISIONS
 
     @classmethod
     def check_available(cls) -> None:
@@ -162,6 +163,10 @@ class TorchBackend:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.static_out = self._run(self.static_in)
+
+    @property
+    def mode(self) -> str:
+        return "graph" if self.graph is not None else "eager"
 
     def _launch(self) -> Any:
         if self.graph is not None:
