@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from . import arch
 from .backends.numpy_backend import conv2d_bias_relu, global_avg_pool, pool2d
 from .onnx_convert import fold_batchnorm
-from .weights import IMAGENET_MEAN, IMAGENET_STD, Weights, atomic_write
+from .weights import IMAGENET_MEAN, IMAGENET_STD, Weights, atomic_write, default_file_mode
 
 GENERATOR_VERSION = 1  # bump when the weights or the ONNX layout change (cache keys use it)
 BN_EPS = 1e-3  # torchvision's BasicConv2d
@@ -322,6 +322,8 @@ def write_synthetic_onnx(path: str | Path, style: str = "torchscript", transform
     try:  # save into a fresh folder (onnx appends to an existing .data file), then move both into place
         onnx.save_model(model, str(tmp / path.name), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data, size_threshold=1024)
+        for f in (tmp / data, tmp / path.name):  # onnx writes the data file 0600
+            os.chmod(f, default_file_mode())
         os.replace(tmp / data, path.parent / data)
         os.replace(tmp / path.name, path)
     finally:

@@ -87,6 +87,13 @@ def check_arrays(arrays: dict[str, np.ndarray]) -> None:
             raise WeightsError(f"{k}: expected shape {shape}, found {tuple(arrays[k].shape)}")
 
 
+def default_file_mode() -> int:
+    """The mode a plain open() gives a new file: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write(path: str | Path, write: Any) -> Path:
     """Call ``write(file_object)`` on a temp file in the destination's directory, then rename it into place, so an
     interrupted run never leaves a partial file at ``path``."""
@@ -94,10 +101,7 @@ def atomic_write(path: str | Path, write: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
     try:
-        # mkstemp creates 0600; give the file the mode a plain open() would have (0666 less the umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
+        os.fchmod(fd, default_file_mode())  # mkstemp creates 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
