@@ -164,3 +164,153 @@ def test_bad_arguments():
         bench.run_bench(["cpu"], [1], iters=0)
     with pytest.raises(EngineError):
         bench.run_bench([], [1])
+    with pytest.raises(EngineError, match="--precision"):
+        bench.run_bench(["cpu"], [1], precision="bf16")
+    with pytest.raises(EngineError, match="--reference-images"):
+        bench.run_bench(["cpu"], [1], reference_images=0)
+
+
+# ---- variants, precision, graph fallback, reference slice, floors ------------------------------------------------
+
+class Configurable(FakeGpu):
+    """Takes the options a real GPU backend takes and records them; ``fallback`` plays a failed graph capture."""
+
+    PRECISIONS = ("fp32", "tf32")
+    made: list = []
+    fallback: str | None = None
+
+    def __init__(self, weights, plan, graph=False, precision="fp32"):
+        super().__init__(weights, plan)
+        Configurable.made.append((plan.batch, graph, precision))
+        self.graph_fallback = self.fallback if graph else None
+
+
+@pytest.fixture
+def configurable(monkeypatch):
+    real = bench.backends.backend_class
+    Configurable.made = []
+    Configurable.fallback = None
+
+    def backend_class(name):
+        return {"torch": Configurable, "cudnn": FakeCudnn, "cuda": FakeGpu}.get(name) or real(name)
+
+    monkeypatch.setattr(bench.backends, "backend_class", backend_class)
+
+
+def test_variants_get_their_options_and_precision_goes_where_it_is_accepted(configurable, weights_file):
+    report = bench.run_bench(["torch", "torch-graph", "cudnn"], [1], iters=1, warmup=0,
+                             weights_path=str(weights_file), reference=False, precision="tf32")
+    assert Configurable.made == [(1, False, "tf32"), (1, True, "tf32")]
+    rows = {r.backend: r for r in report.rows}
+    assert rows["torch"].status == rows["torch-graph"].status == "ok"
+    assert rows["cudnn"].status == "unavailable: backend has no tf32 mode"  # FakeCudnn takes no precision
+    assert rows["torch"].speedup_vs_cudnn is None  # no cudnn timing to compare with
+    assert report.precision == "tf32" and "precision tf32" in bench.table(report)
+
+    Configurable.made = []
+    report = bench.run_bench(["torch-graph", "cudnn"], [1], iters=1, warmup=0, weights_path=str(weights_file),
+                             reference=False, precision="fp16")
+    assert Configurable.made == []  # fp16 is not among its PRECISIONS: never built
+    assert {r.status for r in report.rows} == {"unavailable: backend has no fp16 mode"}
+
+    report = bench.run_bench(["cudnn"], [1], iters=1, warmup=0, weights_path=str(weights_file), reference=False)
+    assert report.rows[0].status == "ok"  # fp32 needs no keyword
+
+
+def test_real_backends_declare_their_precisions():
+    from inception_engine.backends.cudnn_backend import CudnnBackend
+    from inception_engine.backends.numpy_backend import NumpyBackend
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    assert bench.backend_options("torch-graph", TorchBackend, "fp16") == {"graph": True, "precision": "fp16"}
+    assert bench.backend_options("cudnn", CudnnBackend, "tf32") == {"precision": "tf32"}
+    assert bench.backend_options("cudnn-eager", CudnnBackend, "fp32") == {"graph": False, "precision": "fp32"}
+    assert bench.backend_options("cudnn", CudnnBackend, "fp16") == "unavailable: backend has no fp16 mode"
+    assert bench.backend_options("cpu", NumpyBackend, "fp32") == {}
+    assert bench.backend_options("cpu", NumpyBackend, "tf32") == "unavailable: backend has no tf32 mode"
+
+
+def test_failed_graph_capture_is_labelled_not_silent(configurable, weights_file):
+    Configurable.fallback = "CUDA-graph capture failed (cuStreamBeginCapture failed); running eagerly"
+    report = bench.run_bench(["torch", "torch-graph"], [2], iters=1, warmup=0, weights_path=str(weights_file),
+                             reference=False)
+    rows = {r.backend: r for r in report.rows}
+    assert rows["torch"].graph_fallback is None and rows["torch-graph"].graph_fallback == Configurable.fallback
+    text = bench.table(report)
+    assert "torch-graph (eager)" in text and "torch (eager)" not in text
+    assert f"torch-graph, batch 2: {Configurable.fallback}" in text
+
+
+class Echo(FakeGpu):
+    """Logits: the first 1000 input values of each image, so the reference (same rule in float64) agrees."""
+
+    def forward(self, x):
+        return x.reshape(self.plan.batch, -1)[:, :1000].astype(np.float32)
+
+
+class EchoReversed(Echo):
+    def forward(self, x):
+        return super().forward(x)[:, ::-1]
+
+
+class EchoReference:
+    calls: list = []
+
+    def __init__(self, weights, plan, dtype):
+        assert dtype == np.float64
+        self.plan = plan
+
+    def forward(self, x):
+        EchoReference.calls.append(x.shape[0])
+        return x.reshape(self.plan.batch, -1)[:, :1000].astype(np.float64)
+
+
+def test_reference_on_the_first_images_once_per_slice_with_top1(monkeypatch, weights_file):
+    monkeypatch.setattr(bench.backends, "backend_class", lambda name: {"cuda": Echo, "cudnn": EchoReversed}[name])
+    monkeypatch.setattr(bench, "NumpyBackend", EchoReference)
+    EchoReference.calls = []
+    report = bench.run_bench(["cuda", "cudnn"], [1, 2, 4], iters=1, warmup=0, weights_path=str(weights_file),
+                             reference_images=2)
+    # batch 4 reuses the 2-image reference: its first two images are those of the batch-2 draw (rel L2 exactly 0)
+    assert EchoReference.calls == [1, 2]
+    rows = {(r.backend, r.batch): r for r in report.rows}
+    for n, k in ((1, 1), (2, 2), (4, 2)):
+        good, bad = rows["cuda", n], rows["cudnn", n]
+        assert good.rel_l2 == 0 and good.top1_agree == k and good.ref_images == k
+        assert bad.rel_l2 > 0.1 and bad.top1_agree == 0 and bad.ref_images == k
+    text = bench.table(report)
+    assert "first 2 image(s)" in text and " 2/2 " in text and " 0/2 " in text
+
+
+def test_floors_and_x_floor(fakes, weights_file):
+    from inception_engine import arch
+
+    report = bench.run_bench(["cuda", "cudnn"], [1, 4], iters=1, warmup=0, weights_path=str(weights_file),
+                             reference=False, peak_tflops=50.0, peak_gbs=1000.0)
+    params = sum(int(np.prod(s)) for s in arch.weight_shapes().values())
+    for f in report.floors:
+        plan = build_plan(f.batch)
+        activations = sum(b.elems for b in plan.buffers.values())
+        assert f.flops == plan.flops and f.bytes == 4 * (params + activations)
+        assert f.compute_ms == pytest.approx(plan.flops / 50e12 * 1e3)
+        assert f.memory_ms == pytest.approx(4 * (params + activations) / 1e12 * 1e3)
+        assert f.ms == max(f.compute_ms, f.memory_ms)
+        rows = {r.backend: r for r in report.rows if r.batch == f.batch}
+        assert rows["cuda"].x_floor == pytest.approx(FakeGpu.ms / f.ms)
+        assert rows["cudnn"].x_floor == pytest.approx(FakeCudnn.ms / f.ms)
+    assert report.floors[0].compute_ms > report.floors[0].memory_ms  # compute-bound, as PERFORMANCE.md says
+    text = bench.table(report)
+    assert "floors:" in text and "50 TFLOP/s" in text and "1000 GB/s" in text
+    doc = report.to_json()
+    assert doc["floors"][1]["batch"] == 4 and doc["floors"][1]["ms"] == pytest.approx(report.floors[1].ms)
+
+
+def test_floor_defaults_per_precision(fakes, weights_file):
+    fp32 = bench.run_bench(["cuda"], [1], iters=1, warmup=0, weights_path=str(weights_file), reference=False)
+    assert fp32.peak_tflops == bench.FP32_PEAK_TFLOPS and fp32.floors[0].compute_ms is not None
+    fp16 = bench.run_bench(["cuda"], [1], iters=1, warmup=0, weights_path=str(weights_file), reference=False,
+                           precision="fp16")
+    f = fp16.floors[0]
+    assert f.compute_ms is None and f.ms == f.memory_ms  # no fp16 peak given: no compute floor, said so
+    assert f.bytes == fp32.floors[0].bytes // 2
+    assert any("--peak-tflops" in n for n in fp16.notes)

@@ -260,6 +260,34 @@ def test_bench_bad_options_exit_2(weights_file):
     assert r.exit_code == 2 and "no such weight file" in one_line_error(r)
 
 
+def test_bench_backend_names_variants_and_defaults(monkeypatch):
+    assert cli.backend_list(None, None, "torch-graph, cuda,torch-graph") == ["torch-graph", "cuda"]
+    r = runner().invoke(cli.bench_cmd, ["--backends", "torch-eager"])
+    assert r.exit_code == 2 and "torch-graph" in r.output  # the choices listed include the variants
+    monkeypatch.setattr(backends, "is_available", lambda name: (name == "cuda", ""))
+    assert cli.default_backends() == ["cuda", "cudnn", "torch", "torch-graph"]
+    monkeypatch.setattr(backends, "is_available", lambda name: (False, "no GPU"))
+    assert cli.default_backends() == ["cpu"]
+    # inception-run takes the plain backends only
+    assert set(cli.BACKEND_CHOICES) == {"auto", "cpu", "cuda", "cudnn", "torch"}
+
+
+def test_bench_precision_a_backend_lacks_is_a_row_not_a_failure(weights_file, tmp_path):
+    out = tmp_path / "b.json"
+    r = runner().invoke(cli.bench_cmd, ["--backends", "cpu", "--batch-sizes", "1", "--iters", "1", "--warmup", "0",
+                                        "--precision", "tf32", "--no-reference", "--weights", str(weights_file),
+                                        "--peak-gbs", "2000", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    rows = {row["backend"]: row for row in doc["rows"]}
+    assert rows["cpu"]["status"] == "unavailable: backend has no tf32 mode"
+    assert rows["onnxruntime"]["status"] == "unavailable: the onnxruntime peer runs fp32 only"
+    assert doc["precision"] == "tf32" and doc["peak_tflops"] is None and doc["peak_gbs"] == 2000
+    assert doc["floors"][0]["compute_ms"] is None and "--peak-tflops" in r.stdout
+    r = runner().invoke(cli.bench_cmd, ["--precision", "bf16"])
+    assert r.exit_code == 2 and "bf16" in r.output
+
+
 def test_bench_plot_without_matplotlib_is_one_line(weights_file, tmp_path):
     try:
         import matplotlib  # noqa: F401
