@@ -1,7 +1,8 @@
 """cuDNN backend. Without a GPU: the bindings (cuDNN and cuBLAS load where installed, every bound symbol resolves,
-a failed call reads as one line). On the GPU: the full network against the float64 NumPy reference, and each op
-alone with everything but its input poisoned with NaN, so a write outside the destination view, a read outside the
-source view, or an output element left unwritten all fail."""
+a failed call reads as one line). On the GPU, with the forward replayed as a CUDA graph and eagerly: the full
+network against the float64 NumPy reference, and each op alone with everything but its input poisoned with NaN, so a
+write outside the destination view, a read outside the source view, or an output element left unwritten all fail;
+a failed capture runs eagerly and says so; tf32 stays close to the reference."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from backend_helpers import (SMALL_INPUT, network_weights, reference, rel_l2, sm
 
 from inception_engine import backends, cudnn_api
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc, global_avg_pool, pool2d
-from inception_engine.errors import BackendUnavailable
+from inception_engine.errors import BackendUnavailable, EngineError
 from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan
 
 
@@ -99,35 +100,42 @@ def check_op_alone(backend, weights, index: int, seed: int) -> None:
     assert rel_l2(got, op_reference(op, weights, src.astype(np.float64))) <= 1e-5, op.name
 
 
-@pytest.fixture(scope="module", params=[1, 8], ids=["batch1", "batch8"])
+@pytest.fixture(scope="module", params=[(1, True), (8, True), (1, False), (8, False)],
+                ids=["batch1-graph", "batch8-graph", "batch1-eager", "batch8-eager"])
 def full(request):
     from inception_engine.backends.cudnn_backend import CudnnBackend
 
+    batch, graph = request.param
     weights = network_weights(0)
-    plan = build_plan(request.param, weights.layers())
-    x = np.random.default_rng(request.param).standard_normal(plan.input.dims).astype(np.float32)
-    backend = CudnnBackend(weights, plan)
-    yield weights, plan, x, backend
+    plan = build_plan(batch, weights.layers())
+    x = np.random.default_rng(batch).standard_normal(plan.input.dims).astype(np.float32)
+    backend = CudnnBackend(weights, plan, graph=graph)
+    yield weights, plan, x, backend, graph
     backend.close()
 
 
 @pytest.mark.gpu
 def test_full_network_matches_reference(full):
-    weights, plan, x, backend = full
+    weights, plan, x, backend, graph = full
+    # graph=True must really replay a graph here: a fallback is allowed in use, not unnoticed in the tests
+    assert backend.mode == ("graph" if graph else "eager"), backend.graph_fallback
+    assert backend.graph_fallback is None
     got = backend.forward(x)
     ref = reference(weights, plan, x)
     assert got.shape == (plan.batch, 1000) and got.dtype == np.float32
     assert rel_l2(got, ref) <= 1e-4
     assert (top5(got) == top5(ref)).all()
+    assert np.array_equal(backend.forward(x), got)  # a second replay / run gives the same logits
     assert set(backend.algos) == {op.name for op in plan.conv_ops}
     assert set(backend.algos.values()) <= set(cudnn_api.FWD_ALGOS)
+    assert set(backend.math.values()) == {"fma"}  # fp32: plain FMA math only
     if backend.unfused:  # correct either way; slower, and worth knowing when comparing timings
         warnings.warn(f"cuDNN refused the fused call for {len(backend.unfused)} layers, first {backend.unfused[0]}")
 
 
 @pytest.mark.gpu
 def test_full_network_timing_and_memory(full):
-    weights, plan, x, backend = full
+    weights, plan, x, backend, _ = full
     times = backend.time_forward(x, iters=3, warmup=1)
     assert len(times) == 3 and min(times) > 0
     layers = backend.time_layers(x, iters=2)
@@ -147,7 +155,7 @@ def test_full_network_timing_and_memory(full):
     "fc",
 ])
 def test_real_layer_alone_touches_only_its_view(full, name):
-    weights, plan, _, backend = full
+    weights, plan, _, backend, _ = full
     index = [op.name for op in plan.ops].index(name)
     check_op_alone(backend, weights, index, seed=index)
 
@@ -185,3 +193,68 @@ def test_fixed_algorithm(algo):
         assert rel_l2(backend.forward(x), reference(weights, plan, x)) <= 1e-5
     finally:
         backend.close()
+
+
+@pytest.mark.gpu
+def test_graph_replay_reads_each_new_input():
+    """The graph's kernels point at the arena: a replay after a new upload computes the new input's logits."""
+    from inception_engine.backends.cudnn_backend import CudnnBackend
+
+    weights = small_weights(False, seed=11)
+    plan = build_plan(3, small_network(False), input_size=SMALL_INPUT)
+    backend = CudnnBackend(weights, plan)
+    try:
+        assert backend.mode == "graph", backend.graph_fallback
+        for seed in (12, 13):
+            x = np.random.default_rng(seed).standard_normal(plan.input.dims).astype(np.float32)
+            assert rel_l2(backend.forward(x), reference(weights, plan, x)) <= 1e-5
+        times = backend.time_forward(x, iters=3, warmup=1)
+        assert len(times) == 3 and min(times) > 0
+    finally:
+        backend.close()
+
+
+@pytest.mark.gpu
+def test_failed_capture_runs_eagerly_and_says_why(monkeypatch):
+    from inception_engine.backends import cudnn_backend
+
+    def refuse(stream_handle, record):
+        raise BackendUnavailable("cuStreamBeginCapture failed with CUDA_ERROR_NOT_SUPPORTED (801)")
+
+    monkeypatch.setattr(cudnn_backend, "CudaGraph", refuse)
+    weights = small_weights(True, seed=14)
+    plan = build_plan(2, small_network(True), input_size=SMALL_INPUT)
+    backend = cudnn_backend.CudnnBackend(weights, plan)
+    try:
+        assert backend.mode == "eager"
+        assert "capture failed" in backend.graph_fallback and "CUDA_ERROR_NOT_SUPPORTED" in backend.graph_fallback
+        x = np.random.default_rng(15).standard_normal(plan.input.dims).astype(np.float32)
+        assert rel_l2(backend.forward(x), reference(weights, plan, x)) <= 1e-5
+    finally:
+        backend.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [True, False])
+def test_tf32_runs_close(graph):
+    from inception_engine.backends.cudnn_backend import CudnnBackend
+
+    weights = network_weights(0)
+    plan = build_plan(2, weights.layers())
+    x = np.random.default_rng(16).standard_normal(plan.input.dims).astype(np.float32)
+    backend = CudnnBackend(weights, plan, graph=graph, precision="tf32")
+    try:
+        assert backend.mode == ("graph" if graph else "eager"), backend.graph_fallback
+        got = backend.forward(x)
+        assert set(backend.math.values()) <= {"fma", "default", "tensor_op"}
+    finally:
+        backend.close()
+    assert np.isfinite(got).all() and rel_l2(got, reference(weights, plan, x)) <= 2e-2
+
+
+def test_precision_it_lacks_is_refused_before_any_gpu_work():
+    from inception_engine.backends.cudnn_backend import CudnnBackend
+
+    plan = build_plan(1, small_network(True), input_size=SMALL_INPUT)
+    with pytest.raises(EngineError, match="no 'fp16' mode"):
+        CudnnBackend(small_weights(True), plan, precision="fp16")

@@ -86,6 +86,7 @@ def test_bad_options_are_one_line_errors():
     with pytest.raises(BackendUnavailable, match="graph=True needs a CUDA device"):
         TorchBackend(weights, plan, device="cpu", graph=True)
     backend = TorchBackend(weights, plan, device="cpu")
+    assert backend.mode == "eager" and TorchBackend.PRECISIONS == ("fp32", "tf32", "fp16")
     with pytest.raises(ValueError, match="does not match the plan"):
         backend.forward(np.zeros((2, 3, SMALL_INPUT, SMALL_INPUT), np.float32))
 
@@ -138,17 +139,21 @@ def test_gpu_fp32_matches_reference(graph, which, request):
 
 @pytest.mark.gpu
 @needs_torch
+@pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("precision, tolerance", [("tf32", 2e-2), ("fp16", 5e-2)])
-def test_gpu_reduced_precision_runs_close(precision, tolerance, net):
+def test_gpu_reduced_precision_runs_close(precision, tolerance, graph, net):
     if not torch_cuda():
         pytest.skip("PyTorch has no CUDA device")
     from inception_engine.backends.torch_backend import TorchBackend
 
     weights, plan, x, ref = net
-    backend = TorchBackend(weights, plan, device="cuda", precision=precision)
+    backend = TorchBackend(weights, plan, device="cuda", graph=graph, precision=precision)
     try:
+        assert backend.mode == ("graph" if graph else "eager")
         got = backend.forward(x)
+        times = backend.time_forward(x, iters=2, warmup=1)
     finally:
         backend.close()
     assert got.dtype == np.float32 and np.isfinite(got).all()
     assert rel_l2(got, ref) <= tolerance
+    assert len(times) == 2 and min(times) > 0
