@@ -567,16 +567,19 @@ def split_channels(total: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def split_work(images: int, rows: int, per_row: int, channels: int, parts: int,
-               channel_parts: int) -> list[tuple[slice, list[tuple[int, range]]]]:
-    """A conv's output in pieces of nearly equal work, as (output channels, spans) pairs. Cut along images and
-    rows (each piece reads only the input rows it needs) into ``parts`` pieces, or failing that into
-    ``channel_parts``, where every piece still gets MIN_PART_OUTPUTS outputs per channel; else cut the output
-    channels into ``channel_parts`` pieces (each then reads, pads and transforms all of the input, so there
-    should be no more of them than threads)."""
+def split_work(images: int, rows: int, per_row: int, channels: int, parts: int, channel_parts: int,
+               weights: int = 0, inputs: int = 1) -> list[tuple[slice, list[tuple[int, range]]]]:
+    """A conv's output in pieces of nearly equal work, as (output channels, spans) pairs.
+
+    Cut along images and rows, a piece reads only the input rows it needs but BLAS packs all the ``weights``
+    (elements) again for it; cut along output channels, a piece repeats the whole input side (``inputs``
+    elements: padding, im2col, Winograd's input transform). So: ``parts`` row pieces where their repeated
+    weights cost at most a quarter of the input side; else ``channel_parts`` row pieces where the weights they
+    repeat are fewer than the input elements channel pieces would repeat; else ``channel_parts`` channel
+    pieces. Row pieces must keep MIN_PART_OUTPUTS outputs per channel."""
     total = images * rows
-    for n in (parts, channel_parts):
-        if n > 1 and total >= n and total * per_row >= n * MIN_PART_OUTPUTS:
+    for n, cheap in ((parts, 4 * (parts - 1) * weights <= inputs), (channel_parts, weights <= inputs)):
+        if cheap and n > 1 and total >= n and total * per_row >= n * MIN_PART_OUTPUTS:
             pieces = []
             for k in range(n):
                 lo, hi = total * k // n, total * (k + 1) // n  # in units of (image, row), image-major
@@ -585,6 +588,20 @@ def split_work(images: int, rows: int, per_row: int, channels: int, parts: int,
                 pieces.append((slice(0, channels), spans))
             return pieces
     return [(sl, [(i, range(rows)) for i in range(images)]) for sl in split_channels(channels, channel_parts)]
+
+
+def conv_repeats(kernel: tuple[int, int], stride: int, pad: tuple[int, int], in_shape: tuple[int, ...],
+                 out_ch: int, winograd: bool) -> tuple[int, int]:
+    """For split_work: (weight elements BLAS packs per piece, input-side elements a channel piece repeats)."""
+    n, c = in_shape[:2]
+    rows, per_row = conv_row_units(kernel, stride, pad, in_shape[2:], winograd)
+    if _uses_winograd(kernel, stride, winograd):
+        out_hw = (_out_size(size, k, 1, p) for size, k, p in zip(in_shape[2:], kernel, pad))
+        mh, mw = winograd_tile(kernel, tuple(out_hw))
+        nn = (mh + kernel[0] - 1) * (mw + kernel[1] - 1)
+        return nn * out_ch * c, 2 * nn * c * n * rows * per_row
+    k = kernel[0] * kernel[1] * c
+    return out_ch * k, k * n * rows * per_row
 
 
 class NumpyBackend:
@@ -669,7 +686,8 @@ class NumpyBackend:
             w, b = (a.astype(self.dtype) for a in weights.conv(op.name))
             rows, per_row = conv_row_units(op.kernel, op.stride, op.pad, src.shape[2:], self.fast)
             parts = []
-            pieces = split_work(src.shape[0], rows, per_row, w.shape[0], self.parts, self.threads)
+            repeats = conv_repeats(op.kernel, op.stride, op.pad, src.shape, w.shape[0], self.fast)
+            pieces = split_work(src.shape[0], rows, per_row, w.shape[0], self.parts, self.threads, *repeats)
             for k, (sl, spans) in enumerate(pieces):
                 conv = _prepare_conv(w[sl], b[sl], src.shape, op.stride, op.pad, True, self.fast,
                                      _Keyed(self.padding, f"part{k}/"), spans)
