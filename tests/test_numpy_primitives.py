@@ -283,3 +283,12 @@ def test_conv_parts_as_the_backend_splits_them(case, parts, winograd, monkeypatc
     assert not np.isnan(out).any(), "some outputs were never written"
     assert_guards_untouched(buf)
     assert rel_err(out, ref) < 1e-12
+
+
+def test_split_work_weighs_repeated_weights_against_repeated_input():
+    def kind(pieces):
+        return ("rows" if pieces[0][0] == slice(0, 64) and len(pieces) > 1 else "channels", len(pieces))
+    assert kind(split_work(1, 40, 40, 64, 4, 2, weights=10, inputs=10_000)) == ("rows", 4)  # weights cheap
+    assert kind(split_work(1, 40, 40, 64, 4, 2, weights=5_000, inputs=10_000)) == ("rows", 2)
+    assert kind(split_work(1, 40, 40, 64, 4, 2, weights=50_000, inputs=10_000)) == ("channels", 2)
+    assert kind(split_work(1, 4, 4, 64, 4, 2, weights=10, inputs=10_000)) == ("channels", 2)  # pieces too small
