@@ -1,0 +1,56 @@
+// tf32_emu.h: the tf32:: PTX helpers of cuda_src/conv_tf32.cu for the CPU emulator (include after emu.h).
+//
+// mma is warp-wide: every lane publishes its fragments, yields (so the whole block has published), computes its
+// own four results from the warp's fragments by the PTX ISA layout of mma.m16n8k8 .tf32 ("Matrix Fragments for
+// mma.m16n8k8"), and yields again before anyone publishes the next ones. The layout is written here from the ISA
+// independently of the kernel, so a kernel that loads fragments in the wrong places gets wrong sums. cp.async
+// copies at once (the wait is then trivially satisfied); the barrier that follows it in the kernel still orders.
+#pragma once
+#include <cstring>
+
+namespace tf32 {
+// cvt.rna.tf32.f32: keep 10 mantissa bits, round to nearest, ties away from zero (add half of the dropped range to
+// the magnitude bits); NaN and infinity pass unchanged.
+inline unsigned round(float v) {
+    unsigned u;
+    std::memcpy(&u, &v, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;
+    return u & 0xffffe000u;
+}
+
+inline float as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline unsigned lane_a[1024][4], lane_b[1024][2];
+
+inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    const unsigned me = threadIdx.x, warp0 = me & ~31u, lane = me & 31u;
+    std::memcpy(lane_a[me], a, sizeof a);
+    std::memcpy(lane_b[me], b, sizeof b);
+    emu::yield();
+    // A[row][k] sits in lane (row % 8) * 4 + k % 4, register (row >= 8) + 2 * (k >= 4);
+    // B[k][col] in lane col * 4 + k % 4, register (k >= 4); C[row][col] in lane (row % 8) * 4 + col / 2.
+    float out[4];
+    for (int r = 0; r < 4; ++r) {
+        const unsigned row = lane / 4 + 8 * (r / 2), col = 2 * (lane % 4) + r % 2;
+        double sum = d[r];
+        for (unsigned k = 0; k < 8; ++k) {
+            const float av = as_float(lane_a[warp0 + (row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
+            const float bv = as_float(lane_b[warp0 + col * 4 + k % 4][k >= 4]);
+            sum += (double)av * bv;
+        }
+        out[r] = (float)sum;
+    }
+    emu::yield();
+    std::memcpy(d, out, sizeof out);
+}
+
+inline void copy4(float* dst, const float* src, bool valid) { *dst = valid ? *src : 0.f; }
+inline void copy16(float* dst, const float* src) { std::memcpy(dst, src, 16); }
+inline void commit() {}
+template <int N>
+void wait() {}
+}  // namespace tf32
