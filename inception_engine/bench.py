@@ -420,8 +420,8 @@ def header(report: Report) -> list[str]:
     names = [*report.backends, *([ORT] if "cpu" in report.backends else [])]
     lines.append("backends: " + "; ".join(f"{n} = {DESCRIPTIONS[n]}" for n in names if n in DESCRIPTIONS))
     peak = "-" if report.peak_tflops is None else f"{report.peak_tflops:g} TFLOP/s"
-    lines.append(f"x floor (GPU rows) = median / the larger floor of the GPU (compute: FLOPs / {peak}; memory: weights + all activations "
-                 f"once / {report.peak_gbs:g} GB/s)")
+    lines.append(f"x floor (GPU rows) = median / the GPU's larger floor (compute: FLOPs / {peak}; memory: weights "
+                 f"+ all activations once / {report.peak_gbs:g} GB/s)")
     return lines
 
 
