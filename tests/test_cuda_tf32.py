@@ -31,6 +31,7 @@ from inception_engine import cuda_build
 from inception_engine.backends import cuda_backend as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
+from test_cuda_kernels import Arena, Params, check_view, run  # the GPU helpers (NaN-poisoned arena, params)
 
 TOL = 3e-3
 SOURCE = cuda_build.source_dir() / "conv_tf32.cu"
@@ -375,8 +376,6 @@ def gpu(tmp_path_factory):
 
 
 def run_on_gpu(kernels: GpuKernels, case: Case, tile: Tf32Tile, splits: int) -> None:
-    from test_cuda_kernels import Arena, Params, check_view, run
-
     arena = Arena(*case.shapes())
     src, dst = arena.view(0, case.src_extra[0], case.cin), arena.view(1, case.dst_extra[0], case.cout)
     x, wt, b = case.data()
