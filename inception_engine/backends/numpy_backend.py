@@ -555,6 +555,8 @@ def usable_cpus() -> int:
 MAX_THREADS = 4
 MIN_PART_CHANNELS = 16
 MIN_PART_OUTPUTS = 32
+# Elementwise steps (pools, bias + ReLU) on fewer elements than this a part are not worth a thread hand-off.
+MIN_PART_ELEMS = 1 << 16
 # Parts per thread for work that splits without repeating anything (rows, images, channels of a pool or a 1x1
 # GEMM): threads take parts as they finish, so a thread slowed down by another process takes fewer.
 PARTS_PER_THREAD = 2
@@ -670,11 +672,15 @@ class NumpyBackend:
                 f.result()
         return run
 
+    def _elementwise_parts(self, dst: np.ndarray) -> list[slice]:
+        """Channel slices for an elementwise step writing ``dst``: as many as self.parts, if they are large."""
+        return split_channels(dst.shape[1], min(self.parts, dst.size // MIN_PART_ELEMS))
+
     def _pool_parts(self, in_shape: tuple[int, ...], dst: np.ndarray, kind: str, kernel: int, stride: int,
                     pad: int, count_include_pad: bool) -> list[Callable[[np.ndarray], None]]:
         """Channel parts of a pool into ``dst``, each a function of the input (``in_shape``) it reads."""
         parts = []
-        for sl in split_channels(dst.shape[1], self.parts):
+        for sl in self._elementwise_parts(dst):
             pool = _prepare_pool((in_shape[0], sl.stop - sl.start, *in_shape[2:]), kind, kernel, stride, pad,
                                  count_include_pad, self.dtype)
             parts.append(lambda x, pool=pool, sl=sl: pool.run(x[:, sl], dst[:, sl]))
@@ -743,7 +749,7 @@ class NumpyBackend:
                 p = ops[group.pools[i]]
                 pools = self._pool_parts((n, dst.shape[1], h, w), dst, "avg", p.kernel, 1, p.pad, p.count_include_pad)
                 parts = []
-                for pool, sl in zip(pools, split_channels(dst.shape[1], self.parts)):
+                for pool, sl in zip(pools, self._elementwise_parts(dst)):
                     def pooled(_: Scratch, pool=pool, rows=rows, out=dst[:, sl], bias=bias[sl]) -> None:
                         pool(product()[:, rows])
                         out += bias
@@ -753,7 +759,7 @@ class NumpyBackend:
                 actions.setdefault(i, [])
             else:
                 parts = []
-                for sl in split_channels(dst.shape[1], self.parts):
+                for sl in self._elementwise_parts(dst):
                     def finish(_: Scratch, rows=slice(rows.start + sl.start, rows.start + sl.stop), out=dst[:, sl],
                                bias=bias[sl]) -> None:
                         np.add(product()[:, rows], bias, out=out)
