@@ -97,7 +97,12 @@ def check_op_alone(backend, weights, index: int, seed: int) -> None:
     assert np.array_equal(after[outside], before[outside], equal_nan=True), f"{op.name} wrote outside its view"
     got = view_of(after, op.dst)
     assert np.isfinite(got).all(), f"{op.name} left elements unwritten or read outside its source view"
-    assert rel_l2(got, op_reference(op, weights, src.astype(np.float64))) <= 1e-5, op.name
+    # cuDNN may pick FFT or Winograd for an fp32 layer (its fastest, which is what we compare with); those round
+    # more than a direct sum (5.8e-4 seen on a 5x5 layer with FFT on the H200), the network stays under 1e-4.
+    transform = backend.algos.get(op.name, "") in ("fft", "fft_tiling", "winograd", "winograd_nonfused")
+    limit = 2e-3 if transform else 1e-5
+    assert rel_l2(got, op_reference(op, weights, src.astype(np.float64))) <= limit, \
+        f"{op.name} ({backend.algos.get(op.name, 'no conv')})"
 
 
 @pytest.fixture(scope="module", params=[(1, True), (8, True), (1, False), (8, False)],
