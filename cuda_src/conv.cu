@@ -14,20 +14,27 @@
 // consecutive words, free of bank conflicts. Global loads of tile t+1 go to registers before the math of tile t
 // and to the second shared buffer after it: one barrier per tile.
 // Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split). With one slice the epilogue adds the bias,
-// applies the ReLU and writes y; with several it writes raw partial sums to the workspace ws[z][M][N] and
-// conv_splitk_reduce finishes. Batch-1 layers on 17x17 and 8x8 grids (N = 289, 64) need this to fill 132 SMs.
+// applies the ReLU and writes y; with several it writes raw partial sums to the workspace ws[z][M][N]. The plain
+// kernels then leave the rest to conv_splitk_reduce (one more launch; they get the workspace as y). The _fixup
+// kernels finish in place: each block counts itself done on its tile's counter (after a fence, so its partial
+// sums are visible device-wide), and the block that arrives last sums the tile's slices in the fixed order
+// z = 0, 1, ... (so results do not depend on which block was last), adds bias, applies ReLU, writes y and resets
+// the counter to 0 for the next launch. Batch-1 layers on 17x17 and 8x8 grids (N = 289, 64) need split-K to fill
+// 132 SMs; the fixup saves the reduction's launch on the latency-bound path.
 // Views: x points at channel 0 of the source view in batch item 0 and item b starts x_bstride floats later (the
 // source buffer's C_total*H*W); y likewise. A conv reads a channel slice and writes into its concat's buffer.
 //
 // Launch: conv_<KH>x<KW>_<BM>x<BN>: block ((BM/TM)*(BN/TN)) = 256 threads, grid (ceil(N/BN), ceil(M/BM), splits).
-//         conv_splitk_reduce: block 256, grid ceil(M*N/256).
+//         conv_<KH>x<KW>_<BM>x<BN>_fixup: the same, two more arguments: ws (splits*M*N floats) and counters
+//         (grid.x*grid.y zeroed unsigned ints, left zeroed). conv_splitk_reduce: block 256, grid ceil(M*N/256).
 #include "common.cuh"
 
-template <int KH, int KW, int BM, int BN, int BK, int TM, int TN>
+template <int KH, int KW, int BM, int BN, int BK, int TM, int TN, bool FIXUP>
 __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const float* __restrict__ wt,
                                           const float* __restrict__ bias, float* __restrict__ y, int batch, int cin,
                                           int h, int w, int x_bstride, int cout, int ho, int wo, int y_bstride,
-                                          int stride, int pad_h, int pad_w, int k_split, int relu) {
+                                          int stride, int pad_h, int pad_w, int k_split, int relu,
+                                          float* __restrict__ ws, unsigned* __restrict__ counters) {
     constexpr int NT = (BM / TM) * (BN / TN);  // threads
     constexpr int TX = BN / TN;                // threads along N
     constexpr int A_STEP = NT / BM, A_LOADS = BK / A_STEP;
@@ -126,13 +133,14 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
     }
 
     const bool split = gridDim.z > 1;
-    float* ws = y + (size_t)blockIdx.z * cout * n_total;
+    const size_t slice = (size_t)cout * n_total;
+    float* part = (FIXUP ? ws : y) + blockIdx.z * slice;
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
         const int n = n0 + (j / 4) * (BN / N_RUNS) + tx * 4 + j % 4;
         if (n >= n_total) continue;
         const int b = n / howo, p = n - b * howo;
-        float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
+        float* yp = split ? part + n : y + (size_t)b * y_bstride + p;
         const size_t m_step = split ? (size_t)n_total : (size_t)howo;
 #pragma unroll
         for (int i = 0; i < TM; ++i) {
@@ -146,6 +154,51 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
             yp[m * m_step] = v;
         }
     }
+    if (!FIXUP || !split) return;
+
+    __shared__ bool last;
+    __threadfence();  // this thread's partial sums reach L2 before the block is counted
+    __syncthreads();
+    if (tid == 0) {
+        unsigned* count = counters + blockIdx.y * gridDim.x + blockIdx.x;
+        last = atomicAdd(count, 1u) == gridDim.z - 1;
+        if (last) *count = 0;  // every block of the tile has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // Each thread sums the elements it wrote itself, slice by slice (all TM*TN loads of a slice in flight at once),
+    // through L2 (__ldcg: L1 is not coherent across SMs).
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+    for (int z = 0; z < (int)gridDim.z; ++z) {
+        const float* src = ws + z * slice;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int n = n0 + (j / 4) * (BN / N_RUNS) + tx * 4 + j % 4;
+#pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = m0 + (i / 4) * (BM / M_RUNS) + ty * 4 + i % 4;
+                if (n < n_total && m < cout) acc[i][j] += __ldcg(src + (size_t)m * n_total + n);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / N_RUNS) + tx * 4 + j % 4;
+        if (n >= n_total) continue;
+        const int b = n / howo, p = n - b * howo;
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * (BM / M_RUNS) + ty * 4 + i % 4;
+            if (m >= cout) continue;
+            float v = acc[i][j] + __ldg(bias + m);
+            if (relu) v = fmaxf(v, 0.f);
+            y[(size_t)b * y_bstride + (size_t)m * howo + p] = v;
+        }
+    }
 }
 
 #define CONV_PARAMS                                                                                                 \
@@ -154,12 +207,17 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
         int pad_h, int pad_w, int k_split, int relu
 #define CONV_ARGS x, wt, bias, y, batch, cin, h, w, x_bstride, cout, ho, wo, y_bstride, stride, pad_h, pad_w, k_split, relu
 
-// One extern "C" entry point per (kernel size, tile); the names are what cuda_backend.py asks the module for.
-// MIN_BLOCKS caps registers: 2 blocks of 256 threads per SM leave 128 registers a thread for the 8x8 tile.
-#define CONV_KERNEL(KH, KW, BM, BN, BK, TM, TN, MIN_BLOCKS)                                          \
-    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                 \
-        conv_##KH##x##KW##_##BM##x##BN(CONV_PARAMS) {                                               \
-        conv_gemm<KH, KW, BM, BN, BK, TM, TN>(CONV_ARGS);                                           \
+// Two extern "C" entry points per (kernel size, tile), plain and _fixup; the names are what cuda_backend.py asks
+// the module for. MIN_BLOCKS caps registers: 2 blocks of 256 threads per SM leave 128 registers a thread for the
+// 8x8 tile.
+#define CONV_KERNEL(KH, KW, BM, BN, BK, TM, TN, MIN_BLOCKS)                                                     \
+    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                            \
+        conv_##KH##x##KW##_##BM##x##BN(CONV_PARAMS) {                                                          \
+        conv_gemm<KH, KW, BM, BN, BK, TM, TN, false>(CONV_ARGS, nullptr, nullptr);                             \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                            \
+        conv_##KH##x##KW##_##BM##x##BN##_fixup(CONV_PARAMS, float* __restrict__ ws, unsigned* __restrict__ counters) { \
+        conv_gemm<KH, KW, BM, BN, BK, TM, TN, true>(CONV_ARGS, ws, counters);                                  \
     }
 
 #define CONV_TILES(KH, KW)                        \

@@ -114,8 +114,10 @@ def check_view(arena: Arena, v: View, ref: np.ndarray, tol: float = TOL) -> None
 
 def conv_case(kernels: cb.Kernels, n: int, cin: int, cout: int, h: int, w: int, kernel: tuple[int, int],
               stride: int, pad: tuple[int, int], cfg: cb.ConvConfig, relu: bool = True, src_extra: tuple[int, int] = (0, 0),
-              dst_extra: tuple[int, int] = (0, 0)) -> None:
-    """src_extra / dst_extra: (channels before, channels after) the view in its buffer."""
+              dst_extra: tuple[int, int] = (0, 0), fixup: bool = True) -> np.ndarray:
+    """src_extra / dst_extra: (channels before, channels after) the view in its buffer. fixup: split-K reduced in
+    the conv kernel (run twice: the tile counters must come back zeroed and the result the same), else by
+    conv_splitk_reduce. Returns the destination buffer."""
     ho, wo = (h + 2 * pad[0] - kernel[0]) // stride + 1, (w + 2 * pad[1] - kernel[1]) // stride + 1
     arena = Arena((n, src_extra[0] + cin + src_extra[1], h, w), (n, dst_extra[0] + cout + dst_extra[1], ho, wo))
     src, dst = arena.view(0, src_extra[0], cin), arena.view(1, dst_extra[0], cout)
@@ -126,18 +128,32 @@ def conv_case(kernels: cb.Kernels, n: int, cin: int, cout: int, h: int, w: int, 
     params = Params(wt.reshape(cout, -1).T, b)  # the backend's layout: wt[K][Cout]
     ws = cb.driver().mem_alloc(4 * max(1, cfg.splits * cout * n * ho * wo))
     cb.driver().memset_d32(int(ws), cb.NAN_BITS, max(1, cfg.splits * cout * n * ho * wo))
+    tiles = -(-cout // cfg.tile.bm) * -(-n * ho * wo // cfg.tile.bn)
+    counters = cb.driver().mem_alloc(4 * tiles)
+    cb.driver().memset_d32(int(counters), 0, tiles)
     try:
         arena.put(src, x)
         before = arena.buffer(0)
-        run(kernels, cb.conv_specs("conv", src, dst, kernel, stride, pad, relu, cfg, arena.ptr, *params.ptrs,
-                                   int(ws)))
+        specs = cb.conv_specs("conv", src, dst, kernel, stride, pad, relu, cfg, arena.ptr, *params.ptrs, int(ws),
+                              int(counters) if fixup else None)
+        assert len(specs) == (2 if cfg.splits > 1 and not fixup else 1)
+        run(kernels, specs)
         ref = conv2d_bias_relu(x.astype(np.float64), wt.astype(np.float64), b.astype(np.float64), stride, pad, relu)
         check_view(arena, dst, ref)
         np.testing.assert_array_equal(arena.buffer(0), before)  # the source is read-only (NaN compares equal)
+        out = arena.buffer(1)
+        if fixup and cfg.splits > 1:
+            left = np.empty(tiles, np.uint32)
+            cb.driver().memcpy_dtoh(left, int(counters))
+            assert not left.any(), f"{np.count_nonzero(left)} tile counters not reset"
+            run(kernels, specs)
+            np.testing.assert_array_equal(arena.buffer(1), out)
+        return out
     finally:
         arena.free()
         params.free()
         ws.free()
+        counters.free()
 
 
 def network_convs() -> list[ConvOp]:
@@ -177,15 +193,19 @@ EDGE_CASES = [  # n, cin, cout, h, w, kernel, stride, pad, src_extra, dst_extra
 @pytest.mark.parametrize("tile", cb.TILES, ids=lambda t: t.name)
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: f"{c[5][0]}x{c[5][1]}-n{c[0]}-{c[3]}x{c[4]}")
 def test_conv_edge_cases_every_tile(gpu, case, tile, splits):
+    """Split-K both ways, the fixup kernel and conv_splitk_reduce, which add the slices in the same order: the
+    results must agree bit for bit."""
     n, cin, cout, h, w, kernel, stride, pad, src_extra, dst_extra = case
     cfg = forced(tile, splits, cin * kernel[0] * kernel[1])
-    conv_case(gpu[1], n, cin, cout, h, w, kernel, stride, pad, cfg, True, src_extra, dst_extra)
+    outs = [conv_case(gpu[1], n, cin, cout, h, w, kernel, stride, pad, cfg, True, src_extra, dst_extra, fixup)
+            for fixup in ((True, False) if splits > 1 else (True,))]
+    np.testing.assert_array_equal(outs[0], outs[-1])
 
 
 @pytest.mark.parametrize("tile", cb.TILES, ids=lambda t: t.name)
 def test_conv_without_relu_keeps_negatives(gpu, tile):
-    for splits in (1, 2):
-        conv_case(gpu[1], 2, 33, 45, 6, 6, (3, 3), 1, (1, 1), forced(tile, splits, 33 * 9), relu=False)
+    for splits, fixup in ((1, True), (2, True), (2, False)):
+        conv_case(gpu[1], 2, 33, 45, 6, 6, (3, 3), 1, (1, 1), forced(tile, splits, 33 * 9), relu=False, fixup=fixup)
 
 
 POOL_CASES = [  # n, c, h, w, kind, kernel, stride, pad, count_include_pad, src_extra, dst_extra
@@ -243,15 +263,18 @@ def test_fc(gpu, n, gemm):
     assert cb.uses_gemv(op) == (n == 1)
     params = Params(w.T if gemm else w, b)
     ws = cb.driver().mem_alloc(4 * max(1, (cfg.splits if cfg else 1) * fout * n))
+    counters = cb.driver().mem_alloc(4 * 1024)
+    cb.driver().memset_d32(int(counters), 0, 1024)
     try:
         arena.put(src, x.reshape(n, fin, 1, 1))
-        run(kernels, cb.fc_specs(op, cfg, arena.ptr, *params.ptrs, int(ws)))
+        run(kernels, cb.fc_specs(op, cfg, arena.ptr, *params.ptrs, int(ws), int(counters)))
         ref = fc(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64)).reshape(n, fout, 1, 1)
         check_view(arena, dst, ref)
     finally:
         arena.free()
         params.free()
         ws.free()
+        counters.free()
 
 
 @pytest.mark.parametrize("n", [1, 5])

@@ -56,7 +56,9 @@ TILES = (Tile(128, 128, 8, 2, 180e3), Tile(64, 64, 16, 4, 120e3), Tile(32, 128, 
 
 # Cost model of one conv launch (microseconds), used only to rank variants against each other.
 WAVE_OVERHEAD_US = 1.0  # first loads and final stores of each wave of blocks
-REDUCE_FIXED_US = 2.0  # the split-K reduction is one more kernel
+REDUCE_FIXED_US = 2.0  # the split-K reduction as one more kernel (conv_splitk_reduce)
+FIXUP_FIXED_US = 0.5  # the split-K reduction by the last block of each tile (_fixup kernels): no launch
+FIXUP_SLICE_US = 0.3  # ... which reads the slices one after another, an L2 round trip each
 REDUCE_BYTES_PER_US = 2.0e6  # partial sums written and read back through L2, ~2 TB/s
 MIN_K_SPLIT = 64  # a K slice shorter than this spends more on prologue and reduction than it saves
 MAX_SPLITS = 64
@@ -70,11 +72,12 @@ class ConvConfig:
     est_us: float
 
 
-def conv_config(cout: int, n_total: int, k_total: int, num_sms: int) -> ConvConfig:
+def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool = True) -> ConvConfig:
     """The (tile, split-K) pair the cost model ranks fastest for C[cout, n_total] with reduction depth k_total.
 
-    Time = waves of blocks x (work of one block at 1/resident of an SM) + split-K traffic. A lone block per SM is
-    charged as much as a full SM, so few large blocks (batch 1 on 17x17 and 8x8 grids) lose to more, thinner ones.
+    Time = waves of blocks x (work of one block at 1/resident of an SM) + split-K traffic and reduction (fixup:
+    in the conv kernel, see conv.cu; else a separate conv_splitk_reduce launch). A lone block per SM is charged as
+    much as a full SM, so few large blocks (batch 1 on 17x17 and 8x8 grids) lose to more, thinner ones.
     """
     best: ConvConfig | None = None
     for tile in TILES:
@@ -91,7 +94,8 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int) -> ConvConf
             waves = math.ceil(tiles * splits / (num_sms * tile.resident))
             us = waves * (tile.bm * tile.bn * k_split * tile.resident / tile.macs_per_us + WAVE_OVERHEAD_US)
             if splits > 1:
-                us += REDUCE_FIXED_US + 4 * (2 * splits + 1) * cout * n_total / REDUCE_BYTES_PER_US
+                us += 4 * (2 * splits + 1) * cout * n_total / REDUCE_BYTES_PER_US
+                us += (FIXUP_FIXED_US + FIXUP_SLICE_US * splits) if fixup else REDUCE_FIXED_US
             if best is None or us < best.est_us:
                 best = ConvConfig(tile, splits, k_split, us)
     assert best is not None
@@ -104,8 +108,9 @@ def uses_gemv(op: FCOp) -> bool:
     return src.n == 1 and src.channels % 4 == 0 and (src.offset + src.c_offset * src.h * src.w) % 4 == 0
 
 
-def choose_configs(plan: Plan, num_sms: int) -> dict[str, ConvConfig | None]:
-    """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it."""
+def choose_configs(plan: Plan, num_sms: int, fixup: bool = True) -> dict[str, ConvConfig | None]:
+    """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it.
+    fixup: split-K convs reduce in the kernel (else with conv_splitk_reduce)."""
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
         if isinstance(op, ConvOp):
@@ -113,10 +118,11 @@ def choose_configs(plan: Plan, num_sms: int) -> dict[str, ConvConfig | None]:
                 raise EngineError(f"{op.name}: no CUDA kernel for a {op.kernel[0]}x{op.kernel[1]} convolution "
                                   f"(have {', '.join(f'{a}x{b}' for a, b in KERNEL_SIZES)})")
             k_total = op.src.channels * op.kernel[0] * op.kernel[1]
-            configs[op.name] = conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w, k_total, num_sms)
+            configs[op.name] = conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w, k_total, num_sms,
+                                           fixup)
         elif isinstance(op, FCOp):
             configs[op.name] = None if uses_gemv(op) else conv_config(op.dst.channels, op.dst.n, op.src.channels,
-                                                                      num_sms)
+                                                                      num_sms, fixup)
     return configs
 
 
@@ -136,6 +142,19 @@ def workspace_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple
         offsets[op.name] = used
         used += -(-cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w // ALIGN) * ALIGN
         need = max(need, used)
+    return need, offsets
+
+
+def counter_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[int, dict[str, int]]:
+    """(unsigned ints of tile counters for the _fixup kernels, offset of each split op's grid.x * grid.y counters).
+    Every op has its own: the counters must read zero at launch, and each op leaves its own so."""
+    need, offsets = 0, {}
+    for op in plan.ops:
+        cfg = configs.get(op.name)
+        if cfg is None or cfg.splits == 1:
+            continue
+        offsets[op.name] = need
+        need += _blocks(op.dst.n * op.dst.h * op.dst.w, cfg.tile.bn) * _blocks(op.dst.channels, cfg.tile.bm)
     return need, offsets
 
 
@@ -220,6 +239,7 @@ class LaunchSpec:
 
 # Parameter lists of the kernels as pycuda struct formats: P = pointer, i = int32, q = int64.
 CONV_FORMAT = "PPPP" + "i" * 14
+FIXUP_FORMAT = CONV_FORMAT + "PP"  # ... and the split-K workspace and tile counters
 ARG_FORMATS = {
     "conv_splitk_reduce": "PPP" + "i" * 6,
     "pool2d": "PP" + "i" * 13,
@@ -232,12 +252,14 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
 
 
-def conv_kernel_name(kernel: tuple[int, int], tile: Tile) -> str:
-    return f"conv_{kernel[0]}x{kernel[1]}_{tile.name}"
+def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -> str:
+    return f"conv_{kernel[0]}x{kernel[1]}_{tile.name}" + ("_fixup" if fixup else "")
 
 
 def arg_format(kernel: str) -> str:
-    return CONV_FORMAT if kernel.startswith("conv_") and kernel not in ARG_FORMATS else ARG_FORMATS[kernel]
+    if kernel in ARG_FORMATS:
+        return ARG_FORMATS[kernel]
+    return FIXUP_FORMAT if kernel.endswith("_fixup") else CONV_FORMAT
 
 
 def source_of(kernel: str) -> str:
@@ -245,7 +267,7 @@ def source_of(kernel: str) -> str:
 
 
 def all_kernel_names() -> list[str]:
-    return [conv_kernel_name(k, t) for k in KERNEL_SIZES for t in TILES] + list(ARG_FORMATS)
+    return [conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES for f in (False, True)] + list(ARG_FORMATS)
 
 
 def view_ptr(base: int, v: View) -> int:
@@ -262,18 +284,22 @@ def _blocks(n: int, per_block: int) -> int:
 
 
 def conv_specs(name: str, src: View, dst: View, kernel: tuple[int, int], stride: int, pad: tuple[int, int],
-               relu: bool, cfg: ConvConfig, arena: int, w: int, b: int, ws: int) -> list[LaunchSpec]:
-    """The implicit-GEMM launch, plus the split-K reduction when cfg.splits > 1. w, b: weight/bias addresses."""
+               relu: bool, cfg: ConvConfig, arena: int, w: int, b: int, ws: int,
+               counters: int | None = None) -> list[LaunchSpec]:
+    """The implicit-GEMM launch when cfg.splits == 1. Split-K: one _fixup launch given tile counters (zeroed, see
+    conv.cu), else the plain kernel into the workspace plus conv_splitk_reduce. w, b: weight/bias addresses."""
     n, cin, h, wd = src.dims
     _, cout, ho, wo = dst.dims
     n_total, t = n * ho * wo, cfg.tile
     split = cfg.splits > 1
+    fixup = split and counters is not None
     y = view_ptr(arena, dst)
-    gemm = LaunchSpec(name, conv_kernel_name(kernel, t),
+    args = (view_ptr(arena, src), w, b, ws if split and not fixup else y, n, cin, h, wd, batch_stride(src), cout, ho,
+            wo, batch_stride(dst), stride, pad[0], pad[1], cfg.k_split, int(relu))
+    gemm = LaunchSpec(name, conv_kernel_name(kernel, t, fixup),
                       (_blocks(n_total, t.bn), _blocks(cout, t.bm), cfg.splits), (THREADS, 1, 1),
-                      (view_ptr(arena, src), w, b, ws if split else y, n, cin, h, wd, batch_stride(src), cout, ho, wo,
-                       batch_stride(dst), stride, pad[0], pad[1], cfg.k_split, int(relu)))
-    if not split:
+                      args + ((ws, counters) if fixup else ()))
+    if not split or fixup:
         return [gemm]
     reduce = LaunchSpec(name, "conv_splitk_reduce", (_blocks(cout * n_total, THREADS), 1, 1), (THREADS, 1, 1),
                         (ws, b, y, cfg.splits, cout, n_total, ho * wo, batch_stride(dst), int(relu)))
@@ -296,7 +322,8 @@ def gap_spec(op: GlobalAvgPoolOp, arena: int) -> LaunchSpec:
                        batch_stride(op.dst)))
 
 
-def fc_specs(op: FCOp, cfg: ConvConfig | None, arena: int, w: int, b: int, ws: int) -> list[LaunchSpec]:
+def fc_specs(op: FCOp, cfg: ConvConfig | None, arena: int, w: int, b: int, ws: int,
+             counters: int | None = None) -> list[LaunchSpec]:
     n, fin, _, _ = op.src.dims
     fout = op.dst.channels
     if cfg is None:
@@ -304,7 +331,7 @@ def fc_specs(op: FCOp, cfg: ConvConfig | None, arena: int, w: int, b: int, ws: i
                            (view_ptr(arena, op.src), w, b, view_ptr(arena, op.dst), fin, fout,
                             batch_stride(op.src), batch_stride(op.dst)))]
     # A 1x1 convolution of a (N, in, 1, 1) image: M = out, N = batch, K = in; no ReLU on the logits.
-    return conv_specs(op.name, op.src, op.dst, (1, 1), 1, (0, 0), False, cfg, arena, w, b, ws)
+    return conv_specs(op.name, op.src, op.dst, (1, 1), 1, (0, 0), False, cfg, arena, w, b, ws, counters)
 
 
 def softmax_spec(logits: View, arena: int, probs: int) -> LaunchSpec:
@@ -314,25 +341,30 @@ def softmax_spec(logits: View, arena: int, probs: int) -> LaunchSpec:
 
 
 def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, params: int,
-                 offsets: dict[str, int], ws: int, probs: int | None = None) -> list[LaunchSpec]:
+                 offsets: dict[str, int], ws: int, probs: int | None = None,
+                 counters: int | None = None) -> list[LaunchSpec]:
     """The whole forward as launches, in plan order. ws: the split-K workspace (``workspace_layout``'s size);
-    probs: where softmax writes, None for logits only."""
+    probs: where softmax writes, None for logits only; counters: zeroed tile counters (``counter_layout``'s size)
+    for split-K by _fixup kernels, None for conv_splitk_reduce."""
     specs: list[LaunchSpec] = []
     ws_offsets = workspace_layout(plan, configs)[1]
+    counter_offsets = counter_layout(plan, configs)[1]
     for op in plan.ops:
         if isinstance(op, (ConvOp, FCOp)):
             w, b = params + 4 * offsets[op.name + ".weight"], params + 4 * offsets[op.name + ".bias"]
             ws_op = ws + 4 * ws_offsets.get(op.name, 0)
+            cnt = None if counters is None else counters + 4 * counter_offsets.get(op.name, 0)
         if isinstance(op, ConvOp):
             cfg = configs[op.name]
             assert cfg is not None
-            specs += conv_specs(op.name, op.src, op.dst, op.kernel, op.stride, op.pad, True, cfg, arena, w, b, ws_op)
+            specs += conv_specs(op.name, op.src, op.dst, op.kernel, op.stride, op.pad, True, cfg, arena, w, b, ws_op,
+                                cnt)
         elif isinstance(op, PoolOp):
             specs.append(pool_spec(op, arena))
         elif isinstance(op, GlobalAvgPoolOp):
             specs.append(gap_spec(op, arena))
         elif isinstance(op, FCOp):
-            specs += fc_specs(op, configs[op.name], arena, w, b, ws_op)
+            specs += fc_specs(op, configs[op.name], arena, w, b, ws_op, cnt)
     if probs is not None:
         specs.append(softmax_spec(plan.output, arena, probs))
     return specs
@@ -425,11 +457,12 @@ class CudaBackend:
                                      f"{arch} are cached; install the CUDA toolkit or put its bin/ on PATH")
 
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
-                 concurrent: bool | None = None):
+                 concurrent: bool | None = None, fixup: bool = True):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
-        rebuilt so."""
+        rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce."""
+        self.fixup = fixup
         self.concurrent = graph if concurrent is None else concurrent
         if self.concurrent and not plan.concurrent:
             if not plan.layers:
@@ -479,14 +512,18 @@ class CudaBackend:
 
     def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
         plan = self.plan
-        self.configs = choose_configs(plan, self._gpu.num_sms)
+        self.configs = choose_configs(plan, self._gpu.num_sms, self.fixup)
         kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
         self._arena = self._alloc(plan.arena_elems)
         self._params = self._alloc(params.size)
         self._ws = self._alloc(workspace_layout(plan, self.configs)[0])
         self._probs = self._alloc(plan.batch * plan.output.channels) if softmax else None
+        n_counters = counter_layout(plan, self.configs)[0]
+        self._counters = self._alloc(n_counters) if self.fixup else None
         drv.memset_d32(self._arena, NAN_BITS, plan.arena_elems)
+        if self._counters is not None:
+            drv.memset_d32(self._counters, 0, max(n_counters, 1))
         drv.memcpy_htod(self._params, params)
         drv.Context.synchronize()
         self._stream = drv.Stream(1)  # CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
@@ -495,7 +532,8 @@ class CudaBackend:
         self._host = [self._x_host, self._y_host]
         self._in_ptr = view_ptr(self._arena, plan.input)
         self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
-        self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs)
+        self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
+                                  self._counters)
         self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
         self._sleep = kernels["gpu_sleep"]
         if self.concurrent:

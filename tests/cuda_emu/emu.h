@@ -33,6 +33,15 @@ struct alignas(16) float4 {
 };
 template <class T>
 T __ldg(const T* p) { return *p; }
+template <class T>
+T __ldcg(const T* p) { return *p; }
+// Blocks run one after another, so memory is always coherent and an atomic is a plain read-modify-write.
+inline void __threadfence() {}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
 
 namespace emu {
 struct Fiber {
