@@ -1,11 +1,12 @@
 """Per-kernel throughput of the CUDA backend next to the GPU's roofline.
 
-    python3 scripts/bench_kernels.py [--batch-sizes 1,8,128] [--iters 20] [--json FILE]
+    python3 scripts/bench_kernels.py [--batch-sizes 1,8,32,128] [--iters 20] [--per-op 1,128] [--json FILE]
 
-For every op of the forward: median GPU time of its launches (CudaBackend.time_layers: CUDA events, the host's
-launch latency hidden behind gpu_sleep), achieved TFLOP/s against the fp32 FFMA peak and GB/s against HBM
-bandwidth, counting the minimum traffic (each input, weight and output element once). Then the whole forward:
-graph replay and eager launches (time_forward), and the sum of per-op times. Needs a GPU and pycuda.
+For every op of the forward (at the --per-op batch sizes): median GPU time of its launches
+(CudaBackend.time_layers: CUDA events, the host's launch latency hidden behind gpu_sleep), achieved TFLOP/s
+against the fp32 FFMA peak and GB/s against HBM bandwidth, counting the minimum traffic (each input, weight and
+output element once). Then the whole forward in every mode of MODES (time_forward: median of --iters, each from an
+idle GPU), and last one table of forward times, mode by batch size. Needs a GPU and pycuda.
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inception_engine.backends import cuda_backend as cb  # noqa: E402
 from inception_engine.plan import ConvOp, FCOp, Op, View, build_plan  # noqa: E402
 from inception_engine.weights import Weights  # noqa: E402
+
+# Ways to run the forward: CudaBackend keyword arguments. The first is the backend's default.
+MODES = {
+    "graph, concurrent, fixup": {"graph": True, "concurrent": True, "fixup": True},
+    "graph, serial, fixup": {"graph": True, "concurrent": False, "fixup": True},
+    "graph, concurrent, reduce": {"graph": True, "concurrent": True, "fixup": False},
+    "graph, serial, reduce": {"graph": True, "concurrent": False, "fixup": False},
+    "eager, serial, fixup": {"graph": False, "concurrent": False, "fixup": True},
+    "eager, concurrent, reduce": {"graph": False, "concurrent": True, "fixup": False},
+}
 
 # Datasheet peaks: fp32 (non-tensor) FLOP/s and HBM bytes/s. H100 SXM: 67 TFLOP/s, 3.35 TB/s (~3.0 reachable).
 PEAKS = {"H200": (67e12, 4.8e12), "H100": (67e12, 3.35e12)}
@@ -61,42 +72,64 @@ def describe(op: Op, backend: cb.CudaBackend) -> str:
     return next(s.kernel for s in backend.specs if s.op == op.name)
 
 
-def bench(weights: Weights, batch: int, iters: int, peak_flops: float, peak_bytes: float) -> dict:
-    plan = build_plan(batch, weights.layers())
+def bench(weights: Weights, batch: int, iters: int, per_op: bool, peak_flops: float, peak_bytes: float,
+          warmup: int = 3, input_size: int = 299, modes: dict[str, dict] = MODES) -> dict:
+    plan = build_plan(batch, weights.layers(), concurrent=True, input_size=input_size)
     x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
-    with cb.CudaBackend(weights, plan, graph=True) as backend:
-        graph_ms = statistics.median(backend.time_forward(x, iters, warmup=3))
-        layer_ms = {k: statistics.median(v) for k, v in backend.time_layers(x, iters).items()}
-        rows = []
-        for op in plan.ops:
-            ms = layer_ms[op.name]
-            flops, nbytes = work(op)
-            rows.append({"op": op.name, "kernel": describe(op, backend), "ms": ms,
-                         "tflops": flops / ms / 1e9, "pct_fp32": 100 * flops / ms / 1e-3 / peak_flops,
-                         "gbps": nbytes / ms / 1e6, "pct_hbm": 100 * nbytes / ms / 1e-3 / peak_bytes,
-                         "flops": flops, "bytes": nbytes})
-        launches = len(backend.specs)
-    with cb.CudaBackend(weights, plan, graph=False) as backend:
-        eager_ms = statistics.median(backend.time_forward(x, iters, warmup=3))
-    return {"batch": batch, "graph_ms": graph_ms, "eager_ms": eager_ms, "sum_of_ops_ms": sum(layer_ms.values()),
-            "launches": launches, "flops": plan.flops, "ops": rows}
+    forward_ms, launches, rows = {}, {}, []
+    for mode, kwargs in modes.items():
+        with cb.CudaBackend(weights, plan, **kwargs) as backend:
+            forward_ms[mode] = statistics.median(backend.time_forward(x, iters, warmup=warmup))
+            launches[mode] = len(backend.specs)
+            if per_op and not rows:
+                layer_ms = {k: statistics.median(v) for k, v in backend.time_layers(x, iters, warmup).items()}
+                for op in plan.ops:
+                    ms = layer_ms[op.name]
+                    flops, nbytes = work(op)
+                    rows.append({"op": op.name, "kernel": describe(op, backend), "ms": ms,
+                                 "tflops": flops / ms / 1e9, "pct_fp32": 100 * flops / ms / 1e-3 / peak_flops,
+                                 "gbps": nbytes / ms / 1e6, "pct_hbm": 100 * nbytes / ms / 1e-3 / peak_bytes,
+                                 "flops": flops, "bytes": nbytes})
+    return {"batch": batch, "forward_ms": forward_ms, "launches": launches,
+            "sum_of_ops_ms": sum(r["ms"] for r in rows), "flops": plan.flops, "ops": rows}
 
 
 def table(result: dict) -> str:
-    lines = [f"batch {result['batch']}: forward {result['graph_ms']:.3f} ms (graph), {result['eager_ms']:.3f} ms "
-             f"(eager), sum of ops {result['sum_of_ops_ms']:.3f} ms, {result['launches']} launches, "
-             f"{result['flops'] / result['graph_ms'] / 1e9:.1f} TFLOP/s overall",
-             f"{'op':34s} {'kernel':22s} {'ms':>8s} {'TFLOP/s':>8s} {'%fp32':>6s} {'GB/s':>8s} {'%hbm':>6s}"]
+    best = min(result["forward_ms"].values())
+    lines = [f"batch {result['batch']}: " + ", ".join(f"{m} {ms:.3f} ms ({result['launches'][m]} launches)"
+                                                       for m, ms in result["forward_ms"].items())
+             + f"; {result['flops'] / best / 1e9:.1f} TFLOP/s overall at best"]
+    if result["ops"]:
+        lines += [f"per op (first mode, kernels launched one by one): sum {result['sum_of_ops_ms']:.3f} ms",
+                  f"{'op':34s} {'kernel':26s} {'ms':>8s} {'TFLOP/s':>8s} {'%fp32':>6s} {'GB/s':>8s} {'%hbm':>6s}"]
     for r in result["ops"]:
-        lines.append(f"{r['op']:34s} {r['kernel']:22s} {r['ms']:8.4f} {r['tflops']:8.2f} {r['pct_fp32']:6.1f} "
+        lines.append(f"{r['op']:34s} {r['kernel']:26s} {r['ms']:8.4f} {r['tflops']:8.2f} {r['pct_fp32']:6.1f} "
                      f"{r['gbps']:8.1f} {r['pct_hbm']:6.1f}")
+    return "\n".join(lines)
+
+
+def summary(results: list[dict]) -> str:
+    """Forward ms, mode by batch size, then images/s of the best mode and the slowest ops where measured."""
+    lines = [f"{'forward ms (median)':28s}" + "".join(f"{'batch ' + str(r['batch']):>12s}" for r in results)]
+    for mode in results[0]["forward_ms"]:
+        lines.append(f"{mode:28s}" + "".join(f"{r['forward_ms'][mode]:12.3f}" for r in results))
+    lines.append(f"{'images/s (best mode)':28s}"
+                 + "".join(f"{r['batch'] / min(r['forward_ms'].values()) * 1e3:12.0f}" for r in results))
+    for r in results:
+        if r["ops"]:
+            top = sorted(r["ops"], key=lambda o: -o["ms"])[:5]
+            lines.append(f"batch {r['batch']} slowest ops: " + ", ".join(f"{o['op']} {o['ms']:.3f}" for o in top))
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", default="1,8,128")
+    p.add_argument("--batch-sizes", default="1,8,32,128")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--per-op", default="1,128", help="batch sizes that also get the per-op table")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--input-size", type=int, default=299, help="smaller images: a quick smoke run (CI emulator)")
+    p.add_argument("--no-graph", action="store_true", help="eager modes only (no CUDA graph, e.g. the emulator)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     gpu = cb.Gpu()
@@ -106,15 +139,14 @@ def main() -> int:
     print(f"{name}: roofline {peak_flops / 1e12:.0f} TFLOP/s fp32, {peak_bytes / 1e12:.2f} TB/s")
     weights = cb.he_weights(0)  # values do not change the timing
     results = []
+    per_op = {int(b) for b in args.per_op.split(",") if b}
+    modes = {m: kw for m, kw in MODES.items() if not (args.no_graph and kw["graph"])}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        results.append(bench(weights, batch, args.iters, peak_flops, peak_bytes))
+        results.append(bench(weights, batch, args.iters, batch in per_op, peak_flops, peak_bytes, args.warmup,
+                             args.input_size, modes))
         print(table(results[-1]), flush=True)
     print("\nsummary")
-    for r in results:
-        top = sorted(r["ops"], key=lambda o: -o["ms"])[:5]
-        print(f"batch {r['batch']:4d}: graph {r['graph_ms']:8.3f} ms, eager {r['eager_ms']:8.3f} ms, "
-              f"{r['batch'] / r['graph_ms'] * 1e3:8.0f} img/s; slowest: "
-              + ", ".join(f"{o['op']} {o['ms']:.3f}" for o in top))
+    print(summary(results))
     if args.json:
         args.json.write_text(json.dumps({"device": name, "peak_flops": peak_flops, "peak_bytes": peak_bytes,
                                          "results": results}, indent=1))

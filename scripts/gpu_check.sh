@@ -4,12 +4,14 @@
 #   bash scripts/gpu_check.sh
 #
 # 1. pytest -m gpu on the CUDA kernel and backend tests
-# 2. compute-sanitizer memcheck on one full forward (299x299, eager launches) against the NumPy reference
-# 3. scripts/bench_kernels.py: per-op TFLOP/s and GB/s next to the roofline, batch 1, 8, 128
+# 2. compute-sanitizer memcheck on one full forward (299x299, eager launches, split-K fixups) against NumPy
+# 3. scripts/bench_kernels.py: forward ms of every mode (graph concurrent/serial, split-K fixup/reduce, eager) at
+#    batch 1, 8, 32, 128; per-op TFLOP/s and GB/s next to the roofline at batch 1 and 128
 # 4. compute-sanitizer racecheck on one forward at 75x75 (racecheck is slow; the kernels are the same)
-# 5. the self-test at batch 8 through the CUDA graph
-# 6. every other gpu-marked test of the repo
-# 7. inception-bench: cuda vs cudnn vs torch with per-layer times, if the CLI is there
+# 5. the self-test at batch 8 through the concurrent CUDA graph, and memcheck of an eager concurrent forward
+# 6. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision)
+# 7. every other gpu-marked test of the repo
+# 8. inception-bench: cuda vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer times, if the CLI is there
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -65,13 +67,16 @@ step "pytest cuda" env_pytest.log 170 python3 -m pytest -m gpu -q -rfEs --durati
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
 
-step "bench_kernels" bench_kernels.log 90 python3 scripts/bench_kernels.py --batch-sizes 1,8,128 --iters 20 \
-  --json "$OUT/bench_kernels.json"
+step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
+  --per-op 1,128 --json "$OUT/bench_kernels.json"
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
   --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75
 
-step "selftest graph b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on
+step "selftest graph b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on
+
+step "memcheck concurrent" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299
 
 step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
 
@@ -79,9 +84,9 @@ step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs
   --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py
 
 if python3 -c "import inception_engine.cli" 2>/dev/null; then
-  step "inception-bench" inception_bench.log 90 python3 -c \
+  step "inception-bench" inception_bench.log 150 python3 -c \
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \
-    --backends cuda,cudnn,torch --batch-sizes 1,8 --iters 20 --per-layer --json "$OUT/inception_bench.json"
+    --backends cuda,cudnn,torch --batch-sizes 1,8,32,128 --iters 20 --per-layer --json "$OUT/inception_bench.json"
 else
   SUMMARY+=("inception-bench        skipped        (inception_engine.cli not present)")
 fi
@@ -89,7 +94,8 @@ fi
 {
   echo
   echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) =="
-  sed -n '/^summary$/,$p' "$OUT/bench_kernels.log" 2>/dev/null | grep "^batch"
+  sed -n '/^summary$/,$p' "$OUT/bench_kernels.log" 2>/dev/null | tail -n +2
+  grep -E "^(cuda|cudnn|torch) +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"

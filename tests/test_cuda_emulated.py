@@ -79,3 +79,13 @@ def test_backend_forward_on_the_emulator(emu_lib):
     r = run_emulated(emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest", "--batch", "2",
                      "--graph", "off", "--concurrent", "on", "--input-size", "75")
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_bench_kernels_runs_on_the_emulator(emu_lib):
+    """scripts/bench_kernels.py end to end (the eager modes, the per-op table, the summary), on tiny inputs."""
+    r = run_emulated(emu_lib, "scripts/bench_kernels.py", "--batch-sizes", "1", "--iters", "1", "--warmup", "0",
+                     "--per-op", "1", "--input-size", "75", "--no-graph")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    summary = r.stdout.split("\nsummary\n")[1]
+    assert all(mode in summary for mode in ("eager, serial, fixup", "eager, concurrent, reduce")), summary
+    assert "Mixed_7c.branch3x3dbl_2" in r.stdout and "slowest ops" in summary
