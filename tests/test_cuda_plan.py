@@ -217,3 +217,55 @@ def test_concurrent_plan_never_shares_memory_within_a_stage(batch):
                 assert a.offset + a.elems <= b.offset or b.offset + b.elems <= a.offset, (a.name, b.name)
     # reuse still works across stages: far below one buffer per tensor
     assert plan.arena_elems < build_plan(batch, reuse=False).arena_elems / 2
+
+
+@pytest.mark.parametrize("num_sms", [132, 8])
+@pytest.mark.parametrize("batch", [1, 3, 8, 128])
+def test_tf32_uses_only_tensor_core_kernels_and_reduces_split_k_separately(weights, batch, num_sms):
+    """precision="tf32": every conv and the FC-as-GEMM on a conv_tf32 tile, K slices multiples of its BK of 16,
+    and split-K through conv_splitk_reduce (conv_tf32.cu has no _fixup kernels), even when fixup is asked for."""
+    plan = build_plan(batch)
+    configs = cb.choose_configs(plan, num_sms, fixup=True, precision="tf32")
+    assert set(configs) == {op.name for op in plan.ops if isinstance(op, (ConvOp, FCOp))}
+    assert (configs["fc"] is None) == (batch == 1)
+    for op in plan.ops:
+        cfg = configs.get(op.name)
+        if cfg is None:
+            continue
+        assert cfg.tile in cb.TF32_TILES and not cfg.tile.fixup, op.name
+        k_total = op.src.channels * (op.kernel[0] * op.kernel[1] if isinstance(op, ConvOp) else 1)
+        assert cfg.k_split % 16 == 0 and (cfg.splits - 1) * cfg.k_split < k_total <= cfg.splits * cfg.k_split
+        assert cfg.splits == 1 or cfg.k_split >= cb.MIN_K_SPLIT
+    assert cb.counter_layout(plan, configs) == (0, {})
+    _, offsets = cb.pack_params(weights, plan, configs)
+    specs = cb.launch_specs(plan, configs, ARENA, PARAMS, offsets, WS, counters=1 << 44)
+    kernels = set(cb.all_kernel_names())
+    gemms = [s for s in specs if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce"]
+    assert gemms and all(s.kernel.startswith("conv_tf32_") and not s.kernel.endswith("_fixup") for s in gemms)
+    assert all(s.kernel in kernels and len(s.args) == len(cb.arg_format(s.kernel)) for s in specs)
+    assert all(cb.source_of(s.kernel) == "conv_tf32.cu" for s in gemms)
+    reduces = {s.op for s in specs if s.kernel == "conv_splitk_reduce"}
+    assert reduces == {name for name, cfg in configs.items() if cfg is not None and cfg.splits > 1}
+    if batch == 1:
+        assert reduces, "batch 1 should split K somewhere"
+
+
+def test_fp32_never_picks_tf32_kernels_and_names_are_distinct():
+    configs = cb.choose_configs(build_plan(8), 132)
+    assert all(c.tile in cb.TILES for c in configs.values() if c is not None)
+    names = cb.all_kernel_names()
+    assert len(names) == len(set(names))
+    tf32 = [n for n in names if n.startswith("conv_tf32_")]
+    assert len(tf32) == len(cb.KERNEL_SIZES) * len(cb.TF32_TILES) == 21
+    assert cb.conv_kernel_name((1, 7), cb.TF32_TILES[1]) == "conv_tf32_1x7_128x64"
+    assert cb.source_of("conv_3x3_64x64_fixup") == "conv.cu" and cb.source_of("conv_tf32_3x3_64x64") == "conv_tf32.cu"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_unknown_precision_is_one_clear_line(weights, precision):
+    with pytest.raises(cb.EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32") as e:
+        cb.CudaBackend(weights, build_plan(1), precision=precision)
+    assert "\n" not in str(e.value)
+    with pytest.raises(cb.EngineError, match="choose one of fp32, tf32"):
+        cb.choose_configs(build_plan(1), 132, precision=precision)
+    assert cb.CudaBackend.PRECISIONS == ("fp32", "tf32")
