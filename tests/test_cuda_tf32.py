@@ -7,8 +7,9 @@ Three levels, so a fragment-layout mistake is caught without a GPU:
 - CPU, g++: the kernels run in the fiber emulator (tests/cuda_emu/emu.h) with tests/cuda_emu/tf32_emu.h, which
   implements the warp-wide mma from the ISA layout independently of the kernel, on small edge cases (batch 3, odd
   sizes, channel-slice views, split-K, no ReLU, Cout not a multiple of 4) with every tile.
+- CPU, g++: one whole forward of the backend with precision="tf32" (75x75 images) in the emulator, against float64.
 - GPU (marked gpu): every distinct conv shape of the network at batch 1 with every tile (and split-K), and the
-  edge cases of test_cuda_kernels.py, launched by the backend's own conv_specs with the tf32 kernel name swapped in.
+  edge cases of test_cuda_kernels.py, launched by the backend's own conv_specs and kernel loader.
 Outputs and the split-K workspace start as NaN, so unwritten elements fail; writes outside the destination view and
 changes to the source fail too. Tolerance: rel L2 <= 3e-3 per layer (TF32 keeps 10 mantissa bits; ~5e-4 expected).
 """
@@ -31,6 +32,8 @@ from inception_engine import cuda_build
 from inception_engine.backends import cuda_backend as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
+from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
+from test_cuda_emulated import run_emulated as run_backend_emulated
 from test_cuda_kernels import Arena, Params, check_view, run  # the GPU helpers (NaN-poisoned arena, params)
 
 TOL = 3e-3
@@ -49,6 +52,7 @@ class Tf32Tile:
     bk: int
     warps_m: int
     stages: int
+    min_blocks: int
 
     @property
     def name(self) -> str:
@@ -59,13 +63,14 @@ class Tf32Tile:
         return 4 * self.stages * self.bk * (self.bm + PAD + self.bn + PAD)
 
     def backend_tile(self) -> cb.Tile:
-        """The backend's Tile with this shape, so cb.conv_specs computes grid and k_split for it."""
-        return cb.Tile(self.bm, self.bn, self.bk, 1, 1.0)
+        """The backend's Tile of this shape (cb.TF32_TILES), so cb.conv_specs names the kernel and sizes the grid."""
+        return next(t for t in cb.TF32_TILES if t.name == self.name)
 
 
 def source_tiles() -> list[Tf32Tile]:
-    """The tile table as conv_tf32.cu instantiates it: CONV_TF32_KERNEL(KH, KW, BM, BN, BK, WARPS_M, STAGES, ...)."""
-    found = re.findall(r"CONV_TF32_KERNEL\(KH, KW, (\d+), (\d+), (\d+), (\d+), (\d+), \d+\)", SOURCE.read_text())
+    """The tile table as conv_tf32.cu instantiates it:
+    CONV_TF32_KERNEL(KH, KW, BM, BN, BK, WARPS_M, STAGES, MIN_BLOCKS)."""
+    found = re.findall(r"CONV_TF32_KERNEL\(KH, KW, (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", SOURCE.read_text())
     return [Tf32Tile(*map(int, f)) for f in found]
 
 
@@ -97,6 +102,16 @@ def test_tile_table():
         warps_n = THREADS // 32 // t.warps_m
         assert (t.bm // t.warps_m) % 16 == 0 and (t.bn // warps_n) % 8 == 0 and t.bk % 8 == 0
         assert t.smem_bytes <= 48 * 1024, f"{t.name}: static shared memory over 48 KB"
+
+
+def test_backend_tiles_match_the_source():
+    """cb.TF32_TILES (what the cost model plans with) has the source's shapes, BK and blocks per SM, and its kernel
+    names are exactly the source's entry points, loaded from conv_tf32.cu's cubin."""
+    assert [(t.bm, t.bn, t.bk, t.resident) for t in cb.TF32_TILES] == [(t.bm, t.bn, t.bk, t.min_blocks) for t in TILES]
+    assert all(t.prefix == "conv_tf32" and not t.fixup for t in cb.TF32_TILES)
+    backend_names = [n for n in cb.all_kernel_names() if cb.source_of(n) == "conv_tf32.cu"]
+    assert sorted(backend_names) == sorted(all_names())
+    assert all(cb.arg_format(n) == cb.CONV_FORMAT for n in backend_names)
 
 
 def isa_mma(a_regs: np.ndarray, b_regs: np.ndarray, c_regs: np.ndarray) -> np.ndarray:
@@ -224,10 +239,12 @@ def config(tile: Tf32Tile, splits: int, k_total: int) -> cb.ConvConfig:
 
 def tf32_specs(case: Case, cfg: cb.ConvConfig, name: str, src: View, dst: View, arena: int, w: int, b: int,
                ws: int) -> list[cb.LaunchSpec]:
-    """The backend's launches for this conv, its GEMM kernel replaced by the tf32 one of the same tile."""
-    specs = cb.conv_specs("conv", src, dst, case.kernel, case.stride, case.pad, case.relu, cfg, arena, w, b, ws)
-    assert specs[0].block == (THREADS, 1, 1)
-    return [dataclasses.replace(specs[0], kernel=name), *specs[1:]]
+    """The backend's launches for this conv (given tile counters, which tf32 split-K must not use)."""
+    specs = cb.conv_specs("conv", src, dst, case.kernel, case.stride, case.pad, case.relu, cfg, arena, w, b, ws,
+                          counters=1 << 44)
+    assert specs[0].block == (THREADS, 1, 1) and specs[0].kernel == name
+    assert [s.kernel for s in specs[1:]] == (["conv_splitk_reduce"] if cfg.splits > 1 else [])
+    return specs
 
 
 def emu_wrapper_source() -> str:
@@ -321,6 +338,17 @@ def test_emulated(emu_lib, case, tile):
     run_emulated(emu_lib, case, tile, splits)
 
 
+@pytest.mark.skipif(GXX is None or NVCC is None, reason="needs g++ and nvcc (as test_cuda_emulated.py)")
+def test_backend_tf32_forward_on_the_emulator(backend_emu_lib):
+    """The backend's self-test in tf32: the whole network (75x75, batch 1, ~200 launches, split-K by
+    conv_splitk_reduce) against float64, rel L2 <= 3e-3 and the same top class. About a minute on one core."""
+    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
+                             "--batch", "1", "--graph", "off", "--concurrent", "off", "--input-size", "75",
+                             "--precision", "tf32")
+    out = r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and "selftest (tf32)" in r.stdout and "PASS" in r.stdout, out
+
+
 # --- nvcc: every entry point is there ------------------------------------------------------------------------------
 
 
@@ -348,34 +376,16 @@ def test_cubin_holds_every_entry_point(cubin):
 # --- GPU -----------------------------------------------------------------------------------------------------------
 
 
-class GpuKernels:
-    """conv_tf32.cu compiled for this GPU and loaded, plus conv.cu's split-K reduction from the backend's cubins."""
-
-    def __init__(self, arch: str, out: Path):
-        drv = cb.driver()
-        self.module = drv.module_from_file(str(compile_cubin(out, arch)))
-        self.base = cb.Kernels(arch)
-        self.funcs: dict = {}
-
-    def __getitem__(self, name: str):
-        if not name.startswith("conv_tf32_"):
-            return self.base[name]
-        if name not in self.funcs:
-            fn = self.module.get_function(name)
-            fn.prepare(cb.CONV_FORMAT)
-            self.funcs[name] = fn
-        return self.funcs[name]
-
-
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
+def gpu():
+    """The backend's own kernel loader: conv_tf32.cu is one of cuda_build.SOURCES."""
     g = cb.Gpu()
     with g:
-        yield g, GpuKernels(g.arch, tmp_path_factory.mktemp("tf32_gpu"))
+        yield g, cb.Kernels(g.arch)
     g.release()
 
 
-def run_on_gpu(kernels: GpuKernels, case: Case, tile: Tf32Tile, splits: int) -> None:
+def run_on_gpu(kernels: cb.Kernels, case: Case, tile: Tf32Tile, splits: int) -> None:
     arena = Arena(*case.shapes())
     src, dst = arena.view(0, case.src_extra[0], case.cin), arena.view(1, case.dst_extra[0], case.cout)
     x, wt, b = case.data()
