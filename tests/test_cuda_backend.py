@@ -18,6 +18,7 @@ from inception_engine.plan import build_plan
 pytestmark = pytest.mark.gpu
 
 TOL = 1e-4  # rel L2 of the logits, fp32 through 94 layers against float64
+TF32_TOL = 3e-3  # the same with TF32 products in every conv (10 mantissa bits, fp32 sums)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,43 @@ def test_graph_and_eager_match_the_reference_and_each_other(weights, batch):
         outs[graph, concurrent] = got
     for key, got in outs.items():
         np.testing.assert_array_equal(got, outs[False, False], err_msg=f"graph, concurrent = {key} vs serial eager")
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_tf32_graph_and_eager_match_the_reference(weights, batch):
+    """precision="tf32": the concurrent graph and serial eager launches, within the TF32 bound of float64 and with
+    the same top class; the two runs agree bit for bit (same kernels, same split-K, deterministic reductions)."""
+    x = make_input(batch, seed=batch)
+    ref = reference(weights, x, batch)
+    plan = build_plan(batch, weights.layers())
+    outs = []
+    for graph in (True, False):
+        with cb.CudaBackend(weights, plan, graph=graph, precision="tf32") as backend:
+            assert backend.precision == "tf32"
+            assert all(s.kernel.startswith("conv_tf32_") for s in backend.specs
+                       if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce")
+            got = backend.forward(x)
+        assert got.shape == (batch, 1000) and np.isfinite(got).all()
+        err = rel_l2(got, ref)
+        assert err <= TF32_TOL, f"graph={graph}: rel L2 {err:.2e}"
+        np.testing.assert_array_equal(got.argmax(1), ref.argmax(1), err_msg=f"graph={graph}: top-1")
+        outs.append(got)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_tf32_top1_agrees_with_float64_on_256_images(weights):
+    """256 image-like inputs in batches of 32: the tf32 forward's top class is float64's on >= 99% of them."""
+    plan = build_plan(32, weights.layers())
+    agree, errs = 0, []
+    with cb.CudaBackend(weights, plan, precision="tf32") as backend:
+        for i in range(8):
+            x = make_input(32, seed=1000 + i)
+            got = backend.forward(x)
+            ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
+            agree += int((got.argmax(1) == ref.argmax(1)).sum())
+            errs.append(rel_l2(got, ref))
+    assert agree >= 0.99 * 256, f"top-1 agrees on {agree}/256 (rel L2 per batch up to {max(errs):.1e})"
+    assert max(errs) <= TF32_TOL, f"rel L2 per batch up to {max(errs):.2e}"
 
 
 def test_conv_variants_in_use_are_covered():
