@@ -1,12 +1,14 @@
 """Per-kernel throughput of the CUDA backend next to the GPU's roofline.
 
     python3 scripts/bench_kernels.py [--batch-sizes 1,8,32,128] [--iters 20] [--per-op 1,128] [--json FILE]
+        [--precision fp32|tf32]
 
 For every op of the forward (at the --per-op batch sizes): median GPU time of its launches
 (CudaBackend.time_layers: CUDA events, the host's launch latency hidden behind gpu_sleep), achieved TFLOP/s
-against the fp32 FFMA peak and GB/s against HBM bandwidth, counting the minimum traffic (each input, weight and
-output element once). Then the whole forward in every mode of MODES (time_forward: median of --iters, each from an
-idle GPU), and last one table of forward times, mode by batch size. Needs a GPU and pycuda.
+against the precision's peak (fp32 FFMA, or dense TF32 tensor cores) and GB/s against HBM bandwidth, counting the
+minimum traffic (each input, weight and output element once). Then the whole forward in every mode of MODES
+(time_forward: median of --iters, each from an idle GPU), and last one table of forward times, mode by batch size.
+Needs a GPU and pycuda.
 """
 
 from __future__ import annotations
@@ -34,16 +36,24 @@ MODES = {
     "eager, serial, fixup": {"graph": False, "concurrent": False, "fixup": True},
     "eager, concurrent, reduce": {"graph": False, "concurrent": True, "fixup": False},
 }
+# tf32 has no _fixup kernels (split-K always reduces in conv_splitk_reduce), so fixup/reduce would be the same run.
+TF32_MODES = {
+    "tf32 graph, concurrent": {"graph": True, "concurrent": True, "precision": "tf32"},
+    "tf32 graph, serial": {"graph": True, "concurrent": False, "precision": "tf32"},
+    "tf32 eager, serial": {"graph": False, "concurrent": False, "precision": "tf32"},
+    "tf32 eager, concurrent": {"graph": False, "concurrent": True, "precision": "tf32"},
+}
+MODES_OF = {"fp32": MODES, "tf32": TF32_MODES}
 
 # Datasheet peaks: fp32 (non-tensor) FLOP/s and HBM bytes/s. H100 SXM: 67 TFLOP/s, 3.35 TB/s (~3.0 reachable).
 PEAKS = {"H200": (67e12, 4.8e12), "H100": (67e12, 3.35e12)}
+# Dense TF32 tensor-core FLOP/s (the datasheets' 989 TFLOP/s counts 2:4 sparsity), the same on H100 SXM and H200.
+TF32_PEAK = 494e12
 
 
-def peaks_for(device_name: str) -> tuple[float, float]:
-    for key, peaks in PEAKS.items():
-        if key in device_name:
-            return peaks
-    return PEAKS["H100"]
+def peaks_for(device_name: str, precision: str = "fp32") -> tuple[float, float]:
+    flops, hbm = next((peaks for key, peaks in PEAKS.items() if key in device_name), PEAKS["H100"])
+    return (TF32_PEAK if precision == "tf32" else flops), hbm
 
 
 def elems(v: View) -> int:
@@ -68,7 +78,8 @@ def describe(op: Op, backend: cb.CudaBackend) -> str:
         if cfg is None:
             return "fc_gemv"
         k = op.kernel if isinstance(op, ConvOp) else (1, 1)
-        return f"{k[0]}x{k[1]} {cfg.tile.name}" + (f" splitK{cfg.splits}" if cfg.splits > 1 else "")
+        return (f"{k[0]}x{k[1]} {'tf32 ' if cfg.tile.prefix == 'conv_tf32' else ''}{cfg.tile.name}"
+                + (f" splitK{cfg.splits}" if cfg.splits > 1 else ""))
     return next(s.kernel for s in backend.specs if s.op == op.name)
 
 
@@ -87,7 +98,7 @@ def bench(weights: Weights, batch: int, iters: int, per_op: bool, peak_flops: fl
                     ms = layer_ms[op.name]
                     flops, nbytes = work(op)
                     rows.append({"op": op.name, "kernel": describe(op, backend), "ms": ms,
-                                 "tflops": flops / ms / 1e9, "pct_fp32": 100 * flops / ms / 1e-3 / peak_flops,
+                                 "tflops": flops / ms / 1e9, "pct_peak": 100 * flops / ms / 1e-3 / peak_flops,
                                  "gbps": nbytes / ms / 1e6, "pct_hbm": 100 * nbytes / ms / 1e-3 / peak_bytes,
                                  "flops": flops, "bytes": nbytes})
     return {"batch": batch, "forward_ms": forward_ms, "launches": launches,
@@ -101,9 +112,9 @@ def table(result: dict) -> str:
              + f"; {result['flops'] / best / 1e9:.1f} TFLOP/s overall at best"]
     if result["ops"]:
         lines += [f"per op (first mode, kernels launched one by one): sum {result['sum_of_ops_ms']:.3f} ms",
-                  f"{'op':34s} {'kernel':26s} {'ms':>8s} {'TFLOP/s':>8s} {'%fp32':>6s} {'GB/s':>8s} {'%hbm':>6s}"]
+                  f"{'op':34s} {'kernel':26s} {'ms':>8s} {'TFLOP/s':>8s} {'%peak':>6s} {'GB/s':>8s} {'%hbm':>6s}"]
     for r in result["ops"]:
-        lines.append(f"{r['op']:34s} {r['kernel']:26s} {r['ms']:8.4f} {r['tflops']:8.2f} {r['pct_fp32']:6.1f} "
+        lines.append(f"{r['op']:34s} {r['kernel']:26s} {r['ms']:8.4f} {r['tflops']:8.2f} {r['pct_peak']:6.1f} "
                      f"{r['gbps']:8.1f} {r['pct_hbm']:6.1f}")
     return "\n".join(lines)
 
@@ -130,17 +141,19 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--input-size", type=int, default=299, help="smaller images: a quick smoke run (CI emulator)")
     p.add_argument("--no-graph", action="store_true", help="eager modes only (no CUDA graph, e.g. the emulator)")
+    p.add_argument("--precision", choices=sorted(MODES_OF), default="fp32",
+                   help="fp32: every mode of MODES; tf32: TF32_MODES")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     gpu = cb.Gpu()
     name = gpu.device.name()
     gpu.release()
-    peak_flops, peak_bytes = peaks_for(name)
-    print(f"{name}: roofline {peak_flops / 1e12:.0f} TFLOP/s fp32, {peak_bytes / 1e12:.2f} TB/s")
+    peak_flops, peak_bytes = peaks_for(name, args.precision)
+    print(f"{name}: roofline {peak_flops / 1e12:.0f} TFLOP/s {args.precision}, {peak_bytes / 1e12:.2f} TB/s")
     weights = cb.he_weights(0)  # values do not change the timing
     results = []
     per_op = {int(b) for b in args.per_op.split(",") if b}
-    modes = {m: kw for m, kw in MODES.items() if not (args.no_graph and kw["graph"])}
+    modes = {m: kw for m, kw in MODES_OF[args.precision].items() if not (args.no_graph and kw["graph"])}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         results.append(bench(weights, batch, args.iters, batch in per_op, peak_flops, peak_bytes, args.warmup,
                              args.input_size, modes))

@@ -7,11 +7,13 @@
 # 2. compute-sanitizer memcheck on one full forward (299x299, eager launches, split-K fixups) against NumPy
 # 3. scripts/bench_kernels.py: forward ms of every mode (graph concurrent/serial, split-K fixup/reduce, eager) at
 #    batch 1, 8, 32, 128; per-op TFLOP/s and GB/s next to the roofline at batch 1 and 128
-# 4. compute-sanitizer racecheck on one forward at 75x75 (racecheck is slow; the kernels are the same)
-# 5. the self-test at batch 8 through the concurrent CUDA graph, and memcheck of an eager concurrent forward
-# 6. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision)
-# 7. every other gpu-marked test of the repo
-# 8. inception-bench: cuda vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer times, if the CLI is there
+# 4. TF32: pytest -m gpu tests/test_cuda_tf32.py, the tf32 self-test (batch 8, concurrent graph), and the
+#    bench_kernels forward table in tf32 at batch 1, 8, 32, 128 (appended to the bench_kernels log)
+# 5. compute-sanitizer racecheck on one forward at 75x75 (racecheck is slow; the kernels are the same)
+# 6. the self-test at batch 8 through the concurrent CUDA graph, and memcheck of an eager concurrent forward
+# 7. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision)
+# 8. every other gpu-marked test of the repo
+# 9. inception-bench: cuda vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer times, if the CLI is there
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -61,7 +63,7 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
-step "pytest cuda" env_pytest.log 170 python3 -m pytest -m gpu -q -rfEs --durations=10 \
+step "pytest cuda" env_pytest.log 200 python3 -m pytest -m gpu -q -rfEs --durations=10 \
   tests/test_cuda_kernels.py tests/test_cuda_backend.py
 
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
@@ -69,6 +71,13 @@ step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exi
 
 step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
   --per-op 1,128 --json "$OUT/bench_kernels.json"
+
+step "pytest tf32" env_pytest.log 90 python3 -m pytest -m gpu -q -rfEs --durations=5 tests/test_cuda_tf32.py
+
+step "selftest tf32 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on --precision tf32
+
+step "bench_kernels tf32" bench_kernels.log 75 python3 scripts/bench_kernels.py --precision tf32 \
+  --batch-sizes 1,8,32,128 --iters 20 --per-op ""
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
   --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75
@@ -81,7 +90,7 @@ step "memcheck concurrent" memcheck.log 45 "$SANITIZER" --tool memcheck --error-
 step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
 
 step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
-  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py
+  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_tf32.py
 
 if python3 -c "import inception_engine.cli" 2>/dev/null; then
   step "inception-bench" inception_bench.log 150 python3 -c \
@@ -94,7 +103,7 @@ fi
 {
   echo
   echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) =="
-  sed -n '/^summary$/,$p' "$OUT/bench_kernels.log" 2>/dev/null | tail -n +2
+  awk '/^### /{p=0} p; /^summary$/{p=1}' "$OUT/bench_kernels.log" 2>/dev/null
   grep -E "^(cuda|cudnn|torch) +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
