@@ -95,7 +95,11 @@ step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs
 if python3 -c "import inception_engine.cli" 2>/dev/null; then
   step "inception-bench" inception_bench.log 150 python3 -c \
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \
-    --backends cuda,cudnn,torch --batch-sizes 1,8,32,128 --iters 20 --per-layer --json "$OUT/inception_bench.json"
+    --backends cuda,cudnn,torch,torch-graph --batch-sizes 1,8,32,128 --iters 20 --per-layer \
+    --json "$OUT/inception_bench.json"
+  step "inception-bench tf32" inception_bench.log 120 python3 -c \
+    "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \
+    --backends cuda,cudnn,torch-graph --precision tf32 --batch-sizes 1,8,32,128 --iters 20
 else
   SUMMARY+=("inception-bench        skipped        (inception_engine.cli not present)")
 fi

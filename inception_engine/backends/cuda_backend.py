@@ -480,11 +480,12 @@ class CudaBackend:
                                      f"{arch} are cached; install the CUDA toolkit or put its bin/ on PATH")
 
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
-                 concurrent: bool | None = None, fixup: bool = True, precision: str = "fp32"):
+                 concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32"):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
-        rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce;
+        rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce
+        (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/PERFORMANCE.md round 1);
         the tf32 kernels have no such variant, so in tf32 split-K always uses conv_splitk_reduce. precision:
         "fp32" (FFMA kernels) or "tf32" (tensor-core GEMMs for the convs and the batched FC)."""
         if precision not in PRECISIONS:
