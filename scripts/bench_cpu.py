@@ -4,8 +4,10 @@
     python scripts/bench_cpu.py --threads 1          # both on one core, timed by CPU time
 
 Both run the synthetic Inception-V3 (inception_engine/synthetic.py; no download): ours from its folded weights,
-onnxruntime from its torchscript-style ONNX graph. Rounds alternate between the two so that load from other
-processes hits both alike. Prints the median ms per forward and the ratio ours / onnxruntime.
+onnxruntime from its torchscript-style ONNX graph. Timing alternates blocks of forwards between the two (three
+rounds), so that load from other processes hits both alike, with a pause before each block: both libraries' idle
+threads spin for a while after a call and would otherwise steal a core from the other. Prints the median ms per
+forward and the ratio ours / onnxruntime.
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ def main() -> None:
         ours.forward(x)
         sess.run(None, feed)
     t_ours, t_ort = [], []
-    for _ in range(args.iters):
-        t_ours.append(timed(lambda: ours.forward(x)))
-        t_ort.append(timed(lambda: sess.run(None, feed)))
+    rounds = 3
+    for r in range(rounds):
+        for times, run in ((t_ours, lambda: ours.forward(x)), (t_ort, lambda: sess.run(None, feed))):
+            time.sleep(0.5)
+            run()
+            times += [timed(run) for _ in range(args.iters * (r + 1) // rounds - args.iters * r // rounds)]
     m_ours, m_ort = statistics.median(t_ours), statistics.median(t_ort)
     kind = "CPU time, 1 thread" if args.threads == 1 else "wall time"
     print(f"batch {args.batch}: ours {m_ours:.1f} ms, onnxruntime {m_ort:.1f} ms (median of {args.iters}, {kind}), "
