@@ -551,7 +551,7 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-# Default for NumpyBackend's threads; layers are split by output channels, which gets thin on many cores.
+# Default cap on NumpyBackend's threads: pieces of a layer get thin on many cores.
 MAX_THREADS = 4
 MIN_PART_CHANNELS = 16
 MIN_PART_OUTPUTS = 32
