@@ -25,7 +25,6 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import backends
+from .backends import host_timed_ms
 from .backends.numpy_backend import NumpyBackend
 from .errors import EngineError, WeightsError
 from .images import first_line
@@ -232,14 +232,7 @@ class OnnxRuntimePeer:
         return self.session.run(None, {self.input_name: x})[0]
 
     def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
-        for _ in range(warmup):
-            self.forward(x)
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            self.forward(x)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
+        return host_timed_ms(lambda: self.forward(x), iters, warmup)
 
 
 def onnxruntime_peer(onnx_path: str | None, synthetic: bool, tmp: Path, notes: list[str]) -> OnnxRuntimePeer | str:

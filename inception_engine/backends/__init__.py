@@ -22,6 +22,8 @@ names for the benchmark: a backend run with other options.
 from __future__ import annotations
 
 import importlib
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import BackendUnavailable
@@ -82,3 +84,16 @@ def resolve(name: str) -> str:
     if name != "auto":
         return name
     return "cuda" if is_available("cuda")[0] else "cpu"
+
+
+def host_timed_ms(run: Callable[[], object], iters: int, warmup: int = 0) -> list[float]:
+    """Wall-clock ms of each of ``iters`` calls of ``run`` after ``warmup`` untimed ones: the timer of the CPU paths
+    (GPU backends time with CUDA events instead)."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times

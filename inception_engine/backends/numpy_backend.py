@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import numpy as np
 
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
+from . import host_timed_ms
 from .blas_threads import openblas_threads, single_threaded_blas
 
 # Work memory of one conv is split into blocks of output rows of at most about this many elements (4 MB in
@@ -172,7 +172,7 @@ class _DirectConv:
     def run(self, x: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
         c, h, w = x.shape[1:]
         o, ho, wo = out.shape[1:]
-        (kh, kw), s = self.kernel, self.stride
+        kh, s = self.kernel[0], self.stride
         k = self.w2d.shape[1] - 1
         for span in self.spans:
             out2d = out[span.image].reshape(o, ho * wo)
@@ -778,14 +778,7 @@ class NumpyBackend:
         return self._output.copy()
 
     def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
-        for _ in range(warmup):
-            self.forward(x)
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            self.forward(x)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
+        return host_timed_ms(lambda: self.forward(x), iters, warmup)
 
     def close(self) -> None:
         if self._pool is not None:

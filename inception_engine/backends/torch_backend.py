@@ -17,13 +17,13 @@ PyTorch is optional: it is imported here only, when this backend is asked for.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendUnavailable, EngineError
+from . import host_timed_ms
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
 
@@ -187,13 +187,9 @@ class TorchBackend:
         self.static_in.copy_(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
         for _ in range(warmup):
             self._launch()
-        times = []
         if not self.cuda:
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                self._launch()
-                times.append((time.perf_counter() - t0) * 1e3)
-            return times
+            return host_timed_ms(self._launch, iters)
+        times = []
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(iters):
             start.record()
