@@ -26,9 +26,17 @@ mkdir -p "$OUT"
 SUMMARY=()
 
 # shellcheck disable=SC1091
-if ! source "${GPU_ENV:-.whl/gpu-env.sh}" >"$OUT/env_pytest.log" 2>&1; then
-  cat "$OUT/env_pytest.log"
-  echo "gpu_check: .whl/gpu-env.sh failed (is .whl/ carried?)" >&2
+# The lent GPU machine has no package registry: the kit in .whl/ installs pycuda there. Elsewhere pycuda comes
+# from `pip install -e '.[test,gpu]'` and there is nothing to source.
+GPU_ENV=${GPU_ENV:-.whl/gpu-env.sh}
+if [ -f "$GPU_ENV" ]; then
+  if ! source "$GPU_ENV" >"$OUT/env_pytest.log" 2>&1; then
+    cat "$OUT/env_pytest.log"
+    echo "gpu_check: $GPU_ENV failed" >&2
+    exit 1
+  fi
+elif ! python3 -c "import pycuda.driver" >"$OUT/env_pytest.log" 2>&1; then
+  echo "gpu_check: pycuda is not importable and there is no $GPU_ENV; pip install -e '.[test,gpu]' first" >&2
   exit 1
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
