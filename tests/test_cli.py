@@ -300,3 +300,22 @@ def test_bench_plot_without_matplotlib_is_one_line(weights_file, tmp_path):
                                         str(tmp_path / "p.png")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "cudnn", "auto"])
+def test_run_on_the_gpu_matches_the_cpu_path(synthetic_weights_file, image_dir, backend):
+    """inception-run on a GPU backend: same classes and probabilities (to fp32 noise) as the cpu path, on the
+    calibrated synthetic model; `auto` picks cuda where a GPU is usable."""
+    images = sorted(str(p) for p in image_dir.iterdir())
+    docs = {}
+    for b in ("cpu", backend):
+        r = runner().invoke(cli.run_cmd, [*images, "--json", "--weights", str(synthetic_weights_file),
+                                          "--backend", b, "--top-k", "3", "--batch-size", "4"])
+        assert r.exit_code == 0, r.output
+        docs[b] = json.loads(r.stdout)
+    assert docs[backend]["backend"] == ("cuda" if backend == "auto" else backend)
+    for want, got in zip(docs["cpu"]["results"], docs[backend]["results"]):
+        assert want["image"] == got["image"]
+        assert want["top"][0]["index"] == got["top"][0]["index"], want["image"]
+        np.testing.assert_allclose([t["prob"] for t in got["top"]], [t["prob"] for t in want["top"]], atol=1e-3)
