@@ -67,7 +67,10 @@ def backend_class(name: str) -> Any:
         raise BackendUnavailable(f"backend {name!r} needs the Python package {e.name!r}, which is not installed"
                                  ) from None
     klass = getattr(mod, cls)
-    klass.check_available()
+    try:
+        klass.check_available()
+    except BackendUnavailable as e:  # probes may be shared between backends; say which one was asked for
+        raise BackendUnavailable(f"{name} backend unavailable: {e}") from None
     return klass
 
 
@@ -96,4 +99,21 @@ def host_timed_ms(run: Callable[[], object], iters: int, warmup: int = 0) -> lis
         t0 = time.perf_counter()
         run()
         times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def event_timed_ms(drv: Any, stream: Any, run: Callable[[], object], iters: int, warmup: int = 0) -> list[float]:
+    """Device ms of each of ``iters`` calls of ``run`` (work queued on the pycuda ``stream``), one CUDA-event pair
+    per call, each call starting on an idle GPU as a latency-bound caller sees it; the GPU backends' timer."""
+    for _ in range(warmup):
+        run()
+    start, end = drv.Event(), drv.Event()
+    times = []
+    for _ in range(iters):
+        stream.synchronize()
+        start.record(stream)
+        run()
+        end.record(stream)
+        end.synchronize()
+        times.append(end.time_since(start))
     return times

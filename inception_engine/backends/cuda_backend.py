@@ -34,6 +34,7 @@ from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
 from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan
 from ..weights import Weights
+from . import event_timed_ms
 
 THREADS = 256  # every kernel's block size (conv.cu's and conv_tf32.cu's tiles are 256 threads too)
 NAN_BITS = 0x7FC00000  # float32 quiet NaN: the arena starts poisoned, so a read of never-written memory shows
@@ -401,8 +402,8 @@ def driver() -> Any:
         import pycuda.driver as drv
     except ImportError as e:
         if importlib.util.find_spec("pycuda") is None:
-            raise BackendUnavailable("the cuda backend needs pycuda, which is not installed (pip install '.[gpu]')"
-                                     ) from None
+            raise BackendUnavailable("the GPU backends need pycuda, which is not installed (pip install '.[gpu]' "
+                                     "on a machine with an NVIDIA GPU)") from None
         raise BackendUnavailable(f"pycuda is installed but cannot load ({e}); is the NVIDIA driver installed?"
                                  ) from None
     return drv
@@ -648,19 +649,7 @@ class CudaBackend:
         self._check_open()
         with self._gpu:
             self._upload(x)
-            for _ in range(warmup):
-                self._run()
-            start, end = drv.Event(), drv.Event()
-            times = []
-            for _ in range(iters):
-                self._stream.synchronize()
-                start.record(self._stream)
-                self._run()
-                end.record(self._stream)
-                end.synchronize()
-                times.append(end.time_since(start))
-            del start, end
-        return times
+            return event_timed_ms(drv, self._stream, self._run, iters, warmup)
 
     def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1) -> dict[str, list[float]]:
         """Per op: milliseconds of GPU time of its launches (a split-K conv counts both), launched eagerly.

@@ -51,9 +51,11 @@ from ..cudnn_api import (CUBLAS_DEFAULT_MATH, CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_T
                          CUDNN_TENSOR_NCHW, CUDNN_TENSOR_OP_MATH, CU_STREAM_WAIT_VALUE_GEQ, FWD_ALGOS,
                          ConvFwdAlgoPerf, CudnnError, Library, load_cublas, load_cuda_driver, load_cudnn)
 from ..cuda_graph import CudaGraph
-from ..errors import BackendUnavailable, EngineError
+from ..errors import EngineError
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
+from . import event_timed_ms
+from .cuda_backend import probe
 
 F32 = 4  # bytes
 ALIGN_BYTES = 256
@@ -137,18 +139,7 @@ class CudnnBackend:
 
     @classmethod
     def check_available(cls) -> None:
-        try:
-            import pycuda.driver as drv
-        except ImportError:
-            raise BackendUnavailable("the cudnn backend needs pycuda, which is not installed "
-                                     "(pip install '.[gpu]' on a machine with an NVIDIA GPU)") from None
-        try:
-            drv.init()
-            count = drv.Device.count()
-        except drv.Error as e:
-            raise BackendUnavailable(f"the cudnn backend needs a CUDA GPU; the driver says: {e}") from None
-        if count == 0:
-            raise BackendUnavailable("the cudnn backend needs a CUDA GPU; none found")
+        probe()  # pycuda, a driver and a GPU, as for the cuda backend
         load_cudnn()
         load_cublas()
 
@@ -471,18 +462,7 @@ class CudnnBackend:
         forward starting on an idle GPU."""
         with self._active():
             self._upload(x)
-            for _ in range(warmup):
-                self._forward_on_device()
-            start, end = self._drv.Event(), self._drv.Event()
-            times = []
-            for _ in range(iters):
-                self._stream.synchronize()
-                start.record(self._stream)
-                self._forward_on_device()
-                end.record(self._stream)
-                end.synchronize()
-                times.append(start.time_till(end))
-        return times
+            return event_timed_ms(self._drv, self._stream, self._forward_on_device, iters, warmup)
 
     def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1) -> dict[str, list[float]]:
         """Device ms of each op, ``iters`` times (an event pair around each run).
