@@ -30,13 +30,17 @@ def test_without_torch_the_backend_says_so(monkeypatch):
         backends.backend_class("torch")
 
 
+def real_network(batch: int, seed: int):
+    """Real network at ``batch``: weights, plan, input and the float64 reference logits."""
+    weights = network_weights(0)
+    plan = build_plan(batch, weights.layers())
+    x = np.random.default_rng(seed).standard_normal(plan.input.dims).astype(np.float32)
+    return weights, plan, x, reference(weights, plan, x)
+
+
 @pytest.fixture(scope="module")
 def net():
-    """Real network, batch 1: weights, plan, input and the float64 reference logits."""
-    weights = network_weights(0)
-    plan = build_plan(1, weights.layers())
-    x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
-    return weights, plan, x, reference(weights, plan, x)
+    return real_network(1, seed=1)
 
 
 @needs_torch
@@ -108,10 +112,7 @@ def test_math_switches_are_put_back():
 
 @pytest.fixture(scope="module")
 def net8():
-    weights = network_weights(0)
-    plan = build_plan(8, weights.layers())
-    x = np.random.default_rng(4).standard_normal(plan.input.dims).astype(np.float32)
-    return weights, plan, x, reference(weights, plan, x)
+    return real_network(8, seed=4)
 
 
 @pytest.mark.gpu
