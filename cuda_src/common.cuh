@@ -32,3 +32,16 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
     v = lane < warps ? scratch[lane] : (IS_MAX ? -INFINITY : 0.f);
     return IS_MAX ? warp_max(v) : warp_sum(v);
 }
+
+// The input window of output pixel n (flattened over batch * Ho * Wo) in an implicit-im2col loader: the batch
+// item's base pointer and the window's top-left corner, negative where the window starts in the padding.
+struct WindowOrigin {
+    const float* xb;
+    int ih0, iw0;
+};
+
+__device__ __forceinline__ WindowOrigin window_origin(const float* x, int n, int howo, int wo, int stride, int pad_h,
+                                                      int pad_w, int x_bstride) {
+    const int b = n / howo, p = n - b * howo, oh = p / wo, ow = p - oh * wo;
+    return {x + (size_t)b * x_bstride, oh * stride - pad_h, ow * stride - pad_w};
+}

@@ -100,14 +100,10 @@ __device__ __forceinline__ void conv_tf32_gemm(const float* __restrict__ x, cons
     // B loader: output pixel b_n of the tile, rows b_k, b_k + B_STEP, ...
     const int b_n = tid % BN, b_k = tid / BN;
     const bool b_ok = n0 + b_n < n_total;
-    int ih0 = 0, iw0 = 0;
-    const float* xb = x;
-    if (b_ok) {
-        const int b = (n0 + b_n) / howo, p = (n0 + b_n) - b * howo, oh = p / wo, ow = p - oh * wo;
-        ih0 = oh * stride - pad_h;
-        iw0 = ow * stride - pad_w;
-        xb = x + (size_t)b * x_bstride;
-    }
+    const WindowOrigin win = b_ok ? window_origin(x, n0 + b_n, howo, wo, stride, pad_h, pad_w, x_bstride)
+                                  : WindowOrigin{x, 0, 0};
+    const int ih0 = win.ih0, iw0 = win.iw0;
+    const float* xb = win.xb;
 
     auto load = [&](int kt, int stage) {
 #pragma unroll
