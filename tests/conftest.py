@@ -24,6 +24,18 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def gpu():
+    """(Gpu, Kernels) for kernel tests: device 0's context, current for the module, and every compiled cuda_src
+    kernel (cuda_build.SOURCES) loaded through the backend's own loader."""
+    from inception_engine.backends import cuda_backend as cb
+
+    g = cb.Gpu()
+    with g:
+        yield g, cb.Kernels(g.arch)
+    g.release()
+
+
 def pytest_collection_modifyitems(config, items):
     reason = None
     for item in items:

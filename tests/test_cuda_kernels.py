@@ -25,14 +25,6 @@ pytestmark = pytest.mark.gpu
 TOL = 1e-5  # rel L2, fp32 accumulation against float64
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    g = cb.Gpu()
-    with g:
-        yield g, cb.Kernels(g.arch)
-    g.release()
-
-
 def rng_for(*key: object) -> np.random.Generator:
     """Fresh data per test case, reproducible from its parameters."""
     return np.random.default_rng(zlib.crc32(repr(key).encode()))

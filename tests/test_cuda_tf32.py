@@ -376,15 +376,6 @@ def test_cubin_holds_every_entry_point(cubin):
 # --- GPU -----------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    """The backend's own kernel loader: conv_tf32.cu is one of cuda_build.SOURCES."""
-    g = cb.Gpu()
-    with g:
-        yield g, cb.Kernels(g.arch)
-    g.release()
-
-
 def run_on_gpu(kernels: cb.Kernels, case: Case, tile: Tf32Tile, splits: int) -> None:
     arena = Arena(*case.shapes())
     src, dst = arena.view(0, case.src_extra[0], case.cin), arena.view(1, case.dst_extra[0], case.cout)
