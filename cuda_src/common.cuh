@@ -45,3 +45,7 @@ __device__ __forceinline__ WindowOrigin window_origin(const float* x, int n, int
     const int b = n / howo, p = n - b * howo, oh = p / wo, ow = p - oh * wo;
     return {x + (size_t)b * x_bstride, oh * stride - pad_h, ow * stride - pad_w};
 }
+
+// Every kernel shape of Inception-V3's convolutions (KH, KW): X(KH, KW) once per shape, for the files that
+// instantiate one kernel per shape.
+#define IE_FOR_EACH_CONV_SHAPE(X) X(1, 1) X(3, 3) X(5, 5) X(1, 7) X(7, 1) X(1, 3) X(3, 1)

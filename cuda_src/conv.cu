@@ -221,13 +221,7 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
     CONV_KERNEL(KH, KW, 64, 64, 16, 4, 4, 4)      \
     CONV_KERNEL(KH, KW, 32, 128, 16, 4, 4, 4)
 
-CONV_TILES(1, 1)
-CONV_TILES(3, 3)
-CONV_TILES(5, 5)
-CONV_TILES(1, 7)
-CONV_TILES(7, 1)
-CONV_TILES(1, 3)
-CONV_TILES(3, 1)
+IE_FOR_EACH_CONV_SHAPE(CONV_TILES)
 
 // y[b, m, p] = relu(bias[m] + sum_z ws[z][m][n]) for n = b*howo + p; the slices are added in order z = 0, 1, ...
 // so the result does not depend on scheduling.

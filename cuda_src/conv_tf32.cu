@@ -228,10 +228,4 @@ __device__ __forceinline__ void conv_tf32_gemm(const float* __restrict__ x, cons
     CONV_TF32_KERNEL(KH, KW, 128, 64, 16, 4, 3, 2)       \
     CONV_TF32_KERNEL(KH, KW, 64, 64, 16, 2, 3, 3)
 
-CONV_TF32_TILES(1, 1)
-CONV_TF32_TILES(3, 3)
-CONV_TF32_TILES(5, 5)
-CONV_TF32_TILES(1, 7)
-CONV_TF32_TILES(7, 1)
-CONV_TF32_TILES(1, 3)
-CONV_TF32_TILES(3, 1)
+IE_FOR_EACH_CONV_SHAPE(CONV_TF32_TILES)
