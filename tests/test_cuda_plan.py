@@ -32,7 +32,7 @@ def test_configs_cover_k_exactly_within_launch_limits(batch, num_sms):
     assert set(configs) == {op.name for op in plan.ops if isinstance(op, (ConvOp, FCOp))}
     for op in plan.ops:
         cfg = configs.get(op.name)
-        if cfg is None:
+        if cfg is None or cfg.wino:  # Winograd convs: test_cuda_winograd.py
             continue
         k_total = op.src.channels * (op.kernel[0] * op.kernel[1] if isinstance(op, ConvOp) else 1)
         assert cfg.k_split % cfg.tile.bk == 0
@@ -62,7 +62,7 @@ def test_fc_is_gemv_at_batch1_and_gemm_above():
 @pytest.mark.parametrize("batch", [1, 8])
 def test_params_are_packed_in_the_kernels_layout(weights, batch):
     plan = build_plan(batch)
-    configs = cb.choose_configs(plan, 132)
+    configs = cb.choose_configs(plan, 132, winograd=False)  # Winograd's U: test_cuda_winograd.py
     flat, offsets = cb.pack_params(weights, plan, configs)
     assert flat.dtype == np.float32 and len(offsets) == len(weights.arrays)
     assert all(off % cb.ALIGN == 0 for off in offsets.values())
@@ -177,9 +177,9 @@ def test_concurrent_schedule_orders_every_memory_conflict(batch):
     for op in plan.ops:
         w = view_ranges(op.dst)
         cfg = configs.get(op.name)
-        if cfg is not None and cfg.splits > 1:  # the workspace, as a range far above the arena
+        if cfg is not None and cb.workspace_elems(op, cfg):  # the workspace, as a range far above the arena
             base = plan.arena_elems + ws_offsets[op.name]
-            w.append((base, base + cfg.splits * op.dst.channels * batch * op.dst.h * op.dst.w))
+            w.append((base, base + cb.workspace_elems(op, cfg)))
         reads.append(view_ranges(op.src))
         writes.append(w)
     before: dict[int, set[int]] = {}  # op -> ops of its stage that finish before it starts
@@ -252,7 +252,7 @@ def test_tf32_uses_only_tensor_core_kernels_and_reduces_split_k_separately(weigh
 
 def test_fp32_never_picks_tf32_kernels_and_names_are_distinct():
     configs = cb.choose_configs(build_plan(8), 132)
-    assert all(c.tile in cb.TILES for c in configs.values() if c is not None)
+    assert all(c.tile in cb.TILES + cb.WINO_TILES for c in configs.values() if c is not None)
     names = cb.all_kernel_names()
     assert len(names) == len(set(names))
     tf32 = [n for n in names if n.startswith("conv_tf32_")]

@@ -15,8 +15,10 @@ only when a backend is built, so a missing pycuda is reported by ``check_availab
 
 runs one forward on random He-initialised weights against the float64 NumPy reference (for compute-sanitizer).
 
-Precision "fp32" runs conv.cu's FFMA kernels; "tf32" runs the convolutions and the FC-as-GEMM on the tensor cores
-(conv_tf32.cu: TF32 products, fp32 sums, a relative error of ~1e-3 instead of ~1e-6); everything else stays fp32.
+Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3) or F(4x4, 3x3) for the stride-1 3x3
+convs where ``winograd_config``'s model expects a clear gain (``CudaBackend(winograd=...)`` forces either way);
+"tf32" runs the convolutions and the FC-as-GEMM on the tensor cores (conv_tf32.cu: TF32 products, fp32 sums, a
+relative error of ~1e-3 instead of ~1e-6) and no Winograd; everything else stays fp32.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ TILES = (Tile(128, 128, 8, 2, 180e3), Tile(64, 64, 16, 4, 120e3), Tile(32, 128, 
 TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16, 2, 450e3, "conv_tf32", False),
               Tile(64, 64, 16, 3, 300e3, "conv_tf32", False))
 TILES_OF = {"fp32": TILES, "tf32": TF32_TILES}
+# winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
+WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
+              Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
+WINO_OUT_TILES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3): winograd.cu instantiates both
+WINO_T_ALIGN = 128  # V and M rows (T = batch x tiles) are padded to whole GEMM tiles along T
 
 # Cost model of one conv launch (microseconds), used only to rank variants against each other.
 WAVE_OVERHEAD_US = 1.0  # first loads and final stores of each wave of blocks
@@ -74,6 +81,11 @@ FIXUP_SLICE_US = 0.3  # ... which reads the slices one after another, an L2 roun
 REDUCE_BYTES_PER_US = 2.0e6  # partial sums written and read back through L2, ~2 TB/s
 MIN_K_SPLIT = 64  # a K slice shorter than this spends more on prologue and reduction than it saves
 MAX_SPLITS = 64
+LAUNCH_US = 2.0  # one more kernel in the forward (Winograd's two transforms)
+HBM_BYTES_PER_US = 3.0e6  # what a streaming kernel gets of the H200's 4.8 TB/s (model, not measured)
+# Winograd is chosen only where the model puts it below this fraction of the direct conv's time: its GEMM speed
+# and HBM rate are assumptions, and three launches with ~10x the memory traffic risk more than one.
+WINO_MARGIN = 0.8
 
 
 @dataclass(frozen=True)
@@ -82,10 +94,11 @@ class ConvConfig:
     splits: int  # K slices (blockIdx.z); > 1 writes partial sums to the workspace, then conv_splitk_reduce
     k_split: int  # K per slice, a multiple of tile.bk
     est_us: float
+    wino: int = 0  # Winograd F(wino x wino, 3x3) (tile: winograd.cu's GEMM, splits 1, k_split Cin); 0: direct
 
 
 def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool = True,
-                tiles: tuple[Tile, ...] = TILES) -> ConvConfig:
+                tiles: tuple[Tile, ...] = TILES, max_splits: int = MAX_SPLITS) -> ConvConfig:
     """The (tile, split-K) pair the cost model ranks fastest for C[cout, n_total] with reduction depth k_total.
 
     Time = waves of blocks x (work of one block at 1/resident of an SM) + split-K traffic and reduction (fixup, for
@@ -97,7 +110,7 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool
     for tile in tiles:
         tiles = math.ceil(cout / tile.bm) * math.ceil(n_total / tile.bn)
         seen = set()
-        for want in range(1, MAX_SPLITS + 1):
+        for want in range(1, max_splits + 1):
             k_split = math.ceil(math.ceil(k_total / want) / tile.bk) * tile.bk
             if want > 1 and k_split < MIN_K_SPLIT:
                 break
@@ -116,19 +129,72 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool
     return best
 
 
+def winograd_eligible(op: ConvOp) -> bool:
+    """winograd.cu computes stride-1 3x3 convolutions (any padding)."""
+    return op.kernel == (3, 3) and op.stride == 1
+
+
+@dataclass(frozen=True)
+class WinogradShape:
+    """How F(m x m, 3x3) cuts one conv: tiles of the output map, and the sizes of its work buffers."""
+
+    m: int
+    tiles_h: int
+    tiles_w: int
+    t_total: int  # batch x tiles: the GEMMs' N
+    t_pad: int  # t_total rounded up to WINO_T_ALIGN: the row length of V and M
+
+    @property
+    def nn(self) -> int:  # (m + 2)^2 transform positions: the number of GEMMs
+        return (self.m + 2) ** 2
+
+
+def winograd_shape(op: ConvOp, m: int) -> WinogradShape:
+    n, _, ho, wo = op.dst.dims
+    th, tw = -(-ho // m), -(-wo // m)
+    t_total = n * th * tw
+    return WinogradShape(m, th, tw, t_total, -(-t_total // WINO_T_ALIGN) * WINO_T_ALIGN)
+
+
+def o_pad(cout: int, tile: Tile) -> int:
+    """U's row length: Cout rounded up to whole GEMM tiles (zero columns), so the GEMM loads without bounds checks."""
+    return -(-cout // tile.bm) * tile.bm
+
+
+def winograd_config(op: ConvOp, m: int, num_sms: int) -> ConvConfig:
+    """F(m x m, 3x3) for ``op``, timed by the model as three streaming passes over HBM: the input transform (read x,
+    write V), the batched GEMM (conv_config's compute model for its nn x ceil(O/BM) x Tp/BN blocks without split-K,
+    or its V and M traffic if that takes longer) and the output transform (read M, write y), plus two launches.
+    V and M are assumed to miss L2 (they do at batch >= 8 on the big maps), so small layers come out pessimistic."""
+    ws = winograd_shape(op, m)
+    cin, cout = op.src.channels, op.dst.channels
+    gemm = conv_config(cout, ws.nn * ws.t_pad, cin, num_sms, fixup=False, tiles=WINO_TILES, max_splits=1)
+    v_bytes, m_bytes = 4 * ws.nn * cin * ws.t_pad, 4 * ws.nn * cout * ws.t_pad
+    x_bytes = 4 * op.src.n * cin * op.src.h * op.src.w
+    y_bytes = 4 * op.dst.n * cout * op.dst.h * op.dst.w
+    us = ((x_bytes + v_bytes) / HBM_BYTES_PER_US + max(gemm.est_us, (v_bytes + m_bytes) / HBM_BYTES_PER_US)
+          + (m_bytes + y_bytes) / HBM_BYTES_PER_US + 2 * LAUNCH_US)
+    return ConvConfig(gemm.tile, 1, cin, us, m)
+
+
 def uses_gemv(op: FCOp) -> bool:
     """fc_gemv at batch 1 (float4 loads: in_features % 4 == 0 and a 16-byte aligned input); else the GEMM."""
     src = op.src
     return src.n == 1 and src.channels % 4 == 0 and (src.offset + src.c_offset * src.h * src.w) % 4 == 0
 
 
-def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str = "fp32"
-                   ) -> dict[str, ConvConfig | None]:
+def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str = "fp32",
+                   winograd: bool | None = None) -> dict[str, ConvConfig | None]:
     """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it.
     fixup: split-K convs reduce in the kernel where the tile has a _fixup variant (else with conv_splitk_reduce).
-    precision: "tf32" picks conv_tf32.cu's tiles for every GEMM (convs and the FC-as-GEMM)."""
+    precision: "tf32" picks conv_tf32.cu's tiles for every GEMM (convs and the FC-as-GEMM), and no Winograd.
+    winograd: for the stride-1 3x3 convs, None lets the cost model choose between the direct kernel and F(2x2) or
+    F(4x4) (``winograd_config``; Winograd below WINO_MARGIN of the direct time), True takes the faster F(m), False
+    the direct kernel. fp32 only."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
+    if winograd and precision != "fp32":
+        raise EngineError(f"Winograd convolutions are fp32 only; use precision fp32 or winograd off with {precision}")
     tiles = TILES_OF[precision]
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
@@ -137,29 +203,44 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
                 raise EngineError(f"{op.name}: no CUDA kernel for a {op.kernel[0]}x{op.kernel[1]} convolution "
                                   f"(have {', '.join(f'{a}x{b}' for a, b in KERNEL_SIZES)})")
             k_total = op.src.channels * op.kernel[0] * op.kernel[1]
-            configs[op.name] = conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w, k_total, num_sms,
-                                           fixup, tiles)
+            cfg = conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w, k_total, num_sms, fixup, tiles)
+            if winograd is not False and precision == "fp32" and winograd_eligible(op):
+                wino = min((winograd_config(op, m, num_sms) for m in WINO_OUT_TILES), key=lambda c: c.est_us)
+                if winograd or wino.est_us < WINO_MARGIN * cfg.est_us:
+                    cfg = wino
+            configs[op.name] = cfg
         elif isinstance(op, FCOp):
             configs[op.name] = None if uses_gemv(op) else conv_config(op.dst.channels, op.dst.n, op.src.channels,
                                                                       num_sms, fixup, tiles)
     return configs
 
 
+def workspace_elems(op: ConvOp | FCOp, cfg: ConvConfig | None) -> int:
+    """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), or Winograd's V (nn x Cin x Tp)
+    followed by M (nn x Cout x Tp); 0 for the others."""
+    if cfg is not None and cfg.wino:
+        ws = winograd_shape(op, cfg.wino)
+        return ws.nn * (op.src.channels + op.dst.channels) * ws.t_pad
+    if cfg is None or cfg.splits == 1:
+        return 0
+    return cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w
+
+
 def workspace_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[int, dict[str, int]]:
-    """(floats of split-K workspace, element offset of each split op's slice of splits x Cout x N floats).
+    """(floats of workspace, element offset of each op's slice: ``workspace_elems``; split-K and Winograd ops).
 
     Ops that may run at the same time get disjoint slices: all ops of one stage when the plan is concurrent, so a
     stage needs the sum of its ops' slices; else ops run one after another and every slice starts at 0.
     """
     need, offsets, used, stage = 0, {}, 0, None
     for i, op in enumerate(plan.ops):
-        cfg = configs.get(op.name)
-        if cfg is None or cfg.splits == 1:
+        elems = workspace_elems(op, configs.get(op.name)) if isinstance(op, (ConvOp, FCOp)) else 0
+        if not elems:
             continue
         if not plan.concurrent or plan.stages[i] != stage:
             used, stage = 0, plan.stages[i]
         offsets[op.name] = used
-        used += -(-cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w // ALIGN) * ALIGN
+        used += -(-elems // ALIGN) * ALIGN
         need = max(need, used)
     return need, offsets
 
@@ -219,30 +300,64 @@ def schedule(plan: Plan) -> list[Scheduled]:
     return out
 
 
+def winograd_weights(w: np.ndarray, m: int, opad: int) -> np.ndarray:
+    """U[xi][c][o] = (G w[o, c] G^T)[xi] for F(m x m, 3x3), (nn, Cin, opad) float32: computed in float64 from
+    numpy_backend.winograd_matrices, rounded once, zero for o >= Cout."""
+    from .numpy_backend import winograd_matrices
+
+    cout, cin = w.shape[:2]
+    g = winograd_matrices(m, 3)[1]
+    u = np.einsum("ik,jl,ockl->ijco", g, g, w.astype(np.float64)).reshape((m + 2) ** 2, cin, cout)
+    out = np.zeros(((m + 2) ** 2, cin, opad), np.float32)
+    out[:, :, :cout] = u
+    return out
+
+
+def winograd_transforms(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(BT, AT) of F(m, 3) as winograd.cu reads them: row-major float32, (m + 2) x (m + 2) and m x (m + 2)."""
+    from .numpy_backend import winograd_matrices
+
+    at, _, bt = winograd_matrices(m, 3)
+    return bt.astype(np.float32), at.astype(np.float32)
+
+
 def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
                                                                                              dict[str, int]]:
     """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset
     (ALIGN-aligned, so every array starts on a 256-byte boundary as arena buffers do).
 
     Conv weights (Cout, Cin, kh, kw) become wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order), the GEMM's A stored
-    K-major so that a tile row is contiguous along Cout. The FC weight stays (out, in) for fc_gemv and is
-    transposed to [in][out] when the FC runs as a 1x1-conv GEMM.
+    K-major so that a tile row is contiguous along Cout; a Winograd conv's become U (``winograd_weights``), and
+    the transforms it uses are stored once under "winograd<m>.bt" / "winograd<m>.at". The FC weight stays
+    (out, in) for fc_gemv and is transposed to [in][out] when the FC runs as a 1x1-conv GEMM.
     """
     parts: list[np.ndarray] = []
     offsets: dict[str, int] = {}
     pos = 0
+
+    def add(key: str, a: np.ndarray) -> None:
+        nonlocal pos
+        a = np.ascontiguousarray(a, dtype=np.float32).ravel()
+        offsets[key] = pos
+        padded = -(-a.size // ALIGN) * ALIGN
+        parts.extend([a, np.zeros(padded - a.size, np.float32)])
+        pos += padded
+
     for op in plan.ops:
         if not isinstance(op, (ConvOp, FCOp)):
             continue
         w, b = weights.arrays[op.name + ".weight"], weights.arrays[op.name + ".bias"]
-        if isinstance(op, ConvOp) or configs[op.name] is not None:
+        cfg = configs[op.name]
+        if cfg is not None and cfg.wino:
+            w = winograd_weights(w, cfg.wino, o_pad(op.dst.channels, cfg.tile))
+            if f"winograd{cfg.wino}.bt" not in offsets:
+                bt, at = winograd_transforms(cfg.wino)
+                add(f"winograd{cfg.wino}.bt", bt)
+                add(f"winograd{cfg.wino}.at", at)
+        elif isinstance(op, ConvOp) or cfg is not None:
             w = w.reshape(w.shape[0], -1).T
-        for key, a in ((op.name + ".weight", w), (op.name + ".bias", b)):
-            a = np.ascontiguousarray(a, dtype=np.float32).ravel()
-            offsets[key] = pos
-            padded = -(-a.size // ALIGN) * ALIGN
-            parts += [a, np.zeros(padded - a.size, np.float32)]
-            pos += padded
+        add(op.name + ".weight", w)
+        add(op.name + ".bias", b)
     return np.concatenate(parts), offsets
 
 
@@ -268,6 +383,9 @@ ARG_FORMATS = {
     "softmax_rows": "PP" + "i" * 3,
     "gpu_sleep": "q",
 }
+WINO_INPUT_FORMAT = "PPP" + "i" * 10
+WINO_GEMM_FORMAT = "PPP" + "i" * 4
+WINO_OUTPUT_FORMAT = "PPPP" + "i" * 9
 SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
 
@@ -277,19 +395,31 @@ def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -
     return f"{tile.prefix}_{kernel[0]}x{kernel[1]}_{tile.name}" + ("_fixup" if fixup else "")
 
 
+def wino_kernel_names(m: int, tile: Tile) -> tuple[str, str, str]:
+    """winograd.cu's input transform, batched GEMM and output transform for F(m x m, 3x3) with this GEMM tile."""
+    return f"wino_input_F{m}", f"wino_gemm_{tile.name}", f"wino_output_F{m}"
+
+
 def arg_format(kernel: str) -> str:
     if kernel in ARG_FORMATS:
         return ARG_FORMATS[kernel]
+    for prefix, fmt in (("wino_input_", WINO_INPUT_FORMAT), ("wino_gemm_", WINO_GEMM_FORMAT),
+                        ("wino_output_", WINO_OUTPUT_FORMAT)):
+        if kernel.startswith(prefix):
+            return fmt
     return FIXUP_FORMAT if kernel.endswith("_fixup") else CONV_FORMAT
 
 
 def source_of(kernel: str) -> str:
+    if kernel.startswith("wino_"):
+        return "winograd.cu"
     return SOURCE_OF.get(kernel, "conv_tf32.cu" if kernel.startswith("conv_tf32_") else "conv.cu")
 
 
 def all_kernel_names() -> list[str]:
     return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES
-             for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS))
+             for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
+            + sorted({name for m in WINO_OUT_TILES for t in WINO_TILES for name in wino_kernel_names(m, t)}))
 
 
 def view_ptr(base: int, v: View) -> int:
@@ -329,6 +459,28 @@ def conv_specs(name: str, src: View, dst: View, kernel: tuple[int, int], stride:
     return [gemm, reduce]
 
 
+def winograd_specs(op: ConvOp, relu: bool, cfg: ConvConfig, arena: int, u: int, b: int, bt: int, at: int,
+                   ws: int) -> list[LaunchSpec]:
+    """The three launches of a Winograd conv (winograd.cu): V at ws, M right after it (``workspace_elems``).
+    u, b: U (``winograd_weights``) and bias addresses; bt, at: the F(m, 3) transforms (``winograd_transforms``)."""
+    n, cin, h, w = op.src.dims
+    _, cout, ho, wo = op.dst.dims
+    shape = winograd_shape(op, cfg.wino)
+    v, m = ws, ws + 4 * shape.nn * cin * shape.t_pad
+    opad = o_pad(cout, cfg.tile)
+    k_in, k_gemm, k_out = wino_kernel_names(cfg.wino, cfg.tile)
+    return [
+        LaunchSpec(op.name, k_in, (_blocks(cin * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
+                   (view_ptr(arena, op.src), bt, v, n, cin, h, w, batch_stride(op.src), shape.tiles_h, shape.tiles_w,
+                    shape.t_pad, op.pad[0], op.pad[1])),
+        LaunchSpec(op.name, k_gemm, (shape.t_pad // cfg.tile.bn, opad // cfg.tile.bm, shape.nn), (THREADS, 1, 1),
+                   (u, v, m, cin, cout, opad, shape.t_pad)),
+        LaunchSpec(op.name, k_out, (_blocks(cout * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
+                   (m, at, b, view_ptr(arena, op.dst), n, cout, ho, wo, batch_stride(op.dst), shape.tiles_h,
+                    shape.tiles_w, shape.t_pad, int(relu))),
+    ]
+
+
 def pool_spec(op: PoolOp, arena: int) -> LaunchSpec:
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
@@ -366,7 +518,8 @@ def softmax_spec(logits: View, arena: int, probs: int) -> LaunchSpec:
 def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, params: int,
                  offsets: dict[str, int], ws: int, probs: int | None = None,
                  counters: int | None = None) -> list[LaunchSpec]:
-    """The whole forward as launches, in plan order. ws: the split-K workspace (``workspace_layout``'s size);
+    """The whole forward as launches, in plan order. ws: the workspace of split-K and Winograd convs
+    (``workspace_layout``'s size);
     probs: where softmax writes, None for logits only; counters: zeroed tile counters (``counter_layout``'s size)
     for split-K by _fixup kernels, None for conv_splitk_reduce."""
     specs: list[LaunchSpec] = []
@@ -380,6 +533,10 @@ def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, 
         if isinstance(op, ConvOp):
             cfg = configs[op.name]
             assert cfg is not None
+            if cfg.wino:
+                bt, at = (params + 4 * offsets[f"winograd{cfg.wino}.{k}"] for k in ("bt", "at"))
+                specs += winograd_specs(op, True, cfg, arena, w, b, bt, at, ws_op)
+                continue
             specs += conv_specs(op.name, op.src, op.dst, op.kernel, op.stride, op.pad, True, cfg, arena, w, b, ws_op,
                                 cnt)
         elif isinstance(op, PoolOp):
@@ -481,18 +638,22 @@ class CudaBackend:
                                      f"{arch} are cached; install the CUDA toolkit or put its bin/ on PATH")
 
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
-                 concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32"):
+                 concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
+                 winograd: bool | None = None):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
         rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce
         (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/PERFORMANCE.md round 1);
         the tf32 kernels have no such variant, so in tf32 split-K always uses conv_splitk_reduce. precision:
-        "fp32" (FFMA kernels) or "tf32" (tensor-core GEMMs for the convs and the batched FC)."""
+        "fp32" (FFMA kernels) or "tf32" (tensor-core GEMMs for the convs and the batched FC). winograd: the
+        stride-1 3x3 convs by Winograd (winograd.cu) where the cost model expects it to be faster (None), always
+        (True) or never (False); fp32 only (tf32 keeps the direct tensor-core kernels)."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
         self.fixup = fixup
+        self.winograd = winograd
         self.concurrent = graph if concurrent is None else concurrent
         if self.concurrent and not plan.concurrent:
             if not plan.layers:
@@ -542,7 +703,7 @@ class CudaBackend:
 
     def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
         plan = self.plan
-        self.configs = choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision)
+        self.configs = choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision, self.winograd)
         kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
         self._arena = self._alloc(plan.arena_elems)
@@ -683,7 +844,7 @@ class CudaBackend:
         return out
 
     def peak_memory_bytes(self) -> int:
-        """Device memory this backend holds: arena, parameters, split-K workspace (and probabilities)."""
+        """Device memory this backend holds: arena, parameters, workspace (split-K, Winograd), probabilities."""
         return self._device_bytes
 
     def _free(self) -> None:
@@ -754,7 +915,7 @@ SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3}
 
 
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None,
-             precision: str = "fp32") -> bool:
+             precision: str = "fp32", winograd: bool | None = None) -> bool:
     """fp32: rel L2 <= 1e-4 and the same top 5; tf32: rel L2 <= 3e-3 and the same top 1 (a tie within the TF32
     error of the reference's logits excepted)."""
     from .numpy_backend import NumpyBackend
@@ -762,9 +923,11 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     weights = he_weights(seed)
     plan = build_plan(batch, weights.layers(), input_size=input_size)
     x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
-    with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision) as backend:
+    with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision,
+                     winograd=winograd) as backend:
         got = backend.forward(x)
         launches, streams = len(backend.specs), max(1, len(backend._streams))
+        wino = sum(1 for c in backend.configs.values() if c is not None and c.wino)
     ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
     err, tol = rel_l2(got, ref), SELFTEST_TOL[precision]
     if precision == "fp32":
@@ -773,7 +936,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= tol and same
     print(f"cuda selftest ({precision}): batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, "
-          f"{launches} launches on {streams} stream(s): rel L2 {err:.2e} (limit {tol:.0e}), "
+          f"{launches} launches on {streams} stream(s), {wino} Winograd convs: rel L2 {err:.2e} (limit {tol:.0e}), "
           f"{what} {'same' if same else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok
 
@@ -787,11 +950,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="branches on several streams (auto: with the graph only)")
     p.add_argument("--input-size", type=int, default=299, help="smaller images make sanitizer runs faster")
     p.add_argument("--precision", default="fp32", help=f"one of {', '.join(PRECISIONS)}")
+    p.add_argument("--winograd", choices=("on", "off", "auto"), default="auto",
+                   help="stride-1 3x3 convs by Winograd (auto: where the cost model expects a gain)")
     args = p.parse_args(argv)
     concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
+    winograd = None if args.winograd == "auto" else args.winograd == "on"
     try:
         return 0 if selftest(args.batch, args.graph == "on", args.input_size, concurrent=concurrent,
-                             precision=args.precision) else 1
+                             precision=args.precision, winograd=winograd) else 1
     except EngineError as e:
         print(f"cuda selftest: {e}", file=sys.stderr)
         return 2
