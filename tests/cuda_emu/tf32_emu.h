@@ -1,4 +1,5 @@
-// tf32_emu.h: the tf32:: PTX helpers of cuda_src/conv_tf32.cu for the CPU emulator (include after emu.h).
+// tf32_emu.h: the PTX helpers of cuda_src/conv_mma.cuh for the CPU emulator (include after emu.h): tf32:: and
+// cp_async:: here, f16:: in f16_emu.h (included at the end, so that one -include serves every tensor-core kernel).
 //
 // mma is warp-wide: every lane publishes its fragments, yields (so the whole block has published), computes its
 // own four results from the warp's fragments by the PTX ISA layout of mma.m16n8k8 .tf32 ("Matrix Fragments for
@@ -47,10 +48,14 @@ inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     emu::yield();
     std::memcpy(d, out, sizeof out);
 }
+}  // namespace tf32
 
+namespace cp_async {
 inline void copy4(float* dst, const float* src, bool valid) { *dst = valid ? *src : 0.f; }
 inline void copy16(float* dst, const float* src) { std::memcpy(dst, src, 16); }
 inline void commit() {}
 template <int N>
 void wait() {}
-}  // namespace tf32
+}  // namespace cp_async
+
+#include "f16_emu.h"

@@ -1,0 +1,285 @@
+// conv_mma.cuh: the tensor-core implicit-GEMM convolution shared by conv_tf32.cu and conv_f16.cu.
+//
+// y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
+// C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW, A = wt[K][M] (the weights as the backend
+// uploads them), B = the im2col matrix, gathered from x while it is copied into shared memory. Memory and shared
+// memory stay float32; an operand policy (Tf32Mma, F16Mma below) rounds the operands when it turns them into mma
+// fragments and picks the mma shape. Rounding there, not when staging, keeps both tiles on cp.async straight from
+// global to shared memory (no register staging, the loads of later tiles overlap the math), and one cvt.rn.f16x2
+// rounds two fp16 operands at once.
+//
+// Both tiles travel by cp.async: A in 16-byte pieces when Cout is a multiple of 4 (else 4-byte ones), B one
+// element at a time, since neighbouring k of one pixel are not adjacent in x; a zero-fill copy (source size 0)
+// supplies padding and the tails past M, N and the K slice. STAGES buffers form a ring: tile t+STAGES-1 is in
+// flight while tile t is multiplied, one barrier per tile. Each of the 8 warps owns a WM x WN piece of the block
+// tile, (WM/16) x (WN/8) accumulators of m16n8 (the C layout is the same for both policies, PTX ISA "Matrix
+// Fragments for mma.m16n8k8" / "mma.m16n8k16"; g = lane / 4, t = lane % 4):
+//   C 16x8: c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+// Shared tiles are As[k][m] and Bs[k][n], rows padded by Op::PAD floats so that fragment loads hit 32 distinct
+// banks (see each policy).
+// Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split); with several slices the raw sums go to the
+// workspace ws[z][M][N] for conv.cu's conv_splitk_reduce, with one the epilogue adds bias, applies ReLU, writes y.
+// Views: as conv.cu (x, y point at channel 0 of the view in batch item 0; item b starts *_bstride floats later).
+//
+// Launch: block 256, grid (ceil(N/BN), ceil(M/BM), splits), static shared memory only (< 48 KB, no attribute).
+#pragma once
+#include "common.cuh"
+
+#ifdef __CUDACC__
+// Inline PTX for sm_80+. A host compiler (the CPU emulator, tests/cuda_emu/tf32_emu.h and f16_emu.h) supplies the
+// same namespaces.
+namespace tf32 {
+__device__ __forceinline__ unsigned round(float v) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// d += a * b for one warp's 16x8x8 fragments.
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+}  // namespace tf32
+
+namespace f16 {
+// Two floats rounded to fp16 (to nearest, ties to even), lo in bits 0..15, hi in 16..31. cvt.rn.f16x2.f32 puts
+// its first source in the upper half.
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// d += a * b for one warp's 16x8x16 fragments, fp16 products summed in fp32.
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+}  // namespace f16
+
+namespace cp_async {
+// One float, or zero when !valid (the source is then not read).
+__device__ __forceinline__ void copy4(float* dst, const float* src, bool valid) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+// Four floats; both addresses 16-byte aligned.
+__device__ __forceinline__ void copy16(float* dst, const float* src) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until at most N of this thread's copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+}  // namespace cp_async
+#endif
+
+// Operand policies. a_frag/b_frag get p = &As[k0][m0 + g] (or &Bs[k0][n0 + g]) of a fragment whose 16 rows (8
+// columns) start at m0 (n0), S = the padded row length, and t = lane % 4.
+
+// mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32):
+//   A 16x8 (row): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B 8x8 (col):  b0 = B[t][g], b1 = B[t+4][g]
+// A lane reads word t*S + g (+ const): with S % 32 == 8, banks 8t + g, all 32 distinct.
+struct Tf32Mma {
+    static constexpr int K = 8, PAD = 8;
+    template <int S>
+    __device__ __forceinline__ static void a_frag(unsigned (&a)[4], const float* p, int t) {
+        a[0] = tf32::round(p[t * S]);
+        a[1] = tf32::round(p[t * S + 8]);
+        a[2] = tf32::round(p[(t + 4) * S]);
+        a[3] = tf32::round(p[(t + 4) * S + 8]);
+    }
+    template <int S>
+    __device__ __forceinline__ static void b_frag(unsigned (&b)[2], const float* p, int t) {
+        b[0] = tf32::round(p[t * S]);
+        b[1] = tf32::round(p[(t + 4) * S]);
+    }
+    __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        tf32::mma(d, a, b);
+    }
+};
+
+// mma.m16n8k16 .f16 (PTX ISA, "Matrix Fragments for mma.m16n8k16", .f16; each register holds two halves, the lower
+// column / row index in bits 0..15):
+//   A 16x16 (row): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
+//   B 16x8 (col):  b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
+// A lane reads word 2t*S + g (+ const): with S % 32 == 4, banks 8t + g, all 32 distinct.
+struct F16Mma {
+    static constexpr int K = 16, PAD = 4;
+    template <int S>
+    __device__ __forceinline__ static void a_frag(unsigned (&a)[4], const float* p, int t) {
+        const float* q = p + 2 * t * S;
+        a[0] = f16::pack(q[0], q[S]);
+        a[1] = f16::pack(q[8], q[S + 8]);
+        a[2] = f16::pack(q[8 * S], q[9 * S]);
+        a[3] = f16::pack(q[8 * S + 8], q[9 * S + 8]);
+    }
+    template <int S>
+    __device__ __forceinline__ static void b_frag(unsigned (&b)[2], const float* p, int t) {
+        const float* q = p + 2 * t * S;
+        b[0] = f16::pack(q[0], q[S]);
+        b[1] = f16::pack(q[8 * S], q[9 * S]);
+    }
+    __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        f16::mma(d, a, b);
+    }
+};
+
+template <class Op, int KH, int KW, int BM, int BN, int BK, int WARPS_M, int STAGES>
+__device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const float* __restrict__ wt,
+                                              const float* __restrict__ bias, float* __restrict__ y, int batch,
+                                              int cin, int h, int w, int x_bstride, int cout, int ho, int wo,
+                                              int y_bstride, int stride, int pad_h, int pad_w, int k_split,
+                                              int relu) {
+    constexpr int NT = 256, WARPS_N = NT / 32 / WARPS_M;
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
+    constexpr int MI = WM / 16, NJ = WN / 8;             // m16n8 fragments per warp
+    constexpr int SA = BM + Op::PAD, SB = BN + Op::PAD;  // padded shared rows
+    constexpr int A_VECS = BM / 4, A_ROWS = NT / A_VECS, A_LOADS = BK / A_ROWS;
+    constexpr int B_STEP = NT / BN, B_LOADS = BK / B_STEP;
+    constexpr int KHW = KH * KW;
+    static_assert(WM % 16 == 0 && WN % 8 == 0 && BK % Op::K == 0, "warp tile of whole fragments");
+    static_assert(NT % A_VECS == 0 && BK % A_ROWS == 0 && NT % BN == 0 && BK % B_STEP == 0, "loader shape");
+    static_assert(SA % 4 == 0 && SB % 4 == 0, "16-byte aligned rows for the A copies");
+
+    __shared__ __align__(16) float As[STAGES][BK][SA];
+    __shared__ __align__(16) float Bs[STAGES][BK][SB];
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, t = lane % 4;
+    const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * WN;
+    const int howo = ho * wo, n_total = batch * howo, hw = h * w;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+    const int k_begin = blockIdx.z * k_split;
+    const int k_end = min(cin * KHW, k_begin + k_split);
+
+    // A loader: 4 consecutive columns a_m.. of the tile, rows a_k, a_k + A_ROWS, ...
+    const int a_m = (tid % A_VECS) * 4, a_k = tid / A_VECS;
+    const bool a_vec = cout % 4 == 0 && (reinterpret_cast<size_t>(wt) & 15) == 0;
+    // B loader: output pixel b_n of the tile, rows b_k, b_k + B_STEP, ...
+    const int b_n = tid % BN, b_k = tid / BN;
+    const bool b_ok = n0 + b_n < n_total;
+    const WindowOrigin win = b_ok ? window_origin(x, n0 + b_n, howo, wo, stride, pad_h, pad_w, x_bstride)
+                                  : WindowOrigin{x, 0, 0};
+    const int ih0 = win.ih0, iw0 = win.iw0;
+    const float* xb = win.xb;
+
+    auto load = [&](int kt, int stage) {
+#pragma unroll
+        for (int i = 0; i < A_LOADS; ++i) {
+            const int kl = a_k + i * A_ROWS, k = kt + kl, m = m0 + a_m;
+            float* dst = &As[stage][kl][a_m];
+            const float* src = wt + (size_t)k * cout + m;
+            if (a_vec && k < k_end && m < cout) {
+                cp_async::copy16(dst, src);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const bool ok = k < k_end && m + e < cout;
+                    cp_async::copy4(dst + e, ok ? src + e : wt, ok);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B_LOADS; ++i) {
+            const int kl = b_k + i * B_STEP, k = kt + kl;
+            const float* src = x;
+            bool ok = b_ok && k < k_end;
+            if (ok) {
+                const int c = k / KHW, rs = k - c * KHW, r = rs / KW, s = rs - r * KW;
+                const int ih = ih0 + r, iw = iw0 + s;
+                ok = (unsigned)ih < (unsigned)h && (unsigned)iw < (unsigned)w;
+                if (ok) src = xb + (size_t)c * hw + ih * w + iw;
+            }
+            cp_async::copy4(&Bs[stage][kl][b_n], src, ok);
+        }
+    };
+
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    const int tiles = (k_end - k_begin + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) load(k_begin + s * BK, s);
+        cp_async::commit();  // empty groups too: group i always holds tile i
+    }
+    for (int kt = 0; kt < tiles; ++kt) {
+        cp_async::wait<STAGES - 2>();  // this thread's copies of tile kt have landed ...
+        __syncthreads();               // ... everyone's have, and everyone is done with tile kt - 1
+        const int next = kt + STAGES - 1;
+        if (next < tiles) load(k_begin + next * BK, next % STAGES);  // into the buffer of tile kt - 1
+        cp_async::commit();
+        const int st = kt % STAGES;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += Op::K) {
+            unsigned a[MI][4], b[NJ][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) Op::template a_frag<SA>(a[i], &As[st][kk][wm + i * 16 + g], t);
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) Op::template b_frag<SB>(b[j], &Bs[st][kk][wn + j * 8 + g], t);
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) Op::mma(acc[i][j], a[i], b[j]);
+        }
+    }
+
+    const bool split = gridDim.z > 1;
+    float* ws = y + (size_t)blockIdx.z * cout * n_total;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int n = n0 + wn + j * 8 + 2 * t + e;
+            if (n >= n_total) continue;
+            const int b = n / howo, p = n - b * howo;
+            float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
+            const size_t m_step = split ? (size_t)n_total : (size_t)howo;
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int m = m0 + wm + i * 16 + g + 8 * half;
+                    if (m >= cout) continue;
+                    float v = acc[i][j][2 * half + e];
+                    if (!split) {
+                        v += __ldg(bias + m);
+                        if (relu) v = fmaxf(v, 0.f);
+                    }
+                    yp[m * m_step] = v;
+                }
+        }
+}
+
+#define CONV_MMA_PARAMS                                                                                             \
+    const float *__restrict__ x, const float *__restrict__ wt, const float *__restrict__ bias, float *__restrict__ y, \
+        int batch, int cin, int h, int w, int x_bstride, int cout, int ho, int wo, int y_bstride, int stride,       \
+        int pad_h, int pad_w, int k_split, int relu
+#define CONV_MMA_ARGS \
+    x, wt, bias, y, batch, cin, h, w, x_bstride, cout, ho, wo, y_bstride, stride, pad_h, pad_w, k_split, relu
+
+// One extern "C" entry point <PREFIX>_<KH>x<KW>_<BM>x<BN> per (kernel size, tile), named like conv.cu's.
+// MIN_BLOCKS caps registers: 2 blocks of 256 threads leave 128 a thread for the 64x32 warp tile's 64 accumulators.
+#define CONV_MMA_KERNEL(PREFIX, OP, KH, KW, BM, BN, BK, WARPS_M, STAGES, MIN_BLOCKS) \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                   \
+        PREFIX##_##KH##x##KW##_##BM##x##BN(CONV_MMA_PARAMS) {                       \
+        conv_mma_gemm<OP, KH, KW, BM, BN, BK, WARPS_M, STAGES>(CONV_MMA_ARGS);      \
+    }
