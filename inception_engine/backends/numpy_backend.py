@@ -27,7 +27,8 @@ import numpy as np
 
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
-from . import host_timed_ms
+from ..errors import BackendUnavailable
+from . import cpu_kernels, host_timed_ms
 from .blas_threads import openblas_threads, single_threaded_blas
 
 # Work memory of one conv is split into blocks of output rows of at most about this many elements (4 MB in
@@ -607,15 +608,22 @@ def conv_repeats(kernel: tuple[int, int], stride: int, pad: tuple[int, int], in_
 
 
 class NumpyBackend:
-    """``dtype`` float32 (the CPU path) or float64 (the reference). ``fast`` (default: on for float32, off for
-    float64, so that the reference computes every layer as written) turns on Winograd convolutions and the fused
-    1x1 groups with their average pools moved behind the conv (``_PointwiseGroup``).
+    """``dtype`` float32 (the CPU path) or float64 (the reference).
 
-    ``threads``: each convolution (by images and rows, or by output channels: ``split_work``), pool and fused
-    GEMM (by channels) is split into up to this many parts that run at once on the backend's own threads, with
-    OpenBLAS held at one thread meanwhile (blas_threads.py says why). Default: the usable CPUs, at most
-    MAX_THREADS, or 1 (and OpenBLAS's own threading untouched) where the OpenBLAS thread count cannot be
-    controlled."""
+    ``native`` (float32 only; default: where they are available): every convolution and pool runs in the C kernels
+    of cpu_kernels.py, one call a layer, each spread over ``threads`` threads of the kernels' own pool. Without
+    them (float64, no C compiler, no AVX-512, ``native=False``) the backend runs the NumPy code below; ``native=True``
+    where the kernels are unavailable raises BackendUnavailable with the reason.
+
+    ``fast`` (NumPy code only; default: on for float32, off for float64, so that the reference computes every
+    layer as written) turns on Winograd convolutions and the fused 1x1 groups with their average pools moved
+    behind the conv (``_PointwiseGroup``).
+
+    ``threads``: the NumPy code splits each convolution (by images and rows, or by output channels:
+    ``split_work``), pool and fused GEMM (by channels) into up to this many parts that run at once on the
+    backend's own threads, with OpenBLAS held at one thread meanwhile (blas_threads.py says why). Default: the
+    usable CPUs, at most MAX_THREADS, or for the NumPy code 1 (and OpenBLAS's own threading untouched) where the
+    OpenBLAS thread count cannot be controlled."""
 
     name = "cpu"
 
@@ -624,30 +632,44 @@ class NumpyBackend:
         pass
 
     def __init__(self, weights: Weights, plan: Plan, dtype: type = np.float32, fast: bool | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, native: bool | None = None):
         self.plan = plan
         self.dtype = np.dtype(dtype)
         self.fast = self.dtype == np.float32 if fast is None else fast
+        self.native = self._native_wanted(native)
         if threads is None:
-            threads = min(usable_cpus(), MAX_THREADS) if openblas_threads() else 1
+            threads = min(usable_cpus(), MAX_THREADS) if self.native or openblas_threads() else 1
         self.threads = max(1, threads)
         self.parts = self.threads * PARTS_PER_THREAD if self.threads > 1 else 1
         self.arena = np.empty(plan.arena_elems, self.dtype)
         self.scratches = [Scratch(self.dtype) for _ in range(self.threads)]  # work memory, one per thread
         self.padding = Scratch(self.dtype)  # zero-bordered input buffers, keyed by part
-        self._pool = ThreadPoolExecutor(self.threads - 1, "numpy-backend") if self.threads > 1 else None
+        self._pool = None
+        if self.threads > 1 and not self.native:
+            self._pool = ThreadPoolExecutor(self.threads - 1, "numpy-backend")
         steps: list[list[Callable[[], None]]] = [[] for _ in plan.ops]
         replaced: set[int] = set()
-        for group in pointwise_groups(plan) if self.fast else []:
+        for group in pointwise_groups(plan) if self.fast and not self.native else []:
             for i, actions in self._prepare_group(group, weights).items():
                 steps[i] += actions
                 replaced.add(i)
         for i, op in enumerate(plan.ops):
             if i not in replaced:
-                steps[i].append(self._prepare(op, weights))
+                steps[i].append(self._prepare_native(op, weights) if self.native else self._prepare(op, weights))
         self._steps = [action for actions in steps for action in actions]
         self._input = self._view(plan.input)
         self._output = self._view(plan.output).reshape(plan.batch, -1)
+
+    def _native_wanted(self, native: bool | None) -> bool:
+        if native is False or (native is None and self.dtype != np.float32):
+            return False
+        if self.dtype != np.float32:
+            raise BackendUnavailable(f"the C kernels compute in float32, not {self.dtype}; use native=False")
+        if cpu_kernels.library() is None:
+            if native:
+                raise BackendUnavailable(f"the C kernels are unavailable: {cpu_kernels.unavailable_reason()}")
+            return False
+        return True
 
     def _view(self, v: View) -> np.ndarray:
         n, c, h, w = v.shape
@@ -719,6 +741,16 @@ class NumpyBackend:
                 np.add(y2d, b, out=y2d)
             return run_fc
         raise TypeError(f"unknown op {op!r}")
+
+    def _prepare_native(self, op, weights: Weights) -> Callable[[], None]:
+        src, dst = self._view(op.src), self._view(op.dst)
+        if isinstance(op, ConvOp):
+            w, b = weights.conv(op.name)
+            return cpu_kernels.prepare_conv(src, dst, w, b, op.stride, op.pad, True, self.threads)
+        if isinstance(op, PoolOp):
+            return cpu_kernels.prepare_pool(src, dst, op.kind, op.kernel, op.stride, op.pad, op.count_include_pad,
+                                            self.threads)
+        return self._prepare(op, weights)
 
     def _prepare_group(self, group: _PointwiseGroup, weights: Weights) -> dict[int, list[Callable[[], None]]]:
         """Actions by op index: the shared GEMM first, at the group's first op; each member's bias + ReLU (or

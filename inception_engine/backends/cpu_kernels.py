@@ -1,0 +1,200 @@
+"""The float32 CPU path's kernels in C (cpu_src/): compiled at first use by the system C compiler, cached on disk,
+called through ctypes.
+
+Each kernel spreads one layer over its own thread pool (cpu_src/threadpool.c) and ctypes releases the GIL for the
+call, so a forward is one call per layer with no Python between the parts of a layer.
+
+The library is ``ie_cpu-<key>.so`` in ``~/.cache/inception-engine/cpu/``, where the key hashes every file of
+cpu_src, the compiler (its path and ``--version``) and the flags: an edited source or another compiler never loads
+stale code. It appears atomically (compiled under a temporary name, then renamed). The compiler is $CC, else
+``cc``. Where there is none, the build fails, the machine is not x86-64 or the CPU lacks AVX-512, ``library()``
+returns None, logs why at debug level (``unavailable_reason()`` says it too) and the backend runs its NumPy code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ..weights import user_cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("conv.c", "pool.c", "threadpool.c")
+FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread")
+
+
+def source_dir() -> Path:
+    """cpu_src/ as installed (package ``inception_engine.cpu_src``), else next to this package in a checkout."""
+    try:
+        path = Path(str(resources.files("inception_engine.cpu_src")))
+        if (path / SOURCES[0]).is_file():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "cpu_src"
+
+
+def cache_dir() -> Path:
+    return user_cache_dir() / "cpu"
+
+
+def compiler() -> str:
+    return os.environ.get("CC") or "cc"
+
+
+def build_key(cc_path: str, cc_version: str) -> str:
+    h = hashlib.sha256()
+    for path in sorted(source_dir().iterdir()):
+        if path.suffix in (".c", ".h"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update("\0".join((cc_path, cc_version, *FLAGS)).encode())
+    return h.hexdigest()[:20]
+
+
+def build() -> Path:
+    """The compiled library's path, compiling it first if it is not cached. Raises OSError with the reason."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise OSError(f"the C kernels are for x86-64 CPUs with AVX-512, this is {platform.machine()}")
+    cc = shutil.which(compiler())
+    if cc is None:
+        raise OSError(f"no C compiler: {compiler()!r} (from $CC, else cc) is not on PATH")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise OSError(f"C compiler {cc} does not run: {e}") from None
+    path = cache_dir() / f"ie_cpu-{build_key(cc, version)}.so"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
+    os.close(fd)
+    try:
+        cmd = [cc, *FLAGS, "-o", tmp, *(str(source_dir() / s) for s in SOURCES)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            lines = [l for l in done.stderr.splitlines() if "error" in l.lower()] or done.stderr.splitlines()
+            raise OSError(f"{cc} could not compile cpu_src: {(lines or ['(no output)'])[0].strip()}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+class ConvParams(ctypes.Structure):
+    """cpu_src/ie_cpu.h's ie_conv, field for field."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("weights", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("x_image_stride", ctypes.c_int64), ("y_image_stride", ctypes.c_int64),
+                *((name, ctypes.c_int32) for name in
+                  ("images", "c", "h", "w", "o", "ho", "wo", "kh", "kw", "stride", "pad_h", "pad_w", "relu"))]
+
+
+class PoolParams(ctypes.Structure):
+    """cpu_src/ie_cpu.h's ie_pool, field for field."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("x_image_stride", ctypes.c_int64),
+                ("y_image_stride", ctypes.c_int64),
+                *((name, ctypes.c_int32) for name in
+                  ("images", "c", "h", "w", "ho", "wo", "kernel", "stride", "pad", "is_max", "count_include_pad"))]
+
+
+_reason: str | None = None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (see unavailable_reason)."""
+    global _reason
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except OSError as e:
+        _reason = str(e)
+        log.debug("C kernels unavailable, the CPU path runs NumPy code: %s", _reason)
+        return None
+    lib.ie_cpu_supported.restype = ctypes.c_int
+    if not lib.ie_cpu_supported():
+        _reason = "the CPU lacks AVX-512F or FMA"
+        log.debug("C kernels unavailable, the CPU path runs NumPy code: %s", _reason)
+        return None
+    lib.ie_packed_weights_floats.restype = ctypes.c_int64
+    lib.ie_packed_weights_floats.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.ie_pack_weights.restype = None
+    lib.ie_pack_weights.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
+    for name, params in (("ie_conv2d", ConvParams), ("ie_pool2d", PoolParams)):
+        getattr(lib, name).argtypes = [ctypes.POINTER(params), ctypes.c_int]
+        getattr(lib, name).restype = None
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    """Why library() is None; None when it is not."""
+    library()
+    return _reason
+
+
+def _image_stride(a: np.ndarray, name: str) -> int:
+    """Floats between images of an (N, C, H, W) float32 view whose images are contiguous (a channel slice)."""
+    n, c, h, w = a.shape
+    if a.dtype != np.float32 or a.strides[1:] != (h * w * 4, w * 4, 4):
+        raise ValueError(f"{name} must be float32 with each image contiguous, got {a.dtype} strides {a.strides}")
+    return a.strides[0] // 4
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """(O, C, kh, kw) weights as ie_conv2d reads them (cpu_src/conv.c: K in (ky, kx, c) order, panels of rows)."""
+    lib = library()
+    o = w.shape[0]
+    rows = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1), np.float32)
+    packed = np.empty(lib.ie_packed_weights_floats(o, rows.shape[1]), np.float32)
+    lib.ie_pack_weights(rows.ctypes.data, o, rows.shape[1], packed.ctypes.data)
+    return packed
+
+
+@dataclass
+class Call:
+    """One prepared kernel call, ``fn(params, threads)``, made by calling this. Keeps the arrays that ``params``
+    points into alive, and the library that ``fn`` lives in."""
+
+    fn: Callable[..., None]
+    params: ctypes.Structure
+    threads: int
+    keep: tuple
+
+    def __call__(self) -> None:
+        self.fn(ctypes.byref(self.params), self.threads)
+
+
+def prepare_conv(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, pad: tuple[int, int],
+                 relu: bool, threads: int) -> Call:
+    """y = relu(conv(x, w) + b) (or without the ReLU) into the view ``y``, on ``threads`` threads. x (N, C, H, W)
+    and y are float32 views whose images are contiguous (channel slices of a buffer); w (O, C, kh, kw), b (O,)."""
+    o, c, kh, kw = w.shape
+    packed = pack_weights(w)
+    bias = np.ascontiguousarray(b, np.float32)
+    params = ConvParams(x.ctypes.data, y.ctypes.data, packed.ctypes.data, bias.ctypes.data,
+                        _image_stride(x, "x"), _image_stride(y, "y"), x.shape[0], c, x.shape[2], x.shape[3], o,
+                        y.shape[2], y.shape[3], kh, kw, stride, pad[0], pad[1], int(relu))
+    return Call(library().ie_conv2d, params, threads, (x, y, packed, bias))
+
+
+def prepare_pool(x: np.ndarray, y: np.ndarray, kind: str, kernel: int, stride: int, pad: int,
+                 count_include_pad: bool, threads: int) -> Call:
+    """y = max or average pool of x (cpu_src/ie_cpu.h's ie_pool), on ``threads`` threads; views as prepare_conv."""
+    params = PoolParams(x.ctypes.data, y.ctypes.data, _image_stride(x, "x"), _image_stride(y, "y"), *x.shape,
+                        *y.shape[2:], kernel, stride, pad, int(kind == "max"), int(count_include_pad))
+    return Call(library().ie_pool2d, params, threads, (x, y))

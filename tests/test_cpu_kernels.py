@@ -1,0 +1,185 @@
+"""The C kernels of the float32 CPU path (cpu_src/, backends/cpu_kernels.py) against float64 NumPy, and the fallback
+to the NumPy code where they cannot be built.
+
+Shapes are chosen to hit the edges of the blocking in cpu_src/conv.c: M not a multiple of MR (8), N not a multiple
+of the 32-pixel panels (and under 16), K over one block of 384 and not a multiple of it, vectors that wrap over
+several output rows (narrow maps), padding, stride 2 (gathers). Inputs and outputs are channel slices of larger
+buffers (offset views with image strides); outputs are poisoned with NaN so that unwritten elements fail, and the
+channels around them must stay NaN.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from inception_engine.backends import cpu_kernels
+from inception_engine.backends.numpy_backend import NumpyBackend
+from inception_engine.errors import BackendUnavailable
+from inception_engine.plan import build_plan
+from inception_engine.synthetic import image_like_batch, synthetic_weights
+
+needs_kernels = pytest.mark.skipif(cpu_kernels.library() is None,
+                                   reason=f"C kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+def windows(x: np.ndarray, kh: int, kw: int, stride: int, pad: tuple[int, int], fill: float) -> np.ndarray:
+    """(N, C, Ho, Wo, kh, kw) windows of x padded with ``fill``."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])), constant_values=fill)
+    return np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::stride, ::stride]
+
+
+def slice_of(rng: np.random.Generator, shape: tuple[int, ...], before: int, after: int, fill: float | None):
+    """A channel slice of a larger (N, before + C + after, H, W) float32 buffer: (buffer, view)."""
+    n, c, h, w = shape
+    buf = (rng.standard_normal((n, before + c + after, h, w)) if fill is None
+           else np.full((n, before + c + after, h, w), fill)).astype(np.float32)
+    return buf, buf[:, before:before + c]
+
+
+CONV_CASES = [  # n, c, h, w, o, kh, kw, stride, pad
+    (1, 3, 19, 23, 5, 3, 3, 2, (0, 0)),  # the stem's first layer, in small: 3 channels, stride 2
+    (2, 37, 9, 10, 29, 3, 3, 1, (1, 1)),
+    (1, 45, 17, 17, 50, 1, 7, 1, (0, 3)),
+    (1, 20, 8, 8, 13, 7, 1, 1, (3, 0)),
+    (3, 5, 5, 6, 7, 5, 5, 1, (2, 2)),  # 30 outputs: one partial panel, vectors over several rows
+    (1, 700, 4, 3, 30, 1, 1, 1, (0, 0)),  # 12 pixels, K = 700: two K blocks
+    (1, 130, 6, 7, 41, 3, 3, 1, (1, 1)),  # K = 1170: four K blocks of 293 (not a multiple of 8 or 16)
+    (1, 40, 12, 13, 100, 3, 3, 2, (1, 1)),
+    (2, 9, 3, 2, 11, 3, 3, 1, (1, 1)),  # 2-pixel rows: a vector spans 8 output rows, padding masks its edges
+    (1, 6, 9, 5, 10, 3, 3, 1, (0, 0)),  # 3 outputs from 5 inputs a row: more runs than masked loads -> gather
+    (1, 200, 8, 8, 200, 3, 3, 1, (1, 1)),  # 2 panels, 25 A panels: M is split into chunks across threads
+    (1, 8, 33, 35, 16, 1, 1, 1, (0, 0)),  # 1x1: the image is the B matrix
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
+@pytest.mark.parametrize("relu", [True, False])
+def test_conv_matches_float64(case, threads, relu):
+    n, c, h, w, o, kh, kw, stride, pad = case
+    rng = np.random.default_rng(abs(hash((case, threads, relu))) % 2**32)
+    _, x = slice_of(rng, (n, c, h, w), 2, 1, None)
+    wt = (rng.standard_normal((o, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    ref = np.einsum("nchwij,ocij->nohw", windows(x.astype(np.float64), kh, kw, stride, pad, 0.0), wt.astype(np.float64))
+    ref += b[:, None, None]
+    if relu:
+        ref = np.maximum(ref, 0)
+    ybuf, y = slice_of(rng, (n, o, *ref.shape[2:]), 3, 2, np.nan)
+    cpu_kernels.prepare_conv(x, y, wt, b, stride, pad, relu, threads)()
+    assert not np.isnan(y).any(), "an output element was not written"
+    assert np.isnan(ybuf[:, :3]).all() and np.isnan(ybuf[:, 3 + o:]).all(), "wrote outside the output view"
+    assert rel_l2(y, ref) < 2e-6
+
+
+POOL_CASES = [  # n, c, h, w, kind, kernel, stride, pad, count_include_pad
+    (1, 5, 15, 17, "max", 3, 2, 0, True),  # the network's max pools, in small
+    (2, 7, 9, 8, "avg", 3, 1, 1, True),  # its average pools, both divisors
+    (2, 7, 9, 8, "avg", 3, 1, 1, False),
+    (1, 3, 10, 11, "max", 3, 1, 1, True),
+    (1, 4, 11, 9, "avg", 3, 2, 1, False),
+    (1, 19, 8, 8, "avg", 5, 1, 2, False),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
+def test_pool_matches_float64(case, threads):
+    n, c, h, w, kind, k, stride, pad, count_include_pad = case
+    rng = np.random.default_rng(abs(hash((case, threads))) % 2**32)
+    _, x = slice_of(rng, (n, c, h, w), 1, 2, None)
+    x64 = x.astype(np.float64)
+    if kind == "max":
+        ref = windows(x64, k, k, stride, (pad, pad), -np.inf).max(axis=(4, 5))
+    else:
+        ref = windows(x64, k, k, stride, (pad, pad), 0.0).sum(axis=(4, 5))
+        inside = windows(np.ones((1, 1, h, w)), k, k, stride, (pad, pad), 0.0).sum(axis=(4, 5))
+        ref /= k * k if count_include_pad else inside
+    ybuf, y = slice_of(rng, (n, c, *ref.shape[2:]), 2, 1, np.nan)
+    cpu_kernels.prepare_pool(x, y, kind, k, stride, pad, count_include_pad, threads)()
+    assert np.isnan(ybuf[:, :2]).all() and np.isnan(ybuf[:, 2 + c:]).all(), "wrote outside the output view"
+    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
+
+
+@needs_kernels
+def test_views_must_have_contiguous_images():
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    w = np.zeros((2, 4, 1, 1), np.float32)
+    with pytest.raises(ValueError, match="each image contiguous"):
+        cpu_kernels.prepare_conv(x[:, :, :, ::2], np.zeros((1, 2, 6, 3), np.float32), w, np.zeros(2), 1, (0, 0),
+                                 True, 1)
+
+
+@needs_kernels
+def test_library_is_cached_by_source_and_compiler():
+    path = cpu_kernels.build()
+    assert path.parent == cpu_kernels.cache_dir() and path.name.startswith("ie_cpu-")
+    mtime = path.stat().st_mtime_ns
+    assert cpu_kernels.build() == path and path.stat().st_mtime_ns == mtime, "a cached library was rebuilt"
+
+
+@needs_kernels
+def test_pool_threads_survive_fork():
+    """A child forked after the thread pool started has none of its workers; it must start its own, not wait on
+    the parent's forever."""
+    x = np.ones((1, 64, 16, 16), np.float32)
+    y = np.empty((1, 32, 16, 16), np.float32)
+    conv = cpu_kernels.prepare_conv(x, y, np.ones((32, 64, 3, 3), np.float32), np.zeros(32), 1, (1, 1), True, 2)
+    conv()
+    pid = os.fork()
+    if pid == 0:
+        y[...] = 0
+        conv()
+        os._exit(0 if y[0, 0, 8, 8] == 576 else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in the thread pool")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+@pytest.fixture
+def no_compiler(monkeypatch, tmp_path):
+    """The C compiler is a command that does not exist, and nothing is cached: library() must give up."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cpu_kernels.library.cache_clear()
+    yield
+    cpu_kernels.library.cache_clear()
+
+
+def test_without_a_compiler_the_backend_runs_numpy_code(no_compiler):
+    assert cpu_kernels.library() is None
+    assert "no-such-cc" in cpu_kernels.unavailable_reason()
+    weights = synthetic_weights(0)
+    plan = build_plan(1, weights.layers())
+    x = image_like_batch(1, seed=11)
+    backend = NumpyBackend(weights, plan)
+    assert not backend.native
+    ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x)
+    assert rel_l2(backend.forward(x), ref) <= 1e-4
+    with pytest.raises(BackendUnavailable, match="no-such-cc"):
+        NumpyBackend(weights, plan, native=True)
+
+
+def test_a_failing_compiler_is_a_reason_not_a_crash(monkeypatch, tmp_path, no_compiler):
+    cc = tmp_path / "broken-cc"
+    cc.write_text("#!/bin/sh\necho 'error: this compiler is broken' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    assert cpu_kernels.library() is None
+    assert "could not compile" in cpu_kernels.unavailable_reason()
+    assert not list((tmp_path / "cache").rglob("*.so")), "a failed build left a library behind"
