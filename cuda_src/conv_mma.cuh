@@ -85,27 +85,38 @@ __device__ __forceinline__ void wait() {
 }  // namespace cp_async
 #endif
 
-// Operand policies. a_frag/b_frag get p = &As[k0][m0 + g] (or &Bs[k0][n0 + g]) of a fragment whose 16 rows (8
-// columns) start at m0 (n0), S = the padded row length, and t = lane % 4.
+// Operand policies. frags() loads one k step of a warp's MI A and NJ B fragments, given as = &As[st][kk][wm] and
+// bs = &Bs[st][kk][wn] (rows of SA, SB floats), g = lane / 4, t = lane % 4. row() and col() say where in the warp
+// tile the accumulator acc[i][j][2 * half + e] of this lane belongs (a policy may permute rows and columns of the
+// warp tile, as long as its fragment loads and its row()/col() agree).
 
-// mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32):
+// mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), fragment i on warp rows 16i.., j on
+// columns 8j..:
 //   A 16x8 (row): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
 //   B 8x8 (col):  b0 = B[t][g], b1 = B[t+4][g]
 // A lane reads word t*S + g (+ const): with S % 32 == 8, banks 8t + g, all 32 distinct.
 struct Tf32Mma {
     static constexpr int K = 8, PAD = 8;
-    template <int S>
-    __device__ __forceinline__ static void a_frag(unsigned (&a)[4], const float* p, int t) {
-        a[0] = tf32::round(p[t * S]);
-        a[1] = tf32::round(p[t * S + 8]);
-        a[2] = tf32::round(p[(t + 4) * S]);
-        a[3] = tf32::round(p[(t + 4) * S + 8]);
+    template <int MI, int NJ, int SA, int SB>
+    __device__ __forceinline__ static void frags(unsigned (&a)[MI][4], unsigned (&b)[NJ][2], const float* as,
+                                                 const float* bs, int g, int t) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            const float* p = as + i * 16 + g + t * SA;
+            a[i][0] = tf32::round(p[0]);
+            a[i][1] = tf32::round(p[8]);
+            a[i][2] = tf32::round(p[4 * SA]);
+            a[i][3] = tf32::round(p[4 * SA + 8]);
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const float* p = bs + j * 8 + g + t * SB;
+            b[j][0] = tf32::round(p[0]);
+            b[j][1] = tf32::round(p[4 * SB]);
+        }
     }
-    template <int S>
-    __device__ __forceinline__ static void b_frag(unsigned (&b)[2], const float* p, int t) {
-        b[0] = tf32::round(p[t * S]);
-        b[1] = tf32::round(p[(t + 4) * S]);
-    }
+    __device__ __forceinline__ static int row(int i, int g, int half) { return i * 16 + g + 8 * half; }
+    __device__ __forceinline__ static int col(int j, int t, int e) { return j * 8 + 2 * t + e; }
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         tf32::mma(d, a, b);
     }
@@ -115,23 +126,43 @@ struct Tf32Mma {
 // column / row index in bits 0..15):
 //   A 16x16 (row): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
 //   B 16x8 (col):  b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
-// A lane reads word 2t*S + g (+ const): with S % 32 == 4, banks 8t + g, all 32 distinct.
+// Permuted so that one 8-byte load serves two fragment registers: fragment row g of A fragment i is warp row
+// 16i + 2g and row g+8 is 16i + 2g + 1, so the float2 at As[k][16i + 2g] holds A[g][k] and A[g+8][k]; fragment
+// column g of B fragments 2jj and 2jj+1 is warp column 16jj + 2g and 16jj + 2g + 1 (one float2 of Bs[k]).
+// Per k16 a warp issues 4 LDS.64 per A fragment and 4 per pair of B fragments (half the loads of scalar ones).
+// Banks: a half warp (g < 4 or g >= 4, all t) reads words 2t*S + 2g (+ const): with S % 32 == 4, 8t + 2g, 16
+// distinct pairs of banks, so each half-warp phase is conflict-free.
 struct F16Mma {
     static constexpr int K = 16, PAD = 4;
-    template <int S>
-    __device__ __forceinline__ static void a_frag(unsigned (&a)[4], const float* p, int t) {
-        const float* q = p + 2 * t * S;
-        a[0] = f16::pack(q[0], q[S]);
-        a[1] = f16::pack(q[8], q[S + 8]);
-        a[2] = f16::pack(q[8 * S], q[9 * S]);
-        a[3] = f16::pack(q[8 * S + 8], q[9 * S + 8]);
+    template <int MI, int NJ, int SA, int SB>
+    __device__ __forceinline__ static void frags(unsigned (&a)[MI][4], unsigned (&b)[NJ][2], const float* as,
+                                                 const float* bs, int g, int t) {
+        static_assert(NJ % 2 == 0, "B fragments load in pairs");
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            const float* p = as + i * 16 + 2 * g + 2 * t * SA;
+            const float2 k0 = *reinterpret_cast<const float2*>(p), k1 = *reinterpret_cast<const float2*>(p + SA);
+            const float2 k8 = *reinterpret_cast<const float2*>(p + 8 * SA);
+            const float2 k9 = *reinterpret_cast<const float2*>(p + 9 * SA);
+            a[i][0] = f16::pack(k0.x, k1.x);
+            a[i][1] = f16::pack(k0.y, k1.y);
+            a[i][2] = f16::pack(k8.x, k9.x);
+            a[i][3] = f16::pack(k8.y, k9.y);
+        }
+#pragma unroll
+        for (int jj = 0; jj < NJ / 2; ++jj) {
+            const float* p = bs + jj * 16 + 2 * g + 2 * t * SB;
+            const float2 k0 = *reinterpret_cast<const float2*>(p), k1 = *reinterpret_cast<const float2*>(p + SB);
+            const float2 k8 = *reinterpret_cast<const float2*>(p + 8 * SB);
+            const float2 k9 = *reinterpret_cast<const float2*>(p + 9 * SB);
+            b[2 * jj][0] = f16::pack(k0.x, k1.x);
+            b[2 * jj][1] = f16::pack(k8.x, k9.x);
+            b[2 * jj + 1][0] = f16::pack(k0.y, k1.y);
+            b[2 * jj + 1][1] = f16::pack(k8.y, k9.y);
+        }
     }
-    template <int S>
-    __device__ __forceinline__ static void b_frag(unsigned (&b)[2], const float* p, int t) {
-        const float* q = p + 2 * t * S;
-        b[0] = f16::pack(q[0], q[S]);
-        b[1] = f16::pack(q[8 * S], q[9 * S]);
-    }
+    __device__ __forceinline__ static int row(int i, int g, int half) { return i * 16 + 2 * g + half; }
+    __device__ __forceinline__ static int col(int j, int t, int e) { return (j / 2) * 16 + 2 * (2 * t + e) + j % 2; }
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         f16::mma(d, a, b);
     }
@@ -231,10 +262,7 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
 #pragma unroll
         for (int kk = 0; kk < BK; kk += Op::K) {
             unsigned a[MI][4], b[NJ][2];
-#pragma unroll
-            for (int i = 0; i < MI; ++i) Op::template a_frag<SA>(a[i], &As[st][kk][wm + i * 16 + g], t);
-#pragma unroll
-            for (int j = 0; j < NJ; ++j) Op::template b_frag<SB>(b[j], &Bs[st][kk][wn + j * 8 + g], t);
+            Op::template frags<MI, NJ, SA, SB>(a, b, &As[st][kk][wm], &Bs[st][kk][wn], g, t);
 #pragma unroll
             for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -248,7 +276,7 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
     for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int n = n0 + wn + j * 8 + 2 * t + e;
+            const int n = n0 + wn + Op::col(j, t, e);
             if (n >= n_total) continue;
             const int b = n / howo, p = n - b * howo;
             float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
@@ -257,7 +285,7 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
             for (int i = 0; i < MI; ++i)
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
-                    const int m = m0 + wm + i * 16 + g + 8 * half;
+                    const int m = m0 + wm + Op::row(i, g, half);
                     if (m >= cout) continue;
                     float v = acc[i][j][2 * half + e];
                     if (!split) {

@@ -3,8 +3,9 @@ against float64 and against an exact fp16-operand emulation.
 
 - CPU, g++: the emulator's float -> binary16 rounding (tests/cuda_emu/f16_emu.h, written from IEEE 754) equals
   numpy.float16's on edge values (ties, subnormals, overflow, NaN, infinities) and on random bit patterns.
-- CPU, NumPy: one warp's mma.m16n8k16 simulated with the kernel's own fragment formulas (F16Mma in conv_mma.cuh)
-  and the PTX ISA's .f16 layout, against a plain matmul; bank-conflict claim of the padding; tile table.
+- CPU, NumPy: one warp's mma.m16n8k16 simulated with the kernel's own fragment formulas (F16Mma in conv_mma.cuh:
+  permuted rows/columns, float2 loads) and the PTX ISA's .f16 layout, against a plain matmul; bank-conflict claim
+  of the padding; tile table.
 - CPU, g++: the kernels in the fiber emulator (tests/cuda_emu/emu.h + tf32_emu.h/f16_emu.h, whose mma follows the
   ISA layout independently of the kernel) for every kernel shape, every tile, stride 1/2, padding, split-K,
   channel-slice views, odd sizes, no ReLU, Cout not a multiple of 4; against float64 (rel L2 <= 3e-3) and against
@@ -157,8 +158,8 @@ def isa_mma_k16(a_regs: np.ndarray, b_regs: np.ndarray, c_regs: np.ndarray) -> n
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
 def test_fragment_mapping_simulated_warp_equals_matmul(tile):
-    """Every warp of a block, one BK stage: F16Mma's fragment loads (q = &s[kk + 2t][m0 + g], halves at rows +0/+1,
-    columns +0/+8, rows +8/+9), the ISA mma and the epilogue placement give As^T Bs, each (m, n) written once."""
+    """Every warp of a block, one BK stage: F16Mma::frags' loads (float2 at As[kk + 2t + {0, 1, 8, 9}][16i + 2g]
+    and Bs[...][16jj + 2g]), the ISA mma and the epilogue's F16Mma::row/col give As^T Bs, each (m, n) once."""
     rng = rng_for("frag16", tile)
     As = rng.standard_normal((tile.bk, tile.bm + PAD))
     Bs = rng.standard_normal((tile.bk, tile.bn + PAD))
@@ -174,11 +175,19 @@ def test_fragment_mapping_simulated_warp_equals_matmul(tile):
         acc = np.zeros((mi, nj, 32, 4))
         for kk in range(0, tile.bk, 16):
             k = kk + 2 * t
-            a = [np.stack([np.stack([As[k + dk, m + dm], As[k + dk + 1, m + dm]], 1)
-                           for dk, dm in ((0, 0), (0, 8), (8, 0), (8, 8))], 1)
-                 for m in (wm + i * 16 + g for i in range(mi))]
-            b = [np.stack([np.stack([Bs[k + dk, n], Bs[k + dk + 1, n]], 1) for dk in (0, 8)], 1)
-                 for n in (wn + j * 8 + g for j in range(nj))]
+
+            def pair(s, col, dk, e):  # halves (lo, hi) = rows k + dk, k + dk + 1 of float2 component e at col
+                return np.stack([s[k + dk, col + e], s[k + dk + 1, col + e]], 1)
+
+            a, b = np.empty((mi, 32, 4, 2)), np.empty((nj, 32, 2, 2))
+            for i in range(mi):
+                col = wm + 16 * i + 2 * g
+                a[i] = np.stack([pair(As, col, 0, 0), pair(As, col, 0, 1), pair(As, col, 8, 0), pair(As, col, 8, 1)],
+                                1)
+            for jj in range(nj // 2):
+                col = wn + 16 * jj + 2 * g
+                for e in range(2):
+                    b[2 * jj + e] = np.stack([pair(Bs, col, 0, e), pair(Bs, col, 8, e)], 1)
             for i in range(mi):
                 for j in range(nj):
                     acc[i, j] = isa_mma_k16(a[i], b[j], acc[i, j])
@@ -186,8 +195,8 @@ def test_fragment_mapping_simulated_warp_equals_matmul(tile):
             for j in range(nj):
                 for e in range(2):
                     for half in range(2):
-                        n = wn + j * 8 + 2 * t + e
-                        m = wm + i * 16 + g + 8 * half
+                        n = wn + (j // 2) * 16 + 2 * (2 * t + e) + j % 2  # F16Mma::col
+                        m = wm + i * 16 + 2 * g + half  # F16Mma::row
                         assert np.isnan(got[m, n]).all(), "two lanes write the same output"
                         got[m, n] = acc[i, j, :, 2 * half + e]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -195,15 +204,20 @@ def test_fragment_mapping_simulated_warp_equals_matmul(tile):
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
 def test_fragment_loads_are_bank_conflict_free(tile):
-    """Each scalar load of a fragment (rows 2t + {0, 1, 8, 9}, columns g + {0, 8} of a 16-row/8-column block)
-    hits 32 distinct banks; the B loader stores 32 consecutive pixels of one row."""
+    """Each 8-byte fragment load (rows 2t + {0, 1, 8, 9}, columns 16c + 2g) is served in the two half-warp phases
+    of an LDS.64 without conflicts: per half warp, 16 distinct even words mod 32; rows 16-byte aligned for the A
+    copies. The B loader stores 32 consecutive pixels of one row."""
     lanes = np.arange(32)
     g, t = lanes // 4, lanes % 4
     for row, width in ((tile.bm + PAD, tile.bm), (tile.bn + PAD, tile.bn)):
+        assert row % 4 == 0
         for k_off in (0, 1, 8, 9):
-            for col in range(0, width, 8):
-                banks = ((2 * t + k_off) * row + col + g) % 32
-                assert len(set(banks)) == 32, f"row {row}: fragment load hits banks {sorted(banks)}"
+            for col in range(0, width, 16):
+                words = (2 * t + k_off) * row + col + 2 * g
+                assert (words % 2 == 0).all()
+                for half in (lanes < 16, lanes >= 16):
+                    banks = set((words[half] % 32).tolist()) | set(((words[half] + 1) % 32).tolist())
+                    assert len(banks) == 32, f"row {row}: a half warp hits banks {sorted(banks)}"
     assert tile.bn % 32 == 0
 
 

@@ -11,6 +11,11 @@
 #include <cstdint>
 #include <cstring>
 
+// CUDA's built-in vector type, for F16Mma's 8-byte fragment loads (emu.h has float4).
+struct alignas(8) float2 {
+    float x, y;
+};
+
 namespace f16 {
 // binary16: 1 sign bit, 5 exponent bits (bias 15), 10 fraction bits. A finite value v = sig * 2^(e - 23) with a
 // 24-bit float significand sig is rounded to a multiple of the binary16 spacing 2^(max(e, -14) - 10) (below 2^-14
