@@ -17,12 +17,13 @@
 //   faults). Where that would take more than RUNS loads (stride 2), a gather.
 // * The micro-kernel holds an MR x NR = 8 x 32 block of C in 16 zmm registers; per k one row of the B panel (two
 //   loads) and MR broadcasts of A feed 16 FMAs. The last K block adds the bias, applies the ReLU and stores under
-//   masks at the right edge (N is rarely a multiple of 32: 17*17 = 289); earlier K blocks store raw sums that the
-//   next one reloads.
+//   masks at the right edge; earlier K blocks store raw sums that the next one reloads. A last panel of at most 16
+//   pixels runs a one-vector copy of the kernel: N = 17*17 = 289 is 9 panels and 1 pixel, and a full-width last
+//   panel cost the 17x17 layers 10%.
 //
 // Blocking, measured on the stem, 35x35, 17x17 and 8x8 layers (AMD Zen 5, one core): MR = 8 divides every M of the
 // network (32..448), where MR = 12 (24 accumulators) lost up to 12% to the zero rows of the last panel (M = 32, 64)
-// and was no faster elsewhere. KC = 384, K cut into equal blocks: K = 288 (the stem) in one block, 4032 (the 8x8
+// and was no faster elsewhere; NR = 48 (24 accumulators) was no faster than 32. KC = 384, K cut into equal blocks: K = 288 (the stem) in one block, 4032 (the 8x8
 // 3x3 layers) in 11; a packed B panel (<= 48 KB) stays in L1 while the A panels of its K block (M*KC floats, at
 // most 690 KB) stream from L2. 256 and 512 were within the noise, 128 slower on the stem.
 //
@@ -35,9 +36,9 @@
 #include <stdlib.h>
 
 #define MR 8
-#define NR 32
+#define VECS 2  // 16-float vectors a B row
+#define NR (16 * VECS)
 #define KC 384
-#define VECS (NR / 16)  // 16-float vectors a B row
 #define RUNS 4          // masked loads a vector may take before a gather is cheaper
 
 // How one 16-pixel vector of a B panel reads one tap from a channel plane: lane l takes plane[start[r] + l] for the
@@ -153,15 +154,15 @@ IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
     }
 }
 
-// B rows [k0, k0 + kc) of the panel that ``plan`` describes, into dst ([k][NR]). Along K the tap changes every
+// B rows [k0, k0 + kc) of the first vecs vectors of the panel that ``plan`` describes, into dst ([k][NR]). Along K the tap changes every
 // C rows; within a tap each vector reads every channel plane the same way, with the plan's loads in registers.
-IE_AVX512 static void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int64_t k0, int kc,
+IE_AVX512 static void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0, int kc,
                              float *dst) {
     const int64_t plane = (int64_t)p->h * p->w;
     for (int64_t k = k0; k < k0 + kc;) {
         int tap = (int)(k / p->c), c = (int)(k % p->c);
         int count = (int)(k0 + kc - k) < p->c - c ? (int)(k0 + kc - k) : p->c - c;  // channels of this tap
-        for (int v = 0; v < VECS; v++) {
+        for (int v = 0; v < vecs; v++) {
             const lane_reads *d = &plan[tap * VECS + v];
             float *out = dst + (k - k0) * NR + v * 16;
             const float *src = x + c * plane;
@@ -196,22 +197,27 @@ IE_AVX512 static void pack_b(const ie_conv *p, const float *x, const lane_reads 
     }
 }
 
-// C[0:rows, 0:NR] (row stride ldc, columns under masks m0 | m1) = (first ? 0 : C) + A panel * B panel over kc;
-// with last, + bias and ReLU.
-IE_AVX512 static void micro_kernel(int kc, const float *restrict a, const float *restrict b, float *c, int64_t ldc,
-                                   int rows, __mmask16 m0, __mmask16 m1, int first, int last, const float *bias,
-                                   int relu) {
-    __m512 acc0[MR], acc1[MR];
+// C[0:rows, 0:16*vecs] (row stride ldc, column vector v under mask[v]) = (first ? 0 : C) + A panel * B panel over
+// kc; with last, + bias and ReLU. vecs is a constant wherever this is inlined (micro_kernel's switch), so the
+// accumulators are registers and a narrow panel at the right edge costs what its vectors cost.
+IE_AVX512 static inline __attribute__((always_inline)) void micro_kernel_vecs(
+    const int vecs, int kc, const float *restrict a, const float *restrict b, float *c, int64_t ldc, int rows,
+    const __mmask16 *mask, int first, int last, const float *bias, int relu) {
+    __m512 acc[MR][VECS];
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < vecs; v++) acc[r][v] = _mm512_setzero_ps();
     for (int k = 0; k < kc; k++, a += MR, b += NR) {
         _mm_prefetch((const char *)(a + 16 * MR), _MM_HINT_T0);  // A comes from L2 or L3, 16 steps ahead
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        __m512 bv[VECS];
+#pragma GCC unroll 4
+        for (int v = 0; v < vecs; v++) bv[v] = _mm512_load_ps(b + 16 * v);
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
             __m512 ar = _mm512_set1_ps(a[r]);
-            acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < vecs; v++) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
         }
     }
     const __m512 zero = _mm512_setzero_ps();
@@ -219,22 +225,26 @@ IE_AVX512 static void micro_kernel(int kc, const float *restrict a, const float 
     for (int r = 0; r < MR; r++) {
         if (r >= rows) break;
         float *row = c + r * ldc;
-        __m512 v0 = acc0[r], v1 = acc1[r];
-        if (!first) {
-            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
-        }
-        if (last) {
-            __m512 bias_r = _mm512_set1_ps(bias[r]);
-            v0 = _mm512_add_ps(v0, bias_r);
-            v1 = _mm512_add_ps(v1, bias_r);
-            if (relu) {  // max(0, v) returns v when v is NaN, as np.maximum does
-                v0 = _mm512_max_ps(zero, v0);
-                v1 = _mm512_max_ps(zero, v1);
+        __m512 bias_r = _mm512_set1_ps(bias[r]);
+#pragma GCC unroll 4
+        for (int v = 0; v < vecs; v++) {
+            __m512 sum = acc[r][v];
+            if (!first) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask[v], row + 16 * v));
+            if (last) {
+                sum = _mm512_add_ps(sum, bias_r);
+                if (relu) sum = _mm512_max_ps(zero, sum);  // max(0, v) is v when v is NaN, as np.maximum has it
             }
+            _mm512_mask_storeu_ps(row + 16 * v, mask[v], sum);
         }
-        _mm512_mask_storeu_ps(row, m0, v0);
-        _mm512_mask_storeu_ps(row + 16, m1, v1);
+    }
+}
+
+IE_AVX512 static void micro_kernel(int vecs, int kc, const float *a, const float *b, float *c, int64_t ldc, int rows,
+                                   const __mmask16 *mask, int first, int last, const float *bias, int relu) {
+    switch (vecs) {
+    case 1: micro_kernel_vecs(1, kc, a, b, c, ldc, rows, mask, first, last, bias, relu); break;
+    case 2: micro_kernel_vecs(2, kc, a, b, c, ldc, rows, mask, first, last, bias, relu); break;
+    default: micro_kernel_vecs(VECS, kc, a, b, c, ldc, rows, mask, first, last, bias, relu);
     }
 }
 
@@ -255,15 +265,17 @@ IE_AVX512 static void conv_task(void *arg, int task) {
          panel++) {
         int n0 = panel * NR;
         float *y = p->y + image * p->y_image_stride + n0;
-        __mmask16 m0 = lanes_below(n_out - n0), m1 = lanes_below(n_out - n0 - 16);
+        __mmask16 mask[VECS];
+        int vecs = 0;  // vectors with a pixel in them
+        for (int v = 0; v < VECS; v++) vecs += (mask[v] = lanes_below(n_out - n0 - 16 * v)) != 0;
         plan_panel(p, n0, plan);
         for (int64_t k0 = 0; k0 < job->k; k0 += kb) {
             int kc = job->k - k0 < kb ? (int)(job->k - k0) : kb;
-            pack_b(p, x, plan, k0, kc, b);
+            pack_b(p, x, plan, vecs, k0, kc, b);
             const float *a = p->weights + k0 * job->m_panels * MR + (int64_t)mp0 * kc * MR;
             for (int mp = mp0; mp < mp1; mp++, a += kc * MR) {
                 int rows = p->o - mp * MR < MR ? p->o - mp * MR : MR;
-                micro_kernel(kc, a, b, y + (int64_t)mp * MR * n_out, n_out, rows, m0, m1, k0 == 0,
+                micro_kernel(vecs, kc, a, b, y + (int64_t)mp * MR * n_out, n_out, rows, mask, k0 == 0,
                              k0 + kc == job->k, p->bias + mp * MR, p->relu);
             }
         }

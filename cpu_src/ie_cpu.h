@@ -20,12 +20,15 @@ typedef struct {
 } ie_conv;
 
 // Max or average pool over kernel x kernel windows (max: padding never wins; average: divided by kernel^2 or,
-// without count_include_pad, by the in-image part of the window). Same view conventions as ie_conv.
+// without count_include_pad, by the in-image part of the window), then + bias[c] where bias is not NULL, then
+// the ReLU where relu is set (an average pool moved behind a 1x1 conv finishes the conv). Same view conventions as
+// ie_conv.
 typedef struct {
     const float *x;
     float *y;
+    const float *bias;  // c floats, or NULL
     int64_t x_image_stride, y_image_stride;
-    int32_t images, c, h, w, ho, wo, kernel, stride, pad, is_max, count_include_pad;
+    int32_t images, c, h, w, ho, wo, kernel, stride, pad, is_max, count_include_pad, relu;
 } ie_pool;
 
 // Runs fn(arg, t) for t in [0, tasks) on the calling thread and up to threads - 1 pool threads (threadpool.c).

@@ -88,15 +88,19 @@ POOL_CASES = [  # n, c, h, w, kind, kernel, stride, pad, count_include_pad
     (1, 3, 10, 11, "max", 3, 1, 1, True),
     (1, 4, 11, 9, "avg", 3, 2, 1, False),
     (1, 19, 8, 8, "avg", 5, 1, 2, False),
+    (1, 2, 40, 37, "max", 3, 2, 1, True),  # rows over 32 pixels: several vectors a row at stride 2
+    (1, 3, 20, 35, "avg", 4, 3, 1, False),  # stride 3: gathers
 ]
 
 
 @needs_kernels
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
-def test_pool_matches_float64(case, threads):
+@pytest.mark.parametrize("bias_relu", [False, True])
+def test_pool_matches_float64(case, threads, bias_relu):
+    """And + bias + ReLU, as when an average pool runs behind the 1x1 conv it feeds."""
     n, c, h, w, kind, k, stride, pad, count_include_pad = case
-    rng = np.random.default_rng(abs(hash((case, threads))) % 2**32)
+    rng = np.random.default_rng(abs(hash((case, threads, bias_relu))) % 2**32)
     _, x = slice_of(rng, (n, c, h, w), 1, 2, None)
     x64 = x.astype(np.float64)
     if kind == "max":
@@ -105,8 +109,11 @@ def test_pool_matches_float64(case, threads):
         ref = windows(x64, k, k, stride, (pad, pad), 0.0).sum(axis=(4, 5))
         inside = windows(np.ones((1, 1, h, w)), k, k, stride, (pad, pad), 0.0).sum(axis=(4, 5))
         ref /= k * k if count_include_pad else inside
+    bias = rng.standard_normal(c).astype(np.float32) if bias_relu else None
+    if bias_relu:
+        ref = np.maximum(ref + bias[:, None, None], 0)
     ybuf, y = slice_of(rng, (n, c, *ref.shape[2:]), 2, 1, np.nan)
-    cpu_kernels.prepare_pool(x, y, kind, k, stride, pad, count_include_pad, threads)()
+    cpu_kernels.prepare_pool(x, y, kind, k, stride, pad, count_include_pad, threads, bias, bias_relu)()
     assert np.isnan(ybuf[:, :2]).all() and np.isnan(ybuf[:, 2 + c:]).all(), "wrote outside the output view"
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
 

@@ -102,12 +102,15 @@ def test_count_include_pad_changes_the_logits(weights):
     assert rel_l2(a, b) > 1e-3
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_float32_close_to_float64(weights, batch):
+@pytest.mark.parametrize("batch,count_include_pad", [(1, True), (3, True), (1, False)])
+@pytest.mark.parametrize("native", [False, None], ids=["numpy-code", "default"])
+def test_float32_close_to_float64(batch, count_include_pad, native):
+    """The CPU path both ways: the C kernels (the default where they build) and the NumPy code they fall back to."""
+    weights = synthetic(count_include_pad)
     x = images(batch, seed=4 + batch)
     plan = build_plan(batch, weights.layers())
     ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x)
-    fast = NumpyBackend(weights, plan)
+    fast = NumpyBackend(weights, plan, native=native)
     fast.arena[...] = np.nan
     got = fast.forward(x)
     assert got.dtype == np.float32

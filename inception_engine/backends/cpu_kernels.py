@@ -107,10 +107,10 @@ class ConvParams(ctypes.Structure):
 class PoolParams(ctypes.Structure):
     """cpu_src/ie_cpu.h's ie_pool, field for field."""
 
-    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("x_image_stride", ctypes.c_int64),
-                ("y_image_stride", ctypes.c_int64),
-                *((name, ctypes.c_int32) for name in
-                  ("images", "c", "h", "w", "ho", "wo", "kernel", "stride", "pad", "is_max", "count_include_pad"))]
+    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("x_image_stride", ctypes.c_int64), ("y_image_stride", ctypes.c_int64),
+                *((name, ctypes.c_int32) for name in ("images", "c", "h", "w", "ho", "wo", "kernel", "stride", "pad",
+                                                      "is_max", "count_include_pad", "relu"))]
 
 
 _reason: str | None = None
@@ -193,8 +193,12 @@ def prepare_conv(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, str
 
 
 def prepare_pool(x: np.ndarray, y: np.ndarray, kind: str, kernel: int, stride: int, pad: int,
-                 count_include_pad: bool, threads: int) -> Call:
-    """y = max or average pool of x (cpu_src/ie_cpu.h's ie_pool), on ``threads`` threads; views as prepare_conv."""
-    params = PoolParams(x.ctypes.data, y.ctypes.data, _image_stride(x, "x"), _image_stride(y, "y"), *x.shape,
-                        *y.shape[2:], kernel, stride, pad, int(kind == "max"), int(count_include_pad))
-    return Call(library().ie_pool2d, params, threads, (x, y))
+                 count_include_pad: bool, threads: int, bias: np.ndarray | None = None, relu: bool = False) -> Call:
+    """y = max or average pool of x (cpu_src/ie_cpu.h's ie_pool), + bias per channel and the ReLU if asked, on
+    ``threads`` threads; views as prepare_conv."""
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, np.float32)
+    params = PoolParams(x.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
+                        _image_stride(x, "x"), _image_stride(y, "y"), *x.shape, *y.shape[2:], kernel, stride, pad,
+                        int(kind == "max"), int(count_include_pad), int(relu))
+    return Call(library().ie_pool2d, params, threads, (x, y, bias))

@@ -515,20 +515,29 @@ class _PointwiseGroup:
         return max([c for c in self.convs if c not in self.pools] + list(self.pools.values()))
 
 
-def pointwise_groups(plan: Plan) -> list[_PointwiseGroup]:
-    """The groups worth fusing (two convs or more, or a pool to move), none overlapping another in op order (they
-    share one scratch). Only pools whose single reader is a 1x1 conv qualify, and only where the conv's
-    destination is already live when the pool runs."""
+def movable_avg_pools(plan: Plan) -> dict[int, int]:
+    """conv index -> index of the stride-1 average pool that is its only input, where the pool can move behind the
+    1x1 conv (_PointwiseGroup says why that is exact): the pool is the conv's single reader's, and the conv's
+    destination is already live when the pool runs, so that both can run at the pool's step."""
     ops = plan.ops
     readers: dict[str, list[int]] = {}
     for i, op in enumerate(ops):
         readers.setdefault(op.src.buffer, []).append(i)
-    feeds: dict[int, int] = {}  # conv index -> pool index
+    feeds: dict[int, int] = {}
     for i, op in enumerate(ops):
         if isinstance(op, PoolOp) and op.kind == "avg" and op.stride == 1 and len(readers[op.dst.buffer]) == 1:
             conv = readers[op.dst.buffer][0]
             if _is_pointwise(ops[conv]) and plan.buffers[ops[conv].dst.buffer].first <= i:
                 feeds[conv] = i
+    return feeds
+
+
+def pointwise_groups(plan: Plan) -> list[_PointwiseGroup]:
+    """The groups worth fusing (two convs or more, or a pool to move), none overlapping another in op order (they
+    share one scratch). Only pools whose single reader is a 1x1 conv qualify, and only where the conv's
+    destination is already live when the pool runs."""
+    ops = plan.ops
+    feeds = movable_avg_pools(plan)
     by_src: dict[View, _PointwiseGroup] = {}
     for i, op in enumerate(ops):
         if _is_pointwise(op):
@@ -649,6 +658,9 @@ class NumpyBackend:
             self._pool = ThreadPoolExecutor(self.threads - 1, "numpy-backend")
         steps: list[list[Callable[[], None]]] = [[] for _ in plan.ops]
         replaced: set[int] = set()
+        for conv, pool in movable_avg_pools(plan).items() if self.native else []:
+            steps[pool].append(self._prepare_native_pooled_conv(plan.ops[pool], plan.ops[conv], weights))
+            replaced |= {conv, pool}
         for group in pointwise_groups(plan) if self.fast and not self.native else []:
             for i, actions in self._prepare_group(group, weights).items():
                 steps[i] += actions
@@ -752,6 +764,22 @@ class NumpyBackend:
                                             self.threads)
         return self._prepare(op, weights)
 
+    def _prepare_native_pooled_conv(self, pool: PoolOp, conv: ConvOp, weights: Weights) -> Callable[[], None]:
+        """An average pool and the 1x1 conv it feeds, swapped: the conv (without bias) into work memory of its
+        own, then the pool, bias and ReLU into the conv's destination. The pool then reads the conv's few output
+        channels instead of the module's many input channels (32-192 instead of 192-2048)."""
+        src, dst = self._view(pool.src), self._view(conv.dst)
+        w, b = weights.conv(conv.name)
+        product = np.empty((src.shape[0], w.shape[0], *src.shape[2:]), np.float32)
+        run_conv = cpu_kernels.prepare_conv(src, product, w, np.zeros_like(b), 1, (0, 0), False, self.threads)
+        run_pool = cpu_kernels.prepare_pool(product, dst, "avg", pool.kernel, 1, pool.pad, pool.count_include_pad,
+                                            self.threads, bias=b, relu=True)
+
+        def run() -> None:
+            run_conv()
+            run_pool()
+        return run
+
     def _prepare_group(self, group: _PointwiseGroup, weights: Weights) -> dict[int, list[Callable[[], None]]]:
         """Actions by op index: the shared GEMM first, at the group's first op; each member's bias + ReLU (or
         pool + bias + ReLU) at its own op or at its pool's; nothing at a member whose pool ran for it."""
@@ -804,7 +832,7 @@ class NumpyBackend:
         if x.shape != self.plan.input.dims:
             raise ValueError(f"input shape {x.shape} does not match the plan's {self.plan.input.dims}")
         self._input[...] = x
-        with single_threaded_blas() if self.threads > 1 else contextlib.nullcontext():
+        with single_threaded_blas() if self.threads > 1 or self.native else contextlib.nullcontext():
             for step in self._steps:
                 step()
         return self._output.copy()
