@@ -23,9 +23,10 @@
 //
 // Blocking, measured on the stem, 35x35, 17x17 and 8x8 layers (AMD Zen 5, one core): MR = 8 divides every M of the
 // network (32..448), where MR = 12 (24 accumulators) lost up to 12% to the zero rows of the last panel (M = 32, 64)
-// and was no faster elsewhere; NR = 48 (24 accumulators) was no faster than 32. KC = 384, K cut into equal blocks: K = 288 (the stem) in one block, 4032 (the 8x8
-// 3x3 layers) in 11; a packed B panel (<= 48 KB) stays in L1 while the A panels of its K block (M*KC floats, at
-// most 690 KB) stream from L2. 256 and 512 were within the noise, 128 slower on the stem.
+// and was no faster elsewhere; NR = 48 (24 accumulators) was no faster than 32. KC = 384, K cut into equal blocks:
+// K = 288 (the stem) in one block, 4032 (the 8x8 3x3 layers) in 11; a packed B panel (<= 48 KB) stays in L1 while
+// the A panels of its K block (M*KC floats, at most 690 KB) stream from L2. 256 and 512 were within the noise, 128
+// slower on the stem.
 //
 // Tasks: (image, run of adjacent B panels, chunk of A panels), taken in turn by the thread pool (threadpool.c). A
 // layer with few B panels (8x8 maps: 2 an image) splits M into chunks too, each repacking its B panel, so that
@@ -41,12 +42,14 @@
 #define KC 384
 #define RUNS 4          // masked loads a vector may take before a gather is cheaper
 
-// How one 16-pixel vector of a B panel reads one tap from a channel plane: lane l takes plane[start[r] + l] for the
-// run r whose mask has bit l (runs = -1: gather plane[index[l]] under gather_mask); lanes in no run are zero.
+// How one 16-pixel vector of a B panel reads one tap from a channel plane: lane l takes plane[start[r] + S*l] for
+// the run r whose mask has bit l (stride S = 1 or 2; runs = -1: gather plane[index[l]] under gather_mask); lanes
+// in no run are zero.
 typedef struct {
     int32_t index[16];
     int32_t start[RUNS];
     __mmask16 mask[RUNS];
+    __mmask16 even_lo[RUNS], even_hi[RUNS];  // stride 2: the 32 floats from start[r] that lanes of run r read
     __mmask16 gather_mask;
     int32_t runs;
 } lane_reads;
@@ -134,13 +137,14 @@ IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
             __m512i index = _mm512_maskz_add_epi32(valid, _mm512_mullo_epi32(iy, _mm512_set1_epi32(p->w)), ix);
             _mm512_storeu_si512(d->index, index);
             d->gather_mask = valid;
-            // Runs: lanes whose index - lane agree are one masked load (they need not be adjacent).
-            __m512i start = _mm512_sub_epi32(index, lane);
+            // Runs: lanes whose index - S*lane agree are one masked load (they need not be adjacent); at stride 2 two
+            // loads and a permute. Other strides gather.
+            __m512i start = _mm512_sub_epi32(index, _mm512_mullo_epi32(lane, _mm512_set1_epi32(p->stride)));
             int32_t starts[16];
             _mm512_storeu_si512(starts, start);
             int runs = 0;
             for (__mmask16 left = valid; left; runs++) {
-                if (runs == RUNS) {
+                if (runs == RUNS || p->stride > 2) {
                     runs = -1;  // gather
                     break;
                 }
@@ -148,14 +152,20 @@ IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
                 d->start[runs] = starts[first];
                 d->mask[runs] = left & _mm512_cmpeq_epi32_mask(start, _mm512_set1_epi32(starts[first]));
                 left &= (__mmask16)~d->mask[runs];
+                for (int l = 0; l < 16; l++)
+                    if (d->mask[runs] >> l & 1) {
+                        if (l < 8) d->even_lo[runs] |= (__mmask16)(1u << 2 * l);
+                        else d->even_hi[runs] |= (__mmask16)(1u << (2 * l - 16));
+                    }
             }
             d->runs = runs;
         }
     }
 }
 
-// B rows [k0, k0 + kc) of the first vecs vectors of the panel that ``plan`` describes, into dst ([k][NR]). Along K the tap changes every
-// C rows; within a tap each vector reads every channel plane the same way, with the plan's loads in registers.
+// B rows [k0, k0 + kc) of the first vecs vectors of the panel that ``plan`` describes, into dst ([k][NR]). Along K
+// the tap changes every C rows; within a tap each vector reads every channel plane the same way, with the plan's
+// loads in registers.
 IE_AVX512 static void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0, int kc,
                              float *dst) {
     const int64_t plane = (int64_t)p->h * p->w;
@@ -168,28 +178,42 @@ IE_AVX512 static void pack_b(const ie_conv *p, const float *x, const lane_reads 
             const float *src = x + c * plane;
             __mmask16 m0 = d->mask[0], m1 = d->mask[1];
             const float *s0 = src + d->start[0], *s1 = src + d->start[1];
-            switch (d->runs) {
-            case -1: {
+            if (d->runs < 0) {
                 __m512i index = _mm512_loadu_si512(d->index);
                 for (int i = 0; i < count; i++, out += NR, src += plane)
                     _mm512_store_ps(out, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), d->gather_mask, index, src, 4));
-                break;
-            }
-            case 0:
-                for (int i = 0; i < count; i++, out += NR) _mm512_store_ps(out, _mm512_setzero_ps());
-                break;
-            case 1:  // the common case: 16 pixels of one output row inside the image, or the edge of one
-                for (int i = 0; i < count; i++, out += NR, s0 += plane) _mm512_store_ps(out, _mm512_maskz_loadu_ps(m0, s0));
-                break;
-            case 2:
-                for (int i = 0; i < count; i++, out += NR, s0 += plane, s1 += plane)
-                    _mm512_store_ps(out, _mm512_mask_loadu_ps(_mm512_maskz_loadu_ps(m0, s0), m1, s1));
-                break;
-            default:
+            } else if (p->stride == 2) {
+                const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
                 for (int i = 0; i < count; i++, out += NR, src += plane) {
                     __m512 val = _mm512_setzero_ps();
-                    for (int r = 0; r < d->runs; r++) val = _mm512_mask_loadu_ps(val, d->mask[r], src + d->start[r]);
+                    for (int r = 0; r < d->runs; r++) {
+                        const float *at = src + d->start[r];
+                        __m512 run = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(d->even_lo[r], at), even,
+                                                            _mm512_maskz_loadu_ps(d->even_hi[r], at + 16));
+                        val = _mm512_mask_mov_ps(val, d->mask[r], run);
+                    }
                     _mm512_store_ps(out, val);
+                }
+            } else {
+                switch (d->runs) {
+                case 0:
+                    for (int i = 0; i < count; i++, out += NR) _mm512_store_ps(out, _mm512_setzero_ps());
+                    break;
+                case 1:  // the common case: 16 pixels of one output row inside the image, or the edge of one
+                    for (int i = 0; i < count; i++, out += NR, s0 += plane)
+                        _mm512_store_ps(out, _mm512_maskz_loadu_ps(m0, s0));
+                    break;
+                case 2:
+                    for (int i = 0; i < count; i++, out += NR, s0 += plane, s1 += plane)
+                        _mm512_store_ps(out, _mm512_mask_loadu_ps(_mm512_maskz_loadu_ps(m0, s0), m1, s1));
+                    break;
+                default:
+                    for (int i = 0; i < count; i++, out += NR, src += plane) {
+                        __m512 val = _mm512_setzero_ps();
+                        for (int r = 0; r < d->runs; r++)
+                            val = _mm512_mask_loadu_ps(val, d->mask[r], src + d->start[r]);
+                        _mm512_store_ps(out, val);
+                    }
                 }
             }
         }

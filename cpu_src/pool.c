@@ -60,7 +60,8 @@ IE_AVX512 static void pool_plane(const ie_pool *p, const float *x, float *y, flo
         for (int x0 = 0; x0 < w; x0 += 16) {
             __mmask16 m = lanes_between(0, w - x0);
             __m512 v = _mm512_maskz_loadu_ps(m, x + (int64_t)y0 * w + x0);
-            for (int iy = y0 + 1; iy < y1; iy++) v = reduce(is_max, v, _mm512_maskz_loadu_ps(m, x + (int64_t)iy * w + x0));
+            for (int iy = y0 + 1; iy < y1; iy++)
+                v = reduce(is_max, v, _mm512_maskz_loadu_ps(m, x + (int64_t)iy * w + x0));
             _mm512_mask_storeu_ps(row + x0, m, v);
         }
         for (int ox0 = 0; ox0 < p->wo; ox0 += 16) {

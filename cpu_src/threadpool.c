@@ -30,7 +30,8 @@ static struct {
     int tasks, active;         // workers with index < active take tasks in this job
     atomic_int next_task;
     atomic_int checked_out;    // workers done with this job
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+} pool = {.run_lock = PTHREAD_MUTEX_INITIALIZER, .sleep_lock = PTHREAD_MUTEX_INITIALIZER,
+        .wake = PTHREAD_COND_INITIALIZER};
 
 static int64_t now_ns(void) {
     struct timespec t;

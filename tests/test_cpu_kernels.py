@@ -57,6 +57,7 @@ CONV_CASES = [  # n, c, h, w, o, kh, kw, stride, pad
     (1, 6, 9, 5, 10, 3, 3, 1, (0, 0)),  # 3 outputs from 5 inputs a row: more runs than masked loads -> gather
     (1, 200, 8, 8, 200, 3, 3, 1, (1, 1)),  # 2 panels, 25 A panels: M is split into chunks across threads
     (1, 8, 33, 35, 16, 1, 1, 1, (0, 0)),  # 1x1: the image is the B matrix
+    (1, 4, 14, 15, 9, 3, 3, 3, (1, 1)),  # stride 3: gathers
 ]
 
 

@@ -1,16 +1,20 @@
 """NumPy backend: the reference every other backend is checked against (float64), and the CPU path (float32).
 
-Two ways to convolve, both ending in BLAS matrix products that write straight into the destination view (a
-channel slice of a concat buffer is contiguous per image, so the concat is written in place):
+The float32 CPU path runs its convolutions and pools in C kernels of its own where they can be built
+(cpu_kernels.py, cpu_src/: an implicit-GEMM convolution with an AVX-512 micro-kernel, one call a layer on the
+kernels' thread pool), with each average pool moved behind the 1x1 conv it feeds. Everywhere else (float64, no C
+compiler, no AVX-512) it runs the NumPy code of this module, which convolves in two ways, both ending in BLAS matrix
+products that write straight into the destination view (a channel slice of a concat buffer is contiguous per
+image, so the concat is written in place):
 
 * direct: im2col + one GEMM (1x1 stride-1 convolutions skip im2col). The float64 reference always uses it.
 * Winograd (float32, stride-1 convolutions with a kernel wider than 1): fewer multiplies for the same result,
   see ``_WinogradConv``. It exists because on the CI machine NumPy's OpenBLAS is pinned to its AVX2 kernels
   (docs/PERFORMANCE.md, "CPU path (NumPy)") and the direct GEMMs alone took twice onnxruntime's whole forward.
 
-The backend prepares every op once at init: weights reshaped or transformed, arena views, zero-bordered padding
-buffers, shared work memory, and how each layer is split over its threads (``split_work``). ``forward`` then
-only copies and multiplies; nothing is allocated per call.
+The backend prepares every op once at init: weights reshaped, transformed or packed, arena views, zero-bordered
+padding buffers, shared work memory, and how each layer is split over its threads (``split_work``). ``forward``
+then only copies and multiplies; nothing is allocated per call.
 """
 
 from __future__ import annotations
@@ -516,9 +520,9 @@ class _PointwiseGroup:
 
 
 def movable_avg_pools(plan: Plan) -> dict[int, int]:
-    """conv index -> index of the stride-1 average pool that is its only input, where the pool can move behind the
-    1x1 conv (_PointwiseGroup says why that is exact): the pool is the conv's single reader's, and the conv's
-    destination is already live when the pool runs, so that both can run at the pool's step."""
+    """conv index -> index of the stride-1 average pool feeding that 1x1 conv, for the pools that can move behind
+    their conv (_PointwiseGroup says why that is exact): the conv is the only reader of the pool's output, and the
+    conv's destination is already live when the pool runs, so that both can run at the pool's step."""
     ops = plan.ops
     readers: dict[str, list[int]] = {}
     for i, op in enumerate(ops):
