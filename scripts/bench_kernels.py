@@ -1,14 +1,18 @@
 """Per-kernel throughput of the CUDA backend next to the GPU's roofline.
 
     python3 scripts/bench_kernels.py [--batch-sizes 1,8,32,128] [--iters 20] [--per-op 1,128] [--json FILE]
-        [--precision fp32|tf32]
+        [--precision fp32|tf32] [--winograd auto|on|off]
 
 For every op of the forward (at the --per-op batch sizes): median GPU time of its launches
 (CudaBackend.time_layers: CUDA events, the host's launch latency hidden behind gpu_sleep), achieved TFLOP/s
 against the precision's peak (fp32 FFMA, or dense TF32 tensor cores) and GB/s against HBM bandwidth, counting the
-minimum traffic (each input, weight and output element once). Then the whole forward in every mode of MODES
-(time_forward: median of --iters, each from an idle GPU), and last one table of forward times, mode by batch size.
-Needs a GPU and pycuda.
+minimum traffic (each input, weight and output element once). A Winograd conv's TFLOP/s is effective (the direct
+convolution's FLOPs over its time, comparable with the other rows and above the FFMA peak where Winograd wins);
+"actual" counts the multiply-adds its batched GEMM really does, and "direct ms" is the same layer by the direct
+kernel (a second per-op pass with winograd off): the per-layer A/B. Then the whole forward in every mode of MODES
+(time_forward: median of --iters, each from an idle GPU; the "direct" mode is the default one with winograd off,
+the whole-forward A/B), and last one table of forward times, mode by batch size. --winograd sets the modes that do
+not say. Needs a GPU and pycuda.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from inception_engine.weights import Weights  # noqa: E402
 # Ways to run the forward: CudaBackend keyword arguments. The first is the backend's default.
 MODES = {
     "graph, concurrent, fixup": {"graph": True, "concurrent": True, "fixup": True},
+    "graph, concurrent, reduce, direct": {"graph": True, "concurrent": True, "fixup": False, "winograd": False},
     "graph, serial, fixup": {"graph": True, "concurrent": False, "fixup": True},
     "graph, concurrent, reduce": {"graph": True, "concurrent": True, "fixup": False},
     "graph, serial, reduce": {"graph": True, "concurrent": False, "fixup": False},
     "eager, serial, fixup": {"graph": False, "concurrent": False, "fixup": True},
     "eager, concurrent, reduce": {"graph": False, "concurrent": True, "fixup": False},
+    "eager, serial, reduce, direct": {"graph": False, "concurrent": False, "fixup": False, "winograd": False},
 }
 # tf32 has no _fixup kernels (split-K always reduces in conv_splitk_reduce), so fixup/reduce would be the same run.
 TF32_MODES = {
@@ -72,11 +78,19 @@ def work(op: Op) -> tuple[int, int]:
     return 0, 4 * (elems(op.src) + elems(op.dst))
 
 
+def winograd_flops(op: ConvOp, cfg: cb.ConvConfig) -> int:
+    """FLOPs of a Winograd conv's batched GEMM: nn positions x Cout x Cin x (batch x tiles) multiply-adds."""
+    shape = cb.winograd_shape(op, cfg.wino)
+    return 2 * shape.nn * op.dst.channels * op.src.channels * shape.t_total
+
+
 def describe(op: Op, backend: cb.CudaBackend) -> str:
     cfg = backend.configs.get(op.name)
     if isinstance(op, (ConvOp, FCOp)):
         if cfg is None:
             return "fc_gemv"
+        if cfg.wino:
+            return f"3x3 winograd F{cfg.wino} {cfg.tile.name}"
         k = op.kernel if isinstance(op, ConvOp) else (1, 1)
         return (f"{k[0]}x{k[1]} {'tf32 ' if cfg.tile.prefix == 'conv_tf32' else ''}{cfg.tile.name}"
                 + (f" splitK{cfg.splits}" if cfg.splits > 1 else ""))
@@ -94,11 +108,19 @@ def bench(weights: Weights, batch: int, iters: int, per_op: bool, peak_flops: fl
             launches[mode] = len(backend.specs)
             if per_op and not rows:
                 layer_ms = {k: statistics.median(v) for k, v in backend.time_layers(x, iters, warmup).items()}
+                wino = {name: c for name, c in backend.configs.items() if c is not None and c.wino}
+                direct_ms = {}
+                if wino:
+                    with cb.CudaBackend(weights, plan, **{**kwargs, "winograd": False}) as direct:
+                        direct_ms = {k: statistics.median(v)
+                                     for k, v in direct.time_layers(x, iters, warmup, only=set(wino)).items()}
                 for op in plan.ops:
                     ms = layer_ms[op.name]
                     flops, nbytes = work(op)
+                    actual = winograd_flops(op, wino[op.name]) if op.name in wino else flops
                     rows.append({"op": op.name, "kernel": describe(op, backend), "ms": ms,
                                  "tflops": flops / ms / 1e9, "pct_peak": 100 * flops / ms / 1e-3 / peak_flops,
+                                 "actual_tflops": actual / ms / 1e9, "direct_ms": direct_ms.get(op.name),
                                  "gbps": nbytes / ms / 1e6, "pct_hbm": 100 * nbytes / ms / 1e-3 / peak_bytes,
                                  "flops": flops, "bytes": nbytes})
     return {"batch": batch, "forward_ms": forward_ms, "launches": launches,
@@ -112,10 +134,13 @@ def table(result: dict) -> str:
              + f"; {result['flops'] / best / 1e9:.1f} TFLOP/s overall at best"]
     if result["ops"]:
         lines += [f"per op (first mode, kernels launched one by one): sum {result['sum_of_ops_ms']:.3f} ms",
-                  f"{'op':34s} {'kernel':26s} {'ms':>8s} {'TFLOP/s':>8s} {'%peak':>6s} {'GB/s':>8s} {'%hbm':>6s}"]
+                  f"{'op':34s} {'kernel':26s} {'ms':>8s} {'TFLOP/s':>8s} {'%peak':>6s} {'GB/s':>8s} {'%hbm':>6s} "
+                  f"{'actual':>8s} {'direct ms':>9s}"]
     for r in result["ops"]:
+        wino = r["direct_ms"] is not None
         lines.append(f"{r['op']:34s} {r['kernel']:26s} {r['ms']:8.4f} {r['tflops']:8.2f} {r['pct_peak']:6.1f} "
-                     f"{r['gbps']:8.1f} {r['pct_hbm']:6.1f}")
+                     f"{r['gbps']:8.1f} {r['pct_hbm']:6.1f}"
+                     + (f" {r['actual_tflops']:8.2f} {r['direct_ms']:9.4f}" if wino else ""))
     return "\n".join(lines)
 
 
@@ -143,6 +168,8 @@ def main() -> int:
     p.add_argument("--no-graph", action="store_true", help="eager modes only (no CUDA graph, e.g. the emulator)")
     p.add_argument("--precision", choices=sorted(MODES_OF), default="fp32",
                    help="fp32: every mode of MODES; tf32: TF32_MODES")
+    p.add_argument("--winograd", choices=("auto", "on", "off"), default="auto",
+                   help="Winograd for the stride-1 3x3 convs in the modes that do not say (auto: the cost model)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     gpu = cb.Gpu()
@@ -153,7 +180,9 @@ def main() -> int:
     weights = cb.he_weights(0)  # values do not change the timing
     results = []
     per_op = {int(b) for b in args.per_op.split(",") if b}
-    modes = {m: kw for m, kw in MODES_OF[args.precision].items() if not (args.no_graph and kw["graph"])}
+    winograd = {"auto": None, "on": True, "off": False}[args.winograd]
+    default = {"winograd": winograd} if args.precision == "fp32" else {}  # tf32 runs no Winograd
+    modes = {m: {**default, **kw} for m, kw in MODES_OF[args.precision].items() if not (args.no_graph and kw["graph"])}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         results.append(bench(weights, batch, args.iters, batch in per_op, peak_flops, peak_bytes, args.warmup,
                              args.input_size, modes))

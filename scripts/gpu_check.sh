@@ -3,17 +3,22 @@
 #
 #   bash scripts/gpu_check.sh
 #
-# 1. pytest -m gpu on the CUDA kernel and backend tests
-# 2. compute-sanitizer memcheck on one full forward (299x299, eager launches, split-K fixups) against NumPy
-# 3. scripts/bench_kernels.py: forward ms of every mode (graph concurrent/serial, split-K fixup/reduce, eager) at
-#    batch 1, 8, 32, 128; per-op TFLOP/s and GB/s next to the roofline at batch 1 and 128
+# 1. pytest -m gpu on the CUDA kernel and backend tests, then on the Winograd tests (every stride-1 3x3 layer shape
+#    at batch 1 and 8, the whole network with Winograd vs float64, graph and eager)
+# 2. compute-sanitizer memcheck on one full forward (299x299, eager launches, split-K fixups) against NumPy, and on
+#    one with every stride-1 3x3 conv by Winograd (batch 2)
+# 3. scripts/bench_kernels.py: forward ms of every mode (graph concurrent/serial, split-K fixup/reduce, eager, and
+#    "direct": winograd off, the A/B) at batch 1, 8, 32, 128; per-op TFLOP/s and GB/s next to the roofline at
+#    batch 1 and 128, Winograd layers with their actual TFLOP/s and the direct kernel's ms
 # 4. TF32: pytest -m gpu tests/test_cuda_tf32.py, the tf32 self-test (batch 8, concurrent graph), and the
 #    bench_kernels forward table in tf32 at batch 1, 8, 32, 128 (appended to the bench_kernels log)
-# 5. compute-sanitizer racecheck on one forward at 75x75 (racecheck is slow; the kernels are the same)
+# 5. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
+#    same)
 # 6. the self-test at batch 8 through the concurrent CUDA graph, and memcheck of an eager concurrent forward
 # 7. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision)
 # 8. every other gpu-marked test of the repo
-# 9. inception-bench: cuda vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer times, if the CLI is there
+# 9. inception-bench: cuda vs cuda-direct (no Winograd) vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer
+#    times, if the CLI is there
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -74,8 +79,14 @@ g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).val
 step "pytest cuda" env_pytest.log 200 python3 -m pytest -m gpu -q -rfEs --durations=10 \
   tests/test_cuda_kernels.py tests/test_cuda_backend.py
 
+step "pytest winograd" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s --durations=5 \
+  tests/test_cuda_winograd.py
+
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
+
+step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 2 --graph off --input-size 299 --winograd on
 
 step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
   --per-op 1,128 --json "$OUT/bench_kernels.json"
@@ -88,7 +99,7 @@ step "bench_kernels tf32" bench_kernels.log 75 python3 scripts/bench_kernels.py 
   --batch-sizes 1,8,32,128 --iters 20 --per-op ""
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
-  --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75
+  --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75 --winograd on
 
 step "selftest graph b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on
 
@@ -98,12 +109,13 @@ step "memcheck concurrent" memcheck.log 45 "$SANITIZER" --tool memcheck --error-
 step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
 
 step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
-  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_tf32.py
+  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_tf32.py \
+  --ignore=tests/test_cuda_winograd.py
 
 if python3 -c "import inception_engine.cli" 2>/dev/null; then
   step "inception-bench" inception_bench.log 150 python3 -c \
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \
-    --backends cuda,cudnn,torch,torch-graph --batch-sizes 1,8,32,128 --iters 20 --per-layer \
+    --backends cuda,cuda-direct,cudnn,torch,torch-graph --batch-sizes 1,8,32,128 --iters 20 --per-layer \
     --json "$OUT/inception_bench.json"
   step "inception-bench tf32" inception_bench.log 120 python3 -c \
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \

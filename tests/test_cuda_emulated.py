@@ -82,10 +82,14 @@ def test_backend_forward_on_the_emulator(emu_lib):
 
 
 def test_bench_kernels_runs_on_the_emulator(emu_lib):
-    """scripts/bench_kernels.py end to end (the eager modes, the per-op table, the summary), on tiny inputs."""
+    """scripts/bench_kernels.py end to end (the eager modes, the per-op table, the summary), on tiny inputs; with
+    Winograd forced on, whose rows carry actual TFLOP/s and the direct kernel's ms (12 columns)."""
     r = run_emulated(emu_lib, "scripts/bench_kernels.py", "--batch-sizes", "1", "--iters", "1", "--warmup", "0",
-                     "--per-op", "1", "--input-size", "75", "--no-graph")
+                     "--per-op", "1", "--input-size", "75", "--no-graph", "--winograd", "on")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     summary = r.stdout.split("\nsummary\n")[1]
-    assert all(mode in summary for mode in ("eager, serial, fixup", "eager, concurrent, reduce")), summary
+    assert all(mode in summary for mode in ("eager, serial, fixup", "eager, concurrent, reduce",
+                                            "eager, serial, reduce, direct")), summary
     assert "Mixed_7c.branch3x3dbl_2" in r.stdout and "slowest ops" in summary
+    wino_rows = [line for line in r.stdout.splitlines() if "winograd F" in line]
+    assert len(wino_rows) == 12 and all(len(line.split()) == 12 for line in wino_rows), wino_rows

@@ -41,6 +41,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "torch-graph": ("torch", {"graph": True}),
     "cudnn-eager": ("cudnn", {"graph": False}),
     "cuda-eager": ("cuda", {"graph": False}),
+    "cuda-direct": ("cuda", {"winograd": False}),  # no Winograd: the A/B against cuda's cost-model choice
+    "cuda-winograd": ("cuda", {"winograd": True}),  # Winograd for every stride-1 3x3 conv, whatever the model says
 }
 BENCH_BACKENDS = (*BACKENDS, *VARIANTS)
 

@@ -812,8 +812,10 @@ class CudaBackend:
             self._upload(x)
             return event_timed_ms(drv, self._stream, self._run, iters, warmup)
 
-    def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1) -> dict[str, list[float]]:
-        """Per op: milliseconds of GPU time of its launches (a split-K conv counts both), launched eagerly.
+    def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1,
+                    only: set[str] | None = None) -> dict[str, list[float]]:
+        """Per op (or the ops named in ``only``): milliseconds of GPU time of its launches (a split-K conv counts
+        both, a Winograd conv its three), launched eagerly.
 
         gpu_sleep holds the GPU while the host enqueues start event, the op's launches and end event for all
         iterations, so launch latency of the host is not counted as kernel time.
@@ -821,7 +823,8 @@ class CudaBackend:
         drv = driver()
         groups: dict[str, list[Launch]] = {}
         for launch in self._launches:
-            groups.setdefault(launch.spec.op, []).append(launch)
+            if only is None or launch.spec.op in only:
+                groups.setdefault(launch.spec.op, []).append(launch)
         out: dict[str, list[float]] = {}
         self._check_open()
         with self._gpu:
