@@ -49,17 +49,19 @@ TF32_MODES = {
     "tf32 eager, serial": {"graph": False, "concurrent": False, "precision": "tf32"},
     "tf32 eager, concurrent": {"graph": False, "concurrent": True, "precision": "tf32"},
 }
-MODES_OF = {"fp32": MODES, "tf32": TF32_MODES}
+F16_MODES = {name.replace("tf32", "fp16"): {**kw, "precision": "fp16"} for name, kw in TF32_MODES.items()}
+MODES_OF = {"fp32": MODES, "tf32": TF32_MODES, "fp16": F16_MODES}
 
 # Datasheet peaks: fp32 (non-tensor) FLOP/s and HBM bytes/s. H100 SXM: 67 TFLOP/s, 3.35 TB/s (~3.0 reachable).
 PEAKS = {"H200": (67e12, 4.8e12), "H100": (67e12, 3.35e12)}
 # Dense TF32 tensor-core FLOP/s (the datasheets' 989 TFLOP/s counts 2:4 sparsity), the same on H100 SXM and H200.
 TF32_PEAK = 494e12
+F16_PEAK = 989e12  # dense fp16 tensor-core FLOP/s with fp32 accumulation, H100 SXM / H200
 
 
 def peaks_for(device_name: str, precision: str = "fp32") -> tuple[float, float]:
     flops, hbm = next((peaks for key, peaks in PEAKS.items() if key in device_name), PEAKS["H100"])
-    return (TF32_PEAK if precision == "tf32" else flops), hbm
+    return {"tf32": TF32_PEAK, "fp16": F16_PEAK}.get(precision, flops), hbm
 
 
 def elems(v: View) -> int:

@@ -261,11 +261,21 @@ def test_fp32_never_picks_tf32_kernels_and_names_are_distinct():
     assert cb.source_of("conv_3x3_64x64_fixup") == "conv.cu" and cb.source_of("conv_tf32_3x3_64x64") == "conv_tf32.cu"
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_unknown_precision_is_one_clear_line(weights, precision):
-    with pytest.raises(cb.EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32") as e:
+    with pytest.raises(cb.EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32, fp16") as e:
         cb.CudaBackend(weights, build_plan(1), precision=precision)
     assert "\n" not in str(e.value)
-    with pytest.raises(cb.EngineError, match="choose one of fp32, tf32"):
+    with pytest.raises(cb.EngineError, match="choose one of fp32, tf32, fp16"):
         cb.choose_configs(build_plan(1), 132, precision=precision)
-    assert cb.CudaBackend.PRECISIONS == ("fp32", "tf32")
+    assert cb.CudaBackend.PRECISIONS == ("fp32", "tf32", "fp16")
+
+
+def test_fp16_uses_the_f16_kernels():
+    configs = cb.choose_configs(build_plan(8), 132, precision="fp16")
+    prefixes = {c.tile.prefix for c in configs.values() if c is not None}
+    assert prefixes == {"conv_f16"}
+    assert cb.source_of("conv_f16_3x3_64x64") == "conv_f16.cu"
+    assert all(cb.source_of(name) in cb.cuda_build.SOURCES for name in cb.all_kernel_names())
+    with pytest.raises(cb.EngineError, match="fp32 only"):
+        cb.choose_configs(build_plan(8), 132, precision="fp16", winograd=True)

@@ -11,14 +11,15 @@ The planning half (configs, parameter packing, launch specs) is plain Python and
 only when a backend is built, so a missing pycuda is reported by ``check_available`` as one line.
 
     python -m inception_engine.backends.cuda_backend --selftest [--batch 1] [--graph on|off] [--input-size 299]
-        [--precision fp32|tf32]
+        [--precision fp32|tf32|fp16]
 
 runs one forward on random He-initialised weights against the float64 NumPy reference (for compute-sanitizer).
 
 Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3) or F(4x4, 3x3) for the stride-1 3x3
 convs where ``winograd_config``'s model expects a clear gain (``CudaBackend(winograd=...)`` forces either way);
 "tf32" runs the convolutions and the FC-as-GEMM on the tensor cores (conv_tf32.cu: TF32 products, fp32 sums, a
-relative error of ~1e-3 instead of ~1e-6) and no Winograd; everything else stays fp32.
+relative error of ~1e-3 instead of ~1e-6) and no Winograd; "fp16" likewise with fp16 products (conv_f16.cu, the
+same GEMM template with mma.m16n8k16). In every precision the tensors in memory stay fp32.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ THREADS = 256  # every kernel's block size (conv.cu's and conv_tf32.cu's tiles a
 NAN_BITS = 0x7FC00000  # float32 quiet NaN: the arena starts poisoned, so a read of never-written memory shows
 
 KERNEL_SIZES = ((1, 1), (3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1))  # conv.cu, conv_tf32.cu instantiate these
-PRECISIONS = ("fp32", "tf32")
+PRECISIONS = ("fp32", "tf32", "fp16")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,11 @@ TILES = (Tile(128, 128, 8, 2, 180e3), Tile(64, 64, 16, 4, 120e3), Tile(32, 128, 
 # conv_tf32.cu's tiles (warp tiles 64x32, 32x32, 32x16). No _fixup variants: split-K goes through conv_splitk_reduce.
 TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16, 2, 450e3, "conv_tf32", False),
               Tile(64, 64, 16, 3, 300e3, "conv_tf32", False))
-TILES_OF = {"fp32": TILES, "tf32": TF32_TILES}
+# conv_f16.cu's tiles: the same GEMM template with fp16 operands (mma.m16n8k16), so half the mma and operand
+# conversions per k of the tf32 kernels; the MACs/us are the helper's model (1.3x tf32), not measured yet.
+F16_TILES = (Tile(128, 128, 16, 2, 780e3, "conv_f16", False), Tile(128, 64, 16, 2, 585e3, "conv_f16", False),
+             Tile(64, 64, 16, 3, 420e3, "conv_f16", False))
+TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
@@ -187,7 +192,8 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
                    winograd: bool | None = None) -> dict[str, ConvConfig | None]:
     """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it.
     fixup: split-K convs reduce in the kernel where the tile has a _fixup variant (else with conv_splitk_reduce).
-    precision: "tf32" picks conv_tf32.cu's tiles for every GEMM (convs and the FC-as-GEMM), and no Winograd.
+    precision: "tf32" / "fp16" pick conv_tf32.cu's / conv_f16.cu's tiles for every GEMM (convs and the FC-as-GEMM),
+    and no Winograd.
     winograd: for the stride-1 3x3 convs, None lets the cost model choose between the direct kernel and F(2x2) or
     F(4x4) (``winograd_config``; Winograd below WINO_MARGIN of the direct time), True takes the faster F(m), False
     the direct kernel. fp32 only."""
@@ -413,11 +419,14 @@ def arg_format(kernel: str) -> str:
 def source_of(kernel: str) -> str:
     if kernel.startswith("wino_"):
         return "winograd.cu"
-    return SOURCE_OF.get(kernel, "conv_tf32.cu" if kernel.startswith("conv_tf32_") else "conv.cu")
+    for prefix in ("conv_tf32_", "conv_f16_"):
+        if kernel.startswith(prefix):
+            return prefix[:-1] + ".cu"
+    return SOURCE_OF.get(kernel, "conv.cu")
 
 
 def all_kernel_names() -> list[str]:
-    return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES
+    return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES + F16_TILES
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
             + sorted({name for m in WINO_OUT_TILES for t in WINO_TILES for name in wino_kernel_names(m, t)}))
 
@@ -645,10 +654,11 @@ class CudaBackend:
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
         rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce
         (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/PERFORMANCE.md round 1);
-        the tf32 kernels have no such variant, so in tf32 split-K always uses conv_splitk_reduce. precision:
-        "fp32" (FFMA kernels) or "tf32" (tensor-core GEMMs for the convs and the batched FC). winograd: the
+        the tensor-core kernels have no such variant, so in tf32/fp16 split-K always uses conv_splitk_reduce.
+        precision: "fp32" (FFMA kernels), "tf32" or "fp16" (tensor-core GEMMs for the convs and the batched FC,
+        with TF32 or fp16 operands). winograd: the
         stride-1 3x3 convs by Winograd (winograd.cu) where the cost model expects it to be faster (None), always
-        (True) or never (False); fp32 only (tf32 keeps the direct tensor-core kernels)."""
+        (True) or never (False); fp32 only (tf32 and fp16 keep the direct tensor-core kernels)."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
@@ -914,7 +924,7 @@ def top1_agree(got: np.ndarray, ref: np.ndarray, noise: float) -> bool:
 
 
 # Self-test limits: rel L2 of the logits against float64. TF32 keeps 10 mantissa bits (~5e-4 per layer).
-SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3}
+SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3, "fp16": 3e-3}
 
 
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None,
