@@ -158,7 +158,8 @@ def network_convs() -> list[ConvOp]:
 @pytest.mark.parametrize("op", network_convs(), ids=lambda op: op.name)
 def test_conv_every_network_shape_batch1(gpu, op):
     g, kernels = gpu
-    cfg = cb.choose_configs(build_plan(1), g.num_sms)[op.name]
+    # The direct kernel's own config for every layer: the Winograd path has its own tests (test_cuda_winograd.py).
+    cfg = cb.choose_configs(build_plan(1), g.num_sms, winograd=False)[op.name]
     conv_case(kernels, 1, op.src.channels, op.dst.channels, op.src.h, op.src.w, op.kernel, op.stride, op.pad, cfg)
 
 
