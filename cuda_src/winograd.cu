@@ -1,53 +1,99 @@
-// winograd.cu: stride-1 3x3 convolution + bias + ReLU by Winograd's minimal filtering F(MxM, 3x3), fp32, NCHW.
+// winograd.cu: stride-1 convolution + bias + ReLU by Winograd's minimal filtering, fp32, NCHW: F(MxM, 3x3),
+// F(MxM, 5x5) and the 1-D F(M, 7) of the 1x7 and 7x1 kernels.
 //
 // Computes the same y[b, o, oh, ow] = relu(bias[o] + sum_{c, r, s} w[o, c, r, s] * x[b, c, oh - PH + r, ow - PW + s])
-// as conv.cu's conv_3x3 kernels at stride 1, with (M + 2)^2 / (9 M^2) of the multiplies: 0.25x for F(4x4, 3x3),
-// 0.44x for F(2x2, 3x3).
+// as conv.cu's kernels at stride 1, with NH NW / (KH KW MH MW) of the multiplies: 0.25x for F(4x4, 3x3), 0.44x for
+// F(2x2, 3x3), 0.36x for F(2x2, 5x5), 0.43x for F(3, 7).
 //
 // Idea: the "non-fused" scheme of Lavin & Gray 2016 ("Fast Algorithms for Convolutional Neural Networks",
-// section 4): cut every output map into M x M tiles; tile t of image b needs the N x N input patch d (N = M + 2)
-// whose corner is (ty*M - PH, tx*M - PW). With the Toom-Cook matrices BT (N x N), G (N x 3), AT (M x N) (built by
-// numpy_backend.winograd_matrices and uploaded by the backend; nothing here hard-codes them)
-//     y_tile = AT [ sum_c U[c] (.) V[c] ] AT^T,   U[c] = G w[o, c] G^T,   V[c] = BT d[c] BT^T,
-// and for each of the N*N positions xi the sum over c is a matrix product M[xi] = U[xi] V[xi] over O x C x T
-// (T = batch * tiles). Three kernels:
-//   wino_input_F<M>:  one thread per (c, t): gathers d (zero outside the image: padding and the ragged edge),
+// section 4): cut every output map into MH x MW tiles; tile t of image b needs the NH x NW input patch d
+// (NH = MH + KH - 1, NW = MW + KW - 1) whose corner is (ty*MH - PH, tx*MW - PW). With the Toom-Cook matrices of
+// F(M, K) along each axis the kernel extends in, BT (N x N), G (N x K), AT (M x N) (built by
+// numpy_backend.winograd_matrices and uploaded by the backend; nothing here hard-codes them), and the 1 x 1
+// identity along an axis where it has one tap (MH = KH = NH = 1 for 1x7, MW = KW = NW = 1 for 7x1)
+//     y_tile = AT_h [ sum_c U[c] (.) V[c] ] AT_w^T,   U[c] = G_h w[o, c] G_w^T,   V[c] = BT_h d[c] BT_w^T,
+// and for each of the NH*NW positions xi the sum over c is a matrix product M[xi] = U[xi] V[xi] over O x C x T
+// (T = batch * tiles). Square kernels use the same F(M, K) along both axes, so one BT and one AT describe every
+// variant. Three kernels:
+//   wino_input_<K>_F<M>:  one thread per (c, t): gathers d (zero outside the image: padding and the ragged edge),
 //                     writes V[xi][c][t] for every xi (coalesced along t).
-//   wino_gemm_<BM>x<BN>: grid.z = N*N independent GEMMs M[xi][O][Tp] = U[xi]^T V[xi], U stored [xi][C][Op] (the
+//   wino_gemm_<BM>x<BN>: grid.z = NH*NW independent GEMMs M[xi][O][Tp] = U[xi]^T V[xi], U stored [xi][C][Op] (the
 //                     weights, transformed on the host in float64, rounded once, padded with zero columns to Op),
 //                     V [xi][C][Tp]. Both operands are dense rows along O and T padded to whole tiles, so every
 //                     global load and store is one float4 with no bounds check along O or T (only along C). Tiling
 //                     as conv.cu: a block computes BM x BN, a thread TM x TN from float4 shared-memory reads, the
-//                     next BK slice loaded to registers during the math, one barrier per slice.
-//   wino_output_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi, y_tile = AT M AT^T + bias, ReLU,
+//                     next BK slice loaded to registers during the math, one barrier per slice. It does not know
+//                     the kernel shape: every variant shares it.
+//   wino_output_<K>_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi, y_tile = AT M AT^T + bias, ReLU,
 //                     written where inside the output map, into a channel-slice view (y_bstride as conv.cu).
 // Columns t >= T of V (the padding up to Tp) are never written; what the GEMM makes of them lands in columns of M
 // that the output transform never reads.
 //
-// Launch: wino_input_F<M>:  block 256, grid ceil(C*T / 256).
-//         wino_gemm_<BM>x<BN>: block 256, grid (Tp / BN, Op / BM, N*N); Tp and Op multiples of BN and BM.
-//         wino_output_F<M>: block 256, grid ceil(O*T / 256).
+// Launch: wino_input_*:  block 256, grid ceil(C*T / 256).
+//         wino_gemm_<BM>x<BN>: block 256, grid (Tp / BN, Op / BM, NH*NW); Tp and Op multiples of BN and BM.
+//         wino_output_*: block 256, grid ceil(O*T / 256).
 #include "common.cuh"
 
-// V[xi][c][t] = (BT d BT^T)[xi] for the patch of channel c under tile t; bt is N x N, row-major.
-template <int M>
+// out = A in, A the R x K top-left of a; the identity when K == 1 (an axis the kernel does not extend in).
+template <int R, int K, int C, int AR, int AC>
+__device__ __forceinline__ void mul_left(float (&out)[R][C], const float (&a)[AR][AC], const float (&in)[K][C]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+            if constexpr (K == 1) {
+                out[i][j] = in[0][j];
+            } else {
+                float s = 0.f;
+#pragma unroll
+                for (int k = 0; k < K; ++k) s = fmaf(a[i][k], in[k][j], s);
+                out[i][j] = s;
+            }
+        }
+}
+
+// s + (in A^T)[i][j], A's rows of length K as above (the identity when K == 1).
+template <int K, int R, int AR, int AC>
+__device__ __forceinline__ float dot_right(float s, const float (&in)[R][K], const float (&a)[AR][AC], int i,
+                                           int j) {
+    if constexpr (K == 1) {
+        return s + in[i][0];
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; ++k) s = fmaf(in[i][k], a[j][k], s);
+        return s;
+    }
+}
+
+// Tile geometry of F(MH x MW, KH x KW): square kernels have one transform size N, 1-D ones N along their axis.
+template <int MH, int MW, int KH, int KW>
+struct WinoTile {
+    static constexpr int NH = MH + KH - 1, NW = MW + KW - 1;
+    static constexpr int M = MH > MW ? MH : MW, N = NH > NW ? NH : NW;
+    static_assert((NH == N || NH == 1) && (NW == N || NW == 1) && (MH == M || MH == 1) && (MW == M || MW == 1),
+                  "one F(M, K) along each axis the kernel extends in");
+};
+
+// V[xi][c][t] = (BT_h d BT_w^T)[xi] for the patch of channel c under tile t; bt is N x N, row-major.
+template <int MH, int MW, int KH, int KW>
 __device__ __forceinline__ void wino_input(const float* __restrict__ x, const float* __restrict__ bt,
                                            float* __restrict__ v, int batch, int cin, int h, int w, int x_bstride,
                                            int tiles_h, int tiles_w, int t_pad, int pad_h, int pad_w) {
-    constexpr int N = M + 2;
+    using T = WinoTile<MH, MW, KH, KW>;
+    constexpr int N = T::N, NH = T::NH, NW = T::NW;
     const int per_image = tiles_h * tiles_w, t_total = batch * per_image;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= cin * t_total) return;
     const int c = idx / t_total, t = idx - c * t_total;
     const int b = t / per_image, p = t - b * per_image, ty = p / tiles_w, tx = p - ty * tiles_w;
-    const int ih0 = ty * M - pad_h, iw0 = tx * M - pad_w;
+    const int ih0 = ty * MH - pad_h, iw0 = tx * MW - pad_w;
     const float* xc = x + (size_t)b * x_bstride + (size_t)c * h * w;
 
-    float d[N][N];
+    float d[NH][NW];
 #pragma unroll
-    for (int i = 0; i < N; ++i)
+    for (int i = 0; i < NH; ++i)
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
+        for (int j = 0; j < NW; ++j) {
             const int ih = ih0 + i, iw = iw0 + j;
             d[i][j] = ((unsigned)ih < (unsigned)h && (unsigned)iw < (unsigned)w) ? __ldg(xc + ih * w + iw) : 0.f;
         }
@@ -56,27 +102,14 @@ __device__ __forceinline__ void wino_input(const float* __restrict__ x, const fl
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int j = 0; j < N; ++j) bm[i][j] = __ldg(bt + i * N + j);
-    float r[N][N];  // BT d
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-            float s = 0.f;
-#pragma unroll
-            for (int k = 0; k < N; ++k) s = fmaf(bm[i][k], d[k][j], s);
-            r[i][j] = s;
-        }
+    float r[NH][NW];  // BT_h d
+    mul_left(r, bm, d);
     float* out = v + (size_t)c * t_pad + t;
     const size_t xi_step = (size_t)cin * t_pad;
 #pragma unroll
-    for (int i = 0; i < N; ++i)
+    for (int i = 0; i < NH; ++i)
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            float s = 0.f;
-#pragma unroll
-            for (int k = 0; k < N; ++k) s = fmaf(r[i][k], bm[j][k], s);
-            out[(i * N + j) * xi_step] = s;
-        }
+        for (int j = 0; j < NW; ++j) out[(i * NW + j) * xi_step] = dot_right(0.f, r, bm, i, j);
 }
 
 template <int BM, int BN, int BK, int TM, int TN>
@@ -179,13 +212,14 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
     }
 }
 
-// y tile of (o, t) = AT M[.][o][t] AT^T + bias[o] (ReLU), at its place in the output view; at is M x N, row-major.
-template <int M>
+// y tile of (o, t) = AT_h M[.][o][t] AT_w^T + bias[o] (ReLU), at its place in the output view; at is M x N.
+template <int MH, int MW, int KH, int KW>
 __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const float* __restrict__ at,
                                             const float* __restrict__ bias, float* __restrict__ y, int batch,
                                             int cout, int ho, int wo, int y_bstride, int tiles_h, int tiles_w,
                                             int t_pad, int relu) {
-    constexpr int N = M + 2;
+    using T = WinoTile<MH, MW, KH, KW>;
+    constexpr int M = T::M, N = T::N, NH = T::NH, NW = T::NW;
     const int per_image = tiles_h * tiles_w, t_total = batch * per_image;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= cout * t_total) return;
@@ -194,60 +228,56 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
 
     const float* src = mi + (size_t)o * t_pad + t;
     const size_t xi_step = (size_t)cout * t_pad;
-    float mm[N][N];
+    float mm[NH][NW];
 #pragma unroll
-    for (int i = 0; i < N; ++i)
+    for (int i = 0; i < NH; ++i)
 #pragma unroll
-        for (int j = 0; j < N; ++j) mm[i][j] = src[(i * N + j) * xi_step];
+        for (int j = 0; j < NW; ++j) mm[i][j] = src[(i * NW + j) * xi_step];
     float am[M][N];
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll
         for (int j = 0; j < N; ++j) am[i][j] = __ldg(at + i * N + j);
-    float r[M][N];  // AT M
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-            float s = 0.f;
-#pragma unroll
-            for (int k = 0; k < N; ++k) s = fmaf(am[i][k], mm[k][j], s);
-            r[i][j] = s;
-        }
+    float r[MH][NW];  // AT_h M
+    mul_left(r, am, mm);
     const float bo = __ldg(bias + o);
     float* yo = y + (size_t)b * y_bstride + (size_t)o * ho * wo;
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-        const int oh = ty * M + i;
+    for (int i = 0; i < MH; ++i) {
+        const int oh = ty * MH + i;
         if (oh >= ho) continue;
 #pragma unroll
-        for (int j = 0; j < M; ++j) {
-            const int ow = tx * M + j;
+        for (int j = 0; j < MW; ++j) {
+            const int ow = tx * MW + j;
             if (ow >= wo) continue;
-            float s = bo;
-#pragma unroll
-            for (int k = 0; k < N; ++k) s = fmaf(r[i][k], am[j][k], s);
+            const float s = dot_right(bo, r, am, i, j);
             yo[oh * wo + ow] = relu ? fmaxf(s, 0.f) : s;
         }
     }
 }
 
-#define WINO_TRANSFORMS(M)                                                                                       \
+// NAME: <KH>x<KW>_F<M>, the names cuda_backend.wino_kernel_names makes.
+#define WINO_TRANSFORMS(NAME, MH, MW, KH, KW)                                                                    \
     extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                     \
-        wino_input_F##M(const float* __restrict__ x, const float* __restrict__ bt, float* __restrict__ v,        \
-                        int batch, int cin, int h, int w, int x_bstride, int tiles_h, int tiles_w, int t_pad,    \
-                        int pad_h, int pad_w) {                                                                  \
-        wino_input<M>(x, bt, v, batch, cin, h, w, x_bstride, tiles_h, tiles_w, t_pad, pad_h, pad_w);             \
+        wino_input_##NAME(const float* __restrict__ x, const float* __restrict__ bt, float* __restrict__ v,      \
+                          int batch, int cin, int h, int w, int x_bstride, int tiles_h, int tiles_w, int t_pad,  \
+                          int pad_h, int pad_w) {                                                                \
+        wino_input<MH, MW, KH, KW>(x, bt, v, batch, cin, h, w, x_bstride, tiles_h, tiles_w, t_pad, pad_h, pad_w); \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                     \
-        wino_output_F##M(const float* __restrict__ mi, const float* __restrict__ at,                             \
-                         const float* __restrict__ bias, float* __restrict__ y, int batch, int cout, int ho,     \
-                         int wo, int y_bstride, int tiles_h, int tiles_w, int t_pad, int relu) {                 \
-        wino_output<M>(mi, at, bias, y, batch, cout, ho, wo, y_bstride, tiles_h, tiles_w, t_pad, relu);          \
+        wino_output_##NAME(const float* __restrict__ mi, const float* __restrict__ at,                           \
+                           const float* __restrict__ bias, float* __restrict__ y, int batch, int cout, int ho,   \
+                           int wo, int y_bstride, int tiles_h, int tiles_w, int t_pad, int relu) {               \
+        wino_output<MH, MW, KH, KW>(mi, at, bias, y, batch, cout, ho, wo, y_bstride, tiles_h, tiles_w, t_pad,    \
+                                    relu);                                                                       \
     }
 
-WINO_TRANSFORMS(2)
-WINO_TRANSFORMS(4)
+// cuda_backend.WINO_VARIANTS lists these (kernel shape -> output tiles).
+WINO_TRANSFORMS(3x3_F2, 2, 2, 3, 3)
+WINO_TRANSFORMS(3x3_F4, 4, 4, 3, 3)
+WINO_TRANSFORMS(5x5_F2, 2, 2, 5, 5)
+WINO_TRANSFORMS(1x7_F3, 1, 3, 1, 7)
+WINO_TRANSFORMS(7x1_F3, 3, 1, 7, 1)
 
 // The GEMM tiles (the same shapes as conv.cu's; cuda_backend.WINO_TILES lists them). MIN_BLOCKS caps registers.
 #define WINO_GEMM(BM, BN, BK, TM, TN, MIN_BLOCKS)                                                           \

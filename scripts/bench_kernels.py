@@ -81,7 +81,7 @@ def work(op: Op) -> tuple[int, int]:
 
 
 def winograd_flops(op: ConvOp, cfg: cb.ConvConfig) -> int:
-    """FLOPs of a Winograd conv's batched GEMM: nn positions x Cout x Cin x (batch x tiles) multiply-adds."""
+    """FLOPs of a Winograd conv's batched GEMM: 2 x nn positions x Cout x Cin x (batch x tiles)."""
     shape = cb.winograd_shape(op, cfg.wino)
     return 2 * shape.nn * op.dst.channels * op.src.channels * shape.t_total
 
@@ -92,7 +92,7 @@ def describe(op: Op, backend: cb.CudaBackend) -> str:
         if cfg is None:
             return "fc_gemv"
         if cfg.wino:
-            return f"3x3 winograd F{cfg.wino} {cfg.tile.name}"
+            return f"{op.kernel[0]}x{op.kernel[1]} winograd F{cfg.wino} {cfg.tile.name}"
         k = op.kernel if isinstance(op, ConvOp) else (1, 1)
         return (f"{k[0]}x{k[1]} {'tf32 ' if cfg.tile.prefix == 'conv_tf32' else ''}{cfg.tile.name}"
                 + (f" splitK{cfg.splits}" if cfg.splits > 1 else ""))
@@ -171,7 +171,7 @@ def main() -> int:
     p.add_argument("--precision", choices=sorted(MODES_OF), default="fp32",
                    help="fp32: every mode of MODES; tf32: TF32_MODES")
     p.add_argument("--winograd", choices=("auto", "on", "off"), default="auto",
-                   help="Winograd for the stride-1 3x3 convs in the modes that do not say (auto: the cost model)")
+                   help="Winograd for the eligible convs in the modes that do not say (auto: the cost model)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     gpu = cb.Gpu()

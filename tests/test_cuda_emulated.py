@@ -21,6 +21,7 @@ import pytest
 
 from inception_engine import cuda_build
 from inception_engine.backends import cuda_backend as cb
+from inception_engine.plan import build_plan
 
 TESTS = Path(__file__).resolve().parent
 EMU = TESTS / "cuda_emu"
@@ -92,4 +93,6 @@ def test_bench_kernels_runs_on_the_emulator(emu_lib):
                                             "eager, serial, reduce, direct")), summary
     assert "Mixed_7c.branch3x3dbl_2" in r.stdout and "slowest ops" in summary
     wino_rows = [line for line in r.stdout.splitlines() if "winograd F" in line]
-    assert len(wino_rows) == 12 and all(len(line.split()) == 12 for line in wino_rows), wino_rows
+    eligible = sum(cb.winograd_eligible(op) for op in build_plan(1, input_size=75).conv_ops)
+    assert eligible == 41, eligible  # 3x3, 5x5, 1x7, 7x1: every one forced to Winograd
+    assert len(wino_rows) == eligible and all(len(line.split()) == 12 for line in wino_rows), wino_rows

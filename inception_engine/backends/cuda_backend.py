@@ -15,8 +15,9 @@ only when a backend is built, so a missing pycuda is reported by ``check_availab
 
 runs one forward on random He-initialised weights against the float64 NumPy reference (for compute-sanitizer).
 
-Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3) or F(4x4, 3x3) for the stride-1 3x3
-convs where ``winograd_config``'s model expects a clear gain (``CudaBackend(winograd=...)`` forces either way);
+Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5) or F(3, 7)
+for the stride-1 3x3, 5x5, 1x7 and 7x1 convs where ``winograd_config``'s model expects a clear gain
+(``CudaBackend(winograd=...)`` forces either way);
 "tf32" runs the convolutions and the FC-as-GEMM on the tensor cores (conv_tf32.cu: TF32 products, fp32 sums, a
 relative error of ~1e-3 instead of ~1e-6) and no Winograd; "fp16" likewise with fp16 products (conv_f16.cu, the
 same GEMM template with mma.m16n8k16). In every precision the tensors in memory stay fp32.
@@ -75,7 +76,16 @@ TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
-WINO_OUT_TILES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3): winograd.cu instantiates both
+# Kernel shape -> the output tiles m of F(m x m, k x k) (F(m, 7) along the long axis of 1x7 / 7x1) that winograd.cu
+# instantiates. 1x7 / 7x1: F(3, 7) only, as the CPU path (numpy_backend.winograd_tile): on the network's 17-wide
+# maps F(2, 7) does 1.33x its GEMM work and traffic, and F(4, 7) saves 7% (17 = 5 x 4 - 3 wastes more edge) at
+# twice the error (per layer 9.4e-7 / 2.9e-6 / 5.6e-6 for m = 2 / 3 / 4). 5x5: F(2x2) only, 6 x 6 positions like
+# F(4x4, 3x3) (the same BT); F(3x3, 5x5) would need a 7-point transform, less accurate.
+WINO_VARIANTS = {(3, 3): (2, 4), (5, 5): (2,), (1, 7): (3,), (7, 1): (3,)}
+# The smallest batch at which the model may choose Winograd for a kernel shape. 3x3: measured faster on an H100 at
+# batch 1 (the stem layers the model picks). The others are unmeasured at batch 1, where one small layer is a few
+# microseconds either way and not on the forward's critical path: direct until measured.
+WINO_MIN_BATCH = {(3, 3): 1, (5, 5): 2, (1, 7): 2, (7, 1): 2}
 WINO_T_ALIGN = 128  # V and M rows (T = batch x tiles) are padded to whole GEMM tiles along T
 
 # Cost model of one conv launch (microseconds), used only to rank variants against each other.
@@ -99,7 +109,8 @@ class ConvConfig:
     splits: int  # K slices (blockIdx.z); > 1 writes partial sums to the workspace, then conv_splitk_reduce
     k_split: int  # K per slice, a multiple of tile.bk
     est_us: float
-    wino: int = 0  # Winograd F(wino x wino, 3x3) (tile: winograd.cu's GEMM, splits 1, k_split Cin); 0: direct
+    wino: int = 0  # Winograd with output tile m = wino (``winograd_tile``; tile: winograd.cu's GEMM, splits 1,
+    # k_split Cin); 0: direct
 
 
 def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool = True,
@@ -135,30 +146,37 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool
 
 
 def winograd_eligible(op: ConvOp) -> bool:
-    """winograd.cu computes stride-1 3x3 convolutions (any padding)."""
-    return op.kernel == (3, 3) and op.stride == 1
+    """winograd.cu computes stride-1 convolutions of the kernel shapes of WINO_VARIANTS (any padding)."""
+    return op.kernel in WINO_VARIANTS and op.stride == 1
+
+
+def winograd_tile(kernel: tuple[int, int], m: int) -> tuple[int, int]:
+    """Output tile (mh, mw) of Winograd with tile size m: m along each axis the kernel extends in, else 1."""
+    return tuple(m if k > 1 else 1 for k in kernel)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class WinogradShape:
-    """How F(m x m, 3x3) cuts one conv: tiles of the output map, and the sizes of its work buffers."""
+    """How F(mh x mw, kh x kw) cuts one conv: tiles of the output map, and the sizes of its work buffers."""
 
     m: int
+    kernel: tuple[int, int]
     tiles_h: int
     tiles_w: int
     t_total: int  # batch x tiles: the GEMMs' N
     t_pad: int  # t_total rounded up to WINO_T_ALIGN: the row length of V and M
 
     @property
-    def nn(self) -> int:  # (m + 2)^2 transform positions: the number of GEMMs
-        return (self.m + 2) ** 2
+    def nn(self) -> int:  # nh x nw transform positions (n = m + k - 1 per axis): the number of GEMMs
+        return math.prod(m + k - 1 for m, k in zip(winograd_tile(self.kernel, self.m), self.kernel))
 
 
 def winograd_shape(op: ConvOp, m: int) -> WinogradShape:
     n, _, ho, wo = op.dst.dims
-    th, tw = -(-ho // m), -(-wo // m)
+    mh, mw = winograd_tile(op.kernel, m)
+    th, tw = -(-ho // mh), -(-wo // mw)
     t_total = n * th * tw
-    return WinogradShape(m, th, tw, t_total, -(-t_total // WINO_T_ALIGN) * WINO_T_ALIGN)
+    return WinogradShape(m, op.kernel, th, tw, t_total, -(-t_total // WINO_T_ALIGN) * WINO_T_ALIGN)
 
 
 def o_pad(cout: int, tile: Tile) -> int:
@@ -167,8 +185,8 @@ def o_pad(cout: int, tile: Tile) -> int:
 
 
 def winograd_config(op: ConvOp, m: int, num_sms: int) -> ConvConfig:
-    """F(m x m, 3x3) for ``op``, timed by the model as three streaming passes over HBM: the input transform (read x,
-    write V), the batched GEMM (conv_config's compute model for its nn x ceil(O/BM) x Tp/BN blocks without split-K,
+    """Winograd with output tile m for ``op``, timed by the model as three streaming passes over HBM: the input
+    transform (read x, write V), the batched GEMM (conv_config's compute model for its nn x ceil(O/BM) x Tp/BN blocks without split-K,
     or its V and M traffic if that takes longer) and the output transform (read M, write y), plus two launches.
     V and M are assumed to miss L2 (they do at batch >= 8 on the big maps), so small layers come out pessimistic."""
     ws = winograd_shape(op, m)
@@ -194,9 +212,9 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     fixup: split-K convs reduce in the kernel where the tile has a _fixup variant (else with conv_splitk_reduce).
     precision: "tf32" / "fp16" pick conv_tf32.cu's / conv_f16.cu's tiles for every GEMM (convs and the FC-as-GEMM),
     and no Winograd.
-    winograd: for the stride-1 3x3 convs, None lets the cost model choose between the direct kernel and F(2x2) or
-    F(4x4) (``winograd_config``; Winograd below WINO_MARGIN of the direct time), True takes the faster F(m), False
-    the direct kernel. fp32 only."""
+    winograd: for the stride-1 convs of WINO_VARIANTS' shapes, None lets the cost model choose between the direct
+    kernel and each Winograd tile (``winograd_config``; Winograd below WINO_MARGIN of the direct time, from
+    WINO_MIN_BATCH up), True takes the fastest Winograd tile, False the direct kernel. fp32 only."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
     if winograd and precision != "fp32":
@@ -211,8 +229,10 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
             k_total = op.src.channels * op.kernel[0] * op.kernel[1]
             cfg = conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w, k_total, num_sms, fixup, tiles)
             if winograd is not False and precision == "fp32" and winograd_eligible(op):
-                wino = min((winograd_config(op, m, num_sms) for m in WINO_OUT_TILES), key=lambda c: c.est_us)
-                if winograd or wino.est_us < WINO_MARGIN * cfg.est_us:
+                wino = min((winograd_config(op, m, num_sms) for m in WINO_VARIANTS[op.kernel]),
+                           key=lambda c: c.est_us)
+                gain = wino.est_us < WINO_MARGIN * cfg.est_us and op.dst.n >= WINO_MIN_BATCH[op.kernel]
+                if winograd or gain:
                     cfg = wino
             configs[op.name] = cfg
         elif isinstance(op, FCOp):
@@ -306,25 +326,35 @@ def schedule(plan: Plan) -> list[Scheduled]:
     return out
 
 
-def winograd_weights(w: np.ndarray, m: int, opad: int) -> np.ndarray:
-    """U[xi][c][o] = (G w[o, c] G^T)[xi] for F(m x m, 3x3), (nn, Cin, opad) float32: computed in float64 from
-    numpy_backend.winograd_matrices, rounded once, zero for o >= Cout."""
+def axis_matrices(m: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(AT, G, BT) of F(m, k) along one axis (numpy_backend.winograd_matrices, float64); 1 x 1 ones for k == 1."""
     from .numpy_backend import winograd_matrices
 
-    cout, cin = w.shape[:2]
-    g = winograd_matrices(m, 3)[1]
-    u = np.einsum("ik,jl,ockl->ijco", g, g, w.astype(np.float64)).reshape((m + 2) ** 2, cin, cout)
-    out = np.zeros(((m + 2) ** 2, cin, opad), np.float32)
+    return winograd_matrices(m, k) if k > 1 else (np.ones((1, 1)),) * 3
+
+
+def winograd_weights(w: np.ndarray, m: int, opad: int) -> np.ndarray:
+    """U[xi][c][o] = (G_h w[o, c] G_w^T)[xi] for Winograd with output tile m (``winograd_tile``), (nn, Cin, opad)
+    float32: computed in float64, rounded once, zero for o >= Cout."""
+    cout, cin, kh, kw = w.shape
+    (mh, mw) = winograd_tile((kh, kw), m)
+    gh, gw = axis_matrices(mh, kh)[1], axis_matrices(mw, kw)[1]
+    u = np.einsum("ik,jl,ockl->ijco", gh, gw, w.astype(np.float64)).reshape(len(gh) * len(gw), cin, cout)
+    out = np.zeros((len(u), cin, opad), np.float32)
     out[:, :, :cout] = u
     return out
 
 
-def winograd_transforms(m: int) -> tuple[np.ndarray, np.ndarray]:
-    """(BT, AT) of F(m, 3) as winograd.cu reads them: row-major float32, (m + 2) x (m + 2) and m x (m + 2)."""
-    from .numpy_backend import winograd_matrices
-
-    at, _, bt = winograd_matrices(m, 3)
+def winograd_transforms(m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(BT, AT) of F(m, k) as winograd.cu reads them: row-major float32, n x n and m x n (n = m + k - 1). A kernel
+    of k x k, 1 x k or k x 1 taps uses this one pair."""
+    at, _, bt = axis_matrices(m, k)
     return bt.astype(np.float32), at.astype(np.float32)
+
+
+def transforms_key(op: ConvOp, cfg: ConvConfig) -> str:
+    """pack_params' key prefix of the transforms a Winograd conv reads: one pair per F(m, k)."""
+    return f"winograd_F{cfg.wino}_{max(op.kernel)}"
 
 
 def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
@@ -334,7 +364,7 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
 
     Conv weights (Cout, Cin, kh, kw) become wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order), the GEMM's A stored
     K-major so that a tile row is contiguous along Cout; a Winograd conv's become U (``winograd_weights``), and
-    the transforms it uses are stored once under "winograd<m>.bt" / "winograd<m>.at". The FC weight stays
+    the transforms it uses are stored once under "<transforms_key>.bt" / ".at". The FC weight stays
     (out, in) for fc_gemv and is transposed to [in][out] when the FC runs as a 1x1-conv GEMM.
     """
     parts: list[np.ndarray] = []
@@ -356,10 +386,11 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
         cfg = configs[op.name]
         if cfg is not None and cfg.wino:
             w = winograd_weights(w, cfg.wino, o_pad(op.dst.channels, cfg.tile))
-            if f"winograd{cfg.wino}.bt" not in offsets:
-                bt, at = winograd_transforms(cfg.wino)
-                add(f"winograd{cfg.wino}.bt", bt)
-                add(f"winograd{cfg.wino}.at", at)
+            key = transforms_key(op, cfg)
+            if f"{key}.bt" not in offsets:
+                bt, at = winograd_transforms(cfg.wino, max(op.kernel))
+                add(f"{key}.bt", bt)
+                add(f"{key}.at", at)
         elif isinstance(op, ConvOp) or cfg is not None:
             w = w.reshape(w.shape[0], -1).T
         add(op.name + ".weight", w)
@@ -401,9 +432,11 @@ def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -
     return f"{tile.prefix}_{kernel[0]}x{kernel[1]}_{tile.name}" + ("_fixup" if fixup else "")
 
 
-def wino_kernel_names(m: int, tile: Tile) -> tuple[str, str, str]:
-    """winograd.cu's input transform, batched GEMM and output transform for F(m x m, 3x3) with this GEMM tile."""
-    return f"wino_input_F{m}", f"wino_gemm_{tile.name}", f"wino_output_F{m}"
+def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile) -> tuple[str, str, str]:
+    """winograd.cu's input transform, batched GEMM and output transform for this kernel shape, output tile m and
+    GEMM tile."""
+    variant = f"{kernel[0]}x{kernel[1]}_F{m}"
+    return f"wino_input_{variant}", f"wino_gemm_{tile.name}", f"wino_output_{variant}"
 
 
 def arg_format(kernel: str) -> str:
@@ -428,7 +461,8 @@ def source_of(kernel: str) -> str:
 def all_kernel_names() -> list[str]:
     return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES + F16_TILES
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
-            + sorted({name for m in WINO_OUT_TILES for t in WINO_TILES for name in wino_kernel_names(m, t)}))
+            + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
+                      for name in wino_kernel_names(k, m, t)}))
 
 
 def view_ptr(base: int, v: View) -> int:
@@ -471,13 +505,13 @@ def conv_specs(name: str, src: View, dst: View, kernel: tuple[int, int], stride:
 def winograd_specs(op: ConvOp, relu: bool, cfg: ConvConfig, arena: int, u: int, b: int, bt: int, at: int,
                    ws: int) -> list[LaunchSpec]:
     """The three launches of a Winograd conv (winograd.cu): V at ws, M right after it (``workspace_elems``).
-    u, b: U (``winograd_weights``) and bias addresses; bt, at: the F(m, 3) transforms (``winograd_transforms``)."""
+    u, b: U (``winograd_weights``) and bias addresses; bt, at: the F(m, k) transforms (``winograd_transforms``)."""
     n, cin, h, w = op.src.dims
     _, cout, ho, wo = op.dst.dims
     shape = winograd_shape(op, cfg.wino)
     v, m = ws, ws + 4 * shape.nn * cin * shape.t_pad
     opad = o_pad(cout, cfg.tile)
-    k_in, k_gemm, k_out = wino_kernel_names(cfg.wino, cfg.tile)
+    k_in, k_gemm, k_out = wino_kernel_names(op.kernel, cfg.wino, cfg.tile)
     return [
         LaunchSpec(op.name, k_in, (_blocks(cin * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
                    (view_ptr(arena, op.src), bt, v, n, cin, h, w, batch_stride(op.src), shape.tiles_h, shape.tiles_w,
@@ -543,7 +577,7 @@ def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, 
             cfg = configs[op.name]
             assert cfg is not None
             if cfg.wino:
-                bt, at = (params + 4 * offsets[f"winograd{cfg.wino}.{k}"] for k in ("bt", "at"))
+                bt, at = (params + 4 * offsets[f"{transforms_key(op, cfg)}.{k}"] for k in ("bt", "at"))
                 specs += winograd_specs(op, True, cfg, arena, w, b, bt, at, ws_op)
                 continue
             specs += conv_specs(op.name, op.src, op.dst, op.kernel, op.stride, op.pad, True, cfg, arena, w, b, ws_op,
@@ -656,9 +690,8 @@ class CudaBackend:
         (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/PERFORMANCE.md round 1);
         the tensor-core kernels have no such variant, so in tf32/fp16 split-K always uses conv_splitk_reduce.
         precision: "fp32" (FFMA kernels), "tf32" or "fp16" (tensor-core GEMMs for the convs and the batched FC,
-        with TF32 or fp16 operands). winograd: the
-        stride-1 3x3 convs by Winograd (winograd.cu) where the cost model expects it to be faster (None), always
-        (True) or never (False); fp32 only (tf32 and fp16 keep the direct tensor-core kernels)."""
+        with TF32 or fp16 operands). winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu)
+        where the cost model expects it to be faster (None), always (True) or never (False); fp32 only (tf32 and fp16 keep the direct tensor-core kernels)."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
@@ -964,7 +997,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-size", type=int, default=299, help="smaller images make sanitizer runs faster")
     p.add_argument("--precision", default="fp32", help=f"one of {', '.join(PRECISIONS)}")
     p.add_argument("--winograd", choices=("on", "off", "auto"), default="auto",
-                   help="stride-1 3x3 convs by Winograd (auto: where the cost model expects a gain)")
+                   help="stride-1 3x3/5x5/1x7/7x1 convs by Winograd (auto: where the cost model expects a gain)")
     args = p.parse_args(argv)
     concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
     winograd = None if args.winograd == "auto" else args.winograd == "on"
