@@ -3,26 +3,29 @@
 #
 #   bash scripts/gpu_check.sh
 #
-# 1. pytest -m gpu on the CUDA kernel and backend tests, then on the Winograd tests (every stride-1 3x3 layer shape
-#    at batch 1 and 8, the whole network with Winograd vs float64, graph and eager)
-# 2. compute-sanitizer memcheck on one full forward (299x299, eager launches, split-K fixups) against NumPy, and on
-#    one with every stride-1 3x3 conv by Winograd (batch 2)
-# 3. scripts/bench_kernels.py: forward ms of every mode (graph concurrent/serial, split-K fixup/reduce, eager, and
+# 1. pytest -m gpu on the Winograd tests (every Winograd-eligible layer shape: 3x3, 5x5, 1x7, 7x1, at batch 1 and
+#    8, the whole network with Winograd vs float64, graph and eager), and compute-sanitizer memcheck on one forward
+#    with every eligible conv by Winograd (299x299, batch 2)
+# 2. inception-bench: cuda vs cuda-direct (no Winograd) vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer
+#    times, if the CLI is there (its tf32 run comes last, step 9)
+# 3. pytest -m gpu on the CUDA kernel and backend tests; memcheck on one full forward (299x299, eager launches,
+#    split-K fixups) against NumPy
+# 4. scripts/bench_kernels.py: forward ms of every mode (graph concurrent/serial, split-K fixup/reduce, eager, and
 #    "direct": winograd off, the A/B) at batch 1, 8, 32, 128; per-op TFLOP/s and GB/s next to the roofline at
 #    batch 1 and 128, Winograd layers with their actual TFLOP/s and the direct kernel's ms
-# 4. TF32: pytest -m gpu tests/test_cuda_tf32.py, the tf32 self-test (batch 8, concurrent graph), and the
+# 5. TF32: pytest -m gpu tests/test_cuda_tf32.py, the tf32 self-test (batch 8, concurrent graph), and the
 #    bench_kernels forward table in tf32 at batch 1, 8, 32, 128 (appended to the bench_kernels log)
-# 5. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
+# 6. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
 #    same)
-# 6. the self-test at batch 8 through the concurrent CUDA graph, and memcheck of an eager concurrent forward
-# 7. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision)
-# 8. every other gpu-marked test of the repo
-# 9. inception-bench: cuda vs cuda-direct (no Winograd) vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer
-#    times, if the CLI is there
+# 7. the self-test at batch 8 through the concurrent CUDA graph, and memcheck of an eager concurrent forward
+# 8. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
+#    other gpu-marked test of the repo
+# 9. inception-bench in tf32
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
-# summary always prints inside the device's 10-minute command limit; steps run most important first.
+# summary always prints inside the device's 10-minute command limit; steps run most important first. The limits of
+# the steps before inception-bench add up to 285 s, so it always gets its full 150 s.
 set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
@@ -76,17 +79,34 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
-step "pytest cuda" env_pytest.log 200 python3 -m pytest -m gpu -q -rfEs --durations=10 \
-  tests/test_cuda_kernels.py tests/test_cuda_backend.py
-
-step "pytest winograd" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s --durations=5 \
+step "pytest winograd" env_pytest.log 150 python3 -m pytest -m gpu -q -rfEs -s --durations=5 \
   tests/test_cuda_winograd.py
-
-step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
-  "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
 
 step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --input-size 299 --winograd on
+
+HAVE_CLI=0
+python3 -c "import inception_engine.cli" 2>/dev/null && HAVE_CLI=1
+# bench NAME LIMIT_S ARGS...: inception-bench through its entry point, logged to inception_bench.log.
+bench() {
+  local name=$1 limit=$2
+  shift 2
+  if [ $HAVE_CLI -eq 0 ]; then
+    SUMMARY+=("$(printf '%-22s %-14s' "$name" "skipped") (inception_engine.cli not present)")
+    return
+  fi
+  step "$name" inception_bench.log "$limit" python3 -c \
+    "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" "$@"
+}
+
+bench "inception-bench" 150 --backends cuda,cuda-direct,cudnn,torch,torch-graph --batch-sizes 1,8,32,128 \
+  --iters 20 --per-layer --json "$OUT/inception_bench.json"
+
+step "pytest cuda" env_pytest.log 200 python3 -m pytest -m gpu -q -rfEs --durations=10 \
+  tests/test_cuda_kernels.py tests/test_cuda_backend.py
+
+step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
 
 step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
   --per-op 1,128 --json "$OUT/bench_kernels.json"
@@ -112,17 +132,8 @@ step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs
   --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_tf32.py \
   --ignore=tests/test_cuda_winograd.py
 
-if python3 -c "import inception_engine.cli" 2>/dev/null; then
-  step "inception-bench" inception_bench.log 150 python3 -c \
-    "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \
-    --backends cuda,cuda-direct,cudnn,torch,torch-graph --batch-sizes 1,8,32,128 --iters 20 --per-layer \
-    --json "$OUT/inception_bench.json"
-  step "inception-bench tf32" inception_bench.log 120 python3 -c \
-    "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" \
-    --backends cuda,cudnn,torch-graph --precision tf32 --batch-sizes 1,8,32,128 --iters 20
-else
-  SUMMARY+=("inception-bench        skipped        (inception_engine.cli not present)")
-fi
+bench "inception-bench tf32" 120 --backends cuda,cudnn,torch-graph --precision tf32 --batch-sizes 1,8,32,128 \
+  --iters 20
 
 {
   echo
