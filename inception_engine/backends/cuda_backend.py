@@ -80,11 +80,12 @@ WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 
 # instantiates. 1x7 / 7x1: F(3, 7) only, as the CPU path (numpy_backend.winograd_tile): on the network's 17-wide
 # maps F(2, 7) does 1.33x its GEMM work and traffic, and F(4, 7) saves 7% (17 = 5 x 4 - 3 wastes more edge) at
 # twice the error (per layer 9.4e-7 / 2.9e-6 / 5.6e-6 for m = 2 / 3 / 4). 5x5: F(2x2) only, 6 x 6 positions like
-# F(4x4, 3x3) (the same BT); F(3x3, 5x5) would need a 7-point transform, less accurate.
+# F(4x4, 3x3) (the same BT); F(3x3, 5x5) would need one more interpolation point, less accurate.
 WINO_VARIANTS = {(3, 3): (2, 4), (5, 5): (2,), (1, 7): (3,), (7, 1): (3,)}
 # The smallest batch at which the model may choose Winograd for a kernel shape. 3x3: measured faster on an H100 at
-# batch 1 (the stem layers the model picks). The others are unmeasured at batch 1, where one small layer is a few
-# microseconds either way and not on the forward's critical path: direct until measured.
+# batch 1 (the three stem layers the model picks: forward 1.00 ms, 1.09 direct). The others are unmeasured at batch
+# 1, where one small layer is a few microseconds either way and not on the forward's critical path: direct until
+# measured.
 WINO_MIN_BATCH = {(3, 3): 1, (5, 5): 2, (1, 7): 2, (7, 1): 2}
 WINO_T_ALIGN = 128  # V and M rows (T = batch x tiles) are padded to whole GEMM tiles along T
 
@@ -186,9 +187,11 @@ def o_pad(cout: int, tile: Tile) -> int:
 
 def winograd_config(op: ConvOp, m: int, num_sms: int) -> ConvConfig:
     """Winograd with output tile m for ``op``, timed by the model as three streaming passes over HBM: the input
-    transform (read x, write V), the batched GEMM (conv_config's compute model for its nn x ceil(O/BM) x Tp/BN blocks without split-K,
-    or its V and M traffic if that takes longer) and the output transform (read M, write y), plus two launches.
-    V and M are assumed to miss L2 (they do at batch >= 8 on the big maps), so small layers come out pessimistic."""
+    transform (read x, write V), the batched GEMM (conv_config's compute model for its nn x ceil(O/BM) x Tp/BN
+    blocks without split-K, or its V and M traffic if that takes longer) and the output transform (read M, write y),
+    plus two launches. V and M are assumed to miss L2 (they do at batch >= 8 on the big maps), so small layers come
+    out pessimistic. The same model for every kernel shape: the transforms' arithmetic (up to 9 x 9 multiply-adds
+    per value) is assumed hidden under their memory traffic."""
     ws = winograd_shape(op, m)
     cin, cout = op.src.channels, op.dst.channels
     gemm = conv_config(cout, ws.nn * ws.t_pad, cin, num_sms, fixup=False, tiles=WINO_TILES, max_splits=1)
@@ -337,7 +340,7 @@ def winograd_weights(w: np.ndarray, m: int, opad: int) -> np.ndarray:
     """U[xi][c][o] = (G_h w[o, c] G_w^T)[xi] for Winograd with output tile m (``winograd_tile``), (nn, Cin, opad)
     float32: computed in float64, rounded once, zero for o >= Cout."""
     cout, cin, kh, kw = w.shape
-    (mh, mw) = winograd_tile((kh, kw), m)
+    mh, mw = winograd_tile((kh, kw), m)
     gh, gw = axis_matrices(mh, kh)[1], axis_matrices(mw, kw)[1]
     u = np.einsum("ik,jl,ockl->ijco", gh, gw, w.astype(np.float64)).reshape(len(gh) * len(gw), cin, cout)
     out = np.zeros((len(u), cin, opad), np.float32)
@@ -691,7 +694,8 @@ class CudaBackend:
         the tensor-core kernels have no such variant, so in tf32/fp16 split-K always uses conv_splitk_reduce.
         precision: "fp32" (FFMA kernels), "tf32" or "fp16" (tensor-core GEMMs for the convs and the batched FC,
         with TF32 or fp16 operands). winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu)
-        where the cost model expects it to be faster (None), always (True) or never (False); fp32 only (tf32 and fp16 keep the direct tensor-core kernels)."""
+        where the cost model expects it to be faster (None), always (True) or never (False); fp32 only (tf32 and
+        fp16 keep the direct tensor-core kernels)."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
