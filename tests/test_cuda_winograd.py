@@ -75,7 +75,7 @@ def test_cost_model_choices():
     """What the model picks on an H100 SXM / H200 (132 SMs), counts per kernel shape. 3x3: at batch 1 only the
     three big stem maps (147x147, 71x71); from batch 8 every 35x35 one too; from batch 32 all, F(4x4) everywhere.
     5x5 (F(2x2)) and 1x7 / 7x1 (F(3)): never at batch 1 (WINO_MIN_BATCH; the model also puts F(3, 7) at 1.3-1.5x
-    the direct time there); at batch 8 every 5x5 and all 1x7 / 7x1 but the two 128 -> 128 ones of Mixed_6b
+    the direct time there); at batch 8 every 5x5 and all 1x7 / 7x1 but the four 128 -> 128 ones of Mixed_6b
     (0.87 of direct, above WINO_MARGIN); from batch 32 all. Never a strided conv or another kernel shape."""
     expect = {1: {(3, 3): 3}, 8: {(3, 3): 10, (5, 5): 3, (1, 7): 11, (7, 1): 11}, 32: ELIGIBLE, 128: ELIGIBLE}
     for batch, counts in expect.items():
