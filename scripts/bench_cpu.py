@@ -2,6 +2,7 @@
 
     python scripts/bench_cpu.py --batch 1 --iters 20
     python scripts/bench_cpu.py --threads 1          # both on one core, timed by CPU time
+    python scripts/bench_cpu.py --numpy-code         # ours without its C kernels (the fallback)
 
 Both run the synthetic Inception-V3 (inception_engine/synthetic.py; no download): ours from its folded weights,
 onnxruntime from its torchscript-style ONNX graph. Timing alternates blocks of forwards between the two (three
@@ -27,6 +28,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="threads for both (0: their defaults); 1 also switches to CPU time, which other jobs' load "
                          "disturbs less than wall time")
+    ap.add_argument("--numpy-code", action="store_true",
+                    help="run our NumPy code instead of the C kernels (what runs where they cannot be built)")
     args = ap.parse_args()
     if args.threads:  # OpenBLAS reads this when it loads, so before NumPy is imported
         os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
@@ -40,7 +43,8 @@ def main() -> None:
 
     weights = synthetic_weights(0)
     x = image_like_batch(args.batch, seed=1)
-    ours = NumpyBackend(weights, build_plan(args.batch, weights.layers()), threads=args.threads or None)
+    ours = NumpyBackend(weights, build_plan(args.batch, weights.layers()), threads=args.threads or None,
+                        native=False if args.numpy_code else None)
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     sess = ort.InferenceSession(synthetic_onnx_model("torchscript").SerializeToString(), options,
@@ -71,6 +75,7 @@ def main() -> None:
             times += [timed(run) for _ in range(args.iters * (r + 1) // rounds - args.iters * r // rounds)]
     m_ours, m_ort = statistics.median(t_ours), statistics.median(t_ort)
     kind = "CPU time, 1 thread" if args.threads == 1 else "wall time"
+    kind += ", C kernels" if ours.native else ", NumPy code"
     print(f"batch {args.batch}: ours {m_ours:.1f} ms, onnxruntime {m_ort:.1f} ms (median of {args.iters}, {kind}), "
           f"ratio {m_ours / m_ort:.2f}   [OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}]")
 
