@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -159,14 +160,36 @@ def test_pool_threads_survive_fork():
     assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
+@needs_kernels
+def test_backends_on_two_python_threads_at_once():
+    """Kernel calls from two Python threads share one thread pool, one job at a time; each backend still gets its
+    own results (threads 2 and 3: the pool grows, and a job may use fewer workers than it has)."""
+    weights = synthetic_weights(0)
+    plan = build_plan(1, weights.layers())
+    x = [image_like_batch(1, seed=s) for s in (12, 13)]
+    backends = [NumpyBackend(weights, plan, threads=t) for t in (2, 3)]
+    alone = [b.forward(xi) for b, xi in zip(backends, x)]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda i: [backends[i].forward(x[i]) for _ in range(3)], range(2)))
+    for i in range(2):
+        for got in together[i]:
+            np.testing.assert_array_equal(got, alone[i])
+
+
+def test_float64_cannot_run_on_the_kernels():
+    weights = synthetic_weights(0)
+    with pytest.raises(BackendUnavailable, match="float32"):
+        NumpyBackend(weights, build_plan(1, weights.layers()), dtype=np.float64, native=True)
+
+
 @pytest.fixture
 def no_compiler(monkeypatch, tmp_path):
     """The C compiler is a command that does not exist, and nothing is cached: library() must give up."""
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cpu_kernels.library.cache_clear()
+    cpu_kernels.load.cache_clear()
     yield
-    cpu_kernels.library.cache_clear()
+    cpu_kernels.load.cache_clear()
 
 
 def test_without_a_compiler_the_backend_runs_numpy_code(no_compiler):

@@ -8,7 +8,7 @@ The library is ``ie_cpu-<key>.so`` in ``~/.cache/inception-engine/cpu/``, where 
 cpu_src, the compiler (its path and ``--version``) and the flags: an edited source or another compiler never loads
 stale code. It appears atomically (compiled under a temporary name, then renamed). The compiler is $CC, else
 ``cc``. Where there is none, the build fails, the machine is not x86-64 or the CPU lacks AVX-512, ``library()``
-returns None, logs why at debug level (``unavailable_reason()`` says it too) and the backend runs its NumPy code.
+returns None, ``unavailable_reason()`` says why (also logged at debug level) and the backend runs its NumPy code.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -52,16 +53,17 @@ def cache_dir() -> Path:
     return user_cache_dir() / "cpu"
 
 
-def compiler() -> str:
-    return os.environ.get("CC") or "cc"
+def compiler() -> list[str]:
+    """The C compiler command: $CC (it may carry arguments: "ccache gcc"), else cc."""
+    return shlex.split(os.environ.get("CC", "")) or ["cc"]
 
 
-def build_key(cc_path: str, cc_version: str) -> str:
+def build_key(cc: list[str], cc_version: str) -> str:
     h = hashlib.sha256()
     for path in sorted(source_dir().iterdir()):
         if path.suffix in (".c", ".h"):
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update("\0".join((cc_path, cc_version, *FLAGS)).encode())
+    h.update("\0".join((*cc, cc_version, *FLAGS)).encode())
     return h.hexdigest()[:20]
 
 
@@ -69,13 +71,15 @@ def build() -> Path:
     """The compiled library's path, compiling it first if it is not cached. Raises OSError with the reason."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise OSError(f"the C kernels are for x86-64 CPUs with AVX-512, this is {platform.machine()}")
-    cc = shutil.which(compiler())
-    if cc is None:
-        raise OSError(f"no C compiler: {compiler()!r} (from $CC, else cc) is not on PATH")
+    cc = compiler()
+    found = shutil.which(cc[0])
+    if found is None:
+        raise OSError(f"no C compiler: {cc[0]!r} (from $CC, else cc) is not on PATH")
+    cc[0] = found
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        raise OSError(f"C compiler {cc} does not run: {e}") from None
+        raise OSError(f"C compiler {found} does not run: {e}") from None
     path = cache_dir() / f"ie_cpu-{build_key(cc, version)}.so"
     if path.is_file():
         return path
@@ -83,11 +87,14 @@ def build() -> Path:
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, "-o", tmp, *(str(source_dir() / s) for s in SOURCES)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        cmd = [*cc, *FLAGS, "-o", tmp, *(str(source_dir() / s) for s in SOURCES)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except subprocess.SubprocessError as e:
+            raise OSError(f"{found} did not finish compiling cpu_src: {e}") from None
         if done.returncode != 0:
             lines = [l for l in done.stderr.splitlines() if "error" in l.lower()] or done.stderr.splitlines()
-            raise OSError(f"{cc} could not compile cpu_src: {(lines or ['(no output)'])[0].strip()}")
+            raise OSError(f"{found} could not compile cpu_src: {(lines or ['(no output)'])[0].strip()}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -113,38 +120,36 @@ class PoolParams(ctypes.Structure):
                                                       "is_max", "count_include_pad", "relu"))]
 
 
-_reason: str | None = None
-
-
 @functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None (see unavailable_reason)."""
-    global _reason
+def load() -> tuple[ctypes.CDLL | None, str | None]:
+    """(the loaded kernels, None), or (None, why they are unavailable). Cached: one build and load a process."""
     try:
         lib = ctypes.CDLL(str(build()))
     except OSError as e:
-        _reason = str(e)
-        log.debug("C kernels unavailable, the CPU path runs NumPy code: %s", _reason)
-        return None
-    lib.ie_cpu_supported.restype = ctypes.c_int
-    if not lib.ie_cpu_supported():
-        _reason = "the CPU lacks AVX-512F or FMA"
-        log.debug("C kernels unavailable, the CPU path runs NumPy code: %s", _reason)
-        return None
-    lib.ie_packed_weights_floats.restype = ctypes.c_int64
-    lib.ie_packed_weights_floats.argtypes = [ctypes.c_int, ctypes.c_int64]
-    lib.ie_pack_weights.restype = None
-    lib.ie_pack_weights.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
-    for name, params in (("ie_conv2d", ConvParams), ("ie_pool2d", PoolParams)):
-        getattr(lib, name).argtypes = [ctypes.POINTER(params), ctypes.c_int]
-        getattr(lib, name).restype = None
-    return lib
+        reason = str(e)
+    else:
+        lib.ie_cpu_supported.restype = ctypes.c_int
+        if lib.ie_cpu_supported():
+            lib.ie_packed_weights_floats.restype = ctypes.c_int64
+            lib.ie_packed_weights_floats.argtypes = [ctypes.c_int, ctypes.c_int64]
+            lib.ie_pack_weights.restype = None
+            lib.ie_pack_weights.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
+            for name, params in (("ie_conv2d", ConvParams), ("ie_pool2d", PoolParams)):
+                getattr(lib, name).argtypes = [ctypes.POINTER(params), ctypes.c_int]
+                getattr(lib, name).restype = None
+            return lib, None
+        reason = "the CPU lacks AVX-512F or FMA"
+    log.debug("C kernels unavailable, the CPU path runs NumPy code: %s", reason)
+    return None, reason
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they are unavailable (unavailable_reason says why)."""
+    return load()[0]
 
 
 def unavailable_reason() -> str | None:
-    """Why library() is None; None when it is not."""
-    library()
-    return _reason
+    return load()[1]
 
 
 def _image_stride(a: np.ndarray, name: str) -> int:
