@@ -183,7 +183,7 @@ def main() -> int:
     results = []
     per_op = {int(b) for b in args.per_op.split(",") if b}
     winograd = {"auto": None, "on": True, "off": False}[args.winograd]
-    default = {"winograd": winograd} if args.precision == "fp32" else {}  # tf32 runs no Winograd
+    default = {"winograd": winograd}
     modes = {m: {**default, **kw} for m, kw in MODES_OF[args.precision].items() if not (args.no_graph and kw["graph"])}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         results.append(bench(weights, batch, args.iters, batch in per_op, peak_flops, peak_bytes, args.warmup,

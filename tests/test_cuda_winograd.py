@@ -105,17 +105,21 @@ def test_batch_one_keeps_direct_for_unmeasured_shapes():
     assert cb.choose_configs(build_plan(1), 132, winograd=True)[op.name].wino == 2
 
 
-def test_forcing_and_tf32():
+TILE_PREFIX = {"tf32": "conv_tf32", "fp16": "conv_f16"}
+
+
+def test_forcing_and_tensor_core_precisions():
     plan = build_plan(1)
     forced = cb.choose_configs(plan, 132, winograd=True)
     assert {op.name for op in winograd_ops(forced, plan)} == {op.name for op in plan.conv_ops
                                                               if cb.winograd_eligible(op)}
-    for configs in (cb.choose_configs(build_plan(128), 132, winograd=False),
-                    cb.choose_configs(build_plan(128), 132, precision="tf32")):
-        assert not any(c.wino for c in configs.values() if c is not None)
-    with pytest.raises(EngineError, match="fp32 only") as e:
-        cb.choose_configs(plan, 132, precision="tf32", winograd=True)
-    assert "\n" not in str(e.value)
+    assert not any(c.wino for c in cb.choose_configs(build_plan(128), 132, winograd=False).values() if c is not None)
+    for precision in ("tf32", "fp16"):  # the same Winograd convs as fp32 (FFMA GEMMs), tensor cores for the rest
+        fp32 = cb.choose_configs(build_plan(128), 132)
+        mixed = cb.choose_configs(build_plan(128), 132, precision=precision)
+        assert {k for k, c in mixed.items() if c and c.wino} == {k for k, c in fp32.items() if c and c.wino} != set()
+        assert {c.tile.prefix for c in mixed.values() if c and not c.wino} == {TILE_PREFIX[precision]}
+        assert cb.choose_configs(plan, 132, precision=precision, winograd=True).keys() == forced.keys()
 
 
 def test_u_and_transforms_are_packed_from_the_exact_matrices():
