@@ -41,6 +41,10 @@
 #define NR (16 * VECS)
 #define KC 384
 #define RUNS 4          // masked loads a vector may take before a gather is cheaper
+// The micro-kernel prefetches A this many k steps ahead. A forward reads 95 MB of weights, three times the L3, so
+// each layer's A comes from memory at its first B panel; 160 steps (5 KB) cover that latency where the hardware
+// prefetchers alone did not: whole forward 67.1 -> 63.1 ms on one core, 35.0 -> 31.7 ms on two, against 16 steps.
+#define PREFETCH_K 160
 
 // How one 16-pixel vector of a B panel reads one tap from a channel plane: lane l takes plane[start[r] + S*l] for
 // the run r whose mask has bit l (stride S = 1 or 2; runs = -1: gather plane[index[l]] under gather_mask); lanes
@@ -233,7 +237,7 @@ IE_AVX512 static inline __attribute__((always_inline)) void micro_kernel_vecs(
 #pragma GCC unroll 4
         for (int v = 0; v < vecs; v++) acc[r][v] = _mm512_setzero_ps();
     for (int k = 0; k < kc; k++, a += MR, b += NR) {
-        _mm_prefetch((const char *)(a + 16 * MR), _MM_HINT_T0);  // A comes from L2 or L3, 16 steps ahead
+        _mm_prefetch((const char *)(a + PREFETCH_K * MR), _MM_HINT_T0);
         __m512 bv[VECS];
 #pragma GCC unroll 4
         for (int v = 0; v < vecs; v++) bv[v] = _mm512_load_ps(b + 16 * v);
