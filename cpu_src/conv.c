@@ -117,7 +117,7 @@ IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
     for (int v = 0; v < VECS; v++) {
         __m512i n = _mm512_add_epi32(_mm512_set1_epi32(n0 + 16 * v), lane);
         __mmask16 in_map = _mm512_cmplt_epi32_mask(n, _mm512_set1_epi32(p->ho * p->wo));
-        // oy = n / wo by a float division (exact for n < 2^22), corrected by one either way.
+        // oy = n / wo by a float division (off by at most one for n < 2^22, which cpu_kernels.py checks), corrected.
         __m512i oy = _mm512_cvttps_epi32(_mm512_div_ps(_mm512_cvtepi32_ps(n), _mm512_cvtepi32_ps(wo)));
         __m512i ox = _mm512_sub_epi32(n, _mm512_mullo_epi32(oy, wo));
         __mmask16 low = _mm512_cmplt_epi32_mask(ox, zero);
@@ -318,7 +318,7 @@ void ie_conv2d(const ie_conv *p, int threads) {
     job.panel_block = p->images * job.panels / (8 * threads);
     job.panel_block = job.panel_block < 1 ? 1 : job.panel_block > 8 ? 8 : job.panel_block;
     job.blocks = (job.panels + job.panel_block - 1) / job.panel_block;
-    // Few panels (8x8 maps: 2 an image): split M too, in chunks of at least 4 A panels (48 rows).
+    // Few panels (8x8 maps: 2 an image): split M too, in chunks of at least 4 A panels (32 rows).
     while (p->images * job.blocks * job.m_chunks < 4 * threads && job.m_panels >= 8 * job.m_chunks)
         job.m_chunks *= 2;
     ie_parallel(p->images * job.blocks * job.m_chunks, threads, conv_task, &job);

@@ -49,6 +49,7 @@ static void *worker(void *index_ptr) {
     for (;;) {
         int64_t spin_until = now_ns() + SPIN_NS;
         for (int i = 0; atomic_load(&pool.generation) == seen; i++) {
+            __builtin_ia32_pause();
             if ((i & 63) == 63 && now_ns() > spin_until) {
                 pthread_mutex_lock(&pool.sleep_lock);
                 while (atomic_load(&pool.generation) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);

@@ -189,6 +189,8 @@ def prepare_conv(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, str
     """y = relu(conv(x, w) + b) (or without the ReLU) into the view ``y``, on ``threads`` threads. x (N, C, H, W)
     and y are float32 views whose images are contiguous (channel slices of a buffer); w (O, C, kh, kw), b (O,)."""
     o, c, kh, kw = w.shape
+    if y.shape[2] * y.shape[3] >= 1 << 22 or x.shape[2] * x.shape[3] >= 1 << 31:
+        raise ValueError(f"images of {x.shape[2:]} -> {y.shape[2:]} pixels are beyond the C kernels (2^22 outputs)")
     packed = pack_weights(w)
     bias = np.ascontiguousarray(b, np.float32)
     params = ConvParams(x.ctypes.data, y.ctypes.data, packed.ctypes.data, bias.ctypes.data,
