@@ -93,12 +93,7 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
         for (int i = 0; i < B_LOADS; ++i) Bs[buf][b_k + i * B_STEP][b_n] = rb[i];
     };
 
-    // The lanes of a warp form a 4 x 8 patch of threads (ty x tx), as in winograd.cu's GEMM: per k, one shared
-    // wavefront for the warp's As reads and one for its Bs reads (a 2 x 16 strip needed 3, 1 x 32 needed 5).
-    constexpr int TY = NT / TX, WX = TX / 8;  // warps along N
-    static_assert(TX % 8 == 0 && TY % 4 == 0 && WX * (TY / 4) * 32 == NT, "4 x 8 lane patches tile the block");
-    const int lane = tid % 32, warp = tid / 32;
-    const int tx = (warp % WX) * 8 + lane % 8, ty = (warp / WX) * 4 + lane / 8;
+    const int tx = tid % TX, ty = tid / TX;
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -136,28 +131,27 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
     }
 
     // Epilogue: each warp stages PASS_ROWS of its rows of the C tile in shared memory (the operand buffers, free
-    // after the loop's last barrier; a quarter warp's float4 writes are 32 consecutive words, conflict-free) and
-    // writes them back row by row: a warp's columns are N_RUNS runs of 32 consecutive pixels, lane l takes pixel l
-    // of each. NCHW keeps the pixels of one output channel adjacent, so each warp store is 128 consecutive bytes
-    // (unless it crosses an image), where storing the micro-tile directly wrote 16-byte pieces 64 bytes apart.
-    constexpr int SW = 32 * N_RUNS;  // staged row: the warp's columns
-    constexpr int CAP_ROWS = 2 * BK * (BM + BN) / 8 / SW;
-    constexpr int PASS_ROWS = CAP_ROWS < 4 * TM ? CAP_ROWS : 4 * TM;
-    constexpr int IP = PASS_ROWS / 4, PASSES = TM / IP, NQ = N_RUNS;
-    static_assert(IP > 0 && TM % IP == 0, "epilogue staging shape");
-    float* stage = smem + warp * PASS_ROWS * SW;
-    // Staged row r of pass `pass` is the thread row ty = (warp / WX) * 4 + r / IP, micro-tile row pass * IP + r % IP.
+    // after the loop's last barrier; float4 writes of 8 consecutive tx per quarter warp, conflict-free) and writes
+    // them back row by row, lane l taking columns l, l + 32, ...: NCHW keeps the pixels of one output channel
+    // adjacent, so each warp store is 128 consecutive bytes (unless it crosses an image), where storing the
+    // micro-tile directly wrote 16-byte pieces 64 bytes apart.
+    constexpr int WR = 32 / TX;  // ty values per warp
+    constexpr int CAP_ROWS = 2 * BK * (BM + BN) / 8 / BN;
+    constexpr int PASS_ROWS = CAP_ROWS < WR * TM ? CAP_ROWS : WR * TM;
+    constexpr int IP = PASS_ROWS / WR, PASSES = TM / IP, NQ = BN / 32;
+    static_assert(32 % TX == 0 && BN % 32 == 0 && IP > 0 && TM % IP == 0, "epilogue staging shape");
+    const int lane = tid % 32, warp = tid / 32;
+    float* stage = smem + warp * PASS_ROWS * BN;
+    // Staged row r of pass `pass` is the thread row ty = warp * WR + r / IP, micro-tile row pass * IP + r % IP.
     auto row_m = [&](int pass, int r) {
         const int i = pass * IP + r % IP;
-        return m0 + (i / 4) * (BM / M_RUNS) + ((warp / WX) * 4 + r / IP) * 4 + i % 4;
+        return m0 + (i / 4) * (BM / M_RUNS) + (warp * WR + r / IP) * 4 + i % 4;
     };
-    // Staged column q * 32 + lane is tile column q * (BN / N_RUNS) + col0 + lane.
-    const int col0 = (warp % WX) * 32, n_lane = n0 + col0 + lane;
-    const int cols = n_total - n_lane;  // staged column q * 32 + lane is a pixel if q * (BN / N_RUNS) < cols
-    size_t y_off[NQ];                   // where that pixel of channel 0 sits in the view y
+    const int cols = n_total - n0 - lane;  // column q * 32 + lane of the tile is a pixel if q * 32 < cols
+    size_t y_off[NQ];                      // where that pixel of channel 0 sits in the view y
 #pragma unroll
     for (int q = 0; q < NQ; ++q) {
-        const int n = n_lane + q * (BN / N_RUNS), b = n / howo;
+        const int n = n0 + q * 32 + lane, b = n / howo;
         y_off[q] = (size_t)b * y_bstride + (n - b * howo);
     }
 
@@ -169,10 +163,10 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
 #pragma unroll
         for (int il = 0; il < IP; ++il) {
             const int i = pass * IP + il;
-            float* row = stage + ((lane / 8) * IP + il) * SW + (lane % 8) * 4;
+            float* row = stage + ((lane / TX) * IP + il) * BN + tx * 4;
 #pragma unroll
             for (int run = 0; run < N_RUNS; ++run)
-                *reinterpret_cast<float4*>(row + run * 32) =
+                *reinterpret_cast<float4*>(row + run * (BN / N_RUNS)) =
                     float4{acc[i][run * 4 + 0], acc[i][run * 4 + 1], acc[i][run * 4 + 2], acc[i][run * 4 + 3]};
         }
         __syncwarp();
@@ -183,10 +177,10 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
             const float bm = split ? 0.f : __ldg(bias + m);
 #pragma unroll
             for (int q = 0; q < NQ; ++q) {
-                if (q * (BN / N_RUNS) >= cols) continue;
-                float v = stage[r * SW + q * 32 + lane];
+                if (q * 32 >= cols) continue;
+                float v = stage[r * BN + q * 32 + lane];
                 if (split) {
-                    part[(size_t)m * n_total + n_lane + q * (BN / N_RUNS)] = v;
+                    part[(size_t)m * n_total + n0 + q * 32 + lane] = v;
                 } else {
                     v += bm;
                     if (relu) v = fmaxf(v, 0.f);
@@ -224,13 +218,13 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
 #pragma unroll
                 for (int q = 0; q < NQ; ++q) sum[r][q] = 0.f;
             for (int z = 0; z < (int)gridDim.z; ++z) {
-                const float* src = ws + z * slice + n_lane;  // offsets within a slice fit an int (as in the reduce)
+                const float* src = ws + z * slice + n0 + lane;  // offsets within a slice fit an int (as in the reduce)
 #pragma unroll
                 for (int r = 0; r < FIX_ROWS; ++r) {
                     const int m = row_m(pass, r0 + r);
 #pragma unroll
                     for (int q = 0; q < NQ; ++q)
-                        if (m < cout && q * (BN / N_RUNS) < cols) sum[r][q] += __ldcg(src + (m * n_total + q * (BN / N_RUNS)));
+                        if (m < cout && q * 32 < cols) sum[r][q] += __ldcg(src + (m * n_total + q * 32));
                 }
             }
 #pragma unroll
@@ -240,7 +234,7 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
                 const float bm = __ldg(bias + m);
 #pragma unroll
                 for (int q = 0; q < NQ; ++q) {
-                    if (q * (BN / N_RUNS) >= cols) continue;
+                    if (q * 32 >= cols) continue;
                     float v = sum[r][q] + bm;
                     if (relu) v = fmaxf(v, 0.f);
                     y[y_off[q] + (size_t)m * howo] = v;
