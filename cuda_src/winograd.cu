@@ -161,14 +161,7 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
         }
     };
 
-    // The lanes of a warp form a 4 x 8 patch of threads (ty x tx), not a 2 x 16 or 1 x 32 strip: per k, a warp's
-    // float4 reads of As then touch 4 distinct addresses (64 bytes) and those of Bs 8 (128 bytes), one shared
-    // wavefront each, where a strip needed 3 (64x64, 128x128 per run) or 5 (32x128); the epilogue's float4 stores
-    // stay 128-byte rows.
-    constexpr int TY = NT / TX, WX = TX / 8;  // warps along T
-    static_assert(TX % 8 == 0 && TY % 4 == 0 && WX * (TY / 4) * 32 == NT, "4 x 8 lane patches tile the block");
-    const int lane = tid % 32, warp = tid / 32;
-    const int tx = (warp % WX) * 8 + lane % 8, ty = (warp / WX) * 4 + lane / 8;
+    const int tx = tid % TX, ty = tid / TX;
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
