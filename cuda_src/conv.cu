@@ -44,10 +44,8 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
     static_assert(TM % 4 == 0 && TN % 4 == 0, "micro-tiles are read as float4 runs");
     static_assert(NT % BM == 0 && NT % BN == 0 && BK % A_STEP == 0 && BK % B_STEP == 0, "loader shape");
 
-    // As[2][BK][BM] then Bs[2][BK][BN]; one array, so that the epilogue can stage output rows in all of it.
-    __shared__ __align__(16) float smem[2 * BK * (BM + BN)];
-    float(*As)[BK][BM] = reinterpret_cast<float(*)[BK][BM]>(smem);
-    float(*Bs)[BK][BN] = reinterpret_cast<float(*)[BK][BN]>(smem + 2 * BK * BM);
+    __shared__ __align__(16) float As[2][BK][BM];
+    __shared__ __align__(16) float Bs[2][BK][BN];
 
     const int tid = threadIdx.x;
     const int howo = ho * wo, n_total = batch * howo, hw = h * w;
@@ -130,65 +128,27 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
         buf ^= 1;
     }
 
-    // Epilogue: each warp stages PASS_ROWS of its rows of the C tile in shared memory (the operand buffers, free
-    // after the loop's last barrier; float4 writes of 8 consecutive tx per quarter warp, conflict-free) and writes
-    // them back row by row, lane l taking columns l, l + 32, ...: NCHW keeps the pixels of one output channel
-    // adjacent, so each warp store is 128 consecutive bytes (unless it crosses an image), where storing the
-    // micro-tile directly wrote 16-byte pieces 64 bytes apart.
-    constexpr int WR = 32 / TX;  // ty values per warp
-    constexpr int CAP_ROWS = 2 * BK * (BM + BN) / 8 / BN;
-    constexpr int PASS_ROWS = CAP_ROWS < WR * TM ? CAP_ROWS : WR * TM;
-    constexpr int IP = PASS_ROWS / WR, PASSES = TM / IP, NQ = BN / 32;
-    static_assert(32 % TX == 0 && BN % 32 == 0 && IP > 0 && TM % IP == 0, "epilogue staging shape");
-    const int lane = tid % 32, warp = tid / 32;
-    float* stage = smem + warp * PASS_ROWS * BN;
-    // Staged row r of pass `pass` is the thread row ty = warp * WR + r / IP, micro-tile row pass * IP + r % IP.
-    auto row_m = [&](int pass, int r) {
-        const int i = pass * IP + r % IP;
-        return m0 + (i / 4) * (BM / M_RUNS) + (warp * WR + r / IP) * 4 + i % 4;
-    };
-    const int cols = n_total - n0 - lane;  // column q * 32 + lane of the tile is a pixel if q * 32 < cols
-    size_t y_off[NQ];                      // where that pixel of channel 0 sits in the view y
-#pragma unroll
-    for (int q = 0; q < NQ; ++q) {
-        const int n = n0 + q * 32 + lane, b = n / howo;
-        y_off[q] = (size_t)b * y_bstride + (n - b * howo);
-    }
-
     const bool split = gridDim.z > 1;
     const size_t slice = (size_t)cout * n_total;
     float* part = (FIXUP ? ws : y) + blockIdx.z * slice;
 #pragma unroll
-    for (int pass = 0; pass < PASSES; ++pass) {
+    for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / N_RUNS) + tx * 4 + j % 4;
+        if (n >= n_total) continue;
+        const int b = n / howo, p = n - b * howo;
+        float* yp = split ? part + n : y + (size_t)b * y_bstride + p;
+        const size_t m_step = split ? (size_t)n_total : (size_t)howo;
 #pragma unroll
-        for (int il = 0; il < IP; ++il) {
-            const int i = pass * IP + il;
-            float* row = stage + ((lane / TX) * IP + il) * BN + tx * 4;
-#pragma unroll
-            for (int run = 0; run < N_RUNS; ++run)
-                *reinterpret_cast<float4*>(row + run * (BN / N_RUNS)) =
-                    float4{acc[i][run * 4 + 0], acc[i][run * 4 + 1], acc[i][run * 4 + 2], acc[i][run * 4 + 3]};
-        }
-        __syncwarp();
-#pragma unroll
-        for (int r = 0; r < PASS_ROWS; ++r) {
-            const int m = row_m(pass, r);
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * (BM / M_RUNS) + ty * 4 + i % 4;
             if (m >= cout) continue;
-            const float bm = split ? 0.f : __ldg(bias + m);
-#pragma unroll
-            for (int q = 0; q < NQ; ++q) {
-                if (q * 32 >= cols) continue;
-                float v = stage[r * BN + q * 32 + lane];
-                if (split) {
-                    part[(size_t)m * n_total + n0 + q * 32 + lane] = v;
-                } else {
-                    v += bm;
-                    if (relu) v = fmaxf(v, 0.f);
-                    y[y_off[q] + (size_t)m * howo] = v;
-                }
+            float v = acc[i][j];
+            if (!split) {
+                v += __ldg(bias + m);
+                if (relu) v = fmaxf(v, 0.f);
             }
+            yp[m * m_step] = v;
         }
-        __syncwarp();  // the row reads are done before the next pass overwrites the stage
     }
     if (!FIXUP || !split) return;
 
@@ -203,44 +163,38 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // Each warp sums the elements of its staged rows, the same coalesced rows, FIX_ROWS at a time slice by slice
-    // (their 8 loads of a slice in flight at once; more would spill under the 64-register cap of the small tiles),
+    // Each thread sums the elements it wrote itself, slice by slice (all TM*TN loads of a slice in flight at once),
     // through L2 (__ldcg: L1 is not coherent across SMs).
-    constexpr int FIX_ROWS = 8 / NQ;
-    static_assert(PASS_ROWS % FIX_ROWS == 0, "fixup row groups");
-#pragma unroll 1
-    for (int pass = 0; pass < PASSES; ++pass)
-#pragma unroll 1
-        for (int r0 = 0; r0 < PASS_ROWS; r0 += FIX_ROWS) {
-            float sum[FIX_ROWS][NQ];
 #pragma unroll
-            for (int r = 0; r < FIX_ROWS; ++r)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-                for (int q = 0; q < NQ; ++q) sum[r][q] = 0.f;
-            for (int z = 0; z < (int)gridDim.z; ++z) {
-                const float* src = ws + z * slice + n0 + lane;  // offsets within a slice fit an int (as in the reduce)
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+    for (int z = 0; z < (int)gridDim.z; ++z) {
+        const float* src = ws + z * slice;
 #pragma unroll
-                for (int r = 0; r < FIX_ROWS; ++r) {
-                    const int m = row_m(pass, r0 + r);
+        for (int j = 0; j < TN; ++j) {
+            const int n = n0 + (j / 4) * (BN / N_RUNS) + tx * 4 + j % 4;
 #pragma unroll
-                    for (int q = 0; q < NQ; ++q)
-                        if (m < cout && q * 32 < cols) sum[r][q] += __ldcg(src + (m * n_total + q * 32));
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < FIX_ROWS; ++r) {
-                const int m = row_m(pass, r0 + r);
-                if (m >= cout) continue;
-                const float bm = __ldg(bias + m);
-#pragma unroll
-                for (int q = 0; q < NQ; ++q) {
-                    if (q * 32 >= cols) continue;
-                    float v = sum[r][q] + bm;
-                    if (relu) v = fmaxf(v, 0.f);
-                    y[y_off[q] + (size_t)m * howo] = v;
-                }
+            for (int i = 0; i < TM; ++i) {
+                const int m = m0 + (i / 4) * (BM / M_RUNS) + ty * 4 + i % 4;
+                if (n < n_total && m < cout) acc[i][j] += __ldcg(src + (size_t)m * n_total + n);
             }
         }
+    }
+#pragma unroll
+    for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / N_RUNS) + tx * 4 + j % 4;
+        if (n >= n_total) continue;
+        const int b = n / howo, p = n - b * howo;
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * (BM / M_RUNS) + ty * 4 + i % 4;
+            if (m >= cout) continue;
+            float v = acc[i][j] + __ldg(bias + m);
+            if (relu) v = fmaxf(v, 0.f);
+            y[(size_t)b * y_bstride + (size_t)m * howo + p] = v;
+        }
+    }
 }
 
 #define CONV_PARAMS                                                                                                 \

@@ -120,17 +120,6 @@ struct Tf32Mma {
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         tf32::mma(d, a, b);
     }
-    // Rows row(i, g, half) - 16 i of one fragment row i into st (rows of S floats): float2 (c0, c1) and (c2, c3).
-    // A half warp (g < 4 or g >= 4) writes words g*S + 2t + (0, 1) (+ const): with S % 32 in {8, 24}, 32 banks.
-    template <int NJ, int S>
-    __device__ __forceinline__ static void stage(float* st, const float (&acc)[NJ][4], int g, int t) {
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                *reinterpret_cast<float2*>(st + (g + 8 * half) * S + j * 8 + 2 * t) =
-                    float2{acc[j][2 * half], acc[j][2 * half + 1]};
-    }
 };
 
 // mma.m16n8k16 .f16 (PTX ISA, "Matrix Fragments for mma.m16n8k16", .f16; each register holds two halves, the lower
@@ -177,19 +166,6 @@ struct F16Mma {
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         f16::mma(d, a, b);
     }
-    // As Tf32Mma::stage: columns col(2jj, t, 0..1) and col(2jj + 1, t, 0..1) are the 4 consecutive words
-    // 16jj + 4t.., one float4. A quarter warp (g, g+1 of one pair, all t) writes words 2g*S + 4t + (0..3) (+ const):
-    // with S % 16 == 8, 32 banks.
-    template <int NJ, int S>
-    __device__ __forceinline__ static void stage(float* st, const float (&acc)[NJ][4], int g, int t) {
-#pragma unroll
-        for (int jj = 0; jj < NJ / 2; ++jj)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                *reinterpret_cast<float4*>(st + (2 * g + half) * S + jj * 16 + 4 * t) =
-                    float4{acc[2 * jj][2 * half], acc[2 * jj + 1][2 * half], acc[2 * jj][2 * half + 1],
-                           acc[2 * jj + 1][2 * half + 1]};
-    }
 };
 
 template <class Op, int KH, int KW, int BM, int BN, int BK, int WARPS_M, int STAGES>
@@ -209,10 +185,8 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
     static_assert(NT % A_VECS == 0 && BK % A_ROWS == 0 && NT % BN == 0 && BK % B_STEP == 0, "loader shape");
     static_assert(SA % 4 == 0 && SB % 4 == 0, "16-byte aligned rows for the A copies");
 
-    // As[STAGES][BK][SA] then Bs[STAGES][BK][SB]; one array, so that the epilogue can stage output rows in all of it.
-    __shared__ __align__(16) float smem[STAGES * BK * (SA + SB)];
-    float(*As)[BK][SA] = reinterpret_cast<float(*)[BK][SA]>(smem);
-    float(*Bs)[BK][SB] = reinterpret_cast<float(*)[BK][SB]>(smem + STAGES * BK * SA);
+    __shared__ __align__(16) float As[STAGES][BK][SA];
+    __shared__ __align__(16) float Bs[STAGES][BK][SB];
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int g = lane / 4, t = lane % 4;
@@ -296,42 +270,31 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
         }
     }
 
-    // Epilogue: each warp stages one fragment row (16 rows x WN columns of its tile) at a time in shared memory
-    // (the operand ring, once every copy has landed and every warp is past its last fragment loads) and writes
-    // the rows back with lane l on column l % WN: a warp store is WN-float runs of consecutive pixels of one
-    // output channel (NCHW), where storing the fragments directly wrote 8-byte pieces of 8 rows.
-    constexpr int SS = WN + 8;                         // staged row stride, SS % 16 == 8 (see Op::stage)
-    constexpr int ROWS_PER_STORE = WN < 32 ? 32 / WN : 1;
-    static_assert((WN == 16 || WN == 32) && SS % 16 == 8, "epilogue staging shape");
-    static_assert(8 * 16 * SS <= STAGES * BK * (SA + SB), "every warp's stage fits the operand ring");
-    cp_async::wait<0>();
-    __syncthreads();
-    float* stage = smem + warp * 16 * SS;
-    const int c = lane % WN, r_lane = lane / WN * (WN < 32);  // this lane's column, and row within a store
-    const int n = n0 + wn + c;
-    const bool n_ok = n < n_total;
-    const int b = n / howo;
     const bool split = gridDim.z > 1;
-    // Raw partial sums to slice z of the workspace [z][M][N], or the finished output to the view y (NCHW).
-    float* dst = split ? y + (size_t)blockIdx.z * cout * n_total + n : y + (size_t)b * y_bstride + (n - b * howo);
-    const size_t m_step = split ? (size_t)n_total : (size_t)howo;
+    float* ws = y + (size_t)blockIdx.z * cout * n_total;
 #pragma unroll
-    for (int i = 0; i < MI; ++i) {
-        Op::template stage<NJ, SS>(stage, acc[i], g, t);
-        __syncwarp();
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
-        for (int r0 = 0; r0 < 16; r0 += ROWS_PER_STORE) {
-            const int r = r0 + r_lane, m = m0 + wm + i * 16 + r;
-            if (m >= cout || !n_ok) continue;
-            float v = stage[r * SS + c];
-            if (!split) {
-                v += __ldg(bias + m);
-                if (relu) v = fmaxf(v, 0.f);
-            }
-            dst[m * m_step] = v;
+        for (int e = 0; e < 2; ++e) {
+            const int n = n0 + wn + Op::col(j, t, e);
+            if (n >= n_total) continue;
+            const int b = n / howo, p = n - b * howo;
+            float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
+            const size_t m_step = split ? (size_t)n_total : (size_t)howo;
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int m = m0 + wm + Op::row(i, g, half);
+                    if (m >= cout) continue;
+                    float v = acc[i][j][2 * half + e];
+                    if (!split) {
+                        v += __ldg(bias + m);
+                        if (relu) v = fmaxf(v, 0.f);
+                    }
+                    yp[m * m_step] = v;
+                }
         }
-        __syncwarp();  // the row reads are done before the next fragment row overwrites the stage
-    }
 }
 
 #define CONV_MMA_PARAMS                                                                                             \

@@ -179,7 +179,6 @@ EDGE_CASES = [  # n, cin, cout, h, w, kernel, stride, pad, src_extra, dst_extra
     (3, 40, 29, 7, 5, (3, 1), 1, (1, 0), (0, 9), (4, 4)),
     (3, 100, 72, 5, 5, (1, 1), 1, (0, 0), (28, 0), (0, 56)),
     (2, 15, 40, 12, 12, (3, 3), 2, (1, 1), (0, 0), (0, 0)),
-    (3, 9, 135, 7, 9, (1, 1), 1, (0, 0), (2, 1), (5, 3)),  # staged epilogue: M tail of 7, stores across images
 ]
 
 

@@ -28,9 +28,6 @@ inline dim3 gridDim, blockDim, blockIdx, threadIdx;
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __syncthreads() emu::yield()
-// A warp barrier is a block barrier here: exact as long as every warp passes the same sequence of them, as the
-// kernels' epilogues do.
-#define __syncwarp(...) emu::yield()
 struct alignas(16) float4 {
     float x, y, z, w;
 };
