@@ -3,24 +3,17 @@
 #
 #   bash scripts/gpu_check.sh
 #
-# 1. pytest -m gpu on the Winograd tests (every Winograd-eligible layer shape: 3x3, 5x5, 1x7, 7x1, at batch 1 and
-#    8, the whole network with Winograd vs float64, graph and eager), and compute-sanitizer memcheck on one forward
-#    with every eligible conv by Winograd (299x299, batch 2)
-# 2. inception-bench: cuda vs cuda-direct (no Winograd) vs cudnn vs torch at batch 1, 8, 32, 128 with per-layer
-#    times, if the CLI is there (its tf32 run comes last, step 9)
-# 3. pytest -m gpu on the CUDA kernel and backend tests; memcheck on one full forward (299x299, eager launches,
-#    split-K fixups) against NumPy
-# 4. scripts/bench_kernels.py: forward ms of every mode (graph concurrent/serial, split-K fixup/reduce, eager, and
-#    "direct": winograd off, the A/B) at batch 1, 8, 32, 128; per-op TFLOP/s and GB/s next to the roofline at
-#    batch 1 and 128, Winograd layers with their actual TFLOP/s and the direct kernel's ms
-# 5. TF32: pytest -m gpu tests/test_cuda_tf32.py, the tf32 self-test (batch 8, concurrent graph), and the
-#    bench_kernels forward table in tf32 at batch 1, 8, 32, 128 (appended to the bench_kernels log)
-# 6. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
+# 1. pytest -m gpu on the CUDA kernel, backend, tf32, fp16 and Winograd tests (every layer shape, edge cases with
+#    NaN-poisoned outputs, the whole network vs float64 in every precision, graph and eager)
+# 2. compute-sanitizer memcheck on one forward with every eligible conv by Winograd (299x299, batch 2)
+# 3. inception-bench fp32: cuda (cost model) vs cuda-direct (no Winograd) vs cuda-winograd (all eligible convs) vs
+#    cudnn vs torch vs torch-graph at batch 1, 8, 32, 128 with per-layer times; then tf32 and fp16
+# 4. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
 #    same)
-# 7. the self-test at batch 8 through the concurrent CUDA graph, and memcheck of an eager concurrent forward
-# 8. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
-#    other gpu-marked test of the repo
-# 9. inception-bench in tf32
+# 5. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
+#    other gpu-marked test of the repo (cuDNN, torch, CLI)
+# 6. memcheck of an eager serial and an eager concurrent forward, the tf32 and fp16 self-tests through the
+#    concurrent graph, and scripts/bench_kernels.py (forward ms of every mode, per-op TFLOP/s), as the budget allows
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -79,7 +72,8 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
-step "pytest winograd" env_pytest.log 150 python3 -m pytest -m gpu -q -rfEs -s --durations=5 \
+step "pytest cuda" env_pytest.log 220 python3 -m pytest -m gpu -q -rfEs --durations=10 \
+  tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_tf32.py tests/test_cuda_fp16.py \
   tests/test_cuda_winograd.py
 
 step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
@@ -99,47 +93,41 @@ bench() {
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" "$@"
 }
 
-bench "inception-bench" 150 --backends cuda,cuda-direct,cudnn,torch,torch-graph --batch-sizes 1,8,32,128 \
-  --iters 20 --per-layer --json "$OUT/inception_bench.json"
+bench "inception-bench" 150 --backends cuda,cuda-direct,cuda-winograd,cudnn,torch,torch-graph \
+  --batch-sizes 1,8,32,128 --iters 20 --per-layer --json "$OUT/inception_bench.json"
 
-step "pytest cuda" env_pytest.log 200 python3 -m pytest -m gpu -q -rfEs --durations=10 \
-  tests/test_cuda_kernels.py tests/test_cuda_backend.py
+bench "inception-bench tf32" 90 --backends cuda,cudnn,torch-graph --precision tf32 --batch-sizes 1,8,32,128 \
+  --iters 20
 
-step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
-  "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
-
-step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
-  --per-op 1,128 --json "$OUT/bench_kernels.json"
-
-step "pytest tf32" env_pytest.log 90 python3 -m pytest -m gpu -q -rfEs --durations=5 tests/test_cuda_tf32.py
-
-step "selftest tf32 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on --precision tf32
-
-step "bench_kernels tf32" bench_kernels.log 75 python3 scripts/bench_kernels.py --precision tf32 \
-  --batch-sizes 1,8,32,128 --iters 20 --per-op ""
+bench "inception-bench fp16" 80 --backends cuda,torch-graph --precision fp16 --batch-sizes 1,8,32,128 --iters 20
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
   --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75 --winograd on
-
-step "selftest graph b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on
-
-step "memcheck concurrent" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
-  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299
 
 step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
 
 step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
   --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_tf32.py \
-  --ignore=tests/test_cuda_winograd.py
+  --ignore=tests/test_cuda_fp16.py --ignore=tests/test_cuda_winograd.py
 
-bench "inception-bench tf32" 120 --backends cuda,cudnn,torch-graph --precision tf32 --batch-sizes 1,8,32,128 \
-  --iters 20
+step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
+
+step "memcheck concurrent" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299
+
+step "selftest tf32 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on --precision tf32
+
+step "selftest fp16 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on --precision fp16
+
+step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
+  --per-op 1,128 --json "$OUT/bench_kernels.json"
 
 {
   echo
   echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) =="
   awk '/^### /{p=0} p; /^summary$/{p=1}' "$OUT/bench_kernels.log" 2>/dev/null
-  grep -E "^(cuda|cudnn|torch) +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null
+  grep -E "^### |^(cuda|cudnn|torch)[-a-z]* +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null | cut -c1-140
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"
