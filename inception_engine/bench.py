@@ -49,7 +49,7 @@ PEAK_GBS = 4300.0  # device-to-device copy, bytes read + written, same H200
 REFERENCE_IMAGES = 2
 CPU_ROWS = ("cpu", ORT)
 DESCRIPTIONS = {
-    "cpu": "NumPy on the CPU",
+    "cpu": "our CPU path (C kernels, else NumPy; see the note)",
     "cuda": "own kernels, one CUDA graph per forward",
     "cuda-eager": "own kernels, launched one by one",
     "cudnn": "cuDNN + cuBLAS, one CUDA graph per forward",
@@ -295,6 +295,8 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
     elif peak_tflops is None:
         notes.append(f"no compute floor: give --peak-tflops (the chip's measured {precision} peak) for one")
     weights, weights_desc, synthetic = pick_weights(weights_path, notes)
+    if "cpu" in backend_names:
+        notes.append(cpu_path_note())
     report = Report(weights_desc, synthetic, iters, warmup, list(batch_sizes), list(backend_names), precision,
                     peak_tflops, peak_gbs, reference_images if reference else None, notes=notes, host=host_info())
     classes: dict[str, Any] = {}
@@ -402,6 +404,16 @@ COLUMNS = ("backend", "batch", "median ms", "p10 ms", "p90 ms", "p99 ms", "image
 
 def label(r: Row) -> str:
     return f"{r.backend} (eager)" if r.graph_fallback else r.backend
+
+
+def cpu_path_note() -> str:
+    """Which code the cpu rows run: the fast C kernels, or the NumPy fallback and why (it is ~2x slower)."""
+    from .backends import cpu_kernels
+
+    reason = cpu_kernels.unavailable_reason()
+    if reason is None:
+        return "cpu runs the C kernels of cpu_src/ (AVX-512, compiled at first use)"
+    return f"cpu runs its NumPy code (about 2x slower): the C kernels are unavailable: {reason}"
 
 
 def header(report: Report) -> list[str]:

@@ -314,3 +314,13 @@ def test_floor_defaults_per_precision(fakes, weights_file):
     assert f.compute_ms is None and f.ms == f.memory_ms  # no fp16 peak given: no compute floor, said so
     assert f.bytes == fp32.floors[0].bytes // 2
     assert any("--peak-tflops" in n for n in fp16.notes)
+
+
+def test_cpu_note_says_which_code_runs(monkeypatch):
+    from inception_engine.backends import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "unavailable_reason", lambda: None)
+    assert "C kernels" in bench.cpu_path_note()
+    monkeypatch.setattr(cpu_kernels, "unavailable_reason", lambda: "no C compiler (cc) on PATH")
+    note = bench.cpu_path_note()
+    assert note.startswith("cpu runs its NumPy code") and note.endswith("no C compiler (cc) on PATH")
