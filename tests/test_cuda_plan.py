@@ -224,7 +224,7 @@ def test_concurrent_plan_never_shares_memory_within_a_stage(batch):
 def test_tf32_uses_only_tensor_core_kernels_and_reduces_split_k_separately(weights, batch, num_sms):
     """precision="tf32": every direct conv and the FC-as-GEMM on a conv_tf32 tile, K slices multiples of its BK of
     16, and split-K through conv_splitk_reduce (conv_tf32.cu has no _fixup kernels), even when fixup is asked for.
-    (Winograd is off here: test_cuda_winograd.py covers it with tf32 and fp16.)"""
+    (Winograd, which stays FFMA in every precision, is off here: test_cuda_winograd.py covers it with tf32.)"""
     plan = build_plan(batch)
     configs = cb.choose_configs(plan, num_sms, fixup=True, precision="tf32", winograd=False)
     assert set(configs) == {op.name for op in plan.ops if isinstance(op, (ConvOp, FCOp))}

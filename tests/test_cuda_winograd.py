@@ -8,11 +8,6 @@
   7x1. Each stage is checked against float64 NumPy (V, then M on the emulated V, then y against the direct
   convolution); every buffer starts as NaN, so an unwritten element fails and a write outside the destination view
   shows. Plus the backend's whole forward with winograd forced on.
-- tf32 / fp16 (tensor-core GEMMs wino_gemm_tf32_* / wino_gemm_f16_*): which variants may use them
-  (cb.WINO_MMA_VARIANTS) and the planning; every tile in the emulator (tests/cuda_emu/tf32_emu.h) with ragged Cin,
-  Cout and T, M against float64 sums of the operands rounded as the mma rounds them and against unrounded ones; the
-  error level of every variant with rounded operands on network shapes; on the GPU every tensor-core shape and tile
-  and the whole network in tf32 and fp16 (rel L2 and top 5 vs float64).
 - GPU (marked gpu): every Winograd-eligible layer shape of the network (3x3, 5x5, 1x7, 7x1) at batch 1 and 8 with
   each of its variants; the whole network with winograd on against float64 (rel L2 <= 1e-4, the same top 5),
   through a CUDA graph and eagerly (bit-identical: the kernels have no atomics or order-dependent sums).
