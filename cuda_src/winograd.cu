@@ -24,13 +24,6 @@
 //                     as conv.cu: a block computes BM x BN, a thread TM x TN from float4 shared-memory reads, the
 //                     next BK slice loaded to registers during the math, one barrier per slice. It does not know
 //                     the kernel shape: every variant shares it.
-//   wino_gemm_tf32_<BM>x<BN>, wino_gemm_f16_<BM>x<BN> (`--precision tf32` / `fp16`): the same GEMM, arguments and
-//                     launch on the tensor cores, with conv_mma.cuh's operand policies (Tf32Mma, F16Mma: fp32 in
-//                     memory and shared memory, U and V rounded to 10 mantissa bits as they become fragments, fp32
-//                     sums) and its warp tiling; both tiles by 16-byte cp.async into a ring of STAGES buffers (rows
-//                     past Cin zero-filled), one barrier per BK slice. Rounding V and U costs accuracy in proportion
-//                     to the transform's amplification, so the backend uses them for F(2x2, 3x3) and F(2x2, 5x5)
-//                     only (cuda_backend.WINO_MMA_VARIANTS has the measurements).
 //   wino_output_<K>_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi, y_tile = AT M AT^T + bias, ReLU,
 //                     written where inside the output map, into a channel-slice view (y_bstride as conv.cu).
 // Columns t >= T of V (the padding up to Tp) are never written; what the GEMM makes of them lands in columns of M
@@ -38,9 +31,8 @@
 //
 // Launch: wino_input_*:  block 256, grid ceil(C*T / 256).
 //         wino_gemm_<BM>x<BN>: block 256, grid (Tp / BN, Op / BM, NH*NW); Tp and Op multiples of BN and BM.
-//         wino_gemm_tf32_* / wino_gemm_f16_*: the same (static shared memory only, < 48 KB).
 //         wino_output_*: block 256, grid ceil(O*T / 256).
-#include "conv_mma.cuh"
+#include "common.cuh"
 
 // out = A in, A the R x K top-left of a; the identity when K == 1 (an axis the kernel does not extend in).
 template <int R, int K, int C, int AR, int AC>
@@ -298,112 +290,3 @@ WINO_TRANSFORMS(7x1_F3, 3, 1, 7, 1)
 WINO_GEMM(128, 128, 8, 8, 8, 2)
 WINO_GEMM(64, 64, 16, 4, 4, 4)
 WINO_GEMM(32, 128, 8, 4, 4, 4)
-
-// M[xi] = U[xi]^T V[xi] on the tensor cores (see the header). Each of the 8 warps owns a WM x WN piece of the block
-// tile in m16n8 accumulators, as conv_mma_gemm; Op's row()/col() place them.
-template <class Op, int BM, int BN, int BK, int WARPS_M, int STAGES>
-__device__ __forceinline__ void wino_mma_gemm(const float* __restrict__ u, const float* __restrict__ v,
-                                              float* __restrict__ mo, int cin, int cout, int o_pad, int t_pad) {
-    constexpr int NT = 256, WARPS_N = NT / 32 / WARPS_M;
-    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
-    constexpr int MI = WM / 16, NJ = WN / 8;             // m16n8 fragments per warp
-    constexpr int SA = BM + Op::PAD, SB = BN + Op::PAD;  // padded shared rows
-    constexpr int A_ROWS = NT / (BM / 4), B_ROWS = NT / (BN / 4);  // rows one pass of float4 copies fills
-    static_assert(WM % 16 == 0 && WN % 8 == 0 && BK % Op::K == 0, "warp tile of whole fragments");
-    static_assert(NT % (BM / 4) == 0 && NT % (BN / 4) == 0 && BK % A_ROWS == 0 && BK % B_ROWS == 0, "loader shape");
-    static_assert(SA % 4 == 0 && SB % 4 == 0, "16-byte aligned shared rows");
-
-    __shared__ __align__(16) float As[STAGES][BK][SA];
-    __shared__ __align__(16) float Bs[STAGES][BK][SB];
-
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, xi = blockIdx.z;
-    const int g = lane / 4, t = lane % 4;
-    const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * WN;
-    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-    const float* a_src = u + (size_t)xi * cin * o_pad + m0;
-    const float* b_src = v + (size_t)xi * cin * t_pad + n0;
-    const int a_col = tid % (BM / 4) * 4, a_row = tid / (BM / 4);
-    const int b_col = tid % (BN / 4) * 4, b_row = tid / (BN / 4);
-
-    // Rows k >= cin become zeros in both tiles (four zero-fill copies: the source is not read).
-    auto copy_row = [&](float* dst, const float* src, bool valid) {
-        if (valid) {
-            cp_async::copy16(dst, src);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) cp_async::copy4(dst + e, u, false);
-        }
-    };
-    auto load = [&](int kt, int stage) {
-#pragma unroll
-        for (int i = 0; i < BK / A_ROWS; ++i) {
-            const int r = a_row + i * A_ROWS;
-            copy_row(&As[stage][r][a_col], a_src + (size_t)(kt + r) * o_pad + a_col, kt + r < cin);
-        }
-#pragma unroll
-        for (int i = 0; i < BK / B_ROWS; ++i) {
-            const int r = b_row + i * B_ROWS;
-            copy_row(&Bs[stage][r][b_col], b_src + (size_t)(kt + r) * t_pad + b_col, kt + r < cin);
-        }
-    };
-
-    float acc[MI][NJ][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-    const int tiles = (cin + BK - 1) / BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < tiles) load(s * BK, s);
-        cp_async::commit();  // empty groups too: group i always holds tile i
-    }
-    for (int kt = 0; kt < tiles; ++kt) {
-        cp_async::wait<STAGES - 2>();  // this thread's copies of tile kt have landed ...
-        __syncthreads();               // ... everyone's have, and everyone is done with tile kt - 1
-        const int next = kt + STAGES - 1;
-        if (next < tiles) load(next * BK, next % STAGES);  // into the buffer of tile kt - 1
-        cp_async::commit();
-        const int st = kt % STAGES;
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += Op::K) {
-            unsigned a[MI][4], b[NJ][2];
-            Op::template frags<MI, NJ, SA, SB>(a, b, &As[st][kk][wm], &Bs[st][kk][wn], g, t);
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NJ; ++j) Op::mma(acc[i][j], a[i], b[j]);
-        }
-    }
-
-    float* out = mo + (size_t)xi * cout * t_pad + n0 + wn;
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int m = m0 + wm + Op::row(i, g, half);
-            if (m >= cout) continue;
-#pragma unroll
-            for (int j = 0; j < NJ; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) out[(size_t)m * t_pad + Op::col(j, t, e)] = acc[i][j][2 * half + e];
-        }
-}
-
-// The tensor-core GEMM tiles (conv_tf32.cu's shapes; cuda_backend.WINO_TF32_TILES / WINO_F16_TILES list them).
-#define WINO_MMA_GEMM(PREFIX, OP, BM, BN, BK, WARPS_M, STAGES, MIN_BLOCKS)                                     \
-    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                              \
-        PREFIX##_##BM##x##BN(const float* __restrict__ u, const float* __restrict__ v, float* __restrict__ mo, \
-                             int cin, int cout, int o_pad, int t_pad) {                                        \
-        wino_mma_gemm<OP, BM, BN, BK, WARPS_M, STAGES>(u, v, mo, cin, cout, o_pad, t_pad);                     \
-    }
-
-WINO_MMA_GEMM(wino_gemm_tf32, Tf32Mma, 128, 128, 16, 2, 2, 2)
-WINO_MMA_GEMM(wino_gemm_tf32, Tf32Mma, 128, 64, 16, 4, 3, 2)
-WINO_MMA_GEMM(wino_gemm_tf32, Tf32Mma, 64, 64, 16, 2, 3, 3)
-WINO_MMA_GEMM(wino_gemm_f16, F16Mma, 128, 128, 16, 2, 2, 2)
-WINO_MMA_GEMM(wino_gemm_f16, F16Mma, 128, 64, 16, 4, 3, 2)
-WINO_MMA_GEMM(wino_gemm_f16, F16Mma, 64, 64, 16, 2, 4, 3)

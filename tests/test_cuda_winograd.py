@@ -46,18 +46,9 @@ from inception_engine.errors import EngineError
 from inception_engine.plan import ALIGN, ConvOp, View, build_plan
 from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
 from test_cuda_emulated import run_emulated as run_backend_emulated
-from fp16_reference import fp16_round
-from tf32_reference import tf32_round
 
 WINO_TOL = 1e-5
 NET_TOL = 1e-4
-# precision tf32 / fp16 (tensor-core GEMMs, wino_gemm_tf32_* / wino_gemm_f16_*): V and U rounded to 10 mantissa bits,
-# amplified by the output transform. Per layer on N(0, 1) inputs the emulator measures 5e-4 (F(2x2, 3x3)) to 5.2e-3
-# (F(3, 7)) (test_emulated_tensor_core_error_level); a wrong index or transform is O(1). The logits' limits are the
-# issue's: 3e-3 (tf32), 1e-2 (fp16).
-MMA_TOL = 1e-2
-MMA_NET_TOL = {"tf32": 3e-3, "fp16": 1e-2}
-ROUND = {"tf32": tf32_round, "fp16": fp16_round}
 EMU = Path(__file__).resolve().parent / "cuda_emu"
 GXX = shutil.which("g++")
 
@@ -123,36 +114,12 @@ def test_forcing_and_tensor_core_precisions():
     assert {op.name for op in winograd_ops(forced, plan)} == {op.name for op in plan.conv_ops
                                                               if cb.winograd_eligible(op)}
     assert not any(c.wino for c in cb.choose_configs(build_plan(128), 132, winograd=False).values() if c is not None)
-    for precision in ("tf32", "fp16"):  # the same Winograd convs as fp32, tensor cores for the direct ones
+    for precision in ("tf32", "fp16"):  # the same Winograd convs as fp32 (FFMA GEMMs), tensor cores for the rest
         fp32 = cb.choose_configs(build_plan(128), 132)
         mixed = cb.choose_configs(build_plan(128), 132, precision=precision)
         assert {k for k, c in mixed.items() if c and c.wino} == {k for k, c in fp32.items() if c and c.wino} != set()
         assert {c.tile.prefix for c in mixed.values() if c and not c.wino} == {TILE_PREFIX[precision]}
         assert cb.choose_configs(plan, 132, precision=precision, winograd=True).keys() == forced.keys()
-
-
-@pytest.mark.parametrize("precision", ["tf32", "fp16"])
-def test_tensor_core_gemms_only_for_the_accurate_variants(precision):
-    """tf32 / fp16: a Winograd conv's GEMM runs on the tensor cores (wino_gemm_tf32_* / wino_gemm_f16_*) only for
-    the variants of WINO_MMA_VARIANTS (F(2x2, 3x3), F(2x2, 5x5)); F(4x4, 3x3) and F(3, 7) keep the FFMA GEMM. Each
-    conv takes the faster by the model: at batch 128 the three 5x5 and three 3x3 convs (Conv2d_4a, Mixed_7b/7c's
-    8x8 maps, where F(4x4) pads most) on tensor cores, F(4x4) FFMA for the other nine 3x3; at batch 1 on 75x75
-    images (test_cuda_tf32.py's emulated forward) two."""
-    mma_prefix = {"tf32": "wino_gemm_tf32", "fp16": "wino_gemm_f16"}[precision]
-    expect = {(128, 299, None): 6, (8, 299, True): 13, (1, 75, None): 2}
-    for (batch, size, winograd), count in expect.items():
-        plan = build_plan(batch, input_size=size)
-        configs = cb.choose_configs(plan, 132, precision=precision, winograd=winograd)
-        mma = [op for op in winograd_ops(configs, plan) if configs[op.name].tile.prefix == mma_prefix]
-        assert len(mma) == count, (batch, [op.name for op in mma])
-        for op in winograd_ops(configs, plan):
-            cfg = configs[op.name]
-            on_mma = cfg.wino in cb.WINO_MMA_VARIANTS.get(op.kernel, ())
-            assert cfg.tile in (cb.WINO_TILES_OF[precision] if on_mma else cb.WINO_TILES), op.name
-    assert cb.winograd_config(build_plan(1).conv_ops[2], 2, 132, cb.WINO_TILES_OF[precision]).tile.prefix == mma_prefix
-    for tile in cb.WINO_TILES_OF[precision]:  # U padded to whole tensor-core tiles, T to whole tiles too
-        assert cb.WINO_T_ALIGN % tile.bn == 0
-        assert cb.wino_kernel_names((5, 5), 2, tile)[1] == f"{mma_prefix}_{tile.name}" in cb.all_kernel_names()
 
 
 def test_u_and_transforms_are_packed_from_the_exact_matrices():
@@ -231,7 +198,6 @@ class Case:
     dst_extra: tuple[int, int] = (0, 0)
     relu: bool = True
     kernel: tuple[int, int] = (3, 3)
-    precision: str = "fp32"  # the GEMM: FFMA (wino_gemm_*) or tensor cores (wino_gemm_tf32_* / wino_gemm_f16_*)
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -241,7 +207,7 @@ class Case:
         return ConvOp("conv", src, dst, self.kernel, 1, self.pad)
 
     def config(self) -> cb.ConvConfig:
-        tile = next(t for t in cb.WINO_TILES_OF[self.precision] if t.name == self.tile)
+        tile = next(t for t in cb.WINO_TILES if t.name == self.tile)
         return cb.ConvConfig(tile, 1, self.cin, 0.0, self.m)
 
     def data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -288,8 +254,7 @@ def wino_lib(tmp_path_factory) -> ctypes.CDLL:
     (out / "emu_wino.cpp").write_text(emu_wrapper_source())
     lib = out / "libemu_wino.so"
     cmd = [GXX, "-std=c++20", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
-           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_wino.cpp"), "-o",
-           str(lib)]
+           "-I", str(cuda_build.source_dir()), str(out / "emu_wino.cpp"), "-o", str(lib)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     return ctypes.CDLL(str(lib))
@@ -363,16 +328,12 @@ def run_case(lib: ctypes.CDLL, case: Case) -> dict[str, float]:
     assert np.isnan(v[:, :, shape.t_total:]).all(), "V written beyond T"
     errors["V"] = rel_l2(v[:, :, :shape.t_total], v_ref)
 
-    # M = U^T V per position, on the emulated V; tensor cores: also on U and V rounded as the mma reads them
+    # M = U^T V per position, on the emulated V
     launch(lib, specs[1])
-    u3 = u.reshape(nn, case.cin, -1)[:, :, :case.cout]
-    v3 = v[:, :, :shape.t_total]
-    m_ref = np.einsum("pco,pct->pot", u3.astype(np.float64), v3.astype(np.float64))
+    u3 = u.reshape(nn, case.cin, -1)[:, :, :case.cout].astype(np.float64)
+    m_ref = np.einsum("pco,pct->pot", u3, v[:, :, :shape.t_total].astype(np.float64))
     assert np.isfinite(mo[:, :, :shape.t_total]).all(), "M not written everywhere"
     errors["M"] = rel_l2(mo[:, :, :shape.t_total], m_ref)
-    if case.precision != "fp32":
-        rnd = ROUND[case.precision]
-        errors["M_rounded"] = rel_l2(mo[:, :, :shape.t_total], np.einsum("pco,pct->pot", rnd(u3), rnd(v3)))
 
     launch(lib, specs[2])
     view = dst_buf[:, case.dst_extra[0]:case.dst_extra[0] + case.cout]
@@ -413,57 +374,6 @@ def test_emulated_error_level(wino_lib, case, bound):
     assert err <= bound
 
 
-def mma_cases(precision: str) -> list[Case]:
-    """Every tensor-core tile with ragged tails along all three GEMM axes: Cin (K) not a multiple of BK 16 (and
-    below it), Cout (M) over several tiles with a partial last one, T (N) over several tiles; K long enough to wrap
-    each tile's ring of stages (2 to 4); every kernel shape."""
-    return [
-        Case(2, 19, 70, 9, 11, (1, 1), 4, "64x64", (3, 2), (4, 1), precision=precision),  # K tail 3, M tail 6
-        Case(1, 33, 130, 13, 6, (1, 1), 2, "128x128", (1, 0), (0, 2), relu=False, precision=precision),  # M tail 2
-        Case(2, 8, 16, 17, 17, (0, 3), 3, "128x64", (1, 1), (2, 2), kernel=(1, 7), precision=precision),  # T: 4 tiles
-        Case(1, 70, 24, 10, 10, (1, 1), 2, "64x64", (0, 3), (1, 0), precision=precision),  # 5 K tiles
-        Case(3, 17, 40, 11, 5, (3, 0), 3, "128x64", (0, 2), (3, 0), relu=False, kernel=(7, 1), precision=precision),
-        Case(2, 6, 9, 9, 11, (2, 2), 2, "128x128", (1, 2), (3, 1), kernel=(5, 5), precision=precision),
-    ]
-
-
-@pytest.mark.parametrize("case", mma_cases("tf32") + mma_cases("fp16"),
-                         ids=lambda c: f"{c.precision}-{c.kernel[0]}x{c.kernel[1]}-F{c.m}-{c.tile}-n{c.n}"
-                                       f"-{c.cin}to{c.cout}-{c.h}x{c.w}")
-def test_emulated_tensor_core_gemm(wino_lib, case):
-    """wino_gemm_tf32_* / wino_gemm_f16_* with the transforms around them: M equals float64 sums of the operands
-    rounded as the mma reads them (cvt.rna.tf32 / cvt.rn.f16x2) up to fp32 accumulation, and is visibly further
-    from the unrounded float64 sums (so the rounding is really there); y within MMA_TOL of float64; NaN-poisoned
-    workspace and output views as for the FFMA GEMM."""
-    errors = run_case(wino_lib, case)
-    assert errors["V"] <= 1e-6 and errors["M_rounded"] <= 2e-6, errors
-    assert errors["M_rounded"] < 0.1 * errors["M"], errors
-    print(f"{case.precision} {case.kernel[0]}x{case.kernel[1]} F{case.m}: {errors}")
-    assert errors["y"] <= MMA_TOL, errors
-
-
-@pytest.mark.parametrize("precision", ["tf32", "fp16"])
-@pytest.mark.parametrize("case,bound", [
-    (Case(1, 96, 8, 35, 35, (1, 1), 2, "64x64"), 8e-4),  # Mixed_5b.branch3x3dbl_3: measured 4.9e-4 / 5.0e-4
-    (Case(1, 96, 8, 35, 35, (1, 1), 4, "64x64"), 3e-3),  # 2.0e-3 / 2.0e-3
-    (Case(1, 32, 8, 147, 147, (1, 1), 4, "64x64"), 3e-3),  # Conv2d_2b_3x3: 2.0e-3 / 2.0e-3
-    (Case(1, 48, 8, 35, 35, (2, 2), 2, "64x64", kernel=(5, 5)), 3.5e-3),  # Mixed_5b.branch5x5_2: 2.3e-3 / 2.3e-3
-    (Case(1, 192, 8, 17, 17, (0, 3), 3, "64x64", kernel=(1, 7)), 7.5e-3),  # Mixed_6e.branch7x7_2: 5.2e-3 / 4.3e-3
-    (Case(1, 192, 8, 17, 17, (3, 0), 3, "64x64", kernel=(7, 1)), 7.5e-3),  # Mixed_6e.branch7x7_3: 5.1e-3 / 5.0e-3
-], ids=lambda v: f"{v.kernel[0]}x{v.kernel[1]}-F{v.m}-{v.h}" if isinstance(v, Case) else None)
-def test_emulated_tensor_core_error_level(wino_lib, case, bound, precision):
-    """The error of each Winograd variant with tensor-core operands on network shapes (N(0, 1) input, 8 output
-    channels for time; measured tf32 / fp16 in the comments; the direct tf32 conv is ~3e-4). Signed zero-mean
-    inputs are the hard case: on the network's own (post-ReLU) activations the same variants measure 3-4e-4
-    (F(2x2, 3x3)), 4-7e-4 (F(4x4, 3x3); 1.7e-3 on the 147x147 stem maps), 5e-4 (F(2x2, 5x5)), 0.9-1.3e-3 (F(3, 7)),
-    and the whole network with all of them on tensor cores 7.2e-4 (winograd.cu's header). The bounds guard these
-    levels against a change that loses accuracy."""
-    case = dataclasses.replace(case, precision=precision)
-    err = run_case(wino_lib, case)["y"]
-    print(f"{precision} {case.kernel[0]}x{case.kernel[1]} F{case.m}, Cin {case.cin}: rel L2 vs float64 {err:.1e}")
-    assert err <= bound
-
-
 @pytest.mark.skipif(GXX is None or cuda_build.find_nvcc() is None, reason="needs g++ and nvcc (as test_cuda_emulated.py)")
 def test_backend_forward_with_winograd_on_the_emulator(backend_emu_lib):
     """The backend's self-test with every eligible conv (stride-1 3x3, 5x5, 1x7, 7x1) forced to Winograd (75x75
@@ -495,11 +405,9 @@ def shape_variants() -> list[tuple[ConvOp, int]]:
     return [(op, m) for op in network_shapes() for m in cb.WINO_VARIANTS[op.kernel]]
 
 
-def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: cb.Tile | None = None, extra: int = 0,
-             precision: str = "fp32") -> float:
+def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: cb.Tile | None = None, extra: int = 0) -> float:
     """``like``'s shape at batch n through the three kernels on the GPU (source and destination views with
-    ``extra`` channels around them; the GEMM tile the model picks among precision's unless given). Returns the
-    rel L2 vs float64."""
+    ``extra`` channels around them; the GEMM tile the model picks unless given). Returns the rel L2 vs float64."""
     from test_cuda_kernels import Arena, Params, check_view, run
 
     cin, cout, h, w, pad = like.src.channels, like.dst.channels, like.src.h, like.src.w, like.pad
@@ -507,7 +415,7 @@ def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: cb.Tile | None = None,
     arena = Arena((n, cin + 2 * extra, h, w), (n, cout + 2 * extra, ho, wo))
     src, dst = arena.view(0, extra, cin), arena.view(1, extra, cout)
     op = ConvOp(like.name, src, dst, like.kernel, 1, pad)
-    cfg = cb.winograd_config(op, m, 132, cb.WINO_TILES_OF[precision])
+    cfg = cb.winograd_config(op, m, 132)
     if tile is not None:
         cfg = dataclasses.replace(cfg, tile=tile)
     rng = rng_for("gpu", like.name, n, m, cfg.tile.name, extra)
@@ -525,8 +433,7 @@ def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: cb.Tile | None = None,
         before = arena.buffer(0)
         run(kernels, cb.winograd_specs(op, True, cfg, arena.ptr, *params.ptrs, int(ws)))
         ref = conv2d_bias_relu(x.astype(np.float64), wt.astype(np.float64), b.astype(np.float64), 1, pad, True)
-        tol = WINO_TOL if precision == "fp32" else MMA_TOL
-        check_view(arena, dst, ref, tol=tol)  # NaN-free, within tol, nothing written outside the view
+        check_view(arena, dst, ref, tol=WINO_TOL)  # NaN-free, within WINO_TOL, nothing written outside the view
         np.testing.assert_array_equal(arena.buffer(0), before)
         got = arena.buffer(1)[:, extra:extra + cout]
         return rel_l2(got, ref)
@@ -583,55 +490,3 @@ def test_gpu_network_with_winograd(batch, winograd):
     assert all(cb.top5_agree(g, r) for g, r in zip(graph_out, ref))
     np.testing.assert_array_equal(eager_out, graph_out)
 
-
-
-def mma_shape_variants() -> list[tuple[ConvOp, int]]:
-    return [(op, m) for op, m in shape_variants() if m in cb.WINO_MMA_VARIANTS.get(op.kernel, ())]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["tf32", "fp16"])
-@pytest.mark.parametrize("like,m", mma_shape_variants(), ids=lambda v: v.name if isinstance(v, ConvOp) else f"F{v}")
-def test_gpu_tensor_core_gemm_every_network_shape(gpu, like, m, precision):
-    err = gpu_case(gpu[1], 8, like, m, extra=3, precision=precision)
-    print(f"{precision} {like.name} {like.kernel[0]}x{like.kernel[1]} batch 8 F{m}: rel L2 {err:.1e}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tile", cb.WINO_TF32_TILES + cb.WINO_F16_TILES, ids=lambda t: f"{t.prefix}_{t.name}")
-def test_gpu_every_tensor_core_gemm_tile(gpu, tile):
-    precision = "tf32" if tile in cb.WINO_TF32_TILES else "fp16"
-    for like, m in mma_shape_variants():
-        if like.src.h in (35, 8):  # ragged T tiles, Cout 96 / 64 (ragged Cout)
-            gpu_case(gpu[1], 3, like, m, tile, extra=5, precision=precision)
-
-
-def top5_within(got: np.ndarray, ref: np.ndarray, noise: float) -> bool:
-    """Same five classes in the same order, except swaps of classes the float64 reference puts within noise."""
-    gi, ri = np.argsort(-got)[:5], np.argsort(-ref)[:5]
-    return all(a == b or abs(ref[a] - ref[b]) <= noise for a, b in zip(gi, ri))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["tf32", "fp16"])
-@pytest.mark.parametrize("batch,winograd", [(8, True), (32, None)])
-def test_gpu_network_with_tensor_core_winograd(precision, batch, winograd):
-    """The whole forward in tf32 / fp16 with Winograd (forced on every eligible conv, or the cost model's choice),
-    the F(2x2) GEMMs on the tensor cores, against float64: rel L2 within the issue's limit (3e-3 tf32, 1e-2 fp16;
-    simulated operand rounding predicts ~6e-4 at 299x299), the same top class for every image and the same top 5 up
-    to swaps within 1e-3 of the largest logit."""
-    weights, plan, x, ref = network_reference(batch)
-    with cb.CudaBackend(weights, plan, graph=True, precision=precision, winograd=winograd) as backend:
-        gemms = {s.kernel for s in backend.specs if s.kernel.startswith("wino_gemm_")}
-        wino = [name for name, c in backend.configs.items() if c is not None and c.wino]
-        out = backend.forward(x)
-    prefix = {"tf32": "wino_gemm_tf32_", "fp16": "wino_gemm_f16_"}[precision]
-    assert any(k.startswith(prefix) for k in gemms), gemms
-    assert len(wino) == sum(ELIGIBLE.values()) if winograd else wino
-    err = cb.rel_l2(out, ref)
-    noise = 1e-3 * np.abs(ref).max()
-    top5 = np.mean([top5_within(g, r, noise) for g, r in zip(out, ref)])
-    print(f"{precision} batch {batch}, {len(wino)} Winograd convs: rel L2 {err:.1e}, top-5 same {top5:.2f}")
-    assert np.isfinite(out).all() and err <= MMA_NET_TOL[precision], err
-    assert all(cb.top1_agree(g, r, noise) for g, r in zip(out, ref))
-    assert top5 == 1.0

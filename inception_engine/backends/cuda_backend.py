@@ -19,10 +19,8 @@ Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3), F(4
 for the stride-1 3x3, 5x5, 1x7 and 7x1 convs where ``winograd_config``'s model expects a clear gain
 (``CudaBackend(winograd=...)`` forces either way);
 "tf32" runs the other convolutions and the FC-as-GEMM on the tensor cores (conv_tf32.cu: TF32 products, fp32 sums, a
-relative error of ~1e-3 instead of ~1e-6), and the batched GEMMs of F(2x2, 3x3) and F(2x2, 5x5) Winograd convs too
-(winograd.cu's wino_gemm_tf32_*; F(4x4, 3x3) and F(3, 7) stay FFMA, see WINO_MMA_VARIANTS); "fp16" likewise with
-fp16 products (conv_f16.cu, the same GEMM template with mma.m16n8k16; wino_gemm_f16_*). The tensors in memory stay
-fp32.
+relative error of ~1e-3 instead of ~1e-6); "fp16" likewise with fp16 products (conv_f16.cu, the same GEMM template
+with mma.m16n8k16). The Winograd convs stay FFMA in every precision, and the tensors in memory stay fp32.
 """
 
 from __future__ import annotations
@@ -78,17 +76,6 @@ TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
-# ... and its tensor-core GEMMs for precision tf32 / fp16 (conv_tf32.cu's shapes and model speeds).
-WINO_TF32_TILES = tuple(Tile(t.bm, t.bn, t.bk, t.resident, t.macs_per_us, "wino_gemm_tf32", False) for t in TF32_TILES)
-WINO_F16_TILES = tuple(Tile(t.bm, t.bn, t.bk, t.resident, t.macs_per_us, "wino_gemm_f16", False) for t in TF32_TILES)
-WINO_TILES_OF = {"fp32": WINO_TILES, "tf32": WINO_TF32_TILES, "fp16": WINO_F16_TILES}
-# The variants whose GEMM may run on those: rounding V and U to 10 mantissa bits is amplified by the output
-# transform. Logits' rel L2 vs float64 (He weights, N(0, 1) images, operand rounding simulated; all direct tf32 7.1e-4
-# at 75x75, 5.7e-4 at 299x299; FFMA Winograd 6.2e-4 / 5.1e-4): F(2x2, 3x3) 7.4e-4 / 5.5e-4, F(2x2, 5x5) 7.0e-4 /
-# 5.2e-4, but F(4x4, 3x3) 1.25e-3 / 5.8e-4 and F(3, 7) 2.2e-3 / 6.7e-4 (all four 2.5e-3 at 75x75, near the 3e-3
-# limit), per layer on N(0, 1) inputs 5e-4, 2.3e-3, 2.0e-3, 5e-3 (tests/test_cuda_winograd.py). F(4x4, 3x3) and
-# F(3, 7) keep the FFMA GEMM.
-WINO_MMA_VARIANTS = {(3, 3): (2,), (5, 5): (2,)}
 # Kernel shape -> the output tiles m of F(m x m, k x k) (F(m, 7) along the long axis of 1x7 / 7x1) that winograd.cu
 # instantiates. 1x7 / 7x1: F(3, 7) only, as the CPU path (numpy_backend.winograd_tile): on the network's 17-wide
 # maps F(2, 7) does 1.33x its GEMM work and traffic, and F(4, 7) saves 7% (17 = 5 x 4 - 3 wastes more edge) at
@@ -198,16 +185,16 @@ def o_pad(cout: int, tile: Tile) -> int:
     return -(-cout // tile.bm) * tile.bm
 
 
-def winograd_config(op: ConvOp, m: int, num_sms: int, tiles: tuple[Tile, ...] = WINO_TILES) -> ConvConfig:
+def winograd_config(op: ConvOp, m: int, num_sms: int) -> ConvConfig:
     """Winograd with output tile m for ``op``, timed by the model as three streaming passes over HBM: the input
     transform (read x, write V), the batched GEMM (conv_config's compute model for its nn x ceil(O/BM) x Tp/BN
     blocks without split-K, or its V and M traffic if that takes longer) and the output transform (read M, write y),
     plus two launches. V and M are assumed to miss L2 (they do at batch >= 8 on the big maps), so small layers come
     out pessimistic. The same model for every kernel shape: the transforms' arithmetic (up to 9 x 9 multiply-adds
-    per value) is assumed hidden under their memory traffic. tiles: the GEMM's (WINO_TILES_OF[precision])."""
+    per value) is assumed hidden under their memory traffic."""
     ws = winograd_shape(op, m)
     cin, cout = op.src.channels, op.dst.channels
-    gemm = conv_config(cout, ws.nn * ws.t_pad, cin, num_sms, fixup=False, tiles=tiles, max_splits=1)
+    gemm = conv_config(cout, ws.nn * ws.t_pad, cin, num_sms, fixup=False, tiles=WINO_TILES, max_splits=1)
     v_bytes, m_bytes = 4 * ws.nn * cin * ws.t_pad, 4 * ws.nn * cout * ws.t_pad
     x_bytes = 4 * op.src.n * cin * op.src.h * op.src.w
     y_bytes = 4 * op.dst.n * cout * op.dst.h * op.dst.w
@@ -230,11 +217,10 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     FC-as-GEMM).
     winograd: for the stride-1 convs of WINO_VARIANTS' shapes, None lets the cost model choose between the direct
     kernel and each Winograd tile (``winograd_config``; Winograd below WINO_MARGIN of the direct time, from
-    WINO_MIN_BATCH up), True takes the fastest Winograd tile, False the direct kernel. Which convs take Winograd, and
-    which output tile m, is decided by the FFMA model in every precision (the tensor-core tiles' model speeds are
-    uncalibrated guesses, while measured (H100, batch 128) the FFMA Winograd layers ran 1.5-3x faster than FFMA
-    direct and the tensor-core kernels only 1.44x on the whole forward). tf32 / fp16 then take the fastest by the
-    model of that Winograd config and the variants of WINO_MMA_VARIANTS on their tensor-core tiles (WINO_TILES_OF)."""
+    WINO_MIN_BATCH up), True takes the fastest Winograd tile, False the direct kernel. The Winograd GEMMs are FFMA
+    in every precision, and the choice is made against the FFMA direct kernel in every precision too: the
+    tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
+    run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
     tiles = TILES_OF[precision]
@@ -253,9 +239,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
                 ffma = cfg if tiles is TILES else conv_config(op.dst.channels, n_total, k_total, num_sms, fixup)
                 gain = wino.est_us < WINO_MARGIN * ffma.est_us and op.dst.n >= WINO_MIN_BATCH[op.kernel]
                 if winograd or gain:
-                    mma = [winograd_config(op, m, num_sms, WINO_TILES_OF[precision])
-                           for m in (WINO_MMA_VARIANTS.get(op.kernel, ()) if tiles is not TILES else ())]
-                    cfg = min([wino] + mma, key=lambda c: c.est_us)
+                    cfg = wino
             configs[op.name] = cfg
         elif isinstance(op, FCOp):
             configs[op.name] = None if uses_gemv(op) else conv_config(op.dst.channels, op.dst.n, op.src.channels,
@@ -458,7 +442,7 @@ def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile) -> tuple[str,
     """winograd.cu's input transform, batched GEMM and output transform for this kernel shape, output tile m and
     GEMM tile."""
     variant = f"{kernel[0]}x{kernel[1]}_F{m}"
-    return f"wino_input_{variant}", f"{tile.prefix}_{tile.name}", f"wino_output_{variant}"
+    return f"wino_input_{variant}", f"wino_gemm_{tile.name}", f"wino_output_{variant}"
 
 
 def arg_format(kernel: str) -> str:
@@ -483,8 +467,7 @@ def source_of(kernel: str) -> str:
 def all_kernel_names() -> list[str]:
     return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES + F16_TILES
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
-            + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms
-                      for t in WINO_TILES + WINO_TF32_TILES + WINO_F16_TILES
+            + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
                       for name in wino_kernel_names(k, m, t)}))
 
 
