@@ -170,8 +170,9 @@ def main() -> int:
     p.add_argument("--no-graph", action="store_true", help="eager modes only (no CUDA graph, e.g. the emulator)")
     p.add_argument("--precision", choices=sorted(MODES_OF), default="fp32",
                    help="fp32: every mode of MODES; tf32: TF32_MODES")
-    p.add_argument("--winograd", choices=("auto", "on", "off"), default="auto",
-                   help="Winograd for the eligible convs in the modes that do not say (auto: the cost model)")
+    p.add_argument("--winograd", choices=("auto", "on", "off"), default="on",
+                   help="Winograd for the eligible convs in the modes that do not say (on: all of them, the backend's "
+                        "default; auto: the cost model's choice)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     gpu = cb.Gpu()

@@ -41,8 +41,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "torch-graph": ("torch", {"graph": True}),
     "cudnn-eager": ("cudnn", {"graph": False}),
     "cuda-eager": ("cuda", {"graph": False}),
-    "cuda-direct": ("cuda", {"winograd": False}),  # no Winograd: the A/B against cuda's cost-model choice
-    "cuda-winograd": ("cuda", {"winograd": True}),  # Winograd for every stride-1 3x3 conv, whatever the model says
+    "cuda-direct": ("cuda", {"winograd": False}),  # no Winograd: the A/B against cuda's Winograd convs
+    "cuda-model": ("cuda", {"winograd": None}),  # Winograd only where the cost model expects a gain
 }
 BENCH_BACKENDS = (*BACKENDS, *VARIANTS)
 
