@@ -45,6 +45,25 @@ def slice_of(rng: np.random.Generator, shape: tuple[int, ...], before: int, afte
     return buf, buf[:, before:before + c]
 
 
+def rng_for(*key: object) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(key)) % 2**32)
+
+
+def assert_only_view_written(buf: np.ndarray, before: int, channels: int) -> None:
+    """The NaN-poisoned channels around the output view of slice_of(..., before, ...) are still NaN."""
+    outside = np.isnan(buf[:, :before]).all() and np.isnan(buf[:, before + channels:]).all()
+    assert outside, "wrote outside the output view"
+
+
+def each_case(cases: list[tuple], flag: str, flag_values: list[bool]):
+    """needs_kernels, and a test per case (ids: its index), thread count (1, 3) and value of the flag argument."""
+    def mark(test):
+        test = pytest.mark.parametrize(flag, flag_values)(test)
+        test = pytest.mark.parametrize("case", cases, ids=[str(i) for i in range(len(cases))])(test)
+        return needs_kernels(pytest.mark.parametrize("threads", [1, 3])(test))
+    return mark
+
+
 CONV_CASES = [  # n, c, h, w, o, kh, kw, stride, pad
     (1, 3, 19, 23, 5, 3, 3, 2, (0, 0)),  # the stem's first layer, in small: 3 channels, stride 2
     (2, 37, 9, 10, 29, 3, 3, 1, (1, 1)),
@@ -62,13 +81,10 @@ CONV_CASES = [  # n, c, h, w, o, kh, kw, stride, pad
 ]
 
 
-@needs_kernels
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
-@pytest.mark.parametrize("relu", [True, False])
+@each_case(CONV_CASES, "relu", [True, False])
 def test_conv_matches_float64(case, threads, relu):
     n, c, h, w, o, kh, kw, stride, pad = case
-    rng = np.random.default_rng(abs(hash((case, threads, relu))) % 2**32)
+    rng = rng_for(case, threads, relu)
     _, x = slice_of(rng, (n, c, h, w), 2, 1, None)
     wt = (rng.standard_normal((o, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
@@ -79,7 +95,7 @@ def test_conv_matches_float64(case, threads, relu):
     ybuf, y = slice_of(rng, (n, o, *ref.shape[2:]), 3, 2, np.nan)
     cpu_kernels.prepare_conv(x, y, wt, b, stride, pad, relu, threads)()
     assert not np.isnan(y).any(), "an output element was not written"
-    assert np.isnan(ybuf[:, :3]).all() and np.isnan(ybuf[:, 3 + o:]).all(), "wrote outside the output view"
+    assert_only_view_written(ybuf, 3, o)
     assert rel_l2(y, ref) < 2e-6
 
 
@@ -95,14 +111,11 @@ POOL_CASES = [  # n, c, h, w, kind, kernel, stride, pad, count_include_pad
 ]
 
 
-@needs_kernels
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
-@pytest.mark.parametrize("bias_relu", [False, True])
+@each_case(POOL_CASES, "bias_relu", [False, True])
 def test_pool_matches_float64(case, threads, bias_relu):
     """And + bias + ReLU, as when an average pool runs behind the 1x1 conv it feeds."""
     n, c, h, w, kind, k, stride, pad, count_include_pad = case
-    rng = np.random.default_rng(abs(hash((case, threads, bias_relu))) % 2**32)
+    rng = rng_for(case, threads, bias_relu)
     _, x = slice_of(rng, (n, c, h, w), 1, 2, None)
     x64 = x.astype(np.float64)
     if kind == "max":
@@ -116,7 +129,7 @@ def test_pool_matches_float64(case, threads, bias_relu):
         ref = np.maximum(ref + bias[:, None, None], 0)
     ybuf, y = slice_of(rng, (n, c, *ref.shape[2:]), 2, 1, np.nan)
     cpu_kernels.prepare_pool(x, y, kind, k, stride, pad, count_include_pad, threads, bias, bias_relu)()
-    assert np.isnan(ybuf[:, :2]).all() and np.isnan(ybuf[:, 2 + c:]).all(), "wrote outside the output view"
+    assert_only_view_written(ybuf, 2, c)
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
 
 
