@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "mma_emu.h"
+
 // CUDA's built-in vector type, for F16Mma's 8-byte fragment loads (emu.h has float4).
 struct alignas(8) float2 {
     float x, y;
@@ -55,31 +57,18 @@ inline float round(float v) { return half_value(half_bits(v)); }
 
 inline unsigned pack(float lo, float hi) { return half_bits(lo) | static_cast<unsigned>(half_bits(hi)) << 16; }
 
-inline unsigned lane_a[1024][4], lane_b[1024][2];
-
 // The half at index `which` (0: bits 0..15, 1: bits 16..31) of a packed register.
 inline float unpack(unsigned reg, unsigned which) { return half_value(static_cast<uint16_t>(reg >> (16 * which))); }
 
 inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    const unsigned me = threadIdx.x, warp0 = me & ~31u, lane = me & 31u;
-    std::memcpy(lane_a[me], a, sizeof a);
-    std::memcpy(lane_b[me], b, sizeof b);
-    emu::yield();
     // A[row][k] sits in lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 * (k >= 8), half k % 2;
     // B[k][col] in lane col * 4 + (k % 8) / 2, register (k >= 8), half k % 2;
     // C[row][col] in lane (row % 8) * 4 + col / 2, register 2 * (row >= 8) + col % 2.
-    float out[4];
-    for (int r = 0; r < 4; ++r) {
-        const unsigned row = lane / 4 + 8 * (r / 2), col = 2 * (lane % 4) + r % 2;
-        double sum = d[r];
-        for (unsigned k = 0; k < 16; ++k) {
-            const float av = unpack(lane_a[warp0 + (row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
-            const float bv = unpack(lane_b[warp0 + col * 4 + (k % 8) / 2][k >= 8], k % 2);
-            sum += (double)av * bv;
-        }
-        out[r] = (float)sum;
-    }
-    emu::yield();
-    std::memcpy(d, out, sizeof out);
+    mma_emu::warp_mma<16>(d, a, b, [](const unsigned (*la)[4], const unsigned (*lb)[2], unsigned row, unsigned col,
+                                      unsigned k) {
+        const float av = unpack(la[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
+        const float bv = unpack(lb[col * 4 + (k % 8) / 2][k >= 8], k % 2);
+        return (double)av * bv;
+    });
 }
 }  // namespace f16

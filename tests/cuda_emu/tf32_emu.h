@@ -1,13 +1,15 @@
 // tf32_emu.h: the PTX helpers of cuda_src/conv_mma.cuh for the CPU emulator (include after emu.h): tf32:: and
 // cp_async:: here, f16:: in f16_emu.h (included at the end, so that one -include serves every tensor-core kernel).
 //
-// mma is warp-wide: every lane publishes its fragments, yields (so the whole block has published), computes its
-// own four results from the warp's fragments by the PTX ISA layout of mma.m16n8k8 .tf32 ("Matrix Fragments for
-// mma.m16n8k8"), and yields again before anyone publishes the next ones. The layout is written here from the ISA
-// independently of the kernel, so a kernel that loads fragments in the wrong places gets wrong sums. cp.async
-// copies at once (the wait is then trivially satisfied); the barrier that follows it in the kernel still orders.
+// mma is warp-wide (mma_emu.h: publish, yield, compute, yield); each lane computes its four results from the warp's
+// fragments by the PTX ISA layout of mma.m16n8k8 .tf32 ("Matrix Fragments for mma.m16n8k8"). The layout is written
+// here from the ISA independently of the kernel, so a kernel that loads fragments in the wrong places gets wrong
+// sums. cp.async copies at once (the wait is then trivially satisfied); the barrier that follows it in the kernel
+// still orders.
 #pragma once
 #include <cstring>
+
+#include "mma_emu.h"
 
 namespace tf32 {
 // cvt.rna.tf32.f32: keep 10 mantissa bits, round to nearest, ties away from zero (add half of the dropped range to
@@ -25,28 +27,15 @@ inline float as_float(unsigned u) {
     return f;
 }
 
-inline unsigned lane_a[1024][4], lane_b[1024][2];
-
 inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    const unsigned me = threadIdx.x, warp0 = me & ~31u, lane = me & 31u;
-    std::memcpy(lane_a[me], a, sizeof a);
-    std::memcpy(lane_b[me], b, sizeof b);
-    emu::yield();
     // A[row][k] sits in lane (row % 8) * 4 + k % 4, register (row >= 8) + 2 * (k >= 4);
     // B[k][col] in lane col * 4 + k % 4, register (k >= 4); C[row][col] in lane (row % 8) * 4 + col / 2.
-    float out[4];
-    for (int r = 0; r < 4; ++r) {
-        const unsigned row = lane / 4 + 8 * (r / 2), col = 2 * (lane % 4) + r % 2;
-        double sum = d[r];
-        for (unsigned k = 0; k < 8; ++k) {
-            const float av = as_float(lane_a[warp0 + (row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
-            const float bv = as_float(lane_b[warp0 + col * 4 + k % 4][k >= 4]);
-            sum += (double)av * bv;
-        }
-        out[r] = (float)sum;
-    }
-    emu::yield();
-    std::memcpy(d, out, sizeof out);
+    mma_emu::warp_mma<8>(d, a, b, [](const unsigned (*la)[4], const unsigned (*lb)[2], unsigned row, unsigned col,
+                                     unsigned k) {
+        const float av = as_float(la[(row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
+        const float bv = as_float(lb[col * 4 + k % 4][k >= 4]);
+        return (double)av * bv;
+    });
 }
 }  // namespace tf32
 
