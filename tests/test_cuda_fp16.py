@@ -24,26 +24,25 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
-import re
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+import mma_harness
 from fp16_reference import fp16_forward, fp16_round
 from inception_engine import cuda_build
 from inception_engine.backends import cuda_backend as cb
-from inception_engine.backends.numpy_backend import NumpyBackend, conv2d_bias_relu
-from inception_engine.plan import ALIGN, View, build_plan
+from inception_engine.backends.numpy_backend import conv2d_bias_relu
+from inception_engine.plan import build_plan
+from mma_harness import (EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, MmaTile, assert_block_equals_matmul,
+                         assert_cubin_holds,
+                         compile_cubin, compile_emu_lib, emu_wrapper_source, emulated_splits, network_cases, rel_l2,
+                         rng_for, run_every_tile)
 from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
 from test_cuda_emulated import run_emulated as run_backend_emulated
-from test_cuda_backend import make_input, reference
+from test_cuda_backend import assert_top1_agrees_on_256_inputs, make_input, reference
 from test_cuda_backend import weights  # noqa: F401 (a fixture: the synthetic model of the whole-network tests)
-from test_cuda_kernels import Arena, Params, check_view, run
-from test_cuda_tf32 import (C_ARG, EMU, EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, aligned_empty,
-                            network_cases, rel_l2, rng_for)
+from test_cuda_kernels import check_view
 
 SOURCE = cuda_build.source_dir() / "conv_f16.cu"
 PREFIX = "conv_f16"
@@ -55,21 +54,8 @@ NET_TOL = 1e-2  # the issue's bound for --precision fp16, logits against float64
 
 
 @dataclasses.dataclass(frozen=True)
-class F16Tile:
-    bm: int
-    bn: int
-    bk: int
-    warps_m: int
-    stages: int
-    min_blocks: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.bm}x{self.bn}"
-
-    @property
-    def smem_bytes(self) -> int:
-        return 4 * self.stages * self.bk * (self.bm + PAD + self.bn + PAD)
+class F16Tile(MmaTile):
+    PAD = PAD
 
     def backend_tile(self) -> cb.Tile:
         """The registered backend tile (cb.TILES_OF["fp16"]) where there is one, else this shape with tf32's cost
@@ -81,17 +67,11 @@ class F16Tile:
         return cb.Tile(self.bm, self.bn, self.bk, self.min_blocks, tf32.macs_per_us, PREFIX, False)
 
 
-def source_tiles() -> list[F16Tile]:
-    """CONV_F16_KERNEL(KH, KW, BM, BN, BK, WARPS_M, STAGES, MIN_BLOCKS) lines of conv_f16.cu."""
-    found = re.findall(r"CONV_F16_KERNEL\(KH, KW, (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", SOURCE.read_text())
-    return [F16Tile(*map(int, f)) for f in found]
-
-
-TILES = source_tiles()
+TILES = mma_harness.source_tiles(SOURCE, "CONV_F16_KERNEL", F16Tile)
 
 
 def kernel_name(kernel: tuple[int, int], tile: F16Tile) -> str:
-    return f"{PREFIX}_{kernel[0]}x{kernel[1]}_{tile.name}"
+    return mma_harness.kernel_name(PREFIX, kernel, tile)
 
 
 def all_names() -> list[str]:
@@ -160,46 +140,25 @@ def isa_mma_k16(a_regs: np.ndarray, b_regs: np.ndarray, c_regs: np.ndarray) -> n
 def test_fragment_mapping_simulated_warp_equals_matmul(tile):
     """Every warp of a block, one BK stage: F16Mma::frags' loads (float2 at As[kk + 2t + {0, 1, 8, 9}][16i + 2g]
     and Bs[...][16jj + 2g]), the ISA mma and the epilogue's F16Mma::row/col give As^T Bs, each (m, n) once."""
-    rng = rng_for("frag16", tile)
-    As = rng.standard_normal((tile.bk, tile.bm + PAD))
-    Bs = rng.standard_normal((tile.bk, tile.bn + PAD))
-    want = As[:, :tile.bm].T @ Bs[:, :tile.bn]
-    warps_n = THREADS // 32 // tile.warps_m
-    wm_size, wn_size = tile.bm // tile.warps_m, tile.bn // warps_n
-    mi, nj = wm_size // 16, wn_size // 8
-    got = np.full((tile.bm, tile.bn), np.nan)
-    lanes = np.arange(32)
-    g, t = lanes // 4, lanes % 4
-    for warp in range(THREADS // 32):
-        wm, wn = (warp % tile.warps_m) * wm_size, (warp // tile.warps_m) * wn_size
-        acc = np.zeros((mi, nj, 32, 4))
-        for kk in range(0, tile.bk, 16):
-            k = kk + 2 * t
+    def fragments(As, Bs, kk, wm, wn, mi, nj, g, t):
+        k = kk + 2 * t
 
-            def pair(s, col, dk, e):  # halves (lo, hi) = rows k + dk, k + dk + 1 of float2 component e at col
-                return np.stack([s[k + dk, col + e], s[k + dk + 1, col + e]], 1)
+        def pair(s, col, dk, e):  # halves (lo, hi) = rows k + dk, k + dk + 1 of float2 component e at col
+            return np.stack([s[k + dk, col + e], s[k + dk + 1, col + e]], 1)
 
-            a, b = np.empty((mi, 32, 4, 2)), np.empty((nj, 32, 2, 2))
-            for i in range(mi):
-                col = wm + 16 * i + 2 * g
-                a[i] = np.stack([pair(As, col, 0, 0), pair(As, col, 0, 1), pair(As, col, 8, 0), pair(As, col, 8, 1)],
-                                1)
-            for jj in range(nj // 2):
-                col = wn + 16 * jj + 2 * g
-                for e in range(2):
-                    b[2 * jj + e] = np.stack([pair(Bs, col, 0, e), pair(Bs, col, 8, e)], 1)
-            for i in range(mi):
-                for j in range(nj):
-                    acc[i, j] = isa_mma_k16(a[i], b[j], acc[i, j])
+        a, b = np.empty((mi, 32, 4, 2)), np.empty((nj, 32, 2, 2))
         for i in range(mi):
-            for j in range(nj):
-                for e in range(2):
-                    for half in range(2):
-                        n = wn + (j // 2) * 16 + 2 * (2 * t + e) + j % 2  # F16Mma::col
-                        m = wm + i * 16 + 2 * g + half  # F16Mma::row
-                        assert np.isnan(got[m, n]).all(), "two lanes write the same output"
-                        got[m, n] = acc[i, j, :, 2 * half + e]
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            col = wm + 16 * i + 2 * g
+            a[i] = np.stack([pair(As, col, 0, 0), pair(As, col, 0, 1), pair(As, col, 8, 0), pair(As, col, 8, 1)], 1)
+        for jj in range(nj // 2):
+            col = wn + 16 * jj + 2 * g
+            for e in range(2):
+                b[2 * jj + e] = np.stack([pair(Bs, col, 0, e), pair(Bs, col, 8, e)], 1)
+        return a, b
+
+    assert_block_equals_matmul(tile, rng_for("frag16", tile), 16, fragments, isa_mma_k16,
+                               row=lambda wm, i, g, half: wm + i * 16 + 2 * g + half,  # F16Mma::row
+                               col=lambda wn, j, t, e: wn + (j // 2) * 16 + 2 * (2 * t + e) + j % 2)  # F16Mma::col
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
@@ -224,36 +183,18 @@ def test_fragment_loads_are_bank_conflict_free(tile):
 # --- CPU: the emulator's float -> half rounding ---------------------------------------------------------------------
 
 
-def emu_wrapper_source() -> str:
-    fmt = cb.CONV_FORMAT
-    params = ", ".join(f"{'void*' if c == 'P' else 'int'} a{i}" for i, c in enumerate(fmt))
-    args = ", ".join(f"emu::Ptr{{a{i}}}" if c == "P" else f"a{i}" for i, c in enumerate(fmt))
-    lines = ['#include "conv_f16.cu"',
-             'extern "C" void emu_half_bits(const float* x, unsigned short* out, long n) '
-             '{ for (long i = 0; i < n; ++i) out[i] = f16::half_bits(x[i]); }',
-             'extern "C" void emu_half_round(const float* x, float* out, long n) '
-             '{ for (long i = 0; i < n; ++i) out[i] = f16::round(x[i]); }']
-    for name in all_names():
-        lines.append(f'extern "C" void emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {params}) '
-                     f'{{ emu::launch(dim3{{gx, gy, gz}}, dim3{{bx}}, [&] {{ {name}({args}); }}); }}')
-    return "\n".join(lines) + "\n"
+HALF_EXPORTS = ('extern "C" void emu_half_bits(const float* x, unsigned short* out, long n) '
+                '{ for (long i = 0; i < n; ++i) out[i] = f16::half_bits(x[i]); }',
+                'extern "C" void emu_half_round(const float* x, float* out, long n) '
+                '{ for (long i = 0; i < n; ++i) out[i] = f16::round(x[i]); }')
 
 
 @pytest.fixture(scope="module")
-def emu_lib(tmp_path_factory) -> ctypes.CDLL:
-    if GXX is None:
-        pytest.skip("g++ is not installed (the emulator compiles the kernels with it)")
-    out = tmp_path_factory.mktemp("emu_f16")
-    (out / "emu_f16.cpp").write_text(emu_wrapper_source())
-    lib = out / "libemu_f16.so"
-    cmd = [GXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
-           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_f16.cpp"),
-           "-o", str(lib)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
-    lib = ctypes.CDLL(str(lib))
-    for fn, out_type in ((lib.emu_half_bits, ctypes.c_void_p), (lib.emu_half_round, ctypes.c_void_p)):
-        fn.argtypes = [ctypes.c_void_p, out_type, ctypes.c_long]
+def emu_lib(tmp_path_factory):
+    wrapper = emu_wrapper_source("conv_f16.cu", [(n, cb.CONV_FORMAT) for n in all_names()], HALF_EXPORTS)
+    lib = compile_emu_lib(tmp_path_factory, "emu_f16", wrapper, "-O1", mma=True)
+    for fn in (lib.emu_half_bits, lib.emu_half_round):
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     return lib
 
 
@@ -312,22 +253,6 @@ def test_half_round_trip_and_python_reference_agree(emu_lib):
 # --- CPU: the kernels in the fiber emulator -------------------------------------------------------------------------
 
 
-def config(tile: F16Tile, splits: int, k_total: int) -> cb.ConvConfig:
-    """This tile with about this many K slices (k_split a multiple of BK, as the backend makes it)."""
-    k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
-    return cb.ConvConfig(tile.backend_tile(), math.ceil(k_total / k_split), k_split, 0.0)
-
-
-def f16_specs(case: Case, cfg: cb.ConvConfig, name: str, src: View, dst: View, arena: int, w: int, b: int,
-              ws: int) -> list[cb.LaunchSpec]:
-    """The backend's launches for this conv (given tile counters, which the tensor-core split-K must not use)."""
-    specs = cb.conv_specs("conv", src, dst, case.kernel, case.stride, case.pad, case.relu, cfg, arena, w, b, ws,
-                          counters=1 << 44)
-    assert specs[0].block == (THREADS, 1, 1) and specs[0].kernel == name
-    assert [s.kernel for s in specs[1:]] == (["conv_splitk_reduce"] if cfg.splits > 1 else [])
-    return specs
-
-
 def case_data(case: Case, tiny: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Case.data(), with the input and bias scaled into fp16's subnormal range (|x| ~ 1e-6) when tiny."""
     x, wt, b = case.data()
@@ -352,43 +277,10 @@ def check_against_references(got: np.ndarray, case: Case, x: np.ndarray, wt: np.
                                     f"(the ideal itself is {ideal_err:.1e} from float64)")
 
 
-def run_emulated(lib: ctypes.CDLL, case: Case, tile: F16Tile, splits: int, tiny: bool = False) -> None:
-    src_shape, dst_shape = case.shapes()
-    src_elems = -(-int(np.prod(src_shape)) // ALIGN) * ALIGN
-    arena = aligned_empty(src_elems + int(np.prod(dst_shape)))
-    arena[:] = np.nan
-    src = View("b0", 0, src_shape, case.src_extra[0], case.cin)
-    dst = View("b1", src_elems, dst_shape, case.dst_extra[0], case.cout)
-    x, wt, b = case_data(case, tiny)
-    src_buf = arena[:src_elems][:int(np.prod(src_shape))].reshape(src_shape)
-    dst_buf = arena[src_elems:].reshape(dst_shape)
-    src_buf[:, case.src_extra[0]:case.src_extra[0] + case.cin] = x
-    before = src_buf.copy()
-    w_dev = aligned_empty(wt.size)
-    w_dev[:] = wt.reshape(case.cout, -1).T.ravel()
-    b_dev = aligned_empty(case.cout)
-    b_dev[:] = b
-    cfg = config(tile, splits, case.k_total)
-    n_total = case.n * math.prod(case.out_hw)
-    ws = aligned_empty(cfg.splits * case.cout * n_total)
-    ws[:] = np.nan
-    spec = f16_specs(case, cfg, kernel_name(case.kernel, tile), src, dst, arena.ctypes.data, w_dev.ctypes.data,
-                     b_dev.ctypes.data, ws.ctypes.data)[0]
-    fn = getattr(lib, f"emu_{spec.kernel}")
-    fn.argtypes = [ctypes.c_uint] * 4 + [C_ARG[c] for c in cb.CONV_FORMAT]
-    fn(*spec.grid, spec.block[0], *spec.args)
-    view = dst_buf[:, case.dst_extra[0]:case.dst_extra[0] + case.cout]
-    if cfg.splits > 1:  # conv_splitk_reduce's arithmetic, in NumPy: every slice must have been written
-        assert np.isfinite(ws).all(), f"{np.isnan(ws).sum()} workspace elements not written"
-        y = ws.reshape(cfg.splits, case.cout, n_total).sum(0, dtype=np.float32) + b[:, None]
-        y = np.maximum(y, 0) if case.relu else y
-        view[:] = y.reshape(case.cout, case.n, *case.out_hw).transpose(1, 0, 2, 3)
-    assert np.isfinite(view).all(), f"{np.isnan(view).sum()} output elements not written"
-    check_against_references(view, case, x, wt, b, IDEAL_TOL)
-    outside = np.concatenate([dst_buf[:, :case.dst_extra[0]].ravel(),
-                              dst_buf[:, case.dst_extra[0] + case.cout:].ravel()])
-    assert np.isnan(outside).all(), f"{(~np.isnan(outside)).sum()} elements written outside the destination view"
-    np.testing.assert_array_equal(src_buf, before)
+def run_emulated(lib, case: Case, tile: F16Tile, splits: int, tiny: bool = False) -> None:
+    def check(got: np.ndarray, x: np.ndarray, wt: np.ndarray, b: np.ndarray) -> None:
+        check_against_references(got, case, x, wt, b, IDEAL_TOL)
+    mma_harness.run_emulated(lib, case, tile, splits, kernel_name(case.kernel, tile), case_data(case, tiny), check)
 
 
 def case_id(c: Case) -> str:
@@ -398,8 +290,7 @@ def case_id(c: Case) -> str:
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
 @pytest.mark.parametrize("case", EMU_CASES, ids=case_id)
 def test_emulated(emu_lib, case, tile):
-    splits = 3 if case.kernel in ((3, 3), (1, 1), (7, 1)) else 1
-    run_emulated(emu_lib, case, tile, splits)
+    run_emulated(emu_lib, case, tile, emulated_splits(case))
 
 
 # Stride 2 with padding, split-K on the other shapes, K not a multiple of 16 in every slice.
@@ -454,51 +345,25 @@ def test_backend_fp16_forward_on_the_emulator(backend_emu_lib):
 def test_cubin_holds_every_entry_point(tmp_path):
     if NVCC is None:
         pytest.skip("nvcc (CUDA toolkit) is not on PATH")
-    path = tmp_path / "conv_f16.cubin"
-    cmd = [NVCC, "-arch=sm_90", *cuda_build.FLAGS, "-cubin", "-o", str(path), str(SOURCE)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    names = {s.decode("latin-1") for s in path.read_bytes().split(b"\0")}
-    missing = [n for n in all_names() if n not in names]
-    assert not missing, f"entry points missing from the cubin: {missing}"
+    assert_cubin_holds(compile_cubin(tmp_path / "conv_f16.cubin", SOURCE, "sm_90"), all_names())
 
 
 # --- GPU -----------------------------------------------------------------------------------------------------------
 
 
 def run_on_gpu(kernels: cb.Kernels, case: Case, tile: F16Tile, splits: int, tiny: bool = False) -> None:
-    arena = Arena(*case.shapes())
-    src, dst = arena.view(0, case.src_extra[0], case.cin), arena.view(1, case.dst_extra[0], case.cout)
-    x, wt, b = case_data(case, tiny)
-    params = Params(wt.reshape(case.cout, -1).T, b)
-    cfg = config(tile, splits, case.k_total)
-    ws_elems = max(1, cfg.splits * case.cout * case.n * math.prod(case.out_hw))
-    ws = cb.driver().mem_alloc(4 * ws_elems)
-    cb.driver().memset_d32(int(ws), cb.NAN_BITS, ws_elems)
-    try:
-        arena.put(src, x)
-        before = arena.buffer(0)
-        run(kernels, f16_specs(case, cfg, kernel_name(case.kernel, tile), src, dst, arena.ptr, *params.ptrs,
-                               int(ws)))
+    def check(arena, dst, x, wt, b):
         check_view(arena, dst, ideal(case, x, wt, b), tol=GPU_IDEAL_TOL)  # NaN-free, views respected
         got = arena.buffer(1)[:, case.dst_extra[0]:case.dst_extra[0] + case.cout]
         check_against_references(got, case, x, wt, b, GPU_IDEAL_TOL)
-        np.testing.assert_array_equal(arena.buffer(0), before)
-    finally:
-        arena.free()
-        params.free()
-        ws.free()
+    mma_harness.run_on_gpu(kernels, case, tile, splits, kernel_name(case.kernel, tile), case_data(case, tiny), check)
 
 
 @pytest.mark.gpu
 @needs_registration
 @pytest.mark.parametrize("named", network_cases(), ids=lambda nc: nc[0])
 def test_gpu_every_network_shape_batch1(gpu, named):
-    _, case = named
-    for tile in TILES:
-        run_on_gpu(gpu[1], case, tile, 1)
-    if case.k_total >= 4 * 64:
-        run_on_gpu(gpu[1], case, TILES[-1], 4)
+    run_every_tile(run_on_gpu, gpu[1], named[1], TILES)
 
 
 @pytest.mark.gpu
@@ -523,18 +388,10 @@ def test_gpu_fp16_network_top1_agrees_with_float64_on_256_inputs(weights):
     """The issue's criterion for --precision fp16, on 256 synthetic N(0, 1) inputs in batches of 32: rel L2 of
     the logits <= 1e-2 per batch and the top class float64's on >= 99%; every conv and the FC-as-GEMM run fp16."""
     plan = build_plan(32, weights.layers())
-    agree, errs = 0, []
     with cb.CudaBackend(weights, plan, precision="fp16") as backend:
         assert all(s.kernel.startswith(PREFIX + "_") for s in backend.specs
                    if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce")
-        for i in range(8):
-            x = np.random.default_rng(1000 + i).standard_normal((32, 3, 299, 299)).astype(np.float32)
-            got = backend.forward(x)
-            ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
-            agree += int((got.argmax(1) == ref.argmax(1)).sum())
-            errs.append(rel_l2(got, ref))
-    assert agree >= 0.99 * 256, f"top-1 agrees on {agree}/256 (rel L2 per batch up to {max(errs):.1e})"
-    assert max(errs) <= NET_TOL, f"rel L2 per batch up to {max(errs):.2e}"
+        assert_top1_agrees_on_256_inputs(backend, weights, plan, NET_TOL)
 
 
 @pytest.mark.gpu
