@@ -31,10 +31,6 @@ import ctypes
 import dataclasses
 import functools
 import math
-import shutil
-import subprocess
-import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,23 +38,13 @@ import pytest
 from inception_engine import cuda_build
 from inception_engine.backends import cuda_backend as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, winograd_matrices
-from inception_engine.errors import EngineError
 from inception_engine.plan import ALIGN, ConvOp, View, build_plan
+from mma_harness import GXX, aligned_empty, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
 from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
 from test_cuda_emulated import run_emulated as run_backend_emulated
 
 WINO_TOL = 1e-5
 NET_TOL = 1e-4
-EMU = Path(__file__).resolve().parent / "cuda_emu"
-GXX = shutil.which("g++")
-
-
-def rng_for(*key: object) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.linalg.norm(got.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 # --- CPU: planning ----------------------------------------------------------------------------------------------
@@ -234,37 +220,16 @@ EMU_CASES = [
 ]
 
 
-def emu_wrapper_source() -> str:
-    names = [k for k in cb.all_kernel_names() if cb.source_of(k) == "winograd.cu"]
-    lines = ['#include "winograd.cu"']
-    for name in names:
-        fmt = cb.arg_format(name)
-        params = ", ".join(f"{'void*' if c == 'P' else 'int'} a{i}" for i, c in enumerate(fmt))
-        args = ", ".join(f"emu::Ptr{{a{i}}}" if c == "P" else f"a{i}" for i, c in enumerate(fmt))
-        lines.append(f'extern "C" void emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {params}) '
-                     f'{{ emu::launch(dim3{{gx, gy, gz}}, dim3{{bx}}, [&] {{ {name}({args}); }}); }}')
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture(scope="module")
 def wino_lib(tmp_path_factory) -> ctypes.CDLL:
-    if GXX is None:
-        pytest.skip("g++ is not installed (the emulator compiles the kernels with it)")
-    out = tmp_path_factory.mktemp("emu_wino")
-    (out / "emu_wino.cpp").write_text(emu_wrapper_source())
-    lib = out / "libemu_wino.so"
-    cmd = [GXX, "-std=c++20", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
-           "-I", str(cuda_build.source_dir()), str(out / "emu_wino.cpp"), "-o", str(lib)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return ctypes.CDLL(str(lib))
+    names = [k for k in cb.all_kernel_names() if cb.source_of(k) == "winograd.cu"]
+    wrapper = emu_wrapper_source("winograd.cu", [(n, cb.arg_format(n)) for n in names])
+    return compile_emu_lib(tmp_path_factory, "emu_wino", wrapper, "-O2", mma=False)
 
 
 def aligned_nan(elems: int) -> np.ndarray:
     """NaN float32 array starting on a 256-byte boundary, as device allocations are."""
-    raw = np.empty(elems + 64, np.float32)
-    skip = (-raw.ctypes.data % 256) // 4
-    out = raw[skip:skip + elems]
+    out = aligned_empty(elems)
     out[:] = np.nan
     return out
 
