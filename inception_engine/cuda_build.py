@@ -7,14 +7,13 @@ compiling and an edited kernel never loads stale code. Files appear atomically (
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
-from importlib import resources
 from pathlib import Path
 
+from . import native_build
 from .errors import BackendUnavailable
 from .weights import user_cache_dir
 
@@ -24,14 +23,7 @@ FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
 
 
 def source_dir() -> Path:
-    """cuda_src/ as installed (package ``inception_engine.cuda_src``), else next to this package in a checkout."""
-    try:
-        path = Path(str(resources.files("inception_engine.cuda_src")))
-        if (path / SOURCES[0]).is_file():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / "cuda_src"
+    return native_build.source_dir("cuda_src", SOURCES[0])
 
 
 def cache_dir() -> Path:
@@ -54,13 +46,7 @@ def target(compute_capability: tuple[int, int]) -> str:
 
 
 def build_key(arch: str) -> str:
-    h = hashlib.sha256()
-    src = source_dir()
-    for path in sorted(src.iterdir()):
-        if path.suffix in (".cu", ".cuh", ".h"):
-            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(" ".join((arch, *FLAGS)).encode())
-    return h.hexdigest()[:20]
+    return native_build.build_key(source_dir(), (".cu", ".cuh", ".h"), " ".join((arch, *FLAGS)))
 
 
 def cubin_paths(arch: str) -> dict[str, Path]:

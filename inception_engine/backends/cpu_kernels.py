@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import platform
@@ -25,11 +24,11 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from .. import native_build
 from ..weights import user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -39,14 +38,7 @@ FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread")
 
 
 def source_dir() -> Path:
-    """cpu_src/ as installed (package ``inception_engine.cpu_src``), else next to this package in a checkout."""
-    try:
-        path = Path(str(resources.files("inception_engine.cpu_src")))
-        if (path / SOURCES[0]).is_file():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parents[2] / "cpu_src"
+    return native_build.source_dir("cpu_src", SOURCES[0])
 
 
 def cache_dir() -> Path:
@@ -59,12 +51,7 @@ def compiler() -> list[str]:
 
 
 def build_key(cc: list[str], cc_version: str) -> str:
-    h = hashlib.sha256()
-    for path in sorted(source_dir().iterdir()):
-        if path.suffix in (".c", ".h"):
-            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update("\0".join((*cc, cc_version, *FLAGS)).encode())
-    return h.hexdigest()[:20]
+    return native_build.build_key(source_dir(), (".c", ".h"), "\0".join((*cc, cc_version, *FLAGS)))
 
 
 def build() -> Path:
