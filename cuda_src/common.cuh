@@ -33,20 +33,6 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
     return IS_MAX ? warp_max(v) : warp_sum(v);
 }
 
-// Programmatic dependent launch (sm_90, PTX ISA "griddepcontrol"). The backend launches a kernel whose only
-// dependency is the kernel before it on its stream with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-// (cuda_backend, pdl), so the driver may launch it, and place its blocks, while that kernel still runs: the launch
-// latency between dependent kernels, a few us each on the ~126-kernel critical path of a batch-1 forward, overlaps
-// the previous kernel instead of following it. Every kernel calls this first, before it touches global memory:
-// wait returns once the grids it depends on have completed and their writes are visible; launch_dependents then
-// allows the next kernel of the stream to launch (it will wait in turn). Without the attribute both are no-ops.
-__device__ __forceinline__ void grid_dependency_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // The input window of output pixel n (flattened over batch * Ho * Wo) in an implicit-im2col loader: the batch
 // item's base pointer and the window's top-left corner, negative where the window starts in the padding.
 struct WindowOrigin {

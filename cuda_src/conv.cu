@@ -209,12 +209,10 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
 #define CONV_KERNEL(KH, KW, BM, BN, BK, TM, TN, MIN_BLOCKS)                                                     \
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                            \
         conv_##KH##x##KW##_##BM##x##BN(CONV_PARAMS) {                                                          \
-        grid_dependency_sync();                                                                                \
         conv_gemm<KH, KW, BM, BN, BK, TM, TN, false>(CONV_ARGS, nullptr, nullptr);                             \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                            \
         conv_##KH##x##KW##_##BM##x##BN##_fixup(CONV_PARAMS, float* __restrict__ ws, unsigned* __restrict__ counters) { \
-        grid_dependency_sync();                                                                                \
         conv_gemm<KH, KW, BM, BN, BK, TM, TN, true>(CONV_ARGS, ws, counters);                                  \
     }
 
@@ -230,7 +228,6 @@ IE_FOR_EACH_CONV_SHAPE(CONV_TILES)
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     conv_splitk_reduce(const float* __restrict__ ws, const float* __restrict__ bias, float* __restrict__ y,
                        int splits, int cout, int n_total, int howo, int y_bstride, int relu) {
-    grid_dependency_sync();
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= cout * n_total) return;
     const int m = idx / n_total, n = idx - m * n_total;

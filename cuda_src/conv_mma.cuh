@@ -309,6 +309,5 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
 #define CONV_MMA_KERNEL(PREFIX, OP, KH, KW, BM, BN, BK, WARPS_M, STAGES, MIN_BLOCKS) \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                   \
         PREFIX##_##KH##x##KW##_##BM##x##BN(CONV_MMA_PARAMS) {                       \
-        grid_dependency_sync();                                                     \
         conv_mma_gemm<OP, KH, KW, BM, BN, BK, WARPS_M, STAGES>(CONV_MMA_ARGS);      \
     }

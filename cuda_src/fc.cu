@@ -15,7 +15,6 @@
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     fc_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
             float* __restrict__ y, int in_features, int out_features, int x_bstride, int y_bstride) {
-    grid_dependency_sync();
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= out_features) return;  // whole warps leave together
     const float4* wr = reinterpret_cast<const float4*>(w + (size_t)row * in_features);

@@ -18,7 +18,6 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     pool2d(const float* __restrict__ x, float* __restrict__ y, int batch, int channels, int h, int w,
            int x_bstride, int ho, int wo, int y_bstride, int kernel, int stride, int pad, int is_max,
            int count_include_pad) {
-    grid_dependency_sync();
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= batch * channels * ho * wo) return;
     const int ow = idx % wo, oh = (idx / wo) % ho, c = (idx / (wo * ho)) % channels, b = idx / (wo * ho * channels);
@@ -44,7 +43,6 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     global_avg_pool(const float* __restrict__ x, float* __restrict__ y, int batch, int channels, int hw,
                     int x_bstride, int y_bstride) {
-    grid_dependency_sync();
     const int plane = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (plane >= batch * channels) return;  // whole warps leave together: the shuffle below needs all 32 lanes
     const int b = plane / channels, c = plane - b * channels;

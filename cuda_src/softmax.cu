@@ -9,7 +9,6 @@
 
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     softmax_rows(const float* __restrict__ z, float* __restrict__ p, int cols, int z_bstride, int p_bstride) {
-    grid_dependency_sync();
     __shared__ float scratch[32];
     const float* zr = z + (size_t)blockIdx.x * z_bstride;
     float* pr = p + (size_t)blockIdx.x * p_bstride;

@@ -262,14 +262,12 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
         wino_input_##NAME(const float* __restrict__ x, const float* __restrict__ bt, float* __restrict__ v,      \
                           int batch, int cin, int h, int w, int x_bstride, int tiles_h, int tiles_w, int t_pad,  \
                           int pad_h, int pad_w) {                                                                \
-        grid_dependency_sync();                                                                                  \
         wino_input<MH, MW, KH, KW>(x, bt, v, batch, cin, h, w, x_bstride, tiles_h, tiles_w, t_pad, pad_h, pad_w); \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                     \
         wino_output_##NAME(const float* __restrict__ mi, const float* __restrict__ at,                           \
                            const float* __restrict__ bias, float* __restrict__ y, int batch, int cout, int ho,   \
                            int wo, int y_bstride, int tiles_h, int tiles_w, int t_pad, int relu) {               \
-        grid_dependency_sync();                                                                                  \
         wino_output<MH, MW, KH, KW>(mi, at, bias, y, batch, cout, ho, wo, y_bstride, tiles_h, tiles_w, t_pad,    \
                                     relu);                                                                       \
     }
@@ -286,7 +284,6 @@ WINO_TRANSFORMS(7x1_F3, 3, 1, 7, 1)
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                        \
         wino_gemm_##BM##x##BN(const float* __restrict__ u, const float* __restrict__ v, float* __restrict__ mo, \
                               int cin, int cout, int o_pad, int t_pad) {                                   \
-        grid_dependency_sync();                                                                            \
         wino_gemm<BM, BN, BK, TM, TN>(u, v, mo, cin, cout, o_pad, t_pad);                                  \
     }
 

@@ -78,7 +78,6 @@ class Row:
     ref_images: int | None = None
     x_floor: float | None = None  # median / the larger of the batch's compute and memory floors
     graph_fallback: str | None = None  # the backend was asked for a CUDA graph and runs eagerly: why
-    pdl_note: str | None = None  # the cuda backend runs without programmatic dependent launch by default here: why
     speedup_vs_cudnn: float | None = None  # cudnn median / this median, same batch
     ratio_vs_onnxruntime: float | None = None  # this median / onnxruntime median, same batch (CPU row only)
 
@@ -264,7 +263,6 @@ def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights
         out = backend.forward(x)
         row = stats_row(name, plan.batch, backend.time_forward(x, iters, warmup))
         row.graph_fallback = getattr(backend, "graph_fallback", None)
-        row.pdl_note = getattr(backend, "pdl_note", None) or None
         check_against(row, out, ref)
         if hasattr(backend, "peak_memory_bytes"):
             row.peak_memory_bytes = int(backend.peak_memory_bytes())
@@ -351,8 +349,6 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
                 report.rows.append(row)
                 if row.graph_fallback:
                     notes.append(f"{name}, batch {batch}: {row.graph_fallback}")
-                if row.pdl_note:
-                    notes.append(f"{name}, batch {batch}: {row.pdl_note}")
                 for layer, ms in layer_ms.items():
                     if layer in layer_times:
                         layer_times[layer].ms[name] = ms

@@ -53,12 +53,13 @@ def libcuda() -> ctypes.CDLL:
     return lib
 
 
-def check(result: int, call: str, remedy: str = "run with graph=False to launch kernels one by one") -> None:
+def check(result: int, call: str) -> None:
     if result == 0:
         return
     name = ctypes.c_char_p()
     libcuda().cuGetErrorName(result, ctypes.byref(name))
-    raise BackendUnavailable(f"{call} failed with {(name.value or b'CUresult').decode()} ({result}); {remedy}")
+    raise BackendUnavailable(f"{call} failed with {(name.value or b'CUresult').decode()} ({result}); "
+                             f"run with graph=False to launch kernels one by one")
 
 
 class CudaGraph:

@@ -38,8 +38,6 @@ MODES = {
     "graph, serial, fixup": {"graph": True, "concurrent": False, "fixup": True},
     "graph, concurrent, reduce": {"graph": True, "concurrent": True, "fixup": False},
     "graph, serial, reduce": {"graph": True, "concurrent": False, "fixup": False},
-    "graph, concurrent, reduce, no PDL": {"graph": True, "concurrent": True, "fixup": False, "pdl": False},
-    "graph, serial, reduce, no PDL": {"graph": True, "concurrent": False, "fixup": False, "pdl": False},
     "eager, serial, fixup": {"graph": False, "concurrent": False, "fixup": True},
     "eager, concurrent, reduce": {"graph": False, "concurrent": True, "fixup": False},
     "eager, serial, reduce, direct": {"graph": False, "concurrent": False, "fixup": False, "winograd": False},
@@ -48,7 +46,6 @@ MODES = {
 TF32_MODES = {
     "tf32 graph, concurrent": {"graph": True, "concurrent": True, "precision": "tf32"},
     "tf32 graph, serial": {"graph": True, "concurrent": False, "precision": "tf32"},
-    "tf32 graph, concurrent, no PDL": {"graph": True, "concurrent": True, "precision": "tf32", "pdl": False},
     "tf32 eager, serial": {"graph": False, "concurrent": False, "precision": "tf32"},
     "tf32 eager, concurrent": {"graph": False, "concurrent": True, "precision": "tf32"},
 }

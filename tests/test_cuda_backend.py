@@ -91,28 +91,6 @@ def test_graph_and_eager_match_the_reference_and_each_other(weights, batch):
         np.testing.assert_array_equal(got, outs[False, False], err_msg=f"graph, concurrent = {key} vs serial eager")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("batch", [1, 8])
-def test_programmatic_launches_match_plain_ones(weights, batch, precision):
-    """pdl (the default on sm_90): a kernel may be launched while its predecessor runs and waits for it in
-    grid_dependency_sync. If any kernel touched memory before that wait, a read of its input would race with the
-    previous kernel's writes: the concurrent and serial graphs and eager launches with PDL must equal the plain
-    launches bit for bit, over several forwards (a race shows as a difference, or NaN from the poisoned arena)."""
-    x = make_input(batch, seed=10 + batch)
-    plan = build_plan(batch, weights.layers())
-    with cb.CudaBackend(weights, plan, graph=False, concurrent=False, precision=precision, pdl=False) as backend:
-        plain = backend.forward(x)
-    assert np.isfinite(plain).all()
-    if cb.Gpu().device.compute_capability() < (9, 0):
-        pytest.skip("programmatic dependent launch needs sm_90")
-    for graph, concurrent in ((True, True), (True, False), (False, True)):
-        with cb.CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision) as backend:
-            assert backend.pdl, backend.pdl_note
-            outs = [backend.forward(x) for _ in range(3)]
-        for got in outs:
-            np.testing.assert_array_equal(got, plain, err_msg=f"graph={graph} concurrent={concurrent} with PDL")
-
-
 @pytest.mark.parametrize("batch", [1, 8])
 def test_tf32_graph_and_eager_match_the_reference(weights, batch):
     """precision="tf32": the concurrent graph and serial eager launches agree bit for bit (same kernels, same

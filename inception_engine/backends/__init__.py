@@ -43,7 +43,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "cuda-eager": ("cuda", {"graph": False}),
     "cuda-direct": ("cuda", {"winograd": False}),  # no Winograd: the A/B against cuda's Winograd convs
     "cuda-model": ("cuda", {"winograd": None}),  # Winograd only where the cost model expects a gain
-    "cuda-nopdl": ("cuda", {"pdl": False}),  # every launch waits for its predecessor: the A/B of pdl.py
 }
 BENCH_BACKENDS = (*BACKENDS, *VARIANTS)
 

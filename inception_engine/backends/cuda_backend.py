@@ -11,7 +11,7 @@ The planning half (configs, parameter packing, launch specs) is plain Python and
 only when a backend is built, so a missing pycuda is reported by ``check_available`` as one line.
 
     python -m inception_engine.backends.cuda_backend --selftest [--batch 1] [--graph on|off] [--input-size 299]
-        [--precision fp32|tf32|fp16] [--pdl on|off|auto]
+        [--precision fp32|tf32|fp16]
 
 runs one forward on random He-initialised weights against the float64 NumPy reference (for compute-sanitizer).
 
@@ -36,7 +36,6 @@ import numpy as np
 
 from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
-from ..pdl import DriverKernels, DriverLaunch, driver_api
 from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan
 from ..weights import Weights
 from . import event_timed_ms
@@ -670,28 +669,10 @@ class Kernels:
 @dataclass(frozen=True)
 class Launch:
     spec: LaunchSpec
-    func: Any  # prepared pycuda Function, or a pdl.DriverLaunch (when the backend uses programmatic launches)
+    func: Any  # prepared pycuda Function
 
-    def __call__(self, stream: Any, programmatic: bool = False) -> None:
-        """programmatic: this launch's only dependency is the previous kernel on ``stream``, so with a DriverLaunch
-        it may overlap that kernel (pdl.py)."""
-        if isinstance(self.func, DriverLaunch):
-            self.func(stream.handle, programmatic)
-        else:
-            self.func.prepared_async_call(self.spec.grid, self.spec.block, stream, *self.spec.args)
-
-
-def pdl_unavailable(drv: Any, compute_capability: tuple[int, int]) -> str | None:
-    """Why programmatic dependent launch cannot be used here, or None if it can."""
-    if compute_capability < (9, 0):
-        return f"it needs sm_90 or newer (this GPU is sm_{compute_capability[0]}{compute_capability[1]})"
-    if getattr(drv, "EMULATED", False):
-        return "the CPU emulator's pycuda stand-in runs the kernels itself"
-    try:
-        driver_api()
-    except BackendUnavailable as e:
-        return str(e)
-    return None
+    def __call__(self, stream: Any) -> None:
+        self.func.prepared_async_call(self.spec.grid, self.spec.block, stream, *self.spec.args)
 
 
 class CudaBackend:
@@ -707,7 +688,7 @@ class CudaBackend:
 
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
-                 winograd: bool | None = True, pdl: bool | None = None):
+                 winograd: bool | None = True):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -720,17 +701,12 @@ class CudaBackend:
         precision (the Winograd GEMMs are FFMA). The default is every eligible conv because that measured as fast
         as the model's choice or faster at every batch size (H100, one run: 0.97 vs 1.00 ms at batch 1, 3.26 vs
         3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
-        1 and 8 they do not. pdl: launch each kernel whose only dependency is the previous kernel on its stream with
-        programmatic dependent launch (pdl.py), so its launch overlaps that kernel; default: where the GPU (sm_90+)
-        and driver support it. If a graph with such launches cannot be captured, the backend captures one without
-        them and says why in ``pdl_note``."""
+        1 and 8 they do not."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
         self.fixup = fixup
         self.winograd = winograd
-        self.pdl = pdl
-        self.pdl_note = ""
         self.concurrent = graph if concurrent is None else concurrent
         if self.concurrent and not plan.concurrent:
             if not plan.layers:
@@ -747,7 +723,6 @@ class CudaBackend:
         self._device_bytes = 0
         self._graph: Any = None
         self._sleep: Any = None
-        self._driver_kernels: DriverKernels | None = None
         self._launches: list[Launch] = []
         self._streams: list[Any] = []
         self._stages: list[tuple[Any, list[tuple[Any, Any, list[Any], list[Launch]]], list[tuple[Any, Any]]]] = []
@@ -783,11 +758,6 @@ class CudaBackend:
         plan = self.plan
         self.configs = choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision, self.winograd)
         kernels = Kernels(self._gpu.arch)
-        why_not = pdl_unavailable(drv, self._gpu.device.compute_capability())
-        if self.pdl and why_not:
-            raise BackendUnavailable(f"programmatic dependent launch is unavailable: {why_not}; use pdl=False")
-        if self.pdl is None:
-            self.pdl, self.pdl_note = why_not is None, f"programmatic dependent launch off: {why_not}" if why_not else ""
         params, offsets = pack_params(weights, plan, self.configs)
         self._arena = self._alloc(plan.arena_elems)
         self._params = self._alloc(params.size)
@@ -808,27 +778,14 @@ class CudaBackend:
         self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
         self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
                                   self._counters)
-        if self.pdl:
-            self._driver_kernels = DriverKernels(cuda_build.build(self._gpu.arch))
-            self._launches = [Launch(s, DriverLaunch(self._driver_kernels.function(source_of(s.kernel), s.kernel),
-                                                     s.grid, s.block, arg_format(s.kernel), s.args))
-                              for s in self.specs]
-        else:
-            self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
+        self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
         self._sleep = kernels["gpu_sleep"]
         if self.concurrent:
             self._setup_streams(drv)
         if self.graph_mode:
             from ..cuda_graph import CudaGraph
 
-            try:
-                self._graph = CudaGraph(self._stream.handle, self._launch_all)
-            except BackendUnavailable as e:
-                if not self.pdl:
-                    raise
-                # Same kernels, every dependency a full one: what the graph held before PDL existed.
-                self.pdl, self.pdl_note = False, f"programmatic dependent launch off: graph capture failed ({e})"
-                self._graph = CudaGraph(self._stream.handle, self._launch_all)
+            self._graph = CudaGraph(self._stream.handle, self._launch_all)
 
     def _setup_streams(self, drv: Any) -> None:
         """Streams and events for ``schedule(plan)``: per op its launches, stream and the events it waits for;
@@ -849,39 +806,28 @@ class CudaBackend:
         self._tail = [launch for launch in self._launches if launch.spec.op not in {op.name for op in plan.ops}]
 
     def _launch_all(self) -> None:
-        """Every launch of a forward, in order. A launch is programmatic (if pdl is on) when the last thing its
-        stream did was launch a kernel: not the first one of the forward on a stream or after an event wait, whose
-        dependencies are on other streams (or the input copy)."""
-        pdl = bool(self.pdl)
         if not self.concurrent:
-            for i, launch in enumerate(self._launches):
-                launch(self._stream, pdl and i > 0)
+            for launch in self._launches:
+                launch(self._stream)
             return
         main = self._stream
-        after_kernel: set[int] = set()  # ids of the streams whose last work is a kernel launch
         for fork, steps, joins in self._stages:
             if joins:
                 fork.record(main)
                 for stream, _ in joins:
                     stream.wait_for_event(fork)
-                    after_kernel.discard(id(stream))
             for stream, done, waits, launches in steps:
                 for event in waits:
                     stream.wait_for_event(event)
-                    after_kernel.discard(id(stream))
                 for launch in launches:
-                    launch(stream, pdl and id(stream) in after_kernel)
-                    after_kernel.add(id(stream))
+                    launch(stream)
                 if done is not None:
                     done.record(stream)
             for stream, join in joins:
                 join.record(stream)
                 main.wait_for_event(join)
-            if joins:
-                after_kernel.discard(id(main))
         for launch in self._tail:
-            launch(main, pdl and id(main) in after_kernel)
-            after_kernel.add(id(main))
+            launch(main)
 
     def _run(self) -> None:
         if self._graph is not None:
@@ -969,9 +915,6 @@ class CudaBackend:
         self._host = []
         self._x_host = self._y_host = None
         self._launches = []
-        if self._driver_kernels is not None:
-            self._driver_kernels.close()
-            self._driver_kernels = None
         self._stages, self._tail, self._streams = [], [], []
         self._sleep = None
 
@@ -1028,7 +971,7 @@ SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3, "fp16": 3e-3}
 
 
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None,
-             precision: str = "fp32", winograd: bool | None = None, pdl: bool | None = None) -> bool:
+             precision: str = "fp32", winograd: bool | None = None) -> bool:
     """fp32: rel L2 <= 1e-4 and the same top 5; tf32: rel L2 <= 3e-3 and the same top 1 (a tie within the TF32
     error of the reference's logits excepted)."""
     from .numpy_backend import NumpyBackend
@@ -1037,9 +980,8 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     plan = build_plan(batch, weights.layers(), input_size=input_size)
     x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
     with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision,
-                     winograd=winograd, pdl=pdl) as backend:
+                     winograd=winograd) as backend:
         got = backend.forward(x)
-        pdl_desc = "PDL on" if backend.pdl else (backend.pdl_note or "PDL off")
         launches, streams = len(backend.specs), max(1, len(backend._streams))
         wino = sum(1 for c in backend.configs.values() if c is not None and c.wino)
     ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
@@ -1050,7 +992,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= tol and same
     print(f"cuda selftest ({precision}): batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, "
-          f"{launches} launches on {streams} stream(s), {wino} Winograd convs, {pdl_desc}: rel L2 {err:.2e} (limit {tol:.0e}), "
+          f"{launches} launches on {streams} stream(s), {wino} Winograd convs: rel L2 {err:.2e} (limit {tol:.0e}), "
           f"{what} {'same' if same else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok
 
@@ -1067,15 +1009,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--winograd", choices=("on", "off", "auto"), default="on",
                    help="stride-1 3x3/5x5/1x7/7x1 convs by Winograd (on, the backend's default: every eligible "
                         "conv; auto: where the cost model expects a gain)")
-    p.add_argument("--pdl", choices=("on", "off", "auto"), default="auto",
-                   help="programmatic dependent launch (auto: where the GPU and driver support it)")
     args = p.parse_args(argv)
     concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
-    pdl = None if args.pdl == "auto" else args.pdl == "on"
     winograd = None if args.winograd == "auto" else args.winograd == "on"
     try:
         return 0 if selftest(args.batch, args.graph == "on", args.input_size, concurrent=concurrent,
-                             precision=args.precision, winograd=winograd, pdl=pdl) else 1
+                             precision=args.precision, winograd=winograd) else 1
     except EngineError as e:
         print(f"cuda selftest: {e}", file=sys.stderr)
         return 2

@@ -16,8 +16,6 @@ import time
 import numpy as np
 
 _lib = ctypes.CDLL(os.environ["INCEPTION_EMU_LIB"])
-# Kernels run here, not on a GPU: cuda_backend must not launch them through libcuda (programmatic launches).
-EMULATED = True
 _live: dict[int, "DeviceAllocation"] = {}
 _C_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong}
 
