@@ -17,20 +17,26 @@
 // variant. Three kernels:
 //   wino_input_<K>_F<M>:  one thread per (c, t): gathers d (zero outside the image: padding and the ragged edge),
 //                     writes V[xi][c][t] for every xi (coalesced along t).
-//   wino_gemm_<BM>x<BN>: grid.z = NH*NW independent GEMMs M[xi][O][Tp] = U[xi]^T V[xi], U stored [xi][C][Op] (the
+//   wino_gemm_<BM>x<BN>: NH*NW independent GEMMs M[xi][O][Tp] = U[xi]^T V[xi], U stored [xi][C][Op] (the
 //                     weights, transformed on the host in float64, rounded once, padded with zero columns to Op),
-//                     V [xi][C][Tp]. Both operands are dense rows along O and T padded to whole tiles, so every
+//                     V [xi][C][Tp]. Split-K: blockIdx.z = s * NH*NW + xi sums only the channel slice
+//                     [s * k_split, (s + 1) * k_split) into its own copy M_s (M_s[xi] at (s * NH*NW + xi) * O * Tp):
+//                     at batch 1 and 8 a layer has too few tiles to fill the SMs, and each block's serial K loop
+//                     is what the layer waits for. Both operands are dense rows along O and T padded to whole tiles, so every
 //                     global load and store is one float4 with no bounds check along O or T (only along C). Tiling
 //                     as conv.cu: a block computes BM x BN, a thread TM x TN from float4 shared-memory reads, the
 //                     next BK slice loaded to registers during the math, one barrier per slice. It does not know
 //                     the kernel shape: every variant shares it.
-//   wino_output_<K>_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi, y_tile = AT M AT^T + bias, ReLU,
-//                     written where inside the output map, into a channel-slice view (y_bstride as conv.cu).
+//   wino_output_<K>_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi (the sum of the split-K copies
+//                     M_0 + M_1 + ..., in that order, so the result does not depend on scheduling: the split-K
+//                     reduction costs no launch of its own), y_tile = AT M AT^T + bias, ReLU, written where inside
+//                     the output map, into a channel-slice view (y_bstride as conv.cu).
 // Columns t >= T of V (the padding up to Tp) are never written; what the GEMM makes of them lands in columns of M
 // that the output transform never reads.
 //
 // Launch: wino_input_*:  block 256, grid ceil(C*T / 256).
-//         wino_gemm_<BM>x<BN>: block 256, grid (Tp / BN, Op / BM, NH*NW); Tp and Op multiples of BN and BM.
+//         wino_gemm_<BM>x<BN>: block 256, grid (Tp / BN, Op / BM, NH*NW * splits); Tp and Op multiples of BN and
+//                     BM, k_split a multiple of BK.
 //         wino_output_*: block 256, grid ceil(O*T / 256).
 #include "common.cuh"
 
@@ -114,7 +120,8 @@ __device__ __forceinline__ void wino_input(const float* __restrict__ x, const fl
 
 template <int BM, int BN, int BK, int TM, int TN>
 __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const float* __restrict__ v,
-                                          float* __restrict__ mo, int cin, int cout, int o_pad, int t_pad) {
+                                          float* __restrict__ mo, int cin, int cout, int o_pad, int t_pad, int nn,
+                                          int k_split) {
     constexpr int NT = (BM / TM) * (BN / TN);  // threads
     constexpr int TX = BN / TN;                // threads along T
     constexpr int A_VECS = BK * BM / 4, B_VECS = BK * BN / 4;  // float4s per shared-memory stage
@@ -127,8 +134,9 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
     __shared__ __align__(16) float As[2][BK][BM];
     __shared__ __align__(16) float Bs[2][BK][BN];
 
-    const int tid = threadIdx.x, xi = blockIdx.z;
+    const int tid = threadIdx.x, xi = blockIdx.z % nn, slice = blockIdx.z / nn;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+    const int k_begin = slice * k_split, k_end = min(cin, k_begin + k_split);
     const float* a_src = u + (size_t)xi * cin * o_pad + m0;
     const float* b_src = v + (size_t)xi * cin * t_pad + n0;
     const float4 zero = {0.f, 0.f, 0.f, 0.f};
@@ -138,13 +146,13 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
 #pragma unroll
         for (int i = 0; i < A_LOADS; ++i) {
             const int e = tid + i * NT, k = kt + e / (BM / 4), col = e % (BM / 4) * 4;
-            ra[i] = (e < A_VECS && k < cin) ? __ldg(reinterpret_cast<const float4*>(a_src + (size_t)k * o_pad + col))
+            ra[i] = (e < A_VECS && k < k_end) ? __ldg(reinterpret_cast<const float4*>(a_src + (size_t)k * o_pad + col))
                                             : zero;
         }
 #pragma unroll
         for (int i = 0; i < B_LOADS; ++i) {
             const int e = tid + i * NT, k = kt + e / (BN / 4), col = e % (BN / 4) * 4;
-            rb[i] = (e < B_VECS && k < cin) ? __ldg(reinterpret_cast<const float4*>(b_src + (size_t)k * t_pad + col))
+            rb[i] = (e < B_VECS && k < k_end) ? __ldg(reinterpret_cast<const float4*>(b_src + (size_t)k * t_pad + col))
                                             : zero;
         }
     };
@@ -168,12 +176,12 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
 
-    load(0);
+    load(k_begin);
     store(0);
     __syncthreads();
     int buf = 0;
-    for (int kt = 0; kt < cin; kt += BK) {
-        const bool more = kt + BK < cin;
+    for (int kt = k_begin; kt < k_end; kt += BK) {
+        const bool more = kt + BK < k_end;
         if (more) load(kt + BK);
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
@@ -198,7 +206,7 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
         buf ^= 1;
     }
 
-    float* out = mo + (size_t)xi * cout * t_pad;
+    float* out = mo + (size_t)blockIdx.z * cout * t_pad;
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + (i / 4) * (BM / M_RUNS) + ty * 4 + i % 4;
@@ -217,7 +225,7 @@ template <int MH, int MW, int KH, int KW>
 __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const float* __restrict__ at,
                                             const float* __restrict__ bias, float* __restrict__ y, int batch,
                                             int cout, int ho, int wo, int y_bstride, int tiles_h, int tiles_w,
-                                            int t_pad, int relu) {
+                                            int t_pad, int splits, int relu) {
     using T = WinoTile<MH, MW, KH, KW>;
     constexpr int M = T::M, N = T::N, NH = T::NH, NW = T::NW;
     const int per_image = tiles_h * tiles_w, t_total = batch * per_image;
@@ -227,12 +235,17 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
     const int b = t / per_image, p = t - b * per_image, ty = p / tiles_w, tx = p - ty * tiles_w;
 
     const float* src = mi + (size_t)o * t_pad + t;
-    const size_t xi_step = (size_t)cout * t_pad;
+    const size_t xi_step = (size_t)cout * t_pad, slice_step = NH * NW * xi_step;
     float mm[NH][NW];
 #pragma unroll
     for (int i = 0; i < NH; ++i)
 #pragma unroll
         for (int j = 0; j < NW; ++j) mm[i][j] = src[(i * NW + j) * xi_step];
+    for (int s = 1; s < splits; ++s)
+#pragma unroll
+        for (int i = 0; i < NH; ++i)
+#pragma unroll
+            for (int j = 0; j < NW; ++j) mm[i][j] += src[s * slice_step + (i * NW + j) * xi_step];
     float am[M][N];
 #pragma unroll
     for (int i = 0; i < M; ++i)
@@ -267,9 +280,9 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
     extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                     \
         wino_output_##NAME(const float* __restrict__ mi, const float* __restrict__ at,                           \
                            const float* __restrict__ bias, float* __restrict__ y, int batch, int cout, int ho,   \
-                           int wo, int y_bstride, int tiles_h, int tiles_w, int t_pad, int relu) {               \
+                           int wo, int y_bstride, int tiles_h, int tiles_w, int t_pad, int splits, int relu) {   \
         wino_output<MH, MW, KH, KW>(mi, at, bias, y, batch, cout, ho, wo, y_bstride, tiles_h, tiles_w, t_pad,    \
-                                    relu);                                                                       \
+                                    splits, relu);                                                               \
     }
 
 // cuda_backend.WINO_VARIANTS lists these (kernel shape -> output tiles).
@@ -283,8 +296,8 @@ WINO_TRANSFORMS(7x1_F3, 3, 1, 7, 1)
 #define WINO_GEMM(BM, BN, BK, TM, TN, MIN_BLOCKS)                                                           \
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MIN_BLOCKS)                        \
         wino_gemm_##BM##x##BN(const float* __restrict__ u, const float* __restrict__ v, float* __restrict__ mo, \
-                              int cin, int cout, int o_pad, int t_pad) {                                   \
-        wino_gemm<BM, BN, BK, TM, TN>(u, v, mo, cin, cout, o_pad, t_pad);                                  \
+                              int cin, int cout, int o_pad, int t_pad, int nn, int k_split) {              \
+        wino_gemm<BM, BN, BK, TM, TN>(u, v, mo, cin, cout, o_pad, t_pad, nn, k_split);                     \
     }
 
 WINO_GEMM(128, 128, 8, 8, 8, 2)

@@ -59,11 +59,12 @@ ELIGIBLE = {(3, 3): 12, (5, 5): 3, (1, 7): 13, (7, 1): 13}  # stride-1 convs of 
 
 def test_cost_model_choices():
     """What the model picks on an H100 SXM / H200 (132 SMs), counts per kernel shape. 3x3: at batch 1 only the
-    three big stem maps (147x147, 71x71); from batch 8 every 35x35 one too; from batch 32 all, F(4x4) everywhere.
+    three big stem maps (147x147, 71x71); from batch 8 all (the 8x8 ones too, since T is padded to the GEMM tile's
+    width and split-K fills the SMs), F(4x4) but on the 8x8 maps at batch 8.
     5x5 (F(2x2)) and 1x7 / 7x1 (F(3)): never at batch 1 (WINO_MIN_BATCH; the model also puts F(3, 7) at 1.3-1.5x
     the direct time there); at batch 8 every 5x5 and all 1x7 / 7x1 but the four 128 -> 128 ones of Mixed_6b
     (0.87 of direct, above WINO_MARGIN); from batch 32 all. Never a strided conv or another kernel shape."""
-    expect = {1: {(3, 3): 3}, 8: {(3, 3): 10, (5, 5): 3, (1, 7): 11, (7, 1): 11}, 32: ELIGIBLE, 128: ELIGIBLE}
+    expect = {1: {(3, 3): 3}, 8: {(3, 3): 12, (5, 5): 3, (1, 7): 11, (7, 1): 11}, 32: ELIGIBLE, 128: ELIGIBLE}
     for batch, counts in expect.items():
         plan = build_plan(batch)
         configs = cb.choose_configs(plan, 132)
@@ -71,7 +72,9 @@ def test_cost_model_choices():
         assert all(cb.winograd_eligible(op) for op in chosen)
         got = {k: sum(op.kernel == k for op in chosen) for k in cb.WINO_VARIANTS}
         assert got == {k: counts.get(k, 0) for k in cb.WINO_VARIANTS}, (batch, got)
-        assert all(configs[op.name].wino == {(3, 3): 4, (5, 5): 2}.get(op.kernel, 3) for op in chosen)
+        # F(4x4) for 3x3 but on the 8x8 maps at batch 8 (F(2x2): 16 tiles a map instead of 4, less padding of T)
+        assert all(configs[op.name].wino == {(3, 3): 2 if batch == 8 and op.src.h == 8 else 4, (5, 5): 2}.get(
+            op.kernel, 3) for op in chosen)
     eligible = [op for op in build_plan(8).conv_ops if cb.winograd_eligible(op)]
     assert {k: sum(op.kernel == k for op in eligible) for k in cb.WINO_VARIANTS} == ELIGIBLE
     assert all(op.stride == 1 for op in eligible)
@@ -159,7 +162,7 @@ def test_workspace_and_launch_args(batch):
         cfg = configs[op.name]
         assert [s.kernel for s in mine] == list(cb.wino_kernel_names(op.kernel, cfg.wino, cfg.tile))
         assert mine[0].kernel == f"wino_input_{op.kernel[0]}x{op.kernel[1]}_F{cfg.wino}"
-        assert mine[1].grid[2] == cb.winograd_shape(op, cfg.wino).nn
+        assert mine[1].grid[2] == cb.winograd_shape(op, cfg.wino).nn * cfg.splits
         for s in mine:
             fmt = cb.arg_format(s.kernel)
             assert len(s.args) == len(fmt) and all(c != "i" or -2**31 <= a < 2**31 for c, a in zip(fmt, s.args))
@@ -184,6 +187,7 @@ class Case:
     dst_extra: tuple[int, int] = (0, 0)
     relu: bool = True
     kernel: tuple[int, int] = (3, 3)
+    splits: int = 1  # split-K of the GEMM over Cin (the output transform sums the slices)
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -194,7 +198,10 @@ class Case:
 
     def config(self) -> cb.ConvConfig:
         tile = next(t for t in cb.WINO_TILES if t.name == self.tile)
-        return cb.ConvConfig(tile, 1, self.cin, 0.0, self.m)
+        k_split = -(-self.cin // self.splits)
+        k_split = -(-k_split // tile.bk) * tile.bk
+        assert -(-self.cin // k_split) == self.splits, "choose cin so that every slice has channels"
+        return cb.ConvConfig(tile, self.splits, k_split, 0.0, self.m)
 
     def data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = rng_for(self)
@@ -217,6 +224,10 @@ EMU_CASES = [
     # 5x5 by F(2x2, 5x5): odd sizes, padding 2 and 0
     Case(2, 6, 9, 9, 11, (2, 2), 2, "64x64", (1, 2), (3, 1), kernel=(5, 5)),
     Case(1, 19, 40, 8, 7, (0, 0), 2, "32x128", (0, 1), (2, 0), relu=False, kernel=(5, 5)),
+    # split-K over Cin: 3 slices of 16 (the last 8 channels), 2 slices of 16 with a ragged 5x5 edge, 4 slices of 8
+    Case(1, 40, 70, 8, 8, (1, 1), 2, "64x64", (2, 0), (0, 3), splits=3),
+    Case(2, 21, 9, 7, 9, (2, 2), 2, "64x64", (0, 0), (1, 1), kernel=(5, 5), splits=2),
+    Case(1, 29, 11, 9, 17, (0, 3), 3, "32x128", (1, 0), (0, 2), relu=False, kernel=(1, 7), splits=4),
 ]
 
 
@@ -265,14 +276,14 @@ def run_case(lib: ctypes.CDLL, case: Case) -> dict[str, float]:
     u = put(cb.winograd_weights(wt, case.m, cb.o_pad(case.cout, cfg.tile)))
     bt32, at32 = cb.winograd_transforms(case.m, max(case.kernel))
     bt, at, bias = put(bt32), put(at32), put(b)
-    shape = cb.winograd_shape(op, case.m)
+    shape = cb.winograd_shape(op, case.m, cfg.tile.bn)
     ws = aligned_nan(cb.workspace_elems(op, cfg))
     specs = cb.winograd_specs(op, case.relu, cfg, arena.ctypes.data, u.ctypes.data, bias.ctypes.data,
                               bt.ctypes.data, at.ctypes.data, ws.ctypes.data)
     nn = shape.nn
     v_elems = nn * case.cin * shape.t_pad
     v = ws[:v_elems].reshape(nn, case.cin, shape.t_pad)
-    mo = ws[v_elems:].reshape(nn, case.cout, shape.t_pad)
+    mo = ws[v_elems:].reshape(cfg.splits, nn, case.cout, shape.t_pad)
     errors = {}
 
     # V: the nh x nw patches of every tile (zero-padded input), transformed in float64 along each axis (the 1 x 1
@@ -293,12 +304,15 @@ def run_case(lib: ctypes.CDLL, case: Case) -> dict[str, float]:
     assert np.isnan(v[:, :, shape.t_total:]).all(), "V written beyond T"
     errors["V"] = rel_l2(v[:, :, :shape.t_total], v_ref)
 
-    # M = U^T V per position, on the emulated V
+    # M = U^T V per position, on the emulated V; with split-K, slice s holds the sum over its channels only
     launch(lib, specs[1])
     u3 = u.reshape(nn, case.cin, -1)[:, :, :case.cout].astype(np.float64)
-    m_ref = np.einsum("pco,pct->pot", u3, v[:, :, :shape.t_total].astype(np.float64))
-    assert np.isfinite(mo[:, :, :shape.t_total]).all(), "M not written everywhere"
-    errors["M"] = rel_l2(mo[:, :, :shape.t_total], m_ref)
+    v3 = v[:, :, :shape.t_total].astype(np.float64)
+    m_ref = np.stack([np.einsum("pco,pct->pot", u3[:, c0:c0 + cfg.k_split], v3[:, c0:c0 + cfg.k_split])
+                      for c0 in range(0, case.cin, cfg.k_split)])
+    assert len(m_ref) == cfg.splits
+    assert np.isfinite(mo[:, :, :, :shape.t_total]).all(), "M not written everywhere"
+    errors["M"] = rel_l2(mo[:, :, :, :shape.t_total], m_ref)
 
     launch(lib, specs[2])
     view = dst_buf[:, case.dst_extra[0]:case.dst_extra[0] + case.cout]

@@ -87,7 +87,7 @@ WINO_VARIANTS = {(3, 3): (2, 4), (5, 5): (2,), (1, 7): (3,), (7, 1): (3,)}
 # 1, where one small layer is a few microseconds either way and not on the forward's critical path: direct until
 # measured.
 WINO_MIN_BATCH = {(3, 3): 1, (5, 5): 2, (1, 7): 2, (7, 1): 2}
-WINO_T_ALIGN = 128  # V and M rows (T = batch x tiles) are padded to whole GEMM tiles along T
+WINO_T_ALIGN = 128  # V and M rows (T = batch x tiles) are padded to whole GEMM tiles along T (the widest tile's)
 
 # Cost model of one conv launch (microseconds), used only to rank variants against each other.
 WAVE_OVERHEAD_US = 1.0  # first loads and final stores of each wave of blocks
@@ -110,16 +110,18 @@ class ConvConfig:
     splits: int  # K slices (blockIdx.z); > 1 writes partial sums to the workspace, then conv_splitk_reduce
     k_split: int  # K per slice, a multiple of tile.bk
     est_us: float
-    wino: int = 0  # Winograd with output tile m = wino (``winograd_tile``; tile: winograd.cu's GEMM, splits 1,
-    # k_split Cin); 0: direct
+    wino: int = 0  # Winograd with output tile m = wino (``winograd_tile``; tile: winograd.cu's GEMM; splits, k_split:
+    # its split-K over Cin, whose slices the output transform sums); 0: direct
 
 
 def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool = True,
-                tiles: tuple[Tile, ...] = TILES, max_splits: int = MAX_SPLITS) -> ConvConfig:
+                tiles: tuple[Tile, ...] = TILES, max_splits: int = MAX_SPLITS,
+                fused_reduce: bool = False) -> ConvConfig:
     """The (tile, split-K) pair the cost model ranks fastest for C[cout, n_total] with reduction depth k_total.
 
     Time = waves of blocks x (work of one block at 1/resident of an SM) + split-K traffic and reduction (fixup, for
-    tiles that have it: in the conv kernel, see conv.cu; else a separate conv_splitk_reduce launch). A lone block
+    tiles that have it: in the conv kernel, see conv.cu; fused_reduce: by the next kernel, which reads the slices
+    anyway, as winograd.cu's output transform; else a separate conv_splitk_reduce launch). A lone block
     per SM is charged as much as a full SM, so few large blocks (batch 1 on 17x17 and 8x8 grids) lose to more,
     thinner ones.
     """
@@ -139,7 +141,8 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool
             us = waves * (tile.bm * tile.bn * k_split * tile.resident / tile.macs_per_us + WAVE_OVERHEAD_US)
             if splits > 1:
                 us += 4 * (2 * splits + 1) * cout * n_total / REDUCE_BYTES_PER_US
-                us += (FIXUP_FIXED_US + FIXUP_SLICE_US * splits) if fixup and tile.fixup else REDUCE_FIXED_US
+                if not fused_reduce:
+                    us += (FIXUP_FIXED_US + FIXUP_SLICE_US * splits) if fixup and tile.fixup else REDUCE_FIXED_US
             if best is None or us < best.est_us:
                 best = ConvConfig(tile, splits, k_split, us)
     assert best is not None
@@ -165,19 +168,20 @@ class WinogradShape:
     tiles_h: int
     tiles_w: int
     t_total: int  # batch x tiles: the GEMMs' N
-    t_pad: int  # t_total rounded up to WINO_T_ALIGN: the row length of V and M
+    t_pad: int  # t_total rounded up to whole GEMM tiles along T: the row length of V and M
 
     @property
     def nn(self) -> int:  # nh x nw transform positions (n = m + k - 1 per axis): the number of GEMMs
         return math.prod(m + k - 1 for m, k in zip(winograd_tile(self.kernel, self.m), self.kernel))
 
 
-def winograd_shape(op: ConvOp, m: int) -> WinogradShape:
+def winograd_shape(op: ConvOp, m: int, t_align: int = WINO_T_ALIGN) -> WinogradShape:
+    """t_align: the GEMM tile's BN (a small batch-1 map has 16 tiles: padding T to 128 would do 8x the work)."""
     n, _, ho, wo = op.dst.dims
     mh, mw = winograd_tile(op.kernel, m)
     th, tw = -(-ho // mh), -(-wo // mw)
     t_total = n * th * tw
-    return WinogradShape(m, op.kernel, th, tw, t_total, -(-t_total // WINO_T_ALIGN) * WINO_T_ALIGN)
+    return WinogradShape(m, op.kernel, th, tw, t_total, -(-t_total // t_align) * t_align)
 
 
 def o_pad(cout: int, tile: Tile) -> int:
@@ -188,19 +192,25 @@ def o_pad(cout: int, tile: Tile) -> int:
 def winograd_config(op: ConvOp, m: int, num_sms: int) -> ConvConfig:
     """Winograd with output tile m for ``op``, timed by the model as three streaming passes over HBM: the input
     transform (read x, write V), the batched GEMM (conv_config's compute model for its nn x ceil(O/BM) x Tp/BN
-    blocks without split-K, or its V and M traffic if that takes longer) and the output transform (read M, write y),
-    plus two launches. V and M are assumed to miss L2 (they do at batch >= 8 on the big maps), so small layers come
-    out pessimistic. The same model for every kernel shape: the transforms' arithmetic (up to 9 x 9 multiply-adds
-    per value) is assumed hidden under their memory traffic."""
-    ws = winograd_shape(op, m)
+    blocks and split-K over Cin, whose slices the output transform sums; or its V and M traffic if that takes
+    longer) and the output transform (read M, write y), plus two launches; for each GEMM tile, T padded to its BN.
+    V and M are assumed to miss L2 (they do at batch >= 8 on the big maps), so small layers come out pessimistic.
+    The same model for every kernel shape: the transforms' arithmetic (up to 9 x 9 multiply-adds per value) is
+    assumed hidden under their memory traffic."""
     cin, cout = op.src.channels, op.dst.channels
-    gemm = conv_config(cout, ws.nn * ws.t_pad, cin, num_sms, fixup=False, tiles=WINO_TILES, max_splits=1)
-    v_bytes, m_bytes = 4 * ws.nn * cin * ws.t_pad, 4 * ws.nn * cout * ws.t_pad
     x_bytes = 4 * op.src.n * cin * op.src.h * op.src.w
     y_bytes = 4 * op.dst.n * cout * op.dst.h * op.dst.w
-    us = ((x_bytes + v_bytes) / HBM_BYTES_PER_US + max(gemm.est_us, (v_bytes + m_bytes) / HBM_BYTES_PER_US)
-          + (m_bytes + y_bytes) / HBM_BYTES_PER_US + 2 * LAUNCH_US)
-    return ConvConfig(gemm.tile, 1, cin, us, m)
+    best: ConvConfig | None = None
+    for tile in WINO_TILES:
+        ws = winograd_shape(op, m, tile.bn)
+        gemm = conv_config(cout, ws.nn * ws.t_pad, cin, num_sms, fixup=False, tiles=(tile,), fused_reduce=True)
+        v_bytes, m_bytes = 4 * ws.nn * cin * ws.t_pad, 4 * ws.nn * cout * ws.t_pad
+        us = ((x_bytes + v_bytes) / HBM_BYTES_PER_US + max(gemm.est_us, (v_bytes + m_bytes) / HBM_BYTES_PER_US)
+              + (m_bytes + y_bytes) / HBM_BYTES_PER_US + 2 * LAUNCH_US)
+        if best is None or us < best.est_us:
+            best = ConvConfig(tile, gemm.splits, gemm.k_split, us, m)
+    assert best is not None
+    return best
 
 
 def uses_gemv(op: FCOp) -> bool:
@@ -249,10 +259,10 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
 
 def workspace_elems(op: ConvOp | FCOp, cfg: ConvConfig | None) -> int:
     """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), or Winograd's V (nn x Cin x Tp)
-    followed by M (nn x Cout x Tp); 0 for the others."""
+    followed by M (splits x nn x Cout x Tp); 0 for the others."""
     if cfg is not None and cfg.wino:
-        ws = winograd_shape(op, cfg.wino)
-        return ws.nn * (op.src.channels + op.dst.channels) * ws.t_pad
+        ws = winograd_shape(op, cfg.wino, cfg.tile.bn)
+        return ws.nn * (op.src.channels + cfg.splits * op.dst.channels) * ws.t_pad
     if cfg is None or cfg.splits == 1:
         return 0
     return cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w
@@ -427,8 +437,8 @@ ARG_FORMATS = {
     "gpu_sleep": "q",
 }
 WINO_INPUT_FORMAT = "PPP" + "i" * 10
-WINO_GEMM_FORMAT = "PPP" + "i" * 4
-WINO_OUTPUT_FORMAT = "PPPP" + "i" * 9
+WINO_GEMM_FORMAT = "PPP" + "i" * 6
+WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
 SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
 
@@ -510,11 +520,12 @@ def conv_specs(name: str, src: View, dst: View, kernel: tuple[int, int], stride:
 
 def winograd_specs(op: ConvOp, relu: bool, cfg: ConvConfig, arena: int, u: int, b: int, bt: int, at: int,
                    ws: int) -> list[LaunchSpec]:
-    """The three launches of a Winograd conv (winograd.cu): V at ws, M right after it (``workspace_elems``).
-    u, b: U (``winograd_weights``) and bias addresses; bt, at: the F(m, k) transforms (``winograd_transforms``)."""
+    """The three launches of a Winograd conv (winograd.cu): V at ws, M (cfg.splits copies) right after it
+    (``workspace_elems``). u, b: U (``winograd_weights``) and bias addresses; bt, at: the F(m, k) transforms
+    (``winograd_transforms``)."""
     n, cin, h, w = op.src.dims
     _, cout, ho, wo = op.dst.dims
-    shape = winograd_shape(op, cfg.wino)
+    shape = winograd_shape(op, cfg.wino, cfg.tile.bn)
     v, m = ws, ws + 4 * shape.nn * cin * shape.t_pad
     opad = o_pad(cout, cfg.tile)
     k_in, k_gemm, k_out = wino_kernel_names(op.kernel, cfg.wino, cfg.tile)
@@ -522,11 +533,11 @@ def winograd_specs(op: ConvOp, relu: bool, cfg: ConvConfig, arena: int, u: int, 
         LaunchSpec(op.name, k_in, (_blocks(cin * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
                    (view_ptr(arena, op.src), bt, v, n, cin, h, w, batch_stride(op.src), shape.tiles_h, shape.tiles_w,
                     shape.t_pad, op.pad[0], op.pad[1])),
-        LaunchSpec(op.name, k_gemm, (shape.t_pad // cfg.tile.bn, opad // cfg.tile.bm, shape.nn), (THREADS, 1, 1),
-                   (u, v, m, cin, cout, opad, shape.t_pad)),
+        LaunchSpec(op.name, k_gemm, (shape.t_pad // cfg.tile.bn, opad // cfg.tile.bm, shape.nn * cfg.splits),
+                   (THREADS, 1, 1), (u, v, m, cin, cout, opad, shape.t_pad, shape.nn, cfg.k_split)),
         LaunchSpec(op.name, k_out, (_blocks(cout * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
                    (m, at, b, view_ptr(arena, op.dst), n, cout, ho, wo, batch_stride(op.dst), shape.tiles_h,
-                    shape.tiles_w, shape.t_pad, int(relu))),
+                    shape.tiles_w, shape.t_pad, cfg.splits, int(relu))),
     ]
 
 
