@@ -27,10 +27,12 @@
 //                     as conv.cu: a block computes BM x BN, a thread TM x TN from float4 shared-memory reads, the
 //                     next BK slice loaded to registers during the math, one barrier per slice. It does not know
 //                     the kernel shape: every variant shares it.
-//   wino_output_<K>_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi (the sum of the split-K copies
-//                     M_0 + M_1 + ..., in that order, so the result does not depend on scheduling: the split-K
-//                     reduction costs no launch of its own), y_tile = AT M AT^T + bias, ReLU, written where inside
-//                     the output map, into a channel-slice view (y_bstride as conv.cu).
+//   wino_output_<K>_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi, y_tile = AT M AT^T + bias,
+//                     ReLU, written where inside the output map, into a channel-slice view (y_bstride as conv.cu).
+//                     The _slices version (split-K) reads the sum of the copies M_0 + M_1 + ..., in that order, so
+//                     the result does not depend on scheduling and the reduction costs no launch of its own. It is
+//                     a separate entry point because the loop over slices, even when it runs zero times, changed
+//                     the plain kernel's code and made the batch-128 stem layers ~20 % slower (H100).
 // Columns t >= T of V (the padding up to Tp) are never written; what the GEMM makes of them lands in columns of M
 // that the output transform never reads.
 //
@@ -221,7 +223,7 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
 }
 
 // y tile of (o, t) = AT_h M[.][o][t] AT_w^T + bias[o] (ReLU), at its place in the output view; at is M x N.
-template <int MH, int MW, int KH, int KW>
+template <int MH, int MW, int KH, int KW, bool SLICES>
 __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const float* __restrict__ at,
                                             const float* __restrict__ bias, float* __restrict__ y, int batch,
                                             int cout, int ho, int wo, int y_bstride, int tiles_h, int tiles_w,
@@ -241,11 +243,13 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
     for (int i = 0; i < NH; ++i)
 #pragma unroll
         for (int j = 0; j < NW; ++j) mm[i][j] = src[(i * NW + j) * xi_step];
-    for (int s = 1; s < splits; ++s)
+    if constexpr (SLICES) {
+        for (int s = 1; s < splits; ++s)
 #pragma unroll
-        for (int i = 0; i < NH; ++i)
+            for (int i = 0; i < NH; ++i)
 #pragma unroll
-            for (int j = 0; j < NW; ++j) mm[i][j] += src[s * slice_step + (i * NW + j) * xi_step];
+                for (int j = 0; j < NW; ++j) mm[i][j] += src[s * slice_step + (i * NW + j) * xi_step];
+    }
     float am[M][N];
 #pragma unroll
     for (int i = 0; i < M; ++i)
@@ -281,8 +285,16 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
         wino_output_##NAME(const float* __restrict__ mi, const float* __restrict__ at,                           \
                            const float* __restrict__ bias, float* __restrict__ y, int batch, int cout, int ho,   \
                            int wo, int y_bstride, int tiles_h, int tiles_w, int t_pad, int splits, int relu) {   \
-        wino_output<MH, MW, KH, KW>(mi, at, bias, y, batch, cout, ho, wo, y_bstride, tiles_h, tiles_w, t_pad,    \
-                                    splits, relu);                                                               \
+        wino_output<MH, MW, KH, KW, false>(mi, at, bias, y, batch, cout, ho, wo, y_bstride, tiles_h, tiles_w,    \
+                                           t_pad, splits, relu);                                                 \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                     \
+        wino_output_##NAME##_slices(const float* __restrict__ mi, const float* __restrict__ at,                  \
+                                    const float* __restrict__ bias, float* __restrict__ y, int batch, int cout,  \
+                                    int ho, int wo, int y_bstride, int tiles_h, int tiles_w, int t_pad,          \
+                                    int splits, int relu) {                                                      \
+        wino_output<MH, MW, KH, KW, true>(mi, at, bias, y, batch, cout, ho, wo, y_bstride, tiles_h, tiles_w,     \
+                                          t_pad, splits, relu);                                                  \
     }
 
 // cuda_backend.WINO_VARIANTS lists these (kernel shape -> output tiles).

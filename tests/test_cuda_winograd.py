@@ -160,7 +160,7 @@ def test_workspace_and_launch_args(batch):
     for op in winograd_ops(configs, plan):
         mine = [s for s in specs if s.op == op.name]
         cfg = configs[op.name]
-        assert [s.kernel for s in mine] == list(cb.wino_kernel_names(op.kernel, cfg.wino, cfg.tile))
+        assert [s.kernel for s in mine] == list(cb.wino_kernel_names(op.kernel, cfg.wino, cfg.tile, cfg.splits))
         assert mine[0].kernel == f"wino_input_{op.kernel[0]}x{op.kernel[1]}_F{cfg.wino}"
         assert mine[1].grid[2] == cb.winograd_shape(op, cfg.wino).nn * cfg.splits
         for s in mine:

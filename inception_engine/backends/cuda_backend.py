@@ -448,11 +448,12 @@ def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -
     return f"{tile.prefix}_{kernel[0]}x{kernel[1]}_{tile.name}" + ("_fixup" if fixup else "")
 
 
-def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile) -> tuple[str, str, str]:
+def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile, splits: int = 1) -> tuple[str, str, str]:
     """winograd.cu's input transform, batched GEMM and output transform for this kernel shape, output tile m and
-    GEMM tile."""
+    GEMM tile (the output transform that sums split-K slices when splits > 1)."""
     variant = f"{kernel[0]}x{kernel[1]}_F{m}"
-    return f"wino_input_{variant}", f"wino_gemm_{tile.name}", f"wino_output_{variant}"
+    return (f"wino_input_{variant}", f"wino_gemm_{tile.name}",
+            f"wino_output_{variant}" + ("_slices" if splits > 1 else ""))
 
 
 def arg_format(kernel: str) -> str:
@@ -478,7 +479,7 @@ def all_kernel_names() -> list[str]:
     return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES + F16_TILES
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
             + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
-                      for name in wino_kernel_names(k, m, t)}))
+                      for splits in (1, 2) for name in wino_kernel_names(k, m, t, splits)}))
 
 
 def view_ptr(base: int, v: View) -> int:
@@ -528,7 +529,7 @@ def winograd_specs(op: ConvOp, relu: bool, cfg: ConvConfig, arena: int, u: int, 
     shape = winograd_shape(op, cfg.wino, cfg.tile.bn)
     v, m = ws, ws + 4 * shape.nn * cin * shape.t_pad
     opad = o_pad(cout, cfg.tile)
-    k_in, k_gemm, k_out = wino_kernel_names(op.kernel, cfg.wino, cfg.tile)
+    k_in, k_gemm, k_out = wino_kernel_names(op.kernel, cfg.wino, cfg.tile, cfg.splits)
     return [
         LaunchSpec(op.name, k_in, (_blocks(cin * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
                    (view_ptr(arena, op.src), bt, v, n, cin, h, w, batch_stride(op.src), shape.tiles_h, shape.tiles_w,
