@@ -451,9 +451,8 @@ def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -
 def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile, splits: int = 1) -> tuple[str, str, str]:
     """winograd.cu's input transform, batched GEMM and output transform for this kernel shape, output tile m and
     GEMM tile (the output transform that sums split-K slices when splits > 1)."""
-    variant = f"{kernel[0]}x{kernel[1]}_F{m}"
-    return (f"wino_input_{variant}", f"wino_gemm_{tile.name}",
-            f"wino_output_{variant}" + ("_slices" if splits > 1 else ""))
+    variant, slices = f"{kernel[0]}x{kernel[1]}_F{m}", "_slices" if splits > 1 else ""
+    return f"wino_input_{variant}", f"wino_gemm_{tile.name}{slices}", f"wino_output_{variant}{slices}"
 
 
 def arg_format(kernel: str) -> str:
