@@ -19,11 +19,12 @@
 //                     writes V[xi][c][t] for every xi (coalesced along t).
 //   wino_gemm_<BM>x<BN>: NH*NW independent GEMMs M[xi][O][Tp] = U[xi]^T V[xi], U stored [xi][C][Op] (the
 //                     weights, transformed on the host in float64, rounded once, padded with zero columns to Op),
-//                     V [xi][C][Tp]. Split-K: blockIdx.z = s * NH*NW + xi sums only the channel slice
+//                     V [xi][C][Tp]. Split-K (_slices): blockIdx.z = s * NH*NW + xi sums only the channel slice
 //                     [s * k_split, (s + 1) * k_split) into its own copy M_s (M_s[xi] at (s * NH*NW + xi) * O * Tp):
 //                     at batch 1 and 8 a layer has too few tiles to fill the SMs, and each block's serial K loop
-//                     is what the layer waits for. Both operands are dense rows along O and T padded to whole tiles, so every
-//                     global load and store is one float4 with no bounds check along O or T (only along C). Tiling
+//                     is what the layer waits for. Both operands are dense rows along O and T padded to whole
+//                     tiles, so every global load and store is one float4 with no bounds check along O or T (only
+//                     along C). Tiling
 //                     as conv.cu: a block computes BM x BN, a thread TM x TN from float4 shared-memory reads, the
 //                     next BK slice loaded to registers during the math, one barrier per slice. It does not know
 //                     the kernel shape: every variant shares it.

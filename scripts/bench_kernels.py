@@ -82,7 +82,7 @@ def work(op: Op) -> tuple[int, int]:
 
 def winograd_flops(op: ConvOp, cfg: cb.ConvConfig) -> int:
     """FLOPs of a Winograd conv's batched GEMM: 2 x nn positions x Cout x Cin x (batch x tiles)."""
-    shape = cb.winograd_shape(op, cfg.wino, cfg.tile.bn)
+    shape = cb.config_shape(op, cfg)
     return 2 * shape.nn * op.dst.channels * op.src.channels * shape.t_total
 
 

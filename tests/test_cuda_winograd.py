@@ -276,7 +276,7 @@ def run_case(lib: ctypes.CDLL, case: Case) -> dict[str, float]:
     u = put(cb.winograd_weights(wt, case.m, cb.o_pad(case.cout, cfg.tile)))
     bt32, at32 = cb.winograd_transforms(case.m, max(case.kernel))
     bt, at, bias = put(bt32), put(at32), put(b)
-    shape = cb.winograd_shape(op, case.m, cfg.tile.bn)
+    shape = cb.config_shape(op, cfg)
     ws = aligned_nan(cb.workspace_elems(op, cfg))
     specs = cb.winograd_specs(op, case.relu, cfg, arena.ctypes.data, u.ctypes.data, bias.ctypes.data,
                               bt.ctypes.data, at.ctypes.data, ws.ctypes.data)

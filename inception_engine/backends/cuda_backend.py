@@ -184,6 +184,11 @@ def winograd_shape(op: ConvOp, m: int, t_align: int = WINO_T_ALIGN) -> WinogradS
     return WinogradShape(m, op.kernel, th, tw, t_total, -(-t_total // t_align) * t_align)
 
 
+def config_shape(op: ConvOp, cfg: ConvConfig) -> WinogradShape:
+    """The shape of a Winograd config's work: its output tile, T padded to its GEMM tile's width."""
+    return winograd_shape(op, cfg.wino, cfg.tile.bn)
+
+
 def o_pad(cout: int, tile: Tile) -> int:
     """U's row length: Cout rounded up to whole GEMM tiles (zero columns), so the GEMM loads without bounds checks."""
     return -(-cout // tile.bm) * tile.bm
@@ -261,7 +266,7 @@ def workspace_elems(op: ConvOp | FCOp, cfg: ConvConfig | None) -> int:
     """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), or Winograd's V (nn x Cin x Tp)
     followed by M (splits x nn x Cout x Tp); 0 for the others."""
     if cfg is not None and cfg.wino:
-        ws = winograd_shape(op, cfg.wino, cfg.tile.bn)
+        ws = config_shape(op, cfg)
         return ws.nn * (op.src.channels + cfg.splits * op.dst.channels) * ws.t_pad
     if cfg is None or cfg.splits == 1:
         return 0
@@ -525,7 +530,7 @@ def winograd_specs(op: ConvOp, relu: bool, cfg: ConvConfig, arena: int, u: int, 
     (``winograd_transforms``)."""
     n, cin, h, w = op.src.dims
     _, cout, ho, wo = op.dst.dims
-    shape = winograd_shape(op, cfg.wino, cfg.tile.bn)
+    shape = config_shape(op, cfg)
     v, m = ws, ws + 4 * shape.nn * cin * shape.t_pad
     opad = o_pad(cout, cfg.tile)
     k_in, k_gemm, k_out = wino_kernel_names(op.kernel, cfg.wino, cfg.tile, cfg.splits)
