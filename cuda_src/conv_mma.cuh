@@ -1,22 +1,22 @@
-// conv_mma.cuh: the tensor-core implicit-GEMM convolution shared by conv_tf32.cu and conv_f16.cu.
+// conv_mma.cuh: the tensor-core implicit-GEMM convolution of conv_tf32.cu, and the PTX helpers (tf32::, f16::,
+// cp_async::) that conv_f16.cu shares.
 //
 // y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
 // C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW, A = wt[K][M] (the weights as the backend
 // uploads them), B = the im2col matrix, gathered from x while it is copied into shared memory. Memory and shared
-// memory stay float32; an operand policy (Tf32Mma, F16Mma below) rounds the operands when it turns them into mma
+// memory stay float32; the operand policy (Tf32Mma below) rounds the operands when it turns them into mma
 // fragments and picks the mma shape. Rounding there, not when staging, keeps both tiles on cp.async straight from
-// global to shared memory (no register staging, the loads of later tiles overlap the math), and one cvt.rn.f16x2
-// rounds two fp16 operands at once.
+// global to shared memory (no register staging, the loads of later tiles overlap the math).
 //
 // Both tiles travel by cp.async: A in 16-byte pieces when Cout is a multiple of 4 (else 4-byte ones), B one
 // element at a time, since neighbouring k of one pixel are not adjacent in x; a zero-fill copy (source size 0)
 // supplies padding and the tails past M, N and the K slice. STAGES buffers form a ring: tile t+STAGES-1 is in
 // flight while tile t is multiplied, one barrier per tile. Each of the 8 warps owns a WM x WN piece of the block
-// tile, (WM/16) x (WN/8) accumulators of m16n8 (the C layout is the same for both policies, PTX ISA "Matrix
-// Fragments for mma.m16n8k8" / "mma.m16n8k16"; g = lane / 4, t = lane % 4):
+// tile, (WM/16) x (WN/8) accumulators of m16n8 (PTX ISA "Matrix Fragments for mma.m16n8k8"; g = lane / 4,
+// t = lane % 4):
 //   C 16x8: c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
 // Shared tiles are As[k][m] and Bs[k][n], rows padded by Op::PAD floats so that fragment loads hit 32 distinct
-// banks (see each policy).
+// banks (see Tf32Mma).
 // Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split); with several slices the raw sums go to the
 // workspace ws[z][M][N] for conv.cu's conv_splitk_reduce, with one the epilogue adds bias, applies ReLU, writes y.
 // Views: as conv.cu (x, y point at channel 0 of the view in batch item 0; item b starts *_bstride floats later).
@@ -75,6 +75,12 @@ __device__ __forceinline__ void copy16(float* dst, const float* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
 }
 
+// 16 bytes, or 16 zero bytes when !valid (the source is then not read); both addresses 16-byte aligned.
+__device__ __forceinline__ void copy16_or_zero(void* dst, const void* src, bool valid) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // Wait until at most N of this thread's copy groups are still in flight.
@@ -119,52 +125,6 @@ struct Tf32Mma {
     __device__ __forceinline__ static int col(int j, int t, int e) { return j * 8 + 2 * t + e; }
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         tf32::mma(d, a, b);
-    }
-};
-
-// mma.m16n8k16 .f16 (PTX ISA, "Matrix Fragments for mma.m16n8k16", .f16; each register holds two halves, the lower
-// column / row index in bits 0..15):
-//   A 16x16 (row): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
-//   B 16x8 (col):  b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
-// Permuted so that one 8-byte load serves two fragment registers: fragment row g of A fragment i is warp row
-// 16i + 2g and row g+8 is 16i + 2g + 1, so the float2 at As[k][16i + 2g] holds A[g][k] and A[g+8][k]; fragment
-// column g of B fragments 2jj and 2jj+1 is warp column 16jj + 2g and 16jj + 2g + 1 (one float2 of Bs[k]).
-// Per k16 a warp issues 4 LDS.64 per A fragment and 4 per pair of B fragments (half the loads of scalar ones).
-// Banks: a half warp (g < 4 or g >= 4, all t) reads words 2t*S + 2g (+ const): with S % 32 == 4, 8t + 2g, 16
-// distinct pairs of banks, so each half-warp phase is conflict-free.
-struct F16Mma {
-    static constexpr int K = 16, PAD = 4;
-    template <int MI, int NJ, int SA, int SB>
-    __device__ __forceinline__ static void frags(unsigned (&a)[MI][4], unsigned (&b)[NJ][2], const float* as,
-                                                 const float* bs, int g, int t) {
-        static_assert(NJ % 2 == 0, "B fragments load in pairs");
-#pragma unroll
-        for (int i = 0; i < MI; ++i) {
-            const float* p = as + i * 16 + 2 * g + 2 * t * SA;
-            const float2 k0 = *reinterpret_cast<const float2*>(p), k1 = *reinterpret_cast<const float2*>(p + SA);
-            const float2 k8 = *reinterpret_cast<const float2*>(p + 8 * SA);
-            const float2 k9 = *reinterpret_cast<const float2*>(p + 9 * SA);
-            a[i][0] = f16::pack(k0.x, k1.x);
-            a[i][1] = f16::pack(k0.y, k1.y);
-            a[i][2] = f16::pack(k8.x, k9.x);
-            a[i][3] = f16::pack(k8.y, k9.y);
-        }
-#pragma unroll
-        for (int jj = 0; jj < NJ / 2; ++jj) {
-            const float* p = bs + jj * 16 + 2 * g + 2 * t * SB;
-            const float2 k0 = *reinterpret_cast<const float2*>(p), k1 = *reinterpret_cast<const float2*>(p + SB);
-            const float2 k8 = *reinterpret_cast<const float2*>(p + 8 * SB);
-            const float2 k9 = *reinterpret_cast<const float2*>(p + 9 * SB);
-            b[2 * jj][0] = f16::pack(k0.x, k1.x);
-            b[2 * jj][1] = f16::pack(k8.x, k9.x);
-            b[2 * jj + 1][0] = f16::pack(k0.y, k1.y);
-            b[2 * jj + 1][1] = f16::pack(k8.y, k9.y);
-        }
-    }
-    __device__ __forceinline__ static int row(int i, int g, int half) { return i * 16 + 2 * g + half; }
-    __device__ __forceinline__ static int col(int j, int t, int e) { return (j / 2) * 16 + 2 * (2 * t + e) + j % 2; }
-    __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-        f16::mma(d, a, b);
     }
 };
 

@@ -233,8 +233,9 @@ def run_emulated(lib: ctypes.CDLL, case: Case, tile: MmaTile, splits: int, name:
     dst_buf = arena[src_elems:].reshape(dst_shape)
     src_buf[:, case.src_extra[0]:case.src_extra[0] + case.cin] = x
     before = src_buf.copy()
-    w_dev = aligned_empty(wt.size)
-    w_dev[:] = wt.reshape(case.cout, -1).T.ravel()
+    w_host = cb.direct_weights(wt, tile.backend_tile()).ravel()
+    w_dev = aligned_empty(w_host.size)
+    w_dev[:] = w_host
     b_dev = aligned_empty(case.cout)
     b_dev[:] = b
     cfg = config(tile, splits, case.k_total)
@@ -283,7 +284,7 @@ def run_on_gpu(kernels: cb.Kernels, case: Case, tile: MmaTile, splits: int, name
     arena = Arena(*case.shapes())
     src, dst = arena.view(0, case.src_extra[0], case.cin), arena.view(1, case.dst_extra[0], case.cout)
     x, wt, b = data
-    params = Params(wt.reshape(case.cout, -1).T, b)
+    params = Params(cb.direct_weights(wt, tile.backend_tile()), b)
     cfg = config(tile, splits, case.k_total)
     ws_elems = max(1, cfg.splits * case.cout * case.n * math.prod(case.out_hw))
     ws = cb.driver().mem_alloc(4 * ws_elems)

@@ -1,11 +1,11 @@
-"""The fp16 tensor-core convolution kernels (cuda_src/conv_f16.cu, the GEMM of conv_mma.cuh with fp16 operands)
-against float64 and against an exact fp16-operand emulation.
+"""The fp16 tensor-core convolution kernels (cuda_src/conv_f16.cu: fp16 weights and shared tiles, ldmatrix
+fragments) against float64 and against an exact fp16-operand emulation.
 
 - CPU, g++: the emulator's float -> binary16 rounding (tests/cuda_emu/f16_emu.h, written from IEEE 754) equals
   numpy.float16's on edge values (ties, subnormals, overflow, NaN, infinities) and on random bit patterns.
-- CPU, NumPy: one warp's mma.m16n8k16 simulated with the kernel's own fragment formulas (F16Mma in conv_mma.cuh:
-  permuted rows/columns, float2 loads) and the PTX ISA's .f16 layout, against a plain matmul; bank-conflict claim
-  of the padding; tile table.
+- CPU, NumPy: every warp of a block simulated with the kernel's ldmatrix row addresses, the PTX ISA's ldmatrix and
+  mma.m16n8k16 .f16 layouts and the epilogue's (row, column), against a plain matmul; bank-conflict claims of the
+  80-byte rows; the weight layout (cb.direct_weights); tile table.
 - CPU, g++: the kernels in the fiber emulator (tests/cuda_emu/emu.h + tf32_emu.h/f16_emu.h, whose mma follows the
   ISA layout independently of the kernel) for every kernel shape, every tile, stride 1/2, padding, split-K,
   channel-slice views, odd sizes, no ReLU, Cout not a multiple of 4; against float64 (rel L2 <= 3e-3) and against
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -34,10 +35,9 @@ from inception_engine import cuda_build
 from inception_engine.backends import cuda_backend as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import build_plan
-from mma_harness import (EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, MmaTile, assert_block_equals_matmul,
-                         assert_cubin_holds,
-                         compile_cubin, compile_emu_lib, emu_wrapper_source, emulated_splits, network_cases, rel_l2,
-                         rng_for, run_every_tile)
+from mma_harness import (EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, assert_cubin_holds, compile_cubin,
+                         compile_emu_lib, emu_wrapper_source, emulated_splits, network_cases, rel_l2, rng_for,
+                         run_every_tile)
 from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
 from test_cuda_emulated import run_emulated as run_backend_emulated
 from test_cuda_backend import assert_top1_agrees_on_256_inputs, make_input, reference
@@ -46,7 +46,8 @@ from test_cuda_kernels import check_view
 
 SOURCE = cuda_build.source_dir() / "conv_f16.cu"
 PREFIX = "conv_f16"
-PAD = 4  # F16Mma::PAD, the shared-memory row padding (floats)
+BK = 32  # k per shared-memory stage
+ROW = BK + 8  # halves per shared row (As[m][k], Bs[n][k])
 TOL = 3e-3  # rel L2 against float64 per layer: fp16 keeps 10 mantissa bits (~5e-4 expected), as TF32
 IDEAL_TOL = 1e-5  # rel L2 against the fp16-operand ideal in the emulator: fp32 sums of exact products
 GPU_IDEAL_TOL = 1e-4  # the same on the GPU, whose mma aligns and truncates its sums (still 3x below rounding)
@@ -54,20 +55,29 @@ NET_TOL = 1e-2  # the issue's bound for --precision fp16, logits against float64
 
 
 @dataclasses.dataclass(frozen=True)
-class F16Tile(MmaTile):
-    PAD = PAD
+class F16Tile:
+    """One CONV_F16_KERNEL(KH, KW, BM, BN, WARPS_M, MIN_BLOCKS) instantiation."""
+    bm: int
+    bn: int
+    warps_m: int
+    min_blocks: int
+    bk: int = BK
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}"
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * 2 * (self.bm + self.bn) * ROW  # two stages of fp16 rows
 
     def backend_tile(self) -> cb.Tile:
-        """The registered backend tile (cb.TILES_OF["fp16"]) where there is one, else this shape with tf32's cost
-        numbers: conv_specs only needs the prefix, the shape and BK (multiple of k_split)."""
-        registered = [t for t in cb.TILES_OF.get("fp16", ()) if t.name == self.name]
-        if registered:
-            return registered[0]
-        tf32 = next(t for t in cb.TF32_TILES if t.name == self.name)
-        return cb.Tile(self.bm, self.bn, self.bk, self.min_blocks, tf32.macs_per_us, PREFIX, False)
+        """The registered backend tile (cb.TILES_OF["fp16"]) of this shape."""
+        return next(t for t in cb.TILES_OF["fp16"] if t.name == self.name)
 
 
-TILES = mma_harness.source_tiles(SOURCE, "CONV_F16_KERNEL", F16Tile)
+TILES = [F16Tile(*map(int, f)) for f in re.findall(r"CONV_F16_KERNEL\(KH, KW, (\d+), (\d+), (\d+), (\d+)\)",
+                                                  SOURCE.read_text())]
 
 
 def kernel_name(kernel: tuple[int, int], tile: F16Tile) -> str:
@@ -97,11 +107,11 @@ needs_registration = pytest.mark.skipif(unregistered() is not None, reason=str(u
 
 
 def test_tile_table_has_tf32s_names_and_fits_static_shared_memory():
-    tf32 = [(t.bm, t.bn, t.bk) for t in cb.TF32_TILES]
-    assert [(t.bm, t.bn, t.bk) for t in TILES] == tf32, "same tiles as conv_tf32.cu (the backend maps by name)"
+    assert [t.name for t in TILES] == [t.name for t in cb.TF32_TILES], "the backend maps tiles by name"
     for t in TILES:
         warps_n = THREADS // 32 // t.warps_m
-        assert (t.bm // t.warps_m) % 16 == 0 and (t.bn // warps_n) % 8 == 0 and t.bk % 16 == 0
+        assert (t.bm // t.warps_m) % 16 == 0 and (t.bn // warps_n) % 16 == 0, "ldmatrix.x4 loads B in n16 pairs"
+        assert THREADS % t.bn == 0 and (BK * t.bn // THREADS) % 8 == 0, "B loader: 16-byte rows per thread"
         assert t.smem_bytes < 48 * 1024, f"{t.name}: static shared memory over 48 KB"
 
 
@@ -110,7 +120,7 @@ def test_backend_tiles_match_the_source():
     """cb.TILES_OF["fp16"] has the source's shapes, BK and blocks per SM, and its kernel names are exactly the
     source's entry points, loaded from conv_f16.cu's cubin with the conv argument format."""
     tiles = cb.TILES_OF["fp16"]
-    assert [(t.bm, t.bn, t.bk, t.resident) for t in tiles] == [(t.bm, t.bn, t.bk, t.min_blocks) for t in TILES]
+    assert [(t.bm, t.bn, t.bk, t.resident) for t in tiles] == [(t.bm, t.bn, BK, t.min_blocks) for t in TILES]
     assert all(t.prefix == PREFIX and not t.fixup for t in tiles)
     backend_names = [n for n in cb.all_kernel_names() if cb.source_of(n) == "conv_f16.cu"]
     assert sorted(backend_names) == sorted(all_names())
@@ -136,48 +146,87 @@ def isa_mma_k16(a_regs: np.ndarray, b_regs: np.ndarray, c_regs: np.ndarray) -> n
                      for lane in range(32)])
 
 
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
-def test_fragment_mapping_simulated_warp_equals_matmul(tile):
-    """Every warp of a block, one BK stage: F16Mma::frags' loads (float2 at As[kk + 2t + {0, 1, 8, 9}][16i + 2g]
-    and Bs[...][16jj + 2g]), the ISA mma and the epilogue's F16Mma::row/col give As^T Bs, each (m, n) once."""
-    def fragments(As, Bs, kk, wm, wn, mi, nj, g, t):
-        k = kk + 2 * t
-
-        def pair(s, col, dk, e):  # halves (lo, hi) = rows k + dk, k + dk + 1 of float2 component e at col
-            return np.stack([s[k + dk, col + e], s[k + dk + 1, col + e]], 1)
-
-        a, b = np.empty((mi, 32, 4, 2)), np.empty((nj, 32, 2, 2))
-        for i in range(mi):
-            col = wm + 16 * i + 2 * g
-            a[i] = np.stack([pair(As, col, 0, 0), pair(As, col, 0, 1), pair(As, col, 8, 0), pair(As, col, 8, 1)], 1)
-        for jj in range(nj // 2):
-            col = wn + 16 * jj + 2 * g
-            for e in range(2):
-                b[2 * jj + e] = np.stack([pair(Bs, col, 0, e), pair(Bs, col, 8, e)], 1)
-        return a, b
-
-    assert_block_equals_matmul(tile, rng_for("frag16", tile), 16, fragments, isa_mma_k16,
-                               row=lambda wm, i, g, half: wm + i * 16 + 2 * g + half,  # F16Mma::row
-                               col=lambda wn, j, t, e: wn + (j // 2) * 16 + 2 * (2 * t + e) + j % 2)  # F16Mma::col
+def isa_ldmatrix_x4(smem: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """ldmatrix.x4 .b16 by the PTX ISA: lane l names row (rows[l], cols[l]..+7) of matrix l // 8 in a 2-D shared
+    array; register j of lane l gets halves 2 (l % 4), 2 (l % 4) + 1 of row l // 4 of matrix j.
+    Returns (lane, register, half)."""
+    out = np.empty((32, 4, 2))
+    for lane in range(32):
+        for j in range(4):
+            src = 8 * j + lane // 4
+            out[lane, j] = smem[rows[src], cols[src] + 2 * (lane % 4):cols[src] + 2 * (lane % 4) + 2]
+    return out
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
-def test_fragment_loads_are_bank_conflict_free(tile):
-    """Each 8-byte fragment load (rows 2t + {0, 1, 8, 9}, columns 16c + 2g) is served in the two half-warp phases
-    of an LDS.64 without conflicts: per half warp, 16 distinct even words mod 32; rows 16-byte aligned for the A
-    copies. The B loader stores 32 consecutive pixels of one row."""
+def test_ldmatrix_fragments_simulated_block_equals_matmul(tile):
+    """Every warp of a block, one BK stage: the kernel's ldmatrix row addresses (A: row wm + 16i + lane % 16,
+    k kk + 8 (lane / 16); B: row wn + 16jj + lane % 8 + 8 (lane / 16), k kk + 8 (lane / 8 % 2)), the ISA's ldmatrix
+    and mma, and the epilogue's (m, n) = (wm + 16i + g + 8 half, wn + 8j + 2t + e) give As Bs^T, each (m, n) once."""
+    rng = rng_for("ldmatrix", tile)
+    As, Bs = rng.standard_normal((tile.bm, ROW)), rng.standard_normal((tile.bn, ROW))
+    want = As[:, :BK] @ Bs[:, :BK].T
+    warps_n = THREADS // 32 // tile.warps_m
+    wm_size, wn_size = tile.bm // tile.warps_m, tile.bn // warps_n
+    mi, nj = wm_size // 16, wn_size // 8
     lanes = np.arange(32)
     g, t = lanes // 4, lanes % 4
-    for row, width in ((tile.bm + PAD, tile.bm), (tile.bn + PAD, tile.bn)):
-        assert row % 4 == 0
-        for k_off in (0, 1, 8, 9):
-            for col in range(0, width, 16):
-                words = (2 * t + k_off) * row + col + 2 * g
-                assert (words % 2 == 0).all()
-                for half in (lanes < 16, lanes >= 16):
-                    banks = set((words[half] % 32).tolist()) | set(((words[half] + 1) % 32).tolist())
-                    assert len(banks) == 32, f"row {row}: a half warp hits banks {sorted(banks)}"
-    assert tile.bn % 32 == 0
+    got = np.full((tile.bm, tile.bn), np.nan)
+    for warp in range(THREADS // 32):
+        wm, wn = (warp % tile.warps_m) * wm_size, (warp // tile.warps_m) * wn_size
+        acc = np.zeros((mi, nj, 32, 4))
+        for kk in range(0, BK, 16):
+            b = np.empty((nj, 32, 2, 2))
+            for jj in range(nj // 2):
+                r = isa_ldmatrix_x4(Bs, wn + 16 * jj + lanes % 8 + 8 * (lanes // 16), kk + 8 * (lanes // 8 % 2))
+                b[2 * jj], b[2 * jj + 1] = r[:, 0:2], r[:, 2:4]
+            for i in range(mi):
+                a = isa_ldmatrix_x4(As, wm + 16 * i + lanes % 16, kk + 8 * (lanes // 16))
+                for j in range(nj):
+                    acc[i, j] = isa_mma_k16(a, b[j], acc[i, j])
+        for i in range(mi):
+            for j in range(nj):
+                for half in range(2):
+                    for e in range(2):
+                        m, n = wm + 16 * i + g + 8 * half, wn + 8 * j + 2 * t + e
+                        assert np.isnan(got[m, n]).all(), "two lanes write the same output"
+                        got[m, n] = acc[i, j, :, 2 * half + e]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def bank_groups(byte_addresses: np.ndarray) -> set[int]:
+    """The 16-byte bank groups (of 8 per 128-byte row of banks) that 16-byte accesses at these addresses hit."""
+    assert (byte_addresses % 16 == 0).all()
+    return set((byte_addresses // 16 % 8).tolist())
+
+
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
+def test_ldmatrix_phases_and_b_stores_are_bank_conflict_free(tile):
+    """ldmatrix serves each matrix's 8 row reads (16 bytes each) in one phase, a warp's 16-byte B stores go 8 lanes
+    per phase: with 80-byte rows, 8 consecutive rows at any 16-byte column hit 8 distinct bank groups."""
+    for first in range(0, max(tile.bm, tile.bn) - 7):
+        for col in range(0, BK, 8):
+            assert len(bank_groups(2 * ((first + np.arange(8)) * ROW + col))) == 8
+    for b_k in range(0, BK, BK * tile.bn // THREADS):  # the B loader: lane l stores row n0 + l at column b_k + 8q
+        for q in range(BK * tile.bn // THREADS // 8):
+            rows = np.arange(32)
+            for phase in range(4):
+                assert len(bank_groups(2 * (rows[8 * phase:8 * phase + 8] * ROW + b_k + 8 * q))) == 8
+
+
+def test_direct_weights_are_rounded_fp16_rows_padded_to_eight():
+    """conv_f16's A operand: w16[Cout][K8], K = Cin*kh*kw in (c, r, s) order, rounded to nearest even, zero tail."""
+    w = rng_for("w16").standard_normal((5, 3, 1, 7)).astype(np.float32) * 300
+    w[0, 0, 0, 0] = 1e5  # beyond fp16's range: infinity, as cvt.rn.f16 would make it
+    got = cb.direct_weights(w, TILES[0].backend_tile())
+    assert got.dtype == np.float32
+    w16 = got.view(np.float16)
+    assert w16.shape == (5, 24)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(w16[:, :21], w.reshape(5, 21).astype(np.float16))
+    assert (w16[:, 21:] == 0).all() and np.isinf(w16[0, 0])
+    tf32 = cb.direct_weights(w, cb.TF32_TILES[0])
+    np.testing.assert_array_equal(tf32, w.reshape(5, 21).T)
 
 
 # --- CPU: the emulator's float -> half rounding ---------------------------------------------------------------------

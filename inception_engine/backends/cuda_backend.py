@@ -68,10 +68,9 @@ TILES = (Tile(128, 128, 8, 2, 180e3), Tile(64, 64, 16, 4, 120e3), Tile(32, 128, 
 # conv_tf32.cu's tiles (warp tiles 64x32, 32x32, 32x16). No _fixup variants: split-K goes through conv_splitk_reduce.
 TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16, 2, 450e3, "conv_tf32", False),
               Tile(64, 64, 16, 3, 300e3, "conv_tf32", False))
-# conv_f16.cu's tiles: the same GEMM template with fp16 operands (mma.m16n8k16). The cost model gets the tf32 speeds:
-# rated 1.3x faster, the fp16 tiles drew fewer split-K slices at batch 1 and measured slower there than tf32 (1.05
-# vs 0.97 ms, H100), while the whole forward at batch 128 gained only 1.13x (docs/PERFORMANCE.md, round 2).
-F16_TILES = tuple(Tile(t.bm, t.bn, t.bk, t.resident, t.macs_per_us, "conv_f16", False) for t in TF32_TILES)
+# conv_f16.cu's tiles (fp16 weights and shared tiles, ldmatrix fragments, 32 k per stage; warp tiles as tf32's).
+# The cost model keeps the tf32 speeds, which rank tiles and splits against each other only.
+F16_TILES = tuple(Tile(t.bm, t.bn, 32, r, t.macs_per_us, "conv_f16", False) for t, r in zip(TF32_TILES, (2, 2, 3)))
 TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
@@ -378,15 +377,29 @@ def transforms_key(op: ConvOp, cfg: ConvConfig) -> str:
     return f"winograd_F{cfg.wino}_{max(op.kernel)}"
 
 
+def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
+    """A direct conv's (or the FC-as-GEMM's) weights (Cout, Cin[, kh, kw]) as its kernel reads them, as float32
+    words: wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order) for conv.cu and conv_tf32.cu, whose A tiles are rows
+    along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
+    multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads."""
+    w = w.reshape(w.shape[0], -1)
+    if tile.prefix != "conv_f16":
+        return np.ascontiguousarray(w.T, dtype=np.float32)
+    w16 = np.zeros((w.shape[0], -(-w.shape[1] // 8) * 8), np.float16)
+    with np.errstate(over="ignore"):
+        w16[:, :w.shape[1]] = w
+    return w16.view(np.float32)
+
+
 def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
                                                                                              dict[str, int]]:
     """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset
     (ALIGN-aligned, so every array starts on a 256-byte boundary as arena buffers do).
 
-    Conv weights (Cout, Cin, kh, kw) become wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order), the GEMM's A stored
-    K-major so that a tile row is contiguous along Cout; a Winograd conv's become U (``winograd_weights``), and
-    the transforms it uses are stored once under "<transforms_key>.bt" / ".at". The FC weight stays
-    (out, in) for fc_gemv and is transposed to [in][out] when the FC runs as a 1x1-conv GEMM.
+    A direct conv's weights are laid out by ``direct_weights`` for its kernel; a Winograd conv's become U
+    (``winograd_weights``), and the transforms it uses are stored once under "<transforms_key>.bt" / ".at". The FC
+    weight stays (out, in) for fc_gemv and takes its kernel's ``direct_weights`` layout when the FC runs as a
+    1x1-conv GEMM.
     """
     parts: list[np.ndarray] = []
     offsets: dict[str, int] = {}
@@ -412,8 +425,8 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
                 bt, at = winograd_transforms(cfg.wino, max(op.kernel))
                 add(f"{key}.bt", bt)
                 add(f"{key}.at", at)
-        elif isinstance(op, ConvOp) or cfg is not None:
-            w = w.reshape(w.shape[0], -1).T
+        elif cfg is not None:
+            w = direct_weights(w, cfg.tile)
         add(op.name + ".weight", w)
         add(op.name + ".bias", b)
     return np.concatenate(parts), offsets

@@ -31,6 +31,9 @@ inline dim3 gridDim, blockDim, blockIdx, threadIdx;
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
 template <class T>
 T __ldg(const T* p) { return *p; }
 template <class T>

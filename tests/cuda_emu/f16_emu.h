@@ -1,10 +1,12 @@
-// f16_emu.h: the f16:: PTX helpers of cuda_src/conv_mma.cuh for the CPU emulator (tf32_emu.h includes it).
+// f16_emu.h: the f16:: PTX helpers of cuda_src/conv_mma.cuh and conv_f16.cu's ldmatrix::x4 for the CPU emulator
+// (tf32_emu.h includes it).
 //
 // pack is cvt.rn.f16x2.f32, with the float -> IEEE 754 binary16 rounding written from the standard's definition
 // (round to nearest, ties to even, gradual underflow to subnormals, overflow to infinity, NaN stays NaN). mma is
 // mma.m16n8k16 .f16 with f32 accumulators, warp-wide like tf32::mma (publish, yield, compute, yield), its fragment
 // layout written from the PTX ISA ("Matrix Fragments for mma.m16n8k16", .f16) independently of the kernel, so
-// a kernel that loads fragments in the wrong places gets wrong sums.
+// a kernel that loads fragments in the wrong places gets wrong sums. ldmatrix::x4 is warp-wide too (publish the
+// row addresses, yield, gather, yield), its layout written from the PTX ISA ("ldmatrix").
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -13,10 +15,6 @@
 
 #include "mma_emu.h"
 
-// CUDA's built-in vector type, for F16Mma's 8-byte fragment loads (emu.h has float4).
-struct alignas(8) float2 {
-    float x, y;
-};
 
 namespace f16 {
 // binary16: 1 sign bit, 5 exponent bits (bias 15), 10 fraction bits. A finite value v = sig * 2^(e - 23) with a
@@ -72,3 +70,19 @@ inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     });
 }
 }  // namespace f16
+
+namespace ldmatrix {
+inline const unsigned char* lane_row[1024];
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane l gives the address of row l % 8 of matrix l / 8; register j of
+// lane l receives halves 2 (l % 4) and 2 (l % 4) + 1 (the lower one in bits 0..15) of row l / 4 of matrix j.
+inline void x4(unsigned (&r)[4], const void* row) {
+    const unsigned me = threadIdx.x, warp0 = me & ~31u, lane = me & 31u;
+    lane_row[me] = static_cast<const unsigned char*>(row);
+    emu::yield();
+    unsigned out[4];
+    for (unsigned j = 0; j < 4; ++j) std::memcpy(&out[j], lane_row[warp0 + 8 * j + lane / 4] + 4 * (lane % 4), 4);
+    emu::yield();
+    std::memcpy(r, out, sizeof out);
+}
+}  // namespace ldmatrix

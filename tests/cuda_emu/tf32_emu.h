@@ -42,6 +42,12 @@ inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 namespace cp_async {
 inline void copy4(float* dst, const float* src, bool valid) { *dst = valid ? *src : 0.f; }
 inline void copy16(float* dst, const float* src) { std::memcpy(dst, src, 16); }
+inline void copy16_or_zero(void* dst, const void* src, bool valid) {
+    if (valid)
+        std::memcpy(dst, src, 16);
+    else
+        std::memset(dst, 0, 16);
+}
 inline void commit() {}
 template <int N>
 void wait() {}
