@@ -46,6 +46,19 @@ __device__ __forceinline__ WindowOrigin window_origin(const float* x, int n, int
     return {x + (size_t)b * x_bstride, oh * stride - pad_h, ow * stride - pad_w};
 }
 
+// The output tile of a GEMM block on grid (N tiles, M tiles[, z]): tile_n0 = first column (pixel), tile_m0 = first
+// row (channel). Blocks start in blockIdx.x-fastest order, so a plain (x, y) = (n, m) mapping runs all N tiles of one
+// M tile before the next M tile, and an input tile is read from DRAM again for every M tile (a 35x35 layer's input
+// at batch 128 is 2-3x the 50 MB L2). Renumbered so that consecutive blocks take the M tiles of one N tile, those
+// reads hit L2. Only the order changes: each (blockIdx.x, blockIdx.y) still owns exactly one tile, the same for
+// every blockIdx.z.
+__device__ __forceinline__ int tile_n0(int bn) {
+    return (blockIdx.x + gridDim.x * blockIdx.y) / gridDim.y * bn;
+}
+__device__ __forceinline__ int tile_m0(int bm) {
+    return (blockIdx.x + gridDim.x * blockIdx.y) % gridDim.y * bm;
+}
+
 // Every kernel shape of Inception-V3's convolutions (KH, KW): X(KH, KW) once per shape, for the files that
 // instantiate one kernel per shape.
 #define IE_FOR_EACH_CONV_SHAPE(X) X(1, 1) X(3, 3) X(5, 5) X(1, 7) X(7, 1) X(1, 3) X(3, 1)

@@ -68,7 +68,7 @@ __device__ __forceinline__ void conv_f16_gemm(const float* __restrict__ x, const
     const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * WN;
     const int howo = ho * wo, n_total = batch * howo, hw = h * w;
     const int k_total = cin * KHW, k8 = (k_total + 7) & ~7;
-    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+    const int n0 = tile_n0(BN), m0 = tile_m0(BM);
     const int k_begin = blockIdx.z * k_split;
     const int k_end = min(k_total, k_begin + k_split);
 

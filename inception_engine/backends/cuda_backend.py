@@ -224,11 +224,11 @@ def uses_gemv(op: FCOp) -> bool:
 
 
 def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str = "fp32",
-                   winograd: bool | None = None) -> dict[str, ConvConfig | None]:
+                   winograd: bool | None = None, tiles: tuple[Tile, ...] | None = None) -> dict[str, ConvConfig | None]:
     """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it.
     fixup: split-K convs reduce in the kernel where the tile has a _fixup variant (else with conv_splitk_reduce).
     precision: "tf32" / "fp16" pick conv_tf32.cu's / conv_f16.cu's tiles for the direct GEMMs (convs and the
-    FC-as-GEMM).
+    FC-as-GEMM); tiles: a subset of them instead (scripts/tune_tiles.py times one tile at a time).
     winograd: for the stride-1 convs of WINO_VARIANTS' shapes, None lets the cost model choose between the direct
     kernel and each Winograd tile (``winograd_config``; Winograd below WINO_MARGIN of the direct time, from
     WINO_MIN_BATCH up), True takes the fastest Winograd tile, False the direct kernel. The Winograd GEMMs are FFMA
@@ -237,7 +237,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
-    tiles = TILES_OF[precision]
+    tiles = tiles or TILES_OF[precision]
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
         if isinstance(op, ConvOp):
@@ -250,7 +250,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
             if winograd is not False and winograd_eligible(op):
                 wino = min((winograd_config(op, m, num_sms) for m in WINO_VARIANTS[op.kernel]),
                            key=lambda c: c.est_us)
-                ffma = cfg if tiles is TILES else conv_config(op.dst.channels, n_total, k_total, num_sms, fixup)
+                ffma = cfg if precision == "fp32" else conv_config(op.dst.channels, n_total, k_total, num_sms, fixup)
                 gain = wino.est_us < WINO_MARGIN * ffma.est_us and op.dst.n >= WINO_MIN_BATCH[op.kernel]
                 if winograd or gain:
                     cfg = wino
@@ -717,7 +717,7 @@ class CudaBackend:
 
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
-                 winograd: bool | None = True):
+                 winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -730,12 +730,13 @@ class CudaBackend:
         precision (the Winograd GEMMs are FFMA). The default is every eligible conv because that measured as fast
         as the model's choice or faster at every batch size (H100, one run: 0.97 vs 1.00 ms at batch 1, 3.26 vs
         3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
-        1 and 8 they do not."""
+        1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning)."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
         self.fixup = fixup
         self.winograd = winograd
+        self.tiles = tiles
         self.concurrent = graph if concurrent is None else concurrent
         if self.concurrent and not plan.concurrent:
             if not plan.layers:
@@ -785,7 +786,8 @@ class CudaBackend:
 
     def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
         plan = self.plan
-        self.configs = choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision, self.winograd)
+        self.configs = choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision, self.winograd,
+                                      self.tiles)
         kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
         self._arena = self._alloc(plan.arena_elems)
