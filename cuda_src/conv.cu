@@ -49,7 +49,7 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
 
     const int tid = threadIdx.x;
     const int howo = ho * wo, n_total = batch * howo, hw = h * w;
-    const int n0 = tile_n0(BN), m0 = tile_m0(BM);
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
     const int k_begin = blockIdx.z * k_split;
     const int k_end = min(cin * KHW, k_begin + k_split);
 

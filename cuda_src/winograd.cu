@@ -138,7 +138,7 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
     __shared__ __align__(16) float Bs[2][BK][BN];
 
     const int tid = threadIdx.x, xi = SLICES ? blockIdx.z % nn : blockIdx.z;
-    const int n0 = tile_n0(BN), m0 = tile_m0(BM);
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
     const int k_begin = SLICES ? blockIdx.z / nn * k_split : 0;
     const int k_end = SLICES ? min(cin, k_begin + k_split) : cin;
     const float* a_src = u + (size_t)xi * cin * o_pad + m0;

@@ -145,6 +145,29 @@ def assert_top1_agrees_on_256_inputs(backend: cb.CudaBackend, weights, plan, tol
     assert max(errs) <= tol, f"rel L2 per batch up to {max(errs):.2e}"
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, tmp_path, monkeypatch):
+    """tune=True: every candidate set runs once (each conv timed), the chosen configs come from those sets, the
+    forward still matches float64, and a second backend reads the same configs from the cache without timing."""
+    monkeypatch.setattr(cb, "tuning_cache_dir", lambda: tmp_path)
+    x = make_input(2, seed=5)
+    ref = reference(weights, x, 2)
+    plan = build_plan(2, weights.layers())
+    with cb.CudaBackend(weights, plan, precision=precision, tune=True) as backend:
+        got = backend.forward(x)
+        tuned = backend.configs
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    gpu = cb.Gpu()
+    gpu.release()
+    sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True)
+    as_json = cb.config_to_json
+    assert all(any(as_json(tuned[op.name]) == as_json(s[op.name]) for s in sets) for op in plan.conv_ops)
+    assert rel_l2(got, ref) <= (TOL if precision == "fp32" else 1e-2)
+    monkeypatch.setattr(cb.CudaBackend, "time_layers", lambda *a, **k: pytest.fail("tuned again"))
+    with cb.CudaBackend(weights, plan, precision=precision, tune=True) as again:
+        assert again.configs == tuned
+
+
 def test_conv_variants_in_use_are_covered():
     """On this GPU the network at batch 1 and 8 uses split-K somewhere and more than one tile, so the two
     full-network tests above exercise more than one kernel variant."""

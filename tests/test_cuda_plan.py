@@ -278,3 +278,49 @@ def test_fp16_uses_the_f16_kernels():
     assert prefixes == {"conv_f16"}
     assert cb.source_of("conv_f16_3x3_64x64") == "conv_f16.cu"
     assert all(cb.source_of(name) in cb.cuda_build.SOURCES for name in cb.all_kernel_names())
+
+
+# --- measured tuning (tune_configs): the planning half ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", cb.PRECISIONS)
+def test_tuning_candidates_are_one_set_per_tile_and_one_winograd_set(precision):
+    plan = build_plan(4)
+    sets = cb.tuning_candidates(plan, 132, False, precision, winograd=True)
+    tiles = cb.TILES_OF[precision]
+    assert len(sets) == len(tiles) + 1
+    for tile, configs in zip(tiles, sets):
+        assert all(c.tile == tile and not c.wino for op in plan.conv_ops for c in [configs[op.name]])
+    assert {op.name for op in plan.conv_ops if sets[-1][op.name].wino} == \
+        {op.name for op in plan.conv_ops if cb.winograd_eligible(op)}
+    assert len(cb.tuning_candidates(plan, 132, False, precision, winograd=False)) == len(tiles)
+
+
+def test_pick_fastest_takes_each_ops_fastest_set_and_keeps_the_rest():
+    plan = build_plan(4)
+    default = cb.choose_configs(plan, 132, precision="fp16", winograd=None)
+    sets = cb.tuning_candidates(plan, 132, False, "fp16", winograd=True)
+    rng = np.random.default_rng(1)
+    times = [{op.name: float(rng.uniform(1, 2)) for op in plan.conv_ops} for _ in sets]
+    best = cb.pick_fastest(default, sets, times)
+    for op in plan.conv_ops:
+        fastest = min(range(len(sets)), key=lambda i: times[i][op.name])
+        assert best[op.name] == sets[fastest][op.name]
+    assert best["fc"] == default["fc"]  # not timed: unchanged
+
+
+def test_tuned_configs_survive_json_and_the_key_sees_what_matters():
+    plan = build_plan(4)
+    for configs in cb.tuning_candidates(plan, 132, False, "fp32", winograd=True):
+        for cfg in configs.values():
+            back = cb.config_from_json(cb.config_to_json(cfg))
+            assert back is None if cfg is None else (back.tile, back.splits, back.k_split, back.wino) == \
+                (cfg.tile, cfg.splits, cfg.k_split, cfg.wino)
+    key = cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, True)
+    assert key == cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, None)  # both let Winograd compete
+    others = [cb.tuning_key("H200", "sm_90", 132, plan, "fp16", False, True),
+              cb.tuning_key("H100", "sm_90", 114, plan, "fp16", False, True),
+              cb.tuning_key("H100", "sm_90", 132, build_plan(8), "fp16", False, True),
+              cb.tuning_key("H100", "sm_90", 132, plan, "tf32", False, True),
+              cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, False)]
+    assert len({key, *others}) == 6

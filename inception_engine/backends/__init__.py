@@ -43,6 +43,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "cuda-eager": ("cuda", {"graph": False}),
     "cuda-direct": ("cuda", {"winograd": False}),  # no Winograd: the A/B against cuda's Winograd convs
     "cuda-model": ("cuda", {"winograd": None}),  # Winograd only where the cost model expects a gain
+    "cuda-tuned": ("cuda", {"tune": True}),  # each conv's tile and Winograd-or-not measured on this GPU (cached)
 }
 BENCH_BACKENDS = (*BACKENDS, *VARIANTS)
 

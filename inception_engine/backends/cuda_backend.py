@@ -26,10 +26,14 @@ with mma.m16n8k16). The Winograd convs stay FFMA in every precision, and the ten
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
 import math
+import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +41,7 @@ import numpy as np
 from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
 from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan
-from ..weights import Weights
+from ..weights import Weights, atomic_write, user_cache_dir
 from . import event_timed_ms
 
 THREADS = 256  # every kernel's block size (conv.cu's and conv_tf32.cu's tiles are 256 threads too)
@@ -259,6 +263,49 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
             configs[op.name] = None if uses_gemv(op) else conv_config(op.dst.channels, op.dst.n, op.src.channels,
                                                                       num_sms, fixup, tiles)
     return configs
+
+
+def tuning_candidates(plan: Plan, num_sms: int, fixup: bool, precision: str,
+                      winograd: bool | None) -> list[dict[str, ConvConfig | None]]:
+    """The config sets ``tune_configs`` times, each a whole forward's: one per direct tile of the precision (every
+    conv on that tile, split-K as the model picks it for the tile) and, unless winograd is False, one with every
+    eligible conv by Winograd (the others as the model picks)."""
+    sets = [choose_configs(plan, num_sms, fixup, precision, False, (t,)) for t in TILES_OF[precision]]
+    if winograd is not False:
+        sets.append(choose_configs(plan, num_sms, fixup, precision, True))
+    return sets
+
+
+def pick_fastest(default: dict[str, ConvConfig | None], sets: list[dict[str, ConvConfig | None]],
+                 times: list[dict[str, float]]) -> dict[str, ConvConfig | None]:
+    """default, with each op that was timed in every set given its config from the set where it ran fastest."""
+    out = dict(default)
+    for name in default:
+        if all(name in t for t in times):
+            out[name] = sets[min(range(len(sets)), key=lambda i: times[i][name])][name]
+    return out
+
+
+def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
+    if cfg is None:
+        return None
+    return {"prefix": cfg.tile.prefix, "tile": cfg.tile.name, "splits": cfg.splits, "k_split": cfg.k_split,
+            "wino": cfg.wino}
+
+
+def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
+    if d is None:
+        return None
+    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + WINO_TILES}
+    return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
+
+
+def tuning_key(device_name: str, arch: str, num_sms: int, plan: Plan, precision: str, fixup: bool,
+               winograd: bool | None) -> str:
+    """What a tuned config set depends on: the GPU, the kernels' build, the conv shapes, the mode."""
+    ops = [(op.name, op.kernel, op.stride, op.pad, op.src.dims, op.dst.dims) for op in plan.conv_ops]
+    what = [device_name, arch, num_sms, cuda_build.build_key(arch), precision, fixup, winograd is not False, ops]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
 
 def workspace_elems(op: ConvOp | FCOp, cfg: ConvConfig | None) -> int:
@@ -717,7 +764,8 @@ class CudaBackend:
 
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
-                 winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None):
+                 winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool = False,
+                 configs: dict[str, ConvConfig | None] | None = None):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -730,7 +778,9 @@ class CudaBackend:
         precision (the Winograd GEMMs are FFMA). The default is every eligible conv because that measured as fast
         as the model's choice or faster at every batch size (H100, one run: 0.97 vs 1.00 ms at batch 1, 3.26 vs
         3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
-        1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning)."""
+        1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
+        tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
+        (``tune_configs``: a few seconds the first time, then from the cache). configs: use exactly these."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         self.precision = precision
@@ -745,6 +795,9 @@ class CudaBackend:
         if plan.arena_elems >= 2**31:
             raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
                               f"use a smaller batch")
+        if tune and configs is None:
+            configs = tune_configs(weights, plan, precision, fixup, winograd, device)
+        self._given_configs = configs
         drv = driver()
         self.plan = plan
         self.graph_mode = graph
@@ -786,8 +839,8 @@ class CudaBackend:
 
     def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
         plan = self.plan
-        self.configs = choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision, self.winograd,
-                                      self.tiles)
+        self.configs = self._given_configs or choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision,
+                                                             self.winograd, self.tiles)
         kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
         self._arena = self._alloc(plan.arena_elems)
@@ -966,6 +1019,42 @@ class CudaBackend:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Self-test: one forward against the float64 NumPy reference (compute-sanitizer runs this).
+
+
+def tuning_cache_dir() -> Path:
+    return user_cache_dir() / "tuning"
+
+
+def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: bool = False,
+                 winograd: bool | None = True, device: int = 0, iters: int = 10) -> dict[str, ConvConfig | None]:
+    """The configs of a forward with each conv's measured fastest candidate (``tuning_candidates``: every direct
+    tile, and Winograd unless winograd is False), each conv timed in place with CudaBackend.time_layers (median of
+    ``iters``) in one eager backend per candidate set. Cached per GPU, kernel build, conv shapes and mode as JSON in
+    ``tuning_cache_dir()``, so only the first backend of a kind pays for it."""
+    gpu = Gpu(device)
+    try:
+        key = tuning_key(gpu.device.name(), gpu.arch, gpu.num_sms, plan, precision, fixup, winograd)
+        num_sms = gpu.num_sms
+    finally:
+        gpu.release()
+    path = tuning_cache_dir() / f"{key}.json"
+    try:
+        return {name: config_from_json(d) for name, d in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not tuned yet, or a damaged file: tune again
+    sets = tuning_candidates(plan, num_sms, fixup, precision, winograd)
+    convs = {op.name for op in plan.ops if isinstance(op, ConvOp)}
+    x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
+    times = []
+    for configs in sets:
+        with CudaBackend(weights, plan, graph=False, concurrent=False, device=device, fixup=fixup,
+                         precision=precision, configs=configs) as backend:
+            ms = backend.time_layers(x, iters=iters, only=convs)
+        times.append({name: statistics.median(t) for name, t in ms.items()})
+    best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd), sets, times)
+    saved = {name: config_to_json(c) for name, c in best.items()}
+    atomic_write(path, lambda f: f.write(json.dumps(saved, indent=1).encode()))
+    return {name: config_from_json(d) for name, d in saved.items()}  # as a later run reads them back
 
 
 def he_weights(seed: int) -> Weights:
