@@ -50,7 +50,8 @@ REFERENCE_IMAGES = 2
 CPU_ROWS = ("cpu", ORT)
 DESCRIPTIONS = {
     "cpu": "our CPU path (C kernels, else NumPy; see the note)",
-    "cuda": "own kernels, one CUDA graph per forward",
+    "cuda": "own kernels, measured per-conv choices, one CUDA graph per forward",
+    "cuda-untuned": "own kernels, the cost model's choices, one CUDA graph per forward",
     "cuda-eager": "own kernels, launched one by one",
     "cudnn": "cuDNN + cuBLAS, one CUDA graph per forward",
     "cudnn-eager": "cuDNN + cuBLAS, called one by one from Python",

@@ -94,7 +94,8 @@ class Engine:
     def backend(self, batch: int) -> Any:
         if batch not in self._backends:
             plan = build_plan(batch, self.weights.layers(), input_size=self.preprocess.size)
-            self._backends[batch] = self.backend_class(self.weights, plan)
+            self._backends[batch] = self.backend_class(self.weights, plan,
+                                                       **backends.DEFAULT_OPTIONS.get(self.backend_name, {}))
         return self._backends[batch]
 
     def forward(self, x: np.ndarray) -> np.ndarray:

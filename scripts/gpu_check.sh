@@ -6,8 +6,9 @@
 # 1. pytest -m gpu on the CUDA kernel, backend, tf32, fp16 and Winograd tests (every layer shape, edge cases with
 #    NaN-poisoned outputs, the whole network vs float64 in every precision, graph and eager)
 # 2. compute-sanitizer memcheck on one forward with every eligible conv by Winograd (299x299, batch 2)
-# 3. inception-bench fp32: cuda (Winograd for every eligible conv) vs cuda-direct (none) vs cuda-model (the cost
-#    model's choice) vs cudnn vs torch vs torch-graph at batch 1, 8, 32, 128 with per-layer times; then tf32, fp16
+# 3. inception-bench fp32: cuda (tuned: each conv's measured fastest tile / Winograd) vs cuda-untuned (the cost
+#    model's tiles, Winograd for every eligible conv) vs cudnn vs torch vs torch-graph at batch 1, 8, 32, 128 with
+#    per-layer times; then tf32, fp16
 # 4. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
 #    same)
 # 5. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
@@ -93,13 +94,14 @@ bench() {
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" "$@"
 }
 
-bench "inception-bench" 150 --backends cuda,cuda-direct,cuda-model,cudnn,torch,torch-graph \
+bench "inception-bench" 150 --backends cuda,cuda-untuned,cudnn,torch,torch-graph \
   --batch-sizes 1,8,32,128 --iters 20 --per-layer --json "$OUT/inception_bench.json"
 
-bench "inception-bench tf32" 90 --backends cuda,cudnn,torch-graph --precision tf32 --batch-sizes 1,8,32,128 \
-  --iters 20
+bench "inception-bench tf32" 90 --backends cuda,cuda-untuned,cudnn,torch-graph --precision tf32 \
+  --batch-sizes 1,8,32,128 --iters 20
 
-bench "inception-bench fp16" 80 --backends cuda,torch-graph --precision fp16 --batch-sizes 1,8,32,128 --iters 20
+bench "inception-bench fp16" 90 --backends cuda,cuda-untuned,torch-graph --precision fp16 --batch-sizes 1,8,32,128 \
+  --iters 20
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
   --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75 --winograd on

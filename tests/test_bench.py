@@ -35,7 +35,7 @@ class FakeGpu:
     def check_available(cls) -> None:
         pass
 
-    def __init__(self, weights, plan):
+    def __init__(self, weights, plan, tune: bool = False):  # the bare name cuda runs with tune=True
         self.plan = plan
 
     def forward(self, x):
@@ -324,3 +324,9 @@ def test_cpu_note_says_which_code_runs(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "unavailable_reason", lambda: "no C compiler (cc) on PATH")
     note = bench.cpu_path_note()
     assert note.startswith("cpu runs its NumPy code") and note.endswith("no C compiler (cc) on PATH")
+
+
+def test_bare_cuda_runs_tuned_and_cuda_untuned_is_the_class_default():
+    assert bench.backends.variant("cuda") == ("cuda", {"tune": True})
+    assert bench.backends.variant("cuda-untuned") == ("cuda", {})
+    assert bench.backends.variant("cudnn") == ("cudnn", {})
