@@ -162,33 +162,7 @@ __device__ __forceinline__ void conv_f16_gemm(const float* __restrict__ x, const
         __syncthreads();
     }
 
-    // C 16x8 of tile (i, j): c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1].
-    const int g = lane / 4, t = lane % 4;
-    const bool split = gridDim.z > 1;
-    float* ws = y + (size_t)blockIdx.z * cout * n_total;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int n = n0 + wn + 8 * j + 2 * t + e;
-            if (n >= n_total) continue;
-            const int b = n / howo, p = n - b * howo;
-            float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
-            const size_t m_step = split ? (size_t)n_total : (size_t)howo;
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int m = m0 + wm + 16 * i + g + 8 * half;
-                    if (m >= cout) continue;
-                    float v = acc[i][j][2 * half + e];
-                    if (!split) {
-                        v += __ldg(bias + m);
-                        if (relu) v = fmaxf(v, 0.f);
-                    }
-                    yp[m * m_step] = v;
-                }
-        }
+    store_mma_tile<MI, NJ>(acc, bias, y, m0 + wm, n0 + wn, lane, cout, n_total, howo, y_bstride, relu);
 }
 
 // One extern "C" entry point per (kernel size, tile). MIN_BLOCKS caps registers: 2 blocks of 256 threads leave 128

@@ -91,10 +91,9 @@ __device__ __forceinline__ void wait() {
 }  // namespace cp_async
 #endif
 
-// Operand policies. frags() loads one k step of a warp's MI A and NJ B fragments, given as = &As[st][kk][wm] and
-// bs = &Bs[st][kk][wn] (rows of SA, SB floats), g = lane / 4, t = lane % 4. row() and col() say where in the warp
-// tile the accumulator acc[i][j][2 * half + e] of this lane belongs (a policy may permute rows and columns of the
-// warp tile, as long as its fragment loads and its row()/col() agree).
+// Operand policy: frags() loads one k step of a warp's MI A and NJ B fragments, given as = &As[st][kk][wm] and
+// bs = &Bs[st][kk][wn] (rows of SA, SB floats), g = lane / 4, t = lane % 4, in the ISA's fragment layout, so the
+// accumulators are in the C layout that store_mma_tile writes.
 
 // mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), fragment i on warp rows 16i.., j on
 // columns 8j..:
@@ -121,12 +120,46 @@ struct Tf32Mma {
             b[j][1] = tf32::round(p[4 * SB]);
         }
     }
-    __device__ __forceinline__ static int row(int i, int g, int half) { return i * 16 + g + 8 * half; }
-    __device__ __forceinline__ static int col(int j, int t, int e) { return j * 8 + 2 * t + e; }
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         tf32::mma(d, a, b);
     }
 };
+
+// The epilogue of both tensor-core convs (conv_tf32.cu through conv_mma_gemm, conv_f16.cu): this lane's m16n8
+// accumulators acc[i][j] (C layout above) of a warp tile whose first row is m_base and first column n_base go to y
+// with bias and ReLU, or raw to the split-K workspace ws[blockIdx.z][M][N] (y is then the workspace) when
+// gridDim.z > 1.
+template <int MI, int NJ>
+__device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], const float* __restrict__ bias,
+                                               float* __restrict__ y, int m_base, int n_base, int lane, int cout,
+                                               int n_total, int howo, int y_bstride, int relu) {
+    const int g = lane / 4, t = lane % 4;
+    const bool split = gridDim.z > 1;
+    float* ws = y + (size_t)blockIdx.z * cout * n_total;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int n = n_base + 8 * j + 2 * t + e;
+            if (n >= n_total) continue;
+            const int b = n / howo, p = n - b * howo;
+            float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
+            const size_t m_step = split ? (size_t)n_total : (size_t)howo;
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int m = m_base + 16 * i + g + 8 * half;
+                    if (m >= cout) continue;
+                    float v = acc[i][j][2 * half + e];
+                    if (!split) {
+                        v += __ldg(bias + m);
+                        if (relu) v = fmaxf(v, 0.f);
+                    }
+                    yp[m * m_step] = v;
+                }
+        }
+}
 
 template <class Op, int KH, int KW, int BM, int BN, int BK, int WARPS_M, int STAGES>
 __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const float* __restrict__ wt,
@@ -230,31 +263,7 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
         }
     }
 
-    const bool split = gridDim.z > 1;
-    float* ws = y + (size_t)blockIdx.z * cout * n_total;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int n = n0 + wn + Op::col(j, t, e);
-            if (n >= n_total) continue;
-            const int b = n / howo, p = n - b * howo;
-            float* yp = split ? ws + n : y + (size_t)b * y_bstride + p;
-            const size_t m_step = split ? (size_t)n_total : (size_t)howo;
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int m = m0 + wm + Op::row(i, g, half);
-                    if (m >= cout) continue;
-                    float v = acc[i][j][2 * half + e];
-                    if (!split) {
-                        v += __ldg(bias + m);
-                        if (relu) v = fmaxf(v, 0.f);
-                    }
-                    yp[m * m_step] = v;
-                }
-        }
+    store_mma_tile<MI, NJ>(acc, bias, y, m0 + wm, n0 + wn, lane, cout, n_total, howo, y_bstride, relu);
 }
 
 #define CONV_MMA_PARAMS                                                                                             \
