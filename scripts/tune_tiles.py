@@ -2,10 +2,10 @@
 
     python3 scripts/tune_tiles.py [--precision fp16] [--batch-sizes 1,128] [--iters 20] [--json FILE]
 
-For each batch size, one CudaBackend per tile of cb.TILES_OF[precision] with every conv direct on that tile alone
-(the model still picks its split-K), one with the model's choice among all tiles, and one with Winograd for every
-eligible conv (the backend's default); each op timed by CudaBackend.time_layers (CUDA events, eager launches, the
-host's launch latency hidden, median of --iters). Prints per conv: GFLOP, ms per tile, the model's tile and ms,
+For each batch size, the candidate sets of cb.tune_configs (every conv direct on one tile of cb.TILES_OF[precision],
+split-K as the model picks it for that tile; and Winograd for every eligible conv) and the model's choice among all
+tiles, each timed per conv by cb.time_convs (CUDA events, eager launches, the host's launch latency hidden, median
+of --iters). Prints per conv: GFLOP, ms per tile, the model's tile and ms,
 Winograd's ms, and which was fastest; then the sums. This is the data the cost model's tile speeds
 (cb.Tile.macs_per_us) are set from. Needs a GPU and pycuda.
 """
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -26,15 +23,14 @@ from inception_engine.backends import cuda_backend as cb  # noqa: E402
 from inception_engine.plan import ConvOp, build_plan  # noqa: E402
 
 
-def layer_ms(weights, plan, iters: int, **kw) -> tuple[dict[str, float], dict[str, str]]:
-    """Median ms per conv op, and the config each got (tile x splits, or F<m> for Winograd)."""
-    x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
-    with cb.CudaBackend(weights, plan, graph=False, concurrent=False, **kw) as backend:
-        convs = {op.name for op in plan.ops if isinstance(op, ConvOp)}
-        times = backend.time_layers(x, iters=iters, only=convs)
-        configs = {name: (f"F{c.wino}" if c.wino else c.tile.name) + (f"/{c.splits}" if c.splits > 1 else "")
-                   for name, c in backend.configs.items() if name in convs and c is not None}
-    return {name: statistics.median(t) for name, t in times.items()}, configs
+def label(cfg: cb.ConvConfig) -> str:
+    return (f"F{cfg.wino}" if cfg.wino else cfg.tile.name) + (f"/{cfg.splits}" if cfg.splits > 1 else "")
+
+
+def layer_ms(weights, plan, configs, precision: str, iters: int) -> tuple[dict[str, float], dict[str, str]]:
+    """Median ms per conv op (cb.time_convs), and the config each got (tile/splits, or F<m> for Winograd)."""
+    return (cb.time_convs(weights, plan, configs, precision, iters=iters),
+            {op.name: label(configs[op.name]) for op in plan.conv_ops})
 
 
 def main() -> int:
@@ -46,13 +42,18 @@ def main() -> int:
     args = p.parse_args()
     weights = cb.he_weights(0)
     tiles = cb.TILES_OF[args.precision]
+    gpu = cb.Gpu()
+    num_sms = gpu.num_sms
+    gpu.release()
     results = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         plan = build_plan(batch, weights.layers())
-        runs = {t.name: layer_ms(weights, plan, args.iters, precision=args.precision, winograd=False, tiles=(t,))
-                for t in tiles}
-        model, model_cfg = layer_ms(weights, plan, args.iters, precision=args.precision, winograd=False)
-        wino, wino_cfg = layer_ms(weights, plan, args.iters, precision=args.precision, winograd=True)
+        # tune_configs' candidates (one set per tile, then Winograd for every eligible conv), and the model's tiles
+        *per_tile_sets, wino_set = cb.tuning_candidates(plan, num_sms, False, args.precision, True)
+        runs = {t.name: layer_ms(weights, plan, c, args.precision, args.iters) for t, c in zip(tiles, per_tile_sets)}
+        model, model_cfg = layer_ms(weights, plan, cb.choose_configs(plan, num_sms, False, args.precision, False),
+                                    args.precision, args.iters)
+        wino, wino_cfg = layer_ms(weights, plan, wino_set, args.precision, args.iters)
         names = [t.name for t in tiles]
         print(f"\nbatch {batch}, {args.precision}: ms per conv (tile/splits as chosen)")
         print(f"{'conv':34s} {'GFLOP':>7s} " + " ".join(f"{n:>16s}" for n in names)

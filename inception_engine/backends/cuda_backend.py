@@ -1025,6 +1025,17 @@ def tuning_cache_dir() -> Path:
     return user_cache_dir() / "tuning"
 
 
+def time_convs(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None], precision: str = "fp32",
+               fixup: bool = False, device: int = 0, iters: int = 10) -> dict[str, float]:
+    """Median milliseconds of each conv of a forward with these configs: one eager, serial backend,
+    CudaBackend.time_layers on an N(0, 1) input."""
+    x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
+    with CudaBackend(weights, plan, graph=False, concurrent=False, device=device, fixup=fixup, precision=precision,
+                     configs=configs) as backend:
+        ms = backend.time_layers(x, iters=iters, only={op.name for op in plan.conv_ops})
+    return {name: statistics.median(t) for name, t in ms.items()}
+
+
 def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: bool = False,
                  winograd: bool | None = True, device: int = 0, iters: int = 10) -> dict[str, ConvConfig | None]:
     """The configs of a forward with each conv's measured fastest candidate (``tuning_candidates``: every direct
@@ -1043,14 +1054,7 @@ def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: b
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not tuned yet, or a damaged file: tune again
     sets = tuning_candidates(plan, num_sms, fixup, precision, winograd)
-    convs = {op.name for op in plan.ops if isinstance(op, ConvOp)}
-    x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
-    times = []
-    for configs in sets:
-        with CudaBackend(weights, plan, graph=False, concurrent=False, device=device, fixup=fixup,
-                         precision=precision, configs=configs) as backend:
-            ms = backend.time_layers(x, iters=iters, only=convs)
-        times.append({name: statistics.median(t) for name, t in ms.items()})
+    times = [time_convs(weights, plan, configs, precision, fixup, device, iters) for configs in sets]
     best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd), sets, times)
     saved = {name: config_to_json(c) for name, c in best.items()}
     atomic_write(path, lambda f: f.write(json.dumps(saved, indent=1).encode()))
