@@ -34,18 +34,6 @@
 //         only. Tiles: 128x128 (warp 64x32, 40 KB), 128x64 (warp 32x32, 30 KB), 64x64 (warp 32x16, 20 KB).
 #include "conv_mma.cuh"
 
-#ifdef __CUDACC__
-namespace ldmatrix {
-// Four 8x8 matrices of 16-bit elements from shared memory; `row` is this lane's row address (16-byte aligned).
-__device__ __forceinline__ void x4(unsigned (&r)[4], const void* row) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-}  // namespace ldmatrix
-#endif
-
 template <int KH, int KW, int BM, int BN, int WARPS_M>
 __device__ __forceinline__ void conv_f16_gemm(const float* __restrict__ x, const unsigned short* __restrict__ w16,
                                               const float* __restrict__ bias, float* __restrict__ y, int batch,

@@ -1,5 +1,5 @@
 // conv_mma.cuh: the tensor-core implicit-GEMM convolution of conv_tf32.cu, and the PTX helpers (tf32::, f16::,
-// cp_async::) that conv_f16.cu shares.
+// ldmatrix::, cp_async::) that conv_f16.cu, conv_nhwc.cu and pool_nhwc.cu share.
 //
 // y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
 // C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW, A = wt[K][M] (the weights as the backend
@@ -60,7 +60,25 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// The half at index `which` (0: bits 0..15, 1: bits 16..31) of a packed register, as a float (exact).
+__device__ __forceinline__ float unpack(unsigned reg, unsigned which) {
+    const unsigned short h = static_cast<unsigned short>(reg >> (16 * which));
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
 }  // namespace f16
+
+namespace ldmatrix {
+// Four 8x8 matrices of 16-bit elements from shared memory; `row` is this lane's row address (16-byte aligned).
+__device__ __forceinline__ void x4(unsigned (&r)[4], const void* row) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+}  // namespace ldmatrix
 
 namespace cp_async {
 // One float, or zero when !valid (the source is then not read).

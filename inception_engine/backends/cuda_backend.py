@@ -76,6 +76,12 @@ TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16
 # The cost model keeps the tf32 speeds, which rank tiles and splits against each other only.
 F16_TILES = tuple(Tile(t.bm, t.bn, 32, r, t.macs_per_us, "conv_f16", False) for t, r in zip(TF32_TILES, (2, 2, 3)))
 TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
+# conv_nhwc.cu's tiles (fp16 NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
+# channels (the GEMM's rows and columns there), so conv_config is called with (pixels, Cout); speeds as fp16's.
+NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32, 2, 450e3, "conv_nhwc", False),
+              Tile(64, 128, 32, 2, 450e3, "conv_nhwc", False), Tile(64, 64, 32, 3, 300e3, "conv_nhwc", False))
+NHWC_PIECE = 8  # channels per 16-byte piece of fp16: NHWC channel counts, strides and offsets are multiples of it
+HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
@@ -227,8 +233,14 @@ def uses_gemv(op: FCOp) -> bool:
     return src.n == 1 and src.channels % 4 == 0 and (src.offset + src.c_offset * src.h * src.w) % 4 == 0
 
 
+def nhwc_cin(op: ConvOp) -> int:
+    """Input channels as conv_nhwc.cu reads them: padded to whole 16-byte pieces (3 -> 8 for the first conv)."""
+    return -(-op.src.channels // NHWC_PIECE) * NHWC_PIECE
+
+
 def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str = "fp32",
-                   winograd: bool | None = None, tiles: tuple[Tile, ...] | None = None) -> dict[str, ConvConfig | None]:
+                   winograd: bool | None = None, tiles: tuple[Tile, ...] | None = None,
+                   nhwc: bool = False) -> dict[str, ConvConfig | None]:
     """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it.
     fixup: split-K convs reduce in the kernel where the tile has a _fixup variant (else with conv_splitk_reduce).
     precision: "tf32" / "fp16" pick conv_tf32.cu's / conv_f16.cu's tiles for the direct GEMMs (convs and the
@@ -238,13 +250,19 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     WINO_MIN_BATCH up), True takes the fastest Winograd tile, False the direct kernel. The Winograd GEMMs are FFMA
     in every precision, and the choice is made against the FFMA direct kernel in every precision too: the
     tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
-    run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward."""
+    run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
+    nhwc: every conv on conv_nhwc.cu (tiles: a subset of NHWC_TILES), no Winograd; the FC as in fp16."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
-    tiles = tiles or TILES_OF[precision]
+    conv_tiles = tiles or (NHWC_TILES if nhwc else TILES_OF[precision])
+    tiles = TILES_OF[precision] if nhwc else conv_tiles
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
-        if isinstance(op, ConvOp):
+        if isinstance(op, ConvOp) and nhwc:
+            k_total = nhwc_cin(op) * op.kernel[0] * op.kernel[1]
+            configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels, k_total, num_sms,
+                                           False, conv_tiles)
+        elif isinstance(op, ConvOp):
             if op.kernel not in KERNEL_SIZES:
                 raise EngineError(f"{op.name}: no CUDA kernel for a {op.kernel[0]}x{op.kernel[1]} convolution "
                                   f"(have {', '.join(f'{a}x{b}' for a, b in KERNEL_SIZES)})")
@@ -266,10 +284,12 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
 
 
 def tuning_candidates(plan: Plan, num_sms: int, fixup: bool, precision: str,
-                      winograd: bool | None) -> list[dict[str, ConvConfig | None]]:
+                      winograd: bool | None, nhwc: bool = False) -> list[dict[str, ConvConfig | None]]:
     """The config sets ``tune_configs`` times, each a whole forward's: one per direct tile of the precision (every
     conv on that tile, split-K as the model picks it for the tile) and, unless winograd is False, one with every
-    eligible conv by Winograd (the others as the model picks)."""
+    eligible conv by Winograd (the others as the model picks). nhwc: one per NHWC tile."""
+    if nhwc:
+        return [choose_configs(plan, num_sms, False, precision, False, (t,), nhwc=True) for t in NHWC_TILES]
     sets = [choose_configs(plan, num_sms, fixup, precision, False, (t,)) for t in TILES_OF[precision]]
     if winograd is not False:
         sets.append(choose_configs(plan, num_sms, fixup, precision, True))
@@ -296,15 +316,17 @@ def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
 def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
     if d is None:
         return None
-    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + WINO_TILES}
+    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + WINO_TILES}
     return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
 
 def tuning_key(device_name: str, arch: str, num_sms: int, plan: Plan, precision: str, fixup: bool,
-               winograd: bool | None) -> str:
+               winograd: bool | None, nhwc: bool = False) -> str:
     """What a tuned config set depends on: the GPU, the kernels' build, the conv shapes, the mode."""
     ops = [(op.name, op.kernel, op.stride, op.pad, op.src.dims, op.dst.dims) for op in plan.conv_ops]
     what = [device_name, arch, num_sms, cuda_build.build_key(arch), precision, fixup, winograd is not False, ops]
+    if nhwc:
+        what.append("nhwc")
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
 
@@ -428,7 +450,14 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     """A direct conv's (or the FC-as-GEMM's) weights (Cout, Cin[, kh, kw]) as its kernel reads them, as float32
     words: wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order) for conv.cu and conv_tf32.cu, whose A tiles are rows
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
-    multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads."""
+    multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cu binary16
+    w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros as the first conv's input is)."""
+    if tile.prefix == "conv_nhwc":
+        cout, cin, kh, kw = w.shape
+        w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE), np.float16)
+        with np.errstate(over="ignore"):
+            w16[..., :cin] = w.transpose(0, 2, 3, 1)
+        return w16.reshape(cout, -1).view(np.float32)
     w = w.reshape(w.shape[0], -1)
     if tile.prefix != "conv_f16":
         return np.ascontiguousarray(w.T, dtype=np.float32)
@@ -500,11 +529,18 @@ ARG_FORMATS = {
     "fc_gemv": "PPPP" + "i" * 4,
     "softmax_rows": "PP" + "i" * 3,
     "gpu_sleep": "q",
+    "conv_nhwc_splitk_reduce": "PPP" + "i" * 5,
+    "pool2d_nhwc": "PP" + "i" * 13,
+    "global_avg_pool_nhwc": "PP" + "i" * 5,
+    "nchw_to_nhwc_f16": "PP" + "i" * 4,
 }
+NHWC_CONV_FORMAT = "PPPP" + "i" * 16
 WINO_INPUT_FORMAT = "PPP" + "i" * 10
 WINO_GEMM_FORMAT = "PPP" + "i" * 6
 WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
 SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
+             "conv_nhwc_splitk_reduce": "conv_nhwc.cu", "pool2d_nhwc": "pool_nhwc.cu",
+             "global_avg_pool_nhwc": "pool_nhwc.cu", "nchw_to_nhwc_f16": "pool_nhwc.cu",
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
 
 
@@ -524,7 +560,7 @@ def arg_format(kernel: str) -> str:
     if kernel in ARG_FORMATS:
         return ARG_FORMATS[kernel]
     for prefix, fmt in (("wino_input_", WINO_INPUT_FORMAT), ("wino_gemm_", WINO_GEMM_FORMAT),
-                        ("wino_output_", WINO_OUTPUT_FORMAT)):
+                        ("wino_output_", WINO_OUTPUT_FORMAT), ("conv_nhwc_", NHWC_CONV_FORMAT)):
         if kernel.startswith(prefix):
             return fmt
     return FIXUP_FORMAT if kernel.endswith("_fixup") else CONV_FORMAT
@@ -533,17 +569,20 @@ def arg_format(kernel: str) -> str:
 def source_of(kernel: str) -> str:
     if kernel.startswith("wino_"):
         return "winograd.cu"
-    for prefix in ("conv_tf32_", "conv_f16_"):
+    if kernel in SOURCE_OF:
+        return SOURCE_OF[kernel]
+    for prefix in ("conv_tf32_", "conv_f16_", "conv_nhwc_"):
         if kernel.startswith(prefix):
             return prefix[:-1] + ".cu"
-    return SOURCE_OF.get(kernel, "conv.cu")
+    return "conv.cu"
 
 
 def all_kernel_names() -> list[str]:
     return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES + F16_TILES
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
             + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
-                      for splits in (1, 2) for name in wino_kernel_names(k, m, t, splits)}))
+                      for splits in (1, 2) for name in wino_kernel_names(k, m, t, splits)})
+            + [f"conv_nhwc_{t.name}" for t in NHWC_TILES])
 
 
 def view_ptr(base: int, v: View) -> int:
@@ -675,6 +714,133 @@ def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, 
     return specs
 
 
+# --- the fp16 NHWC path (CudaBackend(nhwc=True)) ------------------------------------------------------------------
+# Activations are fp16 in NHWC buffers at the plan's offsets (counted in halves): element (n, c, h, w) of a view is
+# arena[offset + ((n * H + h) * W + w) * C_total + c_offset + c]. The float32 NCHW input is converted into a separate
+# buffer with its channels padded to 8 (nchw_to_nhwc_f16, launched as part of the first conv); the global average
+# pool writes float32 features, and the FC and softmax run on them as in the other modes, in a small float32 side
+# buffer that also holds the input as uploaded.
+
+
+@dataclass(frozen=True)
+class NhwcSide:
+    """Element offsets in the float32 side buffer of the NHWC path, and the padded input's channel count."""
+
+    input: int  # the float32 NCHW input as uploaded
+    features: int  # the global average pool's output, (N, C)
+    logits: int  # (N, classes)
+    elems: int
+    input_channels: int  # channels of the fp16 NHWC copy of the input (a multiple of NHWC_PIECE)
+
+
+def _aligned(x: int) -> int:
+    return -(-x // ALIGN) * ALIGN
+
+
+def nhwc_side(plan: Plan) -> NhwcSide:
+    gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))
+    n_in, n_feat = _aligned(math.prod(plan.input.dims)), _aligned(math.prod(gap.dst.dims))
+    return NhwcSide(0, n_in, n_in + n_feat, n_in + n_feat + _aligned(math.prod(plan.output.dims)),
+                    -(-plan.input.channels // NHWC_PIECE) * NHWC_PIECE)
+
+
+def check_nhwc(plan: Plan) -> None:
+    """conv_nhwc.cu and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
+    widths and channel offsets that are multiples of 8, and the input feeds convs only, and exactly one GAP and
+    one FC end the network."""
+    for op in plan.ops:
+        for v in (op.src, op.dst):
+            if v.buffer == plan.input.buffer:
+                if not isinstance(op, ConvOp) or v is op.dst:
+                    raise EngineError(f"{op.name}: the NHWC path feeds the input to convolutions only")
+                continue
+            if isinstance(op, FCOp) or (isinstance(op, GlobalAvgPoolOp) and v is op.dst):
+                continue
+            if v.channels % NHWC_PIECE or v.c_total % NHWC_PIECE or v.c_offset % NHWC_PIECE:
+                raise EngineError(f"{op.name}: the NHWC path needs channel counts and offsets that are multiples "
+                                  f"of {NHWC_PIECE} ({v.buffer} has {v.channels} at {v.c_offset} of {v.c_total}); "
+                                  f"use the default layout")
+    kinds = [type(op) for op in plan.ops]
+    if kinds.count(GlobalAvgPoolOp) != 1 or kinds.count(FCOp) != 1 or kinds[-2:] != [GlobalAvgPoolOp, FCOp]:
+        raise EngineError("the NHWC path needs a network that ends in one global average pool and one FC layer")
+
+
+def nhwc_ptr(base: int, v: View) -> int:
+    """Device address of the view's first channel of pixel 0, in an fp16 NHWC arena."""
+    return base + 2 * (v.offset + v.c_offset)
+
+
+def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
+                    ws: int) -> list[LaunchSpec]:
+    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses), and its split-K reduction when cfg.splits > 1."""
+    n, _, h, wd = op.src.dims
+    _, cout, ho, wo = op.dst.dims
+    p_total, t = n * ho * wo, cfg.tile
+    split = cfg.splits > 1
+    args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, op.dst.c_total, *op.kernel,
+            op.stride, *op.pad, cfg.k_split, 1)
+    specs = [LaunchSpec(op.name, f"conv_nhwc_{t.name}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
+                        (THREADS, 1, 1), args)]
+    if split:
+        specs.append(LaunchSpec(op.name, "conv_nhwc_splitk_reduce", (_blocks(p_total * cout // 2, THREADS), 1, 1),
+                                (THREADS, 1, 1), (ws, b, y, cfg.splits, p_total, cout, op.dst.c_total, 1)))
+    return specs
+
+
+def nhwc_pool_spec(op: PoolOp, arena: int) -> LaunchSpec:
+    n, c, h, w = op.src.dims
+    _, _, ho, wo = op.dst.dims
+    return LaunchSpec(op.name, "pool2d_nhwc", (_blocks(n * ho * wo * c // NHWC_PIECE, THREADS), 1, 1),
+                      (THREADS, 1, 1), (nhwc_ptr(arena, op.src), nhwc_ptr(arena, op.dst), n, c, h, w, op.src.c_total,
+                                        ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad, int(op.kind == "max"),
+                                        int(op.count_include_pad)))
+
+
+def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, x16: int, side: int,
+                      params: int, offsets: dict[str, int], ws: int, probs: int | None = None) -> list[LaunchSpec]:
+    """The whole fp16 NHWC forward as launches, in plan order. arena: the fp16 NHWC activations (the plan's
+    offsets in halves); x16: the padded fp16 NHWC input; side: the float32 side buffer (``nhwc_side``)."""
+    lay = nhwc_side(plan)
+    specs: list[LaunchSpec] = []
+    ws_offsets = workspace_layout(plan, configs)[1]
+    n, c, h, w = plan.input.dims
+    features = logits = None
+    for op in plan.ops:
+        if isinstance(op, (ConvOp, FCOp)):
+            wp, bp = params + 4 * offsets[op.name + ".weight"], params + 4 * offsets[op.name + ".bias"]
+            ws_op = ws + 4 * ws_offsets.get(op.name, 0)
+        if isinstance(op, ConvOp):
+            cfg = configs[op.name]
+            assert cfg is not None and cfg.tile.prefix == "conv_nhwc", f"{op.name}: not an NHWC config"
+            if op.src.buffer == plan.input.buffer:
+                # The input's conversion belongs to its first reader (per-layer times count it there).
+                if not specs:
+                    specs.append(LaunchSpec(op.name, "nchw_to_nhwc_f16", (_blocks(n * h * w, THREADS), 1, 1),
+                                            (THREADS, 1, 1), (side + 4 * lay.input, x16, n, c, h * w,
+                                                              lay.input_channels)))
+                x, x_cstride = x16, lay.input_channels
+            else:
+                x, x_cstride = nhwc_ptr(arena, op.src), op.src.c_total
+            specs += nhwc_conv_specs(op, cfg, x, x_cstride, nhwc_cin(op), nhwc_ptr(arena, op.dst), wp, bp, ws_op)
+        elif isinstance(op, PoolOp):
+            specs.append(nhwc_pool_spec(op, arena))
+        elif isinstance(op, GlobalAvgPoolOp):
+            nb, ch, hh, ww = op.src.dims
+            features = View("features", lay.features, op.dst.dims, 0, ch)
+            specs.append(LaunchSpec(op.name, "global_avg_pool_nhwc", (_blocks(nb * ch // NHWC_PIECE, THREADS), 1, 1),
+                                    (THREADS, 1, 1), (nhwc_ptr(arena, op.src), side + 4 * lay.features, nb, ch,
+                                                      hh * ww, op.src.c_total, ch)))
+        elif isinstance(op, FCOp):
+            assert features is not None
+            logits = View("logits", lay.logits, op.dst.dims, 0, op.dst.channels)
+            fc_op = FCOp(op.name, features, logits)
+            specs += fc_specs(fc_op, configs[op.name], side, wp, bp, ws_op)
+    if probs is not None:
+        assert logits is not None
+        specs.append(softmax_spec(logits, side, probs))
+    return specs
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The GPU half: pycuda from here on.
 
@@ -765,7 +931,7 @@ class CudaBackend:
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
                  winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool = False,
-                 configs: dict[str, ConvConfig | None] | None = None):
+                 configs: dict[str, ConvConfig | None] | None = None, nhwc: bool = False):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -780,9 +946,16 @@ class CudaBackend:
         3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
         1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
-        (``tune_configs``: a few seconds the first time, then from the cache). configs: use exactly these."""
+        (``tune_configs``: a few seconds the first time, then from the cache). configs: use exactly these.
+        nhwc: precision "fp16" with fp16 activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd),
+        half the activation bytes of the default layout and no per-element gather in the convs."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
+        if nhwc and precision != "fp16":
+            raise EngineError(f"the NHWC layout holds fp16 activations: use it with precision fp16, not {precision}")
+        if nhwc:
+            check_nhwc(plan)
+        self.nhwc = nhwc
         self.precision = precision
         self.fixup = fixup
         self.winograd = winograd
@@ -796,7 +969,7 @@ class CudaBackend:
             raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
                               f"use a smaller batch")
         if tune and configs is None:
-            configs = tune_configs(weights, plan, precision, fixup, winograd, device)
+            configs = tune_configs(weights, plan, precision, fixup, winograd, device, nhwc=nhwc)
         self._given_configs = configs
         drv = driver()
         self.plan = plan
@@ -840,16 +1013,26 @@ class CudaBackend:
     def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
         plan = self.plan
         self.configs = self._given_configs or choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision,
-                                                             self.winograd, self.tiles)
+                                                             self.winograd, self.tiles, self.nhwc)
         kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
-        self._arena = self._alloc(plan.arena_elems)
+        if self.nhwc:  # fp16 activations: two per float32 word (arena_elems is a multiple of ALIGN, so even)
+            self._arena = self._alloc(plan.arena_elems // 2)
+            drv.memset_d32(self._arena, HALF_NAN_BITS, plan.arena_elems // 2)
+            side = nhwc_side(plan)
+            n, _, h, w = plan.input.dims
+            self._x16 = self._alloc(n * h * w * side.input_channels // 2)
+            drv.memset_d32(self._x16, HALF_NAN_BITS, n * h * w * side.input_channels // 2)
+            self._side = self._alloc(side.elems)
+            drv.memset_d32(self._side, NAN_BITS, side.elems)
+        else:
+            self._arena = self._alloc(plan.arena_elems)
+            drv.memset_d32(self._arena, NAN_BITS, plan.arena_elems)
         self._params = self._alloc(params.size)
         self._ws = self._alloc(workspace_layout(plan, self.configs)[0])
         self._probs = self._alloc(plan.batch * plan.output.channels) if softmax else None
         n_counters = counter_layout(plan, self.configs)[0]
         self._counters = self._alloc(n_counters) if self.fixup and n_counters else None
-        drv.memset_d32(self._arena, NAN_BITS, plan.arena_elems)
         if self._counters is not None:
             drv.memset_d32(self._counters, 0, n_counters)
         drv.memcpy_htod(self._params, params)
@@ -858,10 +1041,16 @@ class CudaBackend:
         self._x_host = drv.pagelocked_empty(plan.input.dims, np.float32)
         self._y_host = drv.pagelocked_empty((plan.batch, plan.output.channels), np.float32)
         self._host = [self._x_host, self._y_host]
-        self._in_ptr = view_ptr(self._arena, plan.input)
-        self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
-        self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
-                                  self._counters)
+        if self.nhwc:
+            self._in_ptr = self._side + 4 * side.input
+            self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
+            self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._x16, self._side, self._params,
+                                           offsets, self._ws, self._probs)
+        else:
+            self._in_ptr = view_ptr(self._arena, plan.input)
+            self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
+            self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
+                                      self._counters)
         self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
         self._sleep = kernels["gpu_sleep"]
         if self.concurrent:
@@ -1026,25 +1215,26 @@ def tuning_cache_dir() -> Path:
 
 
 def time_convs(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None], precision: str = "fp32",
-               fixup: bool = False, device: int = 0, iters: int = 10) -> dict[str, float]:
+               fixup: bool = False, device: int = 0, iters: int = 10, nhwc: bool = False) -> dict[str, float]:
     """Median milliseconds of each conv of a forward with these configs: one eager, serial backend,
     CudaBackend.time_layers on an N(0, 1) input."""
     x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
     with CudaBackend(weights, plan, graph=False, concurrent=False, device=device, fixup=fixup, precision=precision,
-                     configs=configs) as backend:
+                     configs=configs, nhwc=nhwc) as backend:
         ms = backend.time_layers(x, iters=iters, only={op.name for op in plan.conv_ops})
     return {name: statistics.median(t) for name, t in ms.items()}
 
 
 def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: bool = False,
-                 winograd: bool | None = True, device: int = 0, iters: int = 10) -> dict[str, ConvConfig | None]:
+                 winograd: bool | None = True, device: int = 0, iters: int = 10,
+                 nhwc: bool = False) -> dict[str, ConvConfig | None]:
     """The configs of a forward with each conv's measured fastest candidate (``tuning_candidates``: every direct
     tile, and Winograd unless winograd is False), each conv timed in place with CudaBackend.time_layers (median of
     ``iters``) in one eager backend per candidate set. Cached per GPU, kernel build, conv shapes and mode as JSON in
     ``tuning_cache_dir()``, so only the first backend of a kind pays for it."""
     gpu = Gpu(device)
     try:
-        key = tuning_key(gpu.device.name(), gpu.arch, gpu.num_sms, plan, precision, fixup, winograd)
+        key = tuning_key(gpu.device.name(), gpu.arch, gpu.num_sms, plan, precision, fixup, winograd, nhwc)
         num_sms = gpu.num_sms
     finally:
         gpu.release()
@@ -1053,9 +1243,9 @@ def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: b
         return {name: config_from_json(d) for name, d in json.loads(path.read_text()).items()}
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not tuned yet, or a damaged file: tune again
-    sets = tuning_candidates(plan, num_sms, fixup, precision, winograd)
-    times = [time_convs(weights, plan, configs, precision, fixup, device, iters) for configs in sets]
-    best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd), sets, times)
+    sets = tuning_candidates(plan, num_sms, fixup, precision, winograd, nhwc)
+    times = [time_convs(weights, plan, configs, precision, fixup, device, iters, nhwc) for configs in sets]
+    best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd, nhwc=nhwc), sets, times)
     saved = {name: config_to_json(c) for name, c in best.items()}
     atomic_write(path, lambda f: f.write(json.dumps(saved, indent=1).encode()))
     return {name: config_from_json(d) for name, d in saved.items()}  # as a later run reads them back
@@ -1095,7 +1285,7 @@ SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3, "fp16": 3e-3}
 
 
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None,
-             precision: str = "fp32", winograd: bool | None = None) -> bool:
+             precision: str = "fp32", winograd: bool | None = None, nhwc: bool = False) -> bool:
     """fp32: rel L2 <= 1e-4 and the same top 5; tf32: rel L2 <= 3e-3 and the same top 1 (a tie within the TF32
     error of the reference's logits excepted)."""
     from .numpy_backend import NumpyBackend
@@ -1104,7 +1294,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     plan = build_plan(batch, weights.layers(), input_size=input_size)
     x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
     with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision,
-                     winograd=winograd) as backend:
+                     winograd=winograd, nhwc=nhwc) as backend:
         got = backend.forward(x)
         launches, streams = len(backend.specs), max(1, len(backend._streams))
         wino = sum(1 for c in backend.configs.values() if c is not None and c.wino)
@@ -1115,7 +1305,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     else:
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= tol and same
-    print(f"cuda selftest ({precision}): batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, "
+    print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}): batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, "
           f"{launches} launches on {streams} stream(s), {wino} Winograd convs: rel L2 {err:.2e} (limit {tol:.0e}), "
           f"{what} {'same' if same else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok
@@ -1133,12 +1323,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--winograd", choices=("on", "off", "auto"), default="on",
                    help="stride-1 3x3/5x5/1x7/7x1 convs by Winograd (on, the backend's default: every eligible "
                         "conv; auto: where the cost model expects a gain)")
+    p.add_argument("--nhwc", action="store_true", help="fp16 activations in NHWC buffers (with --precision fp16)")
     args = p.parse_args(argv)
     concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
     winograd = None if args.winograd == "auto" else args.winograd == "on"
     try:
         return 0 if selftest(args.batch, args.graph == "on", args.input_size, concurrent=concurrent,
-                             precision=args.precision, winograd=winograd) else 1
+                             precision=args.precision, winograd=winograd, nhwc=args.nhwc) else 1
     except EngineError as e:
         print(f"cuda selftest: {e}", file=sys.stderr)
         return 2

@@ -28,6 +28,9 @@ inline dim3 gridDim, blockDim, blockIdx, threadIdx;
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __syncthreads() emu::yield()
+struct alignas(8) float2 {
+    float x, y;
+};
 struct alignas(16) float4 {
     float x, y, z, w;
 };
