@@ -43,8 +43,8 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
     constexpr int NT = 256, BK = 32, ROWS = NT / 4;  // threads; k per stage; tile rows one pass of the loader covers
     constexpr int WARPS_N = NT / 32 / WARPS_M, WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MI = WM / 16, NJ = WN / 8;  // m16n8 tiles per warp
-    constexpr int A_ROWS = BM / ROWS, B_ROWS = BN / ROWS;  // rows of each tile per thread
-    static_assert(WM % 16 == 0 && NJ % 2 == 0 && BM % ROWS == 0 && BN % ROWS == 0, "tile shape");
+    constexpr int A_ROWS = BM / ROWS, B_ROWS = (BN + ROWS - 1) / ROWS;  // rows of each tile per thread
+    static_assert(WM % 16 == 0 && NJ % 2 == 0 && BM % ROWS == 0 && (BN % ROWS == 0 || BN < ROWS), "tile shape");
 
     __shared__ __align__(128) unsigned short As[STAGES][BM][BK];
     __shared__ __align__(128) unsigned short Bs[STAGES][BN][BK];
@@ -83,6 +83,7 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
 #pragma unroll
         for (int i = 0; i < B_ROWS; ++i) {
             const int row = row0 + ROWS * i, m = m0 + row;
+            if (BN < ROWS && row >= BN) break;  // a narrow tile: the threads of the first BN rows load it
             const bool ok = k_ok && m < cout;
             cp_async::copy16_or_zero(&Bs[stage][row][swizzled(row, piece)], ok ? w16 + (size_t)m * k_total + k : w16,
                                      ok);
@@ -187,6 +188,7 @@ CONV_NHWC_KERNEL(128, 128, 2, 3, 2)  // warp tile 64x32, 48 KB
 CONV_NHWC_KERNEL(128, 64, 4, 4, 2)   // warp tile 32x32, 48 KB
 CONV_NHWC_KERNEL(64, 128, 2, 4, 2)   // warp tile 32x32, 48 KB
 CONV_NHWC_KERNEL(64, 64, 2, 4, 3)    // warp tile 32x16, 32 KB
+CONV_NHWC_KERNEL(128, 32, 4, 4, 3)   // warp tile 32x16, 40 KB: Cout = 32 layers
 
 // y[p, m] (fp16, NHWC view) = relu(bias[m] + sum over z of ws[z][p][m]), two channels per thread.
 extern "C" __global__ void __launch_bounds__(256)

@@ -100,7 +100,7 @@ bench "inception-bench" 150 --backends cuda,cuda-untuned,cudnn,torch,torch-graph
 bench "inception-bench tf32" 90 --backends cuda,cuda-untuned,cudnn,torch-graph --precision tf32 \
   --batch-sizes 1,8,32,128 --iters 20
 
-bench "inception-bench fp16" 90 --backends cuda,cuda-untuned,torch-graph --precision fp16 --batch-sizes 1,8,32,128 \
+bench "inception-bench fp16" 90 --backends cuda,cuda-nchw,cuda-untuned,torch-graph --precision fp16 --batch-sizes 1,8,32,128 \
   --iters 20
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \

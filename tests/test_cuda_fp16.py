@@ -383,7 +383,7 @@ def test_backend_fp16_forward_on_the_emulator(backend_emu_lib):
     """The backend's self-test with precision fp16: the whole network (75x75, batch 1) in the emulator."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
                              "--batch", "1", "--graph", "off", "--concurrent", "off", "--input-size", "75",
-                             "--precision", "fp16")
+                             "--precision", "fp16", "--layout", "nchw")
     out = r.stdout[-2000:] + r.stderr[-3000:]
     assert r.returncode == 0 and "selftest (fp16)" in r.stdout and "PASS" in r.stdout, out
 
@@ -437,7 +437,7 @@ def test_gpu_fp16_network_top1_agrees_with_float64_on_256_inputs(weights):
     """The issue's criterion for --precision fp16, on 256 synthetic N(0, 1) inputs in batches of 32: rel L2 of
     the logits <= 1e-2 per batch and the top class float64's on >= 99%; every conv and the FC-as-GEMM run fp16."""
     plan = build_plan(32, weights.layers())
-    with cb.CudaBackend(weights, plan, precision="fp16") as backend:
+    with cb.CudaBackend(weights, plan, precision="fp16", nhwc=False) as backend:
         assert all(s.kernel.startswith(PREFIX + "_") for s in backend.specs
                    if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce")
         assert_top1_agrees_on_256_inputs(backend, weights, plan, NET_TOL)
@@ -451,7 +451,7 @@ def test_gpu_fp16_network_is_within_twice_the_fp16_ideal(weights):
     x = make_input(2, seed=2)
     ref = reference(weights, x, 2)
     ideal_err = rel_l2(fp16_forward(weights, x), ref)
-    with cb.CudaBackend(weights, build_plan(2, weights.layers()), precision="fp16") as backend:
+    with cb.CudaBackend(weights, build_plan(2, weights.layers()), precision="fp16", nhwc=False) as backend:
         got = backend.forward(x)
     assert np.isfinite(got).all()
     err = rel_l2(got, ref)

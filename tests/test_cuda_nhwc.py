@@ -339,7 +339,7 @@ def test_backend_nhwc_forward_on_the_emulator(backend_emu_lib):
     """One fp16 NHWC forward (75x75 images, batch 2, branches on several streams) against float64."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
                              "--batch", "2", "--graph", "off", "--concurrent", "on", "--input-size", "75",
-                             "--precision", "fp16", "--nhwc")
+                             "--precision", "fp16", "--layout", "nhwc")
     assert r.returncode == 0 and "PASS" in r.stdout and "nhwc" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 
@@ -348,7 +348,8 @@ def test_gpu_nhwc_network_top1_agrees_with_float64_on_256_inputs(weights):
     """The issue's criterion for --precision fp16 with fp16 activations: rel L2 of the logits <= 1e-2 per batch of
     32 and the top class float64's on >= 99% of 256 inputs; every conv on conv_nhwc.cu, in a CUDA graph."""
     plan = build_plan(32, weights.layers())
-    with cb.CudaBackend(weights, plan, precision="fp16", nhwc=True) as backend:
+    with cb.CudaBackend(weights, plan, precision="fp16") as backend:  # the default layout of fp16
+        assert backend.nhwc
         convs = {s.kernel for s in backend.specs if s.kernel.startswith("conv_")} - {"conv_splitk_reduce"}
         assert convs and all(k.startswith("conv_nhwc_") or k.startswith("conv_f16_") for k in convs), convs
         assert_top1_agrees_on_256_inputs(backend, weights, plan, NET_TOL)

@@ -49,8 +49,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "cuda-untuned": ("cuda", {}),  # the cost model's tiles, Winograd for every eligible conv: the A/B of tuning
     "cuda-direct": ("cuda", {"winograd": False}),  # no Winograd, the model's tiles: the A/B against Winograd
     "cuda-model": ("cuda", {"winograd": None}),  # Winograd only where the cost model expects a gain
-    # fp16 activations in NHWC buffers (conv_nhwc.cu; --precision fp16 only), each conv's tile measured as cuda's
-    "cuda-nhwc": ("cuda", {"nhwc": True, "tune": True}),
+    # --precision fp16 on fp32 NCHW activations (conv_f16.cu, Winograd), tuned: the A/B of cuda's fp16 NHWC path
+    "cuda-nchw": ("cuda", {"nhwc": False, "tune": True}),
 }
 BENCH_BACKENDS = (*BACKENDS, *VARIANTS)
 

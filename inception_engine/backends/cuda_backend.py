@@ -11,7 +11,7 @@ The planning half (configs, parameter packing, launch specs) is plain Python and
 only when a backend is built, so a missing pycuda is reported by ``check_available`` as one line.
 
     python -m inception_engine.backends.cuda_backend --selftest [--batch 1] [--graph on|off] [--input-size 299]
-        [--precision fp32|tf32|fp16]
+        [--precision fp32|tf32|fp16] [--layout auto|nchw|nhwc]
 
 runs one forward on random He-initialised weights against the float64 NumPy reference (for compute-sanitizer).
 
@@ -19,8 +19,11 @@ Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3), F(4
 for the stride-1 3x3, 5x5, 1x7 and 7x1 convs where ``winograd_config``'s model expects a clear gain
 (``CudaBackend(winograd=...)`` forces either way);
 "tf32" runs the other convolutions and the FC-as-GEMM on the tensor cores (conv_tf32.cu: TF32 products, fp32 sums, a
-relative error of ~1e-3 instead of ~1e-6); "fp16" likewise with fp16 products (conv_f16.cu, the same GEMM template
-with mma.m16n8k16). The Winograd convs stay FFMA in every precision, and the tensors in memory stay fp32.
+relative error of ~1e-3 instead of ~1e-6), with the Winograd convs still FFMA and the tensors in memory fp32.
+"fp16" keeps the activations themselves in fp16, channels innermost (NHWC): every conv is conv_nhwc.cu's implicit
+GEMM, whose operands are whole 16-byte pieces loaded by cp.async, the pools are pool_nhwc.cu's, and the FC runs on
+float32 features (``nhwc_launch_specs``). ``CudaBackend(nhwc=False)`` runs fp16 products on fp32 NCHW tensors
+instead (conv_f16.cu, Winograd as tf32), the layout of the other precisions.
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
 # conv_nhwc.cu's tiles (fp16 NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
 # channels (the GEMM's rows and columns there), so conv_config is called with (pixels, Cout); speeds as fp16's.
 NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32, 2, 450e3, "conv_nhwc", False),
-              Tile(64, 128, 32, 2, 450e3, "conv_nhwc", False), Tile(64, 64, 32, 3, 300e3, "conv_nhwc", False))
+              Tile(64, 128, 32, 2, 450e3, "conv_nhwc", False), Tile(64, 64, 32, 3, 300e3, "conv_nhwc", False),
+              Tile(128, 32, 32, 3, 300e3, "conv_nhwc", False))
 NHWC_PIECE = 8  # channels per 16-byte piece of fp16: NHWC channel counts, strides and offsets are multiples of it
 HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
@@ -765,6 +769,14 @@ def check_nhwc(plan: Plan) -> None:
         raise EngineError("the NHWC path needs a network that ends in one global average pool and one FC layer")
 
 
+def nhwc_fits(plan: Plan) -> bool:
+    try:
+        check_nhwc(plan)
+    except EngineError:
+        return False
+    return True
+
+
 def nhwc_ptr(base: int, v: View) -> int:
     """Device address of the view's first channel of pixel 0, in an fp16 NHWC arena."""
     return base + 2 * (v.offset + v.c_offset)
@@ -931,7 +943,7 @@ class CudaBackend:
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
                  winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool = False,
-                 configs: dict[str, ConvConfig | None] | None = None, nhwc: bool = False):
+                 configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -947,14 +959,19 @@ class CudaBackend:
         1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
         (``tune_configs``: a few seconds the first time, then from the cache). configs: use exactly these.
-        nhwc: precision "fp16" with fp16 activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd),
-        half the activation bytes of the default layout and no per-element gather in the convs."""
+        nhwc: fp16 activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd; precision "fp16" only):
+        half the activation bytes and no per-element gather in the convs. Default (None): for precision "fp16"
+        wherever the plan's channel counts allow it (``check_nhwc``; measured 1.6x faster at batch 1 and 2.3x at
+        batch 128 than fp32 NCHW activations on an H200, docs/PERFORMANCE.md round 5); False: conv_f16.cu on fp32
+        NCHW activations."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         if nhwc and precision != "fp16":
             raise EngineError(f"the NHWC layout holds fp16 activations: use it with precision fp16, not {precision}")
         if nhwc:
             check_nhwc(plan)
+        elif nhwc is None:
+            nhwc = precision == "fp16" and nhwc_fits(plan)
         self.nhwc = nhwc
         self.precision = precision
         self.fixup = fixup
@@ -1285,7 +1302,7 @@ SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3, "fp16": 3e-3}
 
 
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None,
-             precision: str = "fp32", winograd: bool | None = None, nhwc: bool = False) -> bool:
+             precision: str = "fp32", winograd: bool | None = None, nhwc: bool | None = None) -> bool:
     """fp32: rel L2 <= 1e-4 and the same top 5; tf32: rel L2 <= 3e-3 and the same top 1 (a tie within the TF32
     error of the reference's logits excepted)."""
     from .numpy_backend import NumpyBackend
@@ -1298,6 +1315,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
         got = backend.forward(x)
         launches, streams = len(backend.specs), max(1, len(backend._streams))
         wino = sum(1 for c in backend.configs.values() if c is not None and c.wino)
+        nhwc = backend.nhwc
     ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
     err, tol = rel_l2(got, ref), SELFTEST_TOL[precision]
     if precision == "fp32":
@@ -1323,13 +1341,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--winograd", choices=("on", "off", "auto"), default="on",
                    help="stride-1 3x3/5x5/1x7/7x1 convs by Winograd (on, the backend's default: every eligible "
                         "conv; auto: where the cost model expects a gain)")
-    p.add_argument("--nhwc", action="store_true", help="fp16 activations in NHWC buffers (with --precision fp16)")
+    p.add_argument("--layout", choices=("auto", "nchw", "nhwc"), default="auto",
+                   help="activations: nhwc = fp16 NHWC (precision fp16 only), nchw = fp32 NCHW, auto = the "
+                        "backend's default (nhwc for fp16)")
     args = p.parse_args(argv)
     concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
     winograd = None if args.winograd == "auto" else args.winograd == "on"
     try:
         return 0 if selftest(args.batch, args.graph == "on", args.input_size, concurrent=concurrent,
-                             precision=args.precision, winograd=winograd, nhwc=args.nhwc) else 1
+                             precision=args.precision, winograd=winograd,
+                             nhwc=None if args.layout == "auto" else args.layout == "nhwc") else 1
     except EngineError as e:
         print(f"cuda selftest: {e}", file=sys.stderr)
         return 2
