@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_check.sh
 #
-# 1. pytest -m gpu on the CUDA kernel, backend, tf32, fp16 and Winograd tests (every layer shape, edge cases with
+# 1. pytest -m gpu on the CUDA kernel, backend, tf32, fp16, Winograd and NHWC tests (every layer shape, edge cases with
 #    NaN-poisoned outputs, the whole network vs float64 in every precision, graph and eager)
 # 2. compute-sanitizer memcheck on one forward with every eligible conv by Winograd (299x299, batch 2)
 # 3. inception-bench fp32: cuda (tuned: each conv's measured fastest tile / Winograd) vs cuda-untuned (the cost
@@ -13,13 +13,13 @@
 #    same)
 # 5. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
 #    other gpu-marked test of the repo (cuDNN, torch, CLI)
-# 6. memcheck of an eager serial and an eager concurrent forward, the tf32 and fp16 self-tests through the
+# 6. memcheck of an eager serial, an eager concurrent and an fp16 NHWC forward, the tf32 and fp16 self-tests through the
 #    concurrent graph, and scripts/bench_kernels.py (forward ms of every mode, per-op TFLOP/s), as the budget allows
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
 # summary always prints inside the device's 10-minute command limit; steps run most important first. The limits of
-# the steps before inception-bench add up to 285 s, so it always gets its full 150 s.
+# the steps before inception-bench add up to 395 s: run with GPU_CHECK_BUDGET=590 for its full 150 s.
 set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
@@ -73,9 +73,9 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
-step "pytest cuda" env_pytest.log 220 python3 -m pytest -m gpu -q -rfEs --durations=10 \
+step "pytest cuda" env_pytest.log 260 python3 -m pytest -m gpu -q -rfEs --durations=10 \
   tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_tf32.py tests/test_cuda_fp16.py \
-  tests/test_cuda_winograd.py
+  tests/test_cuda_winograd.py tests/test_cuda_nhwc.py
 
 step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --input-size 299 --winograd on
@@ -110,13 +110,16 @@ step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovi
 
 step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
   --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_tf32.py \
-  --ignore=tests/test_cuda_fp16.py --ignore=tests/test_cuda_winograd.py
+  --ignore=tests/test_cuda_fp16.py --ignore=tests/test_cuda_winograd.py --ignore=tests/test_cuda_nhwc.py
 
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
 
 step "memcheck concurrent" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299
+
+step "memcheck fp16 nhwc" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299 --precision fp16 --layout nhwc
 
 step "selftest tf32 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on --precision tf32
 
