@@ -179,6 +179,27 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
         }
 }
 
+// The cp.async ring of conv_mma_gemm and conv_nhwc.cu: load(k, stage) issues this thread's copies of the K tile that
+// starts at k into buffer `stage`, math(stage) multiplies the tile in buffer `stage`. With STAGES buffers, tile
+// t + STAGES - 1 is in flight while tile t is multiplied, one barrier per tile.
+template <int STAGES, int BK, class Load, class Math>
+__device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math) {
+    const int tiles = (k_end - k_begin + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) load(k_begin + s * BK, s);
+        cp_async::commit();  // empty groups too: group i always holds tile i
+    }
+    for (int kt = 0; kt < tiles; ++kt) {
+        cp_async::wait<STAGES - 2>();  // this thread's copies of tile kt have landed ...
+        __syncthreads();               // ... everyone's have, and everyone is done with tile kt - 1
+        const int next = kt + STAGES - 1;
+        if (next < tiles) load(k_begin + next * BK, next % STAGES);  // into the buffer of tile kt - 1
+        cp_async::commit();
+        math(kt % STAGES);
+    }
+}
+
 template <class Op, int KH, int KW, int BM, int BN, int BK, int WARPS_M, int STAGES>
 __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const float* __restrict__ wt,
                                               const float* __restrict__ bias, float* __restrict__ y, int batch,
@@ -257,19 +278,7 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    const int tiles = (k_end - k_begin + BK - 1) / BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < tiles) load(k_begin + s * BK, s);
-        cp_async::commit();  // empty groups too: group i always holds tile i
-    }
-    for (int kt = 0; kt < tiles; ++kt) {
-        cp_async::wait<STAGES - 2>();  // this thread's copies of tile kt have landed ...
-        __syncthreads();               // ... everyone's have, and everyone is done with tile kt - 1
-        const int next = kt + STAGES - 1;
-        if (next < tiles) load(k_begin + next * BK, next % STAGES);  // into the buffer of tile kt - 1
-        cp_async::commit();
-        const int st = kt % STAGES;
+    cp_async_ring<STAGES, BK>(k_begin, k_end, load, [&](int st) {
 #pragma unroll
         for (int kk = 0; kk < BK; kk += Op::K) {
             unsigned a[MI][4], b[NJ][2];
@@ -279,7 +288,7 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
 #pragma unroll
                 for (int j = 0; j < NJ; ++j) Op::mma(acc[i][j], a[i], b[j]);
         }
-    }
+    });
 
     store_mma_tile<MI, NJ>(acc, bias, y, m0 + wm, n0 + wn, lane, cout, n_total, howo, y_bstride, relu);
 }

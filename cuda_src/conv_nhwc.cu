@@ -13,7 +13,7 @@
 // registers becomes one cp.async of 16 bytes per piece, with one decode of k -> (r, s, c) per thread and tile, and
 // padding and tails are the copy's zero fill (source size 0). The weight rows are 16-byte pieces too. Nothing passes
 // through registers on its way to shared memory, so a ring of STAGES tiles keeps STAGES - 1 tiles of loads in flight
-// behind the math of the current one, with one barrier per tile (conv_mma.cuh's scheme).
+// behind the math of the current one, with one barrier per tile (conv_mma.cuh's cp_async_ring).
 // Shared tiles As[pixel][k], Bs[m][k]: 32 k = 64 bytes per row, unpadded, so that 3 stages of 128x128 fit the 48 KB of
 // static shared memory. 16-byte piece c of row r is stored at piece c ^ (r / 2 % 4): two rows share a 128-byte bank
 // window, and the 8 rows one ldmatrix phase reads (the same logical piece of rows r0..r0+7, r0 even) then fall on
@@ -104,19 +104,7 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
     const int a_row = lane % 16, a_piece = lane / 16;
     const int b_row = lane % 8 + lane / 16 * 8, b_piece = lane / 8 % 2;
 
-    const int tiles = (k_end - k_begin + BK - 1) / BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < tiles) load(k_begin + s * BK, s);
-        cp_async::commit();  // empty groups too: group i always holds tile i
-    }
-    for (int kt = 0; kt < tiles; ++kt) {
-        cp_async::wait<STAGES - 2>();  // this thread's copies of tile kt have landed ...
-        __syncthreads();               // ... everyone's have, and everyone is done with tile kt - 1
-        const int next = kt + STAGES - 1;
-        if (next < tiles) load(k_begin + next * BK, next % STAGES);  // into the buffer of tile kt - 1
-        cp_async::commit();
-        const int st = kt % STAGES;
+    cp_async_ring<STAGES, BK>(k_begin, k_end, load, [&](int st) {
 #pragma unroll
         for (int kk = 0; kk < BK / 8; kk += 2) {  // k16 steps, counted in pieces
             unsigned b[NJ][2];
@@ -139,7 +127,7 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
                 for (int j = 0; j < NJ; ++j) f16::mma(acc[i][j], a, b[j]);
             }
         }
-    }
+    });
     cp_async::wait<0>();  // no copy may still target shared memory when the block exits
 
     // Epilogue: C[g (+8)][2t, 2t+1] of each m16n8 tile (conv_mma.cuh's C layout) = pixel p, channels m, m + 1.
