@@ -26,7 +26,7 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, pool2d
 from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, PoolOp, View, build_plan
-from mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
+from mma_harness import NVCC, Case, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
 from test_cuda_backend import assert_top1_agrees_on_256_inputs
 from test_cuda_backend import weights  # noqa: F401 (a fixture: the synthetic model of the whole-network tests)
 from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
@@ -203,26 +203,11 @@ def get_nhwc(mem, ptr: int, shape: tuple[int, int, int, int], c_offset: int, cha
     return view
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    n: int
-    cin: int
-    cout: int
-    h: int
-    w: int
-    kernel: tuple[int, int]
-    stride: int
-    pad: tuple[int, int]
-    src_extra: tuple[int, int] = (0, 0)  # channels before and after the source view in its buffer
-    dst_extra: tuple[int, int] = (0, 0)
-    relu: bool = True
-
-    def op(self) -> ConvOp:
-        ho = (self.h + 2 * self.pad[0] - self.kernel[0]) // self.stride + 1
-        wo = (self.w + 2 * self.pad[1] - self.kernel[1]) // self.stride + 1
-        src = View("x", 0, (self.n, sum(self.src_extra) + self.cin, self.h, self.w), self.src_extra[0], self.cin)
-        dst = View("y", 0, (self.n, sum(self.dst_extra) + self.cout, ho, wo), self.dst_extra[0], self.cout)
-        return ConvOp("conv", src, dst, self.kernel, self.stride, self.pad)
+def conv_op(case: Case) -> ConvOp:
+    """The case as a conv between channel-slice views (test_cuda_kernels.py's shapes, read as NHWC buffers here)."""
+    src_shape, dst_shape = case.shapes()
+    return ConvOp("conv", View("x", 0, src_shape, case.src_extra[0], case.cin),
+                  View("y", 0, dst_shape, case.dst_extra[0], case.cout), case.kernel, case.stride, case.pad)
 
 
 CASES = [
@@ -247,7 +232,7 @@ def ideal_conv(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.nd
 
 def run_conv(mem, case: Case, tile: cb.Tile, splits: int) -> None:
     rng = rng_for("nhwc", case, tile.name, splits)
-    op = case.op()
+    op = conv_op(case)
     x = rng.standard_normal(op.src.dims).astype(np.float32)
     k_total = case.cin * case.kernel[0] * case.kernel[1]
     w = (rng.standard_normal((case.cout, case.cin, *case.kernel)) / np.sqrt(k_total)).astype(np.float32)
