@@ -96,12 +96,7 @@ __device__ __forceinline__ void conv_f16_gemm(const float* __restrict__ x, const
     };
 
     float acc[MI][NJ][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    zero_acc(acc);
 
     // This lane's ldmatrix rows: A matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15); B matrices (n 0-7, k 0-7),
     // (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15), i.e. b0, b1 of n8 fragment 2jj, then of 2jj + 1.
@@ -130,12 +125,7 @@ __device__ __forceinline__ void conv_f16_gemm(const float* __restrict__ x, const
             unsigned b[NJ][2];
 #pragma unroll
             for (int jj = 0; jj < NJ / 2; ++jj) {
-                unsigned r[4];
-                ldmatrix::x4(r, &Bs[st][b_row + 16 * jj][kk + b_col]);
-                b[2 * jj][0] = r[0];
-                b[2 * jj][1] = r[1];
-                b[2 * jj + 1][0] = r[2];
-                b[2 * jj + 1][1] = r[3];
+                ldmatrix_b_pair(b[2 * jj], b[2 * jj + 1], &Bs[st][b_row + 16 * jj][kk + b_col]);
             }
 #pragma unroll
             for (int i = 0; i < MI; ++i) {

@@ -109,6 +109,28 @@ __device__ __forceinline__ void wait() {
 }  // namespace cp_async
 #endif
 
+// Zero accumulators of a warp's MI x NJ m16n8 tiles (the tensor-core kernels' one initialisation).
+template <int MI, int NJ>
+__device__ __forceinline__ void zero_acc(float (&acc)[MI][NJ][4]) {
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}
+
+// Two n8 B fragments of mma.m16n8k16 .f16 from one ldmatrix.x4 whose lanes give rows (n 0-7, k 0-7), (n 0-7, k 8-15),
+// (n 8-15, k 0-7), (n 8-15, k 8-15): b0, b1 of n 0-7 into lo, of n 8-15 into hi (conv_f16.cu's header).
+__device__ __forceinline__ void ldmatrix_b_pair(unsigned (&lo)[2], unsigned (&hi)[2], const void* row) {
+    unsigned r[4];
+    ldmatrix::x4(r, row);
+    lo[0] = r[0];
+    lo[1] = r[1];
+    hi[0] = r[2];
+    hi[1] = r[3];
+}
+
 // Operand policy: frags() loads one k step of a warp's MI A and NJ B fragments, given as = &As[st][kk][wm] and
 // bs = &Bs[st][kk][wn] (rows of SA, SB floats), g = lane / 4, t = lane % 4, in the ISA's fragment layout, so the
 // accumulators are in the C layout that store_mma_tile writes.
@@ -271,12 +293,7 @@ __device__ __forceinline__ void conv_mma_gemm(const float* __restrict__ x, const
     };
 
     float acc[MI][NJ][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    zero_acc(acc);
 
     cp_async_ring<STAGES, BK>(k_begin, k_end, load, [&](int st) {
 #pragma unroll

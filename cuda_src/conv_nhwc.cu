@@ -91,12 +91,7 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
     };
 
     float acc[MI][NJ][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    zero_acc(acc);
 
     // This lane's ldmatrix rows and pieces (conv_f16.cu): A matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15); B matrices
     // (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15). Tile rows start at multiples of 16, so the
@@ -111,12 +106,7 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
 #pragma unroll
             for (int jj = 0; jj < NJ / 2; ++jj) {
                 const int row = wn + 16 * jj + b_row;
-                unsigned r[4];
-                ldmatrix::x4(r, &Bs[st][row][swizzled(row, kk + b_piece)]);
-                b[2 * jj][0] = r[0];
-                b[2 * jj][1] = r[1];
-                b[2 * jj + 1][0] = r[2];
-                b[2 * jj + 1][1] = r[3];
+                ldmatrix_b_pair(b[2 * jj], b[2 * jj + 1], &Bs[st][row][swizzled(row, kk + b_piece)]);
             }
 #pragma unroll
             for (int i = 0; i < MI; ++i) {

@@ -145,7 +145,8 @@ def _out_hw(h: int, w: int, kernel: tuple[int, int], stride: int, pad: tuple[int
     return (h + 2 * pad[0] - kernel[0]) // stride + 1, (w + 2 * pad[1] - kernel[1]) // stride + 1
 
 
-def _align(x: int) -> int:
+def align(x: int) -> int:
+    """x elements rounded up to whole ALIGN."""
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -225,7 +226,7 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
     live: list[tuple[int, int, str]] = []  # (offset, size, buffer)
     arena = 0
     for b in sorted(first, key=lambda b: first[b]):
-        size = _align(batch * chw[b][0] * chw[b][1] * chw[b][2])
+        size = align(batch * chw[b][0] * chw[b][1] * chw[b][2])
         if reuse:
             live = [x for x in live if at[last[x[2]]] >= at[first[b]]]
         live.sort()

@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
-from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan
+from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, build_plan
 from ..weights import Weights, atomic_write, user_cache_dir
 from . import event_timed_ms
 
@@ -359,7 +359,7 @@ def workspace_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple
         if not plan.concurrent or plan.stages[i] != stage:
             used, stage = 0, plan.stages[i]
         offsets[op.name] = used
-        used += -(-elems // ALIGN) * ALIGN
+        used += align(elems)
         need = max(need, used)
     return need, offsets
 
@@ -489,7 +489,7 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
         nonlocal pos
         a = np.ascontiguousarray(a, dtype=np.float32).ravel()
         offsets[key] = pos
-        padded = -(-a.size // ALIGN) * ALIGN
+        padded = align(a.size)
         parts.extend([a, np.zeros(padded - a.size, np.float32)])
         pos += padded
 
@@ -737,14 +737,10 @@ class NhwcSide:
     input_channels: int  # channels of the fp16 NHWC copy of the input (a multiple of NHWC_PIECE)
 
 
-def _aligned(x: int) -> int:
-    return -(-x // ALIGN) * ALIGN
-
-
 def nhwc_side(plan: Plan) -> NhwcSide:
     gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))
-    n_in, n_feat = _aligned(math.prod(plan.input.dims)), _aligned(math.prod(gap.dst.dims))
-    return NhwcSide(0, n_in, n_in + n_feat, n_in + n_feat + _aligned(math.prod(plan.output.dims)),
+    n_in, n_feat = align(math.prod(plan.input.dims)), align(math.prod(gap.dst.dims))
+    return NhwcSide(0, n_in, n_in + n_feat, n_in + n_feat + align(math.prod(plan.output.dims)),
                     -(-plan.input.channels // NHWC_PIECE) * NHWC_PIECE)
 
 
@@ -1038,8 +1034,9 @@ class CudaBackend:
             drv.memset_d32(self._arena, HALF_NAN_BITS, plan.arena_elems // 2)
             side = nhwc_side(plan)
             n, _, h, w = plan.input.dims
-            self._x16 = self._alloc(n * h * w * side.input_channels // 2)
-            drv.memset_d32(self._x16, HALF_NAN_BITS, n * h * w * side.input_channels // 2)
+            x16_words = n * h * w * side.input_channels // 2  # two halves per word
+            self._x16 = self._alloc(x16_words)
+            drv.memset_d32(self._x16, HALF_NAN_BITS, x16_words)
             self._side = self._alloc(side.elems)
             drv.memset_d32(self._side, NAN_BITS, side.elems)
         else:
