@@ -14,6 +14,10 @@
 // padding and tails are the copy's zero fill (source size 0). The weight rows are 16-byte pieces too. Nothing passes
 // through registers on its way to shared memory, so a ring of STAGES tiles keeps STAGES - 1 tiles of loads in flight
 // behind the math of the current one, with one barrier per tile (conv_mma.cuh's cp_async_ring).
+// L1: a tile moves (2 / BN + 2 / BM) bytes into shared memory per multiply-add, which at 128x128 is 4 TB/s at 256
+// TFLOP/s, near what L2 delivers. The input pieces are therefore copied with .ca (kept in L1): the windows of
+// neighbouring taps overlap (tap s + 1 of a row reads the pixels of tap s, shifted by one), so a KxK conv's re-reads
+// of its block's input are mostly L1 hits. The weights (read once per block) stay .cg.
 // Shared tiles As[pixel][k], Bs[m][k]: 32 k = 64 bytes per row, unpadded, so that 3 stages of 128x128 fit the 48 KB of
 // static shared memory. 16-byte piece c of row r is stored at piece c ^ (r / 2 % 4): two rows share a 128-byte bank
 // window, and the 8 rows one ldmatrix phase reads (the same logical piece of rows r0..r0+7, r0 even) then fall on
@@ -78,7 +82,7 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
             const int row = row0 + ROWS * i, ih = a_ih[i] + r, iw = a_iw[i] + s;
             const bool ok = k_ok && (unsigned)ih < (unsigned)h && (unsigned)iw < (unsigned)w;
             const unsigned short* src = ok ? x + ((size_t)(a_img[i] + ih) * w + iw) * x_cstride + c : x;
-            cp_async::copy16_or_zero(&As[stage][row][swizzled(row, piece)], src, ok);
+            cp_async::copy16_or_zero_l1(&As[stage][row][swizzled(row, piece)], src, ok);
         }
 #pragma unroll
         for (int i = 0; i < B_ROWS; ++i) {

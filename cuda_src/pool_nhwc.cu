@@ -1,13 +1,10 @@
-// pool_nhwc.cu: the pools of the fp16 NHWC path (CudaBackend(nhwc=True)), and the conversion of the float32 NCHW
-// input into it.
+// pool_nhwc.cu: the pools of the fp16 NHWC path (CudaBackend(nhwc=True)).
 //
 // pool2d_nhwc: pool.cu's pool2d on fp16 channel slices of NHWC buffers: y[b, oh, ow, c] = max or mean of
 // x[b, oh*S - P + r, ow*S - P + s, c] over the K x K window (max ignores padding; mean divides by K*K with
 // count_include_pad, else by the positions inside the image); sums and maxima in fp32, one rounding at the store.
 // global_avg_pool_nhwc: y[b, c] = mean over H*W of x[b, :, :, c], written as float32 (the classifier's input, batch
 // item b at y + b*y_bstride), so the FC runs on fp32 features as in the other modes.
-// nchw_to_nhwc_f16: x (N, C, H, W) float32 -> y (N, H, W, c_pad) fp16, channels C..c_pad-1 zero, so the first conv
-// reads whole 16-byte pieces as every other conv does (c_pad a multiple of 8).
 //
 // Idea: memory-bound and tiny; each thread moves 8 channels (16 bytes) of one pixel, consecutive threads the next 8
 // channels of the same pixel, so a warp's loads and stores are contiguous runs of 16-byte pieces. Views as in
@@ -16,7 +13,6 @@
 //
 // Launch: pool2d_nhwc: block 256, grid ceil(batch*Ho*Wo*channels/8 / 256).
 //         global_avg_pool_nhwc: block 256, grid ceil(batch*channels/8 / 256).
-//         nchw_to_nhwc_f16: block 256, grid ceil(batch*H*W / 256).
 #include "conv_mma.cuh"
 
 __device__ __forceinline__ void unpack8(float (&v)[8], uint4 q) {
@@ -79,18 +75,4 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     float* yp = y + (size_t)b * y_bstride + 8 * cg;
 #pragma unroll
     for (int e = 0; e < 8; ++e) yp[e] = acc[e] / (float)hw;
-}
-
-extern "C" __global__ void __launch_bounds__(IE_THREADS)
-    nchw_to_nhwc_f16(const float* __restrict__ x, unsigned short* __restrict__ y, int batch, int channels, int hw,
-                     int c_pad) {
-    const int p = blockIdx.x * blockDim.x + threadIdx.x;  // pixel (b, i): consecutive threads read consecutive floats
-    if (p >= batch * hw) return;
-    const int b = p / hw, i = p - b * hw;
-    for (int c0 = 0; c0 < c_pad; c0 += 8) {
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = c0 + e < channels ? __ldg(x + ((size_t)b * channels + c0 + e) * hw + i) : 0.f;
-        *reinterpret_cast<uint4*>(y + (size_t)p * c_pad + c0) = pack8(v);
-    }
 }

@@ -5,7 +5,8 @@
 - CPU, g++ fiber emulator (tests/cuda_emu, whose ldmatrix and mma follow the PTX ISA independently of the kernel),
   and the same tests on the GPU (marked gpu): every tile on convs of every kernel shape, stride 2, padding, K tails
   shorter than a stage, Cout tails, channel-slice views of wider NHWC buffers, no ReLU, split-K with its reduction;
-  the pools, the global average pool and the input's NCHW -> NHWC conversion. Every buffer starts as NaN (fp16 and
+  the first conv from the float32 NCHW input (conv_input_nhwc.cu: window positions in the padding, a Cout tail past
+  one block's 32 channels, a view of a wider buffer); the pools and the global average pool. Every buffer starts as NaN (fp16 and
   fp32 NaN alike: all bytes 0xFF), including the source buffer's channels outside the view, so an unwritten output,
   a write outside the destination view or a read outside the source view fails. Conv outputs are compared with the
   ideal fp16 conv (operands rounded to fp16, sums in float64, output rounded to fp16): rel L2 <= 1e-3.
@@ -36,7 +37,7 @@ TOL = 1e-3  # rel L2 against the ideal fp16 conv: fp32 sums and one more fp16 ro
 NET_TOL = 1e-2  # the issue's bound for --precision fp16
 ROW_BYTES = 64  # a shared row: 32 k of fp16
 KERNELS = [f"conv_nhwc_{t.name}" for t in cb.NHWC_TILES] + ["conv_nhwc_splitk_reduce", "pool2d_nhwc",
-                                                             "global_avg_pool_nhwc", "nchw_to_nhwc_f16"]
+                                                             "global_avg_pool_nhwc", "conv_input_nhwc"]
 
 
 # --- CPU, NumPy ----------------------------------------------------------------------------------------------------
@@ -78,10 +79,15 @@ def test_nhwc_weights_are_fp16_rows_in_rsc_order_padded_to_eight_channels():
 def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile():
     plan = build_plan(8, concurrent=True)
     configs = cb.choose_configs(plan, 132, False, "fp16", False, nhwc=True)
-    assert all(configs[op.name].tile.prefix == "conv_nhwc" and not configs[op.name].wino for op in plan.conv_ops)
+    first = plan.conv_ops[0]
+    assert first.src.buffer == plan.input.buffer and configs[first.name] == cb.ConvConfig(
+        cb.INPUT_TILE, 1, 27, configs[first.name].est_us)
+    rest = plan.conv_ops[1:]
+    assert all(configs[op.name].tile.prefix == "conv_nhwc" and not configs[op.name].wino for op in rest)
     assert configs["fc"] is None or configs["fc"].tile.prefix == "conv_f16"
     sets = cb.tuning_candidates(plan, 132, False, "fp16", True, nhwc=True)
-    assert [{s[op.name].tile for op in plan.conv_ops} for s in sets] == [{t} for t in cb.NHWC_TILES]
+    assert [{s[op.name].tile for op in rest} for s in sets] == [{t} for t in cb.NHWC_TILES]
+    assert all(s[first.name].tile == cb.INPUT_TILE for s in sets)
 
 
 def test_nhwc_needs_fp16_and_channel_counts_in_pieces():
@@ -92,6 +98,10 @@ def test_nhwc_needs_fp16_and_channel_counts_in_pieces():
     bad = dataclasses.replace(plan, ops=tuple(odd if op is conv else op for op in plan.ops))
     with pytest.raises(EngineError, match=f"{conv.name}: the NHWC path needs channel counts"):
         cb.check_nhwc(bad)
+    first = plan.conv_ops[0]
+    wide = dataclasses.replace(first, kernel=(11, 11))  # 3 x 11 x 11 = 363 weights per output > INPUT_MAX_K
+    with pytest.raises(EngineError, match=f"{first.name}: the NHWC path's first convolution takes at most 256"):
+        cb.check_nhwc(dataclasses.replace(plan, ops=tuple(wide if op is first else op for op in plan.ops)))
     with pytest.raises(EngineError, match="precision fp16"):
         cb.CudaBackend(None, plan, precision="tf32", nhwc=True)  # type: ignore[arg-type]
 
@@ -164,7 +174,8 @@ def emu(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc is not installed (the emulated kernels are checked against the sources nvcc builds)")
     lib = compile_emu_lib(tmp_path_factory, "emu_nhwc", emu_wrapper_source(
-        "conv_nhwc.cu", [(k, cb.arg_format(k)) for k in KERNELS], ('#include "pool_nhwc.cu"',)), "-O2", True)
+        "conv_nhwc.cu", [(k, cb.arg_format(k)) for k in KERNELS], ('#include "pool_nhwc.cu"',
+                                                                    '#include "conv_input_nhwc.cu"')), "-O2", True)
     mem = Emulated(lib)
     yield mem
     mem.close()
@@ -305,16 +316,36 @@ def test_global_avg_pool_writes_float32_features(mem):
     np.testing.assert_allclose(got[:, :c], x.astype(np.float64).mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)
 
 
-def test_input_conversion_pads_channels_with_zeros(mem):
-    n, c, h, w, c_pad = 2, 3, 7, 5, 8
-    x = rng_for("input").standard_normal((n, c, h, w)).astype(np.float32)
-    x_ptr, y_ptr = mem.alloc(x.nbytes), mem.alloc(2 * n * h * w * c_pad)
-    mem.write(x_ptr, x)
-    mem.launch([cb.LaunchSpec("input", "nchw_to_nhwc_f16", (1, 1, 1), (256, 1, 1), (x_ptr, y_ptr, n, c, h * w,
-                                                                                       c_pad))])
-    got = mem.read(y_ptr, (n, h, w, c_pad), np.float16)
-    np.testing.assert_array_equal(got[..., :c], x.transpose(0, 2, 3, 1).astype(np.float16))
-    assert not got[..., c:].any()
+INPUT_CASES = [  # (n, cin, h, w, cout, kernel, stride, pad, y channels before, y channels after)
+    (2, 3, 17, 15, 32, (3, 3), 2, (0, 0), 0, 0),  # the network's first conv
+    (1, 3, 9, 11, 48, (5, 5), 1, (2, 2), 8, 16),  # windows in the padding; a second block of 16 channels
+    (3, 4, 6, 7, 8, (1, 3), 1, (0, 1), 0, 8),  # fewer channels than one block
+]
+
+
+@pytest.mark.parametrize("n,cin,h,w,cout,kernel,stride,pad,before,after", INPUT_CASES)
+def test_conv_input_reads_the_float32_nchw_input(mem, n, cin, h, w, cout, kernel, stride, pad, before, after):
+    """conv_input_nhwc: float32 input, weights and sums, one fp16 rounding: within an fp16 step of float64's."""
+    rng = rng_for("input", n, cin, cout, kernel)
+    ho, wo = (h + 2 * pad[0] - kernel[0]) // stride + 1, (w + 2 * pad[1] - kernel[1]) // stride + 1
+    op = ConvOp("first", View("x", 0, (n, cin, h, w), 0, cin),
+                View("y", 0, (n, before + cout + after, ho, wo), before, cout), kernel, stride, pad)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    w_ = (rng.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * kernel[0] * kernel[1])).astype(np.float32)
+    b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    wt = cb.direct_weights(w_, cb.INPUT_TILE)
+    ptrs = [mem.alloc(a.nbytes) for a in (x, wt, b)]
+    for ptr, a in zip(ptrs, (x, wt, b)):
+        mem.write(ptr, a)
+    y_ptr = mem.alloc(2 * math.prod(op.dst.shape))
+    cfg = cb.choose_configs(build_plan(1), 132, False, "fp16", nhwc=True)["Conv2d_1a_3x3"]
+    specs = cb.nhwc_conv_specs(op, cfg, ptrs[0], cin, cin, y_ptr + 2 * before, ptrs[1], ptrs[2], 0)
+    assert [s.kernel for s in specs] == ["conv_input_nhwc"]
+    mem.launch(specs)
+    got = get_nhwc(mem, y_ptr, op.dst.shape, before, cout)
+    ref = conv2d_bias_relu(x.astype(np.float64), w_.astype(np.float64), b.astype(np.float64), stride, pad, True)
+    np.testing.assert_allclose(got, ref, rtol=2.0 ** -10, atol=1e-6)  # fp16 keeps 11 significant bits
+    np.testing.assert_array_equal(mem.read(ptrs[0], x.shape, np.float32), x)
 
 
 # --- the whole network ---------------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ for the stride-1 3x3, 5x5, 1x7 and 7x1 convs where ``winograd_config``'s model e
 "tf32" runs the other convolutions and the FC-as-GEMM on the tensor cores (conv_tf32.cu: TF32 products, fp32 sums, a
 relative error of ~1e-3 instead of ~1e-6), with the Winograd convs still FFMA and the tensors in memory fp32.
 "fp16" keeps the activations themselves in fp16, channels innermost (NHWC): every conv is conv_nhwc.cu's implicit
-GEMM, whose operands are whole 16-byte pieces loaded by cp.async, the pools are pool_nhwc.cu's, and the FC runs on
-float32 features (``nhwc_launch_specs``). ``CudaBackend(nhwc=False)`` runs fp16 products on fp32 NCHW tensors
+GEMM, whose operands are whole 16-byte pieces loaded by cp.async, except the first, which reads the 3-channel float32
+input as uploaded (conv_input_nhwc.cu); the pools are pool_nhwc.cu's, and the FC runs on float32 features
+(``nhwc_launch_specs``). ``CudaBackend(nhwc=False)`` runs fp16 products on fp32 NCHW tensors
 instead (conv_f16.cu, Winograd as tf32), the layout of the other precisions.
 """
 
@@ -84,6 +85,10 @@ TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
 NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32, 2, 450e3, "conv_nhwc", False),
               Tile(64, 128, 32, 2, 450e3, "conv_nhwc", False), Tile(64, 64, 32, 3, 300e3, "conv_nhwc", False),
               Tile(128, 32, 32, 3, 300e3, "conv_nhwc", False))
+# conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
+# channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
+INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
+INPUT_MAX_K = 256  # conv_input_nhwc.cu's CONV_INPUT_MAX_K: Cin*KH*KW of its weights in shared memory
 NHWC_PIECE = 8  # channels per 16-byte piece of fp16: NHWC channel counts, strides and offsets are multiples of it
 HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
@@ -237,11 +242,6 @@ def uses_gemv(op: FCOp) -> bool:
     return src.n == 1 and src.channels % 4 == 0 and (src.offset + src.c_offset * src.h * src.w) % 4 == 0
 
 
-def nhwc_cin(op: ConvOp) -> int:
-    """Input channels as conv_nhwc.cu reads them: padded to whole 16-byte pieces (3 -> 8 for the first conv)."""
-    return -(-op.src.channels // NHWC_PIECE) * NHWC_PIECE
-
-
 def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str = "fp32",
                    winograd: bool | None = None, tiles: tuple[Tile, ...] | None = None,
                    nhwc: bool = False) -> dict[str, ConvConfig | None]:
@@ -255,7 +255,8 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     in every precision, and the choice is made against the FFMA direct kernel in every precision too: the
     tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
-    nhwc: every conv on conv_nhwc.cu (tiles: a subset of NHWC_TILES), no Winograd; the FC as in fp16."""
+    nhwc: every conv on conv_nhwc.cu (tiles: a subset of NHWC_TILES), no Winograd, except those that read the
+    network's input (conv_input_nhwc.cu, INPUT_TILE); the FC as in fp16."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
     conv_tiles = tiles or (NHWC_TILES if nhwc else TILES_OF[precision])
@@ -263,9 +264,11 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
         if isinstance(op, ConvOp) and nhwc:
-            k_total = nhwc_cin(op) * op.kernel[0] * op.kernel[1]
-            configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels, k_total, num_sms,
-                                           False, conv_tiles)
+            reads_input = op.src.buffer == plan.input.buffer
+            configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
+                                           op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
+                                           (INPUT_TILE,) if reads_input else conv_tiles,
+                                           1 if reads_input else MAX_SPLITS)
         elif isinstance(op, ConvOp):
             if op.kernel not in KERNEL_SIZES:
                 raise EngineError(f"{op.name}: no CUDA kernel for a {op.kernel[0]}x{op.kernel[1]} convolution "
@@ -320,7 +323,7 @@ def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
 def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
     if d is None:
         return None
-    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + WINO_TILES}
+    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + WINO_TILES + (INPUT_TILE,)}
     return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
 
@@ -455,7 +458,7 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     words: wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order) for conv.cu and conv_tf32.cu, whose A tiles are rows
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
     multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cu binary16
-    w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros as the first conv's input is)."""
+    w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros); conv_input_nhwc.cu reads wt as conv.cu."""
     if tile.prefix == "conv_nhwc":
         cout, cin, kh, kw = w.shape
         w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE), np.float16)
@@ -536,7 +539,7 @@ ARG_FORMATS = {
     "conv_nhwc_splitk_reduce": "PPP" + "i" * 5,
     "pool2d_nhwc": "PP" + "i" * 13,
     "global_avg_pool_nhwc": "PP" + "i" * 5,
-    "nchw_to_nhwc_f16": "PP" + "i" * 4,
+    "conv_input_nhwc": "PPPP" + "i" * 14,
 }
 NHWC_CONV_FORMAT = "PPPP" + "i" * 16
 WINO_INPUT_FORMAT = "PPP" + "i" * 10
@@ -544,7 +547,7 @@ WINO_GEMM_FORMAT = "PPP" + "i" * 6
 WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
 SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
              "conv_nhwc_splitk_reduce": "conv_nhwc.cu", "pool2d_nhwc": "pool_nhwc.cu",
-             "global_avg_pool_nhwc": "pool_nhwc.cu", "nchw_to_nhwc_f16": "pool_nhwc.cu",
+             "global_avg_pool_nhwc": "pool_nhwc.cu", "conv_input_nhwc": "conv_input_nhwc.cu",
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
 
 
@@ -720,39 +723,40 @@ def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, 
 
 # --- the fp16 NHWC path (CudaBackend(nhwc=True)) ------------------------------------------------------------------
 # Activations are fp16 in NHWC buffers at the plan's offsets (counted in halves): element (n, c, h, w) of a view is
-# arena[offset + ((n * H + h) * W + w) * C_total + c_offset + c]. The float32 NCHW input is converted into a separate
-# buffer with its channels padded to 8 (nchw_to_nhwc_f16, launched as part of the first conv); the global average
-# pool writes float32 features, and the FC and softmax run on them as in the other modes, in a small float32 side
-# buffer that also holds the input as uploaded.
+# arena[offset + ((n * H + h) * W + w) * C_total + c_offset + c]. The float32 NCHW input stays as uploaded, in a
+# small float32 side buffer, and the convs that read it are conv_input_nhwc.cu's; the global average pool writes
+# float32 features to the side buffer, and the FC and softmax run on them as in the other modes.
 
 
 @dataclass(frozen=True)
 class NhwcSide:
-    """Element offsets in the float32 side buffer of the NHWC path, and the padded input's channel count."""
+    """Element offsets in the float32 side buffer of the NHWC path."""
 
     input: int  # the float32 NCHW input as uploaded
     features: int  # the global average pool's output, (N, C)
     logits: int  # (N, classes)
     elems: int
-    input_channels: int  # channels of the fp16 NHWC copy of the input (a multiple of NHWC_PIECE)
 
 
 def nhwc_side(plan: Plan) -> NhwcSide:
     gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))
     n_in, n_feat = align(math.prod(plan.input.dims)), align(math.prod(gap.dst.dims))
-    return NhwcSide(0, n_in, n_in + n_feat, n_in + n_feat + align(math.prod(plan.output.dims)),
-                    -(-plan.input.channels // NHWC_PIECE) * NHWC_PIECE)
+    return NhwcSide(0, n_in, n_in + n_feat, n_in + n_feat + align(math.prod(plan.output.dims)))
 
 
 def check_nhwc(plan: Plan) -> None:
     """conv_nhwc.cu and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
-    widths and channel offsets that are multiples of 8, and the input feeds convs only, and exactly one GAP and
-    one FC end the network."""
+    widths and channel offsets that are multiples of 8; the input feeds convs only, each with at most INPUT_MAX_K
+    weights per output channel (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
     for op in plan.ops:
         for v in (op.src, op.dst):
             if v.buffer == plan.input.buffer:
                 if not isinstance(op, ConvOp) or v is op.dst:
                     raise EngineError(f"{op.name}: the NHWC path feeds the input to convolutions only")
+                k = op.src.channels * op.kernel[0] * op.kernel[1]
+                if k > INPUT_MAX_K:
+                    raise EngineError(f"{op.name}: the NHWC path's first convolution takes at most {INPUT_MAX_K} "
+                                      f"inputs per output (this one {k}); use the default layout")
                 continue
             if isinstance(op, FCOp) or (isinstance(op, GlobalAvgPoolOp) and v is op.dst):
                 continue
@@ -780,10 +784,16 @@ def nhwc_ptr(base: int, v: View) -> int:
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
                     ws: int) -> list[LaunchSpec]:
-    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses), and its split-K reduction when cfg.splits > 1."""
+    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses), and its split-K reduction when cfg.splits > 1; for
+    INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input (x_cstride unused)."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     p_total, t = n * ho * wo, cfg.tile
+    if t.prefix == "conv_input":
+        assert cfg.splits == 1, f"{op.name}: conv_input_nhwc has no split-K"
+        return [LaunchSpec(op.name, "conv_input_nhwc", (_blocks(p_total, t.bm), _blocks(cout, t.bn), 1),
+                           (THREADS, 1, 1), (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel,
+                                             op.stride, *op.pad, 1))]
     split = cfg.splits > 1
     args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, op.dst.c_total, *op.kernel,
             op.stride, *op.pad, cfg.k_split, 1)
@@ -804,14 +814,13 @@ def nhwc_pool_spec(op: PoolOp, arena: int) -> LaunchSpec:
                                         int(op.count_include_pad)))
 
 
-def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, x16: int, side: int,
-                      params: int, offsets: dict[str, int], ws: int, probs: int | None = None) -> list[LaunchSpec]:
+def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
+                      offsets: dict[str, int], ws: int, probs: int | None = None) -> list[LaunchSpec]:
     """The whole fp16 NHWC forward as launches, in plan order. arena: the fp16 NHWC activations (the plan's
-    offsets in halves); x16: the padded fp16 NHWC input; side: the float32 side buffer (``nhwc_side``)."""
+    offsets in halves); side: the float32 side buffer (``nhwc_side``)."""
     lay = nhwc_side(plan)
     specs: list[LaunchSpec] = []
     ws_offsets = workspace_layout(plan, configs)[1]
-    n, c, h, w = plan.input.dims
     features = logits = None
     for op in plan.ops:
         if isinstance(op, (ConvOp, FCOp)):
@@ -819,17 +828,12 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
             ws_op = ws + 4 * ws_offsets.get(op.name, 0)
         if isinstance(op, ConvOp):
             cfg = configs[op.name]
-            assert cfg is not None and cfg.tile.prefix == "conv_nhwc", f"{op.name}: not an NHWC config"
-            if op.src.buffer == plan.input.buffer:
-                # The input's conversion belongs to its first reader (per-layer times count it there).
-                if not specs:
-                    specs.append(LaunchSpec(op.name, "nchw_to_nhwc_f16", (_blocks(n * h * w, THREADS), 1, 1),
-                                            (THREADS, 1, 1), (side + 4 * lay.input, x16, n, c, h * w,
-                                                              lay.input_channels)))
-                x, x_cstride = x16, lay.input_channels
-            else:
-                x, x_cstride = nhwc_ptr(arena, op.src), op.src.c_total
-            specs += nhwc_conv_specs(op, cfg, x, x_cstride, nhwc_cin(op), nhwc_ptr(arena, op.dst), wp, bp, ws_op)
+            reads_input = op.src.buffer == plan.input.buffer
+            assert cfg is not None and cfg.tile.prefix == ("conv_input" if reads_input else "conv_nhwc"), \
+                f"{op.name}: not an NHWC config"
+            x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src)
+            specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels, nhwc_ptr(arena, op.dst), wp, bp,
+                                     ws_op)
         elif isinstance(op, PoolOp):
             specs.append(nhwc_pool_spec(op, arena))
         elif isinstance(op, GlobalAvgPoolOp):
@@ -1033,10 +1037,6 @@ class CudaBackend:
             self._arena = self._alloc(plan.arena_elems // 2)
             drv.memset_d32(self._arena, HALF_NAN_BITS, plan.arena_elems // 2)
             side = nhwc_side(plan)
-            n, _, h, w = plan.input.dims
-            x16_words = n * h * w * side.input_channels // 2  # two halves per word
-            self._x16 = self._alloc(x16_words)
-            drv.memset_d32(self._x16, HALF_NAN_BITS, x16_words)
             self._side = self._alloc(side.elems)
             drv.memset_d32(self._side, NAN_BITS, side.elems)
         else:
@@ -1058,7 +1058,7 @@ class CudaBackend:
         if self.nhwc:
             self._in_ptr = self._side + 4 * side.input
             self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
-            self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._x16, self._side, self._params,
+            self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
                                            offsets, self._ws, self._probs)
         else:
             self._in_ptr = view_ptr(self._arena, plan.input)
