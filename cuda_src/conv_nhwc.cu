@@ -14,10 +14,6 @@
 // padding and tails are the copy's zero fill (source size 0). The weight rows are 16-byte pieces too. Nothing passes
 // through registers on its way to shared memory, so a ring of STAGES tiles keeps STAGES - 1 tiles of loads in flight
 // behind the math of the current one, with one barrier per tile (conv_mma.cuh's cp_async_ring).
-// L1: a tile moves (2 / BN + 2 / BM) bytes into shared memory per multiply-add, which at 128x128 is 4 TB/s at 256
-// TFLOP/s, near what L2 delivers. The input pieces are therefore copied with .ca (kept in L1): the windows of
-// neighbouring taps overlap (tap s + 1 of a row reads the pixels of tap s, shifted by one), so a KxK conv's re-reads
-// of its block's input are mostly L1 hits. The weights (read once per block) stay .cg.
 // Shared tiles As[pixel][k], Bs[m][k]: 32 k = 64 bytes per row, unpadded, so that 3 stages of 128x128 fit the 48 KB of
 // static shared memory. 16-byte piece c of row r is stored at piece c ^ (r / 2 % 4): two rows share a 128-byte bank
 // window, and the 8 rows one ldmatrix phase reads (the same logical piece of rows r0..r0+7, r0 even) then fall on
@@ -62,27 +58,31 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
     const int k_end = min(k_total, k_begin + k_split);
 
     // Loader: this thread copies piece `piece` (k = 8 piece .. 8 piece + 7 of the stage) of tile rows row0 + ROWS i.
+    // Per stage it costs a few integer operations per row: the pixels' window corners are computed once, and the
+    // piece's k is decoded into (r, s, c) once and then advanced by BK per stage without a division (the stages are
+    // loaded in order). Divisions per stage had made the loop issue ~29 instructions per mma (ncu, round 6).
     const int piece = tid % 4, row0 = tid / 4;
-    int a_img[A_ROWS], a_ih[A_ROWS], a_iw[A_ROWS];  // first input row of the pixel's image, its window's corner
+    int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
+    long long a_corner[A_ROWS];      // offset of the corner's pixel (in the padding, maybe: read only when inside)
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
         const int p = p0 + row0 + ROWS * i;
         const int b = p / howo, q = p - b * howo, oh = q / wo, ow = q - oh * wo;
-        a_img[i] = b * h;
         a_ih[i] = p < p_total ? oh * stride - pad_h : -(1 << 20);  // a pixel past P reads only zero fill
         a_iw[i] = ow * stride - pad_w;
+        a_corner[i] = ((long long)(b * h + oh * stride - pad_h) * w + a_iw[i]) * x_cstride;
     }
+    int k = k_begin + 8 * piece, tap = k / cin, c = k - tap * cin, r = tap / kw, s = tap - r * kw;
 
-    auto load = [&](int kt, int stage) {
-        const int k = kt + 8 * piece;
+    auto load = [&](int, int stage) {
         const bool k_ok = k < k_end;  // k_split and K are multiples of 8: a piece is wholly inside or outside
-        const int tap = k / cin, c = k - tap * cin, r = tap / kw, s = tap - r * kw;
+        const long long tap_offset = (long long)(r * w + s) * x_cstride + c;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
             const int row = row0 + ROWS * i, ih = a_ih[i] + r, iw = a_iw[i] + s;
             const bool ok = k_ok && (unsigned)ih < (unsigned)h && (unsigned)iw < (unsigned)w;
-            const unsigned short* src = ok ? x + ((size_t)(a_img[i] + ih) * w + iw) * x_cstride + c : x;
-            cp_async::copy16_or_zero_l1(&As[stage][row][swizzled(row, piece)], src, ok);
+            cp_async::copy16_or_zero(&As[stage][row][swizzled(row, piece)], ok ? x + a_corner[i] + tap_offset : x,
+                                     ok);
         }
 #pragma unroll
         for (int i = 0; i < B_ROWS; ++i) {
@@ -92,6 +92,12 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
             cp_async::copy16_or_zero(&Bs[stage][row][swizzled(row, piece)], ok ? w16 + (size_t)m * k_total + k : w16,
                                      ok);
         }
+        k += BK;  // the next stage's piece
+        for (c += BK; c >= cin; c -= cin)
+            if (++s == kw) {
+                s = 0;
+                ++r;
+            }
     };
 
     float acc[MI][NJ][4];

@@ -367,7 +367,7 @@ def test_gpu_nhwc_network_top1_agrees_with_float64_on_256_inputs(weights):
     with cb.CudaBackend(weights, plan, precision="fp16") as backend:  # the default layout of fp16
         assert backend.nhwc
         convs = {s.kernel for s in backend.specs if s.kernel.startswith("conv_")} - {"conv_splitk_reduce"}
-        assert convs and all(k.startswith("conv_nhwc_") or k.startswith("conv_f16_") for k in convs), convs
+        assert convs and all(k.startswith(("conv_nhwc_", "conv_f16_")) or k == "conv_input_nhwc" for k in convs), convs
         assert_top1_agrees_on_256_inputs(backend, weights, plan, NET_TOL)
 
 

@@ -48,7 +48,6 @@ inline void copy16_or_zero(void* dst, const void* src, bool valid) {
     else
         std::memset(dst, 0, 16);
 }
-inline void copy16_or_zero_l1(void* dst, const void* src, bool valid) { copy16_or_zero(dst, src, valid); }
 inline void commit() {}
 template <int N>
 void wait() {}
