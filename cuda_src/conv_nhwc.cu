@@ -61,36 +61,40 @@ __device__ __forceinline__ void conv_nhwc_gemm(const unsigned short* __restrict_
     // Per stage it costs a few integer operations per row: the pixels' window corners are computed once, and the
     // piece's k is decoded into (r, s, c) once and then advanced by BK per stage without a division (the stages are
     // loaded in order). Divisions per stage had made the loop issue ~29 instructions per mma (ncu, round 6).
+    // Offsets are 32-bit (a buffer of x has fewer than 2^31 halves: cuda_backend.check_nhwc), and a piece outside
+    // the input reads from offset 0 with zero fill, so no branch is needed.
     const int piece = tid % 4, row0 = tid / 4;
     int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
-    long long a_corner[A_ROWS];      // offset of the corner's pixel (in the padding, maybe: read only when inside)
+    int a_corner[A_ROWS];            // offset of the corner's pixel (in the padding, maybe: read only when inside)
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
         const int p = p0 + row0 + ROWS * i;
         const int b = p / howo, q = p - b * howo, oh = q / wo, ow = q - oh * wo;
         a_ih[i] = p < p_total ? oh * stride - pad_h : -(1 << 20);  // a pixel past P reads only zero fill
         a_iw[i] = ow * stride - pad_w;
-        a_corner[i] = ((long long)(b * h + oh * stride - pad_h) * w + a_iw[i]) * x_cstride;
+        a_corner[i] = ((b * h + oh * stride - pad_h) * w + a_iw[i]) * x_cstride;
     }
+    int w_row[B_ROWS];  // offset of the weight row; -1 past Cout (zero fill)
+#pragma unroll
+    for (int i = 0; i < B_ROWS; ++i) w_row[i] = m0 + row0 + ROWS * i < cout ? (m0 + row0 + ROWS * i) * k_total : -1;
     int k = k_begin + 8 * piece, tap = k / cin, c = k - tap * cin, r = tap / kw, s = tap - r * kw;
 
     auto load = [&](int, int stage) {
         const bool k_ok = k < k_end;  // k_split and K are multiples of 8: a piece is wholly inside or outside
-        const long long tap_offset = (long long)(r * w + s) * x_cstride + c;
+        const int tap_offset = (r * w + s) * x_cstride + c;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
             const int row = row0 + ROWS * i, ih = a_ih[i] + r, iw = a_iw[i] + s;
             const bool ok = k_ok && (unsigned)ih < (unsigned)h && (unsigned)iw < (unsigned)w;
-            cp_async::copy16_or_zero(&As[stage][row][swizzled(row, piece)], ok ? x + a_corner[i] + tap_offset : x,
+            cp_async::copy16_or_zero(&As[stage][row][swizzled(row, piece)], x + (ok ? a_corner[i] + tap_offset : 0),
                                      ok);
         }
 #pragma unroll
         for (int i = 0; i < B_ROWS; ++i) {
-            const int row = row0 + ROWS * i, m = m0 + row;
+            const int row = row0 + ROWS * i;
             if (BN < ROWS && row >= BN) break;  // a narrow tile: the threads of the first BN rows load it
-            const bool ok = k_ok && m < cout;
-            cp_async::copy16_or_zero(&Bs[stage][row][swizzled(row, piece)], ok ? w16 + (size_t)m * k_total + k : w16,
-                                     ok);
+            const bool ok = k_ok && w_row[i] >= 0;
+            cp_async::copy16_or_zero(&Bs[stage][row][swizzled(row, piece)], w16 + (ok ? w_row[i] + k : 0), ok);
         }
         k += BK;  // the next stage's piece
         for (c += BK; c >= cin; c -= cin)

@@ -98,6 +98,8 @@ def test_nhwc_needs_fp16_and_channel_counts_in_pieces():
     bad = dataclasses.replace(plan, ops=tuple(odd if op is conv else op for op in plan.ops))
     with pytest.raises(EngineError, match=f"{conv.name}: the NHWC path needs channel counts"):
         cb.check_nhwc(bad)
+    with pytest.raises(EngineError, match=r"batch 2048 is too large for the NHWC path .* use a batch of at most 1552"):
+        cb.check_nhwc(build_plan(2048))
     first = plan.conv_ops[0]
     wide = dataclasses.replace(first, kernel=(11, 11))  # 3 x 11 x 11 = 363 weights per output > INPUT_MAX_K
     with pytest.raises(EngineError, match=f"{first.name}: the NHWC path's first convolution takes at most 256"):

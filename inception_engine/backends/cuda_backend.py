@@ -746,8 +746,10 @@ def nhwc_side(plan: Plan) -> NhwcSide:
 
 def check_nhwc(plan: Plan) -> None:
     """conv_nhwc.cu and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
-    widths and channel offsets that are multiples of 8; the input feeds convs only, each with at most INPUT_MAX_K
-    weights per output channel (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
+    widths and channel offsets that are multiples of 8, and fewer than 2^31 halves per buffer (conv_nhwc.cu's 32-bit
+    offsets); the input feeds convs only, each with at most INPUT_MAX_K weights per output channel
+    (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
+    widest = plan.output  # the NHWC view with the most halves per image
     for op in plan.ops:
         for v in (op.src, op.dst):
             if v.buffer == plan.input.buffer:
@@ -764,6 +766,12 @@ def check_nhwc(plan: Plan) -> None:
                 raise EngineError(f"{op.name}: the NHWC path needs channel counts and offsets that are multiples "
                                   f"of {NHWC_PIECE} ({v.buffer} has {v.channels} at {v.c_offset} of {v.c_total}); "
                                   f"use the default layout")
+            widest = max(widest, v, key=lambda u: u.h * u.w * u.c_total)
+    per_image = widest.h * widest.w * widest.c_total
+    if plan.batch * per_image >= 2**31:
+        raise EngineError(f"batch {plan.batch} is too large for the NHWC path ({widest.buffer} would hold "
+                          f"{plan.batch * per_image:,} halves, and its kernels index below 2^31); use a batch of at "
+                          f"most {(2**31 - 1) // per_image}")
     kinds = [type(op) for op in plan.ops]
     if kinds.count(GlobalAvgPoolOp) != 1 or kinds.count(FCOp) != 1 or kinds[-2:] != [GlobalAvgPoolOp, FCOp]:
         raise EngineError("the NHWC path needs a network that ends in one global average pool and one FC layer")
