@@ -10,7 +10,7 @@
 //
 // Idea: with channels innermost, the im2col row of an output pixel is, tap by tap, Cin consecutive halves of x, so
 // 8 k (Cin % 8 == 0) are one 16-byte piece of one input pixel. conv_f16.cu's element-by-element gather through
-// registers becomes one cp.async of 16 bytes per piece, with one decode of k -> (r, s, c) per thread and tile, and
+// registers becomes one cp.async of 16 bytes per piece, with (r, s, c) of k kept per thread and advanced per tile, and
 // padding and tails are the copy's zero fill (source size 0). The weight rows are 16-byte pieces too. Nothing passes
 // through registers on its way to shared memory, so a ring of STAGES tiles keeps STAGES - 1 tiles of loads in flight
 // behind the math of the current one, with one barrier per tile (conv_mma.cuh's cp_async_ring).

@@ -6,10 +6,11 @@
   and the same tests on the GPU (marked gpu): every tile on convs of every kernel shape, stride 2, padding, K tails
   shorter than a stage, Cout tails, channel-slice views of wider NHWC buffers, no ReLU, split-K with its reduction;
   the first conv from the float32 NCHW input (conv_input_nhwc.cu: window positions in the padding, a Cout tail past
-  one block's 32 channels, a view of a wider buffer); the pools and the global average pool. Every buffer starts as NaN (fp16 and
-  fp32 NaN alike: all bytes 0xFF), including the source buffer's channels outside the view, so an unwritten output,
-  a write outside the destination view or a read outside the source view fails. Conv outputs are compared with the
-  ideal fp16 conv (operands rounded to fp16, sums in float64, output rounded to fp16): rel L2 <= 1e-3.
+  one block's 32 channels, a view of a wider buffer); the pools and the global average pool. Every buffer starts as
+  NaN (fp16 and fp32 NaN alike: all bytes 0xFF), including the source buffer's channels outside the view, so an
+  unwritten output, a write outside the destination view or a read outside the source view fails. Conv outputs are
+  compared with the ideal fp16 conv (operands rounded to fp16, sums in float64, output rounded to fp16): rel L2 <=
+  1e-3.
 - The whole network on the emulator (75x75 images) and on the GPU (299x299, the issue's 256-input top-1 criterion).
 """
 
