@@ -62,17 +62,12 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int g = 0; g < CO / 8; ++g) {
         if (m0 + 8 * g >= cout) break;  // cout is a multiple of 8: a group is wholly inside or outside
-        unsigned packed[4];
+        float v[8];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int m = m0 + 8 * g + 2 * e;
-            float v0 = acc[8 * g + 2 * e] + __ldg(bias + m), v1 = acc[8 * g + 2 * e + 1] + __ldg(bias + m + 1);
-            if (relu) {
-                v0 = fmaxf(v0, 0.f);
-                v1 = fmaxf(v1, 0.f);
-            }
-            packed[e] = f16::pack(v0, v1);
+        for (int e = 0; e < 8; ++e) {
+            v[e] = acc[8 * g + e] + __ldg(bias + m0 + 8 * g + e);
+            if (relu) v[e] = fmaxf(v[e], 0.f);
         }
-        *reinterpret_cast<uint4*>(yp + 8 * g) = uint4{packed[0], packed[1], packed[2], packed[3]};
+        *reinterpret_cast<uint4*>(yp + 8 * g) = pack8(v);
     }
 }

@@ -1,5 +1,5 @@
 // conv_mma.cuh: the tensor-core implicit-GEMM convolution of conv_tf32.cu, and the PTX helpers (tf32::, f16::,
-// ldmatrix::, cp_async::) that conv_f16.cu, conv_nhwc.cu and pool_nhwc.cu share.
+// ldmatrix::, cp_async::, pack8 / unpack8) that conv_f16.cu, conv_nhwc.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
 //
 // y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
 // C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW, A = wt[K][M] (the weights as the backend
@@ -110,6 +110,17 @@ __device__ __forceinline__ void wait() {
 }
 }  // namespace cp_async
 #endif
+
+// Eight channels of an fp16 NHWC pixel (one 16-byte piece) to and from floats, lowest channel in the lowest half.
+__device__ __forceinline__ void unpack8(float (&v)[8], uint4 q) {
+    const unsigned r[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = f16::unpack(r[e / 2], e % 2);
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+    return uint4{f16::pack(v[0], v[1]), f16::pack(v[2], v[3]), f16::pack(v[4], v[5]), f16::pack(v[6], v[7])};
+}
 
 // Zero accumulators of a warp's MI x NJ m16n8 tiles (the tensor-core kernels' one initialisation).
 template <int MI, int NJ>

@@ -15,16 +15,6 @@
 //         global_avg_pool_nhwc: block 256, grid ceil(batch*channels/8 / 256).
 #include "conv_mma.cuh"
 
-__device__ __forceinline__ void unpack8(float (&v)[8], uint4 q) {
-    const unsigned r[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = f16::unpack(r[e / 2], e % 2);
-}
-
-__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
-    return uint4{f16::pack(v[0], v[1]), f16::pack(v[2], v[3]), f16::pack(v[4], v[5]), f16::pack(v[6], v[7])};
-}
-
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     pool2d_nhwc(const unsigned short* __restrict__ x, unsigned short* __restrict__ y, int batch, int channels, int h,
                 int w, int x_cstride, int ho, int wo, int y_cstride, int kernel, int stride, int pad, int is_max,

@@ -749,7 +749,7 @@ def check_nhwc(plan: Plan) -> None:
     widths and channel offsets that are multiples of 8, and fewer than 2^31 halves per buffer (conv_nhwc.cu's 32-bit
     offsets); the input feeds convs only, each with at most INPUT_MAX_K weights per output channel
     (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
-    widest = plan.output  # the NHWC view with the most halves per image
+    per_image, widest = 0, ""  # the most halves per image of an NHWC view, and its buffer
     for op in plan.ops:
         for v in (op.src, op.dst):
             if v.buffer == plan.input.buffer:
@@ -766,10 +766,10 @@ def check_nhwc(plan: Plan) -> None:
                 raise EngineError(f"{op.name}: the NHWC path needs channel counts and offsets that are multiples "
                                   f"of {NHWC_PIECE} ({v.buffer} has {v.channels} at {v.c_offset} of {v.c_total}); "
                                   f"use the default layout")
-            widest = max(widest, v, key=lambda u: u.h * u.w * u.c_total)
-    per_image = widest.h * widest.w * widest.c_total
+            if v.h * v.w * v.c_total > per_image:
+                per_image, widest = v.h * v.w * v.c_total, v.buffer
     if plan.batch * per_image >= 2**31:
-        raise EngineError(f"batch {plan.batch} is too large for the NHWC path ({widest.buffer} would hold "
+        raise EngineError(f"batch {plan.batch} is too large for the NHWC path ({widest} would hold "
                           f"{plan.batch * per_image:,} halves, and its kernels index below 2^31); use a batch of at "
                           f"most {(2**31 - 1) // per_image}")
     kinds = [type(op) for op in plan.ops]
