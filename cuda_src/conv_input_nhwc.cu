@@ -1,10 +1,11 @@
-// conv_input_nhwc.cu: the network's first convolution on the fp16 NHWC path (CudaBackend(nhwc=True)), read straight
+// conv_input_nhwc.cu: the network's first convolution on the NHWC path (CudaBackend's NHWC layout), read straight
 // from the float32 NCHW input as uploaded:
 //
 // y[b, oh, ow, m] = relu(bias[m] + sum_{c, r, s} wt[(c*KH + r)*KW + s][m] * x[b, c, oh*S - PH + r, ow*S - PW + s])
 //
-// with y an fp16 channel slice of an NHWC buffer (conv_nhwc.cu's views: pixel i starts i * y_cstride halves after y),
-// wt float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda_backend.direct_weights), sums in fp32.
+// with y a channel slice of an NHWC buffer (conv_nhwc.cu's views: pixel i starts i * y_cstride elements after y) of
+// fp16 (conv_input_nhwc) or TF32-rounded float32 (conv_input_nhwc_tf32; conv_mma.cuh's NhwcF16, NhwcTf32), wt
+// float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda_backend.direct_weights), sums in fp32.
 //
 // Idea: the input has 3 channels. conv_nhwc.cu reads whole 16-byte pieces of 8 channels, so it needed the input
 // converted to an fp16 NHWC copy padded to 8 channels: K = 72 instead of 27, and a copy written and read back
@@ -12,22 +13,24 @@
 // conv took 0.50 ms, 9.9 TFLOP/s. Here one thread computes the 32 channels of one output pixel on the FMA units:
 // - its K inputs come straight from x; the windows of neighbouring threads overlap, and L1 serves the re-reads;
 // - the weights of the block's 32 channels sit in shared memory, and every lane reads the same word (a broadcast);
-// - the 32 sums leave as four 16-byte stores.
+// - the 32 sums leave as four (fp16) or eight (tf32) 16-byte stores.
 // Bytes: the input once, the output once (~320 MB at batch 128, ~0.1 ms); 2.4 G multiply-adds (~0.08 ms at the FMA
 // peak). The fp16 rounding of the input is gone too: fp32 inputs, weights and sums, one rounding at the store.
 //
-// Launch: conv_input_nhwc: block 256, grid (ceil(batch*Ho*Wo / 256), ceil(Cout / CONV_INPUT_COUT)).
+// Launch: conv_input_nhwc[_tf32]: block 256, grid (ceil(batch*Ho*Wo / 256), ceil(Cout / CONV_INPUT_COUT)).
 // Needs Cin*KH*KW <= CONV_INPUT_MAX_K; Cout, y_cstride and y's first channel multiples of 8.
 #include "conv_mma.cuh"
 
 #define CONV_INPUT_COUT 32    // output channels per thread (and per block)
 #define CONV_INPUT_MAX_K 256  // shared memory for 256 x 32 weights, 32 KB
 
-extern "C" __global__ void __launch_bounds__(256)
-    conv_input_nhwc(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,
-                    unsigned short* __restrict__ y, int batch, int cin, int h, int w, int cout, int ho, int wo,
-                    int y_cstride, int kh, int kw, int stride, int pad_h, int pad_w, int relu) {
-    constexpr int CO = CONV_INPUT_COUT;
+template <class E>
+__device__ __forceinline__ void conv_input_pixel(const float* __restrict__ x, const float* __restrict__ wt,
+                                                 const float* __restrict__ bias, typename E::T* __restrict__ y,
+                                                 int batch, int cin, int h, int w, int cout, int ho, int wo,
+                                                 int y_cstride, int kh, int kw, int stride, int pad_h, int pad_w,
+                                                 int relu) {
+    constexpr int CO = CONV_INPUT_COUT, PIECE = E::PIECE;
     __shared__ __align__(16) float ws[CONV_INPUT_MAX_K][CO];
     const int k_total = cin * kh * kw, m0 = blockIdx.y * CO;
     for (int i = threadIdx.x; i < k_total * CO; i += blockDim.x) {  // consecutive threads, consecutive channels
@@ -58,16 +61,28 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
 
-    unsigned short* yp = y + (size_t)p * y_cstride + m0;
+    typename E::T* yp = y + (size_t)p * y_cstride + m0;
 #pragma unroll
-    for (int g = 0; g < CO / 8; ++g) {
-        if (m0 + 8 * g >= cout) break;  // cout is a multiple of 8: a group is wholly inside or outside
-        float v[8];
+    for (int g = 0; g < CO / PIECE; ++g) {
+        if (m0 + PIECE * g >= cout) break;  // cout is a multiple of PIECE: a piece is wholly inside or outside
+        float v[PIECE];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            v[e] = acc[8 * g + e] + __ldg(bias + m0 + 8 * g + e);
+        for (int e = 0; e < PIECE; ++e) {
+            v[e] = acc[PIECE * g + e] + __ldg(bias + m0 + PIECE * g + e);
             if (relu) v[e] = fmaxf(v[e], 0.f);
         }
-        *reinterpret_cast<uint4*>(yp + 8 * g) = pack8(v);
+        E::store(yp + PIECE * g, v);
     }
 }
+
+#define CONV_INPUT_NHWC_KERNEL(NAME, E)                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                                \
+        NAME(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,              \
+             E::T* __restrict__ y, int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, \
+             int kw, int stride, int pad_h, int pad_w, int relu) {                                                   \
+        conv_input_pixel<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, \
+                            relu);                                                                                   \
+    }
+
+CONV_INPUT_NHWC_KERNEL(conv_input_nhwc, NhwcF16)
+CONV_INPUT_NHWC_KERNEL(conv_input_nhwc_tf32, NhwcTf32)

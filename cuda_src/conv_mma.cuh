@@ -1,5 +1,6 @@
 // conv_mma.cuh: the tensor-core implicit-GEMM convolution of conv_tf32.cu, and the PTX helpers (tf32::, f16::,
-// ldmatrix::, cp_async::, pack8 / unpack8) that conv_f16.cu, conv_nhwc.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
+// ldmatrix::, cp_async::, pack8 / unpack8) and NHWC element types (NhwcF16, NhwcTf32) that conv_f16.cu,
+// conv_nhwc.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
 //
 // y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
 // C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW, A = wt[K][M] (the weights as the backend
@@ -121,6 +122,58 @@ __device__ __forceinline__ void unpack8(float (&v)[8], uint4 q) {
 __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
     return uint4{f16::pack(v[0], v[1]), f16::pack(v[2], v[3]), f16::pack(v[4], v[5]), f16::pack(v[6], v[7])};
 }
+
+namespace tf32 {
+// v rounded to TF32 (cvt.rna), as a float again.
+__device__ __forceinline__ float rounded(float v) { return __uint_as_float(round(v)); }
+}  // namespace tf32
+
+// The element types of the NHWC path's activations (conv_nhwc.cu, conv_input_nhwc.cu, pool_nhwc.cu). A 16-byte
+// piece holds PIECE channels of one pixel; the kernels move whole pieces. load / store convert a piece from / to
+// floats, store2 two adjacent channels; mma is the tensor-core step whose k spans two pieces.
+// NhwcF16 (--precision fp16): binary16 words, rounded to nearest even at every store; mma.m16n8k16 .f16.
+struct NhwcF16 {
+    using T = unsigned short;
+    static constexpr int PIECE = 8;
+    __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
+        unpack8(v, __ldg(reinterpret_cast<const uint4*>(p)));
+    }
+    __device__ __forceinline__ static void store(T* p, const float (&v)[PIECE]) {
+        *reinterpret_cast<uint4*>(p) = pack8(v);
+    }
+    __device__ __forceinline__ static void store2(T* p, float v0, float v1) {
+        *reinterpret_cast<unsigned*>(p) = f16::pack(v0, v1);
+    }
+    __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        f16::mma(d, a, b);
+    }
+};
+
+// NhwcTf32 (--precision tf32): float32 words holding values already rounded to TF32 (cvt.rna at every store, and
+// the backend rounds the weights alike), so mma.m16n8k8 .tf32 takes the bits ldmatrix delivers as they are: no
+// conversion between shared memory and the tensor cores. The values are those a TF32 GEMM rounds its operands to
+// anyway; only the classifier's features (global_avg_pool_nhwc_tf32) stay unrounded float32.
+struct NhwcTf32 {
+    using T = float;
+    static constexpr int PIECE = 4;
+    __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
+        const float4 q = __ldg(reinterpret_cast<const float4*>(p));
+        v[0] = q.x;
+        v[1] = q.y;
+        v[2] = q.z;
+        v[3] = q.w;
+    }
+    __device__ __forceinline__ static void store(T* p, const float (&v)[PIECE]) {
+        *reinterpret_cast<float4*>(p) =
+            float4{tf32::rounded(v[0]), tf32::rounded(v[1]), tf32::rounded(v[2]), tf32::rounded(v[3])};
+    }
+    __device__ __forceinline__ static void store2(T* p, float v0, float v1) {
+        *reinterpret_cast<float2*>(p) = float2{tf32::rounded(v0), tf32::rounded(v1)};
+    }
+    __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        tf32::mma(d, a, b);
+    }
+};
 
 // Zero accumulators of a warp's MI x NJ m16n8 tiles (the tensor-core kernels' one initialisation).
 template <int MI, int NJ>

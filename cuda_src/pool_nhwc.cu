@@ -1,32 +1,35 @@
-// pool_nhwc.cu: the pools of the fp16 NHWC path (CudaBackend(nhwc=True)).
+// pool_nhwc.cu: the pools of the NHWC path (CudaBackend's NHWC layout), for both of its element types (conv_mma.cuh's
+// NhwcF16: fp16; NhwcTf32: float32 words rounded to TF32).
 //
-// pool2d_nhwc: pool.cu's pool2d on fp16 channel slices of NHWC buffers: y[b, oh, ow, c] = max or mean of
+// pool2d_nhwc[_tf32]: pool.cu's pool2d on channel slices of NHWC buffers: y[b, oh, ow, c] = max or mean of
 // x[b, oh*S - P + r, ow*S - P + s, c] over the K x K window (max ignores padding; mean divides by K*K with
 // count_include_pad, else by the positions inside the image); sums and maxima in fp32, one rounding at the store.
-// global_avg_pool_nhwc: y[b, c] = mean over H*W of x[b, :, :, c], written as float32 (the classifier's input, batch
-// item b at y + b*y_bstride), so the FC runs on fp32 features as in the other modes.
+// global_avg_pool_nhwc[_tf32]: y[b, c] = mean over H*W of x[b, :, :, c], written as float32 (the classifier's input,
+// batch item b at y + b*y_bstride), so the FC runs on fp32 features as in the other modes.
 //
-// Idea: memory-bound and tiny; each thread moves 8 channels (16 bytes) of one pixel, consecutive threads the next 8
-// channels of the same pixel, so a warp's loads and stores are contiguous runs of 16-byte pieces. Views as in
-// conv_nhwc.cu: x, y point at the view's first channel of pixel 0; pixel i starts i * *_cstride halves later.
-// Channel counts, strides and view offsets are multiples of 8 (16-byte aligned pieces).
+// Idea: memory-bound and tiny; each thread moves one 16-byte piece (8 fp16 or 4 float channels) of one pixel,
+// consecutive threads the next piece of the same pixel, so a warp's loads and stores are contiguous runs of 16-byte
+// pieces. Views as in conv_nhwc.cu: x, y point at the view's first channel of pixel 0; pixel i starts i * *_cstride
+// elements later. Channel counts, strides and view offsets are multiples of the piece.
 //
-// Launch: pool2d_nhwc: block 256, grid ceil(batch*Ho*Wo*channels/8 / 256).
-//         global_avg_pool_nhwc: block 256, grid ceil(batch*channels/8 / 256).
+// Launch: pool2d_nhwc[_tf32]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256).
+//         global_avg_pool_nhwc[_tf32]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
 
-extern "C" __global__ void __launch_bounds__(IE_THREADS)
-    pool2d_nhwc(const unsigned short* __restrict__ x, unsigned short* __restrict__ y, int batch, int channels, int h,
-                int w, int x_cstride, int ho, int wo, int y_cstride, int kernel, int stride, int pad, int is_max,
-                int count_include_pad) {
-    const int groups = channels / 8, idx = blockIdx.x * blockDim.x + threadIdx.x;
+template <class E>
+__device__ __forceinline__ void pool2d_nhwc_piece(const typename E::T* __restrict__ x, typename E::T* __restrict__ y,
+                                                  int batch, int channels, int h, int w, int x_cstride, int ho, int wo,
+                                                  int y_cstride, int kernel, int stride, int pad, int is_max,
+                                                  int count_include_pad) {
+    constexpr int PIECE = E::PIECE;
+    const int groups = channels / PIECE, idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= batch * ho * wo * groups) return;
     const int cg = idx % groups, p = idx / groups;  // output pixel p = (b * Ho + oh) * Wo + ow
     const int ow = p % wo, oh = p / wo % ho, b = p / (wo * ho);
     const int h0 = oh * stride - pad, w0 = ow * stride - pad;
-    float acc[8];
+    float acc[PIECE];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = is_max ? -INFINITY : 0.f;
+    for (int e = 0; e < PIECE; ++e) acc[e] = is_max ? -INFINITY : 0.f;
     int inside = 0;
     for (int r = 0; r < kernel; ++r) {
         const int ih = h0 + r;
@@ -34,35 +37,56 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
         for (int s = 0; s < kernel; ++s) {
             const int iw = w0 + s;
             if ((unsigned)iw >= (unsigned)w) continue;
-            float v[8];
-            unpack8(v, __ldg(reinterpret_cast<const uint4*>(x + ((size_t)(b * h + ih) * w + iw) * x_cstride + 8 * cg)));
+            float v[PIECE];
+            E::load(v, x + ((size_t)(b * h + ih) * w + iw) * x_cstride + PIECE * cg);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] = is_max ? fmaxf(acc[e], v[e]) : acc[e] + v[e];
+            for (int e = 0; e < PIECE; ++e) acc[e] = is_max ? fmaxf(acc[e], v[e]) : acc[e] + v[e];
             ++inside;
         }
     }
     if (!is_max) {
         const float scale = 1.f / (float)(count_include_pad ? kernel * kernel : inside);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] *= scale;
+        for (int e = 0; e < PIECE; ++e) acc[e] *= scale;
     }
-    *reinterpret_cast<uint4*>(y + (size_t)p * y_cstride + 8 * cg) = pack8(acc);
+    E::store(y + (size_t)p * y_cstride + PIECE * cg, acc);
 }
 
-extern "C" __global__ void __launch_bounds__(IE_THREADS)
-    global_avg_pool_nhwc(const unsigned short* __restrict__ x, float* __restrict__ y, int batch, int channels, int hw,
-                         int x_cstride, int y_bstride) {
-    const int groups = channels / 8, idx = blockIdx.x * blockDim.x + threadIdx.x;
+template <class E>
+__device__ __forceinline__ void global_avg_pool_nhwc_piece(const typename E::T* __restrict__ x, float* __restrict__ y,
+                                                           int batch, int channels, int hw, int x_cstride,
+                                                           int y_bstride) {
+    constexpr int PIECE = E::PIECE;
+    const int groups = channels / PIECE, idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= batch * groups) return;
     const int cg = idx % groups, b = idx / groups;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float acc[PIECE];
+#pragma unroll
+    for (int e = 0; e < PIECE; ++e) acc[e] = 0.f;
     for (int i = 0; i < hw; ++i) {
-        float v[8];
-        unpack8(v, __ldg(reinterpret_cast<const uint4*>(x + ((size_t)b * hw + i) * x_cstride + 8 * cg)));
+        float v[PIECE];
+        E::load(v, x + ((size_t)b * hw + i) * x_cstride + PIECE * cg);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += v[e];
+        for (int e = 0; e < PIECE; ++e) acc[e] += v[e];
     }
-    float* yp = y + (size_t)b * y_bstride + 8 * cg;
+    float* yp = y + (size_t)b * y_bstride + PIECE * cg;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) yp[e] = acc[e] / (float)hw;
+    for (int e = 0; e < PIECE; ++e) yp[e] = acc[e] / (float)hw;
 }
+
+#define POOL_NHWC_KERNELS(SUFFIX, E)                                                                                \
+    extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                        \
+        pool2d_nhwc##SUFFIX(const E::T* __restrict__ x, E::T* __restrict__ y, int batch, int channels, int h,       \
+                            int w, int x_cstride, int ho, int wo, int y_cstride, int kernel, int stride, int pad,   \
+                            int is_max, int count_include_pad) {                                                    \
+        pool2d_nhwc_piece<E>(x, y, batch, channels, h, w, x_cstride, ho, wo, y_cstride, kernel, stride, pad,        \
+                             is_max, count_include_pad);                                                            \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                        \
+        global_avg_pool_nhwc##SUFFIX(const E::T* __restrict__ x, float* __restrict__ y, int batch, int channels,    \
+                                     int hw, int x_cstride, int y_bstride) {                                        \
+        global_avg_pool_nhwc_piece<E>(x, y, batch, channels, hw, x_cstride, y_bstride);                             \
+    }
+
+POOL_NHWC_KERNELS(, NhwcF16)
+POOL_NHWC_KERNELS(_tf32, NhwcTf32)

@@ -91,10 +91,11 @@ def test_graph_and_eager_match_the_reference_and_each_other(weights, batch):
         np.testing.assert_array_equal(got, outs[False, False], err_msg=f"graph, concurrent = {key} vs serial eager")
 
 
+@pytest.mark.parametrize("nhwc", [False, True])
 @pytest.mark.parametrize("batch", [1, 8])
-def test_tf32_graph_and_eager_match_the_reference(weights, batch):
-    """precision="tf32": the concurrent graph and serial eager launches agree bit for bit (same kernels, same
-    split-K, deterministic reductions). On N(0, 1) input they are within the issue's TF32 bound of float64 with the
+def test_tf32_graph_and_eager_match_the_reference(weights, batch, nhwc):
+    """precision="tf32", NCHW (conv_tf32.cu) and NHWC (conv_nhwc.cu's tf32 tiles) tensors: the concurrent graph and
+    serial eager launches agree bit for bit (same kernels, same split-K, deterministic reductions). On N(0, 1) input they are within the issue's TF32 bound of float64 with the
     same top class; on image-like input, where the synthetic model amplifies any rounding (tests/tf32_reference.py),
     they are within 2x of what ideal TF32 arithmetic gives on the same input."""
     plan = build_plan(batch, weights.layers())
@@ -105,9 +106,10 @@ def test_tf32_graph_and_eager_match_the_reference(weights, batch):
     ideal_err = rel_l2(tf32_forward(weights, x_image), ref_image)
     outs = []
     for graph in (True, False):
-        with cb.CudaBackend(weights, plan, graph=graph, precision="tf32") as backend:
-            assert backend.precision == "tf32"
-            assert all(s.kernel.startswith("conv_tf32_") for s in backend.specs
+        with cb.CudaBackend(weights, plan, graph=graph, precision="tf32", nhwc=nhwc) as backend:
+            assert backend.precision == "tf32" and backend.nhwc == nhwc
+            convs = ("conv_nhwc_tf32_", "conv_input_nhwc_tf32", "conv_tf32_1x1_") if nhwc else ("conv_tf32_",)
+            assert all(s.kernel.startswith(convs) for s in backend.specs
                        if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce")
             got_normal = backend.forward(x_normal)
             got_image = backend.forward(x_image)
@@ -123,11 +125,11 @@ def test_tf32_graph_and_eager_match_the_reference(weights, batch):
 
 
 def test_tf32_top1_agrees_with_float64_on_256_inputs(weights):
-    """The issue's criterion, on 256 synthetic N(0, 1) inputs in batches of 32: the tf32 forward's top class is
+    """The issue's criterion, on 256 synthetic N(0, 1) inputs in batches of 32: the tf32 NCHW forward's top class is
     float64's on >= 99% and every batch is within the TF32 bound. (On image-like inputs no single-rounding TF32
     forward reaches it on this model: see tests/tf32_reference.py and docs/PERFORMANCE.md.)"""
     plan = build_plan(32, weights.layers())
-    with cb.CudaBackend(weights, plan, precision="tf32") as backend:
+    with cb.CudaBackend(weights, plan, precision="tf32", nhwc=False) as backend:
         assert_top1_agrees_on_256_inputs(backend, weights, plan, TF32_TOL)
 
 

@@ -162,11 +162,11 @@ def test_emulated(emu_lib, case, tile):
 
 @pytest.mark.skipif(GXX is None or NVCC is None, reason="needs g++ and nvcc (as test_cuda_emulated.py)")
 def test_backend_tf32_forward_on_the_emulator(backend_emu_lib):
-    """The backend's self-test in tf32: the whole network (75x75, batch 1, ~200 launches, split-K by
+    """The backend's self-test in tf32 on NCHW tensors (test_cuda_nhwc.py runs the NHWC layout): the whole network (75x75, batch 1, ~200 launches, split-K by
     conv_splitk_reduce) against float64, rel L2 <= 3e-3 and the same top class. About a minute on one core."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
                              "--batch", "1", "--graph", "off", "--concurrent", "off", "--input-size", "75",
-                             "--precision", "tf32")
+                             "--precision", "tf32", "--layout", "nchw")
     out = r.stdout[-2000:] + r.stderr[-3000:]
     assert r.returncode == 0 and "selftest (tf32)" in r.stdout and "PASS" in r.stdout, out
 

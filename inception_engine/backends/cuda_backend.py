@@ -80,17 +80,35 @@ TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16
 # The cost model keeps the tf32 speeds, which rank tiles and splits against each other only.
 F16_TILES = tuple(Tile(t.bm, t.bn, 32, r, t.macs_per_us, "conv_f16", False) for t, r in zip(TF32_TILES, (2, 2, 3)))
 TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
-# conv_nhwc.cu's tiles (fp16 NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
+# conv_nhwc.cu's tiles (NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
 # channels (the GEMM's rows and columns there), so conv_config is called with (pixels, Cout); speeds as fp16's.
 NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32, 2, 450e3, "conv_nhwc", False),
               Tile(64, 128, 32, 2, 450e3, "conv_nhwc", False), Tile(64, 64, 32, 3, 300e3, "conv_nhwc", False),
               Tile(128, 32, 32, 3, 300e3, "conv_nhwc", False))
+# The same tiles on TF32 activations: 64-byte shared rows hold 16 k of float32; the model halves the speeds (a
+# m16n8k8 .tf32 step does half the work of a m16n8k16 .f16 one).
+NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "conv_nhwc_tf32", False)
+                        for t in NHWC_TILES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
 # channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
 INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
 INPUT_MAX_K = 256  # conv_input_nhwc.cu's CONV_INPUT_MAX_K: Cin*KH*KW of its weights in shared memory
-NHWC_PIECE = 8  # channels per 16-byte piece of fp16: NHWC channel counts, strides and offsets are multiples of it
+NHWC_PIECE = 8  # channels per 16-byte piece of fp16 (tf32's 4 divide it): NHWC channel counts, strides and offsets
 HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
+
+
+@dataclass(frozen=True)
+class NhwcElem:
+    """An element type of the NHWC path's activations (conv_mma.cuh's NhwcF16 and NhwcTf32)."""
+
+    bytes: int
+    suffix: str  # of its kernels' names: conv_nhwc<suffix>_splitk_reduce, pool2d_nhwc<suffix>, ...
+    nan_word: int  # a 32-bit word of NaNs of this type, to poison the arena
+    tiles: tuple[Tile, ...]  # conv_nhwc.cu's tiles for it
+
+
+NHWC_ELEMS = {"fp16": NhwcElem(2, "", HALF_NAN_BITS, NHWC_TILES),
+              "tf32": NhwcElem(4, "_tf32", NAN_BITS, NHWC_TF32_TILES)}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
@@ -255,11 +273,11 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     in every precision, and the choice is made against the FFMA direct kernel in every precision too: the
     tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
-    nhwc: every conv on conv_nhwc.cu (tiles: a subset of NHWC_TILES), no Winograd, except those that read the
-    network's input (conv_input_nhwc.cu, INPUT_TILE); the FC as in fp16."""
+    nhwc: every conv on conv_nhwc.cu (tiles: a subset of the precision's NHWC_ELEMS tiles), no Winograd, except
+    those that read the network's input (conv_input_nhwc.cu, INPUT_TILE); the FC as without nhwc."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
-    conv_tiles = tiles or (NHWC_TILES if nhwc else TILES_OF[precision])
+    conv_tiles = tiles or (NHWC_ELEMS[precision].tiles if nhwc else TILES_OF[precision])
     tiles = TILES_OF[precision] if nhwc else conv_tiles
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
@@ -294,9 +312,10 @@ def tuning_candidates(plan: Plan, num_sms: int, fixup: bool, precision: str,
                       winograd: bool | None, nhwc: bool = False) -> list[dict[str, ConvConfig | None]]:
     """The config sets ``tune_configs`` times, each a whole forward's: one per direct tile of the precision (every
     conv on that tile, split-K as the model picks it for the tile) and, unless winograd is False, one with every
-    eligible conv by Winograd (the others as the model picks). nhwc: one per NHWC tile."""
+    eligible conv by Winograd (the others as the model picks). nhwc: one per NHWC tile of the precision."""
     if nhwc:
-        return [choose_configs(plan, num_sms, False, precision, False, (t,), nhwc=True) for t in NHWC_TILES]
+        return [choose_configs(plan, num_sms, False, precision, False, (t,), nhwc=True)
+                for t in NHWC_ELEMS[precision].tiles]
     sets = [choose_configs(plan, num_sms, fixup, precision, False, (t,)) for t in TILES_OF[precision]]
     if winograd is not False:
         sets.append(choose_configs(plan, num_sms, fixup, precision, True))
@@ -323,7 +342,8 @@ def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
 def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
     if d is None:
         return None
-    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + WINO_TILES + (INPUT_TILE,)}
+    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + NHWC_TF32_TILES + WINO_TILES
+             + (INPUT_TILE,)}
     return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
 
@@ -457,14 +477,16 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     """A direct conv's (or the FC-as-GEMM's) weights (Cout, Cin[, kh, kw]) as its kernel reads them, as float32
     words: wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order) for conv.cu and conv_tf32.cu, whose A tiles are rows
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
-    multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cu binary16
-    w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros); conv_input_nhwc.cu reads wt as conv.cu."""
-    if tile.prefix == "conv_nhwc":
+    multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cu
+    w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
+    rounded to TF32 (``round_tf32``); conv_input_nhwc.cu reads wt as conv.cu."""
+    if tile.prefix in ("conv_nhwc", "conv_nhwc_tf32"):
         cout, cin, kh, kw = w.shape
-        w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE), np.float16)
+        tf32 = tile.prefix == "conv_nhwc_tf32"
+        w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE), np.float32 if tf32 else np.float16)
         with np.errstate(over="ignore"):
             w16[..., :cin] = w.transpose(0, 2, 3, 1)
-        return w16.reshape(cout, -1).view(np.float32)
+        return round_tf32(w16.reshape(cout, -1)) if tf32 else w16.reshape(cout, -1).view(np.float32)
     w = w.reshape(w.shape[0], -1)
     if tile.prefix != "conv_f16":
         return np.ascontiguousarray(w.T, dtype=np.float32)
@@ -472,6 +494,14 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     with np.errstate(over="ignore"):
         w16[:, :w.shape[1]] = w
     return w16.view(np.float32)
+
+
+def round_tf32(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32 as cvt.rna.tf32.f32 does: 10 mantissa bits, to nearest, ties away from zero
+    (half of the dropped range added to the magnitude bits); infinities and NaNs unchanged."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    return np.where(finite, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000), bits).view(np.float32)
 
 
 def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
@@ -536,18 +566,20 @@ ARG_FORMATS = {
     "fc_gemv": "PPPP" + "i" * 4,
     "softmax_rows": "PP" + "i" * 3,
     "gpu_sleep": "q",
-    "conv_nhwc_splitk_reduce": "PPP" + "i" * 5,
-    "pool2d_nhwc": "PP" + "i" * 13,
-    "global_avg_pool_nhwc": "PP" + "i" * 5,
-    "conv_input_nhwc": "PPPP" + "i" * 14,
+    **{name + e.suffix: fmt for e in NHWC_ELEMS.values()
+       for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13), ("global_avg_pool_nhwc", "PP" + "i" * 5),
+                         ("conv_input_nhwc", "PPPP" + "i" * 14))},
+    **{f"conv_nhwc{e.suffix}_splitk_reduce": "PPP" + "i" * 5 for e in NHWC_ELEMS.values()},
 }
 NHWC_CONV_FORMAT = "PPPP" + "i" * 16
 WINO_INPUT_FORMAT = "PPP" + "i" * 10
 WINO_GEMM_FORMAT = "PPP" + "i" * 6
 WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
 SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
-             "conv_nhwc_splitk_reduce": "conv_nhwc.cu", "pool2d_nhwc": "pool_nhwc.cu",
-             "global_avg_pool_nhwc": "pool_nhwc.cu", "conv_input_nhwc": "conv_input_nhwc.cu",
+             **{f"conv_nhwc{e.suffix}_splitk_reduce": "conv_nhwc.cu" for e in NHWC_ELEMS.values()},
+             **{f"{name}{e.suffix}": source for e in NHWC_ELEMS.values()
+                for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
+                                     ("conv_input_nhwc", "conv_input_nhwc.cu"))},
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
 
 
@@ -589,7 +621,7 @@ def all_kernel_names() -> list[str]:
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
             + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
                       for splits in (1, 2) for name in wino_kernel_names(k, m, t, splits)})
-            + [f"conv_nhwc_{t.name}" for t in NHWC_TILES])
+            + [f"{t.prefix}_{t.name}" for t in NHWC_TILES + NHWC_TF32_TILES])
 
 
 def view_ptr(base: int, v: View) -> int:
@@ -721,9 +753,10 @@ def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, 
     return specs
 
 
-# --- the fp16 NHWC path (CudaBackend(nhwc=True)) ------------------------------------------------------------------
-# Activations are fp16 in NHWC buffers at the plan's offsets (counted in halves): element (n, c, h, w) of a view is
-# arena[offset + ((n * H + h) * W + w) * C_total + c_offset + c]. The float32 NCHW input stays as uploaded, in a
+# --- the NHWC path (CudaBackend(nhwc=True), fp16 or tf32) -----------------------------------------------------------
+# Activations are fp16, or float32 rounded to TF32 (NHWC_ELEMS), in NHWC buffers at the plan's offsets (counted in
+# elements): element (n, c, h, w) of a view is arena[offset + ((n * H + h) * W + w) * C_total + c_offset + c].
+# The float32 NCHW input stays as uploaded, in a
 # small float32 side buffer, and the convs that read it are conv_input_nhwc.cu's; the global average pool writes
 # float32 features to the side buffer, and the FC and softmax run on them as in the other modes.
 
@@ -746,10 +779,10 @@ def nhwc_side(plan: Plan) -> NhwcSide:
 
 def check_nhwc(plan: Plan) -> None:
     """conv_nhwc.cu and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
-    widths and channel offsets that are multiples of 8, and fewer than 2^31 halves per buffer (conv_nhwc.cu's 32-bit
-    offsets); the input feeds convs only, each with at most INPUT_MAX_K weights per output channel
+    widths and channel offsets that are multiples of 8, and fewer than 2^31 elements per buffer (conv_nhwc.cu's
+    32-bit offsets); the input feeds convs only, each with at most INPUT_MAX_K weights per output channel
     (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
-    per_image, widest = 0, ""  # the most halves per image of an NHWC view, and its buffer
+    per_image, widest = 0, ""  # the most elements per image of an NHWC view, and its buffer
     for op in plan.ops:
         for v in (op.src, op.dst):
             if v.buffer == plan.input.buffer:
@@ -770,7 +803,7 @@ def check_nhwc(plan: Plan) -> None:
                 per_image, widest = v.h * v.w * v.c_total, v.buffer
     if plan.batch * per_image >= 2**31:
         raise EngineError(f"batch {plan.batch} is too large for the NHWC path ({widest} would hold "
-                          f"{plan.batch * per_image:,} halves, and its kernels index below 2^31); use a batch of at "
+                          f"{plan.batch * per_image:,} elements, and its kernels index below 2^31); use a batch of at "
                           f"most {(2**31 - 1) // per_image}")
     kinds = [type(op) for op in plan.ops]
     if kinds.count(GlobalAvgPoolOp) != 1 or kinds.count(FCOp) != 1 or kinds[-2:] != [GlobalAvgPoolOp, FCOp]:
@@ -785,48 +818,53 @@ def nhwc_fits(plan: Plan) -> bool:
     return True
 
 
-def nhwc_ptr(base: int, v: View) -> int:
-    """Device address of the view's first channel of pixel 0, in an fp16 NHWC arena."""
-    return base + 2 * (v.offset + v.c_offset)
+def nhwc_ptr(base: int, v: View, precision: str = "fp16") -> int:
+    """Device address of the view's first channel of pixel 0, in an NHWC arena of the precision's elements."""
+    return base + NHWC_ELEMS[precision].bytes * (v.offset + v.c_offset)
 
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
-                    ws: int) -> list[LaunchSpec]:
+                    ws: int, precision: str = "fp16") -> list[LaunchSpec]:
     """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses), and its split-K reduction when cfg.splits > 1; for
     INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input (x_cstride unused)."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
-    p_total, t = n * ho * wo, cfg.tile
+    p_total, t, suffix = n * ho * wo, cfg.tile, NHWC_ELEMS[precision].suffix
     if t.prefix == "conv_input":
         assert cfg.splits == 1, f"{op.name}: conv_input_nhwc has no split-K"
-        return [LaunchSpec(op.name, "conv_input_nhwc", (_blocks(p_total, t.bm), _blocks(cout, t.bn), 1),
+        return [LaunchSpec(op.name, f"conv_input_nhwc{suffix}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), 1),
                            (THREADS, 1, 1), (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel,
                                              op.stride, *op.pad, 1))]
     split = cfg.splits > 1
     args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, op.dst.c_total, *op.kernel,
             op.stride, *op.pad, cfg.k_split, 1)
-    specs = [LaunchSpec(op.name, f"conv_nhwc_{t.name}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
+    assert t in NHWC_ELEMS[precision].tiles, f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
+    specs = [LaunchSpec(op.name, f"{t.prefix}_{t.name}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
                         (THREADS, 1, 1), args)]
     if split:
-        specs.append(LaunchSpec(op.name, "conv_nhwc_splitk_reduce", (_blocks(p_total * cout // 2, THREADS), 1, 1),
-                                (THREADS, 1, 1), (ws, b, y, cfg.splits, p_total, cout, op.dst.c_total, 1)))
+        specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
+                                (_blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
+                                (ws, b, y, cfg.splits, p_total, cout, op.dst.c_total, 1)))
     return specs
 
 
-def nhwc_pool_spec(op: PoolOp, arena: int) -> LaunchSpec:
+def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16") -> LaunchSpec:
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
-    return LaunchSpec(op.name, "pool2d_nhwc", (_blocks(n * ho * wo * c // NHWC_PIECE, THREADS), 1, 1),
-                      (THREADS, 1, 1), (nhwc_ptr(arena, op.src), nhwc_ptr(arena, op.dst), n, c, h, w, op.src.c_total,
-                                        ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad, int(op.kind == "max"),
-                                        int(op.count_include_pad)))
+    elem = NHWC_ELEMS[precision]
+    return LaunchSpec(op.name, f"pool2d_nhwc{elem.suffix}", (_blocks(n * ho * wo * c * elem.bytes // 16, THREADS), 1, 1),
+                      (THREADS, 1, 1), (nhwc_ptr(arena, op.src, precision), nhwc_ptr(arena, op.dst, precision), n, c,
+                                        h, w, op.src.c_total, ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad,
+                                        int(op.kind == "max"), int(op.count_include_pad)))
 
 
 def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
-                      offsets: dict[str, int], ws: int, probs: int | None = None) -> list[LaunchSpec]:
-    """The whole fp16 NHWC forward as launches, in plan order. arena: the fp16 NHWC activations (the plan's
-    offsets in halves); side: the float32 side buffer (``nhwc_side``)."""
+                      offsets: dict[str, int], ws: int, probs: int | None = None,
+                      precision: str = "fp16") -> list[LaunchSpec]:
+    """The whole NHWC forward as launches, in plan order. arena: the NHWC activations of the precision's elements
+    (the plan's offsets in elements); side: the float32 side buffer (``nhwc_side``)."""
     lay = nhwc_side(plan)
+    elem = NHWC_ELEMS[precision]
     specs: list[LaunchSpec] = []
     ws_offsets = workspace_layout(plan, configs)[1]
     features = logits = None
@@ -837,19 +875,19 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
         if isinstance(op, ConvOp):
             cfg = configs[op.name]
             reads_input = op.src.buffer == plan.input.buffer
-            assert cfg is not None and cfg.tile.prefix == ("conv_input" if reads_input else "conv_nhwc"), \
-                f"{op.name}: not an NHWC config"
-            x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src)
-            specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels, nhwc_ptr(arena, op.dst), wp, bp,
-                                     ws_op)
+            assert cfg is not None and (cfg.tile == INPUT_TILE) == reads_input, f"{op.name}: not an NHWC config"
+            x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
+            specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
+                                     nhwc_ptr(arena, op.dst, precision), wp, bp, ws_op, precision)
         elif isinstance(op, PoolOp):
-            specs.append(nhwc_pool_spec(op, arena))
+            specs.append(nhwc_pool_spec(op, arena, precision))
         elif isinstance(op, GlobalAvgPoolOp):
             nb, ch, hh, ww = op.src.dims
             features = View("features", lay.features, op.dst.dims, 0, ch)
-            specs.append(LaunchSpec(op.name, "global_avg_pool_nhwc", (_blocks(nb * ch // NHWC_PIECE, THREADS), 1, 1),
-                                    (THREADS, 1, 1), (nhwc_ptr(arena, op.src), side + 4 * lay.features, nb, ch,
-                                                      hh * ww, op.src.c_total, ch)))
+            specs.append(LaunchSpec(op.name, f"global_avg_pool_nhwc{elem.suffix}",
+                                    (_blocks(nb * ch * elem.bytes // 16, THREADS), 1, 1), (THREADS, 1, 1),
+                                    (nhwc_ptr(arena, op.src, precision), side + 4 * lay.features, nb, ch, hh * ww,
+                                     op.src.c_total, ch)))
         elif isinstance(op, FCOp):
             assert features is not None
             logits = View("logits", lay.logits, op.dst.dims, 0, op.dst.channels)
@@ -967,19 +1005,20 @@ class CudaBackend:
         1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
         (``tune_configs``: a few seconds the first time, then from the cache). configs: use exactly these.
-        nhwc: fp16 activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd; precision "fp16" only):
-        half the activation bytes and no per-element gather in the convs. Default (None): for precision "fp16"
-        wherever the plan's channel counts allow it (``check_nhwc``; measured 1.6x faster at batch 1 and 2.3x at
-        batch 128 than fp32 NCHW activations on an H200, docs/PERFORMANCE.md round 5); False: conv_f16.cu on fp32
-        NCHW activations."""
+        nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd; precision "fp16" or "tf32"),
+        fp16 or TF32-rounded float32: no per-element gather in the convs, and for fp16 half the activation bytes.
+        Default (None): for those precisions wherever the plan's channel counts allow it (``check_nhwc``; fp16
+        measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an H200,
+        docs/PERFORMANCE.md round 5); False: conv_f16.cu / conv_tf32.cu on fp32 NCHW activations."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
-        if nhwc and precision != "fp16":
-            raise EngineError(f"the NHWC layout holds fp16 activations: use it with precision fp16, not {precision}")
+        if nhwc and precision not in NHWC_ELEMS:
+            raise EngineError(f"the NHWC layout holds fp16 or tf32 activations: use it with precision "
+                              f"{' or '.join(NHWC_ELEMS)}, not {precision}")
         if nhwc:
             check_nhwc(plan)
         elif nhwc is None:
-            nhwc = precision == "fp16" and nhwc_fits(plan)
+            nhwc = precision in NHWC_ELEMS and nhwc_fits(plan)
         self.nhwc = nhwc
         self.precision = precision
         self.fixup = fixup
@@ -1041,9 +1080,11 @@ class CudaBackend:
                                                              self.winograd, self.tiles, self.nhwc)
         kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
-        if self.nhwc:  # fp16 activations: two per float32 word (arena_elems is a multiple of ALIGN, so even)
-            self._arena = self._alloc(plan.arena_elems // 2)
-            drv.memset_d32(self._arena, HALF_NAN_BITS, plan.arena_elems // 2)
+        if self.nhwc:  # fp16: two activations per float32 word (arena_elems is a multiple of ALIGN, so even)
+            elem = NHWC_ELEMS[self.precision]
+            words = plan.arena_elems * elem.bytes // 4
+            self._arena = self._alloc(words)
+            drv.memset_d32(self._arena, elem.nan_word, words)
             side = nhwc_side(plan)
             self._side = self._alloc(side.elems)
             drv.memset_d32(self._side, NAN_BITS, side.elems)
@@ -1067,7 +1108,7 @@ class CudaBackend:
             self._in_ptr = self._side + 4 * side.input
             self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
             self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
-                                           offsets, self._ws, self._probs)
+                                           offsets, self._ws, self._probs, self.precision)
         else:
             self._in_ptr = view_ptr(self._arena, plan.input)
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)

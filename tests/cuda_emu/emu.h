@@ -39,6 +39,11 @@ struct alignas(16) uint4 {
 };
 template <class T>
 T __ldg(const T* p) { return *p; }
+inline float __uint_as_float(unsigned u) {
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
 template <class T>
 T __ldcg(const T* p) { return *p; }
 // Blocks run one after another, so memory is always coherent and an atomic is a plain read-modify-write.
