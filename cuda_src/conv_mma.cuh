@@ -25,6 +25,7 @@
 // Launch: block 256, grid (ceil(N/BN), ceil(M/BM), splits), static shared memory only (< 48 KB, no attribute).
 #pragma once
 #include "common.cuh"
+#include "wgmma.cuh"
 
 #ifdef __CUDACC__
 // Inline PTX for sm_80+. A host compiler (the CPU emulator, tests/cuda_emu/tf32_emu.h and f16_emu.h) supplies the
@@ -147,6 +148,10 @@ struct NhwcF16 {
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         f16::mma(d, a, b);
     }
+    template <int N>
+    __device__ __forceinline__ static void wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b) {
+        ::wgmma::Mma<N>::f16(d, a, b);
+    }
 };
 
 // NhwcTf32 (--precision tf32): float32 words holding values already rounded to TF32 (cvt.rna at every store, and
@@ -172,6 +177,10 @@ struct NhwcTf32 {
     }
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         tf32::mma(d, a, b);
+    }
+    template <int N>
+    __device__ __forceinline__ static void wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b) {
+        ::wgmma::Mma<N>::tf32(d, a, b);
     }
 };
 
@@ -269,8 +278,9 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
 
 // The cp.async ring of conv_mma_gemm and conv_nhwc.cu: load(k, stage) issues this thread's copies of the K tile that
 // starts at k into buffer `stage`, math(stage) multiplies the tile in buffer `stage`. With STAGES buffers, tile
-// t + STAGES - 1 is in flight while tile t is multiplied, one barrier per tile.
-template <int STAGES, int BK, class Load, class Math>
+// t + STAGES - 1 is in flight while tile t is multiplied, one barrier per tile. ASYNC_PROXY: math reads the tiles
+// through the async proxy (wgmma), so each thread fences its landed copies before the barrier.
+template <int STAGES, int BK, bool ASYNC_PROXY = false, class Load, class Math>
 __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math) {
     const int tiles = (k_end - k_begin + BK - 1) / BK;
 #pragma unroll
@@ -280,7 +290,8 @@ __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& loa
     }
     for (int kt = 0; kt < tiles; ++kt) {
         cp_async::wait<STAGES - 2>();  // this thread's copies of tile kt have landed ...
-        __syncthreads();               // ... everyone's have, and everyone is done with tile kt - 1
+        if constexpr (ASYNC_PROXY) wgmma::fence_proxy_async();
+        __syncthreads();  // ... everyone's have, and everyone is done with tile kt - 1
         const int next = kt + STAGES - 1;
         if (next < tiles) load(k_begin + next * BK, next % STAGES);  // into the buffer of tile kt - 1
         cp_async::commit();

@@ -41,78 +41,128 @@
 template <int PIECE>
 __device__ __forceinline__ int swizzled(int row, int piece) { return (piece ^ (row >> 1 & 3)) * PIECE; }
 
-template <class E, int BM, int BN, int WARPS_M, int STAGES>
-__device__ __forceinline__ void conv_nhwc_gemm(const typename E::T* __restrict__ x,
-                                               const typename E::T* __restrict__ wr, const float* __restrict__ bias,
-                                               void* __restrict__ out, int batch, int cin, int h, int w,
-                                               int x_cstride, int cout, int ho, int wo, int y_cstride, int kh, int kw,
-                                               int stride, int pad_h, int pad_w, int k_split, int relu) {
+// The arguments every NHWC conv kernel takes, as one value (the loader and the epilogues read them).
+template <class E>
+struct NhwcConvArgs {
+    const typename E::T* __restrict__ x;
+    const typename E::T* __restrict__ wr;
+    const float* __restrict__ bias;
+    void* __restrict__ out;
+    int batch, cin, h, w, x_cstride, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, k_split, relu;
+};
+
+// The cp.async loader of a BM x BN block tile with NT threads: load(k, stage) copies this thread's pieces of the next
+// K tile (BK = 4 pieces) into As[stage], Bs[stage]. The thread copies piece `piece` (k = PIECE piece ..
+// PIECE (piece + 1) - 1 of the stage) of tile rows row0 + ROWS i.
+// Per stage it costs a few integer operations per row: the pixels' window corners are computed once, and the piece's
+// k is decoded into (r, s, c) once and then advanced by BK per stage without a division (the stages are loaded in
+// order). Divisions per stage had made the loop issue ~29 instructions per mma (ncu, round 6).
+// Offsets are 32-bit (a buffer of x has fewer than 2^31 elements: cuda_backend.check_nhwc), and a piece outside the
+// input reads from offset 0 with zero fill, so no branch is needed.
+template <class E, int BM, int BN, int NT, int STAGES>
+struct NhwcLoader {
     using T = typename E::T;
-    constexpr int PIECE = E::PIECE, NT = 256, BK = 4 * PIECE;  // k per stage: 4 pieces, 64 bytes
-    constexpr int ROWS = NT / 4;  // tile rows one pass of the loader covers
-    constexpr int WARPS_N = NT / 32 / WARPS_M, WM = BM / WARPS_M, WN = BN / WARPS_N;
-    constexpr int MI = WM / 16, NJ = WN / 8;  // m16n8 tiles per warp
-    constexpr int A_ROWS = BM / ROWS, B_ROWS = (BN + ROWS - 1) / ROWS;  // rows of each tile per thread
-    static_assert(WM % 16 == 0 && NJ % 2 == 0 && BM % ROWS == 0 && (BN % ROWS == 0 || BN < ROWS), "tile shape");
+    static constexpr int PIECE = E::PIECE, BK = 4 * PIECE, ROWS = NT / 4;  // ROWS: tile rows one pass covers
+    static constexpr int A_ROWS = BM / ROWS, B_ROWS = (BN + ROWS - 1) / ROWS;  // rows of each tile per thread
+    static_assert(BM % ROWS == 0 && (BN % ROWS == 0 || BN < ROWS), "loader shape");
 
-    __shared__ __align__(128) T As[STAGES][BM][BK];
-    __shared__ __align__(128) T Bs[STAGES][BN][BK];
-
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * WN;
-    const int howo = ho * wo, p_total = batch * howo;
-    const int k_total = kh * kw * cin;
-    const int p0 = tile_n0(BM), m0 = tile_m0(BN);
-    const int k_begin = blockIdx.z * k_split;
-    const int k_end = min(k_total, k_begin + k_split);
-
-    // Loader: this thread copies piece `piece` (k = PIECE piece .. PIECE (piece + 1) - 1 of the stage) of tile rows
-    // row0 + ROWS i.
-    // Per stage it costs a few integer operations per row: the pixels' window corners are computed once, and the
-    // piece's k is decoded into (r, s, c) once and then advanced by BK per stage without a division (the stages are
-    // loaded in order). Divisions per stage had made the loop issue ~29 instructions per mma (ncu, round 6).
-    // Offsets are 32-bit (a buffer of x has fewer than 2^31 elements: cuda_backend.check_nhwc), and a piece outside
-    // the input reads from offset 0 with zero fill, so no branch is needed.
-    const int piece = tid % 4, row0 = tid / 4;
+    const NhwcConvArgs<E>& a;
+    T (*As)[BM][BK];
+    T (*Bs)[BN][BK];
+    int k_end, piece, row0;
     int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
     int a_corner[A_ROWS];            // offset of the corner's pixel (in the padding, maybe: read only when inside)
-#pragma unroll
-    for (int i = 0; i < A_ROWS; ++i) {
-        const int p = p0 + row0 + ROWS * i;
-        const int b = p / howo, q = p - b * howo, oh = q / wo, ow = q - oh * wo;
-        a_ih[i] = p < p_total ? oh * stride - pad_h : -(1 << 20);  // a pixel past P reads only zero fill
-        a_iw[i] = ow * stride - pad_w;
-        a_corner[i] = ((b * h + oh * stride - pad_h) * w + a_iw[i]) * x_cstride;
-    }
-    int w_row[B_ROWS];  // offset of the weight row; -1 past Cout (zero fill)
-#pragma unroll
-    for (int i = 0; i < B_ROWS; ++i) w_row[i] = m0 + row0 + ROWS * i < cout ? (m0 + row0 + ROWS * i) * k_total : -1;
-    int k = k_begin + PIECE * piece, tap = k / cin, c = k - tap * cin, r = tap / kw, s = tap - r * kw;
+    int w_row[B_ROWS];               // offset of the weight row; -1 past Cout (zero fill)
+    int k, c, r, s;
 
-    auto load = [&](int, int stage) {
+    __device__ __forceinline__ NhwcLoader(const NhwcConvArgs<E>& args, T (*as)[BM][BK], T (*bs)[BN][BK], int p0,
+                                          int m0, int k_begin, int k_end_, int tid)
+        : a(args), As(as), Bs(bs), k_end(k_end_), piece(tid % 4), row0(tid / 4) {
+        const int howo = a.ho * a.wo, p_total = a.batch * howo, k_total = a.kh * a.kw * a.cin;
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) {
+            const int p = p0 + row0 + ROWS * i;
+            const int b = p / howo, q = p - b * howo, oh = q / a.wo, ow = q - oh * a.wo;
+            a_ih[i] = p < p_total ? oh * a.stride - a.pad_h : -(1 << 20);  // a pixel past P reads only zero fill
+            a_iw[i] = ow * a.stride - a.pad_w;
+            a_corner[i] = ((b * a.h + oh * a.stride - a.pad_h) * a.w + a_iw[i]) * a.x_cstride;
+        }
+#pragma unroll
+        for (int i = 0; i < B_ROWS; ++i)
+            w_row[i] = m0 + row0 + ROWS * i < a.cout ? (m0 + row0 + ROWS * i) * k_total : -1;
+        k = k_begin + PIECE * piece;
+        const int tap = k / a.cin;
+        c = k - tap * a.cin;
+        r = tap / a.kw;
+        s = tap - r * a.kw;
+    }
+
+    __device__ __forceinline__ void operator()(int, int stage) {
         const bool k_ok = k < k_end;  // k_split and K are multiples of PIECE: a piece is inside or outside
-        const int tap_offset = (r * w + s) * x_cstride + c;
+        const int tap_offset = (r * a.w + s) * a.x_cstride + c;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
             const int row = row0 + ROWS * i, ih = a_ih[i] + r, iw = a_iw[i] + s;
-            const bool ok = k_ok && (unsigned)ih < (unsigned)h && (unsigned)iw < (unsigned)w;
-            cp_async::copy16_or_zero(&As[stage][row][swizzled<PIECE>(row, piece)], x + (ok ? a_corner[i] + tap_offset : 0),
-                                     ok);
+            const bool ok = k_ok && (unsigned)ih < (unsigned)a.h && (unsigned)iw < (unsigned)a.w;
+            cp_async::copy16_or_zero(&As[stage][row][swizzled<PIECE>(row, piece)],
+                                     a.x + (ok ? a_corner[i] + tap_offset : 0), ok);
         }
 #pragma unroll
         for (int i = 0; i < B_ROWS; ++i) {
             const int row = row0 + ROWS * i;
             if (BN < ROWS && row >= BN) break;  // a narrow tile: the threads of the first BN rows load it
             const bool ok = k_ok && w_row[i] >= 0;
-            cp_async::copy16_or_zero(&Bs[stage][row][swizzled<PIECE>(row, piece)], wr + (ok ? w_row[i] + k : 0), ok);
+            cp_async::copy16_or_zero(&Bs[stage][row][swizzled<PIECE>(row, piece)], a.wr + (ok ? w_row[i] + k : 0),
+                                     ok);
         }
         k += BK;  // the next stage's piece
-        for (c += BK; c >= cin; c -= cin)
-            if (++s == kw) {
+        for (c += BK; c >= a.cin; c -= a.cin)
+            if (++s == a.kw) {
                 s = 0;
                 ++r;
             }
-    };
+    }
+};
+
+// The epilogue of one accumulator pair: output pixel p, channels m and m + 1 (cout is even: m + 1 < cout when
+// m < cout). Raw to the split-K workspace when the grid has several slices, else bias, ReLU, the element type.
+template <class E>
+__device__ __forceinline__ void store_nhwc_pair(const NhwcConvArgs<E>& a, int p_total, int p, int m, float v0,
+                                                float v1) {
+    if (p >= p_total || m >= a.cout) return;
+    if (gridDim.z > 1) {
+        float* ws = static_cast<float*>(a.out) + ((size_t)blockIdx.z * p_total + p) * a.cout + m;
+        *reinterpret_cast<float2*>(ws) = float2{v0, v1};
+        return;
+    }
+    v0 += __ldg(a.bias + m);
+    v1 += __ldg(a.bias + m + 1);
+    if (a.relu) {
+        v0 = fmaxf(v0, 0.f);
+        v1 = fmaxf(v1, 0.f);
+    }
+    E::store2(static_cast<typename E::T*>(a.out) + (size_t)p * a.y_cstride + m, v0, v1);
+}
+
+template <class E, int BM, int BN, int WARPS_M, int STAGES>
+__device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
+    using T = typename E::T;
+    using Loader = NhwcLoader<E, BM, BN, 256, STAGES>;
+    constexpr int PIECE = E::PIECE, NT = 256, BK = Loader::BK;
+    constexpr int WARPS_N = NT / 32 / WARPS_M, WM = BM / WARPS_M, WN = BN / WARPS_N;
+    constexpr int MI = WM / 16, NJ = WN / 8;  // m16n8 tiles per warp
+    static_assert(WM % 16 == 0 && NJ % 2 == 0, "tile shape");
+
+    __shared__ __align__(128) T As[STAGES][BM][BK];
+    __shared__ __align__(128) T Bs[STAGES][BN][BK];
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * WN;
+    const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
+    const int p0 = tile_n0(BM), m0 = tile_m0(BN);
+    const int k_begin = blockIdx.z * a.k_split;
+    const int k_end = min(k_total, k_begin + a.k_split);
+    Loader load(a, As, Bs, p0, m0, k_begin, k_end, tid);
 
     float acc[MI][NJ][4];
     zero_acc(acc);
@@ -135,10 +185,10 @@ __device__ __forceinline__ void conv_nhwc_gemm(const typename E::T* __restrict__
 #pragma unroll
             for (int i = 0; i < MI; ++i) {
                 const int row = wm + 16 * i + a_row;
-                unsigned a[4];
-                ldmatrix::x4(a, &As[st][row][swizzled<PIECE>(row, kk + a_piece)]);
+                unsigned af[4];
+                ldmatrix::x4(af, &As[st][row][swizzled<PIECE>(row, kk + a_piece)]);
 #pragma unroll
-                for (int j = 0; j < NJ; ++j) E::mma(acc[i][j], a, b[j]);
+                for (int j = 0; j < NJ; ++j) E::mma(acc[i][j], af, b[j]);
             }
         }
     });
@@ -146,43 +196,82 @@ __device__ __forceinline__ void conv_nhwc_gemm(const typename E::T* __restrict__
 
     // Epilogue: C[g (+8)][2t, 2t+1] of each m16n8 tile (conv_mma.cuh's C layout) = pixel p, channels m, m + 1.
     const int g = lane / 4, t = lane % 4;
-    const bool split = gridDim.z > 1;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int p = p0 + wm + 16 * i + g + 8 * half;
-            if (p >= p_total) continue;
+        for (int half = 0; half < 2; ++half)
 #pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-                const int m = m0 + wn + 8 * j + 2 * t;
-                if (m >= cout) continue;  // cout is even: m + 1 < cout too
-                float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
-                if (split) {
-                    float* ws = static_cast<float*>(out) + ((size_t)blockIdx.z * p_total + p) * cout + m;
-                    *reinterpret_cast<float2*>(ws) = float2{v0, v1};
-                    continue;
-                }
-                v0 += __ldg(bias + m);
-                v1 += __ldg(bias + m + 1);
-                if (relu) {
-                    v0 = fmaxf(v0, 0.f);
-                    v1 = fmaxf(v1, 0.f);
-                }
-                E::store2(static_cast<T*>(out) + (size_t)p * y_cstride + m, v0, v1);
-            }
-        }
+            for (int j = 0; j < NJ; ++j)
+                store_nhwc_pair(a, p_total, p0 + wm + 16 * i + g + 8 * half, m0 + wn + 8 * j + 2 * t,
+                                acc[i][j][2 * half], acc[i][j][2 * half + 1]);
 }
+
+// The same implicit GEMM with wgmma (sm_90a; wgmma.cuh): the tiles the loader fills are already in wgmma's 64-byte
+// swizzle, so each warpgroup multiplies its 64 pixel rows of the stage by the whole BN-channel B tile with two
+// instructions (k16 + k16 of fp16, k8 + k8 of tf32) instead of the mma.sync kernel's ldmatrix and m16n8 steps:
+// 128x128 issues 2 wgmma per warp per stage instead of 12 ldmatrix + 32 mma. BM = 128 (two warpgroups, 256 threads);
+// the accumulators, BN / 2 per thread, stay in registers until the epilogue. wait(0) after each stage keeps the ring
+// as it is (a buffer is free once its stage's math returned).
+template <class E, int BM, int BN, int STAGES>
+__device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
+    using T = typename E::T;
+    constexpr int NT = BM / 64 * 128;
+    using Loader = NhwcLoader<E, BM, BN, NT, STAGES>;
+    constexpr int BK = Loader::BK;
+    static_assert(BM % 64 == 0 && (BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
+
+    // 512-byte aligned stages (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
+    __shared__ __align__(1024) T As[STAGES][BM][BK];
+    __shared__ __align__(1024) T Bs[STAGES][BN][BK];
+
+    const int tid = threadIdx.x, lane = tid % 32, group = tid / 128, warp = tid / 32 % 4;
+    const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
+    const int p0 = tile_n0(BM), m0 = tile_m0(BN);
+    const int k_begin = blockIdx.z * a.k_split;
+    const int k_end = min(k_total, k_begin + a.k_split);
+    Loader load(a, As, Bs, p0, m0, k_begin, k_end, tid);
+
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+
+    cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, [&](int st) {
+        const unsigned long long da = wgmma::desc_k_major_64b(&As[st][64 * group][0]);
+        const unsigned long long db = wgmma::desc_k_major_64b(&Bs[st][0][0]);
+        wgmma::fence();
+        E::template wgmma<BN>(d, da, db);
+        E::template wgmma<BN>(d, da + wgmma::DESC_32_BYTES, db + wgmma::DESC_32_BYTES);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_registers(d);
+    });
+    cp_async::wait<0>();  // no copy may still target shared memory when the block exits
+
+    // Epilogue: d[4j + 2 half + e] = pixel 64 group + 16 warp + g + 8 half, channel 8j + 2t + e (wgmma.cuh).
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            store_nhwc_pair(a, p_total, p0 + 64 * group + 16 * warp + g + 8 * half, m0 + 8 * j + 2 * t,
+                            d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+}
+
+#define CONV_NHWC_PARAMS(E)                                                                                         \
+    const E::T *__restrict__ x, const E::T *__restrict__ wr, const float *__restrict__ bias, void *__restrict__ out, \
+        int batch, int cin, int h, int w, int x_cstride, int cout, int ho, int wo, int y_cstride, int kh, int kw,   \
+        int stride, int pad_h, int pad_w, int k_split, int relu
+#define CONV_NHWC_ARGS(E)                                                                                        \
+    NhwcConvArgs<E> {                                                                                            \
+        x, wr, bias, out, batch, cin, h, w, x_cstride, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w,    \
+            k_split, relu                                                                                        \
+    }
 
 // One extern "C" entry point per element type and tile. MIN_BLOCKS caps registers: 2 blocks of 256 threads leave 128
 // a thread for the 64x32 warp tile's 64 accumulators.
-#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS)                                                \
-    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME##_##BM##x##BN(                                 \
-        const E::T* __restrict__ x, const E::T* __restrict__ wr, const float* __restrict__ bias,                      \
-        void* __restrict__ out, int batch, int cin, int h, int w, int x_cstride, int cout, int ho, int wo,            \
-        int y_cstride, int kh, int kw, int stride, int pad_h, int pad_w, int k_split, int relu) {                     \
-        conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>(x, wr, bias, out, batch, cin, h, w, x_cstride, cout, ho, wo,       \
-                                                   y_cstride, kh, kw, stride, pad_h, pad_w, k_split, relu);           \
+#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS)                                 \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME##_##BM##x##BN(CONV_NHWC_PARAMS(E)) { \
+        conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>(CONV_NHWC_ARGS(E));                                     \
     }
 
 // Warp tiles and shared memory: 128x128 64x32, 48 KB; 128x64 and 64x128 32x32, 48 KB; 64x64 32x16, 32 KB; 128x32
@@ -196,6 +285,23 @@ __device__ __forceinline__ void conv_nhwc_gemm(const typename E::T* __restrict__
 
 CONV_NHWC_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
+
+// The wgmma tiles exist where wgmma does: sm_90a (cuda_build compiles this file for it on compute capability 9.0),
+// and the CPU emulator (tests/cuda_emu/wgmma_emu.h).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDACC__)
+// 2 blocks of 256 threads per SM: 128x128 is 48 KB of shared memory in 3 stages, 64 accumulators a thread.
+#define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN, STAGES)                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {           \
+        conv_nhwc_wgmma_gemm<E, BM, BN, STAGES>(CONV_NHWC_ARGS(E));                                                \
+    }
+#define CONV_NHWC_WGMMA_TILES(NAME, E)              \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128, 3)    \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64, 4)     \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32, 4)
+
+CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
+CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
+#endif
 
 // y[p, m] (a view of the element type E) = relu(bias[m] + sum over z of ws[z][p][m]), two channels per thread.
 template <class E>

@@ -21,6 +21,21 @@ SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input
            "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu")
 # -lineinfo costs nothing at run time and lets compute-sanitizer and Nsight point at source lines.
 FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
+# Sources with kernels for an architecture's own features, built for its "a" target where it has one: conv_nhwc.cu's
+# wgmma tiles need sm_90a (`-arch=sm_90a` would run a plain sm_90 pass too, which rejects wgmma: the -gencode form).
+ARCH_SPECIFIC = {"conv_nhwc.cu": ("sm_90",)}
+
+
+def has_wgmma(arch: str) -> bool:
+    """Whether conv_nhwc.cu's wgmma tiles are built for this target."""
+    return arch in ARCH_SPECIFIC["conv_nhwc.cu"]
+
+
+def target_flags(name: str, arch: str) -> list[str]:
+    if arch in ARCH_SPECIFIC.get(name, ()):
+        n = arch.removeprefix("sm_")
+        return [f"-gencode=arch=compute_{n}a,code=sm_{n}a"]
+    return [f"-arch={arch}"]
 
 
 def source_dir() -> Path:
@@ -47,7 +62,8 @@ def target(compute_capability: tuple[int, int]) -> str:
 
 
 def build_key(arch: str) -> str:
-    return native_build.build_key(source_dir(), (".cu", ".cuh", ".h"), " ".join((arch, *FLAGS)))
+    targets = [" ".join(target_flags(name, arch)) for name in SOURCES]
+    return native_build.build_key(source_dir(), (".cu", ".cuh", ".h"), " ".join((arch, *FLAGS, *targets)))
 
 
 def cubin_paths(arch: str) -> dict[str, Path]:
@@ -76,7 +92,7 @@ def build(arch: str) -> dict[str, Path]:
     for name, dst in todo.items():
         fd, tmp = tempfile.mkstemp(prefix="." + dst.name + ".", suffix=".part", dir=dst.parent)
         os.close(fd)
-        cmd = [nvcc, f"-arch={arch}", *FLAGS, "-cubin", "-o", tmp, str(src / name)]
+        cmd = [nvcc, *target_flags(name, arch), *FLAGS, "-cubin", "-o", tmp, str(src / name)]
         jobs.append((name, dst, tmp, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                       text=True)))
     failure = None

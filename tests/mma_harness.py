@@ -265,7 +265,8 @@ def run_emulated(lib: ctypes.CDLL, case: Case, tile: MmaTile, splits: int, name:
 
 
 def compile_cubin(path: Path, source: Path, arch: str) -> Path:
-    cmd = [NVCC, f"-arch={arch}", *cuda_build.FLAGS, "-cubin", "-o", str(path), str(source)]
+    cmd = [NVCC, *cuda_build.target_flags(source.name, arch), *cuda_build.FLAGS, "-cubin", "-o", str(path),
+           str(source)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     return path

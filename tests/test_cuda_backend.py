@@ -162,7 +162,8 @@ def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, n
     assert len(list(tmp_path.glob("*.json"))) == 1
     gpu = cb.Gpu()
     gpu.release()
-    sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, nhwc)
+    sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, nhwc,
+                                cb.cuda_build.has_wgmma(gpu.arch))
     as_json = cb.config_to_json
     assert all(any(as_json(tuned[op.name]) == as_json(s[op.name]) for s in sets) for op in plan.conv_ops)
     if precision == "fp32":

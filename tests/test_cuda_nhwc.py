@@ -41,7 +41,7 @@ TOL = 1e-3  # rel L2 against the ideal conv: fp32 sums and one more rounding of 
 NET_TOL = {"fp16": 1e-2, "tf32": 3e-3}  # the issue's bounds
 ROW_BYTES = 64  # a shared row: 32 k of fp16, 16 of tf32
 PRECISIONS = tuple(cb.NHWC_ELEMS)
-KERNELS = [f"{t.prefix}_{t.name}" for p in PRECISIONS for t in cb.NHWC_ELEMS[p].tiles] + [
+KERNELS = [f"{t.prefix}_{t.name}" for p in PRECISIONS for t in cb.NHWC_ELEMS[p].tiles(wgmma=True)] + [
     name + cb.NHWC_ELEMS[p].suffix for p in PRECISIONS
     for name in ("pool2d_nhwc", "global_avg_pool_nhwc", "conv_input_nhwc")] + [
     f"conv_nhwc{cb.NHWC_ELEMS[p].suffix}_splitk_reduce" for p in PRECISIONS]
@@ -85,9 +85,10 @@ def test_ldmatrix_and_cp_async_phases_are_bank_conflict_free():
 def test_nhwc_weights_are_rows_in_rsc_order_padded_to_eight_channels(precision):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((5, 3, 3, 2)).astype(np.float32)
-    got = cb.direct_weights(w, cb.NHWC_ELEMS[precision].tiles[0]).view(DTYPE[precision]).reshape(5, 3, 2, 8)
-    np.testing.assert_array_equal(got[..., :3], as_elem(w.transpose(0, 2, 3, 1), precision))
-    assert not got[..., 3:].any()
+    for tile in cb.NHWC_ELEMS[precision].tiles(wgmma=True):
+        got = cb.direct_weights(w, tile).view(DTYPE[precision]).reshape(5, 3, 2, 8)
+        np.testing.assert_array_equal(got[..., :3], as_elem(w.transpose(0, 2, 3, 1), precision))
+        assert not got[..., 3:].any()
 
 
 def test_round_tf32_is_cvt_rna():
@@ -107,18 +108,20 @@ def test_round_tf32_is_cvt_rna():
     assert rel.max() <= 2.0 ** -11 and (cb.round_tf32(r).view(np.uint32) & 0x1FFF == 0).all()
 
 
+@pytest.mark.parametrize("wgmma", [False, True])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precision):
+def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precision, wgmma):
     plan = build_plan(8, concurrent=True)
-    configs = cb.choose_configs(plan, 132, False, precision, False, nhwc=True)
+    configs = cb.choose_configs(plan, 132, False, precision, False, nhwc=True, wgmma=wgmma)
     first = plan.conv_ops[0]
     assert first.src.buffer == plan.input.buffer and configs[first.name] == cb.ConvConfig(
         cb.INPUT_TILE, 1, 27, configs[first.name].est_us)
-    rest, tiles = plan.conv_ops[1:], cb.NHWC_ELEMS[precision].tiles
+    rest, tiles = plan.conv_ops[1:], cb.NHWC_ELEMS[precision].tiles(wgmma)
     assert all(configs[op.name].tile in tiles and not configs[op.name].wino for op in rest)
     assert all(configs[op.name].k_split % tiles[0].bk == 0 for op in rest)
     assert configs["fc"] is None or configs["fc"].tile in cb.TILES_OF[precision]
-    sets = cb.tuning_candidates(plan, 132, False, precision, True, nhwc=True)
+    assert any(configs[op.name].tile in cb.NHWC_ELEMS[precision].wgmma_tiles for op in rest) == wgmma
+    sets = cb.tuning_candidates(plan, 132, False, precision, True, nhwc=True, wgmma=wgmma)
     assert [{s[op.name].tile for op in rest} for s in sets] == [{t} for t in tiles]
     assert all(s[first.name].tile == cb.INPUT_TILE for s in sets)
 
@@ -146,6 +149,8 @@ def test_nhwc_needs_fp16_or_tf32_and_channel_counts_in_pieces():
 
 class Emulated:
     """Device memory is host memory; launches go to the emulator library's emu_<kernel> entry points."""
+
+    wgmma = True  # the emulator runs conv_nhwc.cu's wgmma tiles too (tests/cuda_emu/wgmma_emu.h)
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib, self.keep = lib, []
@@ -175,8 +180,8 @@ class Emulated:
 
 
 class OnGpu:
-    def __init__(self, kernels: cb.Kernels):
-        self.kernels, self.allocs = kernels, []
+    def __init__(self, kernels: cb.Kernels, arch: str):
+        self.kernels, self.allocs, self.wgmma = kernels, [], cuda_build.has_wgmma(arch)
 
     def alloc(self, nbytes: int) -> int:
         a = cb.driver().mem_alloc(max(nbytes, 1))
@@ -218,7 +223,7 @@ def emu(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpu_mem(gpu):
-    mem = OnGpu(gpu[1])
+    mem = OnGpu(gpu[1], gpu[0].arch)
     yield mem
     mem.close()
 
@@ -303,7 +308,7 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
                                y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision)
     suffix = cb.NHWC_ELEMS[precision].suffix
-    assert [s.kernel for s in specs] == [f"conv_nhwc{suffix}_{tile.name}"] + [
+    assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"] + [
         f"conv_nhwc{suffix}_splitk_reduce"] * (cfg.splits > 1)
     if not case.relu:  # the specs always ask for ReLU (every conv of the network has it); this case tests without
         specs[-1] = dataclasses.replace(specs[-1], args=specs[-1].args[:-1] + (0,))
@@ -322,14 +327,17 @@ def case_id(c: Case) -> str:
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_conv_every_tile(mem, case, precision):
-    for tile in cb.NHWC_ELEMS[precision].tiles:
+    for tile in cb.NHWC_ELEMS[precision].tiles(mem.wgmma):
         run_conv(mem, case, tile, 1, precision)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("case", [c for c in CASES if c.cin * c.kernel[0] * c.kernel[1] >= 96], ids=case_id)
 def test_conv_split_k(mem, case, precision):
-    run_conv(mem, case, cb.NHWC_ELEMS[precision].tiles[1], 3, precision)
+    tiles = cb.NHWC_ELEMS[precision].tiles(mem.wgmma)
+    run_conv(mem, case, tiles[1], 3, precision)
+    if len(tiles) > len(cb.NHWC_ELEMS[precision].mma_tiles):
+        run_conv(mem, case, tiles[-2], 3, precision)  # a wgmma tile (128x64)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

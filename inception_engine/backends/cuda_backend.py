@@ -89,6 +89,13 @@ NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32
 # m16n8k8 .tf32 step does half the work of a m16n8k16 .f16 one).
 NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "conv_nhwc_tf32", False)
                         for t in NHWC_TILES)
+# conv_nhwc.cu's wgmma tiles (sm_90a only: cuda_build.has_wgmma), 128 pixels x 128 / 64 / 32 channels. The model
+# gives them twice the mma.sync tiles' speed (a guess that ranks them first; tuning measures).
+NHWC_WGMMA_TILES = (Tile(128, 128, 32, 2, 1200e3, "conv_nhwc_wgmma", False),
+                    Tile(128, 64, 32, 2, 900e3, "conv_nhwc_wgmma", False),
+                    Tile(128, 32, 32, 2, 600e3, "conv_nhwc_wgmma", False))
+NHWC_TF32_WGMMA_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "conv_nhwc_tf32_wgmma", False)
+                              for t in NHWC_WGMMA_TILES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
 # channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
 INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
@@ -104,11 +111,15 @@ class NhwcElem:
     bytes: int
     suffix: str  # of its kernels' names: conv_nhwc<suffix>_splitk_reduce, pool2d_nhwc<suffix>, ...
     nan_word: int  # a 32-bit word of NaNs of this type, to poison the arena
-    tiles: tuple[Tile, ...]  # conv_nhwc.cu's tiles for it
+    mma_tiles: tuple[Tile, ...]  # conv_nhwc.cu's mma.sync tiles for it
+    wgmma_tiles: tuple[Tile, ...]  # ... and its wgmma tiles (sm_90a)
+
+    def tiles(self, wgmma: bool = False) -> tuple[Tile, ...]:
+        return self.mma_tiles + (self.wgmma_tiles if wgmma else ())
 
 
-NHWC_ELEMS = {"fp16": NhwcElem(2, "", HALF_NAN_BITS, NHWC_TILES),
-              "tf32": NhwcElem(4, "_tf32", NAN_BITS, NHWC_TF32_TILES)}
+NHWC_ELEMS = {"fp16": NhwcElem(2, "", HALF_NAN_BITS, NHWC_TILES, NHWC_WGMMA_TILES),
+              "tf32": NhwcElem(4, "_tf32", NAN_BITS, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES)}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
@@ -262,7 +273,7 @@ def uses_gemv(op: FCOp) -> bool:
 
 def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str = "fp32",
                    winograd: bool | None = None, tiles: tuple[Tile, ...] | None = None,
-                   nhwc: bool = False) -> dict[str, ConvConfig | None]:
+                   nhwc: bool = False, wgmma: bool = False) -> dict[str, ConvConfig | None]:
     """Conv op name -> its config; the FC -> None (fc_gemv) or the config of the 1x1-conv GEMM that replaces it.
     fixup: split-K convs reduce in the kernel where the tile has a _fixup variant (else with conv_splitk_reduce).
     precision: "tf32" / "fp16" pick conv_tf32.cu's / conv_f16.cu's tiles for the direct GEMMs (convs and the
@@ -273,11 +284,12 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     in every precision, and the choice is made against the FFMA direct kernel in every precision too: the
     tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
-    nhwc: every conv on conv_nhwc.cu (tiles: a subset of the precision's NHWC_ELEMS tiles), no Winograd, except
-    those that read the network's input (conv_input_nhwc.cu, INPUT_TILE); the FC as without nhwc."""
+    nhwc: every conv on conv_nhwc.cu (tiles: a subset of the precision's NHWC_ELEMS tiles, with the wgmma ones if
+    wgmma), no Winograd, except those that read the network's input (conv_input_nhwc.cu, INPUT_TILE); the FC as
+    without nhwc."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
-    conv_tiles = tiles or (NHWC_ELEMS[precision].tiles if nhwc else TILES_OF[precision])
+    conv_tiles = tiles or (NHWC_ELEMS[precision].tiles(wgmma) if nhwc else TILES_OF[precision])
     tiles = TILES_OF[precision] if nhwc else conv_tiles
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
@@ -309,13 +321,14 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
 
 
 def tuning_candidates(plan: Plan, num_sms: int, fixup: bool, precision: str,
-                      winograd: bool | None, nhwc: bool = False) -> list[dict[str, ConvConfig | None]]:
+                      winograd: bool | None, nhwc: bool = False,
+                      wgmma: bool = False) -> list[dict[str, ConvConfig | None]]:
     """The config sets ``tune_configs`` times, each a whole forward's: one per direct tile of the precision (every
     conv on that tile, split-K as the model picks it for the tile) and, unless winograd is False, one with every
     eligible conv by Winograd (the others as the model picks). nhwc: one per NHWC tile of the precision."""
     if nhwc:
         return [choose_configs(plan, num_sms, False, precision, False, (t,), nhwc=True)
-                for t in NHWC_ELEMS[precision].tiles]
+                for t in NHWC_ELEMS[precision].tiles(wgmma)]
     sets = [choose_configs(plan, num_sms, fixup, precision, False, (t,)) for t in TILES_OF[precision]]
     if winograd is not False:
         sets.append(choose_configs(plan, num_sms, fixup, precision, True))
@@ -342,8 +355,8 @@ def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
 def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
     if d is None:
         return None
-    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + NHWC_TF32_TILES + WINO_TILES
-             + (INPUT_TILE,)}
+    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + NHWC_TF32_TILES
+             + NHWC_WGMMA_TILES + NHWC_TF32_WGMMA_TILES + WINO_TILES + (INPUT_TILE,)}
     return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
 
@@ -480,9 +493,9 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cu
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
     rounded to TF32 (``round_tf32``); conv_input_nhwc.cu reads wt as conv.cu."""
-    if tile.prefix in ("conv_nhwc", "conv_nhwc_tf32"):
+    if tile.prefix.startswith("conv_nhwc"):
         cout, cin, kh, kw = w.shape
-        tf32 = tile.prefix == "conv_nhwc_tf32"
+        tf32 = tile.prefix.startswith("conv_nhwc_tf32")
         w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE), np.float32 if tf32 else np.float16)
         with np.errstate(over="ignore"):
             w16[..., :cin] = w.transpose(0, 2, 3, 1)
@@ -621,7 +634,7 @@ def all_kernel_names() -> list[str]:
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
             + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
                       for splits in (1, 2) for name in wino_kernel_names(k, m, t, splits)})
-            + [f"{t.prefix}_{t.name}" for t in NHWC_TILES + NHWC_TF32_TILES])
+            + [f"{t.prefix}_{t.name}" for e in NHWC_ELEMS.values() for t in e.tiles(wgmma=True)])
 
 
 def view_ptr(base: int, v: View) -> int:
@@ -838,7 +851,7 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     split = cfg.splits > 1
     args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, op.dst.c_total, *op.kernel,
             op.stride, *op.pad, cfg.k_split, 1)
-    assert t in NHWC_ELEMS[precision].tiles, f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
+    assert t in NHWC_ELEMS[precision].tiles(True), f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
     specs = [LaunchSpec(op.name, f"{t.prefix}_{t.name}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
                         (THREADS, 1, 1), args)]
     if split:
@@ -1077,7 +1090,8 @@ class CudaBackend:
     def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
         plan = self.plan
         self.configs = self._given_configs or choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision,
-                                                             self.winograd, self.tiles, self.nhwc)
+                                                             self.winograd, self.tiles, self.nhwc,
+                                                             cuda_build.has_wgmma(self._gpu.arch))
         kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
         if self.nhwc:  # fp16: two activations per float32 word (arena_elems is a multiple of ALIGN, so even)
@@ -1298,7 +1312,7 @@ def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: b
     gpu = Gpu(device)
     try:
         key = tuning_key(gpu.device.name(), gpu.arch, gpu.num_sms, plan, precision, fixup, winograd, nhwc)
-        num_sms = gpu.num_sms
+        num_sms, wgmma = gpu.num_sms, cuda_build.has_wgmma(gpu.arch)
     finally:
         gpu.release()
     path = tuning_cache_dir() / f"{key}.json"
@@ -1306,9 +1320,10 @@ def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: b
         return {name: config_from_json(d) for name, d in json.loads(path.read_text()).items()}
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not tuned yet, or a damaged file: tune again
-    sets = tuning_candidates(plan, num_sms, fixup, precision, winograd, nhwc)
+    sets = tuning_candidates(plan, num_sms, fixup, precision, winograd, nhwc, wgmma)
     times = [time_convs(weights, plan, configs, precision, fixup, device, iters, nhwc) for configs in sets]
-    best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd, nhwc=nhwc), sets, times)
+    best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd, nhwc=nhwc, wgmma=wgmma), sets,
+                        times)
     saved = {name: config_to_json(c) for name, c in best.items()}
     atomic_write(path, lambda f: f.write(json.dumps(saved, indent=1).encode()))
     return {name: config_from_json(d) for name, d in saved.items()}  # as a later run reads them back

@@ -1,5 +1,6 @@
 // tf32_emu.h: the PTX helpers of cuda_src/conv_mma.cuh for the CPU emulator (include after emu.h): tf32:: and
-// cp_async:: here, f16:: in f16_emu.h (included at the end, so that one -include serves every tensor-core kernel).
+// cp_async:: here, f16:: in f16_emu.h and wgmma:: in wgmma_emu.h (included at the end, so that one -include serves
+// every tensor-core kernel).
 //
 // mma is warp-wide (mma_emu.h: publish, yield, compute, yield); each lane computes its four results from the warp's
 // fragments by the PTX ISA layout of mma.m16n8k8 .tf32 ("Matrix Fragments for mma.m16n8k8"). The layout is written
@@ -54,3 +55,4 @@ void wait() {}
 }  // namespace cp_async
 
 #include "f16_emu.h"
+#include "wgmma_emu.h"

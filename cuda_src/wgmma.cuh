@@ -1,0 +1,89 @@
+// wgmma.cuh: Hopper's warpgroup matrix multiply (wgmma.mma_async, sm_90a) for conv_nhwc.cu's shared tiles.
+//
+// A warpgroup (4 consecutive warps, the first a multiple of 4) multiplies a 64 x K tile A by a K x N tile B, both
+// read by the tensor cores straight from shared memory through 64-bit matrix descriptors, into fp32 accumulators
+// spread over its 128 threads (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+//   D 64 x N: thread (warp w of the group, lane: g = lane / 4, t = lane % 4) holds, for each n8 block j,
+//   d[4j] = D[16w + g][8j + 2t], d[4j + 1] = D[16w + g][8j + 2t + 1], d[4j + 2] = D[16w + g + 8][8j + 2t],
+//   d[4j + 3] = D[16w + g + 8][8j + 2t + 1].
+// Both tiles are K-major (A[row][k], B[n][k], k contiguous: the only layout .tf32 accepts) with rows of 64 bytes in
+// the 64-byte swizzle mode: byte address bits [4, 6) (the 16-byte piece of a row) are XORed with bits [7, 9) (row / 2
+// mod 4), exactly conv_nhwc.cu's swizzled() on a tile that starts at a multiple of 512 bytes. One instruction takes
+// 32 bytes of each row (k16 of fp16, k8 of tf32); the second half of the rows is the same descriptor 32 bytes on.
+//
+// Ordering: shared memory written by cp.async reaches the tensor cores' (async) proxy only after the writing thread's
+// fence.proxy.async and a barrier; wgmma.fence orders the accumulator registers before the first wgmma that reads
+// them; commit + wait(0) returns when the group's products are in the registers.
+#pragma once
+
+#ifdef __CUDACC__
+namespace wgmma {
+// The descriptor of a K-major tile of 64-byte rows, 64-byte swizzle, starting at `tile` (512-byte aligned): start
+// address / 16 in bits 0-13, leading byte offset (unused by swizzled K-major tiles, set to 1 as the ISA's examples)
+// in 16-29, stride byte offset between 8-row groups (8 x 64 bytes) / 16 in 32-45, swizzle mode 2 (64 bytes) in 62-63.
+__device__ __forceinline__ unsigned long long desc_k_major_64b(const void* tile) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
+    return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(512 >> 4) << 32 | 2ull << 62;
+}
+constexpr unsigned long long DESC_32_BYTES = 32 >> 4;  // added to a descriptor: the same rows, 32 bytes further on
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// This thread's ordinary (and cp.async) shared-memory writes before the async proxy's reads that follow a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
+template <int R>
+__device__ __forceinline__ void fence_registers(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define IE_WG_D8(i)                                                                                             \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+        "+f"(d[i + 7])
+#define IE_WG_D16 IE_WG_D8(0), IE_WG_D8(8)
+#define IE_WG_D32 IE_WG_D16, IE_WG_D8(16), IE_WG_D8(24)
+#define IE_WG_D64 IE_WG_D32, IE_WG_D8(32), IE_WG_D8(40), IE_WG_D8(48), IE_WG_D8(56)
+#define IE_WG_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define IE_WG_R32 IE_WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define IE_WG_R64 \
+    IE_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, " \
+              "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+// d += A B for one k step: fp16 (m64nNk16, both operands not transposed: K-major) or tf32 (m64nNk8). N = 128, 64, 32.
+// The accumulate flag (scale-d) is a predicate set from a register, as the instruction takes no immediate there.
+#define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC, OPS)                                                              \
+    __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b) {                \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
+                     "k16.f32.f16.f16 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1, 0, 0;\n}"                        \
+                     : OPS                                                                                          \
+                     : "l"(a), "l"(b), "r"(1));                                                                     \
+    }                                                                                                               \
+    __device__ __forceinline__ static void tf32(float (&d)[R], unsigned long long a, unsigned long long b) {               \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
+                     "k8.f32.tf32.tf32 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1;\n}"                             \
+                     : OPS                                                                                          \
+                     : "l"(a), "l"(b), "r"(1));                                                                     \
+    }
+
+template <int N>
+struct Mma;
+template <>
+struct Mma<128> {
+    IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", IE_WG_D64)
+};
+template <>
+struct Mma<64> {
+    IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34", IE_WG_D32)
+};
+template <>
+struct Mma<32> {
+    IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18", IE_WG_D16)
+};
+}  // namespace wgmma
+#endif
