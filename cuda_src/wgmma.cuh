@@ -55,20 +55,22 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
     IE_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, " \
               "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
-// d += A B for one k step: fp16 (m64nNk16, both operands not transposed: K-major) or tf32 (m64nNk8). N = 128, 64, 32.
-// The accumulate flag (scale-d) is a predicate set from a register, as the instruction takes no immediate there.
+// d = A B (accumulate 0) or d += A B (accumulate 1) for one k step: fp16 (m64nNk16, both operands not transposed:
+// K-major) or tf32 (m64nNk8). N = 128, 64, 32. The flag (scale-d) is a predicate set from a register. Starting a tile
+// with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma of one
+// pipeline makes ptxas serialize them (C7515).
 #define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC, OPS)                                                              \
-    __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b) {                \
+    __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b, int acc) {       \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
                      "k16.f32.f16.f16 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1, 0, 0;\n}"                        \
                      : OPS                                                                                          \
-                     : "l"(a), "l"(b), "r"(1));                                                                     \
+                     : "l"(a), "l"(b), "r"(acc));                                                                   \
     }                                                                                                               \
-    __device__ __forceinline__ static void tf32(float (&d)[R], unsigned long long a, unsigned long long b) {               \
+    __device__ __forceinline__ static void tf32(float (&d)[R], unsigned long long a, unsigned long long b, int acc) {      \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
                      "k8.f32.tf32.tf32 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1;\n}"                             \
                      : OPS                                                                                          \
-                     : "l"(a), "l"(b), "r"(1));                                                                     \
+                     : "l"(a), "l"(b), "r"(acc));                                                                   \
     }
 
 template <int N>

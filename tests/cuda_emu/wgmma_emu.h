@@ -46,18 +46,22 @@ inline double tf32_at(unsigned long long desc, int row, int k) {
 
 template <int N>
 struct Mma {
-    // D (64 x N) += A (64 x K) B (K x N), A[row][k] and B[n][k] read through `at`.
+    // D (64 x N) = A (64 x K) B (K x N) (+ D if accumulate), A[row][k] and B[n][k] read through `at`.
     template <class At>
-    static void run(float (&d)[N / 2], unsigned long long a, unsigned long long b, int k_total, At at) {
+    static void run(float (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate, int k_total, At at) {
         const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         for (int i = 0; i < N / 2; ++i) {
             const int row = 16 * warp + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * t + i % 2;
             double sum = 0.0;
             for (int k = 0; k < k_total; ++k) sum += at(a, row, k) * at(b, col, k);
-            d[i] = static_cast<float>(d[i] + sum);
+            d[i] = static_cast<float>(accumulate ? d[i] + sum : sum);
         }
     }
-    static void f16(float (&d)[N / 2], unsigned long long a, unsigned long long b) { run(d, a, b, 16, f16_at); }
-    static void tf32(float (&d)[N / 2], unsigned long long a, unsigned long long b) { run(d, a, b, 8, tf32_at); }
+    static void f16(float (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
+        run(d, a, b, acc, 16, f16_at);
+    }
+    static void tf32(float (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
+        run(d, a, b, acc, 8, tf32_at);
+    }
 };
 }  // namespace wgmma
