@@ -210,9 +210,8 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 // swizzle, so each warpgroup multiplies its 64 pixel rows of the stage by the whole BN-channel B tile with two
 // instructions (k16 + k16 of fp16, k8 + k8 of tf32) instead of the mma.sync kernel's ldmatrix and m16n8 steps:
 // 128x128 issues 2 wgmma per warp per stage instead of 12 ldmatrix + 32 mma. BM = 128 (two warpgroups, 256 threads);
-// the accumulators, BN / 2 per thread, stay in registers until the epilogue. A stage's wgmma run on while the next
-// stage is waited for and loaded: its math waits only for the previous stage's (wait(1)), and the ring loads into
-// the buffer of the stage before that (cp_async_ring's ASYNC).
+// the accumulators, BN / 2 per thread, stay in registers until the epilogue. wait(0) after each stage keeps the ring
+// as it is (a buffer is free once its stage's math returned).
 template <class E, int BM, int BN, int STAGES>
 __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
@@ -245,9 +244,8 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
         E::template wgmma<BN>(d, da + wgmma::DESC_32_BYTES, db + wgmma::DESC_32_BYTES, 1);
         accumulate = 1;
         wgmma::commit();
-        wgmma::wait<1>();
+        wgmma::wait<0>();
     });
-    wgmma::wait<0>();
     wgmma::fence_registers(d);
     cp_async::wait<0>();  // no copy may still target shared memory when the block exits
 
@@ -293,8 +291,7 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 // The wgmma tiles exist where wgmma does: sm_90a (cuda_build compiles this file for it on compute capability 9.0),
 // and the CPU emulator (tests/cuda_emu/wgmma_emu.h).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDACC__)
-// 2 blocks of 256 threads per SM: 128x128 is 48 KB of shared memory in 3 stages (1 loading ahead), 64 accumulators
-// a thread.
+// 2 blocks of 256 threads per SM: 128x128 is 48 KB of shared memory in 3 stages, 64 accumulators a thread.
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN, STAGES)                                                            \
     extern "C" __global__ void __launch_bounds__(256, 2) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {           \
         conv_nhwc_wgmma_gemm<E, BM, BN, STAGES>(CONV_NHWC_ARGS(E));                                                \
