@@ -49,7 +49,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "cuda-untuned": ("cuda", {}),  # the cost model's tiles, Winograd for every eligible conv: the A/B of tuning
     "cuda-direct": ("cuda", {"winograd": False}),  # no Winograd, the model's tiles: the A/B against Winograd
     "cuda-model": ("cuda", {"winograd": None}),  # Winograd only where the cost model expects a gain
-    # --precision fp16 on fp32 NCHW activations (conv_f16.cu, Winograd), tuned: the A/B of cuda's fp16 NHWC path
+    # --precision tf32 / fp16 on fp32 NCHW activations (conv_tf32.cu / conv_f16.cu, Winograd), tuned: the A/B of
+    # cuda's NHWC path
     "cuda-nchw": ("cuda", {"nhwc": False, "tune": True}),
 }
 BENCH_BACKENDS = (*BACKENDS, *VARIANTS)

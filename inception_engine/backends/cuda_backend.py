@@ -18,13 +18,12 @@ runs one forward on random He-initialised weights against the float64 NumPy refe
 Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5) or F(3, 7)
 for the stride-1 3x3, 5x5, 1x7 and 7x1 convs where ``winograd_config``'s model expects a clear gain
 (``CudaBackend(winograd=...)`` forces either way);
-"tf32" runs the other convolutions and the FC-as-GEMM on the tensor cores (conv_tf32.cu: TF32 products, fp32 sums, a
-relative error of ~1e-3 instead of ~1e-6), with the Winograd convs still FFMA and the tensors in memory fp32.
-"fp16" keeps the activations themselves in fp16, channels innermost (NHWC): every conv is conv_nhwc.cu's implicit
-GEMM, whose operands are whole 16-byte pieces loaded by cp.async, except the first, which reads the 3-channel float32
-input as uploaded (conv_input_nhwc.cu); the pools are pool_nhwc.cu's, and the FC runs on float32 features
-(``nhwc_launch_specs``). ``CudaBackend(nhwc=False)`` runs fp16 products on fp32 NCHW tensors
-instead (conv_f16.cu, Winograd as tf32), the layout of the other precisions.
+"tf32" (TF32 products, fp32 sums, a relative error of ~1e-3 instead of ~1e-6) and "fp16" keep the activations
+channels innermost (NHWC), as TF32 values in float32 words or as fp16: every conv is conv_nhwc.cu's implicit GEMM,
+whose operands are whole 16-byte pieces loaded by cp.async (on sm_90a its wgmma tiles, elsewhere mma.sync), except
+the first, which reads the 3-channel float32 input as uploaded (conv_input_nhwc.cu); the pools are pool_nhwc.cu's,
+and the FC runs on float32 features (``nhwc_launch_specs``). ``CudaBackend(nhwc=False)`` runs them on fp32 NCHW
+tensors instead (conv_tf32.cu / conv_f16.cu, the Winograd convs FFMA), the layout of fp32.
 """
 
 from __future__ import annotations
