@@ -282,7 +282,7 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
 // starts at k into buffer `stage`, math(stage) multiplies the tile in buffer `stage`. With STAGES buffers, tile
 // t + STAGES - 1 is in flight while tile t is multiplied, one barrier per tile. ASYNC_PROXY: math reads the tiles
 // through the async proxy (wgmma), so each thread fences its landed copies before the barrier. (Letting a stage's
-// wgmma run on into the next stage, with the ring one tile less ahead, measured 4-7 % slower: round 7, step 3.)
+// wgmma run on into the next stage, with the ring one tile less ahead, measured 4-9 % slower: round 7, step 3.)
 template <int STAGES, int BK, bool ASYNC_PROXY = false, class Load, class Math>
 __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math) {
     const int tiles = (k_end - k_begin + BK - 1) / BK;

@@ -59,7 +59,7 @@ struct NhwcConvArgs {
 // order). Divisions per stage had made the loop issue ~29 instructions per mma (ncu, round 6).
 // Offsets are 32-bit (a buffer of x has fewer than 2^31 elements: cuda_backend.check_nhwc), and a piece outside the
 // input reads from offset 0 with zero fill, so no branch is needed.
-template <class E, int BM, int BN, int NT, int STAGES>
+template <class E, int BM, int BN, int NT>
 struct NhwcLoader {
     using T = typename E::T;
     static constexpr int PIECE = E::PIECE, BK = 4 * PIECE, ROWS = NT / 4;  // ROWS: tile rows one pass covers
@@ -147,7 +147,7 @@ __device__ __forceinline__ void store_nhwc_pair(const NhwcConvArgs<E>& a, int p_
 template <class E, int BM, int BN, int WARPS_M, int STAGES>
 __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
-    using Loader = NhwcLoader<E, BM, BN, 256, STAGES>;
+    using Loader = NhwcLoader<E, BM, BN, 256>;
     constexpr int PIECE = E::PIECE, NT = 256, BK = Loader::BK;
     constexpr int WARPS_N = NT / 32 / WARPS_M, WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MI = WM / 16, NJ = WN / 8;  // m16n8 tiles per warp
@@ -216,7 +216,7 @@ template <class E, int BM, int BN, int STAGES>
 __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
     constexpr int NT = BM / 64 * 128;
-    using Loader = NhwcLoader<E, BM, BN, NT, STAGES>;
+    using Loader = NhwcLoader<E, BM, BN, NT>;
     constexpr int BK = Loader::BK;
     static_assert(BM % 64 == 0 && (BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
 

@@ -334,10 +334,10 @@ def test_conv_every_tile(mem, case, precision):
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("case", [c for c in CASES if c.cin * c.kernel[0] * c.kernel[1] >= 96], ids=case_id)
 def test_conv_split_k(mem, case, precision):
-    tiles = cb.NHWC_ELEMS[precision].tiles(mem.wgmma)
-    run_conv(mem, case, tiles[1], 3, precision)
-    if len(tiles) > len(cb.NHWC_ELEMS[precision].mma_tiles):
-        run_conv(mem, case, tiles[-2], 3, precision)  # a wgmma tile (128x64)
+    elem = cb.NHWC_ELEMS[precision]
+    run_conv(mem, case, elem.mma_tiles[1], 3, precision)
+    if mem.wgmma:
+        run_conv(mem, case, elem.wgmma_tiles[1], 3, precision)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
