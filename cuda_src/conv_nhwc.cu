@@ -24,8 +24,13 @@
 // same 16-byte pieces (conv_f16.cu's header for fp16; for .tf32, a0..a3 = A[g][t], A[g+8][t], A[g][t+4],
 // A[g+8][t+4] and b0, b1 = B[t][g], B[t+4][g] are, 32 bits per lane, ldmatrix's (row g, word t) of the pieces
 // (rows 0-7 | 8-15) x (piece 0 | 1)). A rows are output pixels here, B rows output channels.
-// Epilogue: a lane's accumulator pair (c0, c1) is two adjacent output channels of one pixel: bias, ReLU, rounding to
-// the element type, one 4- or 8-byte store.
+// Epilogue: a lane's accumulator pair (c0, c1) is two adjacent output channels of one pixel: bias, ReLU (on channels
+// below relu_end), rounding to the element type, one 4- or 8-byte store.
+// Parts: the 1x1 convs of a module that read the same input run as one GEMM of their stacked weights
+// (plan.fuse_pointwise), whose output channels go to up to four views of the same arena: part 0 from channel 0 at
+// y (y_cstride), part i = 1..3 from channel start_i at y + offset_i (elements, maybe negative), pixel stride
+// cstride_i. A plain conv has one part (every start_i = Cout). The raw products of a member whose average pool was
+// moved behind it come last, past relu_end, with zero bias (the pool adds bias and ReLU: pool_nhwc.cu).
 // Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split) (a multiple of the stage's k); with several slices
 // the raw fp32 sums go to the workspace ws[z][P][M] (`out` is then ws) and conv_nhwc[_tf32]_splitk_reduce sums them
 // in slice order, adds bias, applies ReLU and writes y.
@@ -41,6 +46,20 @@
 template <int PIECE>
 __device__ __forceinline__ int swizzled(int row, int piece) { return (piece ^ (row >> 1 & 3)) * PIECE; }
 
+// Where the output channels go (the header's parts): part i >= 1 takes channels from start[i - 1] on.
+struct NhwcParts {
+    int start[3], offset[3], cstride[3], relu_end;
+
+    // Element offset from y of output pixel p, channel m.
+    __device__ __forceinline__ long long at(int p, int y_cstride, int m) const {
+        long long off = (long long)p * y_cstride + m;
+#pragma unroll
+        for (int i = 0; i < 3; ++i)
+            if (m >= start[i]) off = offset[i] + (long long)p * cstride[i] + (m - start[i]);
+        return off;
+    }
+};
+
 // The arguments every NHWC conv kernel takes, as one value (the loader and the epilogues read them).
 template <class E>
 struct NhwcConvArgs {
@@ -48,7 +67,8 @@ struct NhwcConvArgs {
     const typename E::T* __restrict__ wr;
     const float* __restrict__ bias;
     void* __restrict__ out;
-    int batch, cin, h, w, x_cstride, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, k_split, relu;
+    int batch, cin, h, w, x_cstride, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, k_split;
+    NhwcParts parts;
 };
 
 // The cp.async loader of a BM x BN block tile with NT threads: load(k, stage) copies this thread's pieces of the next
@@ -137,11 +157,11 @@ __device__ __forceinline__ void store_nhwc_pair(const NhwcConvArgs<E>& a, int p_
     }
     v0 += __ldg(a.bias + m);
     v1 += __ldg(a.bias + m + 1);
-    if (a.relu) {
+    if (m < a.parts.relu_end) {
         v0 = fmaxf(v0, 0.f);
         v1 = fmaxf(v1, 0.f);
     }
-    E::store2(static_cast<typename E::T*>(a.out) + (size_t)p * a.y_cstride + m, v0, v1);
+    E::store2(static_cast<typename E::T*>(a.out) + a.parts.at(p, a.y_cstride, m), v0, v1);
 }
 
 template <class E, int BM, int BN, int WARPS_M, int STAGES>
@@ -259,14 +279,22 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
                             d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
 }
 
+// The parts as flat kernel parameters (what the launch format passes), ending in relu_end.
+#define NHWC_PARTS_PARAMS                                                                                         \
+    int start1, int offset1, int cstride1, int start2, int offset2, int cstride2, int start3, int offset3,        \
+        int cstride3, int relu_end
+#define NHWC_PARTS_ARGS                                                                                           \
+    NhwcParts {                                                                                                   \
+        {start1, start2, start3}, {offset1, offset2, offset3}, {cstride1, cstride2, cstride3}, relu_end           \
+    }
 #define CONV_NHWC_PARAMS(E)                                                                                         \
     const E::T *__restrict__ x, const E::T *__restrict__ wr, const float *__restrict__ bias, void *__restrict__ out, \
         int batch, int cin, int h, int w, int x_cstride, int cout, int ho, int wo, int y_cstride, int kh, int kw,   \
-        int stride, int pad_h, int pad_w, int k_split, int relu
+        int stride, int pad_h, int pad_w, int k_split, NHWC_PARTS_PARAMS
 #define CONV_NHWC_ARGS(E)                                                                                        \
     NhwcConvArgs<E> {                                                                                            \
         x, wr, bias, out, batch, cin, h, w, x_cstride, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w,    \
-            k_split, relu                                                                                        \
+            k_split, NHWC_PARTS_ARGS                                                                             \
     }
 
 // One extern "C" entry point per element type and tile. MIN_BLOCKS caps registers: 2 blocks of 256 threads leave 128
@@ -305,11 +333,12 @@ CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
 #endif
 
-// y[p, m] (a view of the element type E) = relu(bias[m] + sum over z of ws[z][p][m]), two channels per thread.
+// y[p, m] (a view of the element type E, or its parts) = relu(bias[m] + sum over z of ws[z][p][m]), two channels per
+// thread.
 template <class E>
 __device__ __forceinline__ void conv_nhwc_splitk_sum(const float* __restrict__ ws, const float* __restrict__ bias,
                                                      typename E::T* __restrict__ y, int splits, int p_total, int cout,
-                                                     int y_cstride, int relu) {
+                                                     int y_cstride, const NhwcParts& parts) {
     const int idx = blockIdx.x * blockDim.x + threadIdx.x, pairs = cout / 2;
     if (idx >= p_total * pairs) return;
     const int p = idx / pairs, m = 2 * (idx - p * pairs);
@@ -321,18 +350,18 @@ __device__ __forceinline__ void conv_nhwc_splitk_sum(const float* __restrict__ w
     }
     v0 += __ldg(bias + m);
     v1 += __ldg(bias + m + 1);
-    if (relu) {
+    if (m < parts.relu_end) {
         v0 = fmaxf(v0, 0.f);
         v1 = fmaxf(v1, 0.f);
     }
-    E::store2(y + (size_t)p * y_cstride + m, v0, v1);
+    E::store2(y + parts.at(p, y_cstride, m), v0, v1);
 }
 
 #define CONV_NHWC_SPLITK_REDUCE(NAME, E)                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         NAME(const float* __restrict__ ws, const float* __restrict__ bias, E::T* __restrict__ y, int splits,      \
-             int p_total, int cout, int y_cstride, int relu) {                                                    \
-        conv_nhwc_splitk_sum<E>(ws, bias, y, splits, p_total, cout, y_cstride, relu);                             \
+             int p_total, int cout, int y_cstride, NHWC_PARTS_PARAMS) {                                           \
+        conv_nhwc_splitk_sum<E>(ws, bias, y, splits, p_total, cout, y_cstride, NHWC_PARTS_ARGS);                  \
     }
 
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_splitk_reduce, NhwcF16)

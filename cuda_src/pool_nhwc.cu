@@ -4,6 +4,8 @@
 // pool2d_nhwc[_tf32]: pool.cu's pool2d on channel slices of NHWC buffers: y[b, oh, ow, c] = max or mean of
 // x[b, oh*S - P + r, ow*S - P + s, c] over the K x K window (max ignores padding; mean divides by K*K with
 // count_include_pad, else by the positions inside the image); sums and maxima in fp32, one rounding at the store.
+// With a bias (else null): relu(pool + bias[c]), the average pool moved behind the 1x1 conv it fed, which left its
+// raw product in x (plan.fuse_pointwise; both are linear, so they commute).
 // global_avg_pool_nhwc[_tf32]: y[b, c] = mean over H*W of x[b, :, :, c], written as float32 (the classifier's input,
 // batch item b at y + b*y_bstride), so the FC runs on fp32 features as in the other modes.
 //
@@ -20,7 +22,7 @@ template <class E>
 __device__ __forceinline__ void pool2d_nhwc_piece(const typename E::T* __restrict__ x, typename E::T* __restrict__ y,
                                                   int batch, int channels, int h, int w, int x_cstride, int ho, int wo,
                                                   int y_cstride, int kernel, int stride, int pad, int is_max,
-                                                  int count_include_pad) {
+                                                  int count_include_pad, const float* __restrict__ bias) {
     constexpr int PIECE = E::PIECE;
     const int groups = channels / PIECE, idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= batch * ho * wo * groups) return;
@@ -48,6 +50,10 @@ __device__ __forceinline__ void pool2d_nhwc_piece(const typename E::T* __restric
         const float scale = 1.f / (float)(count_include_pad ? kernel * kernel : inside);
 #pragma unroll
         for (int e = 0; e < PIECE; ++e) acc[e] *= scale;
+    }
+    if (bias != nullptr) {
+#pragma unroll
+        for (int e = 0; e < PIECE; ++e) acc[e] = fmaxf(acc[e] + __ldg(bias + PIECE * cg + e), 0.f);
     }
     E::store(y + (size_t)p * y_cstride + PIECE * cg, acc);
 }
@@ -78,9 +84,9 @@ __device__ __forceinline__ void global_avg_pool_nhwc_piece(const typename E::T* 
     extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                        \
         pool2d_nhwc##SUFFIX(const E::T* __restrict__ x, E::T* __restrict__ y, int batch, int channels, int h,       \
                             int w, int x_cstride, int ho, int wo, int y_cstride, int kernel, int stride, int pad,   \
-                            int is_max, int count_include_pad) {                                                    \
+                            int is_max, int count_include_pad, const float* __restrict__ bias) {                    \
         pool2d_nhwc_piece<E>(x, y, batch, channels, h, w, x_cstride, ho, wo, y_cstride, kernel, stride, pad,        \
-                             is_max, count_include_pad);                                                            \
+                             is_max, count_include_pad, bias);                                                      \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                        \
         global_avg_pool_nhwc##SUFFIX(const E::T* __restrict__ x, float* __restrict__ y, int batch, int channels,    \

@@ -53,6 +53,7 @@ DESCRIPTIONS = {
     "cuda": "own kernels, measured per-conv choices, one CUDA graph per forward",
     "cuda-untuned": "own kernels, the cost model's choices, one CUDA graph per forward",
     "cuda-eager": "own kernels, launched one by one",
+    "cuda-unfused": "own kernels as cuda, but each 1x1 conv its own GEMM (no fused 1x1 groups)",
     "cudnn": "cuDNN + cuBLAS, one CUDA graph per forward",
     "cudnn-eager": "cuDNN + cuBLAS, called one by one from Python",
     "torch": "PyTorch eager",
@@ -258,7 +259,10 @@ def onnxruntime_peer(onnx_path: str | None, synthetic: bool, tmp: Path, notes: l
 
 
 def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights, plan: Plan, x: np.ndarray,
-                ref: np.ndarray | None, iters: int, warmup: int, per_layer: bool) -> tuple[Row, dict[str, float]]:
+                ref: np.ndarray | None, iters: int, warmup: int,
+                per_layer: bool) -> tuple[Row, dict[str, tuple[float, int]]]:
+    """The backend's row and, with per_layer, its conv layers' (median ms, FLOPs), by the names of the plan it ran
+    (a backend may run a plan of its own: the CUDA NHWC path fuses each module's 1x1 convs)."""
     backend = klass(weights, plan, **options)
     try:
         out = backend.forward(x)
@@ -267,9 +271,11 @@ def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights
         check_against(row, out, ref)
         if hasattr(backend, "peak_memory_bytes"):
             row.peak_memory_bytes = int(backend.peak_memory_bytes())
-        layer_ms: dict[str, float] = {}
+        layer_ms: dict[str, tuple[float, int]] = {}
         if per_layer and hasattr(backend, "time_layers"):
-            layer_ms = {k: median_ms(v) for k, v in backend.time_layers(x, iters, warmup).items()}
+            flops = {op.name: op.flops for op in getattr(backend, "plan", plan).conv_ops}
+            layer_ms = {k: (median_ms(v), flops[k]) for k, v in backend.time_layers(x, iters, warmup).items()
+                        if k in flops}
         return row, layer_ms
     finally:
         backend.close()
@@ -350,9 +356,8 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
                 report.rows.append(row)
                 if row.graph_fallback:
                     notes.append(f"{name}, batch {batch}: {row.graph_fallback}")
-                for layer, ms in layer_ms.items():
-                    if layer in layer_times:
-                        layer_times[layer].ms[name] = ms
+                for layer, (ms, flops) in layer_ms.items():
+                    layer_times.setdefault(layer, LayerTime(batch, layer, flops)).ms[name] = ms
             if peer is not None:
                 report.rows.append(run_peer(peer, batch, x, ref, iters, warmup, say))
             report.layers += [l for l in layer_times.values() if l.ms]

@@ -15,6 +15,7 @@ all of them before the next stage starts.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from . import arch
@@ -76,6 +77,19 @@ class ConvOp:
 
 
 @dataclass(frozen=True)
+class FusedConvOp(ConvOp):
+    """1x1 convs that read the same src, as one GEMM of their stacked weights (``fuse_pointwise``): channels
+    [start, start + parts[i].channels) of the stacked output go to view parts[i], start being the channels of the
+    parts before it. Each part is member i's destination, except for the last ``pooled`` members, whose average pool
+    was moved behind them: their parts receive the raw product (no bias, no ReLU) for a PoolOp with ``bias`` to
+    finish. ``dst`` is the stacked output as a whole, a view of no buffer (shapes and FLOPs only)."""
+
+    members: tuple[str, ...] = ()  # the convs, in stacking order (their weights are "<member>.weight")
+    parts: tuple[View, ...] = ()
+    pooled: int = 0
+
+
+@dataclass(frozen=True)
 class PoolOp:
     name: str
     src: View
@@ -85,6 +99,7 @@ class PoolOp:
     stride: int
     pad: int
     count_include_pad: bool
+    bias: str = ""  # fuse_pointwise's moved pools: dst = relu(pool(src) + bias of this conv); src is its raw product
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,11 @@ class FCOp:
 
 
 Op = ConvOp | PoolOp | GlobalAvgPoolOp | FCOp
+
+
+def writes(op: Op) -> tuple[View, ...]:
+    """The views an op writes: its dst, or a fused conv's parts."""
+    return op.parts if isinstance(op, FusedConvOp) else (op.dst,)
 
 
 @dataclass(frozen=True)
@@ -259,3 +279,117 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
             ops.append(FCOp(l.name, view(l.src), view(l.name)))
     return Plan(batch, tuple(ops), buffers, arena, view(arch.INPUT), view(out_name), tuple(layers), tuple(stages),
                 concurrent or not reuse)
+
+
+def is_pointwise(op: object) -> bool:
+    """A 1x1 conv of stride 1 and no padding (a fused one counts as done)."""
+    return (isinstance(op, ConvOp) and not isinstance(op, FusedConvOp) and op.kernel == (1, 1) and op.stride == 1
+            and op.pad == (0, 0))
+
+
+@dataclass
+class PointwiseGroup:
+    """1x1 convolutions (op indices) that read the same tensor ``src``, which a backend may run as one GEMM of their
+    stacked weights (the NumPy backend's fast mode; ``fuse_pointwise`` for the CUDA NHWC path). In the NumPy
+    backend the product waits in scratch until each conv's own step adds its bias and applies ReLU into its
+    destination. ``pools`` maps a member to the average pool that feeds it, moved behind the conv: both are
+    linear (the pool per channel, the conv per pixel, and the count_include_pad=False divisor only depends on the
+    position), so they commute, and the pool then runs on the conv's few output channels instead of its many
+    inputs. The member's own step does nothing; the pool's step pools the product into the member's
+    destination."""
+
+    src: View
+    convs: list[int]
+    pools: dict[int, int]  # conv index -> index of the average pool that feeds it
+
+    @property
+    def first(self) -> int:
+        return min(self.convs + list(self.pools.values()))
+
+    @property
+    def last(self) -> int:
+        return max([c for c in self.convs if c not in self.pools] + list(self.pools.values()))
+
+
+def movable_avg_pools(plan: Plan) -> dict[int, int]:
+    """conv index -> index of the stride-1 average pool feeding that 1x1 conv, for the pools that can move behind
+    their conv (PointwiseGroup says why that is exact): the conv is the only reader of the pool's output, and the
+    conv's destination is already live when the pool runs, so that both can run at the pool's step."""
+    ops = plan.ops
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        readers.setdefault(op.src.buffer, []).append(i)
+    feeds: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        if (isinstance(op, PoolOp) and op.kind == "avg" and op.stride == 1 and not op.bias
+                and len(readers[op.dst.buffer]) == 1):
+            conv = readers[op.dst.buffer][0]
+            if is_pointwise(ops[conv]) and plan.buffers[ops[conv].dst.buffer].first <= i:
+                feeds[conv] = i
+    return feeds
+
+
+def pointwise_groups(plan: Plan) -> list[PointwiseGroup]:
+    """The groups worth fusing (two convs or more, or a pool to move), none overlapping another in op order (they
+    share one scratch). Only pools whose single reader is a 1x1 conv qualify, and only where the conv's
+    destination is already live when the pool runs."""
+    ops = plan.ops
+    feeds = movable_avg_pools(plan)
+    by_src: dict[View, PointwiseGroup] = {}
+    for i, op in enumerate(ops):
+        if is_pointwise(op):
+            src = ops[feeds[i]].src if i in feeds else op.src
+            group = by_src.setdefault(src, PointwiseGroup(src, [], {}))
+            group.convs.append(i)
+            if i in feeds:
+                group.pools[i] = feeds[i]
+    groups, end = [], -1
+    for g in sorted(by_src.values(), key=lambda g: g.first):
+        if (len(g.convs) > 1 or g.pools) and g.first > end:
+            groups.append(g)
+            end = g.last
+    return groups
+
+
+def fuse_pointwise(plan: Plan) -> Plan:
+    """The plan with each ``pointwise_groups`` group that lies within one module as one FusedConvOp named
+    "<module>.pointwise", at the group's first op: the members without a moved pool first (in op order), then those
+    with one, whose raw products go to the moved pool's own buffer (which held its output: as many pixels and at
+    least as many channels). Each moved pool becomes a PoolOp with ``bias`` from that product into its member's
+    destination, at its own place. The fused op writes all its parts at the group's first op, earlier than the
+    members did, so the plan must keep every buffer of a stage live for the whole stage (``plan.concurrent``)."""
+    if not plan.concurrent:
+        raise ValueError("fuse_pointwise needs a plan whose buffers live for whole stages (build_plan(concurrent=True))")
+    ops = plan.ops
+    fused: dict[int, list[Op]] = {}  # op index -> what replaces it (nothing for a member)
+    for g in pointwise_groups(plan):
+        module = ops[g.convs[0]].name.split(".", 1)[0]
+        indices = g.convs + list(g.pools.values())
+        if "." not in ops[g.convs[0]].name or len({plan.stages[i] for i in indices}) != 1:
+            continue
+        plain = [i for i in g.convs if i not in g.pools]
+        pooled = [i for i in g.convs if i in g.pools]
+        products = {}
+        for i in pooled:
+            pool, conv = ops[g.pools[i]], ops[i]
+            n, _, h, w = pool.src.dims
+            home = plan.buffers[pool.dst.buffer]
+            products[i] = View(home.name, home.offset, (n, conv.dst.channels, h, w), 0, conv.dst.channels)
+            if products[i].n * products[i].c_total * h * w > home.elems:
+                break
+        else:
+            members = plain + pooled
+            parts = tuple(ops[i].dst for i in plain) + tuple(products[i] for i in pooled)
+            n, _, h, w = g.src.dims
+            total = sum(v.channels for v in parts)
+            name = f"{module}.pointwise"
+            fused[g.first] = [FusedConvOp(name, g.src, View(name, 0, (n, total, h, w), 0, total), (1, 1), 1, (0, 0),
+                                          tuple(ops[i].name for i in members), parts, len(pooled))]
+            for i in g.convs:
+                fused.setdefault(i, [])
+            for i in pooled:
+                pool = ops[g.pools[i]]
+                fused.setdefault(g.pools[i], []).append(dataclasses.replace(pool, src=products[i], dst=ops[i].dst,
+                                                                            bias=ops[i].name))
+    new_ops = [x for i, op in enumerate(ops) for x in (fused[i] if i in fused else [op])]
+    return dataclasses.replace(plan, ops=tuple(new_ops), stages=tuple(op_stages([op.name for op in new_ops])))

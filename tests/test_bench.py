@@ -15,7 +15,7 @@ from random_weights import write_random_weights
 
 from inception_engine import bench, cli
 from inception_engine.errors import BackendUnavailable, EngineError
-from inception_engine.plan import build_plan
+from inception_engine.plan import build_plan, fuse_pointwise
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,26 @@ def test_gpu_rows_speedup_per_layer_memory_and_failures(fakes, weights_file):
     text = bench.table(report)
     assert "error: RuntimeError: launch failed" in text and "per-layer (conv) times" in text
     assert "Mixed_6b.branch7x7_2" in text and "1.50" in text
+
+
+def test_layers_of_a_backends_own_plan_get_rows_of_their_own(fakes, monkeypatch, weights_file):
+    """A backend that fuses convs (the CUDA NHWC path: plan.fuse_pointwise) reports its fused layers by their own
+    names and FLOPs; the peer's layers keep theirs, and each row has only the columns that ran it."""
+    class FusingGpu(FakeGpu):
+        def __init__(self, weights, plan, tune: bool = False):
+            self.plan = fuse_pointwise(build_plan(plan.batch, concurrent=True))
+
+    real = bench.backends.backend_class
+    monkeypatch.setattr(bench.backends, "backend_class", lambda name: FusingGpu if name == "cuda" else real(name))
+    report = bench.run_bench(["cuda", "cudnn"], [2], iters=2, warmup=1, weights_path=str(weights_file),
+                             per_layer=True, reference=False)
+    fused = {op.name: op for op in fuse_pointwise(build_plan(2, concurrent=True)).conv_ops}
+    rows = {l.layer: l for l in report.layers}
+    assert rows["Mixed_5b.pointwise"].ms == {"cuda": 0.5}
+    assert rows["Mixed_5b.pointwise"].flops == fused["Mixed_5b.pointwise"].flops
+    assert rows["Mixed_5b.branch1x1"].ms == {"cudnn": 1.0}  # a member: the peer's row only
+    assert rows["Mixed_5b.branch5x5_2"].ms == {"cuda": 0.5, "cudnn": 1.0}
+    assert "Mixed_7c.pointwise" in bench.table(report)
 
 
 def test_unavailable_backend_row_and_the_rest_still_run(monkeypatch, weights_file):

@@ -30,7 +30,8 @@ from inception_engine import cuda_build
 from inception_engine.backends import cuda_backend as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, pool2d
 from inception_engine.errors import EngineError
-from inception_engine.plan import ConvOp, PoolOp, View, build_plan
+from inception_engine.plan import ConvOp, FusedConvOp, PoolOp, View, build_plan
+from inception_engine.weights import Weights
 from mma_harness import NVCC, Case, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
 from test_cuda_backend import assert_top1_agrees_on_256_inputs
 from test_cuda_backend import weights  # noqa: F401 (a fixture: the synthetic model of the whole-network tests)
@@ -340,6 +341,107 @@ def test_conv_split_k(mem, case, precision):
         run_conv(mem, case, elem.wgmma_tiles[1], 3, precision)
 
 
+FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp
+    (24, 64, 16, 1),  # part 0: a slice of a wider (concat) buffer
+    (16, 16, 0, 2),  # buffers of their own
+    (40, 40, 0, 3),
+    (8, 8, 0, 0),  # the pooled member's raw product, below part 0 in the arena: a negative offset
+]
+
+
+def fused_case(precision: str, n: int = 2, cin: int = 72, h: int = 6, w: int = 7):
+    """A FusedConvOp of four 1x1 convs in one arena (FUSED_PARTS) reading a slice of a wider buffer; its weights."""
+    places, pos = {}, 0
+    for i, (_, c_total, _, place) in sorted(enumerate(FUSED_PARTS), key=lambda x: x[1][3]):
+        places[i] = pos
+        pos += n * h * w * c_total + 8 * (place + 1)  # a gap after each buffer, which must stay NaN
+    x_view = View("x", 0, (n, cin + 16, h, w), 8, cin)
+    parts = tuple(View(f"part{i}", places[i], (n, c_total, h, w), c_off, ch)
+                  for i, (ch, c_total, c_off, _) in enumerate(FUSED_PARTS))
+    cout = sum(p[0] for p in FUSED_PARTS)
+    op = FusedConvOp("fused", x_view, View("fused", 0, (n, cout, h, w), 0, cout), (1, 1), 1, (0, 0),
+                     tuple(f"m{i}" for i in range(len(parts))), parts, 1)
+    rng = rng_for("fused", precision)
+    arrays = {}
+    for i, (ch, *_) in enumerate(FUSED_PARTS):
+        arrays[f"m{i}.weight"] = (rng.standard_normal((ch, cin, 1, 1)) / np.sqrt(cin)).astype(np.float32)
+        arrays[f"m{i}.bias"] = (0.3 * rng.standard_normal(ch)).astype(np.float32)
+    return op, Weights(arrays, {}), pos
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fused_conv_writes_each_part(mem, precision):
+    """One GEMM of stacked 1x1 convs whose channel ranges go to four views of one arena (a slice of a wider buffer,
+    buffers of their own, one below part 0): each part holds its member's ideal conv (the pooled member's without
+    bias and ReLU), and every other element of the arena is still NaN. Every tile, and split-K with its reduction."""
+    op, weights, arena_elems = fused_case(precision)
+    size = cb.NHWC_ELEMS[precision].bytes
+    rng = rng_for("fused x", precision)
+    x = rng.standard_normal(op.src.dims).astype(np.float32)
+    x_ptr = put_nhwc(mem, x, op.src.c_total, op.src.c_offset, precision)
+    w, b = cb.op_params(weights, op)
+    assert not b[-FUSED_PARTS[-1][0]:].any() and b[:-FUSED_PARTS[-1][0]].all()  # the pooled member's bias waits
+    b_ptr = mem.alloc(b.nbytes)
+    mem.write(b_ptr, b)
+    elem = cb.NHWC_ELEMS[precision]
+    k_total = op.src.channels
+    runs = [(t, 1) for t in elem.tiles(mem.wgmma)] + [(elem.mma_tiles[1], 3)] + (
+        [(elem.wgmma_tiles[1], 3)] if mem.wgmma else [])
+    for tile, splits in runs:
+        w16 = cb.direct_weights(w, tile)
+        w_ptr = mem.alloc(w16.nbytes)
+        mem.write(w_ptr, w16)
+        arena = mem.alloc(size * arena_elems)
+        k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
+        cfg = cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
+        assert (cfg.splits > 1) == (splits > 1)
+        ws = mem.alloc(4 * max(1, cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w))
+        mem.launch(cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, k_total,
+                                      cb.nhwc_ptr(arena, op.parts[0], precision), w_ptr, b_ptr, ws, precision))
+        got = mem.read(arena, (arena_elems,), DTYPE[precision])
+        written = np.zeros(arena_elems, bool)
+        row = 0
+        for i, part in enumerate(op.parts):
+            pooled = i >= len(op.parts) - op.pooled
+            wi, bi = weights.conv(op.members[i])
+            ref = as_elem(conv2d_bias_relu(as_elem(x, precision).astype(np.float64),
+                                           as_elem(wi, precision).astype(np.float64),
+                                           0 * bi if pooled else bi.astype(np.float64), 1, (0, 0), not pooled),
+                          precision).astype(np.float64)
+            n, c_total, h, wd = part.shape
+            idx = (part.offset + np.arange(n * h * wd)[:, None] * c_total + part.c_offset
+                   + np.arange(part.channels)[None, :])
+            written[idx.ravel()] = True
+            part_got = got[idx].reshape(n, h, wd, part.channels).transpose(0, 3, 1, 2).astype(np.float64)
+            where = f"{tile.prefix}_{tile.name}, {splits} slice(s), part {i}"
+            assert np.isfinite(part_got).all(), f"{where}: {np.isnan(part_got).sum()} elements not written"
+            err = rel_l2(part_got, ref)
+            assert err <= TOL, f"{where}: rel L2 {err:.2e} against the ideal {precision} conv"
+            row += part.channels
+        assert np.isnan(got[~written]).all(), f"{(~np.isnan(got[~written])).sum()} elements written outside the parts"
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_moved_pool_adds_bias_and_relu(mem, precision):
+    """pool2d_nhwc with a bias: relu(avg_pool(x) + bias), the pool that fuse_pointwise moved behind its conv, from a
+    product buffer into a slice of a wider (concat) buffer."""
+    n, c, h, w = 2, 24, 7, 6
+    x = as_elem(rng_for("moved pool").standard_normal((n, c, h, w)), precision).astype(np.float32)
+    bias = (0.5 * rng_for("moved pool bias").standard_normal(c)).astype(np.float32)
+    src, dst = View("x", 0, (n, c, h, w), 0, c), View("y", 0, (n, c + 16, h, w), 8, c)
+    op = PoolOp("pool", src, dst, "avg", 3, 1, 1, True, bias="conv")
+    size = cb.NHWC_ELEMS[precision].bytes
+    x_ptr, y_ptr, b_ptr = put_nhwc(mem, x, c, 0, precision), mem.alloc(size * math.prod(dst.shape)), mem.alloc(4 * c)
+    mem.write(b_ptr, bias)
+    spec = cb.nhwc_pool_spec(op, 0, precision, b_ptr)
+    mem.launch([dataclasses.replace(spec, args=(x_ptr, y_ptr + size * dst.c_offset) + spec.args[2:])])
+    got = get_nhwc(mem, y_ptr, dst.shape, dst.c_offset, c, precision)
+    pooled = pool2d(x.astype(np.float64), "avg", 3, 1, 1, True) + bias.astype(np.float64)[None, :, None, None]
+    np.testing.assert_allclose(got, as_elem(np.maximum(pooled, 0), precision).astype(np.float64), rtol=1e-3,
+                               atol=1e-3)
+    assert (got == 0).any() and (got > 0).any()  # the ReLU clipped some, not all
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("kind,kernel,stride,pad,include", [("max", 3, 2, 0, True), ("avg", 3, 1, 1, True),
                                                             ("avg", 3, 1, 1, False), ("max", 3, 1, 1, True)])
@@ -414,14 +516,16 @@ def test_conv_input_reads_the_float32_nchw_input(mem, n, cin, h, w, cout, kernel
 # --- the whole network ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-def test_backend_nhwc_forward_on_the_emulator(backend_emu_lib, precision):
-    """One NHWC forward (75x75 images, batch 2, branches on several streams) against float64."""
+@pytest.mark.parametrize("precision,fuse", [("fp16", "on"), ("tf32", "on"), ("tf32", "off")])
+def test_backend_nhwc_forward_on_the_emulator(backend_emu_lib, precision, fuse):
+    """One NHWC forward (75x75 images, batch 2, branches on several streams) against float64, with each module's
+    1x1 convs fused (the default: 10 groups) and without."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
                              "--batch", "2", "--graph", "off", "--concurrent", "on", "--input-size", "75",
-                             "--precision", precision, "--layout", "nhwc")
+                             "--precision", precision, "--layout", "nhwc", "--fuse", fuse)
     out = r.stdout[-2000:] + r.stderr[-3000:]
     assert r.returncode == 0 and "PASS" in r.stdout and f"({precision}, nhwc)" in r.stdout, out
+    assert f"{10 if fuse == 'on' else 0} fused 1x1 groups" in r.stdout, out
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import pytest
 
 from inception_engine import arch, backends
 from inception_engine.backends import cuda_backend as cb
-from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan
+from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan, fuse_pointwise, writes
 from inception_engine.weights import Weights
 
 ARENA, PARAMS, WS, PROBS = 1 << 40, 1 << 41, 1 << 42, 1 << 43  # fake device addresses
@@ -163,25 +163,28 @@ def clash(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
     return any(x0 < y1 and y0 < x1 for x0, x1 in a for y0, y1 in b)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_concurrent_schedule_orders_every_memory_conflict(batch):
+def test_concurrent_schedule_orders_every_memory_conflict(batch, fused):
     """Independently of the names the scheduler reasons with: any two ops of one stage whose arena or split-K
     workspace ranges overlap, one of them writing, must be ordered by stream order or event waits (transitively).
-    Ops of different stages are ordered by the join at each stage's end."""
+    Ops of different stages are ordered by the join at each stage's end. fused: with the 1x1 convs of each module
+    as one op writing several views (plan.fuse_pointwise)."""
     plan = build_plan(batch, concurrent=True)
+    plan = fuse_pointwise(plan) if fused else plan
     assert plan.concurrent and len(plan.stages) == len(plan.ops)
     configs = cb.choose_configs(plan, 132)
     _, ws_offsets = cb.workspace_layout(plan, configs)
     sched = cb.schedule(plan)
-    reads, writes = [], []
+    reads, written = [], []
     for op in plan.ops:
-        w = view_ranges(op.dst)
+        w = [r for v in writes(op) for r in view_ranges(v)]
         cfg = configs.get(op.name)
         if cfg is not None and cb.workspace_elems(op, cfg):  # the workspace, as a range far above the arena
             base = plan.arena_elems + ws_offsets[op.name]
             w.append((base, base + cb.workspace_elems(op, cfg)))
         reads.append(view_ranges(op.src))
-        writes.append(w)
+        written.append(w)
     before: dict[int, set[int]] = {}  # op -> ops of its stage that finish before it starts
     last_on: dict[tuple[int, int], int] = {}
     for i, s in enumerate(sched):
@@ -195,7 +198,7 @@ def test_concurrent_schedule_orders_every_memory_conflict(batch):
         for j in range(i):
             if plan.stages[i] != plan.stages[j]:
                 continue
-            if clash(writes[i], writes[j]) or clash(writes[i], reads[j]) or clash(reads[i], writes[j]):
+            if clash(written[i], written[j]) or clash(written[i], reads[j]) or clash(reads[i], written[j]):
                 conflicts += 1
                 assert j in before[i], f"{plan.ops[j].name} and {plan.ops[i].name} may run at once"
     assert conflicts > 0  # the branch chains themselves

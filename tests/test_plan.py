@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from inception_engine import arch
-from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan
+from inception_engine.plan import (ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan,
+                                   fuse_pointwise, writes)
 
 # torchvision inception_v3 output sizes (C, H, W) for a 299x299 input.
 TORCHVISION_SHAPES = {
@@ -156,9 +157,11 @@ def view_ranges(v: View) -> list[slice]:
             for i in range(n)]
 
 
-@pytest.mark.parametrize("reuse", [True, False])
-def test_simulated_run_reads_what_producers_wrote(plan, reuse):
-    plan = plan if reuse else build_plan(plan.batch, reuse=False)
+@pytest.mark.parametrize("kind", ["reuse", "no reuse", "fused"])
+def test_simulated_run_reads_what_producers_wrote(plan, kind):
+    if kind != "reuse":
+        plan = build_plan(plan.batch, reuse=False) if kind == "no reuse" else fuse_pointwise(
+            build_plan(plan.batch, concurrent=True))
     stamp = np.full(plan.arena_elems, -2, np.int16)  # -2: never written, -1: the input
     producer: dict[tuple[str, int], int] = {}  # (buffer, channel) -> op id that writes it
     for r in view_ranges(plan.input):
@@ -174,10 +177,11 @@ def test_simulated_run_reads_what_producers_wrote(plan, reuse):
             got = stamp[r]
             assert (got == expected).all(), (
                 f"{op.name} reads {src.buffer} but finds data of op {got[got != expected][0]}: overlapping buffers")
-        for r in view_ranges(op.dst):
-            stamp[r] = i
-        for c in range(op.dst.channels):
-            producer[(op.dst.buffer, op.dst.c_offset + c)] = i
+        for dst in writes(op):
+            for r in view_ranges(dst):
+                stamp[r] = i
+            for c in range(dst.channels):
+                producer[(dst.buffer, dst.c_offset + c)] = i
     for r in view_ranges(plan.output):
         assert (stamp[r] == len(plan.ops) - 1).all()
 
@@ -194,3 +198,42 @@ def test_every_op_input_written_before(plan):
 def test_bad_batch_rejected():
     with pytest.raises(ValueError, match="batch"):
         build_plan(0)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_fuse_pointwise_stacks_each_modules_1x1_convs_and_moves_its_average_pool(batch):
+    """Every Inception module but Mixed_6a (one 1x1 conv, a max pool) gets one fused op at its first op, whose members
+    are the module's 1x1 convs on its input and whose parts are their destinations, the pooled member last with its
+    raw product in its pool's own buffer; the moved pool writes that member's destination and names its bias; the
+    FLOPs do not change. The ops not involved are untouched, in order."""
+    plan = build_plan(batch, concurrent=True)
+    fused = fuse_pointwise(plan)
+    by_name = {op.name: op for op in plan.ops}
+    groups = [op for op in fused.ops if isinstance(op, FusedConvOp)]
+    assert [g.name for g in groups] == [f"Mixed_{m}.pointwise" for m in ("5b", "5c", "5d", "6b", "6c", "6d", "6e",
+                                                                         "7a", "7b", "7c")]
+    gone = set()
+    for g in groups:
+        members = [by_name[m] for m in g.members]
+        assert all(m.kernel == (1, 1) for m in members)
+        assert all(m.src == g.src for m in members[:len(members) - g.pooled])
+        assert g.dst.dims == (batch, sum(m.dst.channels for m in members), g.src.h, g.src.w)
+        assert g.parts[:len(members) - g.pooled] == tuple(m.dst for m in members[:len(members) - g.pooled])
+        for m, part in zip(members[len(members) - g.pooled:], g.parts[len(members) - g.pooled:]):
+            pool = next(op for op in fused.ops if isinstance(op, PoolOp) and op.bias == m.name)
+            old_pool = by_name[pool.name]
+            assert (old_pool.kind, old_pool.stride, old_pool.src, old_pool.dst) == ("avg", 1, g.src, m.src)
+            assert pool.src == part and part.buffer == old_pool.dst.buffer and part.channels == m.dst.channels
+            assert pool.dst == m.dst and fused.ops.index(pool) > fused.ops.index(g)
+            gone.add(m.name)
+        assert g.pooled == (0 if g.name == "Mixed_7a.pointwise" else 1)
+        gone |= set(g.members)
+        assert fused.stages[fused.ops.index(g)] == plan.stages[min(plan.ops.index(m) for m in members)]
+    kept = [op for op in plan.ops if op.name not in gone and not (isinstance(op, PoolOp) and any(
+        isinstance(f, PoolOp) and f.bias and f.name == op.name for f in fused.ops))]
+    assert [op for op in fused.ops if not isinstance(op, FusedConvOp) and not getattr(op, "bias", "")] == kept
+    assert sum(op.flops for op in fused.conv_ops) == sum(op.flops for op in plan.conv_ops)
+    assert list(fused.stages) == sorted(fused.stages) and len(fused.stages) == len(fused.ops)
+    assert fuse_pointwise(fused).ops == fused.ops  # nothing left to fuse
+    with pytest.raises(ValueError, match="concurrent=True"):
+        fuse_pointwise(build_plan(batch))

@@ -52,6 +52,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # --precision tf32 / fp16 on fp32 NCHW activations (conv_tf32.cu / conv_f16.cu, Winograd), tuned: the A/B of
     # cuda's NHWC path
     "cuda-nchw": ("cuda", {"nhwc": False, "tune": True}),
+    # NHWC with every 1x1 conv its own GEMM, tuned: the A/B of plan.fuse_pointwise
+    "cuda-unfused": ("cuda", {"fuse": False, "tune": True}),
 }
 BENCH_BACKENDS = (*BACKENDS, *VARIANTS)
 

@@ -43,7 +43,8 @@ import numpy as np
 
 from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
-from ..plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, build_plan
+from ..plan import (ALIGN, ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, build_plan,
+                    fuse_pointwise, writes)
 from ..weights import Weights, atomic_write, user_cache_dir
 from . import event_timed_ms
 
@@ -430,8 +431,8 @@ def depends(later: Any, earlier: Any) -> bool:
     """Whether op ``later`` must wait for op ``earlier``: it reads what ``earlier`` writes, or writes what it reads
     or writes. By buffer name and channels, which is exact within a stage of a concurrent plan (no two buffers
     used in one stage share memory)."""
-    return (_overlap(later.src, earlier.dst) or _overlap(later.dst, earlier.src)
-            or _overlap(later.dst, earlier.dst))
+    return any(_overlap(later.src, w) for w in writes(earlier)) or any(
+        _overlap(w, earlier.src) or any(_overlap(w, e) for e in writes(earlier)) for w in writes(later))
 
 
 def schedule(plan: Plan) -> list[Scheduled]:
@@ -516,6 +517,17 @@ def round_tf32(a: np.ndarray) -> np.ndarray:
     return np.where(finite, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000), bits).view(np.float32)
 
 
+def op_params(weights: Weights, op: ConvOp | FCOp) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, bias) of a conv or FC; a fused conv's stacked in member order, with zero bias for the members whose
+    moved pool adds theirs (plan.FusedConvOp)."""
+    if not isinstance(op, FusedConvOp):
+        return weights.arrays[op.name + ".weight"], weights.arrays[op.name + ".bias"]
+    first_pooled = len(op.members) - op.pooled
+    w = np.concatenate([weights.arrays[m + ".weight"] for m in op.members])
+    b = np.concatenate([weights.arrays[m + ".bias"] * (i < first_pooled) for i, m in enumerate(op.members)])
+    return w, b.astype(np.float32)
+
+
 def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
                                                                                              dict[str, int]]:
     """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset
@@ -539,9 +551,11 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
         pos += padded
 
     for op in plan.ops:
+        if isinstance(op, PoolOp) and op.bias:
+            add(op.bias + ".bias", weights.arrays[op.bias + ".bias"])
         if not isinstance(op, (ConvOp, FCOp)):
             continue
-        w, b = weights.arrays[op.name + ".weight"], weights.arrays[op.name + ".bias"]
+        w, b = op_params(weights, op)
         cfg = configs[op.name]
         if cfg is not None and cfg.wino:
             w = winograd_weights(w, cfg.wino, o_pad(op.dst.channels, cfg.tile))
@@ -579,11 +593,11 @@ ARG_FORMATS = {
     "softmax_rows": "PP" + "i" * 3,
     "gpu_sleep": "q",
     **{name + e.suffix: fmt for e in NHWC_ELEMS.values()
-       for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13), ("global_avg_pool_nhwc", "PP" + "i" * 5),
+       for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13 + "P"), ("global_avg_pool_nhwc", "PP" + "i" * 5),
                          ("conv_input_nhwc", "PPPP" + "i" * 14))},
-    **{f"conv_nhwc{e.suffix}_splitk_reduce": "PPP" + "i" * 5 for e in NHWC_ELEMS.values()},
+    **{f"conv_nhwc{e.suffix}_splitk_reduce": "PPP" + "i" * 14 for e in NHWC_ELEMS.values()},
 }
-NHWC_CONV_FORMAT = "PPPP" + "i" * 16
+NHWC_CONV_FORMAT = "PPPP" + "i" * 25  # ... k_split, then the parts (nhwc_parts)
 WINO_INPUT_FORMAT = "PPP" + "i" * 10
 WINO_GEMM_FORMAT = "PPP" + "i" * 6
 WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
@@ -796,7 +810,7 @@ def check_nhwc(plan: Plan) -> None:
     (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
     per_image, widest = 0, ""  # the most elements per image of an NHWC view, and its buffer
     for op in plan.ops:
-        for v in (op.src, op.dst):
+        for v in (op.src, *writes(op)):
             if v.buffer == plan.input.buffer:
                 if not isinstance(op, ConvOp) or v is op.dst:
                     raise EngineError(f"{op.name}: the NHWC path feeds the input to convolutions only")
@@ -835,39 +849,58 @@ def nhwc_ptr(base: int, v: View, precision: str = "fp16") -> int:
     return base + NHWC_ELEMS[precision].bytes * (v.offset + v.c_offset)
 
 
+def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
+    """conv_nhwc.cu's parts arguments (its header): start, element offset from part 0 and pixel stride of parts
+    1-3, then relu_end. A plain conv has one part; a fused conv's (plan.FusedConvOp) follow its members."""
+    cout = op.dst.channels
+    if not isinstance(op, FusedConvOp):
+        return (cout, 0, 0) * 3 + (cout,)
+    assert 1 <= len(op.parts) <= 4, f"{op.name}: conv_nhwc.cu writes at most 4 parts, not {len(op.parts)}"
+    base = op.parts[0].offset + op.parts[0].c_offset
+    starts = np.cumsum([0] + [v.channels for v in op.parts])
+    rest = [(int(starts[i]), v.offset + v.c_offset - base, v.c_total) for i, v in enumerate(op.parts) if i]
+    rest += [(cout, 0, 0)] * (3 - len(rest))
+    return tuple(x for part in rest for x in part) + (int(starts[len(op.parts) - op.pooled]),)
+
+
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
                     ws: int, precision: str = "fp16") -> list[LaunchSpec]:
-    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses), and its split-K reduction when cfg.splits > 1; for
-    INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input (x_cstride unused)."""
+    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv), and its
+    split-K reduction when cfg.splits > 1; for INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input
+    (x_cstride unused)."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
+    y_cstride = writes(op)[0].c_total
     p_total, t, suffix = n * ho * wo, cfg.tile, NHWC_ELEMS[precision].suffix
     if t.prefix == "conv_input":
-        assert cfg.splits == 1, f"{op.name}: conv_input_nhwc has no split-K"
+        assert cfg.splits == 1 and not isinstance(op, FusedConvOp), f"{op.name}: conv_input_nhwc has one slice, one part"
         return [LaunchSpec(op.name, f"conv_input_nhwc{suffix}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), 1),
                            (THREADS, 1, 1), (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel,
                                              op.stride, *op.pad, 1))]
     split = cfg.splits > 1
-    args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, op.dst.c_total, *op.kernel,
-            op.stride, *op.pad, cfg.k_split, 1)
+    parts = nhwc_parts(op)
+    args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, y_cstride, *op.kernel,
+            op.stride, *op.pad, cfg.k_split, *parts)
     assert t in NHWC_ELEMS[precision].tiles(True), f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
     specs = [LaunchSpec(op.name, f"{t.prefix}_{t.name}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
                         (THREADS, 1, 1), args)]
     if split:
         specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
                                 (_blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
-                                (ws, b, y, cfg.splits, p_total, cout, op.dst.c_total, 1)))
+                                (ws, b, y, cfg.splits, p_total, cout, y_cstride, *parts)))
     return specs
 
 
-def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16") -> LaunchSpec:
+def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0) -> LaunchSpec:
+    """pool_nhwc.cu's pool2d; bias: the device address of op.bias's bias (a moved pool), else 0."""
+    assert bool(bias) == bool(op.bias), f"{op.name}: a moved pool needs its conv's bias, and only it"
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
     elem = NHWC_ELEMS[precision]
     return LaunchSpec(op.name, f"pool2d_nhwc{elem.suffix}", (_blocks(n * ho * wo * c * elem.bytes // 16, THREADS), 1, 1),
                       (THREADS, 1, 1), (nhwc_ptr(arena, op.src, precision), nhwc_ptr(arena, op.dst, precision), n, c,
                                         h, w, op.src.c_total, ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad,
-                                        int(op.kind == "max"), int(op.count_include_pad)))
+                                        int(op.kind == "max"), int(op.count_include_pad), bias))
 
 
 def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
@@ -890,9 +923,9 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
             assert cfg is not None and (cfg.tile == INPUT_TILE) == reads_input, f"{op.name}: not an NHWC config"
             x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
             specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
-                                     nhwc_ptr(arena, op.dst, precision), wp, bp, ws_op, precision)
+                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision)
         elif isinstance(op, PoolOp):
-            specs.append(nhwc_pool_spec(op, arena, precision))
+            specs.append(nhwc_pool_spec(op, arena, precision, params + 4 * offsets[op.bias + ".bias"] if op.bias else 0))
         elif isinstance(op, GlobalAvgPoolOp):
             nb, ch, hh, ww = op.src.dims
             features = View("features", lay.features, op.dst.dims, 0, ch)
@@ -1001,7 +1034,8 @@ class CudaBackend:
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
                  winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool = False,
-                 configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None):
+                 configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None,
+                 fuse: bool | None = None):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -1021,7 +1055,10 @@ class CudaBackend:
         fp16 or TF32-rounded float32: no per-element gather in the convs, and for fp16 half the activation bytes.
         Default (None): for those precisions wherever the plan's channel counts allow it (``check_nhwc``; fp16
         measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an H200,
-        docs/PERFORMANCE.md round 5); False: conv_f16.cu / conv_tf32.cu on fp32 NCHW activations."""
+        docs/PERFORMANCE.md round 5); False: conv_f16.cu / conv_tf32.cu on fp32 NCHW activations.
+        fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
+        average pool of the pool branch moved behind its conv (plan.fuse_pointwise), which needs a plan whose
+        buffers live for whole stages (rebuilt so, as for concurrent). A plan fused already is taken as it is."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         if nhwc and precision not in NHWC_ELEMS:
@@ -1037,10 +1074,16 @@ class CudaBackend:
         self.winograd = winograd
         self.tiles = tiles
         self.concurrent = graph if concurrent is None else concurrent
-        if self.concurrent and not plan.concurrent:
+        fused = any(isinstance(op, FusedConvOp) or (isinstance(op, PoolOp) and op.bias) for op in plan.ops)
+        self.fuse = fused or (nhwc if fuse is None else fuse)
+        if self.fuse and not nhwc:
+            raise EngineError("fused 1x1 convolutions run on the NHWC layout only (precision fp16 or tf32)")
+        if (self.concurrent or self.fuse) and not plan.concurrent:
             if not plan.layers:
-                raise ValueError("a concurrent cuda backend needs a plan from build_plan (it has no layers)")
+                raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
             plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
+        if self.fuse and not fused:
+            plan = fuse_pointwise(plan)
         if plan.arena_elems >= 2**31:
             raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
                               f"use a smaller batch")
@@ -1362,7 +1405,8 @@ SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3, "fp16": 3e-3}
 
 
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None,
-             precision: str = "fp32", winograd: bool | None = None, nhwc: bool | None = None) -> bool:
+             precision: str = "fp32", winograd: bool | None = None, nhwc: bool | None = None,
+             fuse: bool | None = None) -> bool:
     """fp32: rel L2 <= 1e-4 and the same top 5; tf32: rel L2 <= 3e-3 and the same top 1 (a tie within the TF32
     error of the reference's logits excepted)."""
     from .numpy_backend import NumpyBackend
@@ -1371,8 +1415,9 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     plan = build_plan(batch, weights.layers(), input_size=input_size)
     x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
     with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision,
-                     winograd=winograd, nhwc=nhwc) as backend:
+                     winograd=winograd, nhwc=nhwc, fuse=fuse) as backend:
         got = backend.forward(x)
+        fused = sum(isinstance(op, FusedConvOp) for op in backend.plan.ops)
         launches, streams = len(backend.specs), max(1, len(backend._streams))
         wino = sum(1 for c in backend.configs.values() if c is not None and c.wino)
         nhwc = backend.nhwc
@@ -1384,7 +1429,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= tol and same
     print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}): batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, "
-          f"{launches} launches on {streams} stream(s), {wino} Winograd convs: rel L2 {err:.2e} (limit {tol:.0e}), "
+          f"{launches} launches on {streams} stream(s), {wino} Winograd convs, {fused} fused 1x1 groups: rel L2 {err:.2e} (limit {tol:.0e}), "
           f"{what} {'same' if same else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok
 
@@ -1401,6 +1446,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--winograd", choices=("on", "off", "auto"), default="on",
                    help="stride-1 3x3/5x5/1x7/7x1 convs by Winograd (on, the backend's default: every eligible "
                         "conv; auto: where the cost model expects a gain)")
+    p.add_argument("--fuse", choices=("on", "off", "auto"), default="auto",
+                   help="each module's 1x1 convs as one GEMM (NHWC only; auto: with NHWC)")
     p.add_argument("--layout", choices=("auto", "nchw", "nhwc"), default="auto",
                    help="activations: nhwc = fp16 NHWC (precision fp16 only), nchw = fp32 NCHW, auto = the "
                         "backend's default (nhwc for fp16)")
@@ -1410,7 +1457,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return 0 if selftest(args.batch, args.graph == "on", args.input_size, concurrent=concurrent,
                              precision=args.precision, winograd=winograd,
-                             nhwc=None if args.layout == "auto" else args.layout == "nhwc") else 1
+                             nhwc=None if args.layout == "auto" else args.layout == "nhwc",
+                             fuse=None if args.fuse == "auto" else args.fuse == "on") else 1
     except EngineError as e:
         print(f"cuda selftest: {e}", file=sys.stderr)
         return 2

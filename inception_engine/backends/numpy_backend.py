@@ -29,7 +29,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
+from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PointwiseGroup, PoolOp, View, movable_avg_pools, pointwise_groups
 from ..weights import Weights
 from ..errors import BackendUnavailable
 from . import cpu_kernels, host_timed_ms
@@ -492,72 +492,6 @@ def fc(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x @ w.T + b
 
 
-def _is_pointwise(op: object) -> bool:
-    return isinstance(op, ConvOp) and op.kernel == (1, 1) and op.stride == 1 and op.pad == (0, 0)
-
-
-@dataclass
-class _PointwiseGroup:
-    """1x1 convolutions (op indices) that read the same tensor ``src``, run as one GEMM of their stacked weights
-    whose product waits in scratch until each conv's own step adds its bias and applies ReLU into its
-    destination. ``pools`` maps a member to the average pool that feeds it, moved behind the conv: both are
-    linear (the pool per channel, the conv per pixel, and the count_include_pad=False divisor only depends on the
-    position), so they commute, and the pool then runs on the conv's few output channels instead of its many
-    inputs. The member's own step does nothing; the pool's step pools the product into the member's
-    destination."""
-
-    src: View
-    convs: list[int]
-    pools: dict[int, int]  # conv index -> index of the average pool that feeds it
-
-    @property
-    def first(self) -> int:
-        return min(self.convs + list(self.pools.values()))
-
-    @property
-    def last(self) -> int:
-        return max([c for c in self.convs if c not in self.pools] + list(self.pools.values()))
-
-
-def movable_avg_pools(plan: Plan) -> dict[int, int]:
-    """conv index -> index of the stride-1 average pool feeding that 1x1 conv, for the pools that can move behind
-    their conv (_PointwiseGroup says why that is exact): the conv is the only reader of the pool's output, and the
-    conv's destination is already live when the pool runs, so that both can run at the pool's step."""
-    ops = plan.ops
-    readers: dict[str, list[int]] = {}
-    for i, op in enumerate(ops):
-        readers.setdefault(op.src.buffer, []).append(i)
-    feeds: dict[int, int] = {}
-    for i, op in enumerate(ops):
-        if isinstance(op, PoolOp) and op.kind == "avg" and op.stride == 1 and len(readers[op.dst.buffer]) == 1:
-            conv = readers[op.dst.buffer][0]
-            if _is_pointwise(ops[conv]) and plan.buffers[ops[conv].dst.buffer].first <= i:
-                feeds[conv] = i
-    return feeds
-
-
-def pointwise_groups(plan: Plan) -> list[_PointwiseGroup]:
-    """The groups worth fusing (two convs or more, or a pool to move), none overlapping another in op order (they
-    share one scratch). Only pools whose single reader is a 1x1 conv qualify, and only where the conv's
-    destination is already live when the pool runs."""
-    ops = plan.ops
-    feeds = movable_avg_pools(plan)
-    by_src: dict[View, _PointwiseGroup] = {}
-    for i, op in enumerate(ops):
-        if _is_pointwise(op):
-            src = ops[feeds[i]].src if i in feeds else op.src
-            group = by_src.setdefault(src, _PointwiseGroup(src, [], {}))
-            group.convs.append(i)
-            if i in feeds:
-                group.pools[i] = feeds[i]
-    groups, end = [], -1
-    for g in sorted(by_src.values(), key=lambda g: g.first):
-        if (len(g.convs) > 1 or g.pools) and g.first > end:
-            groups.append(g)
-            end = g.last
-    return groups
-
-
 def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -630,7 +564,7 @@ class NumpyBackend:
 
     ``fast`` (NumPy code only; default: on for float32, off for float64, so that the reference computes every
     layer as written) turns on Winograd convolutions and the fused 1x1 groups with their average pools moved
-    behind the conv (``_PointwiseGroup``).
+    behind the conv (``PointwiseGroup``).
 
     ``threads``: the NumPy code splits each convolution (by images and rows, or by output channels:
     ``split_work``), pool and fused GEMM (by channels) into up to this many parts that run at once on the
@@ -784,7 +718,7 @@ class NumpyBackend:
             run_pool()
         return run
 
-    def _prepare_group(self, group: _PointwiseGroup, weights: Weights) -> dict[int, list[Callable[[], None]]]:
+    def _prepare_group(self, group: PointwiseGroup, weights: Weights) -> dict[int, list[Callable[[], None]]]:
         """Actions by op index: the shared GEMM first, at the group's first op; each member's bias + ReLU (or
         pool + bias + ReLU) at its own op or at its pool's; nothing at a member whose pool ran for it."""
         ops = self.plan.ops
