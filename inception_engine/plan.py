@@ -121,6 +121,11 @@ class FCOp:
 Op = ConvOp | PoolOp | GlobalAvgPoolOp | FCOp
 
 
+def is_fused(plan: Plan) -> bool:
+    """Whether ``fuse_pointwise`` made this plan (it has fused convs or moved pools)."""
+    return any(isinstance(op, FusedConvOp) or (isinstance(op, PoolOp) and op.bias) for op in plan.ops)
+
+
 def writes(op: Op) -> tuple[View, ...]:
     """The views an op writes: its dst, or a fused conv's parts."""
     return op.parts if isinstance(op, FusedConvOp) else (op.dst,)

@@ -116,7 +116,7 @@ def bench(weights: Weights, batch: int, iters: int, per_op: bool, peak_flops: fl
                     with cb.CudaBackend(weights, plan, **{**kwargs, "winograd": False}) as direct:
                         direct_ms = {k: statistics.median(v)
                                      for k, v in direct.time_layers(x, iters, warmup, only=set(wino)).items()}
-                for op in plan.ops:
+                for op in backend.plan.ops:  # the plan it ran: the NHWC modes fuse each module's 1x1 convs
                     ms = layer_ms[op.name]
                     flops, nbytes = work(op)
                     actual = winograd_flops(op, wino[op.name]) if op.name in wino else flops

@@ -147,25 +147,28 @@ def assert_top1_agrees_on_256_inputs(backend: cb.CudaBackend, weights, plan, tol
     assert max(errs) <= tol, f"rel L2 per batch up to {max(errs):.2e}"
 
 
-@pytest.mark.parametrize("precision,nhwc", [("fp32", False), ("fp16", False), ("fp16", True)])
-def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, nhwc, tmp_path, monkeypatch):
-    """tune=True: every candidate set runs once (each conv timed), the chosen configs come from those sets, the
-    forward still matches float64 (fp16: within twice the ideal fp16-operand network's error, as
-    test_cuda_fp16.py), and a second backend reads the same configs from the cache without timing."""
+@pytest.mark.parametrize("precision,nhwc,fuse", [("fp32", False, None), ("fp16", False, None), ("fp16", True, None),
+                                               ("tf32", True, False)])
+def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, nhwc, fuse, tmp_path, monkeypatch):
+    """tune=True: every candidate set runs once (each conv of the plan the backend runs, fused or not, timed), the
+    chosen configs come from those sets, the forward still matches float64 (fp16 and tf32: within twice the ideal
+    fp16-operand network's error, as test_cuda_fp16.py), and a second backend reads the same configs from the cache
+    without timing."""
     monkeypatch.setattr(cb, "tuning_cache_dir", lambda: tmp_path)
     x = make_input(2, seed=5)
     ref = reference(weights, x, 2)
     plan = build_plan(2, weights.layers())
-    with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc) as backend:
+    with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as backend:
         got = backend.forward(x)
         tuned = backend.configs
+        assert cb.is_fused(backend.plan) == (nhwc and fuse is not False)
     assert len(list(tmp_path.glob("*.json"))) == 1
     gpu = cb.Gpu()
     gpu.release()
     sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, nhwc,
                                 cb.cuda_build.has_wgmma(gpu.arch))
     as_json = cb.config_to_json
-    assert all(any(as_json(tuned[op.name]) == as_json(s[op.name]) for s in sets) for op in plan.conv_ops)
+    assert all(any(as_json(tuned[op.name]) == as_json(s[op.name]) for s in sets) for op in backend.plan.conv_ops)
     if precision == "fp32":
         assert rel_l2(got, ref) <= TOL
     else:  # image-like inputs: the bound of test_cuda_fp16.py's, twice the error of ideal fp16 operands
@@ -173,7 +176,7 @@ def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, n
 
         assert rel_l2(got, ref) <= 2 * rel_l2(fp16_forward(weights, x), ref)
     monkeypatch.setattr(cb.CudaBackend, "time_layers", lambda *a, **k: pytest.fail("tuned again"))
-    with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc) as again:
+    with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as again:
         assert again.configs == tuned
 
 
