@@ -280,23 +280,27 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
 
 // The cp.async ring of conv_mma_gemm and conv_nhwc.cu: load(k, stage) issues this thread's copies of the K tile that
 // starts at k into buffer `stage`, math(stage) multiplies the tile in buffer `stage`. With STAGES buffers, tile
-// t + STAGES - 1 is in flight while tile t is multiplied, one barrier per tile. ASYNC_PROXY: math reads the tiles
-// through the async proxy (wgmma), so each thread fences its landed copies before the barrier. (Letting a stage's
-// wgmma run on into the next stage, with the ring one tile less ahead, measured 4-9 % slower: round 7, step 3.)
-template <int STAGES, int BK, bool ASYNC_PROXY = false, class Load, class Math>
+// t + STAGES - 1 is in flight while tile t is multiplied, one barrier per tile.
+// ASYNC: math issues asynchronous reads of its buffer through the async proxy (wgmma) that may still run until the
+// next tile's math returns. Each thread then fences its landed copies for the async proxy before the barrier, and
+// the ring loads one tile less ahead (STAGES - 2), into the buffer of tile t - 2, whose reads the math of tile t - 1
+// waited for. (With 3-4 stages that lost more than the overlap gained, 4-9 %: round 7, step 3.)
+template <int STAGES, int BK, bool ASYNC = false, class Load, class Math>
 __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math) {
+    constexpr int AHEAD = ASYNC ? STAGES - 2 : STAGES - 1;  // tiles in flight behind the current one
+    static_assert(AHEAD >= 1, "too few stages");
     const int tiles = (k_end - k_begin + BK - 1) / BK;
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < tiles) load(k_begin + s * BK, s);
         cp_async::commit();  // empty groups too: group i always holds tile i
     }
     for (int kt = 0; kt < tiles; ++kt) {
-        cp_async::wait<STAGES - 2>();  // this thread's copies of tile kt have landed ...
-        if constexpr (ASYNC_PROXY) wgmma::fence_proxy_async();
-        __syncthreads();  // ... everyone's have, and everyone is done with tile kt - 1
-        const int next = kt + STAGES - 1;
-        if (next < tiles) load(k_begin + next * BK, next % STAGES);  // into the buffer of tile kt - 1
+        cp_async::wait<AHEAD - 1>();  // this thread's copies of tile kt have landed ...
+        if constexpr (ASYNC) wgmma::fence_proxy_async();
+        __syncthreads();  // ... everyone's have, and everyone is done with tile kt - 1 (kt - 2 if ASYNC)
+        const int next = kt + AHEAD;
+        if (next < tiles) load(k_begin + next * BK, next % STAGES);  // the buffer of tile kt - 1 (kt - 2 if ASYNC)
         cp_async::commit();
         math(kt % STAGES);
     }

@@ -38,9 +38,14 @@
 // channel tiles of one pixel tile, which then share its input through L2.
 //
 // Launch: conv_nhwc_<BM>x<BN> (fp16), conv_nhwc_tf32_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN),
-//         splits), static shared memory STAGES * (BM + BN) * 64 bytes. conv_nhwc[_tf32]_splitk_reduce: block 256,
+//         splits), static shared memory STAGES * (BM + BN) * 64 bytes. conv_nhwc[_tf32]_wgmma_128x<BN>: the same
+//         grid, dynamic shared memory WGMMA_STAGES * (128 + BN) * 64 bytes. conv_nhwc[_tf32]_splitk_reduce: block 256,
 //         grid ceil(P * M / 2 / 256).
 #include "conv_mma.cuh"
+
+// Stages of the wgmma tiles' ring (cuda_backend.WGMMA_STAGES): 4 in flight while one is multiplied and the one
+// before it may still be read by its wgmma.
+#define WGMMA_STAGES 6
 
 // Where 16-byte piece `piece` of shared row `row` lives (in elements from the row's start); see the header.
 template <int PIECE>
@@ -230,8 +235,17 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 // swizzle, so each warpgroup multiplies its 64 pixel rows of the stage by the whole BN-channel B tile with two
 // instructions (k16 + k16 of fp16, k8 + k8 of tf32) instead of the mma.sync kernel's ldmatrix and m16n8 steps:
 // 128x128 issues 2 wgmma per warp per stage instead of 12 ldmatrix + 32 mma. BM = 128 (two warpgroups, 256 threads);
-// the accumulators, BN / 2 per thread, stay in registers until the epilogue. wait(0) after each stage keeps the ring
-// as it is (a buffer is free once its stage's math returned).
+// the accumulators, BN / 2 per thread, stay in registers until the epilogue. A stage's wgmma run on while the next
+// stage is waited for and loaded: its math waits only for the previous stage's (wait(1)), and the ring loads into
+// the buffer of the stage before that (cp_async_ring's ASYNC). The ring lives in dynamic shared memory
+// (WGMMA_STAGES stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of
+// loads in flight.
+#ifdef __CUDACC__
+extern __shared__ __align__(1024) unsigned char wgmma_ring[];
+#else
+alignas(1024) static unsigned char wgmma_ring[WGMMA_STAGES * 256 * 64];  // the emulator runs one block at a time
+#endif
+
 template <class E, int BM, int BN, int STAGES>
 __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
@@ -241,8 +255,9 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     static_assert(BM % 64 == 0 && (BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
 
     // 512-byte aligned stages (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
-    __shared__ __align__(1024) T As[STAGES][BM][BK];
-    __shared__ __align__(1024) T Bs[STAGES][BN][BK];
+    // STAGES * (BM + BN) * 64 bytes, the launch's dynamic shared memory (cuda_backend.wgmma_ring_bytes).
+    T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
+    T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
 
     const int tid = threadIdx.x, lane = tid % 32, group = tid / 128, warp = tid / 32 % 4;
     const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
@@ -264,8 +279,9 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
         E::template wgmma<BN>(d, da + wgmma::DESC_32_BYTES, db + wgmma::DESC_32_BYTES, 1);
         accumulate = 1;
         wgmma::commit();
-        wgmma::wait<0>();
+        wgmma::wait<1>();
     });
+    wgmma::wait<0>();
     wgmma::fence_registers(d);
     cp_async::wait<0>();  // no copy may still target shared memory when the block exits
 
@@ -319,15 +335,16 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 // The wgmma tiles exist where wgmma does: sm_90a (cuda_build compiles this file for it on compute capability 9.0),
 // and the CPU emulator (tests/cuda_emu/wgmma_emu.h).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDACC__)
-// 2 blocks of 256 threads per SM: 128x128 is 48 KB of shared memory in 3 stages, 64 accumulators a thread.
-#define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN, STAGES)                                                            \
+// At least 2 blocks of 256 threads per SM: 128x128 is 96 KB of shared memory in 6 stages and 64 accumulators a
+// thread; 128x64 72 KB, 128x32 60 KB (3 blocks).
+#define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(256, 2) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {           \
-        conv_nhwc_wgmma_gemm<E, BM, BN, STAGES>(CONV_NHWC_ARGS(E));                                                \
+        conv_nhwc_wgmma_gemm<E, BM, BN, WGMMA_STAGES>(CONV_NHWC_ARGS(E));                                          \
     }
-#define CONV_NHWC_WGMMA_TILES(NAME, E)              \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128, 3)    \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64, 4)     \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32, 4)
+#define CONV_NHWC_WGMMA_TILES(NAME, E)          \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64)    \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32)
 
 CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)

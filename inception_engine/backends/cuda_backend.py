@@ -44,7 +44,7 @@ import numpy as np
 from .. import cuda_build
 from ..errors import BackendUnavailable, EngineError
 from ..plan import (ALIGN, ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, build_plan,
-                    fuse_pointwise, writes)
+                    fuse_pointwise, is_fused, writes)
 from ..weights import Weights, atomic_write, user_cache_dir
 from . import event_timed_ms
 
@@ -94,6 +94,7 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
 NHWC_WGMMA_TILES = (Tile(128, 128, 32, 2, 1200e3, "conv_nhwc_wgmma", False),
                     Tile(128, 64, 32, 2, 900e3, "conv_nhwc_wgmma", False),
                     Tile(128, 32, 32, 2, 600e3, "conv_nhwc_wgmma", False))
+WGMMA_STAGES = 6  # conv_nhwc.cu's: the wgmma tiles' ring, in dynamic shared memory (wgmma_ring_bytes)
 NHWC_TF32_WGMMA_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "conv_nhwc_tf32_wgmma", False)
                               for t in NHWC_WGMMA_TILES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
@@ -580,6 +581,7 @@ class LaunchSpec:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple[int, ...]  # device pointers and int32s, in the kernel's parameter order
+    shared: int = 0  # bytes of dynamic shared memory
 
 
 # Parameter lists of the kernels as pycuda struct formats: P = pointer, i = int32, q = int64.
@@ -607,6 +609,15 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
                 for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
                                      ("conv_input_nhwc", "conv_input_nhwc.cu"))},
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
+
+
+def wgmma_ring_bytes(kernel: str) -> int:
+    """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: WGMMA_STAGES stages of 128 + BN rows of 64
+    bytes), else 0."""
+    if "_wgmma_" not in kernel:
+        return 0
+    bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
+    return WGMMA_STAGES * (bm + bn) * 64
 
 
 def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -> str:
@@ -882,8 +893,9 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, y_cstride, *op.kernel,
             op.stride, *op.pad, cfg.k_split, *parts)
     assert t in NHWC_ELEMS[precision].tiles(True), f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
-    specs = [LaunchSpec(op.name, f"{t.prefix}_{t.name}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
-                        (THREADS, 1, 1), args)]
+    kernel = f"{t.prefix}_{t.name}"
+    specs = [LaunchSpec(op.name, kernel, (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
+                        (THREADS, 1, 1), args, wgmma_ring_bytes(kernel))]
     if split:
         specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
                                 (_blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
@@ -1007,6 +1019,8 @@ class Kernels:
         if kernel not in self._funcs:
             fn = self._modules[source_of(kernel)].get_function(kernel)
             fn.prepare(arg_format(kernel))
+            if wgmma_ring_bytes(kernel) > 48 * 1024:  # past the default limit: the kernel must opt in
+                fn.set_attribute(driver().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, wgmma_ring_bytes(kernel))
             self._funcs[kernel] = fn
         return self._funcs[kernel]
 
@@ -1017,7 +1031,8 @@ class Launch:
     func: Any  # prepared pycuda Function
 
     def __call__(self, stream: Any) -> None:
-        self.func.prepared_async_call(self.spec.grid, self.spec.block, stream, *self.spec.args)
+        self.func.prepared_async_call(self.spec.grid, self.spec.block, stream, *self.spec.args,
+                                      shared_size=self.spec.shared)
 
 
 class CudaBackend:
@@ -1074,7 +1089,7 @@ class CudaBackend:
         self.winograd = winograd
         self.tiles = tiles
         self.concurrent = graph if concurrent is None else concurrent
-        fused = any(isinstance(op, FusedConvOp) or (isinstance(op, PoolOp) and op.bias) for op in plan.ops)
+        fused = is_fused(plan)
         self.fuse = fused or (nhwc if fuse is None else fuse)
         if self.fuse and not nhwc:
             raise EngineError("fused 1x1 convolutions run on the NHWC layout only (precision fp16 or tf32)")
@@ -1335,11 +1350,11 @@ def tuning_cache_dir() -> Path:
 
 def time_convs(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None], precision: str = "fp32",
                fixup: bool = False, device: int = 0, iters: int = 10, nhwc: bool = False) -> dict[str, float]:
-    """Median milliseconds of each conv of a forward with these configs: one eager, serial backend,
-    CudaBackend.time_layers on an N(0, 1) input."""
+    """Median milliseconds of each conv of a forward with these configs: one eager, serial backend on this very plan
+    (fused or not), CudaBackend.time_layers on an N(0, 1) input."""
     x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
     with CudaBackend(weights, plan, graph=False, concurrent=False, device=device, fixup=fixup, precision=precision,
-                     configs=configs, nhwc=nhwc) as backend:
+                     configs=configs, nhwc=nhwc, fuse=is_fused(plan)) as backend:
         ms = backend.time_layers(x, iters=iters, only={op.name for op in plan.conv_ops})
     return {name: statistics.median(t) for name, t in ms.items()}
 

@@ -32,6 +32,15 @@ class device_attribute:  # noqa: N801 (pycuda's name)
     MULTIPROCESSOR_COUNT = "MULTIPROCESSOR_COUNT"
 
 
+class function_attribute:  # noqa: N801 (pycuda's name)
+    MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+# Dynamic shared memory a launch may ask for without the function's MAX_DYNAMIC_SHARED_SIZE_BYTES (the driver's rule).
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+OPT_IN_SHARED = 227 * 1024  # the most an sm_90 block may opt in to
+
+
 class event_flags:  # noqa: N801 (pycuda's name)
     DISABLE_TIMING = 2
 
@@ -185,6 +194,12 @@ class Event:
 class Function:
     def __init__(self, name: str):
         self.name = name
+        self.max_dynamic_shared = DEFAULT_DYNAMIC_SHARED
+
+    def set_attribute(self, attribute: int, value: int) -> None:
+        if attribute != function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES or not 0 <= value <= OPT_IN_SHARED:
+            raise Error(f"{self.name}: cannot set attribute {attribute} to {value}")
+        self.max_dynamic_shared = value
 
     def prepare(self, fmt: str) -> "Function":
         self.fmt = fmt
@@ -193,8 +208,12 @@ class Function:
             self.fn.argtypes = [ctypes.c_uint] * 4 + [_C_TYPES[c] for c in fmt]
         return self
 
-    def prepared_async_call(self, grid: tuple, block: tuple, stream: Stream | None, *args: int) -> None:
+    def prepared_async_call(self, grid: tuple, block: tuple, stream: Stream | None, *args: int,
+                            shared_size: int = 0) -> None:
         _need_context()
+        if shared_size > self.max_dynamic_shared:
+            raise Error(f"{self.name}: {shared_size} bytes of dynamic shared memory, above its limit "
+                        f"{self.max_dynamic_shared} (set MAX_DYNAMIC_SHARED_SIZE_BYTES)")
         if len(args) != len(self.fmt) or len(grid) != 3 or block[1:] != (1, 1):
             raise Error(f"{self.name}: bad launch {grid} {block} with {len(args)} args for format {self.fmt}")
         if not (grid[0] < 2**31 and grid[1] < 2**16 and grid[2] < 2**16 and block[0] <= 1024):
