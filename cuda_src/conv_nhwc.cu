@@ -39,13 +39,13 @@
 //
 // Launch: conv_nhwc_<BM>x<BN> (fp16), conv_nhwc_tf32_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN),
 //         splits), static shared memory STAGES * (BM + BN) * 64 bytes. conv_nhwc[_tf32]_wgmma_128x<BN>: the same
-//         grid, dynamic shared memory WGMMA_STAGES * (128 + BN) * 64 bytes. conv_nhwc[_tf32]_splitk_reduce: block 256,
+//         grid, dynamic shared memory WGMMA_STAGES(BM) * (BM + BN) * 64 bytes (also 256x64, 256x32). conv_nhwc[_tf32]_splitk_reduce: block 256,
 //         grid ceil(P * M / 2 / 256).
 #include "conv_mma.cuh"
 
-// Stages of the wgmma tiles' ring (cuda_backend.WGMMA_STAGES): 4 in flight while one is multiplied and the one
-// before it may still be read by its wgmma.
-#define WGMMA_STAGES 6
+// Stages of the wgmma tiles' ring (cuda_backend.wgmma_stages): for 128 pixel rows, 4 in flight while one is
+// multiplied and the one before it may still be read by its wgmma; 256-row tiles, twice the bytes a stage, 2.
+#define WGMMA_STAGES(BM) ((BM) == 256 ? 4 : 6)
 
 // Where 16-byte piece `piece` of shared row `row` lives (in elements from the row's start); see the header.
 template <int PIECE>
@@ -239,25 +239,28 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 // stage is waited for and loaded: its math waits only for the previous stage's (wait(1)), and the ring loads into
 // the buffer of the stage before that (cp_async_ring's ASYNC). The ring lives in dynamic shared memory
 // (WGMMA_STAGES stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of
-// loads in flight.
+// loads in flight. A 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage.
 #ifdef __CUDACC__
 extern __shared__ __align__(1024) unsigned char wgmma_ring[];
 #else
-alignas(1024) static unsigned char wgmma_ring[WGMMA_STAGES * 256 * 64];  // the emulator runs one block at a time
+alignas(1024) static unsigned char wgmma_ring[6 * 256 * 64];  // the emulator runs one block at a time
 #endif
 
 template <class E, int BM, int BN, int STAGES>
 __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
-    constexpr int NT = BM / 64 * 128;
+    constexpr int NT = 256, MB = BM / 128;  // two warpgroups, each MB blocks of 64 pixel rows
     using Loader = NhwcLoader<E, BM, BN, NT>;
     constexpr int BK = Loader::BK;
-    static_assert(BM % 64 == 0 && (BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
+    static_assert(BM % 128 == 0 && (BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
 
     // 512-byte aligned stages (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
     // STAGES * (BM + BN) * 64 bytes, the launch's dynamic shared memory (cuda_backend.wgmma_ring_bytes).
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
+#ifndef __CUDACC__
+    static_assert(STAGES * (BM + BN) * BK * sizeof(T) <= sizeof(wgmma_ring), "the emulator's ring is too small");
+#endif
 
     const int tid = threadIdx.x, lane = tid % 32, group = tid / 128, warp = tid / 32 % 4;
     const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
@@ -268,31 +271,38 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 
     // Not zeroed: the first wgmma of the block overwrites d (wgmma.cuh). Every block has at least one K tile (the
     // backend's split-K never leaves a slice empty).
-    float d[BN / 2];
+    float d[MB][BN / 2];
     int accumulate = 0;
 
     cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, [&](int st) {
-        const unsigned long long da = wgmma::desc_k_major_64b(&As[st][64 * group][0]);
         const unsigned long long db = wgmma::desc_k_major_64b(&Bs[st][0][0]);
         wgmma::fence();
-        E::template wgmma<BN>(d, da, db, accumulate);
-        E::template wgmma<BN>(d, da + wgmma::DESC_32_BYTES, db + wgmma::DESC_32_BYTES, 1);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+            const unsigned long long da = wgmma::desc_k_major_64b(&As[st][64 * (MB * group + mb)][0]);
+            E::template wgmma<BN>(d[mb], da, db, accumulate);
+            E::template wgmma<BN>(d[mb], da + wgmma::DESC_32_BYTES, db + wgmma::DESC_32_BYTES, 1);
+        }
         accumulate = 1;
         wgmma::commit();
         wgmma::wait<1>();
     });
     wgmma::wait<0>();
-    wgmma::fence_registers(d);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
     cp_async::wait<0>();  // no copy may still target shared memory when the block exits
 
-    // Epilogue: d[4j + 2 half + e] = pixel 64 group + 16 warp + g + 8 half, channel 8j + 2t + e (wgmma.cuh).
+    // Epilogue: d[mb][4j + 2 half + e] = pixel 64 (MB group + mb) + 16 warp + g + 8 half, channel 8j + 2t + e
+    // (wgmma.cuh).
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-            store_nhwc_pair(a, p_total, p0 + 64 * group + 16 * warp + g + 8 * half, m0 + 8 * j + 2 * t,
-                            d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                store_nhwc_pair(a, p_total, p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half,
+                                m0 + 8 * j + 2 * t, d[mb][4 * j + 2 * half], d[mb][4 * j + 2 * half + 1]);
 }
 
 // The parts as flat kernel parameters (what the launch format passes), ending in relu_end.
@@ -336,15 +346,18 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 // and the CPU emulator (tests/cuda_emu/wgmma_emu.h).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDACC__)
 // At least 2 blocks of 256 threads per SM: 128x128 is 96 KB of shared memory in 6 stages and 64 accumulators a
-// thread; 128x64 72 KB, 128x32 60 KB (3 blocks).
+// thread; 128x64 72 KB, 128x32 60 KB (3 blocks). The 256-pixel tiles, for the narrow layers (Cout 32-96, where a
+// 128-pixel stage is little math for its barrier and loads), take 4 stages: 256x64 80 KB, 256x32 72 KB.
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(256, 2) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {           \
-        conv_nhwc_wgmma_gemm<E, BM, BN, WGMMA_STAGES>(CONV_NHWC_ARGS(E));                                          \
+        conv_nhwc_wgmma_gemm<E, BM, BN, WGMMA_STAGES(BM)>(CONV_NHWC_ARGS(E));                                      \
     }
 #define CONV_NHWC_WGMMA_TILES(NAME, E)          \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64)    \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32)
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32)    \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 64)    \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 32)
 
 CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)

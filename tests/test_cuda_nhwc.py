@@ -338,7 +338,8 @@ def test_conv_split_k(mem, case, precision):
     elem = cb.NHWC_ELEMS[precision]
     run_conv(mem, case, elem.mma_tiles[1], 3, precision)
     if mem.wgmma:
-        run_conv(mem, case, elem.wgmma_tiles[1], 3, precision)
+        run_conv(mem, case, elem.wgmma_tiles[1], 3, precision)  # 128x64
+        run_conv(mem, case, elem.wgmma_tiles[-1], 3, precision)  # 256x32: two blocks of 64 rows per warpgroup
 
 
 FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp

@@ -93,8 +93,9 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
 # gives them twice the mma.sync tiles' speed (a guess that ranks them first; tuning measures).
 NHWC_WGMMA_TILES = (Tile(128, 128, 32, 2, 1200e3, "conv_nhwc_wgmma", False),
                     Tile(128, 64, 32, 2, 900e3, "conv_nhwc_wgmma", False),
-                    Tile(128, 32, 32, 2, 600e3, "conv_nhwc_wgmma", False))
-WGMMA_STAGES = 6  # conv_nhwc.cu's: the wgmma tiles' ring, in dynamic shared memory (wgmma_ring_bytes)
+                    Tile(128, 32, 32, 2, 600e3, "conv_nhwc_wgmma", False),
+                    Tile(256, 64, 32, 2, 1000e3, "conv_nhwc_wgmma", False),
+                    Tile(256, 32, 32, 2, 700e3, "conv_nhwc_wgmma", False))
 NHWC_TF32_WGMMA_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "conv_nhwc_tf32_wgmma", False)
                               for t in NHWC_WGMMA_TILES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
@@ -611,13 +612,17 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
 
 
+def wgmma_stages(bm: int) -> int:
+    """conv_nhwc.cu's WGMMA_STAGES(BM): the wgmma tiles' ring, in dynamic shared memory (wgmma_ring_bytes)."""
+    return 4 if bm == 256 else 6
+
+
 def wgmma_ring_bytes(kernel: str) -> int:
-    """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: WGMMA_STAGES stages of 128 + BN rows of 64
-    bytes), else 0."""
+    """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes), else 0."""
     if "_wgmma_" not in kernel:
         return 0
     bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
-    return WGMMA_STAGES * (bm + bn) * 64
+    return wgmma_stages(bm) * (bm + bn) * 64
 
 
 def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -> str:
