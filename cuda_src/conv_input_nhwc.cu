@@ -13,10 +13,10 @@
 // conv took 0.50 ms, 9.9 TFLOP/s. Here one thread computes the 32 channels of one output pixel on the FMA units:
 // - its K inputs come straight from x; the windows of neighbouring threads overlap, and L1 serves the re-reads;
 // - the weights of the block's 32 channels sit in shared memory, and every lane reads the same word (a broadcast);
-// - the 32 sums leave as four (fp16) or eight (tf32) 16-byte stores. Where the block's 256 pixels x 32 channels are
-//   one contiguous run of y (y_cstride = Cout = 32, the network's case), they go through shared memory first, so that
-//   a warp stores 512 consecutive bytes instead of 16 bytes in each of 32 lines (round 8: the tf32 layer, twice
-//   fp16's bytes, took 0.44 ms against fp16's 0.30).
+// - the 32 sums leave as four (fp16) or eight (tf32) 16-byte stores. In tf32, where the block's 256 pixels x 32
+//   channels are one contiguous run of y (y_cstride = Cout = 32, the network's case), they go through shared memory
+//   first, so that a warp stores 512 consecutive bytes instead of 16 bytes in each of 32 lines: 0.44 -> 0.36 ms at
+//   batch 128 (H100). fp16's 64 bytes a pixel measured slower so (0.30 -> 0.32 ms) and store directly.
 // Bytes: the input once, the output once (~320 MB at batch 128, ~0.1 ms); 2.4 G multiply-adds (~0.08 ms at the FMA
 // peak). The fp16 rounding of the input is gone too: fp32 inputs, weights and sums, one rounding at the store.
 //
@@ -43,7 +43,8 @@ __device__ __forceinline__ void conv_input_pixel(const float* __restrict__ x, co
     __syncthreads();
 
     const int howo = ho * wo, p_total = batch * howo, p0 = blockIdx.x * blockDim.x, p = p0 + threadIdx.x;
-    const bool dense = y_cstride == CO && cout == CO;  // the block's output is one run: stage it (the header)
+    // The block's output is one run of 128-byte pixels: stage it (the header).
+    const bool dense = sizeof(typename E::T) == 4 && y_cstride == CO && cout == CO;
     if (p >= p_total && !dense) return;
     const int b = p / howo, q = p - b * howo, oh = q / wo, ow = q - oh * wo;
     const int ih0 = oh * stride - pad_h, iw0 = ow * stride - pad_w;

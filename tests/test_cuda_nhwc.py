@@ -479,7 +479,7 @@ def test_global_avg_pool_writes_float32_features(mem, precision):
 
 
 INPUT_CASES = [  # (n, cin, h, w, cout, kernel, stride, pad, y channels before, y channels after)
-    (2, 3, 17, 15, 32, (3, 3), 2, (0, 0), 0, 0),  # the network's first conv: output staged in shared memory
+    (2, 3, 17, 15, 32, (3, 3), 2, (0, 0), 0, 0),  # the network's first conv: tf32 stages its output in shared memory
     (1, 3, 41, 37, 32, (3, 3), 2, (0, 0), 0, 0),  # ... over two blocks, the second partly past the last pixel
     (1, 3, 9, 11, 48, (5, 5), 1, (2, 2), 8, 16),  # windows in the padding; a second block of 16 channels
     (3, 4, 6, 7, 8, (1, 3), 1, (0, 1), 0, 8),  # fewer channels than one block
