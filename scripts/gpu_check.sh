@@ -10,7 +10,7 @@
 #    model's tiles, Winograd for every eligible conv) vs cudnn vs torch vs torch-graph at batch 1, 8, 32, 128 with
 #    per-layer times; then tf32, fp16
 # 4. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
-#    same)
+#    same), then racecheck and memcheck of a tf32 NHWC forward (wgmma ring, fused 1x1 groups)
 # 5. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
 #    other gpu-marked test of the repo (cuDNN, torch, CLI)
 # 6. memcheck of an eager serial, an eager concurrent and an fp16 NHWC forward, the tf32 and fp16 self-tests through the
@@ -105,6 +105,13 @@ bench "inception-bench fp16" 90 --backends cuda,cuda-nchw,cuda-untuned,torch-gra
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
   --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75 --winograd on
+# The NHWC path's wgmma ring (dynamic shared memory, each stage's wgmma overlapping the next barrier) and fused 1x1
+# groups, tf32: a few seconds each at these sizes.
+step "racecheck tf32 nhwc" racecheck.log 40 "$SANITIZER" --tool racecheck --racecheck-report hazard \
+  --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --concurrent on --input-size 75 --precision tf32 \
+  --layout nhwc
+step "memcheck tf32 nhwc" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299 --precision tf32 --layout nhwc
 
 step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
 
