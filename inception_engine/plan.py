@@ -364,7 +364,8 @@ def fuse_pointwise(plan: Plan) -> Plan:
     destination, at its own place. The fused op writes all its parts at the group's first op, earlier than the
     members did, so the plan must keep every buffer of a stage live for the whole stage (``plan.concurrent``)."""
     if not plan.concurrent:
-        raise ValueError("fuse_pointwise needs a plan whose buffers live for whole stages (build_plan(concurrent=True))")
+        raise ValueError("fuse_pointwise needs a plan whose buffers live for whole stages "
+                         "(build_plan(concurrent=True))")
     ops = plan.ops
     fused: dict[int, list[Op]] = {}  # op index -> what replaces it (nothing for a member)
     for g in pointwise_groups(plan):

@@ -375,12 +375,12 @@ def test_fused_conv_writes_each_part(mem, precision):
     """One GEMM of stacked 1x1 convs whose channel ranges go to four views of one arena (a slice of a wider buffer,
     buffers of their own, one below part 0): each part holds its member's ideal conv (the pooled member's without
     bias and ReLU), and every other element of the arena is still NaN. Every tile, and split-K with its reduction."""
-    op, weights, arena_elems = fused_case(precision)
+    op, members, arena_elems = fused_case(precision)
     size = cb.NHWC_ELEMS[precision].bytes
     rng = rng_for("fused x", precision)
     x = rng.standard_normal(op.src.dims).astype(np.float32)
     x_ptr = put_nhwc(mem, x, op.src.c_total, op.src.c_offset, precision)
-    w, b = cb.op_params(weights, op)
+    w, b = cb.op_params(members, op)
     assert not b[-FUSED_PARTS[-1][0]:].any() and b[:-FUSED_PARTS[-1][0]].all()  # the pooled member's bias waits
     b_ptr = mem.alloc(b.nbytes)
     mem.write(b_ptr, b)
@@ -404,7 +404,7 @@ def test_fused_conv_writes_each_part(mem, precision):
         row = 0
         for i, part in enumerate(op.parts):
             pooled = i >= len(op.parts) - op.pooled
-            wi, bi = weights.conv(op.members[i])
+            wi, bi = members.conv(op.members[i])
             ref = as_elem(conv2d_bias_relu(as_elem(x, precision).astype(np.float64),
                                            as_elem(wi, precision).astype(np.float64),
                                            0 * bi if pooled else bi.astype(np.float64), 1, (0, 0), not pooled),

@@ -889,7 +889,7 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     y_cstride = writes(op)[0].c_total
     p_total, t, suffix = n * ho * wo, cfg.tile, NHWC_ELEMS[precision].suffix
     if t.prefix == "conv_input":
-        assert cfg.splits == 1 and not isinstance(op, FusedConvOp), f"{op.name}: conv_input_nhwc has one slice, one part"
+        assert cfg.splits == 1 and not isinstance(op, FusedConvOp), f"{op.name}: conv_input_nhwc: 1 slice, 1 part"
         return [LaunchSpec(op.name, f"conv_input_nhwc{suffix}", (_blocks(p_total, t.bm), _blocks(cout, t.bn), 1),
                            (THREADS, 1, 1), (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel,
                                              op.stride, *op.pad, 1))]
@@ -942,7 +942,8 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
             specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
                                      nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision)
         elif isinstance(op, PoolOp):
-            specs.append(nhwc_pool_spec(op, arena, precision, params + 4 * offsets[op.bias + ".bias"] if op.bias else 0))
+            bias = params + 4 * offsets[op.bias + ".bias"] if op.bias else 0
+            specs.append(nhwc_pool_spec(op, arena, precision, bias))
         elif isinstance(op, GlobalAvgPoolOp):
             nb, ch, hh, ww = op.src.dims
             features = View("features", lay.features, op.dst.dims, 0, ch)
@@ -1449,7 +1450,8 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= tol and same
     print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}): batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, "
-          f"{launches} launches on {streams} stream(s), {wino} Winograd convs, {fused} fused 1x1 groups: rel L2 {err:.2e} (limit {tol:.0e}), "
+          f"{launches} launches on {streams} stream(s), {wino} Winograd convs, {fused} fused 1x1 groups: "
+          f"rel L2 {err:.2e} (limit {tol:.0e}), "
           f"{what} {'same' if same else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok
 

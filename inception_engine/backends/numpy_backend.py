@@ -29,7 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PointwiseGroup, PoolOp, View, movable_avg_pools, pointwise_groups
+from ..plan import (ConvOp, FCOp, GlobalAvgPoolOp, Plan, PointwiseGroup, PoolOp, View, movable_avg_pools,
+                    pointwise_groups)
 from ..weights import Weights
 from ..errors import BackendUnavailable
 from . import cpu_kernels, host_timed_ms
