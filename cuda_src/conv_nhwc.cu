@@ -243,7 +243,8 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 #ifdef __CUDACC__
 extern __shared__ __align__(1024) unsigned char wgmma_ring[];
 #else
-alignas(1024) static unsigned char wgmma_ring[6 * 256 * 64];  // the emulator runs one block at a time
+// The emulator runs one block at a time; the largest ring is 128x128's.
+alignas(1024) static unsigned char wgmma_ring[WGMMA_STAGES(128) * (128 + 128) * 64];
 #endif
 
 template <class E, int BM, int BN, int STAGES>

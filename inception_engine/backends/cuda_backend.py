@@ -872,11 +872,13 @@ def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
     if not isinstance(op, FusedConvOp):
         return (cout, 0, 0) * 3 + (cout,)
     assert 1 <= len(op.parts) <= 4, f"{op.name}: conv_nhwc.cu writes at most 4 parts, not {len(op.parts)}"
-    base = op.parts[0].offset + op.parts[0].c_offset
-    starts = np.cumsum([0] + [v.channels for v in op.parts])
-    rest = [(int(starts[i]), v.offset + v.c_offset - base, v.c_total) for i, v in enumerate(op.parts) if i]
+    base, start, rest = op.parts[0].offset + op.parts[0].c_offset, op.parts[0].channels, []
+    for v in op.parts[1:]:
+        rest.append((start, v.offset + v.c_offset - base, v.c_total))
+        start += v.channels
     rest += [(cout, 0, 0)] * (3 - len(rest))
-    return tuple(x for part in rest for x in part) + (int(starts[len(op.parts) - op.pooled]),)
+    relu_end = sum(v.channels for v in op.parts[:len(op.parts) - op.pooled])
+    return tuple(x for part in rest for x in part) + (relu_end,)
 
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
