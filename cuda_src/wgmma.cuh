@@ -49,16 +49,20 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
 #define IE_WG_D16 IE_WG_D8(0), IE_WG_D8(8)
 #define IE_WG_D32 IE_WG_D16, IE_WG_D8(16), IE_WG_D8(24)
 #define IE_WG_D64 IE_WG_D32, IE_WG_D8(32), IE_WG_D8(40), IE_WG_D8(48), IE_WG_D8(56)
+#define IE_WG_D96 IE_WG_D64, IE_WG_D8(64), IE_WG_D8(72), IE_WG_D8(80), IE_WG_D8(88)
 #define IE_WG_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define IE_WG_R32 IE_WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define IE_WG_R64 \
     IE_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, " \
               "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define IE_WG_R96 \
+    IE_WG_R64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, " \
+              "%83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 
 // d = A B (accumulate 0) or d += A B (accumulate 1) for one k step: fp16 (m64nNk16, both operands not transposed:
-// K-major) or tf32 (m64nNk8). N = 128, 64, 32. The flag (scale-d) is a predicate set from a register. Starting a tile
-// with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma of one
-// pipeline makes ptxas serialize them (C7515).
+// K-major) or tf32 (m64nNk8). N = 192, 128, 64, 32. The flag (scale-d) is a predicate set from a register. Starting
+// a tile with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma
+// of one pipeline makes ptxas serialize them (C7515).
 #define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC, OPS)                                                              \
     __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b, int acc) {       \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
@@ -75,6 +79,10 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
 
 template <int N>
 struct Mma;
+template <>
+struct Mma<192> {
+    IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98", IE_WG_D96)
+};
 template <>
 struct Mma<128> {
     IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", IE_WG_D64)

@@ -278,6 +278,8 @@ CASES = [
     Case(3, 8, 32, 17, 15, (3, 3), 2, (0, 0)),  # the first conv's shape: 3 channels padded to 8, K = 72
     Case(2, 8, 24, 9, 9, (1, 1), 1, (0, 0)),  # K = 8: one piece in the whole reduction
     Case(1, 96, 200, 8, 8, (1, 1), 1, (0, 0), (32, 0), (0, 56)),  # 8x8 map: a 64-pixel tail per tile
+    # 578 pixels, 200 channels: 3 pixel tiles of 256 and 2 channel tiles of 192, both with tails
+    Case(2, 24, 200, 17, 17, (1, 7), 1, (0, 3), (8, 0), (0, 8)),
 ]
 
 
@@ -321,6 +323,10 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     np.testing.assert_array_equal(after.view(f"u{size}"), before.view(f"u{size}"))
 
 
+def wgmma_tile(precision: str, name: str) -> cb.Tile:
+    return next(t for t in cb.NHWC_ELEMS[precision].wgmma_tiles if t.name == name)
+
+
 def case_id(c: Case) -> str:
     return f"{c.n}x{c.cin}x{c.h}x{c.w}-{c.kernel[0]}x{c.kernel[1]}s{c.stride}-{c.cout}"
 
@@ -337,9 +343,9 @@ def test_conv_every_tile(mem, case, precision):
 def test_conv_split_k(mem, case, precision):
     elem = cb.NHWC_ELEMS[precision]
     run_conv(mem, case, elem.mma_tiles[1], 3, precision)
-    if mem.wgmma:
-        run_conv(mem, case, elem.wgmma_tiles[1], 3, precision)  # 128x64
-        run_conv(mem, case, elem.wgmma_tiles[-1], 3, precision)  # 256x32: two blocks of 64 rows per warpgroup
+    if mem.wgmma:  # 256x32 and 256x192: two blocks of 64 rows per warpgroup; 256x192 one block an SM
+        for name in ("128x64", "256x32", "256x192"):
+            run_conv(mem, case, wgmma_tile(precision, name), 3, precision)
 
 
 FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp
@@ -387,7 +393,7 @@ def test_fused_conv_writes_each_part(mem, precision):
     elem = cb.NHWC_ELEMS[precision]
     k_total = op.src.channels
     runs = [(t, 1) for t in elem.tiles(mem.wgmma)] + [(elem.mma_tiles[1], 3)] + (
-        [(elem.wgmma_tiles[1], 3)] if mem.wgmma else [])
+        [(wgmma_tile(precision, "128x64"), 3)] if mem.wgmma else [])
     for tile, splits in runs:
         w16 = cb.direct_weights(w, tile)
         w_ptr = mem.alloc(w16.nbytes)
