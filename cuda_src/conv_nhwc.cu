@@ -43,13 +43,11 @@
 //         block 256, grid ceil(P * M / 2 / 256).
 #include "conv_mma.cuh"
 
-// Blocks per SM and stages of the wgmma tiles' ring (cuda_backend.wgmma_blocks, wgmma_stages). The wide tiles
-// (256x128, 256x192: 128 and 192 accumulators a thread) run one block an SM, the others two. A ring gets what
-// shared memory leaves (~200 KB an SM), at most 6 stages: for 128x128, 4 stages in flight while one is multiplied
-// and the one before it may still be read by its wgmma.
-#define WGMMA_BLOCKS(BM, BN) ((BM) == 256 && (BN) >= 128 ? 1 : 2)
-#define WGMMA_RING_STAGES(BM, BN) (200 * 1024 / WGMMA_BLOCKS(BM, BN) / (((BM) + (BN)) * 64))
-#define WGMMA_STAGES(BM, BN) (WGMMA_RING_STAGES(BM, BN) < 6 ? WGMMA_RING_STAGES(BM, BN) : 6)
+// Stages of the wgmma tiles' ring (cuda_backend.wgmma_stages), for two blocks an SM (one block cannot hide its own
+// barrier and load latency: round 9's 256x128 and 256x192 tiles): for 128 pixel rows, 4 in flight while one is
+// multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would not fit twice);
+// 256-row tiles, twice the bytes a stage, 2.
+#define WGMMA_STAGES(BM, BN) ((BM) == 256 ? 4 : (BN) == 192 ? 5 : 6)
 
 // Where 16-byte piece `piece` of shared row `row` lives (in elements from the row's start); see the header.
 template <int PIECE>
@@ -244,14 +242,13 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 // into the buffer of the stage before that (cp_async_ring's ASYNC). The ring lives in dynamic shared memory
 // (WGMMA_STAGES stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of
 // loads in flight. A 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage.
-// Why the wide tiles: each stage of a block reads its A and B tiles from L2, (BM + BN) rows of 64 bytes for
-// BM x BN x 16 tf32 multiply-adds. At 128x128 a layer at ~190 TFLOP/s (Mixed_7c's 1x1 GEMM) pulls ~6 TB/s out of L2,
-// which we take to be near the L2's limit (docs/PERFORMANCE.md, round 9); 256x192 does 1.7x the math per byte.
+// 128x192 (96 accumulators a thread) covers the Cout = 192 and 384 layers in whole tiles, reading 1.2x fewer
+// bytes per multiply-add than 128x128.
 #ifdef __CUDACC__
 extern __shared__ __align__(1024) unsigned char wgmma_ring[];
 #else
-// The emulator runs one block at a time; no ring is larger than the wide tiles' 200 KB.
-alignas(1024) static unsigned char wgmma_ring[200 * 1024];
+// The emulator runs one block at a time; the largest ring is 128x192's.
+alignas(1024) static unsigned char wgmma_ring[WGMMA_STAGES(128, 192) * (128 + 192) * 64];
 #endif
 
 template <class E, int BM, int BN, int STAGES>
@@ -353,19 +350,15 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 // The wgmma tiles exist where wgmma does: sm_90a (cuda_build compiles this file for it on compute capability 9.0),
 // and the CPU emulator (tests/cuda_emu/wgmma_emu.h).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDACC__)
-// Shared memory and accumulators a thread (WGMMA_BLOCKS blocks of 256 threads an SM): 128x128 96 KB, 64; 128x64
-// 72 KB, 128x32 60 KB (3 blocks fit); 128x192 100 KB in 5 stages, 96 (ptxas: 128 registers, none spilled). The
-// 256-pixel tiles, for the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and
-// loads), 5 stages: 256x64 100 KB, 256x32 90 KB. One block an SM: 256x128 144 KB, 128 accumulators; 256x192
-// 168 KB, 192 (241 registers).
+// Two blocks of 256 threads an SM. Shared memory and accumulators a thread: 128x128 96 KB, 64; 128x64 72 KB,
+// 128x32 60 KB (3 blocks fit); 128x192 100 KB, 96 (ptxas: 128 registers, none spilled). The 256-pixel tiles, for
+// the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and loads): 256x64 80 KB,
+// 256x32 72 KB.
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256, WGMMA_BLOCKS(BM, BN))                                         \
-        NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {           \
         conv_nhwc_wgmma_gemm<E, BM, BN, WGMMA_STAGES(BM, BN)>(CONV_NHWC_ARGS(E));                                  \
     }
 #define CONV_NHWC_WGMMA_TILES(NAME, E)          \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 192)   \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 128)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64)    \

@@ -3,6 +3,9 @@
     ncu --set full -k regex:conv_nhwc --launch-count 6 python3 scripts/profile_forward.py --precision fp16 --batch 128
 
 Prints each launch of the forward in order (op, kernel, grid), so a profiler's kernel index maps back to a layer.
+--tile NAME puts every conv of the NHWC path (fp16, tf32) on that conv_nhwc.cu tile (w256x192: the wgmma tile,
+256x192: the mma.sync one), split-K as the cost model picks it for the tile, so that one layer can be profiled on
+each tile in turn.
 """
 
 from __future__ import annotations
@@ -11,19 +14,35 @@ import argparse
 
 import numpy as np
 
-from inception_engine.backends.cuda_backend import CudaBackend, he_weights
-from inception_engine.plan import build_plan
+from inception_engine import cuda_build
+from inception_engine.backends import cuda_backend as cb
+from inception_engine.plan import build_plan, fuse_pointwise
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--precision", default="fp16", choices=("fp32", "tf32", "fp16"))
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--tile", help="NHWC tile for every conv, e.g. w128x128 (wgmma) or 128x64 (mma.sync)")
     args = p.parse_args()
-    weights = he_weights(0)
+    weights = cb.he_weights(0)
     plan = build_plan(args.batch, weights.layers())
+    configs = None
+    if args.tile:
+        if args.precision not in cb.NHWC_ELEMS:
+            p.error(f"--tile: the NHWC path runs precision {' or '.join(cb.NHWC_ELEMS)}")
+        gpu = cb.Gpu()
+        num_sms, wgmma = gpu.num_sms, cuda_build.has_wgmma(gpu.arch)
+        gpu.release()
+        tiles = {("w" if "_wgmma" in t.prefix else "") + t.name: t
+                 for t in cb.NHWC_ELEMS[args.precision].tiles(wgmma)}
+        if args.tile not in tiles:
+            p.error(f"--tile {args.tile}: this GPU's {args.precision} tiles are {', '.join(tiles)}")
+        plan = fuse_pointwise(build_plan(args.batch, weights.layers(), concurrent=True))
+        configs = cb.choose_configs(plan, num_sms, False, args.precision, False, (tiles[args.tile],), nhwc=True)
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
-    with CudaBackend(weights, plan, graph=False, concurrent=False, precision=args.precision) as backend:
+    with cb.CudaBackend(weights, plan, graph=False, concurrent=False, precision=args.precision,
+                        configs=configs) as backend:
         for i, s in enumerate(backend.specs):
             print(f"{i:4d} {s.op:28s} {s.kernel:30s} grid {s.grid}")
         backend.forward(x)

@@ -278,7 +278,7 @@ CASES = [
     Case(3, 8, 32, 17, 15, (3, 3), 2, (0, 0)),  # the first conv's shape: 3 channels padded to 8, K = 72
     Case(2, 8, 24, 9, 9, (1, 1), 1, (0, 0)),  # K = 8: one piece in the whole reduction
     Case(1, 96, 200, 8, 8, (1, 1), 1, (0, 0), (32, 0), (0, 56)),  # 8x8 map: a 64-pixel tail per tile
-    # 578 pixels, 200 channels: 3 pixel tiles of 256 and 2 channel tiles of 192, both with tails
+    # 578 pixels, 200 channels: pixel tiles of 128 and 256, channel tiles of 192, all with tails
     Case(2, 24, 200, 17, 17, (1, 7), 1, (0, 3), (8, 0), (0, 8)),
 ]
 
@@ -343,8 +343,8 @@ def test_conv_every_tile(mem, case, precision):
 def test_conv_split_k(mem, case, precision):
     elem = cb.NHWC_ELEMS[precision]
     run_conv(mem, case, elem.mma_tiles[1], 3, precision)
-    if mem.wgmma:  # 256x32 and 256x192: two blocks of 64 rows per warpgroup; 256x192 one block an SM
-        for name in ("128x64", "256x32", "256x192"):
+    if mem.wgmma:  # 256x32: two blocks of 64 rows per warpgroup; 128x192: m64n192
+        for name in ("128x64", "256x32", "128x192"):
             run_conv(mem, case, wgmma_tile(precision, name), 3, precision)
 
 

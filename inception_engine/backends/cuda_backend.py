@@ -91,39 +91,30 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
                         for t in NHWC_TILES)
 
 
-def wgmma_blocks(bm: int, bn: int) -> int:
-    """conv_nhwc.cu's WGMMA_BLOCKS: blocks per SM of a wgmma tile (one for the wide 256x128 and 256x192)."""
-    return 1 if bm == 256 and bn >= 128 else 2
-
-
 def wgmma_stages(bm: int, bn: int) -> int:
-    """conv_nhwc.cu's WGMMA_STAGES: the wgmma tile's ring (~200 KB of shared memory an SM, at most 6 stages of BM + BN
-    rows of 64 bytes), in dynamic shared memory (wgmma_ring_bytes)."""
-    return min(6, 200 * 1024 // wgmma_blocks(bm, bn) // ((bm + bn) * 64))
+    """conv_nhwc.cu's WGMMA_STAGES: the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic shared
+    memory (wgmma_ring_bytes), two blocks an SM."""
+    return 4 if bm == 256 else 5 if bn == 192 else 6
 
 
-# The wgmma tiles' model speed (round 9) is the lower of two limits. One is what L2 delivers to an SM, times the
-# tile's multiply-adds per byte it loads: a stage is BM x BN x k for (BM + BN) rows of 64 bytes. 45 KB/us an SM is
-# ~6 TB/s over 132 SMs, what Mixed_7c's 1x1 GEMM pulled at 128x128 and ~190 TFLOP/s in round 8 (an estimate, not a
-# measured ceiling). The other is the tensor cores' dense peak (1024 tf32 or 2048 fp16 multiply-adds a clock an SM
-# at ~1.755 GHz) at an efficiency no tile of ours has reached yet.
-L2_BYTES_PER_US_PER_SM = 45e3
-TENSOR_MACS_PER_US_PER_SM = {"fp16": 2048 * 1755.0, "tf32": 1024 * 1755.0}
-WGMMA_EFFICIENCY = 0.65
-WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32), (256, 64), (256, 32), (128, 192), (256, 128), (256, 192))
+# The wgmma tiles' model speeds: multiply-adds per microsecond an SM with 2 blocks resident, fp16 (tf32: half). Fitted
+# to per-layer times at batch 128 (H200, round 9, scripts/tune_tiles.py --precision fp16 --nhwc; the median over the
+# layers of what conv_config's formula implies). 128x192 was the fastest tile on 39 of 65 fp16 layers and 42 of 65
+# tf32 ones (those with Cout 192 or 384, and Conv2d_4a), 128x128 and 128x64 on most others.
+WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
+                (256, 32): 770e3}
 
 
 def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc.cu's wgmma tile of bm pixels x bn channels (sm_90a only: cuda_build.has_wgmma)."""
-    k = 32 if precision == "fp16" else 16  # per stage: 64-byte rows
-    l2 = bm * bn * k / ((bm + bn) * 64) * L2_BYTES_PER_US_PER_SM
-    speed = min(l2, WGMMA_EFFICIENCY * TENSOR_MACS_PER_US_PER_SM[precision])
-    prefix = "conv_nhwc_wgmma" if precision == "fp16" else "conv_nhwc_tf32_wgmma"
-    return Tile(bm, bn, k, wgmma_blocks(bm, bn), speed, prefix, False)
+    fp16 = precision == "fp16"
+    return Tile(bm, bn, 32 if fp16 else 16, 2, WGMMA_SPEEDS[bm, bn] / (1 if fp16 else 2),
+                "conv_nhwc_wgmma" if fp16 else "conv_nhwc_tf32_wgmma", False)
 
 
-NHWC_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SHAPES)
-NHWC_TF32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SHAPES)
+# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there.
+NHWC_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
+NHWC_TF32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
 # channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
 INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
