@@ -295,14 +295,17 @@ __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& loa
         if (s < tiles) load(k_begin + s * BK, s);
         cp_async::commit();  // empty groups too: group i always holds tile i
     }
+    // The buffers of tiles kt + AHEAD and kt, counted around the ring rather than taken modulo STAGES.
+    int load_buf = AHEAD, math_buf = 0;
     for (int kt = 0; kt < tiles; ++kt) {
         cp_async::wait<AHEAD - 1>();  // this thread's copies of tile kt have landed ...
         if constexpr (ASYNC) wgmma::fence_proxy_async();
         __syncthreads();  // ... everyone's have, and everyone is done with tile kt - 1 (kt - 2 if ASYNC)
-        const int next = kt + AHEAD;
-        if (next < tiles) load(k_begin + next * BK, next % STAGES);  // the buffer of tile kt - 1 (kt - 2 if ASYNC)
+        if (kt + AHEAD < tiles) load(k_begin + (kt + AHEAD) * BK, load_buf);  // tile kt - 1's buffer (kt - 2 if ASYNC)
         cp_async::commit();
-        math(kt % STAGES);
+        math(math_buf);
+        load_buf = load_buf == STAGES - 1 ? 0 : load_buf + 1;
+        math_buf = math_buf == STAGES - 1 ? 0 : math_buf + 1;
     }
 }
 

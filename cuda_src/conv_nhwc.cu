@@ -57,13 +57,17 @@ __device__ __forceinline__ int swizzled(int row, int piece) { return (piece ^ (r
 struct NhwcParts {
     int start[3], offset[3], cstride[3], relu_end;
 
-    // Element offset from y of output pixel p, channel m.
-    __device__ __forceinline__ long long at(int p, int y_cstride, int m) const {
-        long long off = (long long)p * y_cstride + m;
+    // Channel m of output pixel p is at element base + p cstride from y. 32-bit: every part lies in the arena, which
+    // has fewer than 2^31 elements (CudaBackend checks).
+    struct Column {
+        int base, cstride;
+    };
+    __device__ __forceinline__ Column column(int y_cstride, int m) const {
+        Column col{m, y_cstride};
 #pragma unroll
         for (int i = 0; i < 3; ++i)
-            if (m >= start[i]) off = offset[i] + (long long)p * cstride[i] + (m - start[i]);
-        return off;
+            if (m >= start[i]) col = Column{offset[i] + (m - start[i]), cstride[i]};
+        return col;
     }
 };
 
@@ -80,32 +84,41 @@ struct NhwcConvArgs {
 
 // The cp.async loader of a BM x BN block tile with NT threads: load(k, stage) copies this thread's pieces of the next
 // K tile (BK = 4 pieces) into As[stage], Bs[stage]. The thread copies piece `piece` (k = PIECE piece ..
-// PIECE (piece + 1) - 1 of the stage) of tile rows row0 + ROWS i.
-// Per stage it costs a few integer operations per row: the pixels' window corners are computed once, and the piece's
-// k is decoded into (r, s, c) once and then advanced by BK per stage without a division (the stages are loaded in
-// order). Divisions per stage had made the loop issue ~29 instructions per mma (ncu, round 6).
-// Offsets are 32-bit (a buffer of x has fewer than 2^31 elements: cuda_backend.check_nhwc), and a piece outside the
-// input reads from offset 0 with zero fill, so no branch is needed.
+// PIECE (piece + 1) - 1 of the stage) of tile rows row0 + ROWS i; ROWS is a multiple of 8, so all its rows share
+// one swizzle and its shared addresses are fixed steps from its first.
+// Per stage it is meant to cost few instructions (round 9: ncu counted 146 per stage in the loop, most of it address
+// arithmetic, with the tensor cores idle half the time). Everything that does not change between stages is computed
+// once: the pixels' window corners and element offsets, the weight rows' offsets, the shared addresses. The piece's
+// k is kept as (r, s, c) and as its tap's element offset, advanced by BK per stage without a division (stages are
+// loaded in order). Offsets are 32-bit and non-negative where read (a buffer of x has fewer than 2^31 elements:
+// cuda_backend.check_nhwc), so an address is one multiply-add; a piece outside the input reads offset 0 with zero
+// fill, so no branch is needed.
 template <class E, int BM, int BN, int NT>
 struct NhwcLoader {
     using T = typename E::T;
     static constexpr int PIECE = E::PIECE, BK = 4 * PIECE, ROWS = NT / 4;  // ROWS: tile rows one pass covers
     static constexpr int A_ROWS = BM / ROWS, B_ROWS = (BN + ROWS - 1) / ROWS;  // rows of each tile per thread
-    static_assert(BM % ROWS == 0 && (BN % ROWS == 0 || BN < ROWS), "loader shape");
+    static_assert(BM % ROWS == 0 && (BN % ROWS == 0 || BN < ROWS) && ROWS % 8 == 0, "loader shape");
 
-    const NhwcConvArgs<E>& a;
-    T (*As)[BM][BK];
-    T (*Bs)[BN][BK];
-    int k_end, piece, row0;
+    const T* __restrict__ x;
+    const T* __restrict__ wr;
+    T* a_dst;  // this thread's first piece in As[0] and Bs[0]
+    T* b_dst;
+    bool b_rows;  // the thread has B rows (a narrow tile: only the threads of its first BN rows)
+    int h, w, cin, kw, x_cstride, k_end;
     int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
     int a_corner[A_ROWS];            // offset of the corner's pixel (in the padding, maybe: read only when inside)
     int w_row[B_ROWS];               // offset of the weight row; -1 past Cout (zero fill)
-    int k, c, r, s;
+    int k, c, r, s, tap;             // the piece's k as (r, s, c), and tap = (r w + s) x_cstride + c
 
-    __device__ __forceinline__ NhwcLoader(const NhwcConvArgs<E>& args, T (*as)[BM][BK], T (*bs)[BN][BK], int p0,
-                                          int m0, int k_begin, int k_end_, int tid)
-        : a(args), As(as), Bs(bs), k_end(k_end_), piece(tid % 4), row0(tid / 4) {
+    __device__ __forceinline__ NhwcLoader(const NhwcConvArgs<E>& a, T (*as)[BM][BK], T (*bs)[BN][BK], int p0, int m0,
+                                          int k_begin, int k_end_, int tid)
+        : x(a.x), wr(a.wr), h(a.h), w(a.w), cin(a.cin), kw(a.kw), x_cstride(a.x_cstride), k_end(k_end_) {
+        const int piece = tid % 4, row0 = tid / 4;
         const int howo = a.ho * a.wo, p_total = a.batch * howo, k_total = a.kh * a.kw * a.cin;
+        a_dst = &as[0][row0][swizzled<PIECE>(row0, piece)];
+        b_dst = &bs[0][row0][swizzled<PIECE>(row0, piece)];
+        b_rows = BN >= ROWS || row0 < BN;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
             const int p = p0 + row0 + ROWS * i;
@@ -118,58 +131,79 @@ struct NhwcLoader {
         for (int i = 0; i < B_ROWS; ++i)
             w_row[i] = m0 + row0 + ROWS * i < a.cout ? (m0 + row0 + ROWS * i) * k_total : -1;
         k = k_begin + PIECE * piece;
-        const int tap = k / a.cin;
-        c = k - tap * a.cin;
-        r = tap / a.kw;
-        s = tap - r * a.kw;
+        const int t = k / a.cin;
+        c = k - t * a.cin;
+        r = t / a.kw;
+        s = t - r * a.kw;
+        tap = (r * a.w + s) * a.x_cstride + c;
     }
 
     __device__ __forceinline__ void operator()(int, int stage) {
         const bool k_ok = k < k_end;  // k_split and K are multiples of PIECE: a piece is inside or outside
-        const int tap_offset = (r * a.w + s) * a.x_cstride + c;
+        T* const ad = a_dst + stage * (BM * BK);
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
-            const int row = row0 + ROWS * i, ih = a_ih[i] + r, iw = a_iw[i] + s;
-            const bool ok = k_ok && (unsigned)ih < (unsigned)a.h && (unsigned)iw < (unsigned)a.w;
-            cp_async::copy16_or_zero(&As[stage][row][swizzled<PIECE>(row, piece)],
-                                     a.x + (ok ? a_corner[i] + tap_offset : 0), ok);
+            const bool ok = k_ok && (unsigned)(a_ih[i] + r) < (unsigned)h && (unsigned)(a_iw[i] + s) < (unsigned)w;
+            cp_async::copy16_or_zero(ad + i * ROWS * BK, x + (ok ? (unsigned)(a_corner[i] + tap) : 0u), ok);
         }
+        if (b_rows) {
+            T* const bd = b_dst + stage * (BN * BK);
 #pragma unroll
-        for (int i = 0; i < B_ROWS; ++i) {
-            const int row = row0 + ROWS * i;
-            if (BN < ROWS && row >= BN) break;  // a narrow tile: the threads of the first BN rows load it
-            const bool ok = k_ok && w_row[i] >= 0;
-            cp_async::copy16_or_zero(&Bs[stage][row][swizzled<PIECE>(row, piece)], a.wr + (ok ? w_row[i] + k : 0),
-                                     ok);
+            for (int i = 0; i < B_ROWS; ++i) {
+                const bool ok = k_ok && w_row[i] >= 0;
+                cp_async::copy16_or_zero(bd + i * ROWS * BK, wr + (ok ? (unsigned)(w_row[i] + k) : 0u), ok);
+            }
         }
         k += BK;  // the next stage's piece
-        for (c += BK; c >= a.cin; c -= a.cin)
-            if (++s == a.kw) {
+        tap += BK;
+        for (c += BK; c >= cin; c -= cin) {  // past the tap's channels: the next tap (s, then r)
+            tap += x_cstride - cin;
+            if (++s == kw) {
                 s = 0;
                 ++r;
+                tap += (w - kw) * x_cstride;
             }
+        }
     }
 };
 
-// The epilogue of one accumulator pair: output pixel p, channels m and m + 1 (cout is even: m + 1 < cout when
-// m < cout). Raw to the split-K workspace when the grid has several slices, else bias, ReLU, the element type.
+// The epilogue of a thread's accumulators, one column at a time: pairs of output channels m, m + 1 (cout is even:
+// m + 1 < cout when m < cout) of the thread's pixels. Raw to the split-K workspace when the grid has several slices,
+// else bias, ReLU, the element type, into the column's part. What depends on the channels alone (part, bias, ReLU)
+// is looked up once per column rather than once per pair (round 9: the per-pair lookups were ~2,700 instructions a
+// warp per 128x192 block).
 template <class E>
-__device__ __forceinline__ void store_nhwc_pair(const NhwcConvArgs<E>& a, int p_total, int p, int m, float v0,
-                                                float v1) {
-    if (p >= p_total || m >= a.cout) return;
-    if (gridDim.z > 1) {
-        float* ws = static_cast<float*>(a.out) + ((size_t)blockIdx.z * p_total + p) * a.cout + m;
-        *reinterpret_cast<float2*>(ws) = float2{v0, v1};
-        return;
+struct NhwcStore {
+    const NhwcConvArgs<E>& a;
+    int p_total;
+
+    // pairs(put) calls put(p, v0, v1) for each of the thread's pixels p in this column.
+    template <class Pairs>
+    __device__ __forceinline__ void column(int m, Pairs&& pairs) const {
+        if (m >= a.cout) return;
+        if (gridDim.z > 1) {
+            float* ws = static_cast<float*>(a.out) + (size_t)blockIdx.z * p_total * a.cout + m;
+            pairs([&](int p, float v0, float v1) {
+                if (p < p_total) *reinterpret_cast<float2*>(ws + (size_t)p * a.cout) = float2{v0, v1};
+            });
+            return;
+        }
+        const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
+        const float b0 = __ldg(a.bias + m), b1 = __ldg(a.bias + m + 1);
+        const bool relu = m < a.parts.relu_end;
+        typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
+        pairs([&](int p, float v0, float v1) {
+            if (p >= p_total) return;
+            v0 += b0;
+            v1 += b1;
+            if (relu) {
+                v0 = fmaxf(v0, 0.f);
+                v1 = fmaxf(v1, 0.f);
+            }
+            E::store2(y + p * col.cstride, v0, v1);
+        });
     }
-    v0 += __ldg(a.bias + m);
-    v1 += __ldg(a.bias + m + 1);
-    if (m < a.parts.relu_end) {
-        v0 = fmaxf(v0, 0.f);
-        v1 = fmaxf(v1, 0.f);
-    }
-    E::store2(static_cast<typename E::T*>(a.out) + a.parts.at(p, a.y_cstride, m), v0, v1);
-}
+};
 
 template <class E, int BM, int BN, int WARPS_M, int STAGES>
 __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
@@ -223,14 +257,16 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 
     // Epilogue: C[g (+8)][2t, 2t+1] of each m16n8 tile (conv_mma.cuh's C layout) = pixel p, channels m, m + 1.
     const int g = lane / 4, t = lane % 4;
+    const NhwcStore<E> store{a, p_total};
 #pragma unroll
-    for (int i = 0; i < MI; ++i)
+    for (int j = 0; j < NJ; ++j)
+        store.column(m0 + wn + 8 * j + 2 * t, [&](auto&& put) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int j = 0; j < NJ; ++j)
-                store_nhwc_pair(a, p_total, p0 + wm + 16 * i + g + 8 * half, m0 + wn + 8 * j + 2 * t,
-                                acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+                for (int half = 0; half < 2; ++half)
+                    put(p0 + wm + 16 * i + g + 8 * half, acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+        });
 }
 
 // The same implicit GEMM with wgmma (sm_90a; wgmma.cuh): the tiles the loader fills are already in wgmma's 64-byte
@@ -279,12 +315,17 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     float d[MB][BN / 2];
     int accumulate = 0;
 
+    // The descriptors of buffer 0; a buffer, and 64 rows, are fixed steps on (start addresses in units of 16 bytes).
+    const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
+    const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
+    constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
+    constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
     cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, [&](int st) {
-        const unsigned long long db = wgmma::desc_k_major_64b(&Bs[st][0][0]);
+        const unsigned long long db = db0 + st * B_STEP;
         wgmma::fence();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
-            const unsigned long long da = wgmma::desc_k_major_64b(&As[st][64 * (MB * group + mb)][0]);
+            const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
             E::template wgmma<BN>(d[mb], da, db, accumulate);
             E::template wgmma<BN>(d[mb], da + wgmma::DESC_32_BYTES, db + wgmma::DESC_32_BYTES, 1);
         }
@@ -300,14 +341,17 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     // Epilogue: d[mb][4j + 2 half + e] = pixel 64 (MB group + mb) + 16 warp + g + 8 half, channel 8j + 2t + e
     // (wgmma.cuh).
     const int g = lane / 4, t = lane % 4;
+    const NhwcStore<E> store{a, p_total};
 #pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
+    for (int j = 0; j < BN / 8; ++j)
+        store.column(m0 + 8 * j + 2 * t, [&](auto&& put) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
+            for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-            for (int half = 0; half < 2; ++half)
-                store_nhwc_pair(a, p_total, p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half,
-                                m0 + 8 * j + 2 * t, d[mb][4 * j + 2 * half], d[mb][4 * j + 2 * half + 1]);
+                for (int half = 0; half < 2; ++half)
+                    put(p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, d[mb][4 * j + 2 * half],
+                        d[mb][4 * j + 2 * half + 1]);
+        });
 }
 
 // The parts as flat kernel parameters (what the launch format passes), ending in relu_end.
@@ -391,7 +435,8 @@ __device__ __forceinline__ void conv_nhwc_splitk_sum(const float* __restrict__ w
         v0 = fmaxf(v0, 0.f);
         v1 = fmaxf(v1, 0.f);
     }
-    E::store2(y + parts.at(p, y_cstride, m), v0, v1);
+    const NhwcParts::Column col = parts.column(y_cstride, m);
+    E::store2(y + (col.base + p * col.cstride), v0, v1);
 }
 
 #define CONV_NHWC_SPLITK_REDUCE(NAME, E)                                                                          \
