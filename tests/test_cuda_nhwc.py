@@ -215,8 +215,9 @@ def emu(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc is not installed (the emulated kernels are checked against the sources nvcc builds)")
     lib = compile_emu_lib(tmp_path_factory, "emu_nhwc", emu_wrapper_source(
-        "conv_nhwc.cu", [(k, cb.arg_format(k)) for k in KERNELS], ('#include "pool_nhwc.cu"',
-                                                                    '#include "conv_input_nhwc.cu"')), "-O2", True)
+        "conv_nhwc.cu", [(k, cb.arg_format(k)) for k in KERNELS],
+        ('#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',
+         'extern "C" int emu_wgmma_stages(int bm, int bn) { return WGMMA_STAGES(bm, bn); }')), "-O2", True)
     mem = Emulated(lib)
     yield mem
     mem.close()
@@ -321,6 +322,18 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     assert err <= TOL, f"rel L2 {err:.2e} against the ideal {precision} conv"
     after = mem.read(x_ptr, before.shape, DTYPE[precision])
     np.testing.assert_array_equal(after.view(f"u{size}"), before.view(f"u{size}"))
+
+
+def test_ring_bytes_are_the_kernels_stages(emu):
+    """The launch's dynamic shared memory (cb.wgmma_ring_bytes, from cb.wgmma_stages) holds the ring the kernel
+    indexes (conv_nhwc.cu's WGMMA_STAGES): a smaller launch would let the ring run past it, and the emulator's ring is
+    a static array that would not notice."""
+    for elem in cb.NHWC_ELEMS.values():
+        for t in elem.wgmma_tiles:
+            stages = emu.lib.emu_wgmma_stages(t.bm, t.bn)
+            assert cb.wgmma_stages(t.bm, t.bn) == stages, t.name
+            assert cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}") == stages * (t.bm + t.bn) * 64
+            assert cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}") * 2 <= 227 * 1024  # two blocks an SM
 
 
 def wgmma_tile(precision: str, name: str) -> cb.Tile:
