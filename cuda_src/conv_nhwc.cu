@@ -86,11 +86,12 @@ struct NhwcConvArgs {
 // K tile (BK = 4 pieces) into As[stage], Bs[stage]. The thread copies piece `piece` (k = PIECE piece ..
 // PIECE (piece + 1) - 1 of the stage) of tile rows row0 + ROWS i; ROWS is a multiple of 8, so all its rows share
 // one swizzle and its shared addresses are fixed steps from its first.
-// Per stage it is meant to cost few instructions (round 9: ncu counted 146 per stage in the loop, most of it address
-// arithmetic, with the tensor cores idle half the time). Everything that does not change between stages is computed
-// once: the pixels' window corners and element offsets, the weight rows' offsets, the shared addresses. The piece's
-// k is kept as (r, s, c) and as its tap's element offset, advanced by BK per stage without a division (stages are
-// loaded in order). Offsets are 32-bit and non-negative where read (a buffer of x has fewer than 2^31 elements:
+// Per stage it is meant to cost few instructions (round 9: the SASS loop had 146 per stage, most of it address
+// arithmetic, with the tensor cores idle half the time; 136 after this rewrite, as at 128x192's register cap ptxas
+// reloads some of this state every stage). Everything that does not change between stages is computed once: the
+// pixels' window corners and element offsets, the weight rows' offsets, the shared addresses. The piece's k is kept
+// as (r, s, c) and as its tap's element offset, advanced by BK per stage without a division (stages are loaded in
+// order). Offsets are 32-bit and non-negative where read (a buffer of x has fewer than 2^31 elements:
 // cuda_backend.check_nhwc), so an address is one multiply-add; a piece outside the input reads offset 0 with zero
 // fill, so no branch is needed.
 template <class E, int BM, int BN, int NT>
