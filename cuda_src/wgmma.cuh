@@ -59,11 +59,14 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
     IE_WG_R64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, " \
               "%83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 
+// Mma<N>::f16 / tf32 (one specialization per N, from IE_WGMMA with N's register lists):
 // d = A B (accumulate 0) or d += A B (accumulate 1) for one k step: fp16 (m64nNk16, both operands not transposed:
 // K-major) or tf32 (m64nNk8). N = 192, 128, 64, 32. The flag (scale-d) is a predicate set from a register. Starting
 // a tile with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma
 // of one pipeline makes ptxas serialize them (C7515).
 #define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC, OPS)                                                              \
+    template <>                                                                                                     \
+    struct Mma<N> {                                                                                                 \
     __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b, int acc) {       \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
                      "k16.f32.f16.f16 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1, 0, 0;\n}"                        \
@@ -75,25 +78,14 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
                      "k8.f32.tf32.tf32 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1;\n}"                             \
                      : OPS                                                                                          \
                      : "l"(a), "l"(b), "r"(acc));                                                                   \
-    }
+    }                                                                                                               \
+    };
 
 template <int N>
 struct Mma;
-template <>
-struct Mma<192> {
-    IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98", IE_WG_D96)
-};
-template <>
-struct Mma<128> {
-    IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", IE_WG_D64)
-};
-template <>
-struct Mma<64> {
-    IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34", IE_WG_D32)
-};
-template <>
-struct Mma<32> {
-    IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18", IE_WG_D16)
-};
+IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98", IE_WG_D96)
+IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", IE_WG_D64)
+IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34", IE_WG_D32)
+IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18", IE_WG_D16)
 }  // namespace wgmma
 #endif

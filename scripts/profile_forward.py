@@ -34,8 +34,7 @@ def main() -> None:
         gpu = cb.Gpu()
         num_sms, wgmma = gpu.num_sms, cuda_build.has_wgmma(gpu.arch)
         gpu.release()
-        tiles = {("w" if "_wgmma" in t.prefix else "") + t.name: t
-                 for t in cb.NHWC_ELEMS[args.precision].tiles(wgmma)}
+        tiles = {cb.tile_label(t): t for t in cb.NHWC_ELEMS[args.precision].tiles(wgmma)}
         if args.tile not in tiles:
             p.error(f"--tile {args.tile}: this GPU's {args.precision} tiles are {', '.join(tiles)}")
         plan = fuse_pointwise(build_plan(args.batch, weights.layers(), concurrent=True))

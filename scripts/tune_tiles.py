@@ -64,7 +64,7 @@ def main() -> int:
             # tune_configs' candidates (one set per tile, then Winograd for every eligible conv), the model's tiles
             *per_tile_sets, wino_set = cb.tuning_candidates(plan, num_sms, False, args.precision, True)
             model_set = cb.choose_configs(plan, num_sms, False, args.precision, False)
-        names = [("w" if "_wgmma" in t.prefix else "") + t.name for t in tiles]  # w128x128: the wgmma tile
+        names = [cb.tile_label(t) for t in tiles]
         runs = {n: layer_ms(weights, plan, c, args.precision, args.iters, args.nhwc)
                 for n, c in zip(names, per_tile_sets)}
         model, model_cfg = layer_ms(weights, plan, model_set, args.precision, args.iters, args.nhwc)

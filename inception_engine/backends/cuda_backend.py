@@ -112,6 +112,11 @@ def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
                 "conv_nhwc_wgmma" if fp16 else "conv_nhwc_tf32_wgmma", False)
 
 
+def tile_label(tile: Tile) -> str:
+    """A tile's name that tells the NHWC path's wgmma tiles from its mma.sync ones of the same shape: w128x128."""
+    return ("w" if "_wgmma" in tile.prefix else "") + tile.name
+
+
 # conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there.
 NHWC_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
 NHWC_TF32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
