@@ -4,7 +4,8 @@
 // y[b, oh, ow, m] = relu(bias[m] + sum_{c, r, s} wt[(c*KH + r)*KW + s][m] * x[b, c, oh*S - PH + r, ow*S - PW + s])
 //
 // with y a channel slice of an NHWC buffer (conv_nhwc.cu's views: pixel i starts i * y_cstride elements after y) of
-// fp16 (conv_input_nhwc) or TF32-rounded float32 (conv_input_nhwc_tf32; conv_mma.cuh's NhwcF16, NhwcTf32), wt
+// fp16 (conv_input_nhwc), TF32-rounded float32 (conv_input_nhwc_tf32) or float32 (conv_input_nhwc_f32;
+// conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32), wt
 // float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda_backend.direct_weights), sums in fp32.
 //
 // Idea: the input has 3 channels. conv_nhwc.cu reads whole 16-byte pieces of 8 channels, so it needed the input
@@ -20,7 +21,7 @@
 // Bytes: the input once, the output once (~320 MB at batch 128, ~0.1 ms); 2.4 G multiply-adds (~0.08 ms at the FMA
 // peak). The fp16 rounding of the input is gone too: fp32 inputs, weights and sums, one rounding at the store.
 //
-// Launch: conv_input_nhwc[_tf32]: block 256, grid (ceil(batch*Ho*Wo / 256), ceil(Cout / CONV_INPUT_COUT)).
+// Launch: conv_input_nhwc[_tf32|_f32]: block 256, grid (ceil(batch*Ho*Wo / 256), ceil(Cout / CONV_INPUT_COUT)).
 // Needs Cin*KH*KW <= CONV_INPUT_MAX_K; Cout, y_cstride and y's first channel multiples of 8.
 #include "conv_mma.cuh"
 
@@ -126,3 +127,4 @@ __device__ __forceinline__ void conv_input_pixel(const float* __restrict__ x, co
 
 CONV_INPUT_NHWC_KERNEL(conv_input_nhwc, NhwcF16)
 CONV_INPUT_NHWC_KERNEL(conv_input_nhwc_tf32, NhwcTf32)
+CONV_INPUT_NHWC_KERNEL(conv_input_nhwc_f32, NhwcF32)

@@ -1,5 +1,5 @@
 // conv_mma.cuh: the tensor-core implicit-GEMM convolution of conv_tf32.cu, and the PTX helpers (tf32::, f16::,
-// ldmatrix::, cp_async::, pack8 / unpack8) and NHWC element types (NhwcF16, NhwcTf32) that conv_f16.cu,
+// ldmatrix::, cp_async::, pack8 / unpack8) and NHWC element types (NhwcF16, NhwcTf32, NhwcF32) that conv_f16.cu,
 // conv_nhwc.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
 //
 // y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
@@ -131,11 +131,13 @@ __device__ __forceinline__ float rounded(float v) { return __uint_as_float(round
 
 // The element types of the NHWC path's activations (conv_nhwc.cu, conv_input_nhwc.cu, pool_nhwc.cu). A 16-byte
 // piece holds PIECE channels of one pixel; the kernels move whole pieces. load / store convert a piece from / to
-// floats, store2 two adjacent channels; mma is the tensor-core step whose k spans two pieces.
+// floats, store2 two adjacent channels; mma is the tensor-core step whose k spans two pieces. SPLIT: each operand
+// goes to the tensor cores as two TF32 halves (NhwcF32).
 // NhwcF16 (--precision fp16): binary16 words, rounded to nearest even at every store; mma.m16n8k16 .f16.
 struct NhwcF16 {
     using T = unsigned short;
     static constexpr int PIECE = 8;
+    static constexpr bool SPLIT = false;
     __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
         unpack8(v, __ldg(reinterpret_cast<const uint4*>(p)));
     }
@@ -162,6 +164,7 @@ struct NhwcF16 {
 struct NhwcTf32 {
     using T = float;
     static constexpr int PIECE = 4;
+    static constexpr bool SPLIT = false;
     __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
         const float4 q = __ldg(reinterpret_cast<const float4*>(p));
         v[0] = q.x;
@@ -183,6 +186,30 @@ struct NhwcTf32 {
     __device__ __forceinline__ static void wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b,
                                                  int accumulate) {
         ::wgmma::Mma<N>::tf32(d, a, b, accumulate);
+    }
+};
+
+// NhwcF32 (--precision fp32 on the NHWC path, sm_90a: conv_nhwc.cu's wgmma tiles only): float32 words, stored
+// unrounded, and products with float32's accuracy from the TF32 tensor cores by splitting each operand in two
+// ("3xTF32"; e.g. CUTLASS's fp32 emulation): a = a_hi + a_lo with a_hi = rna(a) and a_lo = rna(a - a_hi) (the
+// difference is exact in float32). a b = a_hi b_hi + a_hi b_lo + a_lo b_hi + a_lo b_lo, and the last term is
+// ~2^-22 |a b|, as are the roundings of a_lo and b_lo: three TF32 products per product, each ~2^-21 relative off
+// instead of tf32's ~2^-11. split() does it on a piece in shared memory: the high halves in place, the low ones
+// at `lo`, both proper TF32 values.
+struct NhwcF32 : NhwcTf32 {
+    static constexpr bool SPLIT = true;
+    __device__ __forceinline__ static void store(T* p, const float (&v)[PIECE]) {
+        *reinterpret_cast<float4*>(p) = float4{v[0], v[1], v[2], v[3]};
+    }
+    __device__ __forceinline__ static void store2(T* p, float v0, float v1) {
+        *reinterpret_cast<float2*>(p) = float2{v0, v1};
+    }
+    __device__ __forceinline__ static void split(T* hi, T* lo) {
+        const float4 v = *reinterpret_cast<const float4*>(hi);
+        const float4 h{tf32::rounded(v.x), tf32::rounded(v.y), tf32::rounded(v.z), tf32::rounded(v.w)};
+        *reinterpret_cast<float4*>(hi) = h;
+        *reinterpret_cast<float4*>(lo) = float4{tf32::rounded(v.x - h.x), tf32::rounded(v.y - h.y),
+                                                tf32::rounded(v.z - h.z), tf32::rounded(v.w - h.w)};
     }
 };
 
@@ -285,8 +312,14 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
 // next tile's math returns. Each thread then fences its landed copies for the async proxy before the barrier, and
 // the ring loads one tile less ahead (STAGES - 2), into the buffer of tile t - 2, whose reads the math of tile t - 1
 // waited for. (With 3-4 stages that lost more than the overlap gained, 4-9 %: round 7, step 3.)
-template <int STAGES, int BK, bool ASYNC = false, class Load, class Math>
-__device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math) {
+// landed(stage), if given, runs in each thread once its own copies of the tile in `stage` have landed and before
+// the barrier that lets everyone read them: a thread may rewrite its own pieces there (NhwcF32's split).
+struct NoLanded {
+    __device__ __forceinline__ void operator()(int) const {}
+};
+template <int STAGES, int BK, bool ASYNC = false, class Load, class Math, class Landed = NoLanded>
+__device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math,
+                                              Landed&& landed = Landed{}) {
     constexpr int AHEAD = ASYNC ? STAGES - 2 : STAGES - 1;  // tiles in flight behind the current one
     static_assert(AHEAD >= 1, "too few stages");
     const int tiles = (k_end - k_begin + BK - 1) / BK;
@@ -299,6 +332,7 @@ __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& loa
     int load_buf = AHEAD, math_buf = 0;
     for (int kt = 0; kt < tiles; ++kt) {
         cp_async::wait<AHEAD - 1>();  // this thread's copies of tile kt have landed ...
+        landed(math_buf);
         if constexpr (ASYNC) wgmma::fence_proxy_async();
         __syncthreads();  // ... everyone's have, and everyone is done with tile kt - 1 (kt - 2 if ASYNC)
         if (kt + AHEAD < tiles) load(k_begin + (kt + AHEAD) * BK, load_buf);  // tile kt - 1's buffer (kt - 2 if ASYNC)

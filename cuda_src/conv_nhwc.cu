@@ -1,6 +1,7 @@
 // conv_nhwc.cu: 2-D convolution + bias + ReLU on NHWC activations, an implicit GEMM on the tensor cores whose
 // operands both travel global -> shared memory by cp.async alone (CudaBackend's NHWC layout: `--precision fp16`,
-// fp16 activations, and `--precision tf32`, TF32 values in float32 words; conv_mma.cuh's NhwcF16 and NhwcTf32).
+// fp16 activations, `--precision tf32`, TF32 values in float32 words, and `--precision fp32` on sm_90a, float32
+// words whose products are three TF32 ones; conv_mma.cuh's NhwcF16, NhwcTf32 and NhwcF32).
 //
 // y[b, oh, ow, m] = relu(bias[m] + sum_{r, s, c} w[m, r, s, c] * x[b, oh*S - PH + r, ow*S - PW + s, c]) as
 // C[P, M] = A[P, K] B[K, M]: P = batch*Ho*Wo output pixels (GEMM rows), M = Cout (columns), K = KH*KW*Cin in
@@ -38,16 +39,30 @@
 // channel tiles of one pixel tile, which then share its input through L2.
 //
 // Launch: conv_nhwc_<BM>x<BN> (fp16), conv_nhwc_tf32_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN),
-//         splits), static shared memory STAGES * (BM + BN) * 64 bytes. conv_nhwc[_tf32]_wgmma_<BM>x<BN>: the same
-//         grid, dynamic shared memory WGMMA_STAGES(BM, BN) * (BM + BN) * 64 bytes. conv_nhwc[_tf32]_splitk_reduce:
+//         splits), static shared memory STAGES * (BM + BN) * 64 bytes. conv_nhwc[_tf32|_f32]_wgmma_<BM>x<BN>: the
+//         same grid, dynamic shared memory wgmma_ring_bytes(split, BM, BN). conv_nhwc[_tf32|_f32]_splitk_reduce:
 //         block 256, grid ceil(P * M / 2 / 256).
 #include "conv_mma.cuh"
 
 // Stages of the wgmma tiles' ring (cuda_backend.wgmma_stages), for two blocks an SM (one block cannot hide its own
 // barrier and load latency: round 9's 256x128 and 256x192 tiles): for 128 pixel rows, 4 in flight while one is
 // multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would not fit twice);
-// 256-row tiles, twice the bytes a stage, 2.
-#define WGMMA_STAGES(BM, BN) ((BM) == 256 ? 4 : (BN) == 192 ? 5 : 6)
+// 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES more tiles for the
+// low halves (conv_nhwc_wgmma_gemm): 6 stages for its tiles of at most 64 channels, and 8 for 128x128, which runs one
+// block an SM (its sums in registers twice would spill at two).
+__host__ __device__ constexpr int wgmma_stages(bool split, int bm, int bn) {
+    return split ? (bn == 128 ? 8 : 6) : bm == 256 ? 4 : bn == 192 ? 5 : 6;
+}
+constexpr int WGMMA_LO_TILES = 3;
+// A SPLIT type's tensor-core accumulators take the sums of this many tiles (48 wgmma of k8), then they are added to
+// fp32 registers, rounded to nearest. The tensor cores' own accumulation measured biased: with every tile in them,
+// fp32 forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit (2.0e-5 at batch 1, split-K), on the
+// H100, against 4.5e-7 for the FFMA path.
+[[maybe_unused]] constexpr int WGMMA_SPLIT_CHUNK = 2;  // unused where the wgmma tiles are not built
+// The ring's bytes, the launch's dynamic shared memory (cuda_backend.wgmma_ring_bytes).
+__host__ __device__ constexpr int wgmma_ring_bytes(bool split, int bm, int bn) {
+    return (wgmma_stages(split, bm, bn) + (split ? WGMMA_LO_TILES : 0)) * (bm + bn) * 64;
+}
 
 // Where 16-byte piece `piece` of shared row `row` lives (in elements from the row's start); see the header.
 template <int PIECE>
@@ -105,6 +120,8 @@ struct NhwcLoader {
     const T* __restrict__ wr;
     T* a_dst;  // this thread's first piece in As[0] and Bs[0]
     T* b_dst;
+    T* a_tile0;  // As[0] and Bs[0]
+    T* b_tile0;
     bool b_rows;  // the thread has B rows (a narrow tile: only the threads of its first BN rows)
     int h, w, cin, kw, x_cstride, k_end;
     int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
@@ -119,6 +136,8 @@ struct NhwcLoader {
         const int howo = a.ho * a.wo, p_total = a.batch * howo, k_total = a.kh * a.kw * a.cin;
         a_dst = &as[0][row0][swizzled<PIECE>(row0, piece)];
         b_dst = &bs[0][row0][swizzled<PIECE>(row0, piece)];
+        a_tile0 = &as[0][0][0];
+        b_tile0 = &bs[0][0][0];
         b_rows = BN >= ROWS || row0 < BN;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
@@ -164,6 +183,21 @@ struct NhwcLoader {
                 ++r;
                 tap += (w - kw) * x_cstride;
             }
+        }
+    }
+
+    // SPLIT element types: this thread's pieces of the tile in `stage` become their high halves, and their low
+    // halves go to the same places of the tiles at a_lo, b_lo (E::split). Each piece is split by the thread that
+    // copied it, once its own copies have landed (cp_async_ring's landed), so no other thread has to wait.
+    __device__ __forceinline__ void split(int stage, T* a_lo, T* b_lo) const {
+        T* const ad = a_dst + stage * (BM * BK);
+        const int a_at = a_dst - a_tile0, b_at = b_dst - b_tile0;
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) E::split(ad + i * ROWS * BK, a_lo + a_at + i * ROWS * BK);
+        if (b_rows) {
+            T* const bd = b_dst + stage * (BN * BK);
+#pragma unroll
+            for (int i = 0; i < B_ROWS; ++i) E::split(bd + i * ROWS * BK, b_lo + b_at + i * ROWS * BK);
         }
     }
 };
@@ -277,31 +311,41 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 // accumulators, BM / 128 * BN / 2 per thread, stay in registers until the epilogue. A stage's wgmma run on while the
 // next stage is waited for and loaded: its math waits only for the previous stage's (wait(1)), and the ring loads
 // into the buffer of the stage before that (cp_async_ring's ASYNC). The ring lives in dynamic shared memory
-// (WGMMA_STAGES stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of
+// (wgmma_stages() stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of
 // loads in flight. A 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage.
 // 128x192 (96 accumulators a thread) covers the Cout = 192 and 384 layers in whole tiles, reading 1.2x fewer
 // bytes per multiply-add than 128x128.
+// SPLIT (NhwcF32): each thread splits the pieces it copied into high halves in place and low halves in a ring of
+// WGMMA_LO_TILES A and B tiles of their own (cp_async_ring's landed), and each k step is three wgmma: A B, A B_lo,
+// A_lo B. The low tiles of tile t are written before the barrier of tile t, while a warpgroup may still be in the
+// math of tile t - 1 and its wgmma of tile t - 2 may still read: so three of them, one for each. Every
+// WGMMA_SPLIT_CHUNK tiles the accumulators are waited for and added to `total`, and the next tile starts them anew.
 #ifdef __CUDACC__
 extern __shared__ __align__(1024) unsigned char wgmma_ring[];
 #else
-// The emulator runs one block at a time; the largest ring is 128x192's.
-alignas(1024) static unsigned char wgmma_ring[WGMMA_STAGES(128, 192) * (128 + 192) * 64];
+// The emulator runs one block at a time; the largest ring is fp32's 128x128 (176 KB).
+alignas(1024) static unsigned char wgmma_ring[wgmma_ring_bytes(true, 128, 128)];
+static_assert(wgmma_ring_bytes(false, 128, 192) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
 
-template <class E, int BM, int BN, int STAGES>
+template <class E, int BM, int BN>
 __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
     constexpr int NT = 256, MB = BM / 128;  // two warpgroups, each MB blocks of 64 pixel rows
+    constexpr int STAGES = wgmma_stages(E::SPLIT, BM, BN);
     using Loader = NhwcLoader<E, BM, BN, NT>;
     constexpr int BK = Loader::BK;
     static_assert(BM % 128 == 0 && (BN == 192 || BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
 
-    // 512-byte aligned stages (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
-    // STAGES * (BM + BN) * 64 bytes, the launch's dynamic shared memory (cuda_backend.wgmma_ring_bytes).
+    // 512-byte aligned tiles (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
+    // wgmma_ring_bytes(E::SPLIT, BM, BN), the launch's dynamic shared memory (cuda_backend.wgmma_ring_bytes):
+    // As[STAGES], Bs[STAGES], and for SPLIT A_lo[WGMMA_LO_TILES], B_lo[WGMMA_LO_TILES].
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
+    T* const a_lo = reinterpret_cast<T*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
+    T* const b_lo = a_lo + WGMMA_LO_TILES * BM * BK;
 #ifndef __CUDACC__
-    static_assert(STAGES * (BM + BN) * BK * sizeof(T) <= sizeof(wgmma_ring), "the emulator's ring is too small");
+    static_assert(wgmma_ring_bytes(E::SPLIT, BM, BN) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
 
     const int tid = threadIdx.x, lane = tid % 32, group = tid / 128, warp = tid / 32 % 4;
@@ -319,25 +363,77 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     // The descriptors of buffer 0; a buffer, and 64 rows, are fixed steps on (start addresses in units of 16 bytes).
     const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
     const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
+    const unsigned long long da_lo0 = wgmma::desc_k_major_64b(a_lo + 64 * MB * group * BK);
+    const unsigned long long db_lo0 = wgmma::desc_k_major_64b(b_lo);
     constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
     constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
-    cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, [&](int st) {
-        const unsigned long long db = db0 + st * B_STEP;
-        wgmma::fence();
+    int lo = WGMMA_LO_TILES - 1;  // the low tiles of the tile being split and multiplied (SPLIT)
+    // SPLIT: d holds the sums of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far); then they move to total.
+    float total[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
+    int chunk_tiles = 0;
+    if constexpr (E::SPLIT) {
 #pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
-            const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
-            E::template wgmma<BN>(d[mb], da, db, accumulate);
-            E::template wgmma<BN>(d[mb], da + wgmma::DESC_32_BYTES, db + wgmma::DESC_32_BYTES, 1);
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) total[mb][i] = 0.f;
+    }
+    const auto promote = [&] {
+        if constexpr (E::SPLIT) {
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                wgmma::fence_registers(d[mb]);
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i];
+            }
         }
-        accumulate = 1;
-        wgmma::commit();
-        wgmma::wait<1>();
-    });
+    };
+    const auto split = [&](int st) {
+        if constexpr (E::SPLIT) {
+            lo = lo == WGMMA_LO_TILES - 1 ? 0 : lo + 1;
+            load.split(st, a_lo + lo * BM * BK, b_lo + lo * BN * BK);
+        }
+    };
+    cp_async_ring<STAGES, BK, true>(
+        k_begin, k_end, load,
+        [&](int st) {
+            const unsigned long long db = db0 + st * B_STEP;
+            wgmma::fence();
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+                const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {  // k8 + k8 (tf32) or k16 + k16 (fp16): 32 bytes on
+                    const unsigned long long on = half * wgmma::DESC_32_BYTES;
+                    E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
+                    if constexpr (E::SPLIT) {
+                        const unsigned long long da_lo = da_lo0 + (lo * A_STEP + mb * ROWS64_STEP);
+                        E::template wgmma<BN>(d[mb], da + on, db_lo0 + lo * B_STEP + on, 1);
+                        E::template wgmma<BN>(d[mb], da_lo + on, db + on, 1);
+                    }
+                }
+            }
+            accumulate = 1;
+            wgmma::commit();
+            if (E::SPLIT && ++chunk_tiles == WGMMA_SPLIT_CHUNK) {
+                wgmma::wait<0>();
+                promote();
+                accumulate = chunk_tiles = 0;
+            } else {
+                wgmma::wait<1>();
+            }
+        },
+        split);
     wgmma::wait<0>();
+    if (E::SPLIT && chunk_tiles) promote();
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
     cp_async::wait<0>();  // no copy may still target shared memory when the block exits
+    const auto sum = [&](int mb, int i) {
+        if constexpr (E::SPLIT)
+            return total[mb][i];
+        else
+            return d[mb][i];
+    };
 
     // Epilogue: d[mb][4j + 2 half + e] = pixel 64 (MB group + mb) + 16 warp + g + 8 half, channel 8j + 2t + e
     // (wgmma.cuh).
@@ -350,8 +446,8 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
             for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
-                    put(p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, d[mb][4 * j + 2 * half],
-                        d[mb][4 * j + 2 * half + 1]);
+                    put(p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, sum(mb, 4 * j + 2 * half),
+                        sum(mb, 4 * j + 2 * half + 1));
         });
 }
 
@@ -398,11 +494,13 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 // Two blocks of 256 threads an SM. Shared memory and accumulators a thread: 128x128 96 KB, 64; 128x64 72 KB,
 // 128x32 60 KB (3 blocks fit); 128x192 100 KB, 96 (ptxas: 128 registers, none spilled). The 256-pixel tiles, for
 // the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and loads): 256x64 80 KB,
-// 256x32 72 KB.
-#define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256, 2) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {           \
-        conv_nhwc_wgmma_gemm<E, BM, BN, WGMMA_STAGES(BM, BN)>(CONV_NHWC_ARGS(E));                                  \
+// 256x32 72 KB. NhwcF32 (three wgmma a k step, low tiles, and its sums in registers twice): 128x64 108 KB, 113
+// registers; 128x32 90 KB; 128x128 one block an SM (its 128 sums would spill at 128 registers), 176 KB.
+#define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS)                                                \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {  \
+        conv_nhwc_wgmma_gemm<E, BM, BN>(CONV_NHWC_ARGS(E));                                                        \
     }
+#define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
 #define CONV_NHWC_WGMMA_TILES(NAME, E)          \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
@@ -413,6 +511,9 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 
 CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
+CONV_NHWC_WGMMA_KERNEL_BLOCKS(conv_nhwc_f32, NhwcF32, 128, 128, 1)
+CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 64)
+CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)
 #endif
 
 // y[p, m] (a view of the element type E, or its parts) = relu(bias[m] + sum over z of ws[z][p][m]), two channels per
@@ -449,3 +550,4 @@ __device__ __forceinline__ void conv_nhwc_splitk_sum(const float* __restrict__ w
 
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_splitk_reduce, NhwcF16)
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_tf32_splitk_reduce, NhwcTf32)
+CONV_NHWC_SPLITK_REDUCE(conv_nhwc_f32_splitk_reduce, NhwcF32)

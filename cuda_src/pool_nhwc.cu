@@ -1,12 +1,12 @@
-// pool_nhwc.cu: the pools of the NHWC path (CudaBackend's NHWC layout), for both of its element types (conv_mma.cuh's
-// NhwcF16: fp16; NhwcTf32: float32 words rounded to TF32).
+// pool_nhwc.cu: the pools of the NHWC path (CudaBackend's NHWC layout), for each of its element types (conv_mma.cuh's
+// NhwcF16: fp16; NhwcTf32: float32 words rounded to TF32; NhwcF32: float32).
 //
-// pool2d_nhwc[_tf32]: pool.cu's pool2d on channel slices of NHWC buffers: y[b, oh, ow, c] = max or mean of
+// pool2d_nhwc[_tf32|_f32]: pool.cu's pool2d on channel slices of NHWC buffers: y[b, oh, ow, c] = max or mean of
 // x[b, oh*S - P + r, ow*S - P + s, c] over the K x K window (max ignores padding; mean divides by K*K with
 // count_include_pad, else by the positions inside the image); sums and maxima in fp32, one rounding at the store.
 // With a bias (else null): relu(pool + bias[c]), the average pool moved behind the 1x1 conv it fed, which left its
 // raw product in x (plan.fuse_pointwise; both are linear, so they commute).
-// global_avg_pool_nhwc[_tf32]: y[b, c] = mean over H*W of x[b, :, :, c], written as float32 (the classifier's input,
+// global_avg_pool_nhwc[_tf32|_f32]: y[b, c] = mean over H*W of x[b, :, :, c], written as float32 (the classifier's input,
 // batch item b at y + b*y_bstride), so the FC runs on fp32 features as in the other modes.
 //
 // Idea: memory-bound and tiny; each thread moves one 16-byte piece (8 fp16 or 4 float channels) of one pixel,
@@ -14,8 +14,8 @@
 // pieces. Views as in conv_nhwc.cu: x, y point at the view's first channel of pixel 0; pixel i starts i * *_cstride
 // elements later. Channel counts, strides and view offsets are multiples of the piece.
 //
-// Launch: pool2d_nhwc[_tf32]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256).
-//         global_avg_pool_nhwc[_tf32]: block 256, grid ceil(batch*channels/PIECE / 256).
+// Launch: pool2d_nhwc[_tf32|_f32]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256).
+//         global_avg_pool_nhwc[_tf32|_f32]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
 
 template <class E>
@@ -96,3 +96,4 @@ __device__ __forceinline__ void global_avg_pool_nhwc_piece(const typename E::T* 
 
 POOL_NHWC_KERNELS(, NhwcF16)
 POOL_NHWC_KERNELS(_tf32, NhwcTf32)
+POOL_NHWC_KERNELS(_f32, NhwcF32)

@@ -32,7 +32,9 @@ from inception_engine.plan import ConvOp, FCOp, Op, View, build_plan  # noqa: E4
 from inception_engine.weights import Weights  # noqa: E402
 
 # Ways to run the forward: CudaBackend keyword arguments. The first is the backend's default.
-MODES = {
+# fp32: the NCHW path's FFMA and Winograd kernels (on sm_90a fp32 defaults to NHWC, 3xTF32: inception-bench's cuda
+# row, with cuda-nchw beside it).
+MODES = {name: {**kw, "nhwc": False} for name, kw in {
     "graph, concurrent, fixup": {"graph": True, "concurrent": True, "fixup": True},
     "graph, concurrent, reduce, direct": {"graph": True, "concurrent": True, "fixup": False, "winograd": False},
     "graph, serial, fixup": {"graph": True, "concurrent": False, "fixup": True},
@@ -41,7 +43,7 @@ MODES = {
     "eager, serial, fixup": {"graph": False, "concurrent": False, "fixup": True},
     "eager, concurrent, reduce": {"graph": False, "concurrent": True, "fixup": False},
     "eager, serial, reduce, direct": {"graph": False, "concurrent": False, "fixup": False, "winograd": False},
-}
+}.items()}
 # tf32 has no _fixup kernels (split-K always reduces in conv_splitk_reduce), so fixup/reduce would be the same run.
 TF32_MODES = {
     "tf32 graph, concurrent": {"graph": True, "concurrent": True, "precision": "tf32"},

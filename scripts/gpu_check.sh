@@ -5,12 +5,13 @@
 #
 # 1. pytest -m gpu on the CUDA kernel, backend, tf32, fp16, Winograd and NHWC tests (every layer shape, edge cases with
 #    NaN-poisoned outputs, the whole network vs float64 in every precision, graph and eager)
-# 2. compute-sanitizer memcheck on one forward with every eligible conv by Winograd (299x299, batch 2)
-# 3. inception-bench fp32: cuda (tuned: each conv's measured fastest tile / Winograd) vs cuda-untuned (the cost
-#    model's tiles, Winograd for every eligible conv) vs cudnn vs torch vs torch-graph at batch 1, 8, 32, 128 with
-#    per-layer times; then tf32, fp16
-# 4. compute-sanitizer racecheck on one forward at 75x75 with Winograd on (racecheck is slow; the kernels are the
-#    same), then racecheck and memcheck of a tf32 NHWC forward (wgmma ring, fused 1x1 groups)
+# 2. compute-sanitizer memcheck on one fp32 NCHW forward with every eligible conv by Winograd (299x299, batch 2)
+# 3. inception-bench fp32: cuda (tuned: on sm_90a NHWC with 3xTF32 tiles) vs cuda-nchw (the FFMA and Winograd
+#    kernels, each conv's measured fastest) vs cuda-untuned (the cost model's tiles) vs cudnn vs torch vs torch-graph
+#    at batch 1, 8, 32, 128 with per-layer times; then tf32, fp16
+# 4. compute-sanitizer racecheck on one NCHW forward at 75x75 with Winograd on (racecheck is slow; the kernels are
+#    the same), then racecheck and memcheck of a tf32 and an fp32 NHWC forward (wgmma ring, fused 1x1 groups, fp32's
+#    low tiles)
 # 5. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
 #    other gpu-marked test of the repo (cuDNN, torch, CLI)
 # 6. memcheck of an eager serial, an eager concurrent and an fp16 NHWC forward, the tf32 and fp16 self-tests through the
@@ -78,7 +79,7 @@ step "pytest cuda" env_pytest.log 260 python3 -m pytest -m gpu -q -rfEs --durati
   tests/test_cuda_winograd.py tests/test_cuda_nhwc.py
 
 step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
-  "${SELFTEST[@]}" --batch 2 --graph off --input-size 299 --winograd on
+  "${SELFTEST[@]}" --batch 2 --graph off --input-size 299 --winograd on --layout nchw
 
 HAVE_CLI=0
 python3 -c "import inception_engine.cli" 2>/dev/null && HAVE_CLI=1
@@ -94,7 +95,7 @@ bench() {
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" "$@"
 }
 
-bench "inception-bench" 150 --backends cuda,cuda-untuned,cudnn,torch,torch-graph \
+bench "inception-bench" 150 --backends cuda,cuda-nchw,cuda-untuned,cudnn,torch,torch-graph \
   --batch-sizes 1,8,32,128 --iters 20 --per-layer --json "$OUT/inception_bench.json"
 
 bench "inception-bench tf32" 90 --backends cuda,cuda-untuned,cudnn,torch-graph --precision tf32 \
@@ -104,7 +105,7 @@ bench "inception-bench fp16" 90 --backends cuda,cuda-nchw,cuda-untuned,torch-gra
   --iters 20
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
-  --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75 --winograd on
+  --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75 --winograd on --layout nchw
 # The NHWC path's wgmma ring (dynamic shared memory, each stage's wgmma overlapping the next barrier) and fused 1x1
 # groups, tf32: a few seconds each at these sizes.
 step "racecheck tf32 nhwc" racecheck.log 40 "$SANITIZER" --tool racecheck --racecheck-report hazard \
@@ -112,6 +113,11 @@ step "racecheck tf32 nhwc" racecheck.log 40 "$SANITIZER" --tool racecheck --race
   --layout nhwc
 step "memcheck tf32 nhwc" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299 --precision tf32 --layout nhwc
+step "racecheck fp32 nhwc" racecheck.log 40 "$SANITIZER" --tool racecheck --racecheck-report hazard \
+  --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --concurrent on --input-size 75 --precision fp32 \
+  --layout nhwc
+step "memcheck fp32 nhwc" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299 --precision fp32 --layout nhwc
 
 step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
 
@@ -120,10 +126,10 @@ step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs
   --ignore=tests/test_cuda_fp16.py --ignore=tests/test_cuda_winograd.py --ignore=tests/test_cuda_nhwc.py
 
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
-  "${SELFTEST[@]}" --batch 1 --graph off --input-size 299
+  "${SELFTEST[@]}" --batch 1 --graph off --input-size 299 --layout nchw
 
 step "memcheck concurrent" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
-  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299
+  "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299 --layout nchw
 
 step "memcheck fp16 nhwc" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299 --precision fp16 --layout nhwc

@@ -29,8 +29,6 @@ def main() -> None:
     plan = build_plan(args.batch, weights.layers())
     configs = None
     if args.tile:
-        if args.precision not in cb.NHWC_ELEMS:
-            p.error(f"--tile: the NHWC path runs precision {' or '.join(cb.NHWC_ELEMS)}")
         gpu = cb.Gpu()
         num_sms, wgmma = gpu.num_sms, cuda_build.has_wgmma(gpu.arch)
         gpu.release()
@@ -38,7 +36,8 @@ def main() -> None:
         if args.tile not in tiles:
             p.error(f"--tile {args.tile}: this GPU's {args.precision} tiles are {', '.join(tiles)}")
         plan = fuse_pointwise(build_plan(args.batch, weights.layers(), concurrent=True))
-        configs = cb.choose_configs(plan, num_sms, False, args.precision, False, (tiles[args.tile],), nhwc=True)
+        configs = cb.choose_configs(plan, num_sms, False, args.precision, False, (tiles[args.tile],), nhwc=True,
+                                    wgmma=wgmma)
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
     with cb.CudaBackend(weights, plan, graph=False, concurrent=False, precision=args.precision,
                         configs=configs) as backend:

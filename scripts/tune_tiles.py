@@ -7,7 +7,7 @@ split-K as the model picks it for that tile; and Winograd for every eligible con
 tiles, each timed per conv by cb.time_convs (CUDA events, eager launches, the host's launch latency hidden, median
 of --iters). Prints per conv: GFLOP, ms per tile, the model's tile and ms,
 Winograd's ms, and which was fastest; then the sums. This is the data the cost model's tile speeds
-(cb.Tile.macs_per_us) are set from. --nhwc (fp16, tf32): the NHWC path as CudaBackend runs it by default, the fused
+(cb.Tile.macs_per_us) are set from. --nhwc: the NHWC path as CudaBackend runs it by default, the fused
 plan (plan.fuse_pointwise) on conv_nhwc.cu's tiles, the wgmma ones where the GPU has them; no Winograd there.
 Needs a GPU and pycuda.
 """
@@ -42,11 +42,9 @@ def main() -> int:
     p.add_argument("--precision", choices=cb.PRECISIONS, default="fp16")
     p.add_argument("--batch-sizes", default="1,128")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--nhwc", action="store_true", help="the NHWC path (fp16, tf32): fused plan, conv_nhwc.cu tiles")
+    p.add_argument("--nhwc", action="store_true", help="the NHWC path (fp32: sm_90a only): fused plan, conv_nhwc.cu tiles")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    if args.nhwc and args.precision not in cb.NHWC_ELEMS:
-        p.error(f"--nhwc runs precision {' or '.join(cb.NHWC_ELEMS)}")
     weights = cb.he_weights(0)
     gpu = cb.Gpu()
     num_sms, wgmma = gpu.num_sms, cuda_build.has_wgmma(gpu.arch)

@@ -67,17 +67,19 @@ def assert_same_top5(got: np.ndarray, ref: np.ndarray) -> None:
                 f"image {i}: top-5 {gi.tolist()} vs reference {ri.tolist()}")
 
 
+@pytest.mark.parametrize("nhwc", [False, None])
 @pytest.mark.parametrize("batch", [1, 8])
-def test_graph_and_eager_match_the_reference_and_each_other(weights, batch):
+def test_graph_and_eager_match_the_reference_and_each_other(weights, batch, nhwc):
     """Concurrent graph (branches on several streams), serial graph, serial eager, concurrent eager: every kernel
     is deterministic, so all four must agree bit for bit; a missing fork/join or shared memory between branches
-    that run at once would show as a difference (or a NaN from the poisoned arena)."""
+    that run at once would show as a difference (or a NaN from the poisoned arena). fp32 on NCHW tensors and in the
+    default layout (NHWC with 3xTF32 on sm_90a)."""
     x = make_input(batch, seed=batch)
     ref = reference(weights, x, batch)
     plan = build_plan(batch, weights.layers())
     outs = {}
     for graph, concurrent in ((True, True), (True, False), (False, False), (False, True)):
-        with cb.CudaBackend(weights, plan, graph=graph, concurrent=concurrent) as backend:
+        with cb.CudaBackend(weights, plan, graph=graph, concurrent=concurrent, nhwc=nhwc) as backend:
             assert backend.concurrent == concurrent and backend.plan.concurrent >= concurrent
             got = backend.forward(x)
             again = backend.forward(x)
@@ -148,7 +150,7 @@ def assert_top1_agrees_on_256_inputs(backend: cb.CudaBackend, weights, plan, tol
 
 
 @pytest.mark.parametrize("precision,nhwc,fuse", [("fp32", False, None), ("fp16", False, None), ("fp16", True, None),
-                                               ("tf32", True, False)])
+                                               ("tf32", True, False), ("fp32", None, None)])
 def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, nhwc, fuse, tmp_path, monkeypatch):
     """tune=True: every candidate set runs once (each conv of the plan the backend runs, fused or not, timed), the
     chosen configs come from those sets, the forward still matches float64 (fp16 and tf32: within twice the ideal
@@ -161,11 +163,11 @@ def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, n
     with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as backend:
         got = backend.forward(x)
         tuned = backend.configs
-        assert cb.is_fused(backend.plan) == (nhwc and fuse is not False)
+        assert cb.is_fused(backend.plan) == (backend.nhwc and fuse is not False)
     assert len(list(tmp_path.glob("*.json"))) == 1
     gpu = cb.Gpu()
     gpu.release()
-    sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, nhwc,
+    sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, backend.nhwc,
                                 cb.cuda_build.has_wgmma(gpu.arch))
     as_json = cb.config_to_json
     assert all(any(as_json(tuned[op.name]) == as_json(s[op.name]) for s in sets) for op in backend.plan.conv_ops)

@@ -77,8 +77,9 @@ def test_kernel_tests_pass_on_the_emulator(emu_lib):
 
 
 def test_backend_forward_on_the_emulator(emu_lib):
+    """fp32 on NCHW tensors (the emulator reports sm_90, where fp32 defaults to NHWC: test_cuda_nhwc.py runs that)."""
     r = run_emulated(emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest", "--batch", "2",
-                     "--graph", "off", "--concurrent", "on", "--input-size", "75")
+                     "--graph", "off", "--concurrent", "on", "--input-size", "75", "--layout", "nchw")
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 

@@ -456,11 +456,11 @@ def test_gpu_network_with_winograd(batch, winograd):
     float64: rel L2 <= 1e-4 and the same top 5; the CUDA graph (concurrent streams) and eager serial launches give
     the same bits."""
     weights, plan, x, ref = network_reference(batch)
-    with cb.CudaBackend(weights, plan, graph=True, winograd=winograd) as backend:
+    with cb.CudaBackend(weights, plan, graph=True, winograd=winograd, nhwc=False) as backend:
         assert backend._graph is not None
         wino = [name for name, c in backend.configs.items() if c is not None and c.wino]
         graph_out = backend.forward(x)
-    with cb.CudaBackend(weights, plan, graph=False, concurrent=False, winograd=winograd) as backend:
+    with cb.CudaBackend(weights, plan, graph=False, concurrent=False, winograd=winograd, nhwc=False) as backend:
         eager_out = backend.forward(x)
     assert len(wino) == sum(ELIGIBLE.values()) if winograd else wino  # forced: all eligible; the model: some
     err = cb.rel_l2(graph_out, ref)

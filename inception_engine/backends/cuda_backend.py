@@ -15,15 +15,17 @@ only when a backend is built, so a missing pycuda is reported by ``check_availab
 
 runs one forward on random He-initialised weights against the float64 NumPy reference (for compute-sanitizer).
 
-Precision "fp32" runs conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5) or F(3, 7)
-for the stride-1 3x3, 5x5, 1x7 and 7x1 convs where ``winograd_config``'s model expects a clear gain
-(``CudaBackend(winograd=...)`` forces either way);
 "tf32" (TF32 products, fp32 sums, a relative error of ~1e-3 instead of ~1e-6) and "fp16" keep the activations
 channels innermost (NHWC), as TF32 values in float32 words or as fp16: every conv is conv_nhwc.cu's implicit GEMM,
 whose operands are whole 16-byte pieces loaded by cp.async (on sm_90a its wgmma tiles, elsewhere mma.sync), except
 the first, which reads the 3-channel float32 input as uploaded (conv_input_nhwc.cu); the pools are pool_nhwc.cu's,
 and the FC runs on float32 features (``nhwc_launch_specs``). ``CudaBackend(nhwc=False)`` runs them on fp32 NCHW
-tensors instead (conv_tf32.cu / conv_f16.cu, the Winograd convs FFMA), the layout of fp32.
+tensors instead (conv_tf32.cu / conv_f16.cu, the Winograd convs FFMA).
+Precision "fp32" keeps float32's accuracy (~1e-6). On sm_90a it takes the NHWC path too, with float32 activations,
+and each conv product is three TF32 ones on the tensor cores (conv_mma.cuh's NhwcF32, "3xTF32"); elsewhere, or with
+nhwc=False, it runs on NCHW tensors: conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3), F(4x4, 3x3),
+F(2x2, 5x5) or F(3, 7) for the stride-1 3x3, 5x5, 1x7 and 7x1 convs where ``winograd_config``'s model expects a clear
+gain (``CudaBackend(winograd=...)`` forces either way).
 """
 
 from __future__ import annotations
@@ -91,10 +93,15 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
                         for t in NHWC_TILES)
 
 
-def wgmma_stages(bm: int, bn: int) -> int:
-    """conv_nhwc.cu's WGMMA_STAGES: the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic shared
-    memory (wgmma_ring_bytes), two blocks an SM."""
+def wgmma_stages(bm: int, bn: int, split: bool = False) -> int:
+    """conv_nhwc.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic shared
+    memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more."""
+    if split:
+        return 8 if bn == 128 else 6
     return 4 if bm == 256 else 5 if bn == 192 else 6
+
+
+WGMMA_LO_TILES = 3  # conv_nhwc.cu's: the low halves' tiles of the 3xTF32 (fp32) wgmma tiles
 
 
 # The wgmma tiles' model speeds: multiply-adds per microsecond an SM with 2 blocks resident, fp16 (tf32: half). Fitted
@@ -103,13 +110,19 @@ def wgmma_stages(bm: int, bn: int) -> int:
 # tf32 ones (those with Cout 192 or 384, and Conv2d_4a), 128x128 and 128x64 on most others.
 WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
                 (256, 32): 770e3}
+# fp32 on the NHWC path: three TF32 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of tf32's model speed (a
+# guess until measured). Its sums live in registers twice (conv_nhwc.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block
+# an SM (168 registers), the others two.
+F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
+WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma"}
+WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 6}  # model speed divisors against fp16's WGMMA_SPEEDS
 
 
 def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc.cu's wgmma tile of bm pixels x bn channels (sm_90a only: cuda_build.has_wgmma)."""
-    fp16 = precision == "fp16"
-    return Tile(bm, bn, 32 if fp16 else 16, 2, WGMMA_SPEEDS[bm, bn] / (1 if fp16 else 2),
-                "conv_nhwc_wgmma" if fp16 else "conv_nhwc_tf32_wgmma", False)
+    resident = 1 if precision == "fp32" and bn == 128 else 2
+    return Tile(bm, bn, 32 if precision == "fp16" else 16, resident,
+                WGMMA_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision] * resident / 2, WGMMA_PREFIX[precision], False)
 
 
 def tile_label(tile: Tile) -> str:
@@ -120,6 +133,7 @@ def tile_label(tile: Tile) -> str:
 # conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there.
 NHWC_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
 NHWC_TF32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
+NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
 # channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
 INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
@@ -130,12 +144,12 @@ HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisone
 
 @dataclass(frozen=True)
 class NhwcElem:
-    """An element type of the NHWC path's activations (conv_mma.cuh's NhwcF16 and NhwcTf32)."""
+    """An element type of the NHWC path's activations (conv_mma.cuh's NhwcF16, NhwcTf32 and NhwcF32)."""
 
     bytes: int
     suffix: str  # of its kernels' names: conv_nhwc<suffix>_splitk_reduce, pool2d_nhwc<suffix>, ...
     nan_word: int  # a 32-bit word of NaNs of this type, to poison the arena
-    mma_tiles: tuple[Tile, ...]  # conv_nhwc.cu's mma.sync tiles for it
+    mma_tiles: tuple[Tile, ...]  # conv_nhwc.cu's mma.sync tiles for it (none for fp32: wgmma only)
     wgmma_tiles: tuple[Tile, ...]  # ... and its wgmma tiles (sm_90a)
 
     def tiles(self, wgmma: bool = False) -> tuple[Tile, ...]:
@@ -143,7 +157,8 @@ class NhwcElem:
 
 
 NHWC_ELEMS = {"fp16": NhwcElem(2, "", HALF_NAN_BITS, NHWC_TILES, NHWC_WGMMA_TILES),
-              "tf32": NhwcElem(4, "_tf32", NAN_BITS, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES)}
+              "tf32": NhwcElem(4, "_tf32", NAN_BITS, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES),
+              "fp32": NhwcElem(4, "_f32", NAN_BITS, (), NHWC_F32_WGMMA_TILES)}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
@@ -313,6 +328,8 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     without nhwc."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
+    if nhwc:
+        check_nhwc_precision(precision, wgmma)
     conv_tiles = tiles or (NHWC_ELEMS[precision].tiles(wgmma) if nhwc else TILES_OF[precision])
     tiles = TILES_OF[precision] if nhwc else conv_tiles
     configs: dict[str, ConvConfig | None] = {}
@@ -351,7 +368,7 @@ def tuning_candidates(plan: Plan, num_sms: int, fixup: bool, precision: str,
     conv on that tile, split-K as the model picks it for the tile) and, unless winograd is False, one with every
     eligible conv by Winograd (the others as the model picks). nhwc: one per NHWC tile of the precision."""
     if nhwc:
-        return [choose_configs(plan, num_sms, False, precision, False, (t,), nhwc=True)
+        return [choose_configs(plan, num_sms, False, precision, False, (t,), nhwc=True, wgmma=wgmma)
                 for t in NHWC_ELEMS[precision].tiles(wgmma)]
     sets = [choose_configs(plan, num_sms, fixup, precision, False, (t,)) for t in TILES_OF[precision]]
     if winograd is not False:
@@ -379,8 +396,8 @@ def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
 def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
     if d is None:
         return None
-    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + NHWC_TILES + NHWC_TF32_TILES
-             + NHWC_WGMMA_TILES + NHWC_TF32_WGMMA_TILES + WINO_TILES + (INPUT_TILE,)}
+    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + WINO_TILES + (INPUT_TILE,)
+             + tuple(t for e in NHWC_ELEMS.values() for t in e.tiles(wgmma=True))}
     return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
 
@@ -516,14 +533,17 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
     multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cu
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
-    rounded to TF32 (``round_tf32``); conv_input_nhwc.cu reads wt as conv.cu."""
+    rounded to TF32 (``round_tf32``), for its fp32 tiles float32 (they split it in two TF32 halves themselves);
+    conv_input_nhwc.cu reads wt as conv.cu."""
     if tile.prefix.startswith("conv_nhwc"):
         cout, cin, kh, kw = w.shape
-        tf32 = tile.prefix.startswith("conv_nhwc_tf32")
-        w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE), np.float32 if tf32 else np.float16)
+        tf32, f32 = tile.prefix.startswith("conv_nhwc_tf32"), tile.prefix.startswith("conv_nhwc_f32")
+        w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE),
+                       np.float32 if tf32 or f32 else np.float16)
         with np.errstate(over="ignore"):
             w16[..., :cin] = w.transpose(0, 2, 3, 1)
-        return round_tf32(w16.reshape(cout, -1)) if tf32 else w16.reshape(cout, -1).view(np.float32)
+        w16 = w16.reshape(cout, -1)
+        return round_tf32(w16) if tf32 else w16 if f32 else w16.view(np.float32)
     w = w.reshape(w.shape[0], -1)
     if tile.prefix != "conv_f16":
         return np.ascontiguousarray(w.T, dtype=np.float32)
@@ -635,11 +655,13 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
 
 
 def wgmma_ring_bytes(kernel: str) -> int:
-    """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes), else 0."""
+    """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes, and for
+    fp32's the low halves' tiles), else 0: conv_nhwc.cu's wgmma_ring_bytes()."""
     if "_wgmma_" not in kernel:
         return 0
     bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
-    return wgmma_stages(bm, bn) * (bm + bn) * 64
+    split = kernel.startswith(WGMMA_PREFIX["fp32"])
+    return (wgmma_stages(bm, bn, split) + WGMMA_LO_TILES * split) * (bm + bn) * 64
 
 
 def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -> str:
@@ -869,6 +891,13 @@ def check_nhwc(plan: Plan) -> None:
         raise EngineError("the NHWC path needs a network that ends in one global average pool and one FC layer")
 
 
+def check_nhwc_precision(precision: str, wgmma: bool) -> None:
+    """fp32 on the NHWC path has wgmma tiles only (conv_mma.cuh's NhwcF32): sm_90a."""
+    if precision == "fp32" and not wgmma:
+        raise EngineError("fp32 on the NHWC layout runs on Hopper's wgmma tiles only (sm_90a); this GPU has none: "
+                          "use the default layout")
+
+
 def nhwc_fits(plan: Plan) -> bool:
     try:
         check_nhwc(plan)
@@ -1082,8 +1111,8 @@ class CudaBackend:
         rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce
         (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/PERFORMANCE.md round 1);
         the tensor-core kernels have no such variant, so in tf32/fp16 split-K always uses conv_splitk_reduce.
-        precision: "fp32" (FFMA kernels), "tf32" or "fp16" (tensor-core GEMMs for the convs and the batched FC,
-        with TF32 or fp16 operands). winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu)
+        precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32"
+        or "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands). winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu)
         always (True, the default), where the cost model expects it to be faster (None) or never (False); in every
         precision (the Winograd GEMMs are FFMA). The default is every eligible conv because that measured as fast
         as the model's choice or faster at every batch size (H100, one run: 0.97 vs 1.00 ms at batch 1, 3.26 vs
@@ -1091,23 +1120,23 @@ class CudaBackend:
         1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
         (``tune_configs``: a few seconds the first time, then from the cache). configs: use exactly these.
-        nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd; precision "fp16" or "tf32"),
-        fp16 or TF32-rounded float32: no per-element gather in the convs, and for fp16 half the activation bytes.
-        Default (None): for those precisions wherever the plan's channel counts allow it (``check_nhwc``; fp16
-        measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an H200,
-        docs/PERFORMANCE.md round 5); False: conv_f16.cu / conv_tf32.cu on fp32 NCHW activations.
+        nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
+        or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
+        Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
+        has wgmma (fp16 measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an
+        H200, docs/PERFORMANCE.md round 5; fp32: round 10); False: conv.cu / conv_f16.cu / conv_tf32.cu and
+        Winograd on fp32 NCHW activations.
         fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
         average pool of the pool branch moved behind its conv (plan.fuse_pointwise), which needs a plan whose
         buffers live for whole stages (rebuilt so, as for concurrent). A plan fused already is taken as it is."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
-        if nhwc and precision not in NHWC_ELEMS:
-            raise EngineError(f"the NHWC layout holds fp16 or tf32 activations: use it with precision "
-                              f"{' or '.join(NHWC_ELEMS)}, not {precision}")
+        wgmma = cuda_build.has_wgmma(probe(device)[1]) if precision == "fp32" and nhwc is not False else True
         if nhwc:
+            check_nhwc_precision(precision, wgmma)
             check_nhwc(plan)
         elif nhwc is None:
-            nhwc = precision in NHWC_ELEMS and nhwc_fits(plan)
+            nhwc = nhwc_fits(plan) and (precision != "fp32" or wgmma)
         self.nhwc = nhwc
         self.precision = precision
         self.fixup = fixup
@@ -1117,7 +1146,7 @@ class CudaBackend:
         fused = is_fused(plan)
         self.fuse = fused or (nhwc if fuse is None else fuse)
         if self.fuse and not nhwc:
-            raise EngineError("fused 1x1 convolutions run on the NHWC layout only (precision fp16 or tf32)")
+            raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
         if (self.concurrent or self.fuse) and not plan.concurrent:
             if not plan.layers:
                 raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
@@ -1490,8 +1519,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fuse", choices=("on", "off", "auto"), default="auto",
                    help="each module's 1x1 convs as one GEMM (NHWC only; auto: with NHWC)")
     p.add_argument("--layout", choices=("auto", "nchw", "nhwc"), default="auto",
-                   help="activations: nhwc = fp16 NHWC (precision fp16 only), nchw = fp32 NCHW, auto = the "
-                        "backend's default (nhwc for fp16)")
+                   help="activations: nhwc = NHWC of the precision's elements (fp32: sm_90a only), nchw = fp32 "
+                        "NCHW, auto = the backend's default (nhwc where the GPU allows it)")
     args = p.parse_args(argv)
     concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
     winograd = None if args.winograd == "auto" else args.winograd == "on"

@@ -22,6 +22,7 @@ inline dim3 gridDim, blockDim, blockIdx, threadIdx;
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
