@@ -74,7 +74,7 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
-step "pytest cuda" env_pytest.log 260 python3 -m pytest -m gpu -q -rfEs --durations=10 \
+step "pytest cuda" env_pytest.log 330 python3 -m pytest -m gpu -q -rfEs --durations=10 \
   tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_tf32.py tests/test_cuda_fp16.py \
   tests/test_cuda_winograd.py tests/test_cuda_nhwc.py
 
