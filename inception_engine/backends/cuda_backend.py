@@ -95,7 +95,8 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
 
 def wgmma_stages(bm: int, bn: int, split: bool = False) -> int:
     """conv_nhwc.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic shared
-    memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more."""
+    memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more (and
+    whose 128x128 runs one block an SM)."""
     if split:
         return 8 if bn == 128 else 6
     return 4 if bm == 256 else 5 if bn == 192 else 6
