@@ -360,7 +360,7 @@ def test_backend_forward_with_winograd_on_the_emulator(backend_emu_lib):
     float64: rel L2 <= 1e-4 and the same top 5."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
                              "--batch", "2", "--graph", "off", "--concurrent", "on", "--input-size", "75",
-                             "--winograd", "on")
+                             "--winograd", "on", "--layout", "nchw")
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
     assert f", {sum(ELIGIBLE.values())} Winograd convs," in r.stdout, r.stdout[-2000:]
     print(r.stdout.strip().splitlines()[-1])
