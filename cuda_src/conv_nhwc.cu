@@ -54,7 +54,7 @@ __host__ __device__ constexpr int wgmma_stages(bool split, int bm, int bn) {
     return split ? (bn == 128 ? 8 : 6) : bm == 256 ? 4 : bn == 192 ? 5 : 6;
 }
 constexpr int WGMMA_LO_TILES = 3;
-// A SPLIT type's tensor-core accumulators take the sums of this many tiles (48 wgmma of k8), then they are added to
+// A SPLIT type's tensor-core accumulators take the sums of this many tiles (12 wgmma of k8), then they are added to
 // fp32 registers, rounded to nearest. The tensor cores' own accumulation measured biased: with every tile in them,
 // fp32 forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit (2.0e-5 at batch 1, split-K), on the
 // H100, against 4.5e-7 for the FFMA path.
@@ -120,8 +120,7 @@ struct NhwcLoader {
     const T* __restrict__ wr;
     T* a_dst;  // this thread's first piece in As[0] and Bs[0]
     T* b_dst;
-    T* a_tile0;  // As[0] and Bs[0]
-    T* b_tile0;
+    int a_at, b_at;  // ... as offsets from As[0] and Bs[0] (where split() puts the low halves)
     bool b_rows;  // the thread has B rows (a narrow tile: only the threads of its first BN rows)
     int h, w, cin, kw, x_cstride, k_end;
     int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
@@ -136,8 +135,8 @@ struct NhwcLoader {
         const int howo = a.ho * a.wo, p_total = a.batch * howo, k_total = a.kh * a.kw * a.cin;
         a_dst = &as[0][row0][swizzled<PIECE>(row0, piece)];
         b_dst = &bs[0][row0][swizzled<PIECE>(row0, piece)];
-        a_tile0 = &as[0][0][0];
-        b_tile0 = &bs[0][0][0];
+        a_at = a_dst - &as[0][0][0];
+        b_at = b_dst - &bs[0][0][0];
         b_rows = BN >= ROWS || row0 < BN;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
@@ -191,7 +190,6 @@ struct NhwcLoader {
     // copied it, once its own copies have landed (cp_async_ring's landed), so no other thread has to wait.
     __device__ __forceinline__ void split(int stage, T* a_lo, T* b_lo) const {
         T* const ad = a_dst + stage * (BM * BK);
-        const int a_at = a_dst - a_tile0, b_at = b_dst - b_tile0;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) E::split(ad + i * ROWS * BK, a_lo + a_at + i * ROWS * BK);
         if (b_rows) {
