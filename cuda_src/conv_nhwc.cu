@@ -209,13 +209,14 @@ template <class E>
 struct NhwcStore {
     const NhwcConvArgs<E>& a;
     int p_total;
+    int z, splits;  // the block's K slice (blockIdx.z) of how many (gridDim.z)
 
     // pairs(put) calls put(p, v0, v1) for each of the thread's pixels p in this column.
     template <class Pairs>
     __device__ __forceinline__ void column(int m, Pairs&& pairs) const {
         if (m >= a.cout) return;
-        if (gridDim.z > 1) {
-            float* ws = static_cast<float*>(a.out) + (size_t)blockIdx.z * p_total * a.cout + m;
+        if (splits > 1) {
+            float* ws = static_cast<float*>(a.out) + (size_t)z * p_total * a.cout + m;
             pairs([&](int p, float v0, float v1) {
                 if (p < p_total) *reinterpret_cast<float2*>(ws + (size_t)p * a.cout) = float2{v0, v1};
             });
@@ -290,7 +291,7 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 
     // Epilogue: C[g (+8)][2t, 2t+1] of each m16n8 tile (conv_mma.cuh's C layout) = pixel p, channels m, m + 1.
     const int g = lane / 4, t = lane % 4;
-    const NhwcStore<E> store{a, p_total};
+    const NhwcStore<E> store{a, p_total, (int)blockIdx.z, (int)gridDim.z};
 #pragma unroll
     for (int j = 0; j < NJ; ++j)
         store.column(m0 + wn + 8 * j + 2 * t, [&](auto&& put) {
@@ -321,8 +322,9 @@ __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
 #ifdef __CUDACC__
 extern __shared__ __align__(1024) unsigned char wgmma_ring[];
 #else
-// The emulator runs one block at a time; the largest ring is fp32's 128x128 (176 KB).
-alignas(1024) static unsigned char wgmma_ring[wgmma_ring_bytes(true, 128, 128)];
+// The emulator runs one block at a time; the largest ring is the warp-specialized tiles' (~200 KB, below).
+alignas(1024) static unsigned char wgmma_ring[210 * 1024];
+static_assert(wgmma_ring_bytes(true, 128, 128) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 static_assert(wgmma_ring_bytes(false, 128, 192) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
 
@@ -436,7 +438,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     // Epilogue: d[mb][4j + 2 half + e] = pixel 64 (MB group + mb) + 16 warp + g + 8 half, channel 8j + 2t + e
     // (wgmma.cuh).
     const int g = lane / 4, t = lane % 4;
-    const NhwcStore<E> store{a, p_total};
+    const NhwcStore<E> store{a, p_total, (int)blockIdx.z, (int)gridDim.z};
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
         store.column(m0 + 8 * j + 2 * t, [&](auto&& put) {
@@ -447,6 +449,161 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
                     put(p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, sum(mb, 4 * j + 2 * half),
                         sum(mb, 4 * j + 2 * half + 1));
         });
+}
+
+// The same implicit GEMM, warp-specialized and persistent (sm_90a; "_ws" tiles). Round 9's ncu profile of the wgmma
+// tiles: every warp both loads and multiplies, so the loader's address arithmetic (136 SASS instructions per stage,
+// under 128x192's register cap) takes the issue slots, and the tensor pipe is active ~50 % of the time. Here the
+// block is three warpgroups with one job each:
+// - warpgroup 0, the producer, runs NhwcLoader (its 128 threads copy the whole tile) into a ring of STAGES buffers;
+// - warpgroups 1 and 2, the consumers, each multiply 64 (MB x 64) pixel rows of a stage by its B tile, then release
+//   the buffer, and do the epilogue; they issue ~10 instructions a stage.
+// Buffer handover by mbarriers (wgmma.cuh): full[b] completes when all 128 producer threads have arrived, each once
+// its own copies into b have landed and been fenced for the async proxy (cp.async.wait_group, fence.proxy.async:
+// the order of the other kernels' ring); empty[b] when the 8 consumer warps have arrived, each once the wgmma that
+// read b have completed (wgmma.wait_group). The producer arrives LAG = STAGES - 2 loads behind the one it issues,
+// so it keeps LAG loads in flight; it waits for empty[b] before reloading b, which the consumers release after the
+// stage that follows b, so the lag must leave it two buffers: LAG <= STAGES - 2, or neither side could go on.
+// Persistent: gridDim.x blocks (one an SM: the ring takes ~200 KB) take the tiles blockIdx.x, + gridDim.x, ... in
+// tile_n0's order (the channel tiles of one pixel tile, then its K slices last), so the producer loads the next
+// tile's stages while the consumers store the last one's.
+__host__ __device__ constexpr int ws_stages(int bm, int bn) {
+    return 200 * 1024 / ((bm + bn) * 64) < 12 ? 200 * 1024 / ((bm + bn) * 64) : 12;
+}
+// The launch's dynamic shared memory (cuda_backend.ws_ring_bytes): the ring, then its full and empty barriers.
+__host__ __device__ constexpr int ws_ring_bytes(int bm, int bn) {
+    return ws_stages(bm, bn) * ((bm + bn) * 64 + 16);
+}
+[[maybe_unused]] constexpr int WS_THREADS = 384;  // cuda_backend.WS_THREADS; unused where the tiles are not built
+
+template <class E, int BM, int BN>
+__device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
+    using T = typename E::T;
+    constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN), LAG = STAGES - 2;
+    using Loader = NhwcLoader<E, BM, BN, 128>;
+    constexpr int BK = Loader::BK;
+    static_assert(!E::SPLIT && BM % 128 == 0 && LAG >= 1, "warp-specialized tile");
+
+    T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
+    T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
+    unsigned long long* const full =
+        reinterpret_cast<unsigned long long*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
+    unsigned long long* const empty = full + STAGES;
+#ifndef __CUDACC__
+    static_assert(ws_ring_bytes(BM, BN) <= sizeof(wgmma_ring), "the emulator's ring is too small");
+#endif
+    const int tid = threadIdx.x;
+    if (tid == 0)
+        for (int b = 0; b < STAGES; ++b) {
+            mbarrier::init(full + b, 128);
+            mbarrier::init(empty + b, 8);
+        }
+    __syncthreads();  // the only block-wide barrier: from here on the warpgroups meet at the mbarriers alone
+
+    const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
+    const int tiles_m = (a.cout + BN - 1) / BN, tiles_pm = (p_total + BM - 1) / BM * tiles_m;
+    const int splits = (k_total + a.k_split - 1) / a.k_split, tiles = tiles_pm * splits;
+    struct Tile {
+        int p0, m0, z, k_begin, k_end, stages;
+    };
+    const auto tile_at = [&](int i) {
+        Tile t;
+        t.z = i / tiles_pm;
+        const int r = i - t.z * tiles_pm;
+        t.p0 = r / tiles_m * BM;
+        t.m0 = (r - r / tiles_m * tiles_m) * BN;
+        t.k_begin = t.z * a.k_split;
+        t.k_end = min(k_total, t.k_begin + a.k_split);
+        t.stages = (t.k_end - t.k_begin + BK - 1) / BK;
+        return t;
+    };
+
+    if (tid < 128) {  // the producer
+        int issued = 0, buf = 0, ready = 0;  // loads so far; the buffer of the next load; of the next full arrival
+        unsigned phase = 0;                  // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
+        for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+            const Tile t = tile_at(i);
+            Loader load(a, As, Bs, t.p0, t.m0, t.k_begin, t.k_end, tid);
+            for (int kt = 0; kt < t.stages; ++kt) {
+                if (issued >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
+                load(0, buf);
+                cp_async::commit();
+                if (++issued > LAG) {  // load issued - 1 - LAG has landed
+                    cp_async::wait<LAG>();
+                    wgmma::fence_proxy_async();
+                    mbarrier::arrive(full + ready);
+                    ready = ready == STAGES - 1 ? 0 : ready + 1;
+                }
+                if (++buf == STAGES) {
+                    buf = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        cp_async::wait<0>();  // the last LAG loads (or all, if fewer)
+        wgmma::fence_proxy_async();
+        for (int j = min(issued, LAG); j > 0; --j) {
+            mbarrier::arrive(full + ready);
+            ready = ready == STAGES - 1 ? 0 : ready + 1;
+        }
+        return;
+    }
+
+    // The consumers: warpgroup `group` multiplies pixel rows 64 MB group ..
+    const int group = tid / 128 - 1, warp = tid / 32 % 4, lane = tid % 32;
+    const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
+    const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
+    constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
+    constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
+    int buf = 0;
+    unsigned phase = 0;  // parity of the ring's passes: full[buf] is waited for at phase
+    for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+        const Tile t = tile_at(i);
+        float d[MB][BN / 2];
+        int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
+        for (int kt = 0; kt < t.stages; ++kt) {
+            mbarrier::wait(full + buf, phase);
+            const unsigned long long db = db0 + buf * B_STEP;
+            wgmma::fence();
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                const unsigned long long da = da0 + (buf * A_STEP + mb * ROWS64_STEP);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const unsigned long long on = half * wgmma::DESC_32_BYTES;
+                    E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
+                }
+            }
+            accumulate = 1;
+            wgmma::commit();
+            wgmma::wait<1>();  // the wgmma of the stage before have read their buffer
+            if (kt > 0 && lane == 0) mbarrier::arrive(empty + last);
+            last = buf;
+            if (++buf == STAGES) {
+                buf = 0;
+                phase ^= 1;
+            }
+        }
+        wgmma::wait<0>();
+        if (lane == 0) mbarrier::arrive(empty + last);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
+
+        // Epilogue: as conv_nhwc_wgmma_gemm's (d[mb][4j + 2 half + e] = pixel 64 (MB group + mb) + 16 warp + g +
+        // 8 half, channel 8j + 2t + e).
+        const int g = lane / 4, tt = lane % 4;
+        const NhwcStore<E> store{a, p_total, t.z, splits};
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+            store.column(t.m0 + 8 * j + 2 * tt, [&](auto&& put) {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+                        put(t.p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, d[mb][4 * j + 2 * half],
+                            d[mb][4 * j + 2 * half + 1]);
+            });
+    }
 }
 
 // The parts as flat kernel parameters (what the launch format passes), ending in relu_end.
@@ -509,6 +666,21 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 
 CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
+
+// The warp-specialized tiles: 384 threads, one block an SM (168 registers a thread at most; the consumers hold
+// BM / 128 * BN / 2 accumulators).
+#define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)                                                                   \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) NAME##_ws_##BM##x##BN(CONV_NHWC_PARAMS(E)) { \
+        conv_nhwc_ws_gemm<E, BM, BN>(CONV_NHWC_ARGS(E));                                                       \
+    }
+#define CONV_NHWC_WS_TILES(NAME, E)          \
+    CONV_NHWC_WS_KERNEL(NAME, E, 128, 192)   \
+    CONV_NHWC_WS_KERNEL(NAME, E, 128, 128)   \
+    CONV_NHWC_WS_KERNEL(NAME, E, 128, 64)    \
+    CONV_NHWC_WS_KERNEL(NAME, E, 256, 128)
+
+CONV_NHWC_WS_TILES(conv_nhwc, NhwcF16)
+CONV_NHWC_WS_TILES(conv_nhwc_tf32, NhwcTf32)
 CONV_NHWC_WGMMA_KERNEL_BLOCKS(conv_nhwc_f32, NhwcF32, 128, 128, 1)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 64)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)

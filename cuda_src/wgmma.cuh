@@ -81,6 +81,7 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
     }                                                                                                               \
     };
 
+
 template <int N>
 struct Mma;
 IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98", IE_WG_D96)
@@ -88,4 +89,33 @@ IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", IE_WG_D64)
 IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34", IE_WG_D32)
 IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18", IE_WG_D16)
 }  // namespace wgmma
+
+// mbarrier (shared-memory transaction barriers, PTX ISA "Parallel Synchronization and Communication Instructions:
+// mbarrier"): a 64-bit word in shared memory that completes a phase when `count` arrivals have been made since the
+// last one, then counts again. wait(parity) returns once the phase of that parity has completed: a fresh barrier is
+// in phase 0, so wait(0) waits for its first completion. Arrivals release and waits acquire (the default .release /
+// .acquire at CTA scope), so what a thread wrote before its arrival is visible to the threads that waited.
+namespace mbarrier {
+__device__ __forceinline__ unsigned at(const unsigned long long* bar) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(bar));
+}
+__device__ __forceinline__ void init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(at(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(at(bar)) : "memory");
+}
+__device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(at(bar)), "r"(parity)
+                 : "memory");
+    return done;
+}
+__device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) {
+    while (!try_wait(bar, parity)) {
+    }
+}
+}  // namespace mbarrier
 #endif

@@ -229,7 +229,9 @@ def emu(tmp_path_factory):
         "conv_nhwc.cu", [(k, cb.arg_format(k)) for k in KERNELS],
         ('#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',
          'extern "C" int emu_wgmma_stages(int split, int bm, int bn) { return wgmma_stages(split, bm, bn); }',
-         'extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }')),
+         'extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',
+         'extern "C" int emu_ws_ring_bytes(int bm, int bn) { return ws_ring_bytes(bm, bn); }',
+         'extern "C" int emu_ws_stages(int bm, int bn) { return ws_stages(bm, bn); }')),
         "-O2", True)
     mem = Emulated(lib)
     yield mem
@@ -322,8 +324,9 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
     cfg = cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
     ws = mem.alloc(4 * max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w))
+    # num_sms 3: a warp-specialized tile's blocks each take several tiles, so its ring wraps from tile to tile
     specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
-                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision)
+                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3)
     suffix = cb.NHWC_ELEMS[precision].suffix
     assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"] + [
         f"conv_nhwc{suffix}_splitk_reduce"] * (cfg.splits > 1)
@@ -344,6 +347,11 @@ def test_ring_bytes_are_the_kernels_stages(emu):
     for precision, elem in cb.NHWC_ELEMS.items():
         split = precision == "fp32"
         for t in elem.wgmma_tiles:
+            if cb.is_ws(t.prefix):  # the warp-specialized tiles: a ring of ~200 KB and its mbarriers, one block an SM
+                assert cb.ws_stages(t.bm, t.bn) == emu.lib.emu_ws_stages(t.bm, t.bn) >= 3, t.name
+                ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
+                assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn) <= 227 * 1024 and t.resident == 1
+                continue
             stages = emu.lib.emu_wgmma_stages(split, t.bm, t.bn)
             assert cb.wgmma_stages(t.bm, t.bn, split) == stages, t.name
             ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
@@ -353,7 +361,7 @@ def test_ring_bytes_are_the_kernels_stages(emu):
 
 
 def wgmma_tile(precision: str, name: str) -> cb.Tile:
-    return next(t for t in cb.NHWC_ELEMS[precision].wgmma_tiles if t.name == name)
+    return next(t for t in cb.NHWC_ELEMS[precision].wgmma_tiles if t.name == name and not cb.is_ws(t.prefix))
 
 
 def case_id(c: Case) -> str:
@@ -375,11 +383,12 @@ def test_conv_split_k(mem, case, precision):
 
 
 def split_k_tiles(precision: str, wgmma: bool) -> list[cb.Tile]:
-    """One mma.sync tile and, with wgmma, 128x64, 256x32 (two blocks of 64 rows per warpgroup) and 128x192
-    (m64n192), or fp32's three."""
+    """One mma.sync tile and, with wgmma, 128x64, 256x32 (two blocks of 64 rows per warpgroup), 128x192
+    (m64n192) and the warp-specialized 256x128, or fp32's three."""
     elem = cb.NHWC_ELEMS[precision]
     names = ("128x64", "256x32", "128x192") if precision != "fp32" else ("128x128", "128x64", "128x32")
-    return list(elem.mma_tiles[1:2]) + ([wgmma_tile(precision, n) for n in names] if wgmma else [])
+    ws = [cb.ws_tile(256, 128, precision)] if precision != "fp32" else []
+    return list(elem.mma_tiles[1:2]) + ([wgmma_tile(precision, n) for n in names] + ws if wgmma else [])
 
 
 FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp

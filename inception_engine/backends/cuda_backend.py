@@ -126,14 +126,40 @@ def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
                 WGMMA_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision] * resident / 2, WGMMA_PREFIX[precision], False)
 
 
+# conv_nhwc.cu's warp-specialized persistent wgmma tiles (fp16 and tf32): a producer warpgroup loads, two consumer
+# warpgroups multiply; WS_THREADS threads, one block an SM, at most one block per SM launched (WS_SHAPES' model
+# speeds: a guess, WGMMA_SPEEDS' per SM (two blocks) x 1.2, until measured).
+WS_THREADS = 384
+WS_SPEEDS = {(128, 192): 1.2 * 1890e3, (128, 128): 1.2 * 1410e3, (128, 64): 1.2 * 1230e3, (256, 128): 1.2 * 1410e3}
+
+
+def ws_stages(bm: int, bn: int) -> int:
+    """conv_nhwc.cu's ws_stages(): the warp-specialized tile's ring, ~200 KB of stages of BM + BN rows of 64 bytes."""
+    return min(12, 200 * 1024 // ((bm + bn) * 64))
+
+
+def ws_tile(bm: int, bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    return Tile(bm, bn, 32 if precision == "fp16" else 16, 1, WS_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
+                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_ws", False)
+
+
+def is_ws(kernel_or_prefix: str) -> bool:
+    """A warp-specialized tile's kernel (or prefix): WS_THREADS threads, a persistent grid."""
+    return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
+
+
 def tile_label(tile: Tile) -> str:
-    """A tile's name that tells the NHWC path's wgmma tiles from its mma.sync ones of the same shape: w128x128."""
-    return ("w" if "_wgmma" in tile.prefix else "") + tile.name
+    """A tile's name that tells the NHWC path's wgmma tiles (w128x128) and warp-specialized ones (ws128x128) from
+    its mma.sync ones of the same shape."""
+    return ("ws" if is_ws(tile.prefix) else "w" if "_wgmma" in tile.prefix else "") + tile.name
 
 
-# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there.
-NHWC_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
-NHWC_TF32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
+# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized ones.
+NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
+                    + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS))
+NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
+                         + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
 # channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
@@ -657,10 +683,13 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
 
 def wgmma_ring_bytes(kernel: str) -> int:
     """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes, and for
-    fp32's the low halves' tiles), else 0: conv_nhwc.cu's wgmma_ring_bytes()."""
-    if "_wgmma_" not in kernel:
+    fp32's the low halves' tiles; for a warp-specialized tile, each stage's two mbarriers too), else 0: conv_nhwc.cu's
+    wgmma_ring_bytes() and ws_ring_bytes()."""
+    if "_wgmma_" not in kernel and not is_ws(kernel):
         return 0
     bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
+    if is_ws(kernel):
+        return ws_stages(bm, bn) * ((bm + bn) * 64 + 16)
     split = kernel.startswith(WGMMA_PREFIX["fp32"])
     return (wgmma_stages(bm, bn, split) + WGMMA_LO_TILES * split) * (bm + bn) * 64
 
@@ -929,10 +958,11 @@ def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
 
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
-                    ws: int, precision: str = "fp16") -> list[LaunchSpec]:
+                    ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
     """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv), and its
     split-K reduction when cfg.splits > 1; for INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input
-    (x_cstride unused)."""
+    (x_cstride unused). A warp-specialized tile's blocks loop over the tiles: num_sms of them (one an SM), or one
+    per tile where there are fewer or num_sms is None."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total
@@ -948,8 +978,12 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
             op.stride, *op.pad, cfg.k_split, *parts)
     assert t in NHWC_ELEMS[precision].tiles(True), f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
     kernel = f"{t.prefix}_{t.name}"
-    specs = [LaunchSpec(op.name, kernel, (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits),
-                        (THREADS, 1, 1), args, wgmma_ring_bytes(kernel))]
+    grid = (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits)
+    if is_ws(kernel):
+        tiles = math.prod(grid)
+        grid = (min(tiles, num_sms or tiles), 1, 1)
+    specs = [LaunchSpec(op.name, kernel, grid, (WS_THREADS if is_ws(kernel) else THREADS, 1, 1), args,
+                        wgmma_ring_bytes(kernel))]
     if split:
         specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
                                 (_blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
@@ -971,9 +1005,10 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
 
 def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
                       offsets: dict[str, int], ws: int, probs: int | None = None,
-                      precision: str = "fp16") -> list[LaunchSpec]:
+                      precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
     """The whole NHWC forward as launches, in plan order. arena: the NHWC activations of the precision's elements
-    (the plan's offsets in elements); side: the float32 side buffer (``nhwc_side``)."""
+    (the plan's offsets in elements); side: the float32 side buffer (``nhwc_side``); num_sms: the GPU's, the grid of
+    the persistent tiles (``nhwc_conv_specs``)."""
     lay = nhwc_side(plan)
     elem = NHWC_ELEMS[precision]
     specs: list[LaunchSpec] = []
@@ -989,7 +1024,7 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
             assert cfg is not None and (cfg.tile == INPUT_TILE) == reads_input, f"{op.name}: not an NHWC config"
             x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
             specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
-                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision)
+                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms)
         elif isinstance(op, PoolOp):
             bias = params + 4 * offsets[op.bias + ".bias"] if op.bias else 0
             specs.append(nhwc_pool_spec(op, arena, precision, bias))
@@ -1234,7 +1269,7 @@ class CudaBackend:
             self._in_ptr = self._side + 4 * side.input
             self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
             self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
-                                           offsets, self._ws, self._probs, self.precision)
+                                           offsets, self._ws, self._probs, self.precision, self._gpu.num_sms)
         else:
             self._in_ptr = view_ptr(self._arena, plan.input)
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)

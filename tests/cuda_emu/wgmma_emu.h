@@ -8,6 +8,8 @@
 // writes between the barrier before a stage's wgmma and the barrier after it; fences, commit and wait are no-ops.
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace wgmma {
@@ -21,6 +23,7 @@ void wait() {}
 inline void fence_proxy_async() {}
 template <int R>
 void fence_registers(float (&)[R]) {}
+
 
 // Where byte `kbyte` of row `row` of the tile lives.
 inline const unsigned char* element(unsigned long long desc, int row, int kbyte) {
@@ -65,3 +68,24 @@ struct Mma {
     }
 };
 }  // namespace wgmma
+
+// mbarrier: the 64-bit word holds the arrivals a phase needs (bits 0-15), those still missing (16-31) and the
+// phase (32). A wait yields to the other fibers until the phase of its parity has completed; a wait that no arrival
+// can end (a deadlock) aborts the test process with a message instead of spinning forever.
+namespace mbarrier {
+inline void init(unsigned long long* bar, unsigned count) { *bar = count | (unsigned long long)count << 16; }
+inline void arrive(unsigned long long* bar) {
+    const unsigned long long count = *bar & 0xffff, missing = (*bar >> 16 & 0xffff) - 1, phase = *bar >> 32 & 1;
+    *bar = missing ? count | missing << 16 | phase << 32 : count | count << 16 | (phase ^ 1) << 32;
+}
+inline bool try_wait(unsigned long long* bar, unsigned parity) { return (*bar >> 32 & 1) != parity; }
+inline void wait(unsigned long long* bar, unsigned parity) {
+    for (long spins = 0; !try_wait(bar, parity); ++spins) {
+        if (spins > 10000000) {
+            std::fprintf(stderr, "emulator: thread %u waits forever on an mbarrier (deadlock)\n", threadIdx.x);
+            std::abort();
+        }
+        emu::yield();
+    }
+}
+}  // namespace mbarrier
