@@ -474,13 +474,16 @@ __host__ __device__ constexpr int ws_stages(int bm, int bn) {
 __host__ __device__ constexpr int ws_ring_bytes(int bm, int bn) {
     return ws_stages(bm, bn) * ((bm + bn) * 64 + 16);
 }
-[[maybe_unused]] constexpr int WS_THREADS = 384;  // cuda_backend.WS_THREADS; unused where the tiles are not built
+constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
+// setmaxnreg: the producers give registers to the consumers, 256 x 56 + 256 x 200 = the SM's 65,536.
+[[maybe_unused]] constexpr int WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 200;  // unused where the tiles are not built
+[[maybe_unused]] constexpr int WS_THREADS = WS_PRODUCERS + 256;  // cuda_backend.WS_THREADS
 
 template <class E, int BM, int BN>
 __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
     constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN), LAG = STAGES - 2;
-    using Loader = NhwcLoader<E, BM, BN, 128>;
+    using Loader = NhwcLoader<E, BM, BN, WS_PRODUCERS>;
     constexpr int BK = Loader::BK;
     static_assert(!E::SPLIT && BM % 128 == 0 && LAG >= 1, "warp-specialized tile");
 
@@ -495,7 +498,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     const int tid = threadIdx.x;
     if (tid == 0)
         for (int b = 0; b < STAGES; ++b) {
-            mbarrier::init(full + b, 128);
+            mbarrier::init(full + b, WS_PRODUCERS);
             mbarrier::init(empty + b, 8);
         }
     __syncthreads();  // the only block-wide barrier: from here on the warpgroups meet at the mbarriers alone
@@ -518,7 +521,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
         return t;
     };
 
-    if (tid < 128) {  // the producer
+    if (tid < WS_PRODUCERS) {  // the producers
+        wgmma::max_registers<WS_PRODUCER_REGS, false>();
         int issued = 0, buf = 0, ready = 0;  // loads so far; the buffer of the next load; of the next full arrival
         unsigned phase = 0;                  // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
         for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
@@ -550,7 +554,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     }
 
     // The consumers: warpgroup `group` multiplies pixel rows 64 MB group ..
-    const int group = tid / 128 - 1, warp = tid / 32 % 4, lane = tid % 32;
+    wgmma::max_registers<WS_CONSUMER_REGS, true>();
+    const int group = (tid - WS_PRODUCERS) / 128, warp = tid / 32 % 4, lane = tid % 32;
     const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
     const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
     constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;

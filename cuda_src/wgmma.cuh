@@ -36,6 +36,16 @@ __device__ __forceinline__ void wait() {
 // This thread's ordinary (and cp.async) shared-memory writes before the async proxy's reads that follow a barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// setmaxnreg: the executing warpgroup's registers a thread become N (more: inc, waits until the SM has them; fewer:
+// dec, gives them back), so that warpgroups with different jobs split the SM's register file unevenly.
+template <int N, bool INC>
+__device__ __forceinline__ void max_registers() {
+    if constexpr (INC)
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+    else
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
 template <int R>
 __device__ __forceinline__ void fence_registers(float (&d)[R]) {

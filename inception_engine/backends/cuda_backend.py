@@ -126,10 +126,10 @@ def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
                 WGMMA_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision] * resident / 2, WGMMA_PREFIX[precision], False)
 
 
-# conv_nhwc.cu's warp-specialized persistent wgmma tiles (fp16 and tf32): a producer warpgroup loads, two consumer
-# warpgroups multiply; WS_THREADS threads, one block an SM, at most one block per SM launched (WS_SHAPES' model
+# conv_nhwc.cu's warp-specialized persistent wgmma tiles (fp16 and tf32): two producer warpgroups load, two consumer
+# warpgroups multiply; WS_THREADS threads, one block an SM, at most one block per SM launched (WS_SPEEDS' model
 # speeds: a guess, WGMMA_SPEEDS' per SM (two blocks) x 1.2, until measured).
-WS_THREADS = 384
+WS_THREADS = 512
 WS_SPEEDS = {(128, 192): 1.2 * 1890e3, (128, 128): 1.2 * 1410e3, (128, 64): 1.2 * 1230e3, (256, 128): 1.2 * 1410e3}
 
 

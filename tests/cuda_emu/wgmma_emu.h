@@ -21,6 +21,8 @@ inline void commit() {}
 template <int N>
 void wait() {}
 inline void fence_proxy_async() {}
+template <int N, bool INC>
+void max_registers() {}
 template <int R>
 void fence_registers(float (&)[R]) {}
 
