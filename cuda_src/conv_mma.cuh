@@ -105,6 +105,14 @@ __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src, bool 
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
+// An arrival on the mbarrier (wgmma.cuh) once every cp.async this thread has issued so far has landed; .noinc: the
+// barrier's count includes it (cp.async.mbarrier.arrive).
+__device__ __forceinline__ void arrive_on(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(bar)))
+                 : "memory");
+}
+
 // Wait until at most N of this thread's copy groups are still in flight.
 template <int N>
 __device__ __forceinline__ void wait() {

@@ -458,12 +458,12 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // - warpgroup 0, the producer, runs NhwcLoader (its 128 threads copy the whole tile) into a ring of STAGES buffers;
 // - warpgroups 1 and 2, the consumers, each multiply 64 (MB x 64) pixel rows of a stage by its B tile, then release
 //   the buffer, and do the epilogue; they issue ~10 instructions a stage.
-// Buffer handover by mbarriers (wgmma.cuh): full[b] completes when all 128 producer threads have arrived, each once
-// its own copies into b have landed and been fenced for the async proxy (cp.async.wait_group, fence.proxy.async:
-// the order of the other kernels' ring); empty[b] when the 8 consumer warps have arrived, each once the wgmma that
-// read b have completed (wgmma.wait_group). The producer arrives LAG = STAGES - 2 loads behind the one it issues,
-// so it keeps LAG loads in flight; it waits for empty[b] before reloading b, which the consumers release after the
-// stage that follows b, so the lag must leave it two buffers: LAG <= STAGES - 2, or neither side could go on.
+// Buffer handover by mbarriers (wgmma.cuh): full[b] completes when each of the producer threads' copies into b
+// have landed (cp.async.mbarrier.arrive: the hardware arrives for the thread, which goes on issuing), and the
+// consumers fence them for the async proxy after the wait; empty[b] when the 8 consumer warps have arrived, each
+// once the wgmma that read b have completed (wgmma.wait_group). The producers wait for empty[b] before reloading b.
+// (Round 11's first version arrived on full[b] itself, after cp.async.wait_group, LAG loads behind the one it issued:
+// that put the issue of a later load, which waits for a buffer, between a stage landing and its consumers.)
 // Persistent: gridDim.x blocks (one an SM: the ring takes ~200 KB) take the tiles blockIdx.x, + gridDim.x, ... in
 // tile_n0's order (the channel tiles of one pixel tile, then its K slices last), so the producer loads the next
 // tile's stages while the consumers store the last one's.
@@ -482,10 +482,10 @@ constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 template <class E, int BM, int BN>
 __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
-    constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN), LAG = STAGES - 2;
+    constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN);
     using Loader = NhwcLoader<E, BM, BN, WS_PRODUCERS>;
     constexpr int BK = Loader::BK;
-    static_assert(!E::SPLIT && BM % 128 == 0 && LAG >= 1, "warp-specialized tile");
+    static_assert(!E::SPLIT && BM % 128 == 0 && STAGES >= 3, "warp-specialized tile");
 
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
@@ -523,33 +523,22 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
 
     if (tid < WS_PRODUCERS) {  // the producers
         wgmma::max_registers<WS_PRODUCER_REGS, false>();
-        int issued = 0, buf = 0, ready = 0;  // loads so far; the buffer of the next load; of the next full arrival
-        unsigned phase = 0;                  // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
+        int issued = 0, buf = 0;  // loads so far; the buffer of the next load
+        unsigned phase = 0;       // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
         for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
             const Tile t = tile_at(i);
             Loader load(a, As, Bs, t.p0, t.m0, t.k_begin, t.k_end, tid);
             for (int kt = 0; kt < t.stages; ++kt) {
-                if (issued >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
+                if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
                 load(0, buf);
-                cp_async::commit();
-                if (++issued > LAG) {  // load issued - 1 - LAG has landed
-                    cp_async::wait<LAG>();
-                    wgmma::fence_proxy_async();
-                    mbarrier::arrive(full + ready);
-                    ready = ready == STAGES - 1 ? 0 : ready + 1;
-                }
+                cp_async::arrive_on(full + buf);  // once this thread's copies so far have landed
                 if (++buf == STAGES) {
                     buf = 0;
                     phase ^= 1;
                 }
             }
         }
-        cp_async::wait<0>();  // the last LAG loads (or all, if fewer)
-        wgmma::fence_proxy_async();
-        for (int j = min(issued, LAG); j > 0; --j) {
-            mbarrier::arrive(full + ready);
-            ready = ready == STAGES - 1 ? 0 : ready + 1;
-        }
+        cp_async::wait<0>();
         return;
     }
 
@@ -568,6 +557,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
         int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
         for (int kt = 0; kt < t.stages; ++kt) {
             mbarrier::wait(full + buf, phase);
+            wgmma::fence_proxy_async();  // the producers' copies, seen through the barrier, before the async proxy's reads
             const unsigned long long db = db0 + buf * B_STEP;
             wgmma::fence();
 #pragma unroll

@@ -91,3 +91,8 @@ inline void wait(unsigned long long* bar, unsigned parity) {
     }
 }
 }  // namespace mbarrier
+
+// cp.async lands at once here (tf32_emu.h), so the arrival it triggers is immediate.
+namespace cp_async {
+inline void arrive_on(unsigned long long* bar) { mbarrier::arrive(bar); }
+}  // namespace cp_async
