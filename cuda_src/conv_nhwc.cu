@@ -454,10 +454,12 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // The same implicit GEMM, warp-specialized and persistent (sm_90a; "_ws" tiles). Round 9's ncu profile of the wgmma
 // tiles: every warp both loads and multiplies, so the loader's address arithmetic (136 SASS instructions per stage,
 // under 128x192's register cap) takes the issue slots, and the tensor pipe is active ~50 % of the time. Here the
-// block is three warpgroups with one job each:
-// - warpgroup 0, the producer, runs NhwcLoader (its 128 threads copy the whole tile) into a ring of STAGES buffers;
-// - warpgroups 1 and 2, the consumers, each multiply 64 (MB x 64) pixel rows of a stage by its B tile, then release
+// block is four warpgroups with one job each:
+// - warpgroups 0 and 1, the producers, run NhwcLoader (their 256 threads copy the whole tile) into a ring of STAGES
+//   buffers (one producer warpgroup measured too slow: round 11 in docs/PERFORMANCE.md);
+// - warpgroups 2 and 3, the consumers, each multiply 64 (MB x 64) pixel rows of a stage by its B tile, then release
 //   the buffer, and do the epilogue; they issue ~10 instructions a stage.
+// setmaxnreg moves registers from the producers to the consumers (WS_PRODUCER_REGS, WS_CONSUMER_REGS).
 // Buffer handover by mbarriers (wgmma.cuh): full[b] completes when each of the producer threads' copies into b
 // have landed (cp.async.mbarrier.arrive: the hardware arrives for the thread, which goes on issuing), and the
 // consumers fence them for the async proxy after the wait; empty[b] when the 8 consumer warps have arrived, each
@@ -662,8 +664,8 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
 
-// The warp-specialized tiles: 384 threads, one block an SM (168 registers a thread at most; the consumers hold
-// BM / 128 * BN / 2 accumulators).
+// The warp-specialized tiles: WS_THREADS (512) threads, one block an SM (128 registers a thread at launch, then
+// setmaxnreg's split; the consumers hold BM / 128 * BN / 2 accumulators; ptxas: no spill. 256x192's 192 spill).
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)                                                                   \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) NAME##_ws_##BM##x##BN(CONV_NHWC_PARAMS(E)) { \
         conv_nhwc_ws_gemm<E, BM, BN>(CONV_NHWC_ARGS(E));                                                       \

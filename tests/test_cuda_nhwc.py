@@ -231,7 +231,8 @@ def emu(tmp_path_factory):
          'extern "C" int emu_wgmma_stages(int split, int bm, int bn) { return wgmma_stages(split, bm, bn); }',
          'extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',
          'extern "C" int emu_ws_ring_bytes(int bm, int bn) { return ws_ring_bytes(bm, bn); }',
-         'extern "C" int emu_ws_stages(int bm, int bn) { return ws_stages(bm, bn); }')),
+         'extern "C" int emu_ws_stages(int bm, int bn) { return ws_stages(bm, bn); }',
+         'extern "C" int emu_ws_threads() { return WS_THREADS; }')),
         "-O2", True)
     mem = Emulated(lib)
     yield mem
@@ -351,6 +352,7 @@ def test_ring_bytes_are_the_kernels_stages(emu):
                 assert cb.ws_stages(t.bm, t.bn) == emu.lib.emu_ws_stages(t.bm, t.bn) >= 3, t.name
                 ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
                 assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn) <= 227 * 1024 and t.resident == 1
+                assert cb.WS_THREADS == emu.lib.emu_ws_threads()  # the launch's block: producers + consumers
                 continue
             stages = emu.lib.emu_wgmma_stages(split, t.bm, t.bn)
             assert cb.wgmma_stages(t.bm, t.bn, split) == stages, t.name
