@@ -237,6 +237,24 @@ struct NhwcStore {
             E::store2(y + p * col.cstride, v0, v1);
         });
     }
+
+    // A wgmma warpgroup's BN-channel tile from channel m0: sum(mb, i) is its accumulator i of 64-row block mb, which
+    // holds pixel p0 + 64 (MB group + mb) + 16 warp + g + 8 half, channels 8j + 2t + e for i = 4j + 2 half + e
+    // (wgmma.cuh's D layout).
+    template <int MB, int BN, class Sum>
+    __device__ __forceinline__ void wgmma_rows(int p0, int m0, int group, Sum&& sum) const {
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, g = lane / 4, t = lane % 4;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+            column(m0 + 8 * j + 2 * t, [&](auto&& put) {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+                        put(p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, sum(mb, 4 * j + 2 * half),
+                            sum(mb, 4 * j + 2 * half + 1));
+            });
+    }
 };
 
 template <class E, int BM, int BN, int WARPS_M, int STAGES>
@@ -348,7 +366,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     static_assert(wgmma_ring_bytes(E::SPLIT, BM, BN) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
 
-    const int tid = threadIdx.x, lane = tid % 32, group = tid / 128, warp = tid / 32 % 4;
+    const int tid = threadIdx.x, group = tid / 128;
     const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
     const int p0 = tile_n0(BM), m0 = tile_m0(BN);
     const int k_begin = blockIdx.z * a.k_split;
@@ -435,20 +453,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
             return d[mb][i];
     };
 
-    // Epilogue: d[mb][4j + 2 half + e] = pixel 64 (MB group + mb) + 16 warp + g + 8 half, channel 8j + 2t + e
-    // (wgmma.cuh).
-    const int g = lane / 4, t = lane % 4;
-    const NhwcStore<E> store{a, p_total, (int)blockIdx.z, (int)gridDim.z};
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-        store.column(m0 + 8 * j + 2 * t, [&](auto&& put) {
-#pragma unroll
-            for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-                    put(p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, sum(mb, 4 * j + 2 * half),
-                        sum(mb, 4 * j + 2 * half + 1));
-        });
+    NhwcStore<E>{a, p_total, (int)blockIdx.z, (int)gridDim.z}.template wgmma_rows<MB, BN>(p0, m0, group, sum);
 }
 
 // The same implicit GEMM, warp-specialized and persistent (sm_90a; "_ws" tiles). Round 9's ncu profile of the wgmma
@@ -546,7 +551,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
 
     // The consumers: warpgroup `group` multiplies pixel rows 64 MB group ..
     wgmma::max_registers<WS_CONSUMER_REGS, true>();
-    const int group = (tid - WS_PRODUCERS) / 128, warp = tid / 32 % 4, lane = tid % 32;
+    const int group = (tid - WS_PRODUCERS) / 128, lane = tid % 32;
     const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
     const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
     constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
@@ -586,20 +591,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
 
-        // Epilogue: as conv_nhwc_wgmma_gemm's (d[mb][4j + 2 half + e] = pixel 64 (MB group + mb) + 16 warp + g +
-        // 8 half, channel 8j + 2t + e).
-        const int g = lane / 4, tt = lane % 4;
-        const NhwcStore<E> store{a, p_total, t.z, splits};
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-            store.column(t.m0 + 8 * j + 2 * tt, [&](auto&& put) {
-#pragma unroll
-                for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-                    for (int half = 0; half < 2; ++half)
-                        put(t.p0 + 64 * (MB * group + mb) + 16 * warp + g + 8 * half, d[mb][4 * j + 2 * half],
-                            d[mb][4 * j + 2 * half + 1]);
-            });
+        NhwcStore<E>{a, p_total, t.z, splits}.template wgmma_rows<MB, BN>(
+            t.p0, t.m0, group, [&](int mb, int i) { return d[mb][i]; });
     }
 }
 
