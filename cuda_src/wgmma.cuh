@@ -26,6 +26,14 @@ __device__ __forceinline__ unsigned long long desc_k_major_64b(const void* tile)
     return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(512 >> 4) << 32 | 2ull << 62;
 }
 constexpr unsigned long long DESC_32_BYTES = 32 >> 4;  // added to a descriptor: the same rows, 32 bytes further on
+// The same for rows of 128 bytes in the 128-byte swizzle (mode 1): byte address bits [4, 7) XORed with bits [7, 10)
+// (row mod 8), 8-row groups 1024 bytes apart. The swizzle is a function of the address (the ISA's "swizzling
+// patterns" repeat every 1024 bytes of the shared address space), so a tile may start at any row of such a buffer:
+// row i of the tile is then row start + i of the buffer (conv_nhwc.cu's halo tiles shift a tile by rows this way).
+__device__ __forceinline__ unsigned long long desc_k_major_128b(const void* tile) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
+    return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
+}
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

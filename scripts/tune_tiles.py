@@ -27,7 +27,7 @@ from inception_engine.plan import ConvOp, build_plan, fuse_pointwise  # noqa: E4
 
 
 def label(cfg: cb.ConvConfig) -> str:
-    return (f"F{cfg.wino}" if cfg.wino else cfg.tile.name) + (f"/{cfg.splits}" if cfg.splits > 1 else "")
+    return (f"F{cfg.wino}" if cfg.wino else cb.tile_label(cfg.tile)) + (f"/{cfg.splits}" if cfg.splits > 1 else "")
 
 
 def layer_ms(weights, plan, configs, precision: str, iters: int,

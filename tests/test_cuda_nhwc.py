@@ -132,7 +132,16 @@ def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precisi
     assert configs["fc"] is None or configs["fc"].tile in cb.TILES_OF[precision]
     assert any(configs[op.name].tile in cb.NHWC_ELEMS[precision].wgmma_tiles for op in rest) == wgmma
     sets = cb.tuning_candidates(plan, 132, False, precision, True, nhwc=True, wgmma=wgmma)
-    assert [{s[op.name].tile for op in rest} for s in sets] == [{t} for t in tiles]
+    # a set per tile: the convs that tile computes on it (a halo tile: the stem's 32-channel 3x3 convs), the others
+    # on tiles that compute them
+    on_own_tile = [{s[op.name].tile for op in rest if cb.tile_fits(op, t)} for s, t in zip(sets, tiles)]
+    assert on_own_tile == [{t} for t in tiles]
+    assert all(cb.tile_fits(op, s[op.name].tile) for s in sets for op in rest)
+    halo = [t for t in tiles if cb.is_halo(t.prefix)]
+    assert bool(halo) == (precision == "tf32" and wgmma)
+    for t in halo:
+        assert {op.name for op in rest if cb.tile_fits(op, t)} == (
+            {"Conv2d_2a_3x3", "Conv2d_2b_3x3"} if t.bn == 64 else {"Conv2d_2a_3x3"})
     assert all(s[first.name].tile == cb.INPUT_TILE for s in sets)
 
 
@@ -232,7 +241,10 @@ def emu(tmp_path_factory):
          'extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',
          'extern "C" int emu_ws_ring_bytes(int bm, int bn) { return ws_ring_bytes(bm, bn); }',
          'extern "C" int emu_ws_stages(int bm, int bn) { return ws_stages(bm, bn); }',
-         'extern "C" int emu_ws_threads() { return WS_THREADS; }')),
+         'extern "C" int emu_ws_threads() { return WS_THREADS; }',
+         'extern "C" int emu_halo_threads() { return HALO_THREADS; }',
+         'extern "C" int emu_halo_smem_bytes(int bn, int kh, int kw, int wg) {'
+         ' return halo_smem_bytes(bn, kh, kw, wg); }')),
         "-O2", True)
     mem = Emulated(lib)
     yield mem
@@ -348,6 +360,12 @@ def test_ring_bytes_are_the_kernels_stages(emu):
     for precision, elem in cb.NHWC_ELEMS.items():
         split = precision == "fp32"
         for t in elem.wgmma_tiles:
+            if cb.is_halo(t.prefix):  # the halo tiles: shared memory by the conv's shape, one block an SM
+                for kernel, wg in (((3, 3), 149), ((3, 3), 11), ((1, 7), 23), ((5, 5), 40)):
+                    assert cb.halo_smem_bytes(t.bn, kernel, wg) == emu.lib.emu_halo_smem_bytes(t.bn, *kernel, wg)
+                assert cb.halo_smem_bytes(t.bn, (3, 3), 149) <= cb.MAX_SHARED_BYTES and t.resident == 1
+                assert cb.HALO_THREADS == emu.lib.emu_halo_threads()
+                continue
             if cb.is_ws(t.prefix):  # the warp-specialized tiles: a ring of ~200 KB and its mbarriers, one block an SM
                 assert cb.ws_stages(t.bm, t.bn) == emu.lib.emu_ws_stages(t.bm, t.bn) >= 3, t.name
                 ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
@@ -363,7 +381,8 @@ def test_ring_bytes_are_the_kernels_stages(emu):
 
 
 def wgmma_tile(precision: str, name: str) -> cb.Tile:
-    return next(t for t in cb.NHWC_ELEMS[precision].wgmma_tiles if t.name == name and not cb.is_ws(t.prefix))
+    return next(t for t in cb.NHWC_ELEMS[precision].wgmma_tiles
+                if t.name == name and not cb.is_ws(t.prefix) and not cb.is_halo(t.prefix))
 
 
 def case_id(c: Case) -> str:
@@ -374,7 +393,34 @@ def case_id(c: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_conv_every_tile(mem, case, precision):
     for tile in cb.NHWC_ELEMS[precision].tiles(mem.wgmma):
-        run_conv(mem, case, tile, 1, precision)
+        if cb.tile_fits(conv_op(case), tile):
+            run_conv(mem, case, tile, 1, precision)
+
+
+HALO_CASES = [  # stride 1, Cin 32 (the halo tiles' 128-byte rows)
+    Case(2, 32, 64, 13, 11, (3, 3), 1, (1, 1)),  # Conv2d_2b's shape
+    Case(1, 32, 32, 12, 9, (3, 3), 1, (0, 0), (8, 8), (16, 8), relu=False),  # Conv2d_2a's; views of wider buffers
+    Case(1, 32, 24, 9, 14, (5, 5), 1, (2, 2), (0, 16)),  # 25 taps of weights: the 32-channel tile's only
+    Case(2, 32, 24, 6, 8, (1, 7), 1, (0, 3), (0, 0), (8, 0)),
+    Case(2, 32, 40, 4, 12, (1, 1), 1, (0, 0)),  # Cout 40 of the 64-channel tile
+    # 3 images of 7 tiles of the 42-wide padded grid: with num_sms 3 each block takes 7 tiles, each consumer warpgroup
+    # several, so both buffers' barriers go through several phases
+    Case(3, 32, 64, 40, 40, (3, 3), 1, (1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", HALO_CASES, ids=case_id)
+def test_conv_halo_tiles(mem, case):
+    """conv_nhwc.cu's halo tiles (tf32, sm_90a) on the convs they take: every kernel shape, padding or none, Cout
+    below the tile's, views of wider buffers, tiles that end past an image's grid."""
+    tiles = [t for t in cb.NHWC_ELEMS["tf32"].tiles(mem.wgmma) if cb.is_halo(t.prefix)]
+    if not tiles:
+        pytest.skip("this GPU has no wgmma (sm_90a): no halo tiles")
+    op = conv_op(case)
+    assert any(cb.tile_fits(op, t) for t in tiles)
+    for tile in tiles:
+        if cb.tile_fits(op, tile):
+            run_conv(mem, case, tile, 1, "tf32")
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -437,7 +483,8 @@ def test_fused_conv_writes_each_part(mem, precision):
     mem.write(b_ptr, b)
     elem = cb.NHWC_ELEMS[precision]
     k_total = op.src.channels
-    runs = [(t, 1) for t in elem.tiles(mem.wgmma)] + [(t, 3) for t in split_k_tiles(precision, mem.wgmma)[:2]]
+    runs = [(t, 1) for t in elem.tiles(mem.wgmma) if cb.tile_fits(op, t)] + [
+        (t, 3) for t in split_k_tiles(precision, mem.wgmma)[:2]]
     for tile, splits in runs:
         w16 = cb.direct_weights(w, tile)
         w_ptr = mem.alloc(w16.nbytes)

@@ -149,17 +149,58 @@ def is_ws(kernel_or_prefix: str) -> bool:
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
 
 
+# conv_nhwc.cu's halo tiles (tf32, sm_90a): stride-1 convs of Cin 32 (128-byte rows) and Cout <= BN, the stem's
+# Conv2d_2a and 2b. HALO_BM positions of the padded-width grid a tile, HALO_THREADS threads, one block an SM, at most
+# one block per SM launched; the weights and two tiles' input rows in up to MAX_SHARED_BYTES of shared memory.
+# HALO_SPEEDS: a guess (1.5x WS_SPEEDS' 128x64 per SM for BN 64: the tile no longer waits on L2) until measured.
+HALO_BM, HALO_THREADS, HALO_CIN_BYTES = 256, 384, 128
+HALO_SPEEDS = {64: 1.5 * 1.2 * 1230e3, 32: 1.5 * 1.2 * 690e3}
+MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
+
+
+def halo_tile(bn: int) -> Tile:
+    """conv_nhwc.cu's halo tile of HALO_BM grid positions x bn channels (tf32 only); bk: one tap of Cin 32."""
+    return Tile(HALO_BM, bn, HALO_CIN_BYTES // 4, 1, HALO_SPEEDS[bn] / WGMMA_SLOWDOWN["tf32"], "conv_nhwc_tf32_halo",
+                False)
+
+
+def is_halo(kernel_or_prefix: str) -> bool:
+    return kernel_or_prefix.endswith("_halo") or "_halo_" in kernel_or_prefix
+
+
+def halo_smem_bytes(bn: int, kernel: tuple[int, int], wg: int) -> int:
+    """conv_nhwc.cu's halo_smem_bytes(): the weights (KH KW bn rows of 128 bytes), two buffers of the tile's input
+    rows (HALO_BM + (KH - 1) Wg + KW - 1 of them, in whole KB), four mbarriers; wg: the padded input width."""
+    kh, kw = kernel
+    rows = HALO_BM + (kh - 1) * wg + kw - 1
+    return kh * kw * bn * HALO_CIN_BYTES + 2 * (-(-rows * HALO_CIN_BYTES // 1024) * 1024) + 4 * 8
+
+
+def halo_fits(op: ConvOp, tile: Tile) -> bool:
+    """A halo tile computes this conv: stride 1, Cin of 128 bytes (32 tf32), Cout <= its bn, shared memory to spare."""
+    return (op.stride == 1 and op.src.channels * 4 == HALO_CIN_BYTES and op.dst.channels <= tile.bn
+            and halo_smem_bytes(tile.bn, op.kernel, op.src.w + 2 * op.pad[1]) <= MAX_SHARED_BYTES)
+
+
+def tile_fits(op: ConvOp, tile: Tile) -> bool:
+    """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``)."""
+    return not is_halo(tile.prefix) or halo_fits(op, tile)
+
+
 def tile_label(tile: Tile) -> str:
-    """A tile's name that tells the NHWC path's wgmma tiles (w128x128) and warp-specialized ones (ws128x128) from
-    its mma.sync ones of the same shape."""
-    return ("ws" if is_ws(tile.prefix) else "w" if "_wgmma" in tile.prefix else "") + tile.name
+    """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128) and halo
+    ones (h256x64) from its mma.sync ones of the same shape."""
+    kind = "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix) else "w" if "_wgmma" in tile.prefix else ""
+    return kind + tile.name
 
 
-# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized ones.
+# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized ones (and
+# tf32's halo tiles).
 NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
                     + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS))
 NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
-                         + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS))
+                         + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
+                         + tuple(halo_tile(bn) for bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
 # channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
@@ -242,7 +283,7 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool
     for tile in tiles:
         tiles = math.ceil(cout / tile.bm) * math.ceil(n_total / tile.bn)
         seen = set()
-        for want in range(1, max_splits + 1):
+        for want in range(1, (1 if is_halo(tile.prefix) else max_splits) + 1):  # the halo tiles: no split-K
             k_split = math.ceil(math.ceil(k_total / want) / tile.bk) * tile.bk
             if want > 1 and k_split < MIN_K_SPLIT:
                 break
@@ -363,9 +404,12 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     for op in plan.ops:
         if isinstance(op, ConvOp) and nhwc:
             reads_input = op.src.buffer == plan.input.buffer
+            # a set of tiles none of which computes this conv (a halo tile alone, in tuning) leaves it to the model
+            fit = tuple(t for t in conv_tiles if tile_fits(op, t)) or tuple(
+                t for t in NHWC_ELEMS[precision].tiles(wgmma) if tile_fits(op, t))
             configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
                                            op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
-                                           (INPUT_TILE,) if reads_input else conv_tiles,
+                                           (INPUT_TILE,) if reads_input else fit,
                                            1 if reads_input else MAX_SPLITS)
         elif isinstance(op, ConvOp):
             if op.kernel not in KERNEL_SIZES:
@@ -961,8 +1005,8 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
                     ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
     """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv), and its
     split-K reduction when cfg.splits > 1; for INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input
-    (x_cstride unused). A warp-specialized tile's blocks loop over the tiles: num_sms of them (one an SM), or one
-    per tile where there are fewer or num_sms is None."""
+    (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an SM), or
+    one per tile where there are fewer or num_sms is None."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total
@@ -979,11 +1023,15 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     assert t in NHWC_ELEMS[precision].tiles(True), f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
     kernel = f"{t.prefix}_{t.name}"
     grid = (_blocks(p_total, t.bm), _blocks(cout, t.bn), cfg.splits)
-    if is_ws(kernel):
+    block, shared = WS_THREADS if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
+    if is_halo(kernel):  # tiles of HALO_BM positions of each image's padded-width grid (conv_nhwc.cu)
+        assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
+        wg = wd + 2 * op.pad[1]
+        grid, block, shared = (n * _blocks(ho * wg, HALO_BM), 1, 1), HALO_THREADS, halo_smem_bytes(t.bn, op.kernel, wg)
+    if is_ws(kernel) or is_halo(kernel):
         tiles = math.prod(grid)
         grid = (min(tiles, num_sms or tiles), 1, 1)
-    specs = [LaunchSpec(op.name, kernel, grid, (WS_THREADS if is_ws(kernel) else THREADS, 1, 1), args,
-                        wgmma_ring_bytes(kernel))]
+    specs = [LaunchSpec(op.name, kernel, grid, (block, 1, 1), args, shared)]
     if split:
         specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
                                 (_blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
@@ -1109,8 +1157,10 @@ class Kernels:
         if kernel not in self._funcs:
             fn = self._modules[source_of(kernel)].get_function(kernel)
             fn.prepare(arg_format(kernel))
-            if wgmma_ring_bytes(kernel) > 48 * 1024:  # past the default limit: the kernel must opt in
-                fn.set_attribute(driver().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, wgmma_ring_bytes(kernel))
+            # past the default limit of 48 KB the kernel must opt in; a halo tile's need depends on the conv
+            ring = MAX_SHARED_BYTES if is_halo(kernel) else wgmma_ring_bytes(kernel)
+            if ring > 48 * 1024:
+                fn.set_attribute(driver().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, ring)
             self._funcs[kernel] = fn
         return self._funcs[kernel]
 

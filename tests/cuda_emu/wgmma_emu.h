@@ -1,11 +1,13 @@
 // wgmma_emu.h: cuda_src/wgmma.cuh for the CPU emulator (included by tf32_emu.h after f16_emu.h).
 //
-// The descriptor here is the tile's start address / 16 alone (the kernel only adds byte offsets / 16 to it); the
-// layout is the one the real descriptors name: K-major rows of 64 bytes, 8-row groups 512 bytes apart, 64-byte
-// swizzle. Element addresses are computed as the PTX ISA defines that mode, on the address bits (bits [4, 6) XOR bits
-// [7, 9)), independently of the kernel's swizzled(), so a tile stored in another layout gives wrong sums. Each thread
-// computes its own accumulators (the ISA's D fragment layout, wgmma.cuh's header) from shared memory, which no thread
-// writes between the barrier before a stage's wgmma and the barrier after it; fences, commit and wait are no-ops.
+// The descriptor here is the tile's start address / 16 and, for 128-byte rows, one flag bit (the kernel only adds
+// byte offsets / 16 to it); the layout is the one the real descriptors name: K-major rows of 64 bytes, 8-row groups
+// 512 bytes apart, 64-byte swizzle (bits [4, 6) XOR bits [7, 9) of the address), or rows of 128 bytes, 8-row groups
+// 1024 bytes apart, 128-byte swizzle (bits [4, 7) XOR bits [7, 10)). Element addresses are computed as the PTX ISA
+// defines those modes, on the address bits, independently of the kernel's swizzle, so a tile stored in another
+// layout gives wrong sums. Each thread computes its own accumulators (the ISA's D fragment layout, wgmma.cuh's
+// header) from shared memory, which no thread writes between the barrier before a stage's wgmma and the barrier
+// after it; fences, commit and wait are no-ops.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +17,11 @@
 namespace wgmma {
 inline unsigned long long desc_k_major_64b(const void* tile) { return reinterpret_cast<uintptr_t>(tile) >> 4; }
 constexpr unsigned long long DESC_32_BYTES = 32 >> 4;
+// Rows of 128 bytes in the 128-byte swizzle: bit 62 set, as the real descriptor's mode 1.
+constexpr unsigned long long DESC_128B = 1ull << 62;
+inline unsigned long long desc_k_major_128b(const void* tile) {
+    return reinterpret_cast<uintptr_t>(tile) >> 4 | DESC_128B;
+}
 
 inline void fence() {}
 inline void commit() {}
@@ -27,8 +34,13 @@ template <int R>
 void fence_registers(float (&)[R]) {}
 
 
-// Where byte `kbyte` of row `row` of the tile lives.
+// Where byte `kbyte` of row `row` of the tile lives. 128-byte rows: bits [4, 7) XOR bits [7, 10) of the address,
+// whatever row of the 1024-byte pattern the tile starts at.
 inline const unsigned char* element(unsigned long long desc, int row, int kbyte) {
+    if (desc & DESC_128B) {
+        const uintptr_t logical = ((desc & ~DESC_128B) << 4) + row * 128 + kbyte;
+        return reinterpret_cast<const unsigned char*>(logical ^ ((logical >> 7 & 7) << 4));
+    }
     const uintptr_t logical = (desc << 4) + (row / 8) * 512 + (row % 8) * 64 + kbyte;
     return reinterpret_cast<const unsigned char*>(logical ^ ((logical >> 7 & 3) << 4));
 }
