@@ -45,6 +45,10 @@ INPUT_SEED = 0
 SYNTHETIC_SEED = 0
 PRECISIONS = ("fp32", "tf32", "fp16")
 FP32_PEAK_TFLOPS = 51.3  # fp32 SGEMM 8192^3, TF32 off, measured on the lent H200 (docs/PERFORMANCE.md)
+# The fast modes' compute floor: PyTorch's 8192^3 GEMM with TF32 on and in fp16, dense, measured on the lent H100
+# (scripts/measure_ceilings.py, 2026-11-22; the H200 has the same tensor cores and clocks). 1.2x and 1.3x below the
+# datasheets' 495 and 990 TFLOP/s.
+PEAK_TFLOPS = {"fp32": FP32_PEAK_TFLOPS, "tf32": 411.6, "fp16": 764.0}
 PEAK_GBS = 4300.0  # device-to-device copy, bytes read + written, same H200
 REFERENCE_IMAGES = 2
 CPU_ROWS = ("cpu", ORT)
@@ -286,7 +290,7 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
               reference: bool = True, progress: Progress | None = None, precision: str = "fp32",
               peak_tflops: float | None = None, peak_gbs: float = PEAK_GBS,
               reference_images: int = REFERENCE_IMAGES) -> Report:
-    """``peak_tflops`` None: the measured fp32 peak for fp32, none (no compute floor) for tf32 / fp16."""
+    """``peak_tflops`` None: the precision's measured peak (PEAK_TFLOPS)."""
     if iters < 1 or warmup < 0:
         raise EngineError(f"--iters must be >= 1 and --warmup >= 0, got {iters} and {warmup}")
     if not backend_names or not batch_sizes or min(batch_sizes) < 1:
@@ -297,10 +301,8 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
         raise EngineError("--peak-tflops and --peak-gbs must be > 0 and --reference-images >= 1")
     say = progress or (lambda _msg: None)
     notes: list[str] = []
-    if peak_tflops is None and precision == "fp32":
-        peak_tflops = FP32_PEAK_TFLOPS
-    elif peak_tflops is None:
-        notes.append(f"no compute floor: give --peak-tflops (the chip's measured {precision} peak) for one")
+    if peak_tflops is None:
+        peak_tflops = PEAK_TFLOPS[precision]
     weights, weights_desc, synthetic = pick_weights(weights_path, notes)
     if "cpu" in backend_names:
         notes.append(cpu_path_note())

@@ -212,8 +212,8 @@ def default_backends() -> list[str]:
 @click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
               help="Passed to backends that have the mode; the others' rows say they have not.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="X",
-              help="The chip's peak for the compute floor [default: 51.3, the H200's measured fp32 SGEMM, with "
-                   "fp32; none, so no compute floor, with tf32/fp16].")
+              help="The chip's peak for the compute floor [default: the measured GEMM peak of the precision: 51.3 "
+                   "(fp32, H200), 411.6 (tf32, H100), 764 (fp16, H100)].")
 @click.option("--peak-gbs", type=click.FloatRange(min=0, min_open=True), metavar="X",
               help="The chip's memory bandwidth for the memory floor, GB/s [default: 4300, the H200's measured "
                    "device-to-device copy].")

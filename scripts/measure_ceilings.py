@@ -1,5 +1,7 @@
 """Measure the two ceilings of the GPU this runs on (METHOD.md): an fp32 SGEMM with TF32 off, and a large
-device-to-device copy (bytes read + written). Needs PyTorch with CUDA. Prints one line each."""
+device-to-device copy (bytes read + written); and the tensor cores' GEMM peaks of the fast modes, the same SGEMM with
+TF32 on and an fp16 GEMM (inception-bench's compute floor for --precision tf32 / fp16). Needs PyTorch with CUDA.
+Prints one line each."""
 
 import torch
 
@@ -22,6 +24,12 @@ def main() -> None:
     a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
     ms = _time_ms(lambda: a @ b)
     print(f"{torch.cuda.get_device_name()}: fp32 SGEMM {n}^3 (TF32 off): {2 * n**3 / ms / 1e9:.1f} TFLOP/s")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    ms = _time_ms(lambda: a @ b)
+    print(f"{torch.cuda.get_device_name()}: fp32 GEMM {n}^3 with TF32: {2 * n**3 / ms / 1e9:.1f} TFLOP/s")
+    a16, b16 = a.half(), b.half()
+    ms = _time_ms(lambda: a16 @ b16)
+    print(f"{torch.cuda.get_device_name()}: fp16 GEMM {n}^3: {2 * n**3 / ms / 1e9:.1f} TFLOP/s")
     x = torch.randn(2**29, device="cuda")  # 2 GiB
     y = torch.empty_like(x)
     ms = _time_ms(lambda: y.copy_(x))

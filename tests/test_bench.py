@@ -331,9 +331,9 @@ def test_floor_defaults_per_precision(fakes, weights_file):
     fp16 = bench.run_bench(["cuda"], [1], iters=1, warmup=0, weights_path=str(weights_file), reference=False,
                            precision="fp16")
     f = fp16.floors[0]
-    assert f.compute_ms is None and f.ms == f.memory_ms  # no fp16 peak given: no compute floor, said so
+    assert fp16.peak_tflops == bench.PEAK_TFLOPS["fp16"] > bench.PEAK_TFLOPS["tf32"] > bench.FP32_PEAK_TFLOPS
+    assert f.compute_ms == pytest.approx(fp32.floors[0].compute_ms * bench.FP32_PEAK_TFLOPS / bench.PEAK_TFLOPS["fp16"])
     assert f.bytes == fp32.floors[0].bytes // 2
-    assert any("--peak-tflops" in n for n in fp16.notes)
 
 
 def test_cpu_note_says_which_code_runs(monkeypatch):

@@ -152,9 +152,10 @@ def is_ws(kernel_or_prefix: str) -> bool:
 # conv_nhwc.cu's halo tiles (tf32, sm_90a): stride-1 convs of Cin 32 (128-byte rows) and Cout <= BN, the stem's
 # Conv2d_2a and 2b. HALO_BM positions of the padded-width grid a tile, HALO_THREADS threads, one block an SM, at most
 # one block per SM launched; the weights and two tiles' input rows in up to MAX_SHARED_BYTES of shared memory.
-# HALO_SPEEDS: a guess (1.5x WS_SPEEDS' 128x64 per SM for BN 64: the tile no longer waits on L2) until measured.
+# HALO_SPEEDS (fp16-equivalent, as WGMMA_SPEEDS; tf32 halves them): fitted to Conv2d_2b on h256x64 (0.514 ms) and
+# Conv2d_2a on h256x32 (0.321 ms) at batch 128 (H100, round 12), through conv_config's formula.
 HALO_BM, HALO_THREADS, HALO_CIN_BYTES = 256, 384, 128
-HALO_SPEEDS = {64: 1.5 * 1.2 * 1230e3, 32: 1.5 * 1.2 * 690e3}
+HALO_SPEEDS = {64: 1790e3, 32: 1620e3}
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 
 
