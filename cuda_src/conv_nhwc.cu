@@ -602,7 +602,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     }
 }
 
-// Halo tiles (sm_90a, "_halo_": conv_nhwc_tf32_halo_256x<BN>) for stride-1 convs of few input channels, the stem's
+// Halo tiles (sm_90a, "_halo_": conv_nhwc[_tf32]_halo_256x<BN>) for stride-1 convs of 32 input channels, the stem's
 // Conv2d_2a and 2b (32 -> 32 and 32 -> 64 channels, 3x3, 147x147). There the implicit GEMM is bound by L2, not by
 // the tensor cores: each of the KH x KW taps reads the whole input again (round 11: Conv2d_2b moves ~3.9 GB through
 // L2 for 0.36 GB of input, 0.82 ms at batch 128). Here a block copies the input rows its outputs need, once, and
@@ -611,44 +611,55 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
 //   u < Wo are outputs (the other KW - 1 columns of a row are computed and dropped: 1.3 % of Conv2d_2b's work).
 //   Then tap (r, s) of output q reads padded input position q + r Wg + s, so for a tile of BM consecutive q the
 //   A matrix of tap (r, s) is the shared rows [r Wg + s, r Wg + s + BM) of the tile's halo: its padded input
-//   positions q0 .. q0 + HALO_ROWS - 1, one 128-byte row each (Cin 32 of tf32; positions in the padding and past the
-//   image are copied as zeros). A wgmma descriptor may start at any row of it (wgmma.cuh's desc_k_major_128b).
+//   positions q0 .. q0 + HALO_ROWS - 1, one row each (Cin 32: 128 bytes of tf32 in the 128-byte swizzle, 64 of fp16
+//   in the 64-byte one; positions in the padding and past the image are copied as zeros). A wgmma descriptor may
+//   start at any row of it (wgmma.cuh's desc_k_major_128b: the swizzle is a function of the address).
 // - L2 reads: HALO_ROWS / BM = 2.2x the input for Conv2d_2b's 149-wide grid, instead of 9x.
-// - The weights, KH KW BN rows of 128 bytes (74 KB for 2b), stay in shared memory for the whole kernel.
+// - The weights, KH KW BN rows (74 KB for tf32's 2b), stay in shared memory for the whole kernel.
 // - Warp-specialized and persistent as the _ws_ tiles: warpgroup 0 copies (the weights first, then each tile's
 //   halo into buffer L % 2 of the block's L-th tile), warpgroups 1 and 2 each take every other tile of the block,
 //   all 256 of its rows, so one multiplies while the other stores. full[b] / empty[b] hand buffer b over (the
 //   producers' cp.async arrivals / the 4 warps of its consumer warpgroup).
-// Cout <= BN (one channel tile; Cout even), Cin * sizeof(element) = 128, stride 1, no split-K
-// (cuda_backend.halo_fits). Launch: HALO_THREADS threads, at most one block an SM, dynamic shared memory
-// halo_smem_bytes(BN, KH, KW, Wg).
-constexpr int HALO_BM = 256, HALO_PRODUCERS = 128;
+// Cout <= BN (one channel tile; Cout even), Cin = HALO_CIN, stride 1, no split-K (cuda_backend.halo_fits). Launch:
+// HALO_THREADS threads, at most one block an SM, dynamic shared memory halo_smem_bytes(sizeof(element), BN, KH, KW,
+// Wg).
+constexpr int HALO_BM = 256, HALO_PRODUCERS = 128, HALO_CIN = 32;
 [[maybe_unused]] constexpr int HALO_THREADS = HALO_PRODUCERS + 256;  // cuda_backend.HALO_THREADS
 [[maybe_unused]] constexpr int HALO_PRODUCER_REGS = 56, HALO_CONSUMER_REGS = 224;  // 128 x 56 + 256 x 224 <= 65,536
 __host__ __device__ constexpr int halo_rows(int kh, int kw, int wg) { return HALO_BM + (kh - 1) * wg + kw - 1; }
-// A halo buffer, in whole 1024-byte swizzle patterns so that the next one starts on one too.
-__host__ __device__ constexpr int halo_buffer_bytes(int kh, int kw, int wg) {
-    return (halo_rows(kh, kw, wg) * 128 + 1023) / 1024 * 1024;
+// A halo buffer of rows of HALO_CIN elements of `elem` bytes, in whole 1024-byte swizzle patterns so that the next
+// one starts on one too.
+__host__ __device__ constexpr int halo_buffer_bytes(int elem, int kh, int kw, int wg) {
+    return (halo_rows(kh, kw, wg) * HALO_CIN * elem + 1023) / 1024 * 1024;
 }
 // The weights, two halo buffers, full[2] and empty[2] (cuda_backend.halo_smem_bytes).
-__host__ __device__ constexpr int halo_smem_bytes(int bn, int kh, int kw, int wg) {
-    return kh * kw * bn * 128 + 2 * halo_buffer_bytes(kh, kw, wg) + 4 * 8;
+__host__ __device__ constexpr int halo_smem_bytes(int elem, int bn, int kh, int kw, int wg) {
+    return kh * kw * bn * HALO_CIN * elem + 2 * halo_buffer_bytes(elem, kh, kw, wg) + 4 * 8;
 }
 
 template <class E, int BN>
 __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
     constexpr int PIECE = E::PIECE, MB = HALO_BM / 64;  // elements a 16-byte piece; 64-row blocks of a tile
+    // A row: 128 bytes of tf32 (8 pieces, 128-byte swizzle) or 64 of fp16 (4 pieces, 64-byte swizzle). Piece c of
+    // the row at byte offset o of a 1024-byte aligned buffer goes to piece c ^ (o / 128 mod PIECES): the ISA's
+    // swizzle of its address. A wgmma takes 32 bytes of each row (k8 of tf32, k16 of fp16).
+    constexpr int ROW = HALO_CIN * sizeof(T), PIECES = ROW / 16;
+    static_assert(ROW == 128 || ROW == 64, "a halo row is one swizzle row");
+    const auto swizzled = [](int row, int c) { return row * ROW + ((c ^ (row * ROW / 128 & (PIECES - 1))) << 4); };
+    const auto descriptor = [](const void* p) {
+        return ROW == 128 ? wgmma::desc_k_major_128b(p) : wgmma::desc_k_major_64b(p);
+    };
     const int taps = a.kh * a.kw, wg = a.w + 2 * a.pad_w, rows = halo_rows(a.kh, a.kw, wg);
-    const int buffer_bytes = halo_buffer_bytes(a.kh, a.kw, wg);
-    unsigned char* const weights = wgmma_ring;  // [tap][n][128 bytes], swizzled
-    unsigned char* const halo = wgmma_ring + taps * BN * 128;
+    const int buffer_bytes = halo_buffer_bytes(sizeof(T), a.kh, a.kw, wg);
+    unsigned char* const weights = wgmma_ring;  // [tap][n][ROW bytes], swizzled
+    unsigned char* const halo = wgmma_ring + taps * BN * ROW;
     unsigned long long* const full = reinterpret_cast<unsigned long long*>(halo + 2 * buffer_bytes);
     unsigned long long* const empty = full + 2;
 #ifndef __CUDACC__
-    if (halo_smem_bytes(BN, a.kh, a.kw, wg) > (int)sizeof(wgmma_ring)) {
+    if (halo_smem_bytes(sizeof(T), BN, a.kh, a.kw, wg) > (int)sizeof(wgmma_ring)) {
         std::fprintf(stderr, "emulator: a halo tile needs %d bytes of shared memory\n",
-                     halo_smem_bytes(BN, a.kh, a.kw, wg));
+                     halo_smem_bytes(sizeof(T), BN, a.kh, a.kw, wg));
         std::abort();
     }
 #endif
@@ -665,10 +676,11 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
 
     if (tid < HALO_PRODUCERS) {
         wgmma::max_registers<HALO_PRODUCER_REGS, false>();
-        const int piece = tid % 8, row0 = tid / 8;  // this thread copies piece `piece` of rows row0 + 16 i
-        for (int i = tid; i < taps * BN * 8; i += HALO_PRODUCERS) {  // (tap, n) rows of the weights
-            const int row = i / 8, tap = row / BN, n = row - tap * BN, c = i % 8;
-            cp_async::copy16_or_zero(weights + row * 128 + ((c ^ (row & 7)) << 4),
+        constexpr int STEP = HALO_PRODUCERS / PIECES;  // rows a pass of the producers covers
+        const int piece = tid % PIECES, row0 = tid / PIECES;  // this thread copies piece `piece` of rows row0 + STEP i
+        for (int i = tid; i < taps * BN * PIECES; i += HALO_PRODUCERS) {  // (tap, n) rows of the weights
+            const int row = i / PIECES, tap = row / BN, n = row - tap * BN, c = i % PIECES;
+            cp_async::copy16_or_zero(weights + swizzled(row, c),
                                      a.wr + (n < a.cout ? n * k_total + tap * a.cin + c * PIECE : 0), n < a.cout);
         }
         int local = 0;
@@ -678,12 +690,12 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
             unsigned char* const dst = halo + buf * buffer_bytes;
             int ph = (q0 + row0) / wg, pw = q0 + row0 - ph * wg;  // the row's padded input position
             const T* const image = a.x + (size_t)b * a.h * a.w * a.x_cstride + piece * PIECE;
-            for (int row = row0; row < rows; row += HALO_PRODUCERS / 8) {
+            for (int row = row0; row < rows; row += STEP) {
                 const int ih = ph - a.pad_h, iw = pw - a.pad_w;
                 const bool ok = (unsigned)ih < (unsigned)a.h && (unsigned)iw < (unsigned)a.w;
-                cp_async::copy16_or_zero(dst + row * 128 + ((piece ^ (row & 7)) << 4),
-                                         image + (ok ? (ih * a.w + iw) * a.x_cstride : 0), ok);
-                for (pw += HALO_PRODUCERS / 8; pw >= wg; pw -= wg) ++ph;
+                cp_async::copy16_or_zero(dst + swizzled(row, piece), image + (ok ? (ih * a.w + iw) * a.x_cstride : 0),
+                                         ok);
+                for (pw += STEP; pw >= wg; pw -= wg) ++ph;
             }
             cp_async::arrive_on(full + buf);  // once this thread's copies so far (the weights too) have landed
         }
@@ -694,8 +706,8 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
     // The consumers: warpgroup `group` takes the block's tiles local = group, group + 2, ..., from buffer `group`.
     wgmma::max_registers<HALO_CONSUMER_REGS, true>();
     const int group = (tid - HALO_PRODUCERS) / 128, lane = tid % 32, warp = tid / 32 % 4;
-    const unsigned long long db0 = wgmma::desc_k_major_128b(weights);
-    const unsigned long long da0 = wgmma::desc_k_major_128b(halo + group * buffer_bytes);
+    const unsigned long long db0 = descriptor(weights);
+    const unsigned long long da0 = descriptor(halo + group * buffer_bytes);
     const NhwcStore<E> store{a, p_total, 0, 1};
     for (int local = group, i = blockIdx.x + group * gridDim.x; i < tiles; local += 2, i += 2 * gridDim.x) {
         const int b = i / tiles_img, q0 = (i - b * tiles_img) * HALO_BM;
@@ -706,13 +718,13 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
         for (int r = 0; r < a.kh; ++r)
             for (int s = 0; s < a.kw; ++s) {
                 wgmma::fence();  // each tap: else ptxas puts one in itself (C7519), as the loop is not unrolled
-                const unsigned long long da = da0 + (r * wg + s) * (128 / 16);
-                const unsigned long long db = db0 + (r * a.kw + s) * (BN * 128 / 16);
+                const unsigned long long da = da0 + (r * wg + s) * (ROW / 16);
+                const unsigned long long db = db0 + (r * a.kw + s) * (BN * ROW / 16);
 #pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {  // 32 bytes a wgmma: k8 of tf32
+                for (int kk = 0; kk < ROW / 32; ++kk) {
 #pragma unroll
                     for (int mb = 0; mb < MB; ++mb)
-                        E::template wgmma<BN>(d[mb], da + (mb * 64 * 128 + kk * 32) / 16, db + kk * 32 / 16,
+                        E::template wgmma<BN>(d[mb], da + (mb * 64 * ROW + kk * 32) / 16, db + kk * 32 / 16,
                                               accumulate);
                     accumulate = 1;
                 }
@@ -814,12 +826,14 @@ CONV_NHWC_WS_TILES(conv_nhwc, NhwcF16)
 CONV_NHWC_WS_TILES(conv_nhwc_tf32, NhwcTf32)
 
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
-// split: the consumers hold 4 x BN / 2 accumulators). tf32 only: its Cin = 32 rows are 128 bytes, as the stem's.
+// split: the consumers hold 4 x BN / 2 accumulators).
 static_assert(HALO_BM == 256, "the halo kernels' names say 256");
 #define CONV_NHWC_HALO_KERNEL(NAME, E, BN)                                                                       \
     extern "C" __global__ void __launch_bounds__(HALO_THREADS, 1) NAME##_halo_256x##BN(CONV_NHWC_PARAMS(E)) { \
         conv_nhwc_halo_gemm<E, BN>(CONV_NHWC_ARGS(E));                                                         \
     }
+CONV_NHWC_HALO_KERNEL(conv_nhwc, NhwcF16, 64)
+CONV_NHWC_HALO_KERNEL(conv_nhwc, NhwcF16, 32)
 CONV_NHWC_HALO_KERNEL(conv_nhwc_tf32, NhwcTf32, 64)
 CONV_NHWC_HALO_KERNEL(conv_nhwc_tf32, NhwcTf32, 32)
 CONV_NHWC_WGMMA_KERNEL_BLOCKS(conv_nhwc_f32, NhwcF32, 128, 128, 1)

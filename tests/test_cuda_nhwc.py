@@ -138,7 +138,7 @@ def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precisi
     assert on_own_tile == [{t} for t in tiles]
     assert all(cb.tile_fits(op, s[op.name].tile) for s in sets for op in rest)
     halo = [t for t in tiles if cb.is_halo(t.prefix)]
-    assert bool(halo) == (precision == "tf32" and wgmma)
+    assert bool(halo) == (precision != "fp32" and wgmma)
     for t in halo:
         assert {op.name for op in rest if cb.tile_fits(op, t)} == (
             {"Conv2d_2a_3x3", "Conv2d_2b_3x3"} if t.bn == 64 else {"Conv2d_2a_3x3"})
@@ -243,8 +243,8 @@ def emu(tmp_path_factory):
          'extern "C" int emu_ws_stages(int bm, int bn) { return ws_stages(bm, bn); }',
          'extern "C" int emu_ws_threads() { return WS_THREADS; }',
          'extern "C" int emu_halo_threads() { return HALO_THREADS; }',
-         'extern "C" int emu_halo_smem_bytes(int bn, int kh, int kw, int wg) {'
-         ' return halo_smem_bytes(bn, kh, kw, wg); }')),
+         'extern "C" int emu_halo_smem_bytes(int elem, int bn, int kh, int kw, int wg) {'
+         ' return halo_smem_bytes(elem, bn, kh, kw, wg); }')),
         "-O2", True)
     mem = Emulated(lib)
     yield mem
@@ -362,8 +362,9 @@ def test_ring_bytes_are_the_kernels_stages(emu):
         for t in elem.wgmma_tiles:
             if cb.is_halo(t.prefix):  # the halo tiles: shared memory by the conv's shape, one block an SM
                 for kernel, wg in (((3, 3), 149), ((3, 3), 11), ((1, 7), 23), ((5, 5), 40)):
-                    assert cb.halo_smem_bytes(t.bn, kernel, wg) == emu.lib.emu_halo_smem_bytes(t.bn, *kernel, wg)
-                assert cb.halo_smem_bytes(t.bn, (3, 3), 149) <= cb.MAX_SHARED_BYTES and t.resident == 1
+                    got = emu.lib.emu_halo_smem_bytes(elem.bytes, t.bn, *kernel, wg)
+                    assert cb.halo_smem_bytes(t, kernel, wg) == got
+                assert cb.halo_smem_bytes(t, (3, 3), 149) <= cb.MAX_SHARED_BYTES and t.resident == 1
                 assert cb.HALO_THREADS == emu.lib.emu_halo_threads()
                 continue
             if cb.is_ws(t.prefix):  # the warp-specialized tiles: a ring of ~200 KB and its mbarriers, one block an SM
@@ -397,7 +398,7 @@ def test_conv_every_tile(mem, case, precision):
             run_conv(mem, case, tile, 1, precision)
 
 
-HALO_CASES = [  # stride 1, Cin 32 (the halo tiles' 128-byte rows)
+HALO_CASES = [  # stride 1, Cin 32 (the halo tiles' rows: 128 bytes of tf32, 64 of fp16)
     Case(2, 32, 64, 13, 11, (3, 3), 1, (1, 1)),  # Conv2d_2b's shape
     Case(1, 32, 32, 12, 9, (3, 3), 1, (0, 0), (8, 8), (16, 8), relu=False),  # Conv2d_2a's; views of wider buffers
     Case(1, 32, 24, 9, 14, (5, 5), 1, (2, 2), (0, 16)),  # 25 taps of weights: the 32-channel tile's only
@@ -409,18 +410,19 @@ HALO_CASES = [  # stride 1, Cin 32 (the halo tiles' 128-byte rows)
 ]
 
 
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
 @pytest.mark.parametrize("case", HALO_CASES, ids=case_id)
-def test_conv_halo_tiles(mem, case):
-    """conv_nhwc.cu's halo tiles (tf32, sm_90a) on the convs they take: every kernel shape, padding or none, Cout
-    below the tile's, views of wider buffers, tiles that end past an image's grid."""
-    tiles = [t for t in cb.NHWC_ELEMS["tf32"].tiles(mem.wgmma) if cb.is_halo(t.prefix)]
+def test_conv_halo_tiles(mem, case, precision):
+    """conv_nhwc.cu's halo tiles (sm_90a) on the convs they take: every kernel shape, padding or none, Cout below the
+    tile's, views of wider buffers, tiles that end past an image's grid."""
+    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_halo(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no halo tiles")
     op = conv_op(case)
     assert any(cb.tile_fits(op, t) for t in tiles)
     for tile in tiles:
         if cb.tile_fits(op, tile):
-            run_conv(mem, case, tile, 1, "tf32")
+            run_conv(mem, case, tile, 1, precision)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

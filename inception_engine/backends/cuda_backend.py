@@ -149,38 +149,39 @@ def is_ws(kernel_or_prefix: str) -> bool:
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
 
 
-# conv_nhwc.cu's halo tiles (tf32, sm_90a): stride-1 convs of Cin 32 (128-byte rows) and Cout <= BN, the stem's
-# Conv2d_2a and 2b. HALO_BM positions of the padded-width grid a tile, HALO_THREADS threads, one block an SM, at most
-# one block per SM launched; the weights and two tiles' input rows in up to MAX_SHARED_BYTES of shared memory.
-# HALO_SPEEDS (fp16-equivalent, as WGMMA_SPEEDS; tf32 halves them): fitted to Conv2d_2b on h256x64 (0.514 ms) and
+# conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of HALO_CIN input channels and Cout <= BN, the
+# stem's Conv2d_2a and 2b. HALO_BM positions of the padded-width grid a tile, HALO_THREADS threads, one block an SM,
+# at most one block per SM launched; the weights and two tiles' input rows in up to MAX_SHARED_BYTES of shared memory.
+# HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32 halves them): fitted to tf32's Conv2d_2b on h256x64 (0.514 ms) and
 # Conv2d_2a on h256x32 (0.321 ms) at batch 128 (H100, round 12), through conv_config's formula.
-HALO_BM, HALO_THREADS, HALO_CIN_BYTES = 256, 384, 128
+HALO_BM, HALO_THREADS, HALO_CIN = 256, 384, 32
 HALO_SPEEDS = {64: 1790e3, 32: 1620e3}
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 
 
-def halo_tile(bn: int) -> Tile:
-    """conv_nhwc.cu's halo tile of HALO_BM grid positions x bn channels (tf32 only); bk: one tap of Cin 32."""
-    return Tile(HALO_BM, bn, HALO_CIN_BYTES // 4, 1, HALO_SPEEDS[bn] / WGMMA_SLOWDOWN["tf32"], "conv_nhwc_tf32_halo",
-                False)
+def halo_tile(bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's halo tile of HALO_BM grid positions x bn channels (fp16, tf32); bk: one tap of HALO_CIN."""
+    return Tile(HALO_BM, bn, HALO_CIN, 1, HALO_SPEEDS[bn] / WGMMA_SLOWDOWN[precision],
+                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False)
 
 
 def is_halo(kernel_or_prefix: str) -> bool:
     return kernel_or_prefix.endswith("_halo") or "_halo_" in kernel_or_prefix
 
 
-def halo_smem_bytes(bn: int, kernel: tuple[int, int], wg: int) -> int:
-    """conv_nhwc.cu's halo_smem_bytes(): the weights (KH KW bn rows of 128 bytes), two buffers of the tile's input
-    rows (HALO_BM + (KH - 1) Wg + KW - 1 of them, in whole KB), four mbarriers; wg: the padded input width."""
-    kh, kw = kernel
+def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int) -> int:
+    """conv_nhwc.cu's halo_smem_bytes(): the weights (KH KW bn rows of HALO_CIN elements), two buffers of the
+    tile's input rows (HALO_BM + (KH - 1) Wg + KW - 1 of them, in whole KB), four mbarriers; wg: the padded input
+    width."""
+    (kh, kw), row = kernel, HALO_CIN * (4 if tile.prefix.startswith("conv_nhwc_tf32") else 2)
     rows = HALO_BM + (kh - 1) * wg + kw - 1
-    return kh * kw * bn * HALO_CIN_BYTES + 2 * (-(-rows * HALO_CIN_BYTES // 1024) * 1024) + 4 * 8
+    return kh * kw * tile.bn * row + 2 * (-(-rows * row // 1024) * 1024) + 4 * 8
 
 
 def halo_fits(op: ConvOp, tile: Tile) -> bool:
-    """A halo tile computes this conv: stride 1, Cin of 128 bytes (32 tf32), Cout <= its bn, shared memory to spare."""
-    return (op.stride == 1 and op.src.channels * 4 == HALO_CIN_BYTES and op.dst.channels <= tile.bn
-            and halo_smem_bytes(tile.bn, op.kernel, op.src.w + 2 * op.pad[1]) <= MAX_SHARED_BYTES)
+    """A halo tile computes this conv: stride 1, Cin = HALO_CIN, Cout <= its bn, shared memory to spare."""
+    return (op.stride == 1 and op.src.channels == HALO_CIN and op.dst.channels <= tile.bn
+            and halo_smem_bytes(tile, op.kernel, op.src.w + 2 * op.pad[1]) <= MAX_SHARED_BYTES)
 
 
 def tile_fits(op: ConvOp, tile: Tile) -> bool:
@@ -195,13 +196,14 @@ def tile_label(tile: Tile) -> str:
     return kind + tile.name
 
 
-# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized ones (and
-# tf32's halo tiles).
+# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized and halo
+# ones.
 NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
-                    + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS))
+                    + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS)
+                    + tuple(halo_tile(bn, "fp16") for bn in HALO_SPEEDS))
 NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
                          + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
-                         + tuple(halo_tile(bn) for bn in HALO_SPEEDS))
+                         + tuple(halo_tile(bn, "tf32") for bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
 # channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
@@ -1028,7 +1030,7 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     if is_halo(kernel):  # tiles of HALO_BM positions of each image's padded-width grid (conv_nhwc.cu)
         assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
         wg = wd + 2 * op.pad[1]
-        grid, block, shared = (n * _blocks(ho * wg, HALO_BM), 1, 1), HALO_THREADS, halo_smem_bytes(t.bn, op.kernel, wg)
+        grid, block, shared = (n * _blocks(ho * wg, HALO_BM), 1, 1), HALO_THREADS, halo_smem_bytes(t, op.kernel, wg)
     if is_ws(kernel) or is_halo(kernel):
         tiles = math.prod(grid)
         grid = (min(tiles, num_sms or tiles), 1, 1)
