@@ -27,9 +27,10 @@ __device__ __forceinline__ unsigned long long desc_k_major_64b(const void* tile)
 }
 constexpr unsigned long long DESC_32_BYTES = 32 >> 4;  // added to a descriptor: the same rows, 32 bytes further on
 // The same for rows of 128 bytes in the 128-byte swizzle (mode 1): byte address bits [4, 7) XORed with bits [7, 10)
-// (row mod 8), 8-row groups 1024 bytes apart. The swizzle is a function of the address (the ISA's "swizzling
-// patterns" repeat every 1024 bytes of the shared address space), so a tile may start at any row of such a buffer:
-// row i of the tile is then row start + i of the buffer (conv_nhwc.cu's halo tiles shift a tile by rows this way).
+// (row mod 8), 8-row groups 1024 bytes apart. In both modes the swizzle is a function of the shared address, with
+// the descriptor's base offset (bits 49-51) 0, so a tile may start at any row of a buffer written that way: row i
+// of the tile is then row start + i of the buffer (conv_nhwc.cu's halo tiles shift a tile by rows so). Checked on
+// the H100 by scripts/wgmma_descriptor_probe.cu.
 __device__ __forceinline__ unsigned long long desc_k_major_128b(const void* tile) {
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
     return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
