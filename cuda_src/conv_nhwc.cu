@@ -767,12 +767,15 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
             k_split, NHWC_PARTS_ARGS                                                                             \
     }
 
-// One extern "C" entry point per element type and tile. MIN_BLOCKS caps registers: 2 blocks of 256 threads leave 128
-// a thread for the 64x32 warp tile's 64 accumulators.
-#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS)                                 \
-    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME##_##BM##x##BN(CONV_NHWC_PARAMS(E)) { \
-        conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>(CONV_NHWC_ARGS(E));                                     \
+// One extern "C" entry point per element type and tile: KERNEL runs GEMM (a parenthesized template-id) on its
+// arguments, THREADS threads a block, at least MIN_BLOCKS blocks an SM (which caps registers: 2 blocks of 256
+// threads leave 128 a thread for the 64x32 warp tile's 64 accumulators).
+#define CONV_NHWC_ENTRY(KERNEL, E, THREADS, MIN_BLOCKS, GEMM)                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) KERNEL(CONV_NHWC_PARAMS(E)) { \
+        GEMM(CONV_NHWC_ARGS(E));                                                                      \
     }
+#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS) \
+    CONV_NHWC_ENTRY(NAME##_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>))
 
 // Warp tiles and shared memory: 128x128 64x32, 48 KB; 128x64 and 64x128 32x32, 48 KB; 64x64 32x16, 32 KB; 128x32
 // (the Cout = 32 layers) 32x16, 40 KB. Bytes per stage are the same in both element types.
@@ -794,10 +797,8 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 // the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and loads): 256x64 80 KB,
 // 256x32 72 KB. NhwcF32 (three wgmma a k step, low tiles, and its sums in registers twice): 128x64 108 KB, 113
 // registers; 128x32 90 KB; 128x128 one block an SM (its 128 sums would spill at 128 registers), 176 KB.
-#define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS)                                                \
-    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME##_wgmma_##BM##x##BN(CONV_NHWC_PARAMS(E)) {  \
-        conv_nhwc_wgmma_gemm<E, BM, BN>(CONV_NHWC_ARGS(E));                                                        \
-    }
+#define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS) \
+    CONV_NHWC_ENTRY(NAME##_wgmma_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_wgmma_gemm<E, BM, BN>))
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
 #define CONV_NHWC_WGMMA_TILES(NAME, E)          \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
@@ -812,10 +813,8 @@ CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
 
 // The warp-specialized tiles: WS_THREADS (512) threads, one block an SM (128 registers a thread at launch, then
 // setmaxnreg's split; the consumers hold BM / 128 * BN / 2 accumulators; ptxas: no spill. 256x192's 192 spill).
-#define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)                                                                   \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) NAME##_ws_##BM##x##BN(CONV_NHWC_PARAMS(E)) { \
-        conv_nhwc_ws_gemm<E, BM, BN>(CONV_NHWC_ARGS(E));                                                       \
-    }
+#define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN) \
+    CONV_NHWC_ENTRY(NAME##_ws_##BM##x##BN, E, WS_THREADS, 1, (conv_nhwc_ws_gemm<E, BM, BN>))
 #define CONV_NHWC_WS_TILES(NAME, E)          \
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 192)   \
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 128)   \
@@ -828,10 +827,8 @@ CONV_NHWC_WS_TILES(conv_nhwc_tf32, NhwcTf32)
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
 // split: the consumers hold 4 x BN / 2 accumulators).
 static_assert(HALO_BM == 256, "the halo kernels' names say 256");
-#define CONV_NHWC_HALO_KERNEL(NAME, E, BN)                                                                       \
-    extern "C" __global__ void __launch_bounds__(HALO_THREADS, 1) NAME##_halo_256x##BN(CONV_NHWC_PARAMS(E)) { \
-        conv_nhwc_halo_gemm<E, BN>(CONV_NHWC_ARGS(E));                                                         \
-    }
+#define CONV_NHWC_HALO_KERNEL(NAME, E, BN) \
+    CONV_NHWC_ENTRY(NAME##_halo_256x##BN, E, HALO_THREADS, 1, (conv_nhwc_halo_gemm<E, BN>))
 CONV_NHWC_HALO_KERNEL(conv_nhwc, NhwcF16, 64)
 CONV_NHWC_HALO_KERNEL(conv_nhwc, NhwcF16, 32)
 CONV_NHWC_HALO_KERNEL(conv_nhwc_tf32, NhwcTf32, 64)
