@@ -50,6 +50,9 @@ FP32_PEAK_TFLOPS = 51.3  # fp32 SGEMM 8192^3, TF32 off, measured on the lent H20
 # datasheets' 495 and 990 TFLOP/s.
 PEAK_TFLOPS = {"fp32": FP32_PEAK_TFLOPS, "tf32": 411.6, "fp16": 764.0}
 PEAK_GBS = 4300.0  # device-to-device copy, bytes read + written, same H200
+# The same ceilings of the H100 (scripts/measure_ceilings.py, 2026-11-22): its HBM3 copies at 70 % of the H200's.
+# Keyed by what the device's name contains; any other GPU, or none, gets the H200's above.
+CEILINGS = {"H100": ({"fp32": 52.0, "tf32": 411.6, "fp16": 764.0}, 3026.0)}
 REFERENCE_IMAGES = 2
 CPU_ROWS = ("cpu", ORT)
 DESCRIPTIONS = {
@@ -106,21 +109,21 @@ class Floor:
     batch: int
     flops: int
     bytes: int  # weights once + every activation buffer once, in the precision's element size
-    compute_ms: float | None  # None: no peak FLOP/s known for this precision
+    compute_ms: float
     memory_ms: float
 
     @property
     def ms(self) -> float:
-        return max(self.compute_ms or 0.0, self.memory_ms)
+        return max(self.compute_ms, self.memory_ms)
 
 
-def floor(plan: Plan, weights: Weights, precision: str, peak_tflops: float | None, peak_gbs: float) -> Floor:
+def floor(plan: Plan, weights: Weights, precision: str, peak_tflops: float, peak_gbs: float) -> Floor:
     elem = 2 if precision == "fp16" else 4
     params = sum(weights.arrays[f"{op.name}.{part}"].size for op in plan.ops if isinstance(op, (ConvOp, FCOp))
                  for part in ("weight", "bias"))
     nbytes = elem * (params + sum(b.elems for b in plan.buffers.values()))
-    compute_ms = None if peak_tflops is None else plan.flops / (peak_tflops * 1e12) * 1e3
-    return Floor(plan.batch, plan.flops, nbytes, compute_ms, nbytes / (peak_gbs * 1e9) * 1e3)
+    return Floor(plan.batch, plan.flops, nbytes, plan.flops / (peak_tflops * 1e12) * 1e3,
+                 nbytes / (peak_gbs * 1e9) * 1e3)
 
 
 @dataclass
@@ -132,7 +135,7 @@ class Report:
     batch_sizes: list[int]
     backends: list[str]
     precision: str = "fp32"
-    peak_tflops: float | None = FP32_PEAK_TFLOPS
+    peak_tflops: float = FP32_PEAK_TFLOPS
     peak_gbs: float = PEAK_GBS
     reference_images: int | None = REFERENCE_IMAGES  # None: no reference
     rows: list[Row] = field(default_factory=list)
@@ -164,6 +167,25 @@ def host_info() -> dict[str, Any]:
     except ImportError:
         pass
     return info
+
+
+def gpu_name() -> str | None:
+    """The name of the GPU the GPU backends would run on, or None where there is none (or no pycuda)."""
+    from .backends.cuda_backend import probe
+    from .errors import BackendUnavailable
+
+    try:
+        return str(probe()[0].name())
+    except BackendUnavailable:
+        return None
+
+
+def ceilings(device: str | None) -> tuple[dict[str, float], float]:
+    """(TFLOP/s per precision, GB/s) of the named GPU: CEILINGS' entry it matches, else the H200's."""
+    for key, value in CEILINGS.items():
+        if device and key in device:
+            return value
+    return PEAK_TFLOPS, PEAK_GBS
 
 
 def pick_weights(path: str | None, notes: list[str]) -> tuple[Weights, str, bool]:
@@ -288,21 +310,27 @@ def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights
 def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20, warmup: int = 3,
               weights_path: str | None = None, onnx_path: str | None = None, per_layer: bool = False,
               reference: bool = True, progress: Progress | None = None, precision: str = "fp32",
-              peak_tflops: float | None = None, peak_gbs: float = PEAK_GBS,
+              peak_tflops: float | None = None, peak_gbs: float | None = None,
               reference_images: int = REFERENCE_IMAGES) -> Report:
-    """``peak_tflops`` None: the precision's measured peak (PEAK_TFLOPS)."""
+    """``peak_tflops``, ``peak_gbs`` None: this GPU's measured ceilings (``ceilings``)."""
     if iters < 1 or warmup < 0:
         raise EngineError(f"--iters must be >= 1 and --warmup >= 0, got {iters} and {warmup}")
     if not backend_names or not batch_sizes or min(batch_sizes) < 1:
         raise EngineError("need at least one backend and batch sizes >= 1")
     if precision not in PRECISIONS:
         raise EngineError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if (peak_tflops is not None and peak_tflops <= 0) or peak_gbs <= 0 or reference_images < 1:
+    if any(p is not None and p <= 0 for p in (peak_tflops, peak_gbs)) or reference_images < 1:
         raise EngineError("--peak-tflops and --peak-gbs must be > 0 and --reference-images >= 1")
     say = progress or (lambda _msg: None)
     notes: list[str] = []
-    if peak_tflops is None:
-        peak_tflops = PEAK_TFLOPS[precision]
+    if peak_tflops is None or peak_gbs is None:
+        device = gpu_name()
+        tflops, gbs = ceilings(device)
+        peak_tflops = tflops[precision] if peak_tflops is None else peak_tflops
+        peak_gbs = gbs if peak_gbs is None else peak_gbs
+        if device is not None and (tflops, gbs) == (PEAK_TFLOPS, PEAK_GBS) and "H200" not in device:
+            notes.append(f"floors: no measured ceilings for {device}, the H200's used (give --peak-tflops and "
+                         f"--peak-gbs)")
     weights, weights_desc, synthetic = pick_weights(weights_path, notes)
     if "cpu" in backend_names:
         notes.append(cpu_path_note())
@@ -432,7 +460,7 @@ def header(report: Report) -> list[str]:
                      f"if the batch is smaller) vs the float64 NumPy reference on those images")
     names = [*report.backends, *([ORT] if "cpu" in report.backends else [])]
     lines.append("backends: " + "; ".join(f"{n} = {DESCRIPTIONS[n]}" for n in names if n in DESCRIPTIONS))
-    peak = "-" if report.peak_tflops is None else f"{report.peak_tflops:g} TFLOP/s"
+    peak = f"{report.peak_tflops:g} TFLOP/s"
     lines.append(f"x floor (GPU rows) = median / the GPU's larger floor (compute: FLOPs / {peak}; memory: weights "
                  f"+ all activations once / {report.peak_gbs:g} GB/s)")
     return lines
@@ -441,8 +469,7 @@ def header(report: Report) -> list[str]:
 def floor_lines(report: Report) -> list[str]:
     lines = ["floors:"]
     for f in report.floors:
-        compute = "-" if f.compute_ms is None else f"{f.compute_ms:.3f} ms"
-        lines.append(f"  batch {f.batch:>4}: compute {compute} ({f.flops / 1e9:.1f} GFLOP), memory "
+        lines.append(f"  batch {f.batch:>4}: compute {f.compute_ms:.3f} ms ({f.flops / 1e9:.1f} GFLOP), memory "
                      f"{f.memory_ms:.3f} ms ({f.bytes / 1e6:.0f} MB)")
     return lines
 

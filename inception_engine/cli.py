@@ -212,11 +212,11 @@ def default_backends() -> list[str]:
 @click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
               help="Passed to backends that have the mode; the others' rows say they have not.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="X",
-              help="The chip's peak for the compute floor [default: the measured GEMM peak of the precision: 51.3 "
-                   "(fp32, H200), 411.6 (tf32, H100), 764 (fp16, H100)].")
+              help="The chip's peak for the compute floor [default: this GPU's measured GEMM peak in the "
+                   "precision, H100: 52.0 fp32, 411.6 tf32, 764 fp16; others: the H200's, 51.3 fp32].")
 @click.option("--peak-gbs", type=click.FloatRange(min=0, min_open=True), metavar="X",
-              help="The chip's memory bandwidth for the memory floor, GB/s [default: 4300, the H200's measured "
-                   "device-to-device copy].")
+              help="The chip's memory bandwidth for the memory floor, GB/s [default: this GPU's measured "
+                   "device-to-device copy, H100: 3026; others: the H200's, 4300].")
 @click.option("--reference-images", type=click.IntRange(1), default=2, show_default=True, metavar="K",
               help="Check each batch's first K images against the float64 reference (it is slow on the CPU).")
 @click.option("--iters", type=click.IntRange(1), default=20, show_default=True, help="Timed forwards per row.")
@@ -243,7 +243,7 @@ def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], precision
     progress = (lambda msg: click.echo(f"[bench] {msg}", err=True)) if stderr_is_tty() else None
     report = bench.run_bench(backend_names or default_backends(), batch_sizes, iters, warmup, weights_path,
                              onnx_path, per_layer, not no_reference, progress, precision, peak_tflops,
-                             peak_gbs or bench.PEAK_GBS, reference_images)
+                             peak_gbs, reference_images)
     click.echo(bench.table(report))
     written: list[Path] = []
     if json_path:

@@ -325,15 +325,28 @@ def test_floors_and_x_floor(fakes, weights_file):
     assert doc["floors"][1]["batch"] == 4 and doc["floors"][1]["ms"] == pytest.approx(report.floors[1].ms)
 
 
-def test_floor_defaults_per_precision(fakes, weights_file):
-    fp32 = bench.run_bench(["cuda"], [1], iters=1, warmup=0, weights_path=str(weights_file), reference=False)
-    assert fp32.peak_tflops == bench.FP32_PEAK_TFLOPS and fp32.floors[0].compute_ms is not None
-    fp16 = bench.run_bench(["cuda"], [1], iters=1, warmup=0, weights_path=str(weights_file), reference=False,
-                           precision="fp16")
+def test_floor_defaults_per_precision_and_gpu(fakes, weights_file, monkeypatch):
+    run = lambda **kw: bench.run_bench(["cuda"], [1], iters=1, warmup=0, weights_path=str(weights_file),  # noqa: E731
+                                       reference=False, **kw)
+    monkeypatch.setattr(bench, "gpu_name", lambda: None)  # no GPU: the H200's ceilings
+    fp32 = run()
+    assert (fp32.peak_tflops, fp32.peak_gbs) == (bench.FP32_PEAK_TFLOPS, bench.PEAK_GBS)
+    fp16 = run(precision="fp16")
     f = fp16.floors[0]
     assert fp16.peak_tflops == bench.PEAK_TFLOPS["fp16"] > bench.PEAK_TFLOPS["tf32"] > bench.FP32_PEAK_TFLOPS
     assert f.compute_ms == pytest.approx(fp32.floors[0].compute_ms * bench.FP32_PEAK_TFLOPS / bench.PEAK_TFLOPS["fp16"])
     assert f.bytes == fp32.floors[0].bytes // 2
+    assert not any(n.startswith("floors:") for n in fp32.notes + fp16.notes)
+    monkeypatch.setattr(bench, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")  # the H100's own ceilings
+    h100 = run(precision="tf32")
+    tflops, gbs = bench.CEILINGS["H100"]
+    assert (h100.peak_tflops, h100.peak_gbs) == (tflops["tf32"], gbs) and gbs < bench.PEAK_GBS
+    assert h100.floors[0].memory_ms == pytest.approx(fp32.floors[0].memory_ms * bench.PEAK_GBS / gbs)
+    assert run(peak_gbs=100.0).peak_gbs == 100.0 and run(peak_tflops=7.0).peak_tflops == 7.0  # given ones win
+    monkeypatch.setattr(bench, "gpu_name", lambda: "NVIDIA A100-SXM4-80GB")  # unmeasured: the H200's, said so
+    other = run()
+    assert (other.peak_tflops, other.peak_gbs) == (bench.FP32_PEAK_TFLOPS, bench.PEAK_GBS)
+    assert any("no measured ceilings for NVIDIA A100-SXM4-80GB" in n for n in other.notes)
 
 
 def test_cpu_note_says_which_code_runs(monkeypatch):
