@@ -155,6 +155,9 @@ struct NhwcF16 {
     __device__ __forceinline__ static void store2(T* p, float v0, float v1) {
         *reinterpret_cast<unsigned*>(p) = f16::pack(v0, v1);
     }
+    __device__ __forceinline__ static void store4(T* p, const float (&v)[4]) {
+        *reinterpret_cast<uint2*>(p) = uint2{f16::pack(v[0], v[1]), f16::pack(v[2], v[3])};
+    }
     __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
         f16::mma(d, a, b);
     }

@@ -9,7 +9,9 @@
 // x + ((b*H + h)*W + w)*x_cstride elements, where x points at the view's first channel and x_cstride is the
 // buffer's channel count. Weights are rows w[M][K] of the same element type (cuda_backend.nhwc_weights), bias fp32,
 // sums fp32 (mma.m16n8k16 .f16 or mma.m16n8k8 .tf32). Needs Cin, x_cstride and the view's first channel multiples
-// of PIECE (8 halves or 4 floats: 16 bytes), Cout, y_cstride and y's first channel even.
+// of PIECE (8 halves or 4 floats: 16 bytes), Cout, y_cstride and y's first channel even; for the fp16 wgmma,
+// warp-specialized and halo tiles (8-byte stores of 4 channels) Cout, y_cstride, y's first channel and the parts'
+// starts, offsets and strides multiples of 4. CudaBackend's views are multiples of 8 (cuda_backend.check_nhwc).
 //
 // Idea: with channels innermost, the im2col row of an output pixel is, tap by tap, Cin consecutive elements of x, so
 // PIECE k (Cin % PIECE == 0) are one 16-byte piece of one input pixel. conv_f16.cu's element-by-element gather
@@ -238,12 +240,67 @@ struct NhwcStore {
         });
     }
 
+    // fp16: channels m .. m + 3 of the thread's pixels, quads(put) calling put(p, v[4]), one 8-byte store each.
+    // Pairs would be 4-byte stores, 16 bytes of a pixel per warp instruction: half a 32-byte sector (ncu: 32 % of
+    // the sectors in excess, round 12). All four channels are below Cout and in one part, as every count and start
+    // is a multiple of 4 here (the header).
+    template <class Quads>
+    __device__ __forceinline__ void column4(int m, Quads&& quads) const {
+        if (m >= a.cout) return;
+        const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
+        float bias[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bias[e] = __ldg(a.bias + m + e);
+        const bool relu = m < a.parts.relu_end;
+        typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
+        quads([&](int p, const float (&q)[4]) {
+            if (p >= p_total) return;
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = relu ? fmaxf(q[e] + bias[e], 0.f) : q[e] + bias[e];
+            E::store4(y + p * col.cstride, v);
+        });
+    }
+
     // A wgmma warpgroup's BN-channel tile from channel m0: sum(mb, i) is its accumulator i of 64-row block mb, which
     // holds tile row 64 mb + 16 warp + g + 8 half, channels 8j + 2t + e for i = 4j + 2 half + e (wgmma.cuh's D
-    // layout); pixel(mb, half) is the output pixel of this thread's row (p_total or more: none).
+    // layout); pixel(mb, half) is the output pixel of this thread's row (p_total or more: none). fp16, no split-K:
+    // lanes t and t ^ 1 swap pairs so that each holds 4 adjacent channels of a pixel (even t: block j's 2t .. 2t + 3,
+    // odd t: block j + 1's 2t - 2 .. 2t + 1), and the 4 lanes of a pixel store blocks j and j + 1 as 32 bytes.
     template <int MB, int BN, class Pixel, class Sum>
     __device__ __forceinline__ void wgmma_pixels(int m0, Pixel&& pixel, Sum&& sum) const {
         const int t = threadIdx.x % 4;
+        if constexpr (sizeof(typename E::T) == 2) {
+            static_assert(BN % 16 == 0, "fp16 stores blocks of 8 channels in pairs");
+            if (splits == 1) {
+                const bool odd = t & 1;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j += 2) {
+                    float q[MB][2][4];
+#pragma unroll
+                    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int i = 4 * j + 2 * half;  // block j's pair; i + 4, block j + 1's
+                            const float a0 = sum(mb, i), a1 = sum(mb, i + 1), b0 = sum(mb, i + 4), b1 = sum(mb, i + 5);
+                            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+                            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+                            float(&v)[4] = q[mb][half];
+                            v[0] = odd ? r0 : a0;
+                            v[1] = odd ? r1 : a1;
+                            v[2] = odd ? b0 : r0;
+                            v[3] = odd ? b1 : r1;
+                        }
+                    column4(m0 + 8 * j + 2 * t + (odd ? 6 : 0), [&](auto&& put) {
+#pragma unroll
+                        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                            for (int half = 0; half < 2; ++half) put(pixel(mb, half), q[mb][half]);
+                    });
+                }
+                return;
+            }
+        }
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
             column(m0 + 8 * j + 2 * t, [&](auto&& put) {

@@ -3,8 +3,9 @@
 // Compiled with g++ ahead of cuda_src/*.cu (g++ -include emu.h). Each CUDA thread of a block is a fiber
 // (ucontext); blocks run one after another. __syncthreads and warp shuffles yield to a scheduler that resumes every
 // live fiber once per round, so after a round all threads have reached their next barrier. That is exact for
-// kernels whose threads all pass the same sequence of barriers and shuffles, which CUDA requires anyway. Shared
-// memory is a function-static array (one block at a time). No inline PTX: timing.cu is not emulated.
+// kernels whose threads all pass the same sequence of barriers and shuffles, which CUDA requires anyway (a shuffle
+// also waits for its warp's 32 lanes: emu::warp_sync). Shared memory is a function-static array (one block at a
+// time). No inline PTX: timing.cu is not emulated.
 #pragma once
 #include <ucontext.h>
 
@@ -37,6 +38,9 @@ struct alignas(16) float4 {
 };
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
 };
 template <class T>
 T __ldg(const T* p) { return *p; }
@@ -115,11 +119,30 @@ struct Ptr {
 };
 }  // namespace emu
 
+namespace emu {
+// The 32 lanes of a warp meet here: each yields until all have arrived. One yield alone (enough where the block's
+// threads run in step, as __syncthreads, itself one yield, needs) would not do after an mbarrier wait: lanes leave it
+// in different scheduler rounds, and so reach the next shuffle in different rounds too. Lanes in step still yield
+// exactly once here, so the rounds of the rest of the block stay as they were.
+inline int warp_arrived[32], warp_generation[32];
+inline void warp_sync() {
+    const unsigned w = threadIdx.x / 32;
+    const int generation = warp_generation[w];
+    if (++warp_arrived[w] == 32) {
+        warp_arrived[w] = 0;
+        ++warp_generation[w];
+    }
+    do yield();
+    while (warp_generation[w] == generation);
+}
+}  // namespace emu
+
+// Every lane of the warp takes part (the full mask: all the engine's shuffles).
 inline float __shfl_xor_sync(unsigned, float v, int mask) {
     const unsigned t = threadIdx.x;
     emu::lanes[t] = v;
-    emu::yield();
+    emu::warp_sync();
     const float r = emu::lanes[(t & ~31u) | ((t & 31u) ^ static_cast<unsigned>(mask))];
-    emu::yield();
+    emu::warp_sync();
     return r;
 }
