@@ -857,39 +857,33 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS) \
     CONV_NHWC_ENTRY(NAME##_wgmma_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_wgmma_gemm<E, BM, BN>))
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
-#define CONV_NHWC_WGMMA_TILES(NAME, E)          \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64)    \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32)    \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 64)    \
-    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 32)
-
-CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
-CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
-
 // The warp-specialized tiles: WS_THREADS (512) threads, one block an SM (128 registers a thread at launch, then
 // setmaxnreg's split; the consumers hold BM / 128 * BN / 2 accumulators; ptxas: no spill. 256x192's 192 spill).
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN) \
     CONV_NHWC_ENTRY(NAME##_ws_##BM##x##BN, E, WS_THREADS, 1, (conv_nhwc_ws_gemm<E, BM, BN>))
-#define CONV_NHWC_WS_TILES(NAME, E)          \
-    CONV_NHWC_WS_KERNEL(NAME, E, 128, 192)   \
-    CONV_NHWC_WS_KERNEL(NAME, E, 128, 128)   \
-    CONV_NHWC_WS_KERNEL(NAME, E, 128, 64)    \
-    CONV_NHWC_WS_KERNEL(NAME, E, 256, 128)
-
-CONV_NHWC_WS_TILES(conv_nhwc, NhwcF16)
-CONV_NHWC_WS_TILES(conv_nhwc_tf32, NhwcTf32)
-
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
 // split: the consumers hold 4 x BN / 2 accumulators).
 static_assert(HALO_BM == 256, "the halo kernels' names say 256");
 #define CONV_NHWC_HALO_KERNEL(NAME, E, BN) \
     CONV_NHWC_ENTRY(NAME##_halo_256x##BN, E, HALO_THREADS, 1, (conv_nhwc_halo_gemm<E, BN>))
-CONV_NHWC_HALO_KERNEL(conv_nhwc, NhwcF16, 64)
-CONV_NHWC_HALO_KERNEL(conv_nhwc, NhwcF16, 32)
-CONV_NHWC_HALO_KERNEL(conv_nhwc_tf32, NhwcTf32, 64)
-CONV_NHWC_HALO_KERNEL(conv_nhwc_tf32, NhwcTf32, 32)
+
+// fp16's and tf32's sm_90a tiles, in cuda_backend's order (NHWC_WGMMA_TILES): wgmma, warp-specialized, halo.
+#define CONV_NHWC_SM90_TILES(NAME, E)           \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64)    \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32)    \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 64)    \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 32)    \
+    CONV_NHWC_WS_KERNEL(NAME, E, 128, 192)      \
+    CONV_NHWC_WS_KERNEL(NAME, E, 128, 128)      \
+    CONV_NHWC_WS_KERNEL(NAME, E, 128, 64)       \
+    CONV_NHWC_WS_KERNEL(NAME, E, 256, 128)      \
+    CONV_NHWC_HALO_KERNEL(NAME, E, 64)          \
+    CONV_NHWC_HALO_KERNEL(NAME, E, 32)
+
+CONV_NHWC_SM90_TILES(conv_nhwc, NhwcF16)
+CONV_NHWC_SM90_TILES(conv_nhwc_tf32, NhwcTf32)
 CONV_NHWC_WGMMA_KERNEL_BLOCKS(conv_nhwc_f32, NhwcF32, 128, 128, 1)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 64)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)
