@@ -10,17 +10,21 @@ import functools
 import glob
 import json
 import sys
+import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+from tqdm import tqdm
 
 from . import backends
+from .engine import BACKEND_CHOICES, PRECISION_CHOICES
 from .errors import EngineError
 from .images import image_extensions
+from .pipeline import WORKER_KINDS, Prediction
 
-BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
@@ -87,44 +91,124 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
               help="Weight file (default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache).")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
               help="auto = cuda when a GPU and pycuda are usable, else cpu.")
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
+              help="auto = tf32 on the GPU (as PyTorch's and cuDNN's convolutions default to), fp32 on the CPU.")
 @click.option("--top-k", type=click.IntRange(1, 1000), default=5, show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 4096), default=8, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=None, show_default="64 on the GPU, 8 on the CPU")
+@click.option("--workers", type=click.IntRange(1, 1024), default=None, metavar="N",
+              help="Decode workers [default: one per usable CPU].")
+@click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="thread", show_default=True,
+              help="Decode in threads (Pillow releases the GIL) or in processes.")
+@click.option("--output", "output_path", metavar="FILE",
+              help="Write results to FILE.jsonl (one JSON line per image) or FILE.csv as they finish, instead of "
+                   "printing them.")
+@click.option("--resume", is_flag=True, help="With --output: skip the images FILE already has, append the rest.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @user_errors
-def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, top_k: int, batch_size: int,
+def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, precision: str, top_k: int,
+            batch_size: int | None, workers: int | None, worker_kind: str, output_path: str | None, resume: bool,
             as_json: bool) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
-    from .engine import Engine, Prediction
+    from .engine import Engine
+    from .output import ResultFile, image_key
 
+    if resume and not output_path:
+        raise EngineError("--resume continues an --output FILE; give the file")
+    if output_path and as_json:
+        raise EngineError("--json prints to the terminal and --output writes a file; choose one")
     inputs = expand_inputs(images)
-    todo = [path for path, err in inputs if err is None]
-    with Engine(weights_path, backend=backend, batch_size=batch_size) as engine:
-        if stderr_is_tty() and len(todo) > batch_size:
-            with click.progressbar(length=len(todo), label="classifying", file=sys.stderr) as bar:
-                preds = engine.predict(todo, top_k, on_progress=bar.update)
-        else:
-            preds = engine.predict(todo, top_k)
-        weights_desc, backend_name = str(engine.weights.path), engine.backend_name
-    by_path = iter(preds)
-    results = [next(by_path) if err is None else Prediction(path, error=err) for path, err in inputs]
-
-    if as_json:
-        doc = {"weights": weights_desc, "backend": backend_name, "results": [
-            {"image": r.image, "top": [{"index": i, "label": l, "prob": p} for i, l, p in r.top]} if r.ok
-            else {"image": r.image, "error": r.error} for r in results]}
-        click.echo(json.dumps(doc, indent=2))
-    else:
-        for r in results:
-            click.echo(r.image)
-            if r.ok:
-                for i, l, p in r.top:
-                    click.echo(f"  {p:7.4f}  {l} ({i})")
-            else:
-                click.echo(f"  error: {r.error}")
-    failed = sum(not r.ok for r in results)
+    out = ResultFile(output_path, top_k, resume) if output_path else None
+    try:
+        if out is not None and out.done:
+            before = len(inputs)
+            inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
+            click.echo(f"resume: {before - len(inputs)} of {before} images are in {out.path} already", err=True)
+        todo = [path for path, err in inputs if err is None]
+        if batch_size is None:
+            batch_size = 64 if backends.resolve(backend) == "cuda" else 8
+        with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
+                    worker_kind=worker_kind) as engine:
+            for note in engine.notes:
+                click.echo(f"note: {note}", err=True)
+            sink = (FileSink(out, batch_size) if out is not None else
+                    JsonSink(str(engine.weights.path), engine.backend_name) if as_json else TextSink())
+            show = stderr_is_tty() and len(todo) > batch_size
+            failed, total, t0 = 0, 0, time.perf_counter()
+            with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
+                      dynamic_ncols=True) as bar:
+                preds = engine.predict_iter(todo, top_k, on_progress=bar.update)
+                try:
+                    for path, err in inputs:
+                        r = next(preds) if err is None else Prediction(path, error=err)
+                        sink.add(r)
+                        failed += not r.ok
+                        total += 1
+                except KeyboardInterrupt:
+                    sink.close()
+                    where = f"; {out.path} holds them, --resume continues" if out is not None else ""
+                    click.echo(f"interrupted after {total} of {len(inputs)} images{where}", err=True)
+                    raise click.exceptions.Exit(130) from None
+            sink.close()
+    finally:
+        if out is not None:
+            out.close()
+    if out is not None:
+        seconds = time.perf_counter() - t0
+        click.echo(f"{total} images ({failed} errors) in {seconds:.1f} s, {len(todo) / max(seconds, 1e-9):.0f} "
+                   f"images/s -> {out.path}", err=True)
     if failed:
-        click.echo(f"error: {failed} of {len(results)} inputs could not be classified", err=True)
+        click.echo(f"error: {failed} of {total} inputs could not be classified", err=True)
         raise click.exceptions.Exit(1)
+
+
+class TextSink:
+    def add(self, r: Prediction) -> None:
+        lines = [r.image]
+        if r.ok:
+            assert r.top is not None
+            lines += [f"  {p:7.4f}  {label} ({i})" for i, label, p in r.top]
+        else:
+            lines.append(f"  error: {r.error}")
+        click.echo("\n".join(lines))
+
+    def close(self) -> None:
+        pass
+
+
+class JsonSink:
+    """One JSON document, written as results arrive (nothing is held until the end)."""
+
+    def __init__(self, weights: str, backend: str):
+        head = json.dumps({"weights": weights, "backend": backend}, indent=2)
+        click.echo(head[:-2] + ',\n  "results": [', nl=False)
+        self.first = True
+
+    def add(self, r: Prediction) -> None:
+        from .output import as_json
+
+        entry = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
+        click.echo(("\n" if self.first else ",\n") + entry, nl=False)
+        self.first = False
+
+    def close(self) -> None:
+        click.echo("\n  ]\n}")
+
+
+class FileSink:
+    """--output: flushed every batch's worth of results and at least once a second."""
+
+    def __init__(self, out: Any, batch: int):
+        self.out, self.batch, self.count, self.last = out, batch, 0, time.monotonic()
+
+    def add(self, r: Prediction) -> None:
+        self.out.add(r)
+        self.count += 1
+        if self.count % self.batch == 0 or time.monotonic() - self.last > 1.0:
+            self.out.flush()
+            self.last = time.monotonic()
+
+    def close(self) -> None:
+        self.out.flush()
 
 
 # ----------------------------------------------------------------------------------------- inception-convert-weights

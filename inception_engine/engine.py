@@ -1,63 +1,45 @@
-"""The Python API: load weights once, pick a backend, classify images.
+"""The Python API: load weights once, pick a backend and precision, classify images as a stream.
 
     from inception_engine.engine import Engine
-    with Engine("weights/inception_v3.npz", backend="cpu") as engine:
-        for p in engine.predict(["cat.jpg", "dog.png"], top_k=3):
+    with Engine("weights/inception_v3.npz", backend="auto", batch_size=64) as engine:
+        for p in engine.predict_iter(paths, top_k=3):   # in order, as each batch finishes
             print(p.image, p.top if p.ok else p.error)
 
-Batches: images are decoded one by one and run ``batch_size`` at a time. A final partial batch of ``n`` images gets a
-plan (and a backend instance) of batch ``n`` of its own rather than being padded: padding costs a full batch of
-compute every call (on the CPU path that is up to ``batch_size - 1`` wasted forwards), a second plan costs one
-set-up, cached for the engine's lifetime.
+``predict_iter`` runs pipeline.classify: decode workers write uint8 pixels into a ring of host memory, the cuda
+backend uploads them on a copy stream, normalises on the GPU and brings back only the top-k (cuda_stream.CudaRunner);
+other backends normalise on the host (pipeline.HostRunner). On the cuda backend a run uses one batch size,
+min(batch_size, number of images), and a partial last batch runs that batch's forward; elsewhere a final partial
+batch of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (on the CPU padding costs up to
+``batch_size - 1`` wasted forwards, a second plan one set-up, cached for the engine's lifetime).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from . import backends
 from .errors import EngineError
-from .images import Preprocess, load_image
+from .images import Preprocess
 from .labels import imagenet_labels
+from .pipeline import (WORKER_KINDS, HostRunner, ImageSource, PipelineOptions, Prediction, Runner, classify,
+                       softmax, top_classes)
 from .plan import build_plan
 from .weights import Weights, find_weights, load_weights
 
+__all__ = ["BACKEND_CHOICES", "PRECISION_CHOICES", "Engine", "Prediction", "softmax", "top_classes"]
+
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
-
-ImageSource = str | os.PathLike | Image.Image
-
-
-@dataclass(frozen=True)
-class Prediction:
-    image: str  # the path as given, or "<PIL.Image N>" for in-memory images
-    top: list[tuple[int, str, float]] | None = None  # (class index, label, probability), most likely first
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (max subtracted, so large logits do not overflow)."""
-    z = logits.astype(np.float64)
-    z -= z.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
-    return z
-
-
-def top_classes(probs: np.ndarray, k: int) -> list[tuple[int, str, float]]:
-    """The k most likely classes of one probability row; ties broken by the lower index."""
-    names = imagenet_labels()
-    order = np.argsort(-probs, kind="stable")[:k]
-    return [(int(i), names[i], float(probs[i])) for i in order]
+PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
+# auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against
+# float64, docs/PERFORMANCE.md), float32 elsewhere.
+AUTO_PRECISION = "tf32"
+# A run of fewer batches than this takes the cached tuning or the cost model's kernels instead of measuring every
+# conv first (seconds, which a run of a few batches would never win back).
+TUNE_MIN_BATCHES = 100
 
 
 def load(weights: str | os.PathLike | Weights | None) -> Weights:
@@ -68,17 +50,46 @@ def load(weights: str | os.PathLike | Weights | None) -> Weights:
 
 class Engine:
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
-                 batch_size: int = 8):
+                 batch_size: int = 8, precision: str = "auto", workers: int | None = None,
+                 worker_kind: str = "thread"):
+        """precision: fp32, tf32, fp16 or auto (tf32 where the backend has it, else fp32). workers: decode workers
+        (default: one per usable CPU), threads or processes (worker_kind)."""
         if batch_size < 1:
             raise EngineError(f"batch size must be at least 1, got {batch_size}")
         if backend not in BACKEND_CHOICES:
             raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_CHOICES)}")
+        if precision not in PRECISION_CHOICES:
+            raise EngineError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISION_CHOICES)}")
+        if worker_kind not in WORKER_KINDS:
+            raise EngineError(f"unknown worker kind {worker_kind!r}; choose one of {', '.join(WORKER_KINDS)}")
+        if workers is not None and workers < 1:
+            raise EngineError(f"workers must be at least 1, got {workers}")
+        self.notes: list[str] = []  # fallbacks taken, one line each (the CLI prints them on stderr)
         self.weights = load(weights)
+        if backend == "auto":
+            ok, why = backends.is_available("cuda")
+            if not ok:
+                self.notes.append(f"auto: running on the CPU ({why})")
         self.backend_name = backends.resolve(backend)
         self.backend_class = backends.backend_class(self.backend_name)  # BackendUnavailable with the reason
+        self.precision = self._resolve_precision(precision, explicit_backend=backend != "auto")
         self.batch_size = batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
+        self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
         self._backends: dict[int, Any] = {}  # batch size -> backend instance, built on first use
+        self._options: dict[int, dict[str, Any]] = {}  # ... and the options it was built with
+
+    def _resolve_precision(self, precision: str, explicit_backend: bool) -> str:
+        have = getattr(self.backend_class, "PRECISIONS", ("fp32",))
+        if precision == "auto":
+            return AUTO_PRECISION if AUTO_PRECISION in have else "fp32"
+        if precision in have:
+            return precision
+        if explicit_backend:
+            raise EngineError(f"the {self.backend_name} backend has no {precision} mode (it has "
+                              f"{', '.join(have)}); choose one of those or --backend cuda")
+        self.notes.append(f"{precision} needs the GPU; the {self.backend_name} backend computes in fp32")
+        return "fp32"
 
     def __enter__(self) -> Engine:
         return self
@@ -91,11 +102,20 @@ class Engine:
             b.close()
         self._backends.clear()
 
-    def backend(self, batch: int) -> Any:
+    def backend(self, batch: int, tune: bool | str = True) -> Any:
+        """The backend instance for plans of ``batch`` images. tune (cuda): measure each conv's kernel (True), or
+        take the cached tuning or the cost model ("cached")."""
+        options = dict(backends.DEFAULT_OPTIONS.get(self.backend_name, {}))
+        if "tune" in options:
+            options["tune"] = tune
+        if hasattr(self.backend_class, "PRECISIONS"):
+            options["precision"] = self.precision
+        if batch in self._backends and self._options[batch] != options:
+            self._backends.pop(batch).close()  # e.g. a long run after a short one: now worth tuning
         if batch not in self._backends:
             plan = build_plan(batch, self.weights.layers(), input_size=self.preprocess.size)
-            self._backends[batch] = self.backend_class(self.weights, plan,
-                                                       **backends.DEFAULT_OPTIONS.get(self.backend_name, {}))
+            self._backends[batch] = self.backend_class(self.weights, plan, **options)
+            self._options[batch] = options
         return self._backends[batch]
 
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -109,34 +129,31 @@ class Engine:
                 for chunk in (x[i:i + self.batch_size] for i in range(0, len(x), self.batch_size))]
         return np.concatenate(outs, axis=0)
 
-    def predict(self, images: Sequence[ImageSource], top_k: int = 5,
-                on_progress: Callable[[int], None] | None = None) -> list[Prediction]:
-        """Classify images (paths or PIL images). A file that cannot be read gets a Prediction with ``error`` set;
-        the others still run. ``on_progress(n)`` is called as each n images finish."""
+    def runner(self, n_images: int) -> Runner:
+        """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs."""
+        batch = max(1, min(self.batch_size, n_images))
+        tune: bool | str = True if n_images >= TUNE_MIN_BATCHES * batch else "cached"
+        if self.backend_name == "cuda":
+            from .backends.cuda_stream import CudaRunner
+
+            return CudaRunner(self.backend(batch, tune), self.preprocess)
+        return HostRunner(self.forward, batch, self.preprocess)
+
+    def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,
+                     on_progress: Callable[[int], None] | None = None) -> Iterator[Prediction]:
+        """Classify images (paths or PIL images), yielding one Prediction per image in order as batches finish. A
+        file that cannot be read gets a Prediction with ``error`` set; the others still run. ``on_progress(n)`` is
+        called as each n images finish. Host memory stays at a few batches of images however many there are."""
         if not 1 <= top_k <= len(imagenet_labels()):
             raise EngineError(f"top-k must be between 1 and {len(imagenet_labels())}, got {top_k}")
-        results: list[Prediction | None] = [None] * len(images)
-        pending: list[tuple[int, str, np.ndarray]] = []
-
-        def run_pending() -> None:
-            probs = softmax(self.forward(np.stack([x for _, _, x in pending])))
-            for (i, name, _), p in zip(pending, probs):
-                results[i] = Prediction(name, top=top_classes(p, top_k))
+        if not images:
+            return
+        for p in classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline):
             if on_progress:
-                on_progress(len(pending))
-            pending.clear()
+                on_progress(1)
+            yield p
 
-        for i, src in enumerate(images):
-            name = f"<PIL.Image {i}>" if isinstance(src, Image.Image) else str(src)
-            try:
-                pending.append((i, name, load_image(src, self.preprocess)))
-            except EngineError as e:
-                results[i] = Prediction(name, error=str(e))
-                if on_progress:
-                    on_progress(1)
-            if len(pending) == self.batch_size:
-                run_pending()
-        if pending:
-            run_pending()
-        return [r for r in results if r is not None]
-
+    def predict(self, images: Sequence[ImageSource], top_k: int = 5,
+                on_progress: Callable[[int], None] | None = None) -> list[Prediction]:
+        """``predict_iter`` as a list."""
+        return list(self.predict_iter(images, top_k, on_progress))

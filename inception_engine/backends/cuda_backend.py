@@ -711,6 +711,8 @@ ARG_FORMATS = {
     "fc_gemv": "PPPP" + "i" * 4,
     "softmax_rows": "PP" + "i" * 3,
     "gpu_sleep": "q",
+    "normalize_u8_nchw": "PPPii",
+    "softmax_topk_rows": "PPPiii",
     **{name + e.suffix: fmt for e in NHWC_ELEMS.values()
        for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13 + "P"), ("global_avg_pool_nhwc", "PP" + "i" * 5),
                          ("conv_input_nhwc", "PPPP" + "i" * 14))},
@@ -725,7 +727,8 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
              **{f"{name}{e.suffix}": source for e in NHWC_ELEMS.values()
                 for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
                                      ("conv_input_nhwc", "conv_input_nhwc.cu"))},
-             "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
+             "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu",
+             "normalize_u8_nchw": "pipeline_io.cu", "softmax_topk_rows": "pipeline_io.cu"}
 
 
 def wgmma_ring_bytes(kernel: str) -> int:
@@ -1191,7 +1194,7 @@ class CudaBackend:
 
     def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
-                 winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool = False,
+                 winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool | str = False,
                  configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None,
                  fuse: bool | None = None):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
@@ -1208,7 +1211,8 @@ class CudaBackend:
         3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
         1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
-        (``tune_configs``: a few seconds the first time, then from the cache). configs: use exactly these.
+        (``tune_configs``: a few seconds the first time, then from the cache); "cached": the cache's configs where
+        this GPU and plan have been tuned, else the cost model's (no measuring). configs: use exactly these.
         nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
         or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
         Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
@@ -1246,7 +1250,8 @@ class CudaBackend:
             raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
                               f"use a smaller batch")
         if tune and configs is None:
-            configs = tune_configs(weights, plan, precision, fixup, winograd, device, nhwc=nhwc)
+            configs = tune_configs(weights, plan, precision, fixup, winograd, device, nhwc=nhwc,
+                                   measure=tune != "cached")
         self._given_configs = configs
         drv = driver()
         self.plan = plan
@@ -1328,6 +1333,7 @@ class CudaBackend:
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
             self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
                                       self._counters)
+        self.kernels = kernels
         self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
         self._sleep = kernels["gpu_sleep"]
         if self.concurrent:
@@ -1378,6 +1384,29 @@ class CudaBackend:
                 main.wait_for_event(join)
         for launch in self._tail:
             launch(main)
+
+    # What a caller that drives the GPU itself (cuda_stream.CudaRunner) needs: the context, the stream every forward
+    # runs on, where the (batch, 3, size, size) float32 input goes and the (batch, classes) output comes out.
+    @property
+    def gpu(self) -> Gpu:
+        self._check_open()
+        return self._gpu
+
+    @property
+    def stream(self) -> Any:
+        return self._stream
+
+    @property
+    def input_ptr(self) -> int:
+        return self._in_ptr
+
+    @property
+    def output_ptr(self) -> int:
+        return self._out_ptr
+
+    def replay(self) -> None:
+        """Enqueue one forward on ``stream`` (the context current), reading input_ptr, writing output_ptr."""
+        self._run()
 
     def _run(self) -> None:
         if self._graph is not None:
@@ -1504,11 +1533,12 @@ def time_convs(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | Non
 
 def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: bool = False,
                  winograd: bool | None = True, device: int = 0, iters: int = 10,
-                 nhwc: bool = False) -> dict[str, ConvConfig | None]:
+                 nhwc: bool = False, measure: bool = True) -> dict[str, ConvConfig | None] | None:
     """The configs of a forward with each conv's measured fastest candidate (``tuning_candidates``: every direct
     tile, and Winograd unless winograd is False), each conv timed in place with CudaBackend.time_layers (median of
     ``iters``) in one eager backend per candidate set. Cached per GPU, kernel build, conv shapes and mode as JSON in
-    ``tuning_cache_dir()``, so only the first backend of a kind pays for it."""
+    ``tuning_cache_dir()``, so only the first backend of a kind pays for it. measure=False: the cached configs or
+    None (the caller then takes the cost model's)."""
     gpu = Gpu(device)
     try:
         key = tuning_key(gpu.device.name(), gpu.arch, gpu.num_sms, plan, precision, fixup, winograd, nhwc)
@@ -1520,6 +1550,8 @@ def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: b
         return {name: config_from_json(d) for name, d in json.loads(path.read_text()).items()}
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not tuned yet, or a damaged file: tune again
+    if not measure:
+        return None
     sets = tuning_candidates(plan, num_sms, fixup, precision, winograd, nhwc, wgmma)
     times = [time_convs(weights, plan, configs, precision, fixup, device, iters, nhwc) for configs in sets]
     best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd, nhwc=nhwc, wgmma=wgmma), sets,

@@ -138,11 +138,17 @@ inline void warp_sync() {
 }  // namespace emu
 
 // Every lane of the warp takes part (the full mask: all the engine's shuffles).
-inline float __shfl_xor_sync(unsigned, float v, int mask) {
+namespace emu {
+template <class T>
+T shfl_xor(T* lanes, T v, int mask) {
     const unsigned t = threadIdx.x;
-    emu::lanes[t] = v;
+    lanes[t] = v;
     emu::warp_sync();
-    const float r = emu::lanes[(t & ~31u) | ((t & 31u) ^ static_cast<unsigned>(mask))];
+    const T r = lanes[(t & ~31u) | ((t & 31u) ^ static_cast<unsigned>(mask))];
     emu::warp_sync();
     return r;
 }
+inline double lanes_double[1024];
+}  // namespace emu
+inline float __shfl_xor_sync(unsigned, float v, int mask) { return emu::shfl_xor(emu::lanes, v, mask); }
+inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_xor(emu::lanes_double, v, mask); }

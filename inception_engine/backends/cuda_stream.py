@@ -1,0 +1,134 @@
+"""The cuda backend as the streaming pipeline's runner (pipeline.Runner): uint8 pixels in, top-k out.
+
+Per batch, two streams and two sets of buffers (turn k = batch number % 2):
+
+    copy stream:     wait normalized[k] ─> copy ring slots -> u8[k] (runs of consecutive slots) ─> copied[k]
+    compute stream:  wait copied[k] ─> normalize_u8_nchw u8[k] -> input ─> normalized[k] ─> forward (the backend's
+                     CUDA graph) ─> softmax_topk_rows logits -> top[k] ─> copy top[k] to the host ─> done[k]
+
+so batch i + 1's bytes cross PCIe while batch i's forward runs, a quarter of the float32 input's bytes cross at
+all, and only k (index, probability) pairs per image come back. The host ring is page-locked in place
+(cuMemHostRegister) so the copies are true DMA from where the decode workers wrote. A partial last batch runs the
+full batch's forward (the rows past it hold an earlier batch's pixels and are not read back): one more forward of
+a few milliseconds instead of a second plan, tuning and graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import EngineError
+from ..images import Preprocess
+from ..pipeline import HostRing, TopK
+from .cuda_backend import THREADS, CudaBackend, driver
+
+TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
+
+
+def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
+    """(first slot, end slot, first batch row) of each run of consecutive slots: one copy each."""
+    runs: list[tuple[int, int, int]] = []
+    for row, slot in enumerate(slots):
+        if runs and runs[-1][1] == slot:
+            first, _, at = runs[-1]
+            runs[-1] = (first, slot + 1, at)
+        else:
+            runs.append((slot, slot + 1, row))
+    return runs
+
+
+class CudaRunner:
+    depth = 2
+    shared_ring = True
+
+    def __init__(self, backend: CudaBackend, pre: Preprocess):
+        drv = driver()
+        plan = backend.plan
+        self.classes = plan.output.channels
+        if self.classes > TOPK_N:
+            raise EngineError(f"the GPU top-k handles up to {TOPK_N} classes; this model has {self.classes}")
+        if plan.input.dims[1:] != (3, pre.size, pre.size):
+            raise EngineError(f"the plan's input {plan.input.dims} does not take {pre.size}x{pre.size} images")
+        self.backend, self.batch, self.pre = backend, plan.batch, pre
+        self._image_bytes = pre.size * pre.size * 3
+        self._ring: np.ndarray | None = None
+        self._turn = 0
+        self._allocs: list[Any] = []
+        with backend.gpu:
+            kernels = backend.kernels
+            self._normalize = kernels["normalize_u8_nchw"]
+            self._topk = kernels["softmax_topk_rows"]
+            self._u8 = [self._alloc(self.batch * self._image_bytes) for _ in range(2)]
+            self._prob = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
+            self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
+            self._mean_std = self._alloc(6 * 4)
+            drv.memcpy_htod(self._mean_std, np.asarray((*pre.mean, *pre.std), np.float32))
+            self._prob_host = [drv.pagelocked_empty(self.batch * self.classes, np.float32) for _ in range(2)]
+            self._index_host = [drv.pagelocked_empty(self.batch * self.classes, np.int32) for _ in range(2)]
+            self._copy = drv.Stream(1)
+            flags = drv.event_flags.DISABLE_TIMING
+            self._copied = [drv.Event(flags) for _ in range(2)]
+            self._normalized = [drv.Event(flags) for _ in range(2)]
+            self._done = [drv.Event(flags) for _ in range(2)]
+
+    def _alloc(self, nbytes: int) -> int:
+        a = driver().mem_alloc(max(nbytes, 4))
+        self._allocs.append(a)
+        return int(a)
+
+    def attach(self, ring: HostRing) -> None:
+        with self.backend.gpu:
+            self._ring = driver().register_host_memory(ring.array)
+
+    def submit(self, slots: list[int], top_k: int) -> tuple[int, int, int]:
+        if not 1 <= len(slots) <= self.batch or not 1 <= top_k <= self.classes:
+            raise ValueError(f"{len(slots)} images, top-{top_k}: outside this runner's batch or classes")
+        drv, b = driver(), self.backend
+        k = self._turn % 2
+        self._turn += 1
+        hw = self.pre.size * self.pre.size
+        with b.gpu:
+            self._copy.wait_for_event(self._normalized[k])  # u8[k]'s previous batch is normalised already
+            for first, end, row in slot_runs(slots):
+                drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
+            self._copied[k].record(self._copy)
+            b.stream.wait_for_event(self._copied[k])
+            self._normalize.prepared_async_call(((hw + THREADS - 1) // THREADS, self.batch, 1), (THREADS, 1, 1),
+                                                b.stream, self._u8[k], b.input_ptr, self._mean_std, hw, 3 * hw)
+            self._normalized[k].record(b.stream)
+            b.replay()
+            self._topk.prepared_async_call((len(slots), 1, 1), (TOPK_N, 1, 1), b.stream, b.logits_ptr,
+                                           self._prob[k], self._index[k], self.classes, self.classes, top_k)
+            n = len(slots) * top_k
+            drv.memcpy_dtoh_async(self._prob_host[k][:n], self._prob[k], b.stream)
+            drv.memcpy_dtoh_async(self._index_host[k][:n], self._index[k], b.stream)
+            self._done[k].record(b.stream)
+        return k, len(slots), top_k
+
+    def result(self, ticket: tuple[int, int, int]) -> list[TopK]:
+        k, n, top_k = ticket
+        with self.backend.gpu:
+            self._done[k].synchronize()
+        prob = self._prob_host[k][:n * top_k].reshape(n, top_k)
+        index = self._index_host[k][:n * top_k].reshape(n, top_k)
+        return [[(int(i), float(p)) for i, p in zip(ri, rp)] for ri, rp in zip(index, prob)]
+
+    def close(self) -> None:
+        """Waits for the GPU, then lets go of the ring (unpinned) and of this runner's buffers; the backend stays."""
+        if not self._allocs:
+            return
+        with self.backend.gpu:
+            self.backend.stream.synchronize()
+            self._copy.synchronize()
+            if self._ring is not None:
+                self._ring.base.unregister()
+                self._ring = None
+            for a in self._allocs:
+                a.free()
+            self._allocs = []
+            for h in (*self._prob_host, *self._index_host):
+                h.base.free()
+            self._prob_host, self._index_host = [], []
+            del self._copied, self._normalized, self._done  # destroyed while the context is current

@@ -1,0 +1,300 @@
+"""Streaming classification: images in, predictions out in input order, decode overlapped with the forward.
+
+    decode workers ──> host ring of uint8 slots ──> runner (GPU or CPU) ──> top-k ──> Prediction, in order
+    (threads or          (size x size x 3 bytes       submit(slots) starts a batch,
+     processes)           per image, page-locked       result(ticket) waits for it
+                          for the GPU)
+
+Decoding (Pillow: read, EXIF orientation, RGB, Resize, CenterCrop) runs in a pool of workers, which write each
+image's uint8 pixels straight into a slot of a ring of host memory: image number ``seq`` goes to slot
+``seq % slots``. Pillow releases the GIL while it decodes and resizes, so threads scale; processes (the ring is
+then shared memory) avoid the GIL for the Python parts of Pillow. The main thread keeps the pool ``slots`` images
+ahead of the oldest slot still in use, gathers decoded images into batches and hands each batch's slots to the
+runner, which may work asynchronously (the cuda runner copies the bytes on a copy stream and normalises on the GPU
+while the previous batch's forward runs). A slot is reused once the runner's result for it is in, so host memory
+is ``slots`` images whatever the number of inputs. An image that cannot be decoded gets its error Prediction in its
+place in the output and the rest goes on.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image
+
+from .errors import EngineError
+from .images import Preprocess, decode_u8, first_line
+from .labels import imagenet_labels
+
+ImageSource = str | os.PathLike | Image.Image
+TopK = list[tuple[int, float]]  # (class index, probability), most likely first
+WORKER_KINDS = ("thread", "process")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    image: str  # the path as given, or "<PIL.Image N>" for in-memory images
+    top: list[tuple[int, str, float]] | None = None  # (class index, label, probability), most likely first
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (max subtracted, so large logits do not overflow)."""
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+def top_k_rows(probs: np.ndarray, k: int) -> list[TopK]:
+    """The k most likely classes of each probability row; ties broken by the lower index."""
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    return [[(int(i), float(p[i])) for i in row] for p, row in zip(probs, order)]
+
+
+def labelled(top: TopK) -> list[tuple[int, str, float]]:
+    names = imagenet_labels()
+    return [(i, names[i], p) for i, p in top]
+
+
+def top_classes(probs: np.ndarray, k: int) -> list[tuple[int, str, float]]:
+    """The k most likely classes of one probability row, with their labels."""
+    return labelled(top_k_rows(probs[None], k)[0])
+
+
+def source_name(i: int, src: ImageSource) -> str:
+    return f"<PIL.Image {i}>" if isinstance(src, Image.Image) else str(src)
+
+
+# ------------------------------------------------------------------------------------------------- the host ring
+
+class HostRing:
+    """``slots`` images of (size, size, 3) uint8 in page-aligned memory (so the GPU can page-lock it in place):
+    anonymous memory for thread workers, shared memory that worker processes attach to by name for process
+    workers."""
+
+    def __init__(self, slots: int, size: int, shared: bool):
+        nbytes = slots * size * size * 3
+        self.shm = shared_memory.SharedMemory(create=True, size=nbytes) if shared else None
+        self._map = None if shared else mmap.mmap(-1, nbytes)
+        buf = self.shm.buf if self.shm is not None else self._map
+        self.array = np.ndarray((slots, size, size, 3), np.uint8, buffer=buf)
+        self.slots = slots
+
+    def close(self) -> None:
+        self.array = None  # type: ignore[assignment]  # the buffer cannot close while an array views it
+        if self.shm is not None:
+            self.shm.close()
+            self.shm.unlink()
+        if self._map is not None:
+            self._map.close()
+
+
+def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preprocess) -> str | None:
+    """Decode one image into its ring slot; the error line instead where it cannot be read. Anything Pillow throws
+    is this image's error, never the run's."""
+    try:
+        ring[slot] = decode_u8(source, pre)
+        return None
+    except EngineError as e:
+        return str(e)
+    except Exception as e:  # a decoder bug or an exotic file must not end a 100,000-image run
+        return f"{source}: cannot decode ({type(e).__name__}: {first_line(e)})"
+
+
+_worker_ring: np.ndarray | None = None  # a worker process's view of the shared ring (set by its initializer)
+_worker_shm: shared_memory.SharedMemory | None = None
+
+
+def _attach_ring(name: str, shape: tuple[int, ...]) -> None:
+    global _worker_ring, _worker_shm
+    # The parent owns and unlinks the segment. Forkserver workers share the parent's resource tracker, whose record
+    # of the name is a set: attaching here registers nothing new, and the parent's unlink clears it.
+    _worker_shm = shared_memory.SharedMemory(name=name)
+    _worker_ring = np.ndarray(shape, np.uint8, buffer=_worker_shm.buf)
+
+
+def _decode_in_worker(slot: int, source: str, pre: Preprocess) -> str | None:
+    assert _worker_ring is not None, "worker started without the ring"
+    return decode_into(_worker_ring, slot, source, pre)
+
+
+class DecodePool:
+    """Workers that decode images into a HostRing's slots."""
+
+    def __init__(self, ring: HostRing, pre: Preprocess, workers: int, kind: str = "thread"):
+        if kind not in WORKER_KINDS:
+            raise EngineError(f"unknown worker kind {kind!r}; choose one of {', '.join(WORKER_KINDS)}")
+        self.ring, self.pre, self.kind = ring, pre, kind
+        self._pool: Executor
+        if kind == "process":
+            assert ring.shm is not None, "process workers need a shared ring"
+            import multiprocessing
+
+            # forkserver: a fresh interpreter, not a fork of one that holds a CUDA context and threads.
+            self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
+                                             initializer=_attach_ring, initargs=(ring.shm.name, ring.array.shape))
+        else:
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="decode")
+
+    def submit(self, slot: int, source: ImageSource) -> Future:
+        if self.kind == "process" and not isinstance(source, Image.Image):
+            return self._pool.submit(_decode_in_worker, slot, str(source), self.pre)
+        if self.kind == "process":  # an in-memory image cannot cross to a process cheaply: decode it here
+            f: Future = Future()
+            f.set_result(decode_into(self.ring.array, slot, source, self.pre))
+            return f
+        return self._pool.submit(decode_into, self.ring.array, slot, source, self.pre)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ------------------------------------------------------------------------------------------------------ runners
+
+class Runner(Protocol):
+    """Classifies batches of ring slots; ``submit`` may return before the work is done, ``result`` waits for it.
+    At most ``depth`` submitted batches are outstanding (the pipeline collects the oldest first)."""
+
+    batch: int
+    depth: int
+    shared_ring: bool  # True where the pipeline must page-lock or share the ring before use
+
+    def attach(self, ring: HostRing) -> None: ...
+
+    def submit(self, slots: list[int], top_k: int) -> Any: ...
+
+    def result(self, ticket: Any) -> list[TopK]: ...
+
+    def close(self) -> None: ...
+
+
+class HostRunner:
+    """Any backend's ``forward``: normalise the slots' bytes on the host and run a forward of exactly that many
+    images (``forward`` is the engine's, which builds a plan per batch size). The cpu backend's runner."""
+
+    depth = 1
+    shared_ring = False
+
+    def __init__(self, forward: Callable[[np.ndarray], np.ndarray], batch: int, pre: Preprocess):
+        self.forward, self.batch, self.pre = forward, batch, pre
+        self.ring: HostRing | None = None
+
+    def attach(self, ring: HostRing) -> None:
+        self.ring = ring
+
+    def submit(self, slots: list[int], top_k: int) -> list[TopK]:
+        from .images import normalize_u8
+
+        assert self.ring is not None
+        return top_k_rows(softmax(self.forward(normalize_u8(self.ring.array[slots], self.pre))), top_k)
+
+    def result(self, ticket: list[TopK]) -> list[TopK]:
+        return ticket
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------------- pipeline
+
+@dataclass
+class PipelineOptions:
+    workers: int | None = None  # decode workers (default: the CPUs this process may use)
+    worker_kind: str = "thread"
+    ring_batches: int = 4  # ring slots = this many batches (in flight on the runner + being decoded)
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
+             options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
+    """Predictions for ``sources`` in their order, streamed as batches finish (errors per image)."""
+    if not sources:
+        return
+    batch = runner.batch
+    slots = max(batch, min(len(sources), batch * options.ring_batches))
+    workers = min(options.workers or default_workers(), slots)
+    ring = HostRing(slots, pre.size, shared=options.worker_kind == "process")
+    pool = None
+    try:
+        runner.attach(ring)
+        pool = DecodePool(ring, pre, workers, options.worker_kind)
+        yield from _stream(sources, runner, pool, slots, top_k)
+    finally:
+        if pool is not None:
+            pool.close()
+        runner.close()  # releases the runner's hold on the ring (page-locking) before the ring goes
+        ring.close()
+
+
+def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, slots: int,
+            top_k: int) -> Iterator[Prediction]:
+    n, batch = len(sources), runner.batch
+    decoding: deque[tuple[int, Future]] = deque()  # (seq, future), in seq order
+    ready: list[int] = []  # decoded seqs waiting for a batch
+    in_flight: deque[tuple[list[int], Any]] = deque()  # (seqs, ticket), oldest first
+    done: dict[int, Prediction] = {}  # finished, not yet yielded (reorder buffer)
+    released = [False] * slots  # per slot: its current image is finished with (by seq % slots)
+    next_submit = next_yield = 0
+    oldest_held = 0  # every seq below it has released its slot
+
+    def release(seq: int) -> None:
+        released[seq % slots] = True
+
+    def collect_oldest() -> None:
+        seqs, ticket = in_flight.popleft()
+        for seq, top in zip(seqs, runner.result(ticket)):
+            done[seq] = Prediction(source_name(seq, sources[seq]), top=labelled(top))
+            release(seq)
+
+    while next_yield < n:
+        # keep the decoders busy as far as the ring allows: seq may start once seq - slots has released its slot
+        while oldest_held < next_submit and released[oldest_held % slots]:
+            oldest_held += 1
+        while next_submit < n and next_submit - oldest_held < slots:
+            released[next_submit % slots] = False
+            decoding.append((next_submit, pool.submit(next_submit % slots, sources[next_submit])))
+            next_submit += 1
+        if decoding:  # the oldest decode, in order (a batch is never full here: it is submitted when it fills)
+            seq, fut = decoding.popleft()
+            try:
+                error = fut.result()
+            except BrokenExecutor as e:  # a worker process was killed (out of memory, a signal)
+                raise EngineError(f"a decode worker died ({first_line(e)}); try thread workers") from None
+            if error is None:
+                ready.append(seq)
+            else:
+                done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
+                release(seq)
+        all_decoded = not decoding and next_submit == n
+        if ready and (len(ready) == batch or all_decoded):
+            if len(in_flight) == runner.depth:
+                collect_oldest()
+            in_flight.append((ready, runner.submit([s % slots for s in ready], top_k)))
+            ready = []
+        elif in_flight and not decoding:  # the ring is full of in-flight images, or the end: only results move on
+            collect_oldest()
+        while next_yield in done:
+            yield done.pop(next_yield)
+            next_yield += 1
+        if all_decoded and not in_flight and next_yield < n and next_yield not in done:
+            raise AssertionError(f"pipeline lost image {next_yield}")  # a bug, not a user error

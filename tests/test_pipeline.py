@@ -1,0 +1,142 @@
+"""The streaming pipeline (pipeline.py) on the CPU: order, errors in place, thread and process decode workers,
+host memory bounded by the ring, laziness; and the uint8 preprocessing it is built on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from random_weights import random_arrays
+
+from inception_engine import pipeline
+from inception_engine.backends.cuda_stream import slot_runs
+from inception_engine.backends.numpy_backend import NumpyBackend
+from inception_engine.engine import Engine
+from inception_engine.errors import EngineError
+from inception_engine.images import Preprocess, decode_u8, load_image, normalize_u8, preprocess_pil
+from inception_engine.plan import build_plan
+from inception_engine.weights import Weights
+
+SIZE, RESIZE = 75, 86  # small images keep the CPU forwards quick; the pipeline does not care
+
+
+@pytest.fixture(scope="module")
+def weights() -> Weights:
+    return Weights(random_arrays(7), {"count_include_pad": True, "input": {"size": SIZE, "resize": RESIZE}})
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> list[Path]:
+    d = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(3)
+    paths = []
+    for i in range(23):
+        p = d / f"{i:02d}.jpg"
+        h, w = (90 + 3 * i, 120) if i % 2 else (120, 95 + 2 * i)
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(p, quality=90)
+        paths.append(p)
+    return paths
+
+
+def reference_tops(weights: Weights, paths: list, k: int) -> list[list[int]]:
+    """Class indices of the top k, one image at a time through the float64 NumPy backend: no pipeline at all."""
+    pre = Preprocess.from_manifest(weights.manifest)
+    backend = NumpyBackend(weights, build_plan(1, weights.layers(), input_size=SIZE), dtype=np.float64)
+    tops = []
+    for p in paths:
+        probs = pipeline.softmax(backend.forward(load_image(p, pre)[None].astype(np.float64)))
+        tops.append([i for i, _ in pipeline.top_k_rows(probs, k)[0]])
+    return tops
+
+
+def test_uint8_path_is_bit_identical_to_the_float_path():
+    rng = np.random.default_rng(0)
+    pre = Preprocess()
+    for shape in ((300, 400, 3), (512, 343, 3), (299, 299, 3)):
+        img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+        u8 = decode_u8(img, pre)
+        assert u8.shape == (299, 299, 3) and u8.dtype == np.uint8
+        x = normalize_u8(u8, pre)
+        assert x.shape == (3, 299, 299) and x.dtype == np.float32
+        assert np.array_equal(x, preprocess_pil(img, pre))
+    batch = rng.integers(0, 256, (2, 5, 5, 3), dtype=np.uint8)
+    assert np.array_equal(normalize_u8(batch, pre)[1], normalize_u8(batch[1], pre))
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_order_errors_and_results_match_the_reference(weights, photos, tmp_path, kind):
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("not a picture")
+    sources = [*photos[:5], tmp_path / "missing.png", *photos[5:13], bad, *photos[13:]]
+    with Engine(weights, backend="cpu", batch_size=3, workers=2, worker_kind=kind) as engine:
+        preds = engine.predict(sources, top_k=3)
+    assert [p.image for p in preds] == [str(s) for s in sources]
+    assert [p.ok for p in preds] == [s not in (bad, tmp_path / "missing.png") for s in sources]
+    assert "no such file" in preds[5].error and "not an image" in preds[14].error
+    got = [[i for i, _, _ in p.top] for p in preds if p.ok]
+    assert got == reference_tops(weights, photos, 3)
+
+
+def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch):
+    """60 images through a ring of 4 batches of 2: the first prediction arrives before most images are decoded,
+    and the ring never grows with the input."""
+    rings: list[int] = []
+    real_ring = pipeline.HostRing
+
+    def counting_ring(slots: int, size: int, shared: bool):
+        rings.append(slots)
+        return real_ring(slots, size, shared)
+
+    decoded: list[str] = []
+    real_decode = pipeline.decode_u8
+
+    def counting_decode(source, pre):
+        decoded.append(str(source))
+        return real_decode(source, pre)
+
+    monkeypatch.setattr(pipeline, "HostRing", counting_ring)
+    monkeypatch.setattr(pipeline, "decode_u8", counting_decode)
+    sources = (photos * 3)[:60]
+    with Engine(weights, backend="cpu", batch_size=2, workers=2) as engine:
+        stream = engine.predict_iter(sources, top_k=1)
+        first = next(stream)
+        assert first.ok and len(decoded) <= 8 + 2  # the ring's slots, and at most the workers' next two
+        rest = list(stream)
+    assert rings == [8] and len(rest) == 59 and len(decoded) == 60
+    assert [p.image for p in [first, *rest]] == [str(s) for s in sources]
+
+
+def test_in_memory_images_and_a_pathological_decoder_error(weights, photos, monkeypatch):
+    real_decode = pipeline.decode_u8
+
+    def flaky(source, pre):
+        if str(source).endswith("04.jpg"):
+            raise RuntimeError("decoder exploded\nsecond line")
+        return real_decode(source, pre)
+
+    monkeypatch.setattr(pipeline, "decode_u8", flaky)
+    pil = Image.open(photos[0]).copy()
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        preds = engine.predict([pil, photos[4], photos[1]], top_k=2)
+    assert preds[0].image == "<PIL.Image 0>" and preds[0].ok and preds[2].ok
+    assert preds[1].error == f"{photos[4]}: cannot decode (RuntimeError: decoder exploded)"
+
+
+def test_engine_options_are_checked(weights):
+    with pytest.raises(EngineError, match="precision"):
+        Engine(weights, backend="cpu", precision="bf16")
+    with pytest.raises(EngineError, match="cpu backend has no fp16"):
+        Engine(weights, backend="cpu", precision="fp16")
+    with pytest.raises(EngineError, match="worker kind"):
+        Engine(weights, backend="cpu", worker_kind="fiber")
+    with pytest.raises(EngineError, match="workers"):
+        Engine(weights, backend="cpu", workers=0)
+    assert Engine(weights, backend="cpu").precision == "fp32"
+
+
+def test_slot_runs_split_at_holes_and_wraps():
+    assert slot_runs([4, 5, 6, 7]) == [(4, 8, 0)]
+    assert slot_runs([6, 7, 0, 1]) == [(6, 8, 0), (0, 2, 2)]  # the ring wraps
+    assert slot_runs([1, 2, 4]) == [(1, 3, 0), (4, 5, 2)]  # slot 3's image could not be decoded
