@@ -76,6 +76,15 @@ def test_kernel_tests_pass_on_the_emulator(emu_lib):
     assert "passed" in tail and "skipped" not in tail, tail  # ran, not skipped for want of a GPU
 
 
+def test_pipeline_kernels_and_runner_on_the_emulator(emu_lib):
+    """pipeline_io.cu's normalize and top-k kernels, and the cuda runner streaming images through a ring."""
+    r = run_emulated(emu_lib, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                     "tests/test_pipeline_kernels.py")
+    tail = r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.returncode == 0, tail
+    assert "passed" in tail and "skipped" not in tail, tail
+
+
 def test_backend_forward_on_the_emulator(emu_lib):
     """fp32 on NCHW tensors (the emulator reports sm_90, where fp32 defaults to NHWC: test_cuda_nhwc.py runs that)."""
     r = run_emulated(emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest", "--batch", "2",

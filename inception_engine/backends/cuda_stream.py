@@ -90,7 +90,8 @@ class CudaRunner:
         self._turn += 1
         hw = self.pre.size * self.pre.size
         with b.gpu:
-            self._copy.wait_for_event(self._normalized[k])  # u8[k]'s previous batch is normalised already
+            if self._turn > 2:  # u8[k]'s previous batch must be normalised before its bytes are overwritten
+                self._copy.wait_for_event(self._normalized[k])
             for first, end, row in slot_runs(slots):
                 drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
             self._copied[k].record(self._copy)
@@ -99,7 +100,7 @@ class CudaRunner:
                                                 b.stream, self._u8[k], b.input_ptr, self._mean_std, hw, 3 * hw)
             self._normalized[k].record(b.stream)
             b.replay()
-            self._topk.prepared_async_call((len(slots), 1, 1), (TOPK_N, 1, 1), b.stream, b.logits_ptr,
+            self._topk.prepared_async_call((len(slots), 1, 1), (TOPK_N, 1, 1), b.stream, b.output_ptr,
                                            self._prob[k], self._index[k], self.classes, self.classes, top_k)
             n = len(slots) * top_k
             drv.memcpy_dtoh_async(self._prob_host[k][:n], self._prob[k], b.stream)

@@ -127,12 +127,14 @@ def memset_d32(ptr: int, value: int, count: int) -> None:
 def memcpy_htod(ptr: int, src: np.ndarray) -> None:
     _need_context()
     src = np.ascontiguousarray(src)
-    _at(ptr, src.nbytes // 4)[:] = src.view(np.float32).ravel()
+    _at(ptr, src.nbytes, np.uint8)[:] = src.reshape(-1).view(np.uint8)
 
 
 def memcpy_dtoh(dst: np.ndarray, ptr: int) -> None:
     _need_context()
-    dst.reshape(-1)[:] = _at(ptr, dst.size)
+    if not dst.flags.c_contiguous:
+        raise Error("memcpy_dtoh needs a contiguous destination")
+    dst.reshape(-1).view(np.uint8)[:] = _at(ptr, dst.nbytes, np.uint8)
 
 
 class PagelockedHostAllocation(bytearray):
@@ -180,7 +182,10 @@ def register_host_memory(ary: np.ndarray, flags: int = 0) -> np.ndarray:
 
 
 def _pinned(a: np.ndarray) -> None:
-    if isinstance(a.base, PagelockedHostAllocation):
+    owner = a.base
+    while isinstance(owner, np.ndarray) and not isinstance(owner, _RegisteredArray):  # a view of a view
+        owner = owner.base
+    if isinstance(owner, PagelockedHostAllocation):
         return
     start = a.__array_interface__["data"][0]
     if not any(lo <= start and start + a.nbytes <= hi for lo, hi in _registered.items()):

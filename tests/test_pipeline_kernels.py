@@ -1,0 +1,123 @@
+"""pipeline_io.cu's kernels and cuda_stream.CudaRunner against the host path, on fresh random data.
+
+normalize_u8_nchw must equal images.normalize_u8 bit for bit; softmax_topk_rows must pick the float64 reference's
+classes in its order (ties to the lower index) with its probabilities to float32 rounding. Outputs start as NaN (or
+-1 for indices), so an element never written fails. Runs on a GPU, and on the CPU emulator
+(tests/test_cuda_emulated.py).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+from random_weights import random_arrays
+
+from inception_engine import pipeline
+from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends.cuda_stream import TOPK_N, CudaRunner
+from inception_engine.backends.numpy_backend import NumpyBackend
+from inception_engine.images import Preprocess, normalize_u8
+from inception_engine.plan import build_plan
+from inception_engine.weights import Weights
+
+pytestmark = pytest.mark.gpu
+
+EMULATED = "INCEPTION_EMU_LIB" in os.environ  # no CUDA graphs, and every thread a fiber: keep it small
+
+
+def rng_for(*key: object) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def to_device(a: np.ndarray) -> object:
+    drv = cb.driver()
+    d = drv.mem_alloc(max(a.nbytes, 4))
+    drv.memcpy_htod(int(d), np.ascontiguousarray(a))
+    return d
+
+
+def from_device(d: object, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    out = np.empty(shape, dtype)
+    cb.driver().memcpy_dtoh(out, int(d))
+    return out
+
+
+@pytest.mark.parametrize("batch, size", [(1, 299), (3, 37)])
+def test_normalize_u8_nchw_is_bit_identical_to_the_host(gpu, batch, size):
+    pre = Preprocess(size=size, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    x = rng_for("normalize", batch, size).integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+    x[0, 0, 0] = (0, 255, 128)  # the extremes
+    hw = size * size
+    d_x, d_ms = to_device(x), to_device(np.asarray((*pre.mean, *pre.std), np.float32))
+    d_y = to_device(np.full((batch, 3, size, size), np.nan, np.float32))
+    try:
+        gpu[1]["normalize_u8_nchw"].prepared_async_call(((hw + cb.THREADS - 1) // cb.THREADS, batch, 1),
+                                                        (cb.THREADS, 1, 1), None, int(d_x), int(d_y), int(d_ms),
+                                                        hw, 3 * hw)
+        cb.driver().Context.synchronize()
+        got = from_device(d_y, (batch, 3, size, size), np.float32)
+        assert np.array_equal(got, normalize_u8(x, pre))  # NaN anywhere (unwritten) fails too
+        assert np.array_equal(from_device(d_x, x.shape, np.uint8), x)  # the input is left as it was
+    finally:
+        for d in (d_x, d_ms, d_y):
+            d.free()
+
+
+@pytest.mark.parametrize("rows, cols, k", [(1, 1000, 5), (4, 1000, 1000), (3, 10, 3), (2, TOPK_N, 7)])
+def test_softmax_topk_rows_matches_float64(gpu, rows, cols, k):
+    z = (8 * rng_for("topk", rows, cols, k).standard_normal((rows, cols))).astype(np.float32)
+    z[0, 3] = z[0, 9] = z[0].max() + 1  # a tie for first place: the lower index ranks first
+    if rows > 1:
+        z[1, :] = z[1, 0]  # a whole row of ties: indices in order
+    d_z = to_device(z)
+    d_p = to_device(np.full(rows * k, np.nan, np.float32))
+    d_i = to_device(np.full(rows * k, -1, np.int32))
+    try:
+        gpu[1]["softmax_topk_rows"].prepared_async_call((rows, 1, 1), (TOPK_N, 1, 1), None, int(d_z), int(d_p),
+                                                        int(d_i), cols, cols, k)
+        cb.driver().Context.synchronize()
+        prob = from_device(d_p, (rows, k), np.float32)
+        index = from_device(d_i, (rows, k), np.int32)
+    finally:
+        for d in (d_z, d_p, d_i):
+            d.free()
+    ref = pipeline.softmax(z)
+    want = np.argsort(-ref, axis=1, kind="stable")[:, :k]
+    assert np.array_equal(index, want)
+    np.testing.assert_allclose(prob, np.take_along_axis(ref, want, axis=1), rtol=2e-6, atol=1e-12)
+    assert index[0, 0] == 3 and index[0, 1] == 9
+
+
+@pytest.mark.parametrize("graph", [False] if EMULATED else [False, True])
+def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
+    """7 images in batches of 3 through a ring of 6 slots: the last batch is partial and the ring wraps. fp32 on
+    NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's."""
+    from PIL import Image
+
+    size = 75
+    pre = Preprocess(size=size, resize=86)
+    weights = Weights(random_arrays(11), {"count_include_pad": True})
+    rng = rng_for("runner")
+    paths = []
+    for i in range(7):
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (80 + 5 * i, 90, 3), dtype=np.uint8)).save(p)
+        paths.append(p)
+    backend = cb.CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=graph, nhwc=False)
+    try:
+        preds = list(pipeline.classify(paths, CudaRunner(backend, pre), pre, 3,
+                                       pipeline.PipelineOptions(workers=2, ring_batches=2)))
+    finally:
+        backend.close()
+    host = NumpyBackend(weights, build_plan(7, weights.layers(), input_size=size), dtype=np.float64)
+    from inception_engine.images import load_image
+
+    ref = pipeline.softmax(host.forward(np.stack([load_image(p, pre) for p in paths]).astype(np.float64)))
+    assert [p.image for p in preds] == [str(p) for p in paths]
+    for p, row in zip(preds, ref):
+        want = np.argsort(-row, kind="stable")[:3]
+        assert [i for i, _, _ in p.top] == list(want)
+        np.testing.assert_allclose([q for _, _, q in p.top], row[want], rtol=1e-4)
