@@ -17,6 +17,12 @@
 # 6. memcheck of an eager serial, an eager concurrent and an fp16 NHWC forward, the tf32 and fp16 self-tests through the
 #    concurrent graph, and scripts/bench_kernels.py (forward ms of every mode, per-op TFLOP/s), as the budget allows
 #
+# 7. (group e2e) the streaming pipeline on the GPU (tests/test_pipeline_kernels.py) and scripts/bench_e2e.py: a
+#    folder of 4,096 generated JPEGs through inception-run's pipeline per precision and decode worker kind, the
+#    decode workers alone, the PyTorch DataLoader script, cold start
+#
+#   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7); default: all
+#
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
 # summary always prints inside the device's 10-minute command limit; steps run most important first. The limits of
@@ -24,6 +30,8 @@
 set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
+SELECTED=" ${*:-all} "
+want() { [[ "$SELECTED" == *" all "* || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -74,11 +82,16 @@ from inception_engine.backends import cuda_backend as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
-step "pytest cuda" env_pytest.log 330 python3 -m pytest -m gpu -q -rfEs --durations=10 \
+if want e2e; then
+  step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs tests/test_pipeline_kernels.py
+  step "bench e2e" e2e.log 420 python3 scripts/bench_e2e.py --json "$OUT/e2e.json"
+fi
+
+want kernels && step "pytest cuda" env_pytest.log 330 python3 -m pytest -m gpu -q -rfEs --durations=10 \
   tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_tf32.py tests/test_cuda_fp16.py \
   tests/test_cuda_winograd.py tests/test_cuda_nhwc.py
 
-step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
+want kernels && step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --input-size 299 --winograd on --layout nchw
 
 HAVE_CLI=0
@@ -95,6 +108,7 @@ bench() {
     "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; bench_main()" "$@"
 }
 
+if want bench; then
 bench "inception-bench" 150 --backends cuda,cuda-nchw,cuda-untuned,cudnn,torch,torch-graph \
   --batch-sizes 1,8,32,128 --iters 20 --per-layer --json "$OUT/inception_bench.json"
 
@@ -103,6 +117,9 @@ bench "inception-bench tf32" 90 --backends cuda,cuda-untuned,cudnn,torch-graph -
 
 bench "inception-bench fp16" 90 --backends cuda,cuda-nchw,cuda-untuned,torch-graph --precision fp16 --batch-sizes 1,8,32,128 \
   --iters 20
+fi
+
+if want kernels; then
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
   --error-exitcode 3 "${SELFTEST[@]}" --batch 1 --graph off --input-size 75 --winograd on --layout nchw
@@ -140,12 +157,14 @@ step "selftest fp16 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --
 
 step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
   --per-op 1,128 --json "$OUT/bench_kernels.json"
+fi
 
 {
   echo
   echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) =="
   awk '/^### /{p=0} p; /^summary$/{p=1}' "$OUT/bench_kernels.log" 2>/dev/null
   grep -E "^### |^(cuda|cudnn|torch)[-a-z]* +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null | cut -c1-140
+  awk '/^[0-9]+ images in /{p=1} p' "$OUT/e2e.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"
