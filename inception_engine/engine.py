@@ -25,8 +25,8 @@ from . import backends
 from .errors import EngineError
 from .images import Preprocess
 from .labels import imagenet_labels
-from .pipeline import (WORKER_KINDS, HostRunner, ImageSource, PipelineOptions, Prediction, Runner, classify,
-                       softmax, top_classes)
+from .pipeline import (WORKER_KINDS, HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner,
+                       classify, labelled, softmax, top_classes)
 from .plan import build_plan
 from .weights import Weights, find_weights, load_weights
 
@@ -51,9 +51,9 @@ def load(weights: str | os.PathLike | Weights | None) -> Weights:
 class Engine:
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int = 8, precision: str = "auto", workers: int | None = None,
-                 worker_kind: str = "thread"):
+                 worker_kind: str = "auto"):
         """precision: fp32, tf32, fp16 or auto (tf32 where the backend has it, else fp32). workers: decode workers
-        (default: one per usable CPU), threads or processes (worker_kind)."""
+        (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs)."""
         if batch_size < 1:
             raise EngineError(f"batch size must be at least 1, got {batch_size}")
         if backend not in BACKEND_CHOICES:
@@ -78,6 +78,7 @@ class Engine:
         self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
         self._backends: dict[int, Any] = {}  # batch size -> backend instance, built on first use
         self._options: dict[int, dict[str, Any]] = {}  # ... and the options it was built with
+        self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
 
     def _resolve_precision(self, precision: str, explicit_backend: bool) -> str:
         have = getattr(self.backend_class, "PRECISIONS", ("fp32",))
@@ -98,6 +99,9 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        if self._pixel_runner is not None:
+            self._pixel_runner.close()
+            self._pixel_runner = None
         for b in self._backends.values():
             b.close()
         self._backends.clear()
@@ -152,6 +156,24 @@ class Engine:
             if on_progress:
                 on_progress(1)
             yield p
+
+    def classify_pixels(self, pixels: np.ndarray, top_k: int = 5) -> list[list[tuple[int, str, float]]]:
+        """Top-k per image of already decoded images: (N, size, size, 3) uint8 RGB as images.decode_u8 returns
+        them (for callers that decode elsewhere, such as Ray Data's workers). Batches of ``batch_size``; the
+        runner is kept for the next call."""
+        s = self.preprocess.size
+        if pixels.ndim != 4 or pixels.shape[1:] != (s, s, 3) or pixels.dtype != np.uint8:
+            raise EngineError(f"pixels must be (N, {s}, {s}, 3) uint8, got {pixels.shape} {pixels.dtype}")
+        if not 1 <= top_k <= len(imagenet_labels()):
+            raise EngineError(f"top-k must be between 1 and {len(imagenet_labels())}, got {top_k}")
+        if self._pixel_runner is None:
+            self._pixel_runner = self.runner(self.batch_size)
+        runner, out = self._pixel_runner, []
+        for i in range(0, len(pixels), runner.batch):
+            chunk = pixels[i:i + runner.batch]
+            runner.attach(HostRing.wrapping(chunk))
+            out += [labelled(top) for top in runner.result(runner.submit(list(range(len(chunk))), top_k))]
+        return out
 
     def predict(self, images: Sequence[ImageSource], top_k: int = 5,
                 on_progress: Callable[[int], None] | None = None) -> list[Prediction]:

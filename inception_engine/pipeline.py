@@ -18,8 +18,8 @@ place in the output and the rest goes on.
 
 from __future__ import annotations
 
-import mmap
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -36,7 +36,10 @@ from .labels import imagenet_labels
 
 ImageSource = str | os.PathLike | Image.Image
 TopK = list[tuple[int, float]]  # (class index, probability), most likely first
-WORKER_KINDS = ("thread", "process")
+WORKER_KINDS = ("auto", "thread", "process")
+# auto: processes for runs of at least this many images (they measured 2.9x the threads' decode rate on the H100
+# machine's 16 cores: the GIL serialises Pillow's Python parts, docs/PERFORMANCE.md), threads below (no start-up).
+PROCESS_MIN_IMAGES = 256
 
 
 @dataclass(frozen=True)
@@ -82,25 +85,28 @@ def source_name(i: int, src: ImageSource) -> str:
 # ------------------------------------------------------------------------------------------------- the host ring
 
 class HostRing:
-    """``slots`` images of (size, size, 3) uint8 in page-aligned memory (so the GPU can page-lock it in place):
-    anonymous memory for thread workers, shared memory that worker processes attach to by name for process
-    workers."""
+    """``slots`` images of (size, size, 3) uint8: anonymous memory for thread workers, shared memory that worker
+    processes attach to by name for process workers."""
 
     def __init__(self, slots: int, size: int, shared: bool):
-        nbytes = slots * size * size * 3
-        self.shm = shared_memory.SharedMemory(create=True, size=nbytes) if shared else None
-        self._map = None if shared else mmap.mmap(-1, nbytes)
-        buf = self.shm.buf if self.shm is not None else self._map
-        self.array = np.ndarray((slots, size, size, 3), np.uint8, buffer=buf)
+        shape = (slots, size, size, 3)
+        self.shm = shared_memory.SharedMemory(create=True, size=int(np.prod(shape))) if shared else None
+        self.array = (np.ndarray(shape, np.uint8, buffer=self.shm.buf) if self.shm is not None else
+                      np.empty(shape, np.uint8))
         self.slots = slots
 
+    @classmethod
+    def wrapping(cls, pixels: np.ndarray) -> HostRing:
+        """A ring over images decoded already (N, size, size, 3): slot i is image i."""
+        ring = cls.__new__(cls)
+        ring.shm, ring.array, ring.slots = None, pixels, len(pixels)
+        return ring
+
     def close(self) -> None:
-        self.array = None  # type: ignore[assignment]  # the buffer cannot close while an array views it
+        self.array = None  # type: ignore[assignment]  # shared memory cannot close while an array views it
         if self.shm is not None:
             self.shm.close()
             self.shm.unlink()
-        if self._map is not None:
-            self._map.close()
 
 
 def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preprocess) -> str | None:
@@ -121,6 +127,7 @@ _worker_shm: shared_memory.SharedMemory | None = None
 
 def _attach_ring(name: str, shape: tuple[int, ...]) -> None:
     global _worker_ring, _worker_shm
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     # The parent owns and unlinks the segment. Forkserver workers share the parent's resource tracker, whose record
     # of the name is a set: attaching here registers nothing new, and the parent's unlink clears it.
     _worker_shm = shared_memory.SharedMemory(name=name)
@@ -136,7 +143,7 @@ class DecodePool:
     """Workers that decode images into a HostRing's slots."""
 
     def __init__(self, ring: HostRing, pre: Preprocess, workers: int, kind: str = "thread"):
-        if kind not in WORKER_KINDS:
+        if kind not in WORKER_KINDS[1:]:
             raise EngineError(f"unknown worker kind {kind!r}; choose one of {', '.join(WORKER_KINDS)}")
         self.ring, self.pre, self.kind = ring, pre, kind
         self._pool: Executor
@@ -171,7 +178,6 @@ class Runner(Protocol):
 
     batch: int
     depth: int
-    shared_ring: bool  # True where the pipeline must page-lock or share the ring before use
 
     def attach(self, ring: HostRing) -> None: ...
 
@@ -187,7 +193,6 @@ class HostRunner:
     images (``forward`` is the engine's, which builds a plan per batch size). The cpu backend's runner."""
 
     depth = 1
-    shared_ring = False
 
     def __init__(self, forward: Callable[[np.ndarray], np.ndarray], batch: int, pre: Preprocess):
         self.forward, self.batch, self.pre = forward, batch, pre
@@ -214,7 +219,7 @@ class HostRunner:
 @dataclass
 class PipelineOptions:
     workers: int | None = None  # decode workers (default: the CPUs this process may use)
-    worker_kind: str = "thread"
+    worker_kind: str = "auto"
     ring_batches: int = 4  # ring slots = this many batches (in flight on the runner + being decoded)
 
 
@@ -233,11 +238,14 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     batch = runner.batch
     slots = max(batch, min(len(sources), batch * options.ring_batches))
     workers = min(options.workers or default_workers(), slots)
-    ring = HostRing(slots, pre.size, shared=options.worker_kind == "process")
+    kind = options.worker_kind
+    if kind == "auto":
+        kind = "process" if len(sources) >= PROCESS_MIN_IMAGES and workers > 1 else "thread"
+    ring = HostRing(slots, pre.size, shared=kind == "process")
     pool = None
     try:
         runner.attach(ring)
-        pool = DecodePool(ring, pre, workers, options.worker_kind)
+        pool = DecodePool(ring, pre, workers, kind)
         yield from _stream(sources, runner, pool, slots, top_k)
     finally:
         if pool is not None:

@@ -2,15 +2,18 @@
 
 Per batch, two streams and two sets of buffers (turn k = batch number % 2):
 
-    copy stream:     wait normalized[k] ─> copy ring slots -> u8[k] (runs of consecutive slots) ─> copied[k]
+    host:            wait copied[k] (two batches ago) ─> gather the batch's ring slots into pinned staging[k]
+    copy stream:     wait normalized[k] ─> staging[k] -> u8[k] ─> copied[k]
     compute stream:  wait copied[k] ─> normalize_u8_nchw u8[k] -> input ─> normalized[k] ─> forward (the backend's
                      CUDA graph) ─> softmax_topk_rows logits -> top[k] ─> copy top[k] to the host ─> done[k]
 
 so batch i + 1's bytes cross PCIe while batch i's forward runs, a quarter of the float32 input's bytes cross at
-all, and only k (index, probability) pairs per image come back. The host ring is page-locked in place
-(cuMemHostRegister) so the copies are true DMA from where the decode workers wrote. A partial last batch runs the
-full batch's forward (the rows past it hold an earlier batch's pixels and are not read back): one more forward of
-a few milliseconds instead of a second plan, tuning and graph.
+all, and only k (index, probability) pairs per image come back. The gather into page-locked memory is one memcpy of
+the batch on the host (a few ms for 128 images, against the decode workers' seconds); page-locking the ring itself
+in place would save it, but pycuda 2026.1's register_host_memory failed on it on the H100 machine (SystemError from
+Boost.Python, 2026-11-25). A partial last batch
+runs the full batch's forward (the rows past it hold an earlier batch's pixels and are not read back): one more
+forward of a few milliseconds instead of a second plan, tuning and graph.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 
 class CudaRunner:
     depth = 2
-    shared_ring = True
 
     def __init__(self, backend: CudaBackend, pre: Preprocess):
         drv = driver()
@@ -65,6 +67,7 @@ class CudaRunner:
             self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
             self._mean_std = self._alloc(6 * 4)
             drv.memcpy_htod(self._mean_std, np.asarray((*pre.mean, *pre.std), np.float32))
+            self._staging = [drv.pagelocked_empty((self.batch, pre.size, pre.size, 3), np.uint8) for _ in range(2)]
             self._prob_host = [drv.pagelocked_empty(self.batch * self.classes, np.float32) for _ in range(2)]
             self._index_host = [drv.pagelocked_empty(self.batch * self.classes, np.int32) for _ in range(2)]
             self._copy = drv.Stream(1)
@@ -79,8 +82,7 @@ class CudaRunner:
         return int(a)
 
     def attach(self, ring: HostRing) -> None:
-        with self.backend.gpu:
-            self._ring = driver().register_host_memory(ring.array)
+        self._ring = ring.array
 
     def submit(self, slots: list[int], top_k: int) -> tuple[int, int, int]:
         if not 1 <= len(slots) <= self.batch or not 1 <= top_k <= self.classes:
@@ -90,10 +92,13 @@ class CudaRunner:
         self._turn += 1
         hw = self.pre.size * self.pre.size
         with b.gpu:
-            if self._turn > 2:  # u8[k]'s previous batch must be normalised before its bytes are overwritten
+            if self._turn > 2:  # staging[k] and u8[k] still hold the batch before last until these are done
+                self._copied[k].synchronize()
                 self._copy.wait_for_event(self._normalized[k])
+            staging = self._staging[k]
             for first, end, row in slot_runs(slots):
-                drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
+                staging[row:row + end - first] = self._ring[first:end]
+            drv.memcpy_htod_async(self._u8[k], staging[:len(slots)], self._copy)
             self._copied[k].record(self._copy)
             b.stream.wait_for_event(self._copied[k])
             self._normalize.prepared_async_call(((hw + THREADS - 1) // THREADS, self.batch, 1), (THREADS, 1, 1),
@@ -123,13 +128,11 @@ class CudaRunner:
         with self.backend.gpu:
             self.backend.stream.synchronize()
             self._copy.synchronize()
-            if self._ring is not None:
-                self._ring.base.unregister()
-                self._ring = None
+            self._ring = None
             for a in self._allocs:
                 a.free()
             self._allocs = []
-            for h in (*self._prob_host, *self._index_host):
+            for h in (*self._staging, *self._prob_host, *self._index_host):
                 h.base.free()
-            self._prob_host, self._index_host = [], []
+            self._staging, self._prob_host, self._index_host = [], [], []
             del self._copied, self._normalized, self._done  # destroyed while the context is current

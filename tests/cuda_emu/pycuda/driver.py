@@ -147,48 +147,11 @@ def pagelocked_empty(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     return np.ndarray(shape, dtype, buffer=PagelockedHostAllocation(int(np.prod(shape)) * np.dtype(dtype).itemsize))
 
 
-_registered: dict[int, int] = {}  # start address -> end address of memory page-locked by register_host_memory
-
-
-class RegisteredHostMemory:
-    def __init__(self, start: int, end: int):
-        self.start, self.end = start, end
-        _registered[start] = end
-
-    def unregister(self) -> None:
-        if _registered.pop(self.start, None) is None:
-            raise Error("memory was not registered")
-
-
-class _RegisteredArray(np.ndarray):
-    """A view of registered memory whose ``base`` is the RegisteredHostMemory, as pycuda's."""
-
-    _registration: RegisteredHostMemory | None = None
-
-    def __array_finalize__(self, obj: object) -> None:
-        self._registration = getattr(obj, "_registration", None)
-
-    @property
-    def base(self) -> RegisteredHostMemory | None:  # type: ignore[override]
-        return self._registration
-
-
-def register_host_memory(ary: np.ndarray, flags: int = 0) -> np.ndarray:
-    _need_context()
-    start = ary.__array_interface__["data"][0]
-    view = ary.view(_RegisteredArray)
-    view._registration = RegisteredHostMemory(start, start + ary.nbytes)
-    return view
-
-
 def _pinned(a: np.ndarray) -> None:
     owner = a.base
-    while isinstance(owner, np.ndarray) and not isinstance(owner, _RegisteredArray):  # a view of a view
+    while isinstance(owner, np.ndarray):  # a view of a view of page-locked memory
         owner = owner.base
-    if isinstance(owner, PagelockedHostAllocation):
-        return
-    start = a.__array_interface__["data"][0]
-    if not any(lo <= start and start + a.nbytes <= hi for lo, hi in _registered.items()):
+    if not isinstance(owner, PagelockedHostAllocation):
         raise Error("async copy needs page-locked host memory")
 
 
