@@ -843,8 +843,30 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
     CONV_NHWC_KERNEL(NAME, E, 64, 64, 2, 4, 3)     \
     CONV_NHWC_KERNEL(NAME, E, 128, 32, 4, 4, 3)
 
+// One compile holds the kernels of every element type unless cuda_build asks for one (-DIE_NHWC_ONLY_F16, _TF32,
+// _F32): a run of one precision then compiles a third of them, the three in parallel when all are wanted.
+#if !defined(IE_NHWC_ONLY_F16) && !defined(IE_NHWC_ONLY_TF32) && !defined(IE_NHWC_ONLY_F32)
+#define IE_NHWC_F16
+#define IE_NHWC_TF32
+#define IE_NHWC_F32
+#else
+#ifdef IE_NHWC_ONLY_F16
+#define IE_NHWC_F16
+#endif
+#ifdef IE_NHWC_ONLY_TF32
+#define IE_NHWC_TF32
+#endif
+#ifdef IE_NHWC_ONLY_F32
+#define IE_NHWC_F32
+#endif
+#endif
+
+#ifdef IE_NHWC_F16
 CONV_NHWC_TILES(conv_nhwc, NhwcF16)
+#endif
+#ifdef IE_NHWC_TF32
 CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
+#endif
 
 // The wgmma tiles exist where wgmma does: sm_90a (cuda_build compiles this file for it on compute capability 9.0),
 // and the CPU emulator (tests/cuda_emu/wgmma_emu.h).
@@ -882,11 +904,17 @@ static_assert(HALO_BM == 256, "the halo kernels' names say 256");
     CONV_NHWC_HALO_KERNEL(NAME, E, 64)          \
     CONV_NHWC_HALO_KERNEL(NAME, E, 32)
 
+#ifdef IE_NHWC_F16
 CONV_NHWC_SM90_TILES(conv_nhwc, NhwcF16)
+#endif
+#ifdef IE_NHWC_TF32
 CONV_NHWC_SM90_TILES(conv_nhwc_tf32, NhwcTf32)
+#endif
+#ifdef IE_NHWC_F32
 CONV_NHWC_WGMMA_KERNEL_BLOCKS(conv_nhwc_f32, NhwcF32, 128, 128, 1)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 64)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)
+#endif
 #endif
 
 // y[p, m] (a view of the element type E, or its parts) = relu(bias[m] + sum over z of ws[z][p][m]), two channels per
@@ -921,6 +949,12 @@ __device__ __forceinline__ void conv_nhwc_splitk_sum(const float* __restrict__ w
         conv_nhwc_splitk_sum<E>(ws, bias, y, splits, p_total, cout, y_cstride, NHWC_PARTS_ARGS);                  \
     }
 
+#ifdef IE_NHWC_F16
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_splitk_reduce, NhwcF16)
+#endif
+#ifdef IE_NHWC_TF32
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_tf32_splitk_reduce, NhwcTf32)
+#endif
+#ifdef IE_NHWC_F32
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_f32_splitk_reduce, NhwcF32)
+#endif

@@ -1,8 +1,12 @@
 """Compile the CUDA kernels (cuda_src/*.cu) to cubins with nvcc, once per (sources, flags, target), cached on disk.
 
-A cubin is named ``<source stem>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every
-file of cuda_src (a header change rebuilds everything), the flags and the target, so a second process starts without
-compiling and an edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
+A compile unit is a source file, or (conv_nhwc.cu) one element type's kernels of it: ``UNITS``. A backend builds the
+units its launches need, in parallel, so a first run of one precision waits for that precision's kernels only (the
+tf32 third of conv_nhwc.cu compiles in about a third of the whole file's time). A cubin is named
+``<unit>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every file of cuda_src (a
+header change rebuilds everything), the flags and the target, so a second process starts without compiling and an
+edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
+``python -m inception_engine.cuda_build`` builds every unit for this machine's GPU ahead of the first run.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from . import native_build
@@ -19,6 +25,12 @@ from .weights import user_cache_dir
 
 SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu",
            "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "pipeline_io.cu")
+# unit -> (source, extra nvcc flags). conv_nhwc.cu's element types are separate units (its IE_NHWC_ONLY_* macros).
+NHWC_ELEMS = {"f16": "conv_nhwc_", "tf32": "conv_nhwc_tf32_", "f32": "conv_nhwc_f32_"}  # unit suffix -> kernel prefix
+UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{name: (name, ()) for name in SOURCES if name != "conv_nhwc.cu"},
+    **{f"conv_nhwc_{e}": ("conv_nhwc.cu", (f"-DIE_NHWC_ONLY_{e.upper()}",)) for e in NHWC_ELEMS},
+}
 # -lineinfo costs nothing at run time and lets compute-sanitizer and Nsight point at source lines.
 FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
 # Sources with kernels for an architecture's own features, built for its "a" target where it has one: conv_nhwc.cu's
@@ -61,24 +73,32 @@ def target(compute_capability: tuple[int, int]) -> str:
     return f"sm_{compute_capability[0]}{compute_capability[1]}"
 
 
+def unit_of(source: str, kernel: str) -> str:
+    """The compile unit that holds ``kernel`` of ``source``."""
+    if source != "conv_nhwc.cu":
+        return source
+    return max((prefix, f"conv_nhwc_{e}") for e, prefix in NHWC_ELEMS.items() if kernel.startswith(prefix))[1]
+
+
 def build_key(arch: str) -> str:
     targets = [" ".join(target_flags(name, arch)) for name in SOURCES]
     return native_build.build_key(source_dir(), (".cu", ".cuh", ".h"), " ".join((arch, *FLAGS, *targets)))
 
 
 def cubin_paths(arch: str) -> dict[str, Path]:
-    """Where each source's cubin lives for this target (whether built yet or not)."""
+    """Where each unit's cubin lives for this target (whether built yet or not)."""
     key = build_key(arch)
-    return {name: cache_dir() / f"{Path(name).stem}-{key}.cubin" for name in SOURCES}
+    return {unit: cache_dir() / f"{Path(unit).stem}-{key}.cubin" for unit in UNITS}
 
 
 def is_cached(arch: str) -> bool:
     return all(p.is_file() for p in cubin_paths(arch).values())
 
 
-def build(arch: str) -> dict[str, Path]:
-    """Compile what is not cached yet (all sources at once, in parallel) and return source name -> cubin path."""
-    paths = cubin_paths(arch)
+def build(arch: str, units: Iterable[str] | None = None) -> dict[str, Path]:
+    """Compile those of ``units`` (default: all) that are not cached yet, at once, in parallel; unit -> cubin path."""
+    every = cubin_paths(arch)
+    paths = {unit: every[unit] for unit in (UNITS if units is None else units)}
     todo = {name: p for name, p in paths.items() if not p.is_file()}
     if not todo:
         return paths
@@ -92,7 +112,8 @@ def build(arch: str) -> dict[str, Path]:
     for name, dst in todo.items():
         fd, tmp = tempfile.mkstemp(prefix="." + dst.name + ".", suffix=".part", dir=dst.parent)
         os.close(fd)
-        cmd = [nvcc, *target_flags(name, arch), *FLAGS, "-cubin", "-o", tmp, str(src / name)]
+        source, defines = UNITS[name]
+        cmd = [nvcc, *target_flags(source, arch), *FLAGS, *defines, "-cubin", "-o", tmp, str(src / source)]
         jobs.append((name, dst, tmp, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                       text=True)))
     failure = None
@@ -107,3 +128,24 @@ def build(arch: str) -> dict[str, Path]:
     if failure:
         raise BackendUnavailable(failure)
     return paths
+
+
+def main() -> int:
+    """Build every unit for GPU 0 (after install, so that the first run does not wait for nvcc)."""
+    import time
+
+    from .backends.cuda_backend import probe
+
+    try:
+        _, arch = probe()
+        t0 = time.perf_counter()
+        paths = build(arch)
+    except BackendUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(paths)} kernel units for {arch} in {cache_dir()} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,13 +58,19 @@ def entry_points(cubin: Path) -> set[str]:
 
 
 def test_build_caches_and_holds_every_kernel_the_backend_launches(built):
-    assert set(built) == set(cuda_build.SOURCES)
+    assert set(built) == set(cuda_build.UNITS)
+    assert {source for source, _ in cuda_build.UNITS.values()} == set(cuda_build.SOURCES)
     assert cuda_build.is_cached("sm_90")
     missing = []
     for kernel in cuda_backend.all_kernel_names():
-        if kernel not in entry_points(built[cuda_backend.source_of(kernel)]):
+        if kernel not in entry_points(built[cuda_backend.unit_of(kernel)]):
             missing.append(kernel)
     assert not missing, f"kernels the backend launches but the cubins lack: {missing}"
+    # conv_nhwc.cu's units hold one element type each: a run of one precision compiles only its third
+    for unit in ("conv_nhwc_f16", "conv_nhwc_tf32", "conv_nhwc_f32"):
+        names = {k for k in cuda_backend.all_kernel_names() if k.startswith("conv_nhwc_")}
+        held = names & entry_points(built[unit])
+        assert held and all(cuda_backend.unit_of(k) == unit for k in held), unit
     mtimes = {p: p.stat().st_mtime_ns for p in built.values()}
     assert cuda_build.build("sm_90") == built  # second call: cache hit, nothing rebuilt
     assert {p: p.stat().st_mtime_ns for p in built.values()} == mtimes

@@ -37,6 +37,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -777,6 +778,11 @@ def source_of(kernel: str) -> str:
     return "conv.cu"
 
 
+def unit_of(kernel: str) -> str:
+    """The compile unit (cuda_build.UNITS) whose cubin holds ``kernel``."""
+    return cuda_build.unit_of(source_of(kernel), kernel)
+
+
 def all_kernel_names() -> list[str]:
     return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES + F16_TILES
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
@@ -1152,16 +1158,26 @@ class Gpu:
 
 
 class Kernels:
-    """The cubins of cuda_src loaded into the current context; entry points prepared on first use."""
+    """The cubins of cuda_src loaded into the current context: the compile units given (default: all) at once, any
+    other on first use; entry points prepared on first use."""
 
-    def __init__(self, arch: str):
-        drv = driver()
-        self._modules = {src: drv.module_from_file(str(path)) for src, path in cuda_build.build(arch).items()}
+    def __init__(self, arch: str, units: Iterable[str] | None = None):
+        self.arch = arch
+        self._modules: dict[str, Any] = {}
         self._funcs: dict[str, Any] = {}
+        self._load(cuda_build.UNITS if units is None else units)
+
+    def _load(self, units: Iterable[str]) -> None:
+        todo = [u for u in units if u not in self._modules]
+        if todo:
+            drv = driver()
+            self._modules.update({u: drv.module_from_file(str(p)) for u, p in cuda_build.build(self.arch, todo).items()})
 
     def __getitem__(self, kernel: str) -> Any:
         if kernel not in self._funcs:
-            fn = self._modules[source_of(kernel)].get_function(kernel)
+            unit = unit_of(kernel)
+            self._load([unit])
+            fn = self._modules[unit].get_function(kernel)
             fn.prepare(arg_format(kernel))
             # past the default limit of 48 KB the kernel must opt in; a halo tile's need depends on the conv
             ring = MAX_SHARED_BYTES if is_halo(kernel) else wgmma_ring_bytes(kernel)
@@ -1297,7 +1313,6 @@ class CudaBackend:
         self.configs = self._given_configs or choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision,
                                                              self.winograd, self.tiles, self.nhwc,
                                                              cuda_build.has_wgmma(self._gpu.arch))
-        kernels = Kernels(self._gpu.arch)
         params, offsets = pack_params(weights, plan, self.configs)
         if self.nhwc:  # fp16: two activations per float32 word (arena_elems is a multiple of ALIGN, so even)
             elem = NHWC_ELEMS[self.precision]
@@ -1333,6 +1348,10 @@ class CudaBackend:
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
             self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
                                       self._counters)
+        # Only the units these launches need (a first run compiles one precision's), plus gpu_sleep (time_layers)
+        # and the streaming pipeline's ends: all built in parallel.
+        kernels = Kernels(self._gpu.arch, {unit_of(k) for k in {s.kernel for s in self.specs} | {
+            "gpu_sleep", "normalize_u8_nchw", "softmax_topk_rows"}})
         self.kernels = kernels
         self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
         self._sleep = kernels["gpu_sleep"]
