@@ -1,0 +1,126 @@
+"""inception-run --output FILE.jsonl / .csv, --resume, interruption, and the new options' one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from random_weights import random_arrays
+from test_cli import one_line_error, runner
+
+from inception_engine import cli, engine
+from inception_engine.output import read_done
+from inception_engine.weights import save_weights
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory) -> Path:
+    """Small images (75x75 input) keep the CPU forwards quick."""
+    return save_weights(tmp_path_factory.mktemp("w") / "w.npz", random_arrays(5),
+                        {"count_include_pad": True, "input": {"size": 75, "resize": 86}})
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(2)
+    for i in range(9):
+        Image.fromarray(rng.integers(0, 256, (80 + i, 100, 3), dtype=np.uint8)).save(d / f"p{i}.jpg")
+    (d / "p4.jpg").write_text("broken")
+    return d
+
+
+def run(*args: str):
+    return runner().invoke(cli.run_cmd, [*args, "--backend", "cpu", "--batch-size", "2", "--workers", "2"])
+
+
+def lines(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_jsonl_has_one_line_per_image_in_order_like_json(weights_file, photos, tmp_path):
+    out = tmp_path / "r.jsonl"
+    r = run(str(photos), "--weights", str(weights_file), "--output", str(out), "--top-k", "3")
+    assert r.exit_code == 1 and r.stdout == ""  # p4 is broken; results go to the file, not the terminal
+    assert "9 images (1 errors)" in r.stderr and str(out) in r.stderr
+    got = lines(out)
+    doc = json.loads(run(str(photos), "--weights", str(weights_file), "--json", "--top-k", "3").stdout)
+    assert got == doc["results"]
+    assert [e["image"] for e in got] == [str(photos / f"p{i}.jpg") for i in range(9)]
+    assert "error" in got[4] and "not an image" in got[4]["error"]
+
+
+def test_existing_file_needs_resume_and_resume_needs_a_file(weights_file, photos, tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"image": "x"}\n')
+    assert "--resume" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out)))
+    assert "give the file" in one_line_error(run(str(photos), "--weights", str(weights_file), "--resume"))
+    assert ".jsonl or .csv" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output",
+                                                  str(tmp_path / "r.txt")))
+    assert "choose one" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output",
+                                              str(tmp_path / "n.jsonl"), "--json"))
+    assert "no fp16 mode" in one_line_error(run(str(photos), "--weights", str(weights_file), "--precision", "fp16"))
+
+
+def test_resume_skips_done_images_and_cuts_a_torn_last_line(weights_file, photos, tmp_path):
+    full = tmp_path / "full.jsonl"
+    run(str(photos), "--weights", str(weights_file), "--output", str(full))
+    whole = full.read_text().splitlines(keepends=True)
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(whole[:3]) + whole[3][:25])  # a crash in the middle of the fourth line
+    r = run(str(photos), "--weights", str(weights_file), "--output", str(part), "--resume")
+    assert r.exit_code == 1  # p4 is still broken
+    assert "resume: 3 of 9 images" in r.stderr
+    assert part.read_text().startswith("".join(whole[:3]))
+    assert same_results(lines(part), lines(full))  # the torn line went, the rest was appended in order
+    before = part.read_text()
+    again = run(str(photos), "--weights", str(weights_file), "--output", str(part), "--resume")
+    assert "resume: 9 of 9" in again.stderr and part.read_text() == before
+
+
+def same_results(a: list[dict], b: list[dict]) -> bool:
+    """Same images, errors and classes; probabilities to float32 rounding (batches form differently on resume)."""
+    def key(e: dict) -> tuple:
+        return e["image"], e.get("error"), [t["index"] for t in e.get("top", [])]
+
+    probs = [t["prob"] for e in a for t in e.get("top", [])], [t["prob"] for e in b for t in e.get("top", [])]
+    return [key(e) for e in a] == [key(e) for e in b] and np.allclose(*probs, rtol=1e-5)
+
+
+def test_interrupted_run_leaves_whole_lines_and_resume_finishes(weights_file, photos, tmp_path, monkeypatch):
+    real = engine.Engine.predict_iter
+
+    def interrupted(self, images, top_k=5, on_progress=None):
+        for i, p in enumerate(real(self, images, top_k, on_progress)):
+            if i == 5:
+                raise KeyboardInterrupt
+            yield p
+
+    out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(engine.Engine, "predict_iter", interrupted)
+    r = run(str(photos), "--weights", str(weights_file), "--output", str(out))
+    assert r.exit_code == 130 and "interrupted after 5 of 9" in r.stderr and "--resume" in r.stderr
+    assert [e["image"] for e in lines(out)] == [str(photos / f"p{i}.jpg") for i in range(5)]
+    monkeypatch.setattr(engine.Engine, "predict_iter", real)
+    run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume")
+    assert [e["image"] for e in lines(out)] == [str(photos / f"p{i}.jpg") for i in range(9)]
+
+
+def test_csv_rows_and_top_k_must_match_on_resume(weights_file, photos, tmp_path):
+    out = tmp_path / "r.csv"
+    run(str(photos), "--weights", str(weights_file), "--output", str(out), "--top-k", "2")
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["image", "error", "top1_index", "top1_label", "top1_prob", "top2_index", "top2_label",
+                       "top2_prob"]
+    assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 6  # p4's error row
+    assert float(rows[1][4]) >= float(rows[1][7]) > 0
+    done, good = read_done(out, "csv", 2)
+    assert len(done) == 9 and good == out.stat().st_size
+    assert "--top-k" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out),
+                                           "--resume", "--top-k", "3"))
