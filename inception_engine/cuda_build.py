@@ -18,7 +18,7 @@ from .errors import BackendUnavailable
 from .weights import user_cache_dir
 
 SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu",
-           "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu")
+           "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "resize_pil.cu")
 # -lineinfo costs nothing at run time and lets compute-sanitizer and Nsight point at source lines.
 FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
 # Sources with kernels for an architecture's own features, built for its "a" target where it has one: conv_nhwc.cu's

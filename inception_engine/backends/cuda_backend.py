@@ -711,6 +711,7 @@ ARG_FORMATS = {
     "fc_gemv": "PPPP" + "i" * 4,
     "softmax_rows": "PP" + "i" * 3,
     "gpu_sleep": "q",
+    **{name: "PPPP" + "i" * 5 for name in ("resize_pil_h", "resize_pil_v")},  # gpu_decode.py's resize
     **{name + e.suffix: fmt for e in NHWC_ELEMS.values()
        for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13 + "P"), ("global_avg_pool_nhwc", "PP" + "i" * 5),
                          ("conv_input_nhwc", "PPPP" + "i" * 14))},
@@ -725,7 +726,8 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
              **{f"{name}{e.suffix}": source for e in NHWC_ELEMS.values()
                 for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
                                      ("conv_input_nhwc", "conv_input_nhwc.cu"))},
-             "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu"}
+             "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu",
+             "resize_pil_h": "resize_pil.cu", "resize_pil_v": "resize_pil.cu"}
 
 
 def wgmma_ring_bytes(kernel: str) -> int:
