@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.images import crop_box, resized_size
-from inception_engine.pil_resize import (PRECISION_BITS, coeffs, pillow_vertical_first_rule, plan_resize_crop,
-                                         resize_crop_u8, vertical_first)
+from inception_engine.pil_resize import (PRECISION_BITS, coeffs, pil_resize_crop, pillow_vertical_first_rule,
+                                         plan_resize_crop, resize_crop_u8, vertical_first)
 
 # (h, w): landscape, portrait, square, ImageNet's usual 500x375 / 375x500, smaller than 342 (upscaling), 342 on
 # one or both sides (that axis not resized), one pixel either side of 342, odd and prime sizes, extreme aspect
@@ -21,12 +20,7 @@ FIXED_SIZES = [(375, 500), (500, 375), (333, 500), (500, 333), (342, 342), (342,
 
 
 def pil_reference(a: np.ndarray, resize: int = 342, size: int = 299) -> np.ndarray:
-    """images.preprocess_pil's uint8 steps on an RGB image (resize skipped where the size is already right)."""
-    img = Image.fromarray(a, "RGB")
-    new = resized_size(*img.size, resize)
-    if new != img.size:
-        img = img.resize(new, Image.BILINEAR)
-    return np.asarray(img.crop(crop_box(*img.size, size)))
+    return pil_resize_crop(Image.fromarray(a, "RGB"), resize, size)
 
 
 def content(rng: np.random.Generator, h: int, w: int, kind: str) -> np.ndarray:
