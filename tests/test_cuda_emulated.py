@@ -76,6 +76,16 @@ def test_kernel_tests_pass_on_the_emulator(emu_lib):
     assert "passed" in tail and "skipped" not in tail, tail  # ran, not skipped for want of a GPU
 
 
+def test_resize_pil_tests_pass_on_the_emulator(emu_lib):
+    """resize_pil.cu bit-exact against Pillow, and GpuJpegDecoder's host side with Pillow standing in for
+    nvImageCodec (tests/test_resize_pil_kernel.py, unchanged)."""
+    r = run_emulated(emu_lib, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                     "tests/test_resize_pil_kernel.py")
+    tail = r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.returncode == 0, tail
+    assert "passed" in tail and "skipped" not in tail, tail
+
+
 def test_backend_forward_on_the_emulator(emu_lib):
     """fp32 on NCHW tensors (the emulator reports sm_90, where fp32 defaults to NHWC: test_cuda_nhwc.py runs that)."""
     r = run_emulated(emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest", "--batch", "2",
