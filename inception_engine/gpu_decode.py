@@ -184,7 +184,7 @@ class GpuResizeCrop:
         if self._tables_dev is not None:
             self._tables_dev.free()
             self._tables_host.base.free()  # pagelocked_empty's array base is its host allocation
-            self._tables_dev = None
+            self._tables_dev, self._tables_host = None, np.empty(0, np.int32)
 
     def close(self) -> None:
         self.wait()
@@ -219,8 +219,11 @@ def gpu_eligible(path: str, data: bytes) -> tuple[int, int] | None:
 
 def device_image(img: Any, h: int, w: int) -> DeviceImage | None:
     """An nvImageCodec Image as a DeviceImage if it is the (h, w, 3) uint8 device array expected, else None."""
-    cai = getattr(img, "__cuda_array_interface__", None)
-    if cai is None or tuple(cai["shape"]) != (h, w, CHANNELS) or cai["typestr"] != "|u1":
+    try:
+        cai = img.__cuda_array_interface__
+    except Exception:  # an image in host memory (nvImageCodec's CPU backend) has none: the CPU path takes it
+        return None
+    if tuple(cai["shape"]) != (h, w, CHANNELS) or cai["typestr"] != "|u1":
         return None
     strides = cai.get("strides")
     if strides is not None and tuple(strides[1:]) != (CHANNELS, 1):

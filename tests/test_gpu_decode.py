@@ -97,6 +97,12 @@ def test_cuda_array_interface_is_checked():
     planar = type("Img", (), {"__cuda_array_interface__": {**cai, "shape": (3, 10, 20)}})()
     assert gpu_decode.device_image(planar, 10, 20) is None
 
+    class HostImage:  # nvImageCodec's CPU backend decodes into host memory
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("buffer is not in device memory")
+    assert gpu_decode.device_image(HostImage(), 10, 20) is None
+
 
 def test_missing_nvimgcodec_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails as if not installed
