@@ -24,7 +24,7 @@ from .errors import BackendUnavailable
 from .weights import user_cache_dir
 
 SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu",
-           "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "pipeline_io.cu")
+           "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "pipeline_io.cu", "resize_pil.cu")
 # unit -> (source, extra nvcc flags). conv_nhwc.cu's element types are separate units (its IE_NHWC_ONLY_* macros).
 NHWC_ELEMS = {"f16": "conv_nhwc_", "tf32": "conv_nhwc_tf32_", "f32": "conv_nhwc_f32_"}  # unit suffix -> kernel prefix
 UNITS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -76,10 +76,12 @@ def test_kernel_tests_pass_on_the_emulator(emu_lib):
     assert "passed" in tail and "skipped" not in tail, tail  # ran, not skipped for want of a GPU
 
 
-def test_pipeline_kernels_and_runner_on_the_emulator(emu_lib):
-    """pipeline_io.cu's normalize and top-k kernels, and the cuda runner streaming images through a ring."""
+def test_pipeline_kernels_on_the_emulator(emu_lib):
+    """The streaming pipeline's kernels: pipeline_io.cu's normalize and top-k and the cuda runner streaming images
+    through a ring (tests/test_pipeline_kernels.py); resize_pil.cu bit-exact against Pillow and GpuJpegDecoder's
+    host side with Pillow standing in for nvImageCodec (tests/test_resize_pil_kernel.py)."""
     r = run_emulated(emu_lib, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                     "tests/test_pipeline_kernels.py")
+                     "tests/test_pipeline_kernels.py", "tests/test_resize_pil_kernel.py")
     tail = r.stdout[-3000:] + r.stderr[-2000:]
     assert r.returncode == 0, tail
     assert "passed" in tail and "skipped" not in tail, tail

@@ -714,6 +714,7 @@ ARG_FORMATS = {
     "gpu_sleep": "q",
     "normalize_u8_nchw": "PPPii",
     "softmax_topk_rows": "PPPiii",
+    **{name: "PPPP" + "i" * 5 for name in ("resize_pil_h", "resize_pil_v")},  # gpu_decode.py's resize
     **{name + e.suffix: fmt for e in NHWC_ELEMS.values()
        for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13 + "P"), ("global_avg_pool_nhwc", "PP" + "i" * 5),
                          ("conv_input_nhwc", "PPPP" + "i" * 14))},
@@ -729,7 +730,8 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
                 for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
                                      ("conv_input_nhwc", "conv_input_nhwc.cu"))},
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu",
-             "normalize_u8_nchw": "pipeline_io.cu", "softmax_topk_rows": "pipeline_io.cu"}
+             "normalize_u8_nchw": "pipeline_io.cu", "softmax_topk_rows": "pipeline_io.cu",
+             "resize_pil_h": "resize_pil.cu", "resize_pil_v": "resize_pil.cu"}
 
 
 def wgmma_ring_bytes(kernel: str) -> int:

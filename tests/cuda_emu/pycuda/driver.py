@@ -124,10 +124,15 @@ def memset_d32(ptr: int, value: int, count: int) -> None:
     _at(ptr, count, np.uint32)[:] = value
 
 
+def memset_d8(ptr: int, value: int, count: int) -> None:
+    _need_context()
+    _at(ptr, count, np.uint8)[:] = value
+
+
 def memcpy_htod(ptr: int, src: np.ndarray) -> None:
     _need_context()
     src = np.ascontiguousarray(src)
-    _at(ptr, src.nbytes, np.uint8)[:] = src.reshape(-1).view(np.uint8)
+    _at(ptr, src.nbytes, np.uint8)[:] = src.reshape(-1).view(np.uint8)  # the bytes, as the driver copies them
 
 
 def memcpy_dtoh(dst: np.ndarray, ptr: int) -> None:
@@ -148,10 +153,9 @@ def pagelocked_empty(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 
 
 def _pinned(a: np.ndarray) -> None:
-    owner = a.base
-    while isinstance(owner, np.ndarray):  # a view of a view of page-locked memory
-        owner = owner.base
-    if not isinstance(owner, PagelockedHostAllocation):
+    while isinstance(a, np.ndarray):  # a view of a page-locked array is page-locked memory too
+        a = a.base
+    if not isinstance(a, PagelockedHostAllocation):
         raise Error("async copy needs page-locked host memory")
 
 

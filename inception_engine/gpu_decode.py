@@ -1,0 +1,340 @@
+"""JPEG decoding on the GPU (NVIDIA nvImageCodec) and the exact PIL resize + centre crop on the GPU (resize_pil.cu).
+
+``GpuJpegDecoder.decode_into`` turns a batch of files into the (N, size, size, 3) uint8 RGB crops of torchvision's
+Inception-V3 preprocessing, in device memory. Per file, a look at its header with Pillow (no decode) decides:
+
+- more pixels than Pillow accepts (2 * Image.MAX_IMAGE_PIXELS): an error, as images.open_image says it;
+- a complete 8-bit JPEG, RGB or greyscale, stored upright (EXIF orientation 1 or none): decoded by nvImageCodec,
+  all of them in one batched call on the caller's stream, then resized on the GPU;
+- anything else (PNG and other formats, CMYK/YCCK JPEGs, rotated ones, truncated ones, whatever Pillow cannot
+  read) and any JPEG nvImageCodec fails on: the caller's exact CPU path (``cpu_fallback``), uploaded into its slot.
+
+The resize reproduces Pillow's bytes exactly (pil_resize.py: same coefficients, same rounding, same pass order), so
+GPU-decoded crops differ from the CPU path only where nvJPEG's IDCT and chroma upsampling differ from
+libjpeg-turbo's: a level or two on some pixels (tests/test_gpu_decode.py measures it). nvImageCodec is asked for
+libjpeg's "fancy" (smooth) chroma upsampling, which Pillow uses, rather than its default of replicating pixels.
+
+nvImageCodec is imported on first use; where it is missing, constructing a decoder raises BackendUnavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import io
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from .backends import cuda_backend as cb
+from .errors import BackendUnavailable, EngineError
+from .images import Preprocess
+from .pil_resize import Coeffs, plan_resize_crop
+
+CHANNELS = 3
+EXIF_ORIENTATION = 0x0112
+GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_rgb give (CMYK it would not)
+# nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
+DECODER_OPTIONS = ":fancy_upsampling=1"
+MISSING = "--decode gpu needs nvidia-nvimgcodec-cu13 (pip install -e '.[gpu-decode]')"
+
+
+def load_nvimgcodec() -> Any:
+    """The nvidia.nvimgcodec module, or BackendUnavailable in one line."""
+    preload_nvjpeg()
+    try:
+        from nvidia import nvimgcodec
+    except ImportError as e:
+        raise BackendUnavailable(f"{MISSING}: {e}") from None
+    return nvimgcodec
+
+
+def preload_nvjpeg() -> None:
+    """Load libnvjpeg.so.13 from the nvidia-nvjpeg wheel, if installed, before nvImageCodec looks for it.
+
+    nvImageCodec 0.6's nvJPEG extension dlopens "libnvjpeg.so.13" with a search path of its own directory's
+    neighbours and /usr/local/cuda/lib64, which misses the wheel's nvidia/cu13/lib; a library already loaded under
+    that name is what dlopen returns. Without the wheel nothing happens here (the CUDA toolkit's copy may serve)."""
+    for entry in sys.path:
+        lib = Path(entry or ".") / "nvidia" / "cu13" / "lib" / "libnvjpeg.so.13"
+        if lib.is_file():
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+@dataclass(frozen=True)
+class DeviceImage:
+    """A decoded HWC uint8 RGB image in device memory."""
+
+    ptr: int  # address of pixel (0, 0)
+    height: int
+    width: int
+    pitch: int  # bytes from one row to the next
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One launch of resize_pil_h or resize_pil_v (resize_pil.cu), its tables at offsets into the packed table."""
+
+    kernel: str
+    coeffs: Coeffs
+    out_rows: int
+    out_cols: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The two passes for an image of one size: the first reads source rows (or columns) lo .. lo + n - 1 into
+    the intermediate (out_rows x out_cols), the second writes the crop."""
+
+    first: Pass
+    second: Pass
+    lo: int
+    vertical_first: bool
+
+    @property
+    def tmp_bytes(self) -> int:
+        return self.first.out_rows * self.first.out_cols * CHANNELS
+
+
+@functools.lru_cache(maxsize=512)
+def schedule(h: int, w: int, resize: int, size: int) -> Schedule:
+    """The launches for an h x w image (cached: a data set has few distinct sizes)."""
+    plan = plan_resize_crop(h, w, resize, size)
+    lo, n = plan.first_span()
+    if plan.vertical_first:
+        return Schedule(Pass("resize_pil_v", plan.y, size, n), Pass("resize_pil_h", plan.x.shifted(lo), size, size),
+                        lo, True)
+    return Schedule(Pass("resize_pil_h", plan.x, n, size), Pass("resize_pil_v", plan.y.shifted(lo), size, size),
+                    lo, False)
+
+
+class GpuResizeCrop:
+    """Enqueues resize_pil.cu's passes for decoded device images into slots of a (N, size, size, 3) uint8 batch.
+
+    The coefficient tables of a batch travel in one pinned buffer and one copy; the intermediate images share one
+    device buffer, which is safe because every launch goes to the same stream, one after another. Buffers grow
+    when a batch needs more (after the previous batch's work is done); ``wait`` blocks until the last enqueued
+    batch no longer needs them (its tables copied, its source images read)."""
+
+    def __init__(self, kernels: cb.Kernels, pre: Preprocess):
+        self.kernels, self.pre = kernels, pre
+        self._done: Any = None  # event after the last batch's last launch
+        self._tables_host = np.empty(0, np.int32)
+        self._tables_dev: Any = None
+        self._tmp: Any = None
+        self._tmp_bytes = 0
+
+    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int]], dst_ptr: int, stream: Any) -> None:
+        """For each (image, slot): the image's crop into slot `slot` of the batch at dst_ptr."""
+        self.wait()
+        if not jobs:
+            return
+        drv = cb.driver()
+        scheds = [schedule(img.height, img.width, self.pre.resize, self.pre.size) for img, _ in jobs]
+        offsets, pieces, pos = [], [], 0
+        for s in scheds:
+            offs = []
+            for p in (s.first, s.second):
+                offs.append((pos, pos + len(p.coeffs.start)))
+                pieces += [p.coeffs.start, p.coeffs.weights.ravel()]
+                pos += len(p.coeffs.start) + p.coeffs.weights.size
+            offsets.append(offs)
+        if pos > self._tables_host.size:
+            self._free_tables()
+            self._tables_host = drv.pagelocked_empty((2 * pos,), np.int32)
+            self._tables_dev = drv.mem_alloc(4 * 2 * pos)
+        np.concatenate(pieces, out=self._tables_host[:pos])
+        drv.memcpy_htod_async(int(self._tables_dev), self._tables_host[:pos], stream)
+        need = max(s.tmp_bytes for s in scheds)
+        if need > self._tmp_bytes:
+            if self._tmp is not None:
+                self._tmp.free()
+            self._tmp, self._tmp_bytes = drv.mem_alloc(need), need
+        tables, tmp, size = int(self._tables_dev), int(self._tmp), self.pre.size
+        slot_bytes = size * size * CHANNELS
+        for (img, slot), s, ((s1, w1), (s2, w2)) in zip(jobs, scheds, offsets):
+            # the first pass reads from source row (or column) lo on: its start[] is relative to that
+            src = img.ptr + (s.lo * CHANNELS if s.vertical_first else s.lo * img.pitch)
+            mid_pitch = s.first.out_cols * CHANNELS
+            self._launch(s.first, src, tmp, tables + 4 * s1, tables + 4 * w1, img.pitch, mid_pitch, stream)
+            self._launch(s.second, tmp, dst_ptr + slot * slot_bytes, tables + 4 * s2, tables + 4 * w2, mid_pitch,
+                         size * CHANNELS, stream)
+        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
+        self._done.record(stream)
+
+    def _launch(self, p: Pass, src: int, dst: int, start: int, weights: int, in_pitch: int, out_pitch: int,
+                stream: Any) -> None:
+        n = p.out_rows * p.out_cols * CHANNELS
+        self.kernels[p.kernel].prepared_async_call(((n + cb.THREADS - 1) // cb.THREADS, 1, 1), (cb.THREADS, 1, 1),
+                                                   stream, src, dst, start, weights, p.coeffs.taps, p.out_rows,
+                                                   p.out_cols, in_pitch, out_pitch)
+
+    def wait(self) -> None:
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+
+    def _free_tables(self) -> None:
+        if self._tables_dev is not None:
+            self._tables_dev.free()
+            self._tables_host.base.free()  # pagelocked_empty's array base is its host allocation
+            self._tables_dev, self._tables_host = None, np.empty(0, np.int32)
+
+    def close(self) -> None:
+        self.wait()
+        self._free_tables()
+        if self._tmp is not None:
+            self._tmp.free()
+            self._tmp = None
+
+
+def jpeg_complete(data: bytes) -> bool:
+    """Whether an end-of-image marker follows the last start-of-scan. Entropy-coded data cannot hold FF D9, so a
+    JPEG cut short fails this and goes to Pillow, which reports truncation as the CPU path does (nvJPEG might
+    decode it with grey filler). An EXIF thumbnail's markers come before the main image's last scan."""
+    return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda")
+
+
+def gpu_eligible(path: str, data: bytes) -> tuple[int, int] | None:
+    """(height, width) for a file nvImageCodec should decode, None for one the CPU path should take. Raises
+    EngineError for more pixels than Pillow accepts (images.open_image's wording)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:  # parses the header only
+            fmt, mode, (w, h) = img.format, img.mode, img.size
+            orientation = img.getexif().get(EXIF_ORIENTATION, 1)  # what ImageOps.exif_transpose reads
+    except Image.DecompressionBombError as e:
+        raise EngineError(f"{path}: refused, too many pixels ({e})") from None
+    except Exception:  # unidentified, corrupt header, malformed EXIF: the CPU path says what in its own words
+        return None
+    if fmt != "JPEG" or mode not in GPU_MODES or orientation != 1 or not jpeg_complete(data):
+        return None
+    return h, w
+
+
+def device_image(img: Any, h: int, w: int) -> DeviceImage | None:
+    """An nvImageCodec Image as a DeviceImage if it is the (h, w, 3) uint8 device array expected, else None."""
+    try:
+        cai = img.__cuda_array_interface__
+    except Exception:  # an image in host memory (nvImageCodec's CPU backend) has none: the CPU path takes it
+        return None
+    if tuple(cai["shape"]) != (h, w, CHANNELS) or cai["typestr"] != "|u1":
+        return None
+    strides = cai.get("strides")
+    if strides is not None and tuple(strides[1:]) != (CHANNELS, 1):
+        return None
+    return DeviceImage(int(cai["data"][0]), h, w, int(strides[0]) if strides else w * CHANNELS)
+
+
+class GpuJpegDecoder:
+    """Batches of files -> (N, size, size, 3) uint8 crops in device memory; see the module doc.
+
+    Create and use inside the CUDA context the kernels were loaded in (the backend's ``with gpu:``).
+    backends: names of nvidia.nvimgcodec.BackendKind members to allow (e.g. ("GPU_ONLY",)); None: its default."""
+
+    def __init__(self, kernels: cb.Kernels, pre: Preprocess, max_batch: int, *,
+                 backends: Sequence[str] | None = None):
+        nvimgcodec = load_nvimgcodec()
+        kinds = None if backends is None else [getattr(nvimgcodec.BackendKind, b) for b in backends]
+        self._codec = nvimgcodec
+        self._decoder = nvimgcodec.Decoder(backend_kinds=kinds, options=DECODER_OPTIONS)
+        # Orientation stays as stored: files with EXIF orientation other than 1 go to the CPU path.
+        self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.RGB,
+                                               allow_any_depth=False)
+        self.pre, self.max_batch = pre, max_batch
+        self._resize = GpuResizeCrop(kernels, pre)
+        self._decoded: list[Any] = []  # the last batch's nvImageCodec images, alive until its resize has run
+        self._staging: np.ndarray | None = None  # pinned (max_batch, size, size, 3) for CPU-path results
+        self._done: Any = None  # event after the last batch's uploads
+
+    def decode_into(self, items: Sequence[tuple[str, bytes]], dst_ptr: int, stream: Any,
+                    cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
+        """Decode items[i] = (path, file bytes) into slot i of the (len(items), size, size, 3) uint8 batch at
+        dst_ptr, everything enqueued on stream. Returns one error message per item (None: decoded); a failed
+        item's slot holds anything. cpu_fallback(path, data) gives the exact CPU result or raises EngineError."""
+        if len(items) > self.max_batch:
+            raise ValueError(f"{len(items)} items for a decoder of max_batch {self.max_batch}")
+        self._wait()  # the previous batch's decoded images and staged results are free to go
+        self._decoded = []
+        errors: list[str | None] = [None] * len(items)
+        to_gpu: list[tuple[int, int, int]] = []  # (item, height, width)
+        to_cpu: list[int] = []
+        for i, (path, data) in enumerate(items):
+            try:
+                hw = gpu_eligible(path, data)
+            except EngineError as e:
+                errors[i] = str(e)
+                continue
+            if hw is None:
+                to_cpu.append(i)
+            else:
+                to_gpu.append((i, *hw))
+        jobs: list[tuple[DeviceImage, int]] = []
+        for (i, h, w), img in zip(to_gpu, self._decode([items[i][1] for i, _, _ in to_gpu], stream)):
+            dev = None if img is None else device_image(img, h, w)
+            if dev is None:
+                to_cpu.append(i)
+            else:
+                jobs.append((dev, i))
+                self._decoded.append(img)
+        self._resize.enqueue(jobs, dst_ptr, stream)
+        self._upload_cpu_results(items, sorted(to_cpu), dst_ptr, stream, cpu_fallback, errors)
+        drv = cb.driver()
+        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
+        self._done.record(stream)
+        return errors
+
+    def _wait(self) -> None:
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+
+    def _decode(self, blobs: list[bytes], stream: Any) -> list[Any]:
+        """nvImageCodec's images (None where it failed), one batched call; should the batch call itself raise,
+        one call per file, so that one bad file does not send the whole batch to the CPU."""
+        if not blobs:
+            return []
+        try:
+            return list(self._decoder.decode([self._codec.CodeStream(b) for b in blobs], params=self._params,
+                                             cuda_stream=stream.handle))
+        except Exception:  # nvImageCodec raises RuntimeError and others for a stream it cannot parse
+            return [self._decode_one(b, stream) for b in blobs]
+
+    def _decode_one(self, blob: bytes, stream: Any) -> Any:
+        try:
+            return self._decoder.decode(self._codec.CodeStream(blob), params=self._params, cuda_stream=stream.handle)
+        except Exception:  # this file goes to the CPU path, which reports what is wrong with it
+            return None
+
+    def _upload_cpu_results(self, items: Sequence[tuple[str, bytes]], which: list[int], dst_ptr: int, stream: Any,
+                            cpu_fallback: Callable[[str, bytes], np.ndarray], errors: list[str | None]) -> None:
+        if not which:
+            return
+        drv = cb.driver()
+        shape = (self.pre.size, self.pre.size, CHANNELS)
+        if self._staging is None:
+            self._staging = drv.pagelocked_empty((self.max_batch, *shape), np.uint8)
+        for i in which:
+            path, data = items[i]
+            try:
+                crop = cpu_fallback(path, data)
+            except EngineError as e:
+                errors[i] = str(e)
+                continue
+            if crop.shape != shape or crop.dtype != np.uint8:
+                raise ValueError(f"cpu_fallback gave {crop.dtype} {crop.shape} for {path}, expected uint8 {shape}")
+            self._staging[i] = crop
+            drv.memcpy_htod_async(dst_ptr + i * crop.nbytes, self._staging[i], stream)
+
+    def close(self) -> None:
+        self._wait()
+        self._resize.close()
+        self._decoded = []
+        if self._staging is not None:
+            self._staging.base.free()
+            self._staging = None
