@@ -20,7 +20,7 @@ import click
 from tqdm import tqdm
 
 from . import backends
-from .engine import BACKEND_CHOICES, PRECISION_CHOICES
+from .engine import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES
 from .errors import EngineError
 from .images import image_extensions
 from .pipeline import WORKER_KINDS, Prediction
@@ -99,6 +99,9 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
               help="Decode workers [default: one per usable CPU].")
 @click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="thread", show_default=True,
               help="Decode in threads (Pillow releases the GIL) or in processes.")
+@click.option("--decode", type=click.Choice(DECODE_CHOICES), default="cpu", show_default=True,
+              help="cpu: Pillow, torchvision's preprocessing exactly. gpu: JPEGs decoded by nvImageCodec and resized "
+                   "on the GPU as Pillow does (cuda backend; pip install -e '.[gpu-decode]').")
 @click.option("--output", "output_path", metavar="FILE",
               help="Write results to FILE.jsonl (one JSON line per image) or FILE.csv as they finish, instead of "
                    "printing them.")
@@ -106,8 +109,8 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @user_errors
 def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, precision: str, top_k: int,
-            batch_size: int | None, workers: int | None, worker_kind: str, output_path: str | None, resume: bool,
-            as_json: bool) -> None:
+            batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
+            resume: bool, as_json: bool) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
     from .engine import Engine
     from .output import ResultFile, image_key
@@ -127,7 +130,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         if batch_size is None:
             batch_size = 64 if backends.resolve(backend) == "cuda" else 8
         with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
-                    worker_kind=worker_kind) as engine:
+                    worker_kind=worker_kind, decode=decode) as engine:
             for note in engine.notes:
                 click.echo(f"note: {note}", err=True)
             sink = (FileSink(out, batch_size) if out is not None else

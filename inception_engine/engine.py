@@ -26,14 +26,15 @@ from .errors import EngineError
 from .images import Preprocess
 from .labels import imagenet_labels
 from .pipeline import (WORKER_KINDS, HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner,
-                       classify, labelled, softmax, top_classes)
+                       classify, classify_encoded, labelled, softmax, top_classes)
 from .plan import build_plan
 from .weights import Weights, find_weights, load_weights
 
-__all__ = ["BACKEND_CHOICES", "PRECISION_CHOICES", "Engine", "Prediction", "softmax", "top_classes"]
+__all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "Prediction", "softmax", "top_classes"]
 
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
+DECODE_CHOICES = ("cpu", "gpu")
 # auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against
 # float64, docs/PERFORMANCE.md), float32 elsewhere.
 AUTO_PRECISION = "tf32"
@@ -51,9 +52,11 @@ def load(weights: str | os.PathLike | Weights | None) -> Weights:
 class Engine:
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int = 8, precision: str = "auto", workers: int | None = None,
-                 worker_kind: str = "auto"):
+                 worker_kind: str = "auto", decode: str = "cpu"):
         """precision: fp32, tf32, fp16 or auto (tf32 where the backend has it, else fp32). workers: decode workers
-        (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs)."""
+        (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs).
+        decode: "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and
+        resized on the GPU as Pillow does; cuda backend only, pip install -e '.[gpu-decode]')."""
         if batch_size < 1:
             raise EngineError(f"batch size must be at least 1, got {batch_size}")
         if backend not in BACKEND_CHOICES:
@@ -62,6 +65,8 @@ class Engine:
             raise EngineError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISION_CHOICES)}")
         if worker_kind not in WORKER_KINDS:
             raise EngineError(f"unknown worker kind {worker_kind!r}; choose one of {', '.join(WORKER_KINDS)}")
+        if decode not in DECODE_CHOICES:
+            raise EngineError(f"unknown decode {decode!r}; choose one of {', '.join(DECODE_CHOICES)}")
         if workers is not None and workers < 1:
             raise EngineError(f"workers must be at least 1, got {workers}")
         self.notes: list[str] = []  # fallbacks taken, one line each (the CLI prints them on stderr)
@@ -73,6 +78,9 @@ class Engine:
         self.backend_name = backends.resolve(backend)
         self.backend_class = backends.backend_class(self.backend_name)  # BackendUnavailable with the reason
         self.precision = self._resolve_precision(precision, explicit_backend=backend != "auto")
+        if decode == "gpu" and self.backend_name != "cuda":
+            raise EngineError(f"--decode gpu needs the cuda backend (this run uses {self.backend_name})")
+        self.decode = decode
         self.batch_size = batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
         self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
@@ -152,7 +160,9 @@ class Engine:
             raise EngineError(f"top-k must be between 1 and {len(imagenet_labels())}, got {top_k}")
         if not images:
             return
-        for p in classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline):
+        stream = (classify_encoded(images, self.runner(len(images)), top_k, self.pipeline) if self.decode == "gpu"
+                  else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline))
+        for p in stream:
             if on_progress:
                 on_progress(1)
             yield p

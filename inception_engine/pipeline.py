@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import shared_memory
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -306,3 +307,91 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
             next_yield += 1
         if all_decoded and not in_flight and next_yield < n and next_yield not in done:
             raise AssertionError(f"pipeline lost image {next_yield}")  # a bug, not a user error
+
+
+# ------------------------------------------------------------------------------------- GPU decoding (--decode gpu)
+
+class EncodedRunner(Protocol):
+    """A runner that decodes too: ``submit_encoded`` takes the files' bytes, ``result`` gives top-k or an error
+    message per file."""
+
+    batch: int
+    depth: int
+
+    def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> Any: ...
+
+    def result(self, ticket: Any) -> list[TopK | str]: ...
+
+    def close(self) -> None: ...
+
+
+def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
+    """(bytes, None), or (None, the error line) for a file that cannot be read, worded as images.open_image."""
+    try:
+        data = Path(source).read_bytes()
+    except FileNotFoundError:
+        return None, f"{source}: no such file"
+    except IsADirectoryError:
+        return None, f"{source}: is a directory, not an image"
+    except PermissionError:
+        return None, f"{source}: permission denied"
+    except OSError as e:
+        return None, f"{source}: cannot read ({first_line(e)})"
+    return (data, None) if data else (None, f"{source}: empty file")
+
+
+def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
+                     options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
+    """Predictions for image files decoded by the runner (on the GPU), in order: threads only read the files, a
+    window of ``ring_batches`` batches ahead."""
+    if any(isinstance(s, Image.Image) for s in sources):
+        raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
+    if not sources:
+        return
+    window = runner.batch * options.ring_batches
+    pool = ThreadPoolExecutor(min(options.workers or default_workers(), window), thread_name_prefix="read")
+    try:
+        yield from _stream_encoded(sources, runner, pool, window, top_k)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        runner.close()
+
+
+def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, pool: Executor, window: int,
+                    top_k: int) -> Iterator[Prediction]:
+    n, batch = len(sources), runner.batch
+    reading: deque[tuple[int, Future]] = deque()
+    items: list[tuple[int, bytes]] = []
+    in_flight: deque[tuple[list[int], Any]] = deque()
+    done: dict[int, Prediction] = {}
+    next_submit = next_yield = 0
+
+    def collect_oldest() -> None:
+        seqs, ticket = in_flight.popleft()
+        for seq, out in zip(seqs, runner.result(ticket)):
+            name = source_name(seq, sources[seq])
+            done[seq] = Prediction(name, error=out) if isinstance(out, str) else Prediction(name, top=labelled(out))
+
+    while next_yield < n:
+        while next_submit < n and len(reading) + len(items) < window:
+            reading.append((next_submit, pool.submit(read_file, sources[next_submit])))
+            next_submit += 1
+        if reading:
+            seq, fut = reading.popleft()
+            data, error = fut.result()
+            if data is None:
+                done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
+            else:
+                items.append((seq, data))
+        all_read = not reading and next_submit == n
+        if items and (len(items) == batch or all_read):
+            if len(in_flight) == runner.depth:
+                collect_oldest()
+            batch_items = [(source_name(seq, sources[seq]), data) for seq, data in items]
+            in_flight.append(([seq for seq, _ in items], runner.submit_encoded(batch_items, top_k)))
+            items = []
+        elif in_flight and not reading:
+            collect_oldest()
+        while next_yield in done:
+            yield done.pop(next_yield)
+            next_yield += 1

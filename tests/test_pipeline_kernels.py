@@ -121,3 +121,40 @@ def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
         want = np.argsort(-row, kind="stable")[:3]
         assert [i for i, _, _ in p.top] == list(want)
         np.testing.assert_allclose([q for _, _, q in p.top], row[want], rtol=1e-4)
+
+
+def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
+    """pipeline.classify_encoded through the cuda runner, with Pillow standing in for nvImageCodec (exact, so the
+    predictions must be the CPU-decoded stream's): JPEGs, a PNG (the CPU fallback), a missing and a broken file in
+    their places, a partial last batch."""
+    from PIL import Image
+    from test_resize_pil_kernel import FakeCodec
+
+    from inception_engine import gpu_decode
+
+    monkeypatch.setattr(gpu_decode, "load_nvimgcodec", lambda: FakeCodec)
+    size = 75
+    pre = Preprocess(size=size, resize=86)
+    weights = Weights(random_arrays(13), {"count_include_pad": True})
+    rng = rng_for("gpu decode stream")
+    paths = []
+    for i in range(6):
+        p = tmp_path / (f"{i}.png" if i == 2 else f"{i}.jpg")
+        Image.fromarray(rng.integers(0, 256, (80 + 7 * i, 95, 3), dtype=np.uint8)).save(p)
+        paths.append(p)
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
+    sources = [paths[0], tmp_path / "missing.jpg", *paths[1:4], tmp_path / "bad.jpg", *paths[4:]]
+    backend = cb.CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=False, nhwc=False)
+    try:
+        options = pipeline.PipelineOptions(workers=2, ring_batches=2)
+        gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3, options))
+        cpu = list(pipeline.classify(sources, CudaRunner(backend, pre), pre, 3, options))
+    finally:
+        backend.close()
+    assert [p.image for p in gpu] == [str(s) for s in sources]
+    assert [p.ok for p in gpu] == [p.ok for p in cpu] == [s.exists() and s.name != "bad.jpg" for s in sources]
+    assert "no such file" in gpu[1].error and "bad.jpg" in gpu[5].error
+    for g, c in zip(gpu, cpu):
+        if g.ok:
+            assert [i for i, _, _ in g.top] == [i for i, _, _ in c.top]
+            np.testing.assert_allclose([q for _, _, q in g.top], [q for _, _, q in c.top], rtol=1e-6)

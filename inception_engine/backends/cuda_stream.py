@@ -18,16 +18,25 @@ forward of a few milliseconds instead of a second plan, tuning and graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import EngineError
-from ..images import Preprocess
+from ..images import Preprocess, decode_u8
 from ..pipeline import HostRing, TopK
 from .cuda_backend import THREADS, CudaBackend, driver
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
+
+
+@dataclass(frozen=True)
+class Ticket:
+    turn: int  # which set of buffers (batch number % 2)
+    images: int
+    top_k: int
+    errors: list[str | None] | None = None  # submit_encoded's per-file decode errors
 
 
 def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
@@ -56,6 +65,7 @@ class CudaRunner:
         self.backend, self.batch, self.pre = backend, plan.batch, pre
         self._image_bytes = pre.size * pre.size * 3
         self._ring: np.ndarray | None = None
+        self._decoder: Any = None  # gpu_decode.GpuJpegDecoder, made on the first submit_encoded
         self._turn = 0
         self._allocs: list[Any] = []
         with backend.gpu:
@@ -84,14 +94,11 @@ class CudaRunner:
     def attach(self, ring: HostRing) -> None:
         self._ring = ring.array
 
-    def submit(self, slots: list[int], top_k: int) -> tuple[int, int, int]:
-        if not 1 <= len(slots) <= self.batch or not 1 <= top_k <= self.classes:
-            raise ValueError(f"{len(slots)} images, top-{top_k}: outside this runner's batch or classes")
-        drv, b = driver(), self.backend
-        k = self._turn % 2
-        self._turn += 1
-        hw = self.pre.size * self.pre.size
-        with b.gpu:
+    def submit(self, slots: list[int], top_k: int) -> Ticket:
+        """Classify the images in these ring slots (decoded on the host)."""
+        self._check(len(slots), top_k)
+        drv, k = driver(), self._next_turn()
+        with self.backend.gpu:
             if self._turn > 2:  # staging[k] and u8[k] still hold the batch before last until these are done
                 self._copied[k].synchronize()
                 self._copy.wait_for_event(self._normalized[k])
@@ -99,27 +106,59 @@ class CudaRunner:
             for first, end, row in slot_runs(slots):
                 staging[row:row + end - first] = self._ring[first:end]
             drv.memcpy_htod_async(self._u8[k], staging[:len(slots)], self._copy)
-            self._copied[k].record(self._copy)
-            b.stream.wait_for_event(self._copied[k])
-            self._normalize.prepared_async_call(((hw + THREADS - 1) // THREADS, self.batch, 1), (THREADS, 1, 1),
-                                                b.stream, self._u8[k], b.input_ptr, self._mean_std, hw, 3 * hw)
-            self._normalized[k].record(b.stream)
-            b.replay()
-            self._topk.prepared_async_call((len(slots), 1, 1), (TOPK_N, 1, 1), b.stream, b.output_ptr,
-                                           self._prob[k], self._index[k], self.classes, self.classes, top_k)
-            n = len(slots) * top_k
-            drv.memcpy_dtoh_async(self._prob_host[k][:n], self._prob[k], b.stream)
-            drv.memcpy_dtoh_async(self._index_host[k][:n], self._index[k], b.stream)
-            self._done[k].record(b.stream)
-        return k, len(slots), top_k
+            self._classify(k, len(slots), top_k)
+        return Ticket(k, len(slots), top_k)
 
-    def result(self, ticket: tuple[int, int, int]) -> list[TopK]:
-        k, n, top_k = ticket
+    def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> Ticket:
+        """Classify these files (path, bytes): JPEGs decoded and resized on the GPU (gpu_decode), the rest on the
+        host; a file that cannot be read gets its error in the result."""
+        self._check(len(items), top_k)
+        k = self._next_turn()
+        with self.backend.gpu:
+            if self._decoder is None:
+                from ..gpu_decode import GpuJpegDecoder
+
+                self._decoder = GpuJpegDecoder(self.backend.kernels, self.pre, self.batch)
+            if self._turn > 2:
+                self._copy.wait_for_event(self._normalized[k])
+            errors = self._decoder.decode_into(items, self._u8[k], self._copy,
+                                               lambda path, data: decode_u8(path, self.pre))
+            self._classify(k, len(items), top_k)
+        return Ticket(k, len(items), top_k, errors)
+
+    def _check(self, n: int, top_k: int) -> None:
+        if not 1 <= n <= self.batch or not 1 <= top_k <= self.classes:
+            raise ValueError(f"{n} images, top-{top_k}: outside this runner's batch or classes")
+
+    def _next_turn(self) -> int:
+        self._turn += 1
+        return (self._turn - 1) % 2
+
+    def _classify(self, k: int, n: int, top_k: int) -> None:
+        """After u8[k]'s copy or decode was enqueued on the copy stream: normalise, forward, top-k, copy back."""
+        drv, b = driver(), self.backend
+        hw = self.pre.size * self.pre.size
+        self._copied[k].record(self._copy)
+        b.stream.wait_for_event(self._copied[k])
+        self._normalize.prepared_async_call(((hw + THREADS - 1) // THREADS, self.batch, 1), (THREADS, 1, 1),
+                                            b.stream, self._u8[k], b.input_ptr, self._mean_std, hw, 3 * hw)
+        self._normalized[k].record(b.stream)
+        b.replay()
+        self._topk.prepared_async_call((n, 1, 1), (TOPK_N, 1, 1), b.stream, b.output_ptr, self._prob[k],
+                                       self._index[k], self.classes, self.classes, top_k)
+        drv.memcpy_dtoh_async(self._prob_host[k][:n * top_k], self._prob[k], b.stream)
+        drv.memcpy_dtoh_async(self._index_host[k][:n * top_k], self._index[k], b.stream)
+        self._done[k].record(b.stream)
+
+    def result(self, ticket: Ticket) -> list[TopK | str]:
+        """Top-k per image, or the error message of a file submit_encoded could not decode."""
+        k, n, top_k = ticket.turn, ticket.images, ticket.top_k
         with self.backend.gpu:
             self._done[k].synchronize()
         prob = self._prob_host[k][:n * top_k].reshape(n, top_k)
         index = self._index_host[k][:n * top_k].reshape(n, top_k)
-        return [[(int(i), float(p)) for i, p in zip(ri, rp)] for ri, rp in zip(index, prob)]
+        tops: list[TopK | str] = [[(int(i), float(p)) for i, p in zip(ri, rp)] for ri, rp in zip(index, prob)]
+        return [err or top for top, err in zip(tops, ticket.errors or [None] * n)]
 
     def close(self) -> None:
         """Waits for the GPU, then lets go of the ring (unpinned) and of this runner's buffers; the backend stays."""
@@ -129,6 +168,9 @@ class CudaRunner:
             self.backend.stream.synchronize()
             self._copy.synchronize()
             self._ring = None
+            if self._decoder is not None:
+                self._decoder.close()
+                self._decoder = None
             for a in self._allocs:
                 a.free()
             self._allocs = []
