@@ -77,7 +77,7 @@ def row_ours(args: argparse.Namespace) -> dict:
     paths = images_in(Path(args.dir), args.limit)
     out: dict = {"images": len(paths)}
     with Engine(args.weights, backend=args.backend, batch_size=args.batch_size, precision=args.precision,
-                workers=args.workers, worker_kind=args.kind) as engine:
+                workers=args.workers, worker_kind=args.kind, decode=args.decode) as engine:
         batch = min(args.batch_size, len(paths))
         if engine.backend_name == "cuda":
             engine.backend(batch, tune=True)  # tune once (cached): the warm state a second run finds
@@ -94,8 +94,7 @@ def row_ours(args: argparse.Namespace) -> dict:
             out.update(forward_ms=ms, forward_images_per_s=batch / ms * 1e3)
         if hasattr(backend, "peak_memory_bytes"):
             out["gpu_mib"] = backend.peak_memory_bytes() / 2**20
-    out["host_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return out
+    return out | peak_rss()
 
 
 def row_decode(args: argparse.Namespace) -> dict:
@@ -124,7 +123,13 @@ def row_decode(args: argparse.Namespace) -> dict:
         pool.close()
         ring.close()
     return {"images": len(paths), "seconds": seconds, "images_per_s": len(paths) / seconds, "workers": workers,
-            "host_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            **peak_rss()}
+
+
+def peak_rss() -> dict:
+    """Peak resident memory of this process and of its largest child (a decode worker process), MiB."""
+    return {"host_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
 
 # ----------------------------------------------------------------------------------------------------- driver
@@ -170,6 +175,8 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--precisions", default="fp32,tf32,fp16")
     ap.add_argument("--kinds", default="thread,process", help="decode worker kinds")
+    ap.add_argument("--decodes", default="cpu,gpu", help="cpu (Pillow) and/or gpu (nvImageCodec)")
+    ap.add_argument("--sweep", default="1,2,4,8,16", help="process worker counts of the decode-only sweep")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--workers", type=int)
     ap.add_argument("--no-torch", action="store_true")
@@ -178,6 +185,7 @@ def main() -> None:
     ap.add_argument("--row", choices=["ours", "decode"], help=argparse.SUPPRESS)  # a row's worker process
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--kind", default="thread", help=argparse.SUPPRESS)
+    ap.add_argument("--decode", default="cpu", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.row:
@@ -193,9 +201,12 @@ def main() -> None:
 
         w = synthetic_weights(0)
         weights = str(save_weights(Path(tmp.name) / "synthetic.npz", w.arrays, w.manifest))
-    common = ["--dir", str(folder), "--weights", weights, "--batch-size", str(args.batch_size)]
-    common += ["--limit", str(args.limit)] if args.limit else []
-    common += ["--workers", str(args.workers)] if args.workers else []
+    def row_args(limit: int | None, workers: int | None) -> list[str]:
+        out = ["--dir", str(folder), "--weights", weights, "--batch-size", str(args.batch_size)]
+        out += ["--limit", str(limit)] if limit else []
+        return out + (["--workers", str(workers)] if workers else [])
+
+    common = row_args(args.limit, args.workers)
     n = len(images_in(folder, args.limit))
     rows: dict[str, dict] = {}
     if not args.no_cold:
@@ -204,10 +215,25 @@ def main() -> None:
             rows[f"cold start {precision}"] = cold_start(photo, weights, precision)
     for kind in args.kinds.split(","):
         rows[f"decode only, {kind} workers"] = run_row(["--row", "decode", "--kind", kind, *common])
+    for w in args.sweep.split(",") if args.sweep else []:  # where the decode ceiling comes from: cores
+        rows[f"decode only, {w} process(es), 512 images"] = run_row(["--row", "decode", "--kind", "process",
+                                                                     *row_args(512, int(w))])
+    if args.images > 1024 and not args.limit:  # host memory is the ring's, not the folder's: a quarter the images
+        rows["ours tf32, process workers, 1024 images"] = run_row(["--row", "ours", "--backend", args.backend,
+                                                                   "--precision", "tf32", "--kind", "process",
+                                                                   *row_args(1024, args.workers)])
+    decodes = args.decodes.split(",")
     for precision in args.precisions.split(","):
-        for kind in args.kinds.split(","):
+        for kind in args.kinds.split(",") if "cpu" in decodes else []:
             rows[f"ours {precision}, {kind} workers"] = run_row(["--row", "ours", "--backend", args.backend,
                                                                   "--precision", precision, "--kind", kind, *common])
+        if "gpu" in decodes:
+            rows[f"ours {precision}, gpu decode"] = run_row(["--row", "ours", "--backend", args.backend,
+                                                             "--precision", precision, "--decode", "gpu", *common])
+    if "gpu" in decodes and "fp32" in args.precisions.split(",") and "cpu" in decodes:
+        rows["top-1: gpu decode = cpu decode (fp32)"] = {
+            "agreement": agreement(rows.get("ours fp32, gpu decode", {}),
+                                   rows.get(f"ours fp32, {args.kinds.split(',')[-1]} workers", {}))}
     if not args.no_torch:
         for flag, name in (([], "torch DataLoader fp32"), (["--fp16"], "torch DataLoader fp16 channels_last")):
             cmd = [str(ROOT / "scripts/torch_dataloader_baseline.py"), str(folder), weights, "--batch-size",
@@ -218,9 +244,12 @@ def main() -> None:
     torch32 = rows.get("torch DataLoader fp32", {})
 
     print(f"\n{n} images in {folder}, batch {args.batch_size}")
-    print(f"{'row':40} {'images/s':>9} {'x torch':>8} {'fwd img/s':>10} {'host MiB':>9} {'GPU MiB':>8} "
-          f"{'top-1 = torch fp32':>18}")
+    print(f"{'row':40} {'images/s':>9} {'x torch':>8} {'fwd img/s':>10} {'host MiB':>9} {'worker':>7} "
+          f"{'GPU MiB':>8} {'top-1 = torch fp32':>18}")
     for name, r in rows.items():
+        if "agreement" in r:
+            print(f"{name:40} {r['agreement']}")
+            continue
         if name.startswith("cold"):
             print(f"{name:40} first answer {r['cold']['seconds']:.1f} s cold (rc {r['cold']['rc']}), "
                   f"{r['warm']['seconds']:.1f} s warm")
@@ -232,7 +261,7 @@ def main() -> None:
         fwd = f"{r['forward_images_per_s']:.0f}" if "forward_images_per_s" in r else "-"
         gpu = r.get("gpu_mib", r.get("gpu_peak_mib"))
         print(f"{name:40} {r['images_per_s']:9.0f} {ratio:8.2f} {fwd:>10} {r.get('host_peak_mib', 0):9.0f} "
-              f"{(f'{gpu:.0f}' if gpu else '-'):>8} {agreement(r, torch32):>18}")
+              f"{r.get('worker_peak_mib', 0):7.0f} {(f'{gpu:.0f}' if gpu else '-'):>8} {agreement(r, torch32):>18}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     tmp.cleanup()

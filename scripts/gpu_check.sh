@@ -83,7 +83,8 @@ from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
 if want e2e; then
-  step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs tests/test_pipeline_kernels.py
+  step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s tests/test_pipeline_kernels.py \
+    tests/test_resize_pil_kernel.py tests/test_gpu_decode.py
   step "bench e2e" e2e.log 420 python3 scripts/bench_e2e.py --json "$OUT/e2e.json"
 fi
 

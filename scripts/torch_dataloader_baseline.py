@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -85,6 +86,8 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     print(json.dumps({"images": len(paths), "seconds": seconds, "images_per_s": len(paths) / seconds,
                       "gpu_peak_mib": torch.cuda.max_memory_allocated() / 2**20, "top1": top1,
+                      "host_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
                       "paths": [str(p) for p in paths]}))
 
 
