@@ -171,7 +171,7 @@ def host_info() -> dict[str, Any]:
 
 def gpu_name() -> str | None:
     """The name of the GPU the GPU backends would run on, or None where there is none (or no pycuda)."""
-    from .backends.cuda_backend import probe
+    from .backends.cuda.device import probe
     from .errors import BackendUnavailable
 
     try:

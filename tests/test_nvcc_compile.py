@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend
+from inception_engine.backends.cuda.kernels import all_kernel_names, source_of
 
 NVCC = cuda_build.find_nvcc()
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) is not on PATH")
@@ -61,8 +61,8 @@ def test_build_caches_and_holds_every_kernel_the_backend_launches(built):
     assert set(built) == set(cuda_build.SOURCES)
     assert cuda_build.is_cached("sm_90")
     missing = []
-    for kernel in cuda_backend.all_kernel_names():
-        if kernel not in entry_points(built[cuda_backend.source_of(kernel)]):
+    for kernel in all_kernel_names():
+        if kernel not in entry_points(built[source_of(kernel)]):
             missing.append(kernel)
     assert not missing, f"kernels the backend launches but the cubins lack: {missing}"
     mtimes = {p: p.stat().st_mtime_ns for p in built.values()}
