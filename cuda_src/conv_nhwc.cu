@@ -524,7 +524,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // under 128x192's register cap) takes the issue slots, and the tensor pipe is active ~50 % of the time. Here the
 // block is four warpgroups with one job each:
 // - warpgroups 0 and 1, the producers, run NhwcLoader (their 256 threads copy the whole tile) into a ring of STAGES
-//   buffers (one producer warpgroup measured too slow: round 11 in docs/PERFORMANCE.md);
+//   buffers (one producer warpgroup measured too slow: round 11 in docs/performance-log.md);
 // - warpgroups 2 and 3, the consumers, each multiply 64 (MB x 64) pixel rows of a stage by its B tile, then release
 //   the buffer, and do the epilogue; they issue ~10 instructions a stage.
 // setmaxnreg moves registers from the producers to the consumers (WS_PRODUCER_REGS, WS_CONSUMER_REGS).

@@ -49,7 +49,7 @@ class CudaBackend:
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
         rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce
-        (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/PERFORMANCE.md round 1);
+        (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/performance-log.md round 1);
         the tensor-core kernels have no such variant, so in tf32/fp16 split-K always uses conv_splitk_reduce.
         precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32"
         or "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands). winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu)
@@ -64,7 +64,7 @@ class CudaBackend:
         or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
         Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
         has wgmma (fp16 measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an
-        H200, docs/PERFORMANCE.md round 5; fp32: round 10); False: conv.cu / conv_f16.cu / conv_tf32.cu and
+        H200, docs/performance-log.md round 5; fp32: round 10); False: conv.cu / conv_f16.cu / conv_tf32.cu and
         Winograd on fp32 NCHW activations.
         fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
         average pool of the pool branch moved behind its conv (plan.fuse_pointwise), which needs a plan whose
