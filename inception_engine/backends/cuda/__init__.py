@@ -47,8 +47,7 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_BM, HALO_CI
                     halo_fits, halo_smem_bytes, halo_tile, is_halo, is_ws, tile_fits, tile_label, wgmma_ring_bytes,
                     wgmma_stages, wgmma_tile, ws_stages, ws_tile)
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
-                       winograd_eligible, winograd_shape, winograd_tile, winograd_transforms,
-                       winograd_weights)
+                       winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
 from .cost_model import (ConvConfig, FIXUP_FIXED_US, FIXUP_SLICE_US, HBM_BYTES_PER_US, LAUNCH_US, MAX_SPLITS,
                          MIN_K_SPLIT, REDUCE_BYTES_PER_US, REDUCE_FIXED_US, WAVE_OVERHEAD_US, WINO_MARGIN,
                          choose_configs, config_shape, conv_config, uses_gemv, winograd_config)
