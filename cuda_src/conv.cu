@@ -203,7 +203,7 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
         int pad_h, int pad_w, int k_split, int relu
 #define CONV_ARGS x, wt, bias, y, batch, cin, h, w, x_bstride, cout, ho, wo, y_bstride, stride, pad_h, pad_w, k_split, relu
 
-// Two extern "C" entry points per (kernel size, tile), plain and _fixup; the names are what cuda_backend.py asks
+// Two extern "C" entry points per (kernel size, tile), plain and _fixup; the names are what cuda/kernels.py asks
 // the module for. MIN_BLOCKS caps registers: 2 blocks of 256 threads per SM leave 128 registers a thread for the
 // 8x8 tile.
 #define CONV_KERNEL(KH, KW, BM, BN, BK, TM, TN, MIN_BLOCKS)                                                     \

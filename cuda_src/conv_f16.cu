@@ -4,7 +4,7 @@
 // (`--precision fp16`): y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r,
 // ow*S - PW + s]) as C[M, N] = A[M, K] B[K, N], M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW in (c, r, s) order.
 // Activations stay float32 in memory; the weights are uploaded as IEEE binary16, w16[M][K8] (K8 = K rounded up to a
-// multiple of 8, zero-filled, so that every row is whole 16-byte pieces: cuda_backend.direct_weights). Activations
+// multiple of 8, zero-filled, so that every row is whole 16-byte pieces: cuda.params.direct_weights). Activations
 // are rounded to fp16 (to nearest, ties to even) as they are staged, products are exact in the fp32 sums, so the
 // error is ~1e-3 relative, as TF32's (both keep 10 mantissa bits).
 //

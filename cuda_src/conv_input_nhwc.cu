@@ -6,7 +6,7 @@
 // with y a channel slice of an NHWC buffer (conv_nhwc.cu's views: pixel i starts i * y_cstride elements after y) of
 // fp16 (conv_input_nhwc), TF32-rounded float32 (conv_input_nhwc_tf32) or float32 (conv_input_nhwc_f32;
 // conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32), wt
-// float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda_backend.direct_weights), sums in fp32.
+// float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda.params.direct_weights), sums in fp32.
 //
 // Idea: the input has 3 channels. conv_nhwc.cu reads whole 16-byte pieces of 8 channels, so it needed the input
 // converted to an fp16 NHWC copy padded to 8 channels: K = 72 instead of 27, and a copy written and read back

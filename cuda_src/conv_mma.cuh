@@ -97,7 +97,7 @@ __device__ __forceinline__ void copy16(float* dst, const float* src) {
 
 // 16 bytes, or 16 zero bytes when !valid (the source is then not read); both addresses 16-byte aligned. .cg (L2
 // only): conv_nhwc.cu's input pieces with .ca, which keeps them in L1 for the next taps' overlapping windows, ran
-// 0-6 % slower (round 6 in docs/PERFORMANCE.md).
+// 0-6 % slower (round 6 in docs/performance-log.md).
 __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src, bool valid) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");

@@ -7,11 +7,11 @@
 // C[P, M] = A[P, K] B[K, M]: P = batch*Ho*Wo output pixels (GEMM rows), M = Cout (columns), K = KH*KW*Cin in
 // (r, s, c) order. x and y are channel slices of NHWC buffers: pixel (b, h, w) of the view starts at
 // x + ((b*H + h)*W + w)*x_cstride elements, where x points at the view's first channel and x_cstride is the
-// buffer's channel count. Weights are rows w[M][K] of the same element type (cuda_backend.nhwc_weights), bias fp32,
+// buffer's channel count. Weights are rows w[M][K] of the same element type (cuda.params.direct_weights), bias fp32,
 // sums fp32 (mma.m16n8k16 .f16 or mma.m16n8k8 .tf32). Needs Cin, x_cstride and the view's first channel multiples
 // of PIECE (8 halves or 4 floats: 16 bytes), Cout, y_cstride and y's first channel even; for the fp16 wgmma,
 // warp-specialized and halo tiles (8-byte stores of 4 channels) Cout, y_cstride, y's first channel and the parts'
-// starts, offsets and strides multiples of 4. CudaBackend's views are multiples of 8 (cuda_backend.check_nhwc).
+// starts, offsets and strides multiples of 4. CudaBackend's views are multiples of 8 (cuda.launch_nhwc.check_nhwc).
 //
 // Idea: with channels innermost, the im2col row of an output pixel is, tap by tap, Cin consecutive elements of x, so
 // PIECE k (Cin % PIECE == 0) are one 16-byte piece of one input pixel. conv_f16.cu's element-by-element gather
@@ -46,7 +46,7 @@
 //         block 256, grid ceil(P * M / 2 / 256).
 #include "conv_mma.cuh"
 
-// Stages of the wgmma tiles' ring (cuda_backend.wgmma_stages), for two blocks an SM (one block cannot hide its own
+// Stages of the wgmma tiles' ring (cuda.tiles.wgmma_stages), for two blocks an SM (one block cannot hide its own
 // barrier and load latency: round 9's 256x128 and 256x192 tiles): for 128 pixel rows, 4 in flight while one is
 // multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would not fit twice);
 // 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES more tiles for the
@@ -61,7 +61,7 @@ constexpr int WGMMA_LO_TILES = 3;
 // fp32 forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit (2.0e-5 at batch 1, split-K), on the
 // H100, against 4.5e-7 for the FFMA path.
 [[maybe_unused]] constexpr int WGMMA_SPLIT_CHUNK = 2;  // unused where the wgmma tiles are not built
-// The ring's bytes, the launch's dynamic shared memory (cuda_backend.wgmma_ring_bytes).
+// The ring's bytes, the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes).
 __host__ __device__ constexpr int wgmma_ring_bytes(bool split, int bm, int bn) {
     return (wgmma_stages(split, bm, bn) + (split ? WGMMA_LO_TILES : 0)) * (bm + bn) * 64;
 }
@@ -109,7 +109,7 @@ struct NhwcConvArgs {
 // pixels' window corners and element offsets, the weight rows' offsets, the shared addresses. The piece's k is kept
 // as (r, s, c) and as its tap's element offset, advanced by BK per stage without a division (stages are loaded in
 // order). Offsets are 32-bit and non-negative where read (a buffer of x has fewer than 2^31 elements:
-// cuda_backend.check_nhwc), so an address is one multiply-add; a piece outside the input reads offset 0 with zero
+// cuda.launch_nhwc.check_nhwc), so an address is one multiply-add; a piece outside the input reads offset 0 with zero
 // fill, so no branch is needed.
 template <class E, int BM, int BN, int NT>
 struct NhwcLoader {
@@ -419,7 +419,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     static_assert(BM % 128 == 0 && (BN == 192 || BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
 
     // 512-byte aligned tiles (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
-    // wgmma_ring_bytes(E::SPLIT, BM, BN), the launch's dynamic shared memory (cuda_backend.wgmma_ring_bytes):
+    // wgmma_ring_bytes(E::SPLIT, BM, BN), the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes):
     // As[STAGES], Bs[STAGES], and for SPLIT A_lo[WGMMA_LO_TILES], B_lo[WGMMA_LO_TILES].
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
@@ -524,7 +524,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // under 128x192's register cap) takes the issue slots, and the tensor pipe is active ~50 % of the time. Here the
 // block is four warpgroups with one job each:
 // - warpgroups 0 and 1, the producers, run NhwcLoader (their 256 threads copy the whole tile) into a ring of STAGES
-//   buffers (one producer warpgroup measured too slow: round 11 in docs/PERFORMANCE.md);
+//   buffers (one producer warpgroup measured too slow: round 11 in docs/performance-log.md);
 // - warpgroups 2 and 3, the consumers, each multiply 64 (MB x 64) pixel rows of a stage by its B tile, then release
 //   the buffer, and do the epilogue; they issue ~10 instructions a stage.
 // setmaxnreg moves registers from the producers to the consumers (WS_PRODUCER_REGS, WS_CONSUMER_REGS).
@@ -540,14 +540,14 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 __host__ __device__ constexpr int ws_stages(int bm, int bn) {
     return 200 * 1024 / ((bm + bn) * 64) < 12 ? 200 * 1024 / ((bm + bn) * 64) : 12;
 }
-// The launch's dynamic shared memory (cuda_backend.ws_ring_bytes): the ring, then its full and empty barriers.
+// The launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes): the ring, then its full and empty barriers.
 __host__ __device__ constexpr int ws_ring_bytes(int bm, int bn) {
     return ws_stages(bm, bn) * ((bm + bn) * 64 + 16);
 }
 constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 // setmaxnreg: the producers give registers to the consumers, 256 x 56 + 256 x 200 = the SM's 65,536.
 [[maybe_unused]] constexpr int WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 200;  // unused where the tiles are not built
-[[maybe_unused]] constexpr int WS_THREADS = WS_PRODUCERS + 256;  // cuda_backend.WS_THREADS
+[[maybe_unused]] constexpr int WS_THREADS = WS_PRODUCERS + 256;  // cuda.tiles.WS_THREADS
 
 template <class E, int BM, int BN>
 __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
@@ -677,11 +677,11 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
 //   halo into buffer L % 2 of the block's L-th tile), warpgroups 1 and 2 each take every other tile of the block,
 //   all 256 of its rows, so one multiplies while the other stores. full[b] / empty[b] hand buffer b over (the
 //   producers' cp.async arrivals / the 4 warps of its consumer warpgroup).
-// Cout <= BN (one channel tile; Cout even), Cin = HALO_CIN, stride 1, no split-K (cuda_backend.halo_fits). Launch:
+// Cout <= BN (one channel tile; Cout even), Cin = HALO_CIN, stride 1, no split-K (cuda.tiles.halo_fits). Launch:
 // HALO_THREADS threads, at most one block an SM, dynamic shared memory halo_smem_bytes(sizeof(element), BN, KH, KW,
 // Wg).
 constexpr int HALO_BM = 256, HALO_PRODUCERS = 128, HALO_CIN = 32;
-[[maybe_unused]] constexpr int HALO_THREADS = HALO_PRODUCERS + 256;  // cuda_backend.HALO_THREADS
+[[maybe_unused]] constexpr int HALO_THREADS = HALO_PRODUCERS + 256;  // cuda.tiles.HALO_THREADS
 [[maybe_unused]] constexpr int HALO_PRODUCER_REGS = 56, HALO_CONSUMER_REGS = 224;  // 128 x 56 + 256 x 224 <= 65,536
 __host__ __device__ constexpr int halo_rows(int kh, int kw, int wg) { return HALO_BM + (kh - 1) * wg + kw - 1; }
 // A halo buffer of rows of HALO_CIN elements of `elem` bytes, in whole 1024-byte swizzle patterns so that the next
@@ -689,7 +689,7 @@ __host__ __device__ constexpr int halo_rows(int kh, int kw, int wg) { return HAL
 __host__ __device__ constexpr int halo_buffer_bytes(int elem, int kh, int kw, int wg) {
     return (halo_rows(kh, kw, wg) * HALO_CIN * elem + 1023) / 1024 * 1024;
 }
-// The weights, two halo buffers, full[2] and empty[2] (cuda_backend.halo_smem_bytes).
+// The weights, two halo buffers, full[2] and empty[2] (cuda.tiles.halo_smem_bytes).
 __host__ __device__ constexpr int halo_smem_bytes(int elem, int bn, int kh, int kw, int wg) {
     return kh * kw * bn * HALO_CIN * elem + 2 * halo_buffer_bytes(elem, kh, kw, wg) + 4 * 8;
 }
@@ -889,7 +889,7 @@ static_assert(HALO_BM == 256, "the halo kernels' names say 256");
 #define CONV_NHWC_HALO_KERNEL(NAME, E, BN) \
     CONV_NHWC_ENTRY(NAME##_halo_256x##BN, E, HALO_THREADS, 1, (conv_nhwc_halo_gemm<E, BN>))
 
-// fp16's and tf32's sm_90a tiles, in cuda_backend's order (NHWC_WGMMA_TILES): wgmma, warp-specialized, halo.
+// fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized, halo.
 #define CONV_NHWC_SM90_TILES(NAME, E)           \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \

@@ -275,7 +275,7 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
     }
 }
 
-// NAME: <KH>x<KW>_F<M>, the names cuda_backend.wino_kernel_names makes.
+// NAME: <KH>x<KW>_F<M>, the names cuda.kernels.wino_kernel_names makes.
 #define WINO_TRANSFORMS(NAME, MH, MW, KH, KW)                                                                    \
     extern "C" __global__ void __launch_bounds__(IE_THREADS)                                                     \
         wino_input_##NAME(const float* __restrict__ x, const float* __restrict__ bt, float* __restrict__ v,      \
@@ -299,14 +299,14 @@ __device__ __forceinline__ void wino_output(const float* __restrict__ mi, const 
                                           t_pad, splits, relu);                                                  \
     }
 
-// cuda_backend.WINO_VARIANTS lists these (kernel shape -> output tiles).
+// cuda.winograd.WINO_VARIANTS lists these (kernel shape -> output tiles).
 WINO_TRANSFORMS(3x3_F2, 2, 2, 3, 3)
 WINO_TRANSFORMS(3x3_F4, 4, 4, 3, 3)
 WINO_TRANSFORMS(5x5_F2, 2, 2, 5, 5)
 WINO_TRANSFORMS(1x7_F3, 1, 3, 1, 7)
 WINO_TRANSFORMS(7x1_F3, 3, 1, 7, 1)
 
-// The GEMM tiles (the same shapes as conv.cu's; cuda_backend.WINO_TILES lists them). MIN_BLOCKS caps registers.
+// The GEMM tiles (the same shapes as conv.cu's; cuda.tiles.WINO_TILES lists them). MIN_BLOCKS caps registers.
 // _slices: split-K (grid.z = positions x slices); the plain one (one slice) keeps the code it had before split-K
 // existed, which measured 2.6 % faster on the whole batch-128 forward than the general one (H100).
 #define WINO_GEMM(BM, BN, BK, TM, TN, MIN_BLOCKS)                                                                  \

@@ -44,7 +44,7 @@ ORT = "onnxruntime"
 INPUT_SEED = 0
 SYNTHETIC_SEED = 0
 PRECISIONS = ("fp32", "tf32", "fp16")
-FP32_PEAK_TFLOPS = 51.3  # fp32 SGEMM 8192^3, TF32 off, measured on the lent H200 (docs/PERFORMANCE.md)
+FP32_PEAK_TFLOPS = 51.3  # fp32 SGEMM 8192^3, TF32 off, measured on the lent H200 (docs/performance-log.md)
 # The fast modes' compute floor: PyTorch's 8192^3 GEMM with TF32 on and in fp16, dense, measured on the lent H100
 # (scripts/measure_ceilings.py, 2026-11-22; the H200 has the same tensor cores and clocks). 1.2x and 1.3x below the
 # datasheets' 495 and 990 TFLOP/s.
@@ -171,7 +171,7 @@ def host_info() -> dict[str, Any]:
 
 def gpu_name() -> str | None:
     """The name of the GPU the GPU backends would run on, or None where there is none (or no pycuda)."""
-    from .backends.cuda_backend import probe
+    from .backends.cuda.device import probe
     from .errors import BackendUnavailable
 
     try:

@@ -134,7 +134,7 @@ def main() -> int:
     """Build every unit for GPU 0 (after install, so that the first run does not wait for nvcc)."""
     import time
 
-    from .backends.cuda_backend import probe
+    from .backends.cuda.device import probe
 
     try:
         _, arch = probe()

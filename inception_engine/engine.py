@@ -6,7 +6,7 @@
             print(p.image, p.top if p.ok else p.error)
 
 ``predict_iter`` runs pipeline.classify: decode workers write uint8 pixels into a ring of host memory, the cuda
-backend uploads them on a copy stream, normalises on the GPU and brings back only the top-k (cuda_stream.CudaRunner);
+backend uploads them on a copy stream, normalises on the GPU and brings back only the top-k (backends/cuda/stream.py: CudaRunner);
 other backends normalise on the host (pipeline.HostRunner). On the cuda backend a run uses one batch size,
 min(batch_size, number of images), and a partial last batch runs that batch's forward; elsewhere a final partial
 batch of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (on the CPU padding costs up to
@@ -146,7 +146,7 @@ class Engine:
         batch = max(1, min(self.batch_size, n_images))
         tune: bool | str = True if n_images >= TUNE_MIN_BATCHES * batch else "cached"
         if self.backend_name == "cuda":
-            from .backends.cuda_stream import CudaRunner
+            from .backends.cuda.stream import CudaRunner
 
             return CudaRunner(self.backend(batch, tune), self.preprocess)
         return HostRunner(self.forward, batch, self.preprocess)

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inception_engine.backends import cuda_backend as cb  # noqa: E402
+from inception_engine.backends import cuda as cb  # noqa: E402
 from inception_engine.plan import ConvOp, FCOp, Op, View, build_plan  # noqa: E402
 from inception_engine.weights import Weights  # noqa: E402
 

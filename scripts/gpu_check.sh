@@ -73,12 +73,12 @@ step() {
   SUMMARY+=("$(printf '%-22s %-14s %5ss  %s' "$name" "$status" $((SECONDS - t0)) "$(grep -v '^\s*$' "$OUT/$log" | tail -1 | cut -c1-110)")")
 }
 
-SELFTEST=(python3 -m inception_engine.backends.cuda_backend --selftest)
+SELFTEST=(python3 -m inception_engine.backends.cuda --selftest)
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
 # Compile the kernels once (cached in ~/.cache/inception-engine/kernels for every later step).
 step "build kernels" env_pytest.log 60 python3 -c "
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine import cuda_build
 g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
 
@@ -89,7 +89,7 @@ if want e2e; then
 fi
 
 want kernels && step "pytest cuda" env_pytest.log 330 python3 -m pytest -m gpu -q -rfEs --durations=10 \
-  tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_cuda_tf32.py tests/test_cuda_fp16.py \
+  tests/test_cuda_kernels.py tests/test_cuda_forward.py tests/test_cuda_tf32.py tests/test_cuda_fp16.py \
   tests/test_cuda_winograd.py tests/test_cuda_nhwc.py
 
 want kernels && step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
@@ -140,7 +140,7 @@ step "memcheck fp32 nhwc" memcheck.log 45 "$SANITIZER" --tool memcheck --error-e
 step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
 
 step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
-  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_backend.py --ignore=tests/test_cuda_tf32.py \
+  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_forward.py --ignore=tests/test_cuda_tf32.py \
   --ignore=tests/test_cuda_fp16.py --ignore=tests/test_cuda_winograd.py --ignore=tests/test_cuda_nhwc.py
 
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \

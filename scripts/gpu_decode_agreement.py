@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inception_engine import gpu_decode
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.backends import cuda as cb
 from inception_engine.errors import EngineError
 from inception_engine.images import Preprocess, image_extensions, open_image, to_rgb
 from inception_engine.pil_resize import pil_resize_crop
@@ -51,7 +51,7 @@ def main() -> int:
     seconds = 0.0
     with gpu:
         drv = cb.driver()
-        dec = gpu_decode.GpuJpegDecoder(cb.Kernels(gpu.arch), pre, args.batch,
+        dec = jpeg_decode.GpuJpegDecoder(cb.Kernels(gpu.arch), pre, args.batch,
                                         backends=args.backends.split(",") if args.backends else None)
         stream = drv.Stream()
         dst = drv.mem_alloc(args.batch * slot)
@@ -75,7 +75,7 @@ def main() -> int:
                     continue
                 d = np.abs(crop.astype(np.int16) - ref)
                 try:
-                    on_gpu = gpu_decode.gpu_eligible(path, data) is not None
+                    on_gpu = jpeg_decode.gpu_eligible(path, data) is not None
                 except EngineError:
                     on_gpu = False
                 if on_gpu:

@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.plan import build_plan, fuse_pointwise
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inception_engine.backends import cuda_backend as cb  # noqa: E402
+from inception_engine.backends import cuda as cb  # noqa: E402
 from inception_engine import cuda_build  # noqa: E402
 from inception_engine.plan import ConvOp, build_plan, fuse_pointwise  # noqa: E402
 

@@ -4,7 +4,7 @@
 // the descriptor's base-offset field (bits 49-51) left 0? Or does it need base offset = the pattern row of the start?
 // One warpgroup multiplies rows j .. j + 63 of an A buffer by an 8-row B (m64n8k8 tf32) for j = 0 .. 11, both ways,
 // and compares with the product on the CPU. On the H100 (2026-11-22): every j matches with base offset 0, and none
-// with base offset set (docs/PERFORMANCE.md, round 12).
+// with base offset set (docs/performance-log.md, round 12).
 //
 //   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/probe scripts/wgmma_descriptor_probe.cu && /tmp/probe
 #include <cstdio>

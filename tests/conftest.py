@@ -28,7 +28,7 @@ def gpu_unavailable_reason() -> str | None:
 def gpu():
     """(Gpu, Kernels) for kernel tests: device 0's context, current for the module, and every compiled cuda_src
     kernel (cuda_build.SOURCES) loaded through the backend's own loader."""
-    from inception_engine.backends import cuda_backend as cb
+    from inception_engine.backends import cuda as cb
 
     g = cb.Gpu()
     with g:

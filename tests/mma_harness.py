@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
 from test_cuda_kernels import Arena, Params, run  # the GPU helpers (NaN-poisoned arena, params)

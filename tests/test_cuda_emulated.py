@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.plan import build_plan
 
 TESTS = Path(__file__).resolve().parent
@@ -89,7 +89,7 @@ def test_pipeline_kernels_on_the_emulator(emu_lib):
 
 def test_backend_forward_on_the_emulator(emu_lib):
     """fp32 on NCHW tensors (the emulator reports sm_90, where fp32 defaults to NHWC: test_cuda_nhwc.py runs that)."""
-    r = run_emulated(emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest", "--batch", "2",
+    r = run_emulated(emu_lib, "-m", "inception_engine.backends.cuda", "--selftest", "--batch", "2",
                      "--graph", "off", "--concurrent", "on", "--input-size", "75", "--layout", "nchw")
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 

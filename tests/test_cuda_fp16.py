@@ -32,7 +32,7 @@ import pytest
 import mma_harness
 from fp16_reference import fp16_forward, fp16_round
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import build_plan
 from mma_harness import (EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, assert_cubin_holds, compile_cubin,
@@ -40,8 +40,8 @@ from mma_harness import (EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, as
                          run_every_tile)
 from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
 from test_cuda_emulated import run_emulated as run_backend_emulated
-from test_cuda_backend import assert_top1_agrees_on_256_inputs, make_input, reference
-from test_cuda_backend import weights  # noqa: F401 (a fixture: the synthetic model of the whole-network tests)
+from test_cuda_forward import assert_top1_agrees_on_256_inputs, make_input, reference
+from test_cuda_forward import weights  # noqa: F401 (a fixture: the synthetic model of the whole-network tests)
 from test_cuda_kernels import check_view
 
 SOURCE = cuda_build.source_dir() / "conv_f16.cu"
@@ -381,7 +381,7 @@ def test_emulated_rounds_like_fp16_in_the_subnormal_range(emu_lib, tile):
 @needs_registration
 def test_backend_fp16_forward_on_the_emulator(backend_emu_lib):
     """The backend's self-test with precision fp16: the whole network (75x75, batch 1) in the emulator."""
-    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
+    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",
                              "--batch", "1", "--graph", "off", "--concurrent", "off", "--input-size", "75",
                              "--precision", "fp16", "--layout", "nchw")
     out = r.stdout[-2000:] + r.stderr[-3000:]

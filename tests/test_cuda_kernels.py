@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc, global_avg_pool, pool2d
 from inception_engine.plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, View, build_plan
 

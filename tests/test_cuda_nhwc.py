@@ -28,14 +28,14 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, pool2d
 from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, FusedConvOp, PoolOp, View, build_plan
 from inception_engine.weights import Weights
 from mma_harness import NVCC, Case, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
-from test_cuda_backend import assert_top1_agrees_on_256_inputs
-from test_cuda_backend import weights  # noqa: F401 (a fixture: the synthetic model of the whole-network tests)
+from test_cuda_forward import assert_top1_agrees_on_256_inputs
+from test_cuda_forward import weights  # noqa: F401 (a fixture: the synthetic model of the whole-network tests)
 from test_cuda_emulated import emu_lib as backend_emu_lib  # noqa: F401 (a fixture: the backend's kernels, emulated)
 from test_cuda_emulated import run_emulated as run_backend_emulated
 
@@ -621,7 +621,7 @@ def test_conv_input_reads_the_float32_nchw_input(mem, n, cin, h, w, cout, kernel
 def test_backend_nhwc_forward_on_the_emulator(backend_emu_lib, precision, fuse):
     """One NHWC forward (75x75 images, batch 2, branches on several streams) against float64, with each module's
     1x1 convs fused (the default: 10 groups) and without."""
-    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
+    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",
                              "--batch", "2", "--graph", "off", "--concurrent", "on", "--input-size", "75",
                              "--precision", precision, "--layout", "nhwc", "--fuse", fuse)
     out = r.stdout[-2000:] + r.stderr[-3000:]

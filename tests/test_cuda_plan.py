@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inception_engine import arch, backends
-from inception_engine.backends import cuda_backend as cb
-from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan, fuse_pointwise, writes
+from inception_engine import arch, backends, cuda_build
+from inception_engine.backends import cuda as cb
+from inception_engine.errors import BackendUnavailable, EngineError
+from inception_engine.plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan, fuse_pointwise, writes
 from inception_engine.weights import Weights
 
 ARENA, PARAMS, WS, PROBS = 1 << 40, 1 << 41, 1 << 42, 1 << 43  # fake device addresses
@@ -65,7 +66,7 @@ def test_params_are_packed_in_the_kernels_layout(weights, batch):
     configs = cb.choose_configs(plan, 132, winograd=False)  # Winograd's U: test_cuda_winograd.py
     flat, offsets = cb.pack_params(weights, plan, configs)
     assert flat.dtype == np.float32 and len(offsets) == len(weights.arrays)
-    assert all(off % cb.ALIGN == 0 for off in offsets.values())
+    assert all(off % ALIGN == 0 for off in offsets.values())
     for op in plan.ops:
         if not isinstance(op, (ConvOp, FCOp)):
             continue
@@ -127,7 +128,7 @@ def test_launch_specs_match_kernel_signatures_and_views(weights, batch, softmax)
 def test_unsupported_kernel_size_is_one_clear_line():
     layers = [arch.Conv("odd", arch.INPUT, 3, 8, (2, 2)), arch.GlobalAvgPool("gap", "odd"),
               arch.FC("fc", "gap", 8, 4)]
-    with pytest.raises(cb.EngineError, match="no CUDA kernel for a 2x2 convolution"):
+    with pytest.raises(EngineError, match="no CUDA kernel for a 2x2 convolution"):
         cb.choose_configs(build_plan(1, layers), 132)
 
 
@@ -146,7 +147,7 @@ def test_graph_without_driver_is_one_line():
 
     try:
         cuda_graph.libcuda()
-    except cb.BackendUnavailable as e:
+    except BackendUnavailable as e:
         assert "libcuda.so.1" in str(e) and "\n" not in str(e)
     else:
         pytest.skip("the CUDA driver is installed here")
@@ -267,10 +268,10 @@ def test_fp32_never_picks_tf32_kernels_and_names_are_distinct():
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_unknown_precision_is_one_clear_line(weights, precision):
-    with pytest.raises(cb.EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32, fp16") as e:
+    with pytest.raises(EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32, fp16") as e:
         cb.CudaBackend(weights, build_plan(1), precision=precision)
     assert "\n" not in str(e.value)
-    with pytest.raises(cb.EngineError, match="choose one of fp32, tf32, fp16"):
+    with pytest.raises(EngineError, match="choose one of fp32, tf32, fp16"):
         cb.choose_configs(build_plan(1), 132, precision=precision)
     assert cb.CudaBackend.PRECISIONS == ("fp32", "tf32", "fp16")
 
@@ -280,7 +281,7 @@ def test_fp16_uses_the_f16_kernels():
     prefixes = {c.tile.prefix for c in configs.values() if c is not None and not c.wino}
     assert prefixes == {"conv_f16"}
     assert cb.source_of("conv_f16_3x3_64x64") == "conv_f16.cu"
-    assert all(cb.source_of(name) in cb.cuda_build.SOURCES for name in cb.all_kernel_names())
+    assert all(cb.source_of(name) in cuda_build.SOURCES for name in cb.all_kernel_names())
 
 
 # --- measured tuning (tune_configs): the planning half ---------------------------------------------------------------

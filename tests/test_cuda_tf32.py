@@ -24,7 +24,7 @@ import pytest
 
 import mma_harness
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from mma_harness import (EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, MmaTile, assert_block_equals_matmul,
                          assert_cubin_holds,
                          compile_cubin, compile_emu_lib, emu_wrapper_source, emulated_splits, network_cases, rel_l2,
@@ -164,7 +164,7 @@ def test_emulated(emu_lib, case, tile):
 def test_backend_tf32_forward_on_the_emulator(backend_emu_lib):
     """The backend's self-test in tf32 on NCHW tensors (test_cuda_nhwc.py runs the NHWC layout): the whole network (75x75, batch 1, ~200 launches, split-K by
     conv_splitk_reduce) against float64, rel L2 <= 3e-3 and the same top class. About a minute on one core."""
-    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
+    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",
                              "--batch", "1", "--graph", "off", "--concurrent", "off", "--input-size", "75",
                              "--precision", "tf32", "--layout", "nchw")
     out = r.stdout[-2000:] + r.stderr[-3000:]

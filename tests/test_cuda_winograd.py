@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, winograd_matrices
 from inception_engine.plan import ALIGN, ConvOp, View, build_plan
 from mma_harness import GXX, aligned_empty, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
@@ -358,7 +358,7 @@ def test_backend_forward_with_winograd_on_the_emulator(backend_emu_lib):
     """The backend's self-test with every eligible conv (stride-1 3x3, 5x5, 1x7, 7x1) forced to Winograd (75x75
     images, batch 2, branches on several streams, so Winograd work buffers of one stage must not overlap) against
     float64: rel L2 <= 1e-4 and the same top 5."""
-    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda_backend", "--selftest",
+    r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",
                              "--batch", "2", "--graph", "off", "--concurrent", "on", "--input-size", "75",
                              "--winograd", "on", "--layout", "nchw")
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]

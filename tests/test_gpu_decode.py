@@ -1,4 +1,4 @@
-"""gpu_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the exact CPU path.
+"""backends/cuda/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the exact CPU path.
 
 The GPU test decodes a few dozen ImageNet-like JPEGs (500 x 375 and 375 x 500, quality 90, smooth content with
 edges and grain, like photos) and the files that must take the CPU path. The resize is exact (resize_pil.cu), so
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine import gpu_decode
+from inception_engine.backends.cuda import jpeg_decode
 from inception_engine.errors import BackendUnavailable, EngineError
 from inception_engine.images import Preprocess, open_image, to_rgb
 from inception_engine.pil_resize import pil_resize_crop
@@ -48,7 +48,7 @@ def encode(a: np.ndarray, fmt: str = "JPEG", **kw) -> bytes:
 
 def rotated_jpeg(a: np.ndarray) -> bytes:
     exif = Image.Exif()
-    exif[gpu_decode.EXIF_ORIENTATION] = 6  # stored rotated: Pillow turns it upright
+    exif[jpeg_decode.EXIF_ORIENTATION] = 6  # stored rotated: Pillow turns it upright
     return encode(a, quality=90, exif=exif.tobytes())
 
 
@@ -64,11 +64,11 @@ def test_header_triage():
     rng = np.random.default_rng(0)
     a = photo(rng, 375, 500)
     jpeg = encode(a, quality=90)
-    assert gpu_decode.gpu_eligible("a.jpg", jpeg) == (375, 500)
-    assert gpu_decode.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500)  # greyscale: L
+    assert jpeg_decode.gpu_eligible("a.jpg", jpeg) == (375, 500)
+    assert jpeg_decode.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500)  # greyscale: L
     for name, data in [("b.png", encode(a, "PNG")), ("c.jpg", cmyk_jpeg(a)), ("r.jpg", rotated_jpeg(a)),
                        ("t.jpg", jpeg[:-5000]), ("n.jpg", b"no image"), ("e.jpg", b"")]:
-        assert gpu_decode.gpu_eligible(name, data) is None, name
+        assert jpeg_decode.gpu_eligible(name, data) is None, name
 
 
 def test_truncation_is_seen_past_an_exif_thumbnail():
@@ -77,37 +77,37 @@ def test_truncation_is_seen_past_an_exif_thumbnail():
     app1 = b"\xff\xe1" + (len(thumb) + 2).to_bytes(2, "big") + thumb
     jpeg = encode(photo(rng, 375, 500), quality=90)
     with_thumb = jpeg[:2] + app1 + jpeg[2:]
-    assert gpu_decode.jpeg_complete(with_thumb)
-    assert not gpu_decode.jpeg_complete(with_thumb[:-3000])
+    assert jpeg_decode.jpeg_complete(with_thumb)
+    assert not jpeg_decode.jpeg_complete(with_thumb[:-3000])
 
 
 def test_decompression_bombs_are_refused_in_pillows_words(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     with pytest.raises(EngineError, match=r"^x\.jpg: refused, too many pixels \(Image size \(2400 pixels\)"):
-        gpu_decode.gpu_eligible("x.jpg", encode(np.zeros((40, 60, 3), np.uint8)))
+        jpeg_decode.gpu_eligible("x.jpg", encode(np.zeros((40, 60, 3), np.uint8)))
 
 
 def test_cuda_array_interface_is_checked():
     cai = {"shape": (10, 20, 3), "typestr": "|u1", "data": (4096, False), "strides": (64, 3, 1)}
     ok = type("Img", (), {"__cuda_array_interface__": cai})()
-    assert gpu_decode.device_image(ok, 10, 20) == gpu_decode.DeviceImage(4096, 10, 20, 64)
+    assert jpeg_decode.device_image(ok, 10, 20) == jpeg_decode.DeviceImage(4096, 10, 20, 64)
     packed = type("Img", (), {"__cuda_array_interface__": {**cai, "strides": None}})()
-    assert gpu_decode.device_image(packed, 10, 20).pitch == 60
-    assert gpu_decode.device_image(ok, 20, 10) is None  # rotated by the decoder after all
+    assert jpeg_decode.device_image(packed, 10, 20).pitch == 60
+    assert jpeg_decode.device_image(ok, 20, 10) is None  # rotated by the decoder after all
     planar = type("Img", (), {"__cuda_array_interface__": {**cai, "shape": (3, 10, 20)}})()
-    assert gpu_decode.device_image(planar, 10, 20) is None
+    assert jpeg_decode.device_image(planar, 10, 20) is None
 
     class HostImage:  # nvImageCodec's CPU backend decodes into host memory
         @property
         def __cuda_array_interface__(self):
             raise RuntimeError("buffer is not in device memory")
-    assert gpu_decode.device_image(HostImage(), 10, 20) is None
+    assert jpeg_decode.device_image(HostImage(), 10, 20) is None
 
 
 def test_missing_nvimgcodec_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails as if not installed
     with pytest.raises(BackendUnavailable, match=r"^--decode gpu needs nvidia-nvimgcodec-cu13 ") as e:
-        gpu_decode.load_nvimgcodec()
+        jpeg_decode.load_nvimgcodec()
     assert "\n" not in str(e.value)
 
 
@@ -120,10 +120,10 @@ def cpu_path(path: str, data: bytes) -> np.ndarray:
 @pytest.mark.gpu
 def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path):
     try:
-        gpu_decode.load_nvimgcodec()
+        jpeg_decode.load_nvimgcodec()
     except BackendUnavailable as e:
         pytest.skip(str(e))
-    from inception_engine.backends import cuda_backend as cb
+    from inception_engine.backends import cuda as cb
 
     _, kernels = gpu
     rng = np.random.default_rng(19)
@@ -141,7 +141,7 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path):
         items.append((str(tmp_path / name), data))
 
     drv = cb.driver()
-    dec = gpu_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items))
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items))
     stream = drv.Stream()
     slot = PRE.size * PRE.size * 3
     dst = drv.mem_alloc(len(items) * slot)

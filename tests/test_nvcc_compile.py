@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda_backend
+from inception_engine.backends.cuda.kernels import all_kernel_names, source_of, unit_of
 
 NVCC = cuda_build.find_nvcc()
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) is not on PATH")
@@ -62,15 +62,15 @@ def test_build_caches_and_holds_every_kernel_the_backend_launches(built):
     assert {source for source, _ in cuda_build.UNITS.values()} == set(cuda_build.SOURCES)
     assert cuda_build.is_cached("sm_90")
     missing = []
-    for kernel in cuda_backend.all_kernel_names():
-        if kernel not in entry_points(built[cuda_backend.unit_of(kernel)]):
+    for kernel in all_kernel_names():
+        if kernel not in entry_points(built[unit_of(kernel)]):
             missing.append(kernel)
     assert not missing, f"kernels the backend launches but the cubins lack: {missing}"
     # conv_nhwc.cu's units hold one element type each: a run of one precision compiles only its third
     for unit in ("conv_nhwc_f16", "conv_nhwc_tf32", "conv_nhwc_f32"):
-        names = {k for k in cuda_backend.all_kernel_names() if k.startswith("conv_nhwc_")}
+        names = {k for k in all_kernel_names() if k.startswith("conv_nhwc_")}
         held = names & entry_points(built[unit])
-        assert held and all(cuda_backend.unit_of(k) == unit for k in held), unit
+        assert held and all(unit_of(k) == unit for k in held), unit
     mtimes = {p: p.stat().st_mtime_ns for p in built.values()}
     assert cuda_build.build("sm_90") == built  # second call: cache hit, nothing rebuilt
     assert {p: p.stat().st_mtime_ns for p in built.values()} == mtimes

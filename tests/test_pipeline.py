@@ -11,7 +11,7 @@ from PIL import Image
 from random_weights import random_arrays
 
 from inception_engine import pipeline
-from inception_engine.backends.cuda_stream import slot_runs
+from inception_engine.backends.cuda.stream import slot_runs
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.engine import Engine
 from inception_engine.errors import EngineError

@@ -1,4 +1,4 @@
-"""pipeline_io.cu's kernels and cuda_stream.CudaRunner against the host path, on fresh random data.
+"""pipeline_io.cu's kernels and backends/cuda/stream.py's CudaRunner against the host path, on fresh random data.
 
 normalize_u8_nchw must equal images.normalize_u8 bit for bit; softmax_topk_rows must pick the float64 reference's
 classes in its order (ties to the lower index) with its probabilities to float32 rounding. Outputs start as NaN (or
@@ -16,8 +16,8 @@ import pytest
 from random_weights import random_arrays
 
 from inception_engine import pipeline
-from inception_engine.backends import cuda_backend as cb
-from inception_engine.backends.cuda_stream import TOPK_N, CudaRunner
+from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.stream import TOPK_N, CudaRunner
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.images import Preprocess, normalize_u8
 from inception_engine.plan import build_plan
@@ -130,9 +130,9 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     from PIL import Image
     from test_resize_pil_kernel import FakeCodec
 
-    from inception_engine import gpu_decode
+    from inception_engine.backends.cuda import jpeg_decode
 
-    monkeypatch.setattr(gpu_decode, "load_nvimgcodec", lambda: FakeCodec)
+    monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(13), {"count_include_pad": True})

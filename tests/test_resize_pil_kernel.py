@@ -1,4 +1,4 @@
-"""resize_pil.cu and gpu_decode.py's host side, on the GPU (and on the CPU emulator: test_cuda_emulated.py).
+"""resize_pil.cu and backends/cuda/jpeg_decode.py's host side, on the GPU (and on the CPU emulator: test_cuda_emulated.py).
 
 The kernels must give exactly pil_resize's bytes (hence Pillow's) for fresh random images, in both pass orders,
 read through a row pitch wider than the pixels, and write every byte of their batch slot and nothing outside it:
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine import gpu_decode
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.backends import cuda as cb
 from inception_engine.errors import EngineError
 from inception_engine.images import Preprocess, open_image, to_rgb
 from inception_engine.pil_resize import pil_resize_crop, resize_crop_u8
@@ -45,7 +45,7 @@ class Device:
         self.allocs.append(a)
         return int(a)
 
-    def upload(self, a: np.ndarray, pad: int = 0) -> gpu_decode.DeviceImage:
+    def upload(self, a: np.ndarray, pad: int = 0) -> jpeg_decode.DeviceImage:
         """An (h, w, 3) uint8 image with rows of w * 3 + pad bytes (pad filled with 0xEE, never to be read)."""
         h, w, _ = a.shape
         pitch = w * 3 + pad
@@ -53,7 +53,7 @@ class Device:
         rows[:, :w * 3] = a.reshape(h, -1)
         ptr = self.alloc(rows.nbytes)
         cb.driver().memcpy_htod(ptr, rows)
-        return gpu_decode.DeviceImage(ptr, h, w, pitch)
+        return jpeg_decode.DeviceImage(ptr, h, w, pitch)
 
     def download(self, ptr: int, nbytes: int) -> np.ndarray:
         out = np.empty(nbytes, np.uint8)
@@ -81,7 +81,7 @@ SIZES = [(375, 500), (500, 375), (342, 342), (342, 411), (120, 90), (1279, 603),
 @pytest.mark.parametrize("sentinel", [0x00, 0xFF])
 def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
     _, kernels = gpu
-    resize = gpu_decode.GpuResizeCrop(kernels, PRE)
+    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
     stream = cb.driver().Stream()
     slots = 2 * len(SIZES) + 1  # every other slot is a target; the rest must keep the sentinel
     dst = device.alloc(slots * SLOT)
@@ -107,7 +107,7 @@ def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
 def test_resize_buffers_grow_between_batches(gpu, device):
     """A small batch then one needing bigger tables and intermediate: both exact."""
     _, kernels = gpu
-    resize = gpu_decode.GpuResizeCrop(kernels, PRE)
+    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
     stream = cb.driver().Stream()
     dst = device.alloc(2 * SLOT)
     for shapes in ([(375, 500)], [(299, 299), (2400, 1100)]):
@@ -159,7 +159,7 @@ class FakeCodec:
         calls: list[int] = []
 
         def __init__(self, backend_kinds: Any = None, options: str = ""):
-            assert options == gpu_decode.DECODER_OPTIONS
+            assert options == jpeg_decode.DECODER_OPTIONS
 
         @staticmethod
         def one(cs: Any) -> FakeImage | None:
@@ -188,11 +188,11 @@ def jpeg_bytes(a: np.ndarray, **kw: Any) -> bytes:
 
 def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeypatch):
     _, kernels = gpu
-    monkeypatch.setattr(gpu_decode, "load_nvimgcodec", lambda: FakeCodec)
+    monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
     rng = rng_for("decode_into")
     photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
     exif = Image.Exif()
-    exif[gpu_decode.EXIF_ORIENTATION] = 6
+    exif[jpeg_decode.EXIF_ORIENTATION] = 6
     png = io.BytesIO()
     Image.fromarray(photo(300, 420)).save(png, "PNG")
     whole = jpeg_bytes(photo(375, 500))
@@ -216,7 +216,7 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
     def cpu(path: str, data: bytes) -> np.ndarray:
         return pil_resize_crop(to_rgb(open_image(path)), PRE.resize, PRE.size)
 
-    dec = gpu_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items) + 1)
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items) + 1)
     stream = cb.driver().Stream()
     dst = device.alloc(len(items) * SLOT)
     cb.driver().memset_d8(dst, 0x5A, len(items) * SLOT)
@@ -239,9 +239,9 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
 
 def test_decode_into_refuses_decompression_bombs(gpu, device, monkeypatch):
     _, kernels = gpu
-    monkeypatch.setattr(gpu_decode, "load_nvimgcodec", lambda: FakeCodec)
+    monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # so a 60 x 40 picture is a bomb (> 2 * 1000 pixels)
-    dec = gpu_decode.GpuJpegDecoder(kernels, PRE, max_batch=1)
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=1)
     called = []
     errors = dec.decode_into([("big.jpg", jpeg_bytes(np.zeros((40, 60, 3), np.uint8)))], device.alloc(SLOT),
                              cb.driver().Stream(), lambda p, d: called.append(p))

@@ -1,4 +1,5 @@
-"""Backends execute a ``Plan`` with a ``Weights``. Each is one module with one class:
+"""Backends execute a ``Plan`` with a ``Weights``. Each is one class in its own module (the CUDA backend's is
+``cuda/backend.py``, in a package of its own):
 
     class SomethingBackend:
         name: str                                        # "cpu", "cuda", "cudnn", "torch"
@@ -30,7 +31,7 @@ from ..errors import BackendUnavailable
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "cpu": ("inception_engine.backends.numpy_backend", "NumpyBackend"),
-    "cuda": ("inception_engine.backends.cuda_backend", "CudaBackend"),
+    "cuda": ("inception_engine.backends.cuda.backend", "CudaBackend"),
     "cudnn": ("inception_engine.backends.cudnn_backend", "CudnnBackend"),
     "torch": ("inception_engine.backends.torch_backend", "TorchBackend"),
 }

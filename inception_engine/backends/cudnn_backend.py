@@ -55,7 +55,7 @@ from ..errors import EngineError
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
 from . import event_timed_ms
-from .cuda_backend import probe
+from .cuda.device import probe
 
 F32 = 4  # bytes
 ALIGN_BYTES = 256

@@ -10,7 +10,7 @@ image, so the concat is written in place):
 * direct: im2col + one GEMM (1x1 stride-1 convolutions skip im2col). The float64 reference always uses it.
 * Winograd (float32, stride-1 convolutions with a kernel wider than 1): fewer multiplies for the same result,
   see ``_WinogradConv``. It exists because on the CI machine NumPy's OpenBLAS is pinned to its AVX2 kernels
-  (docs/PERFORMANCE.md, "CPU path (NumPy)") and the direct GEMMs alone took twice onnxruntime's whole forward.
+  (docs/performance-log.md, "CPU path (NumPy)") and the direct GEMMs alone took twice onnxruntime's whole forward.
 
 The backend prepares every op once at init: weights reshaped, transformed or packed, arena views, zero-bordered
 padding buffers, shared work memory, and how each layer is split over its threads (``split_work``). ``forward``

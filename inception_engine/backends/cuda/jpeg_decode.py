@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .backends import cuda_backend as cb
-from .errors import BackendUnavailable, EngineError
-from .images import Preprocess
-from .pil_resize import Coeffs, plan_resize_crop
+from ...errors import BackendUnavailable, EngineError
+from ...images import Preprocess
+from ...pil_resize import Coeffs, plan_resize_crop
+from .device import driver
+from .kernels import Kernels
+from .tiles import THREADS
 
 CHANNELS = 3
 EXIF_ORIENTATION = 0x0112
@@ -122,7 +124,7 @@ class GpuResizeCrop:
     when a batch needs more (after the previous batch's work is done); ``wait`` blocks until the last enqueued
     batch no longer needs them (its tables copied, its source images read)."""
 
-    def __init__(self, kernels: cb.Kernels, pre: Preprocess):
+    def __init__(self, kernels: Kernels, pre: Preprocess):
         self.kernels, self.pre = kernels, pre
         self._done: Any = None  # event after the last batch's last launch
         self._tables_host = np.empty(0, np.int32)
@@ -135,7 +137,7 @@ class GpuResizeCrop:
         self.wait()
         if not jobs:
             return
-        drv = cb.driver()
+        drv = driver()
         scheds = [schedule(img.height, img.width, self.pre.resize, self.pre.size) for img, _ in jobs]
         offsets, pieces, pos = [], [], 0
         for s in scheds:
@@ -171,7 +173,7 @@ class GpuResizeCrop:
     def _launch(self, p: Pass, src: int, dst: int, start: int, weights: int, in_pitch: int, out_pitch: int,
                 stream: Any) -> None:
         n = p.out_rows * p.out_cols * CHANNELS
-        self.kernels[p.kernel].prepared_async_call(((n + cb.THREADS - 1) // cb.THREADS, 1, 1), (cb.THREADS, 1, 1),
+        self.kernels[p.kernel].prepared_async_call(((n + THREADS - 1) // THREADS, 1, 1), (THREADS, 1, 1),
                                                    stream, src, dst, start, weights, p.coeffs.taps, p.out_rows,
                                                    p.out_cols, in_pitch, out_pitch)
 
@@ -237,7 +239,7 @@ class GpuJpegDecoder:
     Create and use inside the CUDA context the kernels were loaded in (the backend's ``with gpu:``).
     backends: names of nvidia.nvimgcodec.BackendKind members to allow (e.g. ("GPU_ONLY",)); None: its default."""
 
-    def __init__(self, kernels: cb.Kernels, pre: Preprocess, max_batch: int, *,
+    def __init__(self, kernels: Kernels, pre: Preprocess, max_batch: int, *,
                  backends: Sequence[str] | None = None):
         nvimgcodec = load_nvimgcodec()
         kinds = None if backends is None else [getattr(nvimgcodec.BackendKind, b) for b in backends]
@@ -284,7 +286,7 @@ class GpuJpegDecoder:
                 self._decoded.append(img)
         self._resize.enqueue(jobs, dst_ptr, stream)
         self._upload_cpu_results(items, sorted(to_cpu), dst_ptr, stream, cpu_fallback, errors)
-        drv = cb.driver()
+        drv = driver()
         self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
         self._done.record(stream)
         return errors
@@ -315,7 +317,7 @@ class GpuJpegDecoder:
                             cpu_fallback: Callable[[str, bytes], np.ndarray], errors: list[str | None]) -> None:
         if not which:
             return
-        drv = cb.driver()
+        drv = driver()
         shape = (self.pre.size, self.pre.size, CHANNELS)
         if self._staging is None:
             self._staging = drv.pagelocked_empty((self.max_batch, *shape), np.uint8)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from inception_engine import backends, cuda_build
-from inception_engine.backends import cuda_backend as cb
+from inception_engine.backends import cuda as cb
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.errors import EngineError
-from inception_engine.plan import build_plan
+from inception_engine.plan import build_plan, is_fused
 from tf32_reference import tf32_forward
 
 pytestmark = pytest.mark.gpu
@@ -129,7 +129,7 @@ def test_tf32_graph_and_eager_match_the_reference(weights, batch, nhwc):
 def test_tf32_top1_agrees_with_float64_on_256_inputs(weights):
     """The issue's criterion, on 256 synthetic N(0, 1) inputs in batches of 32: the tf32 NCHW forward's top class is
     float64's on >= 99% and every batch is within the TF32 bound. (On image-like inputs no single-rounding TF32
-    forward reaches it on this model: see tests/tf32_reference.py and docs/PERFORMANCE.md.)"""
+    forward reaches it on this model: see tests/tf32_reference.py and docs/performance-log.md.)"""
     plan = build_plan(32, weights.layers())
     with cb.CudaBackend(weights, plan, precision="tf32", nhwc=False) as backend:
         assert_top1_agrees_on_256_inputs(backend, weights, plan, TF32_TOL)
@@ -156,19 +156,19 @@ def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, n
     chosen configs come from those sets, the forward still matches float64 (fp16 and tf32: within twice the ideal
     fp16-operand network's error, as test_cuda_fp16.py), and a second backend reads the same configs from the cache
     without timing."""
-    monkeypatch.setattr(cb, "tuning_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("inception_engine.backends.cuda.backend.tuning_cache_dir", lambda: tmp_path)
     x = make_input(2, seed=5)
     ref = reference(weights, x, 2)
     plan = build_plan(2, weights.layers())
     with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as backend:
         got = backend.forward(x)
         tuned = backend.configs
-        assert cb.is_fused(backend.plan) == (backend.nhwc and fuse is not False)
+        assert is_fused(backend.plan) == (backend.nhwc and fuse is not False)
     assert len(list(tmp_path.glob("*.json"))) == 1
     gpu = cb.Gpu()
     gpu.release()
     sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, backend.nhwc,
-                                cb.cuda_build.has_wgmma(gpu.arch))
+                                cuda_build.has_wgmma(gpu.arch))
     as_json = cb.config_to_json
     assert all(any(as_json(tuned[op.name]) == as_json(s[op.name]) for s in sets) for op in backend.plan.conv_ops)
     if precision == "fp32":

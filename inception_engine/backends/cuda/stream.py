@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError
-from ..images import Preprocess, decode_u8
-from ..pipeline import HostRing, TopK
-from .cuda_backend import THREADS, CudaBackend, driver
+from ...errors import EngineError
+from ...images import Preprocess, decode_u8
+from ...pipeline import HostRing, TopK
+from .backend import CudaBackend
+from .device import driver
+from .tiles import THREADS
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
 
@@ -65,7 +67,7 @@ class CudaRunner:
         self.backend, self.batch, self.pre = backend, plan.batch, pre
         self._image_bytes = pre.size * pre.size * 3
         self._ring: np.ndarray | None = None
-        self._decoder: Any = None  # gpu_decode.GpuJpegDecoder, made on the first submit_encoded
+        self._decoder: Any = None  # jpeg_decode.GpuJpegDecoder, made on the first submit_encoded
         self._turn = 0
         self._allocs: list[Any] = []
         with backend.gpu:
@@ -110,13 +112,13 @@ class CudaRunner:
         return Ticket(k, len(slots), top_k)
 
     def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> Ticket:
-        """Classify these files (path, bytes): JPEGs decoded and resized on the GPU (gpu_decode), the rest on the
+        """Classify these files (path, bytes): JPEGs decoded and resized on the GPU (jpeg_decode), the rest on the
         host; a file that cannot be read gets its error in the result."""
         self._check(len(items), top_k)
         k = self._next_turn()
         with self.backend.gpu:
             if self._decoder is None:
-                from ..gpu_decode import GpuJpegDecoder
+                from .jpeg_decode import GpuJpegDecoder
 
                 self._decoder = GpuJpegDecoder(self.backend.kernels, self.pre, self.batch)
             if self._turn > 2:

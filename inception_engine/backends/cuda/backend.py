@@ -1,0 +1,404 @@
+"""``CudaBackend``: a plan and its weights turned into prepared launches once, then each forward is upload, replay
+(one CUDA graph, or eager launches), download. It ties the package together: configs from the cost model or from
+measured tuning (``tune_configs``, here because it times candidates with a CudaBackend), parameters packed
+(params.py), one arena, workspace and tile counters (workspace.py), launch specs per layout (launch.py,
+launch_nhwc.py), kernels loaded (kernels.py), branches on concurrent streams (schedule.py)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+import numpy as np
+
+from ... import cuda_build
+from ...errors import BackendUnavailable, EngineError
+from ...plan import Plan, build_plan, fuse_pointwise, is_fused
+from ...weights import Weights, atomic_write
+from .. import event_timed_ms
+from .cost_model import ConvConfig, choose_configs
+from .device import Gpu, driver, probe
+from .kernels import Kernels, unit_of
+from .launch import Launch, launch_specs, view_ptr
+from .launch_nhwc import check_nhwc, nhwc_fits, nhwc_launch_specs, nhwc_side
+from .params import pack_params
+from .schedule import schedule
+from .tiles import NAN_BITS, NHWC_ELEMS, PRECISIONS, Tile, check_nhwc_precision
+from .tuning import config_from_json, config_to_json, pick_fastest, tuning_cache_dir, tuning_candidates, tuning_key
+from .workspace import counter_layout, workspace_layout
+
+
+class CudaBackend:
+    name = "cuda"
+    PRECISIONS = PRECISIONS
+
+    @classmethod
+    def check_available(cls) -> None:
+        _, arch = probe()
+        if not cuda_build.is_cached(arch) and cuda_build.find_nvcc() is None:
+            raise BackendUnavailable(f"nvcc (the CUDA compiler) is not on PATH and no compiled kernels for "
+                                     f"{arch} are cached; install the CUDA toolkit or put its bin/ on PATH")
+
+    def __init__(self, weights: Weights, plan: Plan, graph: bool = True, softmax: bool = False, device: int = 0,
+                 concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
+                 winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool | str = False,
+                 configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None,
+                 fuse: bool | None = None):
+        """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
+        branches of each Inception module on several streams (``schedule``); default: with the graph only, where
+        the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
+        rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce
+        (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/performance-log.md round 1);
+        the tensor-core kernels have no such variant, so in tf32/fp16 split-K always uses conv_splitk_reduce.
+        precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32"
+        or "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands). winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu)
+        always (True, the default), where the cost model expects it to be faster (None) or never (False); in every
+        precision (the Winograd GEMMs are FFMA). The default is every eligible conv because that measured as fast
+        as the model's choice or faster at every batch size (H100, one run: 0.97 vs 1.00 ms at batch 1, 3.26 vs
+        3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
+        1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
+        tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
+        (``tune_configs``: a few seconds the first time, then from the cache); "cached": the cache's configs where
+        this GPU and plan have been tuned, else the cost model's (no measuring). configs: use exactly these.
+        nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
+        or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
+        Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
+        has wgmma (fp16 measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an
+        H200, docs/performance-log.md round 5; fp32: round 10); False: conv.cu / conv_f16.cu / conv_tf32.cu and
+        Winograd on fp32 NCHW activations.
+        fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
+        average pool of the pool branch moved behind its conv (plan.fuse_pointwise), which needs a plan whose
+        buffers live for whole stages (rebuilt so, as for concurrent). A plan fused already is taken as it is."""
+        if precision not in PRECISIONS:
+            raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
+        wgmma = cuda_build.has_wgmma(probe(device)[1]) if precision == "fp32" and nhwc is not False else True
+        if nhwc:
+            check_nhwc_precision(precision, wgmma)
+            check_nhwc(plan)
+        elif nhwc is None:
+            nhwc = nhwc_fits(plan) and (precision != "fp32" or wgmma)
+        self.nhwc = nhwc
+        self.precision = precision
+        self.fixup = fixup
+        self.winograd = winograd
+        self.tiles = tiles
+        self.concurrent = graph if concurrent is None else concurrent
+        fused = is_fused(plan)
+        self.fuse = fused or (nhwc if fuse is None else fuse)
+        if self.fuse and not nhwc:
+            raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
+        if (self.concurrent or self.fuse) and not plan.concurrent:
+            if not plan.layers:
+                raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
+            plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
+        if self.fuse and not fused:
+            plan = fuse_pointwise(plan)
+        if plan.arena_elems >= 2**31:
+            raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
+                              f"use a smaller batch")
+        if tune and configs is None:
+            configs = tune_configs(weights, plan, precision, fixup, winograd, device, nhwc=nhwc,
+                                   measure=tune != "cached")
+        self._given_configs = configs
+        drv = driver()
+        self.plan = plan
+        self.graph_mode = graph
+        self._gpu = Gpu(device)
+        self._allocs: list[Any] = []
+        self._device_bytes = 0
+        self._graph: Any = None
+        self._sleep: Any = None
+        self._launches: list[Launch] = []
+        self._streams: list[Any] = []
+        self._stages: list[tuple[Any, list[tuple[Any, Any, list[Any], list[Launch]]], list[tuple[Any, Any]]]] = []
+        self._tail: list[Launch] = []
+        self._host: list[Any] = []
+        self._closed = False
+        try:
+            with self._gpu:
+                try:
+                    self._setup(weights, softmax, drv)
+                except BaseException:
+                    self._free()
+                    raise
+        except BaseException:
+            self._gpu.release()
+            self._closed = True
+            raise
+
+    def _alloc(self, elems: int) -> int:
+        drv = driver()
+        nbytes = 4 * max(elems, 1)
+        try:
+            a = drv.mem_alloc(nbytes)
+        except drv.MemoryError:
+            need = self._device_bytes + nbytes
+            raise BackendUnavailable(f"not enough GPU memory for batch {self.plan.batch} (needs ~{need >> 20} MiB); "
+                                     f"use a smaller batch") from None
+        self._allocs.append(a)
+        self._device_bytes += nbytes
+        return int(a)
+
+    def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
+        plan = self.plan
+        self.configs = self._given_configs or choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision,
+                                                             self.winograd, self.tiles, self.nhwc,
+                                                             cuda_build.has_wgmma(self._gpu.arch))
+        params, offsets = pack_params(weights, plan, self.configs)
+        if self.nhwc:  # fp16: two activations per float32 word (arena_elems is a multiple of ALIGN, so even)
+            elem = NHWC_ELEMS[self.precision]
+            words = plan.arena_elems * elem.bytes // 4
+            self._arena = self._alloc(words)
+            drv.memset_d32(self._arena, elem.nan_word, words)
+            side = nhwc_side(plan)
+            self._side = self._alloc(side.elems)
+            drv.memset_d32(self._side, NAN_BITS, side.elems)
+        else:
+            self._arena = self._alloc(plan.arena_elems)
+            drv.memset_d32(self._arena, NAN_BITS, plan.arena_elems)
+        self._params = self._alloc(params.size)
+        self._ws = self._alloc(workspace_layout(plan, self.configs)[0])
+        self._probs = self._alloc(plan.batch * plan.output.channels) if softmax else None
+        n_counters = counter_layout(plan, self.configs)[0]
+        self._counters = self._alloc(n_counters) if self.fixup and n_counters else None
+        if self._counters is not None:
+            drv.memset_d32(self._counters, 0, n_counters)
+        drv.memcpy_htod(self._params, params)
+        drv.Context.synchronize()
+        self._stream = drv.Stream(1)  # CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
+        self._x_host = drv.pagelocked_empty(plan.input.dims, np.float32)
+        self._y_host = drv.pagelocked_empty((plan.batch, plan.output.channels), np.float32)
+        self._host = [self._x_host, self._y_host]
+        if self.nhwc:
+            self._in_ptr = self._side + 4 * side.input
+            self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
+            self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
+                                           offsets, self._ws, self._probs, self.precision, self._gpu.num_sms)
+        else:
+            self._in_ptr = view_ptr(self._arena, plan.input)
+            self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
+            self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
+                                      self._counters)
+        # Only the units these launches need (a first run compiles one precision's), plus gpu_sleep (time_layers)
+        # and the streaming pipeline's ends: all built in parallel.
+        kernels = Kernels(self._gpu.arch, {unit_of(k) for k in {s.kernel for s in self.specs} | {
+            "gpu_sleep", "normalize_u8_nchw", "softmax_topk_rows"}})
+        self.kernels = kernels
+        self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
+        self._sleep = kernels["gpu_sleep"]
+        if self.concurrent:
+            self._setup_streams(drv)
+        if self.graph_mode:
+            from ...cuda_graph import CudaGraph
+
+            self._graph = CudaGraph(self._stream.handle, self._launch_all)
+
+    def _setup_streams(self, drv: Any) -> None:
+        """Streams and events for ``schedule(plan)``: per op its launches, stream and the events it waits for;
+        per stage a fork event and the join events of its side streams. Events are recorded anew each forward."""
+        plan, sched = self.plan, schedule(self.plan)
+        by_op: dict[str, list[Launch]] = {}
+        for launch in self._launches:
+            by_op.setdefault(launch.spec.op, []).append(launch)
+        self._streams = [self._stream] + [drv.Stream(1) for _ in range(max(s.stream for s in sched))]
+        flags = drv.event_flags.DISABLE_TIMING
+        done = {j: drv.Event(flags) for s in sched for j in s.waits}
+        for stage in sorted(set(plan.stages)):
+            ops = [i for i, st in enumerate(plan.stages) if st == stage]
+            side = sorted({sched[i].stream for i in ops} - {0})
+            steps = [(self._streams[sched[i].stream], done.get(i), [done[j] for j in sched[i].waits],
+                      by_op.get(plan.ops[i].name, [])) for i in ops]
+            self._stages.append((drv.Event(flags), steps, [(self._streams[k], drv.Event(flags)) for k in side]))
+        self._tail = [launch for launch in self._launches if launch.spec.op not in {op.name for op in plan.ops}]
+
+    def _launch_all(self) -> None:
+        if not self.concurrent:
+            for launch in self._launches:
+                launch(self._stream)
+            return
+        main = self._stream
+        for fork, steps, joins in self._stages:
+            if joins:
+                fork.record(main)
+                for stream, _ in joins:
+                    stream.wait_for_event(fork)
+            for stream, done, waits, launches in steps:
+                for event in waits:
+                    stream.wait_for_event(event)
+                for launch in launches:
+                    launch(stream)
+                if done is not None:
+                    done.record(stream)
+            for stream, join in joins:
+                join.record(stream)
+                main.wait_for_event(join)
+        for launch in self._tail:
+            launch(main)
+
+    # What a caller that drives the GPU itself (backends/cuda/stream.py: CudaRunner) needs: the context, the stream every forward
+    # runs on, where the (batch, 3, size, size) float32 input goes and the (batch, classes) output comes out.
+    @property
+    def gpu(self) -> Gpu:
+        self._check_open()
+        return self._gpu
+
+    @property
+    def stream(self) -> Any:
+        return self._stream
+
+    @property
+    def input_ptr(self) -> int:
+        return self._in_ptr
+
+    @property
+    def output_ptr(self) -> int:
+        return self._out_ptr
+
+    def replay(self) -> None:
+        """Enqueue one forward on ``stream`` (the context current), reading input_ptr, writing output_ptr."""
+        self._run()
+
+    def _run(self) -> None:
+        if self._graph is not None:
+            self._graph.launch()
+        else:
+            self._launch_all()
+
+    def _check_open(self) -> None:
+        """Before entering the context: a closed backend has released it, so it must not push or pop it."""
+        if self._closed:
+            raise EngineError("this cuda backend was closed; create a new one")
+
+    def _upload(self, x: np.ndarray) -> None:
+        if tuple(x.shape) != self.plan.input.dims:
+            raise ValueError(f"input shape {tuple(x.shape)} does not match the plan's {self.plan.input.dims}")
+        np.copyto(self._x_host, x, casting="same_kind")
+        driver().memcpy_htod_async(self._in_ptr, self._x_host, self._stream)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        drv = driver()
+        self._check_open()
+        with self._gpu:
+            self._upload(x)
+            self._run()
+            drv.memcpy_dtoh_async(self._y_host, self._out_ptr, self._stream)
+            self._stream.synchronize()
+        return self._y_host.copy()
+
+    def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
+        """Milliseconds per forward on the GPU's clock (CUDA events around the launches; the input is uploaded
+        once before). Each forward starts from an idle GPU, as a latency-bound caller would see it."""
+        drv = driver()
+        self._check_open()
+        with self._gpu:
+            self._upload(x)
+            return event_timed_ms(drv, self._stream, self._run, iters, warmup)
+
+    def time_layers(self, x: np.ndarray, iters: int = 20, warmup: int = 1,
+                    only: set[str] | None = None) -> dict[str, list[float]]:
+        """Per op (or the ops named in ``only``): milliseconds of GPU time of its launches (a split-K conv counts
+        both, a Winograd conv its three), launched eagerly.
+
+        gpu_sleep holds the GPU while the host enqueues start event, the op's launches and end event for all
+        iterations, so launch latency of the host is not counted as kernel time.
+        """
+        drv = driver()
+        groups: dict[str, list[Launch]] = {}
+        for launch in self._launches:
+            if only is None or launch.spec.op in only:
+                groups.setdefault(launch.spec.op, []).append(launch)
+        out: dict[str, list[float]] = {}
+        self._check_open()
+        with self._gpu:
+            self._upload(x)
+            for _ in range(max(1, warmup)):
+                self._launch_all()  # every buffer now holds what this op reads in a real forward
+            events = [(drv.Event(), drv.Event()) for _ in range(iters)]
+            for op, launches in groups.items():
+                # 20 us of host time per enqueued call is generous; a longer sleep only costs idle GPU time.
+                sleep_ns = 20_000 * (len(launches) + 2) * iters + 50_000
+                self._sleep.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, sleep_ns)
+                for start, end in events:
+                    start.record(self._stream)
+                    for launch in launches:
+                        launch(self._stream)
+                    end.record(self._stream)
+                self._stream.synchronize()
+                out[op] = [end.time_since(start) for start, end in events]
+            del events  # destroyed while the context is current
+        return out
+
+    def peak_memory_bytes(self) -> int:
+        """Device memory this backend holds: arena, parameters, workspace (split-K, Winograd), probabilities."""
+        return self._device_bytes
+
+    def _free(self) -> None:
+        if self._graph is not None:
+            self._graph.close()
+            self._graph = None
+        for a in self._allocs:
+            a.free()
+        self._allocs = []
+        for h in self._host:
+            h.base.free()  # pagelocked_empty's array base is its HostAllocation
+        self._host = []
+        self._x_host = self._y_host = None
+        self._launches = []
+        self._stages, self._tail, self._streams = [], [], []
+        self._sleep = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._gpu:
+            self._free()
+        self._gpu.release()
+        self._closed = True
+
+    def __enter__(self) -> CudaBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def time_convs(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None], precision: str = "fp32",
+               fixup: bool = False, device: int = 0, iters: int = 10, nhwc: bool = False) -> dict[str, float]:
+    """Median milliseconds of each conv of a forward with these configs: one eager, serial backend on this very plan
+    (fused or not), CudaBackend.time_layers on an N(0, 1) input."""
+    x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
+    with CudaBackend(weights, plan, graph=False, concurrent=False, device=device, fixup=fixup, precision=precision,
+                     configs=configs, nhwc=nhwc, fuse=is_fused(plan)) as backend:
+        ms = backend.time_layers(x, iters=iters, only={op.name for op in plan.conv_ops})
+    return {name: statistics.median(t) for name, t in ms.items()}
+
+
+def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: bool = False,
+                 winograd: bool | None = True, device: int = 0, iters: int = 10,
+                 nhwc: bool = False, measure: bool = True) -> dict[str, ConvConfig | None] | None:
+    """The configs of a forward with each conv's measured fastest candidate (``tuning_candidates``: every direct
+    tile, and Winograd unless winograd is False), each conv timed in place with CudaBackend.time_layers (median of
+    ``iters``) in one eager backend per candidate set. Cached per GPU, kernel build, conv shapes and mode as JSON in
+    ``tuning_cache_dir()``, so only the first backend of a kind pays for it. measure=False: the cached configs or
+    None (the caller then takes the cost model's)."""
+    gpu = Gpu(device)
+    try:
+        key = tuning_key(gpu.device.name(), gpu.arch, gpu.num_sms, plan, precision, fixup, winograd, nhwc)
+        num_sms, wgmma = gpu.num_sms, cuda_build.has_wgmma(gpu.arch)
+    finally:
+        gpu.release()
+    path = tuning_cache_dir() / f"{key}.json"
+    try:
+        return {name: config_from_json(d) for name, d in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not tuned yet, or a damaged file: tune again
+    if not measure:
+        return None
+    sets = tuning_candidates(plan, num_sms, fixup, precision, winograd, nhwc, wgmma)
+    times = [time_convs(weights, plan, configs, precision, fixup, device, iters, nhwc) for configs in sets]
+    best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd, nhwc=nhwc, wgmma=wgmma), sets,
+                        times)
+    saved = {name: config_to_json(c) for name, c in best.items()}
+    atomic_write(path, lambda f: f.write(json.dumps(saved, indent=1).encode()))
+    return {name: config_from_json(d) for name, d in saved.items()}  # as a later run reads them back

@@ -1,0 +1,59 @@
+"""The GPU through pycuda: ``driver`` (pycuda is imported here, and only when a backend is built, so a missing
+pycuda is one line from ``CudaBackend.check_available``), ``probe`` (a device and its nvcc target, no context) and
+``Gpu`` (a device's primary context, current only inside ``with gpu:``). The cuDNN backend and inception-bench probe
+the GPU through here too."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from ... import cuda_build
+from ...errors import BackendUnavailable
+
+
+def driver() -> Any:
+    try:
+        import pycuda.driver as drv
+    except ImportError as e:
+        if importlib.util.find_spec("pycuda") is None:
+            raise BackendUnavailable("the GPU backends need pycuda, which is not installed (pip install '.[gpu]' "
+                                     "on a machine with an NVIDIA GPU)") from None
+        raise BackendUnavailable(f"pycuda is installed but cannot load ({e}); is the NVIDIA driver installed?"
+                                 ) from None
+    return drv
+
+
+def probe(index: int = 0) -> tuple[Any, str]:
+    """(device, nvcc target) of GPU ``index``, without creating a context; BackendUnavailable if there is none."""
+    drv = driver()
+    try:
+        drv.init()
+        if drv.Device.count() <= index:
+            raise BackendUnavailable("no CUDA GPU found (the driver sees no device)")
+        device = drv.Device(index)
+        return device, cuda_build.target(device.compute_capability())
+    except drv.Error as e:
+        raise BackendUnavailable(f"the CUDA driver is unusable here ({str(e).splitlines()[0]}); "
+                                 f"check the GPU with nvidia-smi") from None
+
+
+class Gpu:
+    """One device and its primary context (shared with the CUDA runtime, so cuDNN or PyTorch in the same process
+    see the same memory). The context is current only inside ``with gpu:``; nothing is left pushed in between."""
+
+    def __init__(self, index: int = 0):
+        drv = driver()
+        self.device, self.arch = probe(index)
+        self.ctx = self.device.retain_primary_context()
+        self.num_sms = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+
+    def __enter__(self) -> Gpu:
+        self.ctx.push()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        driver().Context.pop()
+
+    def release(self) -> None:
+        self.ctx.detach()

@@ -1,0 +1,197 @@
+"""Plan -> launches, NHWC layout (the default for tf32 and fp16 everywhere, and for fp32 on sm_90a): whether a plan
+fits the layout (``check_nhwc``), where things are (``nhwc_ptr``, the float32 side buffer ``nhwc_side``), and the
+launches (``nhwc_launch_specs``): conv_nhwc.cu's tile of each conv's config (mma.sync, wgmma, warp-specialized or
+halo; grid, block and dynamic shared memory per kind), conv_input_nhwc.cu for the convs that read the input,
+pool_nhwc.cu's pools, then launch.py's FC and softmax on the float32 features."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...errors import EngineError
+from ...plan import ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, writes
+from .cost_model import ConvConfig
+from .launch import LaunchSpec, fc_specs, softmax_spec
+from .tiles import (HALO_BM, HALO_THREADS, INPUT_MAX_K, INPUT_TILE, NHWC_ELEMS, NHWC_PIECE, THREADS, WS_THREADS,
+                    blocks, halo_fits, halo_smem_bytes, is_halo, is_ws, wgmma_ring_bytes)
+from .workspace import workspace_layout
+
+
+# --- the NHWC path (CudaBackend(nhwc=True), fp16 or tf32) -----------------------------------------------------------
+# Activations are fp16, or float32 rounded to TF32 (NHWC_ELEMS), in NHWC buffers at the plan's offsets (counted in
+# elements): element (n, c, h, w) of a view is arena[offset + ((n * H + h) * W + w) * C_total + c_offset + c].
+# The float32 NCHW input stays as uploaded, in a
+# small float32 side buffer, and the convs that read it are conv_input_nhwc.cu's; the global average pool writes
+# float32 features to the side buffer, and the FC and softmax run on them as in the other modes.
+
+
+@dataclass(frozen=True)
+class NhwcSide:
+    """Element offsets in the float32 side buffer of the NHWC path."""
+
+    input: int  # the float32 NCHW input as uploaded
+    features: int  # the global average pool's output, (N, C)
+    logits: int  # (N, classes)
+    elems: int
+
+
+def nhwc_side(plan: Plan) -> NhwcSide:
+    gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))
+    n_in, n_feat = align(math.prod(plan.input.dims)), align(math.prod(gap.dst.dims))
+    return NhwcSide(0, n_in, n_in + n_feat, n_in + n_feat + align(math.prod(plan.output.dims)))
+
+
+def check_nhwc(plan: Plan) -> None:
+    """conv_nhwc.cu and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
+    widths and channel offsets that are multiples of 8, and fewer than 2^31 elements per buffer (conv_nhwc.cu's
+    32-bit offsets); the input feeds convs only, each with at most INPUT_MAX_K weights per output channel
+    (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
+    per_image, widest = 0, ""  # the most elements per image of an NHWC view, and its buffer
+    for op in plan.ops:
+        for v in (op.src, *writes(op)):
+            if v.buffer == plan.input.buffer:
+                if not isinstance(op, ConvOp) or v is op.dst:
+                    raise EngineError(f"{op.name}: the NHWC path feeds the input to convolutions only")
+                k = op.src.channels * op.kernel[0] * op.kernel[1]
+                if k > INPUT_MAX_K:
+                    raise EngineError(f"{op.name}: the NHWC path's first convolution takes at most {INPUT_MAX_K} "
+                                      f"inputs per output (this one {k}); use the default layout")
+                continue
+            if isinstance(op, FCOp) or (isinstance(op, GlobalAvgPoolOp) and v is op.dst):
+                continue
+            if v.channels % NHWC_PIECE or v.c_total % NHWC_PIECE or v.c_offset % NHWC_PIECE:
+                raise EngineError(f"{op.name}: the NHWC path needs channel counts and offsets that are multiples "
+                                  f"of {NHWC_PIECE} ({v.buffer} has {v.channels} at {v.c_offset} of {v.c_total}); "
+                                  f"use the default layout")
+            if v.h * v.w * v.c_total > per_image:
+                per_image, widest = v.h * v.w * v.c_total, v.buffer
+    if plan.batch * per_image >= 2**31:
+        raise EngineError(f"batch {plan.batch} is too large for the NHWC path ({widest} would hold "
+                          f"{plan.batch * per_image:,} elements, and its kernels index below 2^31); use a batch of at "
+                          f"most {(2**31 - 1) // per_image}")
+    kinds = [type(op) for op in plan.ops]
+    if kinds.count(GlobalAvgPoolOp) != 1 or kinds.count(FCOp) != 1 or kinds[-2:] != [GlobalAvgPoolOp, FCOp]:
+        raise EngineError("the NHWC path needs a network that ends in one global average pool and one FC layer")
+
+
+def nhwc_fits(plan: Plan) -> bool:
+    try:
+        check_nhwc(plan)
+    except EngineError:
+        return False
+    return True
+
+
+def nhwc_ptr(base: int, v: View, precision: str = "fp16") -> int:
+    """Device address of the view's first channel of pixel 0, in an NHWC arena of the precision's elements."""
+    return base + NHWC_ELEMS[precision].bytes * (v.offset + v.c_offset)
+
+
+def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
+    """conv_nhwc.cu's parts arguments (its header): start, element offset from part 0 and pixel stride of parts
+    1-3, then relu_end. A plain conv has one part; a fused conv's (plan.FusedConvOp) follow its members."""
+    cout = op.dst.channels
+    if not isinstance(op, FusedConvOp):
+        return (cout, 0, 0) * 3 + (cout,)
+    assert 1 <= len(op.parts) <= 4, f"{op.name}: conv_nhwc.cu writes at most 4 parts, not {len(op.parts)}"
+    base, start, rest = op.parts[0].offset + op.parts[0].c_offset, op.parts[0].channels, []
+    for v in op.parts[1:]:
+        rest.append((start, v.offset + v.c_offset - base, v.c_total))
+        start += v.channels
+    rest += [(cout, 0, 0)] * (3 - len(rest))
+    relu_end = sum(v.channels for v in op.parts[:len(op.parts) - op.pooled])
+    return tuple(x for part in rest for x in part) + (relu_end,)
+
+
+def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
+                    ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
+    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv), and its
+    split-K reduction when cfg.splits > 1; for INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input
+    (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an SM), or
+    one per tile where there are fewer or num_sms is None."""
+    n, _, h, wd = op.src.dims
+    _, cout, ho, wo = op.dst.dims
+    y_cstride = writes(op)[0].c_total
+    p_total, t, suffix = n * ho * wo, cfg.tile, NHWC_ELEMS[precision].suffix
+    if t.prefix == "conv_input":
+        assert cfg.splits == 1 and not isinstance(op, FusedConvOp), f"{op.name}: conv_input_nhwc: 1 slice, 1 part"
+        return [LaunchSpec(op.name, f"conv_input_nhwc{suffix}", (blocks(p_total, t.bm), blocks(cout, t.bn), 1),
+                           (THREADS, 1, 1), (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel,
+                                             op.stride, *op.pad, 1))]
+    split = cfg.splits > 1
+    parts = nhwc_parts(op)
+    args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, y_cstride, *op.kernel,
+            op.stride, *op.pad, cfg.k_split, *parts)
+    assert t in NHWC_ELEMS[precision].tiles(True), f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
+    kernel = f"{t.prefix}_{t.name}"
+    grid = (blocks(p_total, t.bm), blocks(cout, t.bn), cfg.splits)
+    block, shared = WS_THREADS if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
+    if is_halo(kernel):  # tiles of HALO_BM positions of each image's padded-width grid (conv_nhwc.cu)
+        assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
+        wg = wd + 2 * op.pad[1]
+        grid, block, shared = (n * blocks(ho * wg, HALO_BM), 1, 1), HALO_THREADS, halo_smem_bytes(t, op.kernel, wg)
+    if is_ws(kernel) or is_halo(kernel):
+        tiles = math.prod(grid)
+        grid = (min(tiles, num_sms or tiles), 1, 1)
+    specs = [LaunchSpec(op.name, kernel, grid, (block, 1, 1), args, shared)]
+    if split:
+        specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
+                                (blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
+                                (ws, b, y, cfg.splits, p_total, cout, y_cstride, *parts)))
+    return specs
+
+
+def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0) -> LaunchSpec:
+    """pool_nhwc.cu's pool2d; bias: the device address of op.bias's bias (a moved pool), else 0."""
+    assert bool(bias) == bool(op.bias), f"{op.name}: a moved pool needs its conv's bias, and only it"
+    n, c, h, w = op.src.dims
+    _, _, ho, wo = op.dst.dims
+    elem = NHWC_ELEMS[precision]
+    return LaunchSpec(op.name, f"pool2d_nhwc{elem.suffix}", (blocks(n * ho * wo * c * elem.bytes // 16, THREADS), 1, 1),
+                      (THREADS, 1, 1), (nhwc_ptr(arena, op.src, precision), nhwc_ptr(arena, op.dst, precision), n, c,
+                                        h, w, op.src.c_total, ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad,
+                                        int(op.kind == "max"), int(op.count_include_pad), bias))
+
+
+def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
+                      offsets: dict[str, int], ws: int, probs: int | None = None,
+                      precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
+    """The whole NHWC forward as launches, in plan order. arena: the NHWC activations of the precision's elements
+    (the plan's offsets in elements); side: the float32 side buffer (``nhwc_side``); num_sms: the GPU's, the grid of
+    the persistent tiles (``nhwc_conv_specs``)."""
+    lay = nhwc_side(plan)
+    elem = NHWC_ELEMS[precision]
+    specs: list[LaunchSpec] = []
+    ws_offsets = workspace_layout(plan, configs)[1]
+    features = logits = None
+    for op in plan.ops:
+        if isinstance(op, (ConvOp, FCOp)):
+            wp, bp = params + 4 * offsets[op.name + ".weight"], params + 4 * offsets[op.name + ".bias"]
+            ws_op = ws + 4 * ws_offsets.get(op.name, 0)
+        if isinstance(op, ConvOp):
+            cfg = configs[op.name]
+            reads_input = op.src.buffer == plan.input.buffer
+            assert cfg is not None and (cfg.tile == INPUT_TILE) == reads_input, f"{op.name}: not an NHWC config"
+            x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
+            specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
+                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms)
+        elif isinstance(op, PoolOp):
+            bias = params + 4 * offsets[op.bias + ".bias"] if op.bias else 0
+            specs.append(nhwc_pool_spec(op, arena, precision, bias))
+        elif isinstance(op, GlobalAvgPoolOp):
+            nb, ch, hh, ww = op.src.dims
+            features = View("features", lay.features, op.dst.dims, 0, ch)
+            specs.append(LaunchSpec(op.name, f"global_avg_pool_nhwc{elem.suffix}",
+                                    (blocks(nb * ch * elem.bytes // 16, THREADS), 1, 1), (THREADS, 1, 1),
+                                    (nhwc_ptr(arena, op.src, precision), side + 4 * lay.features, nb, ch, hh * ww,
+                                     op.src.c_total, ch)))
+        elif isinstance(op, FCOp):
+            assert features is not None
+            logits = View("logits", lay.logits, op.dst.dims, 0, op.dst.channels)
+            fc_op = FCOp(op.name, features, logits)
+            specs += fc_specs(fc_op, configs[op.name], side, wp, bp, ws_op)
+    if probs is not None:
+        assert logits is not None
+        specs.append(softmax_spec(logits, side, probs))
+    return specs

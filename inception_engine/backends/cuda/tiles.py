@@ -1,0 +1,233 @@
+"""The tile catalogue: every block-tile shape the conv kernels of cuda_src/ instantiate, what the cost model assumes
+about each, and which convs a tile can compute.
+
+A ``Tile`` names its kernels (``<prefix>_<KH>x<KW>_<BM>x<BN>`` on NCHW, ``<prefix>_<BM>x<BN>`` on NHWC) and carries
+the model's speed. The families, by source:
+
+- conv.cu (FFMA, fp32 NCHW) ``TILES``, conv_tf32.cu ``TF32_TILES``, conv_f16.cu ``F16_TILES``: ``TILES_OF[precision]``;
+- conv_nhwc.cu, per element type ``NHWC_ELEMS[precision]``: mma.sync tiles (fp16, tf32) and, on sm_90a, wgmma tiles
+  (``wgmma_tile``), warp-specialized persistent ones (``ws_tile``) and the stem's halo ones (``halo_tile``);
+  conv_input_nhwc.cu ``INPUT_TILE``;
+- winograd.cu's batched GEMM ``WINO_TILES``.
+
+The shared-memory sizes (``wgmma_stages``, ``ws_stages``, ``halo_smem_bytes``, ``wgmma_ring_bytes``) mirror
+conv_nhwc.cu's functions of the same names; a change there is a change here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...errors import EngineError
+from ...plan import ConvOp
+
+
+THREADS = 256  # every kernel's block size (conv.cu's and conv_tf32.cu's tiles are 256 threads too)
+NAN_BITS = 0x7FC00000  # float32 quiet NaN: the arena starts poisoned, so a read of never-written memory shows
+
+KERNEL_SIZES = ((1, 1), (3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1))  # conv.cu, conv_tf32.cu instantiate these
+PRECISIONS = ("fp32", "tf32", "fp16")
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One block-tile shape of conv.cu or conv_tf32.cu, and what the cost model assumes about it."""
+
+    bm: int  # output channels per block
+    bn: int  # output pixels per block
+    bk: int  # reduction depth per shared-memory stage
+    resident: int  # blocks per SM (the kernel's __launch_bounds__ minimum)
+    macs_per_us: float  # one SM's multiply-adds per microsecond with `resident` blocks (model, not measured)
+    prefix: str = "conv"  # kernel names are <prefix>_<KH>x<KW>_<BM>x<BN>
+    fixup: bool = True  # a _fixup variant exists (split-K reduced in the conv kernel)
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}"
+
+
+TILES = (Tile(128, 128, 8, 2, 180e3), Tile(64, 64, 16, 4, 120e3), Tile(32, 128, 16, 4, 120e3))
+# conv_tf32.cu's tiles (warp tiles 64x32, 32x32, 32x16). No _fixup variants: split-K goes through conv_splitk_reduce.
+TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16, 2, 450e3, "conv_tf32", False),
+              Tile(64, 64, 16, 3, 300e3, "conv_tf32", False))
+# conv_f16.cu's tiles (fp16 weights and shared tiles, ldmatrix fragments, 32 k per stage; warp tiles as tf32's).
+# The cost model keeps the tf32 speeds, which rank tiles and splits against each other only.
+F16_TILES = tuple(Tile(t.bm, t.bn, 32, r, t.macs_per_us, "conv_f16", False) for t, r in zip(TF32_TILES, (2, 2, 3)))
+TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
+# conv_nhwc.cu's tiles (NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
+# channels (the GEMM's rows and columns there), so conv_config is called with (pixels, Cout); speeds as fp16's.
+NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32, 2, 450e3, "conv_nhwc", False),
+              Tile(64, 128, 32, 2, 450e3, "conv_nhwc", False), Tile(64, 64, 32, 3, 300e3, "conv_nhwc", False),
+              Tile(128, 32, 32, 3, 300e3, "conv_nhwc", False))
+# The same tiles on TF32 activations: 64-byte shared rows hold 16 k of float32; the model halves the speeds (a
+# m16n8k8 .tf32 step does half the work of a m16n8k16 .f16 one).
+NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "conv_nhwc_tf32", False)
+                        for t in NHWC_TILES)
+
+
+def wgmma_stages(bm: int, bn: int, split: bool = False) -> int:
+    """conv_nhwc.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic shared
+    memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more (and
+    whose 128x128 runs one block an SM)."""
+    if split:
+        return 8 if bn == 128 else 6
+    return 4 if bm == 256 else 5 if bn == 192 else 6
+
+
+WGMMA_LO_TILES = 3  # conv_nhwc.cu's: the low halves' tiles of the 3xTF32 (fp32) wgmma tiles
+
+
+# The wgmma tiles' model speeds: multiply-adds per microsecond an SM with 2 blocks resident, fp16 (tf32: half). Fitted
+# to per-layer times at batch 128 (H200, round 9, scripts/tune_tiles.py --precision fp16 --nhwc; the median over the
+# layers of what conv_config's formula implies). 128x192 was the fastest tile on 39 of 65 fp16 layers and 42 of 65
+# tf32 ones (those with Cout 192 or 384, and Conv2d_4a), 128x128 and 128x64 on most others.
+WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
+                (256, 32): 770e3}
+# fp32 on the NHWC path: three TF32 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of tf32's model speed (a
+# guess until measured). Its sums live in registers twice (conv_nhwc.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block
+# an SM (168 registers), the others two.
+F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
+WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma"}
+WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 6}  # model speed divisors against fp16's WGMMA_SPEEDS
+
+
+def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's wgmma tile of bm pixels x bn channels (sm_90a only: cuda_build.has_wgmma)."""
+    resident = 1 if precision == "fp32" and bn == 128 else 2
+    return Tile(bm, bn, 32 if precision == "fp16" else 16, resident,
+                WGMMA_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision] * resident / 2, WGMMA_PREFIX[precision], False)
+
+
+# conv_nhwc.cu's warp-specialized persistent wgmma tiles (fp16 and tf32): two producer warpgroups load, two consumer
+# warpgroups multiply; WS_THREADS threads, one block an SM, at most one block per SM launched (WS_SPEEDS' model
+# speeds: a guess, WGMMA_SPEEDS' per SM (two blocks) x 1.2, until measured).
+WS_THREADS = 512
+WS_SPEEDS = {(128, 192): 1.2 * 1890e3, (128, 128): 1.2 * 1410e3, (128, 64): 1.2 * 1230e3, (256, 128): 1.2 * 1410e3}
+
+
+def ws_stages(bm: int, bn: int) -> int:
+    """conv_nhwc.cu's ws_stages(): the warp-specialized tile's ring, ~200 KB of stages of BM + BN rows of 64 bytes."""
+    return min(12, 200 * 1024 // ((bm + bn) * 64))
+
+
+def ws_tile(bm: int, bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    return Tile(bm, bn, 32 if precision == "fp16" else 16, 1, WS_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
+                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_ws", False)
+
+
+def is_ws(kernel_or_prefix: str) -> bool:
+    """A warp-specialized tile's kernel (or prefix): WS_THREADS threads, a persistent grid."""
+    return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
+
+
+# conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of HALO_CIN input channels and Cout <= BN, the
+# stem's Conv2d_2a and 2b. HALO_BM positions of the padded-width grid a tile, HALO_THREADS threads, one block an SM,
+# at most one block per SM launched; the weights and two tiles' input rows in up to MAX_SHARED_BYTES of shared memory.
+# HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32 halves them): fitted to tf32's Conv2d_2b on h256x64 (0.514 ms) and
+# Conv2d_2a on h256x32 (0.321 ms) at batch 128 (H100, round 12), through conv_config's formula.
+HALO_BM, HALO_THREADS, HALO_CIN = 256, 384, 32
+HALO_SPEEDS = {64: 1790e3, 32: 1620e3}
+MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
+
+
+def halo_tile(bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's halo tile of HALO_BM grid positions x bn channels (fp16, tf32); bk: one tap of HALO_CIN."""
+    return Tile(HALO_BM, bn, HALO_CIN, 1, HALO_SPEEDS[bn] / WGMMA_SLOWDOWN[precision],
+                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False)
+
+
+def is_halo(kernel_or_prefix: str) -> bool:
+    return kernel_or_prefix.endswith("_halo") or "_halo_" in kernel_or_prefix
+
+
+def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int) -> int:
+    """conv_nhwc.cu's halo_smem_bytes(): the weights (KH KW bn rows of HALO_CIN elements), two buffers of the
+    tile's input rows (HALO_BM + (KH - 1) Wg + KW - 1 of them, in whole KB), four mbarriers; wg: the padded input
+    width."""
+    (kh, kw), row = kernel, HALO_CIN * (4 if tile.prefix.startswith("conv_nhwc_tf32") else 2)
+    rows = HALO_BM + (kh - 1) * wg + kw - 1
+    return kh * kw * tile.bn * row + 2 * (-(-rows * row // 1024) * 1024) + 4 * 8
+
+
+def halo_fits(op: ConvOp, tile: Tile) -> bool:
+    """A halo tile computes this conv: stride 1, Cin = HALO_CIN, Cout <= its bn, shared memory to spare."""
+    return (op.stride == 1 and op.src.channels == HALO_CIN and op.dst.channels <= tile.bn
+            and halo_smem_bytes(tile, op.kernel, op.src.w + 2 * op.pad[1]) <= MAX_SHARED_BYTES)
+
+
+def tile_fits(op: ConvOp, tile: Tile) -> bool:
+    """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``)."""
+    return not is_halo(tile.prefix) or halo_fits(op, tile)
+
+
+def tile_label(tile: Tile) -> str:
+    """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128) and halo
+    ones (h256x64) from its mma.sync ones of the same shape."""
+    kind = "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix) else "w" if "_wgmma" in tile.prefix else ""
+    return kind + tile.name
+
+
+# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized and halo
+# ones.
+NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
+                    + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS)
+                    + tuple(halo_tile(bn, "fp16") for bn in HALO_SPEEDS))
+NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
+                         + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
+                         + tuple(halo_tile(bn, "tf32") for bn in HALO_SPEEDS))
+NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
+# conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
+# channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
+INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
+INPUT_MAX_K = 256  # conv_input_nhwc.cu's CONV_INPUT_MAX_K: Cin*KH*KW of its weights in shared memory
+NHWC_PIECE = 8  # channels per 16-byte piece of fp16 (tf32's 4 divide it): NHWC channel counts, strides and offsets
+HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
+
+
+@dataclass(frozen=True)
+class NhwcElem:
+    """An element type of the NHWC path's activations (conv_mma.cuh's NhwcF16, NhwcTf32 and NhwcF32)."""
+
+    bytes: int
+    suffix: str  # of its kernels' names: conv_nhwc<suffix>_splitk_reduce, pool2d_nhwc<suffix>, ...
+    nan_word: int  # a 32-bit word of NaNs of this type, to poison the arena
+    mma_tiles: tuple[Tile, ...]  # conv_nhwc.cu's mma.sync tiles for it (none for fp32: wgmma only)
+    wgmma_tiles: tuple[Tile, ...]  # ... and its wgmma tiles (sm_90a)
+
+    def tiles(self, wgmma: bool = False) -> tuple[Tile, ...]:
+        return self.mma_tiles + (self.wgmma_tiles if wgmma else ())
+
+
+NHWC_ELEMS = {"fp16": NhwcElem(2, "", HALF_NAN_BITS, NHWC_TILES, NHWC_WGMMA_TILES),
+              "tf32": NhwcElem(4, "_tf32", NAN_BITS, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES),
+              "fp32": NhwcElem(4, "_f32", NAN_BITS, (), NHWC_F32_WGMMA_TILES)}
+# winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
+WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
+              Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
+
+
+def wgmma_ring_bytes(kernel: str) -> int:
+    """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes, and for
+    fp32's the low halves' tiles; for a warp-specialized tile, each stage's two mbarriers too), else 0: conv_nhwc.cu's
+    wgmma_ring_bytes() and ws_ring_bytes()."""
+    if "_wgmma_" not in kernel and not is_ws(kernel):
+        return 0
+    bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
+    if is_ws(kernel):
+        return ws_stages(bm, bn) * ((bm + bn) * 64 + 16)
+    split = kernel.startswith(WGMMA_PREFIX["fp32"])
+    return (wgmma_stages(bm, bn, split) + WGMMA_LO_TILES * split) * (bm + bn) * 64
+
+
+def check_nhwc_precision(precision: str, wgmma: bool) -> None:
+    """fp32 on the NHWC path has wgmma tiles only (conv_mma.cuh's NhwcF32): sm_90a."""
+    if precision == "fp32" and not wgmma:
+        raise EngineError("fp32 on the NHWC layout runs on Hopper's wgmma tiles only (sm_90a); this GPU has none: "
+                          "use the default layout")
+
+
+def blocks(n: int, per_block: int) -> int:
+    """Blocks of per_block that cover n, at least one: a grid's extent."""
+    return max(1, math.ceil(n / per_block))
