@@ -824,32 +824,15 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
             k_split, NHWC_PARTS_ARGS                                                                             \
     }
 
-// One extern "C" entry point per element type and tile: KERNEL runs GEMM (a parenthesized template-id) on its
-// arguments, THREADS threads a block, at least MIN_BLOCKS blocks an SM (which caps registers: 2 blocks of 256
-// threads leave 128 a thread for the 64x32 warp tile's 64 accumulators).
-#define CONV_NHWC_ENTRY(KERNEL, E, THREADS, MIN_BLOCKS, GEMM)                                            \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) KERNEL(CONV_NHWC_PARAMS(E)) { \
-        GEMM(CONV_NHWC_ARGS(E));                                                                      \
-    }
-#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS) \
-    CONV_NHWC_ENTRY(NAME##_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>))
-
-// Warp tiles and shared memory: 128x128 64x32, 48 KB; 128x64 and 64x128 32x32, 48 KB; 64x64 32x16, 32 KB; 128x32
-// (the Cout = 32 layers) 32x16, 40 KB. Bytes per stage are the same in both element types.
-#define CONV_NHWC_TILES(NAME, E)                   \
-    CONV_NHWC_KERNEL(NAME, E, 128, 128, 2, 3, 2)   \
-    CONV_NHWC_KERNEL(NAME, E, 128, 64, 4, 4, 2)    \
-    CONV_NHWC_KERNEL(NAME, E, 64, 128, 2, 4, 2)    \
-    CONV_NHWC_KERNEL(NAME, E, 64, 64, 2, 4, 3)     \
-    CONV_NHWC_KERNEL(NAME, E, 128, 32, 4, 4, 3)
-
-// One compile holds the kernels of every element type unless cuda_build asks for one (-DIE_NHWC_ONLY_F16, _TF32,
-// _F32): a run of one precision then compiles a third of them, the three in parallel when all are wanted.
+// Compile units (cuda_build.UNITS). One compile holds every kernel unless cuda_build asks for one element type
+// (-DIE_NHWC_ONLY_F16, _TF32, _F32) and one kind of tile (-DIE_NHWC_ONLY_SYNC: mma.sync tiles and the split-K
+// reduction; _WGMMA, _WS, _HALO): a first run then compiles only the units its launches use, in parallel, a few
+// seconds instead of the whole file's (docs/PERFORMANCE.md, cold start). A kind left out expands to nothing.
 #if !defined(IE_NHWC_ONLY_F16) && !defined(IE_NHWC_ONLY_TF32) && !defined(IE_NHWC_ONLY_F32)
 #define IE_NHWC_F16
 #define IE_NHWC_TF32
 #define IE_NHWC_F32
-#else
+#endif
 #ifdef IE_NHWC_ONLY_F16
 #define IE_NHWC_F16
 #endif
@@ -859,7 +842,48 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
 #ifdef IE_NHWC_ONLY_F32
 #define IE_NHWC_F32
 #endif
+#if !defined(IE_NHWC_ONLY_SYNC) && !defined(IE_NHWC_ONLY_WGMMA) && !defined(IE_NHWC_ONLY_WS) && \
+    !defined(IE_NHWC_ONLY_HALO)
+#define IE_NHWC_SYNC
+#define IE_NHWC_WGMMA
+#define IE_NHWC_WS
+#define IE_NHWC_HALO
 #endif
+#ifdef IE_NHWC_ONLY_SYNC
+#define IE_NHWC_SYNC
+#endif
+#ifdef IE_NHWC_ONLY_WGMMA
+#define IE_NHWC_WGMMA
+#endif
+#ifdef IE_NHWC_ONLY_WS
+#define IE_NHWC_WS
+#endif
+#ifdef IE_NHWC_ONLY_HALO
+#define IE_NHWC_HALO
+#endif
+
+// One extern "C" entry point per element type and tile: KERNEL runs GEMM (a parenthesized template-id) on its
+// arguments, THREADS threads a block, at least MIN_BLOCKS blocks an SM (which caps registers: 2 blocks of 256
+// threads leave 128 a thread for the 64x32 warp tile's 64 accumulators).
+#define CONV_NHWC_ENTRY(KERNEL, E, THREADS, MIN_BLOCKS, GEMM)                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) KERNEL(CONV_NHWC_PARAMS(E)) { \
+        GEMM(CONV_NHWC_ARGS(E));                                                                      \
+    }
+#ifdef IE_NHWC_SYNC
+#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS) \
+    CONV_NHWC_ENTRY(NAME##_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>))
+#else
+#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS)
+#endif
+
+// Warp tiles and shared memory: 128x128 64x32, 48 KB; 128x64 and 64x128 32x32, 48 KB; 64x64 32x16, 32 KB; 128x32
+// (the Cout = 32 layers) 32x16, 40 KB. Bytes per stage are the same in both element types.
+#define CONV_NHWC_TILES(NAME, E)                   \
+    CONV_NHWC_KERNEL(NAME, E, 128, 128, 2, 3, 2)   \
+    CONV_NHWC_KERNEL(NAME, E, 128, 64, 4, 4, 2)    \
+    CONV_NHWC_KERNEL(NAME, E, 64, 128, 2, 4, 2)    \
+    CONV_NHWC_KERNEL(NAME, E, 64, 64, 2, 4, 3)     \
+    CONV_NHWC_KERNEL(NAME, E, 128, 32, 4, 4, 3)
 
 #ifdef IE_NHWC_F16
 CONV_NHWC_TILES(conv_nhwc, NhwcF16)
@@ -876,18 +900,30 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 // the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and loads): 256x64 80 KB,
 // 256x32 72 KB. NhwcF32 (three wgmma a k step, low tiles, and its sums in registers twice): 128x64 108 KB, 113
 // registers; 128x32 90 KB; 128x128 one block an SM (its 128 sums would spill at 128 registers), 176 KB.
+#ifdef IE_NHWC_WGMMA
 #define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS) \
     CONV_NHWC_ENTRY(NAME##_wgmma_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_wgmma_gemm<E, BM, BN>))
+#else
+#define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS)
+#endif
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
 // The warp-specialized tiles: WS_THREADS (512) threads, one block an SM (128 registers a thread at launch, then
 // setmaxnreg's split; the consumers hold BM / 128 * BN / 2 accumulators; ptxas: no spill. 256x192's 192 spill).
+#ifdef IE_NHWC_WS
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN) \
     CONV_NHWC_ENTRY(NAME##_ws_##BM##x##BN, E, WS_THREADS, 1, (conv_nhwc_ws_gemm<E, BM, BN>))
+#else
+#define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)
+#endif
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
 // split: the consumers hold 4 x BN / 2 accumulators).
 static_assert(HALO_BM == 256, "the halo kernels' names say 256");
+#ifdef IE_NHWC_HALO
 #define CONV_NHWC_HALO_KERNEL(NAME, E, BN) \
     CONV_NHWC_ENTRY(NAME##_halo_256x##BN, E, HALO_THREADS, 1, (conv_nhwc_halo_gemm<E, BN>))
+#else
+#define CONV_NHWC_HALO_KERNEL(NAME, E, BN)
+#endif
 
 // fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized, halo.
 #define CONV_NHWC_SM90_TILES(NAME, E)           \
@@ -949,6 +985,7 @@ __device__ __forceinline__ void conv_nhwc_splitk_sum(const float* __restrict__ w
         conv_nhwc_splitk_sum<E>(ws, bias, y, splits, p_total, cout, y_cstride, NHWC_PARTS_ARGS);                  \
     }
 
+#ifdef IE_NHWC_SYNC
 #ifdef IE_NHWC_F16
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_splitk_reduce, NhwcF16)
 #endif
@@ -957,4 +994,5 @@ CONV_NHWC_SPLITK_REDUCE(conv_nhwc_tf32_splitk_reduce, NhwcTf32)
 #endif
 #ifdef IE_NHWC_F32
 CONV_NHWC_SPLITK_REDUCE(conv_nhwc_f32_splitk_reduce, NhwcF32)
+#endif
 #endif

@@ -1,8 +1,8 @@
 """Compile the CUDA kernels (cuda_src/*.cu) to cubins with nvcc, once per (sources, flags, target), cached on disk.
 
-A compile unit is a source file, or (conv_nhwc.cu) one element type's kernels of it: ``UNITS``. A backend builds the
-units its launches need, in parallel, so a first run of one precision waits for that precision's kernels only (the
-tf32 third of conv_nhwc.cu compiles in about a third of the whole file's time). A cubin is named
+A compile unit is a source file, or (conv_nhwc.cu) one element type's tiles of one kind: ``UNITS``. A backend builds
+the units its launches need, in parallel, so a first run waits for the few kernels it uses (the largest tf32 unit
+compiles in about a seventh of the whole file's time). A cubin is named
 ``<unit>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every file of cuda_src (a
 header change rebuilds everything), the flags and the target, so a second process starts without compiling and an
 edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
@@ -25,11 +25,14 @@ from .weights import user_cache_dir
 
 SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu",
            "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "pipeline_io.cu", "resize_pil.cu")
-# unit -> (source, extra nvcc flags). conv_nhwc.cu's element types are separate units (its IE_NHWC_ONLY_* macros).
+# unit -> (source, extra nvcc flags). conv_nhwc.cu is one unit per element type and kind of tile (its IE_NHWC_ONLY_*
+# macros): sync = the mma.sync tiles and the split-K reduction; fp32 has wgmma tiles only.
 NHWC_ELEMS = {"f16": "conv_nhwc_", "tf32": "conv_nhwc_tf32_", "f32": "conv_nhwc_f32_"}  # unit suffix -> kernel prefix
+NHWC_KINDS = {"f16": ("sync", "wgmma", "ws", "halo"), "tf32": ("sync", "wgmma", "ws", "halo"), "f32": ("sync", "wgmma")}
 UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
     **{name: (name, ()) for name in SOURCES if name != "conv_nhwc.cu"},
-    **{f"conv_nhwc_{e}": ("conv_nhwc.cu", (f"-DIE_NHWC_ONLY_{e.upper()}",)) for e in NHWC_ELEMS},
+    **{f"conv_nhwc_{e}_{k}": ("conv_nhwc.cu", (f"-DIE_NHWC_ONLY_{e.upper()}", f"-DIE_NHWC_ONLY_{k.upper()}"))
+       for e, kinds in NHWC_KINDS.items() for k in kinds},
 }
 # -lineinfo costs nothing at run time and lets compute-sanitizer and Nsight point at source lines.
 FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
@@ -77,7 +80,9 @@ def unit_of(source: str, kernel: str) -> str:
     """The compile unit that holds ``kernel`` of ``source``."""
     if source != "conv_nhwc.cu":
         return source
-    return max((prefix, f"conv_nhwc_{e}") for e, prefix in NHWC_ELEMS.items() if kernel.startswith(prefix))[1]
+    elem = max((prefix, e) for e, prefix in NHWC_ELEMS.items() if kernel.startswith(prefix))[1]
+    kind = next((k for k in ("wgmma", "ws", "halo") if f"_{k}_" in kernel), "sync")
+    return f"conv_nhwc_{elem}_{kind}"
 
 
 def build_key(arch: str) -> str:

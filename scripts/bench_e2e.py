@@ -11,7 +11,8 @@ Rows, each in a fresh process (so peak host memory is the row's own):
 - ``ours``: Engine.predict_iter over the folder, per precision and worker kind, after a warm-up that compiles and
   tunes (a second run of a folder is what the warm numbers describe), with the forward alone at the same batch
   (CUDA events, median) beside it;
-- ``torch``: scripts/torch_dataloader_baseline.py, fp32 and fp16, with the same weights; top-1 agreement with ours.
+- ``torch``: scripts/torch_dataloader_baseline.py with PyTorch's defaults (TF32 convolutions), in true fp32 and in
+  fp16, with the same weights; top-1 agreement of every row with the true-fp32 one.
 Peak host memory is the process's peak RSS; GPU memory is what the engine allocated (arena, weights, the runner's
 buffers) or PyTorch's max_memory_allocated. Prints a table; --json keeps everything.
 """
@@ -235,7 +236,8 @@ def main() -> None:
             "agreement": agreement(rows.get("ours fp32, gpu decode", {}),
                                    rows.get(f"ours fp32, {args.kinds.split(',')[-1]} workers", {}))}
     if not args.no_torch:
-        for flag, name in (([], "torch DataLoader fp32"), (["--fp16"], "torch DataLoader fp16 channels_last")):
+        for flag, name in (([], "torch DataLoader fp32 (TF32 convs)"), (["--no-tf32"], "torch DataLoader fp32"),
+                           (["--fp16"], "torch DataLoader fp16 channels_last")):
             cmd = [str(ROOT / "scripts/torch_dataloader_baseline.py"), str(folder), weights, "--batch-size",
                    str(args.batch_size), *flag]
             r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=600)

@@ -5,7 +5,7 @@
 Loads the engine's weight file into torchvision's inception_v3 (each conv's folded BatchNorm as an identity BN with
 the bias), then the plain loop: decode + Resize(342) + CenterCrop(299) + ToTensor + Normalize in DataLoader worker
 processes with pinned memory, forward, softmax, top 5. PyTorch's defaults stay (cuDNN picks TF32 for fp32 convs,
-as any such script gets). --fp16: half precision and channels_last, the usual speed-up. Prints one JSON line:
+as any such script gets; --no-tf32 turns that off). --fp16: half precision and channels_last, the usual speed-up. Prints one JSON line:
 images/s over the whole folder (first batch included, as a user waits for it) and the top-1 class per image.
 """
 
@@ -65,10 +65,14 @@ def main() -> None:
     ap.add_argument("dir")
     ap.add_argument("weights")
     ap.add_argument("--fp16", action="store_true")
+    ap.add_argument("--no-tf32", action="store_true", help="true float32 convolutions (PyTorch's default is TF32)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--workers", type=int, default=16)
     args = ap.parse_args()
     paths = sorted(p for p in Path(args.dir).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    if args.no_tf32:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     model = torchvision_model(args.weights).cuda()
     if args.fp16:
         model = model.half().to(memory_format=torch.channels_last)
