@@ -85,7 +85,9 @@ g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).val
 if want e2e; then
   step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s tests/test_pipeline_kernels.py \
     tests/test_resize_pil_kernel.py tests/test_gpu_decode.py
-  step "bench e2e" e2e.log 420 python3 scripts/bench_e2e.py --json "$OUT/e2e.json"
+  step "bench e2e" e2e.log 420 python3 scripts/bench_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-}
+  step "profile gpu decode" e2e.log 60 python3 scripts/profile_gpu_decode.py \
+    "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
 fi
 
 want kernels && step "pytest cuda" env_pytest.log 330 python3 -m pytest -m gpu -q -rfEs --durations=10 \
