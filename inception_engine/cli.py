@@ -123,6 +123,10 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
 
         return run_on_ray(ray_address, images, weights_path, backend, precision, top_k, batch_size, output_path,
                           gpus, resume, as_json)
+    if gpus == 0:
+        raise EngineError("--gpus 0 is for --ray; on this machine the CPU is --backend cpu")
+    from .multi_gpu import predict_on_gpus
+
     if resume and not output_path:
         raise EngineError("--resume continues an --output FILE; give the file")
     if output_path and as_json:
@@ -147,7 +151,9 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             failed, total, t0 = 0, 0, time.perf_counter()
             with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
                       dynamic_ncols=True) as bar:
-                preds = engine.predict_iter(todo, top_k, on_progress=bar.update)
+                preds = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
+                                         worker_kind, bar.update) if gpus and gpus > 1 else
+                         engine.predict_iter(todo, top_k, on_progress=bar.update))
                 try:
                     for path, err in inputs:
                         r = next(preds) if err is None else Prediction(path, error=err)
