@@ -3,25 +3,18 @@ process writes, in input order."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 from random_weights import random_arrays
+from result_lines import assert_same_results, read_rows
+from test_cli import runner
 
 from inception_engine import cli
 from inception_engine.multi_gpu import deal
 from inception_engine.weights import save_weights
-
-
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # click < 8.2 mixes stderr into stdout unless told
-    except TypeError:
-        return CliRunner()
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +40,9 @@ def test_two_workers_write_what_one_process_writes(weights_file, tmp_path):
     one = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / "one.jsonl")])
     two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2", "--output", str(tmp_path / "two.jsonl")])
     assert one.exit_code == two.exit_code == 1, two.output  # 05b.jpg
-    one_rows, two_rows = (read_rows(tmp_path / f"{n}.jsonl") for n in ("one", "two"))
-    assert len(two_rows) == 12 and two_rows[6]["image"].endswith("05b.jpg") and "error" in two_rows[6]
-    # the same order, errors, classes; probabilities to float32 rounding: where a worker's share ends its last batch
-    # is a partial one, and the cpu backend's sums come out a few ulp apart for another batch size
-    for a, b in zip(one_rows, two_rows):
-        assert (a["image"], a.get("error")) == (b["image"], b.get("error"))
-        top_a, top_b = a.get("top", []), b.get("top", [])
-        assert [(t["index"], t["label"]) for t in top_a] == [(t["index"], t["label"]) for t in top_b]
-        assert [t["prob"] for t in top_a] == pytest.approx([t["prob"] for t in top_b], rel=1e-5)
-
-
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    rows = read_rows(tmp_path / "two.jsonl")
+    assert len(rows) == 12 and rows[6]["image"].endswith("05b.jpg") and "error" in rows[6]
+    assert_same_results(read_rows(tmp_path / "one.jsonl"), rows)
 
 
 def test_gpus_zero_without_ray_is_a_one_line_error(tmp_path):

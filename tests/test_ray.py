@@ -5,28 +5,21 @@ forwards are quick."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 from random_weights import random_arrays
+from result_lines import assert_same_results, read_rows
+from test_cli import runner
 
 from inception_engine import cli
 from inception_engine.weights import save_weights
 
 SIZE, RESIZE = 75, 86
 TOP_K = 3
-
-
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # click < 8.2 mixes stderr into stdout unless told
-    except TypeError:
-        return CliRunner()
 
 
 @pytest.fixture(scope="module")
@@ -57,22 +50,18 @@ def photos(tmp_path_factory) -> Path:
     return d
 
 
-def read_lines(path: Path) -> dict[str, dict]:
-    """image -> its result, from a .jsonl file or every .jsonl file in a directory."""
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
-    by_image = {r["image"]: r for r in rows}
-    assert len(by_image) == len(rows), "an image written twice"
-    return by_image
+def by_image(rows: list[dict]) -> list[dict]:
+    """Ray writes in whatever order the blocks finish."""
+    return sorted(rows, key=lambda r: r["image"])
 
 
 @pytest.fixture(scope="module")
-def inception_run_lines(photos, weights_file, tmp_path_factory) -> dict[str, dict]:
+def inception_run_lines(photos, weights_file, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("run") / "out.jsonl"
     result = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu",
                                            "--top-k", str(TOP_K), "--batch-size", "4", "--output", str(out)])
     assert result.exit_code == 1, result.output  # 1: bad.jpg
-    return read_lines(out)
+    return by_image(read_rows(out))
 
 
 def test_dataset_gives_inception_runs_lines_and_one_engine_per_actor(ray_session, photos, weights_file,
@@ -92,7 +81,7 @@ def test_dataset_gives_inception_runs_lines_and_one_engine_per_actor(ray_session
     assert len(errors) == 1 and errors[0]["path"].endswith("bad.jpg") and len(errors[0]["top_index"]) == 0
 
     results.write_datasink(jsonl_datasink(str(tmp_path / "out")))
-    assert read_lines(tmp_path / "out") == inception_run_lines
+    assert_same_results(by_image(read_rows(tmp_path / "out")), inception_run_lines)
 
 
 def test_inception_run_ray(ray_session, photos, weights_file, inception_run_lines, tmp_path):
@@ -102,7 +91,7 @@ def test_inception_run_ray(ray_session, photos, weights_file, inception_run_line
                                            "--output", str(out)])
     assert result.exit_code == 1, result.output  # bad.jpg, as inception-run
     assert "13 images (1 errors)" in result.stderr and "error: 1 of 13" in result.stderr
-    assert read_lines(out) == inception_run_lines
+    assert_same_results(by_image(read_rows(out)), inception_run_lines)
     again = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--weights", str(weights_file),
                                           "--output", str(out)])
     assert again.exit_code == 2 and "holds files already" in again.stderr
