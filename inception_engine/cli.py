@@ -107,13 +107,28 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
                    "printing them.")
 @click.option("--resume", is_flag=True, help="With --output: skip the images FILE already has, append the rest.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+              help="Run on a Ray cluster through Ray Data (ADDRESS: auto, local, ray://HOST:PORT; none: the running "
+                   "one, else a new local one); IMAGE... may be URIs such as s3://, --output a directory.")
+@click.option("--gpus", type=click.IntRange(0), default=None, metavar="N",
+              help="GPUs to use: with --ray, GPU actors [default: all]; without, worker processes on this "
+                   "machine, one per GPU [default: 1].")
 @user_errors
 def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, precision: str, top_k: int,
             batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
-            resume: bool, as_json: bool) -> None:
+            resume: bool, as_json: bool, ray_address: str | None, gpus: int | None) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
     from .engine import Engine
     from .output import ResultFile, image_key
+
+    if ray_address is not None:
+        from .ray_data import run_on_ray
+
+        return run_on_ray(ray_address, images, weights_path, backend, precision, top_k, batch_size, output_path,
+                          gpus, resume, as_json)
+    if gpus == 0:
+        raise EngineError("--gpus 0 is for --ray; on this machine the CPU is --backend cpu")
+    from .multi_gpu import predict_on_gpus
 
     if resume and not output_path:
         raise EngineError("--resume continues an --output FILE; give the file")
@@ -139,7 +154,9 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             failed, total, t0 = 0, 0, time.perf_counter()
             with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
                       dynamic_ncols=True) as bar:
-                preds = engine.predict_iter(todo, top_k, on_progress=bar.update)
+                preds = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
+                                         worker_kind, bar.update, decode) if gpus and gpus > 1 else
+                         engine.predict_iter(todo, top_k, on_progress=bar.update))
                 try:
                     for path, err in inputs:
                         r = next(preds) if err is None else Prediction(path, error=err)

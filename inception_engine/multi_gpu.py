@@ -1,0 +1,89 @@
+"""``inception-run --gpus N`` without Ray: one worker process per GPU of this machine, results in input order.
+
+The inputs are cut into chunks of a few batches, dealt round-robin: worker ``w`` classifies chunks ``w``, ``w + N``,
+``w + 2N``, ... as one stream (its own Engine and pipeline, ``CUDA_VISIBLE_DEVICES=w`` so that it sees one GPU), and
+the parent takes chunk ``c``'s predictions from worker ``c % N`` in turn, so the output stays in input order and a
+slower GPU holds the others back by at most a chunk or so of results (they wait in its queue). Decode workers are
+shared out: each process gets its share of the CPUs. For several machines use Ray (ray_data.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .engine import Engine
+from .errors import EngineError
+from .images import first_line
+from .pipeline import Prediction, default_workers
+
+CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
+
+
+def deal(paths: list[str], workers: int, chunk: int) -> list[list[str]]:
+    """Each worker's inputs: chunks of ``chunk`` paths dealt round-robin."""
+    shares: list[list[str]] = [[] for _ in range(workers)]
+    for c, start in enumerate(range(0, len(paths), chunk)):
+        shares[c % workers] += paths[start:start + chunk]
+    return shares
+
+
+def _worker(gpu: int, paths: list[str], engine_args: dict[str, Any], top_k: int, out: Any) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
+    try:
+        with Engine(**engine_args) as engine:
+            for p in engine.predict_iter(paths, top_k):
+                out.put(p)
+    except EngineError as e:
+        out.put(EngineError(f"GPU {gpu}: {e}"))
+    except Exception as e:  # whatever it was, the parent reports it in one line instead of waiting forever
+        out.put(EngineError(f"GPU {gpu}: {type(e).__name__}: {first_line(e)}"))
+
+
+def _next(q: Any, proc: Any, gpu: int) -> Prediction:
+    while True:
+        try:
+            item = q.get(timeout=1.0)
+        except queue.Empty:
+            if not proc.is_alive() and q.empty():
+                raise EngineError(f"the worker for GPU {gpu} died (exit code {proc.exitcode})") from None
+            continue
+        if isinstance(item, EngineError):
+            raise item
+        return item
+
+
+def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
+                    batch_size: int, precision: str, workers: int | None, worker_kind: str,
+                    on_progress: Callable[[int], None] | None = None, decode: str = "cpu") -> Iterator[Prediction]:
+    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1)."""
+    if not paths:
+        return
+    shares = deal(paths, gpus, batch_size * CHUNK_BATCHES)
+    engine_args = {"weights": weights, "backend": backend, "batch_size": batch_size, "precision": precision,
+                   "workers": workers or max(1, default_workers() // gpus), "worker_kind": worker_kind,
+                   "decode": decode}
+    ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
+    queues = [ctx.Queue() for _ in shares]
+    procs = [ctx.Process(target=_worker, args=(g, share, engine_args, top_k, q), daemon=True)
+             for g, (share, q) in enumerate(zip(shares, queues)) if share]
+    for p in procs:
+        p.start()
+    try:
+        chunk = batch_size * CHUNK_BATCHES
+        for c, start in enumerate(range(0, len(paths), chunk)):
+            g = c % gpus
+            for _ in range(min(chunk, len(paths) - start)):
+                yield _next(queues[g], procs[g], g)
+                if on_progress:
+                    on_progress(1)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()

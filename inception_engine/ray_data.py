@@ -1,0 +1,279 @@
+"""Classify a dataset on many GPUs and machines: the engine as a stage of Ray Data.
+
+    import ray
+    from inception_engine.ray_data import classify_dataset
+
+    ray.init()                                                    # or ray.init("ray://head:10001")
+    ds = ray.data.read_binary_files("s3://bucket/photos/", include_paths=True)
+    classify_dataset(ds, "weights/inception_v3.npz", gpus=8).write_parquet("s3://bucket/labels/")
+
+Two stages, Ray's usual split for batch inference: ``decode_batch`` runs as Ray tasks on the CPUs of every node
+(bytes -> the (size, size, 3) uint8 pixels the engine's pipeline decodes, torchvision's resize and crop), and
+``InceptionPredictor`` runs as a pool of actors, one per GPU, each holding one Engine (weights loaded once, the cuda
+runner kept between batches) and returning the top-k of each row. An image that cannot be decoded is a row with
+``error`` set, never a failed job. ``run_ray`` is ``inception-run --ray``: the same, written as JSON lines in
+inception-run's format.
+
+Ray is imported here only inside functions: ``InceptionPredictor`` and ``decode_batch`` are plain Python that Ray
+ships to its workers, and a machine without Ray gets one line saying what to install (``require_ray``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from .engine import Engine
+from .errors import EngineError
+from .images import Preprocess, decode_u8, first_line, image_extensions
+from .output import as_json
+from .pipeline import Prediction
+from .weights import Weights, find_weights, load_weights
+
+Batch = dict[str, np.ndarray]
+NO_RAY = "--ray needs Ray Data: pip install -e '.[ray]'"
+DECODE_BATCH = 32  # images per decode task call: enough to amortise Ray's per-batch cost, small blocks for balance
+
+# Engines built by predictors in this process. Ray Data keeps each actor's predictor for the whole job, so on an
+# actor this stays 1 however many batches it classifies (the tests read it through ``diagnostics``).
+_engines_built = 0
+
+
+def require_ray() -> Any:
+    """The ``ray`` module with Ray Data importable, or the one-line EngineError saying how to get it."""
+    try:
+        import ray
+        import ray.data  # noqa: F401  (needs pyarrow and pandas: plain `pip install ray` lacks them)
+    except ImportError:
+        raise EngineError(NO_RAY) from None
+    return ray
+
+
+# ------------------------------------------------------------------------------------------------------ decoding
+
+def open_bytes(data: bytes, name: str) -> Image.Image:
+    """A file's bytes decoded fully by Pillow, failures as one-line EngineErrors naming the file: the messages
+    images.open_image gives for the same file on disk, so Ray's error rows read like inception-run's."""
+    if not data:
+        raise EngineError(f"{name}: empty file")
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        return img
+    except UnidentifiedImageError:
+        raise EngineError(f"{name}: not an image (Pillow cannot identify the format)") from None
+    except Image.DecompressionBombError as e:
+        raise EngineError(f"{name}: refused, too many pixels ({e})") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        raise EngineError(f"{name}: corrupt or truncated image data ({first_line(e)})") from None
+
+
+def decode_row(data: bytes, name: str, pre: Preprocess) -> np.ndarray:
+    """One file's bytes -> (size, size, 3) uint8, as decode_u8 gives for its path."""
+    img = open_bytes(data, name)
+    try:
+        return decode_u8(img, pre)
+    except EngineError as e:
+        raise EngineError(f"{name}: {e}") from None
+    except (OSError, ValueError) as e:
+        raise EngineError(f"{name}: cannot convert image ({first_line(e)})") from None
+
+
+def decode_batch(batch: Batch, pre: Preprocess) -> Batch:
+    """Ray's ``read_binary_files(..., include_paths=True)`` rows ("bytes", "path") -> "path", "pixels" (uint8,
+    zeros where the image failed) and "error" ("" or the one-line reason)."""
+    paths = batch["path"]
+    pixels = np.zeros((len(paths), pre.size, pre.size, 3), np.uint8)
+    errors = np.full(len(paths), "", dtype=object)
+    for i, (data, path) in enumerate(zip(batch["bytes"], paths)):
+        try:
+            pixels[i] = decode_row(data, str(path), pre)
+        except EngineError as e:
+            errors[i] = str(e)
+        except Exception as e:  # a decoder bug or an exotic file is this row's error, never the job's
+            errors[i] = f"{path}: cannot decode ({type(e).__name__}: {first_line(e)})"
+    return {"path": paths, "pixels": pixels, "error": errors}
+
+
+# ---------------------------------------------------------------------------------------------------- classifying
+
+class InceptionPredictor:
+    """A callable class for ``Dataset.map_batches``: Ray builds one per actor and calls it batch after batch.
+
+    Takes rows of "path" and either "pixels" (decode_batch's output: the fast way, decoding on CPU tasks) or
+    "bytes" (read_binary_files's, decoded here: one stage, simpler, slower on a GPU actor). Returns "path",
+    "error" ("" when classified), and "top_index", "top_label", "top_prob" (lists of top_k, most likely first;
+    empty for errors). weights: a path, a Weights (e.g. a ray.put of one: fetched once per node, not read from
+    each node's disk) or None for the usual places. diagnostics adds "worker" (host:pid) and "engines_built"
+    (predictors built in that process so far) to every row."""
+
+    def __init__(self, weights: str | os.PathLike | Weights | Any | None = None, backend: str = "auto",
+                 precision: str = "auto", batch_size: int = 64, top_k: int = 5, diagnostics: bool = False):
+        global _engines_built
+        if weights is not None and not isinstance(weights, (str, os.PathLike, Weights)):
+            weights = require_ray().get(weights)  # an ObjectRef (Ray Data passes constructor arguments as they are)
+        self.engine = Engine(weights, backend=backend, batch_size=batch_size, precision=precision)
+        _engines_built += 1
+        self.top_k = top_k
+        self.worker = f"{os.uname().nodename}:{os.getpid()}" if diagnostics else None
+
+    def __call__(self, batch: Batch) -> Batch:
+        if "pixels" not in batch:
+            batch = decode_batch(batch, self.engine.preprocess)
+        errors = batch["error"]
+        ok = np.flatnonzero(errors == "")
+        tops: list[list[tuple[int, str, float]]] = [[] for _ in errors]
+        if len(ok):
+            for i, top in zip(ok, self.engine.classify_pixels(batch["pixels"][ok], self.top_k)):
+                tops[i] = top
+        out = {"path": batch["path"], "error": errors,
+               "top_index": column([[i for i, _, _ in t] for t in tops]),
+               "top_label": column([[label for _, label, _ in t] for t in tops]),
+               "top_prob": column([[p for _, _, p in t] for t in tops])}
+        if self.worker is not None:
+            out["worker"] = np.full(len(errors), self.worker, dtype=object)
+            out["engines_built"] = np.full(len(errors), _engines_built)
+        return out
+
+
+def column(lists: list[list[Any]]) -> np.ndarray:
+    """A 1-D object array of lists (Ray stores it as an Arrow list column; np.array would make it 2-D)."""
+    a = np.empty(len(lists), dtype=object)
+    a[:] = lists
+    return a
+
+
+def preprocess_of(weights: str | os.PathLike | Weights | Any | None) -> Preprocess:
+    """The decode stage's settings (input size, resize) from the weights' manifest, however they are given."""
+    if weights is None or isinstance(weights, (str, os.PathLike)):
+        weights = load_weights(find_weights(weights))
+    elif not isinstance(weights, Weights):
+        weights = require_ray().get(weights)  # an ObjectRef: on the driver's node this maps the arrays, no copy
+    return Preprocess.from_manifest(weights.manifest)
+
+
+def classify_dataset(ds: Any, weights: str | os.PathLike | Weights | Any | None = None, *, gpus: int = 1,
+                     backend: str = "auto", precision: str = "auto", batch_size: int = 64, top_k: int = 5,
+                     cpu_actors: int = 1, actor_cpus: float = 1.0, diagnostics: bool = False) -> Any:
+    """Decode on CPU tasks, classify on ``gpus`` GPU actors (``gpus=0``: ``cpu_actors`` actors on the cpu
+    backend, each reserving ``actor_cpus`` CPUs; leave CPUs over for the decode tasks or they never run). ``ds``:
+    rows of "bytes" and "path", as ``ray.data.read_binary_files(..., include_paths=True)`` gives. weights: a path
+    every node can read, a Weights, or an ObjectRef of one (``ray.put``). Returns the lazy Dataset of
+    InceptionPredictor's columns; write it with write_parquet / write_json or ``jsonl_datasink``."""
+    if gpus < 0 or cpu_actors < 1:
+        raise EngineError(f"need gpus >= 0 and cpu_actors >= 1, got {gpus} and {cpu_actors}")
+    pre = preprocess_of(weights)
+    decoded = ds.map_batches(decode_batch, fn_kwargs={"pre": pre}, batch_size=DECODE_BATCH, batch_format="numpy")
+    if gpus == 0 and backend == "auto":
+        backend = "cpu"  # an actor that reserved no GPU must not pick one up through auto
+    predictor = {"weights": weights, "backend": backend, "precision": precision, "batch_size": batch_size,
+                 "top_k": top_k, "diagnostics": diagnostics}
+    resources = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_gpus": 0, "num_cpus": actor_cpus}
+    return decoded.map_batches(InceptionPredictor, fn_constructor_kwargs=predictor, batch_size=batch_size,
+                               batch_format="numpy", concurrency=gpus or cpu_actors, **resources)
+
+
+# --------------------------------------------------------------------------------------------------------- output
+
+def rows_as_predictions(batch: Batch) -> list[Prediction]:
+    """A batch of InceptionPredictor's columns as the Predictions inception-run writes."""
+    preds = []
+    for i, path in enumerate(batch["path"]):
+        error = str(batch["error"][i])
+        if error:
+            preds.append(Prediction(str(path), error=error))
+        else:
+            top = zip(batch["top_index"][i], batch["top_label"][i], batch["top_prob"][i])
+            preds.append(Prediction(str(path), top=[(int(k), str(label), float(p)) for k, label, p in top]))
+    return preds
+
+
+def jsonl_datasink(path: str) -> Any:
+    """A Ray Datasink writing files of inception-run's --output lines ({"image", "top"} or {"image", "error"})
+    into the directory or URI ``path``; refuses one that holds data already."""
+    ray = require_ray()
+    from ray.data.block import BlockAccessor
+    from ray.data.datasource import BlockBasedFileDatasink
+
+    class JsonLinesDatasink(BlockBasedFileDatasink):
+        def __init__(self, path: str):
+            super().__init__(path, file_format="jsonl", mode=ray.data.SaveMode.CREATE)
+
+        def write_block_to_file(self, block: BlockAccessor, file: Any) -> None:
+            preds = rows_as_predictions(block.to_numpy())
+            file.write("".join(json.dumps(as_json(p)) + "\n" for p in preds).encode())
+
+    return JsonLinesDatasink(path)
+
+
+# ------------------------------------------------------------------------------------------------- inception-run
+
+@dataclass(frozen=True)
+class RayRun:
+    images: int
+    errors: int
+    seconds: float
+    actors: str  # e.g. "4 GPU actors", for the summary line
+
+
+def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpus: int | None = None,
+            weights: str | None = None, backend: str = "auto", precision: str = "auto", batch_size: int = 64,
+            top_k: int = 5) -> RayRun:
+    """``inception-run --ray``: classify every image under ``sources`` (files, directories, URIs Ray Data reads)
+    on the cluster at ``address`` (None: the running one, else a new local one) with ``gpus`` GPU actors (None:
+    every GPU in the cluster; none there: one cpu-backend actor per node), writing JSON lines into
+    ``output_dir``."""
+    ray = require_ray()
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        raise EngineError(f"{output_dir} holds files already; give an empty or new directory")
+    w = load_weights(find_weights(weights))  # here, so a missing file is one line before any cluster starts
+    started = not ray.is_initialized()  # a caller's own session (a notebook, the tests) is used as it is
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        if gpus is None:
+            gpus = int(ray.cluster_resources().get("GPU", 0))
+        nodes = sum(1 for n in ray.nodes() if n["Alive"])
+        exts = sorted(e.lstrip(".") for e in image_extensions())
+        t0 = time.perf_counter()
+        ds = ray.data.read_binary_files(sources, include_paths=True, file_extensions=exts)
+        results = classify_dataset(ds, ray.put(w), gpus=gpus, backend=backend, precision=precision,
+                                   batch_size=batch_size, top_k=top_k, cpu_actors=nodes).materialize()
+        results.write_datasink(jsonl_datasink(output_dir))
+        errors = results.filter(lambda row: row["error"] != "").count()
+        images = results.count()
+        return RayRun(images, errors, time.perf_counter() - t0,
+                      f"{gpus} GPU actors" if gpus else f"{nodes} CPU actors")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_on_ray(address: str, sources: tuple[str, ...], weights: str | None, backend: str, precision: str,
+               top_k: int, batch_size: int | None, output: str | None, gpus: int | None, resume: bool,
+               as_json: bool) -> None:
+    """inception-run's --ray branch: check the options, run, print the summary, exit 1 if any image failed."""
+    import click
+
+    if os.path.exists(address) or "://" in address and not address.startswith("ray://"):
+        raise EngineError(f"--ray takes the cluster's address (auto, local, ray://HOST:PORT), got the input "
+                          f"{address}: write --ray auto {address}, or put --ray after the inputs")
+    if not output:
+        raise EngineError("--ray writes its results to a directory: give --output DIR (or a URI such as s3://...)")
+    if resume or as_json:
+        raise EngineError("--ray writes JSON lines into --output DIR; --resume and --json are not for --ray")
+    run = run_ray(list(sources), output, address or None, gpus, weights, backend, precision, batch_size or 64,
+                  top_k)
+    click.echo(f"{run.images} images ({run.errors} errors) in {run.seconds:.1f} s on {run.actors}, "
+               f"{run.images / max(run.seconds, 1e-9):.0f} images/s -> {output}", err=True)
+    if run.errors:
+        click.echo(f"error: {run.errors} of {run.images} inputs could not be classified", err=True)
+        raise click.exceptions.Exit(1)
