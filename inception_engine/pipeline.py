@@ -346,14 +346,14 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
 
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
                      options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
-    """Predictions for image files decoded by the runner (on the GPU), in order: threads only read the files, a
-    window of ``ring_batches`` batches ahead."""
+    """Predictions for image files decoded by the runner (on the GPU), in order: threads only read the files,
+    ``ring_batches`` batches ahead."""
     if any(isinstance(s, Image.Image) for s in sources):
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
     if not sources:
         return
     window = runner.batch * options.ring_batches
-    pool = ThreadPoolExecutor(min(options.workers or default_workers(), window), thread_name_prefix="read")
+    pool = ThreadPoolExecutor(options.ring_batches, thread_name_prefix="read")
     try:
         yield from _stream_encoded(sources, runner, pool, window, top_k)
     finally:
@@ -361,11 +361,16 @@ def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_
         runner.close()
 
 
+def read_files(sources: Sequence[ImageSource]) -> list[tuple[bytes | None, str | None]]:
+    return [read_file(s) for s in sources]  # type: ignore[arg-type]  # classify_encoded refused PIL images
+
+
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, pool: Executor, window: int,
                     top_k: int) -> Iterator[Prediction]:
+    """One read task per batch of files (a future per file costs the main thread more than the read itself), a
+    window of tasks ahead; each batch goes to the runner as read, errors of unreadable files in their places."""
     n, batch = len(sources), runner.batch
-    reading: deque[tuple[int, Future]] = deque()
-    items: list[tuple[int, bytes]] = []
+    reading: deque[tuple[int, Future]] = deque()  # (first seq, future of the batch's reads)
     in_flight: deque[tuple[list[int], Any]] = deque()
     done: dict[int, Prediction] = {}
     next_submit = next_yield = 0
@@ -377,24 +382,23 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, pool:
             done[seq] = Prediction(name, error=out) if isinstance(out, str) else Prediction(name, top=labelled(out))
 
     while next_yield < n:
-        while next_submit < n and len(reading) + len(items) < window:
-            reading.append((next_submit, pool.submit(read_file, sources[next_submit])))
-            next_submit += 1
+        while next_submit < n and len(reading) * batch < window:
+            reading.append((next_submit, pool.submit(read_files, sources[next_submit:next_submit + batch])))
+            next_submit += batch
         if reading:
-            seq, fut = reading.popleft()
-            data, error = fut.result()
-            if data is None:
-                done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
-            else:
-                items.append((seq, data))
-        all_read = not reading and next_submit == n
-        if items and (len(items) == batch or all_read):
-            if len(in_flight) == runner.depth:
-                collect_oldest()
-            batch_items = [(source_name(seq, sources[seq]), data) for seq, data in items]
-            in_flight.append(([seq for seq, _ in items], runner.submit_encoded(batch_items, top_k)))
-            items = []
-        elif in_flight and not reading:
+            first, fut = reading.popleft()
+            items: list[tuple[int, bytes]] = []
+            for seq, (data, error) in enumerate(fut.result(), first):
+                if data is None:
+                    done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
+                else:
+                    items.append((seq, data))
+            if items:
+                if len(in_flight) == runner.depth:
+                    collect_oldest()
+                batch_items = [(source_name(seq, sources[seq]), data) for seq, data in items]
+                in_flight.append(([seq for seq, _ in items], runner.submit_encoded(batch_items, top_k)))
+        elif in_flight:
             collect_oldest()
         while next_yield in done:
             yield done.pop(next_yield)

@@ -177,7 +177,7 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,tf32,fp16")
     ap.add_argument("--kinds", default="thread,process", help="decode worker kinds")
     ap.add_argument("--decodes", default="cpu,gpu", help="cpu (Pillow) and/or gpu (nvImageCodec)")
-    ap.add_argument("--sweep", default="1,2,4,8,16", help="process worker counts of the decode-only sweep")
+    ap.add_argument("--sweep", default="1,2,4,8,16", help="process worker counts of the decode-only sweep (none: skip)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--workers", type=int)
     ap.add_argument("--no-torch", action="store_true")
@@ -216,7 +216,7 @@ def main() -> None:
             rows[f"cold start {precision}"] = cold_start(photo, weights, precision)
     for kind in args.kinds.split(","):
         rows[f"decode only, {kind} workers"] = run_row(["--row", "decode", "--kind", kind, *common])
-    for w in args.sweep.split(",") if args.sweep else []:  # where the decode ceiling comes from: cores
+    for w in args.sweep.split(",") if args.sweep != "none" else []:  # where the decode ceiling comes from: cores
         rows[f"decode only, {w} process(es), 512 images"] = run_row(["--row", "decode", "--kind", "process",
                                                                      *row_args(512, int(w))])
     if args.images > 1024 and not args.limit:  # host memory is the ring's, not the folder's: a quarter the images
