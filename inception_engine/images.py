@@ -13,7 +13,10 @@ On a PIL image that is (torchvision/transforms/functional.py, ``_compute_resized
 
 from __future__ import annotations
 
+import io
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,26 +60,43 @@ def open_image(path: str | Path) -> Image.Image:
     path = Path(path)
     if path.is_dir():
         raise EngineError(f"{path}: is a directory, not an image")
-    try:
+    with pillow_errors(path):
         if path.stat().st_size == 0:
             raise EngineError(f"{path}: empty file")
         with Image.open(path) as img:
             img.load()
             return exif_upright(img)
+
+
+def open_image_bytes(data: bytes, name: str) -> Image.Image:
+    """open_image for a file's bytes read elsewhere (Ray Data's workers), with the same messages under ``name``."""
+    if not data:
+        raise EngineError(f"{name}: empty file")
+    with pillow_errors(name):
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        return exif_upright(img)
+
+
+@contextmanager
+def pillow_errors(name: object) -> Iterator[None]:
+    """Pillow's (and the file system's) ways of failing on a file, as one-line EngineErrors naming it."""
+    try:
+        yield
     except EngineError:
         raise
     except FileNotFoundError:
-        raise EngineError(f"{path}: no such file") from None
+        raise EngineError(f"{name}: no such file") from None
     except PermissionError:
-        raise EngineError(f"{path}: permission denied") from None
+        raise EngineError(f"{name}: permission denied") from None
     except UnidentifiedImageError:
-        raise EngineError(f"{path}: not an image (Pillow cannot identify the format)") from None
+        raise EngineError(f"{name}: not an image (Pillow cannot identify the format)") from None
     except Image.DecompressionBombError as e:
-        raise EngineError(f"{path}: refused, too many pixels ({e})") from None
+        raise EngineError(f"{name}: refused, too many pixels ({e})") from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         # Pillow reports truncated or corrupt data as OSError ("image file is truncated", "broken data stream")
         # and some decoders as ValueError/SyntaxError.
-        raise EngineError(f"{path}: corrupt or truncated image data ({first_line(e)})") from None
+        raise EngineError(f"{name}: corrupt or truncated image data ({first_line(e)})") from None
 
 
 def first_line(e: BaseException) -> str:
@@ -163,13 +183,21 @@ def decode_u8(source: str | os.PathLike | Image.Image, pre: Preprocess = Preproc
     line naming the file."""
     if isinstance(source, Image.Image):
         return resize_crop(source, pre)
-    img = open_image(source)
+    return resize_crop_named(open_image(source), source, pre)
+
+
+def decode_u8_bytes(data: bytes, name: str, pre: Preprocess = Preprocess()) -> np.ndarray:
+    """decode_u8 of a file's bytes read elsewhere (Ray Data's workers), errors worded as for the file on disk."""
+    return resize_crop_named(open_image_bytes(data, name), name, pre)
+
+
+def resize_crop_named(img: Image.Image, name: object, pre: Preprocess) -> np.ndarray:
     try:
         return resize_crop(img, pre)
     except EngineError as e:
-        raise EngineError(f"{source}: {e}") from None
+        raise EngineError(f"{name}: {e}") from None
     except (OSError, ValueError) as e:
-        raise EngineError(f"{source}: cannot convert image ({first_line(e)})") from None
+        raise EngineError(f"{name}: cannot convert image ({first_line(e)})") from None
 
 
 def load_image(source: str | os.PathLike | Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:

@@ -20,7 +20,6 @@ ships to its workers, and a machine without Ray gets one line saying what to ins
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -28,11 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from .engine import Engine
 from .errors import EngineError
-from .images import Preprocess, decode_u8, first_line, image_extensions
+from .images import Preprocess, decode_u8_bytes, first_line, image_extensions
 from .output import as_json
 from .pipeline import Prediction
 from .weights import Weights, find_weights, load_weights
@@ -58,34 +56,6 @@ def require_ray() -> Any:
 
 # ------------------------------------------------------------------------------------------------------ decoding
 
-def open_bytes(data: bytes, name: str) -> Image.Image:
-    """A file's bytes decoded fully by Pillow, failures as one-line EngineErrors naming the file: the messages
-    images.open_image gives for the same file on disk, so Ray's error rows read like inception-run's."""
-    if not data:
-        raise EngineError(f"{name}: empty file")
-    try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
-        return img
-    except UnidentifiedImageError:
-        raise EngineError(f"{name}: not an image (Pillow cannot identify the format)") from None
-    except Image.DecompressionBombError as e:
-        raise EngineError(f"{name}: refused, too many pixels ({e})") from None
-    except (OSError, ValueError, SyntaxError, EOFError) as e:
-        raise EngineError(f"{name}: corrupt or truncated image data ({first_line(e)})") from None
-
-
-def decode_row(data: bytes, name: str, pre: Preprocess) -> np.ndarray:
-    """One file's bytes -> (size, size, 3) uint8, as decode_u8 gives for its path."""
-    img = open_bytes(data, name)
-    try:
-        return decode_u8(img, pre)
-    except EngineError as e:
-        raise EngineError(f"{name}: {e}") from None
-    except (OSError, ValueError) as e:
-        raise EngineError(f"{name}: cannot convert image ({first_line(e)})") from None
-
-
 def decode_batch(batch: Batch, pre: Preprocess) -> Batch:
     """Ray's ``read_binary_files(..., include_paths=True)`` rows ("bytes", "path") -> "path", "pixels" (uint8,
     zeros where the image failed) and "error" ("" or the one-line reason)."""
@@ -94,7 +64,7 @@ def decode_batch(batch: Batch, pre: Preprocess) -> Batch:
     errors = np.full(len(paths), "", dtype=object)
     for i, (data, path) in enumerate(zip(batch["bytes"], paths)):
         try:
-            pixels[i] = decode_row(data, str(path), pre)
+            pixels[i] = decode_u8_bytes(data, str(path), pre)
         except EngineError as e:
             errors[i] = str(e)
         except Exception as e:  # a decoder bug or an exotic file is this row's error, never the job's

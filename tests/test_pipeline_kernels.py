@@ -91,21 +91,25 @@ def test_softmax_topk_rows_matches_float64(gpu, rows, cols, k):
     assert index[0, 0] == 3 and index[0, 1] == 9
 
 
+def small_images(folder, seed: str, names: list[str]) -> list:
+    """Random RGB pictures a little larger than the 75-pixel crop, of growing heights, saved under these names."""
+    from PIL import Image
+
+    rng, paths = rng_for(seed), []
+    for i, name in enumerate(names):
+        Image.fromarray(rng.integers(0, 256, (80 + 6 * i, 92, 3), dtype=np.uint8)).save(folder / name)
+        paths.append(folder / name)
+    return paths
+
+
 @pytest.mark.parametrize("graph", [False] if EMULATED else [False, True])
 def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
     """7 images in batches of 3 through a ring of 6 slots: the last batch is partial and the ring wraps. fp32 on
     NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's."""
-    from PIL import Image
-
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(11), {"count_include_pad": True})
-    rng = rng_for("runner")
-    paths = []
-    for i in range(7):
-        p = tmp_path / f"{i}.png"
-        Image.fromarray(rng.integers(0, 256, (80 + 5 * i, 90, 3), dtype=np.uint8)).save(p)
-        paths.append(p)
+    paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(7)])
     backend = cb.CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=graph, nhwc=False)
     try:
         preds = list(pipeline.classify(paths, CudaRunner(backend, pre), pre, 3,
@@ -127,7 +131,6 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     """pipeline.classify_encoded through the cuda runner, with Pillow standing in for nvImageCodec (exact, so the
     predictions must be the CPU-decoded stream's): JPEGs, a PNG (the CPU fallback), a missing and a broken file in
     their places, a partial last batch."""
-    from PIL import Image
     from test_resize_pil_kernel import FakeCodec
 
     from inception_engine.backends.cuda import jpeg_decode
@@ -136,12 +139,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(13), {"count_include_pad": True})
-    rng = rng_for("gpu decode stream")
-    paths = []
-    for i in range(6):
-        p = tmp_path / (f"{i}.png" if i == 2 else f"{i}.jpg")
-        Image.fromarray(rng.integers(0, 256, (80 + 7 * i, 95, 3), dtype=np.uint8)).save(p)
-        paths.append(p)
+    paths = small_images(tmp_path, "gpu decode stream", [f"{i}.png" if i == 2 else f"{i}.jpg" for i in range(6)])
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
     sources = [paths[0], tmp_path / "missing.jpg", *paths[1:4], tmp_path / "bad.jpg", *paths[4:]]
     backend = cb.CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=False, nhwc=False)
