@@ -66,6 +66,8 @@ def test_existing_file_needs_resume_and_resume_needs_a_file(weights_file, photos
     assert "choose one" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output",
                                               str(tmp_path / "n.jsonl"), "--json"))
     assert "no fp16 mode" in one_line_error(run(str(photos), "--weights", str(weights_file), "--precision", "fp16"))
+    assert "--decode gpu needs the cuda backend" in one_line_error(run(str(photos), "--weights", str(weights_file),
+                                                                       "--decode", "gpu"))
 
 
 def test_resume_skips_done_images_and_cuts_a_torn_last_line(weights_file, photos, tmp_path):
@@ -124,3 +126,15 @@ def test_csv_rows_and_top_k_must_match_on_resume(weights_file, photos, tmp_path)
     assert len(done) == 9 and good == out.stat().st_size
     assert "--top-k" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out),
                                            "--resume", "--top-k", "3"))
+
+
+def test_prebuilding_the_kernels_without_a_gpu_is_one_line():
+    import subprocess
+    import sys
+
+    from inception_engine import backends
+
+    if backends.is_available("cuda")[0]:
+        pytest.skip("a GPU is usable here: the command would build")
+    r = subprocess.run([sys.executable, "-m", "inception_engine.cuda_build"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
