@@ -66,8 +66,10 @@ def test_header_triage():
     jpeg = encode(a, quality=90)
     assert jpeg_decode.gpu_eligible("a.jpg", jpeg) == (375, 500)
     assert jpeg_decode.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500)  # greyscale: L
+    # an Adobe APP14 segment with transform 0 after SOI: the three channels are stored as R, G, B
+    adobe_rgb = jpeg[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00" + jpeg[2:]
     for name, data in [("b.png", encode(a, "PNG")), ("c.jpg", cmyk_jpeg(a)), ("r.jpg", rotated_jpeg(a)),
-                       ("t.jpg", jpeg[:-5000]), ("n.jpg", b"no image"), ("e.jpg", b"")]:
+                       ("t.jpg", jpeg[:-5000]), ("n.jpg", b"no image"), ("e.jpg", b""), ("s.jpg", adobe_rgb)]:
         assert jpeg_decode.gpu_eligible(name, data) is None, name
 
 

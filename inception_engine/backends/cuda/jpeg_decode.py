@@ -210,11 +210,14 @@ def gpu_eligible(path: str, data: bytes) -> tuple[int, int] | None:
         with Image.open(io.BytesIO(data)) as img:  # parses the header only
             fmt, mode, (w, h) = img.format, img.mode, img.size
             orientation = img.getexif().get(EXIF_ORIENTATION, 1)  # what ImageOps.exif_transpose reads
+            # An Adobe marker with transform 0 stores R, G, B as they are (libjpeg, hence Pillow, leaves them
+            # unconverted); leave such files to Pillow rather than trust another decoder with the flag.
+            stored_rgb = img.info.get("adobe_transform") == 0
     except Image.DecompressionBombError as e:
         raise EngineError(f"{path}: refused, too many pixels ({e})") from None
     except Exception:  # unidentified, corrupt header, malformed EXIF: the CPU path says what in its own words
         return None
-    if fmt != "JPEG" or mode not in GPU_MODES or orientation != 1 or not jpeg_complete(data):
+    if fmt != "JPEG" or mode not in GPU_MODES or orientation != 1 or stored_rgb or not jpeg_complete(data):
         return None
     return h, w
 
