@@ -73,6 +73,31 @@ def test_header_triage():
         assert jpeg_decode.gpu_eligible(name, data) is None, name
 
 
+def test_the_marker_reader_agrees_with_pillow():
+    """plain_jpeg_size, which spares most files Pillow's header parse, answers only where Pillow's triage gives the
+    same answer, and does answer for the plain JPEGs that are most of a photo collection."""
+    rng = np.random.default_rng(4)
+    a = photo(rng, 300, 420)
+    exif1, exif6 = Image.Exif(), Image.Exif()
+    exif1[jpeg_decode.EXIF_ORIENTATION] = 1
+    exif6[jpeg_decode.EXIF_ORIENTATION] = 6
+    plain = {"baseline": encode(a, quality=90), "grey": encode(a[:, :, 0], quality=80),
+             "progressive": encode(a, quality=90, progressive=True), "optimized": encode(a, optimize=True),
+             "4:4:4": encode(a, subsampling=0), "exif upright": encode(a, exif=exif1.tobytes()),
+             "restart markers": encode(a, restart_marker_rows=1)}
+    baseline = plain["baseline"]
+    other = {"exif rotated": encode(a, exif=exif6.tobytes()), "xmp": encode(a, xmp=b"<x:xmpmeta/>"),
+             "cmyk": cmyk_jpeg(a), "png": encode(a, "PNG"), "truncated": baseline[:-3000],
+             "adobe rgb": baseline[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00" + baseline[2:],
+             "not an image": b"\xff\xd8 no", "empty": b""}
+    plain["trailing bytes"] = baseline + b"\x00" * 10  # after the end marker: Pillow and nvJPEG ignore them
+    for name, data in {**plain, **other}.items():
+        fast = jpeg_decode.plain_jpeg_size(data)
+        assert fast is None or fast == jpeg_decode.pillow_eligible(name, data), name
+        assert (fast is not None) == (name in plain), name
+    assert jpeg_decode.plain_jpeg_size(baseline) == (300, 420)
+
+
 def test_truncation_is_seen_past_an_exif_thumbnail():
     rng = np.random.default_rng(1)
     thumb = encode(photo(rng, 60, 80), quality=80)  # a JPEG inside APP1, with its own scan and end marker
