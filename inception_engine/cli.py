@@ -97,8 +97,9 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
 @click.option("--batch-size", type=click.IntRange(1, 4096), default=None, show_default="64 on the GPU, 8 on the CPU")
 @click.option("--workers", type=click.IntRange(1, 1024), default=None, metavar="N",
               help="Decode workers [default: one per usable CPU].")
-@click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="thread", show_default=True,
-              help="Decode in threads (Pillow releases the GIL) or in processes.")
+@click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="auto", show_default=True,
+              help="Decode in processes (auto: for runs of 256 images or more; 2.7x threads' rate on 16 cores) or "
+                   "in threads (no start-up).")
 @click.option("--decode", type=click.Choice(DECODE_CHOICES), default="cpu", show_default=True,
               help="cpu: Pillow, torchvision's preprocessing exactly. gpu: JPEGs decoded by nvImageCodec and resized "
                    "on the GPU as Pillow does (cuda backend; pip install -e '.[gpu-decode]').")

@@ -138,3 +138,23 @@ def test_prebuilding_the_kernels_without_a_gpu_is_one_line():
         pytest.skip("a GPU is usable here: the command would build")
     r = subprocess.run([sys.executable, "-m", "inception_engine.cuda_build"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_long_runs_decode_in_processes_by_default(weights_file, photos, tmp_path, monkeypatch):
+    """inception-run leaves the worker kind to the pipeline (auto), which takes processes from 256 images on."""
+    from inception_engine import pipeline
+
+    kinds: list[str] = []
+    real = pipeline.DecodePool.__init__
+
+    def spy(self, ring, pre, workers, kind="thread"):
+        kinds.append(kind)
+        real(self, ring, pre, workers, kind)
+
+    monkeypatch.setattr(pipeline.DecodePool, "__init__", spy)
+    monkeypatch.setattr(pipeline, "PROCESS_MIN_IMAGES", 9)
+    run(str(photos), "--weights", str(weights_file), "--output", str(tmp_path / "a.jsonl"))
+    monkeypatch.setattr(pipeline, "PROCESS_MIN_IMAGES", 10)
+    run(str(photos), "--weights", str(weights_file), "--output", str(tmp_path / "b.jsonl"))
+    assert kinds == ["process", "thread"]
+    assert (tmp_path / "a.jsonl").read_text().count("\n") == 9
