@@ -78,8 +78,12 @@ class Engine:
         self.backend_name = backends.resolve(backend)
         self.backend_class = backends.backend_class(self.backend_name)  # BackendUnavailable with the reason
         self.precision = self._resolve_precision(precision, explicit_backend=backend != "auto")
-        if decode == "gpu" and self.backend_name != "cuda":
-            raise EngineError(f"--decode gpu needs the cuda backend (this run uses {self.backend_name})")
+        if decode == "gpu":
+            if self.backend_name != "cuda":
+                raise EngineError(f"--decode gpu needs the cuda backend (this run uses {self.backend_name})")
+            from .backends.cuda.jpeg_decode import load_nvimgcodec
+
+            load_nvimgcodec()  # a missing nvImageCodec is said now, in one line, not at the first batch
         self.decode = decode
         self.batch_size = batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
