@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -227,6 +228,15 @@ class PipelineOptions:
     ring_batches: int = 4  # ring slots = this many batches (in flight on the runner + being decoded)
 
 
+def shared_memory_fits(nbytes: int, where: str = "/dev/shm") -> bool:
+    """Whether a shared-memory segment of nbytes fits where POSIX shared memory lives (True where that is unknown)."""
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return True
+    return st.f_bavail * st.f_frsize >= nbytes
+
+
 def default_workers() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -245,6 +255,11 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     kind = options.worker_kind
     if kind == "auto":
         kind = "process" if len(sources) >= PROCESS_MIN_IMAGES and workers > 1 else "thread"
+    if kind == "process" and not shared_memory_fits(slots * pre.size * pre.size * 3):
+        # A container's /dev/shm is often 64 MB: a ring past it would die of SIGBUS at the first write.
+        print(f"note: /dev/shm has less than the {slots} images' ring the process workers need; decoding in threads "
+              f"(give the container more shared memory, or use --batch-size {batch // 2})", file=sys.stderr)
+        kind = "thread"
     ring = HostRing(slots, pre.size, shared=kind == "process")
     pool = None
     try:
