@@ -12,7 +12,7 @@ import json
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,24 +152,13 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             sink = (FileSink(out, batch_size) if out is not None else
                     JsonSink(str(engine.weights.path), engine.backend_name) if as_json else TextSink())
             show = stderr_is_tty() and len(todo) > batch_size
-            failed, total, t0 = 0, 0, time.perf_counter()
+            t0 = time.perf_counter()
             with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
                       dynamic_ncols=True) as bar:
                 preds = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
                                          worker_kind, bar.update, decode) if gpus and gpus > 1 else
                          engine.predict_iter(todo, top_k, on_progress=bar.update))
-                try:
-                    for path, err in inputs:
-                        r = next(preds) if err is None else Prediction(path, error=err)
-                        sink.add(r)
-                        failed += not r.ok
-                        total += 1
-                except KeyboardInterrupt:
-                    sink.close()
-                    where = f"; {out.path} holds them, --resume continues" if out is not None else ""
-                    click.echo(f"interrupted after {total} of {len(inputs)} images{where}", err=True)
-                    raise click.exceptions.Exit(130) from None
-            sink.close()
+                total, failed = write_results(inputs, preds, sink, out.path if out is not None else None)
     finally:
         if out is not None:
             out.close()
@@ -180,6 +169,26 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
     if failed:
         click.echo(f"error: {failed} of {total} inputs could not be classified", err=True)
         raise click.exceptions.Exit(1)
+
+
+def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction], sink: Any,
+                  resumable: Path | None) -> tuple[int, int]:
+    """Every input's result into the sink, in order: the next prediction, or the argument's own error. Returns
+    (results, failed). Ctrl-C closes the sink (whole lines, a closed JSON document) and exits with 130."""
+    failed = total = 0
+    try:
+        for path, err in inputs:
+            r = next(preds) if err is None else Prediction(path, error=err)
+            sink.add(r)
+            failed += not r.ok
+            total += 1
+    except KeyboardInterrupt:
+        sink.close()
+        where = f"; {resumable} holds them, --resume continues" if resumable is not None else ""
+        click.echo(f"interrupted after {total} of {len(inputs)} images{where}", err=True)
+        raise click.exceptions.Exit(130) from None
+    sink.close()
+    return total, failed
 
 
 class TextSink:
