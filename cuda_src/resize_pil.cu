@@ -9,15 +9,20 @@
 // resize_pil_v: the vertical pass, out[o][x][c] from in[start[o] + t][x][c].
 // Images are HWC, 3 channels, rows `*_pitch` bytes apart (a decoder's output has padded rows).
 //
-// Idea: separable, two launches, the intermediate stored as uint8 exactly as Pillow rounds it. The first pass covers
+// Idea: separable, two passes, the intermediate stored as uint8 exactly as Pillow rounds it. The first pass covers
 // only the source rows (or columns) the second pass reads, the second writes the 299 x 299 crop straight into its
 // slot of the (N, 299, 299, 3) batch. Which pass goes first is Pillow's choice (pil_resize.plan_resize_crop): the
 // host passes pointers already offset to the first row / column used and start[] relative to them. Sums are int32,
 // exact (at most 255 * 2^22 + 2^21), so the result does not depend on summation order. One thread per output byte:
 // consecutive threads write consecutive bytes; the taps' loads of a warp fall in a few cache lines. Memory-bound
-// and tiny (a 500 x 375 image: ~0.4 MB read) next to the JPEG decode.
+// and tiny (a 500 x 375 image: ~0.4 MB read) next to the JPEG decode. A launch does one pass of every image of a
+// batch that takes it (blockIdx.y = the image's job): launches from Python cost ~9 us each, and two per image were
+// ~18 us of host time per image on the --decode gpu path, whose host side is its limit (docs/PERFORMANCE.md).
 //
-// Launch: block 256, grid ceil(out_rows * out_cols * 3 / 256), for both kernels.
+// A job is RESIZE_PIL_JOB (9) int64s, as jpeg_decode.GpuResizeCrop writes them: src, dst, start, weights (device
+// addresses), taps, out_rows, out_cols, in_pitch, out_pitch.
+//
+// Launch: block 256, grid ceil(max over the jobs of out_rows * out_cols * 3 / 256) x jobs, for both kernels.
 #include "common.cuh"
 
 #define RESIZE_PIL_PRECISION_BITS 22  // pil_resize.PRECISION_BITS (Resample.c: 32 - 8 - 2)
@@ -27,31 +32,51 @@ __device__ __forceinline__ unsigned char resize_pil_clip(int acc) {
     return (unsigned char)min(max(acc >> RESIZE_PIL_PRECISION_BITS, 0), 255);
 }
 
+// One image's pass, unpacked from its job.
+struct ResizePilJob {
+    const unsigned char* in;
+    unsigned char* out;
+    const int* start;
+    const int* weights;
+    int taps, out_rows, out_cols, in_pitch, out_pitch;
+
+    __device__ explicit ResizePilJob(const long long* __restrict__ job)
+        : in(reinterpret_cast<const unsigned char*>(job[0])),
+          out(reinterpret_cast<unsigned char*>(job[1])),
+          start(reinterpret_cast<const int*>(job[2])),
+          weights(reinterpret_cast<const int*>(job[3])),
+          taps((int)job[4]),
+          out_rows((int)job[5]),
+          out_cols((int)job[6]),
+          in_pitch((int)job[7]),
+          out_pitch((int)job[8]) {}
+};
+
+#define RESIZE_PIL_JOB 9
+
 // out[r][o][c] = sum over t of in[r][start[o] + t][c] * weights[o * taps + t], for r < out_rows, o < out_cols.
-extern "C" __global__ void __launch_bounds__(IE_THREADS)
-    resize_pil_h(const unsigned char* __restrict__ in, unsigned char* __restrict__ out, const int* __restrict__ start,
-                 const int* __restrict__ weights, int taps, int out_rows, int out_cols, int in_pitch, int out_pitch) {
+extern "C" __global__ void __launch_bounds__(IE_THREADS) resize_pil_h(const long long* __restrict__ jobs) {
+    const ResizePilJob j(jobs + (size_t)blockIdx.y * RESIZE_PIL_JOB);
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= out_rows * out_cols * RESIZE_PIL_CHANNELS) return;
-    const int c = idx % RESIZE_PIL_CHANNELS, o = idx / RESIZE_PIL_CHANNELS % out_cols;
-    const int r = idx / (RESIZE_PIL_CHANNELS * out_cols);
-    const unsigned char* src = in + (size_t)r * in_pitch + (size_t)__ldg(start + o) * RESIZE_PIL_CHANNELS + c;
-    const int* k = weights + (size_t)o * taps;
+    if (idx >= j.out_rows * j.out_cols * RESIZE_PIL_CHANNELS) return;
+    const int c = idx % RESIZE_PIL_CHANNELS, o = idx / RESIZE_PIL_CHANNELS % j.out_cols;
+    const int r = idx / (RESIZE_PIL_CHANNELS * j.out_cols);
+    const unsigned char* src = j.in + (size_t)r * j.in_pitch + (size_t)__ldg(j.start + o) * RESIZE_PIL_CHANNELS + c;
+    const int* k = j.weights + (size_t)o * j.taps;
     int acc = 1 << (RESIZE_PIL_PRECISION_BITS - 1);
-    for (int t = 0; t < taps; ++t) acc += (int)__ldg(src + t * RESIZE_PIL_CHANNELS) * __ldg(k + t);
-    out[(size_t)r * out_pitch + o * RESIZE_PIL_CHANNELS + c] = resize_pil_clip(acc);
+    for (int t = 0; t < j.taps; ++t) acc += (int)__ldg(src + t * RESIZE_PIL_CHANNELS) * __ldg(k + t);
+    j.out[(size_t)r * j.out_pitch + o * RESIZE_PIL_CHANNELS + c] = resize_pil_clip(acc);
 }
 
 // out[o][x][c] = sum over t of in[start[o] + t][x][c] * weights[o * taps + t], for o < out_rows, x < out_cols.
-extern "C" __global__ void __launch_bounds__(IE_THREADS)
-    resize_pil_v(const unsigned char* __restrict__ in, unsigned char* __restrict__ out, const int* __restrict__ start,
-                 const int* __restrict__ weights, int taps, int out_rows, int out_cols, int in_pitch, int out_pitch) {
+extern "C" __global__ void __launch_bounds__(IE_THREADS) resize_pil_v(const long long* __restrict__ jobs) {
+    const ResizePilJob j(jobs + (size_t)blockIdx.y * RESIZE_PIL_JOB);
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= out_rows * out_cols * RESIZE_PIL_CHANNELS) return;
-    const int xc = idx % (out_cols * RESIZE_PIL_CHANNELS), o = idx / (out_cols * RESIZE_PIL_CHANNELS);
-    const unsigned char* src = in + (size_t)__ldg(start + o) * in_pitch + xc;
-    const int* k = weights + (size_t)o * taps;
+    if (idx >= j.out_rows * j.out_cols * RESIZE_PIL_CHANNELS) return;
+    const int xc = idx % (j.out_cols * RESIZE_PIL_CHANNELS), o = idx / (j.out_cols * RESIZE_PIL_CHANNELS);
+    const unsigned char* src = j.in + (size_t)__ldg(j.start + o) * j.in_pitch + xc;
+    const int* k = j.weights + (size_t)o * j.taps;
     int acc = 1 << (RESIZE_PIL_PRECISION_BITS - 1);
-    for (int t = 0; t < taps; ++t) acc += (int)__ldg(src + (size_t)t * in_pitch) * __ldg(k + t);
-    out[(size_t)o * out_pitch + xc] = resize_pil_clip(acc);
+    for (int t = 0; t < j.taps; ++t) acc += (int)__ldg(src + (size_t)t * j.in_pitch) * __ldg(k + t);
+    j.out[(size_t)o * j.out_pitch + xc] = resize_pil_clip(acc);
 }

@@ -104,6 +104,13 @@ def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
     assert (untouched == sentinel).all(), "a kernel wrote outside its slot"
 
 
+def test_job_layout_is_the_kernels():
+    from inception_engine import cuda_build
+
+    src = (cuda_build.source_dir() / "resize_pil.cu").read_text()
+    assert f"#define RESIZE_PIL_JOB {jpeg_decode.JOB_FIELDS}\n" in src
+
+
 def test_resize_buffers_grow_between_batches(gpu, device):
     """A small batch then one needing bigger tables and intermediate: both exact."""
     _, kernels = gpu

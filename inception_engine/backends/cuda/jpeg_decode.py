@@ -81,7 +81,7 @@ class DeviceImage:
 
 @dataclass(frozen=True)
 class Pass:
-    """One launch of resize_pil_h or resize_pil_v (resize_pil.cu), its tables at offsets into the packed table."""
+    """One image's pass by resize_pil_h or resize_pil_v (resize_pil.cu): its coefficients and output shape."""
 
     kernel: str
     coeffs: Coeffs
@@ -106,7 +106,7 @@ class Schedule:
 
 @functools.lru_cache(maxsize=512)
 def schedule(h: int, w: int, resize: int, size: int) -> Schedule:
-    """The launches for an h x w image (cached: a data set has few distinct sizes)."""
+    """The two passes of an h x w image (cached: a data set has few distinct sizes)."""
     plan = plan_resize_crop(h, w, resize, size)
     lo, n = plan.first_span()
     if plan.vertical_first:
@@ -116,19 +116,50 @@ def schedule(h: int, w: int, resize: int, size: int) -> Schedule:
                     lo, False)
 
 
+class Staged:
+    """A pinned host array and its device copy, both grown to fit (by the caller's leave: after the last use)."""
+
+    def __init__(self, dtype: type):
+        self.dtype = np.dtype(dtype)
+        self.host = np.empty(0, self.dtype)
+        self.dev: Any = None
+
+    def upload(self, parts: Sequence[np.ndarray], stream: Any) -> int:
+        """The parts, concatenated, copied to the device on stream (one copy); their device address."""
+        drv = driver()
+        n = sum(p.size for p in parts)
+        if n > self.host.size:
+            self.free()
+            self.host = drv.pagelocked_empty((2 * n,), self.dtype)
+            self.dev = drv.mem_alloc(self.dtype.itemsize * 2 * n)
+        np.concatenate([p.ravel() for p in parts], out=self.host[:n])
+        drv.memcpy_htod_async(int(self.dev), self.host[:n], stream)
+        return int(self.dev)
+
+    def free(self) -> None:
+        if self.dev is not None:
+            self.dev.free()
+            self.host.base.free()  # pagelocked_empty's array base is its host allocation
+            self.dev, self.host = None, np.empty(0, self.dtype)
+
+
+JOB_FIELDS = 9  # resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, pitches
+
+
 class GpuResizeCrop:
     """Enqueues resize_pil.cu's passes for decoded device images into slots of a (N, size, size, 3) uint8 batch.
 
-    The coefficient tables of a batch travel in one pinned buffer and one copy; the intermediate images share one
-    device buffer, which is safe because every launch goes to the same stream, one after another. Buffers grow
-    when a batch needs more (after the previous batch's work is done); ``wait`` blocks until the last enqueued
-    batch no longer needs them (its tables copied, its source images read)."""
+    A batch is at most four launches, whatever its size: the first passes taken horizontally, those taken
+    vertically, then the second passes likewise, each launch running one job (an image's pass) per grid row. The
+    coefficient tables and the jobs of a batch travel in two pinned buffers, one copy each; each image has its own
+    part of the intermediate buffer. Buffers grow when a batch needs more (after the previous batch's work is done);
+    ``wait`` blocks until the last enqueued batch no longer needs them (its tables copied, its source images read)."""
 
     def __init__(self, kernels: Kernels, pre: Preprocess):
         self.kernels, self.pre = kernels, pre
         self._done: Any = None  # event after the last batch's last launch
-        self._tables_host = np.empty(0, np.int32)
-        self._tables_dev: Any = None
+        self._tables = Staged(np.int32)
+        self._jobs = Staged(np.int64)
         self._tmp: Any = None
         self._tmp_bytes = 0
 
@@ -144,53 +175,50 @@ class GpuResizeCrop:
             offs = []
             for p in (s.first, s.second):
                 offs.append((pos, pos + len(p.coeffs.start)))
-                pieces += [p.coeffs.start, p.coeffs.weights.ravel()]
+                pieces += [p.coeffs.start, p.coeffs.weights]
                 pos += len(p.coeffs.start) + p.coeffs.weights.size
             offsets.append(offs)
-        if pos > self._tables_host.size:
-            self._free_tables()
-            self._tables_host = drv.pagelocked_empty((2 * pos,), np.int32)
-            self._tables_dev = drv.mem_alloc(4 * 2 * pos)
-        np.concatenate(pieces, out=self._tables_host[:pos])
-        drv.memcpy_htod_async(int(self._tables_dev), self._tables_host[:pos], stream)
-        need = max(s.tmp_bytes for s in scheds)
+        tables = self._tables.upload(pieces, stream)
+        need = sum(s.tmp_bytes for s in scheds)
         if need > self._tmp_bytes:
             if self._tmp is not None:
                 self._tmp.free()
             self._tmp, self._tmp_bytes = drv.mem_alloc(need), need
-        tables, tmp, size = int(self._tables_dev), int(self._tmp), self.pre.size
+        size = self.pre.size
         slot_bytes = size * size * CHANNELS
+        groups: dict[tuple[int, str], list[tuple[int, ...]]] = {}  # (pass, kernel) -> its jobs
+        mid = int(self._tmp)
         for (img, slot), s, ((s1, w1), (s2, w2)) in zip(jobs, scheds, offsets):
             # the first pass reads from source row (or column) lo on: its start[] is relative to that
             src = img.ptr + (s.lo * CHANNELS if s.vertical_first else s.lo * img.pitch)
             mid_pitch = s.first.out_cols * CHANNELS
-            self._launch(s.first, src, tmp, tables + 4 * s1, tables + 4 * w1, img.pitch, mid_pitch, stream)
-            self._launch(s.second, tmp, dst_ptr + slot * slot_bytes, tables + 4 * s2, tables + 4 * w2, mid_pitch,
-                         size * CHANNELS, stream)
+            groups.setdefault((0, s.first.kernel), []).append(
+                (src, mid, tables + 4 * s1, tables + 4 * w1, s.first.coeffs.taps, s.first.out_rows,
+                 s.first.out_cols, img.pitch, mid_pitch))
+            groups.setdefault((1, s.second.kernel), []).append(
+                (mid, dst_ptr + slot * slot_bytes, tables + 4 * s2, tables + 4 * w2, s.second.coeffs.taps,
+                 s.second.out_rows, s.second.out_cols, mid_pitch, size * CHANNELS))
+            mid += s.tmp_bytes
+        order = sorted(groups)  # every first pass before any second pass (one stream: in this order)
+        tables_of = [np.asarray(groups[g], np.int64).reshape(-1, JOB_FIELDS) for g in order]
+        base = self._jobs.upload(tables_of, stream)
+        for (_, kernel), table in zip(order, tables_of):
+            most = int((table[:, 5] * table[:, 6]).max()) * CHANNELS
+            self.kernels[kernel].prepared_async_call(((most + THREADS - 1) // THREADS, len(table), 1),
+                                                     (THREADS, 1, 1), stream, base)
+            base += table.nbytes
         self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
         self._done.record(stream)
-
-    def _launch(self, p: Pass, src: int, dst: int, start: int, weights: int, in_pitch: int, out_pitch: int,
-                stream: Any) -> None:
-        n = p.out_rows * p.out_cols * CHANNELS
-        self.kernels[p.kernel].prepared_async_call(((n + THREADS - 1) // THREADS, 1, 1), (THREADS, 1, 1),
-                                                   stream, src, dst, start, weights, p.coeffs.taps, p.out_rows,
-                                                   p.out_cols, in_pitch, out_pitch)
 
     def wait(self) -> None:
         if self._done is not None:
             self._done.synchronize()
             self._done = None
 
-    def _free_tables(self) -> None:
-        if self._tables_dev is not None:
-            self._tables_dev.free()
-            self._tables_host.base.free()  # pagelocked_empty's array base is its host allocation
-            self._tables_dev, self._tables_host = None, np.empty(0, np.int32)
-
     def close(self) -> None:
         self.wait()
-        self._free_tables()
+        self._tables.free()
+        self._jobs.free()
         if self._tmp is not None:
             self._tmp.free()
             self._tmp = None

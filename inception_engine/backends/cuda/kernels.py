@@ -32,7 +32,7 @@ ARG_FORMATS = {
     "gpu_sleep": "q",
     "normalize_u8_nchw": "PPPii",  # pipeline_io.cu: the streaming pipeline's ends
     "softmax_topk_rows": "PPPiii",
-    **{name: "PPPP" + "i" * 5 for name in ("resize_pil_h", "resize_pil_v")},  # jpeg_decode.py's resize
+    **{name: "P" for name in ("resize_pil_h", "resize_pil_v")},  # jpeg_decode.py's resize: a table of jobs
     **{name + e.suffix: fmt for e in NHWC_ELEMS.values()
        for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13 + "P"), ("global_avg_pool_nhwc", "PP" + "i" * 5),
                          ("conv_input_nhwc", "PPPP" + "i" * 14))},
