@@ -36,6 +36,22 @@ def gpu():
     g.release()
 
 
+@pytest.fixture
+def decode_pool_kinds(monkeypatch) -> list[str]:
+    """The worker kind of every decode pool the pipeline starts during the test, in order."""
+    from inception_engine import pipeline
+
+    kinds: list[str] = []
+    real = pipeline.DecodePool.__init__
+
+    def spy(self, ring, pre, workers, kind="thread"):
+        kinds.append(kind)
+        real(self, ring, pre, workers, kind)
+
+    monkeypatch.setattr(pipeline.DecodePool, "__init__", spy)
+    return kinds
+
+
 def pytest_collection_modifyitems(config, items):
     reason = None
     for item in items:

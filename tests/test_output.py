@@ -140,18 +140,11 @@ def test_prebuilding_the_kernels_without_a_gpu_is_one_line():
     assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_long_runs_decode_in_processes_by_default(weights_file, photos, tmp_path, monkeypatch):
+def test_long_runs_decode_in_processes_by_default(weights_file, photos, tmp_path, monkeypatch, decode_pool_kinds):
     """inception-run leaves the worker kind to the pipeline (auto), which takes processes from 256 images on."""
     from inception_engine import pipeline
 
-    kinds: list[str] = []
-    real = pipeline.DecodePool.__init__
-
-    def spy(self, ring, pre, workers, kind="thread"):
-        kinds.append(kind)
-        real(self, ring, pre, workers, kind)
-
-    monkeypatch.setattr(pipeline.DecodePool, "__init__", spy)
+    kinds = decode_pool_kinds
     monkeypatch.setattr(pipeline, "PROCESS_MIN_IMAGES", 9)
     run(str(photos), "--weights", str(weights_file), "--output", str(tmp_path / "a.jsonl"))
     monkeypatch.setattr(pipeline, "PROCESS_MIN_IMAGES", 10)

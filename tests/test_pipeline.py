@@ -142,16 +142,10 @@ def test_slot_runs_split_at_holes_and_wraps():
     assert slot_runs([1, 2, 4]) == [(1, 3, 0), (4, 5, 2)]  # slot 3's image could not be decoded
 
 
-def test_process_workers_fall_back_to_threads_when_shared_memory_is_short(weights, photos, monkeypatch, capsys):
+def test_process_workers_fall_back_to_threads_when_shared_memory_is_short(weights, photos, monkeypatch, capsys,
+                                                                       decode_pool_kinds):
     assert pipeline.shared_memory_fits(1) and not pipeline.shared_memory_fits(1 << 62)
-    kinds: list[str] = []
-    real = pipeline.DecodePool.__init__
-
-    def spy(self, ring, pre, workers, kind="thread"):
-        kinds.append(kind)
-        real(self, ring, pre, workers, kind)
-
-    monkeypatch.setattr(pipeline.DecodePool, "__init__", spy)
+    kinds = decode_pool_kinds
     monkeypatch.setattr(pipeline, "shared_memory_fits", lambda nbytes: False)
     with Engine(weights, backend="cpu", batch_size=2, workers=2, worker_kind="process") as engine:
         preds = engine.predict(photos[:4], top_k=1)
