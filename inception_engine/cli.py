@@ -143,12 +143,11 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
             click.echo(f"resume: {before - len(inputs)} of {before} images are in {out.path} already", err=True)
         todo = [path for path, err in inputs if err is None]
-        if batch_size is None:
-            batch_size = 64 if backends.resolve(backend) == "cuda" else 8
         with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                     worker_kind=worker_kind, decode=decode) as engine:
             for note in engine.notes:
                 click.echo(f"note: {note}", err=True)
+            batch_size = engine.batch_size
             sink = (FileSink(out, batch_size) if out is not None else
                     JsonSink(str(engine.weights.path), engine.backend_name) if as_json else TextSink())
             show = stderr_is_tty() and len(todo) > batch_size

@@ -35,6 +35,7 @@ __all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
 DECODE_CHOICES = ("cpu", "gpu")
+DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 64, 8  # batch_size=None
 # auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against
 # float64, docs/PERFORMANCE.md), float32 elsewhere.
 AUTO_PRECISION = "tf32"
@@ -51,13 +52,14 @@ def load(weights: str | os.PathLike | Weights | None) -> Weights:
 
 class Engine:
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
-                 batch_size: int = 8, precision: str = "auto", workers: int | None = None,
+                 batch_size: int | None = 8, precision: str = "auto", workers: int | None = None,
                  worker_kind: str = "auto", decode: str = "cpu"):
-        """precision: fp32, tf32, fp16 or auto (tf32 where the backend has it, else fp32). workers: decode workers
+        """batch_size: images per forward (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16
+        or auto (tf32 where the backend has it, else fp32). workers: decode workers
         (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs).
         decode: "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and
         resized on the GPU as Pillow does; cuda backend only, pip install -e '.[gpu-decode]')."""
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise EngineError(f"batch size must be at least 1, got {batch_size}")
         if backend not in BACKEND_CHOICES:
             raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_CHOICES)}")
@@ -85,7 +87,8 @@ class Engine:
 
             load_nvimgcodec()  # a missing nvImageCodec is said now, in one line, not at the first batch
         self.decode = decode
-        self.batch_size = batch_size
+        # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
+        self.batch_size = batch_size or (DEFAULT_BATCH_GPU if self.backend_name == "cuda" else DEFAULT_BATCH_CPU)
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
         self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
         self._backends: dict[int, Any] = {}  # batch size -> backend instance, built on first use
