@@ -88,6 +88,9 @@ if want e2e; then
   step "bench e2e" e2e.log 420 python3 scripts/bench_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-}
   step "profile gpu decode" e2e.log 60 python3 scripts/profile_gpu_decode.py \
     "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
+  # Where the main thread of `inception-run --decode gpu` spends its time (cProfile sees only that thread).
+  step "cprofile decode gpu" e2e.log 60 python3 scripts/profile_gpu_decode.py --cprofile \
+    "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
 fi
 
 want kernels && step "pytest cuda" env_pytest.log 330 python3 -m pytest -m gpu -q -rfEs --durations=10 \
