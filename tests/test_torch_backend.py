@@ -158,3 +158,139 @@ def test_gpu_reduced_precision_runs_close(precision, tolerance, graph, net):
     assert got.dtype == np.float32 and np.isfinite(got).all()
     assert rel_l2(got, ref) <= tolerance
     assert len(times) == 2 and min(times) > 0
+
+
+# ---- torch.compile (compile_mode): the torch-compile and torch-compile-max rows of inception-bench ------------------
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def test_compile_failure_names_the_error_under_pytorchs_wrappers():
+    """Dynamo's BackendCompilerFailed says "backend='inductor' raised:" first; the row should say what failed."""
+    from inception_engine.backends.torch_backend import compile_failure
+
+    class BackendCompilerFailed(Exception):  # torch._dynamo.exc's: the cause in .inner_exception
+        def __init__(self, inner):
+            super().__init__(f"backend='inductor' raised:\n{type(inner).__name__}: {inner}\n\nSet "
+                             f"TORCHDYNAMO_VERBOSE=1 for the internal stack trace")
+            self.inner_exception = inner
+
+    try:
+        try:
+            raise RuntimeError("Triton Error [CUDA]: out of resource: shared memory\nRequired: 232448")
+        except RuntimeError as root:
+            raise ValueError("LoweringException: RuntimeError: ...\n  target: aten.convolution") from root
+    except ValueError as lowering:
+        wrapped = BackendCompilerFailed(lowering)
+    assert compile_failure(wrapped) == "RuntimeError: Triton Error [CUDA]: out of resource: shared memory"
+    assert compile_failure(RuntimeError("  \n")) == "RuntimeError"
+    a, b = ValueError("a"), KeyError("b")
+    a.__cause__, b.__cause__ = b, a  # a cycle ends the walk
+    assert compile_failure(a) in ("ValueError: a", "KeyError: 'b'")
+
+
+@needs_torch
+def test_compile_options_are_one_line_errors(monkeypatch):
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights = small_weights(True)
+    plan = build_plan(1, small_network(True), input_size=SMALL_INPUT)
+    with pytest.raises(EngineError, match="compile_mode must be one of reduce-overhead, max-autotune"):
+        TorchBackend(weights, plan, device="cpu", compile_mode="fast")
+    with pytest.raises(EngineError, match="choose one"):
+        TorchBackend(weights, plan, device="cpu", graph=True, compile_mode="reduce-overhead")
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "triton", None)  # import triton now raises ImportError
+        with pytest.raises(BackendUnavailable, match="needs Triton, which is not installed"):
+            TorchBackend(weights, plan, device="cpu", compile_mode="reduce-overhead")
+    if HAS_TRITON:
+        with pytest.raises(BackendUnavailable, match="replays CUDA graphs and needs a CUDA device"):
+            TorchBackend(weights, plan, device="cpu", compile_mode="max-autotune")
+
+
+@needs_torch
+def test_as_module_is_the_network_in_one_graph(net):
+    """What torch.compile is given: the same logits as the backend, every weight a frozen parameter, and one graph
+    for Dynamo (a graph break would split the compiled network and its CUDA graph, to torch's disadvantage)."""
+    import torch
+
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights, plan, x, ref = net
+    backend = TorchBackend(weights, plan, device="cpu")
+    try:
+        module = backend.as_module()
+        params = list(module.parameters())
+        assert len(params) == 2 * len(backend.params) and not any(p.requires_grad for p in params)
+        with torch.no_grad():
+            got = module(torch.from_numpy(x)).numpy()
+        assert rel_l2(got, backend.forward(x)) <= 1e-6 and rel_l2(got, ref) <= 1e-4
+        explanation = torch._dynamo.explain(module)(torch.from_numpy(x))
+        assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+    finally:
+        backend.close()
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("mode, precision, tolerance", [
+    ("reduce-overhead", "fp32", 1e-4), ("reduce-overhead", "tf32", 2e-2), ("reduce-overhead", "fp16", 5e-2)])
+def test_gpu_compile_matches_reference(mode, precision, tolerance, net):
+    """torch.compile's logits against the float64 reference, with the torch-graph tests' tolerances; the CUDA graph
+    reads the input in place (a new input, new logits, as eager gives them) and replays leave earlier logits intact."""
+    if not torch_cuda():
+        pytest.skip("PyTorch has no CUDA device")
+    if not HAS_TRITON:
+        pytest.skip("Triton is not installed")
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights, plan, x, ref = net
+    backend = TorchBackend(weights, plan, device="cuda", precision=precision, compile_mode=mode)
+    try:
+        assert backend.mode == "compile" and backend.graph_fallback is None  # CUDA graphs recorded, not skipped
+        assert backend.compile_seconds is not None and backend.compile_seconds > 0
+        got = backend.forward(x)
+        other = backend.forward(-x)
+        times = backend.time_forward(x, iters=3, warmup=1)
+        again = backend.forward(x)
+        assert backend.peak_memory_bytes() > sum(a.nbytes for a in weights.arrays.values()) // 2
+    finally:
+        backend.close()
+    eager = TorchBackend(weights, plan, device="cuda", precision=precision)
+    try:
+        want_other = eager.forward(-x)
+    finally:
+        eager.close()
+    assert got.shape == (1, 1000) and got.dtype == np.float32 and np.isfinite(got).all()
+    assert rel_l2(got, ref) <= tolerance
+    if precision == "fp32":
+        assert (top5(got) == top5(ref)).all()
+    assert rel_l2(other, want_other) <= tolerance and not np.array_equal(other, got)
+    assert np.array_equal(again, got)
+    assert len(times) == 3 and min(times) > 0
+
+
+@pytest.mark.gpu
+@needs_torch
+def test_gpu_max_autotune_small_network():
+    """max-autotune on the small network (every op and view kind, five convs): on the real one it benchmarks each
+    conv's candidates for many minutes at each batch size, too long for the suite."""
+    if not torch_cuda():
+        pytest.skip("PyTorch has no CUDA device")
+    if not HAS_TRITON:
+        pytest.skip("Triton is not installed")
+    from inception_engine.backends.torch_backend import TorchBackend
+
+    weights = small_weights(True, seed=2)
+    plan = build_plan(3, small_network(True), input_size=SMALL_INPUT)
+    x = np.random.default_rng(3).standard_normal(plan.input.dims).astype(np.float32)
+    backend = TorchBackend(weights, plan, device="cuda", precision="fp16", compile_mode="max-autotune")
+    try:
+        assert backend.mode == "compile" and backend.graph_fallback is None
+        got = backend.forward(x)
+        times = backend.time_forward(x, iters=2, warmup=1)
+        assert np.array_equal(backend.forward(x), got)
+    finally:
+        backend.close()
+    assert got.shape == (3, 10) and rel_l2(got, reference(weights, plan, x)) <= 5e-2
+    assert len(times) == 2 and min(times) > 0

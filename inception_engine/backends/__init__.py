@@ -13,7 +13,9 @@
 Optional, used by inception-bench where present: ``PRECISIONS`` (a class attribute: the values the ``precision``
 keyword of ``__init__`` accepts, "fp32" / "tf32" / "fp16"), a ``graph`` keyword (replay one CUDA graph per forward),
 ``graph_fallback`` (an instance attribute: why a graph was asked for and the backend runs eagerly; None otherwise),
-``time_layers`` and ``peak_memory_bytes`` (see bench.py).
+``compile_seconds`` and ``compile_cached`` (instance attributes of a backend that compiles at ``__init__``, as torch
+with ``compile_mode`` does: how long that took, and whether a cache served it), ``time_layers`` and
+``peak_memory_bytes`` (see bench.py).
 
 Modules are imported lazily so that a missing optional dependency (pycuda, torch) only matters when that backend
 is asked for. ``BACKENDS`` are what ``inception-run --backend`` and ``Engine`` accept; ``VARIANTS`` are further
@@ -45,6 +47,10 @@ DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"tune": True}}
 # torch runs eagerly.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "torch-graph": ("torch", {"graph": True}),
+    # torch.compile(model, mode=...) of the same network, compiled per batch size: the strongest peer a PyTorch user
+    # gets from one line (reduce-overhead), and the most it gets (max-autotune: benchmarks kernel choices, far longer)
+    "torch-compile": ("torch", {"compile_mode": "reduce-overhead"}),
+    "torch-compile-max": ("torch", {"compile_mode": "max-autotune"}),
     "cudnn-eager": ("cudnn", {"graph": False}),
     "cuda-eager": ("cuda", {"graph": False, "tune": True}),
     "cuda-untuned": ("cuda", {}),  # the cost model's tiles, Winograd for every eligible conv: the A/B of tuning
