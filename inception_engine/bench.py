@@ -13,6 +13,10 @@ images are the same at every batch size, so it is computed once per slice size),
 
 Every batch size also gets the chip's two floors: compute (plan FLOPs / peak FLOP/s) and memory (weights once +
 every activation buffer written once, / peak bytes/s); "x floor" is a row's median over the larger of the two.
+
+A backend that compiles when it is built (torch-compile, torch-compile-max: torch.compile at each batch size, static
+shapes) says how long that took in ``compile_seconds``; the row carries it as ``compile_s`` and the table adds a
+"compile s" column when any row has one. Its timed forwards come after the compile and the usual warm-up.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ DESCRIPTIONS = {
     "cudnn-eager": "cuDNN + cuBLAS, called one by one from Python",
     "torch": "PyTorch eager",
     "torch-graph": "PyTorch, CUDA-graph replay",
+    "torch-compile": "torch.compile(mode='reduce-overhead'): Inductor's kernels, CUDA-graph trees",
+    "torch-compile-max": "torch.compile(mode='max-autotune'): Inductor's kernels, autotuned GEMMs/convs, CUDA graphs",
     ORT: "onnxruntime on the CPU",
 }
 
@@ -89,6 +95,8 @@ class Row:
     graph_fallback: str | None = None  # the backend was asked for a CUDA graph and runs eagerly: why
     speedup_vs_cudnn: float | None = None  # cudnn median / this median, same batch
     ratio_vs_onnxruntime: float | None = None  # this median / onnxruntime median, same batch (CPU row only)
+    compile_s: float | None = None  # compiling rows: wall seconds to compile at this batch size (backend's docs)
+    compile_cached: bool | None = None  # True: the compiler's on-disk caches served it; None: not known or no compile
 
 
 @dataclass
@@ -294,6 +302,8 @@ def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights
         out = backend.forward(x)
         row = stats_row(name, plan.batch, backend.time_forward(x, iters, warmup))
         row.graph_fallback = getattr(backend, "graph_fallback", None)
+        row.compile_s = getattr(backend, "compile_seconds", None)
+        row.compile_cached = getattr(backend, "compile_cached", None)
         check_against(row, out, ref)
         if hasattr(backend, "peak_memory_bytes"):
             row.peak_memory_bytes = int(backend.peak_memory_bytes())
@@ -375,6 +385,8 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
                 if isinstance(klass, str):
                     report.rows.append(Row(name, batch, status=klass))
                     continue
+                if "compile_mode" in options[name]:  # say why nothing seems to happen for a while
+                    say(f"batch {batch}: {name}, torch.compile(mode={options[name]['compile_mode']!r}) first")
                 say(f"batch {batch}: {name}, {warmup} warm-up + {iters} timed forwards")
                 try:
                     row, layer_ms = run_backend(name, klass, options[name], weights, plan, x, ref, iters, warmup,
@@ -436,6 +448,15 @@ def fmt(v: float | None, spec: str) -> str:
 
 COLUMNS = ("backend", "batch", "median ms", "p10 ms", "p90 ms", "p99 ms", "images/s", "peak MiB", "rel L2",
            "top-1", "x floor", "x cudnn", "cpu/ort")
+COMPILE_COLUMN = "compile s"  # added after COLUMNS when a row compiled
+
+
+def compiled(report: Report) -> bool:
+    return any(r.compile_s is not None for r in report.rows)
+
+
+def compile_cell(r: Row) -> str:
+    return fmt(r.compile_s, ".1f") + (" cached" if r.compile_s is not None and r.compile_cached else "")
 
 
 def label(r: Row) -> str:
@@ -463,6 +484,11 @@ def header(report: Report) -> list[str]:
     peak = f"{report.peak_tflops:g} TFLOP/s"
     lines.append(f"x floor (GPU rows) = median / the GPU's larger floor (compute: FLOPs / {peak}; memory: weights "
                  f"+ all activations once / {report.peak_gbs:g} GB/s)")
+    if compiled(report):
+        lines.append(f"{COMPILE_COLUMN} = wall seconds of compiling at that batch size, each batch size separately "
+                     f"(static shapes): torch.compile's first calls, from Dynamo's trace through Inductor's code "
+                     f"generation and autotuning to the CUDA graph's capture; 'cached': Inductor's on-disk caches "
+                     f"served the code (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 compiles from scratch)")
     return lines
 
 
@@ -477,28 +503,29 @@ def floor_lines(report: Report) -> list[str]:
 def table(report: Report) -> str:
     lines = header(report)
     lines += [f"note: {n}" for n in report.notes]
-    body = []
+    columns = (*COLUMNS, COMPILE_COLUMN) if compiled(report) else COLUMNS
+    body: list[tuple[str, ...]] = []
     for r in report.rows:
         if r.status != "ok":
             body.append((label(r), str(r.batch), r.status))
             continue
         mem = None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20
         top1 = "-" if r.top1_agree is None else f"{r.top1_agree}/{r.ref_images}"
-        body.append((label(r), str(r.batch), fmt(r.median_ms, ".2f"), fmt(r.p10_ms, ".2f"), fmt(r.p90_ms, ".2f"),
-                     fmt(r.p99_ms, ".2f"), fmt(r.images_per_s, ".1f"), fmt(mem, ".0f"), fmt(r.rel_l2, ".1e"),
-                     top1, fmt(r.x_floor, ".1f"), fmt(r.speedup_vs_cudnn, ".2f"),
-                     fmt(r.ratio_vs_onnxruntime, ".2f")))
-    measured = [b for b in body if len(b) == len(COLUMNS)]
-    widths = [max([len(c)] + [len(b[i]) for b in measured]) for i, c in enumerate(COLUMNS)]
+        cells = (label(r), str(r.batch), fmt(r.median_ms, ".2f"), fmt(r.p10_ms, ".2f"), fmt(r.p90_ms, ".2f"),
+                 fmt(r.p99_ms, ".2f"), fmt(r.images_per_s, ".1f"), fmt(mem, ".0f"), fmt(r.rel_l2, ".1e"),
+                 top1, fmt(r.x_floor, ".1f"), fmt(r.speedup_vs_cudnn, ".2f"), fmt(r.ratio_vs_onnxruntime, ".2f"))
+        body.append((*cells, compile_cell(r)) if len(columns) > len(COLUMNS) else cells)
+    measured = [b for b in body if len(b) == len(columns)]
+    widths = [max([len(c)] + [len(b[i]) for b in measured]) for i, c in enumerate(columns)]
     widths[0] = max([widths[0]] + [len(b[0]) for b in body])
     widths[1] = max([widths[1]] + [len(b[1]) for b in body])
 
     def line(cells: tuple[str, ...]) -> str:
         return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
-    lines += ["", line(COLUMNS)]
+    lines += ["", line(columns)]
     for b in body:  # a row that did not run has its status spanning the rest of the line
-        lines.append(line(b) if len(b) == len(COLUMNS) else f"{line(b[:2])}  {b[2]}")
+        lines.append(line(b) if len(b) == len(columns) else f"{line(b[:2])}  {b[2]}")
     if report.floors:
         lines += ["", *floor_lines(report)]
     if report.layers:

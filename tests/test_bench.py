@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -243,6 +244,10 @@ def test_real_backends_declare_their_precisions():
     from inception_engine.backends.torch_backend import TorchBackend
 
     assert bench.backend_options("torch-graph", TorchBackend, "fp16") == {"graph": True, "precision": "fp16"}
+    assert bench.backend_options("torch-compile", TorchBackend, "fp16") == {"compile_mode": "reduce-overhead",
+                                                                            "precision": "fp16"}
+    assert bench.backend_options("torch-compile-max", TorchBackend, "tf32") == {"compile_mode": "max-autotune",
+                                                                                "precision": "tf32"}
     assert bench.backend_options("cudnn", CudnnBackend, "tf32") == {"precision": "tf32"}
     assert bench.backend_options("cudnn-eager", CudnnBackend, "fp32") == {"graph": False, "precision": "fp32"}
     assert bench.backend_options("cudnn", CudnnBackend, "fp16") == "unavailable: backend has no fp16 mode"
@@ -363,3 +368,121 @@ def test_bare_cuda_runs_tuned_and_cuda_untuned_is_the_class_default():
     assert bench.backends.variant("cuda") == ("cuda", {"tune": True})
     assert bench.backends.variant("cuda-untuned") == ("cuda", {})
     assert bench.backends.variant("cudnn") == ("cudnn", {})
+
+
+# ---- torch.compile rows: a compile per batch size, its time in the report ----------------------------------------
+
+class Compiling(FakeGpu):
+    """Takes torch's keywords; with ``compile_mode`` it 'compiles' in __init__ for 40 s + batch / 10, the batch-1
+    compile served by the cache."""
+
+    PRECISIONS = ("fp32", "tf32", "fp16")
+    made: list = []
+
+    def __init__(self, weights, plan, graph=False, precision="fp32", compile_mode=None):
+        super().__init__(weights, plan)
+        Compiling.made.append((plan.batch, graph, precision, compile_mode))
+        self.compile_seconds = None if compile_mode is None else 40.0 + plan.batch / 10
+        self.compile_cached = None if compile_mode is None else plan.batch == 1
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    real = bench.backends.backend_class
+    Compiling.made = []
+    monkeypatch.setattr(bench.backends, "backend_class",
+                        lambda name: {"torch": Compiling, "cuda": FakeGpu, "cudnn": FakeCudnn}.get(name) or real(name))
+
+
+def table_cells(text: str, backend: str, batch: int) -> dict[str, str]:
+    """The table's row for (backend, batch) as column name -> cell (cells are at least two spaces apart)."""
+    lines = text.splitlines()
+    names = re.split(r"\s{2,}", next(l for l in lines if l.startswith("backend ")).strip())
+    for l in lines:
+        cells = re.split(r"\s{2,}", l.strip())
+        if cells[:2] == [backend, str(batch)]:
+            assert len(cells) == len(names), l
+            return dict(zip(names, cells))
+    raise AssertionError(f"no row {backend} {batch} in\n{text}")
+
+
+def test_compile_rows_carry_each_batch_sizes_compile_time(compiling, weights_file, tmp_path):
+    report = bench.run_bench(["torch-graph", "torch-compile", "torch-compile-max"], [1, 8], iters=2, warmup=1,
+                             weights_path=str(weights_file), reference=False, precision="fp16")
+    # one backend, so one compile, per name and batch size; the precision goes with it
+    assert Compiling.made == [(n, *options) for n in (1, 8) for options in
+                              ((True, "fp16", None), (False, "fp16", "reduce-overhead"),
+                               (False, "fp16", "max-autotune"))]
+    rows = {(r.backend, r.batch): r for r in report.rows}
+    assert rows["torch-compile", 1].compile_s == pytest.approx(40.1) and rows["torch-compile", 1].compile_cached
+    assert rows["torch-compile-max", 8].compile_s == pytest.approx(40.8)
+    assert rows["torch-compile-max", 8].compile_cached is False
+    assert rows["torch-graph", 8].compile_s is None and rows["torch-graph", 8].compile_cached is None
+    assert rows["torch-compile", 8].median_ms == 2.0  # the timed forwards, not the compile
+
+    text = bench.table(report)
+    assert table_cells(text, "torch-compile", 1)["compile s"] == "40.1 cached"
+    assert table_cells(text, "torch-compile-max", 8)["compile s"] == "40.8"
+    assert table_cells(text, "torch-compile", 8)["median ms"] == "2.00"
+    assert table_cells(text, "torch-graph", 1)["compile s"] == "-"
+    assert "compile s = wall seconds of compiling at that batch size" in text
+    assert "torch-compile = torch.compile(mode='reduce-overhead')" in text
+    assert "torch-compile-max = torch.compile(mode='max-autotune')" in text
+
+    doc = json.loads(bench.write_json(report, tmp_path / "b.json").read_text())
+    by = {(r["backend"], r["batch"]): r for r in doc["rows"]}
+    assert by["torch-compile-max", 8]["compile_s"] == pytest.approx(40.8) and by["torch-graph", 1]["compile_s"] is None
+    assert by["torch-compile", 1]["compile_cached"] is True
+    csv_rows = list(csv.DictReader(open(bench.write_csv(report, tmp_path / "b.csv")[0])))
+    assert [float(r["compile_s"]) for r in csv_rows if r["backend"] == "torch-compile"] == pytest.approx([40.1, 40.8])
+
+
+def test_no_compile_column_without_a_compiling_row(compiling, weights_file):
+    report = bench.run_bench(["cuda", "torch", "torch-graph"], [1], iters=1, warmup=0, weights_path=str(weights_file),
+                             reference=False)
+    text = bench.table(report)
+    assert "compile s" not in text and table_cells(text, "torch", 1)["median ms"] == "2.00"
+
+
+def test_compile_failure_and_missing_triton_are_one_line_rows(monkeypatch, weights_file):
+    from inception_engine.backends.torch_backend import CompileFailed
+
+    class FailsToCompile(Compiling):
+        def __init__(self, weights, plan, graph=False, precision="fp32", compile_mode=None):
+            raise CompileFailed(f"torch.compile(mode={compile_mode!r}) failed at batch {plan.batch}: "
+                                f"InductorError: out of resource: shared memory")
+
+    class NoTriton(Compiling):
+        def __init__(self, weights, plan, graph=False, precision="fp32", compile_mode=None):
+            raise BackendUnavailable("torch.compile on the GPU needs Triton, which is not installed")
+
+    monkeypatch.setattr(bench.backends, "backend_class", lambda name: FailsToCompile)
+    report = bench.run_bench(["torch-compile"], [1, 2], iters=1, warmup=0, weights_path=str(weights_file),
+                             reference=False)
+    assert [r.status for r in report.rows] == [
+        f"error: CompileFailed: torch.compile(mode='reduce-overhead') failed at batch {n}: InductorError: out of "
+        f"resource: shared memory" for n in (1, 2)]
+    assert "compile s" not in bench.table(report)  # no row compiled
+    r = CliRunner().invoke(cli.bench_cmd, ["--backends", "torch-compile", "--batch-sizes", "1", "--iters", "1",
+                                           "--weights", str(weights_file), "--no-reference"])
+    assert r.exit_code == 1 and "error: CompileFailed: torch.compile(mode='reduce-overhead')" in r.output
+    assert "Traceback" not in r.output
+
+    monkeypatch.setattr(bench.backends, "backend_class", lambda name: NoTriton)
+    report = bench.run_bench(["torch-compile-max"], [1], iters=1, warmup=0, weights_path=str(weights_file),
+                             reference=False)
+    assert report.rows[0].status == "unavailable: torch.compile on the GPU needs Triton, which is not installed"
+
+
+def test_cli_compile_rows_in_the_table_and_json(compiling, weights_file, tmp_path):
+    out = tmp_path / "b.json"
+    r = CliRunner().invoke(cli.bench_cmd, ["--backends", "cuda,torch-graph,torch-compile", "--precision", "fp16",
+                                           "--batch-sizes", "1,128", "--iters", "1", "--warmup", "0",
+                                           "--weights", str(weights_file), "--no-reference", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert table_cells(r.output, "torch-compile", 128)["compile s"] == "52.8"
+    assert table_cells(r.output, "torch-graph", 128)["compile s"] == "-"
+    rows = {(row["backend"], row["batch"]): row for row in json.loads(out.read_text())["rows"]}
+    assert rows["torch-compile", 1]["compile_s"] == pytest.approx(40.1)
+    assert Compiling.made == [(1, True, "fp16", None), (1, False, "fp16", "reduce-overhead"),
+                              (128, True, "fp16", None), (128, False, "fp16", "reduce-overhead")]
