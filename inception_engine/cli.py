@@ -308,6 +308,8 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
     return sorted(set(sizes))
 
 
+# torch-compile is not among them: it compiles at every batch size, about 20 s each on an H100 (max-autotune: more
+# than 6 minutes at batch 1), which would make the default run several times longer; it is asked for by name.
 GPU_DEFAULT = ("cuda", "cudnn", "torch", "torch-graph")
 
 
@@ -320,7 +322,9 @@ def default_backends() -> list[str]:
 @click.option("--backends", "backend_names", callback=backend_list, metavar="LIST",
               help=f"Comma-separated, from {','.join(backends.BENCH_BACKENDS)} (default: {','.join(GPU_DEFAULT)} "
                    f"with a GPU, else cpu; cpu adds onnxruntime). cuda and cudnn replay a CUDA graph, torch runs "
-                   f"eagerly; torch-graph, cuda-eager, cudnn-eager are the other ways round.")
+                   f"eagerly; torch-graph, cuda-eager, cudnn-eager are the other ways round. torch-compile is "
+                   f"torch.compile(mode='reduce-overhead'), torch-compile-max mode='max-autotune': compiled at each "
+                   f"batch size (20 s or more each, so opt-in), the compile time in a column of its own.")
 @click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST")
 @click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
               help="Passed to backends that have the mode; the others' rows say they have not.")

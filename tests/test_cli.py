@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +272,36 @@ def test_bench_backend_names_variants_and_defaults(monkeypatch):
     assert cli.default_backends() == ["cpu"]
     # inception-run takes the plain backends only
     assert set(cli.BACKEND_CHOICES) == {"auto", "cpu", "cuda", "cudnn", "torch"}
+
+
+def test_bench_torch_compile_names_are_opt_in():
+    names = "cuda,torch-graph,torch-compile,torch-compile-max"
+    assert cli.backend_list(None, None, names) == names.split(",")
+    assert backends.variant("torch-compile") == ("torch", {"compile_mode": "reduce-overhead"})
+    assert backends.variant("torch-compile-max") == ("torch", {"compile_mode": "max-autotune"})
+    assert not any(n.startswith("torch-compile") for n in cli.GPU_DEFAULT)  # minutes of compiling: asked for by name
+    r = runner().invoke(cli.bench_cmd, ["--backends", "torch-compile-fast"])
+    assert r.exit_code == 2 and "torch-compile-max" in r.output
+    # click wraps the help at hyphens too ("torch-" / "compile")
+    help_text = " ".join(runner().invoke(cli.bench_cmd, ["--help"]).output.split()).replace("- ", "-")
+    assert "torch-compile is torch.compile(mode='reduce-overhead'), torch-compile-max mode='max-autotune'" in help_text
+
+
+def test_bench_torch_compile_without_torch_is_a_row_not_a_traceback(weights_file, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # as on a machine without PyTorch: import torch raises
+    out = tmp_path / "b.json"
+    r = runner().invoke(cli.bench_cmd, ["--backends", "torch-compile", "--batch-sizes", "1,2", "--iters", "1",
+                                        "--warmup", "0", "--no-reference", "--weights", str(weights_file),
+                                        "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "Traceback" not in r.output and "compile s" not in r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["batch"], row["compile_s"]) for row in rows] == [(1, None), (2, None)]
+    assert {row["status"] for row in rows} == {"unavailable: torch backend unavailable: PyTorch is not installed "
+                                               "(pip install torch); the torch backend is only a comparison and "
+                                               "nothing else needs it"}
+    assert re.search(r"^torch-compile +1  unavailable: torch backend unavailable: PyTorch is not installed", r.stdout,
+                     re.MULTILINE)
 
 
 def test_bench_precision_a_backend_lacks_is_a_row_not_a_failure(weights_file, tmp_path):
