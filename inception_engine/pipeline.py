@@ -14,7 +14,7 @@ PCIe on a copy stream while the previous batch's forward runs) and frees them fo
 ``slots`` images whatever the number of inputs. An image that cannot be decoded gets its error Prediction in its
 place in the output and the rest goes on.
 
-``classify_encoded`` is the same stream for --decode gpu: threads only read the files, the runner decodes.
+``classify_encoded`` is the same stream for --decode gpu: this thread reads the files, the runner decodes.
 """
 
 from __future__ import annotations
@@ -361,18 +361,17 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
 
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
                      options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
-    """Predictions for image files decoded by the runner (on the GPU), in order: threads only read the files,
-    ``ring_batches`` batches ahead."""
+    """Predictions for image files decoded by the runner (on the GPU), in order.
+
+    The files are read on this thread, a batch at a time, while the GPU works on the batches before. Reader threads
+    were slower (H100 machine: 2,883 against 3,436 images/s): nvImageCodec's decode takes the GIL back for every
+    image, and each time it waited for whichever reader held it (docs/PERFORMANCE.md, change 9). ``options`` is
+    taken for the same signature as ``classify``; there is no ring to size."""
     if any(isinstance(s, Image.Image) for s in sources):
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
-    if not sources:
-        return
-    window = runner.batch * options.ring_batches
-    pool = ThreadPoolExecutor(options.ring_batches, thread_name_prefix="read")
     try:
-        yield from _stream_encoded(sources, runner, pool, window, top_k)
+        yield from _stream_encoded(sources, runner, top_k)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
         runner.close()
 
 
@@ -380,15 +379,13 @@ def read_files(sources: Sequence[ImageSource]) -> list[tuple[bytes | None, str |
     return [read_file(s) for s in sources]  # type: ignore[arg-type]  # classify_encoded refused PIL images
 
 
-def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, pool: Executor, window: int,
-                    top_k: int) -> Iterator[Prediction]:
-    """One read task per batch of files (a future per file costs the main thread more than the read itself), a
-    window of tasks ahead; each batch goes to the runner as read, errors of unreadable files in their places."""
+def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
+    """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
+    results of ``runner.depth`` batches outstanding, yielded in order as they come."""
     n, batch = len(sources), runner.batch
-    reading: deque[tuple[int, Future]] = deque()  # (first seq, future of the batch's reads)
     in_flight: deque[tuple[list[int], Any]] = deque()
     done: dict[int, Prediction] = {}
-    next_submit = next_yield = 0
+    next_yield = 0
 
     def collect_oldest() -> None:
         seqs, ticket = in_flight.popleft()
@@ -396,25 +393,23 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, pool:
             name = source_name(seq, sources[seq])
             done[seq] = Prediction(name, error=out) if isinstance(out, str) else Prediction(name, top=labelled(out))
 
-    while next_yield < n:
-        while next_submit < n and len(reading) * batch < window:
-            reading.append((next_submit, pool.submit(read_files, sources[next_submit:next_submit + batch])))
-            next_submit += batch
-        if reading:
-            first, fut = reading.popleft()
-            items: list[tuple[int, bytes]] = []
-            for seq, (data, error) in enumerate(fut.result(), first):
-                if data is None:
-                    done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
-                else:
-                    items.append((seq, data))
-            if items:
-                if len(in_flight) == runner.depth:
-                    collect_oldest()
-                batch_items = [(source_name(seq, sources[seq]), data) for seq, data in items]
-                in_flight.append(([seq for seq, _ in items], runner.submit_encoded(batch_items, top_k)))
-        elif in_flight:
-            collect_oldest()
+    for first in range(0, n, batch):
+        items: list[tuple[int, bytes]] = []
+        for seq, (data, error) in enumerate(read_files(sources[first:first + batch]), first):
+            if data is None:
+                done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
+            else:
+                items.append((seq, data))
+        if items:
+            if len(in_flight) == runner.depth:
+                collect_oldest()
+            batch_items = [(source_name(seq, sources[seq]), data) for seq, data in items]
+            in_flight.append(([seq for seq, _ in items], runner.submit_encoded(batch_items, top_k)))
+        while next_yield in done:
+            yield done.pop(next_yield)
+            next_yield += 1
+    while in_flight:
+        collect_oldest()
         while next_yield in done:
             yield done.pop(next_yield)
             next_yield += 1

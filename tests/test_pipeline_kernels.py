@@ -130,7 +130,7 @@ def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
 def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     """pipeline.classify_encoded through the cuda runner, with Pillow standing in for nvImageCodec (exact, so the
     predictions must be the CPU-decoded stream's): JPEGs, a PNG (the CPU fallback), a missing and a broken file in
-    their places, a partial last batch."""
+    their places, a partial last batch; a second run with the decoder the backend kept gives the same."""
     from test_resize_pil_kernel import FakeCodec
 
     from inception_engine.backends.cuda import jpeg_decode
@@ -146,9 +146,14 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     try:
         options = pipeline.PipelineOptions(workers=2, ring_batches=2)
         gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3, options))
+        # nvImageCodec frees an image on the stream it was decoded on: a finished run leaves the backend's decoder
+        # (kept for the next run) holding none, or the next run freed them on a destroyed stream and crashed
+        assert backend._jpeg_decoder is not None and backend._jpeg_decoder._decoded == []
+        again = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3, options))
         cpu = list(pipeline.classify(sources, CudaRunner(backend, pre), pre, 3, options))
     finally:
         backend.close()
+    assert [(p.top, p.error) for p in again] == [(p.top, p.error) for p in gpu]
     assert [p.image for p in gpu] == [str(s) for s in sources]
     assert [p.ok for p in gpu] == [p.ok for p in cpu] == [s.exists() and s.name != "bad.jpg" for s in sources]
     assert "no such file" in gpu[1].error and "bad.jpg" in gpu[5].error

@@ -114,6 +114,7 @@ class CudaBackend:
         self._stages: list[tuple[Any, list[tuple[Any, Any, list[Any], list[Launch]]], list[tuple[Any, Any]]]] = []
         self._tail: list[Launch] = []
         self._host: list[Any] = []
+        self._jpeg_decoder: Any = None  # jpeg_decode.GpuJpegDecoder, made by the first --decode gpu run
         self._closed = False
         try:
             with self._gpu:
@@ -333,7 +334,21 @@ class CudaBackend:
         """Device memory this backend holds: arena, parameters, workspace (split-K, Winograd), probabilities."""
         return self._device_bytes
 
+    def jpeg_decoder(self, pre: Any) -> Any:
+        """The GPU JPEG decoder for batches of this plan's size (the context current), made once: nvImageCodec's
+        start-up is paid by the first run that decodes on the GPU, not by every run of this backend."""
+        if self._jpeg_decoder is None or self._jpeg_decoder.pre != pre:
+            from .jpeg_decode import GpuJpegDecoder
+
+            if self._jpeg_decoder is not None:
+                self._jpeg_decoder.close()
+            self._jpeg_decoder = GpuJpegDecoder(self.kernels, pre, self.plan.batch)
+        return self._jpeg_decoder
+
     def _free(self) -> None:
+        if self._jpeg_decoder is not None:
+            self._jpeg_decoder.close()
+            self._jpeg_decoder = None
         if self._graph is not None:
             self._graph.close()
             self._graph = None

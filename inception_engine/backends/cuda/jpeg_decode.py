@@ -379,7 +379,7 @@ class GpuJpegDecoder:
         item's slot holds anything. cpu_fallback(path, data) gives the exact CPU result or raises EngineError."""
         if len(items) > self.max_batch:
             raise ValueError(f"{len(items)} items for a decoder of max_batch {self.max_batch}")
-        self._wait()  # the previous batch's decoded images and staged results are free to go
+        self.wait()  # the previous batch's decoded images and staged results are free to go
         self._decoded = []
         errors: list[str | None] = [None] * len(items)
         to_gpu: list[tuple[int, int, int]] = []  # (item, height, width)
@@ -409,10 +409,18 @@ class GpuJpegDecoder:
         self._done.record(stream)
         return errors
 
-    def _wait(self) -> None:
+    def wait(self) -> None:
+        """Until the last batch's decoded images and staged uploads are no longer needed."""
         if self._done is not None:
             self._done.synchronize()
             self._done = None
+
+    def release(self) -> None:
+        """Waits, then frees the last batch's decoded images now: nvImageCodec frees an image on the stream it was
+        decoded on, so they must go before the caller destroys that stream (freed later, they crashed the
+        process)."""
+        self.wait()
+        self._decoded = []
 
     def _decode(self, blobs: list[bytes], stream: Any) -> list[Any]:
         """nvImageCodec's images (None where it failed), one batched call; should the batch call itself raise,
@@ -452,7 +460,7 @@ class GpuJpegDecoder:
             drv.memcpy_htod_async(dst_ptr + i * crop.nbytes, self._staging[i], stream)
 
     def close(self) -> None:
-        self._wait()
+        self.wait()
         self._resize.close()
         self._decoded = []
         if self._staging is not None:

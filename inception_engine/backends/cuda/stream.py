@@ -67,7 +67,7 @@ class CudaRunner:
         self.backend, self.batch, self.pre = backend, plan.batch, pre
         self._image_bytes = pre.size * pre.size * 3
         self._ring: np.ndarray | None = None
-        self._decoder: Any = None  # jpeg_decode.GpuJpegDecoder, made on the first submit_encoded
+        self._decoder: Any = None  # the backend's jpeg_decode.GpuJpegDecoder, from the first submit_encoded
         self._turn = 0
         self._allocs: list[Any] = []
         with backend.gpu:
@@ -118,9 +118,7 @@ class CudaRunner:
         k = self._next_turn()
         with self.backend.gpu:
             if self._decoder is None:
-                from .jpeg_decode import GpuJpegDecoder
-
-                self._decoder = GpuJpegDecoder(self.backend.kernels, self.pre, self.batch)
+                self._decoder = self.backend.jpeg_decoder(self.pre)
             if self._turn > 2:
                 self._copy.wait_for_event(self._normalized[k])
             errors = self._decoder.decode_into(items, self._u8[k], self._copy,
@@ -171,7 +169,7 @@ class CudaRunner:
             self._copy.synchronize()
             self._ring = None
             if self._decoder is not None:
-                self._decoder.close()
+                self._decoder.release()  # before the copy stream goes; the backend keeps the decoder
                 self._decoder = None
             for a in self._allocs:
                 a.free()
