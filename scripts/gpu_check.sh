@@ -21,7 +21,13 @@
 #    folder of 4,096 generated JPEGs through inception-run's pipeline per precision and decode worker kind, the
 #    decode workers alone, the PyTorch DataLoader script, cold start
 #
-#   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7); default: all
+# 8. (group compile) inception-bench: ours, torch-graph and torch.compile(mode="reduce-overhead") at batch 1 and 128,
+#    fp16 and tf32, with torch.compile's compile time
+# 9. (group ray) the offline Ray Data kit (scripts/ray_kit.sh), tests/test_ray.py and scripts/bench_ray.py: Ray's
+#    overhead on one GPU against Engine.predict_iter on 4,096 generated JPEGs
+#
+#   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
+#                                            ray (9); default: all but compile and ray
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -31,7 +37,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ "$SELECTED" == *" all "* || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && $1 != compile && $1 != ray) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -125,6 +131,34 @@ bench "inception-bench fp16" 90 --backends cuda,cuda-nchw,cuda-untuned,torch-gra
   --iters 20
 fi
 
+# torch.compile's reduce-overhead mode beside ours and PyTorch's CUDA graph (issue 23's peer), its compile time in a
+# column of its own: ~20 s of compiling per batch size, plus ~12 s of importing the compiler once.
+if want compile; then
+bench "bench compile fp16" 170 --backends cuda,torch-graph,torch-compile --precision fp16 --batch-sizes 1,128 \
+  --iters 50 --no-reference --json "$OUT/bench_compile_fp16.json"
+bench "bench compile tf32" 170 --backends cuda,torch-graph,torch-compile --precision tf32 --batch-sizes 1,128 \
+  --iters 50 --no-reference --json "$OUT/bench_compile_tf32.json"
+fi
+
+# Ray's overhead on one GPU (scripts/bench_ray.py) and the Ray tests, with the offline kit of scripts/ray_kit.sh
+# (carry .raykit and .whl's small wheels: with nvImageCodec's the call would exceed 64 MiB).
+if want ray; then
+  if source scripts/ray_kit.sh install >>"$OUT/ray.log" 2>&1; then
+    step "ray jpegs+weights" ray.log 90 python3 -c "
+import sys; sys.path.insert(0, 'scripts')
+import bench_e2e
+from inception_engine.synthetic import synthetic_weights
+from inception_engine.weights import save_weights
+w = synthetic_weights(0); save_weights('/tmp/synthetic.npz', w.arrays, w.manifest)
+print('jpegs in', bench_e2e.jpeg_folder(4096))"
+    step "pytest ray" ray.log 90 python3 -m pytest -q -rfEs tests/test_ray.py tests/test_multi_gpu.py
+    step "bench ray" ray.log 240 python3 scripts/bench_ray.py "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096" \
+      --weights /tmp/synthetic.npz
+  else
+    SUMMARY+=("$(printf '%-22s %-14s' "ray" "SKIPPED") $(tail -1 "$OUT/ray.log")")
+  fi
+fi
+
 if want kernels; then
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
@@ -169,8 +203,9 @@ fi
   echo
   echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)) =="
   awk '/^### /{p=0} p; /^summary$/{p=1}' "$OUT/bench_kernels.log" 2>/dev/null
-  grep -E "^### |^(cuda|cudnn|torch)[-a-z]* +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null | cut -c1-140
+  grep -E "^### |^(cuda|cudnn|torch)[-a-z]* +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null | cut -c1-175
   awk '/^[0-9]+ images in /{p=1} p' "$OUT/e2e.log" 2>/dev/null
+  grep -E "^[0-9]+ images, batch|^Engine.predict_iter|^Ray |^ray " "$OUT/ray.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"
