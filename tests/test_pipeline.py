@@ -152,3 +152,17 @@ def test_process_workers_fall_back_to_threads_when_shared_memory_is_short(weight
     assert kinds == ["thread"] and all(p.ok for p in preds)
     err = capsys.readouterr().err
     assert "/dev/shm" in err and "threads" in err and err.count("\n") == 1
+
+
+def test_read_file_gives_bytes_or_one_error_line(tmp_path):
+    """--decode gpu reads files on the main thread (pipeline.read_file): bytes whole, or inception-run's error."""
+    data = bytes(range(256)) * 1000
+    (tmp_path / "a.jpg").write_bytes(data)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "dir.jpg").mkdir()
+    assert pipeline.read_file(tmp_path / "a.jpg") == (data, None)
+    assert pipeline.read_file(str(tmp_path / "a.jpg")) == (data, None)
+    for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory"), ("empty.jpg", "empty file")]:
+        got, error = pipeline.read_file(tmp_path / name)
+        assert got is None and error == f"{tmp_path / name}: {says}" + ("" if says != "is a directory" else
+                                                                        ", not an image")
