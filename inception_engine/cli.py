@@ -99,8 +99,7 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
               help="Decode workers [default: one per usable CPU].")
 @click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="auto", show_default=True,
               help="Decode in processes (auto: for runs of 256 images or more; 2.7x threads' rate on 16 cores) or "
-                   "in threads (no start-up). With --decode gpu: read the files ahead in a process, or on the main "
-                   "thread.")
+                   "in threads (no start-up).")
 @click.option("--decode", type=click.Choice(DECODE_CHOICES), default="cpu", show_default=True,
               help="cpu: Pillow, torchvision's preprocessing exactly. gpu: JPEGs decoded by nvImageCodec and resized "
                    "on the GPU as Pillow does (cuda backend; pip install -e '.[gpu-decode]').")

@@ -14,7 +14,7 @@ PCIe on a copy stream while the previous batch's forward runs) and frees them fo
 ``slots`` images whatever the number of inputs. An image that cannot be decoded gets its error Prediction in its
 place in the output and the rest goes on.
 
-``classify_encoded`` is the same stream for --decode gpu: the files are read (file_reader.py), the runner decodes.
+``classify_encoded`` is the same stream for --decode gpu: this thread reads the files, the runner decodes.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import numpy as np
 from PIL import Image
 
 from .errors import EngineError
-from .file_reader import FileReader, read_files
 from .images import Preprocess, decode_u8, first_line
 from .labels import imagenet_labels
 
@@ -344,46 +343,46 @@ class EncodedRunner(Protocol):
     def close(self) -> None: ...
 
 
+def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
+    """(bytes, None), or (None, the error line) for a file that cannot be read, worded as images.open_image."""
+    try:
+        with open(source, "rb", buffering=0) as f:  # unbuffered: one fstat and one read, no BufferedReader copy
+            data = f.readall()
+    except FileNotFoundError:
+        return None, f"{source}: no such file"
+    except IsADirectoryError:
+        return None, f"{source}: is a directory, not an image"
+    except PermissionError:
+        return None, f"{source}: permission denied"
+    except OSError as e:
+        return None, f"{source}: cannot read ({first_line(e)})"
+    return (data, None) if data else (None, f"{source}: empty file")
+
+
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
                      options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
     """Predictions for image files decoded by the runner (on the GPU), in order.
 
-    No Python thread runs beside the decoder: nvImageCodec's decode takes the GIL back for every image, and reader
-    threads kept it waiting (H100 machine: 2,883 images/s with them against 3,436 reading inline; file_reader.py).
-    Long runs (``options.worker_kind`` auto, as for decoding on the CPU) read ``ring_batches`` batches ahead in a
-    process of their own (file_reader.FileReader); short ones, or ``worker_kind`` thread, read each batch on this
-    thread while the GPU works on the batches before."""
+    The files are read on this thread, a batch at a time, while the GPU works on the batches before. Reader threads
+    were slower (H100 machine: 2,883 against 3,436 images/s): nvImageCodec's decode takes the GIL back for every
+    image, and each time it waited for whichever reader held it (docs/PERFORMANCE.md, change 9). ``options`` is
+    taken for the same signature as ``classify``; there is no ring to size."""
     if any(isinstance(s, Image.Image) for s in sources):
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
-    if not sources:
-        runner.close()
-        return
-    ahead = max(2, options.ring_batches)
-    kind = options.worker_kind
-    if kind == "auto":
-        kind = "process" if len(sources) >= PROCESS_MIN_IMAGES else "thread"
-    if kind == "process" and not shared_memory_fits(FileReader.ring_bytes(runner.batch, ahead)):
-        print(f"note: /dev/shm has less than the {FileReader.ring_bytes(runner.batch, ahead) >> 20} MiB the file "
-              f"reader process needs; reading files on the main thread", file=sys.stderr)
-        kind = "thread"
-    reader = FileReader(runner.batch, ahead) if kind == "process" else None
     try:
-        yield from _stream_encoded(sources, runner, top_k, reader)
+        yield from _stream_encoded(sources, runner, top_k)
     finally:
-        if reader is not None:
-            reader.close()
         runner.close()
 
 
-def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                    reader: FileReader | None) -> Iterator[Prediction]:
-    """Each batch of files read (by the reader, ``reader.slots`` batches ahead, or here), then given to the runner,
-    errors of unreadable files in their places; the results of ``runner.depth`` batches outstanding, yielded in
-    order as they come."""
+def read_files(sources: Sequence[ImageSource]) -> list[tuple[bytes | None, str | None]]:
+    return [read_file(s) for s in sources]  # type: ignore[arg-type]  # classify_encoded refused PIL images
+
+
+def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
+    """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
+    results of ``runner.depth`` batches outstanding, yielded in order as they come."""
     n, batch = len(sources), runner.batch
-    paths = [os.fspath(s) for s in sources]  # type: ignore[arg-type]  # classify_encoded refused PIL images
-    reading: deque[tuple[int, Any]] = deque()  # (first seq, the reader's future) of batches being read
-    next_read = 0
     in_flight: deque[tuple[list[int], Any]] = deque()
     done: dict[int, Prediction] = {}
     next_yield = 0
@@ -395,18 +394,8 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
             done[seq] = Prediction(name, error=out) if isinstance(out, str) else Prediction(name, top=labelled(out))
 
     for first in range(0, n, batch):
-        if reader is None:
-            read = read_files(paths[first:first + batch])
-        else:
-            # batch j goes to slot j % slots, submitted only after batch j - slots was taken out of it
-            while next_read < n and len(reading) < reader.slots:
-                reading.append((next_read, reader.submit(next_read // batch % reader.slots,
-                                                         paths[next_read:next_read + batch])))
-                next_read += batch
-            _, future = reading.popleft()
-            read = reader.take(paths[first:first + batch], future)
         items: list[tuple[int, bytes]] = []
-        for seq, (data, error) in enumerate(read, first):
+        for seq, (data, error) in enumerate(read_files(sources[first:first + batch]), first):
             if data is None:
                 done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
             else:

@@ -143,35 +143,24 @@ def profile_variants(paths: list[Path], batch: int) -> None:
             extra = f", spinner {spins[0] / dt / 1e6:.2f} M/s" if spin else ""
             print(f"{label:34} {rate(n, dt)}  ms per batch: {parts}{extra}")
 
-        def files(label: str, kind: str = "auto") -> None:
-            """Engine.predict_iter on the same files, as inception-run runs it (auto: a reader process)."""
-            engine.pipeline.worker_kind = kind
+        def files(label: str) -> None:
+            """Engine.predict_iter on the same files, as inception-run runs it (this thread reads them)."""
             t0 = time.perf_counter()
             k = sum(1 for p in engine.predict_iter([p for p, _ in items[:n]]) if p.ok)
             print(f"{label:34} {rate(k, time.perf_counter() - t0)}")
 
-        def use_decoder(priority: bool) -> None:
-            backend = engine.backend(batch, "cached")
-            with backend.gpu:
-                if backend._jpeg_decoder is not None:
-                    backend._jpeg_decoder.close()
-                backend._jpeg_decoder = jpeg_decode.GpuJpegDecoder(backend.kernels, pre, batch, priority=priority)
-
         with engine:
-            backend = engine.backend(batch, "cached")
             t0 = time.perf_counter()
+            backend = engine.backend(batch, "cached")
             with backend.gpu:
                 backend.jpeg_decoder(pre)
             print(f"{'decoder start-up (once a backend)':34} {1e3 * (time.perf_counter() - t0):8.0f} ms")
             loop("warm-up")
-            for priority in (False, True, False, True):
-                use_decoder(priority)
-                at = "high-priority stream" if priority else "caller's stream"
-                loop(f"in memory, decode on {at}")
-                if priority:
-                    loop(f"in memory, no forward, {at}", no_forward=True)
-                files(f"files, reader process, {at}")
-                files(f"files, read inline, {at}", "thread")
+            loop("pipeline (files in memory)")
+            loop("pipeline, no forward", no_forward=True)
+            loop("pipeline, python thread spinning", spin=True)
+            files("predict_iter on files")
+            files("predict_iter on files (again)")
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from random_weights import random_arrays
 
-from inception_engine import file_reader, pipeline
+from inception_engine import pipeline
 from inception_engine.backends.cuda.stream import slot_runs
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.engine import Engine
@@ -154,45 +154,18 @@ def test_process_workers_fall_back_to_threads_when_shared_memory_is_short(weight
     assert "/dev/shm" in err and "threads" in err and err.count("\n") == 1
 
 
-def files_to_read(tmp_path: Path) -> tuple[list[Path], dict[str, bytes]]:
-    """Readable files of several sizes (one bigger than a reader slot's share), a missing one, a directory, an empty
-    file."""
-    rng = np.random.default_rng(5)
-    content = {f"{i}.jpg": rng.integers(0, 256, int(n), dtype=np.uint8).tobytes()
-               for i, n in enumerate([1, 1000, 70_000, 3 * file_reader.SLOT_BYTES_PER_FILE, 5, 123_457])}
-    for name, data in content.items():
-        (tmp_path / name).write_bytes(data)
+def test_read_file_gives_bytes_or_one_error_line(tmp_path):
+    """--decode gpu reads files on the main thread (pipeline.read_file): bytes whole, or inception-run's error."""
+    data = bytes(range(256)) * 1000
+    (tmp_path / "a.jpg").write_bytes(data)
     (tmp_path / "empty.jpg").write_bytes(b"")
     (tmp_path / "dir.jpg").mkdir()
-    names = ["0.jpg", "missing.jpg", "1.jpg", "2.jpg", "dir.jpg", "3.jpg", "empty.jpg", "4.jpg", "5.jpg"]
-    return [tmp_path / n for n in names], content
-
-
-def expected_read(path: Path, content: dict[str, bytes]) -> tuple[bytes | None, str | None]:
-    says = {"missing.jpg": "no such file", "dir.jpg": "is a directory, not an image", "empty.jpg": "empty file"}
-    return (content[path.name], None) if path.name in content else (None, f"{path}: {says[path.name]}")
-
-
-def test_read_file_gives_bytes_or_one_error_line(tmp_path):
-    paths, content = files_to_read(tmp_path)
-    assert file_reader.read_files(paths) == [expected_read(p, content) for p in paths]
-    assert file_reader.read_file(str(paths[0])) == (content["0.jpg"], None)
-
-
-def test_the_reader_process_reads_the_same(tmp_path):
-    """FileReader (a process reading into shared memory) against read_file: the same bytes and error lines, a file
-    larger than its slot's room read by the caller, slots reused round the ring."""
-    paths, content = files_to_read(tmp_path)
-    want = [expected_read(p, content) for p in paths]
-    reader = file_reader.FileReader(batch=3, slots=2)  # 1.5 MiB a slot: 3.jpg (1.5 MiB) never fits beside others
-    try:
-        for _ in range(3):  # each round's batches take both slots
-            futures = [reader.submit(j % 2, paths[3 * j:3 * j + 3]) for j in range(2)]
-            got = reader.take(paths[:3], futures[0]) + reader.take(paths[3:6], futures[1])
-            got += reader.take(paths[6:], reader.submit(0, paths[6:]))
-            assert got == want
-    finally:
-        reader.close()
+    assert pipeline.read_file(tmp_path / "a.jpg") == (data, None)
+    assert pipeline.read_file(str(tmp_path / "a.jpg")) == (data, None)
+    for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory"), ("empty.jpg", "empty file")]:
+        got, error = pipeline.read_file(tmp_path / name)
+        assert got is None and error == f"{tmp_path / name}: {says}" + ("" if says != "is a directory" else
+                                                                        ", not an image")
 
 
 class EchoRunner:
@@ -201,7 +174,7 @@ class EchoRunner:
     batch, depth = 2, 2
 
     def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> list:
-        return [[(len(data) % 1000, 1.0)] for _, data in items]
+        return [[(len(data), 1.0)] for _, data in items]
 
     def result(self, ticket: list) -> list:
         return ticket
@@ -210,12 +183,16 @@ class EchoRunner:
         pass
 
 
-@pytest.mark.parametrize("kind", ["thread", "process"])
-def test_encoded_stream_reads_in_order_with_errors_in_place(tmp_path, kind):
-    paths, content = files_to_read(tmp_path)
-    options = pipeline.PipelineOptions(worker_kind=kind, ring_batches=2)
-    preds = list(pipeline.classify_encoded(paths * 3, EchoRunner(), 1, options))
-    assert [p.image for p in preds] == [str(p) for p in paths * 3]
-    for p, path in zip(preds, paths * 3):
-        data, error = expected_read(path, content)
-        assert (p.top[0][0] if p.ok else p.error) == (len(data) % 1000 if data else error)
+def test_encoded_stream_reads_in_order_with_errors_in_place(tmp_path):
+    """classify_encoded (--decode gpu) reads each batch on this thread: every file's bytes reach the runner, the
+    unreadable ones get their error in their place, a partial last batch included."""
+    sizes = {"a.jpg": 10, "b.jpg": 300, "c.jpg": 7, "d.jpg": 999}  # lengths stand for class indices
+    for name, n in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * n)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    paths = [tmp_path / n for n in ["a.jpg", "missing.jpg", "b.jpg", "empty.jpg", "c.jpg", "d.jpg", "a.jpg"]]
+    preds = list(pipeline.classify_encoded(paths, EchoRunner(), 1))
+    assert [p.image for p in preds] == [str(p) for p in paths]
+    want = [sizes[p.name] if p.name in sizes else None for p in paths]
+    assert [p.top[0][0] if p.ok else None for p in preds] == want
+    assert preds[1].error == f"{paths[1]}: no such file" and preds[3].error == f"{paths[3]}: empty file"

@@ -43,7 +43,6 @@ EXIF_ORIENTATION = 0x0112
 GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_rgb give (CMYK it would not)
 # nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
 DECODER_OPTIONS = ":fancy_upsampling=1"
-DECODE_AT_PRIORITY = False  # nvImageCodec's work on a stream of the highest priority (PriorityStream)
 MISSING = "--decode gpu needs nvidia-nvimgcodec-cu13 (pip install -e '.[gpu-decode]')"
 
 
@@ -352,72 +351,6 @@ def device_image(img: Any, h: int, w: int) -> DeviceImage | None:
     return DeviceImage(int(cai["data"][0]), h, w, int(strides[0]) if strides else w * CHANNELS)
 
 
-_STREAM_SIGNATURES = {  # cuda.h, CUDA 12/13
-    "cuCtxGetStreamPriorityRange": (ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)),
-    "cuStreamCreateWithPriority": (ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_int),
-    "cuEventCreate": (ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint),
-    "cuEventRecord": (ctypes.c_void_p, ctypes.c_void_p),
-    "cuStreamWaitEvent": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint),
-    "cuStreamSynchronize": (ctypes.c_void_p,),
-    "cuEventDestroy_v2": (ctypes.c_void_p,),
-    "cuStreamDestroy_v2": (ctypes.c_void_p,),
-}
-CU_STREAM_NON_BLOCKING = 1
-CU_EVENT_DISABLE_TIMING = 2
-
-
-@functools.cache
-def _stream_api() -> Any:
-    from ...cuda_graph import libcuda
-
-    lib = libcuda()
-    for name, argtypes in _STREAM_SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    return lib
-
-
-class PriorityStream:
-    """A CUDA stream of the device's highest priority (pycuda makes streams of the default, lowest, priority only),
-    and an event through which another stream waits for what was enqueued on it. Create, use and close it in the
-    same context.
-
-    Why: the decoder's GPU work, queued behind the previous batch's forward (every SM busy with its tiles), made
-    the decode call wait (H100: 12 ms a batch of 128 beside the tf32 forward, 7 ms without it); the scheduler gives
-    a higher-priority stream's blocks the next free SM instead."""
-
-    def __init__(self) -> None:
-        from ...cuda_graph import check
-
-        lib = _stream_api()
-        least, greatest = ctypes.c_int(), ctypes.c_int()
-        check(lib.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
-              "cuCtxGetStreamPriorityRange")
-        stream, event = ctypes.c_void_p(), ctypes.c_void_p()
-        check(lib.cuStreamCreateWithPriority(ctypes.byref(stream), CU_STREAM_NON_BLOCKING, greatest.value),
-              "cuStreamCreateWithPriority")
-        self.handle: int | None = stream.value
-        check(lib.cuEventCreate(ctypes.byref(event), CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-        self._event: int | None = event.value
-
-    def then(self, stream_handle: int) -> None:
-        """Work enqueued on stream_handle from now on runs after what was enqueued here so far."""
-        from ...cuda_graph import check
-
-        lib = _stream_api()
-        check(lib.cuEventRecord(self._event, self.handle), "cuEventRecord")
-        check(lib.cuStreamWaitEvent(stream_handle, self._event, 0), "cuStreamWaitEvent")
-
-    def close(self) -> None:
-        if self.handle is None:
-            return
-        lib = _stream_api()
-        lib.cuStreamSynchronize(self.handle)
-        lib.cuEventDestroy_v2(self._event)
-        lib.cuStreamDestroy_v2(self.handle)
-        self.handle = self._event = None
-
-
 class GpuJpegDecoder:
     """Batches of files -> (N, size, size, 3) uint8 crops in device memory; see the module doc.
 
@@ -425,7 +358,7 @@ class GpuJpegDecoder:
     backends: names of nvidia.nvimgcodec.BackendKind members to allow (e.g. ("GPU_ONLY",)); None: its default."""
 
     def __init__(self, kernels: Kernels, pre: Preprocess, max_batch: int, *,
-                 backends: Sequence[str] | None = None, priority: bool = DECODE_AT_PRIORITY):
+                 backends: Sequence[str] | None = None):
         nvimgcodec = load_nvimgcodec()
         kinds = None if backends is None else [getattr(nvimgcodec.BackendKind, b) for b in backends]
         self._codec = nvimgcodec
@@ -438,9 +371,6 @@ class GpuJpegDecoder:
         self._decoded: list[Any] = []  # the last batch's nvImageCodec images, alive until its resize has run
         self._staging: np.ndarray | None = None  # pinned (max_batch, size, size, 3) for CPU-path results
         self._done: Any = None  # event after the last batch's uploads
-        # nvImageCodec's work goes on a stream of its own at the highest priority (see PriorityStream), or else on
-        # the caller's stream
-        self._priority = PriorityStream() if priority else None
 
     def decode_into(self, items: Sequence[tuple[str, bytes]], dst_ptr: int, stream: Any,
                     cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
@@ -465,10 +395,7 @@ class GpuJpegDecoder:
             else:
                 to_gpu.append((i, *hw))
         jobs: list[tuple[DeviceImage, int]] = []
-        decoded = self._decode([items[i][1] for i, _, _ in to_gpu], stream)
-        if self._priority is not None and decoded:
-            self._priority.then(stream.handle)  # the resize reads the images
-        for (i, h, w), img in zip(to_gpu, decoded):
+        for (i, h, w), img in zip(to_gpu, self._decode([items[i][1] for i, _, _ in to_gpu], stream)):
             dev = None if img is None else device_image(img, h, w)
             if dev is None:
                 to_cpu.append(i)
@@ -495,9 +422,6 @@ class GpuJpegDecoder:
         self.wait()
         self._decoded = []
 
-    def _stream_of(self, stream: Any) -> int:
-        return stream.handle if self._priority is None else self._priority.handle
-
     def _decode(self, blobs: list[bytes], stream: Any) -> list[Any]:
         """nvImageCodec's images (None where it failed), one batched call; should the batch call itself raise,
         one call per file, so that one bad file does not send the whole batch to the CPU."""
@@ -505,14 +429,13 @@ class GpuJpegDecoder:
             return []
         try:
             return list(self._decoder.decode([self._codec.CodeStream(b) for b in blobs], params=self._params,
-                                             cuda_stream=self._stream_of(stream)))
+                                             cuda_stream=stream.handle))
         except Exception:  # nvImageCodec raises RuntimeError and others for a stream it cannot parse
             return [self._decode_one(b, stream) for b in blobs]
 
     def _decode_one(self, blob: bytes, stream: Any) -> Any:
         try:
-            return self._decoder.decode(self._codec.CodeStream(blob), params=self._params,
-                                        cuda_stream=self._stream_of(stream))
+            return self._decoder.decode(self._codec.CodeStream(blob), params=self._params, cuda_stream=stream.handle)
         except Exception:  # this file goes to the CPU path, which reports what is wrong with it
             return None
 
@@ -540,9 +463,6 @@ class GpuJpegDecoder:
         self.wait()
         self._resize.close()
         self._decoded = []
-        if self._priority is not None:
-            self._priority.close()
-            self._priority = None
         if self._staging is not None:
             self._staging.base.free()
             self._staging = None
