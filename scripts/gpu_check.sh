@@ -24,7 +24,7 @@
 # 8. (group compile) inception-bench: ours, torch-graph and torch.compile(mode="reduce-overhead") at batch 1 and 128,
 #    fp16 and tf32, with torch.compile's compile time
 # 9. (group ray) the offline Ray Data kit (scripts/ray_kit.sh), tests/test_ray.py and scripts/bench_ray.py: Ray's
-#    overhead on one GPU against Engine.predict_iter on 4,096 generated JPEGs
+#    overhead on one GPU against Engine.predict_iter on 4,096 generated JPEGs (RAY_IMAGES=N for another number)
 #
 #   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
 #                                            ray (9); default: all but compile and ray
@@ -150,9 +150,9 @@ import bench_e2e
 from inception_engine.synthetic import synthetic_weights
 from inception_engine.weights import save_weights
 w = synthetic_weights(0); save_weights('/tmp/synthetic.npz', w.arrays, w.manifest)
-print('jpegs in', bench_e2e.jpeg_folder(4096))"
+print('jpegs in', bench_e2e.jpeg_folder(${RAY_IMAGES:-4096}))"
     step "pytest ray" ray.log 90 python3 -m pytest -q -rfEs tests/test_ray.py tests/test_multi_gpu.py
-    step "bench ray" ray.log 240 python3 scripts/bench_ray.py "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096" \
+    step "bench ray" ray.log 300 python3 scripts/bench_ray.py "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-${RAY_IMAGES:-4096}" \
       --weights /tmp/synthetic.npz
   else
     SUMMARY+=("$(printf '%-22s %-14s' "ray" "SKIPPED") $(tail -1 "$OUT/ray.log")")
