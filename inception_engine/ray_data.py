@@ -222,11 +222,7 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False
-        # Ray Data reserves a share of the cluster for each operator; that held the decode tasks to about half the
-        # CPUs (H100 machine, 16 CPUs: the decode stage at 1,086 images/s with it, 1,966 without; scripts/bench_ray.py)
-        ctx.op_resource_reservation_enabled = False
+        ray.data.DataContext.get_current().enable_progress_bars = False
         if gpus is None:
             gpus = int(ray.cluster_resources().get("GPU", 0))
         nodes = sum(1 for n in ray.nodes() if n["Alive"])
