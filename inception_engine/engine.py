@@ -167,7 +167,7 @@ class Engine:
             raise EngineError(f"top-k must be between 1 and {len(imagenet_labels())}, got {top_k}")
         if not images:
             return
-        stream = (classify_encoded(images, self.runner(len(images)), top_k, self.pipeline) if self.decode == "gpu"
+        stream = (classify_encoded(images, self.runner(len(images)), top_k) if self.decode == "gpu"
                   else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline))
         for p in stream:
             if on_progress:

@@ -85,10 +85,8 @@ def pillow_errors(name: object) -> Iterator[None]:
         yield
     except EngineError:
         raise
-    except FileNotFoundError:
-        raise EngineError(f"{name}: no such file") from None
-    except PermissionError:
-        raise EngineError(f"{name}: permission denied") from None
+    except (FileNotFoundError, PermissionError) as e:
+        raise EngineError(file_error(name, e)) from None
     except UnidentifiedImageError:
         raise EngineError(f"{name}: not an image (Pillow cannot identify the format)") from None
     except Image.DecompressionBombError as e:
@@ -97,6 +95,17 @@ def pillow_errors(name: object) -> Iterator[None]:
         # Pillow reports truncated or corrupt data as OSError ("image file is truncated", "broken data stream")
         # and some decoders as ValueError/SyntaxError.
         raise EngineError(f"{name}: corrupt or truncated image data ({first_line(e)})") from None
+
+
+def file_error(name: object, e: OSError) -> str:
+    """The one-line message for a file that cannot be read (not for bad image data: see pillow_errors)."""
+    if isinstance(e, FileNotFoundError):
+        return f"{name}: no such file"
+    if isinstance(e, IsADirectoryError):
+        return f"{name}: is a directory, not an image"
+    if isinstance(e, PermissionError):
+        return f"{name}: permission denied"
+    return f"{name}: cannot read ({first_line(e)})"
 
 
 def first_line(e: BaseException) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import EngineError
-from .images import Preprocess, decode_u8, first_line
+from .images import Preprocess, decode_u8, file_error, first_line
 from .labels import imagenet_labels
 
 ImageSource = str | os.PathLike | Image.Image
@@ -348,35 +348,23 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
     try:
         with open(source, "rb", buffering=0) as f:  # unbuffered: one fstat and one read, no BufferedReader copy
             data = f.readall()
-    except FileNotFoundError:
-        return None, f"{source}: no such file"
-    except IsADirectoryError:
-        return None, f"{source}: is a directory, not an image"
-    except PermissionError:
-        return None, f"{source}: permission denied"
     except OSError as e:
-        return None, f"{source}: cannot read ({first_line(e)})"
+        return None, file_error(source, e)
     return (data, None) if data else (None, f"{source}: empty file")
 
 
-def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                     options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
+def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
     """Predictions for image files decoded by the runner (on the GPU), in order.
 
     The files are read on this thread, a batch at a time, while the GPU works on the batches before. Reader threads
     were slower (H100 machine: 2,883 against 3,436 images/s): nvImageCodec's decode takes the GIL back for every
-    image, and each time it waited for whichever reader held it (docs/PERFORMANCE.md, change 9). ``options`` is
-    taken for the same signature as ``classify``; there is no ring to size."""
+    image, and each time it waited for whichever reader held it (docs/PERFORMANCE.md, change 9)."""
     if any(isinstance(s, Image.Image) for s in sources):
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
     try:
         yield from _stream_encoded(sources, runner, top_k)
     finally:
         runner.close()
-
-
-def read_files(sources: Sequence[ImageSource]) -> list[tuple[bytes | None, str | None]]:
-    return [read_file(s) for s in sources]  # type: ignore[arg-type]  # classify_encoded refused PIL images
 
 
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
@@ -393,9 +381,16 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
             name = source_name(seq, sources[seq])
             done[seq] = Prediction(name, error=out) if isinstance(out, str) else Prediction(name, top=labelled(out))
 
+    def finished() -> Iterator[Prediction]:
+        nonlocal next_yield
+        while next_yield in done:
+            yield done.pop(next_yield)
+            next_yield += 1
+
     for first in range(0, n, batch):
         items: list[tuple[int, bytes]] = []
-        for seq, (data, error) in enumerate(read_files(sources[first:first + batch]), first):
+        for seq in range(first, min(first + batch, n)):
+            data, error = read_file(sources[seq])  # type: ignore[arg-type]  # PIL images were refused
             if data is None:
                 done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
             else:
@@ -405,11 +400,7 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
                 collect_oldest()
             batch_items = [(source_name(seq, sources[seq]), data) for seq, data in items]
             in_flight.append(([seq for seq, _ in items], runner.submit_encoded(batch_items, top_k)))
-        while next_yield in done:
-            yield done.pop(next_yield)
-            next_yield += 1
+        yield from finished()
     while in_flight:
         collect_oldest()
-        while next_yield in done:
-            yield done.pop(next_yield)
-            next_yield += 1
+        yield from finished()

@@ -145,11 +145,11 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     backend = cb.CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=False, nhwc=False)
     try:
         options = pipeline.PipelineOptions(workers=2, ring_batches=2)
-        gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3, options))
+        gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
         # nvImageCodec frees an image on the stream it was decoded on: a finished run leaves the backend's decoder
         # (kept for the next run) holding none, or the next run freed them on a destroyed stream and crashed
         assert backend._jpeg_decoder is not None and backend._jpeg_decoder._decoded == []
-        again = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3, options))
+        again = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
         cpu = list(pipeline.classify(sources, CudaRunner(backend, pre), pre, 3, options))
     finally:
         backend.close()
