@@ -59,7 +59,7 @@ def open_image(path: str | Path) -> Image.Image:
     EngineError naming the file."""
     path = Path(path)
     if path.is_dir():
-        raise EngineError(f"{path}: is a directory, not an image")
+        raise EngineError(file_error(path, IsADirectoryError()))
     with pillow_errors(path):
         if path.stat().st_size == 0:
             raise EngineError(f"{path}: empty file")

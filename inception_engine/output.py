@@ -18,6 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import IO
 
 from .errors import EngineError
@@ -39,6 +40,11 @@ def as_json(p: Prediction) -> dict:
         assert p.top is not None
         return {"image": p.image, "top": [{"index": i, "label": label, "prob": prob} for i, label, prob in p.top]}
     return {"image": p.image, "error": p.error}
+
+
+def jsonl_bytes(preds: Sequence[Prediction]) -> bytes:
+    """The --output FILE.jsonl lines of these predictions, one JSON object per line."""
+    return "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode()
 
 
 def csv_header(top_k: int) -> list[str]:
@@ -126,7 +132,7 @@ class ResultFile:
         """Write what was added, in one write; to the disk too if the last fsync is a few seconds old."""
         if self._pending:
             if self.fmt == "jsonl":
-                self._file.write("".join(json.dumps(as_json(p)) + "\n" for p in self._pending).encode())
+                self._file.write(jsonl_bytes(self._pending))
             else:
                 self._write_rows([csv_row(p, self.top_k) for p in self._pending])
             self._pending = []

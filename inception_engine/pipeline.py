@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import EngineError
-from .images import Preprocess, decode_u8, file_error, first_line
+from .images import Preprocess, decode_u8, decode_u8_bytes, file_error, first_line
 from .labels import imagenet_labels
 
 ImageSource = str | os.PathLike | Image.Image
@@ -111,11 +111,12 @@ class HostRing:
             self.shm.unlink()
 
 
-def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preprocess) -> str | None:
-    """Decode one image into its ring slot; the error line instead where it cannot be read. Anything Pillow throws
-    is this image's error, never the run's."""
+def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preprocess,
+                data: bytes | None = None) -> str | None:
+    """Decode one image (from ``data``, its file's bytes read already, where given) into its ring slot; the error
+    line instead where it cannot be read. Anything Pillow throws is this image's error, never the run's."""
     try:
-        ring[slot] = decode_u8(source, pre)
+        ring[slot] = decode_u8(source, pre) if data is None else decode_u8_bytes(data, str(source), pre)
         return None
     except EngineError as e:
         return str(e)

@@ -20,7 +20,6 @@ ships to its workers, and a machine without Ray gets one line saying what to ins
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -30,9 +29,9 @@ import numpy as np
 
 from .engine import Engine
 from .errors import EngineError
-from .images import Preprocess, decode_u8_bytes, first_line, image_extensions
-from .output import as_json
-from .pipeline import Prediction
+from .images import Preprocess, image_extensions
+from .output import jsonl_bytes
+from .pipeline import Prediction, decode_into
 from .weights import Weights, find_weights, load_weights
 
 Batch = dict[str, np.ndarray]
@@ -63,12 +62,7 @@ def decode_batch(batch: Batch, pre: Preprocess) -> Batch:
     pixels = np.zeros((len(paths), pre.size, pre.size, 3), np.uint8)
     errors = np.full(len(paths), "", dtype=object)
     for i, (data, path) in enumerate(zip(batch["bytes"], paths)):
-        try:
-            pixels[i] = decode_u8_bytes(data, str(path), pre)
-        except EngineError as e:
-            errors[i] = str(e)
-        except Exception as e:  # a decoder bug or an exotic file is this row's error, never the job's
-            errors[i] = f"{path}: cannot decode ({type(e).__name__}: {first_line(e)})"
+        errors[i] = decode_into(pixels, i, str(path), pre, data) or ""
     return {"path": paths, "pixels": pixels, "error": errors}
 
 
@@ -101,7 +95,8 @@ class InceptionPredictor:
         ok = np.flatnonzero(errors == "")
         tops: list[list[tuple[int, str, float]]] = [[] for _ in errors]
         if len(ok):
-            for i, top in zip(ok, self.engine.classify_pixels(batch["pixels"][ok], self.top_k)):
+            pixels = batch["pixels"] if len(ok) == len(errors) else batch["pixels"][ok]  # no copy when all decoded
+            for i, top in zip(ok, self.engine.classify_pixels(pixels, self.top_k)):
                 tops[i] = top
         out = {"path": batch["path"], "error": errors,
                "top_index": column([[i for i, _, _ in t] for t in tops]),
@@ -192,7 +187,7 @@ def jsonl_datasink(path: str) -> Any:
 
         def write_block_to_file(self, block: BlockAccessor, file: Any) -> None:
             preds = rows_as_predictions(block.to_numpy())
-            file.write("".join(json.dumps(as_json(p)) + "\n" for p in preds).encode())
+            file.write(jsonl_bytes(preds))
 
     return JsonLinesDatasink(path)
 

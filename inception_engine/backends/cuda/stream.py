@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import EngineError
-from ...images import Preprocess, decode_u8
+from ...images import Preprocess, decode_u8_bytes
 from ...pipeline import HostRing, TopK
 from .backend import CudaBackend
 from .device import driver
@@ -122,7 +122,7 @@ class CudaRunner:
             if self._turn > 2:
                 self._copy.wait_for_event(self._normalized[k])
             errors = self._decoder.decode_into(items, self._u8[k], self._copy,
-                                               lambda path, data: decode_u8(path, self.pre))
+                                               lambda path, data: decode_u8_bytes(data, path, self.pre))
             self._classify(k, len(items), top_k)
         return Ticket(k, len(items), top_k, errors)
 
