@@ -155,15 +155,6 @@ def plan_resize_crop(h: int, w: int, resize: int, size: int) -> ResizeCrop:
                       pillow_vertical_first_rule() and vertical_first(h, w, new_h, new_w))
 
 
-def pil_resize_crop(img: Image.Image, resize: int = 342, size: int = 299) -> np.ndarray:
-    """The reference: images.preprocess_pil's uint8 steps by Pillow itself on an RGB image (no resize where the
-    size is right already), (size, size, 3) uint8."""
-    new = resized_size(*img.size, resize)
-    if new != img.size:
-        img = img.resize(new, Image.BILINEAR)
-    return np.asarray(img.crop(crop_box(*img.size, size)))
-
-
 def resize_crop_u8(hwc: np.ndarray, resize: int = 342, size: int = 299) -> np.ndarray:
     """(size, size, 3) uint8 equal to ``np.asarray(img.resize(resized_size(...), BILINEAR).crop(crop_box(...)))``
     for the RGB image img whose pixels are hwc ((h, w, 3) uint8)."""

@@ -27,7 +27,7 @@ def engine_rate(paths: list[str], weights: object, backend: str, precision: str,
     return n / (time.perf_counter() - t0)
 
 
-def ray_rate(ray: object, folder: str, weights_ref: object, backend: str, precision: str, batch_size: int,
+def ray_rate(folder: str, weights_ref: object, backend: str, precision: str, batch_size: int,
              gpus: int) -> tuple[float, str]:
     """Images/s, and Ray Data's per-operator stats of the run (where its time went)."""
     t0 = time.perf_counter()
@@ -53,18 +53,18 @@ def main() -> None:
     weights = load_weights(find_weights(args.weights))
     ray = require_ray()
     ray.init(include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    ref = ray.put(weights)
     ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ref = ray.put(weights)
     engine_rate(paths, weights, args.backend, args.precision, args.batch_size)  # untimed: caches
-    ray_rate(ray, args.folder, ref, args.backend, args.precision, args.batch_size, args.gpus)
+    ray_rate(args.folder, ref, args.backend, args.precision, args.batch_size, args.gpus)
     direct = engine_rate(paths, weights, args.backend, args.precision, args.batch_size)
     rows = []
     for reserve in (True, False):
         # Ray Data reserves part of the cluster for each operator (op_resource_reservation_*), which can hold the
         # decode stage to a fraction of the CPUs: measured both ways, the same run
         ctx.op_resource_reservation_enabled = reserve
-        rate, stats = ray_rate(ray, args.folder, ref, args.backend, args.precision, args.batch_size, args.gpus)
+        rate, stats = ray_rate(args.folder, ref, args.backend, args.precision, args.batch_size, args.gpus)
         print(f"--- Ray Data stats, op_resource_reservation_enabled={reserve}\n{stats}")
         rows.append((f"Ray Data ({args.gpus} GPU actors), reservation {'on' if reserve else 'off'}:", rate))
     print(f"{len(paths)} images, batch {args.batch_size}, precision {args.precision}")

@@ -83,10 +83,7 @@ SELFTEST=(python3 -m inception_engine.backends.cuda --selftest)
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
 # Compile the kernels once (cached in ~/.cache/inception-engine/kernels for every later step).
-step "build kernels" env_pytest.log 60 python3 -c "
-from inception_engine.backends import cuda as cb
-from inception_engine import cuda_build
-g = cb.Gpu(); print('built', sorted(p.name for p in cuda_build.build(g.arch).values())); g.release()"
+step "build kernels" env_pytest.log 60 python3 -m inception_engine.cuda_build
 
 if want e2e; then
   step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s tests/test_pipeline_kernels.py \

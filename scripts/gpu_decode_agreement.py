@@ -21,13 +21,12 @@ import numpy as np
 from inception_engine.backends.cuda import jpeg_decode
 from inception_engine.backends import cuda as cb
 from inception_engine.errors import EngineError
-from inception_engine.images import Preprocess, image_extensions, open_image, to_rgb
-from inception_engine.pil_resize import pil_resize_crop
+from inception_engine.images import Preprocess, decode_u8_bytes, image_extensions
 
 
 def cpu_path(pre: Preprocess):
     def crop(path: str, data: bytes) -> np.ndarray:
-        return pil_resize_crop(to_rgb(open_image(path)), pre.resize, pre.size)
+        return decode_u8_bytes(data, path, pre)
     return crop
 
 

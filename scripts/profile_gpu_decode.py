@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import tempfile
 import sys
 import time
 from pathlib import Path
@@ -37,20 +36,17 @@ def rate(n: int, seconds: float) -> str:
 def profile_pipeline(paths: list[Path], batch: int) -> None:
     from inception_engine.engine import Engine
     from inception_engine.synthetic import synthetic_weights
-    from inception_engine.weights import save_weights
 
-    with tempfile.TemporaryDirectory() as tmp:
-        w = synthetic_weights(0)
-        weights = str(save_weights(Path(tmp) / "synthetic.npz", w.arrays, w.manifest))
-        files = [str(p) for p in paths]
-        with Engine(weights, backend="cuda", batch_size=batch, precision="tf32", decode="gpu") as engine:
-            sum(1 for _ in engine.predict_iter(files[:2 * batch]))  # untimed: kernels, graph, decoder
-            prof = cProfile.Profile()
-            t0 = time.perf_counter()
-            prof.enable()
-            n = sum(1 for p in engine.predict_iter(files) if p.ok)
-            prof.disable()
-            print(f"--decode gpu pipeline under cProfile, tf32, batch {batch}: {rate(n, time.perf_counter() - t0)}")
+    weights = synthetic_weights(0)  # Engine takes Weights as they are: no file needed
+    files = [str(p) for p in paths]
+    with Engine(weights, backend="cuda", batch_size=batch, precision="tf32", decode="gpu") as engine:
+        sum(1 for _ in engine.predict_iter(files[:2 * batch]))  # untimed: kernels, graph, decoder
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        n = sum(1 for p in engine.predict_iter(files) if p.ok)
+        prof.disable()
+        print(f"--decode gpu pipeline under cProfile, tf32, batch {batch}: {rate(n, time.perf_counter() - t0)}")
     pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 
@@ -89,78 +85,75 @@ def profile_variants(paths: list[Path], batch: int) -> None:
 
     from inception_engine.engine import Engine
     from inception_engine.synthetic import synthetic_weights
-    from inception_engine.weights import save_weights
 
     items = [(str(p), p.read_bytes()) for p in paths]
     batches = [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)]
     n = len(batches) * batch
     pre = Preprocess()
-    with tempfile.TemporaryDirectory() as tmp:
-        w = synthetic_weights(0)
-        weights = str(save_weights(Path(tmp) / "synthetic.npz", w.arrays, w.manifest))
-        engine = Engine(weights, backend="cuda", batch_size=batch, precision="tf32", decode="gpu")
+    weights = synthetic_weights(0)  # Engine takes Weights as they are: no file needed
+    engine = Engine(weights, backend="cuda", batch_size=batch, precision="tf32", decode="gpu")
 
-        def loop(label: str, no_forward: bool = False, spin: bool = False) -> None:
-            runner = engine.runner(n)
-            runner.submit_encoded(batches[0], 5)  # makes the decoder
-            runner.backend.stream.synchronize()
-            dec = runner._decoder
-            ph = Phases()
-            ph.wrap(dec, "_decode")
-            ph.wrap(dec, "wait", "wait previous batch")
-            ph.wrap(dec._resize, "enqueue", "resize enqueue")
-            ph.wrap(runner, "_classify", "normalize+forward+topk launch")
-            ph.wrap(runner, "result", "result (waits)")
-            if no_forward:
-                runner.backend.replay = lambda: None
-            spins = [0]
-            stop = threading.Event()
+    def loop(label: str, no_forward: bool = False, spin: bool = False) -> None:
+        runner = engine.runner(n)
+        runner.submit_encoded(batches[0], 5)  # makes the decoder
+        runner.backend.stream.synchronize()
+        dec = runner._decoder
+        ph = Phases()
+        ph.wrap(dec, "_decode")
+        ph.wrap(dec, "wait", "wait previous batch")
+        ph.wrap(dec._resize, "enqueue", "resize enqueue")
+        ph.wrap(runner, "_classify", "normalize+forward+topk launch")
+        ph.wrap(runner, "result", "result (waits)")
+        if no_forward:
+            runner.backend.replay = lambda: None
+        spins = [0]
+        stop = threading.Event()
 
-            def spinner() -> None:
-                while not stop.is_set():
-                    spins[0] += 1
+        def spinner() -> None:
+            while not stop.is_set():
+                spins[0] += 1
 
-            th = threading.Thread(target=spinner) if spin else None
-            tickets: list = []
-            t0 = time.perf_counter()
-            if th:
-                th.start()
-            for b in batches:
-                if len(tickets) == runner.depth:
-                    runner.result(tickets.pop(0))
-                tickets.append(runner.submit_encoded(b, 5))
-            for t in tickets:
-                runner.result(t)
-            dt = time.perf_counter() - t0
-            stop.set()
-            if th:
-                th.join()
-            if no_forward:
-                del runner.backend.replay  # the instance's stand-in; the engine keeps this backend
-            runner.close()
-            ph.unwrap()  # the backend keeps the decoder for the next loop
-            parts = ", ".join(f"{k} {1e3 * v / len(batches):.1f}" for k, v in ph.seconds.items())
-            extra = f", spinner {spins[0] / dt / 1e6:.2f} M/s" if spin else ""
-            print(f"{label:34} {rate(n, dt)}  ms per batch: {parts}{extra}")
+        th = threading.Thread(target=spinner) if spin else None
+        tickets: list = []
+        t0 = time.perf_counter()
+        if th:
+            th.start()
+        for b in batches:
+            if len(tickets) == runner.depth:
+                runner.result(tickets.pop(0))
+            tickets.append(runner.submit_encoded(b, 5))
+        for t in tickets:
+            runner.result(t)
+        dt = time.perf_counter() - t0
+        stop.set()
+        if th:
+            th.join()
+        if no_forward:
+            del runner.backend.replay  # the instance's stand-in; the engine keeps this backend
+        runner.close()
+        ph.unwrap()  # the backend keeps the decoder for the next loop
+        parts = ", ".join(f"{k} {1e3 * v / len(batches):.1f}" for k, v in ph.seconds.items())
+        extra = f", spinner {spins[0] / dt / 1e6:.2f} M/s" if spin else ""
+        print(f"{label:34} {rate(n, dt)}  ms per batch: {parts}{extra}")
 
-        def files(label: str) -> None:
-            """Engine.predict_iter on the same files, as inception-run runs it (this thread reads them)."""
-            t0 = time.perf_counter()
-            k = sum(1 for p in engine.predict_iter([p for p, _ in items[:n]]) if p.ok)
-            print(f"{label:34} {rate(k, time.perf_counter() - t0)}")
+    def files(label: str) -> None:
+        """Engine.predict_iter on the same files, as inception-run runs it (this thread reads them)."""
+        t0 = time.perf_counter()
+        k = sum(1 for p in engine.predict_iter([p for p, _ in items[:n]]) if p.ok)
+        print(f"{label:34} {rate(k, time.perf_counter() - t0)}")
 
-        with engine:
-            t0 = time.perf_counter()
-            backend = engine.backend(batch, "cached")
-            with backend.gpu:
-                backend.jpeg_decoder(pre)
-            print(f"{'decoder start-up (once a backend)':34} {1e3 * (time.perf_counter() - t0):8.0f} ms")
-            loop("warm-up")
-            loop("pipeline (files in memory)")
-            loop("pipeline, no forward", no_forward=True)
-            loop("pipeline, python thread spinning", spin=True)
-            files("predict_iter on files")
-            files("predict_iter on files (again)")
+    with engine:
+        t0 = time.perf_counter()
+        backend = engine.backend(batch, "cached")
+        with backend.gpu:
+            backend.jpeg_decoder(pre)
+        print(f"{'decoder start-up (once a backend)':34} {1e3 * (time.perf_counter() - t0):8.0f} ms")
+        loop("warm-up")
+        loop("pipeline (files in memory)")
+        loop("pipeline, no forward", no_forward=True)
+        loop("pipeline, python thread spinning", spin=True)
+        files("predict_iter on files")
+        files("predict_iter on files (again)")
 
 
 def main() -> None:

@@ -21,8 +21,7 @@ from PIL import Image
 
 from inception_engine.backends.cuda import jpeg_decode
 from inception_engine.errors import BackendUnavailable, EngineError
-from inception_engine.images import Preprocess, open_image, to_rgb
-from inception_engine.pil_resize import pil_resize_crop
+from inception_engine.images import Preprocess, decode_u8
 
 PRE = Preprocess()
 MAX_ABS_DIFF = 8  # per byte, GPU-decoded JPEG crop against the CPU path's (see the module doc)
@@ -141,7 +140,7 @@ def test_missing_nvimgcodec_is_one_line(monkeypatch):
 # --- real nvImageCodec on the GPU ------------------------------------------------------------------------------
 
 def cpu_path(path: str, data: bytes) -> np.ndarray:
-    return pil_resize_crop(to_rgb(open_image(path)), PRE.resize, PRE.size)
+    return decode_u8(path, PRE)
 
 
 @pytest.mark.gpu

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.pil_resize import (PRECISION_BITS, coeffs, pil_resize_crop, pillow_vertical_first_rule,
+from inception_engine.images import Preprocess, resize_crop
+from inception_engine.pil_resize import (PRECISION_BITS, coeffs, pillow_vertical_first_rule,
                                          plan_resize_crop, resize_crop_u8, vertical_first)
 
 # (h, w): landscape, portrait, square, ImageNet's usual 500x375 / 375x500, smaller than 342 (upscaling), 342 on
@@ -20,7 +21,7 @@ FIXED_SIZES = [(375, 500), (500, 375), (333, 500), (500, 333), (342, 342), (342,
 
 
 def pil_reference(a: np.ndarray, resize: int = 342, size: int = 299) -> np.ndarray:
-    return pil_resize_crop(Image.fromarray(a, "RGB"), resize, size)
+    return resize_crop(Image.fromarray(a, "RGB"), Preprocess(size=size, resize=resize))
 
 
 def content(rng: np.random.Generator, h: int, w: int, kind: str) -> np.ndarray:

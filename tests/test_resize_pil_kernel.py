@@ -21,8 +21,8 @@ from PIL import Image
 from inception_engine.backends.cuda import jpeg_decode
 from inception_engine.backends import cuda as cb
 from inception_engine.errors import EngineError
-from inception_engine.images import Preprocess, open_image, to_rgb
-from inception_engine.pil_resize import pil_resize_crop, resize_crop_u8
+from inception_engine.images import Preprocess, decode_u8, resize_crop
+from inception_engine.pil_resize import resize_crop_u8
 
 pytestmark = pytest.mark.gpu
 
@@ -97,7 +97,7 @@ def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
     resize.close()
     for i, a in enumerate(images):
         ref = resize_crop_u8(a, PRE.resize, PRE.size)
-        assert np.array_equal(ref, pil_resize_crop(Image.fromarray(a), PRE.resize, PRE.size))
+        assert np.array_equal(ref, resize_crop(Image.fromarray(a), PRE))
         bad = int((got[2 * i + 1] != ref).sum())
         assert bad == 0, f"{SIZES[i]}: {bad} bytes differ from Pillow's"
     untouched = got[0::2]
@@ -221,7 +221,7 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
         items.append((str(tmp_path / name), data))
 
     def cpu(path: str, data: bytes) -> np.ndarray:
-        return pil_resize_crop(to_rgb(open_image(path)), PRE.resize, PRE.size)
+        return decode_u8(path, PRE)
 
     dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items) + 1)
     stream = cb.driver().Stream()
