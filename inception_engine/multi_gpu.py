@@ -32,20 +32,28 @@ def deal(paths: list[str], workers: int, chunk: int) -> list[list[str]]:
     return shares
 
 
-def _worker(gpu: int, paths: list[str], engine_args: dict[str, Any], top_k: int, out: Any) -> None:
+def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any], top_k: int, out: Any) -> None:
+    """Classifies its share, putting each chunk's predictions on ``out`` as one list (one pickle and one queue
+    round trip a chunk, not an image: the parent's thread that takes them also writes the output)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
     try:
         with Engine(**engine_args) as engine:
+            done: list[Prediction] = []
             for p in engine.predict_iter(paths, top_k):
-                out.put(p)
+                done.append(p)
+                if len(done) == chunk:
+                    out.put(done)
+                    done = []
+            if done:  # the input's last chunk, shorter
+                out.put(done)
     except EngineError as e:
         out.put(EngineError(f"GPU {gpu}: {e}"))
     except Exception as e:  # whatever it was, the parent reports it in one line instead of waiting forever
         out.put(EngineError(f"GPU {gpu}: {type(e).__name__}: {first_line(e)}"))
 
 
-def _next(q: Any, proc: Any, gpu: int) -> Prediction:
+def _next(q: Any, proc: Any, gpu: int) -> list[Prediction]:
     while True:
         try:
             item = q.get(timeout=1.0)
@@ -64,24 +72,24 @@ def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None
     """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1)."""
     if not paths:
         return
-    shares = deal(paths, gpus, batch_size * CHUNK_BATCHES)
+    chunk = batch_size * CHUNK_BATCHES
+    shares = deal(paths, gpus, chunk)
     engine_args = {"weights": weights, "backend": backend, "batch_size": batch_size, "precision": precision,
                    "workers": workers or max(1, default_workers() // gpus), "worker_kind": worker_kind,
                    "decode": decode}
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
     queues = [ctx.Queue() for _ in shares]
-    procs = [ctx.Process(target=_worker, args=(g, share, engine_args, top_k, q), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q), daemon=True)
              for g, (share, q) in enumerate(zip(shares, queues)) if share]
     for p in procs:
         p.start()
     try:
-        chunk = batch_size * CHUNK_BATCHES
-        for c, start in enumerate(range(0, len(paths), chunk)):
+        for c in range((len(paths) + chunk - 1) // chunk):
             g = c % gpus
-            for _ in range(min(chunk, len(paths) - start)):
-                yield _next(queues[g], procs[g], g)
-                if on_progress:
-                    on_progress(1)
+            preds = _next(queues[g], procs[g], g)
+            yield from preds
+            if on_progress:
+                on_progress(len(preds))
     finally:
         for p in procs:
             if p.is_alive():
