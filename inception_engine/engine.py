@@ -73,11 +73,12 @@ class Engine:
             raise EngineError(f"workers must be at least 1, got {workers}")
         self.notes: list[str] = []  # fallbacks taken, one line each (the CLI prints them on stderr)
         self.weights = load(weights)
-        if backend == "auto":
+        self.backend_name = backend
+        if backend == "auto":  # backends.resolve's choice, with its reason kept for the note
             ok, why = backends.is_available("cuda")
             if not ok:
                 self.notes.append(f"auto: running on the CPU ({why})")
-        self.backend_name = backends.resolve(backend)
+            self.backend_name = "cuda" if ok else "cpu"
         self.backend_class = backends.backend_class(self.backend_name)  # BackendUnavailable with the reason
         self.precision = self._resolve_precision(precision, explicit_backend=backend != "auto")
         if decode == "gpu":
@@ -91,8 +92,7 @@ class Engine:
         self.batch_size = batch_size or (DEFAULT_BATCH_GPU if self.backend_name == "cuda" else DEFAULT_BATCH_CPU)
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
         self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
-        self._backends: dict[int, Any] = {}  # batch size -> backend instance, built on first use
-        self._options: dict[int, dict[str, Any]] = {}  # ... and the options it was built with
+        self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
 
     def _resolve_precision(self, precision: str, explicit_backend: bool) -> str:
@@ -117,7 +117,7 @@ class Engine:
         if self._pixel_runner is not None:
             self._pixel_runner.close()
             self._pixel_runner = None
-        for b in self._backends.values():
+        for _, b in self._backends.values():
             b.close()
         self._backends.clear()
 
@@ -129,13 +129,16 @@ class Engine:
             options["tune"] = tune
         if hasattr(self.backend_class, "PRECISIONS"):
             options["precision"] = self.precision
-        if batch in self._backends and self._options[batch] != options:
-            self._backends.pop(batch).close()  # e.g. a long run after a short one: now worth tuning
+        if batch in self._backends and self._backends[batch][0] != options:
+            _, old = self._backends.pop(batch)  # e.g. a long run after a short one: now worth tuning
+            if getattr(self._pixel_runner, "backend", None) is old:  # classify_pixels's runner must not outlive it
+                self._pixel_runner.close()  # type: ignore[union-attr]
+                self._pixel_runner = None
+            old.close()
         if batch not in self._backends:
             plan = build_plan(batch, self.weights.layers(), input_size=self.preprocess.size)
-            self._backends[batch] = self.backend_class(self.weights, plan, **options)
-            self._options[batch] = options
-        return self._backends[batch]
+            self._backends[batch] = (options, self.backend_class(self.weights, plan, **options))
+        return self._backends[batch][1]
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """(N, 3, size, size) float32 normalised images -> (N, 1000) float32 logits, any N >= 1."""
