@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendUnavailable, EngineError
+from ..images import first_line
 from . import host_timed_ms
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights
@@ -65,8 +66,7 @@ def compile_failure(e: BaseException) -> str:
         if not isinstance(inner, BaseException):
             break
         e = inner
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
 
 
 def _compile_counts() -> dict[str, int]:
@@ -137,7 +137,6 @@ class TorchBackend:
             memory_format=self.memory_format)
         self.graph = None
         self.compiled: Any = None
-        self.compile_mode = compile_mode
         self.compile_seconds: float | None = None  # wall seconds of the first COMPILE_CALLS compiled calls
         self.compile_cached: bool | None = None  # True: Inductor's on-disk caches served the code; None: unknown
         self.graph_fallback: str | None = None
@@ -304,9 +303,7 @@ class TorchBackend:
     def _step_begin(self) -> None:
         """A new inference step for CUDA-graph trees: the previous call's outputs (already copied out, or dropped)
         may be overwritten by this replay."""
-        mark = getattr(self.torch.compiler, "cudagraph_mark_step_begin", None)
-        if mark is not None:
-            mark()
+        self.torch.compiler.cudagraph_mark_step_begin()  # in torch.compiler since 2.1, which _check_compile asks for
 
     def _release_compiled(self) -> None:
         """Drop the compiled code and the memory pools of its CUDA graphs (they outlive the module otherwise, and
