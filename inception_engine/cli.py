@@ -23,6 +23,7 @@ from . import backends
 from .engine import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES
 from .errors import EngineError
 from .images import image_extensions
+from .output import ResultFile, as_json, image_key
 from .pipeline import WORKER_KINDS, Prediction
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -120,7 +121,6 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             resume: bool, as_json: bool, ray_address: str | None, gpus: int | None) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
     from .engine import Engine
-    from .output import ResultFile, image_key
 
     if ray_address is not None:
         from .ray_data import run_on_ray
@@ -213,8 +213,6 @@ class JsonSink:
         self.first = True
 
     def add(self, r: Prediction) -> None:
-        from .output import as_json
-
         entry = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
         click.echo(("\n" if self.first else ",\n") + entry, nl=False)
         self.first = False
