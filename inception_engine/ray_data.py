@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Engine
+from .engine import Engine, load
 from .errors import EngineError
 from .images import Preprocess, image_extensions
 from .output import jsonl_bytes
@@ -81,9 +81,8 @@ class InceptionPredictor:
     def __init__(self, weights: str | os.PathLike | Weights | Any | None = None, backend: str = "auto",
                  precision: str = "auto", batch_size: int = 64, top_k: int = 5, diagnostics: bool = False):
         global _engines_built
-        if weights is not None and not isinstance(weights, (str, os.PathLike, Weights)):
-            weights = require_ray().get(weights)  # an ObjectRef (Ray Data passes constructor arguments as they are)
-        self.engine = Engine(weights, backend=backend, batch_size=batch_size, precision=precision)
+        # Ray Data passes constructor arguments as they are: an ObjectRef arrives as one
+        self.engine = Engine(resolve_weights(weights), backend=backend, batch_size=batch_size, precision=precision)
         _engines_built += 1
         self.top_k = top_k
         self.worker = f"{os.uname().nodename}:{os.getpid()}" if diagnostics else None
@@ -115,13 +114,17 @@ def column(lists: list[list[Any]]) -> np.ndarray:
     return a
 
 
+def resolve_weights(weights: str | os.PathLike | Weights | Any | None) -> Weights:
+    """Weights however they are given: a path (None: the usual places), Weights, or an ObjectRef of Weights (on
+    the node that holds it this maps the arrays, no copy)."""
+    if weights is None or isinstance(weights, (str, os.PathLike, Weights)):
+        return load(weights)
+    return require_ray().get(weights)
+
+
 def preprocess_of(weights: str | os.PathLike | Weights | Any | None) -> Preprocess:
     """The decode stage's settings (input size, resize) from the weights' manifest, however they are given."""
-    if weights is None or isinstance(weights, (str, os.PathLike)):
-        weights = load_weights(find_weights(weights))
-    elif not isinstance(weights, Weights):
-        weights = require_ray().get(weights)  # an ObjectRef: on the driver's node this maps the arrays, no copy
-    return Preprocess.from_manifest(weights.manifest)
+    return Preprocess.from_manifest(resolve_weights(weights).manifest)
 
 
 READ_BLOCKS_PER_CPU = 4  # read tasks per cluster CPU (see read_images)
