@@ -135,9 +135,11 @@ def peak_rss() -> dict:
 
 # ----------------------------------------------------------------------------------------------------- driver
 
-def run_row(argv: list[str], env: dict | None = None, timeout: int = 600) -> dict:
+def run_row(argv: list[str], env: dict | None = None, timeout: int = 600, script: Path | str = __file__) -> dict:
+    """A row measured by ``script`` (default: this one, with --row) in a process of its own: its last line's JSON,
+    or the error."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, timeout=timeout,
+    r = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=timeout,
                        env=env, cwd=ROOT)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200], "wall_s": time.perf_counter() - t0}
@@ -238,11 +240,8 @@ def main() -> None:
     if not args.no_torch:
         for flag, name in (([], "torch DataLoader fp32 (TF32 convs)"), (["--no-tf32"], "torch DataLoader fp32"),
                            (["--fp16"], "torch DataLoader fp16 channels_last")):
-            cmd = [str(ROOT / "scripts/torch_dataloader_baseline.py"), str(folder), weights, "--batch-size",
-                   str(args.batch_size), *flag]
-            r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=600)
-            rows[name] = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else
-                          {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]})
+            rows[name] = run_row([str(folder), weights, "--batch-size", str(args.batch_size), *flag],
+                                 script=ROOT / "scripts/torch_dataloader_baseline.py")
     torch32 = rows.get("torch DataLoader fp32", {})  # top-1 agreement: against true float32
     torch_default = rows.get("torch DataLoader fp32 (TF32 convs)", {})  # speed: against the script as users run it
 
