@@ -186,14 +186,20 @@ class Engine:
             raise EngineError(f"pixels must be (N, {s}, {s}, 3) uint8, got {pixels.shape} {pixels.dtype}")
         if not 1 <= top_k <= len(imagenet_labels()):
             raise EngineError(f"top-k must be between 1 and {len(imagenet_labels())}, got {top_k}")
-        if self._pixel_runner is None:
-            self._pixel_runner = self.runner(self.batch_size)
-        runner, out = self._pixel_runner, []
+        runner, out = self.prepare_pixels(), []
         for i in range(0, len(pixels), runner.batch):
             chunk = pixels[i:i + runner.batch]
             runner.attach(HostRing.wrapping(chunk))
             out += [labelled(top) for top in runner.result(runner.submit(list(range(len(chunk))), top_k))]
         return out
+
+    def prepare_pixels(self) -> Runner:
+        """classify_pixels's runner (backend, kernels, CUDA graph), built now if it is not yet: a caller that
+        starts before its first images arrive, such as a Ray actor, sets up while they are being decoded instead
+        of at the first batch."""
+        if self._pixel_runner is None:
+            self._pixel_runner = self.runner(self.batch_size)
+        return self._pixel_runner
 
     def predict(self, images: Sequence[ImageSource], top_k: int = 5,
                 on_progress: Callable[[int], None] | None = None) -> list[Prediction]:

@@ -83,6 +83,9 @@ class InceptionPredictor:
         global _engines_built
         # Ray Data passes constructor arguments as they are: an ObjectRef arrives as one
         self.engine = Engine(resolve_weights(weights), backend=backend, batch_size=batch_size, precision=precision)
+        # Ray Data starts the actors with the job, so the GPU set-up (kernels, CUDA graph) overlaps the reading
+        # and decoding of the first blocks instead of waiting for the first batch
+        self.engine.prepare_pixels()
         _engines_built += 1
         self.top_k = top_k
         self.worker = f"{os.uname().nodename}:{os.getpid()}" if diagnostics else None

@@ -1,23 +1,32 @@
 """Ray's overhead on one GPU: images/s through Ray Data with one GPU actor against Engine.predict_iter (what
-inception-run runs), on the same folder of images.
+inception-run runs), on the same folder of images, and the floors of Ray's own machinery.
 
-    python scripts/bench_ray.py DIR [--weights W] [--precision auto] [--batch-size 64] [--gpus 1]
+    python scripts/bench_ray.py DIR [--weights W] [--precision auto] [--batch-size 64] [--gpus 1] [--repeats 2]
 
 Both are timed from a cold engine (weights loaded, runner built; kernels from the cache) to the last result, after
-one untimed run of each to fill the nvcc and tuning caches; Ray's includes starting the actor, reading the files
-through Ray Data, the decode tasks on the other CPUs and materialising the results. The gap is Ray's cost.
+one untimed run of each on a few hundred of the files to fill the nvcc and tuning caches; Ray's includes starting
+the actor, reading the files through Ray Data, the decode tasks on the other CPUs and materialising the results.
+The gap is Ray's cost. Two floors show how much of it no predictor of ours could remove: the same Ray job with an
+actor that takes the GPU but classifies nothing, with the decode stage (read + decode) and without it (read only).
+Rows alternate, ``--repeats`` times, so that the machine's drift touches each alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from inception_engine.engine import Engine
 from inception_engine.images import image_extensions
-from inception_engine.ray_data import classify_dataset, read_images, require_ray
+from inception_engine.ray_data import (DECODE_BATCH, classify_dataset, decode_batch, preprocess_of, read_images,
+                                       require_ray)
 from inception_engine.weights import find_weights, load_weights
+
+WARM_FILES = 512  # the untimed runs: enough batches to load and capture everything a timed run uses
 
 
 def engine_rate(paths: list[str], weights: object, backend: str, precision: str, batch_size: int) -> float:
@@ -27,15 +36,36 @@ def engine_rate(paths: list[str], weights: object, backend: str, precision: str,
     return n / (time.perf_counter() - t0)
 
 
-def ray_rate(folder: str, weights_ref: object, backend: str, precision: str, batch_size: int,
+def ray_rate(paths: list[str], weights_ref: object, backend: str, precision: str, batch_size: int,
              gpus: int) -> tuple[float, str]:
     """Images/s, and Ray Data's per-operator stats of the run (where its time went)."""
     t0 = time.perf_counter()
-    ds = read_images(folder)  # as inception-run --ray reads
+    ds = read_images(paths)  # as inception-run --ray reads
     rows = classify_dataset(ds, weights_ref, gpus=gpus, backend=backend, precision=precision,
                             batch_size=batch_size).materialize()
     n = rows.filter(lambda r: r["error"] == "").count()
     return n / (time.perf_counter() - t0), rows.stats()
+
+
+class IdleActor:
+    """Holds a GPU (or a CPU) like InceptionPredictor and returns one small column, classifying nothing."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"path": batch["path"]}
+
+
+def floor_rate(paths: list[str], weights_ref: object, batch_size: int, gpus: int, decode: bool) -> float:
+    """Images/s of the same job with IdleActor in place of the predictor: Ray's reading (and decode tasks)."""
+    t0 = time.perf_counter()
+    ds = read_images(paths)
+    if decode:
+        ds = ds.map_batches(decode_batch, fn_kwargs={"pre": preprocess_of(weights_ref)}, batch_size=DECODE_BATCH,
+                            batch_format="numpy")
+    resources = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_gpus": 0, "num_cpus": 1}
+    rows = ds.map_batches(IdleActor, batch_size=batch_size, batch_format="numpy", concurrency=max(gpus, 1),
+                          **resources).materialize()
+    n = rows.count()
+    return n / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -47,31 +77,41 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--gpus", type=int, default=1, help="GPU actors for the Ray run (the engine uses one GPU); "
                     "0 with --backend cpu")
+    ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     exts = image_extensions()
     paths = sorted(str(p) for p in Path(args.folder).iterdir() if p.suffix.lower() in exts)
     weights = load_weights(find_weights(args.weights))
     ray = require_ray()
     ray.init(include_dashboard=False, log_to_driver=False)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
+    ray.data.DataContext.get_current().enable_progress_bars = False
     ref = ray.put(weights)
-    engine_rate(paths, weights, args.backend, args.precision, args.batch_size)  # untimed: caches
-    ray_rate(args.folder, ref, args.backend, args.precision, args.batch_size, args.gpus)
-    direct = engine_rate(paths, weights, args.backend, args.precision, args.batch_size)
-    rows = []
-    for reserve in (True, False):
-        # Ray Data reserves part of the cluster for each operator (op_resource_reservation_*), which can hold the
-        # decode stage to a fraction of the CPUs: measured both ways, the same run
-        ctx.op_resource_reservation_enabled = reserve
-        rate, stats = ray_rate(args.folder, ref, args.backend, args.precision, args.batch_size, args.gpus)
-        print(f"--- Ray Data stats, op_resource_reservation_enabled={reserve}\n{stats}")
-        rows.append((f"Ray Data ({args.gpus} GPU actors), reservation {'on' if reserve else 'off'}:", rate))
-    print(f"{len(paths)} images, batch {args.batch_size}, precision {args.precision}")
-    print(f"Engine.predict_iter ({args.backend}): {direct:8.0f} images/s")
-    for label, rate in rows:
-        print(f"{label:44} {rate:8.0f} images/s" + (f", Ray's overhead {100 * (1 - rate / direct):.1f} % "
-                                                    f"(target: under 15 %)" if args.gpus <= 1 else ""))
+    warm = paths[:WARM_FILES]
+    engine_rate(warm, weights, args.backend, args.precision, args.batch_size)  # untimed: caches, worker processes
+    ray_rate(warm, ref, args.backend, args.precision, args.batch_size, args.gpus)
+    rates: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        rates.setdefault("engine", []).append(engine_rate(paths, weights, args.backend, args.precision,
+                                                          args.batch_size))
+        rate, stats = ray_rate(paths, ref, args.backend, args.precision, args.batch_size, args.gpus)
+        rates.setdefault("ray", []).append(rate)
+        rates.setdefault("floor_decode", []).append(floor_rate(paths, ref, args.batch_size, args.gpus, True))
+        rates.setdefault("floor_read", []).append(floor_rate(paths, ref, args.batch_size, args.gpus, False))
+    print(f"--- Ray Data stats of the last run\n{stats}")
+    direct = statistics.median(rates["engine"])
+    print(f"{len(paths)} images, batch {args.batch_size}, precision {args.precision}, {args.repeats} alternated runs "
+          f"(median; all runs in brackets)")
+
+    def line(label: str, key: str) -> None:
+        r = statistics.median(rates[key])
+        runs = ", ".join(f"{v:.0f}" for v in rates[key])
+        gap = "" if key == "engine" else f", Ray's overhead {100 * (1 - r / direct):+5.1f} % (target: under 15 %)"
+        print(f"{label:46} {r:8.0f} images/s [{runs}], {len(paths) / r:6.2f} s{gap}")
+
+    line(f"Engine.predict_iter ({args.backend}):", "engine")
+    line(f"Ray Data ({args.gpus} GPU actors):", "ray")
+    line("Ray floor: read + decode tasks + idle actor:", "floor_decode")
+    line("Ray floor: read + idle actor:", "floor_read")
     ray.shutdown()
 
 

@@ -1,0 +1,130 @@
+"""What the forward's convolutions cost as plain GEMMs in cuBLAS: a measured floor for issue 23's targets.
+
+    python3 scripts/gemm_floor.py --precision fp16 --batch 128 [--iters 50] [--json FILE]
+
+Every conv of the plan the cuda backend runs (the NHWC path, each module's 1x1 convs fused into one GEMM) is an
+implicit GEMM of M = batch x output pixels, N = output channels, K = input channels x kernel taps. This script times
+cuBLAS (through PyTorch: torch.matmul of an (M, K) by a (K, N) matrix, fp16 operands or TF32 ones) on each of those
+shapes, beside the cuda backend's own per-op times (``time_layers``: eager launches, one op at a time) and its whole
+forward (the CUDA graph with concurrent branches). cuBLAS gets the easier job: its A matrix is given, where our
+kernels gather A from the activations (the im2col is implicit) and add bias and ReLU on the way out. So the sum of
+cuBLAS's times, one GEMM after another, is what the convs would take if each ran as fast as NVIDIA's GEMM library
+runs that shape; the ops that are no GEMM (pools, the classifier) are listed at our time.
+
+The chip's compute floor (FLOPs over the measured tensor-core peak, inception-bench's floor) assumes every GEMM at
+that peak. Layers with small N or K cannot reach it in any library; the table shows by how much each falls short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from inception_engine.backends import cuda as cb
+from inception_engine.bench import PEAK_TFLOPS, ceilings, gpu_name
+from inception_engine.plan import ConvOp, build_plan, fuse_pointwise
+
+
+@dataclass
+class LayerRow:
+    op: str
+    m: int
+    n: int
+    k: int
+    gflop: float
+    ours_ms: float
+    cublas_ms: float | None  # None: no GEMM (a pool, the concat-free glue)
+
+
+def gemm_shape(op: ConvOp) -> tuple[int, int, int]:
+    batch, cout, ho, wo = op.dst.dims
+    return batch * ho * wo, cout, op.src.channels * op.kernel[0] * op.kernel[1]
+
+
+def ours(precision: str, batch: int, iters: int) -> tuple[float, dict[str, float], list[ConvOp]]:
+    """The forward's median ms, each op's median ms, and the conv ops of the plan the backend ran."""
+    weights = cb.he_weights(0)
+    plan = fuse_pointwise(build_plan(batch, weights.layers(), concurrent=True))
+    x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
+    with cb.CudaBackend(weights, plan, precision=precision, tune=True) as backend:
+        backend.forward(x)
+        forward = statistics.median(backend.time_forward(x, iters, 5))
+        per_op = {k: statistics.median(v) for k, v in backend.time_layers(x, iters, 2).items()}
+        convs = list(backend.plan.conv_ops)
+    return forward, per_op, convs
+
+
+def cublas_ms(m: int, n: int, k: int, precision: str, iters: int) -> float:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.empty(m, n, device="cuda", dtype=dtype)
+    for _ in range(5):
+        torch.matmul(a, b, out=c)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b, out=c)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--precision", default="fp16", choices=("tf32", "fp16"))
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json", help="also write the rows and totals here")
+    args = ap.parse_args()
+
+    forward, per_op, convs = ours(args.precision, args.batch, args.iters)
+    by_name = {op.name: op for op in convs}
+    rows = []
+    for name, ms in per_op.items():
+        op = by_name.get(name)
+        if op is None:
+            rows.append(LayerRow(name, 0, 0, 0, 0.0, ms, None))
+            continue
+        m, n, k = gemm_shape(op)
+        rows.append(LayerRow(name, m, n, k, op.flops / 1e9, ms, cublas_ms(m, n, k, args.precision, args.iters)))
+
+    peak = ceilings(gpu_name())[0].get(args.precision, PEAK_TFLOPS[args.precision])
+    total_gflop = sum(r.gflop for r in rows)
+    conv_rows = [r for r in rows if r.cublas_ms is not None]
+    ours_conv = sum(r.ours_ms for r in conv_rows)
+    cublas_conv = sum(r.cublas_ms or 0.0 for r in conv_rows)
+    other = sum(r.ours_ms for r in rows if r.cublas_ms is None)
+    floor = total_gflop / peak  # GFLOP / TFLOP/s = ms
+    print(f"{gpu_name()}, {args.precision}, batch {args.batch}, median of {args.iters}")
+    print(f"{'op':34} {'M':>8} {'N':>5} {'K':>5} {'GFLOP':>7} {'ours ms':>8} {'cuBLAS ms':>9} {'ours/cuBLAS':>11} "
+          f"{'cuBLAS TFLOP/s':>14}")
+    for r in rows:
+        if r.cublas_ms is None:
+            print(f"{r.op:34} {'':>8} {'':>5} {'':>5} {'':>7} {r.ours_ms:8.3f}")
+            continue
+        print(f"{r.op:34} {r.m:8d} {r.n:5d} {r.k:5d} {r.gflop:7.1f} {r.ours_ms:8.3f} {r.cublas_ms:9.3f} "
+              f"{r.ours_ms / r.cublas_ms:11.2f} {r.gflop / r.cublas_ms:14.0f}")
+    print(f"convs, one after another: ours {ours_conv:.3f} ms, cuBLAS on the same GEMMs {cublas_conv:.3f} ms "
+          f"(ours / cuBLAS {ours_conv / cublas_conv:.2f})")
+    print(f"other ops (ours): {other:.3f} ms; our whole forward (graph, concurrent branches): {forward:.3f} ms")
+    print(f"compute floor: {total_gflop:.1f} GFLOP at {peak:.1f} TFLOP/s = {floor:.3f} ms; 1.5x it = "
+          f"{1.5 * floor:.3f} ms; cuBLAS's convs alone are {cublas_conv / floor:.2f}x the floor")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": gpu_name(), "precision": args.precision, "batch": args.batch,
+                       "forward_ms": forward, "ours_conv_ms": ours_conv, "cublas_conv_ms": cublas_conv,
+                       "other_ms": other, "floor_ms": floor, "rows": [asdict(r) for r in rows]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
