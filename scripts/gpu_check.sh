@@ -22,12 +22,14 @@
 #    decode workers alone, the PyTorch DataLoader script, cold start
 #
 # 8. (group compile) inception-bench: ours, torch-graph and torch.compile(mode="reduce-overhead") at batch 1 and 128,
-#    fp16 and tf32, with torch.compile's compile time
+#    fp16 and tf32 (and fp32 at batch 1), with torch.compile's compile time
 # 9. (group ray) the offline Ray Data kit (scripts/ray_kit.sh), tests/test_ray.py and scripts/bench_ray.py: Ray's
 #    overhead on one GPU against Engine.predict_iter on 4,096 generated JPEGs (RAY_IMAGES=N for another number)
+# 10. (group floor) scripts/gemm_floor.py: every conv of the forward as a plain GEMM in cuBLAS, beside ours, fp16
+#    and tf32 at batch 128 (issue 23's measured floor)
 #
 #   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
-#                                            ray (9); default: all but compile and ray
+#                                            ray (9), floor (10); default: all but compile, ray and floor
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -37,7 +39,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && $1 != compile && $1 != ray) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && $1 != compile && $1 != ray && $1 != floor) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -91,8 +93,8 @@ if want e2e; then
   step "bench e2e" e2e.log 420 python3 scripts/bench_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-}
   step "profile gpu decode" e2e.log 60 python3 scripts/profile_gpu_decode.py \
     "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
-  # Where the main thread of `inception-run --decode gpu` spends its time (cProfile sees only that thread).
-  step "cprofile decode gpu" e2e.log 60 python3 scripts/profile_gpu_decode.py --cprofile \
+  # The runner's loop variant by variant (files in memory, no forward, a thread beside it, the hardware engines).
+  step "decode gpu variants" e2e.log 90 python3 scripts/profile_gpu_decode.py --variants \
     "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
 fi
 
@@ -130,11 +132,22 @@ fi
 
 # torch.compile's reduce-overhead mode beside ours and PyTorch's CUDA graph (issue 23's peer), its compile time in a
 # column of its own: ~20 s of compiling per batch size, plus ~12 s of importing the compiler once.
+# COMPILE_PRECISIONS picks (default fp16 tf32 fp32; fp32 at batch 1 only, issue 23's target there).
 if want compile; then
-bench "bench compile fp16" 170 --backends cuda,torch-graph,torch-compile --precision fp16 --batch-sizes 1,128 \
-  --iters 50 --no-reference --json "$OUT/bench_compile_fp16.json"
-bench "bench compile tf32" 170 --backends cuda,torch-graph,torch-compile --precision tf32 --batch-sizes 1,128 \
-  --iters 50 --no-reference --json "$OUT/bench_compile_tf32.json"
+  for p in ${COMPILE_PRECISIONS:-fp16 tf32 fp32}; do
+    sizes=1,128
+    [ "$p" = fp32 ] && sizes=1
+    bench "bench compile $p" 170 --backends cuda,torch-graph,torch-compile --precision "$p" --batch-sizes $sizes \
+      --iters 50 --no-reference --json "$OUT/bench_compile_$p.json"
+  done
+fi
+
+# Issue 23's floor: each conv of the forward as the plain GEMM cuBLAS runs (scripts/gemm_floor.py), beside ours.
+if want floor; then
+  for p in fp16 tf32; do
+    step "gemm floor $p" floor.log 120 python3 scripts/gemm_floor.py --precision $p --batch 128 \
+      --json "$OUT/gemm_floor_$p.json"
+  done
 fi
 
 # Ray's overhead on one GPU (scripts/bench_ray.py) and the Ray tests, with the offline kit of scripts/ray_kit.sh
@@ -203,6 +216,8 @@ fi
   grep -E "^### |^(cuda|cudnn|torch)[-a-z]* +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null | cut -c1-175
   awk '/^[0-9]+ images in /{p=1} p' "$OUT/e2e.log" 2>/dev/null
   grep -E "^[0-9]+ images, batch|^Engine.predict_iter|^Ray Data \(|^Ray floor" "$OUT/ray.log" 2>/dev/null
+  grep -E "^(pipeline|predict_iter|crops of|decoder start)" "$OUT/e2e.log" 2>/dev/null
+  grep -E "^(NVIDIA|convs, one|other ops|compute floor)" "$OUT/floor.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"

@@ -154,6 +154,44 @@ def profile_variants(paths: list[Path], batch: int) -> None:
         loop("pipeline, python thread spinning", spin=True)
         files("predict_iter on files")
         files("predict_iter on files (again)")
+        hardware_engines(engine, backend, pre, batches, loop)
+
+
+def hardware_engines(engine, backend, pre: Preprocess, batches: list, loop) -> None:
+    """The loop again with nvImageCodec held to the hardware JPEG engines (HW_GPU_ONLY), whose decode leaves the
+    SMs to the forward, and how far its crops are from Pillow's next to the default backend's (nvImageCodec's
+    default may not take the engines, and the engines may not do libjpeg's smooth chroma upsampling)."""
+    import numpy as np
+
+    drv = driver()
+    with backend.gpu:
+        default = backend.jpeg_decoder(pre)
+        try:
+            hw = jpeg_decode.GpuJpegDecoder(backend.kernels, pre, backend.plan.batch, backends=("HW_GPU_ONLY",))
+        except Exception as e:
+            print(f"HW_GPU_ONLY unavailable ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
+            return
+        first = batches[0]
+        cpu = np.stack([decode_u8(path, pre) for path, _ in first]).astype(np.int16)
+        dst = drv.mem_alloc(len(first) * pre.size * pre.size * 3)
+        stream = drv.Stream(1)
+        for name, dec in (("default", default), ("HW_GPU_ONLY", hw)):
+            errors = dec.decode_into(first, int(dst), stream, lambda p, d: decode_u8(p, pre))
+            stream.synchronize()
+            got = np.empty(cpu.shape, np.uint8)
+            drv.memcpy_dtoh(got, dst)
+            dec.release()  # its images were decoded on this stream: freed before the stream goes
+            diff = np.abs(got.astype(np.int16) - cpu)[[e is None for e in errors]]
+            print(f"crops of {name:12} against Pillow: max |diff| {diff.max()}, mean {diff.mean():.4f}, "
+                  f"bytes differing {100 * (diff > 0).mean():.2f} %")
+        dst.free()
+        backend._jpeg_decoder = hw
+    try:
+        loop("pipeline, HW_GPU_ONLY (in memory)")
+    finally:
+        with backend.gpu:
+            hw.close()
+            backend._jpeg_decoder = default
 
 
 def main() -> None:
