@@ -5,7 +5,8 @@ inception-run runs), on the same folder of images, and the floors of Ray's own m
 
 Both are timed from a cold engine (weights loaded, runner built; kernels from the cache) to the last result, after
 one untimed run of each on a few hundred of the files to fill the nvcc and tuning caches; Ray's includes starting
-the actor, reading the files through Ray Data, the decode tasks on the other CPUs and materialising the results.
+the actor, reading and decoding the files in Ray Data's read tasks on the other CPUs, and writing the JSON lines as
+inception-run --ray does.
 The gap is Ray's cost. Two floors show how much of it no predictor of ours could remove: the same Ray job with an
 actor that takes the GPU but classifies nothing, with the decode stage (read + decode) and without it (read only).
 Rows alternate, ``--repeats`` times, so that the machine's drift touches each alike.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,8 +24,8 @@ import numpy as np
 
 from inception_engine.engine import Engine
 from inception_engine.images import image_extensions
-from inception_engine.ray_data import (DECODE_BATCH, classify_dataset, decode_batch, preprocess_of, read_images,
-                                       require_ray)
+from inception_engine.ray_data import (DECODE_BATCH, classify_dataset, decode_batch, jsonl_datasink, preprocess_of,
+                                       read_images, require_ray)
 from inception_engine.weights import find_weights, load_weights
 
 WARM_FILES = 512  # the untimed runs: enough batches to load and capture everything a timed run uses
@@ -38,13 +40,16 @@ def engine_rate(paths: list[str], weights: object, backend: str, precision: str,
 
 def ray_rate(paths: list[str], weights_ref: object, backend: str, precision: str, batch_size: int,
              gpus: int) -> tuple[float, str]:
-    """Images/s, and Ray Data's per-operator stats of the run (where its time went)."""
-    t0 = time.perf_counter()
-    ds = read_images(paths)  # as inception-run --ray reads
-    rows = classify_dataset(ds, weights_ref, gpus=gpus, backend=backend, precision=precision,
-                            batch_size=batch_size).materialize()
-    n = rows.filter(lambda r: r["error"] == "").count()
-    return n / (time.perf_counter() - t0), rows.stats()
+    """Images/s, and Ray Data's per-operator stats of the run (where its time went). Read, classified and written
+    as JSON lines as inception-run --ray does (run_ray), into a temporary directory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        rows = classify_dataset(read_images(paths), weights_ref, gpus=gpus, backend=backend, precision=precision,
+                                batch_size=batch_size)
+        sink = jsonl_datasink(f"{tmp}/out")
+        rows.write_datasink(sink)
+        seconds = time.perf_counter() - t0
+    return (sink.images - sink.errors) / seconds, rows.stats()
 
 
 class IdleActor:

@@ -102,3 +102,15 @@ def test_without_ray_one_line(monkeypatch, photos, tmp_path):
     result = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--output", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: --ray needs Ray Data: pip install -e '.[ray]'"
+
+
+def test_count_local_files_walks_directories_and_gives_up_on_uris(tmp_path):
+    from inception_engine.ray_data import count_local_files
+
+    (tmp_path / "sub").mkdir()
+    for name in ("a.jpg", "b.PNG", "notes.txt", "sub/c.jpeg"):
+        (tmp_path / name).write_bytes(b"x")
+    exts = {".jpg", ".jpeg", ".png"}
+    assert count_local_files([str(tmp_path)], exts) == 3
+    assert count_local_files([str(tmp_path / "a.jpg"), str(tmp_path / "sub")], exts) == 2
+    assert count_local_files([str(tmp_path), "s3://bucket/photos/"], exts) is None
