@@ -12,7 +12,10 @@ cuBLAS's times, one GEMM after another, is what the convs would take if each ran
 runs that shape; the ops that are no GEMM (pools, the classifier) are listed at our time.
 
 The chip's compute floor (FLOPs over the measured tensor-core peak, inception-bench's floor) assumes every GEMM at
-that peak. Layers with small N or K cannot reach it in any library; the table shows by how much each falls short.
+that peak, and its memory floor every activation through HBM once at the measured copy bandwidth. Each op is bound
+by the larger of its two; their sum over the ops, run one after another, is the per-op roofline floor the report
+prints beside the forward. Layers with small N or K cannot reach the compute peak in any library; the table shows
+by how much each falls short. ``--from-json FILE`` prints the report of a saved run again (no GPU needed).
 """
 
 from __future__ import annotations
@@ -79,13 +82,78 @@ def cublas_ms(m: int, n: int, k: int, precision: str, iters: int) -> float:
     return statistics.median(times)
 
 
+ELEM_BYTES = {"tf32": 4, "fp16": 2}  # NHWC activations: TF32-rounded float32, or fp16
+
+
+def op_floors(precision: str, batch: int, peak_tflops: float, gbs: float) -> dict[str, tuple[float, float]]:
+    """Each op's (compute floor, memory floor) in ms: its FLOPs at the tensor-core peak, and its bytes at the copy
+    bandwidth, bytes = its input and output activations once (and a conv's weights once). The plan is the one the
+    cuda backend runs (fused 1x1 groups), so the op names match time_layers'."""
+    from inception_engine.plan import FCOp, GlobalAvgPoolOp, PoolOp
+
+    plan = fuse_pointwise(build_plan(batch, cb.he_weights(0).layers(), concurrent=True))
+    eb, out = ELEM_BYTES[precision], {}
+    for op in plan.ops:
+        if not isinstance(op, (ConvOp, PoolOp, GlobalAvgPoolOp, FCOp)):
+            continue
+        nbytes = (np.prod(op.src.dims) + np.prod(op.dst.dims)) * eb
+        flops = 0
+        if isinstance(op, ConvOp):
+            flops = op.flops
+            nbytes += op.src.channels * op.kernel[0] * op.kernel[1] * op.dst.channels * eb
+        elif isinstance(op, FCOp):
+            flops = 2 * batch * op.src.channels * op.dst.channels
+            nbytes += op.src.channels * op.dst.channels * eb
+        out[op.name] = (flops / peak_tflops / 1e9, nbytes / gbs / 1e6)
+    return out
+
+
+def report(d: dict) -> None:
+    """The table and totals of a run (main's measurement, or a JSON it wrote)."""
+    precision, rows = d["precision"], [LayerRow(**r) for r in d["rows"]]
+    peak, gbs = d["peak_tflops"], d["peak_gbs"]
+    floors = op_floors(precision, d["batch"], peak, gbs)
+    conv_rows = [r for r in rows if r.cublas_ms is not None]
+    ours_conv = sum(r.ours_ms for r in conv_rows)
+    cublas_conv = sum(r.cublas_ms or 0.0 for r in conv_rows)
+    other = sum(r.ours_ms for r in rows if r.cublas_ms is None)
+    compute = sum(c for c, _ in floors.values())
+    memory = sum(m for _, m in floors.values())
+    serial = sum(max(c, m) for c, m in floors.values())
+    forward = d["forward_ms"]
+    print(f"{d['device']}, {precision}, batch {d['batch']}, median of {d['iters']}; floors at {peak:.1f} TFLOP/s "
+          f"and {gbs:.0f} GB/s")
+    print(f"{'op':34} {'M':>8} {'N':>5} {'K':>5} {'GFLOP':>7} {'floor ms':>8} {'ours ms':>8} {'cuBLAS ms':>9} "
+          f"{'ours/cuBLAS':>11} {'cuBLAS TFLOP/s':>14}")
+    for r in rows:
+        f = f"{max(floors[r.op]):8.3f}" if r.op in floors else f"{'':>8}"
+        if r.cublas_ms is None:
+            print(f"{r.op:34} {'':>8} {'':>5} {'':>5} {'':>7} {f} {r.ours_ms:8.3f}")
+            continue
+        print(f"{r.op:34} {r.m:8d} {r.n:5d} {r.k:5d} {r.gflop:7.1f} {f} {r.ours_ms:8.3f} {r.cublas_ms:9.3f} "
+              f"{r.ours_ms / r.cublas_ms:11.2f} {r.gflop / r.cublas_ms:14.0f}")
+    print(f"convs, one after another: ours {ours_conv:.3f} ms, cuBLAS on the same GEMMs {cublas_conv:.3f} ms "
+          f"(ours / cuBLAS {ours_conv / cublas_conv:.2f})")
+    print(f"other ops (ours): {other:.3f} ms; our whole forward (graph, concurrent branches): {forward:.3f} ms")
+    print(f"compute floor: {compute:.3f} ms, 1.5x it = {1.5 * compute:.3f} ms; cuBLAS's convs alone are "
+          f"{cublas_conv / compute:.2f}x it")
+    print(f"memory floor (every activation through HBM once): {memory:.3f} ms")
+    print(f"per-op roofline floor, ops one after another (sum of max(compute, memory)): {serial:.3f} ms, 1.5x it = "
+          f"{1.5 * serial:.3f} ms; the forward is {forward / serial:.2f}x it")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precision", default="fp16", choices=("tf32", "fp16"))
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", help="also write the rows and totals here")
+    ap.add_argument("--from-json", help="print the report of a JSON this script wrote (no GPU needed)")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            report(json.load(f))
+        return
 
     forward, per_op, convs = ours(args.precision, args.batch, args.iters)
     by_name = {op.name: op for op in convs}
@@ -97,33 +165,14 @@ def main() -> None:
             continue
         m, n, k = gemm_shape(op)
         rows.append(LayerRow(name, m, n, k, op.flops / 1e9, ms, cublas_ms(m, n, k, args.precision, args.iters)))
-
-    peak = ceilings(gpu_name())[0].get(args.precision, PEAK_TFLOPS[args.precision])
-    total_gflop = sum(r.gflop for r in rows)
-    conv_rows = [r for r in rows if r.cublas_ms is not None]
-    ours_conv = sum(r.ours_ms for r in conv_rows)
-    cublas_conv = sum(r.cublas_ms or 0.0 for r in conv_rows)
-    other = sum(r.ours_ms for r in rows if r.cublas_ms is None)
-    floor = total_gflop / peak  # GFLOP / TFLOP/s = ms
-    print(f"{gpu_name()}, {args.precision}, batch {args.batch}, median of {args.iters}")
-    print(f"{'op':34} {'M':>8} {'N':>5} {'K':>5} {'GFLOP':>7} {'ours ms':>8} {'cuBLAS ms':>9} {'ours/cuBLAS':>11} "
-          f"{'cuBLAS TFLOP/s':>14}")
-    for r in rows:
-        if r.cublas_ms is None:
-            print(f"{r.op:34} {'':>8} {'':>5} {'':>5} {'':>7} {r.ours_ms:8.3f}")
-            continue
-        print(f"{r.op:34} {r.m:8d} {r.n:5d} {r.k:5d} {r.gflop:7.1f} {r.ours_ms:8.3f} {r.cublas_ms:9.3f} "
-              f"{r.ours_ms / r.cublas_ms:11.2f} {r.gflop / r.cublas_ms:14.0f}")
-    print(f"convs, one after another: ours {ours_conv:.3f} ms, cuBLAS on the same GEMMs {cublas_conv:.3f} ms "
-          f"(ours / cuBLAS {ours_conv / cublas_conv:.2f})")
-    print(f"other ops (ours): {other:.3f} ms; our whole forward (graph, concurrent branches): {forward:.3f} ms")
-    print(f"compute floor: {total_gflop:.1f} GFLOP at {peak:.1f} TFLOP/s = {floor:.3f} ms; 1.5x it = "
-          f"{1.5 * floor:.3f} ms; cuBLAS's convs alone are {cublas_conv / floor:.2f}x the floor")
+    tflops, gbs = ceilings(gpu_name())
+    d = {"device": gpu_name(), "precision": args.precision, "batch": args.batch, "iters": args.iters,
+         "peak_tflops": tflops.get(args.precision, PEAK_TFLOPS[args.precision]), "peak_gbs": gbs,
+         "forward_ms": forward, "rows": [asdict(r) for r in rows]}
+    report(d)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": gpu_name(), "precision": args.precision, "batch": args.batch,
-                       "forward_ms": forward, "ours_conv_ms": ours_conv, "cublas_conv_ms": cublas_conv,
-                       "other_ms": other, "floor_ms": floor, "rows": [asdict(r) for r in rows]}, f, indent=1)
+            json.dump(d, f, indent=1)
 
 
 if __name__ == "__main__":

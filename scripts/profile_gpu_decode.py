@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -194,6 +195,58 @@ def hardware_engines(engine, backend, pre: Preprocess, batches: list, loop) -> N
             backend._jpeg_decoder = default
 
 
+def profile_contention(paths: list[Path], batch: int) -> None:
+    """The decoder beside the forward: the runner's loop on files in memory with the persistent tiles leaving SMs
+    free (CudaBackend's sm_margin), and with each decode waiting until the forward before it is done ("serial"),
+    per precision; and the forward alone at each margin. The decode call takes ~12.5 ms a batch of 128 beside the
+    tf32 forward and ~7.5 without it."""
+    from inception_engine.backends.cuda.backend import CudaBackend
+    from inception_engine.backends.cuda.stream import CudaRunner
+    from inception_engine.plan import build_plan
+    from inception_engine.synthetic import synthetic_weights
+
+    import numpy as np
+
+    items = [(str(p), p.read_bytes()) for p in paths]
+    batches = [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)]
+    n = len(batches) * batch
+    pre = Preprocess()
+    weights = synthetic_weights(0)
+    plan = build_plan(batch, weights.layers())
+    x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
+
+    def run(runner: CudaRunner, serial: bool) -> tuple[float, float]:
+        dec_s = [0.0]
+        tickets: list = []
+        t0 = time.perf_counter()
+        for b in batches:
+            if len(tickets) == runner.depth:
+                runner.result(tickets.pop(0))
+            if serial:
+                runner.backend.stream.synchronize()
+            t1 = time.perf_counter()
+            tickets.append(runner.submit_encoded(b, 5))
+            dec_s[0] += time.perf_counter() - t1
+        for t in tickets:
+            runner.result(t)
+        return n / (time.perf_counter() - t0), 1e3 * dec_s[0] / len(batches)
+
+    for precision in ("tf32", "fp16"):
+        for margin in (0, 16, 33):
+            with CudaBackend(weights, plan, precision=precision, tune=True if margin == 0 else "cached",
+                             sm_margin=margin) as backend:
+                fwd = statistics.median(backend.time_forward(x, 20, 3))
+                for serial in (False, True) if margin == 0 else (False,):
+                    runner = CudaRunner(backend, pre)
+                    for b in batches[:2]:  # warm-up: the decoder, the graph
+                        runner.result(runner.submit_encoded(b, 5))
+                    rate_, submit_ms = run(runner, serial)
+                    runner.close()
+                    label = f"{precision} sm_margin {margin:2d}{', serial' if serial else ''}"
+                    print(f"contention {label:26} {rate_:7.0f} images/s, submit_encoded {submit_ms:5.1f} ms a batch, "
+                          f"forward alone {fwd:5.2f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir")
@@ -201,10 +254,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--cprofile", action="store_true", help="profile the whole pipeline instead of its stages")
     ap.add_argument("--variants", action="store_true", help="the runner's loop, variant by variant, timed by phase")
+    ap.add_argument("--contention", action="store_true", help="the loop with SMs left free for the decoder, or "
+                    "the decode waiting for the forward")
     args = ap.parse_args()
     paths = sorted(p for p in Path(args.dir).iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))
     if args.cprofile:
         profile_pipeline(paths[:args.images], args.batch)
+        return
+    if args.contention:
+        profile_contention(paths[:args.images or 2048], args.batch)
         return
     if args.variants:
         profile_variants(paths[:args.images or 2048], args.batch)

@@ -44,7 +44,7 @@ class CudaBackend:
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
                  winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool | str = False,
                  configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None,
-                 fuse: bool | None = None):
+                 fuse: bool | None = None, sm_margin: int = 0):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -69,7 +69,9 @@ class CudaBackend:
         Winograd on fp32 NCHW activations.
         fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
         average pool of the pool branch moved behind its conv (plan.fuse_pointwise), which needs a plan whose
-        buffers live for whole stages (rebuilt so, as for concurrent). A plan fused already is taken as it is."""
+        buffers live for whole stages (rebuilt so, as for concurrent). A plan fused already is taken as it is.
+        sm_margin: SMs the persistent (warp-specialized and halo) tiles leave free, for other work on the GPU beside
+        the forward (nvImageCodec's kernels when JPEGs are decoded on the GPU); 0: a block on every SM."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
         wgmma = cuda_build.has_wgmma(probe(device)[1]) if precision == "fp32" and nhwc is not False else True
@@ -80,6 +82,7 @@ class CudaBackend:
             nhwc = nhwc_fits(plan) and (precision != "fp32" or wgmma)
         self.nhwc = nhwc
         self.precision = precision
+        self.sm_margin = sm_margin
         self.fixup = fixup
         self.winograd = winograd
         self.tiles = tiles
@@ -175,7 +178,8 @@ class CudaBackend:
             self._in_ptr = self._side + 4 * side.input
             self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
             self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
-                                           offsets, self._ws, self._probs, self.precision, self._gpu.num_sms)
+                                           offsets, self._ws, self._probs, self.precision,
+                                           max(1, self._gpu.num_sms - self.sm_margin))
         else:
             self._in_ptr = view_ptr(self._arena, plan.input)
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
