@@ -50,6 +50,18 @@ def load(weights: str | os.PathLike | Weights | None) -> Weights:
     return load_weights(find_weights(weights))
 
 
+def serves(built: tuple[dict[str, Any], Any], options: dict[str, Any]) -> bool:
+    """Whether a backend built with these options serves a request for ``options``: the same options, or the same
+    but for ``tune`` where its conv configs are measured ones already (tuned, or read from the tuning cache), which
+    is all tuning again would give. Rebuilding costs a second or more (kernels, CUDA graph, the GPU JPEG decoder),
+    and a Python caller alternating short and long runs paid it at every switch."""
+    have, backend = built
+    if have == options:
+        return True
+    drop = lambda o: {k: v for k, v in o.items() if k != "tune"}  # noqa: E731
+    return drop(have) == drop(options) and getattr(backend, "tuned", False)
+
+
 class Engine:
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int | None = 8, precision: str = "auto", workers: int | None = None,
@@ -129,8 +141,8 @@ class Engine:
             options["tune"] = tune
         if hasattr(self.backend_class, "PRECISIONS"):
             options["precision"] = self.precision
-        if batch in self._backends and self._backends[batch][0] != options:
-            _, old = self._backends.pop(batch)  # e.g. a long run after a short one: now worth tuning
+        if batch in self._backends and not serves(self._backends[batch], options):
+            _, old = self._backends.pop(batch)  # e.g. a long run after a short one on the cost model's kernels
             if getattr(self._pixel_runner, "backend", None) is old:  # classify_pixels's runner must not outlive it
                 self._pixel_runner.close()  # type: ignore[union-attr]
                 self._pixel_runner = None

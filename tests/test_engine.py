@@ -119,3 +119,44 @@ def test_auto_picks_cpu_without_a_gpu(weights):
     if backends.is_available("cuda")[0]:
         pytest.skip("a GPU is usable here; auto means cuda")
     assert Engine(weights, backend="auto").backend_name == "cpu"
+
+
+class TunableStandIn:
+    """A backend class with the cuda backend's tune option, counting constructions; tuned as tune_configs would
+    leave it: measured configs when asked to tune, or when the tuning cache (here: `cache`) has them."""
+
+    PRECISIONS = ("fp32",)
+    cache: set[int] = set()
+    built: list[tuple[int, bool | str]] = []
+
+    def __init__(self, weights, plan, tune: bool | str = False, precision: str = "fp32"):
+        self.batch = plan.batch
+        TunableStandIn.built.append((plan.batch, tune))
+        if tune is True:
+            TunableStandIn.cache.add(plan.batch)
+        self.tuned = bool(tune) and plan.batch in TunableStandIn.cache
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_engine_keeps_a_tuned_backend_across_short_and_long_runs(weights, monkeypatch):
+    """Runs of different lengths ask for tune=True or "cached"; a backend whose configs are measured serves both,
+    and only one on the cost model's configs is rebuilt when a long run asks to tune."""
+    monkeypatch.setattr(backends, "backend_class", lambda name: TunableStandIn)
+    monkeypatch.setitem(backends.DEFAULT_OPTIONS, "cpu", {"tune": False})
+    TunableStandIn.cache, TunableStandIn.built = set(), []
+    with Engine(weights, backend="cpu", batch_size=4) as engine:
+        short = engine.backend(4, "cached")  # nothing cached yet: the cost model's configs
+        assert not short.tuned
+        long = engine.backend(4, True)  # a long run: worth tuning, so rebuilt
+        assert long is not short and short.closed and long.tuned
+        assert engine.backend(4, "cached") is long  # a short run again: the tuned backend serves it
+        assert engine.backend(4, True) is long
+    assert TunableStandIn.built == [(4, "cached"), (4, True)]
+    TunableStandIn.built = []
+    with Engine(weights, backend="cpu", batch_size=4) as engine:  # a later process: the cache has batch 4
+        cached = engine.backend(4, "cached")
+        assert cached.tuned and engine.backend(4, True) is cached
+    assert TunableStandIn.built == [(4, "cached")]

@@ -103,6 +103,8 @@ class CudaBackend:
         if tune and configs is None:
             configs = tune_configs(weights, plan, precision, fixup, winograd, device, nhwc=nhwc,
                                    measure=tune != "cached")
+        # measured configs (tuned now or read from the tuning cache): what a request to tune would get as well
+        self.tuned = bool(tune) and configs is not None
         self._given_configs = configs
         drv = driver()
         self.plan = plan
