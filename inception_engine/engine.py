@@ -58,8 +58,9 @@ def serves(built: tuple[dict[str, Any], Any], options: dict[str, Any]) -> bool:
     have, backend = built
     if have == options:
         return True
-    drop = lambda o: {k: v for k, v in o.items() if k != "tune"}  # noqa: E731
-    return drop(have) == drop(options) and getattr(backend, "tuned", False)
+    same_but_tuning = ({k: v for k, v in have.items() if k != "tune"} ==
+                       {k: v for k, v in options.items() if k != "tune"})
+    return same_but_tuning and getattr(backend, "tuned", False)
 
 
 class Engine:
