@@ -2,6 +2,8 @@
 
     python scripts/profile_gpu_decode.py DIR [--images 1024] [--batch 128]
     python scripts/profile_gpu_decode.py --cprofile DIR [--images 4096] [--batch 128]
+    python scripts/profile_gpu_decode.py --variants DIR      # the runner's loop variant by variant, by phase
+    python scripts/profile_gpu_decode.py --contention DIR    # the decoder beside the forward: SMs left free, serial
 
 
 Each stage is timed alone on the same files (already in memory), synchronised, as images/s: the slowest stage is the
