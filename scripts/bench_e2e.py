@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--kinds", default="thread,process", help="decode worker kinds")
     ap.add_argument("--decodes", default="cpu,gpu", help="cpu (Pillow) and/or gpu (nvImageCodec)")
     ap.add_argument("--sweep", default="1,2,4,8,16", help="process worker counts of the decode-only sweep (none: skip)")
-    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=64, help="default: inception-run's own (64 on the GPU)")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-cold", action="store_true")
