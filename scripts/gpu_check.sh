@@ -216,7 +216,6 @@ fi
   grep -E "^### |^(cuda|cudnn|torch)[-a-z]* +[0-9]+ " "$OUT/inception_bench.log" 2>/dev/null | cut -c1-175
   awk '/^[0-9]+ images in /{p=1} p' "$OUT/e2e.log" 2>/dev/null
   grep -E "^[0-9]+ images, batch|^Engine.predict_iter|^Ray Data \(|^Ray floor" "$OUT/ray.log" 2>/dev/null
-  grep -E "^(pipeline|predict_iter|crops of|decoder start)" "$OUT/e2e.log" 2>/dev/null
   grep -E "^(NVIDIA|convs, one|other ops|compute floor)" "$OUT/floor.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
