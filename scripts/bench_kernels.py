@@ -71,15 +71,15 @@ def elems(v: View) -> int:
     return n * c * h * w
 
 
-def work(op: Op) -> tuple[int, int]:
-    """(flops, minimum bytes moved) of one op."""
+def work(op: Op, elem: int = 4) -> tuple[int, int]:
+    """(flops, minimum bytes moved) of one op, its elements ``elem`` bytes each (fp16: 2)."""
     if isinstance(op, ConvOp):
         weights = op.dst.channels * op.src.channels * op.kernel[0] * op.kernel[1] + op.dst.channels
-        return op.flops, 4 * (elems(op.src) + weights + elems(op.dst))
+        return op.flops, elem * (elems(op.src) + weights + elems(op.dst))
     if isinstance(op, FCOp):
         fin, fout, n = op.src.channels, op.dst.channels, op.src.n
-        return 2 * n * fin * fout, 4 * (fin * fout + fout + elems(op.src) + elems(op.dst))
-    return 0, 4 * (elems(op.src) + elems(op.dst))
+        return 2 * n * fin * fout, elem * (fin * fout + fout + elems(op.src) + elems(op.dst))
+    return 0, elem * (elems(op.src) + elems(op.dst))
 
 
 def winograd_flops(op: ConvOp, cfg: cb.ConvConfig) -> int:

@@ -86,26 +86,17 @@ ELEM_BYTES = {"tf32": 4, "fp16": 2}  # NHWC activations: TF32-rounded float32, o
 
 
 def op_floors(precision: str, batch: int, peak_tflops: float, gbs: float) -> dict[str, tuple[float, float]]:
-    """Each op's (compute floor, memory floor) in ms: its FLOPs at the tensor-core peak, and its bytes at the copy
-    bandwidth, bytes = its input and output activations once (and a conv's weights once). The plan is the one the
-    cuda backend runs (fused 1x1 groups), so the op names match time_layers'."""
-    from inception_engine.plan import FCOp, GlobalAvgPoolOp, PoolOp
+    """Each op's (compute floor, memory floor) in ms: its FLOPs at the tensor-core peak, and its minimum bytes
+    (bench_kernels.work: input, weights and output once) at the copy bandwidth. The plan is the one the cuda backend
+    runs (fused 1x1 groups), so the op names match time_layers'."""
+    from bench_kernels import work  # this script's neighbour: python3 scripts/gemm_floor.py puts scripts/ on the path
 
     plan = fuse_pointwise(build_plan(batch, cb.he_weights(0).layers(), concurrent=True))
-    eb, out = ELEM_BYTES[precision], {}
-    for op in plan.ops:
-        if not isinstance(op, (ConvOp, PoolOp, GlobalAvgPoolOp, FCOp)):
-            continue
-        nbytes = (np.prod(op.src.dims) + np.prod(op.dst.dims)) * eb
-        flops = 0
-        if isinstance(op, ConvOp):
-            flops = op.flops
-            nbytes += op.src.channels * op.kernel[0] * op.kernel[1] * op.dst.channels * eb
-        elif isinstance(op, FCOp):
-            flops = 2 * batch * op.src.channels * op.dst.channels
-            nbytes += op.src.channels * op.dst.channels * eb
-        out[op.name] = (flops / peak_tflops / 1e9, nbytes / gbs / 1e6)
-    return out
+    floors = {}
+    for op in plan.ops:  # concats are no ops: their branches write into the concat's buffer
+        flops, nbytes = work(op, ELEM_BYTES[precision])
+        floors[op.name] = (flops / peak_tflops / 1e9, nbytes / gbs / 1e6)
+    return floors
 
 
 def report(d: dict) -> None:
