@@ -22,7 +22,9 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -81,6 +83,28 @@ class Phases:
         self._wrapped = []
 
 
+def in_memory_batches(paths: list[Path], batch: int) -> list[list[tuple[str, bytes]]]:
+    """The files read into memory, as whole batches of (path, bytes) (a short last batch dropped)."""
+    items = [(str(p), p.read_bytes()) for p in paths]
+    return [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)]
+
+
+def drive(runner: Any, batches: list, before_submit: Callable[[], object] | None = None) -> float:
+    """Seconds for the runner to classify the batches, ``runner.depth`` of them in flight, as the pipeline keeps
+    them; ``before_submit()`` runs before each submit."""
+    tickets: list = []
+    t0 = time.perf_counter()
+    for b in batches:
+        if len(tickets) == runner.depth:
+            runner.result(tickets.pop(0))
+        if before_submit is not None:
+            before_submit()
+        tickets.append(runner.submit_encoded(b, 5))
+    for t in tickets:
+        runner.result(t)
+    return time.perf_counter() - t0
+
+
 def profile_variants(paths: list[Path], batch: int) -> None:
     """The runner's submit_encoded/result loop on files already in memory, variant by variant, with the wall time
     of its phases: what makes the pipeline slower than decode_into alone."""
@@ -89,8 +113,7 @@ def profile_variants(paths: list[Path], batch: int) -> None:
     from inception_engine.engine import Engine
     from inception_engine.synthetic import synthetic_weights
 
-    items = [(str(p), p.read_bytes()) for p in paths]
-    batches = [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)]
+    batches = in_memory_batches(paths, batch)
     n = len(batches) * batch
     pre = Preprocess()
     weights = synthetic_weights(0)  # Engine takes Weights as they are: no file needed
@@ -117,17 +140,9 @@ def profile_variants(paths: list[Path], batch: int) -> None:
                 spins[0] += 1
 
         th = threading.Thread(target=spinner) if spin else None
-        tickets: list = []
-        t0 = time.perf_counter()
         if th:
             th.start()
-        for b in batches:
-            if len(tickets) == runner.depth:
-                runner.result(tickets.pop(0))
-            tickets.append(runner.submit_encoded(b, 5))
-        for t in tickets:
-            runner.result(t)
-        dt = time.perf_counter() - t0
+        dt = drive(runner, batches)
         stop.set()
         if th:
             th.join()
@@ -142,7 +157,7 @@ def profile_variants(paths: list[Path], batch: int) -> None:
     def files(label: str) -> None:
         """Engine.predict_iter on the same files, as inception-run runs it (this thread reads them)."""
         t0 = time.perf_counter()
-        k = sum(1 for p in engine.predict_iter([p for p, _ in items[:n]]) if p.ok)
+        k = sum(1 for p in engine.predict_iter([path for b in batches for path, _ in b]) if p.ok)
         print(f"{label:34} {rate(k, time.perf_counter() - t0)}")
 
     with engine:
@@ -209,8 +224,7 @@ def profile_contention(paths: list[Path], batch: int) -> None:
 
     import numpy as np
 
-    items = [(str(p), p.read_bytes()) for p in paths]
-    batches = [items[i:i + batch] for i in range(0, len(items) - batch + 1, batch)]
+    batches = in_memory_batches(paths, batch)
     n = len(batches) * batch
     pre = Preprocess()
     weights = synthetic_weights(0)
@@ -218,20 +232,11 @@ def profile_contention(paths: list[Path], batch: int) -> None:
     x = np.random.default_rng(0).standard_normal(plan.input.dims).astype(np.float32)
 
     def run(runner: CudaRunner, serial: bool) -> tuple[float, float]:
-        dec_s = [0.0]
-        tickets: list = []
-        t0 = time.perf_counter()
-        for b in batches:
-            if len(tickets) == runner.depth:
-                runner.result(tickets.pop(0))
-            if serial:
-                runner.backend.stream.synchronize()
-            t1 = time.perf_counter()
-            tickets.append(runner.submit_encoded(b, 5))
-            dec_s[0] += time.perf_counter() - t1
-        for t in tickets:
-            runner.result(t)
-        return n / (time.perf_counter() - t0), 1e3 * dec_s[0] / len(batches)
+        ph = Phases()
+        ph.wrap(runner, "submit_encoded")
+        seconds = drive(runner, batches, runner.backend.stream.synchronize if serial else None)
+        ph.unwrap()
+        return n / seconds, 1e3 * ph.seconds["submit_encoded"] / len(batches)
 
     for precision in ("tf32", "fp16"):
         for margin in (0, 16, 33):
