@@ -142,34 +142,37 @@ FILES_PER_READ_TASK = 256  # at most, where the files can be counted: a task's d
 
 def read_images(sources: str | list[str]) -> Any:
     """``ray.data.read_binary_files(sources, include_paths=True)`` for the image extensions, in at least
-    READ_BLOCKS_PER_CPU read tasks per CPU of the cluster, and for local files (which this counts) at most
-    FILES_PER_READ_TASK files a task. classify_dataset decodes each task's block whole, in the task, so the cap
-    bounds a task's memory (256 crops of 299x299x3 bytes: 69 MB); remote sources are not counted, and their blocks
-    are only cut at Ray's target block size (DataContext.target_max_block_size) of file bytes. Ray's default cut a
-    folder into tasks of a dozen files or so, and the decode stage then ran at 290 images/s where 24 tasks gave
-    480-510 (2,048 JPEGs, 6 Ray CPUs on a 2-core machine, decode only)."""
+    READ_BLOCKS_PER_CPU read tasks per CPU of the cluster, and for local files at most FILES_PER_READ_TASK files a
+    task. classify_dataset decodes each task's block whole, in the task, so the cap bounds a task's memory (256 crops
+    of 299x299x3 bytes: 69 MB). Local sources are listed here, once, and Ray is handed the files; remote ones (URIs)
+    Ray lists, and their blocks are only cut at Ray's target block size (DataContext.target_max_block_size) of file
+    bytes. Ray's default cut a folder into tasks of a dozen files or so, and the decode stage then ran at 290
+    images/s where 24 tasks gave 480-510 (2,048 JPEGs, 6 Ray CPUs on a 2-core machine, decode only)."""
     ray = require_ray()
     exts = image_extensions()
     blocks = max(1, READ_BLOCKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
-    files = count_local_files([sources] if isinstance(sources, str) else sources, exts)
-    if files is not None:
-        blocks = max(blocks, -(-files // FILES_PER_READ_TASK))
+    files = local_image_files([sources] if isinstance(sources, str) else sources, exts)
+    if files:  # an empty listing goes to Ray as given, which says what it found nothing in
+        sources, blocks = files, max(blocks, -(-len(files) // FILES_PER_READ_TASK))
     return ray.data.read_binary_files(sources, include_paths=True, file_extensions=sorted(e.lstrip(".") for e in exts),
                                       override_num_blocks=blocks)
 
 
-def count_local_files(sources: list[str], exts: set[str]) -> int | None:
-    """How many files with these extensions the sources hold (directories walked as Ray reads them, recursively),
-    or None where a source is no local path (a URI, say)."""
-    n = 0
+def local_image_files(sources: list[str], exts: set[str]) -> list[str] | None:
+    """The files with these extensions that the sources name or hold, or None where a source is no local path (a
+    URI, say). Directories are walked as Ray expands them: recursively, leaving out what lies under a name that
+    starts with "." or "_" at the directory's top."""
+    files: list[str] = []
     for src in sources:
         if os.path.isfile(src):
-            n += 1
+            files.append(src)
         elif os.path.isdir(src):
-            n += sum(1 for _, _, names in os.walk(src) for name in names if os.path.splitext(name)[1].lower() in exts)
+            found = (os.path.join(d, name) for d, _, names in os.walk(src) for name in names
+                     if os.path.splitext(name)[1].lower() in exts)
+            files += sorted(f for f in found if not os.path.relpath(f, src).startswith((".", "_")))
         else:
             return None
-    return n
+    return files
 
 
 def classify_dataset(ds: Any, weights: str | os.PathLike | Weights | Any | None = None, *, gpus: int = 1,

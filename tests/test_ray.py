@@ -104,13 +104,17 @@ def test_without_ray_one_line(monkeypatch, photos, tmp_path):
     assert result.stderr.strip() == "error: --ray needs Ray Data: pip install -e '.[ray]'"
 
 
-def test_count_local_files_walks_directories_and_gives_up_on_uris(tmp_path):
-    from inception_engine.ray_data import count_local_files
+def test_local_image_files_walks_directories_and_gives_up_on_uris(tmp_path):
+    from inception_engine.ray_data import local_image_files
 
-    (tmp_path / "sub").mkdir()
-    for name in ("a.jpg", "b.PNG", "notes.txt", "sub/c.jpeg"):
+    for d in ("sub", "_tmp"):
+        (tmp_path / d).mkdir()
+    for name in ("a.jpg", "b.PNG", "notes.txt", "sub/c.jpeg", "sub/_d.jpg", ".e.jpg", "_tmp/f.jpg"):
         (tmp_path / name).write_bytes(b"x")
     exts = {".jpg", ".jpeg", ".png"}
-    assert count_local_files([str(tmp_path)], exts) == 3
-    assert count_local_files([str(tmp_path / "a.jpg"), str(tmp_path / "sub")], exts) == 2
-    assert count_local_files([str(tmp_path), "s3://bucket/photos/"], exts) is None
+    # as Ray expands a directory: hidden and "_" names left out at its top only
+    assert local_image_files([str(tmp_path)], exts) == [str(tmp_path / n) for n in ("a.jpg", "b.PNG", "sub/_d.jpg",
+                                                                                   "sub/c.jpeg")]
+    assert local_image_files([str(tmp_path / "a.jpg"), str(tmp_path / "sub")], exts) == [
+        str(tmp_path / "a.jpg"), str(tmp_path / "sub" / "c.jpeg")]  # "_d.jpg" is at the top of "sub"
+    assert local_image_files([str(tmp_path), "s3://bucket/photos/"], exts) is None
