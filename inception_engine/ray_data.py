@@ -175,6 +175,13 @@ def local_image_files(sources: list[str], exts: set[str]) -> list[str] | None:
     return files
 
 
+def decode_images(ds: Any, weights: str | os.PathLike | Weights | Any | None = None) -> Any:
+    """classify_dataset's first stage: rows of "bytes" and "path" -> decode_batch's "path", "pixels", "error", in
+    the read tasks (DECODE_BATCH); the input size and resize from the weights' manifest."""
+    return ds.map_batches(decode_batch, fn_kwargs={"pre": preprocess_of(weights)}, batch_size=DECODE_BATCH,
+                          batch_format="numpy")
+
+
 def classify_dataset(ds: Any, weights: str | os.PathLike | Weights | Any | None = None, *, gpus: int = 1,
                      backend: str = "auto", precision: str = "auto", batch_size: int = 64, top_k: int = 5,
                      cpu_actors: int = 1, actor_cpus: float = 1.0, diagnostics: bool = False) -> Any:
@@ -185,8 +192,7 @@ def classify_dataset(ds: Any, weights: str | os.PathLike | Weights | Any | None 
     InceptionPredictor's columns; write it with write_parquet / write_json or ``jsonl_datasink``."""
     if gpus < 0 or cpu_actors < 1:
         raise EngineError(f"need gpus >= 0 and cpu_actors >= 1, got {gpus} and {cpu_actors}")
-    pre = preprocess_of(weights)
-    decoded = ds.map_batches(decode_batch, fn_kwargs={"pre": pre}, batch_size=DECODE_BATCH, batch_format="numpy")
+    decoded = decode_images(ds, weights)
     if gpus == 0 and backend == "auto":
         backend = "cpu"  # an actor that reserved no GPU must not pick one up through auto
     predictor = {"weights": weights, "backend": backend, "precision": precision, "batch_size": batch_size,

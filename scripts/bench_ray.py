@@ -24,8 +24,7 @@ import numpy as np
 
 from inception_engine.engine import Engine
 from inception_engine.images import image_extensions
-from inception_engine.ray_data import (DECODE_BATCH, classify_dataset, decode_batch, jsonl_datasink, preprocess_of,
-                                       read_images, require_ray)
+from inception_engine.ray_data import classify_dataset, decode_images, jsonl_datasink, read_images, require_ray
 from inception_engine.weights import find_weights, load_weights
 
 WARM_FILES = 512  # the untimed runs: enough batches to load and capture everything a timed run uses
@@ -64,11 +63,9 @@ def floor_rate(paths: list[str], weights_ref: object, batch_size: int, gpus: int
     t0 = time.perf_counter()
     ds = read_images(paths)
     if decode:
-        ds = ds.map_batches(decode_batch, fn_kwargs={"pre": preprocess_of(weights_ref)}, batch_size=DECODE_BATCH,
-                            batch_format="numpy")
-    resources = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_gpus": 0, "num_cpus": 1}
+        ds = decode_images(ds, weights_ref)
     rows = ds.map_batches(IdleActor, batch_size=batch_size, batch_format="numpy", concurrency=max(gpus, 1),
-                          **resources).materialize()
+                          num_gpus=1 if gpus else 0, num_cpus=1).materialize()
     n = rows.count()
     return n / (time.perf_counter() - t0)
 
