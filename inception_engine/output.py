@@ -17,8 +17,8 @@ import io
 import json
 import os
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO
 
 from .errors import EngineError
