@@ -4,6 +4,7 @@
     python scripts/profile_gpu_decode.py --cprofile DIR [--images 4096] [--batch 128]
     python scripts/profile_gpu_decode.py --variants DIR      # the runner's loop variant by variant, by phase
     python scripts/profile_gpu_decode.py --contention DIR    # the decoder beside the forward: SMs left free, serial
+    python scripts/profile_gpu_decode.py --segments --batch 64 DIR   # predict_iter's rate every 2,048 images
 
 
 Each stage is timed alone on the same files (already in memory), synchronised, as images/s: the slowest stage is the
@@ -254,6 +255,32 @@ def profile_contention(paths: list[Path], batch: int) -> None:
                           f"forward alone {fwd:5.2f} ms")
 
 
+def profile_segments(paths: list[Path], batch: int, every: int = 2048) -> None:
+    """Engine.predict_iter with --decode gpu on the files, the rate of every ``every`` images: per precision, one
+    engine running 4,096 then all the files, twice (a slow stretch inside a run, or at a run's start, shows here
+    where a run's mean hides it; this found change 15 of docs/PERFORMANCE.md)."""
+    from inception_engine.engine import Engine
+    from inception_engine.synthetic import synthetic_weights
+
+    files = [str(p) for p in paths]
+    weights = synthetic_weights(0)
+    for precision in ("tf32", "fp16"):
+        with Engine(weights, backend="cuda", batch_size=batch, precision=precision, decode="gpu") as engine:
+            engine.backend(batch, tune=True)
+            list(engine.predict_iter(files[:2 * batch]))  # warm-up: kernels, graph, decoder
+            for rep in range(2):
+                for n in (min(4096, len(files)), len(files)):
+                    t0 = time.perf_counter()
+                    marks = [t0]
+                    for i, _ in enumerate(engine.predict_iter(files[:n]), 1):
+                        if i % every == 0 or i == n:
+                            marks.append(time.perf_counter())
+                    rates = " ".join(f"{min(every, n - every * j) / (b - a):.0f}"
+                                     for j, (a, b) in enumerate(zip(marks, marks[1:])))
+                    print(f"segments {precision} run {rep} {n:6d} images: {rate(n, marks[-1] - t0)}; per {every}: "
+                          f"{rates}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir")
@@ -263,10 +290,14 @@ def main() -> None:
     ap.add_argument("--variants", action="store_true", help="the runner's loop, variant by variant, timed by phase")
     ap.add_argument("--contention", action="store_true", help="the loop with SMs left free for the decoder, or "
                     "the decode waiting for the forward")
+    ap.add_argument("--segments", action="store_true", help="predict_iter on the files, the rate of every 2,048")
     args = ap.parse_args()
     paths = sorted(p for p in Path(args.dir).iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))
     if args.cprofile:
         profile_pipeline(paths[:args.images], args.batch)
+        return
+    if args.segments:
+        profile_segments(paths[:args.images] if args.images else paths, args.batch)
         return
     if args.contention:
         profile_contention(paths[:args.images or 2048], args.batch)
