@@ -23,6 +23,28 @@
 //
 // Launch: conv_input_nhwc[_tf32|_f32]: block 256, grid (ceil(batch*Ho*Wo / 256), ceil(Cout / CONV_INPUT_COUT)).
 // Needs Cin*KH*KW <= CONV_INPUT_MAX_K; Cout, y_cstride and y's first channel multiples of 8.
+//
+// conv_input_mma_nhwc[_tf32] (fp16 and tf32): the same conv on the tensor cores. The FMA kernel above spends 864
+// multiply-adds and 216 shared-memory broadcasts a pixel: it took 0.30 ms (fp16) and 0.36 ms (tf32) at batch 128 on
+// the H100, 3.6x the FMA units' floor (0.083 ms) and ~3x the layer's bytes (~0.1 ms). K = Cin*KH*KW = 27, padded
+// with zeros to 32, is two m16n8k16 steps (fp16) or four m16n8k8 (tf32) for 16 pixels x 8 channels, so here the
+// multiplies nearly vanish and the layer is left with its bytes. A block of 4 warps computes output rows (b, oh):
+// - the KH input rows its windows cover, every channel, are copied once to shared memory as float32 (coalesced
+//   reads of whole rows, zeros for the padding), followed by one row of zeros that the padded k (>= K) read;
+// - each warp takes 16-pixel m tiles of the row. A lane's A fragments are, for every tile, the same 8 k at a pixel
+//   offset, so their offsets into the copy are computed once; the values are rounded to fp16 or TF32 as they go
+//   into the fragment (operands of the element type, as in conv_nhwc.cu; the FMA kernel kept fp32 operands). The
+//   B fragments (32 k x 32 channels) stay in registers for the whole block;
+// - sums + bias, ReLU, rounded to the element type, go to shared memory in rows of 32 channels + 8 elements (the
+//   padding puts a warp's pair stores and a phase's 16-byte reads on distinct banks), then leave as 16-byte pieces,
+//   consecutive threads on consecutive pieces: one run of 64 (fp16) or 128 (tf32) bytes a pixel;
+// - at large batch a block takes several rows (up to 8): the first version, one row a block, issued ~2,500
+//   instructions a warp, most of them the per-block set-up (divisions by run-time shapes), and ncu found it
+//   issue-bound (78 % of issue slots) at 0.28-0.30 ms, no faster than the FMA kernel (H100, fp16, batch 128).
+// Launch: conv_input_mma_nhwc[_tf32]: block 128, grid (blocks, ceil(Cout / CONV_INPUT_COUT)), a block taking output
+// rows blockIdx.x, + blocks, ... of the batch*Ho (cuda.tiles.input_mma_blocks), dynamic shared memory
+// conv_input_mma_smem_bytes(). Needs Cin*KH*KW <= CONV_INPUT_MMA_K and that memory <= 48 KB (cuda.tiles.input_tile
+// falls back to the FMA kernel otherwise); Cout, y_cstride and y's first channel multiples of 8.
 #include "conv_mma.cuh"
 
 #define CONV_INPUT_COUT 32    // output channels per thread (and per block)
@@ -128,3 +150,188 @@ __device__ __forceinline__ void conv_input_pixel(const float* __restrict__ x, co
 CONV_INPUT_NHWC_KERNEL(conv_input_nhwc, NhwcF16)
 CONV_INPUT_NHWC_KERNEL(conv_input_nhwc_tf32, NhwcTf32)
 CONV_INPUT_NHWC_KERNEL(conv_input_nhwc_f32, NhwcF32)
+
+
+// --- the tensor-core version ---------------------------------------------------------------------------------------
+
+constexpr int CONV_INPUT_MMA_K = 32;                    // K padded to this
+constexpr int CONV_INPUT_MMA_THREADS = 128;             // 4 warps
+constexpr int CONV_INPUT_MMA_ROW = CONV_INPUT_COUT + 8;  // a staged output pixel, elements (the header's padding)
+
+// The input copy's row width: the row with its padding, and at least what the last m tile's windows reach.
+__host__ __device__ constexpr int conv_input_mma_width(int w, int pad_w, int wo, int kw, int stride) {
+    return w + 2 * pad_w > ((wo + 15) / 16 * 16 - 1) * stride + kw ? w + 2 * pad_w
+                                                                  : ((wo + 15) / 16 * 16 - 1) * stride + kw;
+}
+// Floats of the input copy (Cin*KH rows and the zero row), rounded up to 16 bytes: the staged output follows it.
+__host__ __device__ constexpr int conv_input_mma_copy_floats(int cin, int kh, int wp) {
+    return ((cin * kh + 1) * wp + 3) / 4 * 4;
+}
+// The launch's dynamic shared memory (cuda.tiles.input_mma_smem_bytes).
+__host__ __device__ constexpr int conv_input_mma_smem_bytes(int elem_bytes, int cin, int kh, int wp, int wo) {
+    return 4 * conv_input_mma_copy_floats(cin, kh, wp) + (wo + 15) / 16 * 16 * CONV_INPUT_MMA_ROW * elem_bytes;
+}
+
+#ifdef __CUDACC__
+extern __shared__ __align__(16) unsigned char conv_input_smem[];
+#else
+alignas(16) static unsigned char conv_input_smem[48 * 1024];  // the emulator runs one block at a time
+#endif
+
+// Which k of a 16- or 8-k step each element of a lane's fragments is (PTX ISA, "Matrix Fragments for mma.m16n8k16"
+// and "... mma.m16n8k8"; g = lane / 4, t = lane % 4). A register i holds row g + 8 (i % 2) of the tile; B register i
+// column g. fp16 packs two k a register: A's k = 2t + 8 (i / 2) + e, B's 2t + 8i + e (e = 0, 1); tf32 one: A's
+// t + 4 (i / 2), B's t + 4i.
+template <class E>
+struct InputFragments;
+template <>
+struct InputFragments<NhwcF16> {
+    static constexpr int STEP = 16, PACK = 2;
+    __device__ __forceinline__ static int a_k(int t, int half, int e) { return 2 * t + 8 * half + e; }
+    __device__ __forceinline__ static int b_k(int t, int i, int e) { return 2 * t + 8 * i + e; }
+    __device__ __forceinline__ static unsigned reg(const float (&v)[2]) { return f16::pack(v[0], v[1]); }
+};
+template <>
+struct InputFragments<NhwcTf32> {
+    static constexpr int STEP = 8, PACK = 1;
+    __device__ __forceinline__ static int a_k(int t, int half, int) { return t + 4 * half; }
+    __device__ __forceinline__ static int b_k(int t, int i, int) { return t + 4 * i; }
+    __device__ __forceinline__ static unsigned reg(const float (&v)[1]) { return tf32::round(v[0]); }
+};
+
+// Copy the input rows of output row `row` (= b*Ho + oh): row (c, r) of the windows to copy[(c*KH + r)*wp ...],
+// column j holding input column j - pad_w, by cp.async with zero fill outside the input, so that all of a thread's
+// ~24 loads are in flight at once; then the row of zeros. (Loads through registers, each stored before the next,
+// kept the first version at 0.28-0.30 ms, fp16, batch 128, H100, no faster than the FMA kernel.)
+__device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __restrict__ x, int row, int cin, int h,
+                                                    int w, int ho, int kh, int stride, int pad_h, int pad_w,
+                                                    int wp) {
+    const int b = row / ho, ih0 = (row - b * ho) * stride - pad_h;
+    for (int c = 0, r = 0, cr = 0; cr <= cin * kh; ++cr) {
+        const int ih = ih0 + r;
+        const bool row_ok = c < cin && (unsigned)ih < (unsigned)h;
+        const float* const xr = x + (((size_t)b * cin + c) * h + ih) * w - pad_w;
+        for (int j = threadIdx.x; j < wp; j += CONV_INPUT_MMA_THREADS) {
+            const bool ok = row_ok && (unsigned)(j - pad_w) < (unsigned)w;
+            cp_async::copy4(copy + cr * wp + j, ok ? xr + j : x, ok);
+        }
+        if (++r == kh) {
+            r = 0;
+            ++c;
+        }
+    }
+    cp_async::commit();
+}
+
+// The block's output rows blockIdx.x, + gridDim.x, ... (the host launches one block per few rows at large batch, so
+// that what depends on the weights alone, B fragments, the fragments' offsets and the bias, is set up once for them).
+// The next row's copy is issued as soon as the current row's math is done, and lands while its output is stored.
+template <class E>
+__device__ __forceinline__ void conv_input_mma_rows(const float* __restrict__ x, const float* __restrict__ wt,
+                                                    const float* __restrict__ bias, typename E::T* __restrict__ y,
+                                                    int batch, int cin, int h, int w, int cout, int ho, int wo,
+                                                    int y_cstride, int kh, int kw, int stride, int pad_h, int pad_w,
+                                                    int relu) {
+    using F = InputFragments<E>;
+    using T = typename E::T;
+    constexpr int CO = CONV_INPUT_COUT, NJ = CO / 8, STEPS = CONV_INPUT_MMA_K / F::STEP, PACK = F::PACK;
+    constexpr int WARPS = CONV_INPUT_MMA_THREADS / 32, PIECE = E::PIECE, PIECES = CO / PIECE;
+    const int wp = conv_input_mma_width(w, pad_w, wo, kw, stride), rows = cin * kh, k_total = rows * kw;
+    float* const copy = reinterpret_cast<float*>(conv_input_smem);
+    T* const out = reinterpret_cast<T*>(conv_input_smem + 4 * conv_input_mma_copy_floats(cin, kh, wp));
+    const int m0 = blockIdx.y * CO, out_rows = batch * ho;
+    if ((int)blockIdx.x < out_rows)
+        conv_input_mma_copy(copy, x, blockIdx.x, cin, h, w, ho, kh, stride, pad_h, pad_w, wp);
+
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    unsigned bfrag[STEPS][NJ][2];  // B[k][n] = wt[k][m0 + n], zero past K and Cout
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                float v[PACK];
+                const int m = m0 + 8 * j + g;
+#pragma unroll
+                for (int e = 0; e < PACK; ++e) {
+                    const int k = s * F::STEP + F::b_k(t, i, e);
+                    v[e] = k < k_total && m < cout ? __ldg(wt + (size_t)k * cout + m) : 0.f;
+                }
+                bfrag[s][j][i] = F::reg(v);
+            }
+    int koff[STEPS][2][PACK];  // where k of the lane's A fragments sits in the copy, for the pixel at column 0
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int e = 0; e < PACK; ++e) {
+                const int k = s * F::STEP + F::a_k(t, half, e), c = k / (kh * kw), rs = k - c * kh * kw;
+                koff[s][half][e] = k < k_total ? (c * kh + rs / kw) * wp + rs % kw : rows * wp;
+            }
+    float bias_v[NJ][2];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int m = m0 + 8 * j + 2 * t + e;
+            bias_v[j][e] = m < cout ? __ldg(bias + m) : 0.f;
+        }
+
+    for (int row = blockIdx.x; row < out_rows; row += gridDim.x) {
+        cp_async::wait<0>();
+        __syncthreads();  // the row's copy is complete, and the last row's output has left shared memory
+        for (int tile = threadIdx.x / 32; tile < (wo + 15) / 16; tile += WARPS) {
+            float acc[NJ][4] = {};
+            const int col[2] = {(16 * tile + g) * stride, (16 * tile + g + 8) * stride};  // rows g, g + 8 of it
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s) {
+                unsigned a[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float v[PACK];
+#pragma unroll
+                    for (int e = 0; e < PACK; ++e) v[e] = copy[koff[s][i / 2][e] + col[i % 2]];
+                    a[i] = F::reg(v);
+                }
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) E::mma(acc[j], a, bfrag[s][j]);
+            }
+#pragma unroll
+            for (int j = 0; j < NJ; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    float v0 = acc[j][2 * half] + bias_v[j][0], v1 = acc[j][2 * half + 1] + bias_v[j][1];
+                    if (relu) {
+                        v0 = fmaxf(v0, 0.f);
+                        v1 = fmaxf(v1, 0.f);
+                    }
+                    E::store2(out + (16 * tile + g + 8 * half) * CONV_INPUT_MMA_ROW + 8 * j + 2 * t, v0, v1);
+                }
+        }
+        __syncthreads();  // the row's output is staged; the copy is free
+        if (row + (int)gridDim.x < out_rows)
+            conv_input_mma_copy(copy, x, row + gridDim.x, cin, h, w, ho, kh, stride, pad_h, pad_w, wp);
+
+        T* const yrow = y + (size_t)row * wo * y_cstride + m0;  // pixel (b, oh, 0) is pixel row * Wo
+        for (int n = threadIdx.x; n < wo * PIECES; n += CONV_INPUT_MMA_THREADS) {
+            const int px = n / PIECES, q = n % PIECES;
+            if (m0 + q * PIECE < cout)  // Cout is a multiple of PIECE: a piece is wholly inside or outside
+                *reinterpret_cast<uint4*>(yrow + (size_t)px * y_cstride + q * PIECE) =
+                    *reinterpret_cast<const uint4*>(out + px * CONV_INPUT_MMA_ROW + q * PIECE);
+        }
+    }
+}
+
+#define CONV_INPUT_MMA_KERNEL(NAME, E)                                                                               \
+    extern "C" __global__ void __launch_bounds__(CONV_INPUT_MMA_THREADS)                                             \
+        NAME(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,              \
+             E::T* __restrict__ y, int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, \
+             int kw, int stride, int pad_h, int pad_w, int relu) {                                                   \
+        conv_input_mma_rows<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h,      \
+                               pad_w, relu);                                                                         \
+    }
+
+CONV_INPUT_MMA_KERNEL(conv_input_mma_nhwc, NhwcF16)
+CONV_INPUT_MMA_KERNEL(conv_input_mma_nhwc_tf32, NhwcTf32)

@@ -110,7 +110,7 @@ def test_tf32_graph_and_eager_match_the_reference(weights, batch, nhwc):
     for graph in (True, False):
         with cb.CudaBackend(weights, plan, graph=graph, precision="tf32", nhwc=nhwc) as backend:
             assert backend.precision == "tf32" and backend.nhwc == nhwc
-            convs = ("conv_nhwc_tf32_", "conv_input_nhwc_tf32", "conv_tf32_1x1_") if nhwc else ("conv_tf32_",)
+            convs = ("conv_nhwc_tf32_", "conv_input_mma_nhwc_tf32", "conv_tf32_1x1_") if nhwc else ("conv_tf32_",)
             assert all(s.kernel.startswith(convs) for s in backend.specs
                        if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce")
             got_normal = backend.forward(x_normal)

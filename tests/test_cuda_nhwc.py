@@ -48,7 +48,8 @@ PRECISIONS = tuple(cb.NHWC_ELEMS)
 KERNELS = [f"{t.prefix}_{t.name}" for p in PRECISIONS for t in cb.NHWC_ELEMS[p].tiles(wgmma=True)] + [
     name + cb.NHWC_ELEMS[p].suffix for p in PRECISIONS
     for name in ("pool2d_nhwc", "global_avg_pool_nhwc", "conv_input_nhwc")] + [
-    f"conv_nhwc{cb.NHWC_ELEMS[p].suffix}_splitk_reduce" for p in PRECISIONS]
+    f"conv_nhwc{cb.NHWC_ELEMS[p].suffix}_splitk_reduce" for p in PRECISIONS] + [
+    f"conv_input_mma_nhwc{cb.NHWC_ELEMS[p].suffix}" for p in cb.INPUT_MMA_PRECISIONS]
 DTYPE = {"fp16": np.float16, "tf32": np.float32, "fp32": np.float32}
 
 
@@ -124,8 +125,9 @@ def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precisi
     plan = build_plan(8, concurrent=True)
     configs = cb.choose_configs(plan, 132, False, precision, False, nhwc=True, wgmma=wgmma)
     first = plan.conv_ops[0]
+    first_tile = cb.INPUT_MMA_TILE if precision in ("fp16", "tf32") else cb.INPUT_TILE  # fp32: FMA, its accuracy
     assert first.src.buffer == plan.input.buffer and configs[first.name] == cb.ConvConfig(
-        cb.INPUT_TILE, 1, 27, configs[first.name].est_us)
+        first_tile, 1, 27, configs[first.name].est_us)
     rest, tiles = plan.conv_ops[1:], cb.NHWC_ELEMS[precision].tiles(wgmma)
     assert all(configs[op.name].tile in tiles and not configs[op.name].wino for op in rest)
     assert all(configs[op.name].k_split % tiles[0].bk == 0 for op in rest)
@@ -142,7 +144,7 @@ def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precisi
     for t in halo:
         assert {op.name for op in rest if cb.tile_fits(op, t)} == (
             {"Conv2d_2a_3x3", "Conv2d_2b_3x3"} if t.bn == 64 else {"Conv2d_2a_3x3"})
-    assert all(s[first.name].tile == cb.INPUT_TILE for s in sets)
+    assert all(s[first.name].tile == first_tile for s in sets)
 
 
 def test_nhwc_needs_channel_counts_in_pieces_and_fp32_needs_wgmma():
@@ -582,34 +584,55 @@ INPUT_CASES = [  # (n, cin, h, w, cout, kernel, stride, pad, y channels before, 
     (1, 3, 41, 37, 32, (3, 3), 2, (0, 0), 0, 0),  # ... over two blocks, the second partly past the last pixel
     (1, 3, 9, 11, 48, (5, 5), 1, (2, 2), 8, 16),  # windows in the padding; a second block of 16 channels
     (3, 4, 6, 7, 8, (1, 3), 1, (0, 1), 0, 8),  # fewer channels than one block
+    (1, 3, 13, 21, 48, (3, 3), 1, (1, 1), 8, 16),  # K = 27 with padding, two m tiles, 16 channels in the second block
 ]
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("n,cin,h,w,cout,kernel,stride,pad,before,after", INPUT_CASES)
-def test_conv_input_reads_the_float32_nchw_input(mem, n, cin, h, w, cout, kernel, stride, pad, before, after,
-                                                 precision):
-    """conv_input_nhwc[_tf32|_f32]: float32 input, weights and sums, one rounding to fp16 or TF32 (both keep 11
-    significant bits) or none: within one step of float64's."""
-    rng = rng_for("input", n, cin, cout, kernel)
+def input_op(n, cin, h, w, cout, kernel, stride, pad, before, after) -> ConvOp:
     ho, wo = (h + 2 * pad[0] - kernel[0]) // stride + 1, (w + 2 * pad[1] - kernel[1]) // stride + 1
-    op = ConvOp("first", View("x", 0, (n, cin, h, w), 0, cin),
-                View("y", 0, (n, before + cout + after, ho, wo), before, cout), kernel, stride, pad)
+    return ConvOp("first", View("x", 0, (n, cin, h, w), 0, cin),
+                  View("y", 0, (n, before + cout + after, ho, wo), before, cout), kernel, stride, pad)
+
+
+# Every case on the FMA kernel in every precision, and on the tensor-core kernel where input_tile picks it (fp16 and
+# tf32, K <= 32).
+INPUT_RUNS = [(case, p, tile) for case in INPUT_CASES for p in PRECISIONS
+              for tile in {cb.INPUT_TILE, cb.input_tile(input_op(*case), p)}]
+
+
+@pytest.mark.parametrize("case,precision,tile", INPUT_RUNS,
+                         ids=[f"{c[0]}x{c[1]}x{c[2]}x{c[3]}-{c[4]}-{c[5][0]}x{c[5][1]}-{p}-{t.prefix}"
+                              for c, p, t in INPUT_RUNS])
+def test_conv_input_reads_the_float32_nchw_input(mem, case, precision, tile):
+    """conv_input_nhwc[_tf32|_f32] (FMA): float32 input, weights and sums, one rounding to fp16 or TF32 (both keep 11
+    significant bits) or none: within one step of float64's. conv_input_mma_nhwc[_tf32] (tensor cores): the input and
+    weights rounded to the element type as they enter the mma, fp32 sums, one rounding of the output: within one step
+    of the ideal conv of the rounded operands (sums in float64)."""
+    n, cin, h, w, cout, kernel, stride, pad, before, after = case
+    rng = rng_for("input", n, cin, cout, kernel)
+    op = input_op(*case)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     w_ = (rng.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * kernel[0] * kernel[1])).astype(np.float32)
     b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
-    wt = cb.direct_weights(w_, cb.INPUT_TILE)
+    wt = cb.direct_weights(w_, tile)
     ptrs = [mem.alloc(a.nbytes) for a in (x, wt, b)]
     for ptr, a in zip(ptrs, (x, wt, b)):
         mem.write(ptr, a)
     size = cb.NHWC_ELEMS[precision].bytes
     y_ptr = mem.alloc(size * math.prod(op.dst.shape))
-    cfg = cb.choose_configs(build_plan(1), 132, False, precision, nhwc=True, wgmma=True)["Conv2d_1a_3x3"]
-    specs = cb.nhwc_conv_specs(op, cfg, ptrs[0], cin, cin, y_ptr + size * before, ptrs[1], ptrs[2], 0, precision)
-    assert [s.kernel for s in specs] == ["conv_input_nhwc" + cb.NHWC_ELEMS[precision].suffix]
+    cfg = cb.ConvConfig(tile, 1, cin * kernel[0] * kernel[1], 0.0)
+    # one SM: the tensor-core kernel's blocks take several output rows each (at most 8), as at batch 128 on the GPU
+    specs = cb.nhwc_conv_specs(op, cfg, ptrs[0], cin, cin, y_ptr + size * before, ptrs[1], ptrs[2], 0, precision, 1)
+    if tile == cb.INPUT_MMA_TILE:
+        rows = n * op.dst.h
+        assert specs[0].grid[0] == -(-rows // max(1, min(8, rows // 4))) < rows or rows < 8
+    suffix = cb.NHWC_ELEMS[precision].suffix
+    assert [s.kernel for s in specs] == [("conv_input_nhwc" if tile == cb.INPUT_TILE else "conv_input_mma_nhwc")
+                                         + suffix]
     mem.launch(specs)
     got = get_nhwc(mem, y_ptr, op.dst.shape, before, cout, precision)
-    ref = conv2d_bias_relu(x.astype(np.float64), w_.astype(np.float64), b.astype(np.float64), stride, pad, True)
+    operands = (x, w_) if tile == cb.INPUT_TILE else (as_elem(x, precision), as_elem(w_, precision))
+    ref = conv2d_bias_relu(*(a.astype(np.float64) for a in operands), b.astype(np.float64), stride, pad, True)
     np.testing.assert_allclose(got, ref, rtol=1e-5 if precision == "fp32" else 2.0 ** -10, atol=1e-6)
     np.testing.assert_array_equal(mem.read(ptrs[0], x.shape, np.float32), x)
 
@@ -641,7 +664,8 @@ def test_gpu_nhwc_network_top1_agrees_with_float64_on_256_inputs(weights, precis
         suffix = cb.NHWC_ELEMS[precision].suffix
         convs = {s.kernel for s in backend.specs if s.kernel.startswith("conv_")} - {"conv_splitk_reduce"}
         fc_prefix = cb.TILES_OF[precision][0].prefix + "_"
-        assert convs and all(k.startswith((f"conv_nhwc{suffix}_", fc_prefix)) or k == f"conv_input_nhwc{suffix}"
+        first = "conv_input_nhwc_f32" if precision == "fp32" else f"conv_input_mma_nhwc{suffix}"
+        assert convs and all(k.startswith((f"conv_nhwc{suffix}_", fc_prefix)) or k == first
                              for k in convs), convs
         assert_top1_agrees_on_256_inputs(backend, weights, plan, NET_TOL[precision])
 

@@ -2,9 +2,9 @@
 //
 // Compiled with g++ ahead of cuda_src/*.cu (g++ -include emu.h). Each CUDA thread of a block is a fiber
 // (ucontext); blocks run one after another. __syncthreads and warp shuffles yield to a scheduler that resumes every
-// live fiber once per round, so after a round all threads have reached their next barrier. That is exact for
-// kernels whose threads all pass the same sequence of barriers and shuffles, which CUDA requires anyway (a shuffle
-// also waits for its warp's 32 lanes: emu::warp_sync). Shared memory is a function-static array (one block at a
+// live fiber once per round. __syncthreads waits until every live thread of the block has arrived (emu::block_sync),
+// a shuffle until its warp's 32 lanes have (emu::warp_sync); the warp-wide mma and ldmatrix yield once, so a warp's
+// lanes must run them in step, which CUDA requires anyway. Shared memory is a function-static array (one block at a
 // time). No inline PTX: timing.cu is not emulated.
 #pragma once
 #include <ucontext.h>
@@ -29,7 +29,7 @@ inline dim3 gridDim, blockDim, blockIdx, threadIdx;
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-#define __syncthreads() emu::yield()
+#define __syncthreads() emu::block_sync()
 struct alignas(8) float2 {
     float x, y;
 };
@@ -72,9 +72,32 @@ inline std::function<void()> kernel;
 inline float lanes[1024];
 
 inline void yield() { swapcontext(&current->ctx, &scheduler); }
+
+// __syncthreads: each thread yields until every live thread of the block has arrived. Threads in step arrive in the
+// same round and yield exactly once, as a bare yield would; a warp that took more warp-wide steps than the others
+// before the barrier (conv_input_nhwc.cu's tensor-core kernel: warps with more m tiles) is waited for. A thread that
+// has exited counts as arrived, as on the GPU.
+inline int block_live, block_arrived, block_generation;
+inline void block_arrive() {
+    if (++block_arrived >= block_live) {
+        block_arrived = 0;
+        ++block_generation;
+    }
+}
+inline void block_sync() {
+    const int generation = block_generation;
+    block_arrive();
+    do yield();
+    while (block_generation == generation);
+}
 inline void fiber_main() {
     kernel();
     current->done = true;
+    --block_live;
+    if (block_arrived > 0 && block_arrived >= block_live) {
+        block_arrived = 0;
+        ++block_generation;
+    }
 }
 
 // Run f() as a grid of blocks of block.x threads (1-D blocks, as every kernel of the engine uses).
@@ -89,6 +112,8 @@ void launch(dim3 grid, dim3 block, F f) {
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
                 blockIdx = {x, y, z};
+                block_live = static_cast<int>(block.x);
+                block_arrived = 0;
                 for (unsigned t = 0; t < block.x; ++t) {
                     Fiber& fb = fibers[t];
                     fb.done = false;

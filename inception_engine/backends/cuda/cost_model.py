@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ...errors import EngineError
 from ...plan import ConvOp, FCOp, Plan
-from .tiles import (INPUT_TILE, KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
-                    check_nhwc_precision, is_halo, tile_fits)
+from .tiles import (KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
+                    check_nhwc_precision, input_tile, is_halo, tile_fits)
 from .winograd import WINO_MIN_BATCH, WINO_VARIANTS, WinogradShape, winograd_eligible, winograd_shape
 
 
@@ -129,7 +129,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
     nhwc: every conv on conv_nhwc.cu (tiles: a subset of the precision's NHWC_ELEMS tiles, with the wgmma ones if
-    wgmma), no Winograd, except those that read the network's input (conv_input_nhwc.cu, INPUT_TILE); the FC as
+    wgmma), no Winograd, except those that read the network's input (conv_input_nhwc.cu, ``input_tile``); the FC as
     without nhwc."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
@@ -146,7 +146,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
                 t for t in NHWC_ELEMS[precision].tiles(wgmma) if tile_fits(op, t))
             configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
                                            op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
-                                           (INPUT_TILE,) if reads_input else fit,
+                                           (input_tile(op, precision),) if reads_input else fit,
                                            1 if reads_input else MAX_SPLITS)
         elif isinstance(op, ConvOp):
             if op.kernel not in KERNEL_SIZES:

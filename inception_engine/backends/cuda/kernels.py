@@ -15,7 +15,7 @@ from typing import Any
 
 from ... import cuda_build
 from .device import driver
-from .tiles import (F16_TILES, KERNEL_SIZES, MAX_SHARED_BYTES, NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile,
+from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile,
                     is_halo, wgmma_ring_bytes)
 from .winograd import WINO_VARIANTS
 
@@ -36,6 +36,7 @@ ARG_FORMATS = {
     **{name + e.suffix: fmt for e in NHWC_ELEMS.values()
        for name, fmt in (("pool2d_nhwc", "PP" + "i" * 13 + "P"), ("global_avg_pool_nhwc", "PP" + "i" * 5),
                          ("conv_input_nhwc", "PPPP" + "i" * 14))},
+    **{f"conv_input_mma_nhwc{NHWC_ELEMS[p].suffix}": "PPPP" + "i" * 14 for p in INPUT_MMA_PRECISIONS},
     **{f"conv_nhwc{e.suffix}_splitk_reduce": "PPP" + "i" * 14 for e in NHWC_ELEMS.values()},
 }
 NHWC_CONV_FORMAT = "PPPP" + "i" * 25  # ... k_split, then the parts (nhwc_parts)
@@ -47,6 +48,7 @@ SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_p
              **{f"{name}{e.suffix}": source for e in NHWC_ELEMS.values()
                 for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
                                      ("conv_input_nhwc", "conv_input_nhwc.cu"))},
+             **{f"conv_input_mma_nhwc{NHWC_ELEMS[p].suffix}": "conv_input_nhwc.cu" for p in INPUT_MMA_PRECISIONS},
              "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu",
              "normalize_u8_nchw": "pipeline_io.cu", "softmax_topk_rows": "pipeline_io.cu",
              "resize_pil_h": "resize_pil.cu", "resize_pil_v": "resize_pil.cu"}

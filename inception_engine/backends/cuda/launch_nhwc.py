@@ -13,8 +13,9 @@ from ...errors import EngineError
 from ...plan import ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, writes
 from .cost_model import ConvConfig
 from .launch import LaunchSpec, fc_specs, softmax_spec
-from .tiles import (HALO_BM, HALO_THREADS, INPUT_MAX_K, INPUT_TILE, NHWC_ELEMS, NHWC_PIECE, THREADS, WS_THREADS,
-                    blocks, halo_fits, halo_smem_bytes, is_halo, is_ws, wgmma_ring_bytes)
+from .tiles import (HALO_BM, HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
+                    NHWC_PIECE, THREADS, WS_THREADS, blocks, halo_fits, halo_smem_bytes, input_mma_blocks,
+                    input_mma_smem_bytes, input_tile, is_halo, is_ws, wgmma_ring_bytes)
 from .workspace import workspace_layout
 
 
@@ -107,18 +108,23 @@ def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
                     ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
     """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv), and its
-    split-K reduction when cfg.splits > 1; for INPUT_TILE conv_input_nhwc.cu's, x then the float32 NCHW input
-    (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an SM), or
+    split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
+    NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an SM), or
     one per tile where there are fewer or num_sms is None."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total
     p_total, t, suffix = n * ho * wo, cfg.tile, NHWC_ELEMS[precision].suffix
-    if t.prefix == "conv_input":
+    if t in (INPUT_TILE, INPUT_MMA_TILE):
         assert cfg.splits == 1 and not isinstance(op, FusedConvOp), f"{op.name}: conv_input_nhwc: 1 slice, 1 part"
-        return [LaunchSpec(op.name, f"conv_input_nhwc{suffix}", (blocks(p_total, t.bm), blocks(cout, t.bn), 1),
-                           (THREADS, 1, 1), (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel,
-                                             op.stride, *op.pad, 1))]
+        args = (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel, op.stride, *op.pad, 1)
+        if t == INPUT_TILE:
+            return [LaunchSpec(op.name, f"conv_input_nhwc{suffix}", (blocks(p_total, t.bm), blocks(cout, t.bn), 1),
+                               (THREADS, 1, 1), args)]
+        assert t == input_tile(op, precision), f"{op.name}: not a conv for conv_input_mma_nhwc{suffix}"
+        grid = (input_mma_blocks(op, num_sms), blocks(cout, t.bn), 1)
+        return [LaunchSpec(op.name, f"conv_input_mma_nhwc{suffix}", grid, (INPUT_MMA_THREADS, 1, 1), args,
+                           input_mma_smem_bytes(op, NHWC_ELEMS[precision].bytes))]
     split = cfg.splits > 1
     parts = nhwc_parts(op)
     args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, y_cstride, *op.kernel,
@@ -172,7 +178,8 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
         if isinstance(op, ConvOp):
             cfg = configs[op.name]
             reads_input = op.src.buffer == plan.input.buffer
-            assert cfg is not None and (cfg.tile == INPUT_TILE) == reads_input, f"{op.name}: not an NHWC config"
+            assert cfg is not None and (cfg.tile in (INPUT_TILE, INPUT_MMA_TILE)) == reads_input, \
+                f"{op.name}: not an NHWC config"
             x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
             specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
                                      nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms)

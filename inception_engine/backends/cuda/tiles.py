@@ -157,6 +157,32 @@ def halo_fits(op: ConvOp, tile: Tile) -> bool:
             and halo_smem_bytes(tile, op.kernel, op.src.w + 2 * op.pad[1]) <= MAX_SHARED_BYTES)
 
 
+def input_mma_smem_bytes(op: ConvOp, elem_bytes: int) -> int:
+    """conv_input_nhwc.cu's conv_input_mma_smem_bytes for this conv: the input rows of one output row's windows
+    (and a row of zeros) as float32, then the row's staged output."""
+    (_, cin, h, w), (_, _, ho, wo) = op.src.dims, op.dst.dims
+    (kh, kw), pad_w, tiles16 = op.kernel, op.pad[1], -(-wo // 16) * 16
+    wp = max(w + 2 * pad_w, (tiles16 - 1) * op.stride + kw)
+    return 4 * (-(-((cin * kh + 1) * wp) // 4) * 4) + tiles16 * INPUT_MMA_ROW * elem_bytes
+
+
+def input_mma_blocks(op: ConvOp, num_sms: int | None) -> int:
+    """conv_input_mma_nhwc's grid: its blocks take output rows blockIdx.x, + blocks, ...; up to
+    INPUT_MMA_MAX_ROWS rows a block where there are 4 blocks an SM (its set-up is paid once per block), one a block
+    at small batch."""
+    rows = op.dst.n * op.dst.h
+    per_block = max(1, min(INPUT_MMA_MAX_ROWS, rows // (4 * (num_sms or 132))))
+    return blocks(rows, per_block)
+
+
+def input_tile(op: ConvOp, precision: str) -> Tile:
+    """The tile of a conv that reads the network's input: the tensor-core kernel in fp16 and tf32 where K and its
+    shared memory fit, else the FMA kernel (fp32's only one: a single TF32 product would break its accuracy)."""
+    k = op.src.channels * op.kernel[0] * op.kernel[1]
+    fits = k <= INPUT_MMA_MAX_K and input_mma_smem_bytes(op, NHWC_ELEMS[precision].bytes) <= INPUT_MMA_MAX_SHARED
+    return INPUT_MMA_TILE if precision in INPUT_MMA_PRECISIONS and fits else INPUT_TILE
+
+
 def tile_fits(op: ConvOp, tile: Tile) -> bool:
     """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``)."""
     return not is_halo(tile.prefix) or halo_fits(op, tile)
@@ -178,10 +204,19 @@ NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SP
                          + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
                          + tuple(halo_tile(bn, "tf32") for bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
-# conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input on the FMA units, 256 pixels x 32
-# channels per block (one pixel per thread), no split-K. Its speed is a model guess; no other tile competes with it.
+# conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the
+# FMA units, 256 pixels x 32 channels per block (one pixel per thread), every precision. INPUT_MMA_TILE: on the tensor
+# cores, an output row x 32 channels per block, fp16 and tf32, K = Cin*KH*KW <= 32 (``input_tile`` picks it where it
+# fits). Their speeds are model guesses; they do not compete in tuning (the first conv has one kernel per precision).
 INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
+INPUT_MMA_TILE = Tile(16, 32, 1, 8, 400e3, "conv_input_mma", False)
 INPUT_MAX_K = 256  # conv_input_nhwc.cu's CONV_INPUT_MAX_K: Cin*KH*KW of its weights in shared memory
+INPUT_MMA_MAX_K = 32  # ... CONV_INPUT_MMA_K
+INPUT_MMA_ROW = 40  # ... CONV_INPUT_MMA_ROW: elements of a staged output pixel
+INPUT_MMA_THREADS = 128  # ... CONV_INPUT_MMA_THREADS
+INPUT_MMA_MAX_ROWS = 8  # output rows a block takes at most (input_mma_blocks)
+INPUT_MMA_PRECISIONS = ("fp16", "tf32")  # its element types
+INPUT_MMA_MAX_SHARED = 48 * 1024  # the mma kernel takes no opt-in (the emulator's buffer is this size too)
 NHWC_PIECE = 8  # channels per 16-byte piece of fp16 (tf32's 4 divide it): NHWC channel counts, strides and offsets
 HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
 

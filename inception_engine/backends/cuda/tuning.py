@@ -13,7 +13,7 @@ from ... import cuda_build
 from ...plan import Plan
 from ...weights import user_cache_dir
 from .cost_model import ConvConfig, choose_configs
-from .tiles import F16_TILES, INPUT_TILE, NHWC_ELEMS, TF32_TILES, TILES, TILES_OF, WINO_TILES
+from .tiles import F16_TILES, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS, TF32_TILES, TILES, TILES_OF, WINO_TILES
 
 
 def tuning_candidates(plan: Plan, num_sms: int, fixup: bool, precision: str,
@@ -51,7 +51,7 @@ def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
 def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
     if d is None:
         return None
-    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + WINO_TILES + (INPUT_TILE,)
+    tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + WINO_TILES + (INPUT_TILE, INPUT_MMA_TILE)
              + tuple(t for e in NHWC_ELEMS.values() for t in e.tiles(wgmma=True))}
     return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
