@@ -201,8 +201,7 @@ struct InputFragments<NhwcTf32> {
 
 // Copy the input rows of output row `row` (= b*Ho + oh): row (c, r) of the windows to copy[(c*KH + r)*wp ...],
 // column j holding input column j - pad_w, by cp.async with zero fill outside the input, so that all of a thread's
-// ~24 loads are in flight at once; then the row of zeros. (Loads through registers, each stored before the next,
-// kept the first version at 0.28-0.30 ms, fp16, batch 128, H100, no faster than the FMA kernel.)
+// ~24 loads are in flight at once; then the row of zeros.
 __device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __restrict__ x, int row, int cin, int h,
                                                     int w, int ho, int kh, int stride, int pad_h, int pad_w,
                                                     int wp) {
