@@ -42,7 +42,7 @@
 //   instructions a warp, most of them the per-block set-up (divisions by run-time shapes), and ncu found it
 //   issue-bound (78 % of issue slots) at 0.28-0.30 ms, no faster than the FMA kernel (H100, fp16, batch 128).
 //   With up to 8 rows a block: 0.19 ms (fp16) and 0.24 ms (tf32), still more instructions than bytes (DRAM 39 %
-//   busy): the input copy, 4-byte cp.async a float, is now the largest part (docs/PERFORMANCE.md, issue 23's means).
+//   busy); by the PTX, the input copy (a 4-byte cp.async a float, ~12 instructions each) is the largest part.
 // Launch: conv_input_mma_nhwc[_tf32]: block 128, grid (blocks, ceil(Cout / CONV_INPUT_COUT)), a block taking output
 // rows blockIdx.x, + blocks, ... of the batch*Ho (cuda.tiles.input_mma_blocks), dynamic shared memory
 // conv_input_mma_smem_bytes(). Needs Cin*KH*KW <= CONV_INPUT_MMA_K and that memory <= 48 KB (cuda.tiles.input_tile
