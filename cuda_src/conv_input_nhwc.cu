@@ -52,6 +52,15 @@
 #define CONV_INPUT_COUT 32    // output channels per thread (and per block)
 #define CONV_INPUT_MAX_K 256  // shared memory for 256 x 32 weights, 32 KB
 
+// An entry point of this file: BODY<E>, one of the two versions below, on the launch's arguments.
+#define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS)                                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                            \
+        NAME(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,              \
+             E::T* __restrict__ y, int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, \
+             int kw, int stride, int pad_h, int pad_w, int relu) {                                                   \
+        BODY<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu);      \
+    }
+
 template <class E>
 __device__ __forceinline__ void conv_input_pixel(const float* __restrict__ x, const float* __restrict__ wt,
                                                  const float* __restrict__ bias, typename E::T* __restrict__ y,
@@ -140,18 +149,9 @@ __device__ __forceinline__ void conv_input_pixel(const float* __restrict__ x, co
     }
 }
 
-#define CONV_INPUT_NHWC_KERNEL(NAME, E)                                                                              \
-    extern "C" __global__ void __launch_bounds__(256)                                                                \
-        NAME(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,              \
-             E::T* __restrict__ y, int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, \
-             int kw, int stride, int pad_h, int pad_w, int relu) {                                                   \
-        conv_input_pixel<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, \
-                            relu);                                                                                   \
-    }
-
-CONV_INPUT_NHWC_KERNEL(conv_input_nhwc, NhwcF16)
-CONV_INPUT_NHWC_KERNEL(conv_input_nhwc_tf32, NhwcTf32)
-CONV_INPUT_NHWC_KERNEL(conv_input_nhwc_f32, NhwcF32)
+CONV_INPUT_KERNEL(conv_input_nhwc, conv_input_pixel, NhwcF16, 256)
+CONV_INPUT_KERNEL(conv_input_nhwc_tf32, conv_input_pixel, NhwcTf32, 256)
+CONV_INPUT_KERNEL(conv_input_nhwc_f32, conv_input_pixel, NhwcF32, 256)
 
 
 // --- the tensor-core version ---------------------------------------------------------------------------------------
@@ -325,14 +325,5 @@ __device__ __forceinline__ void conv_input_mma_rows(const float* __restrict__ x,
     }
 }
 
-#define CONV_INPUT_MMA_KERNEL(NAME, E)                                                                               \
-    extern "C" __global__ void __launch_bounds__(CONV_INPUT_MMA_THREADS)                                             \
-        NAME(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,              \
-             E::T* __restrict__ y, int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, \
-             int kw, int stride, int pad_h, int pad_w, int relu) {                                                   \
-        conv_input_mma_rows<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h,      \
-                               pad_w, relu);                                                                         \
-    }
-
-CONV_INPUT_MMA_KERNEL(conv_input_mma_nhwc, NhwcF16)
-CONV_INPUT_MMA_KERNEL(conv_input_mma_nhwc_tf32, NhwcTf32)
+CONV_INPUT_KERNEL(conv_input_mma_nhwc, conv_input_mma_rows, NhwcF16, CONV_INPUT_MMA_THREADS)
+CONV_INPUT_KERNEL(conv_input_mma_nhwc_tf32, conv_input_mma_rows, NhwcTf32, CONV_INPUT_MMA_THREADS)

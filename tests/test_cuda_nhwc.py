@@ -624,8 +624,8 @@ def test_conv_input_reads_the_float32_nchw_input(mem, case, precision, tile):
     # one SM: the tensor-core kernel's blocks take several output rows each (at most 8), as at batch 128 on the GPU
     specs = cb.nhwc_conv_specs(op, cfg, ptrs[0], cin, cin, y_ptr + size * before, ptrs[1], ptrs[2], 0, precision, 1)
     if tile == cb.INPUT_MMA_TILE:
-        rows = n * op.dst.h
-        assert specs[0].grid[0] == -(-rows // max(1, min(8, rows // 4))) < rows or rows < 8
+        rows = n * op.dst.h  # 4 blocks an SM, up to 8 rows a block
+        assert specs[0].grid[0] == cb.blocks(rows, min(8, rows // 4)) < rows
     suffix = cb.NHWC_ELEMS[precision].suffix
     assert [s.kernel for s in specs] == [("conv_input_nhwc" if tile == cb.INPUT_TILE else "conv_input_mma_nhwc")
                                          + suffix]

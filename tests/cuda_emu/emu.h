@@ -78,15 +78,17 @@ inline void yield() { swapcontext(&current->ctx, &scheduler); }
 // before the barrier (conv_input_nhwc.cu's tensor-core kernel: warps with more m tiles) is waited for. A thread that
 // has exited counts as arrived, as on the GPU.
 inline int block_live, block_arrived, block_generation;
-inline void block_arrive() {
-    if (++block_arrived >= block_live) {
+// Opens the barrier once the threads waiting at it are all the live ones.
+inline void block_release_if_all() {
+    if (block_arrived > 0 && block_arrived >= block_live) {
         block_arrived = 0;
         ++block_generation;
     }
 }
 inline void block_sync() {
     const int generation = block_generation;
-    block_arrive();
+    ++block_arrived;
+    block_release_if_all();
     do yield();
     while (block_generation == generation);
 }
@@ -94,10 +96,7 @@ inline void fiber_main() {
     kernel();
     current->done = true;
     --block_live;
-    if (block_arrived > 0 && block_arrived >= block_live) {
-        block_arrived = 0;
-        ++block_generation;
-    }
+    block_release_if_all();
 }
 
 // Run f() as a grid of blocks of block.x threads (1-D blocks, as every kernel of the engine uses).
