@@ -659,64 +659,80 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     }
 }
 
-// Halo tiles (sm_90a, "_halo_": conv_nhwc[_tf32]_halo_256x<BN>) for stride-1 convs of 32 input channels, the stem's
-// Conv2d_2a and 2b (32 -> 32 and 32 -> 64 channels, 3x3, 147x147). There the implicit GEMM is bound by L2, not by
-// the tensor cores: each of the KH x KW taps reads the whole input again (round 11: Conv2d_2b moves ~3.9 GB through
-// L2 for 0.36 GB of input, 0.82 ms at batch 128). Here a block copies the input rows its outputs need, once, and
-// every tap multiplies the same shared copy:
+// Halo tiles (sm_90a, "_halo_": conv_nhwc[_tf32]_halo_<BM>x<BN>) for stride-1 convs with several taps, first built
+// for the stem's Conv2d_2a and 2b (32 -> 32 and 32 -> 64 channels, 3x3, 147x147), then for Conv2d_4a (80 -> 192,
+// 3x3, 73x73) and the 35x35 modules' 3x3s and 5x5s. There the implicit GEMM is bound by L2, not by the tensor cores:
+// each of the KH x KW taps reads the whole input again (round 11: Conv2d_2b moves ~3.9 GB through L2 for 0.36 GB of
+// input, 0.82 ms at batch 128; session 5: Conv2d_4a's 128x192 tiles run L2 at 87 % of its peak). Here a block copies
+// the input rows its outputs need, once, and every tap multiplies the same shared copy:
 // - Output positions run over the padded-width grid of each image: q = oh Wg + u, Wg = W + 2 PW, u < Wg, of which
-//   u < Wo are outputs (the other KW - 1 columns of a row are computed and dropped: 1.3 % of Conv2d_2b's work).
-//   Then tap (r, s) of output q reads padded input position q + r Wg + s, so for a tile of BM consecutive q the
-//   A matrix of tap (r, s) is the shared rows [r Wg + s, r Wg + s + BM) of the tile's halo: its padded input
-//   positions q0 .. q0 + HALO_ROWS - 1, one row each (Cin 32: 128 bytes of tf32 in the 128-byte swizzle, 64 of fp16
-//   in the 64-byte one; positions in the padding and past the image are copied as zeros). A wgmma descriptor may
-//   start at any row of it (wgmma.cuh's desc_k_major_128b: the swizzle is a function of the address).
-// - L2 reads: HALO_ROWS / BM = 2.2x the input for Conv2d_2b's 149-wide grid, instead of 9x.
-// - The weights, KH KW BN rows (74 KB for tf32's 2b), stay in shared memory for the whole kernel.
+//   u < Wo are outputs (the other KW - 1 columns of a row are computed and dropped: 1.3 % of Conv2d_2b's work, 2.7 %
+//   of Conv2d_4a's). Then tap (r, s) of output q reads padded input position q + r Wg + s, so for a tile of BM
+//   consecutive q the A matrix of tap (r, s) is the shared rows [r Wg + s, r Wg + s + BM) of the tile's halo: its
+//   padded input positions q0 .. q0 + halo_rows - 1, one row each (positions in the padding and past the image are
+//   copied as zeros). A wgmma descriptor may start at any row (wgmma.cuh's desc_k_major_128b: the swizzle is a
+//   function of the address).
+// - A row holds HALO_CIN channels, one swizzle row (128 bytes of tf32 in the 128-byte swizzle, 64 of fp16 in the
+//   64-byte one), so wider inputs are cut into planes of HALO_CIN channels: the halo is planes x rows, the weights
+//   planes x taps x BN rows, and the K loop runs plane by plane, tap by tap. Cin is a multiple of 16: a last plane of
+//   16 channels takes half the row's k steps.
+// - L2 reads: halo_rows / BM = 2.2x the input for Conv2d_2b's 149-wide grid at BM 256 (2.2x for Conv2d_4a's 73-wide
+//   one at BM 128), instead of 9x.
+// - The weights of the block's BN channels (blockIdx.y: its channel tile; 74 KB for tf32's 2b, 111 KB for fp16's 4a
+//   at BN 64) stay in shared memory for the whole kernel.
 // - Warp-specialized and persistent as the _ws_ tiles: warpgroup 0 copies (the weights first, then each tile's
 //   halo into buffer L % 2 of the block's L-th tile), warpgroups 1 and 2 each take every other tile of the block,
-//   all 256 of its rows, so one multiplies while the other stores. full[b] / empty[b] hand buffer b over (the
+//   all BM of its rows, so one multiplies while the other stores. full[b] / empty[b] hand buffer b over (the
 //   producers' cp.async arrivals / the 4 warps of its consumer warpgroup).
-// Cout <= BN (one channel tile; Cout even), Cin = HALO_CIN, stride 1, no split-K (cuda.tiles.halo_fits). Launch:
-// HALO_THREADS threads, at most one block an SM, dynamic shared memory halo_smem_bytes(sizeof(element), BN, KH, KW,
-// Wg).
-constexpr int HALO_BM = 256, HALO_PRODUCERS = 128, HALO_CIN = 32;
+// Stride 1, Cin a multiple of 16, no split-K, shared memory within the opt-in limit (cuda.tiles.halo_fits). Launch:
+// HALO_THREADS threads, at most one block an SM, grid (blocks, ceil(Cout / BN)), dynamic shared memory
+// halo_smem_bytes(sizeof(element), BM, BN, Cin, KH, KW, Wg).
+constexpr int HALO_PRODUCERS = 128, HALO_CIN = 32;
 [[maybe_unused]] constexpr int HALO_THREADS = HALO_PRODUCERS + 256;  // cuda.tiles.HALO_THREADS
 [[maybe_unused]] constexpr int HALO_PRODUCER_REGS = 56, HALO_CONSUMER_REGS = 224;  // 128 x 56 + 256 x 224 <= 65,536
-__host__ __device__ constexpr int halo_rows(int kh, int kw, int wg) { return HALO_BM + (kh - 1) * wg + kw - 1; }
-// A halo buffer of rows of HALO_CIN elements of `elem` bytes, in whole 1024-byte swizzle patterns so that the next
-// one starts on one too.
-__host__ __device__ constexpr int halo_buffer_bytes(int elem, int kh, int kw, int wg) {
-    return (halo_rows(kh, kw, wg) * HALO_CIN * elem + 1023) / 1024 * 1024;
+__host__ __device__ constexpr int halo_rows(int bm, int kh, int kw, int wg) { return bm + (kh - 1) * wg + kw - 1; }
+__host__ __device__ constexpr int halo_planes(int cin) { return (cin + HALO_CIN - 1) / HALO_CIN; }
+// One plane of a halo buffer: its rows of HALO_CIN elements of `elem` bytes, in whole 1024-byte swizzle patterns so
+// that the next plane starts on one too.
+__host__ __device__ constexpr int halo_plane_bytes(int elem, int bm, int kh, int kw, int wg) {
+    return (halo_rows(bm, kh, kw, wg) * HALO_CIN * elem + 1023) / 1024 * 1024;
 }
 // The weights, two halo buffers, full[2] and empty[2] (cuda.tiles.halo_smem_bytes).
-__host__ __device__ constexpr int halo_smem_bytes(int elem, int bn, int kh, int kw, int wg) {
-    return kh * kw * bn * HALO_CIN * elem + 2 * halo_buffer_bytes(elem, kh, kw, wg) + 4 * 8;
+__host__ __device__ constexpr int halo_smem_bytes(int elem, int bm, int bn, int cin, int kh, int kw, int wg) {
+    return halo_planes(cin) * (kh * kw * bn * HALO_CIN * elem + 2 * halo_plane_bytes(elem, bm, kh, kw, wg)) + 4 * 8;
 }
 
-template <class E, int BN>
+// A count of k steps as a type, so that the loop over them unrolls inside a generic lambda.
+template <int N>
+struct HaloSteps {
+    static constexpr int value = N;
+};
+
+template <class E, int BM, int BN>
 __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
-    constexpr int PIECE = E::PIECE, MB = HALO_BM / 64;  // elements a 16-byte piece; 64-row blocks of a tile
+    constexpr int PIECE = E::PIECE, MB = BM / 64;  // elements a 16-byte piece; 64-row blocks of a tile
     // A row: 128 bytes of tf32 (8 pieces, 128-byte swizzle) or 64 of fp16 (4 pieces, 64-byte swizzle). Piece c of
     // the row at byte offset o of a 1024-byte aligned buffer goes to piece c ^ (o / 128 mod PIECES): the ISA's
     // swizzle of its address. A wgmma takes 32 bytes of each row (k8 of tf32, k16 of fp16).
-    constexpr int ROW = HALO_CIN * sizeof(T), PIECES = ROW / 16;
+    constexpr int ROW = HALO_CIN * sizeof(T), PIECES = ROW / 16, STEPS = ROW / 32;
     static_assert(ROW == 128 || ROW == 64, "a halo row is one swizzle row");
+    static_assert(BN * ROW % 1024 == 0, "each tap's weights start on a swizzle pattern");
     const auto swizzled = [](int row, int c) { return row * ROW + ((c ^ (row * ROW / 128 & (PIECES - 1))) << 4); };
     const auto descriptor = [](const void* p) {
         return ROW == 128 ? wgmma::desc_k_major_128b(p) : wgmma::desc_k_major_64b(p);
     };
-    const int taps = a.kh * a.kw, wg = a.w + 2 * a.pad_w, rows = halo_rows(a.kh, a.kw, wg);
-    const int buffer_bytes = halo_buffer_bytes(sizeof(T), a.kh, a.kw, wg);
-    unsigned char* const weights = wgmma_ring;  // [tap][n][ROW bytes], swizzled
-    unsigned char* const halo = wgmma_ring + taps * BN * ROW;
+    const int taps = a.kh * a.kw, wg = a.w + 2 * a.pad_w, rows = halo_rows(BM, a.kh, a.kw, wg);
+    const int planes = halo_planes(a.cin), plane_bytes = halo_plane_bytes(sizeof(T), BM, a.kh, a.kw, wg);
+    const int buffer_bytes = planes * plane_bytes, n0 = blockIdx.y * BN;  // n0: the block's first output channel
+    unsigned char* const weights = wgmma_ring;  // [plane][tap][n][ROW bytes], swizzled
+    unsigned char* const halo = wgmma_ring + planes * taps * BN * ROW;  // two buffers of [plane][row][ROW bytes]
     unsigned long long* const full = reinterpret_cast<unsigned long long*>(halo + 2 * buffer_bytes);
     unsigned long long* const empty = full + 2;
 #ifndef __CUDACC__
-    if (halo_smem_bytes(sizeof(T), BN, a.kh, a.kw, wg) > (int)sizeof(wgmma_ring)) {
+    if (halo_smem_bytes(sizeof(T), BM, BN, a.cin, a.kh, a.kw, wg) > (int)sizeof(wgmma_ring)) {
         std::fprintf(stderr, "emulator: a halo tile needs %d bytes of shared memory\n",
-                     halo_smem_bytes(sizeof(T), BN, a.kh, a.kw, wg));
+                     halo_smem_bytes(sizeof(T), BM, BN, a.cin, a.kh, a.kw, wg));
         std::abort();
     }
 #endif
@@ -728,31 +744,36 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
         }
     __syncthreads();
 
-    const int per_image = a.ho * wg, tiles_img = (per_image + HALO_BM - 1) / HALO_BM, tiles = a.batch * tiles_img;
+    const int per_image = a.ho * wg, tiles_img = (per_image + BM - 1) / BM, tiles = a.batch * tiles_img;
     const int k_total = taps * a.cin, p_total = a.batch * a.ho * a.wo;
 
     if (tid < HALO_PRODUCERS) {
         wgmma::max_registers<HALO_PRODUCER_REGS, false>();
         constexpr int STEP = HALO_PRODUCERS / PIECES;  // rows a pass of the producers covers
         const int piece = tid % PIECES, row0 = tid / PIECES;  // this thread copies piece `piece` of rows row0 + STEP i
-        for (int i = tid; i < taps * BN * PIECES; i += HALO_PRODUCERS) {  // (tap, n) rows of the weights
-            const int row = i / PIECES, tap = row / BN, n = row - tap * BN, c = i % PIECES;
-            cp_async::copy16_or_zero(weights + swizzled(row, c),
-                                     a.wr + (n < a.cout ? n * k_total + tap * a.cin + c * PIECE : 0), n < a.cout);
+        for (int i = tid; i < planes * taps * BN * PIECES; i += HALO_PRODUCERS) {  // (plane, tap, n) weight rows
+            const int row = i / PIECES, c = i % PIECES, plane = row / (taps * BN), tap = row / BN - plane * taps;
+            const int n = n0 + row % BN, k = plane * HALO_CIN + c * PIECE;
+            const bool ok = n < a.cout && k < a.cin;
+            cp_async::copy16_or_zero(weights + swizzled(row, c), a.wr + (ok ? n * k_total + tap * a.cin + k : 0), ok);
         }
         int local = 0;
         for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++local) {
-            const int buf = local & 1, b = i / tiles_img, q0 = (i - b * tiles_img) * HALO_BM;
+            const int buf = local & 1, b = i / tiles_img, q0 = (i - b * tiles_img) * BM;
             if (local >= 2) mbarrier::wait(empty + buf, ((local >> 1) - 1) & 1);
-            unsigned char* const dst = halo + buf * buffer_bytes;
-            int ph = (q0 + row0) / wg, pw = q0 + row0 - ph * wg;  // the row's padded input position
-            const T* const image = a.x + (size_t)b * a.h * a.w * a.x_cstride + piece * PIECE;
-            for (int row = row0; row < rows; row += STEP) {
-                const int ih = ph - a.pad_h, iw = pw - a.pad_w;
-                const bool ok = (unsigned)ih < (unsigned)a.h && (unsigned)iw < (unsigned)a.w;
-                cp_async::copy16_or_zero(dst + swizzled(row, piece), image + (ok ? (ih * a.w + iw) * a.x_cstride : 0),
-                                         ok);
-                for (pw += STEP; pw >= wg; pw -= wg) ++ph;
+            for (int plane = 0; plane < planes; ++plane) {
+                const int k = plane * HALO_CIN + piece * PIECE;  // the piece's first channel
+                const bool has = k < a.cin;
+                unsigned char* const dst = halo + buf * buffer_bytes + plane * plane_bytes;
+                int ph = (q0 + row0) / wg, pw = q0 + row0 - ph * wg;  // the row's padded input position
+                const T* const image = a.x + (size_t)b * a.h * a.w * a.x_cstride + (has ? k : 0);
+                for (int row = row0; row < rows; row += STEP) {
+                    const int ih = ph - a.pad_h, iw = pw - a.pad_w;
+                    const bool ok = has && (unsigned)ih < (unsigned)a.h && (unsigned)iw < (unsigned)a.w;
+                    cp_async::copy16_or_zero(dst + swizzled(row, piece),
+                                             image + (ok ? (ih * a.w + iw) * a.x_cstride : 0), ok);
+                    for (pw += STEP; pw >= wg; pw -= wg) ++ph;
+                }
             }
             cp_async::arrive_on(full + buf);  // once this thread's copies so far (the weights too) have landed
         }
@@ -767,25 +788,32 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
     const unsigned long long da0 = descriptor(halo + group * buffer_bytes);
     const NhwcStore<E> store{a, p_total, 0, 1};
     for (int local = group, i = blockIdx.x + group * gridDim.x; i < tiles; local += 2, i += 2 * gridDim.x) {
-        const int b = i / tiles_img, q0 = (i - b * tiles_img) * HALO_BM;
+        const int b = i / tiles_img, q0 = (i - b * tiles_img) * BM;
         float d[MB][BN / 2];
         int accumulate = 0;  // a register, not a constant (wgmma.cuh: C7515)
         mbarrier::wait(full + group, (local >> 1) & 1);
         wgmma::fence_proxy_async();  // the producers' copies, seen through the barrier, before the async proxy's reads
-        for (int r = 0; r < a.kh; ++r)
-            for (int s = 0; s < a.kw; ++s) {
-                wgmma::fence();  // each tap: else ptxas puts one in itself (C7519), as the loop is not unrolled
-                const unsigned long long da = da0 + (r * wg + s) * (ROW / 16);
-                const unsigned long long db = db0 + (r * a.kw + s) * (BN * ROW / 16);
+        // Plane by plane, tap by tap: the full planes' STEPS k steps, then a last plane of 16 channels' STEPS / 2,
+        // in loops of their own (a branch between the two inside the tap loop made the Cin-32 tiles 30-50 % slower).
+        const auto taps_of_plane = [&](int plane, auto steps) {
+            for (int r = 0; r < a.kh; ++r)
+                for (int s = 0; s < a.kw; ++s) {
+                    wgmma::fence();  // each tap: else ptxas puts one in itself (C7519), as the loop is not unrolled
+                    const unsigned long long da = da0 + (plane * plane_bytes + (r * wg + s) * ROW) / 16;
+                    const unsigned long long db = db0 + ((plane * taps + r * a.kw + s) * BN * ROW) / 16;
 #pragma unroll
-                for (int kk = 0; kk < ROW / 32; ++kk) {
+                    for (int kk = 0; kk < decltype(steps)::value; ++kk) {
 #pragma unroll
-                    for (int mb = 0; mb < MB; ++mb)
-                        E::template wgmma<BN>(d[mb], da + (mb * 64 * ROW + kk * 32) / 16, db + kk * 32 / 16,
-                                              accumulate);
-                    accumulate = 1;
+                        for (int mb = 0; mb < MB; ++mb)
+                            E::template wgmma<BN>(d[mb], da + (mb * 64 * ROW + kk * 32) / 16, db + kk * 32 / 16,
+                                                  accumulate);
+                        accumulate = 1;
+                    }
                 }
-            }
+        };
+        const int full_planes = a.cin / HALO_CIN;
+        for (int plane = 0; plane < full_planes; ++plane) taps_of_plane(plane, HaloSteps<STEPS>{});
+        if (full_planes < planes) taps_of_plane(full_planes, HaloSteps<STEPS / 2>{});
         wgmma::commit();
         wgmma::wait<0>();
         if (lane == 0) mbarrier::arrive(empty + group);
@@ -797,11 +825,11 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int q = q0 + 64 * mb + 16 * warp + lane / 4 + 8 * half, oh = q / wg, u = q - oh * wg;
-                pixel[mb][half] = u < a.wo && oh < a.ho ? (b * a.ho + oh) * a.wo + u : p_total;
+            for (int h = 0; h < 2; ++h) {
+                const int q = q0 + 64 * mb + 16 * warp + lane / 4 + 8 * h, oh = q / wg, u = q - oh * wg;
+                pixel[mb][h] = u < a.wo && oh < a.ho ? (b * a.ho + oh) * a.wo + u : p_total;
             }
-        store.template wgmma_pixels<MB, BN>(0, [&](int mb, int half) { return pixel[mb][half]; },
+        store.template wgmma_pixels<MB, BN>(n0, [&](int mb, int h) { return pixel[mb][h]; },
                                             [&](int mb, int i) { return d[mb][i]; });
     }
 }
@@ -916,13 +944,12 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)
 #endif
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
-// split: the consumers hold 4 x BN / 2 accumulators).
-static_assert(HALO_BM == 256, "the halo kernels' names say 256");
+// split: the consumers hold BM / 64 x BN / 2 accumulators).
 #ifdef IE_NHWC_HALO
-#define CONV_NHWC_HALO_KERNEL(NAME, E, BN) \
-    CONV_NHWC_ENTRY(NAME##_halo_256x##BN, E, HALO_THREADS, 1, (conv_nhwc_halo_gemm<E, BN>))
+#define CONV_NHWC_HALO_KERNEL(NAME, E, BM, BN) \
+    CONV_NHWC_ENTRY(NAME##_halo_##BM##x##BN, E, HALO_THREADS, 1, (conv_nhwc_halo_gemm<E, BM, BN>))
 #else
-#define CONV_NHWC_HALO_KERNEL(NAME, E, BN)
+#define CONV_NHWC_HALO_KERNEL(NAME, E, BM, BN)
 #endif
 
 // fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized, halo.
@@ -937,8 +964,11 @@ static_assert(HALO_BM == 256, "the halo kernels' names say 256");
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 128)      \
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 64)       \
     CONV_NHWC_WS_KERNEL(NAME, E, 256, 128)      \
-    CONV_NHWC_HALO_KERNEL(NAME, E, 64)          \
-    CONV_NHWC_HALO_KERNEL(NAME, E, 32)
+    CONV_NHWC_HALO_KERNEL(NAME, E, 256, 64)     \
+    CONV_NHWC_HALO_KERNEL(NAME, E, 256, 32)     \
+    CONV_NHWC_HALO_KERNEL(NAME, E, 128, 96)     \
+    CONV_NHWC_HALO_KERNEL(NAME, E, 128, 64)     \
+    CONV_NHWC_HALO_KERNEL(NAME, E, 128, 32)
 
 #ifdef IE_NHWC_F16
 CONV_NHWC_SM90_TILES(conv_nhwc, NhwcF16)

@@ -67,10 +67,12 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
         "+f"(d[i + 7])
 #define IE_WG_D16 IE_WG_D8(0), IE_WG_D8(8)
 #define IE_WG_D32 IE_WG_D16, IE_WG_D8(16), IE_WG_D8(24)
+#define IE_WG_D48 IE_WG_D32, IE_WG_D8(32), IE_WG_D8(40)
 #define IE_WG_D64 IE_WG_D32, IE_WG_D8(32), IE_WG_D8(40), IE_WG_D8(48), IE_WG_D8(56)
 #define IE_WG_D96 IE_WG_D64, IE_WG_D8(64), IE_WG_D8(72), IE_WG_D8(80), IE_WG_D8(88)
 #define IE_WG_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define IE_WG_R32 IE_WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define IE_WG_R48 IE_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define IE_WG_R64 \
     IE_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, " \
               "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -80,7 +82,7 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
 
 // Mma<N>::f16 / tf32 (one specialization per N, from IE_WGMMA with N's register lists):
 // d = A B (accumulate 0) or d += A B (accumulate 1) for one k step: fp16 (m64nNk16, both operands not transposed:
-// K-major) or tf32 (m64nNk8). N = 192, 128, 64, 32. The flag (scale-d) is a predicate set from a register. Starting
+// K-major) or tf32 (m64nNk8). N = 192, 128, 96, 64, 32. The flag (scale-d) is a predicate set from a register. Starting
 // a tile with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma
 // of one pipeline makes ptxas serialize them (C7515).
 #define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC, OPS)                                                              \
@@ -105,6 +107,7 @@ template <int N>
 struct Mma;
 IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98", IE_WG_D96)
 IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", IE_WG_D64)
+IE_WGMMA(96, 48, IE_WG_R48, "%48", "%49", "%50", IE_WG_D48)
 IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34", IE_WG_D32)
 IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18", IE_WG_D16)
 }  // namespace wgmma

@@ -43,7 +43,7 @@ built. The package re-exports every module's public names, so ``from inception_e
 
 from __future__ import annotations
 
-from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_BM, HALO_CIN, HALO_SPEEDS, HALO_THREADS,
+from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_CIN, HALO_SPEEDS, HALO_THREADS,
                     INPUT_MAX_K, INPUT_MMA_MAX_K, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE, KERNEL_SIZES,
                     MAX_SHARED_BYTES, NAN_BITS, NHWC_ELEMS, NHWC_F32_WGMMA_TILES, NHWC_PIECE, NHWC_TF32_TILES,
                     NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem, PRECISIONS, TF32_TILES, THREADS,

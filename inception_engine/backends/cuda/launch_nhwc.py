@@ -13,7 +13,7 @@ from ...errors import EngineError
 from ...plan import ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, writes
 from .cost_model import ConvConfig
 from .launch import LaunchSpec, fc_specs, softmax_spec
-from .tiles import (HALO_BM, HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
+from .tiles import (HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
                     NHWC_PIECE, THREADS, WS_THREADS, blocks, halo_fits, halo_smem_bytes, input_mma_blocks,
                     input_mma_smem_bytes, input_tile, is_halo, is_ws, wgmma_ring_bytes)
 from .workspace import workspace_layout
@@ -109,8 +109,9 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
                     ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
     """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv), and its
     split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
-    NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an SM), or
-    one per tile where there are fewer or num_sms is None."""
+    NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an
+    SM; a halo tile's split between its channel tiles, grid.y), or one per tile where there are fewer or num_sms is
+    None."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total
@@ -133,11 +134,14 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     kernel = f"{t.prefix}_{t.name}"
     grid = (blocks(p_total, t.bm), blocks(cout, t.bn), cfg.splits)
     block, shared = WS_THREADS if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
-    if is_halo(kernel):  # tiles of HALO_BM positions of each image's padded-width grid (conv_nhwc.cu)
+    if is_halo(kernel):  # tiles of t.bm positions of each image's padded-width grid, by channel tiles (conv_nhwc.cu)
         assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
-        wg = wd + 2 * op.pad[1]
-        grid, block, shared = (n * blocks(ho * wg, HALO_BM), 1, 1), HALO_THREADS, halo_smem_bytes(t, op.kernel, wg)
-    if is_ws(kernel) or is_halo(kernel):
+        wg, channel_tiles = wd + 2 * op.pad[1], blocks(cout, t.bn)
+        tiles = n * blocks(ho * wg, t.bm)
+        per_channel_tile = tiles if num_sms is None else max(1, num_sms // channel_tiles)
+        grid = (min(tiles, per_channel_tile), channel_tiles, 1)
+        block, shared = HALO_THREADS, halo_smem_bytes(t, op.kernel, wg, cin)
+    elif is_ws(kernel):
         tiles = math.prod(grid)
         grid = (min(tiles, num_sms or tiles), 1, 1)
     specs = [LaunchSpec(op.name, kernel, grid, (block, 1, 1), args, shared)]

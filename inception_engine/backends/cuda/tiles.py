@@ -6,7 +6,7 @@ the model's speed. The families, by source:
 
 - conv.cu (FFMA, fp32 NCHW) ``TILES``, conv_tf32.cu ``TF32_TILES``, conv_f16.cu ``F16_TILES``: ``TILES_OF[precision]``;
 - conv_nhwc.cu, per element type ``NHWC_ELEMS[precision]``: mma.sync tiles (fp16, tf32) and, on sm_90a, wgmma tiles
-  (``wgmma_tile``), warp-specialized persistent ones (``ws_tile``) and the stem's halo ones (``halo_tile``);
+  (``wgmma_tile``), warp-specialized persistent ones (``ws_tile``) and the halo ones (``halo_tile``);
   conv_input_nhwc.cu ``INPUT_TILE``;
 - winograd.cu's batched GEMM ``WINO_TILES``.
 
@@ -122,19 +122,21 @@ def is_ws(kernel_or_prefix: str) -> bool:
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
 
 
-# conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of HALO_CIN input channels and Cout <= BN, the
-# stem's Conv2d_2a and 2b. HALO_BM positions of the padded-width grid a tile, HALO_THREADS threads, one block an SM,
-# at most one block per SM launched; the weights and two tiles' input rows in up to MAX_SHARED_BYTES of shared memory.
-# HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32 halves them): fitted to tf32's Conv2d_2b on h256x64 (0.514 ms) and
-# Conv2d_2a on h256x32 (0.321 ms) at batch 128 (H100, round 12), through conv_config's formula.
-HALO_BM, HALO_THREADS, HALO_CIN = 256, 384, 32
-HALO_SPEEDS = {64: 1790e3, 32: 1620e3}
+# conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
+# the stem's Conv2d_2a and 2b, then Conv2d_4a and the 35x35 modules' 3x3s and 5x5s. bm positions of the padded-width
+# grid a tile, bn output channels (grid.y: ceil(Cout / bn) channel tiles), HALO_THREADS threads, one block an SM;
+# the bn channels' weights and two tiles' input rows, in planes of HALO_CIN channels, in up to MAX_SHARED_BYTES of
+# shared memory. HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32 halves them): 256 x 64 and 256 x 32 fitted to tf32's
+# Conv2d_2b (0.514 ms) and Conv2d_2a (0.321 ms) at batch 128 (H100, round 12), through conv_config's formula; the
+# 128-position tiles' are the 256 ones' of their bn (96: 64's), a guess until measured.
+HALO_THREADS, HALO_CIN, HALO_K_MULTIPLE = 384, 32, 16
+HALO_SPEEDS = {(256, 64): 1790e3, (256, 32): 1620e3, (128, 96): 1790e3, (128, 64): 1790e3, (128, 32): 1620e3}
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 
 
-def halo_tile(bn: int, precision: str) -> Tile:
-    """conv_nhwc.cu's halo tile of HALO_BM grid positions x bn channels (fp16, tf32); bk: one tap of HALO_CIN."""
-    return Tile(HALO_BM, bn, HALO_CIN, 1, HALO_SPEEDS[bn] / WGMMA_SLOWDOWN[precision],
+def halo_tile(bm: int, bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's halo tile of bm grid positions x bn channels (fp16, tf32); bk: one tap of a HALO_CIN plane."""
+    return Tile(bm, bn, HALO_CIN, 1, HALO_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
                 f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False)
 
 
@@ -142,19 +144,21 @@ def is_halo(kernel_or_prefix: str) -> bool:
     return kernel_or_prefix.endswith("_halo") or "_halo_" in kernel_or_prefix
 
 
-def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int) -> int:
-    """conv_nhwc.cu's halo_smem_bytes(): the weights (KH KW bn rows of HALO_CIN elements), two buffers of the
-    tile's input rows (HALO_BM + (KH - 1) Wg + KW - 1 of them, in whole KB), four mbarriers; wg: the padded input
-    width."""
+def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int, cin: int) -> int:
+    """conv_nhwc.cu's halo_smem_bytes(): per plane of HALO_CIN input channels, the weights (KH KW bn rows) and two
+    buffers of the tile's input rows (bm + (KH - 1) Wg + KW - 1 of them, in whole KB); four mbarriers. wg: the padded
+    input width."""
     (kh, kw), row = kernel, HALO_CIN * (4 if tile.prefix.startswith("conv_nhwc_tf32") else 2)
-    rows = HALO_BM + (kh - 1) * wg + kw - 1
-    return kh * kw * tile.bn * row + 2 * (-(-rows * row // 1024) * 1024) + 4 * 8
+    rows, planes = tile.bm + (kh - 1) * wg + kw - 1, -(-cin // HALO_CIN)
+    return planes * (kh * kw * tile.bn * row + 2 * (-(-rows * row // 1024) * 1024)) + 4 * 8
 
 
 def halo_fits(op: ConvOp, tile: Tile) -> bool:
-    """A halo tile computes this conv: stride 1, Cin = HALO_CIN, Cout <= its bn, shared memory to spare."""
-    return (op.stride == 1 and op.src.channels == HALO_CIN and op.dst.channels <= tile.bn
-            and halo_smem_bytes(tile, op.kernel, op.src.w + 2 * op.pad[1]) <= MAX_SHARED_BYTES)
+    """A halo tile computes this conv: stride 1, more than one tap (the copy is shared between taps), Cin a
+    multiple of HALO_K_MULTIPLE, its shared memory within the limit."""
+    cin = op.src.channels
+    return (op.stride == 1 and op.kernel[0] * op.kernel[1] > 1 and cin % HALO_K_MULTIPLE == 0
+            and halo_smem_bytes(tile, op.kernel, op.src.w + 2 * op.pad[1], cin) <= MAX_SHARED_BYTES)
 
 
 def input_mma_smem_bytes(op: ConvOp, elem_bytes: int) -> int:
@@ -190,7 +194,7 @@ def tile_fits(op: ConvOp, tile: Tile) -> bool:
 
 def tile_label(tile: Tile) -> str:
     """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128) and halo
-    ones (h256x64) from its mma.sync ones of the same shape."""
+    ones (h128x64) from its mma.sync ones of the same shape."""
     kind = "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix) else "w" if "_wgmma" in tile.prefix else ""
     return kind + tile.name
 
@@ -199,10 +203,10 @@ def tile_label(tile: Tile) -> str:
 # ones.
 NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
                     + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS)
-                    + tuple(halo_tile(bn, "fp16") for bn in HALO_SPEEDS))
+                    + tuple(halo_tile(bm, bn, "fp16") for bm, bn in HALO_SPEEDS))
 NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
                          + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
-                         + tuple(halo_tile(bn, "tf32") for bn in HALO_SPEEDS))
+                         + tuple(halo_tile(bm, bn, "tf32") for bm, bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the
 # FMA units, 256 pixels x 32 channels per block (one pixel per thread), every precision. INPUT_MMA_TILE: on the tensor
