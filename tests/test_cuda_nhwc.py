@@ -133,6 +133,9 @@ def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precisi
     assert all(configs[op.name].k_split % tiles[0].bk == 0 for op in rest)
     assert configs["fc"] is None or configs["fc"].tile in cb.TILES_OF[precision]
     assert any(configs[op.name].tile in cb.NHWC_ELEMS[precision].wgmma_tiles for op in rest) == wgmma
+    # unmeasured, the model puts halo tiles on single-plane inputs only (cost_model.model_takes): the stem's 2a, 2b
+    assert {op.name for op in rest if cb.is_halo(configs[op.name].tile.prefix)} == (
+        {"Conv2d_2a_3x3", "Conv2d_2b_3x3"} if precision != "fp32" and wgmma else set())
     sets = cb.tuning_candidates(plan, 132, False, precision, True, nhwc=True, wgmma=wgmma)
     # a set per tile: the convs that tile computes on it (a halo tile: stride-1 convs of several taps), the others
     # on tiles that compute them

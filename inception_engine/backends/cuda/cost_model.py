@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ...errors import EngineError
 from ...plan import ConvOp, FCOp, Plan
-from .tiles import (KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
+from .tiles import (HALO_CIN, KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
                     check_nhwc_precision, input_tile, is_halo, tile_fits)
 from .winograd import WINO_MIN_BATCH, WINO_VARIANTS, WinogradShape, winograd_eligible, winograd_shape
 
@@ -115,6 +115,15 @@ def uses_gemv(op: FCOp) -> bool:
     return src.n == 1 and src.channels % 4 == 0 and (src.offset + src.c_offset * src.h * src.w) % 4 == 0
 
 
+def model_takes(op: ConvOp, tile: Tile) -> bool:
+    """Whether the model may pick this tile for this conv unmeasured. Halo tiles only on single-plane inputs (Cin =
+    HALO_CIN, the stem's 2a and 2b, where they won measured since round 12): on wider inputs the model, which does
+    not see their set-up (weights copied per block, halo rows beyond the tile) nor their shared-memory bound, picked
+    them for most 35x35 and 17x17 layers and the untuned fp16 forward went 0.38 -> 0.42 ms at batch 1 and 2.82 ->
+    3.05 ms at batch 64 (session 5, call 7). Tuning measures them everywhere they fit."""
+    return not is_halo(tile.prefix) or op.src.channels == HALO_CIN
+
+
 def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str = "fp32",
                    winograd: bool | None = None, tiles: tuple[Tile, ...] | None = None,
                    nhwc: bool = False, wgmma: bool = False) -> dict[str, ConvConfig | None]:
@@ -135,15 +144,17 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
     if nhwc:
         check_nhwc_precision(precision, wgmma)
+    asked = tiles is not None  # a subset asked for (tuning, tune_tiles.py), else the model's own choice
     conv_tiles = tiles or (NHWC_ELEMS[precision].tiles(wgmma) if nhwc else TILES_OF[precision])
     tiles = TILES_OF[precision] if nhwc else conv_tiles
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
         if isinstance(op, ConvOp) and nhwc:
             reads_input = op.src.buffer == plan.input.buffer
-            # a set of tiles none of which computes this conv (a halo tile alone, in tuning) leaves it to the model
-            fit = tuple(t for t in conv_tiles if tile_fits(op, t)) or tuple(
-                t for t in NHWC_ELEMS[precision].tiles(wgmma) if tile_fits(op, t))
+            # the model's own choice among the tiles it trusts; a set of tiles none of which computes this conv (a
+            # halo tile alone, in tuning) leaves it to the model too
+            model_fit = tuple(t for t in NHWC_ELEMS[precision].tiles(wgmma) if tile_fits(op, t) and model_takes(op, t))
+            fit = (tuple(t for t in conv_tiles if tile_fits(op, t)) if asked else ()) or model_fit
             configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
                                            op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
                                            (input_tile(op, precision),) if reads_input else fit,
