@@ -27,9 +27,15 @@
 #    overhead on one GPU against Engine.predict_iter on 4,096 generated JPEGs (RAY_IMAGES=N for another number)
 # 10. (group floor) scripts/gemm_floor.py: every conv of the forward as a plain GEMM in cuBLAS, beside ours, fp16
 #    and tf32 at batch 128 (issue 23's measured floor)
+# 11. (group autotune) torch.compile(mode="max-autotune") beside ours and reduce-overhead, fp16, batch 128. Its
+#    autotuning (~44 GEMMs and convs, ~11 s each on an H100) outlasts one device command, so its results persist in
+#    Inductor's cache, TORCHINDUCTOR_CACHE_DIR (default .inductor_cache, git-ignored: carry it), and each call resumes
+#    where the last one stopped. The cache's autotuning results come back as $OUT/inductor_autotune_cache.tar.xz:
+#    unpack it at the repo root (`tar -xJf FILE`) before the next call. Two calls did it in session 5 (PERFORMANCE.md).
 #
 #   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
-#                                            ray (9), floor (10); default: all but compile, ray and floor
+#                                            ray (9), floor (10), autotune (11); default: all but compile, ray,
+#                                            floor and autotune
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -39,7 +45,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && $1 != compile && $1 != ray && $1 != floor) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -140,6 +146,17 @@ if want compile; then
     bench "bench compile $p" 170 --backends cuda,torch-graph,torch-compile --precision "$p" --batch-sizes $sizes \
       --iters 50 --no-reference --json "$OUT/bench_compile_$p.json"
   done
+fi
+
+# max-autotune, resumable across calls through Inductor's on-disk cache (the header's group 11).
+if want autotune; then
+  export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/.inductor_cache}
+  mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
+  bench "bench max-autotune" 570 --backends torch-compile-max,cuda,torch-compile --precision fp16 --batch-sizes 128 \
+    --iters 50 --no-reference --json "$OUT/bench_autotune.json"
+  grep -c "AUTOTUNE benchmarking takes" "$OUT/inception_bench.log" | sed 's/^/ops autotuned in this call: /'
+  [ -d "$TORCHINDUCTOR_CACHE_DIR/cache" ] && tar -cJf "$OUT/inductor_autotune_cache.tar.xz" \
+    -C "$(dirname "$TORCHINDUCTOR_CACHE_DIR")" "$(basename "$TORCHINDUCTOR_CACHE_DIR")/cache"
 fi
 
 # Issue 23's floor: each conv of the forward as the plain GEMM cuBLAS runs (scripts/gemm_floor.py), beside ours.
