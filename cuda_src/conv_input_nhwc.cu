@@ -52,21 +52,19 @@
 #define CONV_INPUT_COUT 32    // output channels per thread (and per block)
 #define CONV_INPUT_MAX_K 256  // shared memory for 256 x 32 weights, 32 KB
 
+// The launch's arguments (cuda.kernels.ARG_FORMATS), y of element type T: the parameters of both versions below.
+#define CONV_INPUT_PARAMS(T)                                                                                        \
+    const float *__restrict__ x, const float *__restrict__ wt, const float *__restrict__ bias, T *__restrict__ y,  \
+        int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, int kw, int stride,      \
+        int pad_h, int pad_w, int relu
 // An entry point of this file: BODY<E>, one of the two versions below, on the launch's arguments.
-#define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS)                                                                    \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                                            \
-        NAME(const float* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ bias,              \
-             E::T* __restrict__ y, int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, \
-             int kw, int stride, int pad_h, int pad_w, int relu) {                                                   \
-        BODY<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu);      \
+#define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS)                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(CONV_INPUT_PARAMS(E::T)) {                        \
+        BODY<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu); \
     }
 
 template <class E>
-__device__ __forceinline__ void conv_input_pixel(const float* __restrict__ x, const float* __restrict__ wt,
-                                                 const float* __restrict__ bias, typename E::T* __restrict__ y,
-                                                 int batch, int cin, int h, int w, int cout, int ho, int wo,
-                                                 int y_cstride, int kh, int kw, int stride, int pad_h, int pad_w,
-                                                 int relu) {
+__device__ __forceinline__ void conv_input_pixel(CONV_INPUT_PARAMS(typename E::T)) {
     constexpr int CO = CONV_INPUT_COUT, PIECE = E::PIECE;
     __shared__ __align__(16) float ws[CONV_INPUT_MAX_K][CO];
     const int k_total = cin * kh * kw, m0 = blockIdx.y * CO;
@@ -228,11 +226,7 @@ __device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __
 // that what depends on the weights alone, B fragments, the fragments' offsets and the bias, is set up once for them).
 // The next row's copy is issued as soon as the current row's math is done, and lands while its output is stored.
 template <class E>
-__device__ __forceinline__ void conv_input_mma_rows(const float* __restrict__ x, const float* __restrict__ wt,
-                                                    const float* __restrict__ bias, typename E::T* __restrict__ y,
-                                                    int batch, int cin, int h, int w, int cout, int ho, int wo,
-                                                    int y_cstride, int kh, int kw, int stride, int pad_h, int pad_w,
-                                                    int relu) {
+__device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E::T)) {
     using F = InputFragments<E>;
     using T = typename E::T;
     constexpr int CO = CONV_INPUT_COUT, NJ = CO / 8, STEPS = CONV_INPUT_MMA_K / F::STEP, PACK = F::PACK;
