@@ -167,9 +167,13 @@ def local_image_files(sources: list[str], exts: set[str]) -> list[str] | None:
         if os.path.isfile(src):
             files.append(src)
         elif os.path.isdir(src):
-            found = (os.path.join(d, name) for d, _, names in os.walk(src) for name in names
-                     if os.path.splitext(name)[1].lower() in exts)
-            files += sorted(f for f in found if not os.path.relpath(f, src).startswith((".", "_")))
+            found = []
+            for d, dirs, names in os.walk(src):
+                if d == src:  # the hidden and "_" entries at the top are left out, so not walked into either
+                    dirs[:] = [n for n in dirs if not n.startswith((".", "_"))]
+                    names = [n for n in names if not n.startswith((".", "_"))]
+                found += (os.path.join(d, n) for n in names if os.path.splitext(n)[1].lower() in exts)
+            files += sorted(found)
         else:
             return None
     return files

@@ -151,10 +151,10 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     for op in plan.ops:
         if isinstance(op, ConvOp) and nhwc:
             reads_input = op.src.buffer == plan.input.buffer
-            # the model's own choice among the tiles it trusts; a set of tiles none of which computes this conv (a
-            # halo tile alone, in tuning) leaves it to the model too
-            model_fit = tuple(t for t in NHWC_ELEMS[precision].tiles(wgmma) if tile_fits(op, t) and model_takes(op, t))
-            fit = (tuple(t for t in conv_tiles if tile_fits(op, t)) if asked else ()) or model_fit
+            # the tiles asked for, or the model's own choice among those it trusts; a set of tiles none of which
+            # computes this conv (a halo tile alone, in tuning) leaves it to the model
+            fit = tuple(t for t in conv_tiles if tile_fits(op, t) and (asked or model_takes(op, t))) or tuple(
+                t for t in NHWC_ELEMS[precision].tiles(wgmma) if tile_fits(op, t) and model_takes(op, t))
             configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
                                            op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
                                            (input_tile(op, precision),) if reads_input else fit,
