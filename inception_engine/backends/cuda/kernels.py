@@ -15,8 +15,8 @@ from typing import Any
 
 from ... import cuda_build
 from .device import driver
-from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile,
-                    is_halo, wgmma_ring_bytes)
+from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, NHWC_ELEMS, TF32_TILES, TILES,
+                    WINO_TILES, Tile, is_halo, wgmma_ring_bytes)
 from .winograd import WINO_VARIANTS
 
 
