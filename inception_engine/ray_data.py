@@ -277,8 +277,14 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
+        have = int(ray.cluster_resources().get("GPU", 0))
         if gpus is None:
-            gpus = int(ray.cluster_resources().get("GPU", 0))
+            gpus = have
+        elif gpus > have and address in (None, "", "local") and not os.environ.get("RAY_ADDRESS"):
+            # this machine's cluster cannot grow: Ray would wait for the missing GPUs forever. A remote cluster may
+            # be autoscaling, so there the job is left to wait for them.
+            raise EngineError(f"--gpus {gpus}: the local Ray cluster has {have} GPU{'s' * (have != 1)}; give "
+                              + (f"--gpus {have} or fewer" if have else "--gpus 0 (a cpu-backend actor)"))
         nodes = sum(1 for n in ray.nodes() if n["Alive"])
         t0 = time.perf_counter()
         ds = read_images(sources)

@@ -32,10 +32,14 @@
 #    Inductor's cache, TORCHINDUCTOR_CACHE_DIR (default .inductor_cache, git-ignored: carry it), and each call resumes
 #    where the last one stopped. The cache's autotuning results come back as $OUT/inductor_autotune_cache.tar.xz:
 #    unpack it at the repo root (`tar -xJf FILE`) before the next call. Two calls did it in session 5 (PERFORMANCE.md).
+# 12. (group multigpu) scripts/bench_multi_gpu.py on a machine of several GPUs: 16,384 generated JPEGs through
+#    inception-run --gpus N and inception-run --ray local --gpus N, 1..N GPUs, fp16 and fp32, CPU and GPU decode, with
+#    the decode, forward and PCIe ceilings (MULTIGPU_ARGS for other options). Carry .raykit and .whl with the slim
+#    nvImageCodec wheel (scripts/slim_nvimgcodec_wheel.py): the whole one would put the call over 64 MiB.
 #
 #   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
-#                                            ray (9), floor (10), autotune (11); default: all but compile, ray,
-#                                            floor and autotune
+#                                            ray (9), floor (10), autotune (11), multigpu (12);
+#                                            default: all but compile, ray, floor, autotune and multigpu
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -45,7 +49,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -186,6 +190,14 @@ print('jpegs in', bench_e2e.jpeg_folder(${RAY_IMAGES:-4096}))"
   fi
 fi
 
+# Images/s on 1..N GPUs of this machine (issue 21): inception-run --gpus N and Ray Data, with the ceilings.
+if want multigpu; then
+  source scripts/ray_kit.sh install >>"$OUT/multigpu.log" 2>&1 || echo "multigpu: no Ray kit, Ray rows fail" >>"$OUT/multigpu.log"
+  gpus=$(nvidia-smi -L | wc -l)
+  step "bench multi-gpu" multigpu.log 560 python3 scripts/bench_multi_gpu.py --gpus "$(seq -s, 1 "$gpus")" \
+    --json "$OUT/multigpu.json" ${MULTIGPU_ARGS:-}
+fi
+
 if want kernels; then
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
@@ -234,6 +246,7 @@ fi
   awk '/^[0-9]+ images in /{p=1} p' "$OUT/e2e.log" 2>/dev/null
   grep -E "^[0-9]+ images, batch|^Engine.predict_iter|^Ray Data \(|^Ray floor" "$OUT/ray.log" 2>/dev/null
   grep -E "^(NVIDIA|convs, one|other ops|compute floor)" "$OUT/floor.log" 2>/dev/null
+  awk '/^[0-9]+ JPEGs, batch/{p=1} p' "$OUT/multigpu.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"

@@ -97,6 +97,15 @@ def test_inception_run_ray(ray_session, photos, weights_file, inception_run_line
     assert again.exit_code == 2 and "holds files already" in again.stderr
 
 
+def test_more_gpus_than_the_local_cluster_has_is_one_line(ray_session, photos, weights_file, tmp_path):
+    # the module's cluster has no GPU: without the check Ray would wait for one forever
+    result = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--weights", str(weights_file),
+                                           "--backend", "cpu", "--gpus", "1", "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == "error: --gpus 1: the local Ray cluster has 0 GPUs; give --gpus 0 (a cpu-backend " \
+                                    "actor)"
+
+
 def test_without_ray_one_line(monkeypatch, photos, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as where it is not installed
     result = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--output", str(tmp_path / "o")])
