@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,6 +38,8 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
     round trip a chunk, not an image: the parent's thread that takes them also writes the output)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
+    # the parent ends a worker with SIGTERM: leave through the with-block, which shuts the decode processes down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         with Engine(**engine_args) as engine:
             done: list[Prediction] = []
@@ -79,7 +82,9 @@ def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None
                    "decode": decode}
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
     queues = [ctx.Queue() for _ in shares]
-    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q), daemon=True)
+    # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes
+    # (found on a 2-GPU machine: every long run with CPU decode failed). The finally below ends them instead.
+    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q))
              for g, (share, q) in enumerate(zip(shares, queues)) if share]
     for p in procs:
         p.start()

@@ -10,8 +10,9 @@ Each row is one ``inception-run`` command in a fresh process, timed from its sta
 for), once on the whole folder and once on its first ``--small`` images. The two give the rate a long run (100,000
 photos) settles at, ``(N - n) / (t_N - t_n)``, and the fixed cost apart (interpreter, weights, kernels from the
 cache, decode workers, Ray's local cluster). Before the rows one untimed run per precision measures each conv's
-kernels (the tuning cache a second run finds), and each row's small run is made twice, the first untimed, so that
-a row never pays for a compile the others got from the cache.
+kernels (the tuning cache a second run finds), and each inception-run row's small run is made twice, the first
+untimed, so that a row never pays for a compile the others got from the cache (of Ray's rows, the first only: a Ray
+start is ~25 s).
 
 The ceilings beside the rows say where the limit sits:
 - decode: the decode worker processes alone writing into the host ring, no forward, on all the CPUs and on a
@@ -35,7 +36,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -78,9 +78,10 @@ def run_command(folder: Path, limit: int | None, opts: list[str], ray: bool, tmp
     return seconds, {Path(k).name: v for k, v in top1.items()}
 
 
-def measure_row(folder: Path, n: int, small: int, opts: list[str], ray: bool, repeats: int) -> dict:
+def measure_row(folder: Path, n: int, small: int, opts: list[str], ray: bool, repeats: int, warm: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        run_command(folder, small, opts, ray, Path(tmp))  # untimed: this row's own first start
+        if warm:
+            run_command(folder, small, opts, ray, Path(tmp))  # untimed: a first start's compiles
         t_small, t_full = [], []
         for _ in range(repeats):
             t_small.append(run_command(folder, small, opts, ray, Path(tmp))[0])
@@ -198,12 +199,15 @@ def main() -> None:
                  for g in gpu_counts]
         if not args.no_ray:
             plans += [(p, "cpu", g, True) for p in args.precisions.split(",") for g in gpu_counts]
+        ray_warmed = False
         for precision, decode, g, ray in plans:
             opts = ["--weights", weights, "--backend", args.backend, "--precision", precision, "--batch-size",
                     str(args.batch_size), "--gpus", str(g)] + ([] if ray else ["--decode", decode])
             label = f"{'ray' if ray else 'inception-run'} {precision} decode {decode} gpus {g}"
             try:
-                row = measure_row(folder, n, args.small, opts, ray, args.repeats)
+                # the first row of each kind warms up (a Ray start is ~25 s: once is enough for its caches)
+                row = measure_row(folder, n, args.small, opts, ray, args.repeats, warm=not ray or not ray_warmed)
+                ray_warmed |= ray
             except Exception as e:  # one row failing (a missing wheel, say) leaves the others to run
                 print(f"{label}: FAILED {e}", flush=True)
                 result["rows"].append({"label": label, "error": str(e)})

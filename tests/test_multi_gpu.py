@@ -29,14 +29,16 @@ def test_deal_round_robin():
     assert deal(paths[:3], 4, 2) == [["0", "1"], ["2"], [], []]
 
 
-def test_two_workers_write_what_one_process_writes(weights_file, tmp_path):
+@pytest.mark.parametrize("kind", ["thread", "process"])  # process: each worker starts decode processes of its own
+def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind):
     d = tmp_path / "photos"
     d.mkdir()
     rng = np.random.default_rng(2)
     for i in range(11):
         Image.fromarray(rng.integers(0, 256, (90, 100 + 3 * i, 3), dtype=np.uint8)).save(d / f"{i:02d}.jpg")
     (d / "05b.jpg").write_text("not a picture")
-    args = [str(d), "--weights", str(weights_file), "--backend", "cpu", "--batch-size", "2", "--top-k", "3"]
+    args = [str(d), "--weights", str(weights_file), "--backend", "cpu", "--batch-size", "2", "--top-k", "3",
+            "--worker-kind", kind, "--workers", "2"]
     one = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / "one.jsonl")])
     two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2", "--output", str(tmp_path / "two.jsonl")])
     assert one.exit_code == two.exit_code == 1, two.output  # 05b.jpg
