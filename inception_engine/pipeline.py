@@ -128,8 +128,12 @@ _worker_ring: np.ndarray | None = None  # a worker process's view of the shared 
 _worker_shm: shared_memory.SharedMemory | None = None
 
 
-def _attach_ring(name: str, shape: tuple[int, ...]) -> None:
-    global _worker_ring, _worker_shm
+_worker_pre: Preprocess | None = None
+
+
+def _attach_ring(name: str, shape: tuple[int, ...], pre: Preprocess) -> None:
+    global _worker_ring, _worker_shm, _worker_pre
+    _worker_pre = pre  # once per process, not pickled with every task
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     # The parent owns and unlinks the segment. Forkserver workers share the parent's resource tracker, whose record
     # of the name is a set: attaching here registers nothing new, and the parent's unlink clears it.
@@ -137,18 +141,29 @@ def _attach_ring(name: str, shape: tuple[int, ...]) -> None:
     _worker_ring = np.ndarray(shape, np.uint8, buffer=_worker_shm.buf)
 
 
-def _decode_in_worker(slot: int, source: str, pre: Preprocess) -> str | None:
-    assert _worker_ring is not None, "worker started without the ring"
-    return decode_into(_worker_ring, slot, source, pre)
+def _decode_chunk_in_worker(slots: list[int], sources: list[str]) -> list[str | None]:
+    assert _worker_ring is not None and _worker_pre is not None, "worker started without the ring"
+    return [decode_into(_worker_ring, slot, source, _worker_pre) for slot, source in zip(slots, sources)]
+
+
+def process_chunk(slots: int, workers: int) -> int:
+    """Images per task sent to a decode process. A task costs the parent ~200 us of CPU (pickling, the executor's
+    queue and result threads) and an image in it ~20 us more (measured on the development machine), and the
+    parent's threads share one GIL with the pipeline: one image a task capped a 32-CPU machine at ~3,200 images/s
+    (docs/PERFORMANCE.md, "Multi-GPU"). Chunks as large as leave every worker two tasks in the ring, up to 16."""
+    return max(1, min(16, slots // (2 * workers)))
 
 
 class DecodePool:
-    """Workers that decode images into a HostRing's slots."""
+    """Workers that decode images into a HostRing's slots. Process workers get images ``chunk`` at a time:
+    ``submit`` holds them back until a chunk is full or ``flush`` is called, which a caller must do before waiting
+    on a future."""
 
-    def __init__(self, ring: HostRing, pre: Preprocess, workers: int, kind: str = "thread"):
+    def __init__(self, ring: HostRing, pre: Preprocess, workers: int, kind: str = "thread", chunk: int = 1):
         if kind not in WORKER_KINDS[1:]:
             raise EngineError(f"unknown worker kind {kind!r}; choose one of {', '.join(WORKER_KINDS)}")
-        self.ring, self.pre, self.kind = ring, pre, kind
+        self.ring, self.pre, self.kind, self.chunk = ring, pre, kind, chunk
+        self._pending: list[tuple[int, str, Future]] = []
         self._pool: Executor
         if kind == "process":
             assert ring.shm is not None, "process workers need a shared ring"
@@ -156,18 +171,42 @@ class DecodePool:
 
             # forkserver: a fresh interpreter, not a fork of one that holds a CUDA context and threads.
             self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                                             initializer=_attach_ring, initargs=(ring.shm.name, ring.array.shape))
+                                             initializer=_attach_ring,
+                                             initargs=(ring.shm.name, ring.array.shape, pre))
         else:
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="decode")
 
     def submit(self, slot: int, source: ImageSource) -> Future:
         if self.kind == "process" and not isinstance(source, Image.Image):
-            return self._pool.submit(_decode_in_worker, slot, str(source), self.pre)
-        if self.kind == "process":  # an in-memory image cannot cross to a process cheaply: decode it here
             f: Future = Future()
+            self._pending.append((slot, str(source), f))
+            if len(self._pending) == self.chunk:
+                self.flush()
+            return f
+        if self.kind == "process":  # an in-memory image cannot cross to a process cheaply: decode it here
+            f = Future()
             f.set_result(decode_into(self.ring.array, slot, source, self.pre))
             return f
         return self._pool.submit(decode_into, self.ring.array, slot, source, self.pre)
+
+    def flush(self) -> None:
+        """Send the images held back to a process worker; each image's future settles with the chunk."""
+        if not self._pending:
+            return
+        chunk, self._pending = self._pending, []
+        task = self._pool.submit(_decode_chunk_in_worker, [slot for slot, _, _ in chunk], [src for _, src, _ in chunk])
+
+        def settle(task: Future) -> None:
+            try:
+                errors = task.result()
+            except BaseException as e:  # BrokenExecutor (a worker killed), cancelled at close: every image's
+                for _, _, f in chunk:
+                    f.set_exception(e)
+                return
+            for (_, _, f), error in zip(chunk, errors):
+                f.set_result(error)
+
+        task.add_done_callback(settle)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -264,7 +303,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     pool = None
     try:
         runner.attach(ring)
-        pool = DecodePool(ring, pre, workers, kind)
+        pool = DecodePool(ring, pre, workers, kind, process_chunk(slots, workers))
         yield from _stream(sources, runner, pool, slots, top_k)
     finally:
         if pool is not None:
@@ -300,6 +339,7 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
             released[next_submit % slots] = False
             decoding.append((next_submit, pool.submit(next_submit % slots, sources[next_submit])))
             next_submit += 1
+        pool.flush()  # before waiting on the oldest: it may be in a chunk held back
         if decoding:  # the oldest decode, in order (a batch is never full here: it is submitted when it fills)
             seq, fut = decoding.popleft()
             try:

@@ -106,17 +106,21 @@ def row_decode(args: argparse.Namespace) -> dict:
     pre, slots = Preprocess(), 4 * args.batch_size
     workers = args.workers or pipeline.default_workers()
     ring = pipeline.HostRing(slots, pre.size, shared=args.kind == "process")
-    pool = pipeline.DecodePool(ring, pre, workers, args.kind)
+    pool = pipeline.DecodePool(ring, pre, workers, args.kind, pipeline.process_chunk(slots, workers))
     try:
-        list(f.result() for f in [pool.submit(i % slots, p) for i, p in enumerate(paths[:slots])])  # warm-up
+        warm = [pool.submit(i % slots, p) for i, p in enumerate(paths[:slots])]
+        pool.flush()
+        list(f.result() for f in warm)  # warm-up
         t0 = time.perf_counter()
         window: list = []
         for i, p in enumerate(paths):
             window.append(pool.submit(i % slots, p))
             if len(window) == slots:  # slots are reused only after their image is done, as in the pipeline
+                pool.flush()
                 for f in window[: slots // 2]:
                     f.result()
                 window = window[slots // 2:]
+        pool.flush()
         for f in window:
             f.result()
         seconds = time.perf_counter() - t0

@@ -79,6 +79,35 @@ def test_order_errors_and_results_match_the_reference(weights, photos, tmp_path,
     assert got == reference_tops(weights, photos, 3)
 
 
+def test_process_workers_decode_in_chunks_held_back_until_flushed(photos, tmp_path):
+    """7 images in chunks of 3 (the last one short, an error inside a chunk): each future settles with its own
+    image's result, and nothing is sent before a chunk is full or flushed."""
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("not a picture")
+    sources = [*photos[:4], bad, *photos[4:6]]
+    pre = Preprocess()
+    ring = pipeline.HostRing(len(sources), pre.size, shared=True)
+    pool = pipeline.DecodePool(ring, pre, 2, "process", chunk=3)
+    try:
+        futures = [pool.submit(i, s) for i, s in enumerate(sources)]
+        last = futures[-1]
+        assert not last.done()  # the 7th image waits in a chunk of one until the flush
+        pool.flush()
+        errors = [f.result(timeout=60) for f in futures]
+        assert [e is None for e in errors] == [s != bad for s in sources] and "not an image" in errors[4]
+        for i, s in enumerate(sources):
+            if s != bad:
+                assert np.array_equal(ring.array[i], decode_u8(s, pre))
+    finally:
+        pool.close()
+        ring.close()
+
+
+def test_process_chunks_keep_every_worker_two_tasks_deep():
+    assert pipeline.process_chunk(256, 32) == 4 and pipeline.process_chunk(256, 16) == 8
+    assert pipeline.process_chunk(256, 2) == 16 and pipeline.process_chunk(8, 8) == 1
+
+
 def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch):
     """60 images through a ring of 4 batches of 2: the first prediction arrives before most images are decoded,
     and the ring never grows with the input."""
