@@ -7,7 +7,8 @@
 Decoding (Pillow: read, EXIF orientation, RGB, Resize, CenterCrop) runs in a pool of workers, which write each
 image's uint8 pixels straight into a slot of a ring of host memory: image number ``seq`` goes to slot
 ``seq % slots``. Processes (the ring is then shared memory) decode 2.7x faster than threads on the H100 machine's
-16 cores, whose GIL serialises Pillow's Python parts; threads start instantly, so short runs use them. The main
+16 cores, whose GIL serialises Pillow's Python parts; threads start instantly, so short runs use them. A process
+worker takes several images a task (``process_chunk``), so that the parent's share of the work stays small. The main
 thread keeps the pool ``slots`` images ahead of the oldest slot still in use, gathers decoded images into batches
 and hands each batch's slots to the runner, which copies them out (the cuda runner into pinned memory, then over
 PCIe on a copy stream while the previous batch's forward runs) and frees them for the next images. Host memory is
