@@ -157,7 +157,10 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                 preds = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
                                          worker_kind, bar.update, decode) if gpus and gpus > 1 else
                          engine.predict_iter(todo, top_k, on_progress=bar.update))
-                total, failed = write_results(inputs, preds, sink, out.path if out is not None else None)
+                try:
+                    total, failed = write_results(inputs, preds, sink, out.path if out is not None else None)
+                finally:  # the decode processes and GPU workers end now, not when the generator is collected
+                    preds.close()  # type: ignore[attr-defined]  # both are generators
     finally:
         if out is not None:
             out.close()

@@ -38,8 +38,14 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
     round trip a chunk, not an image: the parent's thread that takes them also writes the output)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
-    # the parent ends a worker with SIGTERM: leave through the with-block, which shuts the decode processes down
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    def end(*_: object) -> None:
+        # the parent ends a worker with SIGTERM: leave through the with-block, which shuts the decode processes
+        # down, without waiting to hand over results that the parent no longer reads
+        out.cancel_join_thread()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, end)
     try:
         with Engine(**engine_args) as engine:
             done: list[Prediction] = []
@@ -99,4 +105,7 @@ def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None
         for p in procs:
             if p.is_alive():
                 p.terminate()
-            p.join()
+            p.join(timeout=30)
+            if p.is_alive():  # stuck past its SIGTERM: its decode processes may be left, but the command ends
+                p.kill()
+                p.join()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,7 +67,9 @@ def run_command(folder: Path, limit: int | None, opts: list[str], ray: bool, tmp
             for p in sorted(folder.glob("*.jpg"))[:limit]:
                 (src / p.name).symlink_to(p)
     out = tmp / ("ray-out" if ray else "out.jsonl")
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    if out.is_dir():
+        shutil.rmtree(out)
+    out.unlink(missing_ok=True)
     cmd = RUN + [str(src), "--output", str(out), *opts] + (["--ray", "local"] if ray else [])
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)

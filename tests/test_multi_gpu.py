@@ -50,3 +50,23 @@ def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind)
 def test_gpus_zero_without_ray_is_a_one_line_error(tmp_path):
     result = runner().invoke(cli.run_cmd, [str(tmp_path), "--gpus", "0"])
     assert result.exit_code == 2 and result.stderr.strip().startswith("error: --gpus 0 is for --ray")
+
+
+def test_stopping_early_ends_the_workers(weights_file, tmp_path):
+    """A consumer that stops after the first result (an error elsewhere, Ctrl-C): the workers, each with decode
+    processes and results it can no longer hand over, are ended within seconds."""
+    import multiprocessing
+    import time
+
+    from inception_engine.multi_gpu import predict_on_gpus
+
+    rng = np.random.default_rng(3)
+    paths = []
+    for i in range(48):
+        paths.append(str(tmp_path / f"{i:02d}.jpg"))
+        Image.fromarray(rng.integers(0, 256, (80, 90, 3), dtype=np.uint8)).save(paths[-1])
+    stream = predict_on_gpus(paths, 2, 1, str(weights_file), "cpu", 2, "auto", 2, "process")
+    assert next(stream).ok
+    t0 = time.perf_counter()
+    stream.close()
+    assert time.perf_counter() - t0 < 25 and multiprocessing.active_children() == []
