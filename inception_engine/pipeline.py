@@ -151,7 +151,7 @@ def process_chunk(slots: int, workers: int) -> int:
     """Images per task sent to a decode process. A task costs the parent ~200 us of CPU (pickling, the executor's
     queue and result threads) and an image in it ~20 us more (measured on the development machine), and the
     parent's threads share one GIL with the pipeline: one image a task capped a 32-CPU machine at ~3,200 images/s
-    (docs/PERFORMANCE.md, "Multi-GPU"). Chunks as large as leave every worker two tasks in the ring, up to 16."""
+    (docs/PERFORMANCE.md, "Several GPUs of one machine"). Chunks as large as leave every worker two tasks in the ring, up to 16."""
     return max(1, min(16, slots // (2 * workers)))
 
 
@@ -197,9 +197,9 @@ class DecodePool:
         chunk, self._pending = self._pending, []
         task = self._pool.submit(_decode_chunk_in_worker, [slot for slot, _, _ in chunk], [src for _, src, _ in chunk])
 
-        def settle(task: Future) -> None:
+        def settle(finished: Future) -> None:
             try:
-                errors = task.result()
+                errors = finished.result()
             except BaseException as e:  # BrokenExecutor (a worker killed), cancelled at close: every image's
                 for _, _, f in chunk:
                     f.set_exception(e)
