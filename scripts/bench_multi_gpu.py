@@ -234,8 +234,9 @@ def report(result: dict) -> None:
     rows = [r for r in result["rows"] if "error" not in r]
     one = {(r["precision"], r["decode"], r["ray"]): r for r in rows if r["gpus"] == 1}
     ref = {(r["precision"], r["decode"]): r for r in rows if r["gpus"] == 1 and not r["ray"]}
-    print(f"\n{result['images']} JPEGs, batch {result['batch']}, {result['cpus']} CPUs; steady = (N - {result['small']})"
-          f" / (t_N - t_{result['small']}), wall = N / t_N; efficiency = steady / (GPUs x 1-GPU steady)")
+    n = result["small"]
+    print(f"\n{result['images']} JPEGs, batch {result['batch']}, {result['cpus']} CPUs; steady = (N - {n}) / (t_N - "
+          f"t_{n}), wall = N / t_N; efficiency = steady / (GPUs x 1-GPU steady)")
     print(f"{'path':14} {'prec':5} {'decode':6} {'GPUs':>4} {'steady/s':>9} {'wall/s':>8} {'fixed s':>8} "
           f"{'effic.':>7} {'top-1 vs 1 GPU':>15}")
     for r in rows:
