@@ -196,7 +196,13 @@ class DecodePool:
         if not self._pending:
             return
         chunk, self._pending = self._pending, []
-        task = self._pool.submit(_decode_chunk_in_worker, [slot for slot, _, _ in chunk], [src for _, src, _ in chunk])
+        try:
+            task = self._pool.submit(_decode_chunk_in_worker, [slot for slot, _, _ in chunk],
+                                     [src for _, src, _ in chunk])
+        except BrokenExecutor as e:  # a worker died since the last chunk: the images' waiters report it
+            for _, _, f in chunk:
+                f.set_exception(e)
+            return
 
         def settle(finished: Future) -> None:
             try:

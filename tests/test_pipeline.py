@@ -103,6 +103,52 @@ def test_process_workers_decode_in_chunks_held_back_until_flushed(photos, tmp_pa
         ring.close()
 
 
+def test_a_killed_decode_process_is_one_line(weights, photos, monkeypatch):
+    """A decode process killed mid-run (out of memory, a signal): the run ends with one line, not a traceback."""
+    import os
+    import signal
+
+    real_flush = pipeline.DecodePool.flush
+    flushes = []
+
+    def flush_then_kill(self):
+        real_flush(self)
+        flushes.append(1)
+        if len(flushes) == 3:  # the pool is running: kill one of its processes
+            os.kill(next(iter(self._pool._processes)), signal.SIGKILL)
+
+    monkeypatch.setattr(pipeline.DecodePool, "flush", flush_then_kill)
+    with Engine(weights, backend="cpu", batch_size=2, workers=2, worker_kind="process") as engine:
+        with pytest.raises(EngineError, match="a decode worker died"):
+            list(engine.predict_iter((photos * 4)[:60], top_k=1))
+
+
+def test_a_broken_pool_fails_the_chunks_futures_not_the_submit(photos):
+    """Once the pool knows a process died, sending a chunk raises; the images' futures carry that instead."""
+    import os
+    import signal
+    import time
+    from concurrent.futures import BrokenExecutor
+
+    pre = Preprocess()
+    ring = pipeline.HostRing(4, pre.size, shared=True)
+    pool = pipeline.DecodePool(ring, pre, 1, "process", chunk=2)
+    try:
+        first = [pool.submit(0, photos[0]), pool.submit(1, photos[1])]
+        assert [f.result(timeout=60) for f in first] == [None, None]
+        os.kill(next(iter(pool._pool._processes)), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not pool._pool._broken and time.monotonic() < deadline:
+            time.sleep(0.05)
+        later = [pool.submit(2, photos[2]), pool.submit(3, photos[3])]  # the second sends the chunk
+        for f in later:
+            with pytest.raises(BrokenExecutor):
+                f.result(timeout=5)
+    finally:
+        pool.close()
+        ring.close()
+
+
 def test_process_chunks_keep_every_worker_two_tasks_deep():
     assert pipeline.process_chunk(256, 32) == 4 and pipeline.process_chunk(256, 16) == 8
     assert pipeline.process_chunk(256, 2) == 16 and pipeline.process_chunk(8, 8) == 1
