@@ -114,7 +114,8 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
                    "one, else a new local one); IMAGE... may be URIs such as s3://, --output a directory.")
 @click.option("--gpus", type=click.IntRange(0), default=None, metavar="N",
               help="GPUs to use: with --ray, GPU actors [default: all]; without, worker processes on this "
-                   "machine, one per GPU [default: 1].")
+                   "machine, one per GPU [default: 1]. More GPUs help where decoding keeps up with them: fp32, or "
+                   "--decode gpu.")
 @user_errors
 def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, precision: str, top_k: int,
             batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
