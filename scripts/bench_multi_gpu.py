@@ -47,7 +47,7 @@ RUN = [sys.executable, "-c", "from inception_engine.cli import run_main; run_mai
 
 def top1_of(output: Path) -> dict[str, int]:
     """image -> top-1 class index from inception-run's JSON lines (a file, or a Ray output folder of files)."""
-    files = sorted(output.rglob("*.jsonl")) + sorted(output.rglob("*.json")) if output.is_dir() else [output]
+    files = sorted(output.rglob("*.jsonl")) if output.is_dir() else [output]
     top1: dict[str, int] = {}
     for f in files:
         for line in f.read_text().splitlines():
