@@ -96,6 +96,11 @@ def cubin_paths(arch: str) -> dict[str, Path]:
     return {unit: cache_dir() / f"{Path(unit).stem}-{key}.cubin" for unit in UNITS}
 
 
+def log_path(cubin: Path) -> Path:
+    """nvcc's output for the build that wrote ``cubin``."""
+    return cubin.with_suffix(".log")
+
+
 def is_cached(arch: str) -> bool:
     return all(p.is_file() for p in cubin_paths(arch).values())
 
@@ -126,6 +131,9 @@ def build(arch: str, units: Iterable[str] | None = None) -> dict[str, Path]:
         out, _ = proc.communicate()
         if proc.returncode == 0:
             os.replace(tmp, dst)
+            # ptxas's information beside the cubin: -Werror passes some of it that matters (C7520, a serialized
+            # wgmma pipeline), which tests/test_nvcc_compile.py reads here
+            log_path(dst).write_text(out)
             continue
         os.unlink(tmp)
         lines = [l for l in out.splitlines() if "error" in l.lower()] or out.splitlines() or ["(no output)"]
