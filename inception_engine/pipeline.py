@@ -157,14 +157,15 @@ def process_chunk(slots: int, workers: int) -> int:
 
 
 class DecodePool:
-    """Workers that decode images into a HostRing's slots. Process workers get images ``chunk`` at a time:
-    ``submit`` holds them back until a chunk is full or ``flush`` is called, which a caller must do before waiting
-    on a future."""
+    """Workers that decode images into a HostRing's slots. Process workers get images ``chunk`` at a time (default:
+    ``process_chunk`` of the ring and the workers): ``submit`` holds them back until a chunk is full or ``flush`` is
+    called, which a caller must do before waiting on a future."""
 
-    def __init__(self, ring: HostRing, pre: Preprocess, workers: int, kind: str = "thread", chunk: int = 1):
+    def __init__(self, ring: HostRing, pre: Preprocess, workers: int, kind: str = "thread", chunk: int | None = None):
         if kind not in WORKER_KINDS[1:]:
             raise EngineError(f"unknown worker kind {kind!r}; choose one of {', '.join(WORKER_KINDS)}")
-        self.ring, self.pre, self.kind, self.chunk = ring, pre, kind, chunk
+        self.ring, self.pre, self.kind = ring, pre, kind
+        self.chunk = chunk or process_chunk(ring.slots, workers)
         self._pending: list[tuple[int, str, Future]] = []
         self._pool: Executor
         if kind == "process":
@@ -311,7 +312,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     pool = None
     try:
         runner.attach(ring)
-        pool = DecodePool(ring, pre, workers, kind, process_chunk(slots, workers))
+        pool = DecodePool(ring, pre, workers, kind)
         yield from _stream(sources, runner, pool, slots, top_k)
     finally:
         if pool is not None:

@@ -106,7 +106,7 @@ def row_decode(args: argparse.Namespace) -> dict:
     pre, slots = Preprocess(), 4 * args.batch_size
     workers = args.workers or pipeline.default_workers()
     ring = pipeline.HostRing(slots, pre.size, shared=args.kind == "process")
-    pool = pipeline.DecodePool(ring, pre, workers, args.kind, pipeline.process_chunk(slots, workers))
+    pool = pipeline.DecodePool(ring, pre, workers, args.kind)
     try:
         warm = [pool.submit(i % slots, p) for i, p in enumerate(paths[:slots])]
         pool.flush()

@@ -44,9 +44,9 @@ def decode_pool_kinds(monkeypatch) -> list[str]:
     kinds: list[str] = []
     real = pipeline.DecodePool.__init__
 
-    def spy(self, ring, pre, workers, kind="thread", chunk=1):
+    def spy(self, ring, pre, workers, kind="thread"):
         kinds.append(kind)
-        real(self, ring, pre, workers, kind, chunk)
+        real(self, ring, pre, workers, kind)
 
     monkeypatch.setattr(pipeline.DecodePool, "__init__", spy)
     return kinds
