@@ -88,14 +88,31 @@ def row_ours(args: argparse.Namespace) -> dict:
         seconds = time.perf_counter() - t0
         out.update(seconds=seconds, images_per_s=len(paths) / seconds, top1=top1, paths=paths,
                    precision=engine.precision, backend=engine.backend_name)
-        backend = engine.backend(batch, tune=True)
-        if hasattr(backend, "time_forward"):
-            x = np.random.default_rng(0).standard_normal((batch, 3, 299, 299)).astype(np.float32)
-            ms = statistics.median(backend.time_forward(x, iters=20, warmup=3))
-            out.update(forward_ms=ms, forward_images_per_s=batch / ms * 1e3)
-        if hasattr(backend, "peak_memory_bytes"):
-            out["gpu_mib"] = backend.peak_memory_bytes() / 2**20
+        out.update(forward_alone(engine, batch))
     return out | peak_rss()
+
+
+def forward_alone(engine: object, batch: int) -> dict:
+    """The engine's tuned forward of ``batch`` images alone (CUDA events, median; none on the cpu backend) and the
+    GPU memory its backend holds."""
+    backend = engine.backend(batch, tune=True)  # type: ignore[attr-defined]
+    out: dict = {}
+    if hasattr(backend, "time_forward"):
+        x = np.random.default_rng(0).standard_normal((batch, 3, 299, 299)).astype(np.float32)
+        ms = statistics.median(backend.time_forward(x, iters=20, warmup=3))
+        out.update(forward_ms=ms, forward_images_per_s=batch / ms * 1e3)
+    if hasattr(backend, "peak_memory_bytes"):
+        out["gpu_mib"] = backend.peak_memory_bytes() / 2**20
+    return out
+
+
+def synthetic_weights_file(folder: str | Path) -> str:
+    """The deterministic synthetic model (pretrained weights cannot be downloaded here), written into folder."""
+    from inception_engine.synthetic import synthetic_weights
+    from inception_engine.weights import save_weights
+
+    w = synthetic_weights(0)
+    return str(save_weights(Path(folder) / "synthetic.npz", w.arrays, w.manifest))
 
 
 def row_decode(args: argparse.Namespace) -> dict:
@@ -201,13 +218,7 @@ def main() -> None:
 
     folder = Path(args.dir) if args.dir else jpeg_folder(args.images)
     tmp = tempfile.TemporaryDirectory()
-    weights = args.weights
-    if weights is None:
-        from inception_engine.synthetic import synthetic_weights
-        from inception_engine.weights import save_weights
-
-        w = synthetic_weights(0)
-        weights = str(save_weights(Path(tmp.name) / "synthetic.npz", w.arrays, w.manifest))
+    weights = args.weights or synthetic_weights_file(tmp.name)
     def row_args(limit: int | None, workers: int | None) -> list[str]:
         out = ["--dir", str(folder), "--weights", weights, "--batch-size", str(args.batch_size)]
         out += ["--limit", str(limit)] if limit else []

@@ -101,17 +101,12 @@ def measure_row(folder: Path, n: int, small: int, opts: list[str], ray: bool, re
 def warm_and_forward(weights: str, backend: str, precision: str, batch: int) -> dict:
     """In a process of its own: tune the batch's kernels (cached for the rows) and time the forward alone."""
     code = f"""
-import json, statistics, numpy as np
+import json, bench_e2e
 from inception_engine.engine import Engine
 with Engine({weights!r}, backend={backend!r}, batch_size={batch}, precision={precision!r}) as e:
-    b = e.backend({batch}, tune=True)
-    out = {{"precision": e.precision}}
-    if hasattr(b, "time_forward"):
-        x = np.random.default_rng(0).standard_normal(({batch}, 3, 299, 299)).astype(np.float32)
-        out["forward_ms"] = statistics.median(b.time_forward(x, iters=30, warmup=5))
-print(json.dumps(out))
+    print(json.dumps({{"precision": e.precision}} | bench_e2e.forward_alone(e, {batch})))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "scripts", timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"tuning {precision}: {r.stderr.strip()[-400:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -171,8 +166,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import bench_e2e
-    from inception_engine.synthetic import synthetic_weights
-    from inception_engine.weights import save_weights
 
     gpu_counts = [int(g) for g in args.gpus.split(",")]
     t0 = time.perf_counter()
@@ -182,9 +175,7 @@ def main() -> None:
     result: dict = {"images": n, "small": args.small, "batch": args.batch_size, "cpus": os.cpu_count(), "rows": [],
                     "ceilings": {}}
     with tempfile.TemporaryDirectory() as wdir:
-        weights = f"{wdir}/synthetic.npz"
-        w = synthetic_weights(0)
-        save_weights(weights, w.arrays, w.manifest)
+        weights = bench_e2e.synthetic_weights_file(wdir)
         ceil = result["ceilings"]
         for precision in args.precisions.split(","):
             t0 = time.perf_counter()

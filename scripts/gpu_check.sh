@@ -178,9 +178,7 @@ if want ray; then
     step "ray jpegs+weights" ray.log 90 python3 -c "
 import sys; sys.path.insert(0, 'scripts')
 import bench_e2e
-from inception_engine.synthetic import synthetic_weights
-from inception_engine.weights import save_weights
-w = synthetic_weights(0); save_weights('/tmp/synthetic.npz', w.arrays, w.manifest)
+bench_e2e.synthetic_weights_file('/tmp')
 print('jpegs in', bench_e2e.jpeg_folder(${RAY_IMAGES:-4096}))"
     step "pytest ray" ray.log 90 python3 -m pytest -q -rfEs tests/test_ray.py tests/test_multi_gpu.py
     step "bench ray" ray.log 300 python3 scripts/bench_ray.py "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-${RAY_IMAGES:-4096}" \
