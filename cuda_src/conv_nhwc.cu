@@ -39,11 +39,15 @@
 // in slice order, adds bias, applies ReLU and writes y.
 // Block order: tile_n0 / tile_m0 (common.cuh) on grid (pixel tiles, channel tiles): consecutive blocks take the
 // channel tiles of one pixel tile, which then share its input through L2.
+// Max pool in front (conv_nhwc[_tf32]_maxpool3_<BM>x<BN>, plan.fuse_max_pools): a 1x1 conv whose input is a 3x3 max
+// pool of x (stride `stride`, no padding) takes the window maxima as it loads A (NhwcMaxPoolLoader), so the pool's
+// output never goes through memory: the stem's two pools and the 1x1 GEMMs behind them become one pass over the
+// pool's input.
 //
-// Launch: conv_nhwc_<BM>x<BN> (fp16), conv_nhwc_tf32_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN),
-//         splits), static shared memory STAGES * (BM + BN) * 64 bytes. conv_nhwc[_tf32|_f32]_wgmma_<BM>x<BN>: the
-//         same grid, dynamic shared memory wgmma_ring_bytes(split, BM, BN). conv_nhwc[_tf32|_f32]_splitk_reduce:
-//         block 256, grid ceil(P * M / 2 / 256).
+// Launch: conv_nhwc_<BM>x<BN> (fp16), conv_nhwc_tf32_<BM>x<BN> and their _maxpool3_ twins: block 256, grid
+//         (ceil(P / BM), ceil(M / BN), splits), static shared memory STAGES * (BM + BN) * 64 bytes.
+//         conv_nhwc[_tf32|_f32]_wgmma_<BM>x<BN>: the same grid, dynamic shared memory wgmma_ring_bytes(split, BM,
+//         BN). conv_nhwc[_tf32|_f32]_splitk_reduce: block 256, grid ceil(P * M / 2 / 256).
 #include "conv_mma.cuh"
 
 // Stages of the wgmma tiles' ring (cuda.tiles.wgmma_stages), for two blocks an SM (one block cannot hide its own
@@ -167,6 +171,12 @@ struct NhwcLoader {
             const bool ok = k_ok && (unsigned)(a_ih[i] + r) < (unsigned)h && (unsigned)(a_iw[i] + s) < (unsigned)w;
             cp_async::copy16_or_zero(ad + i * ROWS * BK, x + (ok ? (unsigned)(a_corner[i] + tap) : 0u), ok);
         }
+        copy_b(stage, k_ok);
+        advance();
+    }
+
+    // This thread's weight pieces of the stage.
+    __device__ __forceinline__ void copy_b(int stage, bool k_ok) const {
         if (b_rows) {
             T* const bd = b_dst + stage * (BN * BK);
 #pragma unroll
@@ -175,6 +185,9 @@ struct NhwcLoader {
                 cp_async::copy16_or_zero(bd + i * ROWS * BK, wr + (ok ? (unsigned)(w_row[i] + k) : 0u), ok);
             }
         }
+    }
+
+    __device__ __forceinline__ void advance() {
         k += BK;  // the next stage's piece
         tap += BK;
         for (c += BK; c >= cin; c -= cin) {  // past the tap's channels: the next tap (s, then r)
@@ -199,6 +212,55 @@ struct NhwcLoader {
 #pragma unroll
             for (int i = 0; i < B_ROWS; ++i) E::split(bd + i * ROWS * BK, b_lo + b_at + i * ROWS * BK);
         }
+    }
+};
+
+// The loader of a 1x1 conv that reads a max pool's output without it being stored (plan.fuse_max_pools): x is the
+// pool's input, stride the pool's (pad 0: its windows lie inside the image, as torchvision's stem pools do), and
+// A[p][k] = max over the POOL x POOL window of output pixel p, channel k. The A pieces travel through registers:
+// the window's POOL^2 pieces are loaded (for all of the thread's rows before the first maximum, so that they are in
+// flight together), their maximum is stored to the same swizzled place a cp.async would have filled, and the
+// ring's barrier makes it visible as it does the copies. The weights still go by cp.async. A 1x1 conv has one tap,
+// so the base's tap offset is the channel offset.
+template <class E, int BM, int BN, int NT, int POOL>
+struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
+    using Base = NhwcLoader<E, BM, BN, NT>;
+    using typename Base::T;
+    using Base::A_ROWS, Base::BK, Base::PIECE, Base::ROWS;
+    using Base::Base;
+
+    __device__ __forceinline__ void operator()(int, int stage) {
+        const bool k_ok = this->k < this->k_end;
+        const int row = this->w * this->x_cstride;
+        float v[A_ROWS][POOL * POOL][PIECE];
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) {
+            // a pixel past P (a_ih < 0: the base's marker) or a piece past K takes zeros, as the copies' zero fill
+            const bool ok = k_ok && this->a_ih[i] >= 0;
+            const T* const corner = this->x + (ok ? (unsigned)(this->a_corner[i] + this->tap) : 0u);
+#pragma unroll
+            for (int dr = 0; dr < POOL; ++dr)
+#pragma unroll
+                for (int ds = 0; ds < POOL; ++ds) {
+                    if (ok) {
+                        E::load(v[i][dr * POOL + ds], corner + dr * row + ds * this->x_cstride);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < PIECE; ++e) v[i][dr * POOL + ds][e] = 0.f;
+                    }
+                }
+        }
+        T* const ad = this->a_dst + stage * (BM * BK);
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) {
+#pragma unroll
+            for (int t = 1; t < POOL * POOL; ++t)
+#pragma unroll
+                for (int e = 0; e < PIECE; ++e) v[i][0][e] = fmaxf(v[i][0][e], v[i][t][e]);
+            E::store(ad + i * ROWS * BK, v[i][0]);  // exact: the maximum is one of the element type's values
+        }
+        this->copy_b(stage, k_ok);
+        this->advance();
     }
 };
 
@@ -319,10 +381,9 @@ struct NhwcStore {
     }
 };
 
-template <class E, int BM, int BN, int WARPS_M, int STAGES>
+template <class E, int BM, int BN, int WARPS_M, int STAGES, class Loader = NhwcLoader<E, BM, BN, 256>>
 __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
-    using Loader = NhwcLoader<E, BM, BN, 256>;
     constexpr int PIECE = E::PIECE, NT = 256, BK = Loader::BK;
     constexpr int WARPS_N = NT / 32 / WARPS_M, WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MI = WM / 16, NJ = WN / 8;  // m16n8 tiles per warp
@@ -899,9 +960,12 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) KERNEL(CONV_NHWC_PARAMS(E)) { \
         GEMM(CONV_NHWC_ARGS(E));                                                                      \
     }
+// Each mma.sync tile also as NAME_maxpool3_BMxBN: the 1x1 conv behind a 3x3 max pool (NhwcMaxPoolLoader).
 #ifdef IE_NHWC_SYNC
-#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS) \
-    CONV_NHWC_ENTRY(NAME##_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>))
+#define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS)                                        \
+    CONV_NHWC_ENTRY(NAME##_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES>)) \
+    CONV_NHWC_ENTRY(NAME##_maxpool3_##BM##x##BN, E, 256, MIN_BLOCKS,                                      \
+                    (conv_nhwc_gemm<E, BM, BN, WARPS_M, STAGES, NhwcMaxPoolLoader<E, BM, BN, 256, 3>>))
 #else
 #define CONV_NHWC_KERNEL(NAME, E, BM, BN, WARPS_M, STAGES, MIN_BLOCKS)
 #endif

@@ -61,7 +61,10 @@ class View:
 
 @dataclass(frozen=True)
 class ConvOp:
-    """dst = relu(conv(src, weights[name]) + bias[name]); weights are ``<name>.weight`` / ``<name>.bias``."""
+    """dst = relu(conv(src, weights[name]) + bias[name]); weights are ``<name>.weight`` / ``<name>.bias``.
+
+    With ``max_pool`` = k (``fuse_max_pools``), a 1x1 conv of a k x k max pool of src (stride ``stride``, no
+    padding) whose output is never stored: dst = relu(conv1x1(max_pool(src)) + bias)."""
 
     name: str
     src: View
@@ -69,6 +72,7 @@ class ConvOp:
     kernel: tuple[int, int]
     stride: int
     pad: tuple[int, int]
+    max_pool: int = field(default=0, kw_only=True)
 
     @property
     def flops(self) -> int:
@@ -122,8 +126,10 @@ Op = ConvOp | PoolOp | GlobalAvgPoolOp | FCOp
 
 
 def is_fused(plan: Plan) -> bool:
-    """Whether ``fuse_pointwise`` made this plan (it has fused convs or moved pools)."""
-    return any(isinstance(op, FusedConvOp) or (isinstance(op, PoolOp) and op.bias) for op in plan.ops)
+    """Whether ``fuse_pointwise`` or ``fuse_max_pools`` made this plan (it has fused convs, moved pools or convs that
+    read through a max pool)."""
+    return any(isinstance(op, FusedConvOp) or (isinstance(op, PoolOp) and op.bias)
+               or (isinstance(op, ConvOp) and op.max_pool) for op in plan.ops)
 
 
 def writes(op: Op) -> tuple[View, ...]:
@@ -188,8 +194,16 @@ def op_stages(names: list[str]) -> list[int]:
     return stages
 
 
+def poolable(l: Layer, home: dict[str, tuple[str, int]]) -> bool:
+    """A max pool ``fuse_max_pools`` may fold into the 1x1 convs that read it: no padding, its output a buffer of
+    its own (not a slice of a concat)."""
+    return isinstance(l, Pool) and l.kind == "max" and l.pad == 0 and home[l.name] == (l.name, 0)
+
+
 def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True,
-               input_size: int = arch.INPUT_SIZE, concurrent: bool = False) -> Plan:
+               input_size: int = arch.INPUT_SIZE, concurrent: bool = False, pool_inputs: bool = False) -> Plan:
+    """The plan of ``layers`` for this batch. pool_inputs: the input of each ``poolable`` max pool stays live until
+    the last reader of the pool's output, so that ``fuse_max_pools`` can let that reader take the pool's input."""
     if batch < 1:
         raise ValueError(f"batch size must be >= 1, got {batch}")
     layers = list(layers or arch.inception_v3())
@@ -238,6 +252,11 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
         last[home[l.src][0]] = i
     out_name = compute[-1].name
     last[out_name] = len(compute)
+    if pool_inputs:
+        for i, l in enumerate(compute):
+            if poolable(l, home):
+                src = home[l.src][0]
+                last[src] = max(last[src], last.get(l.name, i))
     stages = op_stages([l.name for l in compute])
     # The time axis of liveness: op indices, or with concurrent=True the stage of the op (-1 and one past the
     # last stage for the input and the logits, which live outside the forward).
@@ -399,3 +418,53 @@ def fuse_pointwise(plan: Plan) -> Plan:
                                                                             bias=ops[i].name))
     new_ops = [x for i, op in enumerate(ops) for x in (fused[i] if i in fused else [op])]
     return dataclasses.replace(plan, ops=tuple(new_ops), stages=tuple(op_stages([op.name for op in new_ops])))
+
+
+def fuse_max_pools(plan: Plan) -> Plan:
+    """The plan with each max pool (no padding, no bias) whose output only one 1x1 conv reads folded into that conv:
+    the conv (``ConvOp.max_pool``) reads the pool's input and takes the window maxima on its way, so the pool's
+    output is neither written nor read again (the stem's two: the pools' read and write, and the conv's read, become
+    one read; conv_nhwc.cu's NhwcMaxPoolLoader). Run it after ``fuse_pointwise``, whose fused 1x1 group is then
+    the only reader of the pool before Mixed_5b. A pool stays where the conv's stage, or the ops between the pool and
+    the conv, write into the arena space of the pool's input (build it with ``build_plan(pool_inputs=True)``, which
+    keeps that space live for them)."""
+    ops = plan.ops
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        readers.setdefault(op.src.buffer, []).append(i)
+    folded: dict[int, ConvOp] = {}  # conv index -> the conv reading through the pool
+    dropped: set[int] = set()
+    for i, pool in enumerate(ops):
+        if not (isinstance(pool, PoolOp) and pool.kind == "max" and pool.pad == 0 and not pool.bias):
+            continue
+        if len(readers.get(pool.dst.buffer, [])) != 1:
+            continue
+        j = readers[pool.dst.buffer][0]
+        conv = ops[j]
+        if not (isinstance(conv, ConvOp) and conv.kernel == (1, 1) and conv.stride == 1 and conv.pad == (0, 0)
+                and not conv.max_pool and conv.src == pool.dst and j not in folded):
+            continue
+        # The conv may run anywhere in its stage (concurrent plans), so nothing from the pool to its stage's end may
+        # write over the pool's input.
+        end = max(k for k in range(len(ops)) if plan.stages[k] == plan.stages[j]) if plan.stages else j
+        src = plan.buffers[pool.src.buffer]
+        if any(overlap(plan.buffers[v.buffer], src) for k in range(i, end + 1) for v in writes(ops[k])
+               if v.buffer in plan.buffers):
+            continue
+        folded[j] = dataclasses.replace(conv, src=pool.src, stride=pool.stride, max_pool=pool.kernel)
+        dropped.add(i)
+    new_ops = [folded.get(i, op) for i, op in enumerate(ops) if i not in dropped]
+    return dataclasses.replace(plan, ops=tuple(new_ops), stages=tuple(op_stages([op.name for op in new_ops])))
+
+
+def overlap(a: Buffer, b: Buffer) -> bool:
+    """Whether two buffers share arena space."""
+    return a.offset < b.offset + b.elems and b.offset < a.offset + a.elems
+
+
+def fused_plan(batch: int, layers: list[Layer], input_size: int = arch.INPUT_SIZE, max_pools: bool = True) -> Plan:
+    """The plan the CUDA NHWC path runs: stages for concurrent branches, each module's 1x1 convs as one GEMM
+    (``fuse_pointwise``) and, with max_pools, the stem's max pools folded into the 1x1 convs behind them
+    (``fuse_max_pools``; its conv_nhwc.cu kernels exist for the mma.sync tiles of fp16 and tf32)."""
+    plan = fuse_pointwise(build_plan(batch, layers, input_size=input_size, concurrent=True, pool_inputs=max_pools))
+    return fuse_max_pools(plan) if max_pools else plan

@@ -2,14 +2,15 @@
 
     python3 scripts/gemm_floor.py --precision fp16 --batch 128 [--iters 50] [--json FILE]
 
-Every conv of the plan the cuda backend runs (the NHWC path, each module's 1x1 convs fused into one GEMM) is an
-implicit GEMM of M = batch x output pixels, N = output channels, K = input channels x kernel taps. This script times
-cuBLAS (through PyTorch: torch.matmul of an (M, K) by a (K, N) matrix, fp16 operands or TF32 ones) on each of those
-shapes, beside the cuda backend's own per-op times (``time_layers``: eager launches, one op at a time) and its whole
-forward (the CUDA graph with concurrent branches). cuBLAS gets the easier job: its A matrix is given, where our
-kernels gather A from the activations (the im2col is implicit) and add bias and ReLU on the way out. So the sum of
-cuBLAS's times, one GEMM after another, is what the convs would take if each ran as fast as NVIDIA's GEMM library
-runs that shape; the ops that are no GEMM (pools, the classifier) are listed at our time.
+Every conv of the plan the cuda backend runs (plan.fused_plan: each module's 1x1 convs fused into one GEMM, the stem's
+two max pools folded into the 1x1 convs behind them) is an implicit GEMM of M = batch x output pixels, N = output
+channels, K = input channels x kernel taps. This script times cuBLAS (through PyTorch: torch.matmul of an (M, K) by a
+(K, N) matrix, fp16 operands or TF32 ones) on each of those shapes, beside the cuda backend's own per-op times
+(``time_layers``: eager launches, one op at a time) and its whole forward (the CUDA graph with concurrent branches).
+cuBLAS gets the easier job: its A matrix is given, where our kernels gather A from the activations (the im2col is
+implicit) and add bias and ReLU on the way out. So the sum of cuBLAS's times, one GEMM after another, is what the convs
+would take if each ran as fast as NVIDIA's GEMM library runs that shape; the ops that are no GEMM (pools, the
+classifier) are listed at our time.
 
 The chip's compute floor (FLOPs over the measured tensor-core peak, inception-bench's floor) assumes every GEMM at
 that peak, and its memory floor every activation through HBM once at the measured copy bandwidth. Each op is bound
@@ -29,7 +30,7 @@ import numpy as np
 
 from inception_engine.backends import cuda as cb
 from inception_engine.bench import PEAK_TFLOPS, ceilings, gpu_name
-from inception_engine.plan import ConvOp, build_plan, fuse_pointwise
+from inception_engine.plan import ConvOp, fused_plan
 
 
 @dataclass
@@ -51,7 +52,7 @@ def gemm_shape(op: ConvOp) -> tuple[int, int, int]:
 def ours(precision: str, batch: int, iters: int) -> tuple[float, dict[str, float], list[ConvOp]]:
     """The forward's median ms, each op's median ms, and the conv ops of the plan the backend ran."""
     weights = cb.he_weights(0)
-    plan = fuse_pointwise(build_plan(batch, weights.layers(), concurrent=True))
+    plan = fused_plan(batch, weights.layers())
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
     with cb.CudaBackend(weights, plan, precision=precision, tune=True) as backend:
         backend.forward(x)
@@ -91,7 +92,7 @@ def op_floors(precision: str, batch: int, peak_tflops: float, gbs: float) -> dic
     runs (fused 1x1 groups), so the op names match time_layers'."""
     from bench_kernels import work  # this script's neighbour: python3 scripts/gemm_floor.py puts scripts/ on the path
 
-    plan = fuse_pointwise(build_plan(batch, cb.he_weights(0).layers(), concurrent=True))
+    plan = fused_plan(batch, cb.he_weights(0).layers())
     floors = {}
     for op in plan.ops:  # concats are no ops: their branches write into the concat's buffer
         flops, nbytes = work(op, ELEM_BYTES[precision])

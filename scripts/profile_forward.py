@@ -16,7 +16,7 @@ import numpy as np
 
 from inception_engine import cuda_build
 from inception_engine.backends import cuda as cb
-from inception_engine.plan import build_plan, fuse_pointwise
+from inception_engine.plan import build_plan, fused_plan
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
         tiles = {cb.tile_label(t): t for t in cb.NHWC_ELEMS[args.precision].tiles(wgmma)}
         if args.tile not in tiles:
             p.error(f"--tile {args.tile}: this GPU's {args.precision} tiles are {', '.join(tiles)}")
-        plan = fuse_pointwise(build_plan(args.batch, weights.layers(), concurrent=True))
+        plan = fused_plan(args.batch, weights.layers(), max_pools=bool(cb.NHWC_ELEMS[args.precision].mma_tiles))
         configs = cb.choose_configs(plan, num_sms, False, args.precision, False, (tiles[args.tile],), nhwc=True,
                                     wgmma=wgmma)
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)

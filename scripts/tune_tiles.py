@@ -8,7 +8,7 @@ tiles, each timed per conv by cb.time_convs (CUDA events, eager launches, the ho
 of --iters). Prints per conv: GFLOP, ms per tile, the model's tile and ms,
 Winograd's ms, and which was fastest; then the sums. This is the data the cost model's tile speeds
 (cb.Tile.macs_per_us) are set from. --nhwc: the NHWC path as CudaBackend runs it by default, the fused
-plan (plan.fuse_pointwise) on conv_nhwc.cu's tiles, the wgmma ones where the GPU has them; no Winograd there.
+plan (plan.fused_plan) on conv_nhwc.cu's tiles, the wgmma ones where the GPU has them; no Winograd there.
 Needs a GPU and pycuda.
 """
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inception_engine.backends import cuda as cb  # noqa: E402
 from inception_engine import cuda_build  # noqa: E402
-from inception_engine.plan import ConvOp, build_plan, fuse_pointwise  # noqa: E402
+from inception_engine.plan import ConvOp, build_plan, fused_plan  # noqa: E402
 
 
 def label(cfg: cb.ConvConfig) -> str:
@@ -53,7 +53,7 @@ def main() -> int:
     results = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         if args.nhwc:
-            plan = fuse_pointwise(build_plan(batch, weights.layers(), concurrent=True))
+            plan = fused_plan(batch, weights.layers(), max_pools=bool(cb.NHWC_ELEMS[args.precision].mma_tiles))
             per_tile_sets = cb.tuning_candidates(plan, num_sms, False, args.precision, False, True, wgmma)
             model_set = cb.choose_configs(plan, num_sms, False, args.precision, False, nhwc=True, wgmma=wgmma)
             wino_set = None

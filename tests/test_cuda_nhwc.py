@@ -49,7 +49,8 @@ KERNELS = [f"{t.prefix}_{t.name}" for p in PRECISIONS for t in cb.NHWC_ELEMS[p].
     name + cb.NHWC_ELEMS[p].suffix for p in PRECISIONS
     for name in ("pool2d_nhwc", "global_avg_pool_nhwc", "conv_input_nhwc")] + [
     f"conv_nhwc{cb.NHWC_ELEMS[p].suffix}_splitk_reduce" for p in PRECISIONS] + [
-    f"conv_input_mma_nhwc{cb.NHWC_ELEMS[p].suffix}" for p in cb.INPUT_MMA_PRECISIONS]
+    f"conv_input_mma_nhwc{cb.NHWC_ELEMS[p].suffix}" for p in cb.INPUT_MMA_PRECISIONS] + [
+    f"{t.prefix}_maxpool3_{t.name}" for p in PRECISIONS for t in cb.NHWC_ELEMS[p].mma_tiles]
 DTYPE = {"fp16": np.float16, "tf32": np.float32, "fp32": np.float32}
 
 
@@ -536,6 +537,51 @@ def test_fused_conv_writes_each_part(mem, precision):
         assert np.isnan(got[~written]).all(), f"{(~np.isnan(got[~written])).sum()} elements written outside the parts"
 
 
+MAXPOOL_CASES = [  # (batch, Cin, H, W, Cout, splits); the pool's input and the conv's output views of wider buffers
+    (2, 24, 11, 9, 40, 1),  # 40 pixels: a part of one tile
+    (3, 64, 19, 17, 80, 1),  # Conv2d_3b's channels: 216 pixels, two 128-pixel tiles
+    (1, 96, 15, 15, 136, 3),  # split-K: 3 slices of 32 channels, Cout past one 128 tile
+]
+
+
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+@pytest.mark.parametrize("case", MAXPOOL_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_conv_reads_through_a_max_pool(mem, case, precision):
+    """conv_nhwc.cu's <tile>_maxpool3 kernels (plan.fuse_max_pools): relu(conv1x1(max_pool3x3s2(x)) + b), on every
+    tile that takes it, against the pool and the conv in float64 (the max is exact in the element type)."""
+    n, cin, h, w, cout, splits = case
+    ho, wo = (h - 3) // 2 + 1, (w - 3) // 2 + 1
+    src, dst = View("x", 0, (n, cin + 16, h, w), 8, cin), View("y", 0, (n, cout + 8, ho, wo), 0, cout)
+    op = ConvOp("conv", src, dst, (1, 1), 2, (0, 0), max_pool=3)
+    rng = rng_for("maxpool conv", *case, precision)
+    x = rng.standard_normal(src.dims).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, 1, 1)) / np.sqrt(cin)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    elem = lambda a: as_elem(a, precision).astype(np.float64)  # noqa: E731
+    pooled = pool2d(elem(x), "max", 3, 2, 0, True)
+    ref = elem(conv2d_bias_relu(pooled, elem(wt), b.astype(np.float64), 1, (0, 0), True))
+    size = cb.NHWC_ELEMS[precision].bytes
+    x_ptr = put_nhwc(mem, x, src.c_total, src.c_offset, precision)
+    b_ptr = mem.alloc(b.nbytes)
+    mem.write(b_ptr, b)
+    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.tile_fits(op, t)]
+    assert tiles == list(cb.NHWC_ELEMS[precision].mma_tiles)
+    for tile in tiles:
+        w16 = cb.direct_weights(wt, tile)
+        w_ptr, y_ptr = mem.alloc(w16.nbytes), mem.alloc(size * math.prod(dst.shape))
+        mem.write(w_ptr, w16)
+        k_split = math.ceil(math.ceil(cin / splits) / tile.bk) * tile.bk
+        cfg = cb.ConvConfig(tile, math.ceil(cin / k_split), k_split, 0.0)
+        ws = mem.alloc(4 * max(1, cfg.splits * cout * n * ho * wo))
+        specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * src.c_offset, src.c_total, cin, y_ptr, w_ptr, b_ptr, ws,
+                                   precision)
+        assert specs[0].kernel == f"{tile.prefix}_maxpool3_{tile.name}" and len(specs) == 1 + (splits > 1)
+        mem.launch(specs)
+        got = get_nhwc(mem, y_ptr, dst.shape, dst.c_offset, cout, precision)
+        err = rel_l2(got, ref)
+        assert err <= TOL[precision], f"{tile.prefix}_maxpool3_{tile.name}: rel L2 {err:.2e}"
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_moved_pool_adds_bias_and_relu(mem, precision):
     """pool2d_nhwc with a bias: relu(avg_pool(x) + bias), the pool that fuse_pointwise moved behind its conv, from a
@@ -656,13 +702,15 @@ def test_conv_input_reads_the_float32_nchw_input(mem, case, precision, tile):
 @pytest.mark.parametrize("precision,fuse", [("fp16", "on"), ("tf32", "on"), ("tf32", "off"), ("fp32", "on")])
 def test_backend_nhwc_forward_on_the_emulator(backend_emu_lib, precision, fuse):
     """One NHWC forward (75x75 images, batch 2, branches on several streams) against float64, with each module's
-    1x1 convs fused (the default: 10 groups) and without."""
+    1x1 convs fused (the default: 10 groups) and the stem's two max pools folded into the 1x1 convs behind them
+    (fp16 and tf32; fp32 has no kernel for it), and without."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",
                              "--batch", "2", "--graph", "off", "--concurrent", "on", "--input-size", "75",
                              "--precision", precision, "--layout", "nhwc", "--fuse", fuse)
     out = r.stdout[-2000:] + r.stderr[-3000:]
     assert r.returncode == 0 and "PASS" in r.stdout and f"({precision}, nhwc)" in r.stdout, out
     assert f"{10 if fuse == 'on' else 0} fused 1x1 groups" in r.stdout, out
+    assert f"{2 if fuse == 'on' and precision != 'fp32' else 0} max pools folded" in r.stdout, out
 
 
 @pytest.mark.gpu

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from inception_engine import arch
+import dataclasses
+
 from inception_engine.plan import (ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan,
-                                   fuse_pointwise, writes)
+                                   fuse_max_pools, fuse_pointwise, fused_plan, writes)
 
 # torchvision inception_v3 output sizes (C, H, W) for a 299x299 input.
 TORCHVISION_SHAPES = {
@@ -157,11 +159,15 @@ def view_ranges(v: View) -> list[slice]:
             for i in range(n)]
 
 
-@pytest.mark.parametrize("kind", ["reuse", "no reuse", "fused"])
+@pytest.mark.parametrize("kind", ["reuse", "no reuse", "fused", "pools folded"])
 def test_simulated_run_reads_what_producers_wrote(plan, kind):
-    if kind != "reuse":
-        plan = build_plan(plan.batch, reuse=False) if kind == "no reuse" else fuse_pointwise(
-            build_plan(plan.batch, concurrent=True))
+    if kind == "no reuse":
+        plan = build_plan(plan.batch, reuse=False)
+    elif kind == "fused":
+        plan = fuse_pointwise(build_plan(plan.batch, concurrent=True))
+    elif kind == "pools folded":
+        plan = fused_plan(plan.batch, list(arch.inception_v3()))
+        assert sum(bool(op.max_pool) for op in plan.conv_ops) == 2
     stamp = np.full(plan.arena_elems, -2, np.int16)  # -2: never written, -1: the input
     producer: dict[tuple[str, int], int] = {}  # (buffer, channel) -> op id that writes it
     for r in view_ranges(plan.input):
@@ -237,3 +243,35 @@ def test_fuse_pointwise_stacks_each_modules_1x1_convs_and_moves_its_average_pool
     assert fuse_pointwise(fused).ops == fused.ops  # nothing left to fuse
     with pytest.raises(ValueError, match="concurrent=True"):
         fuse_pointwise(build_plan(batch))
+
+
+@pytest.mark.parametrize("batch", [1, 8, 128])
+def test_fuse_max_pools_folds_the_stems_pools_into_the_1x1_convs_behind_them(batch):
+    """MaxPool_3a into Conv2d_3b and MaxPool_5a into Mixed_5b's fused 1x1 group: the conv reads the pool's input
+    (stride 2, a 3x3 window), writes what it wrote, and the pool is gone; nothing else changes."""
+    plain = fuse_pointwise(build_plan(batch, concurrent=True, pool_inputs=True))
+    folded = fuse_max_pools(plain)
+    before = {op.name: op for op in plain.ops}
+    convs = {op.name: op for op in folded.conv_ops if op.max_pool}
+    assert set(convs) == {"Conv2d_3b_1x1", "Mixed_5b.pointwise"}
+    for conv, pool in ((convs["Conv2d_3b_1x1"], before["maxpool1"]), (convs["Mixed_5b.pointwise"], before["maxpool2"])):
+        assert (pool.kind, pool.kernel, pool.stride, pool.pad) == ("max", 3, 2, 0)
+        assert (conv.src, conv.stride, conv.max_pool, conv.kernel) == (pool.src, 2, 3, (1, 1))
+        assert before[conv.name].src == pool.dst and writes(conv) == writes(before[conv.name])
+        assert conv.flops == before[conv.name].flops
+    assert [op.name for op in folded.ops] == [op.name for op in plain.ops if op.name not in ("maxpool1", "maxpool2")]
+    assert len(folded.stages) == len(folded.ops) and list(folded.stages) == sorted(folded.stages)
+    assert fuse_max_pools(folded).ops == folded.ops  # nothing left to fold
+    assert fused_plan(batch, list(arch.inception_v3())).ops == folded.ops
+
+
+def test_a_max_pool_stays_where_its_input_space_is_written_before_the_conv_reads_it():
+    """A pool is folded only if nothing from it to the end of its conv's stage writes over the pool's input: here
+    Conv2d_3b's output is moved onto the pool's input, so 3b must keep reading the pool's output."""
+    plan = fuse_pointwise(build_plan(2, concurrent=True, pool_inputs=True))
+    pool = next(op for op in plan.ops if op.name == "maxpool1")
+    conv = next(op for op in plan.ops if op.name == "Conv2d_3b_1x1")
+    moved = dataclasses.replace(plan.buffers[conv.dst.buffer], offset=plan.buffers[pool.src.buffer].offset)
+    folded = fuse_max_pools(dataclasses.replace(plan, buffers={**plan.buffers, conv.dst.buffer: moved}))
+    assert {op.name for op in folded.conv_ops if op.max_pool} == {"Mixed_5b.pointwise"}
+    assert "maxpool1" in [op.name for op in folded.ops]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import cuda_build
 from ...errors import BackendUnavailable, EngineError
-from ...plan import Plan, build_plan, fuse_pointwise, is_fused
+from ...plan import Plan, build_plan, fuse_max_pools, fuse_pointwise, fused_plan, is_fused
 from ...weights import Weights, atomic_write
 from .. import event_timed_ms
 from .cost_model import ConvConfig, choose_configs
@@ -91,12 +91,20 @@ class CudaBackend:
         self.fuse = fused or (nhwc if fuse is None else fuse)
         if self.fuse and not nhwc:
             raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
-        if (self.concurrent or self.fuse) and not plan.concurrent:
-            if not plan.layers:
-                raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
-            plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
-        if self.fuse and not fused:
+        if (self.concurrent or self.fuse) and not plan.concurrent and not plan.layers:
+            raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
+        # the max pools fold into the mma.sync tiles' 1x1 convs, which fp32 (wgmma tiles only) does not have
+        max_pools = bool(NHWC_ELEMS[precision].mma_tiles)
+        if self.fuse and not fused and plan.layers:  # rebuilt: stages, and the pools' inputs live for their readers
+            plan = fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools)
+        elif self.fuse and not fused:
             plan = fuse_pointwise(plan)
+            plan = fuse_max_pools(plan) if max_pools else plan
+        elif self.concurrent and not plan.concurrent:
+            plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
+        if not max_pools and any(op.max_pool for op in plan.conv_ops):
+            raise EngineError(f"{precision} has no kernel for a 1x1 convolution that reads through a max pool; "
+                              f"give a plan made without plan.fuse_max_pools")
         if plan.arena_elems >= 2**31:
             raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
                               f"use a smaller batch")

@@ -15,8 +15,8 @@ from typing import Any
 
 from ... import cuda_build
 from .device import driver
-from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, NHWC_ELEMS, TF32_TILES, TILES,
-                    WINO_TILES, Tile, is_halo, wgmma_ring_bytes)
+from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES,
+                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, wgmma_ring_bytes)
 from .winograd import WINO_VARIANTS
 
 
@@ -97,7 +97,9 @@ def all_kernel_names() -> list[str]:
              for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
             + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
                       for splits in (1, 2) for name in wino_kernel_names(k, m, t, splits)})
-            + [f"{t.prefix}_{t.name}" for e in NHWC_ELEMS.values() for t in e.tiles(wgmma=True)])
+            + [f"{t.prefix}_{t.name}" for e in NHWC_ELEMS.values() for t in e.tiles(wgmma=True)]
+            + [f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}" for e in NHWC_ELEMS.values() for t in e.mma_tiles
+               if t.prefix in MAXPOOL_PREFIXES])
 
 
 class Kernels:

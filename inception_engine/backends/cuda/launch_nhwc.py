@@ -14,8 +14,9 @@ from ...plan import ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, Vi
 from .cost_model import ConvConfig
 from .launch import LaunchSpec, fc_specs, softmax_spec
 from .tiles import (HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
-                    NHWC_PIECE, THREADS, WS_THREADS, blocks, halo_fits, halo_smem_bytes, input_mma_blocks,
-                    input_mma_smem_bytes, input_tile, is_halo, is_ws, wgmma_ring_bytes)
+                    NHWC_PIECE, THREADS, WS_THREADS, blocks, conv_kernel, halo_fits, halo_smem_bytes,
+                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_ws, tile_fits,
+                    wgmma_ring_bytes)
 from .workspace import workspace_layout
 
 
@@ -107,7 +108,8 @@ def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
                     ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
-    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv), and its
+    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv; x that of the
+    pool's input for a conv that reads through a max pool, its stride the pool's), and its
     split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
     NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an
     SM; a halo tile's split between its channel tiles, grid.y), or one per tile where there are fewer or num_sms is
@@ -131,7 +133,8 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, y_cstride, *op.kernel,
             op.stride, *op.pad, cfg.k_split, *parts)
     assert t in NHWC_ELEMS[precision].tiles(True), f"{op.name}: {t.prefix} {t.name} is not a {precision} NHWC tile"
-    kernel = f"{t.prefix}_{t.name}"
+    assert tile_fits(op, t), f"{op.name}: {t.prefix} {t.name} does not compute it"
+    kernel = conv_kernel(op, t)
     grid = (blocks(p_total, t.bm), blocks(cout, t.bn), cfg.splits)
     block, shared = WS_THREADS if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
     if is_halo(kernel):  # tiles of t.bm positions of each image's padded-width grid, by channel tiles (conv_nhwc.cu)

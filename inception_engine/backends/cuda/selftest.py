@@ -67,6 +67,7 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
                      winograd=winograd, nhwc=nhwc, fuse=fuse) as backend:
         got = backend.forward(x)
         fused = sum(isinstance(op, FusedConvOp) for op in backend.plan.ops)
+        pools = sum(bool(op.max_pool) for op in backend.plan.conv_ops)
         launches, streams = len(backend.specs), max(1, len(backend._streams))
         wino = sum(1 for c in backend.configs.values() if c is not None and c.wino)
         nhwc = backend.nhwc
@@ -77,8 +78,9 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     else:
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all()) and err <= tol and same
-    print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}): batch {batch}, input {input_size}, graph {'on' if graph else 'off'}, "
-          f"{launches} launches on {streams} stream(s), {wino} Winograd convs, {fused} fused 1x1 groups: "
+    print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}): batch {batch}, input {input_size}, "
+          f"graph {'on' if graph else 'off'}, {launches} launches on {streams} stream(s), {wino} Winograd convs, "
+          f"{fused} fused 1x1 groups, {pools} max pools folded into convs: "
           f"rel L2 {err:.2e} (limit {tol:.0e}), "
           f"{what} {'same' if same else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok

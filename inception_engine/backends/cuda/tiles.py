@@ -190,9 +190,22 @@ def input_tile(op: ConvOp, precision: str) -> Tile:
     return INPUT_MMA_TILE if precision in INPUT_MMA_PRECISIONS and fits else INPUT_TILE
 
 
+# conv_nhwc.cu's NhwcMaxPoolLoader: the 1x1 convs that read through a 3x3 max pool (plan.fuse_max_pools) run on
+# the mma.sync tiles of these prefixes, as <prefix>_maxpool3_<BM>x<BN>.
+MAXPOOL_PREFIXES, MAXPOOL_KERNEL = ("conv_nhwc", "conv_nhwc_tf32"), 3
+
+
 def tile_fits(op: ConvOp, tile: Tile) -> bool:
-    """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``)."""
+    """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``); a conv that reads
+    through a max pool only the MAXPOOL_PREFIXES tiles."""
+    if op.max_pool:
+        return tile.prefix in MAXPOOL_PREFIXES and op.max_pool == MAXPOOL_KERNEL
     return not is_halo(tile.prefix) or halo_fits(op, tile)
+
+
+def conv_kernel(op: ConvOp, tile: Tile) -> str:
+    """The conv_nhwc.cu entry point of this conv on this tile."""
+    return f"{tile.prefix}_maxpool{op.max_pool}_{tile.name}" if op.max_pool else f"{tile.prefix}_{tile.name}"
 
 
 def tile_label(tile: Tile) -> str:

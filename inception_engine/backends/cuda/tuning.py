@@ -59,7 +59,7 @@ def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
 def tuning_key(device_name: str, arch: str, num_sms: int, plan: Plan, precision: str, fixup: bool,
                winograd: bool | None, nhwc: bool = False) -> str:
     """What a tuned config set depends on: the GPU, the kernels' build, the conv shapes, the mode."""
-    ops = [(op.name, op.kernel, op.stride, op.pad, op.src.dims, op.dst.dims) for op in plan.conv_ops]
+    ops = [(op.name, op.kernel, op.stride, op.pad, op.src.dims, op.dst.dims, op.max_pool) for op in plan.conv_ops]
     what = [device_name, arch, num_sms, cuda_build.build_key(arch), precision, fixup, winograd is not False, ops]
     if nhwc:
         what.append("nhwc")
