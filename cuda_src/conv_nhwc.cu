@@ -41,8 +41,7 @@
 // channel tiles of one pixel tile, which then share its input through L2.
 // Max pool in front (conv_nhwc[_tf32]_maxpool3_<BM>x<BN>, plan.fuse_max_pools): a 1x1 conv whose input is a 3x3 max
 // pool of x (stride `stride`, no padding) takes the window maxima as it loads A (NhwcMaxPoolLoader), so the pool's
-// output never goes through memory: the stem's two pools and the 1x1 GEMMs behind them become one pass over the
-// pool's input.
+// output never goes through memory: MaxPool_3a and Conv2d_3b become one pass over the pool's input.
 //
 // Launch: conv_nhwc_<BM>x<BN> (fp16), conv_nhwc_tf32_<BM>x<BN> and their _maxpool3_ twins: block 256, grid
 //         (ceil(P / BM), ceil(M / BN), splits), static shared memory STAGES * (BM + BN) * 64 bytes.
@@ -218,10 +217,11 @@ struct NhwcLoader {
 // The loader of a 1x1 conv that reads a max pool's output without it being stored (plan.fuse_max_pools): x is the
 // pool's input, stride the pool's (pad 0: its windows lie inside the image, as torchvision's stem pools do), and
 // A[p][k] = max over the POOL x POOL window of output pixel p, channel k. The A pieces travel through registers:
-// the window's POOL^2 pieces are loaded (for all of the thread's rows before the first maximum, so that they are in
-// flight together), their maximum is stored to the same swizzled place a cp.async would have filled, and the
-// ring's barrier makes it visible as it does the copies. The weights still go by cp.async. A 1x1 conv has one tap,
-// so the base's tap offset is the channel offset.
+// the thread's POOL^2 pieces of every row are loaded as raw words first, without a branch (a row past P or a piece
+// past K loads pixel 0's and is zeroed after), so that all of them are in flight together, as a cp.async stage's
+// would be; then their maxima are stored where a cp.async would have put the piece, and the ring's barrier makes
+// them visible as it does the copies. The weights still go by cp.async. A 1x1 conv has one tap, so the base's tap
+// offset is the channel offset.
 template <class E, int BM, int BN, int NT, int POOL>
 struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
     using Base = NhwcLoader<E, BM, BN, NT>;
@@ -229,35 +229,43 @@ struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
     using Base::A_ROWS, Base::BK, Base::PIECE, Base::ROWS;
     using Base::Base;
 
+    __device__ __forceinline__ static void to_floats(float (&v)[PIECE], uint4 q) {
+        if constexpr (PIECE == 8) {
+            unpack8(v, q);
+        } else {
+            const unsigned r[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int e = 0; e < PIECE; ++e) v[e] = __uint_as_float(r[e]);
+        }
+    }
+
     __device__ __forceinline__ void operator()(int, int stage) {
         const bool k_ok = this->k < this->k_end;
         const int row = this->w * this->x_cstride;
-        float v[A_ROWS][POOL * POOL][PIECE];
+        bool ok[A_ROWS];
+        uint4 q[A_ROWS][POOL * POOL];
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
-            // a pixel past P (a_ih < 0: the base's marker) or a piece past K takes zeros, as the copies' zero fill
-            const bool ok = k_ok && this->a_ih[i] >= 0;
-            const T* const corner = this->x + (ok ? (unsigned)(this->a_corner[i] + this->tap) : 0u);
+            ok[i] = k_ok && this->a_ih[i] >= 0;  // a_ih < 0: the base's marker of a pixel past P
+            const T* const corner = this->x + (ok[i] ? (unsigned)(this->a_corner[i] + this->tap) : 0u);
 #pragma unroll
-            for (int dr = 0; dr < POOL; ++dr)
-#pragma unroll
-                for (int ds = 0; ds < POOL; ++ds) {
-                    if (ok) {
-                        E::load(v[i][dr * POOL + ds], corner + dr * row + ds * this->x_cstride);
-                    } else {
-#pragma unroll
-                        for (int e = 0; e < PIECE; ++e) v[i][dr * POOL + ds][e] = 0.f;
-                    }
-                }
+            for (int t = 0; t < POOL * POOL; ++t)
+                q[i][t] = __ldg(reinterpret_cast<const uint4*>(corner + t / POOL * row + t % POOL * this->x_cstride));
         }
         T* const ad = this->a_dst + stage * (BM * BK);
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
+            float m[PIECE], v[PIECE];
+            to_floats(m, q[i][0]);
 #pragma unroll
-            for (int t = 1; t < POOL * POOL; ++t)
+            for (int t = 1; t < POOL * POOL; ++t) {
+                to_floats(v, q[i][t]);
 #pragma unroll
-                for (int e = 0; e < PIECE; ++e) v[i][0][e] = fmaxf(v[i][0][e], v[i][t][e]);
-            E::store(ad + i * ROWS * BK, v[i][0]);  // exact: the maximum is one of the element type's values
+                for (int e = 0; e < PIECE; ++e) m[e] = fmaxf(m[e], v[e]);
+            }
+#pragma unroll
+            for (int e = 0; e < PIECE; ++e) m[e] = ok[i] ? m[e] : 0.f;
+            E::store(ad + i * ROWS * BK, m);  // exact: the maximum is one of the element type's values
         }
         this->copy_b(stage, k_ok);
         this->advance();

@@ -420,14 +420,22 @@ def fuse_pointwise(plan: Plan) -> Plan:
     return dataclasses.replace(plan, ops=tuple(new_ops), stages=tuple(op_stages([op.name for op in new_ops])))
 
 
-def fuse_max_pools(plan: Plan) -> Plan:
-    """The plan with each max pool (no padding, no bias) whose output only one 1x1 conv reads folded into that conv:
-    the conv (``ConvOp.max_pool``) reads the pool's input and takes the window maxima on its way, so the pool's
-    output is neither written nor read again (the stem's two: the pools' read and write, and the conv's read, become
-    one read; conv_nhwc.cu's NhwcMaxPoolLoader). Run it after ``fuse_pointwise``, whose fused 1x1 group is then
-    the only reader of the pool before Mixed_5b. A pool stays where the conv's stage, or the ops between the pool and
-    the conv, write into the arena space of the pool's input (build it with ``build_plan(pool_inputs=True)``, which
-    keeps that space live for them)."""
+# fuse_max_pools' default: the widest pool it folds. conv_nhwc.cu's NhwcMaxPoolLoader waits for its loads before
+# the math of the stage in hand, so only a K that the ring's first stages hold pays. Measured (H100, batch 128, fp16,
+# docs/PERFORMANCE.md, issue 23's means, item 5): MaxPool_3a + Conv2d_3b (64 channels, two stages) 0.253 -> 0.207 ms
+# folded; MaxPool_5a + Mixed_5b.pointwise (192 channels, six stages, two channel tiles that each take the maxima)
+# 0.187 -> 0.232 ms.
+MAX_POOL_CHANNELS = 64
+
+
+def fuse_max_pools(plan: Plan, max_channels: int | None = MAX_POOL_CHANNELS) -> Plan:
+    """The plan with each max pool (no padding, no bias, at most max_channels channels; None: any) whose output only
+    one 1x1 conv reads folded into that conv: the conv (``ConvOp.max_pool``) reads the pool's input and takes the
+    window maxima on its way, so the pool's output is neither written nor read again (the pool's read and write,
+    and the conv's read, become one read; conv_nhwc.cu's NhwcMaxPoolLoader). Run it after ``fuse_pointwise``, whose
+    fused 1x1 group is then the only reader of the pool before Mixed_5b. A pool stays where the conv's stage, or
+    the ops between the pool and the conv, write into the arena space of the pool's input (build it with
+    ``build_plan(pool_inputs=True)``, which keeps that space live for them)."""
     ops = plan.ops
     readers: dict[str, list[int]] = {}
     for i, op in enumerate(ops):
@@ -435,7 +443,8 @@ def fuse_max_pools(plan: Plan) -> Plan:
     folded: dict[int, ConvOp] = {}  # conv index -> the conv reading through the pool
     dropped: set[int] = set()
     for i, pool in enumerate(ops):
-        if not (isinstance(pool, PoolOp) and pool.kind == "max" and pool.pad == 0 and not pool.bias):
+        if not (isinstance(pool, PoolOp) and pool.kind == "max" and pool.pad == 0 and not pool.bias
+                and (max_channels is None or pool.src.channels <= max_channels)):
             continue
         if len(readers.get(pool.dst.buffer, [])) != 1:
             continue
@@ -464,7 +473,8 @@ def overlap(a: Buffer, b: Buffer) -> bool:
 
 def fused_plan(batch: int, layers: list[Layer], input_size: int = arch.INPUT_SIZE, max_pools: bool = True) -> Plan:
     """The plan the CUDA NHWC path runs: stages for concurrent branches, each module's 1x1 convs as one GEMM
-    (``fuse_pointwise``) and, with max_pools, the stem's max pools folded into the 1x1 convs behind them
-    (``fuse_max_pools``; its conv_nhwc.cu kernels exist for the mma.sync tiles of fp16 and tf32)."""
+    (``fuse_pointwise``) and, with max_pools, the max pools that pay folded into the 1x1 convs behind them
+    (``fuse_max_pools``: MaxPool_3a into Conv2d_3b; its conv_nhwc.cu kernels exist for the mma.sync tiles of fp16
+    and tf32)."""
     plan = fuse_pointwise(build_plan(batch, layers, input_size=input_size, concurrent=True, pool_inputs=max_pools))
     return fuse_max_pools(plan) if max_pools else plan

@@ -3,7 +3,7 @@
     python3 scripts/gemm_floor.py --precision fp16 --batch 128 [--iters 50] [--json FILE]
 
 Every conv of the plan the cuda backend runs (plan.fused_plan: each module's 1x1 convs fused into one GEMM, the stem's
-two max pools folded into the 1x1 convs behind them) is an implicit GEMM of M = batch x output pixels, N = output
+max pool MaxPool_3a folded into Conv2d_3b) is an implicit GEMM of M = batch x output pixels, N = output
 channels, K = input channels x kernel taps. This script times cuBLAS (through PyTorch: torch.matmul of an (M, K) by a
 (K, N) matrix, fp16 operands or TF32 ones) on each of those shapes, beside the cuda backend's own per-op times
 (``time_layers``: eager launches, one op at a time) and its whole forward (the CUDA graph with concurrent branches).
