@@ -422,9 +422,9 @@ def fuse_pointwise(plan: Plan) -> Plan:
 
 # fuse_max_pools' default: the widest pool it folds. conv_nhwc.cu's NhwcMaxPoolLoader waits for its loads before
 # the math of the stage in hand, so only a K that the ring's first stages hold pays. Measured (H100, batch 128, fp16,
-# docs/PERFORMANCE.md, issue 23's means, item 5): MaxPool_3a + Conv2d_3b (64 channels, two stages) 0.253 -> 0.207 ms
+# docs/PERFORMANCE.md, issue 23's means, item 5): MaxPool_3a + Conv2d_3b (64 channels, two stages) 0.250 -> 0.207 ms
 # folded; MaxPool_5a + Mixed_5b.pointwise (192 channels, six stages, two channel tiles that each take the maxima)
-# 0.187 -> 0.232 ms.
+# 0.185 -> 0.232 ms.
 MAX_POOL_CHANNELS = 64
 
 
