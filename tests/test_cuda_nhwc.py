@@ -457,45 +457,6 @@ def split_k_tiles(precision: str, wgmma: bool) -> list[cb.Tile]:
     return list(elem.mma_tiles[1:2]) + ([wgmma_tile(precision, n) for n in names] + ws if wgmma else [])
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("tail", [1, 2])
-def test_conv_tail_split(mem, precision, tail):
-    """A config with a tail (cost_model.tail_split): the head images in one launch, the last `tail` in another of 3
-    K slices and the reduction, on an mma.sync tile and, with wgmma, 128x192 and 128x64; every output written once,
-    against the ideal conv; views of wider buffers, so the tail's pointers are offsets into both."""
-    case = Case(3, 40, 48, 7, 9, (1, 7), 1, (0, 3), (8, 8), (16, 0))
-    op = conv_op(case)
-    k_total = case.cin * 7
-    rng = rng_for("tail split", precision, tail)
-    x = rng.standard_normal(op.src.dims).astype(np.float32)
-    w = (rng.standard_normal((case.cout, case.cin, 1, 7)) / np.sqrt(k_total)).astype(np.float32)
-    b = (0.1 * rng.standard_normal(case.cout)).astype(np.float32)
-    size = cb.NHWC_ELEMS[precision].bytes
-    x_ptr = put_nhwc(mem, x, op.src.c_total, op.src.c_offset, precision)
-    b_ptr = mem.alloc(b.nbytes)
-    mem.write(b_ptr, b)
-    tiles = list(cb.NHWC_ELEMS[precision].mma_tiles[1:2]) + (
-        [wgmma_tile(precision, n) for n in (("128x192", "128x64") if precision != "fp32" else ("128x64",))]
-        if mem.wgmma else [])
-    if not tiles:
-        pytest.skip("fp32 on the NHWC path has wgmma tiles only")
-    for tile in tiles:
-        k_split = math.ceil(math.ceil(k_total / 3) / tile.bk) * tile.bk
-        cfg = cb.ConvConfig(tile, 1, k_total, 0.0, 0, tail, math.ceil(k_total / k_split), k_split)
-        assert cfg.tail_splits == 3
-        w16 = cb.direct_weights(w, tile)
-        w_ptr, y_ptr = mem.alloc(w16.nbytes), mem.alloc(size * math.prod(op.dst.shape))
-        ws = mem.alloc(4 * cb.workspace_elems(op, cfg))
-        mem.write(w_ptr, w16)
-        specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
-                                   y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision)
-        assert [s.grid[2] for s in specs] == [1, 3, 1] and specs[1].args[4] == tail
-        mem.launch(specs)
-        got = get_nhwc(mem, y_ptr, op.dst.shape, op.dst.c_offset, case.cout, precision)
-        err = rel_l2(got, ideal_conv(case, x, w, b, precision))
-        assert err <= TOL[precision], f"{tile.prefix}_{tile.name}, tail {tail}: rel L2 {err:.2e}"
-
-
 FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp
     (24, 64, 16, 1),  # part 0: a slice of a wider (concat) buffer
     (16, 16, 0, 2),  # buffers of their own

@@ -7,16 +7,13 @@ fit int32, pointers land on the right views and parameters.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from inception_engine import arch, backends, cuda_build
 from inception_engine.backends import cuda as cb
 from inception_engine.errors import BackendUnavailable, EngineError
-from inception_engine.plan import (ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan, fuse_pointwise,
-                                   fused_plan, writes)
+from inception_engine.plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan, fuse_pointwise, writes
 from inception_engine.weights import Weights
 
 ARENA, PARAMS, WS, PROBS = 1 << 40, 1 << 41, 1 << 42, 1 << 43  # fake device addresses
@@ -323,11 +320,6 @@ def test_tuned_configs_survive_json_and_the_key_sees_what_matters():
             back = cb.config_from_json(cb.config_to_json(cfg))
             assert back is None if cfg is None else (back.tile, back.splits, back.k_split, back.wino) == \
                 (cfg.tile, cfg.splits, cfg.k_split, cfg.wino)
-    tailed = cb.ConvConfig(cb.wgmma_tile(128, 192, "fp16"), 1, 1344, 0.0, 0, 12, 4, 352)
-    assert cb.config_from_json(cb.config_to_json(tailed)) == tailed
-    old = {k: v for k, v in cb.config_to_json(tailed).items() if k != "tail"}  # a cache from before tail splits
-    with pytest.raises(KeyError):  # tune_configs then tunes again
-        cb.config_from_json(old)
     key = cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, True)
     assert key == cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, None)  # both let Winograd compete
     others = [cb.tuning_key("H200", "sm_90", 132, plan, "fp16", False, True),
@@ -336,33 +328,3 @@ def test_tuned_configs_survive_json_and_the_key_sees_what_matters():
               cb.tuning_key("H100", "sm_90", 132, plan, "tf32", False, True),
               cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, False)]
     assert len({key, *others}) == 6
-
-
-def test_tail_split_fills_the_last_wave_of_the_17x17_convs():
-    """cost_model.tail_split: Mixed_6e's 1x7 at batch 128 on w128x192 is 289 tiles, a full wave of 264 (132 SMs x 2)
-    and one of 25; its first 116 images (262 tiles) become one launch and the last 12 a second one in 4 K slices,
-    reduced; the workspace holds those slices. Convs whose last wave is at least half full, fused convs, the
-    persistent tiles, batch 1, and configs split already keep their config."""
-    plan = fused_plan(128, list(arch.inception_v3()))
-    ops = {op.name: op for op in plan.conv_ops}
-    wide = cb.wgmma_tile(128, 192, "fp16")
-    op = ops["Mixed_6e.branch7x7_2"]
-    cfg = cb.tail_split(op, cb.ConvConfig(wide, 1, 1344, 1.0), 132)
-    assert (cfg.tail, cfg.tail_splits, cfg.tail_k_split, cfg.splits) == (12, 4, 352, 1)
-    assert math.ceil(116 * 289 / 128) <= 264 < math.ceil(117 * 289 / 128)
-    assert cb.workspace_elems(op, cfg) == 4 * 192 * 12 * 289
-    specs = cb.nhwc_conv_specs(op, cfg, 0, 768, 192, 0, 0, 0, 0, "fp16", 132)
-    assert [(s.kernel, s.grid) for s in specs] == [("conv_nhwc_wgmma_128x192", (262, 1, 1)),
-                                                   ("conv_nhwc_wgmma_128x192", (28, 1, 4)),
-                                                   ("conv_nhwc_splitk_reduce", (cb.blocks(12 * 289 * 96, 256), 1, 1))]
-    assert specs[1].args[4] == 12 and specs[1].args[0] == 2 * 116 * 289 * 768  # the tail's images, from image 116
-    same = [(ops["Mixed_5b.branch5x5_2"], wide), (op, cb.ws_tile(128, 192, "fp16")),
-            (ops["Mixed_6e.pointwise"], wide),
-            (next(o for o in fused_plan(1, list(arch.inception_v3())).conv_ops if o.name == op.name), wide)]
-    for other, tile in same:
-        plain = cb.ConvConfig(tile, 1, 1344, 1.0)
-        assert cb.tail_split(other, plain, 132) == plain, other.name
-    split = cb.ConvConfig(wide, 2, 672, 1.0)
-    assert cb.tail_split(op, split, 132) == split
-    configs = cb.choose_configs(plan, 132, False, "fp16", False, (wide,), nhwc=True, wgmma=True)
-    assert configs[op.name].tail == 12 and not configs["Mixed_5b.branch5x5_2"].tail

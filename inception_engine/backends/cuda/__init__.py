@@ -54,9 +54,8 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_CIN, HALO_S
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
 from .cost_model import (ConvConfig, FIXUP_FIXED_US, FIXUP_SLICE_US, HBM_BYTES_PER_US, LAUNCH_US, MAX_SPLITS,
-                         MIN_K_SPLIT, REDUCE_BYTES_PER_US, REDUCE_FIXED_US, TAIL_MAX_SPLITS, WAVE_OVERHEAD_US,
-                         WINO_MARGIN, choose_configs, config_shape, conv_config, tail_split, uses_gemv,
-                         winograd_config)
+                         MIN_K_SPLIT, REDUCE_BYTES_PER_US, REDUCE_FIXED_US, WAVE_OVERHEAD_US, WINO_MARGIN,
+                         choose_configs, config_shape, conv_config, uses_gemv, winograd_config)
 from .tuning import (config_from_json, config_to_json, pick_fastest, tuning_cache_dir, tuning_candidates,
                      tuning_key)
 from .params import direct_weights, op_params, pack_params, round_tf32, transforms_key

@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 
 from ...errors import EngineError
-from ...plan import ConvOp, FCOp, FusedConvOp, Plan
+from ...plan import ConvOp, FCOp, Plan
 from .tiles import (HALO_CIN, KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
-                    check_nhwc_precision, input_tile, is_halo, is_ws, tile_fits)
+                    check_nhwc_precision, input_tile, is_halo, tile_fits)
 from .winograd import WINO_MIN_BATCH, WINO_VARIANTS, WinogradShape, winograd_eligible, winograd_shape
 
 
@@ -40,12 +40,9 @@ class ConvConfig:
     k_split: int  # K per slice, a multiple of tile.bk
     est_us: float
     wino: int = 0  # Winograd with output tile m = wino (``winograd_tile``; tile: winograd.cu's GEMM; splits, k_split:
+
+
     # its split-K over Cin, whose slices the output transform sums); 0: direct
-    # ``tail_split``: the last `tail` images run as a second launch of the same tile, in tail_splits K slices of
-    # tail_k_split each (then the split-K reduction); 0: one launch
-    tail: int = 0
-    tail_splits: int = 1
-    tail_k_split: int = 0
 
 
 def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool = True,
@@ -112,39 +109,6 @@ def winograd_config(op: ConvOp, m: int, num_sms: int) -> ConvConfig:
     return best
 
 
-# At most this many K slices for the tail launch: each slice more shortens its blocks but adds the tail's fp32 output
-# once more to the workspace the reduction reads (Mixed_6e's 28 tail tiles: 2.8 MB a slice). With a wave of ~26 us
-# (H100, w128x192), time ~ 26 / s + 1.8 s us is least near s = 4 (a model, not measured).
-TAIL_MAX_SPLITS = 4
-
-
-def tail_split(op: ConvOp, cfg: ConvConfig, num_sms: int) -> ConvConfig:
-    """cfg, with its last wave of blocks made full where it would run less than half full: the images whose tiles
-    fill the whole waves before it run as one launch, and the rest as a second launch whose tiles are cut into K
-    slices, as many as fill a wave (conv_nhwc.cu's split-K, reduced by conv_nhwc_splitk_reduce). The 17x17 modules'
-    convs at batch 128 are 289 tiles of 128 pixels x all channels: on 132 SMs of 2 blocks, a full wave and one of 25
-    blocks, which takes as long. NHWC direct convs of one output part on the tiles that launch a block per tile
-    (mma.sync and wgmma; the persistent ws and halo tiles loop over their tiles), whose config has one slice."""
-    t = cfg.tile
-    if (cfg.splits > 1 or cfg.wino or isinstance(op, FusedConvOp) or op.max_pool or is_ws(t.prefix)
-            or is_halo(t.prefix) or not t.prefix.startswith("conv_nhwc")):
-        return cfg
-    n, cout, ho, wo = op.dst.dims
-    slots, channel_tiles = num_sms * t.resident, math.ceil(cout / t.bn)
-    tiles = lambda images: math.ceil(images * ho * wo / t.bm) * channel_tiles  # noqa: E731
-    waves = math.ceil(tiles(n) / slots)
-    if waves < 2 or tiles(n) - (waves - 1) * slots >= slots / 2:
-        return cfg
-    head = max(b for b in range(n + 1) if tiles(b) <= (waves - 1) * slots)
-    k_total = op.src.channels * op.kernel[0] * op.kernel[1]
-    want = min(TAIL_MAX_SPLITS, slots // tiles(n - head), k_total // MIN_K_SPLIT)
-    k_split = math.ceil(math.ceil(k_total / max(want, 1)) / t.bk) * t.bk
-    splits = math.ceil(k_total / k_split)
-    if head == 0 or splits < 2:
-        return cfg
-    return ConvConfig(t, 1, cfg.k_split, cfg.est_us, 0, n - head, splits, k_split)
-
-
 def uses_gemv(op: FCOp) -> bool:
     """fc_gemv at batch 1 (float4 loads: in_features % 4 == 0 and a 16-byte aligned input); else the GEMM."""
     src = op.src
@@ -191,10 +155,10 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
             # computes this conv (a halo tile alone, in tuning) leaves it to the model
             fit = tuple(t for t in conv_tiles if tile_fits(op, t) and (asked or model_takes(op, t))) or tuple(
                 t for t in NHWC_ELEMS[precision].tiles(wgmma) if tile_fits(op, t) and model_takes(op, t))
-            cfg = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
-                              op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
-                              (input_tile(op, precision),) if reads_input else fit, 1 if reads_input else MAX_SPLITS)
-            configs[op.name] = cfg if reads_input else tail_split(op, cfg, num_sms)
+            configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
+                                           op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
+                                           (input_tile(op, precision),) if reads_input else fit,
+                                           1 if reads_input else MAX_SPLITS)
         elif isinstance(op, ConvOp):
             if op.kernel not in KERNEL_SIZES:
                 raise EngineError(f"{op.name}: no CUDA kernel for a {op.kernel[0]}x{op.kernel[1]} convolution "

@@ -6,7 +6,6 @@ pool_nhwc.cu's pools, then launch.py's FC and softmax on the float32 features.""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -114,20 +113,7 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
     NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an
     SM; a halo tile's split between its channel tiles, grid.y), or one per tile where there are fewer or num_sms is
-    None. A config with a tail (cost_model.tail_split) is two such launches on the head and the tail images, the
-    tail's in K slices and reduced."""
-    if cfg.tail:  # cost_model.tail_split: the head images in one slice, the tail's in several; then their reduction
-        head, size = op.dst.n - cfg.tail, NHWC_ELEMS[precision].bytes
-        (_, _, h, wd), (_, _, ho, wo) = op.src.dims, op.dst.dims
-        images = lambda first, count: dataclasses.replace(  # noqa: E731
-            op, src=dataclasses.replace(op.src, shape=(count, *op.src.shape[1:])),
-            dst=dataclasses.replace(op.dst, shape=(count, *op.dst.shape[1:])))
-        one = dataclasses.replace(cfg, tail=0, tail_splits=1, tail_k_split=0)
-        return (nhwc_conv_specs(images(0, head), one, x, x_cstride, cin, y, w, b, ws, precision, num_sms)
-                + nhwc_conv_specs(images(head, cfg.tail),
-                                  dataclasses.replace(one, splits=cfg.tail_splits, k_split=cfg.tail_k_split),
-                                  x + size * head * h * wd * x_cstride, x_cstride, cin,
-                                  y + size * head * ho * wo * writes(op)[0].c_total, w, b, ws, precision, num_sms))
+    None."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total

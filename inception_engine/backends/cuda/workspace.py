@@ -9,14 +9,11 @@ from .tiles import blocks
 
 
 def workspace_elems(op: ConvOp | FCOp, cfg: ConvConfig | None) -> int:
-    """Floats of workspace one op uses: split-K partial sums (splits x Cout x N; a tail split's, tail_splits x Cout x
-    its images' pixels), or Winograd's V (nn x Cin x Tp) followed by M (splits x nn x Cout x Tp); 0 for the
-    others."""
+    """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), or Winograd's V (nn x Cin x Tp)
+    followed by M (splits x nn x Cout x Tp); 0 for the others."""
     if cfg is not None and cfg.wino:
         ws = config_shape(op, cfg)
         return ws.nn * (op.src.channels + cfg.splits * op.dst.channels) * ws.t_pad
-    if cfg is not None and cfg.tail:
-        return cfg.tail_splits * op.dst.channels * cfg.tail * op.dst.h * op.dst.w
     if cfg is None or cfg.splits == 1:
         return 0
     return cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w
