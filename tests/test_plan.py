@@ -8,12 +8,12 @@ wrote (a buffer placed over a still-needed one would show another op's stamp).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from inception_engine import arch
-import dataclasses
-
 from inception_engine.plan import (ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, build_plan,
                                    fuse_max_pools, fuse_pointwise, fused_plan, writes)
 
