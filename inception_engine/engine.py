@@ -185,10 +185,15 @@ class Engine:
             return
         stream = (classify_encoded(images, self.runner(len(images)), top_k) if self.decode == "gpu"
                   else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline))
-        for p in stream:
-            if on_progress:
-                on_progress(1)
-            yield p
+        try:
+            for p in stream:
+                if on_progress:
+                    on_progress(1)
+                yield p
+        finally:
+            # Closing this generator closes the pipeline now, with the engine still open: left to the garbage
+            # collector, it could run after the backend was closed and print an ignored EngineError's traceback.
+            stream.close()
 
     def classify_pixels(self, pixels: np.ndarray, top_k: int = 5) -> list[list[tuple[int, str, float]]]:
         """Top-k per image of already decoded images: (N, size, size, 3) uint8 RGB as images.decode_u8 returns

@@ -69,6 +69,29 @@ def test_predict_keeps_order_reports_bad_images_and_matches_softmax(weights, tmp
         np.testing.assert_allclose([q for _, _, q in p.top], row[want], rtol=1e-4)
 
 
+def test_closing_predict_iter_closes_the_pipeline_at_once(weights, monkeypatch):
+    """inception-run closes its prediction stream inside the engine's with-block: the pipeline generator (its decode
+    workers, the runner) must end then, even while something else still refers to it (a reference cycle, on the GPU
+    path: it was left to the garbage collector, which closed it after the backend and printed an ignored
+    EngineError's traceback; H100, session 7), not when it is collected."""
+    import inception_engine.engine as engine_module
+
+    held = []
+
+    def classify(*args, **kwargs):
+        g = real(*args, **kwargs)
+        held.append(g)
+        return g
+
+    real = engine_module.classify
+    monkeypatch.setattr(engine_module, "classify", classify)
+    with Engine(weights, backend="cpu", batch_size=1) as engine:
+        preds = engine.predict_iter(images(3, seed=7), top_k=1)
+        assert next(preds).ok
+        preds.close()
+        assert held and held[0].gi_frame is None, "the pipeline generator is still open"
+
+
 def test_softmax_is_stable_and_normalised():
     logits = np.array([[1000.0, 1001.0, 999.0], [0.0, 0.0, 0.0]], np.float32)
     p = softmax(logits)
