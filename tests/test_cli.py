@@ -337,17 +337,21 @@ def test_bench_plot_without_matplotlib_is_one_line(weights_file, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "cudnn", "auto"])
 def test_run_on_the_gpu_matches_the_cpu_path(synthetic_weights_file, image_dir, backend):
-    """inception-run on a GPU backend: same classes and probabilities (to fp32 noise) as the cpu path, on the
-    calibrated synthetic model; `auto` picks cuda where a GPU is usable."""
+    """inception-run on a GPU backend: the cpu path's classes and probabilities, on the calibrated synthetic model;
+    `auto` picks cuda where a GPU is usable. With --precision fp32 to fp32 noise; by default (auto: tf32 on the GPU,
+    logits ~7e-4 off float64) to 5e-3, which fp32's 1e-3 did not allow (0.0020 off, H100, session 7)."""
     images = [str(image_dir / name) for name in GOOD]
     docs = {}
-    for b in ("cpu", backend):
+    for b, precision in (("cpu", "auto"), (backend, "fp32"), (backend, "auto")):
         r = runner().invoke(cli.run_cmd, [*images, "--json", "--weights", str(synthetic_weights_file),
-                                          "--backend", b, "--top-k", "3", "--batch-size", "4"])
+                                          "--backend", b, "--precision", precision, "--top-k", "3",
+                                          "--batch-size", "4"])
         assert r.exit_code == 0, r.output
-        docs[b] = json.loads(r.stdout)
-    assert docs[backend]["backend"] == ("cuda" if backend == "auto" else backend)
-    for want, got in zip(docs["cpu"]["results"], docs[backend]["results"]):
-        assert want["image"] == got["image"]
-        assert want["top"][0]["index"] == got["top"][0]["index"], want["image"]
-        np.testing.assert_allclose([t["prob"] for t in got["top"]], [t["prob"] for t in want["top"]], atol=1e-3)
+        docs[b, precision] = json.loads(r.stdout)
+    for precision, atol in (("fp32", 1e-3), ("auto", 5e-3)):
+        doc = docs[backend, precision]
+        assert doc["backend"] == ("cuda" if backend == "auto" else backend)
+        for want, got in zip(docs["cpu", "auto"]["results"], doc["results"]):
+            assert want["image"] == got["image"]
+            assert want["top"][0]["index"] == got["top"][0]["index"], want["image"]
+            np.testing.assert_allclose([t["prob"] for t in got["top"]], [t["prob"] for t in want["top"]], atol=atol)
