@@ -471,10 +471,15 @@ def overlap(a: Buffer, b: Buffer) -> bool:
     return a.offset < b.offset + b.elems and b.offset < a.offset + a.elems
 
 
-def fused_plan(batch: int, layers: list[Layer], input_size: int = arch.INPUT_SIZE, max_pools: bool = True) -> Plan:
-    """The plan the CUDA NHWC path runs: stages for concurrent branches, each module's 1x1 convs as one GEMM
-    (``fuse_pointwise``) and, with max_pools, the max pools that pay folded into the 1x1 convs behind them
-    (``fuse_max_pools``: MaxPool_3a into Conv2d_3b; its conv_nhwc.cu kernels exist for the mma.sync tiles of fp16
-    and tf32)."""
-    plan = fuse_pointwise(build_plan(batch, layers, input_size=input_size, concurrent=True, pool_inputs=max_pools))
+def fuse(plan: Plan, max_pools: bool = True) -> Plan:
+    """Each module's 1x1 convs as one GEMM (``fuse_pointwise``) and, with max_pools, the max pools that pay folded
+    into the 1x1 convs behind them (``fuse_max_pools``: MaxPool_3a into Conv2d_3b; its conv_nhwc.cu kernels exist
+    for the mma.sync tiles of fp16 and tf32)."""
+    plan = fuse_pointwise(plan)
     return fuse_max_pools(plan) if max_pools else plan
+
+
+def fused_plan(batch: int, layers: list[Layer], input_size: int = arch.INPUT_SIZE, max_pools: bool = True) -> Plan:
+    """The plan the CUDA NHWC path runs: stages for concurrent branches, ``fuse``d, the pools' inputs kept live for
+    the convs that take them."""
+    return fuse(build_plan(batch, layers, input_size=input_size, concurrent=True, pool_inputs=max_pools), max_pools)

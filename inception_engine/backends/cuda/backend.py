@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import cuda_build
 from ...errors import BackendUnavailable, EngineError
-from ...plan import Plan, build_plan, fuse_max_pools, fuse_pointwise, fused_plan, is_fused
+from ...plan import Plan, build_plan, fuse, fused_plan, is_fused
 from ...weights import Weights, atomic_write
 from .. import event_timed_ms
 from .cost_model import ConvConfig, choose_configs
@@ -68,8 +68,9 @@ class CudaBackend:
         H200, docs/performance-log.md round 5; fp32: round 10); False: conv.cu / conv_f16.cu / conv_tf32.cu and
         Winograd on fp32 NCHW activations.
         fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
-        average pool of the pool branch moved behind its conv (plan.fuse_pointwise), which needs a plan whose
-        buffers live for whole stages (rebuilt so, as for concurrent). A plan fused already is taken as it is.
+        average pool of the pool branch moved behind its conv, and in fp16 and tf32 MaxPool_3a folded into Conv2d_3b
+        (plan.fuse), which needs a plan whose buffers live for whole stages (rebuilt so, as for concurrent). A plan
+        fused already is taken as it is.
         sm_margin: SMs the persistent (warp-specialized and halo) tiles leave free, for other work on the GPU beside
         the forward (nvImageCodec's kernels when JPEGs are decoded on the GPU); 0: a block on every SM."""
         if precision not in PRECISIONS:
@@ -95,11 +96,9 @@ class CudaBackend:
             raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
         # the max pools fold into the mma.sync tiles' 1x1 convs, which fp32 (wgmma tiles only) does not have
         max_pools = bool(NHWC_ELEMS[precision].mma_tiles)
-        if self.fuse and not fused and plan.layers:  # rebuilt: stages, and the pools' inputs live for their readers
-            plan = fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools)
-        elif self.fuse and not fused:
-            plan = fuse_pointwise(plan)
-            plan = fuse_max_pools(plan) if max_pools else plan
+        if self.fuse and not fused:  # rebuilt where it can be: stages, and the pools' inputs live for their readers
+            plan = fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools) if plan.layers else fuse(
+                plan, max_pools)
         elif self.concurrent and not plan.concurrent:
             plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
         if not max_pools and any(op.max_pool for op in plan.conv_ops):
