@@ -158,10 +158,12 @@ constexpr int CONV_INPUT_MMA_K = 32;                    // K padded to this
 constexpr int CONV_INPUT_MMA_THREADS = 128;             // 4 warps
 constexpr int CONV_INPUT_MMA_ROW = CONV_INPUT_COUT + 8;  // a staged output pixel, elements (the header's padding)
 
-// The input copy's row width: the row with its padding, and at least what the last m tile's windows reach.
+// The input copy's row width: the row with its padding, and at least what the last m tile's windows reach, rounded
+// up to whole 16-byte chunks, plus one chunk: the aligned copy (below) starts a row up to 3 floats late.
 __host__ __device__ constexpr int conv_input_mma_width(int w, int pad_w, int wo, int kw, int stride) {
-    return w + 2 * pad_w > ((wo + 15) / 16 * 16 - 1) * stride + kw ? w + 2 * pad_w
-                                                                  : ((wo + 15) / 16 * 16 - 1) * stride + kw;
+    return ((w + 2 * pad_w > ((wo + 15) / 16 * 16 - 1) * stride + kw ? w + 2 * pad_w
+                                                                    : ((wo + 15) / 16 * 16 - 1) * stride + kw) +
+            3) / 4 * 4 + 4;
 }
 // Floats of the input copy (Cin*KH rows and the zero row), rounded up to 16 bytes: the staged output follows it.
 __host__ __device__ constexpr int conv_input_mma_copy_floats(int cin, int kh, int wp) {
@@ -201,14 +203,14 @@ struct InputFragments<NhwcTf32> {
 
 // Copy the input rows of output row `row` (= b*Ho + oh): row (c, r) of the windows to copy[(c*KH + r)*wp ...],
 // column j holding input column j - pad_w, by cp.async with zero fill outside the input, so that all of a thread's
-// ~24 loads are in flight at once; then the row of zeros.
+// ~24 loads are in flight at once. The general copy, one float a cp.async: any padding.
 __device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __restrict__ x, int row, int cin, int h,
                                                     int w, int ho, int kh, int stride, int pad_h, int pad_w,
                                                     int wp) {
     const int b = row / ho, ih0 = (row - b * ho) * stride - pad_h;
-    for (int c = 0, r = 0, cr = 0; cr <= cin * kh; ++cr) {
+    for (int c = 0, r = 0, cr = 0; cr < cin * kh; ++cr) {
         const int ih = ih0 + r;
-        const bool row_ok = c < cin && (unsigned)ih < (unsigned)h;
+        const bool row_ok = (unsigned)ih < (unsigned)h;
         const float* const xr = x + (((size_t)b * cin + c) * h + ih) * w - pad_w;
         for (int j = threadIdx.x; j < wp; j += CONV_INPUT_MMA_THREADS) {
             const bool ok = row_ok && (unsigned)(j - pad_w) < (unsigned)w;
@@ -221,6 +223,63 @@ __device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __
     }
     cp_async::commit();
 }
+
+// The aligned copy, where no window reaches past a row's ends (pad_w = 0 and (Wo-1)*S + KW <= W: Conv2d_1a). The
+// general copy spent ~12 instructions a float, most of the kernel's (session 4's ncu: issue-bound, DRAM 39 % busy).
+// Here a row moves as 16-byte cp.asyncs of the aligned chunks that cover it: input row (c, ih) starts at element
+// o = ((b*Cin + c)*H + ih)*W, rarely a multiple of 4 (W = 299), so its chunks 4 floor(o/4) + 4q land at copy row
+// cr's slot from its start, and the row itself sh = o % 4 floats into the slot: the A fragments add each k's sh
+// (InputRowShift). The chunks' stray floats of the neighbouring rows fall where no window of an output pixel reads.
+// Which chunks (cr, q) a thread copies is the same for every output row, so it is worked out once per block
+// (InputChunks): per row a chunk costs an add, a mask, a bounds test and the cp.async.
+constexpr int CONV_INPUT_MMA_CHUNKS = 8;  // chunks a thread copies a row, at most (else the general copy)
+
+// Chunks of one input row: ceil((W + 3) / 4) cover it from any alignment.
+__host__ __device__ constexpr int conv_input_row_chunks(int w) { return (w + 6) / 4; }
+__device__ __forceinline__ bool conv_input_aligned(int cin, int w, int wo, int kh, int kw, int stride, int pad_w) {
+    return pad_w == 0 && (wo - 1) * stride + kw <= w &&
+           cin * kh * conv_input_row_chunks(w) <= CONV_INPUT_MMA_CHUNKS * CONV_INPUT_MMA_THREADS;
+}
+
+struct InputChunks {
+    int dst[CONV_INPUT_MMA_CHUNKS];   // the chunk's floats from the copy's start: cr*wp + 4q
+    int goff[CONV_INPUT_MMA_CHUNKS];  // (c*H + r)*W: the input row's offset from row (b, 0, ih0) of x
+    int q4[CONV_INPUT_MMA_CHUNKS];    // 4q
+    int r[CONV_INPUT_MMA_CHUNKS];     // the window row
+    int count;
+
+    __device__ __forceinline__ InputChunks(int cin, int h, int w, int kh, int wp) {
+        const int nq = conv_input_row_chunks(w);
+        count = 0;
+#pragma unroll
+        for (int i = 0; i < CONV_INPUT_MMA_CHUNKS; ++i) {
+            const int n = threadIdx.x + i * CONV_INPUT_MMA_THREADS, cr = n / nq, q = n - cr * nq, c = cr / kh;
+            if (cr < cin * kh) count = i + 1;
+            dst[i] = cr * wp + 4 * q;
+            goff[i] = (c * h + cr - c * kh) * w;
+            q4[i] = 4 * q;
+            r[i] = cr - c * kh;
+        }
+    }
+
+    // img = (b*Cin*H + ih0)*W, the offset of row (b, 0, ih0) (negative in the top padding); total: x's floats.
+    __device__ __forceinline__ void copy(float* copy, const float* __restrict__ x, long long img, int ih0, int h,
+                                         long long total) const {
+#pragma unroll
+        for (int i = 0; i < CONV_INPUT_MMA_CHUNKS; ++i) {
+            if (i >= count) break;
+            const bool ok = (unsigned)(ih0 + r[i]) < (unsigned)h;
+            const long long src = ((img + goff[i]) & ~3LL) + q4[i];
+            if (!ok || src + 4 <= total) {
+                cp_async::copy16_or_zero(copy + dst[i], ok ? x + src : x, ok);
+            } else {  // the last chunk of the tensor: only its floats inside it
+#pragma unroll
+                for (int e = 0; e < 4; ++e) cp_async::copy4(copy + dst[i] + e, src + e < total ? x + src + e : x, src + e < total);
+            }
+        }
+        cp_async::commit();
+    }
+};
 
 // The block's output rows blockIdx.x, + gridDim.x, ... (the host launches one block per few rows at large batch, so
 // that what depends on the weights alone, B fragments, the fragments' offsets and the bias, is set up once for them).
@@ -235,8 +294,25 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
     float* const copy = reinterpret_cast<float*>(conv_input_smem);
     T* const out = reinterpret_cast<T*>(conv_input_smem + 4 * conv_input_mma_copy_floats(cin, kh, wp));
     const int m0 = blockIdx.y * CO, out_rows = batch * ho;
-    if ((int)blockIdx.x < out_rows)
-        conv_input_mma_copy(copy, x, blockIdx.x, cin, h, w, ho, kh, stride, pad_h, pad_w, wp);
+    const bool aligned = conv_input_aligned(cin, w, wo, kh, kw, stride, pad_w);
+    const InputChunks chunks(cin, h, w, kh, wp);  // the aligned copy's chunks of this thread
+    // Offset of x's row (b, 0, ih0) for output row `row`, from which the aligned copy and the shifts are reckoned.
+    const auto image_row = [&](int row, int& ih0) {
+        const int b = row / ho;
+        ih0 = (row - b * ho) * stride - pad_h;
+        return ((long long)b * cin * h + ih0) * w;
+    };
+    const auto issue_copy = [&](int row) {
+        if (aligned) {
+            int ih0;
+            const long long img = image_row(row, ih0);
+            chunks.copy(copy, x, img, ih0, h, (long long)batch * cin * h * w);
+        } else {
+            conv_input_mma_copy(copy, x, row, cin, h, w, ho, kh, stride, pad_h, pad_w, wp);
+        }
+    };
+    if ((int)blockIdx.x < out_rows) issue_copy(blockIdx.x);
+    for (int j = threadIdx.x; j < wp; j += CONV_INPUT_MMA_THREADS) copy[rows * wp + j] = 0.f;  // the padded k's row
 
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     unsigned bfrag[STEPS][NJ][2];  // B[k][n] = wt[k][m0 + n], zero past K and Cout
@@ -256,6 +332,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
                 bfrag[s][j][i] = F::reg(v);
             }
     int koff[STEPS][2][PACK];  // where k of the lane's A fragments sits in the copy, for the pixel at column 0
+    int kgoff[STEPS][2][PACK];  // and the offset of its input row from the image row (InputChunks::goff), or -1
 #pragma unroll
     for (int s = 0; s < STEPS; ++s)
 #pragma unroll
@@ -264,6 +341,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
             for (int e = 0; e < PACK; ++e) {
                 const int k = s * F::STEP + F::a_k(t, half, e), c = k / (kh * kw), rs = k - c * kh * kw;
                 koff[s][half][e] = k < k_total ? (c * kh + rs / kw) * wp + rs % kw : rows * wp;
+                kgoff[s][half][e] = k < k_total && aligned ? (c * h + rs / kw) * w : -1;
             }
     float bias_v[NJ][2];
 #pragma unroll
@@ -275,6 +353,20 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
         }
 
     for (int row = blockIdx.x; row < out_rows; row += gridDim.x) {
+        int at[STEPS][2][PACK];  // koff, + the aligned copy's shift of the k's input row
+        {
+            int ih0;
+            const unsigned img = static_cast<unsigned>(image_row(row, ih0));  // its low bits are the shift's
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s)
+#pragma unroll
+                for (int half = 0; half < 2; ++half)
+#pragma unroll
+                    for (int e = 0; e < PACK; ++e) {
+                        const int go = kgoff[s][half][e];
+                        at[s][half][e] = koff[s][half][e] + (go < 0 ? 0 : (img + go) & 3);
+                    }
+        }
         cp_async::wait<0>();
         __syncthreads();  // the row's copy is complete, and the last row's output has left shared memory
         for (int tile = threadIdx.x / 32; tile < (wo + 15) / 16; tile += WARPS) {
@@ -287,7 +379,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
                 for (int i = 0; i < 4; ++i) {
                     float v[PACK];
 #pragma unroll
-                    for (int e = 0; e < PACK; ++e) v[e] = copy[koff[s][i / 2][e] + col[i % 2]];
+                    for (int e = 0; e < PACK; ++e) v[e] = copy[at[s][i / 2][e] + col[i % 2]];
                     a[i] = F::reg(v);
                 }
 #pragma unroll
@@ -306,8 +398,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
                 }
         }
         __syncthreads();  // the row's output is staged; the copy is free
-        if (row + (int)gridDim.x < out_rows)
-            conv_input_mma_copy(copy, x, row + gridDim.x, cin, h, w, ho, kh, stride, pad_h, pad_w, wp);
+        if (row + (int)gridDim.x < out_rows) issue_copy(row + gridDim.x);
 
         T* const yrow = y + (size_t)row * wo * y_cstride + m0;  // pixel (b, oh, 0) is pixel row * Wo
         for (int n = threadIdx.x; n < wo * PIECES; n += CONV_INPUT_MMA_THREADS) {

@@ -169,7 +169,7 @@ def input_mma_smem_bytes(op: ConvOp, elem_bytes: int) -> int:
     (and a row of zeros) as float32, then the row's staged output."""
     (_, cin, h, w), (_, _, ho, wo) = op.src.dims, op.dst.dims
     (kh, kw), pad_w, tiles16 = op.kernel, op.pad[1], -(-wo // 16) * 16
-    wp = max(w + 2 * pad_w, (tiles16 - 1) * op.stride + kw)
+    wp = (max(w + 2 * pad_w, (tiles16 - 1) * op.stride + kw) + 3) // 4 * 4 + 4  # whole chunks, and one for the shift
     return 4 * (-(-((cin * kh + 1) * wp) // 4) * 4) + tiles16 * INPUT_MMA_ROW * elem_bytes
 
 
