@@ -58,8 +58,8 @@
         int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, int kw, int stride,      \
         int pad_h, int pad_w, int relu
 // An entry point of this file: BODY<E>, one of the two versions below, on the launch's arguments.
-#define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS)                                                                \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(CONV_INPUT_PARAMS(E::T)) {                        \
+#define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS, MIN_BLOCKS)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(CONV_INPUT_PARAMS(E::T)) {            \
         BODY<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu); \
     }
 
@@ -147,9 +147,9 @@ __device__ __forceinline__ void conv_input_pixel(CONV_INPUT_PARAMS(typename E::T
     }
 }
 
-CONV_INPUT_KERNEL(conv_input_nhwc, conv_input_pixel, NhwcF16, 256)
-CONV_INPUT_KERNEL(conv_input_nhwc_tf32, conv_input_pixel, NhwcTf32, 256)
-CONV_INPUT_KERNEL(conv_input_nhwc_f32, conv_input_pixel, NhwcF32, 256)
+CONV_INPUT_KERNEL(conv_input_nhwc, conv_input_pixel, NhwcF16, 256, 1)
+CONV_INPUT_KERNEL(conv_input_nhwc_tf32, conv_input_pixel, NhwcTf32, 256, 1)
+CONV_INPUT_KERNEL(conv_input_nhwc_f32, conv_input_pixel, NhwcF32, 256, 1)
 
 
 // --- the tensor-core version ---------------------------------------------------------------------------------------
@@ -228,58 +228,50 @@ __device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __
 // general copy spent ~12 instructions a float, most of the kernel's (session 4's ncu: issue-bound, DRAM 39 % busy).
 // Here a row moves as 16-byte cp.asyncs of the aligned chunks that cover it: input row (c, ih) starts at element
 // o = ((b*Cin + c)*H + ih)*W, rarely a multiple of 4 (W = 299), so its chunks 4 floor(o/4) + 4q land at copy row
-// cr's slot from its start, and the row itself sh = o % 4 floats into the slot: the A fragments add each k's sh
-// (InputRowShift). The chunks' stray floats of the neighbouring rows fall where no window of an output pixel reads.
-// Which chunks (cr, q) a thread copies is the same for every output row, so it is worked out once per block
-// (InputChunks): per row a chunk costs an add, a mask, a bounds test and the cp.async.
-constexpr int CONV_INPUT_MMA_CHUNKS = 8;  // chunks a thread copies a row, at most (else the general copy)
+// cr's slot from its start, and the row itself sh = o % 4 floats into the slot: the A fragments add each k's sh.
+// The chunks' stray floats of the neighbouring rows fall where no window of an output pixel reads. A thread's chunks
+// are n = thread, + 128, ... of the rows' chunks in order, (cr, q) stepped without a division; what a copy row needs
+// besides (its input row's offset and window row) is looked up in `rows_at`, filled once per block. Few registers
+// matter here: a first version that kept each chunk's place in registers took 166-189 and ran 3 blocks an SM,
+// latency-bound (ncu, session 8).
+constexpr int CONV_INPUT_MMA_MAX_ROWS = 64;  // Cin*KH of the aligned copy, at most
 
 // Chunks of one input row: ceil((W + 3) / 4) cover it from any alignment.
 __host__ __device__ constexpr int conv_input_row_chunks(int w) { return (w + 6) / 4; }
 __device__ __forceinline__ bool conv_input_aligned(int cin, int w, int wo, int kh, int kw, int stride, int pad_w) {
-    return pad_w == 0 && (wo - 1) * stride + kw <= w &&
-           cin * kh * conv_input_row_chunks(w) <= CONV_INPUT_MMA_CHUNKS * CONV_INPUT_MMA_THREADS;
+    return pad_w == 0 && (wo - 1) * stride + kw <= w && kh <= 8 && cin * kh <= CONV_INPUT_MMA_MAX_ROWS;
 }
 
-struct InputChunks {
-    int dst[CONV_INPUT_MMA_CHUNKS];   // the chunk's floats from the copy's start: cr*wp + 4q
-    int goff[CONV_INPUT_MMA_CHUNKS];  // (c*H + r)*W: the input row's offset from row (b, 0, ih0) of x
-    int q4[CONV_INPUT_MMA_CHUNKS];    // 4q
-    int r[CONV_INPUT_MMA_CHUNKS];     // the window row
-    int count;
-
-    __device__ __forceinline__ InputChunks(int cin, int h, int w, int kh, int wp) {
-        const int nq = conv_input_row_chunks(w);
-        count = 0;
-#pragma unroll
-        for (int i = 0; i < CONV_INPUT_MMA_CHUNKS; ++i) {
-            const int n = threadIdx.x + i * CONV_INPUT_MMA_THREADS, cr = n / nq, q = n - cr * nq, c = cr / kh;
-            if (cr < cin * kh) count = i + 1;
-            dst[i] = cr * wp + 4 * q;
-            goff[i] = (c * h + cr - c * kh) * w;
-            q4[i] = 4 * q;
-            r[i] = cr - c * kh;
-        }
+// rows_at[cr] = (c*H + r)*W << 3 | r for copy row cr = c*KH + r: its input row's offset from row (b, 0, ih0) of x,
+// and its window row (KH <= 8).
+__device__ __forceinline__ void conv_input_rows_at(int* rows_at, int cin, int h, int w, int kh) {
+    for (int cr = threadIdx.x; cr < cin * kh; cr += CONV_INPUT_MMA_THREADS) {
+        const int c = cr / kh, r = cr - c * kh;
+        rows_at[cr] = (c * h + r) * w << 3 | r;
     }
+}
 
-    // img = (b*Cin*H + ih0)*W, the offset of row (b, 0, ih0) (negative in the top padding); total: x's floats.
-    __device__ __forceinline__ void copy(float* copy, const float* __restrict__ x, long long img, int ih0, int h,
-                                         long long total) const {
+// img = (b*Cin*H + ih0)*W, the offset of row (b, 0, ih0) (negative in the top padding); total: x's floats.
+__device__ __forceinline__ void conv_input_mma_copy_aligned(float* copy, const float* __restrict__ x,
+                                                            const int* rows_at, long long img, int ih0, int h, int w,
+                                                            int rows, int wp, long long total) {
+    const int nq = conv_input_row_chunks(w);
+    int cr = threadIdx.x / nq, q = threadIdx.x - cr * nq;
+    for (; cr < rows;) {
+        const int at = rows_at[cr];
+        const bool ok = (unsigned)(ih0 + (at & 7)) < (unsigned)h;
+        const long long src = ((img + (at >> 3)) & ~3LL) + 4 * q;
+        float* const dst = copy + cr * wp + 4 * q;
+        if (!ok || src + 4 <= total) {
+            cp_async::copy16_or_zero(dst, ok ? x + src : x, ok);
+        } else {  // the last chunk of the tensor: only its floats inside it
 #pragma unroll
-        for (int i = 0; i < CONV_INPUT_MMA_CHUNKS; ++i) {
-            if (i >= count) break;
-            const bool ok = (unsigned)(ih0 + r[i]) < (unsigned)h;
-            const long long src = ((img + goff[i]) & ~3LL) + q4[i];
-            if (!ok || src + 4 <= total) {
-                cp_async::copy16_or_zero(copy + dst[i], ok ? x + src : x, ok);
-            } else {  // the last chunk of the tensor: only its floats inside it
-#pragma unroll
-                for (int e = 0; e < 4; ++e) cp_async::copy4(copy + dst[i] + e, src + e < total ? x + src + e : x, src + e < total);
-            }
+            for (int e = 0; e < 4; ++e) cp_async::copy4(dst + e, src + e < total ? x + src + e : x, src + e < total);
         }
-        cp_async::commit();
+        for (q += CONV_INPUT_MMA_THREADS; q >= nq; q -= nq) ++cr;
     }
-};
+    cp_async::commit();
+}
 
 // The block's output rows blockIdx.x, + gridDim.x, ... (the host launches one block per few rows at large batch, so
 // that what depends on the weights alone, B fragments, the fragments' offsets and the bias, is set up once for them).
@@ -295,20 +287,30 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
     T* const out = reinterpret_cast<T*>(conv_input_smem + 4 * conv_input_mma_copy_floats(cin, kh, wp));
     const int m0 = blockIdx.y * CO, out_rows = batch * ho;
     const bool aligned = conv_input_aligned(cin, w, wo, kh, kw, stride, pad_w);
-    const InputChunks chunks(cin, h, w, kh, wp);  // the aligned copy's chunks of this thread
-    // Offset of x's row (b, 0, ih0) for output row `row`, from which the aligned copy and the shifts are reckoned.
-    const auto image_row = [&](int row, int& ih0) {
-        const int b = row / ho;
-        ih0 = (row - b * ho) * stride - pad_h;
-        return ((long long)b * cin * h + ih0) * w;
-    };
+    // Where each k of the A fragments sits in the copy, for the pixel at column 0: k_base (the copy row's slot and the
+    // tap's column, or the zero row past K) + the aligned copy's shift of the copy row k_row, as k_at for the row in
+    // the copy. In shared memory rather than in each lane's registers (see the aligned copy).
+    __shared__ int rows_at[CONV_INPUT_MMA_MAX_ROWS], k_base[CONV_INPUT_MMA_K], k_row[CONV_INPUT_MMA_K],
+        k_at[CONV_INPUT_MMA_K];
+    if (aligned) conv_input_rows_at(rows_at, cin, h, w, kh);
+    for (int k = threadIdx.x; k < CONV_INPUT_MMA_K; k += CONV_INPUT_MMA_THREADS) {
+        const int c = k / (kh * kw), rs = k - c * kh * kw;
+        k_base[k] = k < k_total ? (c * kh + rs / kw) * wp + rs % kw : rows * wp;
+        k_row[k] = k < k_total && aligned ? c * kh + rs / kw : -1;
+    }
+    __syncthreads();
+    // Issue the copy of output row `row`'s input rows, and set k_at for it: called before the first row and after
+    // each row's math, so the row in the copy and k_at change together (the loop's barriers order both).
     const auto issue_copy = [&](int row) {
-        if (aligned) {
-            int ih0;
-            const long long img = image_row(row, ih0);
-            chunks.copy(copy, x, img, ih0, h, (long long)batch * cin * h * w);
-        } else {
+        const int b = row / ho, ih0 = (row - b * ho) * stride - pad_h;
+        const long long img = ((long long)b * cin * h + ih0) * w;  // the offset of x's row (b, 0, ih0)
+        if (aligned)
+            conv_input_mma_copy_aligned(copy, x, rows_at, img, ih0, h, w, rows, wp, (long long)batch * cin * h * w);
+        else
             conv_input_mma_copy(copy, x, row, cin, h, w, ho, kh, stride, pad_h, pad_w, wp);
+        for (int k = threadIdx.x; k < CONV_INPUT_MMA_K; k += CONV_INPUT_MMA_THREADS) {
+            const int cr = k_row[k];
+            k_at[k] = k_base[k] + (cr < 0 ? 0 : static_cast<int>((img + (rows_at[cr] >> 3)) & 3));
         }
     };
     if ((int)blockIdx.x < out_rows) issue_copy(blockIdx.x);
@@ -331,18 +333,6 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
                 }
                 bfrag[s][j][i] = F::reg(v);
             }
-    int koff[STEPS][2][PACK];  // where k of the lane's A fragments sits in the copy, for the pixel at column 0
-    int kgoff[STEPS][2][PACK];  // and the offset of its input row from the image row (InputChunks::goff), or -1
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int e = 0; e < PACK; ++e) {
-                const int k = s * F::STEP + F::a_k(t, half, e), c = k / (kh * kw), rs = k - c * kh * kw;
-                koff[s][half][e] = k < k_total ? (c * kh + rs / kw) * wp + rs % kw : rows * wp;
-                kgoff[s][half][e] = k < k_total && aligned ? (c * h + rs / kw) * w : -1;
-            }
     float bias_v[NJ][2];
 #pragma unroll
     for (int j = 0; j < NJ; ++j)
@@ -353,22 +343,15 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
         }
 
     for (int row = blockIdx.x; row < out_rows; row += gridDim.x) {
-        int at[STEPS][2][PACK];  // koff, + the aligned copy's shift of the k's input row
-        {
-            int ih0;
-            const unsigned img = static_cast<unsigned>(image_row(row, ih0));  // its low bits are the shift's
-#pragma unroll
-            for (int s = 0; s < STEPS; ++s)
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-#pragma unroll
-                    for (int e = 0; e < PACK; ++e) {
-                        const int go = kgoff[s][half][e];
-                        at[s][half][e] = koff[s][half][e] + (go < 0 ? 0 : (img + go) & 3);
-                    }
-        }
         cp_async::wait<0>();
         __syncthreads();  // the row's copy is complete, and the last row's output has left shared memory
+        int at[STEPS][2][PACK];  // where the lane's A fragments' k sit in the copy, for the pixel at column 0
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+                for (int e = 0; e < PACK; ++e) at[s][half][e] = k_at[s * F::STEP + F::a_k(t, half, e)];
         for (int tile = threadIdx.x / 32; tile < (wo + 15) / 16; tile += WARPS) {
             float acc[NJ][4] = {};
             const int col[2] = {(16 * tile + g) * stride, (16 * tile + g + 8) * stride};  // rows g, g + 8 of it
@@ -410,5 +393,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
     }
 }
 
-CONV_INPUT_KERNEL(conv_input_mma_nhwc, conv_input_mma_rows, NhwcF16, CONV_INPUT_MMA_THREADS)
-CONV_INPUT_KERNEL(conv_input_mma_nhwc_tf32, conv_input_mma_rows, NhwcTf32, CONV_INPUT_MMA_THREADS)
+// Blocks an SM that their shared memory allows (~27 KB fp16, ~40 KB tf32 at 299x299), which ptxas then fits the
+// registers to without spilling (76 and 96 registers).
+CONV_INPUT_KERNEL(conv_input_mma_nhwc, conv_input_mma_rows, NhwcF16, CONV_INPUT_MMA_THREADS, 6)
+CONV_INPUT_KERNEL(conv_input_mma_nhwc_tf32, conv_input_mma_rows, NhwcTf32, CONV_INPUT_MMA_THREADS, 5)
