@@ -155,7 +155,9 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     return specs
 
 
-POOL_NHWC_ROWS = 4  # pool_nhwc.cu's: output rows a thread of a 3x3 pool computes
+def pool_nhwc_rows(stride: int) -> int:
+    """pool_nhwc.cu's: output rows a thread of a 3x3 pool computes."""
+    return 4 if stride == 1 else 2
 
 
 def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0) -> LaunchSpec:
@@ -164,7 +166,7 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
     elem = NHWC_ELEMS[precision]
-    rows = -(-ho // POOL_NHWC_ROWS) if op.kernel == 3 and op.stride in (1, 2) else ho  # pool_nhwc_strips
+    rows = -(-ho // pool_nhwc_rows(op.stride)) if op.kernel == 3 and op.stride in (1, 2) else ho  # pool_nhwc_strips
     return LaunchSpec(op.name, f"pool2d_nhwc{elem.suffix}", (blocks(n * rows * wo * c * elem.bytes // 16, THREADS), 1, 1),
                       (THREADS, 1, 1), (nhwc_ptr(arena, op.src, precision), nhwc_ptr(arena, op.dst, precision), n, c,
                                         h, w, op.src.c_total, ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad,
