@@ -155,19 +155,13 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     return specs
 
 
-def pool_nhwc_rows(stride: int) -> int:
-    """pool_nhwc.cu's: output rows a thread of a 3x3 pool computes."""
-    return 4 if stride == 1 else 2
-
-
 def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0) -> LaunchSpec:
     """pool_nhwc.cu's pool2d; bias: the device address of op.bias's bias (a moved pool), else 0."""
     assert bool(bias) == bool(op.bias), f"{op.name}: a moved pool needs its conv's bias, and only it"
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
     elem = NHWC_ELEMS[precision]
-    rows = -(-ho // pool_nhwc_rows(op.stride)) if op.kernel == 3 and op.stride in (1, 2) else ho  # pool_nhwc_strips
-    return LaunchSpec(op.name, f"pool2d_nhwc{elem.suffix}", (blocks(n * rows * wo * c * elem.bytes // 16, THREADS), 1, 1),
+    return LaunchSpec(op.name, f"pool2d_nhwc{elem.suffix}", (blocks(n * ho * wo * c * elem.bytes // 16, THREADS), 1, 1),
                       (THREADS, 1, 1), (nhwc_ptr(arena, op.src, precision), nhwc_ptr(arena, op.dst, precision), n, c,
                                         h, w, op.src.c_total, ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad,
                                         int(op.kind == "max"), int(op.count_include_pad), bias))
