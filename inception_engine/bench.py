@@ -4,7 +4,7 @@ float64 NumPy reference, and put onnxruntime (CPU) beside the CPU path in the sa
 Timing goes through each backend's ``time_forward(x, iters, warmup)`` (ms per forward, the backend's own clock:
 CUDA events on the GPU, perf_counter on the CPU). Per-layer timing uses an optional backend method
 
-    time_layers(x, iters, warmup) -> dict[str, float | list[float]]   # conv op name -> ms (median taken if a list)
+    time_layers(x, iters, warmup) -> dict[str, float | list[float]]   # op name -> ms (median taken if a list)
 
 and ``peak_memory_bytes() -> int`` where a backend has them. Names may be variants (backends.VARIANTS, e.g.
 "torch-graph"); ``precision`` is passed to backends whose ``PRECISIONS`` hold it, any other row says it has no such
@@ -106,8 +106,9 @@ class LayerTime:
     flops: int
     ms: dict[str, float] = field(default_factory=dict)  # backend -> median ms
 
-    def gflops(self, backend: str) -> float:
-        return self.flops / (self.ms[backend] * 1e-3) / 1e9
+    def gflops(self, backend: str) -> float | None:
+        """None for an op without FLOPs counted (a pool, the classifier's glue)."""
+        return self.flops / (self.ms[backend] * 1e-3) / 1e9 if self.flops else None
 
 
 @dataclass
@@ -295,8 +296,9 @@ def onnxruntime_peer(onnx_path: str | None, synthetic: bool, tmp: Path, notes: l
 def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights, plan: Plan, x: np.ndarray,
                 ref: np.ndarray | None, iters: int, warmup: int,
                 per_layer: bool) -> tuple[Row, dict[str, tuple[float, int]]]:
-    """The backend's row and, with per_layer, its conv layers' (median ms, FLOPs), by the names of the plan it ran
-    (a backend may run a plan of its own: the CUDA NHWC path fuses each module's 1x1 convs)."""
+    """The backend's row and, with per_layer, each op's (median ms, FLOPs; 0 for the ops that are no conv), by the
+    names of the plan it ran (a backend may run a plan of its own: the CUDA NHWC path fuses each module's 1x1 convs
+    and folds a max pool into the conv behind it), in that plan's order."""
     backend = klass(weights, plan, **options)
     try:
         out = backend.forward(x)
@@ -310,8 +312,7 @@ def run_backend(name: str, klass: Any, options: dict[str, Any], weights: Weights
         layer_ms: dict[str, tuple[float, int]] = {}
         if per_layer and hasattr(backend, "time_layers"):
             flops = {op.name: op.flops for op in getattr(backend, "plan", plan).conv_ops}
-            layer_ms = {k: (median_ms(v), flops[k]) for k, v in backend.time_layers(x, iters, warmup).items()
-                        if k in flops}
+            layer_ms = {k: (median_ms(v), flops.get(k, 0)) for k, v in backend.time_layers(x, iters, warmup).items()}
         return row, layer_ms
     finally:
         backend.close()
@@ -379,7 +380,7 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
                     refs[k] = NumpyBackend(weights, build_plan(k, weights.layers()), dtype=np.float64).forward(
                         x[:k].astype(np.float64))
                 ref = refs[k]
-            layer_times = {op.name: LayerTime(batch, op.name, op.flops) for op in plan.conv_ops}
+            layer_times: dict[str, LayerTime] = {}  # in the order of the first backend's plan
             for name in backend_names:
                 klass = classes[name]
                 if isinstance(klass, str):
@@ -535,9 +536,9 @@ def table(report: Report) -> str:
 
 def layer_table(report: Report) -> str:
     names = [b for b in report.backends if any(b in l.ms for l in report.layers)]
-    head = f"{'batch':>5}  {'conv layer':<32}{'GFLOP':>8}" + "".join(f"  {n + ' ms':>12}  {'GFLOP/s':>8}"
-                                                                    for n in names)
-    lines = ["per-layer (conv) times:", head]
+    head = f"{'batch':>5}  {'op':<32}{'GFLOP':>8}" + "".join(f"  {n + ' ms':>12}  {'GFLOP/s':>8}" for n in names)
+    lines = ["per-op times (every op of the plan each backend ran, launched one at a time; GFLOP/s of the convs):",
+             head]
     for l in report.layers:
         cells = "".join(f"  {fmt(l.ms.get(n), '.3f'):>12}  {fmt(l.gflops(n) if n in l.ms else None, '.0f'):>8}"
                         for n in names)
@@ -587,8 +588,8 @@ def require_matplotlib() -> Any:
 
 
 def write_plot(report: Report, path: str | Path) -> Path:
-    """Latency vs batch size per backend; with per-layer times, a second panel of bars per conv layer (largest
-    batch size measured)."""
+    """Latency vs batch size per backend; with per-layer times, a second panel of bars per op (largest batch size
+    measured)."""
     plt = require_matplotlib()
     panels = 2 if report.layers else 1
     fig, axes = plt.subplots(panels, 1, figsize=(12, 4.5 * panels), squeeze=False)
@@ -614,7 +615,7 @@ def write_plot(report: Report, path: str | Path) -> Path:
                    label=name)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(layers))], [l.layer for l in layers], rotation=90,
                       fontsize=5)
-        ax.set(ylabel="ms", title=f"conv layer times, batch {batch}")
+        ax.set(ylabel="ms", title=f"per-op times, batch {batch}")
         ax.legend()
     fig.tight_layout()
     buf = io.BytesIO()

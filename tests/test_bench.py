@@ -16,7 +16,7 @@ from random_weights import write_random_weights
 
 from inception_engine import bench, cli
 from inception_engine.errors import BackendUnavailable, EngineError
-from inception_engine.plan import build_plan, fuse_pointwise
+from inception_engine.plan import ConvOp, PoolOp, build_plan, fuse_pointwise
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def weights_file(tmp_path_factory):
 
 
 class FakeGpu:
-    """Logits: zeros; a forward 'takes' ``ms``; every conv layer 'takes' ``layer_ms``."""
+    """Logits: zeros; a forward 'takes' ``ms``; every op of its plan 'takes' ``layer_ms``."""
 
     name = "fake"
     ms = 2.0
@@ -46,7 +46,7 @@ class FakeGpu:
         return [self.ms] * iters
 
     def time_layers(self, x, iters, warmup):
-        return {op.name: [self.layer_ms] * iters for op in self.plan.conv_ops}
+        return {op.name: [self.layer_ms] * iters for op in self.plan.ops}
 
     def peak_memory_bytes(self):
         return 3 * 2**20 * self.plan.batch
@@ -110,15 +110,19 @@ def test_gpu_rows_speedup_per_layer_memory_and_failures(fakes, weights_file):
         assert broken.status == "error: RuntimeError: launch failed"  # first line only
     assert FakeGpu.closed == 6  # every backend instance closed, the failing ones too
 
-    convs = build_plan(2).conv_ops
+    ops = build_plan(2).ops  # every op in plan order, pools and the classifier too; FLOPs and GFLOP/s of the convs
     layers = [l for l in report.layers if l.batch == 2]
-    assert [l.layer for l in layers] == [op.name for op in convs]
-    for l, op in zip(layers, convs):
-        assert l.ms == {"cuda": 0.5, "cudnn": 1.0} and l.flops == op.flops
-        assert l.gflops("cuda") == pytest.approx(op.flops / 0.5e-3 / 1e9)
+    assert [l.layer for l in layers] == [op.name for op in ops]
+    for l, op in zip(layers, ops):
+        assert l.ms == {"cuda": 0.5, "cudnn": 1.0}
+        if isinstance(op, ConvOp):
+            assert l.flops == op.flops and l.gflops("cuda") == pytest.approx(op.flops / 0.5e-3 / 1e9)
+        else:
+            assert l.flops == 0 and l.gflops("cuda") is None
+    assert any(isinstance(op, PoolOp) for op in ops)
 
     text = bench.table(report)
-    assert "error: RuntimeError: launch failed" in text and "per-layer (conv) times" in text
+    assert "error: RuntimeError: launch failed" in text and "per-op times" in text
     assert "Mixed_6b.branch7x7_2" in text and "1.50" in text
 
 
@@ -170,7 +174,7 @@ def test_files_json_csv_and_layers_csv(fakes, weights_file, tmp_path):
     rows = list(csv.DictReader(open(written[0])))
     assert [r["backend"] for r in rows] == ["cuda", "cudnn"] and float(rows[0]["median_ms"]) == 2.0
     layer_rows = list(csv.DictReader(open(written[1])))
-    assert len(layer_rows) == 2 * 94 and {r["backend"] for r in layer_rows} == {"cuda", "cudnn"}
+    assert len(layer_rows) == 2 * len(build_plan(1).ops) and {r["backend"] for r in layer_rows} == {"cuda", "cudnn"}
     assert not list(tmp_path.glob("**/*.part"))  # atomic writes leave no temp files behind
 
 
