@@ -4,7 +4,9 @@ runs of two checkouts on the GPU machine:
     python3 scripts/op_times.py --precision fp16 --batch 128 [--iters 50] [--json FILE]
 
 Runs in whichever inception_engine Python imports first. To time another checkout with it, install that checkout
-(`pip install --no-deps -e .`, so that its cuda_src is the one compiled) and run from its folder
+(`python3 -m pip install --no-deps -e .`, so that its cuda_src is the one compiled: on the GPU machine a bare `pip`
+installs for another Python, and every checkout then compiles the same kernels; check with
+`python3 -c "from inception_engine import cuda_build; print(cuda_build.source_dir())"`) and run from its folder
 `python3 -c "import runpy, sys; sys.argv = ['op_times', ...]; runpy.run_path('PATH/scripts/op_times.py',
 run_name='__main__')"`: with -c the current folder comes first on sys.path, where `python3 scripts/op_times.py` would
 put this script's folder first and import the checkout on PYTHONPATH instead (docs/PERFORMANCE.md's trap).
