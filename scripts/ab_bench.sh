@@ -25,7 +25,9 @@ OLD=$(cd "$OLD" && pwd)
 bench() {  # checkout label
   (cd "$1" && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT/ab_env.log" 2>&1) ||
     { echo "ab_bench: could not install $1 (see $OUT/ab_env.log)" >&2; return 1; }
-  (cd "$1" && python3 -c "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; \
+  # Which cuda_src this checkout compiles: its own, or the A/B compares one set of kernels under two Pythons.
+  (cd "$1" && python3 -c "from inception_engine import cuda_build; print('kernels from', cuda_build.source_dir())" &&
+    python3 -c "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; \
 bench_main()" "${@:3}") >"$OUT/ab_$2.log" 2>&1
 }
 
