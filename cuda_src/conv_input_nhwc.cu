@@ -43,6 +43,9 @@
 //   issue-bound (78 % of issue slots) at 0.28-0.30 ms, no faster than the FMA kernel (H100, fp16, batch 128).
 //   With up to 8 rows a block: 0.19 ms (fp16) and 0.24 ms (tf32), still more instructions than bytes (DRAM 39 %
 //   busy); by the PTX, the input copy (a 4-byte cp.async a float, ~12 instructions each) is the largest part.
+// - so where no window reaches past a row's ends (Conv2d_1a), the rows travel as 16-byte chunks (the aligned copy
+//   below), and the kernel keeps its offsets in shared memory, not registers, to run 6 (fp16) / 5 (tf32) blocks an
+//   SM: 0.14 ms (fp16) and 0.17 ms (tf32) at batch 128, 2.3 TB/s (H100, H200; docs/PERFORMANCE.md, issue 23 item 7).
 // Launch: conv_input_mma_nhwc[_tf32]: block 128, grid (blocks, ceil(Cout / CONV_INPUT_COUT)), a block taking output
 // rows blockIdx.x, + blocks, ... of the batch*Ho (cuda.tiles.input_mma_blocks), dynamic shared memory
 // conv_input_mma_smem_bytes(). Needs Cin*KH*KW <= CONV_INPUT_MMA_K and that memory <= 48 KB (cuda.tiles.input_tile
