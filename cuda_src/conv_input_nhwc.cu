@@ -241,8 +241,11 @@ constexpr int CONV_INPUT_MMA_MAX_ROWS = 64;  // Cin*KH of the aligned copy, at m
 
 // Chunks of one input row: ceil((W + 3) / 4) cover it from any alignment.
 __host__ __device__ constexpr int conv_input_row_chunks(int w) { return (w + 6) / 4; }
-__device__ __forceinline__ bool conv_input_aligned(int cin, int w, int wo, int kh, int kw, int stride, int pad_w) {
-    return pad_w == 0 && (wo - 1) * stride + kw <= w && kh <= 8 && cin * kh <= CONV_INPUT_MMA_MAX_ROWS;
+// Also: rows_at's offsets, 8 times an image's floats, must fit an int.
+__device__ __forceinline__ bool conv_input_aligned(int cin, int h, int w, int wo, int kh, int kw, int stride,
+                                                   int pad_w) {
+    return pad_w == 0 && (wo - 1) * stride + kw <= w && kh <= 8 && cin * kh <= CONV_INPUT_MMA_MAX_ROWS &&
+           (long long)cin * h * w < (1LL << 28);
 }
 
 // rows_at[cr] = (c*H + r)*W << 3 | r for copy row cr = c*KH + r: its input row's offset from row (b, 0, ih0) of x,
@@ -289,7 +292,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
     float* const copy = reinterpret_cast<float*>(conv_input_smem);
     T* const out = reinterpret_cast<T*>(conv_input_smem + 4 * conv_input_mma_copy_floats(cin, kh, wp));
     const int m0 = blockIdx.y * CO, out_rows = batch * ho;
-    const bool aligned = conv_input_aligned(cin, w, wo, kh, kw, stride, pad_w);
+    const bool aligned = conv_input_aligned(cin, h, w, wo, kh, kw, stride, pad_w);
     // Where each k of the A fragments sits in the copy, for the pixel at column 0: k_base (the copy row's slot and the
     // tap's column, or the zero row past K) + the aligned copy's shift of the copy row k_row, as k_at for the row in
     // the copy. In shared memory rather than in each lane's registers (see the aligned copy).
