@@ -35,7 +35,7 @@ def main() -> None:
         tiles = {cb.tile_label(t): t for t in cb.NHWC_ELEMS[args.precision].tiles(wgmma)}
         if args.tile not in tiles:
             p.error(f"--tile {args.tile}: this GPU's {args.precision} tiles are {', '.join(tiles)}")
-        plan = fused_plan(args.batch, weights.layers(), max_pools=bool(cb.NHWC_ELEMS[args.precision].mma_tiles))
+        plan = fused_plan(args.batch, weights.layers(), max_pools=cb.folds_max_pools(args.precision))
         configs = cb.choose_configs(plan, num_sms, False, args.precision, False, (tiles[args.tile],), nhwc=True,
                                     wgmma=wgmma)
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)

@@ -53,7 +53,7 @@ def main() -> int:
     results = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         if args.nhwc:
-            plan = fused_plan(batch, weights.layers(), max_pools=bool(cb.NHWC_ELEMS[args.precision].mma_tiles))
+            plan = fused_plan(batch, weights.layers(), max_pools=cb.folds_max_pools(args.precision))
             per_tile_sets = cb.tuning_candidates(plan, num_sms, False, args.precision, False, True, wgmma)
             model_set = cb.choose_configs(plan, num_sms, False, args.precision, False, nhwc=True, wgmma=wgmma)
             wino_set = None

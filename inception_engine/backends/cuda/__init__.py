@@ -49,8 +49,9 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_CIN, HALO_S
                     NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem, PRECISIONS,
                     TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX, WGMMA_SLOWDOWN,
                     WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision, conv_kernel,
-                    halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo,
-                    is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages, wgmma_tile, ws_stages, ws_tile)
+                    folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes,
+                    input_tile, is_halo, is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages, wgmma_tile,
+                    ws_stages, ws_tile)
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
 from .cost_model import (ConvConfig, FIXUP_FIXED_US, FIXUP_SLICE_US, HBM_BYTES_PER_US, LAUNCH_US, MAX_SPLITS,

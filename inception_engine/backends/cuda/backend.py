@@ -24,7 +24,7 @@ from .launch import Launch, launch_specs, view_ptr
 from .launch_nhwc import check_nhwc, nhwc_fits, nhwc_launch_specs, nhwc_side
 from .params import pack_params
 from .schedule import schedule
-from .tiles import NAN_BITS, NHWC_ELEMS, PRECISIONS, Tile, check_nhwc_precision
+from .tiles import NAN_BITS, NHWC_ELEMS, PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
 from .tuning import config_from_json, config_to_json, pick_fastest, tuning_cache_dir, tuning_candidates, tuning_key
 from .workspace import counter_layout, workspace_layout
 
@@ -94,8 +94,7 @@ class CudaBackend:
             raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
         if (self.concurrent or self.fuse) and not plan.concurrent and not plan.layers:
             raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
-        # the max pools fold into the mma.sync tiles' 1x1 convs, which fp32 (wgmma tiles only) does not have
-        max_pools = bool(NHWC_ELEMS[precision].mma_tiles)
+        max_pools = folds_max_pools(precision)
         if self.fuse and not fused:  # rebuilt where it can be: stages, and the pools' inputs live for their readers
             plan = fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools) if plan.layers else fuse(
                 plan, max_pools)

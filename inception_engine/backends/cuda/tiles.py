@@ -195,6 +195,12 @@ def input_tile(op: ConvOp, precision: str) -> Tile:
 MAXPOOL_PREFIXES, MAXPOOL_KERNEL = ("conv_nhwc", "conv_nhwc_tf32"), 3
 
 
+def folds_max_pools(precision: str) -> bool:
+    """Whether this precision's NHWC tiles include the MAXPOOL_PREFIXES ones (fp16, tf32; fp32 has wgmma tiles only),
+    so that its plan may fold max pools into convs (plan.fused_plan's max_pools)."""
+    return any(t.prefix in MAXPOOL_PREFIXES for t in NHWC_ELEMS[precision].mma_tiles)
+
+
 def tile_fits(op: ConvOp, tile: Tile) -> bool:
     """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``); a conv that reads
     through a max pool only the MAXPOOL_PREFIXES tiles."""
