@@ -204,13 +204,11 @@ struct InputFragments<NhwcTf32> {
     __device__ __forceinline__ static unsigned reg(const float (&v)[1]) { return tf32::round(v[0]); }
 };
 
-// Copy the input rows of output row `row` (= b*Ho + oh): row (c, r) of the windows to copy[(c*KH + r)*wp ...],
-// column j holding input column j - pad_w, by cp.async with zero fill outside the input, so that all of a thread's
-// ~24 loads are in flight at once. The general copy, one float a cp.async: any padding.
-__device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __restrict__ x, int row, int cin, int h,
-                                                    int w, int ho, int kh, int stride, int pad_h, int pad_w,
-                                                    int wp) {
-    const int b = row / ho, ih0 = (row - b * ho) * stride - pad_h;
+// Copy the input rows of an output row of image b whose windows start at input row ih0: row (c, r) of the windows to
+// copy[(c*KH + r)*wp ...], column j holding input column j - pad_w, by cp.async with zero fill outside the input, so
+// that all of a thread's ~24 loads are in flight at once. The general copy, one float a cp.async: any padding.
+__device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __restrict__ x, int b, int ih0, int cin,
+                                                    int h, int w, int kh, int pad_w, int wp) {
     for (int c = 0, r = 0, cr = 0; cr < cin * kh; ++cr) {
         const int ih = ih0 + r;
         const bool row_ok = (unsigned)ih < (unsigned)h;
@@ -313,7 +311,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
         if (aligned)
             conv_input_mma_copy_aligned(copy, x, rows_at, img, ih0, h, w, rows, wp, (long long)batch * cin * h * w);
         else
-            conv_input_mma_copy(copy, x, row, cin, h, w, ho, kh, stride, pad_h, pad_w, wp);
+            conv_input_mma_copy(copy, x, b, ih0, cin, h, w, kh, pad_w, wp);
         for (int k = threadIdx.x; k < CONV_INPUT_MMA_K; k += CONV_INPUT_MMA_THREADS) {
             const int cr = k_row[k];
             k_at[k] = k_base[k] + (cr < 0 ? 0 : static_cast<int>((img + (rows_at[cr] >> 3)) & 3));

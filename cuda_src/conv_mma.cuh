@@ -146,8 +146,10 @@ struct NhwcF16 {
     using T = unsigned short;
     static constexpr int PIECE = 8;
     static constexpr bool SPLIT = false;
+    // A piece's raw 16 bytes to floats (conv_nhwc.cu's max-pool loader takes them raw first).
+    __device__ __forceinline__ static void unpack(float (&v)[PIECE], uint4 q) { unpack8(v, q); }
     __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
-        unpack8(v, __ldg(reinterpret_cast<const uint4*>(p)));
+        unpack(v, __ldg(reinterpret_cast<const uint4*>(p)));
     }
     __device__ __forceinline__ static void store(T* p, const float (&v)[PIECE]) {
         *reinterpret_cast<uint4*>(p) = pack8(v);
@@ -176,12 +178,14 @@ struct NhwcTf32 {
     using T = float;
     static constexpr int PIECE = 4;
     static constexpr bool SPLIT = false;
+    __device__ __forceinline__ static void unpack(float (&v)[PIECE], uint4 q) {
+        v[0] = __uint_as_float(q.x);
+        v[1] = __uint_as_float(q.y);
+        v[2] = __uint_as_float(q.z);
+        v[3] = __uint_as_float(q.w);
+    }
     __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
-        const float4 q = __ldg(reinterpret_cast<const float4*>(p));
-        v[0] = q.x;
-        v[1] = q.y;
-        v[2] = q.z;
-        v[3] = q.w;
+        unpack(v, __ldg(reinterpret_cast<const uint4*>(p)));
     }
     __device__ __forceinline__ static void store(T* p, const float (&v)[PIECE]) {
         *reinterpret_cast<float4*>(p) =

@@ -229,16 +229,6 @@ struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
     using Base::A_ROWS, Base::BK, Base::PIECE, Base::ROWS;
     using Base::Base;
 
-    __device__ __forceinline__ static void to_floats(float (&v)[PIECE], uint4 q) {
-        if constexpr (PIECE == 8) {
-            unpack8(v, q);
-        } else {
-            const unsigned r[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int e = 0; e < PIECE; ++e) v[e] = __uint_as_float(r[e]);
-        }
-    }
-
     __device__ __forceinline__ void operator()(int, int stage) {
         const bool k_ok = this->k < this->k_end;
         const int row = this->w * this->x_cstride;
@@ -256,10 +246,10 @@ struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
             float m[PIECE], v[PIECE];
-            to_floats(m, q[i][0]);
+            E::unpack(m, q[i][0]);
 #pragma unroll
             for (int t = 1; t < POOL * POOL; ++t) {
-                to_floats(v, q[i][t]);
+                E::unpack(v, q[i][t]);
 #pragma unroll
                 for (int e = 0; e < PIECE; ++e) m[e] = fmaxf(m[e], v[e]);
             }
