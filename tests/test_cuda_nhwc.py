@@ -330,7 +330,9 @@ def ideal_conv(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, precisio
     return elem(y)
 
 
-def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> None:
+def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str, sk_per: int = 0) -> np.ndarray:
+    """The case on the tile, checked against the ideal conv; its output. A stream-K tile takes sk_per K steps a
+    block (default: as if the GPU had 3 SMs), its workspace NaN-poisoned, and must leave its tickets zero."""
     rng = rng_for("nhwc", case, tile.name, splits, precision)
     size = cb.NHWC_ELEMS[precision].bytes
     op = conv_op(case)
@@ -347,10 +349,20 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     mem.write(b_ptr, b)
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
     cfg = cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
-    ws = mem.alloc(4 * max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w))
+    tickets = counters = 0
+    if cb.is_stream_k(tile.prefix):
+        count, steps = cb.stream_k_work(op.dst.n * op.dst.h * op.dst.w, case.cout, k_total, tile)
+        cfg = cb.ConvConfig(tile, 1, k_total, 0.0, sk_per=sk_per or cb.stream_k_per(count, steps, 3))
+        tickets = cb.SK_WARPS * count
+        counters = mem.alloc(4 * tickets)
+        mem.write(counters, np.zeros(tickets, np.uint32))
+    ws_elems = max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w, cb.workspace_elems(op, cfg))
+    ws = mem.alloc(4 * ws_elems)
+    mem.write(ws, np.full(ws_elems, np.nan, np.float32))  # a part summed before it was written shows
     # num_sms 3: a warp-specialized tile's blocks each take several tiles, so its ring wraps from tile to tile
     specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
-                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3)
+                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3,
+                               counters=counters)
     suffix = cb.NHWC_ELEMS[precision].suffix
     assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"] + [
         f"conv_nhwc{suffix}_splitk_reduce"] * (cfg.splits > 1)
@@ -362,6 +374,10 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     assert err <= TOL[precision], f"rel L2 {err:.2e} against the ideal {precision} conv"
     after = mem.read(x_ptr, before.shape, DTYPE[precision])
     np.testing.assert_array_equal(after.view(f"u{size}"), before.view(f"u{size}"))
+    if tickets:  # the next launch (a CUDA graph's replay) needs them zero again
+        left = mem.read(counters, (tickets,), np.uint32)
+        assert not left.any(), f"{np.count_nonzero(left)} stream-K tickets left non-zero"
+    return got
 
 
 def test_ring_bytes_are_the_kernels_stages(emu):
@@ -455,6 +471,46 @@ def split_k_tiles(precision: str, wgmma: bool) -> list[cb.Tile]:
     names = ("128x64", "256x32", "128x192") if precision != "fp32" else ("128x128", "128x64", "128x32")
     ws = [cb.ws_tile(256, 128, precision)] if precision != "fp32" else []
     return list(elem.mma_tiles[1:2]) + ([wgmma_tile(precision, n) for n in names] + ws if wgmma else [])
+
+
+# 2 images of 17x17 (578 pixels: 5 tiles of 128, the last a tail) x 200 channels (two channel tiles, the second a
+# tail), K = 7 x 24 = 168: 6 K steps of fp16 (32 each), 11 of tf32 (16)
+STREAM_K_CASE = Case(2, 24, 200, 17, 17, (1, 7), 1, (0, 3), (8, 0), (0, 8))
+
+
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+def test_stream_k_parts(mem, precision):
+    """The stream-K tiles with blocks of 1 K step (every tile in steps parts, the last block's share short), a
+    tile and a half (whole tiles between parts, a tile's first part its block's last), and whole tiles: each
+    against the ideal conv, the tickets left zero, and two launches bitwise equal (the sum does not depend on which
+    block finished a tile last)."""
+    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_stream_k(t.prefix)]
+    if not tiles:
+        pytest.skip("this GPU has no wgmma (sm_90a): no stream-K tiles")
+    op = conv_op(STREAM_K_CASE)
+    for tile in tiles:
+        count, steps = cb.stream_k_work(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
+                                        op.src.channels * op.kernel[0] * op.kernel[1], tile)
+        for per in (1, steps + steps // 2 + 1, steps):
+            first = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_per=per)
+            again = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_per=per)
+            np.testing.assert_array_equal(first, again)
+
+
+def test_stream_k_grid_shares_the_k_steps():
+    """stream_k_per: one block an SM where the work allows, at least a 1 / SK_MAX_PARTS share of a tile; the grid
+    covers every K step of every tile exactly once, and a tile has at most SK_MAX_PARTS + 1 parts."""
+    for tiles, steps, sms in ((289, 42, 132), (3, 42, 132), (1225, 9, 132), (1, 1, 132), (8, 84, 114)):
+        per = cb.stream_k_per(tiles, steps, sms)
+        grid = -(-tiles * steps // per)
+        assert grid <= sms and per >= -(-steps // cb.SK_MAX_PARTS)
+        covered = np.zeros(tiles * steps, int)
+        for b in range(grid):
+            covered[b * per:(b + 1) * per] += 1
+        assert (covered == 1).all()
+        parts = [(i * steps + steps - 1) // per - i * steps // per + 1 for i in range(tiles)]
+        assert max(parts) <= cb.SK_MAX_PARTS + 1
+    assert cb.stream_k_per(289, 42, 132) == 92  # Mixed_6e's 7-tap convs on 128x192 at batch 128: 2.2 tiles a block
 
 
 FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp
