@@ -330,9 +330,10 @@ def ideal_conv(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, precisio
     return elem(y)
 
 
-def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str, sk_per: int = 0) -> np.ndarray:
-    """The case on the tile, checked against the ideal conv; its output. A stream-K tile takes sk_per K steps a
-    block (default: as if the GPU had 3 SMs), its workspace NaN-poisoned, and must leave its tickets zero."""
+def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str, sk_tail: int | None = None) -> np.ndarray:
+    """The case on the tile, checked against the ideal conv; its output. A stream-K tile splits its last sk_tail
+    tiles into K halves (default: as for a GPU of 3 SMs), its workspace NaN-poisoned, and must leave its tickets
+    zero."""
     rng = rng_for("nhwc", case, tile.name, splits, precision)
     size = cb.NHWC_ELEMS[precision].bytes
     op = conv_op(case)
@@ -352,10 +353,11 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str, sk_per
     tickets = counters = 0
     if cb.is_stream_k(tile.prefix):
         count, steps = cb.stream_k_work(op.dst.n * op.dst.h * op.dst.w, case.cout, k_total, tile)
-        cfg = cb.ConvConfig(tile, 1, k_total, 0.0, sk_per=sk_per or cb.stream_k_per(count, steps, 3))
-        tickets = cb.SK_WARPS * count
-        counters = mem.alloc(4 * tickets)
-        mem.write(counters, np.zeros(tickets, np.uint32))
+        tail = cb.stream_k_tail(count, steps, 3) if sk_tail is None else sk_tail
+        cfg = cb.ConvConfig(tile, 1, k_total, 0.0, sk_tail=tail)
+        tickets = cb.SK_WARPS * tail
+        counters = mem.alloc(4 * max(1, tickets))
+        mem.write(counters, np.zeros(max(1, tickets), np.uint32))
     ws_elems = max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w, cb.workspace_elems(op, cfg))
     ws = mem.alloc(4 * ws_elems)
     mem.write(ws, np.full(ws_elems, np.nan, np.float32))  # a part summed before it was written shows
@@ -367,7 +369,9 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str, sk_per
     assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"] + [
         f"conv_nhwc{suffix}_splitk_reduce"] * (cfg.splits > 1)
     if not case.relu:  # the specs always ask for ReLU (every conv of the network has it); this case tests without
-        specs[-1] = dataclasses.replace(specs[-1], args=specs[-1].args[:-1] + (0,))
+        spec = specs[-1]  # relu_end: the parts' last argument (a stream-K tile's three more follow)
+        at = len(cb.NHWC_CONV_FORMAT) - 1 if cb.is_stream_k(spec.kernel) else len(spec.args) - 1
+        specs[-1] = dataclasses.replace(spec, args=spec.args[:at] + (0,) + spec.args[at + 1:])
     mem.launch(specs)
     got = get_nhwc(mem, y_ptr, op.dst.shape, op.dst.c_offset, case.cout, precision)
     err = rel_l2(got, ideal_conv(case, x, w, b, precision))
@@ -479,11 +483,10 @@ STREAM_K_CASE = Case(2, 24, 200, 17, 17, (1, 7), 1, (0, 3), (8, 0), (0, 8))
 
 
 @pytest.mark.parametrize("precision", ("fp16", "tf32"))
-def test_stream_k_parts(mem, precision):
-    """The stream-K tiles with blocks of 1 K step (every tile in steps parts, the last block's share short), a
-    tile and a half (whole tiles between parts, a tile's first part its block's last), and whole tiles: each
-    against the ideal conv, the tickets left zero, and two launches bitwise equal (the sum does not depend on which
-    block finished a tile last)."""
+def test_stream_k_halves(mem, precision):
+    """The stream-K tiles with every tile in K halves (their jobs on 3 blocks, round-robin), the last tile only,
+    and none (the whole tiles alone): each against the ideal conv, the tickets left zero, and two launches
+    bitwise equal (the sum does not depend on which half finished last)."""
     tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_stream_k(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no stream-K tiles")
@@ -491,26 +494,23 @@ def test_stream_k_parts(mem, precision):
     for tile in tiles:
         count, steps = cb.stream_k_work(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
                                         op.src.channels * op.kernel[0] * op.kernel[1], tile)
-        for per in (1, steps + steps // 2 + 1, steps):
-            first = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_per=per)
-            again = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_per=per)
+        assert steps >= 2
+        for tail in (count, 1, 0):
+            first = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_tail=tail)
+            again = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_tail=tail)
             np.testing.assert_array_equal(first, again)
 
 
-def test_stream_k_grid_shares_the_k_steps():
-    """stream_k_per: one block an SM where the work allows, at least a 1 / SK_MAX_PARTS share of a tile; the grid
-    covers every K step of every tile exactly once, and a tile has at most SK_MAX_PARTS + 1 parts."""
-    for tiles, steps, sms in ((289, 42, 132), (3, 42, 132), (1225, 9, 132), (1, 1, 132), (8, 84, 114)):
-        per = cb.stream_k_per(tiles, steps, sms)
-        grid = -(-tiles * steps // per)
-        assert grid <= sms and per >= -(-steps // cb.SK_MAX_PARTS)
-        covered = np.zeros(tiles * steps, int)
-        for b in range(grid):
-            covered[b * per:(b + 1) * per] += 1
-        assert (covered == 1).all()
-        parts = [(i * steps + steps - 1) // per - i * steps // per + 1 for i in range(tiles)]
-        assert max(parts) <= cb.SK_MAX_PARTS + 1
-    assert cb.stream_k_per(289, 42, 132) == 92  # Mixed_6e's 7-tap convs on 128x192 at batch 128: 2.2 tiles a block
+def test_stream_k_tail_is_the_last_rounds_tiles():
+    """stream_k_tail: the tiles of a part-full last round where their halves fit it (at most half the SMs), none
+    where the round is full or more than half full, or a tile has one K step."""
+    assert cb.stream_k_tail(289, 42, 132) == 25  # Mixed_6e's 7-tap convs on 128x192 at batch 128
+    assert cb.stream_k_tail(3, 42, 132) == 3  # ... at batch 1: 3 tiles in 6 halves
+    assert cb.stream_k_tail(264, 42, 132) == 0  # two full rounds
+    assert cb.stream_k_tail(200, 42, 132) == 0  # a last round of 68 tiles: 136 halves would not fit
+    assert cb.stream_k_tail(198, 42, 132) == 66
+    assert cb.stream_k_tail(25, 1, 132) == 0  # one K step: no halves
+    assert cb.stream_k_blocks(289, 25, 132) == 132 and cb.stream_k_blocks(3, 3, 132) == 6
 
 
 FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp

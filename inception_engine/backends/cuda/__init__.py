@@ -50,7 +50,7 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_CIN, HALO_S
                     TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX, WGMMA_SLOWDOWN,
                     WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision, conv_kernel,
                     folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes,
-                    input_tile, is_halo, is_stream_k, is_ws, SK_MAX_PARTS, SK_WARPS, stream_k_per, stream_k_work,
+                    input_tile, is_halo, is_stream_k, is_ws, SK_WARPS, stream_k_blocks, stream_k_tail, stream_k_work,
                     tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages, wgmma_tile, WS_SK_SHAPES, ws_sk_tile,
                     ws_stages, ws_tile)
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
@@ -61,7 +61,7 @@ from .cost_model import (ConvConfig, FIXUP_FIXED_US, FIXUP_SLICE_US, HBM_BYTES_P
 from .tuning import (config_from_json, config_to_json, pick_fastest, tuning_cache_dir, tuning_candidates,
                      tuning_key)
 from .params import direct_weights, op_params, pack_params, round_tf32, transforms_key
-from .workspace import counter_layout, stream_k_grid, workspace_elems, workspace_layout
+from .workspace import counter_layout, workspace_elems, workspace_layout
 from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_SK_FORMAT, SOURCE_OF,
                       WINO_GEMM_FORMAT,
                       WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, all_kernel_names, arg_format, conv_kernel_name, source_of,

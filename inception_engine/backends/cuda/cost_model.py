@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from ...errors import EngineError
 from ...plan import ConvOp, FCOp, Plan
 from .tiles import (HALO_CIN, KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
-                    check_nhwc_precision, input_tile, is_halo, is_stream_k, stream_k_per, stream_k_work, tile_fits)
+                    check_nhwc_precision, input_tile, is_halo, is_stream_k, stream_k_tail, stream_k_work,
+                    tile_fits)
 from .winograd import WINO_MIN_BATCH, WINO_VARIANTS, WinogradShape, winograd_eligible, winograd_shape
 
 
@@ -41,7 +42,7 @@ class ConvConfig:
     est_us: float
     wino: int = 0  # Winograd with output tile m = wino (``winograd_tile``; tile: winograd.cu's GEMM; splits, k_split:
     # its split-K over Cin, whose slices the output transform sums); 0: direct
-    sk_per: int = 0  # a stream-K tile's (tiles.is_stream_k) K steps a block takes, across tiles; 0 for the others
+    sk_tail: int = 0  # a stream-K tile's (tiles.is_stream_k) last tiles split into K halves; 0 for the others
 
 
 def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool = True,
@@ -57,12 +58,13 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool
     """
     best: ConvConfig | None = None
     for tile in tiles:
-        if is_stream_k(tile.prefix):  # one block an SM, each the same share of every tile's K steps
+        if is_stream_k(tile.prefix):  # one block an SM, the last round's tiles in K halves
             count, steps = stream_k_work(cout, n_total, k_total, tile)
-            per = stream_k_per(count, steps, num_sms)
-            us = per * tile.bm * tile.bn * tile.bk / tile.macs_per_us + 2 * WAVE_OVERHEAD_US
+            tail = stream_k_tail(count, steps, num_sms)
+            rounds = math.ceil((count - tail) / num_sms) + (0.5 if tail else 0)
+            us = rounds * (tile.bm * tile.bn * k_total / tile.macs_per_us + WAVE_OVERHEAD_US)
             if best is None or us < best.est_us:
-                best = ConvConfig(tile, 1, k_total, us, sk_per=per)
+                best = ConvConfig(tile, 1, k_total, us, sk_tail=tail)
             continue
         tiles = math.ceil(cout / tile.bm) * math.ceil(n_total / tile.bn)
         seen = set()

@@ -15,9 +15,9 @@ from .cost_model import ConvConfig
 from .launch import LaunchSpec, fc_specs, softmax_spec
 from .tiles import (HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
                     NHWC_PIECE, THREADS, WS_THREADS, blocks, conv_kernel, halo_fits, halo_smem_bytes,
-                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_stream_k, is_ws, tile_fits,
-                    wgmma_ring_bytes)
-from .workspace import counter_layout, stream_k_grid, workspace_layout
+                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_stream_k, is_ws,
+                    stream_k_blocks, tile_fits, wgmma_ring_bytes)
+from .workspace import counter_layout, workspace_layout
 
 
 # --- the NHWC path (CudaBackend(nhwc=True), fp16 or tf32) -----------------------------------------------------------
@@ -114,8 +114,8 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
     NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an
     SM; a halo tile's split between its channel tiles, grid.y), or one per tile where there are fewer or num_sms is
-    None. A stream-K tile's blocks take cfg.sk_per K steps each (``stream_k_grid``), with ws (``workspace_elems``)
-    and counters (its zeroed tickets: ``counter_layout``)."""
+    None; a stream-K tile's take its tail tiles' K halves too (cfg.sk_tail), with ws (``workspace_elems``) and
+    counters (its zeroed tickets: ``counter_layout``)."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total
@@ -147,9 +147,11 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
         grid = (min(tiles, per_channel_tile), channel_tiles, 1)
         block, shared = HALO_THREADS, halo_smem_bytes(t, op.kernel, wg, cin)
     elif is_stream_k(kernel):
-        assert not split and cfg.sk_per > 0 and ws and counters, f"{op.name}: stream-K needs its workspace, tickets"
-        grid = (stream_k_grid(op, cfg)[0], 1, 1)
-        args += (ws, counters, cfg.sk_per)
+        assert not split and (cfg.sk_tail == 0 or ws and counters), f"{op.name}: stream-K needs workspace, tickets"
+        tiles = math.prod(grid)
+        assert cfg.sk_tail <= tiles and (cfg.sk_tail == 0 or blocks(cfg.k_split, t.bk) >= 2), f"{op.name}: tail"
+        grid = (stream_k_blocks(tiles, cfg.sk_tail, num_sms), 1, 1)
+        args += (ws, counters, cfg.sk_tail)
     elif is_ws(kernel):
         tiles = math.prod(grid)
         grid = (min(tiles, num_sms or tiles), 1, 1)

@@ -123,12 +123,11 @@ def is_ws(kernel_or_prefix: str) -> bool:
 
 
 # conv_nhwc.cu's stream-K twins (``_ws_sk_``) of the warp-specialized tiles most 17x17 and 8x8 layers tune to: the
-# K steps of all tiles shared out evenly between the blocks, so that no SM idles through a last, part-full round of
-# whole tiles (conv_nhwc.cu's header). Model speeds as the ws tiles'; the model does not pick them unmeasured
+# tiles of a last, part-full round split into two halves of their K steps, so that round takes half a tile's time
+# (conv_nhwc.cu's header). Model speeds as the ws tiles'; the model does not pick them unmeasured
 # (cost_model.model_takes), tuning does where they win.
 WS_SK_SHAPES = ((128, 192), (128, 128))
-SK_WARPS = 8  # the consumer warps: each sums its own rows of a tile's parts, with a ticket of its own per tile
-SK_MAX_PARTS = 4  # a block takes at least a quarter of a tile's K steps (every block's set-up and sums, per part)
+SK_WARPS = 8  # the consumer warps: each sums its own rows of a tile's halves, with a ticket of its own per tile
 
 
 def ws_sk_tile(bm: int, bn: int, precision: str) -> Tile:
@@ -146,10 +145,16 @@ def stream_k_work(p_total: int, cout: int, k_total: int, tile: Tile) -> tuple[in
     return blocks(p_total, tile.bm) * blocks(cout, tile.bn), blocks(k_total, tile.bk)
 
 
-def stream_k_per(tiles: int, steps: int, num_sms: int) -> int:
-    """The K steps each block of a stream-K launch takes: all of them shared by one block an SM, but at least
-    1 / SK_MAX_PARTS of a tile's."""
-    return max(blocks(tiles * steps, num_sms), blocks(steps, SK_MAX_PARTS))
+def stream_k_tail(tiles: int, steps: int, num_sms: int) -> int:
+    """The tiles a stream-K launch on num_sms SMs splits into K halves: those of the last round of whole tiles where
+    their halves fit that round (at most half the SMs busy), else none; none where a tile has a single K step."""
+    last = tiles % num_sms  # the tiles of a part-full last round (all of them where there are fewer than SMs)
+    return last if 0 < 2 * last <= num_sms and steps >= 2 else 0
+
+
+def stream_k_blocks(tiles: int, tail: int, num_sms: int | None) -> int:
+    """A stream-K launch's grid: one block an SM, or one per job (whole tile or half) where there are fewer."""
+    return min(tiles + tail, num_sms or tiles + tail)
 
 
 # conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first

@@ -6,25 +6,17 @@ from __future__ import annotations
 
 from ...plan import ConvOp, FCOp, Plan, align
 from .cost_model import ConvConfig, config_shape
-from .tiles import SK_WARPS, blocks, is_stream_k, stream_k_work
-
-
-def stream_k_grid(op: ConvOp, cfg: ConvConfig) -> tuple[int, int]:
-    """(blocks, output tiles) of a stream-K config: blocks of cfg.sk_per K steps each cover tiles x steps."""
-    tiles, steps = stream_k_work(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
-                                 op.src.channels * op.kernel[0] * op.kernel[1], cfg.tile)
-    return blocks(tiles * steps, cfg.sk_per), tiles
+from .tiles import SK_WARPS, blocks, is_stream_k
 
 
 def workspace_elems(op: ConvOp | FCOp, cfg: ConvConfig | None) -> int:
-    """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), stream-K's two slots of a tile's
-    sums per block, or Winograd's V (nn x Cin x Tp) followed by M (splits x nn x Cout x Tp); 0 for the others."""
+    """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), stream-K's sums of each half of
+    its tail tiles, or Winograd's V (nn x Cin x Tp) followed by M (splits x nn x Cout x Tp); 0 for the others."""
     if cfg is not None and cfg.wino:
         ws = config_shape(op, cfg)
         return ws.nn * (op.src.channels + cfg.splits * op.dst.channels) * ws.t_pad
     if cfg is not None and is_stream_k(cfg.tile.prefix):
-        assert isinstance(op, ConvOp)
-        return 2 * stream_k_grid(op, cfg)[0] * cfg.tile.bm * cfg.tile.bn
+        return 2 * cfg.sk_tail * cfg.tile.bm * cfg.tile.bn
     if cfg is None or cfg.splits == 1:
         return 0
     return cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w
@@ -51,15 +43,14 @@ def workspace_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple
 
 def counter_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[int, dict[str, int]]:
     """(unsigned ints of tile counters, offset of each op's): grid.x * grid.y for a split op on a _fixup kernel
-    (split ops whose tile has none need none), SK_WARPS tickets a tile for a stream-K op. Every op has its own: the
+    (split ops whose tile has none need none), SK_WARPS tickets a tail tile for a stream-K op. Every op has its own: the
     counters must read zero at launch, and each op leaves its own so."""
     need, offsets = 0, {}
     for op in plan.ops:
         cfg = configs.get(op.name)
         if cfg is not None and is_stream_k(cfg.tile.prefix):
-            assert isinstance(op, ConvOp)
             offsets[op.name] = need
-            need += SK_WARPS * stream_k_grid(op, cfg)[1]
+            need += SK_WARPS * cfg.sk_tail
             continue
         if cfg is None or cfg.splits == 1 or not cfg.tile.fixup:
             continue
