@@ -46,10 +46,7 @@
 // Launch: conv_nhwc_<BM>x<BN> (fp16), conv_nhwc_tf32_<BM>x<BN> and their _maxpool3_ twins: block 256, grid
 //         (ceil(P / BM), ceil(M / BN), splits), static shared memory STAGES * (BM + BN) * 64 bytes.
 //         conv_nhwc[_tf32|_f32]_wgmma_<BM>x<BN>: the same grid, dynamic shared memory wgmma_ring_bytes(split, BM,
-//         BN). conv_nhwc[_tf32]_ws_<BM>x<BN>: block WS_THREADS, at most one block an SM (persistent), dynamic
-//         shared memory ws_ring_bytes; their _ws_sk_ twins the same, with min(SMs, tiles + tail) blocks, 2 x tail
-//         x BM x BN floats of workspace and 8 zeroed tickets a tail tile.
-//         conv_nhwc[_tf32|_f32]_splitk_reduce: block 256, grid ceil(P * M / 2 / 256).
+//         BN). conv_nhwc[_tf32|_f32]_splitk_reduce: block 256, grid ceil(P * M / 2 / 256).
 #include "conv_mma.cuh"
 
 // Stages of the wgmma tiles' ring (cuda.tiles.wgmma_stages), for two blocks an SM (one block cannot hide its own
@@ -599,20 +596,6 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // Persistent: gridDim.x blocks (one an SM: the ring takes ~200 KB) take the tiles blockIdx.x, + gridDim.x, ... in
 // tile_n0's order (the channel tiles of one pixel tile, then its K slices last), so the producer loads the next
 // tile's stages while the consumers store the last one's.
-// Stream-K's hybrid (the "_ws_sk_" tiles, STREAM_K; Osama et al., "Stream-K: Work-centric Parallel Decomposition
-// for Dense Matrix-Matrix Multiplication on the GPU", 2023, whose "data-parallel + stream-K" schedule this is, with
-// the stream-K share cut to halves of tiles). Whole tiles leave SMs idle where the tiles are not a multiple of the
-// blocks: 289 tiles of 128x192 (a 17x17 conv at batch 128) are 2 rounds of 132 and a third of 25, which takes a
-// whole tile's time on 25 SMs (session 9's ncu: SMs active 71 % of the ws kernel's time). Here the last `tail` tiles
-// are split into two halves of their K steps, 2 x tail jobs that the blocks after the whole tiles take in the same
-// round-robin order, so the last round is half as long. Both halves write their fp32 sums to the workspace slot of
-// their job, then take a ticket on the tile, per consumer warp: the warp that arrives second adds the other half
-// (a + b = b + a: the result does not depend on which was second), stores the tile as usual and sets the ticket back
-// to 0 for the next launch. Nobody waits for another block, so no block needs another to be resident (the CUDA
-// graph's concurrent branches share the SMs; the emulator runs blocks one after another). Halves, not the paper's
-// even shares of all K steps: measured (item 11 in docs/PERFORMANCE.md), a block's share of many tiles' steps split
-// tiles at every block's ends, and the parts' sums (96 KB a part at 128x192) through L2 and DRAM cost more than the
-// idle round saved; a tile in 4 parts had its last block read 3 parts alone.
 __host__ __device__ constexpr int ws_stages(int bm, int bn) {
     return 200 * 1024 / ((bm + bn) * 64) < 12 ? 200 * 1024 / ((bm + bn) * 64) : 12;
 }
@@ -625,61 +608,8 @@ constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 [[maybe_unused]] constexpr int WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 200;  // unused where the tiles are not built
 [[maybe_unused]] constexpr int WS_THREADS = WS_PRODUCERS + 256;  // cuda.tiles.WS_THREADS
 
-// The stream-K tiles' extra arguments (conv_nhwc.cu's header; cuda.tiles.stream_k_tail).
-struct NhwcStreamK {
-    float* __restrict__ partials;  // [job][consumer warp][accumulator / 4][lane] float4: one half tile's sums a job
-    unsigned* __restrict__ tickets;  // [tail tile][consumer warp]: zero at launch, left zero
-    int tail;  // the last tiles, each split into two jobs of half its K steps
-};
-
-// Job `job` (tail tile job / 2, its K half job % 2) held by this warp's accumulators d (consumer warp `warp` of 8):
-// to the job's slot, then the warp's ticket on the tile. false: the other half's warp finishes the tile. true: this
-// warp was second, and d now holds the sum of both halves.
-template <int MB, int BN>
-__device__ __forceinline__ bool stream_k_sum(const NhwcStreamK& sk, float (&d)[MB][BN / 2], int job, int warp) {
-    constexpr int QUADS = MB * BN / 8;  // float4s a thread holds
-    const int lane = threadIdx.x % 32;
-    const auto slot = [&](int j) {
-        return reinterpret_cast<float4*>(sk.partials) + ((size_t)j * 8 + warp) * QUADS * 32 + lane;
-    };
-    float4* const mine = slot(job);
-#pragma unroll
-    for (int q = 0; q < QUADS; ++q) {
-        const float* v = &d[q / (BN / 8)][q % (BN / 8) * 4];
-        mine[32 * q] = float4{v[0], v[1], v[2], v[3]};
-    }
-    __threadfence();  // the sums before the ticket, for the warp that reads them
-    __syncwarp();
-    unsigned ticket = 0;
-    if (lane == 0) ticket = atomicAdd(sk.tickets + 8 * (job / 2) + warp, 1u);
-    ticket = __shfl_sync(0xffffffffu, ticket, 0);
-    if (ticket == 0) return false;
-    if (lane == 0) sk.tickets[8 * (job / 2) + warp] = 0;
-    __threadfence();
-    const float4* const other = slot(job ^ 1);
-    // In groups of GROUP float4s, each group's loads in flight together: all of them at once would need as many
-    // registers again as the sums (ptxas spilled 128x192's).
-    constexpr int GROUP = 8;
-    static_assert(QUADS % GROUP == 0, "whole groups");
-#pragma unroll
-    for (int q0 = 0; q0 < QUADS; q0 += GROUP) {
-        float4 v[GROUP];
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g) v[g] = __ldcg(other + 32 * (q0 + g));  // from L2: another SM wrote it
-#pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            float* o = &d[(q0 + g) / (BN / 8)][(q0 + g) % (BN / 8) * 4];
-            o[0] += v[g].x;
-            o[1] += v[g].y;
-            o[2] += v[g].z;
-            o[3] += v[g].w;
-        }
-    }
-    return true;
-}
-
-template <class E, int BM, int BN, bool STREAM_K = false>
-__device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, const NhwcStreamK& sk = {}) {
+template <class E, int BM, int BN>
+__device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
     constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN);
     using Loader = NhwcLoader<E, BM, BN, WS_PRODUCERS>;
@@ -719,34 +649,13 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         t.stages = (t.k_end - t.k_begin + BK - 1) / BK;
         return t;
     };
-    // Calls work(t, i, job) for this block's work in order: tile i (job -1), or under STREAM_K a tail tile's K half
-    // in t's K range (job: 2 x its place in the tail + which half).
-    const int steps = (k_total + BK - 1) / BK;  // a tile's K steps (STREAM_K: one slice, at least 2 where tail > 0)
-    const auto for_each_work = [&](auto&& work) {
-        if constexpr (STREAM_K) {
-            const int whole = tiles - sk.tail;
-            for (int v = blockIdx.x; v < whole + 2 * sk.tail; v += gridDim.x) {
-                if (v < whole) {
-                    work(tile_at(v), v, -1);
-                    continue;
-                }
-                const int job = v - whole, i = whole + job / 2, s0 = job % 2 ? steps / 2 : 0;
-                Tile t = tile_at(i);
-                t.k_begin = s0 * BK;
-                t.k_end = job % 2 ? k_total : steps / 2 * BK;
-                t.stages = job % 2 ? steps - s0 : steps / 2;
-                work(t, i, job);
-            }
-        } else {
-            for (int i = blockIdx.x; i < tiles; i += gridDim.x) work(tile_at(i), i, -1);
-        }
-    };
 
     if (tid < WS_PRODUCERS) {  // the producers
         wgmma::max_registers<WS_PRODUCER_REGS, false>();
         int issued = 0, buf = 0;  // loads so far; the buffer of the next load
         unsigned phase = 0;       // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
-        for_each_work([&](const Tile& t, int, int) {
+        for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+            const Tile t = tile_at(i);
             Loader load(a, As, Bs, t.p0, t.m0, t.k_begin, t.k_end, tid);
             for (int kt = 0; kt < t.stages; ++kt) {
                 if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
@@ -757,7 +666,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
                     phase ^= 1;
                 }
             }
-        });
+        }
         cp_async::wait<0>();
         return;
     }
@@ -771,7 +680,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
     constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
     int buf = 0;
     unsigned phase = 0;  // parity of the ring's passes: full[buf] is waited for at phase
-    for_each_work([&](const Tile& t, int, int job) {
+    for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+        const Tile t = tile_at(i);
         float d[MB][BN / 2];
         int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
         for (int kt = 0; kt < t.stages; ++kt) {
@@ -803,11 +713,9 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
 
-        if constexpr (STREAM_K)  // half a tail tile: the warp that finishes second stores the sum
-            if (job >= 0 && !stream_k_sum<MB, BN>(sk, d, job, (tid - WS_PRODUCERS) / 32)) return;
         NhwcStore<E>{a, p_total, t.z, splits}.template wgmma_rows<MB, BN>(
             t.p0, t.m0, group, [&](int mb, int i) { return d[mb][i]; });
-    });
+    }
 }
 
 // Halo tiles (sm_90a, "_halo_": conv_nhwc[_tf32]_halo_<BM>x<BN>) for stride-1 convs with several taps, first built
@@ -1093,19 +1001,11 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
 // The warp-specialized tiles: WS_THREADS (512) threads, one block an SM (128 registers a thread at launch, then
 // setmaxnreg's split; the consumers hold BM / 128 * BN / 2 accumulators; ptxas: no spill. 256x192's 192 spill).
-// Their stream-K twins NAME_ws_sk_BMxBN take the workspace of the halves, the tail tiles' tickets and the tail.
 #ifdef IE_NHWC_WS
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN) \
     CONV_NHWC_ENTRY(NAME##_ws_##BM##x##BN, E, WS_THREADS, 1, (conv_nhwc_ws_gemm<E, BM, BN>))
-#define CONV_NHWC_WS_SK_KERNEL(NAME, E, BM, BN)                                                                    \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                    \
-        NAME##_ws_sk_##BM##x##BN(CONV_NHWC_PARAMS(E), float* __restrict__ partials, unsigned* __restrict__ tickets, \
-                                 int tail) {                                                                       \
-        conv_nhwc_ws_gemm<E, BM, BN, true>(CONV_NHWC_ARGS(E), NhwcStreamK{partials, tickets, tail});               \
-    }
 #else
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)
-#define CONV_NHWC_WS_SK_KERNEL(NAME, E, BM, BN)
 #endif
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
 // split: the consumers hold BM / 64 x BN / 2 accumulators).
@@ -1116,8 +1016,7 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #define CONV_NHWC_HALO_KERNEL(NAME, E, BM, BN)
 #endif
 
-// fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized (whole
-// tiles, then stream-K), halo.
+// fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized, halo.
 #define CONV_NHWC_SM90_TILES(NAME, E)           \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
@@ -1129,8 +1028,6 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 128)      \
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 64)       \
     CONV_NHWC_WS_KERNEL(NAME, E, 256, 128)      \
-    CONV_NHWC_WS_SK_KERNEL(NAME, E, 128, 192)   \
-    CONV_NHWC_WS_SK_KERNEL(NAME, E, 128, 128)   \
     CONV_NHWC_HALO_KERNEL(NAME, E, 256, 64)     \
     CONV_NHWC_HALO_KERNEL(NAME, E, 256, 32)     \
     CONV_NHWC_HALO_KERNEL(NAME, E, 128, 96)     \

@@ -330,10 +330,7 @@ def ideal_conv(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, precisio
     return elem(y)
 
 
-def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str, sk_tail: int | None = None) -> np.ndarray:
-    """The case on the tile, checked against the ideal conv; its output. A stream-K tile splits its last sk_tail
-    tiles into K halves (default: as for a GPU of 3 SMs), its workspace NaN-poisoned, and must leave its tickets
-    zero."""
+def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> None:
     rng = rng_for("nhwc", case, tile.name, splits, precision)
     size = cb.NHWC_ELEMS[precision].bytes
     op = conv_op(case)
@@ -350,38 +347,21 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str, sk_tai
     mem.write(b_ptr, b)
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
     cfg = cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
-    tickets = counters = 0
-    if cb.is_stream_k(tile.prefix):
-        count, steps = cb.stream_k_work(op.dst.n * op.dst.h * op.dst.w, case.cout, k_total, tile)
-        tail = cb.stream_k_tail(count, steps, 3) if sk_tail is None else sk_tail
-        cfg = cb.ConvConfig(tile, 1, k_total, 0.0, sk_tail=tail)
-        tickets = cb.SK_WARPS * tail
-        counters = mem.alloc(4 * max(1, tickets))
-        mem.write(counters, np.zeros(max(1, tickets), np.uint32))
-    ws_elems = max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w, cb.workspace_elems(op, cfg))
-    ws = mem.alloc(4 * ws_elems)
-    mem.write(ws, np.full(ws_elems, np.nan, np.float32))  # a part summed before it was written shows
+    ws = mem.alloc(4 * max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w))
     # num_sms 3: a warp-specialized tile's blocks each take several tiles, so its ring wraps from tile to tile
     specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
-                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3,
-                               counters=counters)
+                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3)
     suffix = cb.NHWC_ELEMS[precision].suffix
     assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"] + [
         f"conv_nhwc{suffix}_splitk_reduce"] * (cfg.splits > 1)
     if not case.relu:  # the specs always ask for ReLU (every conv of the network has it); this case tests without
-        spec = specs[-1]  # relu_end: the parts' last argument (a stream-K tile's three more follow)
-        at = len(cb.NHWC_CONV_FORMAT) - 1 if cb.is_stream_k(spec.kernel) else len(spec.args) - 1
-        specs[-1] = dataclasses.replace(spec, args=spec.args[:at] + (0,) + spec.args[at + 1:])
+        specs[-1] = dataclasses.replace(specs[-1], args=specs[-1].args[:-1] + (0,))
     mem.launch(specs)
     got = get_nhwc(mem, y_ptr, op.dst.shape, op.dst.c_offset, case.cout, precision)
     err = rel_l2(got, ideal_conv(case, x, w, b, precision))
     assert err <= TOL[precision], f"rel L2 {err:.2e} against the ideal {precision} conv"
     after = mem.read(x_ptr, before.shape, DTYPE[precision])
     np.testing.assert_array_equal(after.view(f"u{size}"), before.view(f"u{size}"))
-    if tickets:  # the next launch (a CUDA graph's replay) needs them zero again
-        left = mem.read(counters, (tickets,), np.uint32)
-        assert not left.any(), f"{np.count_nonzero(left)} stream-K tickets left non-zero"
-    return got
 
 
 def test_ring_bytes_are_the_kernels_stages(emu):
@@ -475,42 +455,6 @@ def split_k_tiles(precision: str, wgmma: bool) -> list[cb.Tile]:
     names = ("128x64", "256x32", "128x192") if precision != "fp32" else ("128x128", "128x64", "128x32")
     ws = [cb.ws_tile(256, 128, precision)] if precision != "fp32" else []
     return list(elem.mma_tiles[1:2]) + ([wgmma_tile(precision, n) for n in names] + ws if wgmma else [])
-
-
-# 2 images of 17x17 (578 pixels: 5 tiles of 128, the last a tail) x 200 channels (two channel tiles, the second a
-# tail), K = 7 x 24 = 168: 6 K steps of fp16 (32 each), 11 of tf32 (16)
-STREAM_K_CASE = Case(2, 24, 200, 17, 17, (1, 7), 1, (0, 3), (8, 0), (0, 8))
-
-
-@pytest.mark.parametrize("precision", ("fp16", "tf32"))
-def test_stream_k_halves(mem, precision):
-    """The stream-K tiles with every tile in K halves (their jobs on 3 blocks, round-robin), the last tile only,
-    and none (the whole tiles alone): each against the ideal conv, the tickets left zero, and two launches
-    bitwise equal (the sum does not depend on which half finished last)."""
-    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_stream_k(t.prefix)]
-    if not tiles:
-        pytest.skip("this GPU has no wgmma (sm_90a): no stream-K tiles")
-    op = conv_op(STREAM_K_CASE)
-    for tile in tiles:
-        count, steps = cb.stream_k_work(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
-                                        op.src.channels * op.kernel[0] * op.kernel[1], tile)
-        assert steps >= 2
-        for tail in (count, 1, 0):
-            first = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_tail=tail)
-            again = run_conv(mem, STREAM_K_CASE, tile, 1, precision, sk_tail=tail)
-            np.testing.assert_array_equal(first, again)
-
-
-def test_stream_k_tail_is_the_last_rounds_tiles():
-    """stream_k_tail: the tiles of a part-full last round where their halves fit it (at most half the SMs), none
-    where the round is full or more than half full, or a tile has one K step."""
-    assert cb.stream_k_tail(289, 42, 132) == 25  # Mixed_6e's 7-tap convs on 128x192 at batch 128
-    assert cb.stream_k_tail(3, 42, 132) == 3  # ... at batch 1: 3 tiles in 6 halves
-    assert cb.stream_k_tail(264, 42, 132) == 0  # two full rounds
-    assert cb.stream_k_tail(200, 42, 132) == 0  # a last round of 68 tiles: 136 halves would not fit
-    assert cb.stream_k_tail(198, 42, 132) == 66
-    assert cb.stream_k_tail(25, 1, 132) == 0  # one K step: no halves
-    assert cb.stream_k_blocks(289, 25, 132) == 132 and cb.stream_k_blocks(3, 3, 132) == 6
 
 
 FUSED_PARTS = [  # (member channels, buffer channels, channel offset, buffer's place in the arena): plan.FusedConvOp

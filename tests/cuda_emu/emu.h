@@ -176,16 +176,3 @@ inline double lanes_double[1024];
 }  // namespace emu
 inline float __shfl_xor_sync(unsigned, float v, int mask) { return emu::shfl_xor(emu::lanes, v, mask); }
 inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_xor(emu::lanes_double, v, mask); }
-namespace emu {
-inline unsigned lanes_unsigned[1024];
-}  // namespace emu
-// A broadcast from lane src (the only __shfl_sync the engine uses is on unsigned values).
-inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
-    const unsigned t = threadIdx.x;
-    emu::lanes_unsigned[t] = v;
-    emu::warp_sync();
-    const unsigned r = emu::lanes_unsigned[(t & ~31u) | static_cast<unsigned>(src)];
-    emu::warp_sync();
-    return r;
-}
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_sync(); }

@@ -23,7 +23,7 @@ Where things are (each module's docstring says more):
     winograd.py     Winograd set-up: eligible convs, tile shapes, U and the transforms
     tuning.py       measured tuning's candidates, pick and cache (the timing itself: backend.tune_configs)
     params.py       weights and biases packed in the kernels' layouts
-    workspace.py    split-K / stream-K / Winograd workspace, tile counters and stream-K tickets
+    workspace.py    split-K / Winograd workspace and tile counters
     kernels.py      entry-point names, their sources and argument formats; Kernels loads the cubins
     launch.py       plan -> LaunchSpecs on NCHW (launch_specs); Launch binds one to its kernel
     launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and pointers
@@ -50,8 +50,7 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_CIN, HALO_S
                     TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX, WGMMA_SLOWDOWN,
                     WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision, conv_kernel,
                     folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes,
-                    input_tile, is_halo, is_stream_k, is_ws, SK_WARPS, stream_k_blocks, stream_k_tail, stream_k_work,
-                    tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages, wgmma_tile, WS_SK_SHAPES, ws_sk_tile,
+                    input_tile, is_halo, is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages, wgmma_tile,
                     ws_stages, ws_tile)
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
@@ -62,8 +61,7 @@ from .tuning import (config_from_json, config_to_json, pick_fastest, tuning_cach
                      tuning_key)
 from .params import direct_weights, op_params, pack_params, round_tf32, transforms_key
 from .workspace import counter_layout, workspace_elems, workspace_layout
-from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_SK_FORMAT, SOURCE_OF,
-                      WINO_GEMM_FORMAT,
+from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, Kernels, NHWC_CONV_FORMAT, SOURCE_OF, WINO_GEMM_FORMAT,
                       WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, all_kernel_names, arg_format, conv_kernel_name, source_of,
                       wino_kernel_names)
 from .launch import (Launch, LaunchSpec, batch_stride, conv_specs, fc_specs, gap_spec, launch_specs, pool_spec,

@@ -173,8 +173,7 @@ class CudaBackend:
         self._ws = self._alloc(workspace_layout(plan, self.configs)[0])
         self._probs = self._alloc(plan.batch * plan.output.channels) if softmax else None
         n_counters = counter_layout(plan, self.configs)[0]
-        # the _fixup kernels' counters (NCHW, fixup on) or the stream-K tiles' tickets (NHWC)
-        self._counters = self._alloc(n_counters) if (self.fixup or self.nhwc) and n_counters else None
+        self._counters = self._alloc(n_counters) if self.fixup and n_counters else None
         if self._counters is not None:
             drv.memset_d32(self._counters, 0, n_counters)
         drv.memcpy_htod(self._params, params)
@@ -188,7 +187,7 @@ class CudaBackend:
             self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
             self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
                                            offsets, self._ws, self._probs, self.precision,
-                                           max(1, self._gpu.num_sms - self.sm_margin), self._counters or 0)
+                                           max(1, self._gpu.num_sms - self.sm_margin))
         else:
             self._in_ptr = view_ptr(self._arena, plan.input)
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)

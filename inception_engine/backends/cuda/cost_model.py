@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from ...errors import EngineError
 from ...plan import ConvOp, FCOp, Plan
 from .tiles import (HALO_CIN, KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
-                    check_nhwc_precision, input_tile, is_halo, is_stream_k, stream_k_tail, stream_k_work,
-                    tile_fits)
+                    check_nhwc_precision, input_tile, is_halo, tile_fits)
 from .winograd import WINO_MIN_BATCH, WINO_VARIANTS, WinogradShape, winograd_eligible, winograd_shape
 
 
@@ -42,7 +41,6 @@ class ConvConfig:
     est_us: float
     wino: int = 0  # Winograd with output tile m = wino (``winograd_tile``; tile: winograd.cu's GEMM; splits, k_split:
     # its split-K over Cin, whose slices the output transform sums); 0: direct
-    sk_tail: int = 0  # a stream-K tile's (tiles.is_stream_k) last tiles split into K halves; 0 for the others
 
 
 def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool = True,
@@ -58,14 +56,6 @@ def conv_config(cout: int, n_total: int, k_total: int, num_sms: int, fixup: bool
     """
     best: ConvConfig | None = None
     for tile in tiles:
-        if is_stream_k(tile.prefix):  # one block an SM, the last round's tiles in K halves
-            count, steps = stream_k_work(cout, n_total, k_total, tile)
-            tail = stream_k_tail(count, steps, num_sms)
-            rounds = math.ceil((count - tail) / num_sms) + (0.5 if tail else 0)
-            us = rounds * (tile.bm * tile.bn * k_total / tile.macs_per_us + WAVE_OVERHEAD_US)
-            if best is None or us < best.est_us:
-                best = ConvConfig(tile, 1, k_total, us, sk_tail=tail)
-            continue
         tiles = math.ceil(cout / tile.bm) * math.ceil(n_total / tile.bn)
         seen = set()
         for want in range(1, (1 if is_halo(tile.prefix) else max_splits) + 1):  # the halo tiles: no split-K
@@ -129,8 +119,6 @@ def model_takes(op: ConvOp, tile: Tile) -> bool:
     not see their set-up (weights copied per block, halo rows beyond the tile) nor their shared-memory bound, picked
     them for most 35x35 and 17x17 layers and the untuned fp16 forward went 0.38 -> 0.42 ms at batch 1 and 2.82 ->
     3.04-3.06 ms at batch 64 (H100, session 5, call 7). Tuning measures them everywhere they fit."""
-    if is_stream_k(tile.prefix):  # new (session 9): measured only so far, never chosen unmeasured
-        return False
     return not is_halo(tile.prefix) or op.src.channels == HALO_CIN
 
 

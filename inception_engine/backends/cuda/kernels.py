@@ -16,7 +16,7 @@ from typing import Any
 from ... import cuda_build
 from .device import driver
 from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES,
-                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, is_stream_k, wgmma_ring_bytes)
+                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, wgmma_ring_bytes)
 from .winograd import WINO_VARIANTS
 
 
@@ -40,7 +40,6 @@ ARG_FORMATS = {
     **{f"conv_nhwc{e.suffix}_splitk_reduce": "PPP" + "i" * 14 for e in NHWC_ELEMS.values()},
 }
 NHWC_CONV_FORMAT = "PPPP" + "i" * 25  # ... k_split, then the parts (nhwc_parts)
-NHWC_SK_FORMAT = NHWC_CONV_FORMAT + "PPi"  # ... and stream-K's workspace, tickets and K steps a block
 WINO_INPUT_FORMAT = "PPP" + "i" * 10
 WINO_GEMM_FORMAT = "PPP" + "i" * 6
 WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
@@ -70,8 +69,6 @@ def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile, splits: int =
 def arg_format(kernel: str) -> str:
     if kernel in ARG_FORMATS:
         return ARG_FORMATS[kernel]
-    if is_stream_k(kernel):
-        return NHWC_SK_FORMAT
     for prefix, fmt in (("wino_input_", WINO_INPUT_FORMAT), ("wino_gemm_", WINO_GEMM_FORMAT),
                         ("wino_output_", WINO_OUTPUT_FORMAT), ("conv_nhwc_", NHWC_CONV_FORMAT)):
         if kernel.startswith(prefix):

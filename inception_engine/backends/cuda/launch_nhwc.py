@@ -15,9 +15,9 @@ from .cost_model import ConvConfig
 from .launch import LaunchSpec, fc_specs, softmax_spec
 from .tiles import (HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
                     NHWC_PIECE, THREADS, WS_THREADS, blocks, conv_kernel, halo_fits, halo_smem_bytes,
-                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_stream_k, is_ws,
-                    stream_k_blocks, tile_fits, wgmma_ring_bytes)
-from .workspace import counter_layout, workspace_layout
+                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_ws, tile_fits,
+                    wgmma_ring_bytes)
+from .workspace import workspace_layout
 
 
 # --- the NHWC path (CudaBackend(nhwc=True), fp16 or tf32) -----------------------------------------------------------
@@ -107,15 +107,13 @@ def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
 
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
-                    ws: int, precision: str = "fp16", num_sms: int | None = None,
-                    counters: int = 0) -> list[LaunchSpec]:
+                    ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
     """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv; x that of the
     pool's input for a conv that reads through a max pool, its stride the pool's), and its
     split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
     NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an
     SM; a halo tile's split between its channel tiles, grid.y), or one per tile where there are fewer or num_sms is
-    None; a stream-K tile's take its tail tiles' K halves too (cfg.sk_tail), with ws (``workspace_elems``) and
-    counters (its zeroed tickets: ``counter_layout``)."""
+    None."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total
@@ -146,12 +144,6 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
         per_channel_tile = tiles if num_sms is None else max(1, num_sms // channel_tiles)
         grid = (min(tiles, per_channel_tile), channel_tiles, 1)
         block, shared = HALO_THREADS, halo_smem_bytes(t, op.kernel, wg, cin)
-    elif is_stream_k(kernel):
-        assert not split and (cfg.sk_tail == 0 or ws and counters), f"{op.name}: stream-K needs workspace, tickets"
-        tiles = math.prod(grid)
-        assert cfg.sk_tail <= tiles and (cfg.sk_tail == 0 or blocks(cfg.k_split, t.bk) >= 2), f"{op.name}: tail"
-        grid = (stream_k_blocks(tiles, cfg.sk_tail, num_sms), 1, 1)
-        args += (ws, counters, cfg.sk_tail)
     elif is_ws(kernel):
         tiles = math.prod(grid)
         grid = (min(tiles, num_sms or tiles), 1, 1)
@@ -177,16 +169,14 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
 
 def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
                       offsets: dict[str, int], ws: int, probs: int | None = None,
-                      precision: str = "fp16", num_sms: int | None = None,
-                      counters: int = 0) -> list[LaunchSpec]:
+                      precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
     """The whole NHWC forward as launches, in plan order. arena: the NHWC activations of the precision's elements
     (the plan's offsets in elements); side: the float32 side buffer (``nhwc_side``); num_sms: the GPU's, the grid of
-    the persistent tiles (``nhwc_conv_specs``); counters: the stream-K tickets, zeroed (``counter_layout``'s size)."""
+    the persistent tiles (``nhwc_conv_specs``)."""
     lay = nhwc_side(plan)
     elem = NHWC_ELEMS[precision]
     specs: list[LaunchSpec] = []
     ws_offsets = workspace_layout(plan, configs)[1]
-    counter_offsets = counter_layout(plan, configs)[1]
     features = logits = None
     for op in plan.ops:
         if isinstance(op, (ConvOp, FCOp)):
@@ -198,10 +188,8 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
             assert cfg is not None and (cfg.tile in (INPUT_TILE, INPUT_MMA_TILE)) == reads_input, \
                 f"{op.name}: not an NHWC config"
             x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
-            cnt = counters + 4 * counter_offsets[op.name] if op.name in counter_offsets else 0
             specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
-                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms,
-                                     cnt)
+                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms)
         elif isinstance(op, PoolOp):
             bias = params + 4 * offsets[op.bias + ".bias"] if op.bias else 0
             specs.append(nhwc_pool_spec(op, arena, precision, bias))

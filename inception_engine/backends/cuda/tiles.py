@@ -118,43 +118,8 @@ def ws_tile(bm: int, bn: int, precision: str) -> Tile:
 
 
 def is_ws(kernel_or_prefix: str) -> bool:
-    """A warp-specialized tile's kernel (or prefix): WS_THREADS threads, a persistent grid (stream-K's too)."""
+    """A warp-specialized tile's kernel (or prefix): WS_THREADS threads, a persistent grid."""
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
-
-
-# conv_nhwc.cu's stream-K twins (``_ws_sk_``) of the warp-specialized tiles most 17x17 and 8x8 layers tune to: the
-# tiles of a last, part-full round split into two halves of their K steps, so that round takes half a tile's time
-# (conv_nhwc.cu's header). Model speeds as the ws tiles'; the model does not pick them unmeasured
-# (cost_model.model_takes), tuning does where they win.
-WS_SK_SHAPES = ((128, 192), (128, 128))
-SK_WARPS = 8  # the consumer warps: each sums its own rows of a tile's halves, with a ticket of its own per tile
-
-
-def ws_sk_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc.cu's stream-K warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
-    ws = ws_tile(bm, bn, precision)
-    return Tile(bm, bn, ws.bk, 1, ws.macs_per_us, ws.prefix + "_sk", False)
-
-
-def is_stream_k(kernel_or_prefix: str) -> bool:
-    return "_ws_sk" in kernel_or_prefix
-
-
-def stream_k_work(p_total: int, cout: int, k_total: int, tile: Tile) -> tuple[int, int]:
-    """(output tiles, K steps of one tile) of a GEMM of p_total pixels x cout channels x k_total on this tile."""
-    return blocks(p_total, tile.bm) * blocks(cout, tile.bn), blocks(k_total, tile.bk)
-
-
-def stream_k_tail(tiles: int, steps: int, num_sms: int) -> int:
-    """The tiles a stream-K launch on num_sms SMs splits into K halves: those of the last round of whole tiles where
-    their halves fit that round (at most half the SMs busy), else none; none where a tile has a single K step."""
-    last = tiles % num_sms  # the tiles of a part-full last round (all of them where there are fewer than SMs)
-    return last if 0 < 2 * last <= num_sms and steps >= 2 else 0
-
-
-def stream_k_blocks(tiles: int, tail: int, num_sms: int | None) -> int:
-    """A stream-K launch's grid: one block an SM, or one per job (whole tile or half) where there are fewer."""
-    return min(tiles + tail, num_sms or tiles + tail)
 
 
 # conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
@@ -252,20 +217,17 @@ def conv_kernel(op: ConvOp, tile: Tile) -> str:
 def tile_label(tile: Tile) -> str:
     """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128) and halo
     ones (h128x64) from its mma.sync ones of the same shape."""
-    kind = ("sk" if is_stream_k(tile.prefix) else "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix)
-            else "w" if "_wgmma" in tile.prefix else "")
+    kind = "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix) else "w" if "_wgmma" in tile.prefix else ""
     return kind + tile.name
 
 
-# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized (whole tiles,
-# then stream-K) and halo ones.
+# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized and halo
+# ones.
 NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
                     + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS)
-                    + tuple(ws_sk_tile(bm, bn, "fp16") for bm, bn in WS_SK_SHAPES)
                     + tuple(halo_tile(bm, bn, "fp16") for bm, bn in HALO_SPEEDS))
 NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
                          + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
-                         + tuple(ws_sk_tile(bm, bn, "tf32") for bm, bn in WS_SK_SHAPES)
                          + tuple(halo_tile(bm, bn, "tf32") for bm, bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the

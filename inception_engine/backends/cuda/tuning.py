@@ -45,7 +45,7 @@ def config_to_json(cfg: ConvConfig | None) -> dict[str, Any] | None:
     if cfg is None:
         return None
     return {"prefix": cfg.tile.prefix, "tile": cfg.tile.name, "splits": cfg.splits, "k_split": cfg.k_split,
-            "wino": cfg.wino, "sk_tail": cfg.sk_tail}
+            "wino": cfg.wino}
 
 
 def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
@@ -53,8 +53,7 @@ def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
         return None
     tiles = {(t.prefix, t.name): t for t in TILES + TF32_TILES + F16_TILES + WINO_TILES + (INPUT_TILE, INPUT_MMA_TILE)
              + tuple(t for e in NHWC_ELEMS.values() for t in e.tiles(wgmma=True))}
-    return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]),
-                      int(d.get("sk_tail", 0)))
+    return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
 
 def tuning_key(device_name: str, arch: str, num_sms: int, plan: Plan, precision: str, fixup: bool,

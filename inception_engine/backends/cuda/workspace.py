@@ -1,22 +1,19 @@
-"""Scratch memory of a forward: the split-K, stream-K and Winograd workspace (``workspace_layout``, disjoint slices
-for ops that may run at the same time) and the tile counters of the _fixup kernels and the stream-K tickets
-(``counter_layout``)."""
+"""Scratch memory of a forward: the split-K and Winograd workspace (``workspace_layout``, disjoint slices for ops that
+may run at the same time) and the _fixup kernels' tile counters (``counter_layout``)."""
 
 from __future__ import annotations
 
 from ...plan import ConvOp, FCOp, Plan, align
 from .cost_model import ConvConfig, config_shape
-from .tiles import SK_WARPS, blocks, is_stream_k
+from .tiles import blocks
 
 
 def workspace_elems(op: ConvOp | FCOp, cfg: ConvConfig | None) -> int:
-    """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), stream-K's sums of each half of
-    its tail tiles, or Winograd's V (nn x Cin x Tp) followed by M (splits x nn x Cout x Tp); 0 for the others."""
+    """Floats of workspace one op uses: split-K partial sums (splits x Cout x N), or Winograd's V (nn x Cin x Tp)
+    followed by M (splits x nn x Cout x Tp); 0 for the others."""
     if cfg is not None and cfg.wino:
         ws = config_shape(op, cfg)
         return ws.nn * (op.src.channels + cfg.splits * op.dst.channels) * ws.t_pad
-    if cfg is not None and is_stream_k(cfg.tile.prefix):
-        return 2 * cfg.sk_tail * cfg.tile.bm * cfg.tile.bn
     if cfg is None or cfg.splits == 1:
         return 0
     return cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w
@@ -42,16 +39,12 @@ def workspace_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple
 
 
 def counter_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[int, dict[str, int]]:
-    """(unsigned ints of tile counters, offset of each op's): grid.x * grid.y for a split op on a _fixup kernel
-    (split ops whose tile has none need none), SK_WARPS tickets a tail tile for a stream-K op. Every op has its own: the
-    counters must read zero at launch, and each op leaves its own so."""
+    """(unsigned ints of tile counters for the _fixup kernels, offset of each split op's grid.x * grid.y counters;
+    split ops whose tile has no _fixup variant need none). Every op has its own: the counters must read zero at
+    launch, and each op leaves its own so."""
     need, offsets = 0, {}
     for op in plan.ops:
         cfg = configs.get(op.name)
-        if cfg is not None and is_stream_k(cfg.tile.prefix):
-            offsets[op.name] = need
-            need += SK_WARPS * cfg.sk_tail
-            continue
         if cfg is None or cfg.splits == 1 or not cfg.tile.fixup:
             continue
         offsets[op.name] = need
