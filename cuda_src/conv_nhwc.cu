@@ -266,9 +266,8 @@ struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
 // m + 1 < cout when m < cout) of the thread's pixels. Raw to the split-K workspace when the grid has several slices,
 // else bias, ReLU, the element type, into the column's part. What depends on the channels alone (part, bias, ReLU)
 // is looked up once per column rather than once per pair (round 9: the per-pair lookups were ~2,700 instructions a
-// warp per 128x192 block). BIASED: the sums hold the bias already (``wgmma_bias``, the wgmma-family tiles), so the
-// epilogue loads none.
-template <class E, bool BIASED = false>
+// warp per 128x192 block).
+template <class E>
 struct NhwcStore {
     const NhwcConvArgs<E>& a;
     int p_total;
@@ -286,7 +285,7 @@ struct NhwcStore {
             return;
         }
         const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
-        const float b0 = BIASED ? 0.f : __ldg(a.bias + m), b1 = BIASED ? 0.f : __ldg(a.bias + m + 1);
+        const float b0 = __ldg(a.bias + m), b1 = __ldg(a.bias + m + 1);
         const bool relu = m < a.parts.relu_end;
         typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
         pairs([&](int p, float v0, float v1) {
@@ -311,7 +310,7 @@ struct NhwcStore {
         const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
         float bias[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) bias[e] = BIASED ? 0.f : __ldg(a.bias + m + e);
+        for (int e = 0; e < 4; ++e) bias[e] = __ldg(a.bias + m + e);
         const bool relu = m < a.parts.relu_end;
         typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
         quads([&](int p, const float (&q)[4]) {
@@ -371,27 +370,6 @@ struct NhwcStore {
                     for (int half = 0; half < 2; ++half)
                         put(pixel(mb, half), sum(mb, 4 * j + 2 * half), sum(mb, 4 * j + 2 * half + 1));
             });
-    }
-    // A wgmma warpgroup's accumulators of the BN-channel tile from channel m0 (wgmma_pixels' layout: accumulator i
-    // of a row block is channel 8 (i / 4) + 2t + i % 2), set to their channel's bias before the K loop adds onto
-    // them: 0 past Cout and in a split-K slice, whose raw sums the reduction adds the bias to. Its loads then wait
-    // behind the first stage's copies instead of the epilogue (session 9's ncu of a ws tile: the epilogue's 48 bias
-    // loads a thread a tile were its top stall, and the epilogue half of the consumers' time).
-    template <int MB, int BN>
-    __device__ __forceinline__ void wgmma_bias(float (&d)[MB][BN / 2], int m0) const {
-        static_assert(BIASED, "the epilogue adds the bias itself");
-        const int t = threadIdx.x % 4;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int m = m0 + 8 * j + 2 * t + e;
-                const float v = splits == 1 && m < a.cout ? __ldg(a.bias + m) : 0.f;
-#pragma unroll
-                for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) d[mb][4 * j + 2 * half + e] = v;
-            }
     }
     // ... whose rows are the pixels of the GEMM tile's rows from p0, warpgroup `group` taking rows 64 MB group on.
     template <int MB, int BN, class Sum>
@@ -517,15 +495,10 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     const int k_end = min(k_total, k_begin + a.k_split);
     Loader load(a, As, Bs, p0, m0, k_begin, k_end, tid);
 
-    // Every block has at least one K tile (the backend's split-K never leaves a slice empty). d starts as the bias
-    // (NhwcStore::wgmma_bias) where BIAS_FIRST; else it is not zeroed: the first wgmma (of each chunk, SPLIT)
-    // overwrites it (accumulate 0, wgmma.cuh), and the epilogue adds the bias. Not for 128x192: its 96 sums live
-    // through the ring's first loads then, and ptxas spills (72 bytes) at two blocks' 128 registers.
-    constexpr bool BIAS_FIRST = !E::SPLIT && BN != 192;
-    using Store = NhwcStore<E, BIAS_FIRST>;
+    // Not zeroed: the first wgmma of the block overwrites d (wgmma.cuh). Every block has at least one K tile (the
+    // backend's split-K never leaves a slice empty).
     float d[MB][BN / 2];
-    int accumulate = BIAS_FIRST ? 1 : 0;
-    if constexpr (BIAS_FIRST) Store{a, p_total, (int)blockIdx.z, (int)gridDim.z}.template wgmma_bias<MB, BN>(d, m0);
+    int accumulate = 0;
 
     // The descriptors of buffer 0; a buffer, and 64 rows, are fixed steps on (start addresses in units of 16 bytes).
     const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
@@ -602,7 +575,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
             return d[mb][i];
     };
 
-    Store{a, p_total, (int)blockIdx.z, (int)gridDim.z}.template wgmma_rows<MB, BN>(p0, m0, group, sum);
+    NhwcStore<E>{a, p_total, (int)blockIdx.z, (int)gridDim.z}.template wgmma_rows<MB, BN>(p0, m0, group, sum);
 }
 
 // The same implicit GEMM, warp-specialized and persistent (sm_90a; "_ws" tiles). Round 9's ncu profile of the wgmma
@@ -709,10 +682,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     unsigned phase = 0;  // parity of the ring's passes: full[buf] is waited for at phase
     for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
         const Tile t = tile_at(i);
-        const NhwcStore<E, true> store{a, p_total, t.z, splits};
         float d[MB][BN / 2];
-        store.template wgmma_bias<MB, BN>(d, t.m0);
-        int last = 0;  // the buffer before buf
+        int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
         for (int kt = 0; kt < t.stages; ++kt) {
             mbarrier::wait(full + buf, phase);
             wgmma::fence_proxy_async();  // the producers' copies, seen through the barrier, before the async proxy's reads
@@ -724,9 +695,10 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const unsigned long long on = half * wgmma::DESC_32_BYTES;
-                    E::template wgmma<BN>(d[mb], da + on, db + on, 1);
+                    E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
                 }
             }
+            accumulate = 1;
             wgmma::commit();
             wgmma::wait<1>();  // the wgmma of the stage before have read their buffer
             if (kt > 0 && lane == 0) mbarrier::arrive(empty + last);
@@ -741,7 +713,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
 
-        store.template wgmma_rows<MB, BN>(t.p0, t.m0, group, [&](int mb, int i) { return d[mb][i]; });
+        NhwcStore<E>{a, p_total, t.z, splits}.template wgmma_rows<MB, BN>(
+            t.p0, t.m0, group, [&](int mb, int i) { return d[mb][i]; });
     }
 }
 
