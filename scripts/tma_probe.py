@@ -1,6 +1,6 @@
 """Can the engine drive Hopper's TMA im2col loads from pycuda? A feasibility check for issue 23's next kernel.
 
-    python3 scripts/tma_probe.py [--tma-only]     (on the GPU machine: sm_90, pycuda, nvcc)
+    python3 scripts/tma_probe.py [--tma-only | --bandwidth]     (on the GPU machine: sm_90, pycuda, nvcc)
 
 Sessions 4-9 measured the warp-specialized conv tiles' producers issuing ~95 instructions a warp per stage for their
 five 16-byte cp.async (docs/PERFORMANCE.md, issue 23 items 11-13), and named TMA loads as the way out: one thread
@@ -64,21 +64,62 @@ extern "C" __global__ void tma_im2col_box(const CUtensorMap* map, unsigned short
     __syncthreads();
     for (int i = threadIdx.x; i < %(elems)d; i += blockDim.x) out[i] = box[i];
 }
+// Throughput: one thread a block streams `iters` boxes through a ring of 4 slots of 24 KB, each box from another
+// place (pixel tile, channel block, tap), waiting for a slot's last box before reusing it.
+extern "C" __global__ void tma_stream(const CUtensorMap* map, int iters, int bytes, int im2col, int tiles, int cblocks,
+                                      int cbox, int rows_per_tile) {
+    extern __shared__ __align__(1024) unsigned char ring[];
+    __shared__ alignas(8) unsigned long long bars[4];
+    if (threadIdx.x != 0) return;
+    for (int s = 0; s < 4; ++s) {
+        const unsigned b = (unsigned)__cvta_generic_to_shared(&bars[s]);
+        asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" ::"r"(b) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < iters + 4; ++i) {
+        const int s = i %% 4;
+        const unsigned b = (unsigned)__cvta_generic_to_shared(&bars[s]);
+        if (i >= 4) {
+            const unsigned parity = (i / 4 - 1) & 1;
+            asm volatile(
+                "{\n.reg .pred p;\nWAIT_%%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%%0], %%1;\n@!p bra "
+                "WAIT_%%=;\n}" ::"r"(b), "r"(parity) : "memory");
+        }
+        if (i >= iters) continue;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" ::"r"(b), "r"(bytes) : "memory");
+        const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + s * 24576);
+        const int tile = (blockIdx.x + i * gridDim.x) %% tiles, c = (i %% cblocks) * cbox;
+        if (im2col) {
+            const int p = tile * rows_per_tile, n = p / (%(h)d * %(w)d), oh = p %% (%(h)d * %(w)d) / %(w)d,
+                      ow = p %% %(w)d;
+            const unsigned short tap = (unsigned short)(i %% 7), zero = 0;
+            asm volatile(
+                "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%%0], [%%1, "
+                "{%%2, %%3, %%4, %%5}], [%%6], {%%7, %%8};" ::"r"(dst), "l"(map), "r"(c), "r"(ow - 3), "r"(oh),
+                "r"(n), "r"(b), "h"(tap), "h"(zero) : "memory");
+        } else {
+            asm volatile(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%%0], [%%1, {%%2, "
+                "%%3}], [%%4];" ::"r"(dst), "l"(map), "r"(c), "r"(tile * rows_per_tile), "r"(b) : "memory");
+        }
+    }
+}
 // The map's 16 words as the kernel received them.
 extern "C" __global__ void echo_map(const __grid_constant__ CUtensorMap map, unsigned long long* out) {
     if (threadIdx.x < 16) out[threadIdx.x] = reinterpret_cast<const unsigned long long*>(&map)[threadIdx.x];
 }
-""" % {"elems": PIXELS * CHANNELS}
+""" % {"elems": PIXELS * CHANNELS, "h": H, "w": W}
 
 
-def encode_im2col(x_ptr: int) -> bytes:
-    """The im2col tensor map of the NHWC input (dims and strides innermost first, as the driver takes them)."""
+def encode_im2col(x_ptr: int, n: int = N, channels: int = CHANNELS, pixels: int = PIXELS, swizzle: int = 0) -> bytes:
+    """The im2col tensor map of the NHWC input (dims and strides innermost first, as the driver takes them);
+    swizzle: CUtensorMapSwizzle (0 none, 2 64B, 3 128B)."""
     cuda = ctypes.CDLL("libcuda.so.1")
     tmap = (ctypes.c_uint64 * 16)()  # CUtensorMap: 128 opaque bytes, 64-byte aligned (ctypes arrays of u64: 8, so
     if ctypes.addressof(tmap) % 64:  # over-allocate and align by hand when needed)
         raw = (ctypes.c_uint8 * (128 + 64))()
         tmap = (ctypes.c_uint64 * 16).from_address((ctypes.addressof(raw) + 63) // 64 * 64)
-    dims = (ctypes.c_uint64 * 4)(C, W, H, N)
+    dims = (ctypes.c_uint64 * 4)(C, W, H, n)
     strides = (ctypes.c_uint64 * 3)(2 * C, 2 * C * W, 2 * C * W * H)  # bytes, dims 1..3
     lower = (ctypes.c_int * 2)(-PAD_W, 0)  # W, H: the first window's corner
     upper = (ctypes.c_int * 2)(PAD_W - (KW - 1), 0)  # the last window's corner, from the far edge
@@ -86,10 +127,62 @@ def encode_im2col(x_ptr: int) -> bytes:
     f = cuda.cuTensorMapEncodeIm2col
     f.restype = ctypes.c_int
     rc = f(ctypes.byref(tmap), 6, 4, ctypes.c_void_p(x_ptr), dims, strides, lower, upper,  # 6: FLOAT16
-           ctypes.c_uint32(CHANNELS), ctypes.c_uint32(PIXELS), elem_strides, 0, 0, 0, 0)  # no interleave, swizzle,
+           ctypes.c_uint32(channels), ctypes.c_uint32(pixels), elem_strides, 0, swizzle, 0, 0)  # no interleave,
     if rc != 0:  # L2 promotion; out-of-bounds elements read as zero
         raise RuntimeError(f"cuTensorMapEncodeIm2col returned CUresult {rc}")
     return bytes(tmap)
+
+
+def encode_tiled(w_ptr: int, k: int, rows: int, box_k: int, box_rows: int, swizzle: int) -> bytes:
+    """A 2-D tiled map of fp16 [rows][k] in boxes of box_rows x box_k."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    raw = (ctypes.c_uint8 * (128 + 64))()
+    tmap = (ctypes.c_uint64 * 16).from_address((ctypes.addressof(raw) + 63) // 64 * 64)
+    f = cuda.cuTensorMapEncodeTiled
+    f.restype = ctypes.c_int
+    rc = f(ctypes.byref(tmap), 6, 2, ctypes.c_void_p(w_ptr), (ctypes.c_uint64 * 2)(k, rows), (ctypes.c_uint64 * 1)(2 * k),
+           (ctypes.c_uint32 * 2)(box_k, box_rows), (ctypes.c_uint32 * 2)(1, 1), 0, swizzle, 0, 0)
+    if rc != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled returned CUresult {rc}")
+    return bytes(tmap)
+
+
+def bandwidth(module) -> None:
+    """--bandwidth: GB/s of back-to-back TMA boxes, one thread a block on every SM, for the two row widths a stage
+    of k could have (64 bytes: today's 32 fp16 channels; 128 bytes: 64), im2col (the A tile) and tiled (the B tile).
+    Input as a 17x17 conv's at batch 128 (14 MB, mostly L2 hits)."""
+    import pycuda.driver as drv
+
+    n, k, cout = 128, 7 * C, 192
+    x_gpu = drv.to_device(np.zeros((n, H, W, C), np.float16))
+    w_gpu = drv.to_device(np.zeros((cout, k), np.float16))
+    sms = drv.Context.get_device().get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+    fn = module.get_function("tma_stream")
+    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, 4 * 24576)
+    iters = 2000
+    print(f"TMA boxes back to back, {sms} blocks of one thread, {iters} boxes each, 4 in flight a block:")
+    for label, im2col, row_bytes in (("im2col 128 px", 1, 64), ("im2col 128 px", 1, 128), ("tiled 192 rows", 0, 64),
+                                     ("tiled 192 rows", 0, 128)):
+        swizzle = 2 if row_bytes == 64 else 3
+        if im2col:
+            tmap = encode_im2col(int(x_gpu), n, row_bytes // 2, 128, swizzle)
+            rows, tiles, cblocks, rows_per_tile = 128, n * H * W // 128, C // (row_bytes // 2), 128
+        else:
+            tmap = encode_tiled(int(w_gpu), k, cout, row_bytes // 2, cout, swizzle)
+            rows, tiles, cblocks, rows_per_tile = cout, 1, k // (row_bytes // 2), cout
+        map_gpu = drv.to_device(np.frombuffer(tmap, np.uint8))
+        box = rows * row_bytes
+        args = (map_gpu, np.int32(iters), np.int32(box), np.int32(im2col), np.int32(tiles), np.int32(cblocks),
+                np.int32(row_bytes // 2), np.int32(rows_per_tile))
+        fn(*args, block=(32, 1, 1), grid=(sms, 1), shared=4 * 24576)  # warm-up
+        start, end = drv.Event(), drv.Event()
+        start.record()
+        fn(*args, block=(32, 1, 1), grid=(sms, 1), shared=4 * 24576)
+        end.record()
+        end.synchronize()
+        ms = end.time_since(start)
+        gbs = sms * iters * box / ms / 1e6
+        print(f"  {label} x {row_bytes} B rows ({box // 1024} KB a box): {gbs:7.0f} GB/s, {gbs / sms:5.1f} GB/s an SM")
 
 
 def expected_box(x: np.ndarray, tap: int) -> np.ndarray:
@@ -147,6 +240,9 @@ def main() -> int:
         print(f"FAIL encode: {e}")
         return 1
     module = SourceModule(KERNEL, arch="sm_90a", no_extern_c=True, options=["-std=c++17"])
+    if "--bandwidth" in sys.argv:
+        bandwidth(module)
+        return 0
     if "--tma-only" in sys.argv:
         return tma_loads(module, x, tmap)
     out = drv.mem_alloc(16 * 8)
