@@ -596,6 +596,14 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // Persistent: gridDim.x blocks (one an SM: the ring takes ~200 KB) take the tiles blockIdx.x, + gridDim.x, ... in
 // tile_n0's order (the channel tiles of one pixel tile, then its K slices last), so the producer loads the next
 // tile's stages while the consumers store the last one's.
+// TMA (the "_ws_tma_" tiles): one producer thread asks the copy engine for each stage's two boxes instead, the A
+// tile as an im2col box of the input (its first pixel's window corner, shifted by the stage's tap) and the B tile as
+// a box of the weights, through two tensor maps in global memory (cuda.tensor_maps; `maps`: A's, then B's, 128
+// bytes each). The eight producer warps issued ~95 instructions a warp a stage for their cp.async (item 11 of issue
+// 23 in docs/PERFORMANCE.md); with no loads at all the ws tiles ran ~20 % faster (item 15). A stage must not span
+// two taps: Cin is a multiple of BK (cuda.tiles.tma_fits). full[b] then takes the one arrival of that thread with
+// the stage's bytes expected, and the consumers need no proxy fence (the copy engine writes through the async proxy,
+// which their wgmma read).
 __host__ __device__ constexpr int ws_stages(int bm, int bn) {
     return 200 * 1024 / ((bm + bn) * 64) < 12 ? 200 * 1024 / ((bm + bn) * 64) : 12;
 }
@@ -608,8 +616,8 @@ constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 [[maybe_unused]] constexpr int WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 200;  // unused where the tiles are not built
 [[maybe_unused]] constexpr int WS_THREADS = WS_PRODUCERS + 256;  // cuda.tiles.WS_THREADS
 
-template <class E, int BM, int BN>
-__device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
+template <class E, int BM, int BN, bool TMA = false>
+__device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, const unsigned char* maps = nullptr) {
     using T = typename E::T;
     constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN);
     using Loader = NhwcLoader<E, BM, BN, WS_PRODUCERS>;
@@ -627,7 +635,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
     const int tid = threadIdx.x;
     if (tid == 0)
         for (int b = 0; b < STAGES; ++b) {
-            mbarrier::init(full + b, WS_PRODUCERS);
+            mbarrier::init(full + b, TMA ? 1 : WS_PRODUCERS);
             mbarrier::init(empty + b, 8);
         }
     __syncthreads();  // the only block-wide barrier: from here on the warpgroups meet at the mbarriers alone
@@ -654,20 +662,42 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
         wgmma::max_registers<WS_PRODUCER_REGS, false>();
         int issued = 0, buf = 0;  // loads so far; the buffer of the next load
         unsigned phase = 0;       // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
-        for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
-            const Tile t = tile_at(i);
-            Loader load(a, As, Bs, t.p0, t.m0, t.k_begin, t.k_end, tid);
-            for (int kt = 0; kt < t.stages; ++kt) {
-                if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
-                load(0, buf);
-                cp_async::arrive_on(full + buf);  // once this thread's copies so far have landed
-                if (++buf == STAGES) {
-                    buf = 0;
-                    phase ^= 1;
+        if constexpr (TMA) {
+            if (tid != 0) return;  // one thread asks for every box
+            const int hw = a.ho * a.wo;
+            for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+                const Tile t = tile_at(i);
+                const int n = t.p0 / hw, oh = (t.p0 - n * hw) / a.wo, ow = t.p0 - n * hw - oh * a.wo;
+                const int corner_w = ow * a.stride - a.pad_w, corner_h = oh * a.stride - a.pad_h;
+                for (int kt = 0; kt < t.stages; ++kt) {
+                    const int k = t.k_begin + kt * BK, tap = k / a.cin, r = tap / a.kw;
+                    if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
+                    tma::arrive_expect_tx(full + buf, (BM + BN) * BK * sizeof(T));
+                    tma::load_im2col(As[buf], maps, k - tap * a.cin, corner_w, corner_h, n, tap - r * a.kw, r,
+                                     full + buf);
+                    tma::load_tiled(Bs[buf], maps + 128, k, t.m0, full + buf);
+                    if (++buf == STAGES) {
+                        buf = 0;
+                        phase ^= 1;
+                    }
                 }
             }
+        } else {
+            for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+                const Tile t = tile_at(i);
+                Loader load(a, As, Bs, t.p0, t.m0, t.k_begin, t.k_end, tid);
+                for (int kt = 0; kt < t.stages; ++kt) {
+                    if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
+                    load(0, buf);
+                    cp_async::arrive_on(full + buf);  // once this thread's copies so far have landed
+                    if (++buf == STAGES) {
+                        buf = 0;
+                        phase ^= 1;
+                    }
+                }
+            }
+            cp_async::wait<0>();
         }
-        cp_async::wait<0>();
         return;
     }
 
@@ -686,7 +716,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a) {
         int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
         for (int kt = 0; kt < t.stages; ++kt) {
             mbarrier::wait(full + buf, phase);
-            wgmma::fence_proxy_async();  // the producers' copies, seen through the barrier, before the async proxy's reads
+            if constexpr (!TMA)  // the producers' copies, seen through the barrier, before the async proxy's reads
+                wgmma::fence_proxy_async();
             const unsigned long long db = db0 + buf * B_STEP;
             wgmma::fence();
 #pragma unroll
@@ -1001,11 +1032,18 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
 // The warp-specialized tiles: WS_THREADS (512) threads, one block an SM (128 registers a thread at launch, then
 // setmaxnreg's split; the consumers hold BM / 128 * BN / 2 accumulators; ptxas: no spill. 256x192's 192 spill).
+// Their TMA twins NAME_ws_tma_BMxBN take the tensor maps' address last.
 #ifdef IE_NHWC_WS
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN) \
     CONV_NHWC_ENTRY(NAME##_ws_##BM##x##BN, E, WS_THREADS, 1, (conv_nhwc_ws_gemm<E, BM, BN>))
+#define CONV_NHWC_WS_TMA_KERNEL(NAME, E, BM, BN)                                                                  \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
+        NAME##_ws_tma_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {                 \
+        conv_nhwc_ws_gemm<E, BM, BN, true>(CONV_NHWC_ARGS(E), maps);                                              \
+    }
 #else
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)
+#define CONV_NHWC_WS_TMA_KERNEL(NAME, E, BM, BN)
 #endif
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
 // split: the consumers hold BM / 64 x BN / 2 accumulators).
@@ -1016,7 +1054,8 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #define CONV_NHWC_HALO_KERNEL(NAME, E, BM, BN)
 #endif
 
-// fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized, halo.
+// fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized (cp.async,
+// then TMA), halo.
 #define CONV_NHWC_SM90_TILES(NAME, E)           \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
@@ -1028,6 +1067,8 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 128)      \
     CONV_NHWC_WS_KERNEL(NAME, E, 128, 64)       \
     CONV_NHWC_WS_KERNEL(NAME, E, 256, 128)      \
+    CONV_NHWC_WS_TMA_KERNEL(NAME, E, 128, 192)  \
+    CONV_NHWC_WS_TMA_KERNEL(NAME, E, 256, 128)  \
     CONV_NHWC_HALO_KERNEL(NAME, E, 256, 64)     \
     CONV_NHWC_HALO_KERNEL(NAME, E, 256, 32)     \
     CONV_NHWC_HALO_KERNEL(NAME, E, 128, 96)     \

@@ -140,4 +140,35 @@ __device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) {
     }
 }
 }  // namespace mbarrier
+
+// TMA (PTX ISA "cp.async.bulk.tensor"): the copy engine moves a box of a tensor, described by a 128-byte tensor map
+// the driver encoded (cuda.tensor_maps), into shared memory, and completes `bytes` of the barrier's expected
+// transactions when it has landed. The maps live in global memory (scripts/tma_probe.py: a by-value map parameter did
+// not survive pycuda's launch).
+namespace tma {
+// One arrival on bar, and `bytes` of copies that must land before its phase completes.
+__device__ __forceinline__ void arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbarrier::at(bar)), "r"(bytes)
+                 : "memory");
+}
+// The im2col box of a 4-D NHWC map: its pixels from the window corner (w, h) of image n on, channels from c, each
+// pixel shifted by the tap (off_w, off_h).
+__device__ __forceinline__ void load_im2col(void* dst, const void* map, int c, int w, int h, int n, int off_w,
+                                            int off_h, unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+        "%5}], [%6], {%7, %8};" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+        "l"(map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(mbarrier::at(bar)), "h"(static_cast<unsigned short>(off_w)),
+        "h"(static_cast<unsigned short>(off_h))
+        : "memory");
+}
+// The box of a 2-D tiled map from element (x, y): x the contiguous dimension.
+__device__ __forceinline__ void load_tiled(void* dst, const void* map, int x, int y, unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+        "l"(map), "r"(x), "r"(y), "r"(mbarrier::at(bar))
+        : "memory");
+}
+}  // namespace tma
 #endif

@@ -202,6 +202,8 @@ class Emulated:
 
     def launch(self, specs: list[cb.LaunchSpec]) -> None:
         for spec in specs:
+            if spec.maps:  # the TMA tiles' tensor maps, in the emulator's own format
+                self.write(spec.args[-1], np.frombuffer(b"".join(cb.emulated(m) for m in spec.maps), np.uint8))
             fn = getattr(self.lib, f"emu_{spec.kernel}")
             fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.c_void_p if c == "P" else ctypes.c_int
                                                  for c in cb.arg_format(spec.kernel)]
@@ -232,6 +234,8 @@ class OnGpu:
 
     def launch(self, specs: list[cb.LaunchSpec]) -> None:
         for spec in specs:
+            if spec.maps:  # the TMA tiles' tensor maps, as the driver encodes them
+                self.write(spec.args[-1], np.frombuffer(b"".join(cb.encode(m) for m in spec.maps), np.uint8))
             cb.Launch(spec, self.kernels[spec.kernel])(None)
         cb.driver().Context.synchronize()
 
@@ -349,13 +353,16 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     cfg = cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
     ws = mem.alloc(4 * max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w))
     # num_sms 3: a warp-specialized tile's blocks each take several tiles, so its ring wraps from tile to tile
+    maps = mem.alloc(2 * cb.MAP_BYTES) if cb.is_tma(tile.prefix) else 0
     specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
-                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3)
+                               y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3, maps=maps)
     suffix = cb.NHWC_ELEMS[precision].suffix
     assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"] + [
         f"conv_nhwc{suffix}_splitk_reduce"] * (cfg.splits > 1)
     if not case.relu:  # the specs always ask for ReLU (every conv of the network has it); this case tests without
-        specs[-1] = dataclasses.replace(specs[-1], args=specs[-1].args[:-1] + (0,))
+        spec = specs[-1]  # relu_end: the parts' last argument (a TMA tile's maps follow)
+        at = len(cb.NHWC_CONV_FORMAT) - 1 if cb.is_tma(spec.kernel) else len(spec.args) - 1
+        specs[-1] = dataclasses.replace(spec, args=spec.args[:at] + (0,) + spec.args[at + 1:])
     mem.launch(specs)
     got = get_nhwc(mem, y_ptr, op.dst.shape, op.dst.c_offset, case.cout, precision)
     err = rel_l2(got, ideal_conv(case, x, w, b, precision))
@@ -439,6 +446,40 @@ def test_conv_halo_tiles(mem, case, precision):
     for tile in tiles:
         if cb.tile_fits(op, tile):
             run_conv(mem, case, tile, 1, precision)
+
+
+TMA_CASES = [  # Cin a multiple of a stage's k (32 fp16, 16 tf32): what the TMA tiles take
+    # taps along W past both edges; a view at channel 16 of a wider buffer; 128-pixel boxes across rows and images
+    Case(3, 64, 192, 9, 9, (1, 7), 1, (0, 3), (16, 0), (0, 8)),
+    Case(2, 32, 48, 11, 13, (7, 1), 1, (3, 0), relu=False),  # taps along H
+    Case(2, 64, 96, 9, 9, (3, 3), 2, (0, 0)),  # stride 2: the window corners two apart (Mixed_6a's, Mixed_7a's)
+    Case(2, 32, 64, 11, 13, (3, 3), 1, (1, 1)),
+    Case(1, 96, 200, 8, 8, (1, 1), 1, (0, 0), (32, 0), (0, 56)),  # 8x8 1x1, Cout past a channel tile
+]
+
+
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+@pytest.mark.parametrize("case", TMA_CASES, ids=case_id)
+def test_conv_tma_tiles(mem, case, precision):
+    """conv_nhwc.cu's TMA tiles (sm_90a): the A rows as im2col boxes through a tensor map, the weights as tiled
+    boxes, whole and split-K (a slice starts at a tap's channel block), against the ideal conv."""
+    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_tma(t.prefix)]
+    if not tiles:
+        pytest.skip("this GPU has no wgmma (sm_90a): no TMA tiles")
+    for tile in tiles:
+        assert cb.tile_fits(conv_op(case), tile)
+        run_conv(mem, case, tile, 1, precision)
+        run_conv(mem, case, tile, 2, precision)
+
+
+def test_tma_tiles_take_whole_taps_per_stage():
+    """A TMA tile takes a conv only where no stage spans two taps: Cin a multiple of its k per stage."""
+    for precision, k in (("fp16", 32), ("tf32", 16)):
+        tile = cb.ws_tma_tile(128, 192, precision)
+        assert tile.bk == k
+        for cin in (k, 2 * k, 6 * k, k + 8, 80):
+            op = conv_op(Case(1, cin, 64, 9, 9, (1, 7), 1, (0, 3)))
+            assert cb.tile_fits(op, tile) == (cin % k == 0)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

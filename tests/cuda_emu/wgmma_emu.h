@@ -108,3 +108,76 @@ inline void wait(unsigned long long* bar, unsigned parity) {
 namespace cp_async {
 inline void arrive_on(unsigned long long* bar) { mbarrier::arrive(bar); }
 }  // namespace cp_async
+
+// TMA: the emulator's own tensor maps (cuda.tensor_maps.emulated writes them; the driver's format is opaque), whose
+// copies land at once, so expect_tx is a plain arrival. The boxes land 64-byte swizzled, as SWIZZLE_64B puts them:
+// 16-byte chunk bits [4, 6) XOR address bits [7, 9) (the destination is 512-byte aligned).
+namespace tma {
+struct EmuMap {  // cuda.tensor_maps.EMU_FORMAT
+    unsigned long long magic, base;
+    int kind, elem_bytes;           // 1: im2col (NHWC), 2: tiled (2-D)
+    int dims[4];                    // im2col: C, W, H, N; tiled: K, rows
+    long long strides[3];           // bytes between consecutive W, H, N (tiled: rows)
+    int lower[2], upper[2];         // im2col: the window corners' box (W, H), upper from the far edge
+    int box[2];                     // im2col: channels, pixels; tiled: K, rows
+    int stride;                     // im2col: the corners' step (the conv's stride)
+};
+constexpr unsigned long long EMU_MAP_MAGIC = 0x70616d2d616d74ull;  // "tma-map"
+inline const EmuMap& emu_map(const void* map) {
+    const EmuMap& m = *static_cast<const EmuMap*>(map);
+    if (m.magic != EMU_MAP_MAGIC) {
+        std::fprintf(stderr, "emulator: a TMA load from something that is not an emulated tensor map\n");
+        std::abort();
+    }
+    return m;
+}
+// Row `row` of 64 bytes of a box at dst: its 16-byte chunks, swizzled.
+inline void put_row(void* dst, int row, const unsigned char* src, int bytes) {
+    unsigned char* const out = static_cast<unsigned char*>(dst) + row * 64;
+    for (int j = 0; j < 4; ++j) {
+        unsigned char* const chunk = out + 16 * (j ^ (row >> 1 & 3));
+        if (src && 16 * j < bytes)
+            std::memcpy(chunk, src + 16 * j, 16);
+        else
+            std::memset(chunk, 0, 16);
+    }
+}
+inline void arrive_expect_tx(unsigned long long* bar, unsigned) { mbarrier::arrive(bar); }
+inline void load_im2col(void* dst, const void* map, int c, int w, int h, int n, int off_w, int off_h,
+                        unsigned long long*) {
+    const EmuMap& m = emu_map(map);
+    const int bytes = m.box[0] * m.elem_bytes;
+    if (bytes != 64) {
+        std::fprintf(stderr, "emulator: im2col boxes of 64-byte rows only\n");
+        std::abort();
+    }
+    for (int p = 0; p < m.box[1]; ++p) {  // corners W fastest, then H, then N, within the corners' box
+        const int iw = w + off_w, ih = h + off_h;
+        const bool inside = n < m.dims[3] && (unsigned)iw < (unsigned)m.dims[1] && (unsigned)ih < (unsigned)m.dims[2];
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(m.base) + n * m.strides[2] +
+                                   ih * m.strides[1] + iw * m.strides[0] + (long long)c * m.elem_bytes;
+        put_row(dst, p, inside ? src : nullptr, bytes);
+        if ((w += m.stride) > m.dims[1] - 1 + m.upper[0]) {
+            w = m.lower[0];
+            if ((h += m.stride) > m.dims[2] - 1 + m.upper[1]) {
+                h = m.lower[1];
+                ++n;
+            }
+        }
+    }
+}
+inline void load_tiled(void* dst, const void* map, int x, int y, unsigned long long*) {
+    const EmuMap& m = emu_map(map);
+    const int bytes = m.box[0] * m.elem_bytes;
+    if (bytes != 64) {
+        std::fprintf(stderr, "emulator: tiled boxes of 64-byte rows only\n");
+        std::abort();
+    }
+    for (int r = 0; r < m.box[1]; ++r) {
+        const bool inside = y + r < m.dims[1] && x < m.dims[0];  // whole rows: K is a multiple of the box's
+        const unsigned char* src =
+            reinterpret_cast<const unsigned char*>(m.base) + (y + r) * m.strides[0] + (long long)x * m.elem_bytes;
+        put_row(dst, r, inside ? src : nullptr, bytes);
+    }
+}
+}  // namespace tma

@@ -27,6 +27,7 @@ Where things are (each module's docstring says more):
     kernels.py      entry-point names, their sources and argument formats; Kernels loads the cubins
     launch.py       plan -> LaunchSpecs on NCHW (launch_specs); Launch binds one to its kernel
     launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and pointers
+    tensor_maps.py  the TMA tiles' tensor maps: what each describes, and its bytes (the driver's or the emulator's)
     schedule.py     which stream each op runs on and what it waits for
     device.py       pycuda: driver, probe, Gpu
     backend.py      CudaBackend, and tune_configs / time_convs that time candidates with it
@@ -50,8 +51,9 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, HALO_CIN, HALO_S
                     TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX, WGMMA_SLOWDOWN,
                     WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision, conv_kernel,
                     folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes,
-                    input_tile, is_halo, is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages, wgmma_tile,
-                    ws_stages, ws_tile)
+                    input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages,
+                    wgmma_tile, WS_TMA_SHAPES, ws_stages, ws_tile, ws_tma_tile)
+from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap, emulated, encode
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
 from .cost_model import (ConvConfig, FIXUP_FIXED_US, FIXUP_SLICE_US, HBM_BYTES_PER_US, LAUNCH_US, MAX_SPLITS,
@@ -61,13 +63,14 @@ from .tuning import (config_from_json, config_to_json, pick_fastest, tuning_cach
                      tuning_key)
 from .params import direct_weights, op_params, pack_params, round_tf32, transforms_key
 from .workspace import counter_layout, workspace_elems, workspace_layout
-from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, Kernels, NHWC_CONV_FORMAT, SOURCE_OF, WINO_GEMM_FORMAT,
+from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_TMA_FORMAT, SOURCE_OF,
+                      WINO_GEMM_FORMAT,
                       WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, all_kernel_names, arg_format, conv_kernel_name, source_of,
                       wino_kernel_names)
 from .launch import (Launch, LaunchSpec, batch_stride, conv_specs, fc_specs, gap_spec, launch_specs, pool_spec,
                      softmax_spec, view_ptr, winograd_specs)
 from .launch_nhwc import (NhwcSide, check_nhwc, nhwc_conv_specs, nhwc_fits, nhwc_launch_specs, nhwc_parts,
-                          nhwc_pool_spec, nhwc_ptr, nhwc_side)
+                          nhwc_pool_spec, nhwc_ptr, nhwc_side, tma_map_layout, tma_maps)
 from .schedule import Scheduled, depends, schedule
 from .device import Gpu, driver, probe
 from .backend import CudaBackend, time_convs, tune_configs

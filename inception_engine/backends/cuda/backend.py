@@ -21,7 +21,8 @@ from .cost_model import ConvConfig, choose_configs
 from .device import Gpu, driver, probe
 from .kernels import Kernels, unit_of
 from .launch import Launch, launch_specs, view_ptr
-from .launch_nhwc import check_nhwc, nhwc_fits, nhwc_launch_specs, nhwc_side
+from .launch_nhwc import check_nhwc, nhwc_fits, nhwc_launch_specs, nhwc_side, tma_map_layout
+from .tensor_maps import encode
 from .params import pack_params
 from .schedule import schedule
 from .tiles import NAN_BITS, NHWC_ELEMS, PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
@@ -185,9 +186,14 @@ class CudaBackend:
         if self.nhwc:
             self._in_ptr = self._side + 4 * side.input
             self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
+            map_bytes = tma_map_layout(plan, self.configs)[0]
+            maps = self._alloc(map_bytes // 4) if map_bytes else 0
             self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
                                            offsets, self._ws, self._probs, self.precision,
-                                           max(1, self._gpu.num_sms - self.sm_margin))
+                                           max(1, self._gpu.num_sms - self.sm_margin), maps)
+            for spec in self.specs:  # the TMA tiles' tensor maps, at the address each takes last
+                if spec.maps:
+                    drv.memcpy_htod(spec.args[-1], np.frombuffer(b"".join(encode(m) for m in spec.maps), np.uint8))
         else:
             self._in_ptr = view_ptr(self._arena, plan.input)
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ...errors import EngineError
 from ...plan import ConvOp, FCOp, Plan
 from .tiles import (HALO_CIN, KERNEL_SIZES, NHWC_ELEMS, PRECISIONS, TILES, TILES_OF, WINO_TILES, Tile,
-                    check_nhwc_precision, input_tile, is_halo, tile_fits)
+                    check_nhwc_precision, input_tile, is_halo, is_tma, tile_fits)
 from .winograd import WINO_MIN_BATCH, WINO_VARIANTS, WinogradShape, winograd_eligible, winograd_shape
 
 
@@ -119,6 +119,8 @@ def model_takes(op: ConvOp, tile: Tile) -> bool:
     not see their set-up (weights copied per block, halo rows beyond the tile) nor their shared-memory bound, picked
     them for most 35x35 and 17x17 layers and the untuned fp16 forward went 0.38 -> 0.42 ms at batch 1 and 2.82 ->
     3.04-3.06 ms at batch 64 (H100, session 5, call 7). Tuning measures them everywhere they fit."""
+    if is_tma(tile.prefix):  # new (session 9): measured only so far, never chosen unmeasured
+        return False
     return not is_halo(tile.prefix) or op.src.channels == HALO_CIN
 
 

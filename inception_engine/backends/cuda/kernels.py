@@ -16,7 +16,7 @@ from typing import Any
 from ... import cuda_build
 from .device import driver
 from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES,
-                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, wgmma_ring_bytes)
+                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, is_tma, wgmma_ring_bytes)
 from .winograd import WINO_VARIANTS
 
 
@@ -40,6 +40,7 @@ ARG_FORMATS = {
     **{f"conv_nhwc{e.suffix}_splitk_reduce": "PPP" + "i" * 14 for e in NHWC_ELEMS.values()},
 }
 NHWC_CONV_FORMAT = "PPPP" + "i" * 25  # ... k_split, then the parts (nhwc_parts)
+NHWC_TMA_FORMAT = NHWC_CONV_FORMAT + "P"  # ... and the tensor maps' address (the TMA tiles)
 WINO_INPUT_FORMAT = "PPP" + "i" * 10
 WINO_GEMM_FORMAT = "PPP" + "i" * 6
 WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
@@ -69,6 +70,8 @@ def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile, splits: int =
 def arg_format(kernel: str) -> str:
     if kernel in ARG_FORMATS:
         return ARG_FORMATS[kernel]
+    if is_tma(kernel):
+        return NHWC_TMA_FORMAT
     for prefix, fmt in (("wino_input_", WINO_INPUT_FORMAT), ("wino_gemm_", WINO_GEMM_FORMAT),
                         ("wino_output_", WINO_OUTPUT_FORMAT), ("conv_nhwc_", NHWC_CONV_FORMAT)):
         if kernel.startswith(prefix):

@@ -12,6 +12,7 @@ from ...plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from .cost_model import ConvConfig, config_shape
 from .kernels import conv_kernel_name, wino_kernel_names
 from .params import transforms_key
+from .tensor_maps import TensorMap
 from .tiles import THREADS, blocks
 from .winograd import o_pad
 from .workspace import counter_layout, workspace_layout
@@ -27,6 +28,7 @@ class LaunchSpec:
     block: tuple[int, int, int]
     args: tuple[int, ...]  # device pointers and int32s, in the kernel's parameter order
     shared: int = 0  # bytes of dynamic shared memory
+    maps: tuple[TensorMap, ...] = ()  # tensor maps the kernel reads from its last argument's address on, 128 bytes each
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from .cost_model import ConvConfig
 from .launch import LaunchSpec, fc_specs, softmax_spec
 from .tiles import (HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
                     NHWC_PIECE, THREADS, WS_THREADS, blocks, conv_kernel, halo_fits, halo_smem_bytes,
-                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_ws, tile_fits,
+                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits,
                     wgmma_ring_bytes)
+from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap
 from .workspace import workspace_layout
 
 
@@ -107,13 +108,13 @@ def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
 
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
-                    ws: int, precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
+                    ws: int, precision: str = "fp16", num_sms: int | None = None, maps: int = 0) -> list[LaunchSpec]:
     """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv; x that of the
     pool's input for a conv that reads through a max pool, its stride the pool's), and its
     split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
     NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an
     SM; a halo tile's split between its channel tiles, grid.y), or one per tile where there are fewer or num_sms is
-    None."""
+    None. A TMA tile reads its two tensor maps (the spec's ``maps``, which the caller encodes there) from `maps`."""
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims
     y_cstride = writes(op)[0].c_total
@@ -147,12 +148,35 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     elif is_ws(kernel):
         tiles = math.prod(grid)
         grid = (min(tiles, num_sms or tiles), 1, 1)
-    specs = [LaunchSpec(op.name, kernel, grid, (block, 1, 1), args, shared)]
+    tensor_maps: tuple[TensorMap, ...] = ()
+    if is_tma(kernel):
+        assert maps, f"{op.name}: a TMA tile needs the address of its tensor maps"
+        args += (maps,)
+        tensor_maps = tma_maps(op, cfg, x, x_cstride, w, NHWC_ELEMS[precision].bytes)
+    specs = [LaunchSpec(op.name, kernel, grid, (block, 1, 1), args, shared, tensor_maps)]
     if split:
         specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
                                 (blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
                                 (ws, b, y, cfg.splits, p_total, cout, y_cstride, *parts)))
     return specs
+
+
+def tma_maps(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, w: int, elem_bytes: int) -> tuple[TensorMap, ...]:
+    """A TMA tile's two maps (conv_nhwc.cu's header): the input view as im2col boxes of BM window corners x BK
+    channels, the weights w[Cout][K] as boxes of BN rows x BK."""
+    (n, cin, h, wd), (_, cout, ho, wo) = op.src.dims, op.dst.dims
+    (kh, kw), s, (ph, pw), t = op.kernel, op.stride, op.pad, cfg.tile
+    im2col = Im2colMap(x, elem_bytes, (cin, wd, h, n), x_cstride, (-pw, -ph),
+                       ((wo - 1) * s - pw - (wd - 1), (ho - 1) * s - ph - (h - 1)), t.bk, t.bm, s)
+    return im2col, TiledMap(w, elem_bytes, kh * kw * cin, cout, t.bk, t.bn)
+
+
+def tma_map_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[int, dict[str, int]]:
+    """(bytes of tensor maps, byte offset of each TMA conv's two): one 256-byte slot per conv on a TMA tile."""
+    offsets = {op.name: 0 for op in plan.conv_ops if (c := configs.get(op.name)) is not None and is_tma(c.tile.prefix)}
+    for i, name in enumerate(offsets):
+        offsets[name] = 2 * MAP_BYTES * i
+    return 2 * MAP_BYTES * len(offsets), offsets
 
 
 def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0) -> LaunchSpec:
@@ -169,14 +193,16 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
 
 def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
                       offsets: dict[str, int], ws: int, probs: int | None = None,
-                      precision: str = "fp16", num_sms: int | None = None) -> list[LaunchSpec]:
+                      precision: str = "fp16", num_sms: int | None = None, maps: int = 0) -> list[LaunchSpec]:
     """The whole NHWC forward as launches, in plan order. arena: the NHWC activations of the precision's elements
     (the plan's offsets in elements); side: the float32 side buffer (``nhwc_side``); num_sms: the GPU's, the grid of
-    the persistent tiles (``nhwc_conv_specs``)."""
+    the persistent tiles (``nhwc_conv_specs``); maps: ``tma_map_layout``'s bytes, where the TMA convs' tensor maps
+    go (the caller encodes each spec's ``maps`` there)."""
     lay = nhwc_side(plan)
     elem = NHWC_ELEMS[precision]
     specs: list[LaunchSpec] = []
     ws_offsets = workspace_layout(plan, configs)[1]
+    map_offsets = tma_map_layout(plan, configs)[1]
     features = logits = None
     for op in plan.ops:
         if isinstance(op, (ConvOp, FCOp)):
@@ -189,7 +215,8 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
                 f"{op.name}: not an NHWC config"
             x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
             specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
-                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms)
+                                     nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms,
+                                     maps + map_offsets[op.name] if op.name in map_offsets else 0)
         elif isinstance(op, PoolOp):
             bias = params + 4 * offsets[op.bias + ".bias"] if op.bias else 0
             specs.append(nhwc_pool_spec(op, arena, precision, bias))

@@ -118,8 +118,25 @@ def ws_tile(bm: int, bn: int, precision: str) -> Tile:
 
 
 def is_ws(kernel_or_prefix: str) -> bool:
-    """A warp-specialized tile's kernel (or prefix): WS_THREADS threads, a persistent grid."""
+    """A warp-specialized tile's kernel (or prefix): WS_THREADS threads, a persistent grid (the TMA ones too)."""
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
+
+
+# conv_nhwc.cu's TMA twins (``_ws_tma_``) of the warp-specialized tiles tuning puts on most 17x17 and 8x8 convs: one
+# thread asks the copy engine for each stage's A (im2col) and B boxes through tensor maps (cuda.tensor_maps) instead
+# of eight producer warps' cp.async. Model speeds as the ws tiles'; the model does not pick them unmeasured
+# (cost_model.model_takes), tuning does where they win.
+WS_TMA_SHAPES = ((128, 192), (256, 128))
+
+
+def ws_tma_tile(bm: int, bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    ws = ws_tile(bm, bn, precision)
+    return Tile(bm, bn, ws.bk, 1, ws.macs_per_us, ws.prefix + "_tma", False)
+
+
+def is_tma(kernel_or_prefix: str) -> bool:
+    return "_ws_tma" in kernel_or_prefix
 
 
 # conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
@@ -202,10 +219,13 @@ def folds_max_pools(precision: str) -> bool:
 
 
 def tile_fits(op: ConvOp, tile: Tile) -> bool:
-    """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``); a conv that reads
-    through a max pool only the MAXPOOL_PREFIXES tiles."""
+    """Whether the tile computes this conv: every tile does but the halo tiles (``halo_fits``) and the TMA ones
+    (Cin a multiple of a stage's k, so that no stage spans two taps); a conv that reads through a max pool only the
+    MAXPOOL_PREFIXES tiles."""
     if op.max_pool:
         return tile.prefix in MAXPOOL_PREFIXES and op.max_pool == MAXPOOL_KERNEL
+    if is_tma(tile.prefix):
+        return op.src.channels % tile.bk == 0
     return not is_halo(tile.prefix) or halo_fits(op, tile)
 
 
@@ -217,17 +237,20 @@ def conv_kernel(op: ConvOp, tile: Tile) -> str:
 def tile_label(tile: Tile) -> str:
     """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128) and halo
     ones (h128x64) from its mma.sync ones of the same shape."""
-    kind = "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix) else "w" if "_wgmma" in tile.prefix else ""
+    kind = ("wt" if is_tma(tile.prefix) else "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix)
+            else "w" if "_wgmma" in tile.prefix else "")
     return kind + tile.name
 
 
-# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized and halo
-# ones.
+# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized (cp.async, then
+# TMA) and halo ones.
 NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
                     + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS)
+                    + tuple(ws_tma_tile(bm, bn, "fp16") for bm, bn in WS_TMA_SHAPES)
                     + tuple(halo_tile(bm, bn, "fp16") for bm, bn in HALO_SPEEDS))
 NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
                          + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
+                         + tuple(ws_tma_tile(bm, bn, "tf32") for bm, bn in WS_TMA_SHAPES)
                          + tuple(halo_tile(bm, bn, "tf32") for bm, bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the

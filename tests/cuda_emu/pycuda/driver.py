@@ -37,6 +37,7 @@ class function_attribute:  # noqa: N801 (pycuda's name)
 
 
 # Dynamic shared memory a launch may ask for without the function's MAX_DYNAMIC_SHARED_SIZE_BYTES (the driver's rule).
+EMULATED = True  # cuda.tensor_maps writes the emulator's own map format for this stand-in
 DEFAULT_DYNAMIC_SHARED = 48 * 1024
 OPT_IN_SHARED = 227 * 1024  # the most an sm_90 block may opt in to
 
