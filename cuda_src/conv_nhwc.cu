@@ -600,16 +600,18 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // tile as an im2col box of the input (its first pixel's window corner, shifted by the stage's tap) and the B tile as
 // a box of the weights, through two tensor maps in global memory (cuda.tensor_maps; `maps`: A's, then B's, 128
 // bytes each). The eight producer warps issued ~95 instructions a warp a stage for their cp.async (item 11 of issue
-// 23 in docs/PERFORMANCE.md); with no loads at all the ws tiles ran ~20 % faster (item 15). A stage must not span
-// two taps: Cin is a multiple of BK (cuda.tiles.tma_fits). full[b] then takes the one arrival of that thread with
-// the stage's bytes expected, and the consumers need no proxy fence (the copy engine writes through the async proxy,
-// which their wgmma read).
-__host__ __device__ constexpr int ws_stages(int bm, int bn) {
-    return 200 * 1024 / ((bm + bn) * 64) < 12 ? 200 * 1024 / ((bm + bn) * 64) : 12;
+// 23 in docs/PERFORMANCE.md); with no loads at all the ws tiles ran ~20 % faster (item 15). A stage's rows are 128
+// bytes (64 k of fp16, 32 of tf32) in the 128-byte swizzle: TMA moves boxes of 64-byte rows at 42 (im2col) and 68
+// (tiled) GB/s an SM, of 128-byte rows at 59 and 143 (scripts/tma_probe.py --bandwidth, H100), and with 64-byte
+// rows these tiles ran 10-17 % slower than the cp.async ones. A stage must not span two taps: Cin is a multiple of
+// its k (cuda.tiles.tile_fits). full[b] takes the one arrival of that thread with the stage's bytes expected, and the
+// consumers need no proxy fence (the copy engine writes through the async proxy, which their wgmma read).
+__host__ __device__ constexpr int ws_stages(int bm, int bn, int row = 64) {
+    return 200 * 1024 / ((bm + bn) * row) < 12 ? 200 * 1024 / ((bm + bn) * row) : 12;
 }
 // The launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes): the ring, then its full and empty barriers.
-__host__ __device__ constexpr int ws_ring_bytes(int bm, int bn) {
-    return ws_stages(bm, bn) * ((bm + bn) * 64 + 16);
+__host__ __device__ constexpr int ws_ring_bytes(int bm, int bn, int row = 64) {
+    return ws_stages(bm, bn, row) * ((bm + bn) * row + 16);
 }
 constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 // setmaxnreg: the producers give registers to the consumers, 256 x 56 + 256 x 200 = the SM's 65,536.
@@ -619,10 +621,15 @@ constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 template <class E, int BM, int BN, bool TMA = false>
 __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, const unsigned char* maps = nullptr) {
     using T = typename E::T;
-    constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN);
+    constexpr int ROW = TMA ? 128 : 64;  // bytes of a stage's row: its k (the TMA tiles' in the 128-byte swizzle)
+    constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN, ROW);
     using Loader = NhwcLoader<E, BM, BN, WS_PRODUCERS>;
-    constexpr int BK = Loader::BK;
+    constexpr int BK = ROW / sizeof(T);
     static_assert(!E::SPLIT && BM % 128 == 0 && STAGES >= 3, "warp-specialized tile");
+    static_assert(TMA || BK == Loader::BK, "the cp.async loader's stage");
+    const auto descriptor = [](const void* p) {
+        return ROW == 128 ? wgmma::desc_k_major_128b(p) : wgmma::desc_k_major_64b(p);
+    };
 
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
@@ -630,7 +637,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         reinterpret_cast<unsigned long long*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
     unsigned long long* const empty = full + STAGES;
 #ifndef __CUDACC__
-    static_assert(ws_ring_bytes(BM, BN) <= sizeof(wgmma_ring), "the emulator's ring is too small");
+    static_assert(ws_ring_bytes(BM, BN, ROW) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
     const int tid = threadIdx.x;
     if (tid == 0)
@@ -672,7 +679,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
                 for (int kt = 0; kt < t.stages; ++kt) {
                     const int k = t.k_begin + kt * BK, tap = k / a.cin, r = tap / a.kw;
                     if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
-                    tma::arrive_expect_tx(full + buf, (BM + BN) * BK * sizeof(T));
+                    tma::arrive_expect_tx(full + buf, (BM + BN) * ROW);
                     tma::load_im2col(As[buf], maps, k - tap * a.cin, corner_w, corner_h, n, tap - r * a.kw, r,
                                      full + buf);
                     tma::load_tiled(Bs[buf], maps + 128, k, t.m0, full + buf);
@@ -704,10 +711,9 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
     // The consumers: warpgroup `group` multiplies pixel rows 64 MB group ..
     wgmma::max_registers<WS_CONSUMER_REGS, true>();
     const int group = (tid - WS_PRODUCERS) / 128, lane = tid % 32;
-    const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
-    const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
-    constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
-    constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
+    const unsigned long long da0 = descriptor(&As[0][64 * MB * group][0]);
+    const unsigned long long db0 = descriptor(&Bs[0][0][0]);
+    constexpr unsigned A_STEP = BM * ROW / 16, B_STEP = BN * ROW / 16, ROWS64_STEP = 64 * ROW / 16;
     int buf = 0;
     unsigned phase = 0;  // parity of the ring's passes: full[buf] is waited for at phase
     for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
@@ -724,9 +730,9 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
             for (int mb = 0; mb < MB; ++mb) {
                 const unsigned long long da = da0 + (buf * A_STEP + mb * ROWS64_STEP);
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const unsigned long long on = half * wgmma::DESC_32_BYTES;
-                    E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
+                for (int kk = 0; kk < ROW / 32; ++kk) {  // k steps of 32 bytes: k16 (fp16), k8 (tf32)
+                    const unsigned long long on = kk * wgmma::DESC_32_BYTES;
+                    E::template wgmma<BN>(d[mb], da + on, db + on, kk ? 1 : accumulate);
                 }
             }
             accumulate = 1;

@@ -254,8 +254,8 @@ def emu(tmp_path_factory):
         ('#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',
          'extern "C" int emu_wgmma_stages(int split, int bm, int bn) { return wgmma_stages(split, bm, bn); }',
          'extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',
-         'extern "C" int emu_ws_ring_bytes(int bm, int bn) { return ws_ring_bytes(bm, bn); }',
-         'extern "C" int emu_ws_stages(int bm, int bn) { return ws_stages(bm, bn); }',
+         'extern "C" int emu_ws_ring_bytes(int bm, int bn, int row) { return ws_ring_bytes(bm, bn, row); }',
+         'extern "C" int emu_ws_stages(int bm, int bn, int row) { return ws_stages(bm, bn, row); }',
          'extern "C" int emu_ws_threads() { return WS_THREADS; }',
          'extern "C" int emu_halo_threads() { return HALO_THREADS; }',
          'extern "C" int emu_halo_smem_bytes(int elem, int bm, int bn, int cin, int kh, int kw, int wg) {'
@@ -386,9 +386,10 @@ def test_ring_bytes_are_the_kernels_stages(emu):
                 assert cb.HALO_THREADS == emu.lib.emu_halo_threads()
                 continue
             if cb.is_ws(t.prefix):  # the warp-specialized tiles: a ring of ~200 KB and its mbarriers, one block an SM
-                assert cb.ws_stages(t.bm, t.bn) == emu.lib.emu_ws_stages(t.bm, t.bn) >= 3, t.name
+                row = cb.TMA_ROW if cb.is_tma(t.prefix) else 64  # bytes of a stage's row
+                assert cb.ws_stages(t.bm, t.bn, row) == emu.lib.emu_ws_stages(t.bm, t.bn, row) >= 3, t.name
                 ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
-                assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn) <= 227 * 1024 and t.resident == 1
+                assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn, row) <= 227 * 1024 and t.resident == 1
                 assert cb.WS_THREADS == emu.lib.emu_ws_threads()  # the launch's block: producers + consumers
                 continue
             stages = emu.lib.emu_wgmma_stages(split, t.bm, t.bn)
@@ -448,13 +449,13 @@ def test_conv_halo_tiles(mem, case, precision):
             run_conv(mem, case, tile, 1, precision)
 
 
-TMA_CASES = [  # Cin a multiple of a stage's k (32 fp16, 16 tf32): what the TMA tiles take
+TMA_CASES = [  # Cin a multiple of a stage's k (64 fp16, 32 tf32): what the TMA tiles take
     # taps along W past both edges; a view at channel 16 of a wider buffer; 128-pixel boxes across rows and images
     Case(3, 64, 192, 9, 9, (1, 7), 1, (0, 3), (16, 0), (0, 8)),
-    Case(2, 32, 48, 11, 13, (7, 1), 1, (3, 0), relu=False),  # taps along H
-    Case(2, 64, 96, 9, 9, (3, 3), 2, (0, 0)),  # stride 2: the window corners two apart (Mixed_6a's, Mixed_7a's)
-    Case(2, 32, 64, 11, 13, (3, 3), 1, (1, 1)),
-    Case(1, 96, 200, 8, 8, (1, 1), 1, (0, 0), (32, 0), (0, 56)),  # 8x8 1x1, Cout past a channel tile
+    Case(2, 64, 48, 11, 13, (7, 1), 1, (3, 0), relu=False),  # taps along H
+    Case(2, 128, 96, 9, 9, (3, 3), 2, (0, 0)),  # stride 2: the window corners two apart (Mixed_6a's, Mixed_7a's)
+    Case(2, 64, 64, 11, 13, (3, 3), 1, (1, 1)),
+    Case(1, 128, 200, 8, 8, (1, 1), 1, (0, 0), (32, 0), (0, 56)),  # 8x8 1x1, Cout past a channel tile
 ]
 
 
@@ -473,8 +474,8 @@ def test_conv_tma_tiles(mem, case, precision):
 
 
 def test_tma_tiles_take_whole_taps_per_stage():
-    """A TMA tile takes a conv only where no stage spans two taps: Cin a multiple of its k per stage."""
-    for precision, k in (("fp16", 32), ("tf32", 16)):
+    """A TMA tile takes a conv only where no stage spans two taps: Cin a multiple of its k per stage (128 bytes)."""
+    for precision, k in (("fp16", 64), ("tf32", 32)):
         tile = cb.ws_tma_tile(128, 192, precision)
         assert tile.bk == k
         for cin in (k, 2 * k, 6 * k, k + 8, 80):

@@ -110,8 +110,9 @@ inline void arrive_on(unsigned long long* bar) { mbarrier::arrive(bar); }
 }  // namespace cp_async
 
 // TMA: the emulator's own tensor maps (cuda.tensor_maps.emulated writes them; the driver's format is opaque), whose
-// copies land at once, so expect_tx is a plain arrival. The boxes land 64-byte swizzled, as SWIZZLE_64B puts them:
-// 16-byte chunk bits [4, 6) XOR address bits [7, 9) (the destination is 512-byte aligned).
+// copies land at once, so expect_tx is a plain arrival. Rows of 64 bytes land in the 64-byte swizzle (16-byte chunk
+// bits [4, 6) XOR address bits [7, 9)), rows of 128 bytes in the 128-byte one (bits [4, 7) XOR bits [7, 10)); the
+// destination is 1024-byte aligned.
 namespace tma {
 struct EmuMap {  // cuda.tensor_maps.EMU_FORMAT
     unsigned long long magic, base;
@@ -131,11 +132,15 @@ inline const EmuMap& emu_map(const void* map) {
     }
     return m;
 }
-// Row `row` of 64 bytes of a box at dst: its 16-byte chunks, swizzled.
+// Row `row` of `bytes` (64 or 128) of a box at dst, from src (zeros where null): its 16-byte chunks, swizzled.
 inline void put_row(void* dst, int row, const unsigned char* src, int bytes) {
-    unsigned char* const out = static_cast<unsigned char*>(dst) + row * 64;
-    for (int j = 0; j < 4; ++j) {
-        unsigned char* const chunk = out + 16 * (j ^ (row >> 1 & 3));
+    if (bytes != 64 && bytes != 128) {
+        std::fprintf(stderr, "emulator: TMA boxes of 64- or 128-byte rows only\n");
+        std::abort();
+    }
+    unsigned char* const out = static_cast<unsigned char*>(dst) + row * bytes;
+    for (int j = 0; j < bytes / 16; ++j) {
+        unsigned char* const chunk = out + 16 * (j ^ (bytes == 64 ? row >> 1 & 3 : row & 7));
         if (src && 16 * j < bytes)
             std::memcpy(chunk, src + 16 * j, 16);
         else
@@ -147,10 +152,6 @@ inline void load_im2col(void* dst, const void* map, int c, int w, int h, int n, 
                         unsigned long long*) {
     const EmuMap& m = emu_map(map);
     const int bytes = m.box[0] * m.elem_bytes;
-    if (bytes != 64) {
-        std::fprintf(stderr, "emulator: im2col boxes of 64-byte rows only\n");
-        std::abort();
-    }
     for (int p = 0; p < m.box[1]; ++p) {  // corners W fastest, then H, then N, within the corners' box
         const int iw = w + off_w, ih = h + off_h;
         const bool inside = n < m.dims[3] && (unsigned)iw < (unsigned)m.dims[1] && (unsigned)ih < (unsigned)m.dims[2];
@@ -169,10 +170,6 @@ inline void load_im2col(void* dst, const void* map, int c, int w, int h, int n, 
 inline void load_tiled(void* dst, const void* map, int x, int y, unsigned long long*) {
     const EmuMap& m = emu_map(map);
     const int bytes = m.box[0] * m.elem_bytes;
-    if (bytes != 64) {
-        std::fprintf(stderr, "emulator: tiled boxes of 64-byte rows only\n");
-        std::abort();
-    }
     for (int r = 0; r < m.box[1]; ++r) {
         const bool inside = y + r < m.dims[1] && x < m.dims[0];  // whole rows: K is a multiple of the box's
         const unsigned char* src =

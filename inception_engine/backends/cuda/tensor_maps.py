@@ -18,7 +18,8 @@ from .device import driver
 MAP_BYTES = 128  # a CUtensorMap
 # CUtensorMapDataType: the element bits as they are (tf32 activations are float32 words already rounded to TF32)
 DATA_TYPE = {2: 6, 4: 7}  # FLOAT16, FLOAT32
-SWIZZLE_64B, L2_PROMOTION_128B = 2, 2
+SWIZZLE = {64: 2, 128: 3}  # CUtensorMapSwizzle for rows of 64 / 128 bytes (the wgmma descriptors' layouts)
+L2_PROMOTION_128B = 2
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,13 @@ def encode(m: TensorMap) -> bytes:
         rc = _libcuda().cuTensorMapEncodeIm2col(
             ctypes.c_void_p(at), DATA_TYPE[e], 4, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 4)(c, w, h, n),
             strides, (ctypes.c_int * 2)(*m.lower), (ctypes.c_int * 2)(*m.upper), ctypes.c_uint32(m.channels),
-            ctypes.c_uint32(m.pixels), (ctypes.c_uint32 * 4)(1, m.stride, m.stride, 1), 0, SWIZZLE_64B,
+            ctypes.c_uint32(m.pixels), (ctypes.c_uint32 * 4)(1, m.stride, m.stride, 1), 0, SWIZZLE[m.channels * e],
             L2_PROMOTION_128B, 0)
     else:
         rc = _libcuda().cuTensorMapEncodeTiled(
             ctypes.c_void_p(at), DATA_TYPE[e], 2, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 2)(m.k, m.rows),
             (ctypes.c_uint64 * 1)(m.k * e), (ctypes.c_uint32 * 2)(m.box_k, m.box_rows), (ctypes.c_uint32 * 2)(1, 1),
-            0, SWIZZLE_64B, L2_PROMOTION_128B, 0)
+            0, SWIZZLE[m.box_k * e], L2_PROMOTION_128B, 0)
     if rc != 0:
         raise EngineError(f"the CUDA driver refused a tensor map ({m}): CUresult {rc}")
     return bytes((ctypes.c_uint8 * MAP_BYTES).from_address(at))

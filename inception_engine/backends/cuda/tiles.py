@@ -106,9 +106,10 @@ WS_THREADS = 512
 WS_SPEEDS = {(128, 192): 1.2 * 1890e3, (128, 128): 1.2 * 1410e3, (128, 64): 1.2 * 1230e3, (256, 128): 1.2 * 1410e3}
 
 
-def ws_stages(bm: int, bn: int) -> int:
-    """conv_nhwc.cu's ws_stages(): the warp-specialized tile's ring, ~200 KB of stages of BM + BN rows of 64 bytes."""
-    return min(12, 200 * 1024 // ((bm + bn) * 64))
+def ws_stages(bm: int, bn: int, row: int = 64) -> int:
+    """conv_nhwc.cu's ws_stages(): the warp-specialized tile's ring, ~200 KB of stages of BM + BN rows of `row`
+    bytes (64; the TMA tiles' 128)."""
+    return min(12, 200 * 1024 // ((bm + bn) * row))
 
 
 def ws_tile(bm: int, bn: int, precision: str) -> Tile:
@@ -129,10 +130,13 @@ def is_ws(kernel_or_prefix: str) -> bool:
 WS_TMA_SHAPES = ((128, 192), (256, 128))
 
 
+TMA_ROW = 128  # bytes of a TMA tile's stage row: 64 k of fp16, 32 of tf32 (conv_nhwc.cu's header)
+
+
 def ws_tma_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     ws = ws_tile(bm, bn, precision)
-    return Tile(bm, bn, ws.bk, 1, ws.macs_per_us, ws.prefix + "_tma", False)
+    return Tile(bm, bn, TMA_ROW // (2 if precision == "fp16" else 4), 1, ws.macs_per_us, ws.prefix + "_tma", False)
 
 
 def is_tma(kernel_or_prefix: str) -> bool:
@@ -300,7 +304,8 @@ def wgmma_ring_bytes(kernel: str) -> int:
         return 0
     bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
     if is_ws(kernel):
-        return ws_stages(bm, bn) * ((bm + bn) * 64 + 16)
+        row = TMA_ROW if is_tma(kernel) else 64
+        return ws_stages(bm, bn, row) * ((bm + bn) * row + 16)
     split = kernel.startswith(WGMMA_PREFIX["fp32"])
     return (wgmma_stages(bm, bn, split) + WGMMA_LO_TILES * split) * (bm + bn) * 64
 
