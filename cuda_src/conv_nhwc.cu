@@ -603,7 +603,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // 23 in docs/PERFORMANCE.md); with no loads at all the ws tiles ran ~20 % faster (item 15). A stage's rows are 128
 // bytes (64 k of fp16, 32 of tf32) in the 128-byte swizzle: TMA moves boxes of 64-byte rows at 42 (im2col) and 68
 // (tiled) GB/s an SM, of 128-byte rows at 59 and 143 (scripts/tma_probe.py --bandwidth, H100), and with 64-byte
-// rows these tiles ran 10-17 % slower than the cp.async ones. A stage must not span two taps: Cin is a multiple of
+// rows these tiles ran 8-17 % slower than the cp.async ones. A stage must not span two taps: Cin is a multiple of
 // its k (cuda.tiles.tile_fits). full[b] takes the one arrival of that thread with the stage's bytes expected, and the
 // consumers need no proxy fence (the copy engine writes through the async proxy, which their wgmma read).
 __host__ __device__ constexpr int ws_stages(int bm, int bn, int row = 64) {
@@ -682,7 +682,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
                     tma::arrive_expect_tx(full + buf, (BM + BN) * ROW);
                     tma::load_im2col(As[buf], maps, k - tap * a.cin, corner_w, corner_h, n, tap - r * a.kw, r,
                                      full + buf);
-                    tma::load_tiled(Bs[buf], maps + 128, k, t.m0, full + buf);
+                    tma::load_tiled(Bs[buf], maps + tma::MAP_BYTES, k, t.m0, full + buf);
                     if (++buf == STAGES) {
                         buf = 0;
                         phase ^= 1;

@@ -146,6 +146,7 @@ __device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) {
 // transactions when it has landed. The maps live in global memory (scripts/tma_probe.py: a by-value map parameter did
 // not survive pycuda's launch).
 namespace tma {
+constexpr int MAP_BYTES = 128;  // a CUtensorMap (cuda.tensor_maps.MAP_BYTES)
 // One arrival on bar, and `bytes` of copies that must land before its phase completes.
 __device__ __forceinline__ void arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbarrier::at(bar)), "r"(bytes)

@@ -14,9 +14,10 @@ zero padding done in hardware. Three things have to work for that from this code
 3. cp.async.bulk.tensor's im2col mode loads, for each of the 7 taps, the rows the implicit GEMM needs: pixel p of
    the first 128 output pixels, channels c0..c0+31 of input column ow + tap - 3, zero past the image's edges.
 
-Prints one line per check and exits non-zero if any fails. Not a test of the engine: nothing here is used by it yet.
-Check 2 loses the CUDA context when it fails, so check 3 runs in a process of its own (--tma-only), with the map in
-global memory, which the ISA accepts as well.
+Prints one line per check and exits non-zero if any fails. The maps are the engine's own (cuda.tensor_maps.encode, as
+the TMA tiles use them: 64-byte rows in the 64-byte swizzle, which check 3 undoes). Check 2 loses the CUDA context
+when it fails, so check 3 runs in a process of its own (--tma-only), with the map in global memory, which the ISA
+accepts as well, and which the TMA tiles use since.
 
 Outcome (session 9, the lent H100, 2026-11-26; docs/PERFORMANCE.md issue 23 item 14): 1 passes; 2 fails (the kernel
 reads its next pointer argument as 0: compute-sanitizer saw a write to address 0), both as a prepared call with
@@ -25,13 +26,15 @@ sixteen "Q" and as a 128-byte numpy void scalar; 3 passes for all 7 taps, paddin
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inception_engine.backends import cuda as cb  # noqa: E402
+from inception_engine.errors import EngineError  # noqa: E402
 
 N, H, W, C = 2, 17, 17, 192  # NHWC fp16 input of a 17x17 module conv
 KW, PAD_W = 7, 3  # a 1x7 conv: taps along W, padding 3 on each side
@@ -44,7 +47,7 @@ KERNEL = r"""
 // block copies it out.
 extern "C" __global__ void tma_im2col_box(const CUtensorMap* map, unsigned short* out, int c, int w, int h, int n,
                                           int off_w, int off_h, int bytes) {
-    __shared__ alignas(128) unsigned short box[%(elems)d];
+    __shared__ alignas(1024) unsigned short box[%(elems)d];  // the swizzle repeats every 512 bytes
     __shared__ alignas(8) unsigned long long bar;
     const unsigned b = (unsigned)__cvta_generic_to_shared(&bar);
     if (threadIdx.x == 0) {
@@ -111,40 +114,10 @@ extern "C" __global__ void echo_map(const __grid_constant__ CUtensorMap map, uns
 """ % {"elems": PIXELS * CHANNELS, "h": H, "w": W}
 
 
-def encode_im2col(x_ptr: int, n: int = N, channels: int = CHANNELS, pixels: int = PIXELS, swizzle: int = 0) -> bytes:
-    """The im2col tensor map of the NHWC input (dims and strides innermost first, as the driver takes them);
-    swizzle: CUtensorMapSwizzle (0 none, 2 64B, 3 128B)."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-    tmap = (ctypes.c_uint64 * 16)()  # CUtensorMap: 128 opaque bytes, 64-byte aligned (ctypes arrays of u64: 8, so
-    if ctypes.addressof(tmap) % 64:  # over-allocate and align by hand when needed)
-        raw = (ctypes.c_uint8 * (128 + 64))()
-        tmap = (ctypes.c_uint64 * 16).from_address((ctypes.addressof(raw) + 63) // 64 * 64)
-    dims = (ctypes.c_uint64 * 4)(C, W, H, n)
-    strides = (ctypes.c_uint64 * 3)(2 * C, 2 * C * W, 2 * C * W * H)  # bytes, dims 1..3
-    lower = (ctypes.c_int * 2)(-PAD_W, 0)  # W, H: the first window's corner
-    upper = (ctypes.c_int * 2)(PAD_W - (KW - 1), 0)  # the last window's corner, from the far edge
-    elem_strides = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
-    f = cuda.cuTensorMapEncodeIm2col
-    f.restype = ctypes.c_int
-    rc = f(ctypes.byref(tmap), 6, 4, ctypes.c_void_p(x_ptr), dims, strides, lower, upper,  # 6: FLOAT16
-           ctypes.c_uint32(channels), ctypes.c_uint32(pixels), elem_strides, 0, swizzle, 0, 0)  # no interleave,
-    if rc != 0:  # L2 promotion; out-of-bounds elements read as zero
-        raise RuntimeError(f"cuTensorMapEncodeIm2col returned CUresult {rc}")
-    return bytes(tmap)
-
-
-def encode_tiled(w_ptr: int, k: int, rows: int, box_k: int, box_rows: int, swizzle: int) -> bytes:
-    """A 2-D tiled map of fp16 [rows][k] in boxes of box_rows x box_k."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-    raw = (ctypes.c_uint8 * (128 + 64))()
-    tmap = (ctypes.c_uint64 * 16).from_address((ctypes.addressof(raw) + 63) // 64 * 64)
-    f = cuda.cuTensorMapEncodeTiled
-    f.restype = ctypes.c_int
-    rc = f(ctypes.byref(tmap), 6, 2, ctypes.c_void_p(w_ptr), (ctypes.c_uint64 * 2)(k, rows), (ctypes.c_uint64 * 1)(2 * k),
-           (ctypes.c_uint32 * 2)(box_k, box_rows), (ctypes.c_uint32 * 2)(1, 1), 0, swizzle, 0, 0)
-    if rc != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled returned CUresult {rc}")
-    return bytes(tmap)
+def im2col_map(x_ptr: int, n: int = N, channels: int = CHANNELS, pixels: int = PIXELS) -> cb.Im2colMap:
+    """The NHWC fp16 input as the engine's TMA tiles see it (cuda.tensor_maps): boxes of `pixels` window corners of
+    the 1x7 conv x `channels` channels, in the swizzle of their row's bytes."""
+    return cb.Im2colMap(x_ptr, 2, (C, W, H, n), C, (-PAD_W, 0), (PAD_W - (KW - 1), 0), channels, pixels, 1)
 
 
 def bandwidth(module) -> None:
@@ -163,12 +136,11 @@ def bandwidth(module) -> None:
     print(f"TMA boxes back to back, {sms} blocks of one thread, {iters} boxes each, 4 in flight a block:")
     for label, im2col, row_bytes in (("im2col 128 px", 1, 64), ("im2col 128 px", 1, 128), ("tiled 192 rows", 0, 64),
                                      ("tiled 192 rows", 0, 128)):
-        swizzle = 2 if row_bytes == 64 else 3
         if im2col:
-            tmap = encode_im2col(int(x_gpu), n, row_bytes // 2, 128, swizzle)
+            tmap = cb.encode(im2col_map(int(x_gpu), n, row_bytes // 2, 128))
             rows, tiles, cblocks, rows_per_tile = 128, n * H * W // 128, C // (row_bytes // 2), 128
         else:
-            tmap = encode_tiled(int(w_gpu), k, cout, row_bytes // 2, cout, swizzle)
+            tmap = cb.encode(cb.TiledMap(int(w_gpu), 2, k, cout, row_bytes // 2, cout))
             rows, tiles, cblocks, rows_per_tile = cout, 1, k // (row_bytes // 2), cout
         map_gpu = drv.to_device(np.frombuffer(tmap, np.uint8))
         box = rows * row_bytes
@@ -198,6 +170,14 @@ def expected_box(x: np.ndarray, tap: int) -> np.ndarray:
     return rows
 
 
+def unswizzle_64b(box: np.ndarray) -> np.ndarray:
+    """The rows of a box of 64-byte rows as the 64-byte swizzle stored them (16-byte chunk j of row p at chunk
+    j ^ (p / 2 mod 4)), in plain order."""
+    chunks = box.reshape(len(box), 4, -1)
+    rows = np.arange(len(box))[:, None]
+    return chunks[rows, np.arange(4)[None, :] ^ (rows >> 1 & 3)].reshape(box.shape)
+
+
 def tma_loads(module, x: np.ndarray, tmap: bytes) -> int:
     """Check 3: each tap's im2col box against the implicit GEMM's A rows, the map in global memory."""
     import pycuda.driver as drv
@@ -210,8 +190,9 @@ def tma_loads(module, x: np.ndarray, tmap: bytes) -> int:
         # the box's first pixel: image 0, output (0, 0), whose window corner is column -PAD_W
         fn(map_gpu, out, *(np.int32(v) for v in (C0, -PAD_W, 0, 0, tap, 0, PIXELS * CHANNELS * 2)),
            block=(128, 1, 1), grid=(1, 1))
-        got = np.empty((PIXELS, CHANNELS), np.float16)
-        drv.memcpy_dtoh(got, out)
+        box = np.empty((PIXELS, CHANNELS), np.float16)
+        drv.memcpy_dtoh(box, out)
+        got = unswizzle_64b(box)
         want = expected_box(x, tap)
         bad = int((got.view(np.uint16) != want.view(np.uint16)).any(axis=1).sum())
         ok &= bad == 0
@@ -234,9 +215,9 @@ def main() -> int:
     x = np.random.default_rng(0).standard_normal((N, H, W, C)).astype(np.float16)
     x_gpu = drv.to_device(x)
     try:
-        tmap = encode_im2col(int(x_gpu))
-        print("PASS encode: cuTensorMapEncodeIm2col accepted the NHWC fp16 map through ctypes")
-    except (OSError, AttributeError, RuntimeError) as e:
+        tmap = cb.encode(im2col_map(int(x_gpu)))
+        print("PASS encode: cuTensorMapEncodeIm2col accepted the NHWC fp16 map through ctypes (cuda.tensor_maps)")
+    except (OSError, AttributeError, EngineError) as e:
         print(f"FAIL encode: {e}")
         return 1
     module = SourceModule(KERNEL, arch="sm_90a", no_extern_c=True, options=["-std=c++17"])

@@ -114,6 +114,7 @@ inline void arrive_on(unsigned long long* bar) { mbarrier::arrive(bar); }
 // bits [4, 6) XOR address bits [7, 9)), rows of 128 bytes in the 128-byte one (bits [4, 7) XOR bits [7, 10)); the
 // destination is 1024-byte aligned.
 namespace tma {
+constexpr int MAP_BYTES = 128;  // as a CUtensorMap: cuda.tensor_maps pads the emulator's maps to it
 struct EmuMap {  // cuda.tensor_maps.EMU_FORMAT
     unsigned long long magic, base;
     int kind, elem_bytes;           // 1: im2col (NHWC), 2: tiled (2-D)
@@ -141,7 +142,7 @@ inline void put_row(void* dst, int row, const unsigned char* src, int bytes) {
     unsigned char* const out = static_cast<unsigned char*>(dst) + row * bytes;
     for (int j = 0; j < bytes / 16; ++j) {
         unsigned char* const chunk = out + 16 * (j ^ (bytes == 64 ? row >> 1 & 3 : row & 7));
-        if (src && 16 * j < bytes)
+        if (src)
             std::memcpy(chunk, src + 16 * j, 16);
         else
             std::memset(chunk, 0, 16);

@@ -37,6 +37,13 @@ class Im2colMap:
     pixels: int
     stride: int
 
+    @property
+    def strides(self) -> tuple[int, int, int]:
+        """Bytes between neighbouring pixels along W, H and N."""
+        _, w, h, _ = self.dims
+        step = self.cstride * self.elem_bytes
+        return step, step * w, step * w * h
+
 
 @dataclass(frozen=True)
 class TiledMap:
@@ -61,11 +68,9 @@ def encode(m: TensorMap) -> bytes:
     at = (ctypes.addressof(out) + 63) // 64 * 64
     e = m.elem_bytes
     if isinstance(m, Im2colMap):
-        c, w, h, n = m.dims
-        strides = (ctypes.c_uint64 * 3)(m.cstride * e, m.cstride * e * w, m.cstride * e * w * h)
         rc = _libcuda().cuTensorMapEncodeIm2col(
-            ctypes.c_void_p(at), DATA_TYPE[e], 4, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 4)(c, w, h, n),
-            strides, (ctypes.c_int * 2)(*m.lower), (ctypes.c_int * 2)(*m.upper), ctypes.c_uint32(m.channels),
+            ctypes.c_void_p(at), DATA_TYPE[e], 4, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 4)(*m.dims),
+            (ctypes.c_uint64 * 3)(*m.strides), (ctypes.c_int * 2)(*m.lower), (ctypes.c_int * 2)(*m.upper), ctypes.c_uint32(m.channels),
             ctypes.c_uint32(m.pixels), (ctypes.c_uint32 * 4)(1, m.stride, m.stride, 1), 0, SWIZZLE[m.channels * e],
             L2_PROMOTION_128B, 0)
     else:
@@ -88,9 +93,8 @@ def emulated(m: TensorMap) -> bytes:
     """The map in the emulator's format (EMU_FORMAT), padded to MAP_BYTES."""
     e = m.elem_bytes
     if isinstance(m, Im2colMap):
-        c, w, h, n = m.dims
-        raw = struct.pack(EMU_FORMAT, EMU_MAGIC, m.address, 1, e, c, w, h, n, m.cstride * e, m.cstride * e * w,
-                          m.cstride * e * w * h, *m.lower, *m.upper, m.channels, m.pixels, m.stride)
+        raw = struct.pack(EMU_FORMAT, EMU_MAGIC, m.address, 1, e, *m.dims, *m.strides, *m.lower, *m.upper, m.channels,
+                          m.pixels, m.stride)
     else:
         raw = struct.pack(EMU_FORMAT, EMU_MAGIC, m.address, 2, e, m.k, m.rows, 0, 0, m.k * e, 0, 0, 0, 0, 0, 0,
                           m.box_k, m.box_rows, 1)
