@@ -606,6 +606,16 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // rows these tiles ran 8-17 % slower than the cp.async ones. A stage must not span two taps: Cin is a multiple of
 // its k (cuda.tiles.tile_fits). full[b] takes the one arrival of that thread with the stage's bytes expected, and the
 // consumers need no proxy fence (the copy engine writes through the async proxy, which their wgmma read).
+// Ping-pong (the "_ws_tma_pp_" tiles, TMA only): with the loads on the copy engine, the consumers' epilogue is the
+// largest cost left (issue 23 item 17: the forward ran 4.27 -> 3.77 ms with the stores skipped), because the tensor
+// cores idle while both consumer warpgroups store the same tile. Here each consumer warpgroup takes whole tiles, in
+// turn (block tiles 0, 2, 4, ... and 1, 3, ...), so that one stores while the other multiplies. A warpgroup then holds
+// a whole tile's sums (BM / 64 x BN / 2 accumulators: 192 for 128x192), so the block is one producer warpgroup (its
+// thread 0 asks for every box) and two consumers, WS_PP_THREADS, with setmaxnreg's 40 / 232 registers. The producer
+// fills the ring in tile order as before, and each consumer steps its ring position over the other's stages. A
+// consumer starts a tile's stages only once the other has waited for the last stage of its own (the turn barriers):
+// mbarrier waits tell phases apart by parity alone, so a consumer that waited for a stage two fills of its buffer ahead
+// would take the earlier fill for it.
 __host__ __device__ constexpr int ws_stages(int bm, int bn, int row = 64) {
     return 200 * 1024 / ((bm + bn) * row) < 12 ? 200 * 1024 / ((bm + bn) * row) : 12;
 }
@@ -617,16 +627,23 @@ constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 // setmaxnreg: the producers give registers to the consumers, 256 x 56 + 256 x 200 = the SM's 65,536.
 [[maybe_unused]] constexpr int WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 200;  // unused where the tiles are not built
 [[maybe_unused]] constexpr int WS_THREADS = WS_PRODUCERS + 256;  // cuda.tiles.WS_THREADS
+// The ping-pong tiles: one producer warpgroup, 128 x 40 + 256 x 232 <= 65,536.
+constexpr int WS_PP_PRODUCERS = 128;
+[[maybe_unused]] constexpr int WS_PP_PRODUCER_REGS = 40, WS_PP_CONSUMER_REGS = 232;
+[[maybe_unused]] constexpr int WS_PP_THREADS = WS_PP_PRODUCERS + 256;  // cuda.tiles.WS_PP_THREADS
 
-template <class E, int BM, int BN, bool TMA = false>
+template <class E, int BM, int BN, bool TMA = false, bool PINGPONG = false>
 __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, const unsigned char* maps = nullptr) {
     using T = typename E::T;
     constexpr int ROW = TMA ? 128 : 64;  // bytes of a stage's row: its k (the TMA tiles' in the 128-byte swizzle)
-    constexpr int MB = BM / 128, STAGES = ws_stages(BM, BN, ROW);
+    constexpr int PRODUCERS = PINGPONG ? WS_PP_PRODUCERS : WS_PRODUCERS;
+    // 64-row blocks of a consumer warpgroup: half the tile's, or all of them (ping-pong)
+    constexpr int MB = PINGPONG ? BM / 64 : BM / 128, STAGES = ws_stages(BM, BN, ROW);
     using Loader = NhwcLoader<E, BM, BN, WS_PRODUCERS>;
     constexpr int BK = ROW / sizeof(T);
     static_assert(!E::SPLIT && BM % 128 == 0 && STAGES >= 3, "warp-specialized tile");
     static_assert(TMA || BK == Loader::BK, "the cp.async loader's stage");
+    static_assert(TMA || !PINGPONG, "a ping-pong tile's one producer warpgroup asks the copy engine");
     const auto descriptor = [](const void* p) {
         return ROW == 128 ? wgmma::desc_k_major_128b(p) : wgmma::desc_k_major_64b(p);
     };
@@ -639,12 +656,15 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
 #ifndef __CUDACC__
     static_assert(ws_ring_bytes(BM, BN, ROW) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
+    __shared__ __align__(8) unsigned long long turn[2];  // ping-pong: consumer g may start its next tile's stages
     const int tid = threadIdx.x;
-    if (tid == 0)
+    if (tid == 0) {
         for (int b = 0; b < STAGES; ++b) {
             mbarrier::init(full + b, TMA ? 1 : WS_PRODUCERS);
-            mbarrier::init(empty + b, 8);
+            mbarrier::init(empty + b, PINGPONG ? 4 : 8);  // the warps of the stage's consumers
         }
+        for (int g = 0; g < 2; ++g) mbarrier::init(turn + g, 4);
+    }
     __syncthreads();  // the only block-wide barrier: from here on the warpgroups meet at the mbarriers alone
 
     const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
@@ -665,8 +685,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         return t;
     };
 
-    if (tid < WS_PRODUCERS) {  // the producers
-        wgmma::max_registers<WS_PRODUCER_REGS, false>();
+    if (tid < PRODUCERS) {  // the producers
+        wgmma::max_registers<PINGPONG ? WS_PP_PRODUCER_REGS : WS_PRODUCER_REGS, false>();
         int issued = 0, buf = 0;  // loads so far; the buffer of the next load
         unsigned phase = 0;       // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
         if constexpr (TMA) {
@@ -708,20 +728,32 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         return;
     }
 
-    // The consumers: warpgroup `group` multiplies pixel rows 64 MB group ..
-    wgmma::max_registers<WS_CONSUMER_REGS, true>();
-    const int group = (tid - WS_PRODUCERS) / 128, lane = tid % 32;
-    const unsigned long long da0 = descriptor(&As[0][64 * MB * group][0]);
+    // The consumers: warpgroup `group` multiplies pixel rows 64 MB group .. of every tile (ping-pong: all the rows
+    // of every other tile).
+    wgmma::max_registers<PINGPONG ? WS_PP_CONSUMER_REGS : WS_CONSUMER_REGS, true>();
+    const int group = (tid - PRODUCERS) / 128, lane = tid % 32, first_row = PINGPONG ? 0 : 64 * MB * group;
+    const unsigned long long da0 = descriptor(&As[0][first_row][0]);
     const unsigned long long db0 = descriptor(&Bs[0][0][0]);
     constexpr unsigned A_STEP = BM * ROW / 16, B_STEP = BN * ROW / 16, ROWS64_STEP = 64 * ROW / 16;
     int buf = 0;
     unsigned phase = 0;  // parity of the ring's passes: full[buf] is waited for at phase
-    for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+    unsigned turns = 0;  // ping-pong: the other consumer's handovers waited for so far
+    for (int i = blockIdx.x, j = 0; i < tiles; i += gridDim.x, ++j) {
         const Tile t = tile_at(i);
+        if (PINGPONG && (j & 1) != group) {  // the other consumer's tile: step over its stages
+            buf += t.stages;
+            const int passes = buf / STAGES;
+            buf -= passes * STAGES;
+            phase ^= passes & 1;
+            continue;
+        }
+        if (PINGPONG && j > 0) mbarrier::wait(turn + group, turns++ & 1);
         float d[MB][BN / 2];
         int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
         for (int kt = 0; kt < t.stages; ++kt) {
             mbarrier::wait(full + buf, phase);
+            if (PINGPONG && kt == t.stages - 1 && lane == 0)  // every fill before the tile's last has landed
+                mbarrier::arrive(turn + (group ^ 1));
             if constexpr (!TMA)  // the producers' copies, seen through the barrier, before the async proxy's reads
                 wgmma::fence_proxy_async();
             const unsigned long long db = db0 + buf * B_STEP;
@@ -751,7 +783,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
 
         NhwcStore<E>{a, p_total, t.z, splits}.template wgmma_rows<MB, BN>(
-            t.p0, t.m0, group, [&](int mb, int i) { return d[mb][i]; });
+            t.p0, t.m0, PINGPONG ? 0 : group, [&](int mb, int i) { return d[mb][i]; });
     }
 }
 
@@ -1047,9 +1079,16 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
         NAME##_ws_tma_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {                 \
         conv_nhwc_ws_gemm<E, BM, BN, true>(CONV_NHWC_ARGS(E), maps);                                              \
     }
+// Their ping-pong versions NAME_ws_tma_pp_BMxBN: WS_PP_THREADS (384), 170 registers a thread at launch.
+#define CONV_NHWC_WS_PP_KERNEL(NAME, E, BM, BN)                                                                   \
+    extern "C" __global__ void __launch_bounds__(WS_PP_THREADS, 1)                                                \
+        NAME##_ws_tma_pp_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {              \
+        conv_nhwc_ws_gemm<E, BM, BN, true, true>(CONV_NHWC_ARGS(E), maps);                                        \
+    }
 #else
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN)
 #define CONV_NHWC_WS_TMA_KERNEL(NAME, E, BM, BN)
+#define CONV_NHWC_WS_PP_KERNEL(NAME, E, BM, BN)
 #endif
 // The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
 // split: the consumers hold BM / 64 x BN / 2 accumulators).
@@ -1061,7 +1100,7 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #endif
 
 // fp16's and tf32's sm_90a tiles, in cuda/tiles.py's order (NHWC_WGMMA_TILES): wgmma, warp-specialized (cp.async,
-// then TMA), halo.
+// then TMA, then TMA ping-pong), halo.
 #define CONV_NHWC_SM90_TILES(NAME, E)           \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192)   \
     CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128)   \
@@ -1075,6 +1114,8 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
     CONV_NHWC_WS_KERNEL(NAME, E, 256, 128)      \
     CONV_NHWC_WS_TMA_KERNEL(NAME, E, 128, 192)  \
     CONV_NHWC_WS_TMA_KERNEL(NAME, E, 256, 128)  \
+    CONV_NHWC_WS_PP_KERNEL(NAME, E, 128, 192)   \
+    CONV_NHWC_WS_PP_KERNEL(NAME, E, 128, 128)   \
     CONV_NHWC_HALO_KERNEL(NAME, E, 256, 64)     \
     CONV_NHWC_HALO_KERNEL(NAME, E, 256, 32)     \
     CONV_NHWC_HALO_KERNEL(NAME, E, 128, 96)     \

@@ -257,6 +257,7 @@ def emu(tmp_path_factory):
          'extern "C" int emu_ws_ring_bytes(int bm, int bn, int row) { return ws_ring_bytes(bm, bn, row); }',
          'extern "C" int emu_ws_stages(int bm, int bn, int row) { return ws_stages(bm, bn, row); }',
          'extern "C" int emu_ws_threads() { return WS_THREADS; }',
+         'extern "C" int emu_ws_pp_threads() { return WS_PP_THREADS; }',
          'extern "C" int emu_halo_threads() { return HALO_THREADS; }',
          'extern "C" int emu_halo_smem_bytes(int elem, int bm, int bn, int cin, int kh, int kw, int wg) {'
          ' return halo_smem_bytes(elem, bm, bn, cin, kh, kw, wg); }')),
@@ -390,7 +391,9 @@ def test_ring_bytes_are_the_kernels_stages(emu):
                 assert cb.ws_stages(t.bm, t.bn, row) == emu.lib.emu_ws_stages(t.bm, t.bn, row) >= 3, t.name
                 ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
                 assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn, row) <= 227 * 1024 and t.resident == 1
-                assert cb.WS_THREADS == emu.lib.emu_ws_threads()  # the launch's block: producers + consumers
+                # the launch's block: producers + consumers
+                threads = emu.lib.emu_ws_pp_threads() if cb.is_pingpong(t.prefix) else emu.lib.emu_ws_threads()
+                assert cb.ws_threads(f"{t.prefix}_{t.name}") == threads
                 continue
             stages = emu.lib.emu_wgmma_stages(split, t.bm, t.bn)
             assert cb.wgmma_stages(t.bm, t.bn, split) == stages, t.name
@@ -456,14 +459,19 @@ TMA_CASES = [  # Cin a multiple of a stage's k (64 fp16, 32 tf32): what the TMA 
     Case(2, 128, 96, 9, 9, (3, 3), 2, (0, 0)),  # stride 2: the window corners two apart (Mixed_6a's, Mixed_7a's)
     Case(2, 64, 64, 11, 13, (3, 3), 1, (1, 1)),
     Case(1, 128, 200, 8, 8, (1, 1), 1, (0, 0), (32, 0), (0, 56)),  # 8x8 1x1, Cout past a channel tile
+    # 9 pixel tiles (x 2 channel tiles at 128x128) on num_sms 3: each ping-pong consumer takes several tiles, whose 9
+    # stages wrap the 5-stage ring at a different buffer each time, so the turns and both consumers' ring positions
+    # go through several phases
+    Case(6, 64, 136, 12, 16, (3, 3), 1, (1, 1)),
 ]
 
 
 @pytest.mark.parametrize("precision", ("fp16", "tf32"))
 @pytest.mark.parametrize("case", TMA_CASES, ids=case_id)
 def test_conv_tma_tiles(mem, case, precision):
-    """conv_nhwc.cu's TMA tiles (sm_90a): the A rows as im2col boxes through a tensor map, the weights as tiled
-    boxes, whole and split-K (a slice starts at a tap's channel block), against the ideal conv."""
+    """conv_nhwc.cu's TMA tiles (sm_90a), their ping-pong versions too: the A rows as im2col boxes through a tensor
+    map, the weights as tiled boxes, whole and split-K (a slice starts at a tap's channel block), against the ideal
+    conv."""
     tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_tma(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no TMA tiles")

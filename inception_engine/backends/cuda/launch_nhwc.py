@@ -14,8 +14,8 @@ from ...plan import ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, Vi
 from .cost_model import ConvConfig
 from .launch import LaunchSpec, fc_specs, softmax_spec
 from .tiles import (HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
-                    NHWC_PIECE, THREADS, WS_THREADS, blocks, conv_kernel, halo_fits, halo_smem_bytes,
-                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits,
+                    NHWC_PIECE, THREADS, blocks, conv_kernel, halo_fits, halo_smem_bytes,
+                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits, ws_threads,
                     wgmma_ring_bytes)
 from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap
 from .workspace import workspace_layout
@@ -137,7 +137,7 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     assert tile_fits(op, t), f"{op.name}: {t.prefix} {t.name} does not compute it"
     kernel = conv_kernel(op, t)
     grid = (blocks(p_total, t.bm), blocks(cout, t.bn), cfg.splits)
-    block, shared = WS_THREADS if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
+    block, shared = ws_threads(kernel) if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
     if is_halo(kernel):  # tiles of t.bm positions of each image's padded-width grid, by channel tiles (conv_nhwc.cu)
         assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
         wg, channel_tiles = wd + 2 * op.pad[1], blocks(cout, t.bn)

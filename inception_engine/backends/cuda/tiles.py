@@ -143,6 +143,28 @@ def is_tma(kernel_or_prefix: str) -> bool:
     return "_ws_tma" in kernel_or_prefix
 
 
+# conv_nhwc.cu's ping-pong TMA tiles (``_ws_tma_pp_``): each of the two consumer warpgroups takes whole tiles in turn,
+# so that one stores its tile while the other multiplies the next; one producer warpgroup, WS_PP_THREADS threads. The
+# same stages and ring as the TMA tiles; never picked unmeasured either.
+WS_PP_SHAPES = ((128, 192), (128, 128))
+WS_PP_THREADS = 384
+
+
+def ws_pp_tile(bm: int, bn: int, precision: str) -> Tile:
+    """conv_nhwc.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    tma = ws_tma_tile(bm, bn, precision)
+    return Tile(tma.bm, tma.bn, tma.bk, 1, tma.macs_per_us, tma.prefix + "_pp", False)
+
+
+def is_pingpong(kernel_or_prefix: str) -> bool:
+    return "_ws_tma_pp" in kernel_or_prefix
+
+
+def ws_threads(kernel: str) -> int:
+    """A warp-specialized kernel's block (conv_nhwc.cu's WS_THREADS, WS_PP_THREADS)."""
+    return WS_PP_THREADS if is_pingpong(kernel) else WS_THREADS
+
+
 # conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
 # the stem's Conv2d_2a and 2b, then Conv2d_4a and the 35x35 modules' 3x3s and 5x5s. bm positions of the padded-width
 # grid a tile, bn output channels (grid.y: ceil(Cout / bn) channel tiles), HALO_THREADS threads, one block an SM;
@@ -239,22 +261,24 @@ def conv_kernel(op: ConvOp, tile: Tile) -> str:
 
 
 def tile_label(tile: Tile) -> str:
-    """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128) and halo
-    ones (h128x64) from its mma.sync ones of the same shape."""
-    kind = ("wt" if is_tma(tile.prefix) else "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix)
+    """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128, TMA
+    wt128x192, TMA ping-pong wp128x192) and halo ones (h128x64) from its mma.sync ones of the same shape."""
+    kind = ("wp" if is_pingpong(tile.prefix) else "wt" if is_tma(tile.prefix) else "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix)
             else "w" if "_wgmma" in tile.prefix else "")
     return kind + tile.name
 
 
 # conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized (cp.async, then
-# TMA) and halo ones.
+# TMA, then TMA ping-pong) and halo ones.
 NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
                     + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS)
                     + tuple(ws_tma_tile(bm, bn, "fp16") for bm, bn in WS_TMA_SHAPES)
+                    + tuple(ws_pp_tile(bm, bn, "fp16") for bm, bn in WS_PP_SHAPES)
                     + tuple(halo_tile(bm, bn, "fp16") for bm, bn in HALO_SPEEDS))
 NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SPEEDS)
                          + tuple(ws_tile(bm, bn, "tf32") for bm, bn in WS_SPEEDS)
                          + tuple(ws_tma_tile(bm, bn, "tf32") for bm, bn in WS_TMA_SHAPES)
+                         + tuple(ws_pp_tile(bm, bn, "tf32") for bm, bn in WS_PP_SHAPES)
                          + tuple(halo_tile(bm, bn, "tf32") for bm, bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the
