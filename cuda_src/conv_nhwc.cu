@@ -614,8 +614,10 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // thread 0 asks for every box) and two consumers, WS_PP_THREADS, with setmaxnreg's 40 / 232 registers. The producer
 // fills the ring in tile order as before, and each consumer steps its ring position over the other's stages. A
 // consumer starts a tile's stages only once the other has waited for the last stage of its own (the turn barriers):
-// mbarrier waits tell phases apart by parity alone, so a consumer that waited for a stage two fills of its buffer ahead
-// would take the earlier fill for it.
+// mbarrier waits tell phases apart by parity alone, so a wait for fill f of a buffer while fill f - 1 has not landed
+// would pass on fill f - 2's completed phase. A consumer waits its own stages in order and the turn follows its wait
+// for the tile's last, so every fill before the other's next tile has been seen landed (TMA loads into different
+// buffers may land out of order: the producer's order alone would not say so).
 __host__ __device__ constexpr int ws_stages(int bm, int bn, int row = 64) {
     return 200 * 1024 / ((bm + bn) * row) < 12 ? 200 * 1024 / ((bm + bn) * row) : 12;
 }
@@ -627,7 +629,8 @@ constexpr int WS_PRODUCERS = 256;  // threads of the producer warpgroups
 // setmaxnreg: the producers give registers to the consumers, 256 x 56 + 256 x 200 = the SM's 65,536.
 [[maybe_unused]] constexpr int WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 200;  // unused where the tiles are not built
 [[maybe_unused]] constexpr int WS_THREADS = WS_PRODUCERS + 256;  // cuda.tiles.WS_THREADS
-// The ping-pong tiles: one producer warpgroup, 128 x 40 + 256 x 232 <= 65,536.
+// The ping-pong tiles: one producer warpgroup; 128 x 40 + 256 x 232 = 64,512, what the block holds at launch (384 x
+// 168: setmaxnreg.inc past it would stall).
 constexpr int WS_PP_PRODUCERS = 128;
 [[maybe_unused]] constexpr int WS_PP_PRODUCER_REGS = 40, WS_PP_CONSUMER_REGS = 232;
 [[maybe_unused]] constexpr int WS_PP_THREADS = WS_PP_PRODUCERS + 256;  // cuda.tiles.WS_PP_THREADS
@@ -644,6 +647,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
     static_assert(!E::SPLIT && BM % 128 == 0 && STAGES >= 3, "warp-specialized tile");
     static_assert(TMA || BK == Loader::BK, "the cp.async loader's stage");
     static_assert(TMA || !PINGPONG, "a ping-pong tile's one producer warpgroup asks the copy engine");
+    static_assert(!PINGPONG || MB * BN / 2 <= 192, "a ping-pong consumer's sums within its 232 registers");
     const auto descriptor = [](const void* p) {
         return ROW == 128 ? wgmma::desc_k_major_128b(p) : wgmma::desc_k_major_64b(p);
     };
@@ -663,7 +667,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
             mbarrier::init(full + b, TMA ? 1 : WS_PRODUCERS);
             mbarrier::init(empty + b, PINGPONG ? 4 : 8);  // the warps of the stage's consumers
         }
-        for (int g = 0; g < 2; ++g) mbarrier::init(turn + g, 4);
+        if constexpr (PINGPONG)
+            for (int g = 0; g < 2; ++g) mbarrier::init(turn + g, 4);
     }
     __syncthreads();  // the only block-wide barrier: from here on the warpgroups meet at the mbarriers alone
 
@@ -752,7 +757,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
         for (int kt = 0; kt < t.stages; ++kt) {
             mbarrier::wait(full + buf, phase);
-            if (PINGPONG && kt == t.stages - 1 && lane == 0)  // every fill before the tile's last has landed
+            if (PINGPONG && kt == t.stages - 1 && lane == 0)  // this warp has seen every fill up to the last landed
                 mbarrier::arrive(turn + (group ^ 1));
             if constexpr (!TMA)  // the producers' copies, seen through the barrier, before the async proxy's reads
                 wgmma::fence_proxy_async();
@@ -819,7 +824,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
 // halo_smem_bytes(sizeof(element), BM, BN, Cin, KH, KW, Wg).
 constexpr int HALO_PRODUCERS = 128, HALO_CIN = 32;
 [[maybe_unused]] constexpr int HALO_THREADS = HALO_PRODUCERS + 256;  // cuda.tiles.HALO_THREADS
-[[maybe_unused]] constexpr int HALO_PRODUCER_REGS = 56, HALO_CONSUMER_REGS = 224;  // 128 x 56 + 256 x 224 <= 65,536
+[[maybe_unused]] constexpr int HALO_PRODUCER_REGS = 56, HALO_CONSUMER_REGS = 224;  // 128 x 56 + 256 x 224 = 384 x 168
 __host__ __device__ constexpr int halo_rows(int bm, int kh, int kw, int wg) { return bm + (kh - 1) * wg + kw - 1; }
 __host__ __device__ constexpr int halo_planes(int cin) { return (cin + HALO_CIN - 1) / HALO_CIN; }
 // One plane of a halo buffer: its rows of HALO_CIN elements of `elem` bytes, in whole 1024-byte swizzle patterns so
@@ -1079,7 +1084,7 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
         NAME##_ws_tma_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {                 \
         conv_nhwc_ws_gemm<E, BM, BN, true>(CONV_NHWC_ARGS(E), maps);                                              \
     }
-// Their ping-pong versions NAME_ws_tma_pp_BMxBN: WS_PP_THREADS (384), 170 registers a thread at launch.
+// Their ping-pong versions NAME_ws_tma_pp_BMxBN: WS_PP_THREADS (384), 168 registers a thread at launch.
 #define CONV_NHWC_WS_PP_KERNEL(NAME, E, BM, BN)                                                                   \
     extern "C" __global__ void __launch_bounds__(WS_PP_THREADS, 1)                                                \
         NAME##_ws_tma_pp_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {              \
@@ -1090,7 +1095,7 @@ CONV_NHWC_TILES(conv_nhwc_tf32, NhwcTf32)
 #define CONV_NHWC_WS_TMA_KERNEL(NAME, E, BM, BN)
 #define CONV_NHWC_WS_PP_KERNEL(NAME, E, BM, BN)
 #endif
-// The halo tiles: HALO_THREADS (384) threads, one block an SM (170 registers a thread at launch, then setmaxnreg's
+// The halo tiles: HALO_THREADS (384) threads, one block an SM (168 registers a thread at launch, then setmaxnreg's
 // split: the consumers hold BM / 64 x BN / 2 accumulators).
 #ifdef IE_NHWC_HALO
 #define CONV_NHWC_HALO_KERNEL(NAME, E, BM, BN) \

@@ -459,9 +459,9 @@ TMA_CASES = [  # Cin a multiple of a stage's k (64 fp16, 32 tf32): what the TMA 
     Case(2, 128, 96, 9, 9, (3, 3), 2, (0, 0)),  # stride 2: the window corners two apart (Mixed_6a's, Mixed_7a's)
     Case(2, 64, 64, 11, 13, (3, 3), 1, (1, 1)),
     Case(1, 128, 200, 8, 8, (1, 1), 1, (0, 0), (32, 0), (0, 56)),  # 8x8 1x1, Cout past a channel tile
-    # 9 pixel tiles (x 2 channel tiles at 128x128) on num_sms 3: each ping-pong consumer takes several tiles, whose 9
-    # stages wrap the 5-stage ring at a different buffer each time, so the turns and both consumers' ring positions
-    # go through several phases
+    # 9 pixel tiles on num_sms 3: 3 a block at 128x192 (consumer 1 takes one), 6 at 128x128 (2 channel tiles: each
+    # consumer takes 3), of 9 stages (fp16; 18 in tf32) that wrap the 5- or 6-stage ring at a different buffer each
+    # time, so the turns and both consumers' ring positions go through several phases
     Case(6, 64, 136, 12, 16, (3, 3), 1, (1, 1)),
 ]
 

@@ -119,7 +119,8 @@ def ws_tile(bm: int, bn: int, precision: str) -> Tile:
 
 
 def is_ws(kernel_or_prefix: str) -> bool:
-    """A warp-specialized tile's kernel (or prefix): WS_THREADS threads, a persistent grid (the TMA ones too)."""
+    """A warp-specialized tile's kernel (or prefix): ``ws_threads`` threads, a persistent grid (the TMA and
+    ping-pong ones too)."""
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
 
 
@@ -263,8 +264,8 @@ def conv_kernel(op: ConvOp, tile: Tile) -> str:
 def tile_label(tile: Tile) -> str:
     """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128, TMA
     wt128x192, TMA ping-pong wp128x192) and halo ones (h128x64) from its mma.sync ones of the same shape."""
-    kind = ("wp" if is_pingpong(tile.prefix) else "wt" if is_tma(tile.prefix) else "ws" if is_ws(tile.prefix) else "h" if is_halo(tile.prefix)
-            else "w" if "_wgmma" in tile.prefix else "")
+    kind = ("wp" if is_pingpong(tile.prefix) else "wt" if is_tma(tile.prefix) else "ws" if is_ws(tile.prefix)
+            else "h" if is_halo(tile.prefix) else "w" if "_wgmma" in tile.prefix else "")
     return kind + tile.name
 
 
