@@ -635,6 +635,26 @@ constexpr int WS_PP_PRODUCERS = 128;
 [[maybe_unused]] constexpr int WS_PP_PRODUCER_REGS = 40, WS_PP_CONSUMER_REGS = 232;
 [[maybe_unused]] constexpr int WS_PP_THREADS = WS_PP_PRODUCERS + 256;  // cuda.tiles.WS_PP_THREADS
 
+// A position in the ring of STAGES buffers: the buffer, and the parity of the ring's passes so far (the phase of its
+// barriers that the next wait is for).
+template <int STAGES>
+struct WsRing {
+    int buf = 0;
+    unsigned phase = 0;
+    __device__ __forceinline__ void next() {
+        if (++buf == STAGES) {
+            buf = 0;
+            phase ^= 1;
+        }
+    }
+    __device__ __forceinline__ void skip(int stages) {  // another consumer's tile (ping-pong)
+        buf += stages;
+        const int passes = buf / STAGES;
+        buf -= passes * STAGES;
+        phase ^= passes & 1;
+    }
+};
+
 template <class E, int BM, int BN, bool TMA = false, bool PINGPONG = false>
 __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, const unsigned char* maps = nullptr) {
     using T = typename E::T;
@@ -692,8 +712,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
 
     if (tid < PRODUCERS) {  // the producers
         wgmma::max_registers<PINGPONG ? WS_PP_PRODUCER_REGS : WS_PRODUCER_REGS, false>();
-        int issued = 0, buf = 0;  // loads so far; the buffer of the next load
-        unsigned phase = 0;       // parity of the ring's passes: empty[buf] is waited for at phase ^ 1
+        int issued = 0;       // loads so far
+        WsRing<STAGES> ring;  // the next load's buffer; empty[ring.buf] is waited for at phase ^ 1
         if constexpr (TMA) {
             if (tid != 0) return;  // one thread asks for every box
             const int hw = a.ho * a.wo;
@@ -703,15 +723,12 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
                 const int corner_w = ow * a.stride - a.pad_w, corner_h = oh * a.stride - a.pad_h;
                 for (int kt = 0; kt < t.stages; ++kt) {
                     const int k = t.k_begin + kt * BK, tap = k / a.cin, r = tap / a.kw;
-                    if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
-                    tma::arrive_expect_tx(full + buf, (BM + BN) * ROW);
-                    tma::load_im2col(As[buf], maps, k - tap * a.cin, corner_w, corner_h, n, tap - r * a.kw, r,
-                                     full + buf);
-                    tma::load_tiled(Bs[buf], maps + tma::MAP_BYTES, k, t.m0, full + buf);
-                    if (++buf == STAGES) {
-                        buf = 0;
-                        phase ^= 1;
-                    }
+                    if (issued++ >= STAGES) mbarrier::wait(empty + ring.buf, ring.phase ^ 1);
+                    tma::arrive_expect_tx(full + ring.buf, (BM + BN) * ROW);
+                    tma::load_im2col(As[ring.buf], maps, k - tap * a.cin, corner_w, corner_h, n, tap - r * a.kw, r,
+                                     full + ring.buf);
+                    tma::load_tiled(Bs[ring.buf], maps + tma::MAP_BYTES, k, t.m0, full + ring.buf);
+                    ring.next();
                 }
             }
         } else {
@@ -719,13 +736,10 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
                 const Tile t = tile_at(i);
                 Loader load(a, As, Bs, t.p0, t.m0, t.k_begin, t.k_end, tid);
                 for (int kt = 0; kt < t.stages; ++kt) {
-                    if (issued++ >= STAGES) mbarrier::wait(empty + buf, phase ^ 1);
-                    load(0, buf);
-                    cp_async::arrive_on(full + buf);  // once this thread's copies so far have landed
-                    if (++buf == STAGES) {
-                        buf = 0;
-                        phase ^= 1;
-                    }
+                    if (issued++ >= STAGES) mbarrier::wait(empty + ring.buf, ring.phase ^ 1);
+                    load(0, ring.buf);
+                    cp_async::arrive_on(full + ring.buf);  // once this thread's copies so far have landed
+                    ring.next();
                 }
             }
             cp_async::wait<0>();
@@ -740,32 +754,28 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
     const unsigned long long da0 = descriptor(&As[0][first_row][0]);
     const unsigned long long db0 = descriptor(&Bs[0][0][0]);
     constexpr unsigned A_STEP = BM * ROW / 16, B_STEP = BN * ROW / 16, ROWS64_STEP = 64 * ROW / 16;
-    int buf = 0;
-    unsigned phase = 0;  // parity of the ring's passes: full[buf] is waited for at phase
+    WsRing<STAGES> ring;  // the next stage's buffer; full[ring.buf] is waited for at phase
     unsigned turns = 0;  // ping-pong: the other consumer's handovers waited for so far
     for (int i = blockIdx.x, j = 0; i < tiles; i += gridDim.x, ++j) {
         const Tile t = tile_at(i);
         if (PINGPONG && (j & 1) != group) {  // the other consumer's tile: step over its stages
-            buf += t.stages;
-            const int passes = buf / STAGES;
-            buf -= passes * STAGES;
-            phase ^= passes & 1;
+            ring.skip(t.stages);
             continue;
         }
         if (PINGPONG && j > 0) mbarrier::wait(turn + group, turns++ & 1);
         float d[MB][BN / 2];
-        int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before buf
+        int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before ring.buf
         for (int kt = 0; kt < t.stages; ++kt) {
-            mbarrier::wait(full + buf, phase);
+            mbarrier::wait(full + ring.buf, ring.phase);
             if (PINGPONG && kt == t.stages - 1 && lane == 0)  // this warp has seen every fill up to the last landed
                 mbarrier::arrive(turn + (group ^ 1));
             if constexpr (!TMA)  // the producers' copies, seen through the barrier, before the async proxy's reads
                 wgmma::fence_proxy_async();
-            const unsigned long long db = db0 + buf * B_STEP;
+            const unsigned long long db = db0 + ring.buf * B_STEP;
             wgmma::fence();
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {
-                const unsigned long long da = da0 + (buf * A_STEP + mb * ROWS64_STEP);
+                const unsigned long long da = da0 + (ring.buf * A_STEP + mb * ROWS64_STEP);
 #pragma unroll
                 for (int kk = 0; kk < ROW / 32; ++kk) {  // k steps of 32 bytes: k16 (fp16), k8 (tf32)
                     const unsigned long long on = kk * wgmma::DESC_32_BYTES;
@@ -776,11 +786,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
             wgmma::commit();
             wgmma::wait<1>();  // the wgmma of the stage before have read their buffer
             if (kt > 0 && lane == 0) mbarrier::arrive(empty + last);
-            last = buf;
-            if (++buf == STAGES) {
-                buf = 0;
-                phase ^= 1;
-            }
+            last = ring.buf;
+            ring.next();
         }
         wgmma::wait<0>();
         if (lane == 0) mbarrier::arrive(empty + last);

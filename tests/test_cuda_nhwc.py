@@ -203,7 +203,7 @@ class Emulated:
     def launch(self, specs: list[cb.LaunchSpec]) -> None:
         for spec in specs:
             if spec.maps:  # the TMA tiles' tensor maps, in the emulator's own format
-                self.write(spec.args[-1], np.frombuffer(b"".join(cb.emulated(m) for m in spec.maps), np.uint8))
+                self.write(spec.args[-1], cb.encode_all(spec.maps, cb.emulated))
             fn = getattr(self.lib, f"emu_{spec.kernel}")
             fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.c_void_p if c == "P" else ctypes.c_int
                                                  for c in cb.arg_format(spec.kernel)]
@@ -235,7 +235,7 @@ class OnGpu:
     def launch(self, specs: list[cb.LaunchSpec]) -> None:
         for spec in specs:
             if spec.maps:  # the TMA tiles' tensor maps, as the driver encodes them
-                self.write(spec.args[-1], np.frombuffer(b"".join(cb.encode(m) for m in spec.maps), np.uint8))
+                self.write(spec.args[-1], cb.encode_all(spec.maps))
             cb.Launch(spec, self.kernels[spec.kernel])(None)
         cb.driver().Context.synchronize()
 
@@ -387,7 +387,7 @@ def test_ring_bytes_are_the_kernels_stages(emu):
                 assert cb.HALO_THREADS == emu.lib.emu_halo_threads()
                 continue
             if cb.is_ws(t.prefix):  # the warp-specialized tiles: a ring of ~200 KB and its mbarriers, one block an SM
-                row = cb.TMA_ROW if cb.is_tma(t.prefix) else 64  # bytes of a stage's row
+                row = cb.ws_row(t.prefix)  # bytes of a stage's row
                 assert cb.ws_stages(t.bm, t.bn, row) == emu.lib.emu_ws_stages(t.bm, t.bn, row) >= 3, t.name
                 ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
                 assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn, row) <= 227 * 1024 and t.resident == 1

@@ -53,8 +53,8 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, TMA_ROW, HALO_CI
                     folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes,
                     input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages,
                     wgmma_tile, WS_PP_SHAPES, WS_PP_THREADS, WS_TMA_SHAPES, is_pingpong, ws_pp_tile, ws_stages,
-                    ws_threads, ws_tile, ws_tma_tile)
-from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap, emulated, encode
+                    ws_row, ws_threads, ws_tile, ws_tma_tile)
+from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap, emulated, encode, encode_all
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
 from .cost_model import (ConvConfig, FIXUP_FIXED_US, FIXUP_SLICE_US, HBM_BYTES_PER_US, LAUNCH_US, MAX_SPLITS,

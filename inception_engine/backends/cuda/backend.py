@@ -22,7 +22,7 @@ from .device import Gpu, driver, probe
 from .kernels import Kernels, unit_of
 from .launch import Launch, launch_specs, view_ptr
 from .launch_nhwc import check_nhwc, nhwc_fits, nhwc_launch_specs, nhwc_side, tma_map_layout
-from .tensor_maps import encode
+from .tensor_maps import encode_all
 from .params import pack_params
 from .schedule import schedule
 from .tiles import NAN_BITS, NHWC_ELEMS, PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
@@ -193,7 +193,7 @@ class CudaBackend:
                                            max(1, self._gpu.num_sms - self.sm_margin), maps)
             for spec in self.specs:  # the TMA tiles' tensor maps, at the address each takes last
                 if spec.maps:
-                    drv.memcpy_htod(spec.args[-1], np.frombuffer(b"".join(encode(m) for m in spec.maps), np.uint8))
+                    drv.memcpy_htod(spec.args[-1], encode_all(spec.maps))
         else:
             self._in_ptr = view_ptr(self._arena, plan.input)
             self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)

@@ -173,10 +173,8 @@ def tma_maps(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, w: int, elem_b
 
 def tma_map_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[int, dict[str, int]]:
     """(bytes of tensor maps, byte offset of each TMA conv's two): one 256-byte slot per conv on a TMA tile."""
-    offsets = {op.name: 0 for op in plan.conv_ops if (c := configs.get(op.name)) is not None and is_tma(c.tile.prefix)}
-    for i, name in enumerate(offsets):
-        offsets[name] = 2 * MAP_BYTES * i
-    return 2 * MAP_BYTES * len(offsets), offsets
+    names = [op.name for op in plan.conv_ops if (c := configs.get(op.name)) is not None and is_tma(c.tile.prefix)]
+    return 2 * MAP_BYTES * len(names), {name: 2 * MAP_BYTES * i for i, name in enumerate(names)}
 
 
 def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0) -> LaunchSpec:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import ctypes
 import struct
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from functools import cache
+
+import numpy as np
 
 from ...errors import EngineError
 from .device import driver
@@ -81,6 +84,11 @@ def encode(m: TensorMap) -> bytes:
     if rc != 0:
         raise EngineError(f"the CUDA driver refused a tensor map ({m}): CUresult {rc}")
     return bytes((ctypes.c_uint8 * MAP_BYTES).from_address(at))
+
+
+def encode_all(maps: Sequence[TensorMap], encoder: Callable[[TensorMap], bytes] = encode) -> np.ndarray:
+    """A launch's maps one after another (MAP_BYTES each), as the kernel reads them from its last argument."""
+    return np.frombuffer(b"".join(encoder(m) for m in maps), np.uint8)
 
 
 # tests/cuda_emu/wgmma_emu.h's tma::EmuMap: magic, base, kind, elem_bytes, dims[4], strides[3] (bytes), lower[2],

@@ -17,7 +17,7 @@ conv_nhwc.cu's functions of the same names; a change there is a change here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...errors import EngineError
 from ...plan import ConvOp
@@ -137,11 +137,16 @@ TMA_ROW = 128  # bytes of a TMA tile's stage row: 64 k of fp16, 32 of tf32 (conv
 def ws_tma_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     ws = ws_tile(bm, bn, precision)
-    return Tile(bm, bn, TMA_ROW // (2 if precision == "fp16" else 4), 1, ws.macs_per_us, ws.prefix + "_tma", False)
+    return replace(ws, bk=TMA_ROW // (2 if precision == "fp16" else 4), prefix=ws.prefix + "_tma")
 
 
 def is_tma(kernel_or_prefix: str) -> bool:
     return "_ws_tma" in kernel_or_prefix
+
+
+def ws_row(kernel_or_prefix: str) -> int:
+    """Bytes of a warp-specialized tile's stage row (conv_nhwc.cu's ROW): the TMA tiles' TMA_ROW, else 64."""
+    return TMA_ROW if is_tma(kernel_or_prefix) else 64
 
 
 # conv_nhwc.cu's ping-pong TMA tiles (``_ws_tma_pp_``): each of the two consumer warpgroups takes whole tiles in turn,
@@ -154,7 +159,7 @@ WS_PP_THREADS = 384
 def ws_pp_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     tma = ws_tma_tile(bm, bn, precision)
-    return Tile(tma.bm, tma.bn, tma.bk, 1, tma.macs_per_us, tma.prefix + "_pp", False)
+    return replace(tma, prefix=tma.prefix + "_pp")
 
 
 def is_pingpong(kernel_or_prefix: str) -> bool:
@@ -329,7 +334,7 @@ def wgmma_ring_bytes(kernel: str) -> int:
         return 0
     bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
     if is_ws(kernel):
-        row = TMA_ROW if is_tma(kernel) else 64
+        row = ws_row(kernel)
         return ws_stages(bm, bn, row) * ((bm + bn) * row + 16)
     split = kernel.startswith(WGMMA_PREFIX["fp32"])
     return (wgmma_stages(bm, bn, split) + WGMMA_LO_TILES * split) * (bm + bn) * 64
