@@ -150,6 +150,10 @@ class FakeCodec:
     class BackendKind:
         GPU_ONLY = "GPU_ONLY"
 
+    class Backend:
+        def __init__(self, backend_kind: Any):
+            self.backend_kind = backend_kind
+
     class ColorSpec:
         RGB = "RGB"
 
@@ -165,7 +169,7 @@ class FakeCodec:
     class Decoder:
         calls: list[int] = []
 
-        def __init__(self, backend_kinds: Any = None, options: str = ""):
+        def __init__(self, backends: Any = None, options: str = ""):
             assert options == jpeg_decode.DECODER_OPTIONS
 
         @staticmethod

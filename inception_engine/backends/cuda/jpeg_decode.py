@@ -14,7 +14,9 @@ GPU-decoded crops differ from the CPU path only where nvJPEG's IDCT and chroma u
 libjpeg-turbo's: a level or two on some pixels (tests/test_gpu_decode.py measures it). nvImageCodec is asked for
 libjpeg's "fancy" (smooth) chroma upsampling, which Pillow uses, rather than its default of replicating pixels.
 
-nvImageCodec is imported on first use; where it is missing, constructing a decoder raises BackendUnavailable.
+nvImageCodec is imported on first use. Its Python API changed between releases (``CodecApi`` finds what the
+installed one offers by looking at it, not at its version number); where it is missing, or cannot make a decoder,
+``load_nvimgcodec`` and ``GpuJpegDecoder`` raise BackendUnavailable with one line.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 from PIL import Image
 
 from ...errors import BackendUnavailable, EngineError
-from ...images import Preprocess
+from ...images import Preprocess, first_line
 from ...pil_resize import Coeffs, plan_resize_crop
 from .device import driver
 from .kernels import Kernels
@@ -44,6 +46,7 @@ GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_
 # nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
 DECODER_OPTIONS = ":fancy_upsampling=1"
 MISSING = "--decode gpu needs nvidia-nvimgcodec-cu13 (pip install -e '.[gpu-decode]')"
+SUPPORTED = "0.6.1 to 0.9.0"  # the releases run on the GPU machine; pyproject's gpu-decode extra admits these
 
 
 def load_nvimgcodec() -> Any:
@@ -51,9 +54,61 @@ def load_nvimgcodec() -> Any:
     preload_nvjpeg()
     try:
         from nvidia import nvimgcodec
-    except ImportError as e:
-        raise BackendUnavailable(f"{MISSING}: {e}") from None
+    except Exception as e:  # ImportError, or a broken install failing inside its own import (OSError, ...)
+        raise BackendUnavailable(f"{MISSING}: {first_line(e)}") from None
     return nvimgcodec
+
+
+@dataclass(frozen=True)
+class CodecApi:
+    """The parts of an installed nvImageCodec that GpuJpegDecoder uses, in the shape that release has them.
+
+    Three shapes are handled, told apart by what the module holds (a release not seen here works where it keeps
+    one of them):
+    - 0.6: ``ColorSpec.RGB``; ``Decoder`` takes ``backends`` (a list of ``Backend``) or ``backend_kinds``.
+    - 0.7, 0.8: ``ColorSpec.SRGB`` replaces ``RGB``; ``Decoder`` takes only ``backends``; ``decode``'s ``params``
+      and ``cuda_stream`` are keyword-only (always passed so here).
+    - 0.9: as 0.7, and ``DecodeParams`` takes a ``sample_format`` whose default (``I_AUTO_COMPONENTS``) gives a
+      greyscale JPEG one channel: ``I_RGB`` asks for the three that the resize reads.
+    Backends are always given as ``Backend`` objects (or not at all), the one form every shape takes."""
+
+    module: Any
+    version: str
+    rgb: Any  # the ColorSpec member for RGB output
+    interleaved_rgb: Any | None  # SampleFormat.I_RGB where DecodeParams takes a sample format, else None
+
+    @classmethod
+    def of(cls, module: Any) -> CodecApi:
+        version = str(getattr(module, "__version__", "unknown"))
+        missing = [name for name in ("Decoder", "DecodeParams", "CodeStream", "Backend", "BackendKind", "ColorSpec")
+                   if not hasattr(module, name)]
+        spec = getattr(module, "ColorSpec", None)
+        rgb = getattr(spec, "SRGB", None) or getattr(spec, "RGB", None)
+        if missing or rgb is None:
+            what = ", ".join(missing) or "ColorSpec.SRGB or ColorSpec.RGB"
+            raise BackendUnavailable(f"nvImageCodec {version} lacks {what}, which --decode gpu needs; install a "
+                                     f"release this engine was run with ({SUPPORTED})")
+        sample_format = getattr(module, "SampleFormat", None)
+        interleaved = getattr(sample_format, "I_RGB", None) if sample_format is not None else None
+        if interleaved is not None:
+            try:
+                module.DecodeParams(sample_format=interleaved)
+            except TypeError:  # 0.7 and 0.8 have SampleFormat but DecodeParams takes none
+                interleaved = None
+        return cls(module, version, rgb, interleaved)
+
+    def decode_params(self) -> Any:
+        """Orientation as stored (files with EXIF orientation other than 1 go to the CPU path), 8-bit RGB."""
+        kwargs: dict[str, Any] = {"apply_exif_orientation": False, "color_spec": self.rgb, "allow_any_depth": False}
+        if self.interleaved_rgb is not None:
+            kwargs["sample_format"] = self.interleaved_rgb
+        return self.module.DecodeParams(**kwargs)
+
+    def decoder(self, backends: Sequence[str] | None, options: str) -> Any:
+        kwargs: dict[str, Any] = {"options": options}
+        if backends is not None:
+            kwargs["backends"] = [self.module.Backend(getattr(self.module.BackendKind, b)) for b in backends]
+        return self.module.Decoder(**kwargs)
 
 
 def preload_nvjpeg() -> None:
@@ -359,13 +414,15 @@ class GpuJpegDecoder:
 
     def __init__(self, kernels: Kernels, pre: Preprocess, max_batch: int, *,
                  backends: Sequence[str] | None = None):
-        nvimgcodec = load_nvimgcodec()
-        kinds = None if backends is None else [getattr(nvimgcodec.BackendKind, b) for b in backends]
-        self._codec = nvimgcodec
-        self._decoder = nvimgcodec.Decoder(backend_kinds=kinds, options=DECODER_OPTIONS)
-        # Orientation stays as stored: files with EXIF orientation other than 1 go to the CPU path.
-        self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.RGB,
-                                               allow_any_depth=False)
+        api = CodecApi.of(load_nvimgcodec())
+        try:
+            self._decoder = api.decoder(backends, DECODER_OPTIONS)
+            self._params = api.decode_params()
+        except Exception as e:  # whatever the library raises (TypeError for a signature, RuntimeError, ...)
+            raise BackendUnavailable(f"nvImageCodec {api.version} could not make a JPEG decoder "
+                                     f"({type(e).__name__}: {first_line(e)}); use --decode cpu, or install "
+                                     f"nvImageCodec {SUPPORTED}") from None
+        self._codec = api.module
         self.pre, self.max_batch = pre, max_batch
         self._resize = GpuResizeCrop(kernels, pre)
         self._decoded: list[Any] = []  # the last batch's nvImageCodec images, alive until its resize has run

@@ -56,7 +56,9 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 class CudaRunner:
     depth = 2
 
-    def __init__(self, backend: CudaBackend, pre: Preprocess):
+    def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False):
+        """gpu_decode: make the backend's JPEG decoder now (for submit_encoded), so that a decoder that cannot be
+        made stops the run before its first image rather than at its first batch."""
         drv = driver()
         plan = backend.plan
         self.classes = plan.output.channels
@@ -87,6 +89,13 @@ class CudaRunner:
             self._copied = [drv.Event(flags) for _ in range(2)]
             self._normalized = [drv.Event(flags) for _ in range(2)]
             self._done = [drv.Event(flags) for _ in range(2)]
+        if gpu_decode:
+            try:
+                with backend.gpu:
+                    self._decoder = backend.jpeg_decoder(pre)
+            except BaseException:
+                self.close()
+                raise
 
     def _alloc(self, nbytes: int) -> int:
         a = driver().mem_alloc(max(nbytes, 4))
