@@ -148,6 +148,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                     worker_kind=worker_kind, decode=decode) as engine:
             for note in engine.notes:
                 click.echo(f"note: {note}", err=True)
+            engine.on_note = lambda note: click.echo(f"note: {note}", err=True)
             batch_size = engine.batch_size
             sink = (FileSink(out, batch_size) if out is not None else
                     JsonSink(str(engine.weights.path), engine.backend_name) if as_json else TextSink())

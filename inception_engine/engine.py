@@ -39,9 +39,18 @@ DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 64, 8  # batch_size=None
 # auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against
 # float64, docs/PERFORMANCE.md), float32 elsewhere.
 AUTO_PRECISION = "tf32"
-# A run of fewer batches than this takes the cached tuning or the cost model's kernels instead of measuring every
-# conv first (seconds, which a run of a few batches would never win back).
-TUNE_MIN_BATCHES = 100
+# A run never stops to measure kernels unless that costs at most TUNE_BUDGET of its expected time: it takes this
+# machine's tuning cache, else the package's table for its GPU model, else the cost model's kernels (and says so
+# once). Measuring one precision and batch size takes ~15-25 s on an H100, and a run at a planning rate of 5,000
+# images/s reaches the budget past ~3 million images; inception-tune measures ahead of time instead.
+TUNE_BUDGET = 0.03
+TUNE_SECONDS = 20.0
+PLANNING_RATE = 5000.0  # images/s, a --decode gpu run's order of magnitude: a guess on the safe side
+
+
+def measures_in_run(n_images: int) -> bool:
+    """Whether a run of n_images may measure its kernels within TUNE_BUDGET of its expected time."""
+    return n_images / PLANNING_RATE * TUNE_BUDGET >= TUNE_SECONDS
 
 
 def load(weights: str | os.PathLike | Weights | None) -> Weights:
@@ -85,6 +94,8 @@ class Engine:
         if workers is not None and workers < 1:
             raise EngineError(f"workers must be at least 1, got {workers}")
         self.notes: list[str] = []  # fallbacks taken, one line each (the CLI prints them on stderr)
+        # called with each note as it is taken, also those taken after construction (the CLI: print on stderr)
+        self.on_note: Callable[[str], None] | None = None
         self.weights = load(weights)
         self.backend_name = backend
         if backend == "auto":  # backends.resolve's choice, with its reason kept for the note
@@ -119,6 +130,12 @@ class Engine:
                               f"{', '.join(have)}); choose one of those or --backend cuda")
         self.notes.append(f"{precision} needs the GPU; the {self.backend_name} backend computes in fp32")
         return "fp32"
+
+    def _note_once(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
+            if self.on_note is not None:
+                self.on_note(note)
 
     def __enter__(self) -> Engine:
         return self
@@ -167,11 +184,16 @@ class Engine:
     def runner(self, n_images: int) -> Runner:
         """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs."""
         batch = max(1, min(self.batch_size, n_images))
-        tune: bool | str = True if n_images >= TUNE_MIN_BATCHES * batch else "cached"
+        tune: bool | str = True if measures_in_run(n_images) else "cached"
         if self.backend_name == "cuda":
             from .backends.cuda.stream import CudaRunner
 
-            return CudaRunner(self.backend(batch, tune), self.preprocess)
+            backend = self.backend(batch, tune)
+            if getattr(backend, "tuning_source", None) == "model":
+                self._note_once(f"no tuning table for {backend.gpu.device.name()} ({self.precision}, batch {batch}):"
+                                f" running the cost model's kernels; `inception-tune --precisions {self.precision} "
+                                f"--batch-sizes {batch}` measures the fastest once (~20 s)")
+            return CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu")
         return HostRunner(self.forward, batch, self.preprocess)
 
     def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,8 @@ from .tensor_maps import encode_all
 from .params import pack_params
 from .schedule import schedule
 from .tiles import NAN_BITS, NHWC_ELEMS, PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
-from .tuning import config_from_json, config_to_json, pick_fastest, tuning_cache_dir, tuning_candidates, tuning_key
+from .tuning import (config_from_json, config_to_json, pick_fastest, shape_key, table_configs, tuning_cache_dir,
+                     tuning_candidates, tuning_key)
 from .workspace import counter_layout, workspace_layout
 
 
@@ -45,7 +47,8 @@ class CudaBackend:
                  concurrent: bool | None = None, fixup: bool = False, precision: str = "fp32",
                  winograd: bool | None = True, tiles: tuple[Tile, ...] | None = None, tune: bool | str = False,
                  configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None,
-                 fuse: bool | None = None, sm_margin: int = 0):
+                 fuse: bool | None = None, sm_margin: int = 0,
+                 tune_progress: Callable[[int, int], None] | None = None):
         """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
         branches of each Inception module on several streams (``schedule``); default: with the graph only, where
         the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
@@ -60,8 +63,10 @@ class CudaBackend:
         3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
         1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
-        (``tune_configs``: a few seconds the first time, then from the cache); "cached": the cache's configs where
-        this GPU and plan have been tuned, else the cost model's (no measuring). configs: use exactly these.
+        (``tune_configs``: from the tuning cache or the package's table for this GPU, else measured now, seconds);
+        "cached": the cache's or the table's configs, else the cost model's (no measuring); "fresh": measured now
+        whatever the cache or table hold (inception-tune), ``tune_progress(done, total)`` after each candidate.
+        configs: use exactly these.
         nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
         or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
         Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
@@ -107,10 +112,14 @@ class CudaBackend:
         if plan.arena_elems >= 2**31:
             raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
                               f"use a smaller batch")
+        # where the convs' configs come from: "given", "measured" now, the tuning "cache", the shipped "table", or
+        # the cost "model"
+        self.tuning_source = "given" if configs is not None else "model"
         if tune and configs is None:
-            configs = tune_configs(weights, plan, precision, fixup, winograd, device, nhwc=nhwc,
-                                   measure=tune != "cached")
-        # measured configs (tuned now or read from the tuning cache): what a request to tune would get as well
+            configs, self.tuning_source = tune_configs(weights, plan, precision, fixup, winograd, device, nhwc=nhwc,
+                                                       measure=tune != "cached", fresh=tune == "fresh",
+                                                       progress=tune_progress)
+        # measured configs (tuned now, read from the tuning cache or the shipped table): what tuning would give too
         self.tuned = bool(tune) and configs is not None
         self._given_configs = configs
         drv = driver()
@@ -408,30 +417,43 @@ def time_convs(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | Non
 
 
 def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: bool = False,
-                 winograd: bool | None = True, device: int = 0, iters: int = 10,
-                 nhwc: bool = False, measure: bool = True) -> dict[str, ConvConfig | None] | None:
-    """The configs of a forward with each conv's measured fastest candidate (``tuning_candidates``: every direct
-    tile, and Winograd unless winograd is False), each conv timed in place with CudaBackend.time_layers (median of
-    ``iters``) in one eager backend per candidate set. Cached per GPU, kernel build, conv shapes and mode as JSON in
-    ``tuning_cache_dir()``, so only the first backend of a kind pays for it. measure=False: the cached configs or
-    None (the caller then takes the cost model's)."""
+                 winograd: bool | None = True, device: int = 0, iters: int = 10, nhwc: bool = False,
+                 measure: bool = True, progress: Callable[[int, int], None] | None = None, fresh: bool = False
+                 ) -> tuple[dict[str, ConvConfig | None] | None, str]:
+    """The configs of a forward with each conv's measured fastest candidate, and where they came from.
+
+    In order: this machine's tuning cache ("cache": JSON per GPU, kernel build, conv shapes and mode in
+    ``tuning_cache_dir()``), the package's table for this GPU model ("table"), and, where ``measure``, a measurement
+    ("measured", then cached): every candidate of ``tuning_candidates`` (each direct tile, and Winograd unless
+    winograd is False), each conv timed in place with CudaBackend.time_layers (median of ``iters``), one eager
+    backend per candidate set, ``progress(done, total)`` after each. Otherwise (None, "model"): the caller takes the
+    cost model's configs. fresh: measure whatever the cache and the table hold."""
     gpu = Gpu(device)
     try:
-        key = tuning_key(gpu.device.name(), gpu.arch, gpu.num_sms, plan, precision, fixup, winograd, nhwc)
-        num_sms, wgmma = gpu.num_sms, cuda_build.has_wgmma(gpu.arch)
+        name, arch, num_sms = gpu.device.name(), gpu.arch, gpu.num_sms
     finally:
         gpu.release()
+    key = tuning_key(name, arch, num_sms, plan, precision, fixup, winograd, nhwc)
     path = tuning_cache_dir() / f"{key}.json"
-    try:
-        return {name: config_from_json(d) for name, d in json.loads(path.read_text()).items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not tuned yet, or a damaged file: tune again
+    if not fresh:
+        try:
+            return {name: config_from_json(d) for name, d in json.loads(path.read_text()).items()}, "cache"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not tuned yet, or a damaged file
+        shipped = table_configs(name, arch, num_sms, shape_key(plan, precision, fixup, winograd, nhwc))
+        if shipped is not None:
+            return shipped, "table"
     if not measure:
-        return None
+        return None, "model"
+    wgmma = cuda_build.has_wgmma(arch)
     sets = tuning_candidates(plan, num_sms, fixup, precision, winograd, nhwc, wgmma)
-    times = [time_convs(weights, plan, configs, precision, fixup, device, iters, nhwc) for configs in sets]
+    times = []
+    for configs in sets:
+        times.append(time_convs(weights, plan, configs, precision, fixup, device, iters, nhwc))
+        if progress is not None:
+            progress(len(times), len(sets))
     best = pick_fastest(choose_configs(plan, num_sms, fixup, precision, winograd, nhwc=nhwc, wgmma=wgmma), sets,
                         times)
     saved = {name: config_to_json(c) for name, c in best.items()}
     atomic_write(path, lambda f: f.write(json.dumps(saved, indent=1).encode()))
-    return {name: config_from_json(d) for name, d in saved.items()}  # as a later run reads them back
+    return {name: config_from_json(d) for name, d in saved.items()}, "measured"  # as a later run reads them back

@@ -1,11 +1,20 @@
 """Measured tuning, the half that needs no GPU: the candidate config sets that ``backend.tune_configs`` times (one
-whole forward per tile, and one with Winograd), picking each conv's fastest (``pick_fastest``), and the on-disk cache
-(``tuning_key``, JSON in ``tuning_cache_dir()``). The timing runs a ``CudaBackend``, so it lives in backend.py."""
+whole forward per tile, and one with Winograd), picking each conv's fastest (``pick_fastest``), the on-disk cache
+(``tuning_key``, JSON in ``tuning_cache_dir()``) and the tuning tables shipped in the package.
+
+A tuning table (``inception_engine/data/tuning/<gpu>.json``) holds the measured configs of one GPU model for every
+precision and the batch sizes that inception-run and inception-bench use, so that a first run on that GPU starts on
+measured kernels without measuring anything. Its entries are keyed by ``shape_key`` (the conv shapes and the mode,
+not the kernels' build): a table stays valid across kernel edits that keep the tiles' names, and an entry naming a
+tile that no longer exists is skipped. ``inception-tune --table FILE`` regenerates one. The timing runs a
+``CudaBackend``, so it lives in backend.py."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +65,65 @@ def config_from_json(d: dict[str, Any] | None) -> ConvConfig | None:
     return ConvConfig(tiles[d["prefix"], d["tile"]], int(d["splits"]), int(d["k_split"]), 0.0, int(d["wino"]))
 
 
-def tuning_key(device_name: str, arch: str, num_sms: int, plan: Plan, precision: str, fixup: bool,
-               winograd: bool | None, nhwc: bool = False) -> str:
-    """What a tuned config set depends on: the GPU, the kernels' build, the conv shapes, the mode."""
+def shape_key(plan: Plan, precision: str, fixup: bool, winograd: bool | None, nhwc: bool = False) -> str:
+    """What a tuned config set depends on apart from the GPU and the kernels' build: the conv shapes, the mode."""
     ops = [(op.name, op.kernel, op.stride, op.pad, op.src.dims, op.dst.dims, op.max_pool) for op in plan.conv_ops]
-    what = [device_name, arch, num_sms, cuda_build.build_key(arch), precision, fixup, winograd is not False, ops]
+    what = [precision, fixup, winograd is not False, ops]
     if nhwc:
         what.append("nhwc")
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
+
+def tuning_key(device_name: str, arch: str, num_sms: int, plan: Plan, precision: str, fixup: bool,
+               winograd: bool | None, nhwc: bool = False) -> str:
+    """The tuning cache's key: the GPU, the kernels' build, and ``shape_key``."""
+    what = [device_name, arch, num_sms, cuda_build.build_key(arch), shape_key(plan, precision, fixup, winograd, nhwc)]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
+
+
+def table_name(device_name: str) -> str:
+    """A GPU model's table file name: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3.json"."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ".json"
+
+
+def shipped_table_dir() -> Path:
+    return Path(str(resources.files("inception_engine.data"))) / "tuning"
+
+
+def read_table(path: Path) -> dict[str, Any]:
+    """A tuning table's JSON, or an empty one where there is none (or it cannot be read)."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) and isinstance(table.get("entries"), dict) else {}
+
+
+def table_configs(device_name: str, arch: str, num_sms: int, key: str,
+                  table_dir: Path | None = None) -> dict[str, ConvConfig | None] | None:
+    """The shipped table's configs for this GPU model and ``shape_key``, or None: no table, no entry, or an entry
+    made for another chip of the same name (SM count, architecture) or naming a tile this build lacks."""
+    table = read_table((table_dir or shipped_table_dir()) / table_name(device_name))
+    entry = table.get("entries", {}).get(key) if table.get("num_sms") == num_sms and table.get("arch") == arch else None
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return {name: config_from_json(d) for name, d in entry["configs"].items()}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def add_to_table(path: Path, device_name: str, arch: str, num_sms: int, key: str, precision: str, batch: int,
+                 configs: dict[str, ConvConfig | None], command: str) -> dict[str, Any]:
+    """The table at ``path`` (new, or for this GPU) with this entry added; the caller writes it."""
+    table = read_table(path)
+    if table.get("device") != device_name or table.get("num_sms") != num_sms or table.get("arch") != arch:
+        table = {"device": device_name, "arch": arch, "num_sms": num_sms, "entries": {}}
+    table["command"] = command
+    table["entries"][key] = {"precision": precision, "batch": batch,
+                             "configs": {name: config_to_json(c) for name, c in configs.items()}}
+    table["entries"] = dict(sorted(table["entries"].items(), key=lambda kv: (kv[1]["precision"], kv[1]["batch"])))
+    return table
 
 
 
