@@ -406,51 +406,128 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
     """Predictions for image files decoded by the runner (on the GPU), in order.
 
-    The files are read on this thread, a batch at a time, while the GPU works on the batches before. Reader threads
-    were slower (H100 machine: 2,883 against 3,436 images/s): nvImageCodec's decode takes the GIL back for every
-    image, and each time it waited for whichever reader held it (docs/PERFORMANCE.md, change 9)."""
+    Where the runner decodes and classifies in two steps (``decode``, ``classify``: the cuda runner), one thread
+    reads each batch of files and decodes it while this thread starts the forwards and hands out the results, so the
+    host never waits for the decoder and the forward one after the other. That thread is the only other Python
+    thread: nvImageCodec takes the GIL back once per image and waits for whoever holds it, so nothing else may
+    hold it long (this thread's work per batch is short, and the switch interval is cut to DECODE_SWITCH_INTERVAL
+    for the run). Other runners read and decode on this thread, a batch at a time."""
     if any(isinstance(s, Image.Image) for s in sources):
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
+    threaded = DECODE_THREAD and hasattr(runner, "decode") and hasattr(runner, "classify")
     try:
-        yield from _stream_encoded(sources, runner, top_k)
+        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k)
     finally:
         runner.close()
+
+
+# --decode gpu's files are read and decoded on a thread of their own (classify_encoded); False: on the caller's
+DECODE_THREAD = True
+DECODE_SWITCH_INTERVAL = 0.0005  # seconds: how long a Python thread may keep the GIL from the decode thread
+
+
+def read_batch(sources: Sequence[ImageSource], first: int, end: int
+               ) -> tuple[list[int], list[tuple[str, bytes]], dict[int, Prediction]]:
+    """Files first .. end - 1 read: the readable ones' seqs and (name, bytes), the others' error predictions."""
+    seqs, items, failed = [], [], {}
+    for seq in range(first, end):
+        data, error = read_file(sources[seq])  # type: ignore[arg-type]  # PIL images were refused
+        if data is None:
+            failed[seq] = Prediction(source_name(seq, sources[seq]), error=error)
+        else:
+            seqs.append(seq)
+            items.append((source_name(seq, sources[seq]), data))
+    return seqs, items, failed
+
+
+class _Results:
+    """The in-order end of an encoded stream: the runner's tickets outstanding, finished predictions by seq."""
+
+    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner):
+        self.sources, self.runner = sources, runner
+        self.in_flight: deque[tuple[list[int], Any]] = deque()
+        self.done: dict[int, Prediction] = {}
+        self.next_yield = 0
+
+    def make_room(self) -> None:
+        """Before a batch is submitted: at most ``runner.depth`` tickets outstanding, since a new one reuses the
+        oldest one's result buffers."""
+        if len(self.in_flight) == self.runner.depth:
+            self.collect_oldest()
+
+    def add(self, seqs: list[int], ticket: Any) -> None:
+        self.in_flight.append((seqs, ticket))
+
+    def collect_oldest(self) -> None:
+        seqs, ticket = self.in_flight.popleft()
+        for seq, out in zip(seqs, self.runner.result(ticket)):
+            name = source_name(seq, self.sources[seq])
+            self.done[seq] = (Prediction(name, error=out) if isinstance(out, str) else
+                              Prediction(name, top=labelled(out)))
+
+    def finished(self) -> Iterator[Prediction]:
+        while self.next_yield in self.done:
+            yield self.done.pop(self.next_yield)
+            self.next_yield += 1
+
+    def drain(self) -> Iterator[Prediction]:
+        while self.in_flight:
+            self.collect_oldest()
+            yield from self.finished()
+        yield from self.finished()
 
 
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
     """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
     results of ``runner.depth`` batches outstanding, yielded in order as they come."""
-    n, batch = len(sources), runner.batch
-    in_flight: deque[tuple[list[int], Any]] = deque()
-    done: dict[int, Prediction] = {}
-    next_yield = 0
-
-    def collect_oldest() -> None:
-        seqs, ticket = in_flight.popleft()
-        for seq, out in zip(seqs, runner.result(ticket)):
-            name = source_name(seq, sources[seq])
-            done[seq] = Prediction(name, error=out) if isinstance(out, str) else Prediction(name, top=labelled(out))
-
-    def finished() -> Iterator[Prediction]:
-        nonlocal next_yield
-        while next_yield in done:
-            yield done.pop(next_yield)
-            next_yield += 1
-
-    for first in range(0, n, batch):
-        items: list[tuple[int, bytes]] = []
-        for seq in range(first, min(first + batch, n)):
-            data, error = read_file(sources[seq])  # type: ignore[arg-type]  # PIL images were refused
-            if data is None:
-                done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
-            else:
-                items.append((seq, data))
+    results = _Results(sources, runner)
+    for first in range(0, len(sources), runner.batch):
+        seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
+        results.done.update(failed)
         if items:
-            if len(in_flight) == runner.depth:
-                collect_oldest()
-            batch_items = [(source_name(seq, sources[seq]), data) for seq, data in items]
-            in_flight.append(([seq for seq, _ in items], runner.submit_encoded(batch_items, top_k)))
-        yield from finished()
-    while in_flight:
-        collect_oldest()
-        yield from finished()
+            results.make_room()
+            results.add(seqs, runner.submit_encoded(items, top_k))
+        yield from results.finished()
+    yield from results.drain()
+
+
+def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: int) -> Iterator[Prediction]:
+    """_stream_encoded with the reading and decoding on a thread of its own (classify_encoded)."""
+    import queue
+    import threading
+
+    decoded: queue.Queue[Any] = queue.Queue()  # (seqs, failed, runner.decode's batch or None), an error, or None
+    stop = threading.Event()
+
+    def decode_all() -> None:
+        try:
+            for first in range(0, len(sources), runner.batch):
+                if stop.is_set():
+                    return
+                seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
+                decoded.put((seqs, failed, runner.decode(items) if items else None))
+            decoded.put(None)
+        except BaseException as e:  # handed to the consuming thread, which raises it there
+            decoded.put(e)
+
+    results = _Results(sources, runner)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(DECODE_SWITCH_INTERVAL)
+    thread = threading.Thread(target=decode_all, name="gpu-decode", daemon=True)
+    thread.start()
+    try:
+        while (got := decoded.get()) is not None:
+            if isinstance(got, BaseException):
+                raise got
+            seqs, failed, batch = got
+            results.done.update(failed)
+            if batch is not None:
+                results.make_room()
+                results.add(seqs, runner.classify(batch, top_k))
+            yield from results.finished()
+        yield from results.drain()
+    finally:
+        stop.set()
+        runner.cancel_decode()  # a decode waiting for a buffer gives up
+        thread.join()
+        sys.setswitchinterval(interval)

@@ -247,15 +247,107 @@ class EchoRunner:
     """An EncodedRunner that 'classifies' each file as (its length, 1.0): the stream's order and errors show."""
 
     batch, depth = 2, 2
+    outstanding = 0  # tickets not yet collected: a real runner's result buffers hold ``depth`` of them
 
     def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> list:
+        self.start_ticket()
         return [[(len(data), 1.0)] for _, data in items]
 
+    def start_ticket(self) -> None:
+        assert self.outstanding < self.depth, "a batch submitted over the result buffers of one not yet collected"
+        self.outstanding += 1
+
     def result(self, ticket: list) -> list:
+        self.outstanding -= 1
         return ticket
 
     def close(self) -> None:
         pass
+
+
+class TwoStepRunner(EchoRunner):
+    """EchoRunner in the cuda runner's two steps: ``decode`` on the decode thread (``buffers`` of them, blocking
+    while none is free), ``classify`` on the consuming one; records which thread did what."""
+
+    def __init__(self, buffers: int = 3, fail_at: int | None = None):
+        import queue
+        import threading
+
+        self.free: queue.Queue = queue.Queue()
+        for i in range(buffers):
+            self.free.put(i)
+        self.fail_at, self.decoded, self.threads = fail_at, 0, {"decode": set(), "classify": set()}
+        self.main = threading.get_ident()
+        self.closed = False
+
+    def decode(self, items: list[tuple[str, bytes]]) -> tuple[int, list]:
+        import threading
+
+        self.threads["decode"].add(threading.get_ident())
+        if self.decoded == self.fail_at:
+            raise RuntimeError("decoder exploded")
+        buffer = self.free.get()
+        if buffer is None:
+            raise pipeline_cancelled()
+        self.decoded += 1
+        return buffer, [[(len(data), 1.0)] for _, data in items]
+
+    def classify(self, batch: tuple[int, list], top_k: int) -> list:
+        import threading
+
+        self.threads["classify"].add(threading.get_ident())
+        self.start_ticket()
+        self.free.put(batch[0])
+        return batch[1]
+
+    def cancel_decode(self) -> None:
+        self.free.put(None)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def pipeline_cancelled() -> Exception:
+    from inception_engine.backends.cuda.stream import DecodeCancelled
+
+    return DecodeCancelled()
+
+
+def jpeg_names(tmp_path, n: int) -> list:
+    paths = []
+    for i in range(n):
+        (tmp_path / f"{i:03d}.jpg").write_bytes(b"x" * (i + 1))
+        paths.append(tmp_path / f"{i:03d}.jpg")
+    return paths
+
+
+def test_decoding_thread_keeps_order_and_errors_and_classifies_on_the_callers_thread(tmp_path):
+    import threading
+
+    paths = jpeg_names(tmp_path, 11)
+    paths.insert(4, tmp_path / "missing.jpg")
+    runner = TwoStepRunner(buffers=1)  # one buffer: the decoder waits for every classify
+    preds = list(pipeline.classify_encoded(paths, runner, 1))
+    assert [p.image for p in preds] == [str(p) for p in paths]
+    assert [p.top[0][0] if p.ok else None for p in preds] == [
+        int(p.name[:3]) + 1 if p.name != "missing.jpg" else None for p in paths]
+    assert runner.threads["classify"] == {threading.get_ident()}
+    assert runner.threads["decode"] and threading.get_ident() not in runner.threads["decode"]
+    assert runner.closed and threading.active_count() == 1
+
+
+def test_decoding_thread_error_reaches_the_caller_and_an_early_stop_ends_the_thread(tmp_path):
+    import threading
+
+    runner = TwoStepRunner(fail_at=2)
+    with pytest.raises(RuntimeError, match="decoder exploded"):
+        list(pipeline.classify_encoded(jpeg_names(tmp_path, 9), runner, 1))
+    assert runner.closed and threading.active_count() == 1
+    runner = TwoStepRunner(buffers=1)
+    stream = pipeline.classify_encoded(jpeg_names(tmp_path, 9), runner, 1)
+    next(stream)  # the decoder now waits for a buffer that this consumer will never free
+    stream.close()
+    assert runner.closed and threading.active_count() == 1
 
 
 def test_encoded_stream_reads_in_order_with_errors_in_place(tmp_path):

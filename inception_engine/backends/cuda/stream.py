@@ -18,6 +18,7 @@ forward of a few milliseconds instead of a second plan, tuning and graph.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,22 @@ from .device import driver
 from .tiles import THREADS
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
+
+
+DECODE_BUFFERS = 3  # u8 batches for --decode gpu: two in the forward's hands (depth) and one being decoded
+
+
+class DecodeCancelled(Exception):
+    """``decode`` was waiting for a free buffer when the run ended."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A batch decoded into u8 buffer ``buffer`` on the copy stream (``copied`` recorded after it)."""
+
+    buffer: int
+    images: int
+    errors: list[str | None]
 
 
 @dataclass(frozen=True)
@@ -56,9 +73,10 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 class CudaRunner:
     depth = 2
 
-    def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False):
+    def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False, decode_threads: int = 0):
         """gpu_decode: make the backend's JPEG decoder now (for submit_encoded), so that a decoder that cannot be
-        made stops the run before its first image rather than at its first batch."""
+        made stops the run before its first image rather than at its first batch; with decode_threads host threads
+        (0: one per CPU)."""
         drv = driver()
         plan = backend.plan
         self.classes = plan.output.channels
@@ -70,13 +88,14 @@ class CudaRunner:
         self._image_bytes = pre.size * pre.size * 3
         self._ring: np.ndarray | None = None
         self._decoder: Any = None  # the backend's jpeg_decode.GpuJpegDecoder, from the first submit_encoded
+        self._decode_threads = decode_threads
         self._turn = 0
         self._allocs: list[Any] = []
         with backend.gpu:
             kernels = backend.kernels
             self._normalize = kernels["normalize_u8_nchw"]
             self._topk = kernels["softmax_topk_rows"]
-            self._u8 = [self._alloc(self.batch * self._image_bytes) for _ in range(2)]
+            self._u8 = [self._alloc(self.batch * self._image_bytes) for _ in range(DECODE_BUFFERS)]
             self._prob = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
             self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
             self._mean_std = self._alloc(6 * 4)
@@ -86,13 +105,19 @@ class CudaRunner:
             self._index_host = [drv.pagelocked_empty(self.batch * self.classes, np.int32) for _ in range(2)]
             self._copy = drv.Stream(1)
             flags = drv.event_flags.DISABLE_TIMING
-            self._copied = [drv.Event(flags) for _ in range(2)]
-            self._normalized = [drv.Event(flags) for _ in range(2)]
+            self._copied = [drv.Event(flags) for _ in range(DECODE_BUFFERS)]
+            self._normalized = [drv.Event(flags) for _ in range(DECODE_BUFFERS)]
             self._done = [drv.Event(flags) for _ in range(2)]
+            # --decode gpu: buffers free for the next decode; a buffer returns once its normalize is enqueued, so
+            # the copy stream's wait for its normalized event always finds that event recorded
+            self._free_buffers: queue.Queue[int | None] = queue.Queue()
+            for i in range(DECODE_BUFFERS):
+                self._free_buffers.put(i)
+            self._used_buffers: set[int] = set()
         if gpu_decode:
             try:
                 with backend.gpu:
-                    self._decoder = backend.jpeg_decoder(pre)
+                    self._decoder = backend.jpeg_decoder(pre, decode_threads)
             except BaseException:
                 self.close()
                 raise
@@ -122,18 +147,41 @@ class CudaRunner:
 
     def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> Ticket:
         """Classify these files (path, bytes): JPEGs decoded and resized on the GPU (jpeg_decode), the rest on the
-        host; a file that cannot be read gets its error in the result."""
-        self._check(len(items), top_k)
-        k = self._next_turn()
+        host; a file that cannot be read gets its error in the result. ``decode`` then ``classify``."""
+        return self.classify(self.decode(items), top_k)
+
+    def decode(self, items: list[tuple[str, bytes]]) -> Decoded:
+        """Decode these files into a free u8 buffer on the copy stream. May run on a thread of its own beside the
+        one that calls ``classify`` (pipeline.classify_encoded): it blocks only while every buffer is in use, and
+        raises DecodeCancelled if ``cancel_decode`` is called meanwhile."""
+        if not 1 <= len(items) <= self.batch:
+            raise ValueError(f"{len(items)} images: outside this runner's batch of {self.batch}")
+        i = self._free_buffers.get()
+        if i is None:
+            raise DecodeCancelled()
         with self.backend.gpu:
             if self._decoder is None:
-                self._decoder = self.backend.jpeg_decoder(self.pre)
-            if self._turn > 2:
-                self._copy.wait_for_event(self._normalized[k])
-            errors = self._decoder.decode_into(items, self._u8[k], self._copy,
+                self._decoder = self.backend.jpeg_decoder(self.pre, self._decode_threads)
+            if i in self._used_buffers:  # the buffer's last batch must be normalised before it is overwritten
+                self._copy.wait_for_event(self._normalized[i])
+            self._used_buffers.add(i)
+            errors = self._decoder.decode_into(items, self._u8[i], self._copy,
                                                lambda path, data: decode_u8_bytes(data, path, self.pre))
-            self._classify(k, len(items), top_k)
-        return Ticket(k, len(items), top_k, errors)
+            self._copied[i].record(self._copy)
+        return Decoded(i, len(items), errors)
+
+    def cancel_decode(self) -> None:
+        """Wakes a ``decode`` waiting for a buffer (the run is over): it raises DecodeCancelled."""
+        self._free_buffers.put(None)
+
+    def classify(self, decoded: Decoded, top_k: int) -> Ticket:
+        """Normalise, forward and top-k a decoded batch, on the compute stream; its buffer is free again after."""
+        self._check(decoded.images, top_k)
+        k = self._next_turn()
+        with self.backend.gpu:
+            self._classify(k, decoded.images, top_k, decoded.buffer)
+        self._free_buffers.put(decoded.buffer)
+        return Ticket(k, decoded.images, top_k, decoded.errors)
 
     def _check(self, n: int, top_k: int) -> None:
         if not 1 <= n <= self.batch or not 1 <= top_k <= self.classes:
@@ -143,15 +191,19 @@ class CudaRunner:
         self._turn += 1
         return (self._turn - 1) % 2
 
-    def _classify(self, k: int, n: int, top_k: int) -> None:
-        """After u8[k]'s copy or decode was enqueued on the copy stream: normalise, forward, top-k, copy back."""
+    def _classify(self, k: int, n: int, top_k: int, buffer: int | None = None) -> None:
+        """After u8[buffer]'s copy or decode was enqueued on the copy stream and its ``copied`` event recorded (by
+        ``decode``; here for the host-decoded path, whose buffer is k): normalise, forward, top-k into turn k's
+        buffers, copy back."""
         drv, b = driver(), self.backend
         hw = self.pre.size * self.pre.size
-        self._copied[k].record(self._copy)
-        b.stream.wait_for_event(self._copied[k])
+        if buffer is None:
+            buffer = k
+            self._copied[k].record(self._copy)
+        b.stream.wait_for_event(self._copied[buffer])
         self._normalize.prepared_async_call(((hw + THREADS - 1) // THREADS, self.batch, 1), (THREADS, 1, 1),
-                                            b.stream, self._u8[k], b.input_ptr, self._mean_std, hw, 3 * hw)
-        self._normalized[k].record(b.stream)
+                                            b.stream, self._u8[buffer], b.input_ptr, self._mean_std, hw, 3 * hw)
+        self._normalized[buffer].record(b.stream)
         b.replay()
         self._topk.prepared_async_call((n, 1, 1), (TOPK_N, 1, 1), b.stream, b.output_ptr, self._prob[k],
                                        self._index[k], self.classes, self.classes, top_k)
