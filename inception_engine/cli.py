@@ -121,7 +121,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
             resume: bool, as_json: bool, ray_address: str | None, gpus: int | None) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
-    from .engine import Engine
+    from .engine import DEFAULT_BATCH_GPU, Engine
 
     if ray_address is not None:
         from .ray_data import run_on_ray
@@ -138,12 +138,18 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         raise EngineError("--json prints to the terminal and --output writes a file; choose one")
     inputs = expand_inputs(images)
     out = ResultFile(output_path, top_k, resume) if output_path else None
+    on_gpus = None
     try:
         if out is not None and out.done:
             before = len(inputs)
             inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
             click.echo(f"resume: {before - len(inputs)} of {before} images are in {out.path} already", err=True)
         todo = [path for path, err in inputs if err is None]
+        progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
+        # --gpus N: the workers start now and set up while this process loads its own engine
+        on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size or DEFAULT_BATCH_GPU,
+                                   precision, workers, worker_kind, lambda n: progress[0](n) if progress else None,
+                                   decode) if gpus and gpus > 1 else None)
         with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                     worker_kind=worker_kind, decode=decode) as engine:
             for note in engine.notes:
@@ -156,14 +162,15 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             t0 = time.perf_counter()
             with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
                       dynamic_ncols=True) as bar:
-                preds = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
-                                         worker_kind, bar.update, decode) if gpus and gpus > 1 else
-                         engine.predict_iter(todo, top_k, on_progress=bar.update))
+                progress.append(bar.update)
+                preds = on_gpus if on_gpus is not None else engine.predict_iter(todo, top_k, on_progress=bar.update)
                 try:
                     total, failed = write_results(inputs, preds, sink, out.path if out is not None else None)
                 finally:  # the decode processes and GPU workers end now, not when the generator is collected
                     preds.close()  # type: ignore[attr-defined]  # both are generators
     finally:
+        if on_gpus is not None:  # the workers end, whatever stopped this run (they may not have been read at all)
+            on_gpus.close()
         if out is not None:
             out.close()
     if out is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import native_build
 from .errors import BackendUnavailable
-from .weights import user_cache_dir
+from .paths import user_cache_dir
 
 SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu",
            "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "pipeline_io.cu", "resize_pil.cu")
@@ -117,6 +117,9 @@ def build(arch: str, units: Iterable[str] | None = None) -> dict[str, Path]:
         raise BackendUnavailable(f"nvcc (the CUDA compiler) is not on PATH and the kernels for {arch} are not "
                                  f"cached in {cache_dir()}; install the CUDA toolkit or put its bin/ on PATH")
     cache_dir().mkdir(parents=True, exist_ok=True)
+    # a run that compiles says so once: it is the one wait a first run has (the install builds them where it can)
+    print(f"note: compiling {len(todo)} kernel unit{'s' if len(todo) != 1 else ''} for {arch} (once; "
+          f"`python -m inception_engine.cuda_build` builds them ahead)", file=sys.stderr)
     src = source_dir()
     jobs = []
     for name, dst in todo.items():
@@ -143,20 +146,44 @@ def build(arch: str, units: Iterable[str] | None = None) -> dict[str, Path]:
     return paths
 
 
-def main() -> int:
-    """Build every unit for GPU 0 (after install, so that the first run does not wait for nvcc)."""
+def local_targets() -> list[str]:
+    """nvcc targets of this machine's GPUs, from nvidia-smi (no CUDA library needed); [] where there is none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.split():
+        major, _, minor = line.strip().partition(".")
+        if major.isdigit() and minor.isdigit() and target((int(major), int(minor))) not in found:
+            found.append(target((int(major), int(minor))))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build every unit for this machine's GPUs, so that no run waits for nvcc. ``--at-install`` (setup.py): never
+    fail, say in one line what was done."""
     import time
 
-    from .backends.cuda.device import probe
-
+    at_install = "--at-install" in (sys.argv[1:] if argv is None else argv)
+    say = "inception-engine: " if at_install else "error: "
+    archs = local_targets()
+    if not archs:
+        print(f"{say}no NVIDIA GPU found (nvidia-smi sees none); the kernels compile at the first run on one",
+              file=sys.stderr)
+        return 0 if at_install else 2
+    t0 = time.perf_counter()
     try:
-        _, arch = probe()
-        t0 = time.perf_counter()
-        paths = build(arch)
+        units = sum(len(build(arch)) for arch in archs)
     except BackendUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{len(paths)} kernel units for {arch} in {cache_dir()} ({time.perf_counter() - t0:.1f} s)")
+        print(f"{say}{e}; the kernels compile at the first run", file=sys.stderr)
+        return 0 if at_install else 2
+    print(f"inception-engine: {units} kernel units for {', '.join(archs)} in {cache_dir()} "
+          f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return 0
 
 

@@ -193,7 +193,8 @@ class Engine:
                 self._note_once(f"no tuning table for {backend.gpu.device.name()} ({self.precision}, batch {batch}):"
                                 f" running the cost model's kernels; `inception-tune --precisions {self.precision} "
                                 f"--batch-sizes {batch}` measures the fastest once (~20 s)")
-            return CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu")
+            return CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
+                              decode_threads=self.pipeline.workers or 0)
         return HostRunner(self.forward, batch, self.preprocess)
 
     def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,

@@ -33,11 +33,28 @@ def deal(paths: list[str], workers: int, chunk: int) -> list[list[str]]:
     return shares
 
 
-def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any], top_k: int, out: Any) -> None:
+def cpu_share(gpu: int, gpus: int) -> list[int]:
+    """The CPUs worker ``gpu`` of ``gpus`` keeps to: its slice of those this process may use (all, where there are
+    fewer CPUs than workers). Each worker's decoders (nvImageCodec's threads, Pillow's processes) then stay on
+    their own cores instead of every worker's threads contending for all of them."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return []
+    if len(cpus) < gpus:
+        return cpus
+    per = len(cpus) // gpus
+    return cpus[gpu * per:(gpu + 1) * per]
+
+
+def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any], top_k: int, out: Any,
+            cpus: list[int]) -> None:
     """Classifies its share, putting each chunk's predictions on ``out`` as one list (one pickle and one queue
     round trip a chunk, not an image: the parent's thread that takes them also writes the output)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
     def end(*_: object) -> None:
         # the parent ends a worker with SIGTERM: leave through the with-block, which shuts the decode processes
@@ -77,35 +94,65 @@ def _next(q: Any, proc: Any, gpu: int) -> list[Prediction]:
 
 def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
                     batch_size: int, precision: str, workers: int | None, worker_kind: str,
-                    on_progress: Callable[[int], None] | None = None, decode: str = "cpu") -> Iterator[Prediction]:
-    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1)."""
+                    on_progress: Callable[[int], None] | None = None, decode: str = "cpu") -> GpuRun:
+    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1). The workers
+    start now, in parallel, each on its own share of the CPUs (``cpu_share``), so their start-up overlaps whatever
+    the caller does before it reads the first prediction."""
     if not paths:
-        return
+        return GpuRun(0, 1, gpus, [], [], on_progress)
     chunk = batch_size * CHUNK_BATCHES
     shares = deal(paths, gpus, chunk)
+    cpus = [cpu_share(g, gpus) for g in range(gpus)]
     engine_args = {"weights": weights, "backend": backend, "batch_size": batch_size, "precision": precision,
-                   "workers": workers or max(1, default_workers() // gpus), "worker_kind": worker_kind,
-                   "decode": decode}
+                   "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
+                   "worker_kind": worker_kind, "decode": decode}
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
     queues = [ctx.Queue() for _ in shares]
-    # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes
-    # (found on a 2-GPU machine: every long run with CPU decode failed). The finally below ends them instead.
-    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q))
+    # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes.
+    # GpuRun.close ends them instead.
+    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q, cpus[g]))
              for g, (share, q) in enumerate(zip(shares, queues)) if share]
     for p in procs:
         p.start()
-    try:
-        for c in range((len(paths) + chunk - 1) // chunk):
+    return GpuRun(len(paths), chunk, gpus, queues, procs, on_progress)
+
+
+class GpuRun:
+    """The workers' chunks in input order, as an iterator that ``close`` ends at any point, read or not. Each
+    worker leaves by itself once its share is read (so that it shuts its decode processes and semaphores down in
+    order); one still running when the caller stops early is ended with SIGTERM."""
+
+    def __init__(self, n: int, chunk: int, gpus: int, queues: list[Any], procs: list[Any],
+                 on_progress: Callable[[int], None] | None):
+        self.procs = procs
+        self._finished = False
+        self._it = self._chunks(n, chunk, gpus, queues, on_progress)
+
+    def _chunks(self, n: int, chunk: int, gpus: int, queues: list[Any],
+                on_progress: Callable[[int], None] | None) -> Iterator[Prediction]:
+        for c in range((n + chunk - 1) // chunk):
             g = c % gpus
-            preds = _next(queues[g], procs[g], g)
+            preds = _next(queues[g], self.procs[g], g)
             yield from preds
             if on_progress:
                 on_progress(len(preds))
-    finally:
-        for p in procs:
+        self._finished = True
+
+    def __iter__(self) -> GpuRun:
+        return self
+
+    def __next__(self) -> Prediction:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
+        for p in self.procs:
+            if self._finished:
+                p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
             p.join(timeout=30)
             if p.is_alive():  # stuck past its SIGTERM: its decode processes may be left, but the command ends
                 p.kill()
                 p.join()
+        self.procs = []

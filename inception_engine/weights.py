@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import arch
+from .paths import user_cache_dir
 from .errors import WeightsError
 
 FORMAT_VERSION = 1
@@ -163,11 +164,6 @@ def load_weights(path: str | Path) -> Weights:
     except WeightsError as e:
         raise WeightsError(f"{path}: {e}") from None
     return Weights(arrays, manifest, path)
-
-
-def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "inception-engine"
 
 
 def candidate_paths(explicit: str | Path | None = None) -> list[tuple[str, Path]]:

@@ -34,7 +34,8 @@ def stand_in(version: str, *, srgb: bool, sample_format: bool, backend_kinds: bo
         if kwargs and not (backend_kinds and set(kwargs) == {"backend_kinds"}):
             raise TypeError(f"__init__(): incompatible constructor arguments: {sorted(kwargs)}")
         assert backends is None or all(isinstance(b, Backend) for b in backends)
-        Made.decoders.append({"backends": backends, "options": options, **kwargs})
+        Made.decoders.append({"backends": backends, "options": options, "max_num_cpu_threads": max_num_cpu_threads,
+                              **kwargs})
         return object()
 
     def decode_params(apply_exif_orientation: bool = True, color_spec: str = "SRGB", allow_any_depth: bool = False,
@@ -75,7 +76,7 @@ def test_each_api_shape_gets_an_rgb_decoder(monkeypatch, version, backends):
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: module)
     jpeg_decode.GpuJpegDecoder(None, PRE, max_batch=4, backends=backends)  # type: ignore[arg-type]
     (made,) = Made.decoders
-    assert made["options"] == jpeg_decode.DECODER_OPTIONS
+    assert made["options"] == jpeg_decode.DECODER_OPTIONS and made["max_num_cpu_threads"] == 0
     if backends is None:
         assert made["backends"] is None
     else:

@@ -169,7 +169,7 @@ class FakeCodec:
     class Decoder:
         calls: list[int] = []
 
-        def __init__(self, backends: Any = None, options: str = ""):
+        def __init__(self, backends: Any = None, options: str = "", max_num_cpu_threads: int = 0):
             assert options == jpeg_decode.DECODER_OPTIONS
 
         @staticmethod

@@ -361,15 +361,17 @@ class CudaBackend:
         """Device memory this backend holds: arena, parameters, workspace (split-K, Winograd), probabilities."""
         return self._device_bytes
 
-    def jpeg_decoder(self, pre: Any) -> Any:
+    def jpeg_decoder(self, pre: Any, threads: int = 0) -> Any:
         """The GPU JPEG decoder for batches of this plan's size (the context current), made once: nvImageCodec's
-        start-up is paid by the first run that decodes on the GPU, not by every run of this backend."""
-        if self._jpeg_decoder is None or self._jpeg_decoder.pre != pre:
+        start-up is paid by the first run that decodes on the GPU, not by every run of this backend. threads: its
+        host threads (0: one per CPU)."""
+        made = self._jpeg_decoder
+        if made is None or made.pre != pre or made.threads != threads:
             from .jpeg_decode import GpuJpegDecoder
 
-            if self._jpeg_decoder is not None:
-                self._jpeg_decoder.close()
-            self._jpeg_decoder = GpuJpegDecoder(self.kernels, pre, self.plan.batch)
+            if made is not None:
+                made.close()
+            self._jpeg_decoder = GpuJpegDecoder(self.kernels, pre, self.plan.batch, threads=threads)
         return self._jpeg_decoder
 
     def _free(self) -> None:

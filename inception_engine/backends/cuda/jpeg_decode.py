@@ -104,8 +104,9 @@ class CodecApi:
             kwargs["sample_format"] = self.interleaved_rgb
         return self.module.DecodeParams(**kwargs)
 
-    def decoder(self, backends: Sequence[str] | None, options: str) -> Any:
-        kwargs: dict[str, Any] = {"options": options}
+    def decoder(self, backends: Sequence[str] | None, options: str, threads: int = 0) -> Any:
+        """threads: its host threads (0: one per CPU, nvImageCodec's default)."""
+        kwargs: dict[str, Any] = {"options": options, "max_num_cpu_threads": threads}
         if backends is not None:
             kwargs["backends"] = [self.module.Backend(getattr(self.module.BackendKind, b)) for b in backends]
         return self.module.Decoder(**kwargs)
@@ -410,20 +411,21 @@ class GpuJpegDecoder:
     """Batches of files -> (N, size, size, 3) uint8 crops in device memory; see the module doc.
 
     Create and use inside the CUDA context the kernels were loaded in (the backend's ``with gpu:``).
-    backends: names of nvidia.nvimgcodec.BackendKind members to allow (e.g. ("GPU_ONLY",)); None: its default."""
+    backends: names of nvidia.nvimgcodec.BackendKind members to allow (e.g. ("GPU_ONLY",)); None: its default.
+    threads: nvImageCodec's host threads (0: one per CPU; a process sharing the CPUs with others gets its share)."""
 
     def __init__(self, kernels: Kernels, pre: Preprocess, max_batch: int, *,
-                 backends: Sequence[str] | None = None):
+                 backends: Sequence[str] | None = None, threads: int = 0):
         api = CodecApi.of(load_nvimgcodec())
         try:
-            self._decoder = api.decoder(backends, DECODER_OPTIONS)
+            self._decoder = api.decoder(backends, DECODER_OPTIONS, threads)
             self._params = api.decode_params()
         except Exception as e:  # whatever the library raises (TypeError for a signature, RuntimeError, ...)
             raise BackendUnavailable(f"nvImageCodec {api.version} could not make a JPEG decoder "
                                      f"({type(e).__name__}: {first_line(e)}); use --decode cpu, or install "
                                      f"nvImageCodec {SUPPORTED}") from None
         self._codec = api.module
-        self.pre, self.max_batch = pre, max_batch
+        self.pre, self.max_batch, self.threads = pre, max_batch, threads
         self._resize = GpuResizeCrop(kernels, pre)
         self._decoded: list[Any] = []  # the last batch's nvImageCodec images, alive until its resize has run
         self._staging: np.ndarray | None = None  # pinned (max_batch, size, size, 3) for CPU-path results

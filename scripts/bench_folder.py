@@ -1,0 +1,247 @@
+"""What a user classifying a folder sees, every figure of issues 35 and 39 from one run on a GPU machine.
+
+    python scripts/bench_folder.py [--images 16384] [--gpus 1,2,4] [--precisions fp16,tf32] [--json out.json]
+
+Rows (each ``inception-run`` a fresh process, as a user runs it; its own images/s line, and the wall time from
+start to exit):
+- first answer: ``inception-run ONE.jpg`` per precision, the first runs after the install (kernels built at
+  install, no tuning cache: the shipped table or the cost model);
+- the decoders alone on the same files: nvImageCodec's batched decode and ``GpuJpegDecoder.decode_into`` (header,
+  decode, resize) at the run's batch, and Pillow's exact decode on one core (x the cores = the CPU ceiling);
+- the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
+  batch 64) without its decoding thread too, the two alternated twice;
+- ``--gpus N`` for each N of ``--gpus`` up to the machine's GPUs, wall time including start-up, on ``--many``
+  images (the folder's files linked ``--many / --images`` times);
+- the PyTorch DataLoader script (workers = cores) on the same files (torch from the machine; skipped without it);
+on a folder of small JPEGs (~35 KB, 500x375) and one of ImageNet-sized ones (~95 KB), both generated and cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RUN = "from inception_engine.cli import run_main; run_main()"
+SERIAL = "import inception_engine.pipeline as p; p.DECODE_THREAD = False; " + RUN
+STYLES = {"small": (3, 32), "imagenet": (16, 16)}  # (noise, coarse cell): ~35 KB and ~95 KB at quality 90
+
+
+def make_jpeg(args: tuple[Path, int, str]) -> None:
+    from PIL import Image
+
+    path, seed, style = args
+    noise, cell = STYLES[style]
+    rng = np.random.default_rng(seed)
+    w, h = (500, 375) if seed % 2 else (375, 500)
+    coarse = rng.integers(0, 256, (h // cell + 1, w // cell + 1, 3), dtype=np.uint8)
+    img = np.asarray(Image.fromarray(coarse).resize((w, h), Image.BICUBIC), np.int16)
+    img = np.clip(img + rng.normal(0, noise, img.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(img).save(path, quality=90)
+
+
+def folder(root: Path, style: str, n: int) -> Path:
+    d = root / f"jpegs-{style}-{n}"
+    if not (d / ".complete").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        with ProcessPoolExecutor() as pool:
+            list(pool.map(make_jpeg, [(d / f"{i:06d}.jpg", i, style) for i in range(n)], chunksize=64))
+        (d / ".complete").write_text("ok\n")
+    return d
+
+
+def many(root: Path, d: Path, times: int) -> Path:
+    """A folder of d's files linked ``times`` times (distinct names): a long run without generating more."""
+    out = root / f"{d.name}-x{times}"
+    if not (out / ".complete").exists():
+        out.mkdir(exist_ok=True)
+        for t in range(times):
+            for f in sorted(d.glob("*.jpg")):
+                link = out / f"{t:02d}-{f.name}"
+                if not link.exists():
+                    link.symlink_to(f)
+        (out / ".complete").write_text("ok\n")
+    return out
+
+
+def inception_run(args: list[str], out: Path, code: str = RUN, timeout: int = 300) -> dict:
+    """One inception-run in a fresh process: wall seconds, its printed images/s, its stderr's notes."""
+    out.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code, *args, "--output", str(out)], capture_output=True, text=True,
+                       timeout=timeout)
+    wall = time.perf_counter() - t0
+    rate = re.search(r"([0-9]+) images/s", r.stderr)
+    notes = [line for line in r.stderr.splitlines() if line.startswith(("note:", "error:"))]
+    return {"wall_s": round(wall, 2), "rate": int(rate.group(1)) if rate else None, "rc": r.returncode,
+            "notes": notes, "top1": top1(out) if out.exists() else {}}
+
+
+def top1(path: Path) -> dict[str, int]:
+    rows = (json.loads(line) for line in path.read_text().splitlines())
+    return {r["image"].rsplit("/", 1)[-1]: (r["top"][0]["index"] if "top" in r else -1) for r in rows}
+
+
+def agree(a: dict, b: dict) -> str:
+    common = set(a) & set(b)
+    return f"{sum(a[k] == b[k] for k in common)}/{len(common)}"
+
+
+def decoder_alone(d: Path, batch: int, limit: int) -> dict:
+    """nvImageCodec's batched decode, and decode_into (header, decode, resize), on files in memory, images/s."""
+    from inception_engine.backends.cuda import jpeg_decode
+    from inception_engine.backends.cuda.device import Gpu, driver
+    from inception_engine.backends.cuda.kernels import Kernels
+    from inception_engine.images import Preprocess, decode_u8
+
+    items = [(str(p), p.read_bytes()) for p in sorted(d.glob("*.jpg"))[:limit]]
+    batches = [items[i:i + batch] for i in range(0, len(items), batch)]
+    pre, gpu, out = Preprocess(), Gpu(), {}
+    with gpu:
+        drv = driver()
+        stream = drv.Stream(1)
+        dst = drv.mem_alloc(batch * pre.size * pre.size * 3)
+        dec = jpeg_decode.GpuJpegDecoder(Kernels(gpu.arch), pre, batch)
+        dec._decode([b for _, b in batches[0]], stream)
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for b in batches:
+            dec._decode([x for _, x in b], stream)
+        stream.synchronize()
+        out["nvimgcodec"] = round(len(items) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for b in batches:
+            dec.decode_into(b, int(dst), stream, lambda p, x: decode_u8(p, pre))
+        stream.synchronize()
+        out["decode_into"] = round(len(items) / (time.perf_counter() - t0))
+        dec.close()
+        dst.free()
+    gpu.release()
+    return out
+
+
+def one_core(d: Path, n: int = 512) -> float:
+    from inception_engine.images import Preprocess, decode_u8
+
+    files, pre = sorted(d.glob("*.jpg"))[:n], Preprocess()
+    t0 = time.perf_counter()
+    for f in files:
+        decode_u8(str(f), pre)
+    return len(files) / (time.perf_counter() - t0)
+
+
+def gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    except OSError:
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=16384)
+    ap.add_argument("--imagenet-images", type=int, default=4096)
+    ap.add_argument("--precisions", default="fp16,tf32")
+    ap.add_argument("--batches", default="64", help="batch sizes of the --decode gpu rows")
+    ap.add_argument("--gpus", default="", help="GPU counts for --gpus rows (e.g. 1,2,4)")
+    ap.add_argument("--many", type=int, default=65536, help="images of the --gpus rows")
+    ap.add_argument("--ab", action="store_true", help="--decode gpu also without its decoding thread, alternated")
+    ap.add_argument("--first", action="store_true", help="first answers (run first, on a fresh machine)")
+    ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--weights", default="/tmp/bench-weights.npz")
+    ap.add_argument("--root", default="/tmp/bench-folder")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+
+    def row(**kw: object) -> None:
+        rows.append(kw)
+        print(json.dumps(kw, default=str)[:400], flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+
+    if not Path(args.weights).exists():
+        from inception_engine.synthetic import synthetic_weights
+        from inception_engine.weights import save_weights
+
+        w = synthetic_weights(0)
+        save_weights(args.weights, w.arrays, w.manifest)
+    precisions = args.precisions.split(",")
+    small = folder(root, "small", args.images)
+    if args.first:
+        photo = str(sorted(small.glob("*.jpg"))[0])
+        for p in ("tf32", "fp16", "fp32"):
+            r = inception_run([photo, "--weights", args.weights, "--precision", p], root / "first.jsonl")
+            row(what="first answer", precision=p, wall_s=r["wall_s"], notes=r["notes"])
+    sets = {"small": small, "imagenet": folder(root, "imagenet", args.imagenet_images)}
+    for name, d in sets.items():
+        for b in map(int, args.batches.split(",")):
+            row(what="decoder alone", files=name, batch=b, **decoder_alone(d, b, 4096))
+        core = one_core(d)
+        row(what="CPU decode, one core", files=name, rate=round(core), cores=os.cpu_count(),
+            ceiling=round(core * (os.cpu_count() or 1)))
+        ref: dict[str, dict] = {}
+        for p in precisions:
+            for b in map(int, args.batches.split(",")):
+                ab = args.ab and b == 64
+                variants = [("thread", RUN), ("serial", SERIAL)] if ab else [("thread", RUN)]
+                for rnd in range(2 if ab else 1):
+                    for label, code in variants:
+                        r = inception_run([str(d), "--weights", args.weights, "--precision", p, "--decode", "gpu",
+                                           "--batch-size", str(b)], root / "o.jsonl", code)
+                        ref.setdefault(f"gpu-{p}", r["top1"])
+                        row(what=f"--decode gpu ({label})", files=name, precision=p, batch=b, round=rnd,
+                            rate=r["rate"], wall_s=r["wall_s"], rc=r["rc"], notes=r["notes"][:2],
+                            top1_vs_first=agree(r["top1"], ref[f"gpu-{p}"]))
+            if not args.no_cpu:
+                r = inception_run([str(d), "--weights", args.weights, "--precision", p], root / "o.jsonl")
+                row(what="CPU decode", files=name, precision=p, batch=64, rate=r["rate"], wall_s=r["wall_s"],
+                    rc=r["rc"], top1_vs_gpu_decode=agree(r["top1"], ref.get(f"gpu-{p}", {})))
+        if not args.no_torch:
+            for fp16 in (False, True):
+                cmd = [sys.executable, str(ROOT / "scripts/torch_dataloader_baseline.py"), str(d), args.weights,
+                       "--batch-size", "64", "--workers", str(os.cpu_count())] + (["--fp16"] if fp16 else [])
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                got = json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 and r.stdout else {}
+                row(what="PyTorch DataLoader script", files=name, fp16=fp16, rate=got.get("images_per_s"),
+                    rc=r.returncode, err=r.stderr.strip().splitlines()[-1:] if r.returncode else None)
+    counts = [int(g) for g in args.gpus.split(",") if g] if args.gpus else []
+    if counts:
+        big = many(root, small, max(1, args.many // args.images))
+        have = gpu_count()
+        for decode in ("gpu", "cpu"):
+            for p in precisions[:1]:
+                base = None
+                for g in counts:
+                    if g > have:
+                        row(what="--gpus", gpus=g, skipped=f"this machine has {have} GPUs")
+                        continue
+                    r = inception_run([str(big), "--weights", args.weights, "--precision", p, "--decode", decode,
+                                       "--gpus", str(g)], root / "o.jsonl", timeout=580)
+                    base = base or r["wall_s"]
+                    row(what="--gpus", decode=decode, precision=p, gpus=g, images=len(r["top1"]), wall_s=r["wall_s"],
+                        rate=r["rate"], speedup=round(base / r["wall_s"], 2), rc=r["rc"], notes=r["notes"][:2])
+    print("what | files | precision | batch | gpus | images/s | wall s | extra")
+    for r in rows:
+        extra = {k: v for k, v in r.items() if k not in ("what", "files", "precision", "batch", "gpus", "rate",
+                                                            "wall_s", "notes", "round")}
+        print(f"{r['what']} | {r.get('files', '')} | {r.get('precision', '')} | {r.get('batch', '')} | "
+              f"{r.get('gpus', '')} | {r.get('rate', '')} | {r.get('wall_s', '')} | {json.dumps(extra)[:120]}")
+
+
+if __name__ == "__main__":
+    main()
