@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import backends
 from .engine import Engine
 from .errors import EngineError
 from .images import first_line
@@ -78,7 +79,16 @@ def _next(q: Any, proc: Any, gpu: int) -> list[Prediction]:
 def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
                     batch_size: int, precision: str, workers: int | None, worker_kind: str,
                     on_progress: Callable[[int], None] | None = None, decode: str = "cpu") -> Iterator[Prediction]:
-    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1)."""
+    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1). Refused
+    (OptionError) at the call, before any worker starts, where this machine has fewer GPUs."""
+    backends.require_gpus(gpus)
+    return _predict_on_gpus(paths, gpus, top_k, weights, backend, batch_size, precision, workers, worker_kind,
+                            on_progress, decode)
+
+
+def _predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
+                     batch_size: int, precision: str, workers: int | None, worker_kind: str,
+                     on_progress: Callable[[int], None] | None, decode: str) -> Iterator[Prediction]:
     if not paths:
         return
     chunk = batch_size * CHUNK_BATCHES
