@@ -41,6 +41,7 @@ DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 64, 8  # batch_size=None
 # auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against
 # float64, docs/PERFORMANCE.md), float32 elsewhere.
 AUTO_PRECISION = "tf32"
+NO_GPU_NOTE = "no usable GPU: running on the CPU"  # backend="auto"'s note where it falls back
 # A run never stops to measure kernels unless that costs at most TUNE_BUDGET of its expected time: it takes this
 # machine's tuning cache, else the package's table for its GPU model, else the cost model's kernels (and says so
 # once). Measuring one precision and batch size takes ~15-25 s on an H100, and a run at a planning rate of 5,000
@@ -110,7 +111,7 @@ class Engine:
         if backend == "auto":  # backends.resolve's choice (backend="cuda" raises with the reason there is no GPU)
             fell_back = not backends.is_available("cuda")[0]
             if fell_back:
-                self.notes.append("no usable GPU: running on the CPU")
+                self.notes.append(NO_GPU_NOTE)
             self._backend_name = "cpu" if fell_back else "cuda"
         self.backend_class = backends.backend_class(self._backend_name)  # BackendUnavailable with the reason
         where = " (no usable GPU here)" if fell_back else ""
