@@ -323,6 +323,8 @@ def test_bench_json_on_cpu(weights_file, tmp_path):
     assert doc["weights"] == str(weights_file) and doc["synthetic"] is False
     assert table_csv.read_text().splitlines()[0].startswith("backend,batch,status,median_ms")
     assert "cpu" in r.stdout and "median ms" in r.stdout
+    if not backends.is_available("cuda")[0]:  # no GPU row ran: the GPU's floors would say nothing
+        assert "floors:" not in r.stdout and "x floor (GPU rows)" not in r.stdout
 
 
 def test_bench_without_weights_runs_the_synthetic_model_and_says_so(tmp_path, monkeypatch):
