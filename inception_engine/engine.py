@@ -57,8 +57,12 @@ def measures_in_run(n_images: int) -> bool:
 
 
 def load(weights: str | os.PathLike | Weights | None) -> Weights:
+    """Weights as given: a Weights, a file's path, or None for the usual places (weights.find_weights)."""
     if isinstance(weights, Weights):
         return weights
+    if weights is not None and not os.path.isfile(weights):
+        raise OptionError("weights", os.fspath(weights), "no such file (inception-convert-weights makes one from "
+                                                         "torchvision's ONNX export)")
     return load_weights(find_weights(weights))
 
 

@@ -124,6 +124,8 @@ def test_bad_arguments_are_engine_errors_worded_for_python(weights):
     with pytest.raises(OptionError, match=r"^top_k=0: must be between 1 and 1000$") as e:
         engine.predict([], top_k=0)
     assert e.value.as_flag() == "--top-k 0: must be between 1 and 1000"  # the CLI's wording of the same
+    with pytest.raises(OptionError, match=r"^weights='/nonexistent/w.npz': no such file \(inception-convert-weights"):
+        Engine("/nonexistent/w.npz", backend="cpu")
     with pytest.raises(EngineError, match="shape"):
         engine.forward(np.zeros((2, 3, 224, 224), np.float32))
     assert engine.predict([], top_k=5) == []
