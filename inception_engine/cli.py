@@ -106,12 +106,19 @@ def shown_before(note: str) -> bool:
     from .weights import user_cache_dir
 
     path = user_cache_dir() / "notes-shown"
+    if path.is_symlink() or path.exists() and not path.is_file():
+        return False  # only a regular file is ever replaced
     try:
-        if path.is_file() and note in path.read_text().splitlines():
+        seen = path.read_text().splitlines() if path.is_file() else []
+        if note in seen:
             return True
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(note + "\n")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(line + "\n" for line in [*seen, note]))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except OSError:
         pass
     return False
