@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .engine import Engine, load
-from .errors import EngineError
+from .errors import EngineError, OptionError
 from .images import Preprocess, image_extensions
 from .inputs import list_directory
 from .output import jsonl_bytes
@@ -307,8 +307,12 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
         elif gpus > have and address in (None, "", "local") and not os.environ.get("RAY_ADDRESS"):
             # this machine's cluster cannot grow: Ray would wait for the missing GPUs forever. A remote cluster may
             # be autoscaling, so there the job is left to wait for them.
-            raise EngineError(f"--gpus {gpus}: the local Ray cluster has {have} GPU{'s' * (have != 1)}; give "
-                              + (f"--gpus {have} or fewer" if have else "--gpus 0 (a cpu-backend actor)"))
+            raise OptionError("gpus", gpus, f"the local Ray cluster has {have} GPU{'s' * (have != 1)}; give "
+                              + (f"{have} or fewer" if have else "0 (a cpu-backend actor)"))
+        if gpus == 0 and backend in ("auto", "cpu") and precision not in ("auto", "fp32"):
+            # said here, once, rather than by every actor's Engine inside the job
+            raise OptionError("precision", precision, "a job without GPUs runs the cpu backend, which computes in "
+                              "fp32 only; give fp32, or auto")
         nodes = sum(1 for n in ray.nodes() if n["Alive"])
         t0 = time.perf_counter()
         ds = read_images(sources, recursive)

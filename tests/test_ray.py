@@ -103,8 +103,12 @@ def test_more_gpus_than_the_local_cluster_has_is_one_line(ray_session, photos, w
     result = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--weights", str(weights_file),
                                            "--backend", "cpu", "--gpus", "1", "--output", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip() == "error: --gpus 1: the local Ray cluster has 0 GPUs; give --gpus 0 (a cpu-backend " \
-                                    "actor)"
+    assert result.stderr.strip() == "error: --gpus 1: the local Ray cluster has 0 GPUs; give 0 (a cpu-backend actor)"
+    fp16 = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--weights", str(weights_file), "--gpus", "0",
+                                         "--precision", "fp16", "--output", str(tmp_path / "out")])
+    assert fp16.exit_code == 2, fp16.output
+    assert fp16.stderr.strip() == "error: --precision fp16: a job without GPUs runs the cpu backend, which computes " \
+                                  "in fp32 only; give fp32, or auto"
 
 
 def test_without_ray_one_line(monkeypatch, photos, tmp_path):
