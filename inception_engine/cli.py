@@ -205,7 +205,8 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             t0 = time.perf_counter()
             with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
                       dynamic_ncols=True) as bar:
-                echo = terminal_echo if show else click.echo
+                # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
+                echo = terminal_echo if show and sys.stdout.isatty() else click.echo
                 sink = (FileSink(out, batch_size) if out is not None else
                         JsonSink(str(engine.weights.path), engine.backend_name, engine.precision, echo) if as_json
                         else TextSink(f"# {computed_in}, weights {engine.weights.path}", echo))
