@@ -23,7 +23,7 @@ SKIP_COUNT_DIRS = 1000
 class DirectoryListing:
     files: list[str]
     skipped: int = 0  # image files in subdirectories that were not searched
-    more_skipped: bool = False  # the count stopped at SKIP_COUNT_DIRS subdirectories: there may be more
+    more_skipped: bool = False  # the count stopped at SKIP_COUNT_DIRS subdirectories with more to walk
 
     def notice(self) -> str | None:
         """What was not searched, in a few words, or None."""
@@ -34,12 +34,15 @@ class DirectoryListing:
 
 
 def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str] | None = None) -> DirectoryListing:
+    """The directory's image files (``exts``: by default every extension Pillow reads), and without ``recursive``
+    the count of those its subfolders hold."""
     exts = image_extensions() if exts is None else exts
     top = Path(directory)
     listing = DirectoryListing([])
     found: list[Path] = []
     walked = 0
-    for root, dirs, names in os.walk(top):
+    walk = os.walk(top)
+    for root, dirs, names in walk:
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         images = [Path(root) / n for n in names if not n.startswith(".") and os.path.splitext(n)[1].lower() in exts]
         if recursive or Path(root) == top:
@@ -48,7 +51,7 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
         listing.skipped += len(images)
         walked += 1
         if walked >= SKIP_COUNT_DIRS:
-            listing.more_skipped = bool(dirs) or walked > SKIP_COUNT_DIRS
+            listing.more_skipped = next(walk, None) is not None  # a directory left unwalked: the count is a floor
             break
     listing.files = [str(p) for p in sorted(found)]
     return listing
