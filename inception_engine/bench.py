@@ -483,14 +483,20 @@ def header(report: Report) -> list[str]:
     names = [*report.backends, *([ORT] if "cpu" in report.backends else [])]
     lines.append("backends: " + "; ".join(f"{n} = {DESCRIPTIONS[n]}" for n in names if n in DESCRIPTIONS))
     peak = f"{report.peak_tflops:g} TFLOP/s"
-    lines.append(f"x floor (GPU rows) = median / the GPU's larger floor (compute: FLOPs / {peak}; memory: weights "
-                 f"+ all activations once / {report.peak_gbs:g} GB/s)")
+    if gpu_rows(report):
+        lines.append(f"x floor (GPU rows) = median / the GPU's larger floor (compute: FLOPs / {peak}; memory: "
+                     f"weights + all activations once / {report.peak_gbs:g} GB/s)")
     if compiled(report):
         lines.append(f"{COMPILE_COLUMN} = wall seconds of compiling at that batch size, each batch size separately "
                      f"(static shapes): torch.compile's first calls, from Dynamo's trace through Inductor's code "
                      f"generation and autotuning to the CUDA graph's capture; 'cached': Inductor's on-disk caches "
                      f"served the code (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 compiles from scratch)")
     return lines
+
+
+def gpu_rows(report: Report) -> bool:
+    """Whether a GPU backend measured anything: the floors (the GPU's) mean nothing to a CPU-only table."""
+    return any(r.status == "ok" and r.backend not in ("cpu", ORT) for r in report.rows)
 
 
 def floor_lines(report: Report) -> list[str]:
@@ -527,7 +533,7 @@ def table(report: Report) -> str:
     lines += ["", line(columns)]
     for b in body:  # a row that did not run has its status spanning the rest of the line
         lines.append(line(b) if len(b) == len(columns) else f"{line(b[:2])}  {b[2]}")
-    if report.floors:
+    if report.floors and gpu_rows(report):
         lines += ["", *floor_lines(report)]
     if report.layers:
         lines += ["", layer_table(report)]

@@ -1,14 +1,16 @@
 """The console commands: inception-run, inception-convert-weights, inception-bench.
 
-User mistakes (EngineError) print one line ``error: <message>`` on stderr and exit with code 2; an image that cannot
-be read is reported with the others' results and makes inception-run exit with 1.
+User mistakes (EngineError, and click's usage errors: an unknown option, a bad value) print one line
+``error: <message>`` on stderr and exit with code 2; an image that cannot be read is reported with the others'
+results and makes inception-run exit with 1.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
-import glob
 import json
+import os
 import sys
 import textwrap
 import time
@@ -20,13 +22,45 @@ import click
 from tqdm import tqdm
 
 from . import backends
-from .engine import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES
-from .errors import EngineError
-from .images import image_extensions
+from .engine import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES
+from .errors import EngineError, OptionError
+from .inputs import expand_inputs
 from .output import ResultFile, as_json, image_key
 from .pipeline import WORKER_KINDS, Prediction
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)
+
+
+class OneLineUsage(click.UsageError):
+    """A usage error as one line, ``error: no such option --precison (did you mean --precision?)``, exit code 2,
+    instead of click's usage block."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def usage_line(e: click.UsageError) -> str:
+    if isinstance(e, click.NoSuchOption):
+        guess = difflib.get_close_matches(e.option_name, e.possibilities or [], n=1)
+        return f"no such option {e.option_name}" + (f" (did you mean {guess[0]}?)" if guess else "")
+    text = " ".join(e.format_message().split()).rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+class Command(click.Command):
+    """click.Command whose usage errors are one line (OneLineUsage); --help is click's."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            prog = ctx.command_path or self.name
+            raise OneLineUsage(f"{usage_line(e)}; {prog} --help lists the options", ctx) from None
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
 
 
 class UserError(click.ClickException):
@@ -43,8 +77,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except EngineError as e:
-            raise UserError(" ".join(str(e).split())) from None  # one line, whatever the message held
+        except EngineError as e:  # an OptionError names the command's flag rather than the Python keyword
+            message = e.as_flag() if isinstance(e, OptionError) else str(e)
+            raise UserError(" ".join(message.split())) from None  # one line, whatever the message held
 
     return wrapper
 
@@ -55,45 +90,49 @@ def stderr_is_tty() -> bool:
 
 # ---------------------------------------------------------------------------------------------------- inception-run
 
-def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
-    """(path, None) per image to classify, (argument, error) per argument that names nothing usable. Directories
-    give the image files directly inside them, sorted; an argument that does not exist is tried as a glob."""
-    exts = image_extensions()
-    out: list[tuple[str, str | None]] = []
-
-    def directory(d: Path) -> None:
-        files = sorted(p for p in d.iterdir()
-                       if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in exts)
-        out.extend((str(p), None) for p in files)
-        if not files:
-            out.append((str(d), f"{d}: directory has no image files"))
-
-    for arg in args:
-        p = Path(arg)
-        if p.is_dir():
-            directory(p)
-        elif p.exists() or not glob.has_magic(arg):
-            out.append((arg, None))  # a missing file is reported by the image loader with the others
-        else:
-            matches = sorted(glob.glob(arg, recursive=True))
-            for m in matches:
-                if Path(m).is_dir():
-                    directory(Path(m))
-                else:
-                    out.append((m, None))
-            if not matches:
-                out.append((arg, f"{arg}: no files match this pattern"))
-    return out
+def progress_bar_fits() -> bool:
+    """A progress bar on stderr: only on a terminal wide enough to draw one."""
+    if not stderr_is_tty():
+        return False
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns >= MIN_BAR_COLUMNS
+    except OSError:
+        return False
 
 
-@click.command(name="inception-run", context_settings=CONTEXT)
+def shown_before(note: str) -> bool:
+    """Whether this machine's user has seen ``note`` already (a line in the user cache's notes-shown file), and
+    remember it as seen. A note that cannot be remembered (no writable cache) is shown every time."""
+    from .weights import user_cache_dir
+
+    path = user_cache_dir() / "notes-shown"
+    if path.is_symlink() or path.exists() and not path.is_file():
+        return False  # only a regular file is ever replaced
+    try:
+        seen = path.read_text().splitlines() if path.is_file() else []
+        if note in seen:
+            return True
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(line + "\n" for line in [*seen, note]))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return False
+
+
+@click.command(name="inception-run", cls=Command, context_settings=CONTEXT)
 @click.argument("images", nargs=-1, required=True)
 @click.option("--weights", "weights_path", metavar="PATH",
               help="Weight file (default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache).")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
               help="auto = cuda when a GPU and pycuda are usable, else cpu.")
 @click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
-              help="auto = tf32 on the GPU (as PyTorch's and cuDNN's convolutions default to), fp32 on the CPU.")
+              help="auto = tf32 on the GPU (as PyTorch's and cuDNN's convolutions default to), fp32 on the CPU; "
+                   "one the backend lacks is refused.")
 @click.option("--top-k", type=click.IntRange(1, 1000), default=5, show_default=True)
 @click.option("--batch-size", type=click.IntRange(1, 4096), default=None, show_default="64 on the GPU, 8 on the CPU")
 @click.option("--workers", type=click.IntRange(1, 1024), default=None, metavar="N",
@@ -114,12 +153,15 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
                    "one, else a new local one); IMAGE... may be URIs such as s3://, --output a directory.")
 @click.option("--gpus", type=click.IntRange(0), default=None, metavar="N",
               help="GPUs to use: with --ray, GPU actors [default: all]; without, worker processes on this "
-                   "machine, one per GPU [default: 1]. More GPUs help where decoding keeps up with them: fp32, or "
-                   "--decode gpu.")
+                   "machine, one per GPU [default: 1]; more than the machine has is refused. More GPUs help where "
+                   "decoding keeps up with them: fp32, or --decode gpu.")
+@click.option("-r", "--recursive", is_flag=True,
+              help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
+                   "its subfolders hold).")
 @user_errors
 def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, precision: str, top_k: int,
             batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
-            resume: bool, as_json: bool, ray_address: str | None, gpus: int | None) -> None:
+            resume: bool, as_json: bool, ray_address: str | None, gpus: int | None, recursive: bool) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
     from .engine import DEFAULT_BATCH_GPU, Engine
 
@@ -127,24 +169,31 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         from .ray_data import run_on_ray
 
         return run_on_ray(ray_address, images, weights_path, backend, precision, top_k, batch_size, output_path,
-                          gpus, resume, as_json)
+                          gpus, resume, as_json, recursive)
     if gpus == 0:
         raise EngineError("--gpus 0 is for --ray; on this machine the CPU is --backend cpu")
+    if gpus is not None:
+        backends.require_gpus(gpus)  # before the weights are read: a machine with fewer GPUs is refused at once
     from .multi_gpu import predict_on_gpus
 
     if resume and not output_path:
         raise EngineError("--resume continues an --output FILE; give the file")
     if output_path and as_json:
         raise EngineError("--json prints to the terminal and --output writes a file; choose one")
-    inputs = expand_inputs(images)
+    listed = expand_inputs(images, recursive)
+    inputs = listed.items
+    for notice in listed.notices:
+        click.echo(f"note: {notice}", err=True)
     out = ResultFile(output_path, top_k, resume) if output_path else None
     on_gpus = None
     try:
         if out is not None and out.done:
             before = len(inputs)
             inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
-            click.echo(f"resume: {before - len(inputs)} of {before} images are in {out.path} already", err=True)
+            click.echo(f"resume: {before - len(inputs)} of {plural(before, 'image')} are in {out.path} already",
+                       err=True)
         todo = [path for path, err in inputs if err is None]
+        first_at: list[float] = []  # when the first result came: start-up ends there
         progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
         # --gpus N: the workers start now and set up while this process loads its own engine
         on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size or DEFAULT_BATCH_GPU,
@@ -152,20 +201,27 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                                    decode) if gpus and gpus > 1 else None)
         with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                     worker_kind=worker_kind, decode=decode) as engine:
-            for note in engine.notes:
-                click.echo(f"note: {note}", err=True)
-            engine.on_note = lambda note: click.echo(f"note: {note}", err=True)
+            for note in engine.notes:  # auto's fallback: said once per machine; the results record it each time
+                if not shown_before(note):
+                    hint = " (--backend cuda says why)" if note == NO_GPU_NOTE else ""
+                    click.echo(f"note: {note}{hint}", err=True)
+            engine.on_note = lambda note: terminal_echo(f"note: {note}", err=True)  # taken mid-run: bar or not
             batch_size = engine.batch_size
-            sink = (FileSink(out, batch_size) if out is not None else
-                    JsonSink(str(engine.weights.path), engine.backend_name) if as_json else TextSink())
-            show = stderr_is_tty() and len(todo) > batch_size
+            computed_in = f"{engine.backend_name} backend, {engine.precision}"
+            show = progress_bar_fits() and len(todo) > batch_size
             t0 = time.perf_counter()
             with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
                       dynamic_ncols=True) as bar:
+                # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
+                echo = terminal_echo if show and sys.stdout.isatty() else click.echo
+                sink = (FileSink(out, batch_size) if out is not None else
+                        JsonSink(str(engine.weights.path), engine.backend_name, engine.precision, echo) if as_json
+                        else TextSink(f"# {computed_in}, weights {engine.weights.path}", echo))
                 progress.append(bar.update)
                 preds = on_gpus if on_gpus is not None else engine.predict_iter(todo, top_k, on_progress=bar.update)
                 try:
-                    total, failed = write_results(inputs, preds, sink, out.path if out is not None else None)
+                    total, failed = write_results(inputs, first_timed(preds, first_at), sink,
+                                                  out.path if out is not None else None)
                 finally:  # the decode processes and GPU workers end now, not when the generator is collected
                     preds.close()  # type: ignore[attr-defined]  # both are generators
     finally:
@@ -174,12 +230,25 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         if out is not None:
             out.close()
     if out is not None:
-        seconds = time.perf_counter() - t0
-        click.echo(f"{total} images ({failed} errors) in {seconds:.1f} s, {len(todo) / max(seconds, 1e-9):.0f} "
-                   f"images/s -> {out.path}", err=True)
+        end = time.perf_counter()
+        # the rate past start-up (backend, kernels, decoders, the pipeline filling: until the first result), which
+        # is what a long run settles at; the first batch's images came with the first result
+        after = len(todo) - min(len(todo), batch_size)
+        steady = (f", {after / max(end - first_at[0], 1e-9):.0f} images/s after the first result at "
+                  f"{first_at[0] - t0:.1f} s" if first_at and after >= batch_size else "")
+        click.echo(f"{plural(total, 'image')} ({plural(failed, 'error')}) in {end - t0:.1f} s on the {computed_in}, "
+                   f"{len(todo) / max(end - t0, 1e-9):.0f} images/s{steady} -> {out.path}", err=True)
     if failed:
         click.echo(f"error: {failed} of {total} inputs could not be classified", err=True)
         raise click.exceptions.Exit(1)
+
+
+def first_timed(preds: Iterator[Prediction], first_at: list[float]) -> Iterator[Prediction]:
+    """preds, noting in first_at when the first one came."""
+    for p in preds:
+        if not first_at:
+            first_at.append(time.perf_counter())
+        yield p
 
 
 def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction], sink: Any,
@@ -202,35 +271,57 @@ def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Predicti
     return total, failed
 
 
+def terminal_echo(text: str, nl: bool = True, err: bool = False) -> None:
+    """click.echo with any progress bar cleared first and drawn again after, so that the two never share a line
+    (stdout and stderr are often the same terminal). Under tqdm's lock: its monitor thread redraws bars too."""
+    with tqdm.external_write_mode(file=sys.stderr if err else sys.stdout):
+        click.echo(text, nl=nl, err=err)
+
+
+Echo = Callable[..., None]
+
+
 class TextSink:
+    """A header line (``# cpu backend, fp32, weights PATH``), then per image its path and the top-k, one class a
+    line: probability (4 decimals), label, class index."""
+
+    def __init__(self, header: str, echo: Echo = click.echo):
+        self.echo = echo
+        self.echo(header)
+
     def add(self, r: Prediction) -> None:
         lines = [r.image]
         if r.ok:
             assert r.top is not None
-            lines += [f"  {p:7.4f}  {label} ({i})" for i, label, p in r.top]
+            lines += [f"  {p:6.4f}  {label} ({i})" for i, label, p in r.top]
         else:
             lines.append(f"  error: {r.error}")
-        click.echo("\n".join(lines))
+        self.echo("\n".join(lines))
 
     def close(self) -> None:
         pass
 
 
 class JsonSink:
-    """One JSON document, written as results arrive (nothing is held until the end)."""
+    """One JSON document, written as results arrive: each result is held only until the next one arrives (which
+    decides whether a comma follows it), so that every write ends a line and a progress bar never lands on one."""
 
-    def __init__(self, weights: str, backend: str):
-        head = json.dumps({"weights": weights, "backend": backend}, indent=2)
-        click.echo(head[:-2] + ',\n  "results": [', nl=False)
-        self.first = True
+    def __init__(self, weights: str, backend: str, precision: str, echo: Echo = click.echo):
+        self.echo = echo
+        head = json.dumps({"weights": weights, "backend": backend, "precision": precision}, indent=2)
+        self.echo(head[:-2] + ',\n  "results": [')
+        self.held: str | None = None
 
     def add(self, r: Prediction) -> None:
-        entry = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
-        click.echo(("\n" if self.first else ",\n") + entry, nl=False)
-        self.first = False
+        if self.held is not None:
+            self.echo(self.held + ",")
+        self.held = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
 
     def close(self) -> None:
-        click.echo("\n  ]\n}")
+        if self.held is not None:
+            self.echo(self.held)
+            self.held = None
+        self.echo("  ]\n}")
 
 
 class FileSink:
@@ -252,7 +343,7 @@ class FileSink:
 
 # ----------------------------------------------------------------------------------------- inception-convert-weights
 
-@click.command(name="inception-convert-weights", context_settings=CONTEXT)
+@click.command(name="inception-convert-weights", cls=Command, context_settings=CONTEXT)
 @click.argument("model", required=False, metavar="MODEL.onnx")
 @click.option("-o", "--output", default="weights/inception_v3.npz", show_default=True, metavar="OUT.npz",
               help="Where to write the engine's weight file.")
@@ -328,7 +419,7 @@ def default_backends() -> list[str]:
     return list(GPU_DEFAULT) if backends.is_available("cuda")[0] else ["cpu"]
 
 
-@click.command(name="inception-bench", context_settings=CONTEXT)
+@click.command(name="inception-bench", cls=Command, context_settings=CONTEXT)
 @click.option("--backends", "backend_names", callback=backend_list, metavar="LIST",
               help=f"Comma-separated, from {','.join(backends.BENCH_BACKENDS)} (default: {','.join(GPU_DEFAULT)} "
                    f"with a GPU, else cpu; cpu adds onnxruntime). cuda and cudnn replay a CUDA graph, torch runs "

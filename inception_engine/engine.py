@@ -1,8 +1,9 @@
 """The Python API: load weights once, pick a backend and precision, classify images as a stream.
 
     from inception_engine.engine import Engine
-    with Engine("weights/inception_v3.npz", backend="auto", batch_size=64) as engine:
-        for p in engine.predict_iter(paths, top_k=3):   # in order, as each batch finishes
+    with Engine("weights/inception_v3.npz") as engine:    # backend and precision "auto"
+        print(engine.backend_name, engine.precision)      # e.g. "cuda tf32", or "cpu fp32" without a GPU
+        for p in engine.predict_iter(["cat.jpg", "dog.png"], top_k=3):   # in order, as each batch finishes
             print(p.image, p.top if p.ok else p.error)
 
 ``predict_iter`` runs pipeline.classify: decode workers write uint8 pixels into a ring of host memory, the cuda
@@ -15,6 +16,7 @@ batch of ``n`` images gets a plan of batch ``n`` of its own rather than being pa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import backends
-from .errors import EngineError
+from .errors import EngineError, OptionError
 from .images import Preprocess
 from .labels import imagenet_labels
 from .pipeline import (WORKER_KINDS, HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner,
@@ -39,6 +41,7 @@ DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 64, 8  # batch_size=None
 # auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against
 # float64, docs/PERFORMANCE.md), float32 elsewhere.
 AUTO_PRECISION = "tf32"
+NO_GPU_NOTE = "no usable GPU: running on the CPU"  # backend="auto"'s note where it falls back
 # A run never stops to measure kernels unless that costs at most TUNE_BUDGET of its expected time: it takes this
 # machine's tuning cache, else the package's table for its GPU model, else the cost model's kernels (and says so
 # once). Measuring one precision and batch size takes ~15-25 s on an H100, and a run at a planning rate of 5,000
@@ -54,8 +57,12 @@ def measures_in_run(n_images: int) -> bool:
 
 
 def load(weights: str | os.PathLike | Weights | None) -> Weights:
+    """Weights as given: a Weights, a file's path, or None for the usual places (weights.find_weights)."""
     if isinstance(weights, Weights):
         return weights
+    if weights is not None and not os.path.isfile(weights):
+        raise OptionError("weights", os.fspath(weights), "no such file (inception-convert-weights makes one from "
+                                                         "torchvision's ONNX export)")
     return load_weights(find_weights(weights))
 
 
@@ -72,64 +79,80 @@ def serves(built: tuple[dict[str, Any], Any], options: dict[str, Any]) -> bool:
     return same_but_tuning and getattr(backend, "tuned", False)
 
 
+def choice(option: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise OptionError(option, value, f"choose one of {', '.join(choices)}")
+
+
 class Engine:
+    """Classifies images with one backend in one precision, both fixed when it is made (``backend_name``,
+    ``precision``); every Prediction it yields records them. An argument it cannot honour raises OptionError,
+    never a quiet substitute: only ``"auto"`` picks (the backend: cuda where a GPU is usable, else cpu; the
+    precision: tf32 where the backend has it, else fp32)."""
+
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
-                 batch_size: int | None = 8, precision: str = "auto", workers: int | None = None,
+                 batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
                  worker_kind: str = "auto", decode: str = "cpu"):
         """batch_size: images per forward (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16
-        or auto (tf32 where the backend has it, else fp32). workers: decode workers
-        (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs).
-        decode: "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and
-        resized on the GPU as Pillow does; cuda backend only, pip install -e '.[gpu-decode]')."""
+        or auto. workers: decode workers (default: one per usable CPU), threads or processes (worker_kind; auto:
+        processes for long runs). decode: "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs
+        decoded by nvImageCodec and resized on the GPU as Pillow does; cuda backend only, needs the gpu-decode
+        extra)."""
         if batch_size is not None and batch_size < 1:
-            raise EngineError(f"batch size must be at least 1, got {batch_size}")
-        if backend not in BACKEND_CHOICES:
-            raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_CHOICES)}")
-        if precision not in PRECISION_CHOICES:
-            raise EngineError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISION_CHOICES)}")
-        if worker_kind not in WORKER_KINDS:
-            raise EngineError(f"unknown worker kind {worker_kind!r}; choose one of {', '.join(WORKER_KINDS)}")
-        if decode not in DECODE_CHOICES:
-            raise EngineError(f"unknown decode {decode!r}; choose one of {', '.join(DECODE_CHOICES)}")
+            raise OptionError("batch_size", batch_size, "must be at least 1")
+        choice("backend", backend, BACKEND_CHOICES)
+        choice("precision", precision, PRECISION_CHOICES)
+        choice("worker_kind", worker_kind, WORKER_KINDS)
+        choice("decode", decode, DECODE_CHOICES)
         if workers is not None and workers < 1:
-            raise EngineError(f"workers must be at least 1, got {workers}")
+            raise OptionError("workers", workers, "must be at least 1")
         self.notes: list[str] = []  # fallbacks taken, one line each (the CLI prints them on stderr)
         # called with each note as it is taken, also those taken after construction (the CLI: print on stderr)
         self.on_note: Callable[[str], None] | None = None
         self.weights = load(weights)
-        self.backend_name = backend
-        if backend == "auto":  # backends.resolve's choice, with its reason kept for the note
-            ok, why = backends.is_available("cuda")
-            if not ok:
-                self.notes.append(f"auto: running on the CPU ({why})")
-            self.backend_name = "cuda" if ok else "cpu"
-        self.backend_class = backends.backend_class(self.backend_name)  # BackendUnavailable with the reason
-        self.precision = self._resolve_precision(precision, explicit_backend=backend != "auto")
+        self._backend_name = backend
+        fell_back = False
+        if backend == "auto":  # backends.resolve's choice (backend="cuda" raises with the reason there is no GPU)
+            fell_back = not backends.is_available("cuda")[0]
+            if fell_back:
+                self.notes.append(NO_GPU_NOTE)
+            self._backend_name = "cpu" if fell_back else "cuda"
+        self.backend_class = backends.backend_class(self._backend_name)  # BackendUnavailable with the reason
+        where = " (no usable GPU here)" if fell_back else ""
+        self._precision = self._resolve_precision(precision, where)
+        if decode == "gpu" and self._backend_name != "cuda":
+            raise OptionError("decode", decode, f"needs the cuda backend; this engine runs on {self._backend_name}"
+                              + where)
         if decode == "gpu":
-            if self.backend_name != "cuda":
-                raise EngineError(f"--decode gpu needs the cuda backend (this run uses {self.backend_name})")
             from .backends.cuda.jpeg_decode import load_nvimgcodec
 
             load_nvimgcodec()  # a missing nvImageCodec is said now, in one line, not at the first batch
         self.decode = decode
         # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
-        self.batch_size = batch_size or (DEFAULT_BATCH_GPU if self.backend_name == "cuda" else DEFAULT_BATCH_CPU)
+        self.batch_size = batch_size or (DEFAULT_BATCH_GPU if self._backend_name == "cuda" else DEFAULT_BATCH_CPU)
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
         self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
 
-    def _resolve_precision(self, precision: str, explicit_backend: bool) -> str:
+    @property
+    def backend_name(self) -> str:
+        """The backend every forward runs on: "cpu", "cuda", "cudnn" or "torch" ("auto" resolved)."""
+        return self._backend_name
+
+    @property
+    def precision(self) -> str:
+        """The precision every forward computes in: "fp32", "tf32" or "fp16" ("auto" resolved)."""
+        return self._precision
+
+    def _resolve_precision(self, precision: str, where: str) -> str:
         have = getattr(self.backend_class, "PRECISIONS", ("fp32",))
         if precision == "auto":
             return AUTO_PRECISION if AUTO_PRECISION in have else "fp32"
-        if precision in have:
-            return precision
-        if explicit_backend:
-            raise EngineError(f"the {self.backend_name} backend has no {precision} mode (it has "
-                              f"{', '.join(have)}); choose one of those or --backend cuda")
-        self.notes.append(f"{precision} needs the GPU; the {self.backend_name} backend computes in fp32")
-        return "fp32"
+        if precision not in have:
+            raise OptionError("precision", precision, f"the {self._backend_name} backend{where} computes in "
+                              f"{' and '.join(have)} only; give {' or '.join(have)}, or auto")
+        return precision
 
     def _note_once(self, note: str) -> None:
         if note not in self.notes:
@@ -151,14 +174,14 @@ class Engine:
             b.close()
         self._backends.clear()
 
-    def backend(self, batch: int, tune: bool | str = True) -> Any:
+    def backend_for(self, batch: int, tune: bool | str = True) -> Any:
         """The backend instance for plans of ``batch`` images. tune (cuda): measure each conv's kernel (True), or
         take the cached tuning or the cost model ("cached")."""
-        options = dict(backends.DEFAULT_OPTIONS.get(self.backend_name, {}))
+        options = dict(backends.DEFAULT_OPTIONS.get(self._backend_name, {}))
         if "tune" in options:
             options["tune"] = tune
         if hasattr(self.backend_class, "PRECISIONS"):
-            options["precision"] = self.precision
+            options["precision"] = self._precision
         if batch in self._backends and not serves(self._backends[batch], options):
             _, old = self._backends.pop(batch)  # e.g. a long run after a short one on the cost model's kernels
             if getattr(self._pixel_runner, "backend", None) is old:  # classify_pixels's runner must not outlive it
@@ -177,7 +200,7 @@ class Engine:
         if x.ndim != 4 or x.shape[1:] != (3, s, s) or x.shape[0] < 1:
             raise EngineError(f"input must have shape (N, 3, {s}, {s}), got {x.shape}")
         x = np.ascontiguousarray(x, dtype=np.float32)
-        outs = [self.backend(len(chunk)).forward(chunk)
+        outs = [self.backend_for(len(chunk)).forward(chunk)
                 for chunk in (x[i:i + self.batch_size] for i in range(0, len(x), self.batch_size))]
         return np.concatenate(outs, axis=0)
 
@@ -185,10 +208,10 @@ class Engine:
         """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs."""
         batch = max(1, min(self.batch_size, n_images))
         tune: bool | str = True if measures_in_run(n_images) else "cached"
-        if self.backend_name == "cuda":
+        if self._backend_name == "cuda":
             from .backends.cuda.stream import CudaRunner
 
-            backend = self.backend(batch, tune)
+            backend = self.backend_for(batch, tune)
             if getattr(backend, "tuning_source", None) == "model":
                 self._note_once(f"no tuning table for {backend.gpu.device.name()} ({self.precision}, batch {batch}):"
                                 f" running the cost model's kernels; `inception-tune --precisions {self.precision} "
@@ -200,10 +223,11 @@ class Engine:
     def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,
                      on_progress: Callable[[int], None] | None = None) -> Iterator[Prediction]:
         """Classify images (paths or PIL images), yielding one Prediction per image in order as batches finish. A
-        file that cannot be read gets a Prediction with ``error`` set; the others still run. ``on_progress(n)`` is
-        called as each n images finish. Host memory stays at a few batches of images however many there are."""
+        file that cannot be read gets a Prediction with ``error`` set; the others still run, and carry the
+        engine's ``backend`` and ``precision``. ``on_progress(n)`` is called as each n images finish. Host memory
+        stays at a few batches of images however many there are."""
         if not 1 <= top_k <= len(imagenet_labels()):
-            raise EngineError(f"top-k must be between 1 and {len(imagenet_labels())}, got {top_k}")
+            raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
         if not images:
             return
         stream = (classify_encoded(images, self.runner(len(images)), top_k) if self.decode == "gpu"
@@ -212,7 +236,7 @@ class Engine:
             for p in stream:
                 if on_progress:
                     on_progress(1)
-                yield p
+                yield dataclasses.replace(p, backend=self._backend_name, precision=self._precision) if p.ok else p
         finally:
             # Closing this generator closes the pipeline now, with the engine still open: left to the garbage
             # collector, it could run after the backend was closed and print an ignored EngineError's traceback.
@@ -226,7 +250,7 @@ class Engine:
         if pixels.ndim != 4 or pixels.shape[1:] != (s, s, 3) or pixels.dtype != np.uint8:
             raise EngineError(f"pixels must be (N, {s}, {s}, 3) uint8, got {pixels.shape} {pixels.dtype}")
         if not 1 <= top_k <= len(imagenet_labels()):
-            raise EngineError(f"top-k must be between 1 and {len(imagenet_labels())}, got {top_k}")
+            raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
         runner, out = self.prepare_pixels(), []
         for i in range(0, len(pixels), runner.batch):
             chunk = pixels[i:i + runner.batch]

@@ -17,3 +17,16 @@ class WeightsError(EngineError):
 
 class BackendUnavailable(EngineError):
     """The requested backend cannot run here (no GPU, no pycuda, no cuDNN, no PyTorch ...)."""
+
+
+class OptionError(EngineError):
+    """An argument that cannot be honoured, e.g. a precision the backend lacks. ``str()`` names the Python keyword
+    (``precision='fp16': ...``); ``as_flag()`` names the command's option instead (``--precision fp16: ...``), so
+    that each interface words the error in its own terms."""
+
+    def __init__(self, option: str, value: object, reason: str):
+        self.option, self.value, self.reason = option, value, reason
+        super().__init__(f"{option}={value!r}: {reason}")
+
+    def as_flag(self) -> str:
+        return f"--{self.option.replace('_', '-')} {self.value}: {self.reason}"

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import backends
 from .engine import Engine
 from .errors import EngineError
 from .images import first_line
@@ -95,9 +96,11 @@ def _next(q: Any, proc: Any, gpu: int) -> list[Prediction]:
 def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
                     batch_size: int, precision: str, workers: int | None, worker_kind: str,
                     on_progress: Callable[[int], None] | None = None, decode: str = "cpu") -> GpuRun:
-    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1). The workers
-    start now, in parallel, each on its own share of the CPUs (``cpu_share``), so their start-up overlaps whatever
-    the caller does before it reads the first prediction."""
+    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1). Refused
+    (OptionError) at the call, before any worker starts, where this machine has fewer GPUs. The workers start now,
+    in parallel, each on its own share of the CPUs (``cpu_share``), so their start-up overlaps whatever the caller
+    does before it reads the first prediction."""
+    backends.require_gpus(gpus)
     if not paths:
         return GpuRun(0, 1, gpus, [], [], on_progress)
     chunk = batch_size * CHUNK_BATCHES

@@ -1,8 +1,9 @@
 """Result files that survive large jobs: one line per image, appended as results arrive, resumable.
 
-``--output FILE.jsonl`` writes one JSON object per line, ``{"image": PATH, "top": [{"index", "label", "prob"}]}``
-or ``{"image": PATH, "error": MSG}``; ``FILE.csv`` one row per image, ``image, error`` then index, label and
-probability of each of the top k. Lines are written whole, a batch at a time with one ``write`` (a killed process
+``--output FILE.jsonl`` writes one JSON object per line, ``{"image": PATH, "top": [{"index", "label", "prob"}],
+"backend": B, "precision": P}`` or ``{"image": PATH, "error": MSG}``; ``FILE.csv`` one row per image, ``image,
+error``, then index, label and probability of each of the top k, then ``backend, precision`` (empty for errors).
+Probabilities are written to PROB_DIGITS significant digits: float32 logits carry no more. Lines are written whole, a batch at a time with one ``write`` (a killed process
 leaves whole lines behind it), flushed to the OS at once and to the disk every few seconds and at the end. A
 crash loses at most what had not been flushed: the batch in flight.
 
@@ -26,6 +27,11 @@ from .pipeline import Prediction
 
 FSYNC_SECONDS = 5.0
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+PROB_DIGITS = 6
+
+
+def rounded(prob: float) -> float:
+    return float(f"{prob:.{PROB_DIGITS}g}")
 
 
 def output_format(path: Path) -> str:
@@ -38,7 +44,9 @@ def output_format(path: Path) -> str:
 def as_json(p: Prediction) -> dict:
     if p.ok:
         assert p.top is not None
-        return {"image": p.image, "top": [{"index": i, "label": label, "prob": prob} for i, label, prob in p.top]}
+        top = [{"index": i, "label": label, "prob": rounded(prob)} for i, label, prob in p.top]
+        computed_in = {k: v for k, v in (("backend", p.backend), ("precision", p.precision)) if v is not None}
+        return {"image": p.image, "top": top, **computed_in}
     return {"image": p.image, "error": p.error}
 
 
@@ -48,14 +56,16 @@ def jsonl_bytes(preds: Sequence[Prediction]) -> bytes:
 
 
 def csv_header(top_k: int) -> list[str]:
-    return ["image", "error"] + [f"top{r}_{f}" for r in range(1, top_k + 1) for f in ("index", "label", "prob")]
+    return (["image", "error"] + [f"top{r}_{f}" for r in range(1, top_k + 1) for f in ("index", "label", "prob")]
+            + ["backend", "precision"])
 
 
 def csv_row(p: Prediction, top_k: int) -> list[str]:
     if not p.ok:
-        return [p.image, p.error or ""] + [""] * (3 * top_k)
+        return [p.image, p.error or ""] + [""] * (3 * top_k) + ["", ""]
     assert p.top is not None
-    return [p.image, ""] + [str(v) for i, label, prob in p.top for v in (i, label, repr(prob))]
+    return ([p.image, ""] + [str(v) for i, label, prob in p.top for v in (i, label, rounded(prob))]
+            + [p.backend or "", p.precision or ""])
 
 
 def image_key(path: str) -> str:

@@ -50,6 +50,10 @@ class Prediction:
     image: str  # the path as given, or "<PIL.Image N>" for in-memory images
     top: list[tuple[int, str, float]] | None = None  # (class index, label, probability), most likely first
     error: str | None = None
+    # what computed ``top``: the backend's name and the precision it ran in (Engine.predict_iter fills them in;
+    # None for errors, which nothing computed)
+    backend: str | None = None
+    precision: str | None = None
 
     @property
     def ok(self) -> bool:

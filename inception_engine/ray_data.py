@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from .engine import Engine, load
-from .errors import EngineError
+from .errors import EngineError, OptionError
 from .images import Preprocess, image_extensions
+from .inputs import list_directory
 from .output import jsonl_bytes
 from .pipeline import Prediction, decode_into
 from .weights import Weights, find_weights, load_weights
@@ -80,7 +81,8 @@ class InceptionPredictor:
     Takes rows of "path" and either "pixels" (decode_batch's output: the fast way, decoding on CPU tasks) or
     "bytes" (read_binary_files's, decoded here: one stage, simpler, slower on a GPU actor). Returns "path",
     "error" ("" when classified), and "top_index", "top_label", "top_prob" (lists of top_k, most likely first;
-    empty for errors). weights: a path, a Weights (e.g. a ray.put of one: fetched once per node, not read from
+    empty for errors), "backend" and "precision" (what the actor's engine computes in; "" for errors). weights:
+    a path, a Weights (e.g. a ray.put of one: fetched once per node, not read from
     each node's disk) or None for the usual places. diagnostics adds "worker" (host:pid) and "engines_built"
     (predictors built in that process so far) to every row."""
 
@@ -109,7 +111,9 @@ class InceptionPredictor:
         out = {"path": batch["path"], "error": errors,
                "top_index": column([[i for i, _, _ in t] for t in tops]),
                "top_label": column([[label for _, label, _ in t] for t in tops]),
-               "top_prob": column([[p for _, _, p in t] for t in tops])}
+               "top_prob": column([[p for _, _, p in t] for t in tops]),
+               "backend": np.where(errors == "", self.engine.backend_name, "").astype(object),
+               "precision": np.where(errors == "", self.engine.precision, "").astype(object)}
         if self.worker is not None:
             out["worker"] = np.full(len(errors), self.worker, dtype=object)
             out["engines_built"] = np.full(len(errors), _engines_built)
@@ -140,18 +144,26 @@ READ_BLOCKS_PER_CPU = 4  # read tasks per cluster CPU (see read_images)
 FILES_PER_READ_TASK = 256  # at most, where the files can be counted: a task's decoded block is then <= ~70 MB
 
 
-def read_images(sources: str | list[str]) -> Any:
+def read_images(sources: str | list[str], recursive: bool = True) -> Any:
     """``ray.data.read_binary_files(sources, include_paths=True)`` for the image extensions, in at least
     READ_BLOCKS_PER_CPU read tasks per CPU of the cluster, and for local files at most FILES_PER_READ_TASK files a
     task. classify_dataset decodes each task's block whole, in the task, so the cap bounds a task's memory (256 crops
     of 299x299x3 bytes: 69 MB). Local sources are listed here, once, and Ray is handed the files; remote ones (URIs)
     Ray lists, and their blocks are only cut at Ray's target block size (DataContext.target_max_block_size) of file
     bytes. Ray's default cut a folder into tasks of a dozen files or so, and the decode stage then ran at 290
-    images/s where 24 tasks gave 480-510 (2,048 JPEGs, 6 Ray CPUs on a 2-core machine, decode only)."""
+    images/s where 24 tasks gave 480-510 (2,048 JPEGs, 6 Ray CPUs on a 2-core machine, decode only).
+    recursive=False: directories' top level only (inputs.list_directory for local ones, a listing of the URI's top
+    level for the others), as inception-run without --recursive."""
     ray = require_ray()
     exts = image_extensions()
     blocks = max(1, READ_BLOCKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
-    files = local_image_files([sources] if isinstance(sources, str) else sources, exts)
+    sources = [sources] if isinstance(sources, str) else sources
+    if not recursive:
+        given, sources = sources, [s for src in sources for s in top_level_files(src, exts)]
+        if not sources:
+            raise EngineError(f"no image files at the top level of {', '.join(given)} (subfolders are searched "
+                              f"only when recursive)")
+    files = local_image_files(sources, exts)
     if files:  # an empty listing goes to Ray as given, which says what it found nothing in
         sources, blocks = files, max(blocks, -(-len(files) // FILES_PER_READ_TASK))
     return ray.data.read_binary_files(sources, include_paths=True, file_extensions=sorted(e.lstrip(".") for e in exts),
@@ -160,23 +172,33 @@ def read_images(sources: str | list[str]) -> Any:
 
 def local_image_files(sources: list[str], exts: set[str]) -> list[str] | None:
     """The files with these extensions that the sources name or hold, or None where a source is no local path (a
-    URI, say). Directories are walked as Ray expands them: recursively, leaving out what lies under a name that
-    starts with "." or "_" at the directory's top."""
+    URI, say). Directories are listed as inception-run --recursive lists them (inputs.list_directory)."""
     files: list[str] = []
     for src in sources:
         if os.path.isfile(src):
             files.append(src)
         elif os.path.isdir(src):
-            found = []
-            for d, dirs, names in os.walk(src):
-                if d == src:  # the hidden and "_" entries at the top are left out, so not walked into either
-                    dirs[:] = [n for n in dirs if not n.startswith((".", "_"))]
-                    names = [n for n in names if not n.startswith((".", "_"))]
-                found += (os.path.join(d, n) for n in names if os.path.splitext(n)[1].lower() in exts)
-            files += sorted(found)
+            files += list_directory(src, True, exts).files
         else:
             return None
     return files
+
+
+def top_level_files(source: str, exts: set[str]) -> list[str]:
+    """A directory's (local or URI) image files at its top level; any other source as it is."""
+    if os.path.isdir(source):
+        return list_directory(source, False, exts).files
+    if os.path.exists(source) or "://" not in source:
+        return [source]
+    from pyarrow import fs  # Ray Data's own filesystem layer
+
+    filesystem, path = fs.FileSystem.from_uri(source)
+    if filesystem.get_file_info(path).type != fs.FileType.Directory:
+        return [source]
+    scheme = source.split("://", 1)[0]
+    entries = filesystem.get_file_info(fs.FileSelector(path, recursive=False))
+    return sorted(f"{scheme}://{e.path}" for e in entries if e.type == fs.FileType.File
+                  and not e.base_name.startswith(".") and os.path.splitext(e.base_name)[1].lower() in exts)
 
 
 def decode_images(ds: Any, weights: str | os.PathLike | Weights | Any | None = None) -> Any:
@@ -217,7 +239,8 @@ def rows_as_predictions(batch: Batch) -> list[Prediction]:
             preds.append(Prediction(str(path), error=error))
         else:
             top = zip(batch["top_index"][i], batch["top_label"][i], batch["top_prob"][i])
-            preds.append(Prediction(str(path), top=[(int(k), str(label), float(p)) for k, label, p in top]))
+            preds.append(Prediction(str(path), top=[(int(k), str(label), float(p)) for k, label, p in top],
+                                    backend=str(batch["backend"][i]), precision=str(batch["precision"][i])))
     return preds
 
 
@@ -263,8 +286,9 @@ class RayRun:
 
 def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpus: int | None = None,
             weights: str | None = None, backend: str = "auto", precision: str = "auto", batch_size: int = 64,
-            top_k: int = 5) -> RayRun:
-    """``inception-run --ray``: classify every image under ``sources`` (files, directories, URIs Ray Data reads)
+            top_k: int = 5, recursive: bool = True) -> RayRun:
+    """``inception-run --ray``: classify the images of ``sources`` (files, directories, URIs Ray Data reads; with
+    ``recursive`` the directories' subfolders too)
     on the cluster at ``address`` (None: the running one, else a new local one) with ``gpus`` GPU actors (None:
     every GPU in the cluster; none there: one cpu-backend actor per node), writing JSON lines into
     ``output_dir``."""
@@ -283,17 +307,21 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
         elif gpus > have and address in (None, "", "local") and not os.environ.get("RAY_ADDRESS"):
             # this machine's cluster cannot grow: Ray would wait for the missing GPUs forever. A remote cluster may
             # be autoscaling, so there the job is left to wait for them.
-            raise EngineError(f"--gpus {gpus}: the local Ray cluster has {have} GPU{'s' * (have != 1)}; give "
-                              + (f"--gpus {have} or fewer" if have else "--gpus 0 (a cpu-backend actor)"))
+            raise OptionError("gpus", gpus, f"the local Ray cluster has {have} GPU{'s' * (have != 1)}; give "
+                              + (f"{have} or fewer" if have else "0 (a cpu-backend actor)"))
+        if gpus == 0 and backend in ("auto", "cpu") and precision not in ("auto", "fp32"):
+            # said here, once, rather than by every actor's Engine inside the job
+            raise OptionError("precision", precision, "a job without GPUs runs the cpu backend, which computes in "
+                              "fp32 only; give fp32, or auto")
         nodes = sum(1 for n in ray.nodes() if n["Alive"])
         t0 = time.perf_counter()
-        ds = read_images(sources)
+        ds = read_images(sources, recursive)
         results = classify_dataset(ds, ray.put(w), gpus=gpus, backend=backend, precision=precision,
                                    batch_size=batch_size, top_k=top_k, cpu_actors=nodes)
         sink = jsonl_datasink(output_dir)
         results.write_datasink(sink)
         return RayRun(sink.images, sink.errors, time.perf_counter() - t0,
-                      f"{gpus} GPU actors" if gpus else f"{nodes} CPU actors")
+                      f"{gpus} GPU actor{'s' * (gpus != 1)}" if gpus else f"{nodes} CPU actor{'s' * (nodes != 1)}")
     finally:
         if started:
             ray.shutdown()
@@ -301,7 +329,7 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
 
 def run_on_ray(address: str, sources: tuple[str, ...], weights: str | None, backend: str, precision: str,
                top_k: int, batch_size: int | None, output: str | None, gpus: int | None, resume: bool,
-               as_json: bool) -> None:
+               as_json: bool, recursive: bool) -> None:
     """inception-run's --ray branch: check the options, run, print the summary, exit 1 if any image failed."""
     import click
 
@@ -312,9 +340,15 @@ def run_on_ray(address: str, sources: tuple[str, ...], weights: str | None, back
         raise EngineError("--ray writes its results to a directory: give --output DIR (or a URI such as s3://...)")
     if resume or as_json:
         raise EngineError("--ray writes JSON lines into --output DIR; --resume and --json are not for --ray")
+    if not recursive:
+        for src in sources:
+            notice = list_directory(src, False).notice() if os.path.isdir(src) else None
+            if notice:
+                click.echo(f"note: {src}: {notice}", err=True)
     run = run_ray(list(sources), output, address or None, gpus, weights, backend, precision, batch_size or 64,
-                  top_k)
-    click.echo(f"{run.images} images ({run.errors} errors) in {run.seconds:.1f} s on {run.actors}, "
+                  top_k, recursive)
+    n, e = int(run.images), int(run.errors)  # Ray may count in numpy integers
+    click.echo(f"{n} image{'s' * (n != 1)} ({e} error{'s' * (e != 1)}) in {run.seconds:.1f} s on {run.actors}, "
                f"{run.images / max(run.seconds, 1e-9):.0f} images/s -> {output}", err=True)
     if run.errors:
         click.echo(f"error: {run.errors} of {run.images} inputs could not be classified", err=True)

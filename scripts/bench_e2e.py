@@ -81,7 +81,7 @@ def row_ours(args: argparse.Namespace) -> dict:
                 workers=args.workers, worker_kind=args.kind, decode=args.decode) as engine:
         batch = min(args.batch_size, len(paths))
         if engine.backend_name == "cuda":
-            engine.backend(batch, tune=True)  # tune once (cached): the warm state a second run finds
+            engine.backend_for(batch, tune=True)  # tune once (cached): the warm state a second run finds
         list(engine.predict_iter(paths[:2 * batch], top_k=5))  # warm-up: pools, pinned buffers, graph
         t0 = time.perf_counter()
         top1 = [p.top[0][0] if p.ok else -1 for p in engine.predict_iter(paths, top_k=5)]
@@ -95,7 +95,7 @@ def row_ours(args: argparse.Namespace) -> dict:
 def forward_alone(engine: object, batch: int) -> dict:
     """The engine's tuned forward of ``batch`` images alone (CUDA events, median; none on the cpu backend) and the
     GPU memory its backend holds."""
-    backend = engine.backend(batch, tune=True)  # type: ignore[attr-defined]
+    backend = engine.backend_for(batch, tune=True)  # type: ignore[attr-defined]
     out: dict = {}
     if hasattr(backend, "time_forward"):
         x = np.random.default_rng(0).standard_normal((batch, 3, 299, 299)).astype(np.float32)

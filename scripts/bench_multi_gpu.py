@@ -195,8 +195,11 @@ def main() -> None:
             plans += [(p, "cpu", g, True) for p in args.precisions.split(",") for g in gpu_counts]
         ray_warmed = False
         for precision, decode, g, ray in plans:
+            # one GPU without Ray is the plain run (inception-run refuses --gpus 1 where there is no GPU, and the
+            # cpu-backend smoke run has none)
+            gpus = ["--gpus", str(g)] if ray or g > 1 else []
             opts = ["--weights", weights, "--backend", args.backend, "--precision", precision, "--batch-size",
-                    str(args.batch_size), "--gpus", str(g)] + ([] if ray else ["--decode", decode])
+                    str(args.batch_size), *gpus] + ([] if ray else ["--decode", decode])
             label = f"{'ray' if ray else 'inception-run'} {precision} decode {decode} gpus {g}"
             try:
                 # the first row of each kind warms up (a Ray start is ~25 s: once is enough for its caches)

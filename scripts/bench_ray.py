@@ -91,7 +91,7 @@ def main() -> None:
     warm = paths[:WARM_FILES]
     with Engine(weights, backend=args.backend, batch_size=args.batch_size, precision=args.precision) as engine:
         if engine.backend_name == "cuda":  # a long timed run would tune first, inside its timing; Ray's actor
-            engine.backend(args.batch_size, tune=True)  # takes the tuning cache: both get the measured kernels
+            engine.backend_for(args.batch_size, tune=True)  # takes the tuning cache: both get the measured kernels
     engine_rate(warm, weights, args.backend, args.precision, args.batch_size)  # untimed: caches, worker processes
     ray_rate(warm, ref, args.backend, args.precision, args.batch_size, args.gpus)
     rates: dict[str, list[float]] = {}

@@ -163,7 +163,7 @@ def profile_variants(paths: list[Path], batch: int) -> None:
 
     with engine:
         t0 = time.perf_counter()
-        backend = engine.backend(batch, "cached")
+        backend = engine.backend_for(batch, "cached")
         with backend.gpu:
             backend.jpeg_decoder(pre)
         print(f"{'decoder start-up (once a backend)':34} {1e3 * (time.perf_counter() - t0):8.0f} ms")
@@ -266,7 +266,7 @@ def profile_segments(paths: list[Path], batch: int, every: int = 2048) -> None:
     weights = synthetic_weights(0)
     for precision in ("tf32", "fp16"):
         with Engine(weights, backend="cuda", batch_size=batch, precision=precision, decode="gpu") as engine:
-            engine.backend(batch, tune=True)
+            engine.backend_for(batch, tune=True)
             list(engine.predict_iter(files[:2 * batch]))  # warm-up: kernels, graph, decoder
             for rep in range(2):
                 for n in (min(4096, len(files)), len(files)):

@@ -79,13 +79,15 @@ def test_run_directory_text_output(weights_file, image_dir):
     r = runner().invoke(cli.run_cmd, [str(image_dir), "--weights", str(weights_file), "--backend", "cpu",
                                       "--top-k", "3", "--batch-size", "4"])
     assert r.exit_code == 0, r.output
-    lines = r.stdout.splitlines()
+    header, *lines = r.stdout.splitlines()
+    assert header == f"# cpu backend, fp32, weights {weights_file}"
     names = [l for l in lines if not l.startswith("  ")]
     assert names == [str(image_dir / n) for n in GOOD]  # sorted, notes.txt skipped
     tops = [l for l in lines if l.startswith("  ")]
     assert len(tops) == 3 * len(GOOD) and not any("error" in l for l in tops)
     labels = imagenet_labels()
     for l in tops:  # "  0.0123  label (index)"
+        assert re.match(r"  [01]\.\d{4}  ", l), l
         prob, rest = l.split(None, 1)
         label, index = rest.rsplit(" (", 1)
         assert 0.0 <= float(prob) <= 1.0 and labels[int(index.rstrip(")"))] == label
@@ -96,12 +98,13 @@ def test_run_json_schema_and_probabilities(weights_file, image_dir):
                                       "--weights", str(weights_file), "--backend", "cpu", "--top-k", "5"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert set(doc) == {"weights", "backend", "results"}
-    assert doc["weights"] == str(weights_file) and doc["backend"] == "cpu"
+    assert set(doc) == {"weights", "backend", "precision", "results"}
+    assert doc["weights"] == str(weights_file) and (doc["backend"], doc["precision"]) == ("cpu", "fp32")
     assert [e["image"] for e in doc["results"]] == [str(image_dir / "a_rgb.jpg"), str(image_dir / "g_rotated.jpg")]
     labels = imagenet_labels()
     for entry in doc["results"]:
-        assert set(entry) == {"image", "top"} and len(entry["top"]) == 5
+        assert set(entry) == {"image", "top", "backend", "precision"} and len(entry["top"]) == 5
+        assert (entry["backend"], entry["precision"]) == ("cpu", "fp32")
         probs = [t["prob"] for t in entry["top"]]
         assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-9
         for t in entry["top"]:
@@ -134,11 +137,99 @@ def test_run_globs(weights_file, image_dir):
 
 
 def test_run_progress_bar_only_on_a_tty(weights_file, image_dir, monkeypatch):
-    monkeypatch.setattr(cli, "stderr_is_tty", lambda: True)
+    monkeypatch.setattr(cli, "progress_bar_fits", lambda: True)
     r = runner().invoke(cli.run_cmd, [str(image_dir / "a_rgb.jpg"), str(image_dir / "b_grey.png"), "--json",
                                       "--weights", str(weights_file), "--backend", "cpu", "--batch-size", "1"])
     assert r.exit_code == 0, r.output
     assert "classifying" in r.stderr and len(json.loads(r.stdout)["results"]) == 2
+
+
+@pytest.mark.parametrize("have,gpus,words", [(0, 1, "no usable GPU"), (0, 2, "no usable GPU"),
+                                             (1, 2, "1 usable GPU"), (2, 3, "2 usable GPUs")])
+def test_run_more_gpus_than_the_machine_has_is_refused(weights_file, image_dir, monkeypatch, have, gpus, words):
+    monkeypatch.setattr(backends, "usable_gpus", lambda: have)
+    r = runner().invoke(cli.run_cmd, [str(image_dir), "--weights", str(weights_file), "--gpus", str(gpus)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert one_line_error(r) == f"error: --gpus {gpus}: this machine has {words}"
+
+
+def test_run_precision_the_cpu_lacks_is_refused_with_auto_backend_too(weights_file, image_dir, monkeypatch):
+    monkeypatch.setattr(backends, "is_available", lambda name: (name == "cpu", "no GPU"))
+    for backend in ("auto", "cpu"):
+        r = runner().invoke(cli.run_cmd, [str(image_dir), "--weights", str(weights_file), "--backend", backend,
+                                          "--precision", "fp16"])
+        assert r.exit_code == 2 and r.stdout == ""
+        assert one_line_error(r).startswith("error: --precision fp16: the cpu backend")
+
+
+@pytest.fixture
+def nested(tmp_path) -> Path:
+    """photos/ with one image at its top and four in subfolders (one hidden folder's image never counts)."""
+    rng = np.random.default_rng(4)
+    for name in ("top.jpg", "a/x/one.jpg", "a/b/two.png", "a/b/three.jpg", "c/four.jpg", ".hidden/no.jpg"):
+        (tmp_path / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (80, 90, 3), dtype=np.uint8)).save(tmp_path / "photos" / name)
+    return tmp_path / "photos"
+
+
+def test_run_says_what_a_directory_listing_left_out_and_recursive_takes_it(weights_file, nested):
+    base = [str(nested), "--weights", str(weights_file), "--backend", "cpu", "--top-k", "1", "--json"]
+    r = runner().invoke(cli.run_cmd, base)
+    assert r.exit_code == 0, r.output
+    assert [e["image"] for e in json.loads(r.stdout)["results"]] == [str(nested / "top.jpg")]
+    assert f"note: {nested}: 4 images in subfolders not searched (--recursive searches them)" in r.stderr
+    for flag in ("--recursive", "-r"):
+        r = runner().invoke(cli.run_cmd, [*base, flag])
+        assert r.exit_code == 0, r.output
+        assert [e["image"] for e in json.loads(r.stdout)["results"]] == [
+            str(nested / n) for n in ("a/b/three.jpg", "a/b/two.png", "a/x/one.jpg", "c/four.jpg", "top.jpg")]
+        assert "not searched" not in r.stderr
+    r = runner().invoke(cli.run_cmd, [str(nested / "a"), *base[1:]])  # nothing at the top: the error entry says why
+    assert r.exit_code == 1
+    assert json.loads(r.stdout)["results"] == [{"image": str(nested / "a"), "error": f"{nested / 'a'}: directory "
+                                                "has no image files at its top level; 3 images in subfolders not "
+                                                "searched (--recursive searches them)"}]
+
+
+def test_run_recursive_with_gpus_takes_the_same_images(weights_file, nested, monkeypatch, tmp_path):
+    """--gpus N lists its inputs as the plain run does (the workers are spawned: each sees the real machine, so the
+    cpu backend runs them)."""
+    monkeypatch.setattr(backends, "usable_gpus", lambda: 2)
+    args = [str(nested), "--weights", str(weights_file), "--backend", "cpu", "--top-k", "1", "-r", "--batch-size",
+            "1", "--workers", "1"]
+    one = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / "one.jsonl")])
+    two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2", "--output", str(tmp_path / "two.jsonl")])
+    assert one.exit_code == two.exit_code == 0, two.output
+    rows = [json.loads(line) for line in (tmp_path / "two.jsonl").read_text().splitlines()]
+    assert [r["image"] for r in rows] == [json.loads(line)["image"]
+                                          for line in (tmp_path / "one.jsonl").read_text().splitlines()]
+    assert len(rows) == 5
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--precison", "fp16"], "error: no such option --precison (did you mean --precision?); inception-run --help "
+                             "lists the options"),
+    (["--precision", "bf16"], "error: invalid value for '--precision': 'bf16' is not one of 'auto', 'fp32', "
+                              "'tf32', 'fp16'; inception-run --help lists the options"),
+    ([], "error: missing argument 'IMAGES...'; inception-run --help lists the options"),
+])
+def test_usage_errors_are_one_line(args, line, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["inception-run", *args] if not args else ["inception-run", "x.jpg", *args])
+    with pytest.raises(SystemExit) as e:
+        cli.run_main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_the_cpu_fallback_note_is_short_and_said_once(weights_file, image_dir, tmp_path, monkeypatch):
+    if backends.is_available("cuda")[0]:
+        pytest.skip("a GPU is usable here: auto runs on it, without a note")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = [str(image_dir / "a_rgb.jpg"), "--weights", str(weights_file), "--top-k", "1"]
+    first, second = runner().invoke(cli.run_cmd, args), runner().invoke(cli.run_cmd, args)
+    assert first.exit_code == second.exit_code == 0
+    assert first.stderr == "note: no usable GPU: running on the CPU (--backend cuda says why)\n"
+    assert second.stderr == "" and second.stdout.startswith("# cpu backend, fp32, ")  # the header still says it
 
 
 def test_run_missing_weights_says_how_to_get_them(tmp_path, image_dir, monkeypatch):
@@ -150,7 +241,7 @@ def test_run_missing_weights_says_how_to_get_them(tmp_path, image_dir, monkeypat
     err = one_line_error(r)
     assert "export_torchvision_onnx.py" in err and "inception-convert-weights" in err
     r = runner().invoke(cli.run_cmd, [str(image_dir / "a_rgb.jpg"), "--weights", str(tmp_path / "nope.npz")])
-    assert r.exit_code == 2 and "nope.npz" in one_line_error(r)
+    assert r.exit_code == 2 and one_line_error(r).startswith(f"error: --weights {tmp_path / 'nope.npz'}: no such file")
 
 
 def test_run_corrupt_weights_file_is_one_line(tmp_path, image_dir):
@@ -232,6 +323,8 @@ def test_bench_json_on_cpu(weights_file, tmp_path):
     assert doc["weights"] == str(weights_file) and doc["synthetic"] is False
     assert table_csv.read_text().splitlines()[0].startswith("backend,batch,status,median_ms")
     assert "cpu" in r.stdout and "median ms" in r.stdout
+    if not backends.is_available("cuda")[0]:  # no GPU row ran: the GPU's floors would say nothing
+        assert "floors:" not in r.stdout and "x floor (GPU rows)" not in r.stdout
 
 
 def test_bench_without_weights_runs_the_synthetic_model_and_says_so(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from random_weights import random_weights, write_random_weights
 from inception_engine import backends
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.engine import Engine, softmax
-from inception_engine.errors import BackendUnavailable, EngineError, WeightsError
+from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
 from inception_engine.images import load_image
 from inception_engine.labels import imagenet_labels
 from inception_engine.plan import build_plan
@@ -115,14 +115,17 @@ def test_no_weights_found_says_how_to_get_them(tmp_path, monkeypatch):
         Engine(None, backend="cpu")
 
 
-def test_bad_arguments_are_engine_errors(weights):
-    with pytest.raises(EngineError, match="unknown backend"):
+def test_bad_arguments_are_engine_errors_worded_for_python(weights):
+    with pytest.raises(OptionError, match=r"^backend='tpu': choose one of auto, cpu, cuda, cudnn, torch$"):
         Engine(weights, backend="tpu")
-    with pytest.raises(EngineError, match="batch size"):
+    with pytest.raises(OptionError, match=r"^batch_size=0: must be at least 1$"):
         Engine(weights, backend="cpu", batch_size=0)
     engine = Engine(weights, backend="cpu")
-    with pytest.raises(EngineError, match="top-k"):
+    with pytest.raises(OptionError, match=r"^top_k=0: must be between 1 and 1000$") as e:
         engine.predict([], top_k=0)
+    assert e.value.as_flag() == "--top-k 0: must be between 1 and 1000"  # the CLI's wording of the same
+    with pytest.raises(OptionError, match=r"^weights='/nonexistent/w.npz': no such file \(inception-convert-weights"):
+        Engine("/nonexistent/w.npz", backend="cpu")
     with pytest.raises(EngineError, match="shape"):
         engine.forward(np.zeros((2, 3, 224, 224), np.float32))
     assert engine.predict([], top_k=5) == []
@@ -141,7 +144,66 @@ def test_unavailable_backend_is_one_clear_line(weights, name):
 def test_auto_picks_cpu_without_a_gpu(weights):
     if backends.is_available("cuda")[0]:
         pytest.skip("a GPU is usable here; auto means cuda")
-    assert Engine(weights, backend="auto").backend_name == "cpu"
+    engine = Engine(weights, backend="auto")
+    assert (engine.backend_name, engine.precision, engine.batch_size) == ("cpu", "fp32", 8)
+    assert engine.notes == ["no usable GPU: running on the CPU"]
+
+
+def no_gpu(monkeypatch) -> None:
+    """As on a machine without a usable GPU, wherever the test runs."""
+    real = backends.is_available
+    monkeypatch.setattr(backends, "is_available", lambda name: (False, "no GPU") if name != "cpu" else real(name))
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+def test_a_precision_the_backend_lacks_is_refused_not_replaced(weights, monkeypatch, backend, precision):
+    no_gpu(monkeypatch)
+    with pytest.raises(OptionError) as e:
+        Engine(weights, backend=backend, precision=precision)
+    where = " (no usable GPU here)" if backend == "auto" else ""
+    assert str(e.value) == (f"precision={precision!r}: the cpu backend{where} computes in fp32 only; give fp32, "
+                            f"or auto")
+    assert "--" not in str(e.value)  # worded for Python; the CLI names its flag (as_flag)
+
+
+def test_auto_precision_picks_per_backend(weights, monkeypatch):
+    no_gpu(monkeypatch)
+    assert Engine(weights, precision="auto").precision == "fp32"
+    monkeypatch.setattr(backends, "backend_class", lambda name: type("Tf32Backend", (), {"PRECISIONS": ("fp32", "tf32",
+                                                                                                        "fp16")}))
+    assert Engine(weights, backend="cudnn", precision="auto").precision == "tf32"
+    assert Engine(weights, backend="cudnn", precision="fp16").precision == "fp16"
+
+
+def test_backend_name_and_precision_are_read_only_and_results_record_them(weights):
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        with pytest.raises(AttributeError):
+            engine.precision = "fp16"  # type: ignore[misc]
+        with pytest.raises(AttributeError):
+            engine.backend_name = "cuda"  # type: ignore[misc]
+        good, bad = engine.predict([images(1)[0], "/nonexistent/x.jpg"], top_k=1)
+    assert (good.backend, good.precision) == ("cpu", "fp32")
+    assert not bad.ok and (bad.backend, bad.precision) == (None, None)  # nothing computed it
+
+
+def test_decode_gpu_on_the_cpu_backend_is_refused(weights, monkeypatch):
+    no_gpu(monkeypatch)
+    with pytest.raises(OptionError, match=r"^decode='gpu': needs the cuda backend; this engine runs on cpu \(no "
+                                          r"usable GPU here\)$"):
+        Engine(weights, decode="gpu")
+
+
+def test_more_gpus_than_the_machine_has_are_refused_by_the_api(monkeypatch):
+    from inception_engine.multi_gpu import predict_on_gpus
+
+    monkeypatch.setattr(backends, "usable_gpus", lambda: 1)
+    with pytest.raises(OptionError, match=r"^gpus=2: this machine has 1 usable GPU$"):
+        predict_on_gpus(["x.jpg"], 2, 1, None, "auto", 1, "auto", None, "thread")  # at the call, not at next()
+    monkeypatch.setattr(backends, "usable_gpus", lambda: 0)
+    with pytest.raises(OptionError, match=r"^gpus=1: this machine has no usable GPU$"):
+        backends.require_gpus(1)
+    backends.require_gpus(0)
 
 
 class TunableStandIn:
@@ -171,15 +233,15 @@ def test_engine_keeps_a_tuned_backend_across_short_and_long_runs(weights, monkey
     monkeypatch.setitem(backends.DEFAULT_OPTIONS, "cpu", {"tune": False})
     TunableStandIn.cache, TunableStandIn.built = set(), []
     with Engine(weights, backend="cpu", batch_size=4) as engine:
-        short = engine.backend(4, "cached")  # nothing cached yet: the cost model's configs
+        short = engine.backend_for(4, "cached")  # nothing cached yet: the cost model's configs
         assert not short.tuned
-        long = engine.backend(4, True)  # a long run: worth tuning, so rebuilt
+        long = engine.backend_for(4, True)  # a long run: worth tuning, so rebuilt
         assert long is not short and short.closed and long.tuned
-        assert engine.backend(4, "cached") is long  # a short run again: the tuned backend serves it
-        assert engine.backend(4, True) is long
+        assert engine.backend_for(4, "cached") is long  # a short run again: the tuned backend serves it
+        assert engine.backend_for(4, True) is long
     assert TunableStandIn.built == [(4, "cached"), (4, True)]
     TunableStandIn.built = []
     with Engine(weights, backend="cpu", batch_size=4) as engine:  # a later process: the cache has batch 4
-        cached = engine.backend(4, "cached")
-        assert cached.tuned and engine.backend(4, True) is cached
+        cached = engine.backend_for(4, "cached")
+        assert cached.tuned and engine.backend_for(4, True) is cached
     assert TunableStandIn.built == [(4, "cached")]

@@ -12,7 +12,7 @@ from random_weights import random_arrays
 from result_lines import assert_same_results, read_rows
 from test_cli import runner
 
-from inception_engine import cli
+from inception_engine import backends, cli
 from inception_engine.multi_gpu import deal
 from inception_engine.weights import save_weights
 
@@ -23,6 +23,12 @@ def weights_file(tmp_path_factory) -> Path:
                         {"count_include_pad": True, "input": {"size": 75, "resize": 86}})
 
 
+@pytest.fixture
+def two_gpus(monkeypatch) -> None:
+    """The parent's GPU count check passes as on a two-GPU machine; the spawned workers run the cpu backend."""
+    monkeypatch.setattr(backends, "usable_gpus", lambda: 2)
+
+
 def test_deal_round_robin():
     paths = [str(i) for i in range(11)]
     assert deal(paths, 3, 2) == [["0", "1", "6", "7"], ["2", "3", "8", "9"], ["4", "5", "10"]]
@@ -30,7 +36,7 @@ def test_deal_round_robin():
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])  # process: each worker starts decode processes of its own
-def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind):
+def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind, two_gpus):
     d = tmp_path / "photos"
     d.mkdir()
     rng = np.random.default_rng(2)
@@ -52,7 +58,7 @@ def test_gpus_zero_without_ray_is_a_one_line_error(tmp_path):
     assert result.exit_code == 2 and result.stderr.strip().startswith("error: --gpus 0 is for --ray")
 
 
-def test_stopping_early_ends_the_workers(weights_file, tmp_path):
+def test_stopping_early_ends_the_workers(weights_file, tmp_path, two_gpus):
     """A consumer that stops after the first result (an error elsewhere, Ctrl-C): the workers, each with decode
     processes and results it can no longer hand over, are ended within seconds."""
     import multiprocessing

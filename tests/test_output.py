@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from random_weights import random_arrays
 from test_cli import one_line_error, runner
 
 from inception_engine import cli, engine
-from inception_engine.output import read_done
+from inception_engine.output import as_json, csv_row, read_done
+from inception_engine.pipeline import Prediction
 from inception_engine.weights import save_weights
 
 
@@ -48,10 +50,11 @@ def test_jsonl_has_one_line_per_image_in_order_like_json(weights_file, photos, t
     out = tmp_path / "r.jsonl"
     r = run(str(photos), "--weights", str(weights_file), "--output", str(out), "--top-k", "3")
     assert r.exit_code == 1 and r.stdout == ""  # p4 is broken; results go to the file, not the terminal
-    assert "9 images (1 errors)" in r.stderr and str(out) in r.stderr
+    assert "9 images (1 error) in " in r.stderr and "on the cpu backend, fp32" in r.stderr and str(out) in r.stderr
     got = lines(out)
     doc = json.loads(run(str(photos), "--weights", str(weights_file), "--json", "--top-k", "3").stdout)
     assert got == doc["results"]
+    assert all((e["backend"], e["precision"]) == ("cpu", "fp32") for e in got if "top" in e)
     assert [e["image"] for e in got] == [str(photos / f"p{i}.jpg") for i in range(9)]
     assert "error" in got[4] and "not an image" in got[4]["error"]
 
@@ -65,9 +68,10 @@ def test_existing_file_needs_resume_and_resume_needs_a_file(weights_file, photos
                                                   str(tmp_path / "r.txt")))
     assert "choose one" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output",
                                               str(tmp_path / "n.jsonl"), "--json"))
-    assert "no fp16 mode" in one_line_error(run(str(photos), "--weights", str(weights_file), "--precision", "fp16"))
-    assert "--decode gpu needs the cuda backend" in one_line_error(run(str(photos), "--weights", str(weights_file),
-                                                                       "--decode", "gpu"))
+    assert one_line_error(run(str(photos), "--weights", str(weights_file), "--precision", "fp16")) == \
+        "error: --precision fp16: the cpu backend computes in fp32 only; give fp32, or auto"
+    assert "--decode gpu: needs the cuda backend" in one_line_error(run(str(photos), "--weights", str(weights_file),
+                                                                        "--decode", "gpu"))
 
 
 def test_resume_skips_done_images_and_cuts_a_torn_last_line(weights_file, photos, tmp_path):
@@ -119,9 +123,10 @@ def test_csv_rows_and_top_k_must_match_on_resume(weights_file, photos, tmp_path)
     run(str(photos), "--weights", str(weights_file), "--output", str(out), "--top-k", "2")
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["image", "error", "top1_index", "top1_label", "top1_prob", "top2_index", "top2_label",
-                       "top2_prob"]
-    assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 6  # p4's error row
-    assert float(rows[1][4]) >= float(rows[1][7]) > 0
+                       "top2_prob", "backend", "precision"]
+    assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 8  # p4's error row
+    assert float(rows[1][4]) >= float(rows[1][7]) > 0 and rows[1][8:] == ["cpu", "fp32"]
+    assert all(len(re.sub(r"^0\.0*|\.|e.*$", "", row[4])) <= 6 for row in rows[1:] if row[4])  # not repr's 17
     done, good = read_done(out, "csv", 2)
     assert len(done) == 9 and good == out.stat().st_size
     assert "--top-k" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out),
@@ -151,3 +156,14 @@ def test_long_runs_decode_in_processes_by_default(weights_file, photos, tmp_path
     run(str(photos), "--weights", str(weights_file), "--output", str(tmp_path / "b.jsonl"))
     assert kinds == ["process", "thread"]
     assert (tmp_path / "a.jsonl").read_text().count("\n") == 9
+
+
+def test_probabilities_are_written_to_6_significant_digits_with_what_computed_them():
+    p = Prediction("a.jpg", top=[(1, "goldfish", 0.9999999999349396), (2, "great white shark", 1.1812345678e-76)],
+                   backend="cuda", precision="fp16")
+    assert as_json(p) == {"image": "a.jpg", "top": [{"index": 1, "label": "goldfish", "prob": 1.0},
+                                                    {"index": 2, "label": "great white shark", "prob": 1.18123e-76}],
+                          "backend": "cuda", "precision": "fp16"}
+    assert csv_row(p, 2) == ["a.jpg", "", "1", "goldfish", "1.0", "2", "great white shark", "1.18123e-76", "cuda",
+                             "fp16"]
+    assert as_json(Prediction("b.jpg", error="not an image")) == {"image": "b.jpg", "error": "not an image"}

@@ -90,7 +90,8 @@ def test_inception_run_ray(ray_session, photos, weights_file, inception_run_line
                                            "--backend", "cpu", "--top-k", str(TOP_K), "--batch-size", "4",
                                            "--output", str(out)])
     assert result.exit_code == 1, result.output  # bad.jpg, as inception-run
-    assert "13 images (1 errors)" in result.stderr and "error: 1 of 13" in result.stderr
+    assert "13 images (1 error) in " in result.stderr and " on 1 CPU actor, " in result.stderr
+    assert "error: 1 of 13" in result.stderr
     assert_same_results(by_image(read_rows(out)), inception_run_lines)
     again = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--weights", str(weights_file),
                                           "--output", str(out)])
@@ -102,8 +103,12 @@ def test_more_gpus_than_the_local_cluster_has_is_one_line(ray_session, photos, w
     result = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--weights", str(weights_file),
                                            "--backend", "cpu", "--gpus", "1", "--output", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip() == "error: --gpus 1: the local Ray cluster has 0 GPUs; give --gpus 0 (a cpu-backend " \
-                                    "actor)"
+    assert result.stderr.strip() == "error: --gpus 1: the local Ray cluster has 0 GPUs; give 0 (a cpu-backend actor)"
+    fp16 = runner().invoke(cli.run_cmd, ["--ray", "local", str(photos), "--weights", str(weights_file), "--gpus", "0",
+                                         "--precision", "fp16", "--output", str(tmp_path / "out")])
+    assert fp16.exit_code == 2, fp16.output
+    assert fp16.stderr.strip() == "error: --precision fp16: a job without GPUs runs the cpu backend, which computes " \
+                                  "in fp32 only; give fp32, or auto"
 
 
 def test_without_ray_one_line(monkeypatch, photos, tmp_path):
@@ -114,16 +119,38 @@ def test_without_ray_one_line(monkeypatch, photos, tmp_path):
 
 
 def test_local_image_files_walks_directories_and_gives_up_on_uris(tmp_path):
-    from inception_engine.ray_data import local_image_files
+    from inception_engine.ray_data import local_image_files, top_level_files
 
-    for d in ("sub", "_tmp"):
+    for d in ("sub", ".hidden"):
         (tmp_path / d).mkdir()
-    for name in ("a.jpg", "b.PNG", "notes.txt", "sub/c.jpeg", "sub/_d.jpg", ".e.jpg", "_tmp/f.jpg"):
+    for name in ("a.jpg", "b.PNG", "notes.txt", "sub/c.jpeg", "sub/_d.jpg", ".e.jpg", ".hidden/f.jpg"):
         (tmp_path / name).write_bytes(b"x")
     exts = {".jpg", ".jpeg", ".png"}
-    # as Ray expands a directory: hidden and "_" names left out at its top only
+    # as inception-run --recursive lists a directory: hidden names left out at every level
     assert local_image_files([str(tmp_path)], exts) == [str(tmp_path / n) for n in ("a.jpg", "b.PNG", "sub/_d.jpg",
                                                                                    "sub/c.jpeg")]
     assert local_image_files([str(tmp_path / "a.jpg"), str(tmp_path / "sub")], exts) == [
-        str(tmp_path / "a.jpg"), str(tmp_path / "sub" / "c.jpeg")]  # "_d.jpg" is at the top of "sub"
+        str(tmp_path / "a.jpg"), str(tmp_path / "sub" / "_d.jpg"), str(tmp_path / "sub" / "c.jpeg")]
     assert local_image_files([str(tmp_path), "s3://bucket/photos/"], exts) is None
+    # without --recursive: the top level, local or a URI's (listed through pyarrow, which Ray Data brings)
+    assert top_level_files(str(tmp_path), exts) == [str(tmp_path / "a.jpg"), str(tmp_path / "b.PNG")]
+    pytest.importorskip("pyarrow", reason="pyarrow comes with Ray Data (pip install -e '.[ray]')")
+    assert top_level_files(f"file://{tmp_path}", exts) == [f"file://{tmp_path}/a.jpg", f"file://{tmp_path}/b.PNG"]
+
+
+def test_inception_run_ray_searches_subfolders_only_with_recursive(ray_session, photos, weights_file, tmp_path):
+    nested = tmp_path / "nested"
+    (nested / "sub").mkdir(parents=True)
+    for name in ("00.jpg", "01.png"):
+        (nested / name).write_bytes((photos / name).read_bytes())
+    (nested / "sub" / "02.png").write_bytes((photos / "02.png").read_bytes())
+    args = ["--ray", "local", str(nested), "--weights", str(weights_file), "--backend", "cpu", "--top-k", "1"]
+    top = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / "top")])
+    assert top.exit_code == 0, top.output
+    assert f"note: {nested}: 1 image in subfolders not searched (--recursive searches them)" in top.stderr
+    assert sorted(r["image"] for r in read_rows(tmp_path / "top")) == [str(nested / "00.jpg"), str(nested / "01.png")]
+    every = runner().invoke(cli.run_cmd, [*args, "--recursive", "--output", str(tmp_path / "every")])
+    assert every.exit_code == 0 and "not searched" not in every.stderr
+    rows = read_rows(tmp_path / "every")
+    assert sorted(r["image"] for r in rows) == [str(nested / n) for n in ("00.jpg", "01.png", "sub/02.png")]
+    assert {(r["backend"], r["precision"]) for r in rows} == {("cpu", "fp32")}

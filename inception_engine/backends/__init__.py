@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, OptionError
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "cpu": ("inception_engine.backends.numpy_backend", "NumpyBackend"),
@@ -100,6 +100,25 @@ def is_available(name: str) -> tuple[bool, str]:
         return True, ""
     except BackendUnavailable as e:
         return False, str(e)
+
+
+def usable_gpus() -> int:
+    """GPUs this process can run the cuda backend on (those CUDA_VISIBLE_DEVICES shows); 0 where the backend
+    cannot run at all (no pycuda, no driver, no compiler)."""
+    if not is_available("cuda")[0]:
+        return 0
+    from .cuda.device import driver
+
+    return int(driver().Device.count())
+
+
+def require_gpus(gpus: int) -> None:
+    """OptionError unless this machine has ``gpus`` usable GPUs: asking for more than there are is refused, never
+    run on fewer (or on the CPU) without a word."""
+    have = usable_gpus()
+    if gpus > have:
+        there = f"this machine has {have} usable GPU{'s' * (have != 1)}" if have else "this machine has no usable GPU"
+        raise OptionError("gpus", gpus, there)
 
 
 def resolve(name: str) -> str:

@@ -1,0 +1,96 @@
+"""Which image files a command's arguments name: files as given, directories' image files, globs.
+
+A directory gives its image files (by extension, hidden names left out at every level), sorted by path: those of
+its top level only, or with ``recursive`` those of every level below it too. What a top-level-only listing leaves
+out is counted, so that the command can say so instead of classifying a fraction of the images without a word.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .images import image_extensions
+
+# Counting what a top-level-only listing skips walks the subdirectories: stop after this many, so that pointing the
+# command at a large tree without --recursive costs a moment, not a full walk.
+SKIP_COUNT_DIRS = 1000
+
+
+@dataclass
+class DirectoryListing:
+    files: list[str]
+    skipped: int = 0  # image files in subdirectories that were not searched
+    more_skipped: bool = False  # the count stopped at SKIP_COUNT_DIRS subdirectories with more to walk
+
+    def notice(self) -> str | None:
+        """What was not searched, in a few words, or None."""
+        if not self.skipped:
+            return None
+        n = f"{self.skipped}{'+' if self.more_skipped else ''}"
+        return f"{n} image{'s' * (n != '1')} in subfolders not searched (--recursive searches them)"
+
+
+def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str] | None = None) -> DirectoryListing:
+    """The directory's image files (``exts``: by default every extension Pillow reads), and without ``recursive``
+    the count of those its subfolders hold."""
+    exts = image_extensions() if exts is None else exts
+    top = Path(directory)
+    listing = DirectoryListing([])
+    found: list[Path] = []
+    walked = 0
+    walk = os.walk(top)
+    for root, dirs, names in walk:
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        images = [Path(root) / n for n in names if not n.startswith(".") and os.path.splitext(n)[1].lower() in exts]
+        if recursive or Path(root) == top:
+            found += (p for p in images if p.is_file())
+            continue
+        listing.skipped += len(images)
+        walked += 1
+        if walked >= SKIP_COUNT_DIRS:
+            listing.more_skipped = next(walk, None) is not None  # a directory left unwalked: the count is a floor
+            break
+    listing.files = [str(p) for p in sorted(found)]
+    return listing
+
+
+@dataclass
+class Inputs:
+    items: list[tuple[str, str | None]]  # (path, None) per image to classify, (argument, error) per unusable one
+    notices: list[str] = field(default_factory=list)  # one line each: what directories' listings left out
+
+
+def expand_inputs(args: tuple[str, ...] | list[str], recursive: bool = False) -> Inputs:
+    """Files as given (a missing one is reported by the image loader with the others), directories' image files,
+    and an argument that does not exist tried as a glob."""
+    exts = image_extensions()
+    out = Inputs([])
+
+    def directory(d: str) -> None:
+        listing = list_directory(d, recursive, exts)
+        out.items.extend((p, None) for p in listing.files)
+        notice = listing.notice()
+        if not listing.files:  # the error entry says it all
+            out.items.append((d, f"{d}: directory has no image files" + (f" at its top level; {notice}"
+                                                                          if notice else "")))
+        elif notice:
+            out.notices.append(f"{d}: {notice}")
+
+    for arg in args:
+        if os.path.isdir(arg):
+            directory(arg)
+        elif os.path.exists(arg) or not glob.has_magic(arg):
+            out.items.append((arg, None))
+        else:
+            matches = sorted(glob.glob(arg, recursive=True))
+            for m in matches:
+                if os.path.isdir(m):
+                    directory(m)
+                else:
+                    out.items.append((m, None))
+            if not matches:
+                out.items.append((arg, f"{arg}: no files match this pattern"))
+    return out
