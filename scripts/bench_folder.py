@@ -82,8 +82,11 @@ def inception_run(args: list[str], out: Path, code: str = RUN, timeout: int = 30
                        timeout=timeout)
     wall = time.perf_counter() - t0
     rate = re.search(r"([0-9]+) images/s", r.stderr)
+    steady = re.search(r"([0-9]+) images/s after the first result at ([0-9.]+) s", r.stderr)
     notes = [line for line in r.stderr.splitlines() if line.startswith(("note:", "error:"))]
-    return {"wall_s": round(wall, 2), "rate": int(rate.group(1)) if rate else None, "rc": r.returncode,
+    return {"wall_s": round(wall, 2), "rate": int(rate.group(1)) if rate else None,
+            "steady": int(steady.group(1)) if steady else None,
+            "first_result_s": float(steady.group(2)) if steady else None, "rc": r.returncode,
             "notes": notes, "top1": top1(out) if out.exists() else {}}
 
 
@@ -205,12 +208,13 @@ def main() -> None:
                                            "--batch-size", str(b)], root / "o.jsonl", code)
                         ref.setdefault(f"gpu-{p}", r["top1"])
                         row(what=f"--decode gpu ({label})", files=name, precision=p, batch=b, round=rnd,
-                            rate=r["rate"], wall_s=r["wall_s"], rc=r["rc"], notes=r["notes"][:2],
+                            rate=r["rate"], steady=r["steady"], first_result_s=r["first_result_s"],
+                            wall_s=r["wall_s"], rc=r["rc"], notes=r["notes"][:2],
                             top1_vs_first=agree(r["top1"], ref[f"gpu-{p}"]))
             if not args.no_cpu:
                 r = inception_run([str(d), "--weights", args.weights, "--precision", p], root / "o.jsonl")
-                row(what="CPU decode", files=name, precision=p, batch=64, rate=r["rate"], wall_s=r["wall_s"],
-                    rc=r["rc"], top1_vs_gpu_decode=agree(r["top1"], ref.get(f"gpu-{p}", {})))
+                row(what="CPU decode", files=name, precision=p, batch=64, rate=r["rate"], steady=r["steady"],
+                    wall_s=r["wall_s"], rc=r["rc"], top1_vs_gpu_decode=agree(r["top1"], ref.get(f"gpu-{p}", {})))
         if not args.no_torch:
             for fp16 in (False, True):
                 cmd = [sys.executable, str(ROOT / "scripts/torch_dataloader_baseline.py"), str(d), args.weights,
@@ -234,7 +238,8 @@ def main() -> None:
                                        "--gpus", str(g)], root / "o.jsonl", timeout=580)
                     base = base or r["wall_s"]
                     row(what="--gpus", decode=decode, precision=p, gpus=g, images=len(r["top1"]), wall_s=r["wall_s"],
-                        rate=r["rate"], speedup=round(base / r["wall_s"], 2), rc=r["rc"], notes=r["notes"][:2])
+                        rate=r["rate"], steady=r["steady"], speedup=round(base / r["wall_s"], 2), rc=r["rc"],
+                        notes=r["notes"][:2])
     print("what | files | precision | batch | gpus | images/s | wall s | extra")
     for r in rows:
         extra = {k: v for k, v in r.items() if k not in ("what", "files", "precision", "batch", "gpus", "rate",
