@@ -265,13 +265,13 @@ def test_real_file_swapped_same_shape_arrays_are_found(real_file, tmp_path):
 
 
 def test_real_file_bomb_in_place_of_the_first_array(real_file, tmp_path):
-    """A compressed 256 MiB of zeros named as the first conv's weight (3.5 KB): refused in well under a second."""
+    """A compressed 32 MiB of zeros named as the first conv's weight (3.5 KB): refused in well under a second."""
     path, arrays = real_file
     with zipfile.ZipFile(path) as z:
         members = [(i.filename, z.read(i)) for i in z.infolist()]
     first = next(iter(arch.weight_shapes())) + ".npy"
     d = dict(members)
-    d[first] = npy(np.zeros(64 << 20, np.float32))
+    d[first] = npy(np.zeros(8 << 20, np.float32))
     bomb = write_zip(tmp_path / "bomb.npz", list(d.items()), deflated=(first,))
     t0 = time.perf_counter()
     refused(bomb, first[:-4], "declares")
