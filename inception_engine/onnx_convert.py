@@ -33,14 +33,8 @@ from onnx import numpy_helper
 
 from . import arch
 from .errors import ConversionError
-from .weights import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    default_weights_path,
-    save_weights,
-    sha256_file,
-    writable_target,
-)
+from .weights import (IMAGENET_MEAN, IMAGENET_STD, default_weights_path, save_weights, sha256_file,
+                      writable_target)
 
 RESIZE = 342  # torchvision's Inception_V3_Weights transforms: resize 342, centre crop 299
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}

@@ -266,7 +266,7 @@ def test_real_file_swapped_same_shape_arrays_are_found(real_file, tmp_path):
 
 def test_real_file_bomb_in_place_of_the_first_array(real_file, tmp_path):
     """A compressed 32 MiB of zeros named as the first conv's weight (3.5 KB): refused in well under a second."""
-    path, arrays = real_file
+    path, _ = real_file
     with zipfile.ZipFile(path) as z:
         members = [(i.filename, z.read(i)) for i in z.infolist()]
     first = next(iter(arch.weight_shapes())) + ".npy"
