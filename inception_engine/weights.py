@@ -44,7 +44,10 @@ ENV_VAR = "INCEPTION_WEIGHTS"
 DEFAULT_NAME = "inception_v3.npz"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-RESIZE_RANGE = (arch.INPUT_SIZE, 1024)  # shorter side before the centre crop: at most ~3x torchvision's 342
+# Input sizes: 75 is the smallest Inception-V3 takes (the 8x8 pool sees 1x1), 299 its own (tests use small
+# ones); the resize (shorter side before the centre crop) from the crop to ~3x torchvision's 342.
+SIZE_RANGE = (75, arch.INPUT_SIZE)
+DEFAULT_RESIZE, RESIZE_MAX = 342, 1024
 # Normalisation of [0, 1] pixels: generous bounds that keep (x - mean) / std well inside float32.
 MEAN_LIMIT, STD_RANGE = 100.0, (1e-3, 100.0)
 MAX_MANIFEST_CHARS = 1 << 20  # the real manifest is ~40 KB
@@ -165,12 +168,13 @@ def check_manifest(manifest: Any, shapes: dict[str, tuple[int, ...]] | None = No
         raise WeightsError(f"the manifest's input.std is {inp['std']!r}; every channel's std must be from "
                            f"{STD_RANGE[0]:g} to {STD_RANGE[1]:g}")
     size = inp.get("size", arch.INPUT_SIZE)
-    if size != arch.INPUT_SIZE or not _is_int(size):
-        raise WeightsError(f"the manifest's input.size is {size!r}; Inception-V3 takes {arch.INPUT_SIZE}")
-    resize = inp.get("resize", RESIZE_RANGE[0])
-    if not (_is_int(resize) and RESIZE_RANGE[0] <= resize <= RESIZE_RANGE[1]):
-        raise WeightsError(f"the manifest's input.resize is {resize!r}, expected a whole number from "
-                           f"{RESIZE_RANGE[0]} to {RESIZE_RANGE[1]}")
+    if not (_is_int(size) and SIZE_RANGE[0] <= size <= SIZE_RANGE[1]):
+        raise WeightsError(f"the manifest's input.size is {size!r}, expected a whole number from {SIZE_RANGE[0]} "
+                           f"to {SIZE_RANGE[1]} (Inception-V3 takes {arch.INPUT_SIZE})")
+    resize = inp.get("resize", DEFAULT_RESIZE)
+    if not (_is_int(resize) and size <= resize <= RESIZE_MAX):
+        raise WeightsError(f"the manifest's input.resize is {resize!r}, expected a whole number from the crop "
+                           f"size {size} to {RESIZE_MAX}")
 
 
 # --- reading -------------------------------------------------------------------------------------------------
