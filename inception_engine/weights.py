@@ -359,7 +359,13 @@ def weights_from_onnx(path: Path) -> Weights:
         except WeightsError:
             pass  # a damaged cache entry: convert again and replace it
     arrays, manifest = convert_model(model, path)
-    save_weights(cached, arrays, manifest)
+    try:
+        save_weights(cached, arrays, manifest)
+    except WeightsError:
+        raise
+    except EngineError as e:  # the arrays passed every check; only the cache cannot be written
+        print(f"note: converted {path} for this run only; it cannot be cached ({e})", file=sys.stderr)
+        return Weights(arrays, manifest, path)
     print(f"note: converted {path} to a weight file once; cached as {cached}, reused while {path.name} is "
           f"unchanged", file=sys.stderr)
     return _load_npz(cached)

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-from inception_engine import cli, onnx_convert, weights
+from inception_engine import arch, cli, onnx_convert, weights
 from inception_engine.errors import ConversionError, EngineError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,3 +462,17 @@ def test_an_onnx_file_the_converter_refuses_is_one_line_through_weights(ts_model
         weights.load_weights(path)
     assert "unknown attribute 'dilationss'" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "cache").exists()
+
+
+def test_an_onnx_file_as_weights_with_an_unwritable_cache_runs_from_memory(synthetic_onnx, tmp_path, monkeypatch,
+                                                                           capsys):
+    """The user cache cannot be written (a file where its folder should be): the converted arrays are used for
+    this run, and a line says so."""
+    (tmp_path / "blocker").write_text("x")
+    monkeypatch.setattr(weights, "user_cache_dir", lambda: tmp_path / "blocker" / "inception-engine")
+    model = synthetic_onnx()
+    w = weights.load_weights(model)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"note: converted {model} for this run only") and "is a file" in err and "\n" not in err
+    assert w.path == model and sorted(w.arrays) == sorted(arch.weight_shapes())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
