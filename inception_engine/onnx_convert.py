@@ -204,6 +204,7 @@ class _Graph:
     producer: dict[str, int]  # non-constant value -> index of the node that computes it
     input_name: str
     input_batch: int | None
+    input_dtype: np.dtype  # the element type of the image, which every weight must share (ONNX's type T)
 
     def fail(self, msg: str, node: int | None = None) -> ConversionError:
         where = "" if node is None else f"node {node} ({self.nodes[node].op_type}): "
@@ -238,6 +239,9 @@ class _Graph:
             raise self.fail(f"{what} is computed at run time, expected a constant", node)
         if not np.issubdtype(a.dtype, np.floating):
             raise self.fail(f"{what} has type {a.dtype}, expected floating point", node)
+        if a.dtype != self.input_dtype:
+            raise self.fail(f"{what} is {a.dtype} but the graph input is {self.input_dtype}; onnxruntime refuses "
+                            f"an operator whose inputs differ in type", node)
         if not np.all(np.isfinite(a)):
             raise self.fail(f"{what} contains NaN or Inf (corrupt file?)", node)
         return a.astype(np.float64)
@@ -310,7 +314,8 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
                               f"[N, 3, {arch.INPUT_SIZE}, {arch.INPUT_SIZE}]")
     batch = dims[0] if isinstance(dims[0], int) else None
 
-    graph = _Graph(source, list(g.node), consts, {}, {}, inp.name, batch)
+    graph = _Graph(source, list(g.node), consts, {}, {}, inp.name, batch,
+                   np.dtype(onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)))
     defined = set(consts) | {inp.name}
     for i, node in enumerate(g.node):
         if node.domain in ("", "ai.onnx"):
@@ -322,9 +327,9 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
         defined.update(node.output)
         args = [graph.const(n) if n else None for n in node.input]
         if node.op_type == "CastLike" and args and args[0] is not None and args[1] is None:
-            # A constant cast to the type of an activation (the dynamo exporter's zero conv biases): the value is
-            # all that matters here, weights are taken as float64 anyway.
-            args[1] = args[0]
+            # A constant cast to the type of an activation (the dynamo exporter's zero conv biases): every
+            # activation has the image's element type.
+            args[1] = np.empty(0, graph.input_dtype)
         foldable = node.op_type == "Constant" or (node.op_type in FOLDABLE and all(
             a is not None for a, n in zip(args, node.input) if n))
         if foldable and node.domain in ("", "ai.onnx"):

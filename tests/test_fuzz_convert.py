@@ -197,22 +197,21 @@ def test_batchnorm_variance_mutations_are_refused(dynamo_inline, tmp_path):
     refused(m, source, "must be positive")
 
 
-def test_values_beyond_float32_are_refused(ts_model, tmp_path):
-    """A float64 conv weight, and a float64 conv bias, with one value beyond float32's range (finite in
-    float64)."""
+def test_parameters_of_another_type_or_beyond_float32_are_refused(ts_model, dynamo_inline, tmp_path):
+    """A conv weight stored as float64 (onnxruntime refuses Conv with mixed types), and a BatchNormalization
+    scale of 3e38 whose fold leaves float32's range."""
     source = tmp_path / "edited.onnx"
     m = copy(ts_model)
     conv = [n for n in m.graph.node if n.op_type == "Conv"][40]
     w = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == conv.input[1])).astype(np.float64)
-    w[0, 0, 0, 0] = 1e300
     replace_init(m, conv.input[1], w)
-    refused(m, source, ".weight holds values up to 1e+300", "beyond float32's range")
-    m = copy(ts_model)
-    conv = [n for n in m.graph.node if n.op_type == "Conv"][7]
-    b = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == conv.input[2])).astype(np.float64)
-    b[-1] = -1e39
-    replace_init(m, conv.input[2], b)
-    refused(m, source, ".bias holds values up to 1e+39", "beyond float32's range")
+    refused(m, source, "weight is float64 but the graph input is float32")
+    m = copy(dynamo_inline)
+    bn = bn_nodes(m)[30]
+    gamma = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == bn.input[1])).copy()
+    gamma[2] = 3e38
+    replace_init(m, bn.input[1], gamma)
+    refused(m, source, "holds values up to", "beyond float32's range")
 
 
 # --- external data ------------------------------------------------------------------------------------------------
