@@ -366,7 +366,7 @@ def _check_window(g: _Graph, i: int, what: str, at: dict[str, Any], kernel: tupl
     """Attributes shared by Conv and the pools: explicit pads, no dilation, the canonical window."""
     if at.get("auto_pad", "NOTSET") != "NOTSET":
         raise g.fail(f"{what}: auto_pad={at['auto_pad']} is not supported (expected NOTSET with explicit pads)", i)
-    if any(d != 1 for d in _ints(at, "dilations", [1, 1])):
+    if _ints(at, "dilations", [1, 1]) != [1, 1]:
         raise g.fail(f"{what}: dilations {_ints(at, 'dilations', [])} are not supported (expected [1, 1])", i)
     if "kernel_shape" in at and tuple(_ints(at, "kernel_shape", [])) != kernel:
         raise g.fail(f"{what} expects a {kernel[0]}x{kernel[1]} window, found kernel_shape "
