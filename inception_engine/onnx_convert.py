@@ -295,6 +295,9 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
     opset = _default_opset(model, source)
     consts: dict[str, np.ndarray] = {}
     for t in g.initializer:
+        if t.name in consts:
+            raise ConversionError(f"{source}: two initializers are named '{t.name}' (onnxruntime refuses it); the "
+                                  f"file is damaged, export it again")
         try:
             consts[t.name] = numpy_helper.to_array(t)
         except Exception as e:  # numpy_helper raises several types for short or malformed tensors
@@ -324,6 +327,9 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
             if name and name not in defined:
                 raise graph.fail(f"input '{name}' is not produced by any earlier node, initializer or graph input "
                                  f"(truncated or edited graph?)", i)
+        twice = [name for name in node.output if name and name in defined]
+        if twice:
+            raise graph.fail(f"output '{twice[0]}' is computed a second time (each value has one producer)", i)
         defined.update(node.output)
         args = [graph.const(n) if n else None for n in node.input]
         if node.op_type == "CastLike" and args and args[0] is not None and args[1] is None:

@@ -135,8 +135,8 @@ def test_attribute_mutations_are_refused(ts_model, tmp_path):
 
 
 def test_other_structural_damage_is_one_line(ts_model, tmp_path):
-    """Inputs missing from a node, an output no node computes, an unknown operator, a bad opset, Dropout with a
-    training flag of several values."""
+    """Inputs missing from a node, an output no node computes, an unknown operator, a value computed twice, two
+    initializers of one name, Dropout with a training flag of several values, bad opsets."""
     source = tmp_path / "edited.onnx"
     m = copy(ts_model)
     relu = next(n for n in m.graph.node if n.op_type == "Relu")
@@ -148,6 +148,20 @@ def test_other_structural_damage_is_one_line(ts_model, tmp_path):
     m = copy(ts_model)
     next(n for n in m.graph.node if n.op_type == "Relu").op_type = "Relu6"
     refused(m, source, "Relu6 is not an operator of ONNX opset 17")
+    m = copy(ts_model)
+    convs = [n for n in m.graph.node if n.op_type == "Conv"]
+    convs[3].output[0] = convs[2].output[0]
+    refused(m, source, f"output '{convs[2].output[0]}' is computed a second time")
+    m = copy(ts_model)
+    m.graph.initializer[5].name = m.graph.initializer[4].name
+    refused(m, source, f"two initializers are named '{m.graph.initializer[4].name}'")
+    m = copy(ts_model)
+    gemm = next(n for n in m.graph.node if n.op_type == "Gemm")
+    m.graph.initializer.append(numpy_helper.from_array(np.array([True, False]), "training"))
+    m.graph.node.insert(list(m.graph.node).index(gemm), helper.make_node("Dropout", [gemm.input[0], "", "training"],
+                                                                         ["dropped"]))
+    gemm.input[0] = "dropped"
+    refused(m, source, "Dropout in training mode")
     for versions in ([], [0], [17, 18], [10 ** 6]):
         m = copy(ts_model)
         del m.opset_import[:]
