@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import os
 import sys
 import textwrap
 import time
@@ -280,14 +281,17 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
             raise EngineError("give the ONNX file to convert (inception-convert-weights MODEL.onnx), "
                               "or --synthetic OUT.onnx to write a synthetic one")
         from .onnx_convert import convert
-        from .weights import DEFAULT_NAME, default_weights_path, load_weights
+        from .weights import DEFAULT_NAME, ENV_VAR, default_weights_path, load_weights
 
         if not Path(model).is_file():
             raise EngineError(f"{model}: no such ONNX file")
         out = convert(model, output, overwrite=force)
         m = load_weights(out).manifest  # read back: the file on disk passes its own checksums
         searched = {default_weights_path().resolve(), (Path("weights") / DEFAULT_NAME).resolve()}
-        use = ("inception-run finds it there" if out.resolve() in searched else
+        env = os.environ.get(ENV_VAR)
+        use = (f"inception-run reads ${ENV_VAR} ({env}) instead while it is set" if env and
+               Path(env).resolve() != out.resolve() else
+               "inception-run finds it there" if out.resolve() in searched or env else
                f"use it with inception-run --weights {out}")
         click.echo(f"wrote {out} (from {Path(model).name}, exporter {m.get('exporter', '?')}, "
                    f"opset {m.get('opset', '?')}); {use}")

@@ -350,6 +350,7 @@ def test_default_output_is_the_user_cache_and_needs_force_to_overwrite(synthetic
     """No -o: the user cache ($XDG_CACHE_HOME), which inception-run searches from any folder; a second conversion
     is refused until --force, the file unchanged meanwhile."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("INCEPTION_WEIGHTS", raising=False)
     monkeypatch.chdir(tmp_path)
     model = str(synthetic_onnx())
     r = invoke([model])
@@ -360,8 +361,10 @@ def test_default_output_is_the_user_cache_and_needs_force_to_overwrite(synthetic
     before = out.stat().st_mtime_ns
     err = one_line_error(invoke([model]))
     assert str(out) in err and "--force" in err and out.stat().st_mtime_ns == before
+    monkeypatch.setenv("INCEPTION_WEIGHTS", str(tmp_path / "elsewhere.npz"))
     r = invoke([model, "--force"])
     assert r.exit_code == 0, r.output
+    assert f"inception-run reads $INCEPTION_WEIGHTS ({tmp_path / 'elsewhere.npz'}) instead" in r.stdout
     assert weights.load_weights(out).manifest["source_name"] == Path(model).name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
     no_part_files(tmp_path)
