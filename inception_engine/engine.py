@@ -76,7 +76,8 @@ class Engine:
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int | None = 8, precision: str = "auto", workers: int | None = None,
                  worker_kind: str = "auto", decode: str = "cpu"):
-        """batch_size: images per forward (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16
+        """weights: a weight file, an ONNX export of the model (converted once, cached in the user cache), Weights,
+        or None ($INCEPTION_WEIGHTS, then the usual places; weights.find_weights). batch_size: images per forward (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16
         or auto (tf32 where the backend has it, else fp32). workers: decode workers
         (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs).
         decode: "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and
