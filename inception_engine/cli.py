@@ -285,7 +285,11 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
 
         if not Path(model).is_file():
             raise EngineError(f"{model}: no such ONNX file")
-        out = convert(model, output, overwrite=force)
+        target = Path(output) if output is not None else default_weights_path()
+        if target.is_file() and not force:
+            raise EngineError(f"{target} exists already (an earlier conversion?); --force overwrites it, -o PATH "
+                              f"writes elsewhere")
+        out = convert(model, target, overwrite=force)
         m = load_weights(out).manifest  # read back: the file on disk passes its own checksums
         searched = {default_weights_path().resolve(), (Path("weights") / DEFAULT_NAME).resolve()}
         env = os.environ.get(ENV_VAR)

@@ -448,8 +448,7 @@ def writable_target(path: str | Path, overwrite: bool = True) -> Path:
     if not stat.S_ISREG(st.st_mode):
         raise EngineError(f"{path} is {_kind(st.st_mode)}; only a regular file is ever replaced, give another path")
     if not overwrite:
-        raise EngineError(f"{path} exists already; overwrite it with --force (overwrite=True), or give another "
-                          f"path with -o PATH")
+        raise EngineError(f"{path} exists already; nothing was written (overwrite=True replaces it)")
     return target
 
 
