@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,8 +208,7 @@ class _Graph:
     input_dtype: np.dtype  # the element type of the image, which every weight must share (ONNX's type T)
 
     def fail(self, msg: str, node: int | None = None) -> ConversionError:
-        where = "" if node is None else f"node {node} ({self.nodes[node].op_type}): "
-        return ConversionError(f"{self.source}: not an Inception-V3 export this converter understands: {where}{msg}")
+        return _not_understood(self.source, self.nodes, msg, node)
 
     def real(self, value: str) -> str:
         while value in self.alias:
@@ -259,33 +259,39 @@ def _default_opset(model: onnx.ModelProto, source: str) -> int:
     return versions[0]
 
 
-def _check_schema(g: _Graph, i: int, node: onnx.NodeProto, opset: int) -> None:
+def _not_understood(source: str, nodes: Sequence[onnx.NodeProto], msg: str, node: int | None = None
+                    ) -> ConversionError:
+    where = "" if node is None else f"node {node} ({nodes[node].op_type}): "
+    return ConversionError(f"{source}: not an Inception-V3 export this converter understands: {where}{msg}")
+
+
+def _check_schema(fail: Callable[[str, int], ConversionError], i: int, node: onnx.NodeProto, opset: int) -> None:
     """The node is what its ONNX schema allows, as onnxruntime checks it before running anything: a known
     operator of the opset, its number of inputs and outputs, and only the attributes it defines, each once, of
     its type, the required ones present. (A misspelt attribute is an error, never silently a default.)"""
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
     except onnx.defs.SchemaError:
-        raise g.fail(f"{node.op_type} is not an operator of ONNX opset {opset}", i) from None
+        raise fail(f"{node.op_type} is not an operator of ONNX opset {opset}", i) from None
     if not (schema.min_input <= len(node.input) <= schema.max_input
             and schema.min_output <= len(node.output) <= schema.max_output):
-        raise g.fail(f"{len(node.input)} inputs and {len(node.output)} outputs, where {node.op_type} takes "
-                     f"{schema.min_input}-{schema.max_input} and gives {schema.min_output}-{schema.max_output}", i)
+        raise fail(f"{len(node.input)} inputs and {len(node.output)} outputs, where {node.op_type} takes "
+                   f"{schema.min_input}-{schema.max_input} and gives {schema.min_output}-{schema.max_output}", i)
     seen: set[str] = set()
     for a in node.attribute:
         spec = schema.attributes.get(a.name)
         if spec is None:
             known = ", ".join(sorted(schema.attributes)) or "none"
-            raise g.fail(f"unknown attribute '{a.name}' ({node.op_type} has {known}); onnxruntime refuses it", i)
+            raise fail(f"unknown attribute '{a.name}' ({node.op_type} has {known}); onnxruntime refuses it", i)
         if a.name in seen:
-            raise g.fail(f"attribute '{a.name}' is given twice", i)
+            raise fail(f"attribute '{a.name}' is given twice", i)
         seen.add(a.name)
         if a.type != spec.type.value:
-            raise g.fail(f"attribute '{a.name}' has attribute type {a.type}, where {node.op_type}'s is "
-                         f"{spec.type.name}", i)
+            raise fail(f"attribute '{a.name}' has attribute type {a.type}, where {node.op_type}'s is "
+                       f"{spec.type.name}", i)
     missing = sorted(n for n, spec in schema.attributes.items() if spec.required and n not in seen)
     if missing:
-        raise g.fail(f"required attribute '{missing[0]}' is missing", i)
+        raise fail(f"required attribute '{missing[0]}' is missing", i)
 
 
 def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
@@ -293,6 +299,9 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
     if not g.node:
         raise ConversionError(f"{source}: the ONNX model has no graph nodes (not an exported network)")
     opset = _default_opset(model, source)
+    for i, node in enumerate(g.node):  # before any tensor is read: cheap, and what onnxruntime checks first
+        if node.domain in ("", "ai.onnx"):
+            _check_schema(lambda msg, i: _not_understood(source, g.node, msg, i), i, node, opset)
     consts: dict[str, np.ndarray] = {}
     for t in g.initializer:
         if t.name in consts:
@@ -321,8 +330,6 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
                    np.dtype(onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)))
     defined = set(consts) | {inp.name}
     for i, node in enumerate(g.node):
-        if node.domain in ("", "ai.onnx"):
-            _check_schema(graph, i, node, opset)
         for name in node.input:
             if name and name not in defined:
                 raise graph.fail(f"input '{name}' is not produced by any earlier node, initializer or graph input "

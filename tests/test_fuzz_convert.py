@@ -169,6 +169,49 @@ def test_other_structural_damage_is_one_line(ts_model, tmp_path):
         refused(m, source, "opset")
 
 
+@pytest.fixture(scope="module")
+def ts_arrays(ts_model, tmp_path_factory) -> dict[str, np.ndarray]:
+    return onnx_convert.convert_model(copy(ts_model), tmp_path_factory.mktemp("ts") / "model.onnx")[0]
+
+
+def test_random_structural_mutations_are_refused_or_change_nothing(ts_model, ts_arrays, tmp_path):
+    """12 seeded edits of the graph (an input rewired to another value, a node deleted, an operator renamed, an
+    initializer's dims or type changed, an output renamed): each is one ConversionError line, or the arrays are
+    exactly the unedited file's (an edit that changes nothing the network computes)."""
+    rng = np.random.default_rng(77)
+    values = [v for n in ts_model.graph.node for v in n.output] + [t.name for t in ts_model.graph.initializer]
+    source = tmp_path / "edited.onnx"
+    outcomes = []
+    for case in range(12):
+        m = copy(ts_model)
+        g = m.graph
+        node = g.node[int(rng.integers(len(g.node)))]
+        kind = case % 6
+        if kind == 0 and node.input:
+            node.input[int(rng.integers(len(node.input)))] = values[int(rng.integers(len(values)))]
+        elif kind == 1:
+            g.node.remove(node)
+        elif kind == 2:
+            node.op_type = str(rng.choice(["Relu", "Conv", "Concat", "Add", "MaxPool", "Identity", "Gemm"]))
+        elif kind == 3:
+            t = g.initializer[int(rng.integers(len(g.initializer)))]
+            t.dims[:] = [int(d) for d in rng.integers(0, 5, int(rng.integers(0, 5)))]
+        elif kind == 4:
+            g.initializer[int(rng.integers(len(g.initializer)))].data_type = int(rng.choice([0, 6, 7, 10, 11, 40]))
+        else:
+            node.output[0] = values[int(rng.integers(len(values)))]
+        try:
+            arrays, _ = onnx_convert.convert_model(m, source)
+        except ConversionError as e:
+            assert "\n" not in str(e) and str(source) in str(e), (case, str(e))
+            outcomes.append("refused")
+            continue
+        for k, a in ts_arrays.items():
+            np.testing.assert_array_equal(arrays[k], a, err_msg=f"case {case}")
+        outcomes.append("same")
+    assert outcomes.count("refused") >= 8, outcomes
+
+
 # --- parameters ---------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
