@@ -395,7 +395,7 @@ def _host() -> str:
 def _process_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: beyond any pid
         return False
     except PermissionError:  # another user's process
         return True

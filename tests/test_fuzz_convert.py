@@ -450,7 +450,8 @@ def test_part_files_of_dead_writers_are_removed(tmp_path):
     old = tmp_path / f".{name}.tmpab12cd.part"
     live = tmp_path / f".{name}.{host}.{os.getppid()}.0a1b2c3d.part"
     other = tmp_path / f".other.npz.{host}.{dead.pid}.0a1b2c3d.part"
-    for p in (stale, old, live, other):
+    impossible = tmp_path / f".{name}.{host}.{10 ** 30}.0a1b2c3d.part"
+    for p in (stale, old, live, other, impossible):
         p.write_bytes(b"partial")
     os.utime(old, (1, 1))
     weights.atomic_write(tmp_path / name, lambda f: f.write(b"data"))
