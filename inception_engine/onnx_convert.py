@@ -42,6 +42,9 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
 SHAPE_OPS = ("Flatten", "Reshape", "Squeeze")  # allowed between the global pool and the classifier
 EXTERNAL_KEYS = {"location", "offset", "length", "checksum"}  # what an external_data entry may hold
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_VALUES = 1 << 25  # the most values a folded constant may hold (Inception-V3's largest weight has 2M)
+MAX_PROBE_BATCH = 64  # a fixed batch the input preprocessing is evaluated at (probes stay within MAX_VALUES)
+MAX_EXTERNAL_BYTES = 1 << 30  # all externally stored tensors together (Inception-V3's weights take ~100 MB)
 
 
 def fold_batchnorm(w: np.ndarray, b: np.ndarray, gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray,
@@ -127,7 +130,15 @@ def _reshape(x: np.ndarray, shape: np.ndarray, allowzero: int) -> np.ndarray:
     return x.reshape(dims)
 
 
+def _bounded(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` if an array of it stays within MAX_VALUES (a hostile constant subgraph must not fill memory)."""
+    if math.prod(shape) > MAX_VALUES:
+        raise ValueError(f"it would hold {math.prod(shape)} values, more than {MAX_VALUES}")
+    return shape
+
+
 def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    _bounded(np.broadcast_shapes(np.shape(a), np.shape(b)))
     if op == "Div" and np.issubdtype(np.result_type(a, b), np.integer):
         return np.trunc(a / b).astype(np.result_type(a, b))  # ONNX integer division truncates
     return {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op](a, b)
@@ -162,9 +173,10 @@ def _evaluate(node: onnx.NodeProto, args: list[Any]) -> list[np.ndarray]:
         axis = axis + x.ndim if axis < 0 else axis
         return [x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))]
     if op == "Expand":
-        shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in np.reshape(args[1], -1)))
+        shape = _bounded(np.broadcast_shapes(x.shape, tuple(int(d) for d in np.reshape(args[1], -1))))
         return [np.broadcast_to(x, shape).copy()]
     if op == "Concat":
+        _bounded((sum(np.size(a) for a in args if a is not None),))
         return [np.concatenate([a for a in args if a is not None], axis=at["axis"])]
     if op == "Unsqueeze":
         axes = at.get("axes") or [int(a) for a in np.reshape(args[1], -1)]
@@ -175,6 +187,7 @@ def _evaluate(node: onnx.NodeProto, args: list[Any]) -> list[np.ndarray]:
         axes = _axes(node, args, x.ndim)
         return [np.squeeze(x) if axes is None else np.squeeze(x, axis=tuple(axes))]
     if op == "Gather":
+        _bounded((np.size(x) // max(1, np.shape(x)[at.get("axis", 0)]) * np.size(args[1]),))
         return [np.take(x, args[1], axis=at.get("axis", 0))]
     if op == "Slice":
         return [_slice(x, node, args)]
@@ -635,6 +648,9 @@ def _input_affine(g: _Graph, value: str) -> tuple[np.ndarray, np.ndarray]:
         raise g.fail(f"{first} does not read the graph input")
 
     n = g.input_batch or 1
+    if n > MAX_PROBE_BATCH:
+        raise g.fail(f"a fixed batch of {n} with preprocessing in front of {first}; export with a dynamic batch "
+                     f"(or one of at most {MAX_PROBE_BATCH})")
     shape = (n, 3, arch.INPUT_SIZE, arch.INPUT_SIZE)
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -739,6 +755,7 @@ def _load_external_data(model: onnx.ModelProto, source: Path) -> bool:
     the range inside the file."""
     files = dict(external_files(model, source))
     handles: dict[str, Any] = {}
+    total = 0
     try:
         for t in _tensors(model):
             if t.data_location != onnx.TensorProto.EXTERNAL:
@@ -755,6 +772,11 @@ def _load_external_data(model: onnx.ModelProto, source: Path) -> bool:
                 raise ConversionError(f"{source}: tensor '{t.name}' has external-data length {info['length']}, but "
                                       f"its dims {list(t.dims)} of {onnx.TensorProto.DataType.Name(t.data_type)} "
                                       f"take {size} bytes; the file is damaged, export it again")
+            total += size
+            if total > MAX_EXTERNAL_BYTES:
+                raise ConversionError(f"{source}: the externally stored tensors add up to more than "
+                                      f"{MAX_EXTERNAL_BYTES >> 20} MiB (at tensor '{t.name}'); Inception-V3's "
+                                      f"weights take about 100 MB, so the file is damaged, export it again")
             if loc not in handles:
                 try:
                     handles[loc] = open(files[loc], "rb")  # noqa: SIM115  # closed below, with the others
@@ -783,6 +805,9 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path}: no such ONNX file")
+    if path.stat().st_size >= 1 << 31:
+        raise ConversionError(f"{path}: {path.stat().st_size >> 20} MiB, larger than an ONNX file can be (2 GiB; "
+                              f"bigger models keep their weights in external data); not an ONNX model")
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf reports truncation and garbage with several exception types

@@ -212,6 +212,39 @@ def test_random_structural_mutations_are_refused_or_change_nothing(ts_model, ts_
     assert outcomes.count("refused") >= 8, outcomes
 
 
+def test_constant_subgraphs_and_probes_cannot_fill_memory(ts_model, tmp_path):
+    """Folding refuses a constant that would hold more than MAX_VALUES values (an Expand to 2^40, a Concat
+    doubling chain, a broadcast Add of two long vectors); a fixed batch of 100000 is not probed with images."""
+    source = tmp_path / "edited.onnx"
+    cases = {
+        "expand": [helper.make_node("Expand", ["one", "huge"], ["bomb"])],
+        "concat": [helper.make_node("Concat", [f"c{i}", f"c{i}"], [f"c{i + 1}"], axis=0) for i in range(40)],
+        "add": [helper.make_node("Unsqueeze", ["long", "axis1"], ["column"]),
+                helper.make_node("Add", ["long", "column"], ["square"])],
+    }
+    for what, nodes in cases.items():
+        m = copy(ts_model)
+        m.graph.initializer.extend([numpy_helper.from_array(np.ones(1, np.float32), "one"),
+                                    numpy_helper.from_array(np.array([1 << 40], np.int64), "huge"),
+                                    numpy_helper.from_array(np.ones(1 << 20, np.float32), "c0"),
+                                    numpy_helper.from_array(np.ones(1 << 16, np.float32), "long"),
+                                    numpy_helper.from_array(np.array([1], np.int64), "axis1")])
+        for node in reversed(nodes):
+            m.graph.node.insert(0, node)
+        try:
+            refused(m, source, "cannot evaluate constant expression", "more than 33554432")
+        except (AssertionError, pytest.fail.Exception) as e:
+            raise AssertionError(f"{what}: {e}") from None
+    m = copy(ts_model)
+    g = m.graph
+    g.input[0].type.tensor_type.shape.dim[0].dim_value = 100000
+    g.initializer.append(numpy_helper.from_array(np.full((1, 3, 1, 1), 2, np.float32), "scale"))
+    first = next(n for n in g.node if n.op_type == "Conv")
+    g.node.insert(0, helper.make_node("Mul", [g.input[0].name, "scale"], ["scaled"]))
+    first.input[0] = "scaled"
+    refused(m, source, "a fixed batch of 100000", "dynamic batch")
+
+
 # --- parameters ---------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -286,9 +319,9 @@ def set_entry(t: onnx.TensorProto, key: str, value: str | None) -> None:
 
 
 def test_external_data_record_mutations_are_refused(dynamo_model, dynamo_folder, tmp_path):
-    """Seeded edits of a random external tensor's record (19 cases): offsets and lengths that are negative, not
+    """Seeded edits of a random external tensor's record (20 cases): offsets and lengths that are negative, not
     numbers, past the end or of another size; a data type changed (DOUBLE reads twice the length); unknown or
-    repeated keys; locations outside the folder."""
+    repeated keys; locations outside the folder; a tensor of 2 GiB."""
     rng = np.random.default_rng(99)
     data_name = dynamo_folder.name + ".data"
     size = (dynamo_folder.parent / data_name).stat().st_size
@@ -324,8 +357,13 @@ def test_external_data_record_mutations_are_refused(dynamo_model, dynamo_folder,
     m = copy(dynamo_model)
     external(m)[3].data_type = onnx.TensorProto.STRING
     refused(m, dynamo_folder, "not a numeric tensor")
-    cases += 4
-    assert cases == 19
+    m = copy(dynamo_model)
+    t = external(m)[3]
+    t.dims[:] = [1 << 29]
+    set_entry(t, "length", str(4 << 29))
+    refused(m, dynamo_folder, "add up to more than 1024 MiB")
+    cases += 5
+    assert cases == 20
 
 
 def test_external_data_through_links_and_special_files(dynamo_folder, dynamo_arrays, tmp_path):
