@@ -345,8 +345,10 @@ class FileSink:
 
 @click.command(name="inception-convert-weights", cls=Command, context_settings=CONTEXT)
 @click.argument("model", required=False, metavar="MODEL.onnx")
-@click.option("-o", "--output", default="weights/inception_v3.npz", show_default=True, metavar="OUT.npz",
+@click.option("-o", "--output", default=None, metavar="OUT.npz",
+              show_default="~/.cache/inception-engine/inception_v3.npz, where inception-run looks",
               help="Where to write the engine's weight file.")
+@click.option("--force", is_flag=True, help="Overwrite OUT.npz if it exists (else an existing file is an error).")
 @click.option("--synthetic", "synthetic_out", metavar="OUT.onnx",
               help="Instead: write a synthetic Inception-V3 ONNX model (random weights, torch.onnx-like graph).")
 @click.option("--style", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
@@ -354,9 +356,18 @@ class FileSink:
 @click.option("--transform-input", is_flag=True, help="With --synthetic: include torchvision's transform_input.")
 @click.option("--seed", type=int, default=0, show_default=True, help="With --synthetic: random seed.")
 @user_errors
-def convert_cmd(model: str | None, output: str, synthetic_out: str | None, style: str, transform_input: bool,
-                seed: int) -> None:
+def convert_cmd(model: str | None, output: str | None, force: bool, synthetic_out: str | None, style: str,
+                transform_input: bool, seed: int) -> None:
     """Convert an ONNX export of torchvision's Inception-V3 (MODEL.onnx) into the engine's weight file."""
+    try:
+        convert_or_synthesize(model, output, force, synthetic_out, style, transform_input, seed)
+    except KeyboardInterrupt:  # files are written atomically: nothing half-written is left
+        click.echo("interrupted; nothing was written", err=True)
+        raise click.exceptions.Exit(130) from None
+
+
+def convert_or_synthesize(model: str | None, output: str | None, force: bool, synthetic_out: str | None, style: str,
+                          transform_input: bool, seed: int) -> None:
     ctx = click.get_current_context()
     if synthetic_out is None:
         only_synthetic = [f"--{n.replace('_', '-')}" for n in ("style", "transform_input", "seed")
@@ -367,19 +378,30 @@ def convert_cmd(model: str | None, output: str, synthetic_out: str | None, style
             raise EngineError("give the ONNX file to convert (inception-convert-weights MODEL.onnx), "
                               "or --synthetic OUT.onnx to write a synthetic one")
         from .onnx_convert import convert
-        from .weights import load_weights
+        from .weights import DEFAULT_NAME, ENV_VAR, default_weights_path, load_weights
 
         if not Path(model).is_file():
             raise EngineError(f"{model}: no such ONNX file")
-        out = convert(model, output)
+        target = Path(output) if output is not None else default_weights_path()
+        if target.is_file() and not force:
+            raise EngineError(f"{target} exists already (an earlier conversion?); --force overwrites it, -o PATH "
+                              f"writes elsewhere")
+        out = convert(model, target, overwrite=force)
         m = load_weights(out).manifest  # read back: the file on disk passes its own checksums
+        searched = {default_weights_path().resolve(), (Path("weights") / DEFAULT_NAME).resolve()}
+        env = os.environ.get(ENV_VAR)
+        use = (f"inception-run reads ${ENV_VAR} ({env}) instead while it is set" if env and
+               Path(env).resolve() != out.resolve() else
+               "inception-run finds it there" if out.resolve() in searched or env else
+               f"use it with inception-run --weights {out}")
         click.echo(f"wrote {out} (from {Path(model).name}, exporter {m.get('exporter', '?')}, "
-                   f"opset {m.get('opset', '?')})")
+                   f"opset {m.get('opset', '?')}); {use}")
         return
     if model is not None:
         raise EngineError("give either MODEL.onnx to convert or --synthetic OUT.onnx, not both")
-    if ctx.get_parameter_source("output") != click.core.ParameterSource.DEFAULT:
-        raise EngineError("-o applies to conversion; --synthetic writes OUT.onnx, convert it in a second step")
+    if output is not None or force:
+        raise EngineError(f"{'-o' if output is not None else '--force'} applies to conversion; --synthetic writes "
+                          f"OUT.onnx, convert it in a second step")
     from .synthetic import write_synthetic_onnx
 
     out = write_synthetic_onnx(synthetic_out, style=style, transform_input=transform_input, seed=seed)

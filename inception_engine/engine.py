@@ -60,7 +60,7 @@ def load(weights: str | os.PathLike | Weights | None) -> Weights:
     """Weights as given: a Weights, a file's path, or None for the usual places (weights.find_weights)."""
     if isinstance(weights, Weights):
         return weights
-    if weights is not None and not os.path.isfile(weights):
+    if weights is not None and not os.path.lexists(weights):  # worded for the API; the rest weights.py words
         raise OptionError("weights", os.fspath(weights), "no such file (inception-convert-weights makes one from "
                                                          "torchvision's ONNX export)")
     return load_weights(find_weights(weights))
@@ -93,11 +93,12 @@ class Engine:
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
                  worker_kind: str = "auto", decode: str = "cpu"):
-        """batch_size: images per forward (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16
-        or auto. workers: decode workers (default: one per usable CPU), threads or processes (worker_kind; auto:
-        processes for long runs). decode: "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs
-        decoded by nvImageCodec and resized on the GPU as Pillow does; cuda backend only, needs the gpu-decode
-        extra)."""
+        """weights: a weight file, an ONNX export of the model (converted once, cached in the user cache), Weights,
+        or None ($INCEPTION_WEIGHTS, then the usual places; weights.find_weights). batch_size: images per forward
+        (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16 or auto. workers: decode workers
+        (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs). decode:
+        "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
+        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra)."""
         if batch_size is not None and batch_size < 1:
             raise OptionError("batch_size", batch_size, "must be at least 1")
         choice("backend", backend, BACKEND_CHOICES)

@@ -1,8 +1,10 @@
 """ONNX -> engine weights: find torchvision's Inception-V3 in a torch.onnx export by its structure and pull out
 the 94 convolutions (BatchNorm folded in) and the classifier as canonical arrays (see weights.py).
 
-1. Load, external data checked tensor by tensor (a missing or short ``.data`` file is named).
-2. Normalise the graph: constants come from initializers, Constant nodes and every node whose inputs are all
+1. Load, external data checked tensor by tensor: its file must be a regular file inside the model's folder (real
+   path, symlinks resolved), offset and length whole numbers that fit the file and the tensor's type and dims.
+2. Normalise the graph: every node's attributes must be ones its ONNX schema (at the model's opset) defines, of
+   the schema's type, required ones present, as onnxruntime demands; constants come from initializers, Constant nodes and every node whose inputs are all
    constant (a small NumPy interpreter); Identity and inference Dropout are aliases.
 3. Match backward from the logits against ``arch.inception_v3()``, last layer first: each canonical tensor is the
    ONNX value its consumer reads, and its producer must have the canonical form (Relu <- [BatchNormalization <-]
@@ -12,10 +14,16 @@ the 94 convolutions (BatchNorm folded in) and the classifier as canonical arrays
 4. Whatever sits between the graph input and Conv2d_1a_3x3 (torchvision's ``transform_input``) must be a
    per-channel affine map y_c = a_c * x_c + t_c. It is measured numerically and folded into that convolution,
    which has no padding, so the fold is exact: w'[o,c] = w[o,c] * a_c, b'[o] = b[o] + sum_{c,i,j} w[o,c,i,j] * t_c.
+5. Every folded array must be finite and within float32's range (a BatchNorm variance + epsilon must be
+   positive); the weight file never holds a value onnxruntime would not compute.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +34,17 @@ from onnx import numpy_helper
 
 from . import arch
 from .errors import ConversionError
-from .weights import IMAGENET_MEAN, IMAGENET_STD, save_weights, sha256_file
+from .weights import (IMAGENET_MEAN, IMAGENET_STD, default_weights_path, save_weights, sha256_file,
+                      writable_target)
 
 RESIZE = 342  # torchvision's Inception_V3_Weights transforms: resize 342, centre crop 299
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 SHAPE_OPS = ("Flatten", "Reshape", "Squeeze")  # allowed between the global pool and the classifier
+EXTERNAL_KEYS = {"location", "offset", "length", "checksum"}  # what an external_data entry may hold
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_VALUES = 1 << 25  # the most values a folded constant may hold (Inception-V3's largest weight has 2M)
+MAX_PROBE_BATCH = 64  # a fixed batch the input preprocessing is evaluated at (probes stay within MAX_VALUES)
+MAX_EXTERNAL_BYTES = 1 << 30  # all externally stored tensors together (Inception-V3's weights take ~100 MB)
 
 
 def fold_batchnorm(w: np.ndarray, b: np.ndarray, gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray,
@@ -116,7 +130,15 @@ def _reshape(x: np.ndarray, shape: np.ndarray, allowzero: int) -> np.ndarray:
     return x.reshape(dims)
 
 
+def _bounded(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` if an array of it stays within MAX_VALUES (a hostile constant subgraph must not fill memory)."""
+    if math.prod(shape) > MAX_VALUES:
+        raise ValueError(f"it would hold {math.prod(shape)} values, more than {MAX_VALUES}")
+    return shape
+
+
 def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    _bounded(np.broadcast_shapes(np.shape(a), np.shape(b)))
     if op == "Div" and np.issubdtype(np.result_type(a, b), np.integer):
         return np.trunc(a / b).astype(np.result_type(a, b))  # ONNX integer division truncates
     return {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op](a, b)
@@ -151,9 +173,10 @@ def _evaluate(node: onnx.NodeProto, args: list[Any]) -> list[np.ndarray]:
         axis = axis + x.ndim if axis < 0 else axis
         return [x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))]
     if op == "Expand":
-        shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in np.reshape(args[1], -1)))
+        shape = _bounded(np.broadcast_shapes(x.shape, tuple(int(d) for d in np.reshape(args[1], -1))))
         return [np.broadcast_to(x, shape).copy()]
     if op == "Concat":
+        _bounded((sum(np.size(a) for a in args if a is not None),))
         return [np.concatenate([a for a in args if a is not None], axis=at["axis"])]
     if op == "Unsqueeze":
         axes = at.get("axes") or [int(a) for a in np.reshape(args[1], -1)]
@@ -164,6 +187,7 @@ def _evaluate(node: onnx.NodeProto, args: list[Any]) -> list[np.ndarray]:
         axes = _axes(node, args, x.ndim)
         return [np.squeeze(x) if axes is None else np.squeeze(x, axis=tuple(axes))]
     if op == "Gather":
+        _bounded((np.size(x) // max(1, np.shape(x)[at.get("axis", 0)]) * np.size(args[1]),))
         return [np.take(x, args[1], axis=at.get("axis", 0))]
     if op == "Slice":
         return [_slice(x, node, args)]
@@ -194,10 +218,10 @@ class _Graph:
     producer: dict[str, int]  # non-constant value -> index of the node that computes it
     input_name: str
     input_batch: int | None
+    input_dtype: np.dtype  # the element type of the image, which every weight must share (ONNX's type T)
 
     def fail(self, msg: str, node: int | None = None) -> ConversionError:
-        where = "" if node is None else f"node {node} ({self.nodes[node].op_type}): "
-        return ConversionError(f"{self.source}: not an Inception-V3 export this converter understands: {where}{msg}")
+        return _not_understood(self.source, self.nodes, msg, node)
 
     def real(self, value: str) -> str:
         while value in self.alias:
@@ -215,7 +239,9 @@ class _Graph:
             raise self.fail(f"{what} expects {expected}, found the graph input")
         if v in self.consts:
             raise self.fail(f"{what} expects {expected}, found a constant")
-        i = self.producer[v]
+        i = self.producer.get(v)
+        if i is None:
+            raise self.fail(f"{what} expects {expected}, found '{v}', which no node computes")
         if self.nodes[i].op_type not in ops or self.nodes[i].domain not in ("", "ai.onnx"):
             raise self.fail(f"{what} expects {expected}, found {self.nodes[i].op_type}", i)
         return i, self.nodes[i]
@@ -226,6 +252,9 @@ class _Graph:
             raise self.fail(f"{what} is computed at run time, expected a constant", node)
         if not np.issubdtype(a.dtype, np.floating):
             raise self.fail(f"{what} has type {a.dtype}, expected floating point", node)
+        if a.dtype != self.input_dtype:
+            raise self.fail(f"{what} is {a.dtype} but the graph input is {self.input_dtype}; onnxruntime refuses "
+                            f"an operator whose inputs differ in type", node)
         if not np.all(np.isfinite(a)):
             raise self.fail(f"{what} contains NaN or Inf (corrupt file?)", node)
         return a.astype(np.float64)
@@ -235,12 +264,62 @@ def _dims(vi: onnx.ValueInfoProto) -> list[int | str]:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim]
 
 
+def _default_opset(model: onnx.ModelProto, source: str) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if len(versions) != 1 or not 1 <= versions[0] <= onnx.defs.onnx_opset_version():
+        raise ConversionError(f"{source}: the model imports ONNX opset {versions or 'none'}; an export names one "
+                              f"opset from 1 to {onnx.defs.onnx_opset_version()} (damaged file?)")
+    return versions[0]
+
+
+def _not_understood(source: str, nodes: Sequence[onnx.NodeProto], msg: str, node: int | None = None
+                    ) -> ConversionError:
+    where = "" if node is None else f"node {node} ({nodes[node].op_type}): "
+    return ConversionError(f"{source}: not an Inception-V3 export this converter understands: {where}{msg}")
+
+
+def _check_schema(fail: Callable[[str, int], ConversionError], i: int, node: onnx.NodeProto, opset: int) -> None:
+    """The node is what its ONNX schema allows, as onnxruntime checks it before running anything: a known
+    operator of the opset, its number of inputs and outputs, and only the attributes it defines, each once, of
+    its type, the required ones present. (A misspelt attribute is an error, never silently a default.)"""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        raise fail(f"{node.op_type} is not an operator of ONNX opset {opset}", i) from None
+    if not (schema.min_input <= len(node.input) <= schema.max_input
+            and schema.min_output <= len(node.output) <= schema.max_output):
+        raise fail(f"{len(node.input)} inputs and {len(node.output)} outputs, where {node.op_type} takes "
+                   f"{schema.min_input}-{schema.max_input} and gives {schema.min_output}-{schema.max_output}", i)
+    seen: set[str] = set()
+    for a in node.attribute:
+        spec = schema.attributes.get(a.name)
+        if spec is None:
+            known = ", ".join(sorted(schema.attributes)) or "none"
+            raise fail(f"unknown attribute '{a.name}' ({node.op_type} has {known}); onnxruntime refuses it", i)
+        if a.name in seen:
+            raise fail(f"attribute '{a.name}' is given twice", i)
+        seen.add(a.name)
+        if a.type != spec.type.value:
+            raise fail(f"attribute '{a.name}' has attribute type {a.type}, where {node.op_type}'s is "
+                       f"{spec.type.name}", i)
+    missing = sorted(n for n, spec in schema.attributes.items() if spec.required and n not in seen)
+    if missing:
+        raise fail(f"required attribute '{missing[0]}' is missing", i)
+
+
 def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
     g = model.graph
     if not g.node:
         raise ConversionError(f"{source}: the ONNX model has no graph nodes (not an exported network)")
+    opset = _default_opset(model, source)
+    for i, node in enumerate(g.node):  # before any tensor is read: cheap, and what onnxruntime checks first
+        if node.domain in ("", "ai.onnx"):
+            _check_schema(lambda msg, i: _not_understood(source, g.node, msg, i), i, node, opset)
     consts: dict[str, np.ndarray] = {}
     for t in g.initializer:
+        if t.name in consts:
+            raise ConversionError(f"{source}: two initializers are named '{t.name}' (onnxruntime refuses it); the "
+                                  f"file is damaged, export it again")
         try:
             consts[t.name] = numpy_helper.to_array(t)
         except Exception as e:  # numpy_helper raises several types for short or malformed tensors
@@ -260,19 +339,23 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
                               f"[N, 3, {arch.INPUT_SIZE}, {arch.INPUT_SIZE}]")
     batch = dims[0] if isinstance(dims[0], int) else None
 
-    graph = _Graph(source, list(g.node), consts, {}, {}, inp.name, batch)
+    graph = _Graph(source, list(g.node), consts, {}, {}, inp.name, batch,
+                   np.dtype(onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)))
     defined = set(consts) | {inp.name}
     for i, node in enumerate(g.node):
         for name in node.input:
             if name and name not in defined:
                 raise graph.fail(f"input '{name}' is not produced by any earlier node, initializer or graph input "
                                  f"(truncated or edited graph?)", i)
+        twice = [name for name in node.output if name and name in defined]
+        if twice:
+            raise graph.fail(f"output '{twice[0]}' is computed a second time (each value has one producer)", i)
         defined.update(node.output)
         args = [graph.const(n) if n else None for n in node.input]
         if node.op_type == "CastLike" and args and args[0] is not None and args[1] is None:
-            # A constant cast to the type of an activation (the dynamo exporter's zero conv biases): the value is
-            # all that matters here, weights are taken as float64 anyway.
-            args[1] = args[0]
+            # A constant cast to the type of an activation (the dynamo exporter's zero conv biases): every
+            # activation has the image's element type.
+            args[1] = np.empty(0, graph.input_dtype)
         foldable = node.op_type == "Constant" or (node.op_type in FOLDABLE and all(
             a is not None for a, n in zip(args, node.input) if n))
         if foldable and node.domain in ("", "ai.onnx"):
@@ -287,7 +370,7 @@ def _normalise(model: onnx.ModelProto, source: str) -> _Graph:
         elif node.op_type in ("Identity", "Dropout") and node.domain in ("", "ai.onnx"):
             # Dropout is the identity at inference unless asked to train (third input true).
             training = graph.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            if training is not None and bool(training):
+            if training is not None and bool(np.any(training)):
                 raise graph.fail("Dropout in training mode", i)
             graph.alias[node.output[0]] = node.input[0]
             for name in node.output[1:]:
@@ -309,7 +392,7 @@ def _check_window(g: _Graph, i: int, what: str, at: dict[str, Any], kernel: tupl
     """Attributes shared by Conv and the pools: explicit pads, no dilation, the canonical window."""
     if at.get("auto_pad", "NOTSET") != "NOTSET":
         raise g.fail(f"{what}: auto_pad={at['auto_pad']} is not supported (expected NOTSET with explicit pads)", i)
-    if any(d != 1 for d in _ints(at, "dilations", [1, 1])):
+    if _ints(at, "dilations", [1, 1]) != [1, 1]:
         raise g.fail(f"{what}: dilations {_ints(at, 'dilations', [])} are not supported (expected [1, 1])", i)
     if "kernel_shape" in at and tuple(_ints(at, "kernel_shape", [])) != kernel:
         raise g.fail(f"{what} expects a {kernel[0]}x{kernel[1]} window, found kernel_shape "
@@ -359,7 +442,13 @@ def _match_conv(g: _Graph, layer: arch.Conv, value: str) -> tuple[str, np.ndarra
                   for k, v in zip(("scale", "bias", "mean", "var"), bnode.input[1:5])]
         if len(params) != 4 or any(p.shape != (layer.out_ch,) for p in params):
             raise g.fail(f"{name}: BatchNormalization expects 4 parameters of {layer.out_ch} channels", j)
-        w, b = fold_batchnorm(w, b, *params, eps=float(bat.get("epsilon", 1e-5)))
+        eps = float(bat.get("epsilon", 1e-5))
+        denominator = params[3] + eps
+        if not (np.isfinite(eps) and np.all(denominator > 0)):
+            c = int(np.argmin(denominator)) if np.isfinite(eps) else 0
+            raise g.fail(f"{name}: BatchNormalization variance + epsilon is {denominator[c]:.3g} on channel {c} "
+                         f"(variance {params[3][c]:.3g}, epsilon {eps:.3g}); it must be positive", j)
+        w, b = fold_batchnorm(w, b, *params, eps=eps)
     return node.input[0], w, b
 
 
@@ -559,6 +648,9 @@ def _input_affine(g: _Graph, value: str) -> tuple[np.ndarray, np.ndarray]:
         raise g.fail(f"{first} does not read the graph input")
 
     n = g.input_batch or 1
+    if n > MAX_PROBE_BATCH:
+        raise g.fail(f"a fixed batch of {n} with preprocessing in front of {first}; export with a dynamic batch "
+                     f"(or one of at most {MAX_PROBE_BATCH})")
     shape = (n, 3, arch.INPUT_SIZE, arch.INPUT_SIZE)
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -598,35 +690,114 @@ def _tensors(model: onnx.ModelProto):
                 yield a.t
 
 
-def _load_external_data(model: onnx.ModelProto, source: Path) -> bool:
-    """Reads every externally stored tensor from its file next to the model; True if there were any."""
-    files: dict[str, bytes] = {}
-    found = False
+# Element types an external tensor may have: whole bytes per value, so offset + length arithmetic is exact.
+EXTERNAL_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                  onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+                  onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
+                  onnx.TensorProto.UINT64, onnx.TensorProto.BOOL}
+
+
+def _external_info(t: onnx.TensorProto, source: Path) -> dict[str, str]:
+    info: dict[str, str] = {}
+    for e in t.external_data:
+        if e.key not in EXTERNAL_KEYS or e.key in info:
+            what = "repeats" if e.key in info else "has the unknown"
+            raise ConversionError(f"{source}: tensor '{t.name}' {what} external-data key '{e.key}' (known: "
+                                  f"{', '.join(sorted(EXTERNAL_KEYS))}); the file is damaged, export it again")
+        info[e.key] = e.value
+    return info
+
+
+def _external_path(source: Path, t: onnx.TensorProto, loc: str) -> Path:
+    """The real path of external data file ``loc``: it must resolve (symlinks followed) to a regular file inside
+    the model's folder, so that a model can never make the converter read anything else."""
+    if not loc or Path(loc).is_absolute() or ".." in Path(loc).parts or "\0" in loc:
+        raise ConversionError(f"{source}: tensor '{t.name}' points to external data '{loc}' outside the model's "
+                              f"folder; refusing to read it")
+    folder = source.parent.resolve()
+    real = (source.parent / loc).resolve()
+    if not real.is_relative_to(folder):
+        raise ConversionError(f"{source}: external data file '{loc}' is a link to {real}, outside the model's "
+                              f"folder {folder}; refusing to read it (copy the data next to the .onnx file)")
+    try:
+        st = os.stat(real)
+    except OSError:
+        raise ConversionError(f"{source}: external data file '{loc}' is missing (it holds the weights and must sit "
+                              f"next to the .onnx file, as {source.parent / loc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConversionError(f"{source}: external data '{loc}' is not a regular file; refusing to read it")
+    return real
+
+
+def external_files(model: onnx.ModelProto, source: str | Path) -> list[tuple[str, Path]]:
+    """(location, real path) of every external data file the model's tensors name, each checked as
+    _external_path does."""
+    source = Path(source)
+    files: dict[str, Path] = {}
     for t in _tensors(model):
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        found = True
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location", "")
-        if not loc or Path(loc).is_absolute() or ".." in Path(loc).parts:
-            raise ConversionError(f"{source}: tensor '{t.name}' points to external data '{loc}' outside the model's "
-                                  f"folder; refusing to read it")
-        if loc not in files:
-            path = source.parent / loc
-            if not path.is_file():
-                raise ConversionError(f"{source}: external data file '{loc}' is missing (it holds the weights and "
-                                      f"must sit next to the .onnx file, as {path})")
-            files[loc] = path.read_bytes()
-        offset = int(info.get("offset", 0))
-        size = int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        data = files[loc][offset:offset + size]
-        if len(data) != size:
-            raise ConversionError(f"{source}: external data file '{loc}' is too short for tensor '{t.name}' "
-                                  f"(truncated?); copy or export it again")
-        t.raw_data = data
-        t.data_location = onnx.TensorProto.DEFAULT
-        del t.external_data[:]
-    return found
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = _external_info(t, source).get("location", "")
+            if loc not in files:
+                files[loc] = _external_path(source, t, loc)
+    return sorted(files.items())
+
+
+def _whole_number(text: str, key: str, t: onnx.TensorProto, source: Path) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise ConversionError(f"{source}: tensor '{t.name}' has external-data {key} '{text[:40]}', not a whole "
+                              f"number of bytes; the file is damaged, export it again")
+    return int(text)
+
+
+def _load_external_data(model: onnx.ModelProto, source: Path) -> bool:
+    """Reads every externally stored tensor from its file next to the model; True if there were any. Offset and
+    length must be whole numbers, the length that of the tensor's dims and type (as onnxruntime requires), and
+    the range inside the file."""
+    files = dict(external_files(model, source))
+    handles: dict[str, Any] = {}
+    total = 0
+    try:
+        for t in _tensors(model):
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            info = _external_info(t, source)
+            loc = info.get("location", "")
+            if t.data_type not in EXTERNAL_TYPES or any(d < 0 for d in t.dims):
+                raise ConversionError(f"{source}: tensor '{t.name}' has data type {t.data_type} and dims "
+                                      f"{list(t.dims)}, not a numeric tensor; the file is damaged, export it again")
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            size = math.prod(t.dims) * itemsize
+            offset = _whole_number(info.get("offset", "0"), "offset", t, source)
+            if "length" in info and _whole_number(info["length"], "length", t, source) != size:
+                raise ConversionError(f"{source}: tensor '{t.name}' has external-data length {info['length']}, but "
+                                      f"its dims {list(t.dims)} of {onnx.TensorProto.DataType.Name(t.data_type)} "
+                                      f"take {size} bytes; the file is damaged, export it again")
+            total += size
+            if total > MAX_EXTERNAL_BYTES:
+                raise ConversionError(f"{source}: the externally stored tensors add up to more than "
+                                      f"{MAX_EXTERNAL_BYTES >> 20} MiB (at tensor '{t.name}'); Inception-V3's "
+                                      f"weights take about 100 MB, so the file is damaged, export it again")
+            if loc not in handles:
+                try:
+                    handles[loc] = open(files[loc], "rb")  # noqa: SIM115  # closed below, with the others
+                except OSError as e:
+                    raise ConversionError(f"{source}: cannot read external data file '{loc}' ({e.strerror})") \
+                        from None
+            f = handles[loc]
+            data = b""
+            if offset + size <= os.fstat(f.fileno()).st_size:
+                f.seek(offset)
+                data = f.read(size)
+            if len(data) != size:
+                raise ConversionError(f"{source}: external data file '{loc}' is too short for tensor '{t.name}' "
+                                      f"(truncated?); copy or export it again")
+            t.raw_data = data
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+    finally:
+        for f in handles.values():
+            f.close()
+    return bool(files)
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -634,6 +805,9 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path}: no such ONNX file")
+    if path.stat().st_size >= 1 << 31:
+        raise ConversionError(f"{path}: {path.stat().st_size >> 20} MiB, larger than an ONNX file can be (2 GiB; "
+                              f"bigger models keep their weights in external data); not an ONNX model")
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf reports truncation and garbage with several exception types
@@ -694,7 +868,20 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
         "softmax_in_model": match.softmax,
         "aux_ignored": bool(aux),
     }
+    _check_range(arrays, source)
     return {k: v.astype(np.float32) for k, v in arrays.items()}, manifest
+
+
+def _check_range(arrays: dict[str, np.ndarray], source: Path) -> None:
+    """Every folded value finite and representable in float32, the weight file's type."""
+    for k, a in arrays.items():
+        if not np.all(np.isfinite(a)):
+            raise ConversionError(f"{source}: {k} comes out NaN or Inf after folding (a damaged parameter?); "
+                                  f"export the model again")
+        largest = float(np.max(np.abs(a)))
+        if largest > FLOAT32_MAX:
+            raise ConversionError(f"{source}: {k} holds values up to {largest:.3g}, beyond float32's range "
+                                  f"({FLOAT32_MAX:.3g}); the weight file cannot hold them, export the model again")
 
 
 def _check_aux(g: _Graph, output: str, match: _Match) -> None:
@@ -714,14 +901,20 @@ def _check_aux(g: _Graph, output: str, match: _Match) -> None:
         if v == g.input_name:
             reads.add("the graph input")
             continue
+        if v not in g.producer:
+            raise g.fail(f"graph output '{output}' reads '{v}', which no node computes")
         todo += [g.real(n) for n in g.nodes[g.producer[v]].input if n]
     if reads != {"Mixed_6e"}:
         raise g.fail(f"graph output '{output}' is neither the logits nor the auxiliary classifier "
                      f"(it reads {', '.join(sorted(reads)) or 'only constants'})")
 
 
-def convert(onnx_path: str | Path, out_path: str | Path = "weights/inception_v3.npz") -> Path:
-    """Converts an ONNX export of torchvision's Inception-V3 into the engine's weight file (written atomically)."""
+def convert(onnx_path: str | Path, out_path: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Converts an ONNX export of torchvision's Inception-V3 into the engine's weight file, written atomically to
+    ``out_path`` (default: the user cache, where every run looks). An existing file is replaced only with
+    overwrite=True; that is checked before converting, and again when the file is put in place."""
+    out = default_weights_path() if out_path is None else Path(out_path)
+    writable_target(out, overwrite)
     model = load_onnx(onnx_path)
     arrays, manifest = convert_model(model, onnx_path)
-    return save_weights(out_path, arrays, manifest)
+    return save_weights(out, arrays, manifest, overwrite=overwrite)

@@ -4,15 +4,30 @@
 Manifest fields: ``format`` (FORMAT_VERSION), ``source_sha256``, ``source_name``, ``opset``, ``exporter``
 ("torchscript" | "dynamo" | ...), ``input`` ({"mean": [3], "std": [3], "size": 299, "resize": 342,
 "transform_input": bool}), ``count_include_pad`` (bool), ``softmax_in_model`` (bool), ``layers``
-({key: shape}) and ``sha256`` ({key: hex digest of the array's bytes}).
+({key: shape}) and ``sha256`` ({key: hex digest of the key, a NUL byte and the array's bytes}: a checksum binds its
+array to its name, so two arrays swapped together with their checksums are found out).
+
+A weight file is untrusted input. Reading it is bounded before anything is decompressed: every zip member must be
+one the architecture expects, its declared size and its npy header (dtype, shape) must be exactly those of its
+canonical array, and the manifest is at most MAX_MANIFEST_CHARS. The arrays must then match their checksums and be
+finite, and the preprocessing record must be sane (check_manifest). Any failure is one WeightsError line.
+
+``--weights`` may also name an ONNX export: it is converted once (the converter's own checks) and cached in the user
+cache under its content hash (weights_from_onnx).
 """
 
 from __future__ import annotations
 
+import ast
+import errno
 import hashlib
 import json
+import math
 import os
-import tempfile
+import socket
+import stat
+import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,20 +36,31 @@ from typing import Any
 import numpy as np
 
 from . import arch
+from .errors import ConversionError, EngineError, WeightsError
 from .paths import user_cache_dir
-from .errors import WeightsError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums bound to the array names
 MANIFEST_KEY = "__manifest__"
 ENV_VAR = "INCEPTION_WEIGHTS"
 DEFAULT_NAME = "inception_v3.npz"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# Input sizes: 75 is the smallest Inception-V3 takes (the 8x8 pool sees 1x1), 299 its own (tests use small
+# ones); the resize (shorter side before the centre crop) from the crop to ~3x torchvision's 342.
+SIZE_RANGE = (75, arch.INPUT_SIZE)
+DEFAULT_RESIZE, RESIZE_MAX = 342, 1024
+# Normalisation of [0, 1] pixels: generous bounds that keep (x - mean) / std well inside float32.
+MEAN_LIMIT, STD_RANGE = 100.0, (1e-3, 100.0)
+MAX_MANIFEST_CHARS = 1 << 20  # the real manifest is ~40 KB
+MAX_NPY_HEADER = 4096  # numpy writes 128 bytes for these arrays
+ZIP_MAGIC = b"PK\x03\x04"
+NOT_WEIGHTS = "not an Inception-V3 weight file or ONNX export"
 
 HOW_TO_GET_WEIGHTS = (
     "export torchvision's Inception-V3 to ONNX (scripts/export_torchvision_onnx.py, on a machine with PyTorch) "
-    "and run `inception-convert-weights inception_v3.onnx`, or pass --weights PATH"
+    "and run `inception-convert-weights inception_v3.onnx`, or pass --weights PATH (a weight file or the .onnx)"
 )
+CONVERT_AGAIN = "convert the ONNX model again with inception-convert-weights"
 
 
 @dataclass
@@ -62,8 +88,11 @@ class Weights:
         return arch.inception_v3(count_include_pad=self.count_include_pad)
 
 
-def sha256_array(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+def sha256_array(name: str, a: np.ndarray) -> str:
+    """The manifest's checksum of array ``name``: its name, a NUL byte, then its bytes (C order)."""
+    h = hashlib.sha256(name.encode() + b"\0")
+    h.update(np.ascontiguousarray(a).data)
+    return h.hexdigest()
 
 
 def sha256_file(path: str | Path) -> str:
@@ -74,9 +103,9 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def check_arrays(arrays: dict[str, np.ndarray]) -> None:
-    """Every canonical key present with its canonical shape, and nothing else."""
-    expected = arch.weight_shapes()
+def check_arrays(arrays: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Every canonical key present with its canonical shape, and nothing else; all values finite float32."""
+    expected = arch.weight_shapes() if shapes is None else shapes
     missing = sorted(set(expected) - set(arrays))
     if missing:
         raise WeightsError(f"weights lack {len(missing)} arrays, first {missing[0]}")
@@ -86,6 +115,271 @@ def check_arrays(arrays: dict[str, np.ndarray]) -> None:
     for k, shape in expected.items():
         if tuple(arrays[k].shape) != shape:
             raise WeightsError(f"{k}: expected shape {shape}, found {tuple(arrays[k].shape)}")
+        if not np.all(np.isfinite(arrays[k])):
+            raise WeightsError(f"{k}: holds NaN or Inf values")
+
+
+# --- the manifest ----------------------------------------------------------------------------------------------
+
+def _is_number(v: Any) -> bool:
+    """A JSON number that is finite as a float (not a bool, not an int beyond float range)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_manifest(manifest: Any, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """The fields the engine uses have their types and sane values; raises WeightsError saying which does not.
+    ``sha256`` must name exactly the arrays of ``shapes`` (the architecture's)."""
+    expected = arch.weight_shapes() if shapes is None else shapes
+    if not isinstance(manifest, dict):
+        raise WeightsError(f"the manifest is a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("format") != FORMAT_VERSION or not _is_int(manifest.get("format")):
+        raise WeightsError(f"weight format {manifest.get('format')!r} is not {FORMAT_VERSION}; {CONVERT_AGAIN}")
+    sums = manifest.get("sha256")
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        raise WeightsError("the manifest's sha256 is not a table of array name -> hex digest")
+    if set(sums) != set(expected):
+        odd = min(set(sums) ^ set(expected))
+        raise WeightsError(f"the manifest's sha256 table does not list the architecture's arrays (first: {odd})")
+    layers = manifest.get("layers")
+    if layers is not None and layers != {k: list(s) for k, s in expected.items()}:
+        raise WeightsError("the manifest's layers table does not match the architecture's shapes")
+    for key in ("count_include_pad", "softmax_in_model", "aux_ignored"):
+        if key in manifest and not isinstance(manifest[key], bool):
+            raise WeightsError(f"the manifest's {key} is {manifest[key]!r}, expected true or false")
+    inp = manifest.get("input", {})
+    if not isinstance(inp, dict):
+        raise WeightsError(f"the manifest's input is {inp!r}, expected an object (mean, std, size, resize)")
+    for key, default in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
+        v = inp.get(key, default)
+        if not (isinstance(v, list | tuple) and len(v) == 3 and all(_is_number(x) for x in v)):
+            raise WeightsError(f"the manifest's input.{key} is {v!r:.80}, expected 3 finite numbers (R, G, B)")
+    if not all(abs(m) <= MEAN_LIMIT for m in inp.get("mean", IMAGENET_MEAN)):
+        raise WeightsError(f"the manifest's input.mean is {inp['mean']!r}; a pixel mean lies within "
+                           f"+-{MEAN_LIMIT:g}")
+    if not all(STD_RANGE[0] <= s <= STD_RANGE[1] for s in inp.get("std", IMAGENET_STD)):
+        raise WeightsError(f"the manifest's input.std is {inp['std']!r}; every channel's std must be from "
+                           f"{STD_RANGE[0]:g} to {STD_RANGE[1]:g}")
+    size = inp.get("size", arch.INPUT_SIZE)
+    if not (_is_int(size) and SIZE_RANGE[0] <= size <= SIZE_RANGE[1]):
+        raise WeightsError(f"the manifest's input.size is {size!r}, expected a whole number from {SIZE_RANGE[0]} "
+                           f"to {SIZE_RANGE[1]} (Inception-V3 takes {arch.INPUT_SIZE})")
+    resize = inp.get("resize", DEFAULT_RESIZE)
+    if not (_is_int(resize) and size <= resize <= RESIZE_MAX):
+        raise WeightsError(f"the manifest's input.resize is {resize!r}, expected a whole number from the crop "
+                           f"size {size} to {RESIZE_MAX}")
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+def _npy_header(f: Any, member: str) -> tuple[str, bool, tuple[int, ...], int]:
+    """(descr, fortran_order, shape, header bytes) of an npy stream, the header length bounded before it is read
+    and parsed as a literal (never numpy's reader, whose errors on damaged headers escape as other types)."""
+    magic = f.read(8)
+    if len(magic) < 8 or magic[:6] != b"\x93NUMPY" or magic[6] not in (1, 2, 3):
+        raise WeightsError(f"member {member} is not an npy array (no npy header)")
+    width = 2 if magic[6] == 1 else 4
+    length = int.from_bytes(f.read(width), "little")
+    if length > MAX_NPY_HEADER:
+        raise WeightsError(f"member {member} has an npy header of {length} bytes (damaged)")
+    raw = f.read(length)
+    try:
+        header = ast.literal_eval(raw.decode("utf-8" if magic[6] == 3 else "latin1"))
+    except (ValueError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError):
+        raise WeightsError(f"member {member} has a damaged npy header") from None
+    if (not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}
+            or not isinstance(header["descr"], str) or not isinstance(header["fortran_order"], bool)
+            or not isinstance(header["shape"], tuple) or not all(_is_int(d) and d >= 0 for d in header["shape"])):
+        raise WeightsError(f"member {member} has a damaged npy header")
+    return header["descr"], header["fortran_order"], header["shape"], 8 + width + length
+
+
+def _read_exact(f: Any, out: memoryview, member: str) -> None:
+    got = 0
+    while got < len(out):
+        chunk = f.read(min(len(out) - got, 1 << 22))
+        if not chunk:
+            raise WeightsError(f"member {member} is shorter than its header says (truncated)")
+        out[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    if f.read(1):  # also makes zipfile check the member's CRC
+        raise WeightsError(f"member {member} is longer than its header says (damaged)")
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shape: tuple[int, ...] | None) -> np.ndarray:
+    """An array member of the canonical ``shape`` as little-endian float32 (None: the manifest, a unicode scalar).
+    The declared size is checked against what that array needs before a byte is decompressed."""
+    name = info.filename
+    if shape is None:
+        limit = MAX_NPY_HEADER + 16 + 4 * MAX_MANIFEST_CHARS
+    else:
+        limit = MAX_NPY_HEADER + 16 + 4 * math.prod(shape)
+    if info.file_size > limit:
+        raise WeightsError(f"member {name} declares {info.file_size} bytes, more than the {limit} it can hold")
+    with zf.open(info) as f:
+        descr, fortran, got_shape, header = _npy_header(f, name)
+        if shape is None:
+            if not (descr.startswith("<U") and descr[2:].isdigit() and got_shape == () and not fortran
+                    and int(descr[2:]) <= MAX_MANIFEST_CHARS):
+                raise WeightsError(f"member {name} is {descr} {got_shape}, not the manifest's JSON text")
+            dtype, count = np.dtype(descr), 1
+        else:
+            if descr != "<f4" or fortran:
+                raise WeightsError(f"array {name[:-4]} is stored as {descr!r}{' (Fortran order)' * fortran}, "
+                                   f"expected little-endian float32 '<f4'")
+            if got_shape != shape:
+                raise WeightsError(f"array {name[:-4]} has shape {got_shape}, the architecture's is {shape}")
+            dtype, count = np.dtype("<f4"), math.prod(shape)
+        if header + dtype.itemsize * count != info.file_size:
+            raise WeightsError(f"member {name} holds {info.file_size} bytes, its header says "
+                               f"{header + dtype.itemsize * count}")
+        out = np.empty(got_shape, dtype)
+        _read_exact(f, memoryview(out).cast("B"), name)
+    return out
+
+
+def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = None
+                     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and manifest of the .npz at ``path``, every check of the module docstring done. ``shapes``: the
+    architecture's (default arch.weight_shapes())."""
+    expected = arch.weight_shapes() if shapes is None else shapes
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise WeightsError(f"{NOT_WEIGHTS}: not a readable .npz ({e}); {CONVERT_AGAIN}") from None
+    with zf:
+        infos = zf.infolist()
+        names = [i.filename for i in infos]
+        if len(set(names)) != len(names):
+            raise WeightsError(f"the zip holds two members named {next(n for n in names if names.count(n) > 1)}")
+        members = {n[:-4]: i for n, i in zip(names, infos) if n.endswith(".npy")}
+        if MANIFEST_KEY not in members:
+            raise WeightsError(f"{NOT_WEIGHTS}: a .npz without the engine's manifest; {CONVERT_AGAIN}")
+        unknown = sorted(set(names) - {k + ".npy" for k in (*expected, MANIFEST_KEY)})
+        if unknown:
+            raise WeightsError(f"unexpected member {unknown[0]} (not an array of the architecture)")
+        missing = sorted(set(expected) - set(members))
+        if missing:
+            raise WeightsError(f"weights lack {len(missing)} arrays, first {missing[0]}; {CONVERT_AGAIN}")
+        try:
+            text = str(_read_member(zf, members[MANIFEST_KEY], None)[()])
+            manifest = json.loads(text)
+        except WeightsError:
+            raise
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, huge ints, nesting
+            raise WeightsError(f"the manifest is not valid JSON ({e})") from None
+        check_manifest(manifest, expected)
+        arrays = {}
+        for k in expected:
+            a = _read_member(zf, members[k], expected[k])
+            if manifest["sha256"][k] != sha256_array(k, a):
+                raise WeightsError(f"array {k} fails its checksum (damaged or edited file); {CONVERT_AGAIN}")
+            if not np.all(np.isfinite(a)):
+                raise WeightsError(f"array {k} holds NaN or Inf values; {CONVERT_AGAIN}")
+            arrays[k] = a.astype(np.float32, copy=False)
+    return arrays, manifest
+
+
+def load_weights(path: str | Path) -> Weights:
+    """The weights at ``path``: an engine weight file, or an ONNX export (converted once, then cached). Any
+    problem is one WeightsError (a ConversionError for an ONNX file the converter refuses)."""
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise WeightsError(f"{path}: no such weight file; {HOW_TO_GET_WEIGHTS}")
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read it ({e.strerror}); check the path and its permissions") from None
+    if not head:
+        raise WeightsError(f"{path}: empty file, {NOT_WEIGHTS}; {HOW_TO_GET_WEIGHTS}")
+    return _load_npz(path) if head == ZIP_MAGIC else weights_from_onnx(path)
+
+
+def _load_npz(path: Path) -> Weights:
+    try:
+        arrays, manifest = read_weight_file(path)
+    except WeightsError as e:
+        raise WeightsError(f"{path}: {e}") from None
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except Exception as e:  # zipfile, zlib, bz2 and lzma raise several types for damaged members
+        raise WeightsError(f"{path}: damaged weight file ({type(e).__name__}: {e}); {CONVERT_AGAIN}") from None
+    return Weights(arrays, manifest, path)
+
+
+def save_weights(path: str | Path, arrays: dict[str, np.ndarray], manifest: dict[str, Any],
+                 overwrite: bool = True) -> Path:
+    """Writes the weight file atomically; refuses what load_weights would refuse (so nothing unloadable is
+    written). overwrite=False: an existing file at ``path`` is an error, never replaced."""
+    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
+    check_arrays(arrays)
+    manifest = dict(manifest)
+    manifest["format"] = FORMAT_VERSION
+    manifest["layers"] = {k: list(v.shape) for k, v in arrays.items()}
+    manifest["sha256"] = {k: sha256_array(k, v) for k, v in arrays.items()}
+    check_manifest(manifest)
+    payload = {**arrays, MANIFEST_KEY: np.array(json.dumps(manifest, sort_keys=True))}
+    return atomic_write(path, lambda f: np.savez(f, **payload), overwrite=overwrite)
+
+
+# --- ONNX files as --weights ------------------------------------------------------------------------------------
+
+def converted_cache_dir() -> Path:
+    return user_cache_dir() / "converted"
+
+
+def weights_from_onnx(path: Path) -> Weights:
+    """An ONNX export given where a weight file is expected: converted with the converter's checks on first use
+    and cached as ``converted/<content hash>.npz`` in the user cache (the hash covers the .onnx file and its
+    external data files), reused while the files are unchanged. Says so in one line on stderr when it converts."""
+    from .onnx_convert import convert_model, external_files, load_onnx
+
+    try:
+        model = load_onnx(path)
+    except ConversionError:
+        raise WeightsError(f"{path}: {NOT_WEIGHTS} (neither a .npz weight file nor a readable ONNX model); "
+                           f"{HOW_TO_GET_WEIGHTS}") from None
+    if not model.graph.node:
+        raise WeightsError(f"{path}: {NOT_WEIGHTS} (no network in it); {HOW_TO_GET_WEIGHTS}")
+    h = hashlib.sha256(sha256_file(path).encode())
+    for loc, data_path in external_files(model, path):
+        h.update(b"\0" + loc.encode() + b"\0" + sha256_file(data_path).encode())
+    cached = converted_cache_dir() / f"{h.hexdigest()}.npz"
+    if cached.is_file():
+        try:
+            return _load_npz(cached)
+        except WeightsError:
+            pass  # a damaged cache entry: convert again and replace it
+    arrays, manifest = convert_model(model, path)
+    try:
+        save_weights(cached, arrays, manifest)
+    except WeightsError:
+        raise
+    except EngineError as e:  # the arrays passed every check; only the cache cannot be written
+        print(f"note: converted {path} for this run only; it cannot be cached ({e})", file=sys.stderr)
+        return Weights(arrays, manifest, path)
+    print(f"note: converted {path} to a weight file once; cached as {cached}, reused while {path.name} is "
+          f"unchanged", file=sys.stderr)
+    return _load_npz(cached)
+
+
+# --- atomic writes ------------------------------------------------------------------------------------------------
+# A file is written to a temp file in its own folder, fsynced, then renamed into place, so a reader never sees half
+# a file. The temp file is named .<name>.<host>.<pid>.<token>.part: a writer killed outright (SIGKILL, power loss)
+# cannot remove its own, so the next write of that name removes every part file of a process of this host that is
+# no longer running, and any part file untouched for STALE_PART_SECONDS (a write takes seconds; another host's
+# process cannot be asked whether it runs). Only a regular file, or nothing, is ever replaced at the path.
+
+STALE_PART_SECONDS = 24 * 3600
 
 
 def default_file_mode() -> int:
@@ -95,75 +389,156 @@ def default_file_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_write(path: str | Path, write: Any) -> Path:
-    """Call ``write(file_object)`` on a temp file in the destination's directory, then rename it into place, so an
-    interrupted run never leaves a partial file at ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
+def _host() -> str:
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in socket.gethostname()) or "host"
+
+
+def _process_running(pid: int) -> bool:
     try:
-        os.fchmod(fd, default_file_mode())  # mkstemp creates 0600
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # OverflowError: beyond any pid
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_parts(folder: Path, name: str) -> None:
+    """Removes part files of ``name`` in ``folder`` left by dead writers (see the rule above)."""
+    prefix = "." + name + "."
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for e in entries:
+        if not (e.name.startswith(prefix) and e.name.endswith(".part")):
+            continue
+        fields = e.name[len(prefix):-len(".part")].rsplit(".", 2)
+        try:
+            dead = (len(fields) == 3 and fields[0] == _host() and fields[1].isdigit()
+                    and int(fields[1]) != os.getpid() and not _process_running(int(fields[1])))
+            if dead or time.time() - e.stat(follow_symlinks=False).st_mtime > STALE_PART_SECONDS:
+                os.unlink(e.path)
+        except OSError:
+            pass  # another writer removed it first, or no permission: not ours to insist
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def writable_target(path: str | Path, overwrite: bool = True) -> Path:
+    """The file a write to ``path`` replaces: symlinks followed to their target, which must be a regular file or
+    not exist yet (overwrite=False: must not exist). Raises EngineError with what is in the way."""
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return target
+    except NotADirectoryError:
+        raise EngineError(f"cannot write {path}: {_blocking_file(target)} is a file, not a folder") from None
+    except OSError as e:
+        raise EngineError(f"cannot write {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise EngineError(f"{path} is a directory; give the path of a file to write (such as {path / DEFAULT_NAME})")
+    if not stat.S_ISREG(st.st_mode):
+        raise EngineError(f"{path} is {_kind(st.st_mode)}; only a regular file is ever replaced, give another path")
+    if not overwrite:
+        raise EngineError(f"{path} exists already; nothing was written (overwrite=True replaces it)")
+    return target
+
+
+def _blocking_file(path: Path) -> Path:
+    """The first ancestor of ``path`` that exists but is not a folder."""
+    for p in reversed(path.parents):
+        if p.exists() and not p.is_dir():
+            return p
+    return path.parent
+
+
+def atomic_write(path: str | Path, write: Any, overwrite: bool = True) -> Path:
+    """Call ``write(file_object)`` on a temp file in the destination's folder, fsync, then rename it into place,
+    so an interrupted run never leaves a partial file at ``path`` (see the rule above). overwrite=False: an
+    existing file is an error, also one that appears while writing. Failures are EngineErrors naming the path."""
+    path = Path(path)
+    target = writable_target(path, overwrite)
+    folder = target.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise EngineError(f"cannot write {path}: {_blocking_file(target)} is a file, not a folder") from None
+    except OSError as e:
+        raise EngineError(f"cannot create the folder {folder}: {e.strerror}") from None
+    remove_stale_parts(folder, target.name)
+    tmp = folder / f".{target.name}.{_host()}.{os.getpid()}.{os.urandom(4).hex()}.part"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to open()
+    except OSError as e:
+        raise EngineError(f"cannot write {path}: {e.strerror}") from None
+    try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        if overwrite:
+            writable_target(target)  # what appeared meanwhile must be a regular file too
+            os.replace(tmp, target)
+        else:
+            _publish_new(tmp, target)
+        _fsync_folder(folder)
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, FileExistsError):
+            raise EngineError(f"{path} appeared while it was written; nothing was replaced") from None
+        if isinstance(e, OSError):
+            raise EngineError(f"cannot write {path}: {e.strerror or e}; nothing was written") from None
         raise
     return path
 
 
-def save_weights(path: str | Path, arrays: dict[str, np.ndarray], manifest: dict[str, Any]) -> Path:
-    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
-    check_arrays(arrays)
-    manifest = dict(manifest)
-    manifest["format"] = FORMAT_VERSION
-    manifest["layers"] = {k: list(v.shape) for k, v in arrays.items()}
-    manifest["sha256"] = {k: sha256_array(v) for k, v in arrays.items()}
-    payload = {**arrays, MANIFEST_KEY: np.array(json.dumps(manifest, sort_keys=True))}
-    return atomic_write(path, lambda f: np.savez(f, **payload))
-
-
-def load_weights(path: str | Path) -> Weights:
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"{path}: no such weight file; {HOW_TO_GET_WEIGHTS}")
+def _publish_new(tmp: Path, target: Path) -> None:
+    """Gives the finished temp file the name ``target`` only if nothing has it (FileExistsError otherwise): a hard
+    link does that atomically; on a file system without hard links, a check just before the rename."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if MANIFEST_KEY not in z.files:
-                raise WeightsError(f"{path}: not an inception-engine weight file (no manifest); "
-                                   f"convert the ONNX model with inception-convert-weights")
-            manifest = json.loads(str(z[MANIFEST_KEY]))
-            if manifest.get("format") != FORMAT_VERSION:
-                raise WeightsError(f"{path}: weight format {manifest.get('format')} is not {FORMAT_VERSION}; "
-                                   f"convert the ONNX model again with this version")
-            arrays = {}
-            for k in z.files:
-                if k == MANIFEST_KEY:
-                    continue
-                try:
-                    arrays[k] = z[k]
-                except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-                    raise WeightsError(f"{path}: array {k} is corrupt ({e}); convert the model again") from None
-    except WeightsError:
+        os.link(tmp, target)
+    except FileExistsError:
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError, json.JSONDecodeError, KeyError) as e:
-        raise WeightsError(f"{path}: not a readable weight file ({e}); convert the model again") from None
-    sums = manifest.get("sha256", {})
-    for k, a in arrays.items():
-        if a.dtype != np.float32:
-            raise WeightsError(f"{path}: array {k} is {a.dtype}, expected float32")
-        if sums.get(k) != sha256_array(a):
-            raise WeightsError(f"{path}: array {k} fails its checksum (corrupt file); convert the model again")
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, "exists", str(target)) from None
+        os.replace(tmp, target)
+        return
+    os.unlink(tmp)
+
+
+def _fsync_folder(folder: Path) -> None:
     try:
-        check_arrays(arrays)
-    except WeightsError as e:
-        raise WeightsError(f"{path}: {e}") from None
-    return Weights(arrays, manifest, path)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --- where weights are looked for -------------------------------------------------------------------------------
+
+def default_weights_path() -> Path:
+    """Where inception-convert-weights writes by default: the user cache, which every run searches."""
+    return user_cache_dir() / DEFAULT_NAME
 
 
 def candidate_paths(explicit: str | Path | None = None) -> list[tuple[str, Path]]:
@@ -174,7 +549,7 @@ def candidate_paths(explicit: str | Path | None = None) -> list[tuple[str, Path]
     if os.environ.get(ENV_VAR):
         return [(f"${ENV_VAR}", Path(os.environ[ENV_VAR]))]
     out.append(("./weights", Path("weights") / DEFAULT_NAME))
-    out.append(("user cache", user_cache_dir() / DEFAULT_NAME))
+    out.append(("user cache", default_weights_path()))
     return out
 
 

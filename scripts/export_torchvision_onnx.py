@@ -5,7 +5,7 @@ Run it on a machine with internet access and PyTorch + torchvision (the engine i
     pip install torch torchvision onnx          # plus onnxscript for --exporter dynamo
     python scripts/export_torchvision_onnx.py                       # -> inception_v3.onnx (TorchScript exporter)
     python scripts/export_torchvision_onnx.py --exporter dynamo     # torch.export-based exporter (torch >= 2.6)
-    inception-convert-weights inception_v3.onnx                     # -> weights/inception_v3.npz
+    inception-convert-weights inception_v3.onnx                     # -> ~/.cache/inception-engine/inception_v3.npz
 
 The model is ``torchvision.models.inception_v3(weights="IMAGENET1K_V1")`` in eval mode (so no auxiliary head, and
 BatchNorm uses its running statistics), exported with a dynamic batch dimension, input ``image`` (N, 3, 299, 299)

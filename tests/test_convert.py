@@ -352,6 +352,7 @@ def test_refuses_swapped_concat_branches(model, tmp_path):
 @pytest.mark.parametrize("attr,value,message", [
     ("group", 2, "group=2 is not supported"),
     ("dilations", [2, 2], "dilations [2, 2] are not supported"),
+    ("dilations", [1], "dilations [1] are not supported"),
     ("auto_pad", "SAME_UPPER", "auto_pad=SAME_UPPER is not supported"),
     ("strides", [2, 2], "Mixed_6b.branch7x7_2 expects stride 1, found strides [2, 2]"),
     ("pads", [0, 2, 0, 2], "Mixed_6b.branch7x7_2 expects padding 0x3, found pads [0, 2, 0, 2]"),
