@@ -217,16 +217,22 @@ def test_slot_runs_split_at_holes_and_wraps():
     assert slot_runs([1, 2, 4]) == [(1, 3, 0), (4, 5, 2)]  # slot 3's image could not be decoded
 
 
-def test_process_workers_fall_back_to_threads_when_shared_memory_is_short(weights, photos, monkeypatch, capsys,
-                                                                       decode_pool_kinds):
-    assert pipeline.shared_memory_fits(1) and not pipeline.shared_memory_fits(1 << 62)
-    kinds = decode_pool_kinds
-    monkeypatch.setattr(pipeline, "shared_memory_fits", lambda nbytes: False)
-    with Engine(weights, backend="cpu", batch_size=2, workers=2, worker_kind="process") as engine:
-        preds = engine.predict(photos[:4], top_k=1)
-    assert kinds == ["thread"] and all(p.ok for p in preds)
-    err = capsys.readouterr().err
-    assert "/dev/shm" in err and "threads" in err and err.count("\n") == 1
+def test_the_process_ring_has_no_name_in_dev_shm(photos):
+    """The ring process workers share is an anonymous memfd: nothing appears in /dev/shm while it is in use, so
+    nothing can be left there, and /dev/shm's size does not limit it."""
+    import os
+
+    before = set(os.listdir("/dev/shm"))
+    pre = Preprocess()
+    ring = pipeline.HostRing(3, pre.size, shared=True)
+    pool = pipeline.DecodePool(ring, pre, 1, "process", chunk=1)
+    try:
+        assert pool.submit(2, photos[0]).result(timeout=60) is None
+        assert np.array_equal(ring.array[2], decode_u8(photos[0], pre))
+        assert not {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith("sem.")}
+    finally:
+        pool.close()
+        ring.close()
 
 
 def test_read_file_gives_bytes_or_one_error_line(tmp_path):
