@@ -12,18 +12,20 @@ import json
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
+from PIL import Image
 from tqdm import tqdm
 
 from . import backends
 from .engine import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES
 from .errors import EngineError
-from .images import image_extensions
-from .output import ResultFile, as_json, image_key
+from .images import file_error, image_extensions, not_an_image_file
+from .output import ResultFile, ResumeSummary, as_json, image_key, terminal_bytes
 from .pipeline import WORKER_KINDS, Prediction
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -62,9 +64,23 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
 
     def directory(d: Path) -> None:
-        files = sorted(p for p in d.iterdir()
-                       if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in exts)
+        try:
+            named = sorted(p for p in d.iterdir() if not p.name.startswith(".") and p.suffix.lower() in exts)
+        except OSError as e:
+            out.append((str(d), file_error(d, e)))
+            return
+        files, skipped = [], []
+        for p in named:
+            why = not_an_image_file(p)
+            if why is None:
+                files.append(p)
+            else:
+                skipped.append(f"{p.name} ({why})")
         out.extend((str(p), None) for p in files)
+        if skipped:
+            more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+            click.echo(f"note: {d}: skipped {len(skipped)} {'entry' if len(skipped) == 1 else 'entries'} named like "
+                       f"images that are not image files: {', '.join(skipped[:5])}{more}", err=True)
         if not files:
             out.append((str(d), f"{d}: directory has no image files"))
 
@@ -136,13 +152,15 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         raise EngineError("--resume continues an --output FILE; give the file")
     if output_path and as_json:
         raise EngineError("--json prints to the terminal and --output writes a file; choose one")
+    warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
     inputs = expand_inputs(images)
     out = ResultFile(output_path, top_k, resume) if output_path else None
     try:
-        if out is not None and out.done:
+        if out is not None and resume:
             before = len(inputs)
+            summary = out.resume(image_key(path) for path, _ in inputs)
             inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
-            click.echo(f"resume: {before - len(inputs)} of {before} images are in {out.path} already", err=True)
+            click.echo(resume_line(summary, before, out.path), err=True)
         todo = [path for path, err in inputs if err is None]
         with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                     worker_kind=worker_kind, decode=decode) as engine:
@@ -174,6 +192,17 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         raise click.exceptions.Exit(1)
 
 
+def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
+    """One line on what --resume found: images skipped, failed ones run again, lines dropped from the file."""
+    line = f"resume: {summary.done} of {inputs} images are in {path} already"
+    if summary.retried:
+        line += f"; {summary.retried} that failed run again"
+    if summary.dropped:
+        line += (f"; {summary.dropped} damaged or duplicate line{'s' if summary.dropped > 1 else ''} dropped "
+                 f"(their images run again unless a later line has them)")
+    return line
+
+
 def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction], sink: Any,
                   resumable: Path | None) -> tuple[int, int]:
     """Every input's result into the sink, in order: the next prediction, or the argument's own error. Returns
@@ -202,7 +231,7 @@ class TextSink:
             lines += [f"  {p:7.4f}  {label} ({i})" for i, label, p in r.top]
         else:
             lines.append(f"  error: {r.error}")
-        click.echo("\n".join(lines))
+        click.echo(terminal_bytes("\n".join(lines) + "\n", click.get_text_stream("stdout").encoding), nl=False)
 
     def close(self) -> None:
         pass

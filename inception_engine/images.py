@@ -152,21 +152,35 @@ def pillow_errors(name: object) -> Iterator[None]:
 
 def file_error(name: object, e: OSError) -> str:
     """The one-line message for a file that cannot be read (not for bad image data: see pillow_errors)."""
+    return f"{name}: {file_problem(name, e)}"
+
+
+def file_problem(name: object, e: OSError) -> str:
+    """What is wrong with the file system entry ``name`` that gave the error e, in words."""
     if e.errno == errno.ENOENT:
         if isinstance(name, (str, os.PathLike)) and os.path.islink(name):
-            return f"{name}: dangling symbolic link (its target {os.readlink(name)} does not exist)"
-        return f"{name}: no such file"
+            return f"dangling symbolic link (its target {os.readlink(name)} does not exist)"
+        return "no such file"
     if e.errno == errno.ELOOP:
-        return f"{name}: symbolic link loop (too many levels of symbolic links)"
+        return "symbolic link loop (too many levels of symbolic links)"
     if e.errno == errno.EISDIR:
-        return f"{name}: is a directory, not an image"
+        return "is a directory, not an image"
     if e.errno in (errno.EACCES, errno.EPERM):
-        return f"{name}: permission denied"
+        return "permission denied"
     if e.errno == errno.ENOTDIR:
-        return f"{name}: no such file (a part of the path is not a directory)"
+        return "no such file (a part of the path is not a directory)"
     if e.errno == errno.ENAMETOOLONG:
-        return f"{name}: file name too long"
-    return f"{name}: cannot read ({e.strerror or first_line(e)})"
+        return "file name too long"
+    return f"cannot read ({e.strerror or first_line(e)})"
+
+
+def not_an_image_file(path: str | os.PathLike) -> str | None:
+    """None for a regular file (symbolic links followed), else what the entry is instead, in words: how a
+    directory's listing tells images from entries merely named like them."""
+    try:
+        return not_a_file(os.stat(path).st_mode)
+    except OSError as e:
+        return file_problem(path, e)
 
 
 def first_line(e: BaseException) -> str:

@@ -6,26 +6,47 @@ probability of each of the top k. Lines are written whole, a batch at a time wit
 leaves whole lines behind it), flushed to the OS at once and to the disk every few seconds and at the end. A
 crash loses at most what had not been flushed: the batch in flight.
 
-``--resume`` reads such a file back: the images it names are skipped, and a last line cut short by a crash (no
-newline, or not parseable) is cut off before appending.
+File names. Any name the file system holds is written, losslessly: a path is the string Python gives it, its bytes
+decoded as UTF-8 with each byte that is not UTF-8 turned into the lone surrogate U+DC80..U+DCFF (the
+``surrogateescape`` rule of ``os.fsdecode``). JSON (``.jsonl``, ``--json``) writes that character as the escape
+``\\udcXX``; a CSV and the terminal text hold the original byte (such a row is then not UTF-8). Python reads either
+back to the same string (``json.loads``; ``bytes.decode("utf-8", "surrogateescape")``), and ``os.fsencode`` of it
+gives the name's bytes.
+
+One writer at a time: a run holds an exclusive ``flock`` on its output file while it writes; a second run given
+the same file is refused. Only a regular file is ever appended to or replaced.
+
+``--resume`` reads such a file back, and the rule for any reader is: a line that is not a whole, well-formed
+result (cut short by a crash, damaged) does not count, and where an image has several lines the last one wins.
+Images whose result is a classification are skipped; images whose result is an error run again. Where the file
+needs it (a damaged or torn line, a duplicate, an error line of an image that runs again) it is first rewritten,
+atomically, with one line per image, so the file never holds two lines for an image it did itself.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import io
 import json
+import math
 import os
+import stat
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from .errors import EngineError
+from .images import file_error, not_a_file
+from .labels import imagenet_labels
 from .pipeline import Prediction
 
 FSYNC_SECONDS = 5.0
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+NAME_ERRORS = "surrogateescape"  # how a file name's non-UTF-8 bytes are written and read in CSV and text
 
 
 def output_format(path: Path) -> str:
@@ -43,8 +64,9 @@ def as_json(p: Prediction) -> dict:
 
 
 def jsonl_bytes(preds: Sequence[Prediction]) -> bytes:
-    """The --output FILE.jsonl lines of these predictions, one JSON object per line."""
-    return "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode()
+    """The --output FILE.jsonl lines of these predictions, one JSON object per line (ASCII: json.dumps escapes
+    everything else, a file name's undecodable bytes included)."""
+    return "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode("ascii")
 
 
 def csv_header(top_k: int) -> list[str]:
@@ -58,45 +80,185 @@ def csv_row(p: Prediction, top_k: int) -> list[str]:
     return [p.image, ""] + [str(v) for i, label, prob in p.top for v in (i, label, repr(prob))]
 
 
+def csv_bytes(rows: Iterable[list[str]]) -> bytes:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue().encode("utf-8", NAME_ERRORS)
+
+
+def terminal_bytes(text: str, encoding: str | None) -> bytes:
+    """Text for the terminal in its encoding, a file name's undecodable bytes as they are (as ls would print them
+    into a pipe); a character the encoding lacks as a backslash escape."""
+    try:
+        return text.encode(encoding or "utf-8", NAME_ERRORS)
+    except UnicodeEncodeError:
+        return text.encode(encoding or "utf-8", "backslashreplace")
+
+
 def image_key(path: str) -> str:
     """How a result line and an input are matched on --resume: the absolute path, so ./a.jpg and a.jpg agree."""
     return os.path.abspath(path)
 
 
-def read_done(path: Path, fmt: str, top_k: int) -> tuple[set[str], int]:
-    """(image keys with a result, byte length of the whole lines) of an existing result file."""
-    data = path.read_bytes()
-    done: set[str] = set()
-    good = 0  # end of the last whole, readable line
+# ------------------------------------------------------------------------------------------------ reading back
+
+@dataclass
+class Record:
+    key: str
+    ok: bool  # a classification (True) or an error line (False)
+    line: bytes  # the whole line, newline included
+    top_k: int | None  # entries in its top list (None for an error line)
+
+
+@dataclass
+class ResultLines:
+    """What an existing result file holds, by the readers' rule: the last whole, well-formed line per image."""
+
+    records: dict[str, Record] = field(default_factory=dict)  # by image key, in the order of their last lines
+    top_k: int | None = None  # the file's top-k (None: no classification in it yet)
+    damaged: int = 0  # lines that are not results (garbled, another top-k, cut short by a crash)
+    duplicates: int = 0  # lines of an image that a later line supersedes
+    header: bool = False  # a CSV whose header is in place
+
+    @property
+    def done(self) -> set[str]:
+        return {key for key, r in self.records.items() if r.ok}
+
+
+def valid_top(top: list[tuple[object, object, object]]) -> bool:
+    """Entries (index, label, probability) as inception-run writes them: known classes with their labels,
+    probabilities in [0, 1], most likely first."""
+    names = imagenet_labels()
+    last = math.inf
+    for index, label, prob in top:
+        if (not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(names)
+                or label != names[index] or not isinstance(prob, float) or not 0.0 <= prob <= min(1.0, last)):
+            return False
+        last = prob
+    return bool(top)
+
+
+def valid_name(image: object) -> bool:
+    return isinstance(image, str) and image != "" and "\x00" not in image and "\n" not in image
+
+
+def parse_jsonl(line: bytes) -> tuple[str, bool, int | None] | None:
+    """(image, ok, top-k) of one JSON line, or None where it is not a well-formed result."""
+    try:
+        obj = json.loads(line.decode("ascii"))
+    except ValueError:  # UnicodeDecodeError included: inception-run writes ASCII
+        return None
+    if not isinstance(obj, dict) or not valid_name(obj.get("image")) or set(obj) not in ({"image", "top"},
+                                                                                        {"image", "error"}):
+        return None
+    if "error" in obj:
+        error = obj["error"]
+        return (obj["image"], False, None) if isinstance(error, str) and error else None
+    top = obj["top"]
+    if not isinstance(top, list) or not all(isinstance(t, dict) and set(t) == {"index", "label", "prob"}
+                                            for t in top):
+        return None
+    if not valid_top([(t["index"], t["label"], t["prob"]) for t in top]):
+        return None
+    return obj["image"], True, len(top)
+
+
+def parse_csv(row: list[str], top_k: int) -> tuple[str, bool, int | None] | None:
+    """(image, ok, top-k) of one CSV row of a file with top_k columns, or None where it is not a well-formed
+    result."""
+    if len(row) != 2 + 3 * top_k or not valid_name(row[0]) or any("\x00" in v for v in row):
+        return None
+    image, error, rest = row[0], row[1], row[2:]
+    if error:
+        return (image, False, None) if not any(rest) else None
+    try:
+        top = [(int(rest[i]) if rest[i].isdigit() else None, rest[i + 1], float(rest[i + 2]))
+               for i in range(0, len(rest), 3)]
+    except ValueError:
+        return None
+    return (image, True, top_k) if valid_top(top) else None  # type: ignore[arg-type]
+
+
+def csv_top_k(header: list[str]) -> int | None:
+    """The top-k of a CSV header inception-run wrote, None for anything else."""
+    k, extra = divmod(len(header) - 2, 3)
+    return k if k >= 1 and not extra and header == csv_header(k) else None
+
+
+def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
+    """Parse a result file's bytes by the readers' rule (module doc). A CSV must start with inception-run's
+    header; a file without one is refused, since its rows cannot be told apart from damage."""
+    out = ResultLines()
     pos = 0
-    header_seen = False
     while pos < len(data):
         end = data.find(b"\n", pos)
         if end < 0:
-            break  # cut short by a crash
-        line = data[pos:end].decode("utf-8", errors="replace")
-        try:
-            if fmt == "jsonl":
-                image = json.loads(line)["image"]
+            out.damaged += 1  # cut short by a crash: no newline
+            break
+        line = data[pos:end + 1]
+        pos = end + 1
+        if fmt == "csv" and not out.header:
+            header = next(csv.reader([line.decode("utf-8", NAME_ERRORS)]), [])
+            out.top_k = csv_top_k(header)
+            if out.top_k is None:
+                raise EngineError(f"{path}: its first line is not the header inception-run writes; it is not a "
+                                  f"result file to resume (choose another --output)")
+            out.header = True
+            continue
+        if fmt == "csv":
+            try:
+                row = next(csv.reader([line.decode("utf-8", NAME_ERRORS)]))
+            except (csv.Error, StopIteration):
+                parsed = None
             else:
-                row = next(csv.reader([line]))
-                if not header_seen:
-                    header_seen = True
-                    if row != csv_header(top_k):
-                        raise EngineError(f"{path}: its columns are not those of --top-k {top_k}; resume with the "
-                                          f"--top-k it was written with")
-                    good, pos = end + 1, end + 1
-                    continue
-                image = row[0]
-        except (ValueError, KeyError, TypeError, IndexError, StopIteration):
-            break  # a damaged line: everything from here on is written again
-        done.add(image_key(image))
-        good = pos = end + 1
-    return done, good
+                assert out.top_k is not None
+                parsed = parse_csv(row, out.top_k)
+        else:
+            parsed = parse_jsonl(line)
+            if parsed is not None and parsed[1]:
+                if out.top_k is None:
+                    out.top_k = parsed[2]
+                elif parsed[2] != out.top_k:
+                    parsed = None  # a line of another top-k than the file's
+        if parsed is None:
+            out.damaged += 1
+            continue
+        image, ok, k = parsed
+        key = image_key(image)
+        if key in out.records:
+            out.duplicates += 1
+            del out.records[key]  # the later line wins, and takes the later place
+        out.records[key] = Record(key, ok, line, k)
+    return out
+
+
+def read_done(path: Path, fmt: str, top_k: int) -> tuple[set[str], int]:
+    """(image keys with a classification, whole lines' byte length) of a result file written with top_k, by the
+    readers' rule: what --resume would skip."""
+    data = path.read_bytes()
+    lines = read_lines(data, fmt, path)
+    check_top_k(lines, top_k, path)
+    return lines.done, data.rfind(b"\n") + 1
+
+
+def check_top_k(lines: ResultLines, top_k: int, path: Path) -> None:
+    if lines.top_k is not None and lines.top_k != top_k:
+        raise EngineError(f"{path} holds top-{lines.top_k} results; resume it with --top-k {lines.top_k}, or write "
+                          f"--top-k {top_k} to another file")
+
+
+# ------------------------------------------------------------------------------------------------------ writing
+
+@dataclass(frozen=True)
+class ResumeSummary:
+    done: int  # images skipped: their classification is in the file
+    retried: int  # images whose error line was dropped: they run again
+    dropped: int  # damaged, torn and superseded lines dropped from the file
 
 
 class ResultFile:
-    """Appends predictions to a .jsonl or .csv file; ``done`` holds what an earlier run (--resume) wrote."""
+    """Appends predictions to a .jsonl or .csv file, holding its lock until ``close``; ``resume`` lists what an
+    earlier run wrote. A file this run created and wrote nothing to is removed at ``close``."""
 
     def __init__(self, path: str | os.PathLike, top_k: int, resume: bool):
         self.path = Path(path)
@@ -105,25 +267,57 @@ class ResultFile:
         self.done: set[str] = set()
         if not self.path.parent.is_dir():
             raise EngineError(f"{self.path}: the directory {self.path.parent} does not exist")
-        exists = self.path.exists() and self.path.stat().st_size > 0
-        if exists and not resume:
-            raise EngineError(f"{self.path} exists; pass --resume to continue it, or choose another file")
-        new = True
-        if exists:
-            self.done, good = read_done(self.path, self.fmt, top_k)
-            new = good == 0
-            with open(self.path, "r+b") as f:
-                f.truncate(good)  # a line cut short by a crash goes; its image runs again
-        self._file: IO[bytes] = open(self.path, "ab")
-        self._last_sync = time.monotonic()
+        self._fd, self.created = open_locked(self.path)
+        self._written = False
         self._pending: list[Prediction] = []
-        if self.fmt == "csv" and new:
-            self._write_rows([csv_header(top_k)])
+        self._last_sync = time.monotonic()
+        self._lines = ResultLines()
+        try:
+            size = os.fstat(self._fd).st_size
+            if size and not resume:
+                raise EngineError(f"{self.path} exists; pass --resume to continue it, or choose another file")
+            if size:
+                self._lines = read_lines(os.pread(self._fd, size, 0), self.fmt, self.path)
+                check_top_k(self._lines, top_k, self.path)
+        except BaseException:
+            self._release()
+            raise
 
-    def _write_rows(self, rows: list[list[str]]) -> None:
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(rows)
-        self._file.write(buf.getvalue().encode())
+    def resume(self, keys: Iterable[str]) -> ResumeSummary:
+        """Make the file ready to append this run's images (``keys``): their classified images go into ``done``
+        (to be skipped); error lines of those that run again, damaged, torn and superseded lines are dropped by
+        rewriting the file, atomically, where there are any."""
+        lines = self._lines
+        wanted = set(keys)
+        retry = {key for key, r in lines.records.items() if not r.ok and key in wanted}
+        self.done = lines.done & wanted
+        dropped = lines.damaged + lines.duplicates
+        if retry or dropped:
+            kept = [r.line for key, r in lines.records.items() if key not in retry]
+            if self.fmt == "csv" and kept:
+                kept.insert(0, csv_bytes([csv_header(self.top_k)]))
+            self._replace(b"".join(kept))
+        return ResumeSummary(len(self.done), len(retry), dropped)
+
+    def _replace(self, data: bytes) -> None:
+        """Put data in the file's place, atomically (a temporary file beside it, fsync, rename), and hold the lock
+        of the new file before letting go of the old one's."""
+        target = Path(os.path.realpath(self.path))  # a symbolic link stays one: its target is replaced
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), stat.S_IMODE(os.fstat(self._fd).st_mode))
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(target.parent)
+        new, _ = open_locked(self.path)
+        os.close(self._fd)
+        self._fd = new
 
     def add(self, p: Prediction) -> None:
         self._pending.append(p)
@@ -132,18 +326,85 @@ class ResultFile:
         """Write what was added, in one write; to the disk too if the last fsync is a few seconds old."""
         if self._pending:
             if self.fmt == "jsonl":
-                self._file.write(jsonl_bytes(self._pending))
+                data = jsonl_bytes(self._pending)
             else:
-                self._write_rows([csv_row(p, self.top_k) for p in self._pending])
+                header = [csv_header(self.top_k)] if os.fstat(self._fd).st_size == 0 else []
+                data = csv_bytes(header + [csv_row(p, self.top_k) for p in self._pending])
             self._pending = []
-            self._file.flush()
+            write_all(self._fd, data)
+            self._written = True
         if time.monotonic() - self._last_sync > FSYNC_SECONDS:
-            os.fsync(self._file.fileno())
+            os.fsync(self._fd)
             self._last_sync = time.monotonic()
 
     def close(self) -> None:
-        if self._file.closed:
+        if self._fd < 0:
             return
-        self.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        try:
+            self.flush()
+            os.fsync(self._fd)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Close the file (letting go of its lock); one this run created and never wrote goes (still locked)."""
+        if self.created and not self._written and os.fstat(self._fd).st_size == 0:
+            self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = -1
+
+
+def open_locked(path: Path) -> tuple[int, bool]:
+    """(descriptor, created) of the regular file at path, opened to append and locked exclusively: a device, a FIFO
+    or a directory is refused, and so is a file another run is writing."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC  # non-blocking: a FIFO must not hang the open
+    try:
+        kind = not_a_file(os.stat(path).st_mode)
+    except FileNotFoundError:
+        kind = None
+    except OSError as e:
+        raise EngineError(f"{file_error(path, e)}; --output takes a file name") from None
+    if kind is not None:
+        raise EngineError(f"{path}: {kind}, not a regular file; --output takes a file name")
+    created = True
+    try:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            created = False
+            fd = os.open(path, flags)
+    except OSError as e:
+        raise EngineError(f"{file_error(path, e)}; --output takes a file name") from None
+    try:
+        kind = not_a_file(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise EngineError(f"{path}: {kind}, not a regular file; --output takes a file name")
+        os.set_blocking(fd, True)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise EngineError(f"{path}: cannot lock it ({e.strerror}); --output needs a local file") from None
+            raise EngineError(f"{path}: another inception-run is writing it; wait for that run to end, or choose "
+                              f"another file") from None
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:  # replaced by a resuming run since it was opened
+            raise EngineError(f"{path}: another inception-run is writing it; wait for that run to end, or choose "
+                              f"another file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, created
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

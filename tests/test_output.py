@@ -81,9 +81,12 @@ def test_resume_skips_done_images_and_cuts_a_torn_last_line(weights_file, photos
     assert "resume: 3 of 9 images" in r.stderr
     assert part.read_text().startswith("".join(whole[:3]))
     assert same_results(lines(part), lines(full))  # the torn line went, the rest was appended in order
-    before = part.read_text()
+    assert "1 damaged or duplicate line dropped" in r.stderr
+    before = part.read_text().splitlines(keepends=True)
     again = run(str(photos), "--weights", str(weights_file), "--output", str(part), "--resume")
-    assert "resume: 9 of 9" in again.stderr and part.read_text() == before
+    assert "resume: 8 of 9" in again.stderr and "1 that failed run again" in again.stderr  # p4's error, retried
+    p4 = [line for line in before if "p4.jpg" in line]
+    assert part.read_text().splitlines(keepends=True) == [line for line in before if line not in p4] + p4
 
 
 def same_results(a: list[dict], b: list[dict]) -> bool:
@@ -123,9 +126,20 @@ def test_csv_rows_and_top_k_must_match_on_resume(weights_file, photos, tmp_path)
     assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 6  # p4's error row
     assert float(rows[1][4]) >= float(rows[1][7]) > 0
     done, good = read_done(out, "csv", 2)
-    assert len(done) == 9 and good == out.stat().st_size
-    assert "--top-k" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out),
-                                           "--resume", "--top-k", "3"))
+    assert len(done) == 8 and good == out.stat().st_size  # p4's error row is not done: it runs again
+    before = out.read_bytes()
+    err = one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume",
+                             "--top-k", "3"))
+    assert "holds top-2 results; resume it with --top-k 2" in err and out.read_bytes() == before
+
+
+def test_jsonl_refuses_another_top_k_on_resume_as_csv_does(weights_file, photos, tmp_path):
+    out = tmp_path / "r.jsonl"
+    run(str(photos), "--weights", str(weights_file), "--output", str(out), "--top-k", "5")
+    before = out.read_bytes()
+    err = one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume",
+                             "--top-k", "2"))
+    assert "holds top-5 results; resume it with --top-k 5" in err and out.read_bytes() == before
 
 
 def test_prebuilding_the_kernels_without_a_gpu_is_one_line():
