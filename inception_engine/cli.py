@@ -75,12 +75,12 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
             if why is None:
                 files.append(p)
             else:
-                skipped.append(f"{p.name} ({why})")
+                skipped.append(f"{p.name}: {why}")
         out.extend((str(p), None) for p in files)
         if skipped:
             more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
             click.echo(f"note: {d}: skipped {len(skipped)} {'entry' if len(skipped) == 1 else 'entries'} named like "
-                       f"images that are not image files: {', '.join(skipped[:5])}{more}", err=True)
+                       f"images that are not image files: {'; '.join(skipped[:5])}{more}", err=True)
         if not files:
             out.append((str(d), f"{d}: directory has no image files"))
 

@@ -139,7 +139,7 @@ def valid_top(top: list[tuple[object, object, object]]) -> bool:
 
 
 def valid_name(image: object) -> bool:
-    return isinstance(image, str) and image != "" and "\x00" not in image and "\n" not in image
+    return isinstance(image, str) and image != "" and "\x00" not in image
 
 
 def parse_jsonl(line: bytes) -> tuple[str, bool, int | None] | None:
@@ -191,14 +191,14 @@ def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
     out = ResultLines()
     pos = 0
     while pos < len(data):
-        end = data.find(b"\n", pos)
+        end = record_end(data, pos, fmt)
         if end < 0:
             out.damaged += 1  # cut short by a crash: no newline
             break
         line = data[pos:end + 1]
         pos = end + 1
         if fmt == "csv" and not out.header:
-            header = next(csv.reader([line.decode("utf-8", NAME_ERRORS)]), [])
+            header = next(csv.reader(io.StringIO(line.decode("utf-8", NAME_ERRORS), newline="")), [])
             out.top_k = csv_top_k(header)
             if out.top_k is None:
                 raise EngineError(f"{path}: its first line is not the header inception-run writes; it is not a "
@@ -207,7 +207,7 @@ def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
             continue
         if fmt == "csv":
             try:
-                row = next(csv.reader([line.decode("utf-8", NAME_ERRORS)]))
+                row = next(csv.reader(io.StringIO(line.decode("utf-8", NAME_ERRORS), newline="")))
             except (csv.Error, StopIteration):
                 parsed = None
             else:
@@ -230,6 +230,17 @@ def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
             del out.records[key]  # the later line wins, and takes the later place
         out.records[key] = Record(key, ok, line, k)
     return out
+
+
+def record_end(data: bytes, pos: int, fmt: str) -> int:
+    """Where the record that starts at pos ends (its newline), -1 where the data ends first. A JSON line is one
+    line; a CSV row runs on over newlines inside a quoted field (a file name may hold one): up to the first
+    newline with an even number of quotes before it, as csv.writer doubles a quote inside a field."""
+    end = data.find(b"\n", pos)
+    if fmt == "csv":
+        while end >= 0 and data.count(b'"', pos, end) % 2:
+            end = data.find(b"\n", end + 1)
+    return end
 
 
 def read_done(path: Path, fmt: str, top_k: int) -> tuple[set[str], int]:
