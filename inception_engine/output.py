@@ -35,6 +35,7 @@ import os
 import stat
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,40 +188,36 @@ def csv_top_k(header: list[str]) -> int | None:
 
 def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
     """Parse a result file's bytes by the readers' rule (module doc). A CSV must start with inception-run's
-    header; a file without one is refused, since its rows cannot be told apart from damage."""
+    header (it gives the top-k); a file without one is refused, since its rows cannot be told apart from damage.
+    A JSONL file's top-k is that of most of its classification lines."""
     out = ResultLines()
     pos = 0
+    if fmt == "csv" and data:
+        nl = data.find(b"\n")
+        header = next(csv.reader(io.StringIO(data[:nl + 1 if nl >= 0 else len(data)].decode("utf-8", NAME_ERRORS),
+                                             newline="")), [])
+        out.top_k = csv_top_k(header) if nl >= 0 else None
+        if out.top_k is None:
+            raise EngineError(f"{path}: its first line is not the header inception-run writes; it is not a result "
+                              f"file to resume (choose another --output)")
+        out.header, pos = True, nl + 1
+    entries: list[tuple[bytes, tuple[str, bool, int | None] | None]] = []
     while pos < len(data):
-        end = record_end(data, pos, fmt)
-        if end < 0:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
             out.damaged += 1  # cut short by a crash: no newline
             break
-        line = data[pos:end + 1]
-        pos = end + 1
-        if fmt == "csv" and not out.header:
-            header = next(csv.reader(io.StringIO(line.decode("utf-8", NAME_ERRORS), newline="")), [])
-            out.top_k = csv_top_k(header)
-            if out.top_k is None:
-                raise EngineError(f"{path}: its first line is not the header inception-run writes; it is not a "
-                                  f"result file to resume (choose another --output)")
-            out.header = True
-            continue
-        if fmt == "csv":
-            try:
-                row = next(csv.reader(io.StringIO(line.decode("utf-8", NAME_ERRORS), newline="")))
-            except (csv.Error, StopIteration):
-                parsed = None
-            else:
-                assert out.top_k is not None
-                parsed = parse_csv(row, out.top_k)
-        else:
-            parsed = parse_jsonl(line)
-            if parsed is not None and parsed[1]:
-                if out.top_k is None:
-                    out.top_k = parsed[2]
-                elif parsed[2] != out.top_k:
-                    parsed = None  # a line of another top-k than the file's
+        end = record_end(data, pos, fmt)
+        parsed = parse_record(data[pos:end + 1], fmt, out.top_k) if end >= 0 else None
         if parsed is None:
+            end = nl  # a quoted newline that made no good row: only its first line is damaged
+        entries.append((data[pos:end + 1], parsed))
+        pos = end + 1
+    if fmt == "jsonl":
+        ks = Counter(parsed[2] for _, parsed in entries if parsed is not None and parsed[1])
+        out.top_k = ks.most_common(1)[0][0] if ks else None
+    for line, parsed in entries:
+        if parsed is None or (parsed[1] and parsed[2] != out.top_k):  # damaged, or a line of another top-k
             out.damaged += 1
             continue
         image, ok, k = parsed
@@ -232,15 +229,34 @@ def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
     return out
 
 
+def parse_record(line: bytes, fmt: str, top_k: int | None) -> tuple[str, bool, int | None] | None:
+    if fmt == "jsonl":
+        return parse_jsonl(line)
+    assert top_k is not None
+    try:
+        row = next(csv.reader(io.StringIO(line.decode("utf-8", NAME_ERRORS), newline="")))
+    except (csv.Error, StopIteration):
+        return None
+    return parse_csv(row, top_k)
+
+
+MAX_RECORD_BYTES = 1 << 20  # a CSV row (a path is at most 4,096 bytes, a message a few hundred) is far shorter
+
+
 def record_end(data: bytes, pos: int, fmt: str) -> int:
     """Where the record that starts at pos ends (its newline), -1 where the data ends first. A JSON line is one
     line; a CSV row runs on over newlines inside a quoted field (a file name may hold one): up to the first
     newline with an even number of quotes before it, as csv.writer doubles a quote inside a field."""
     end = data.find(b"\n", pos)
-    if fmt == "csv":
-        while end >= 0 and data.count(b'"', pos, end) % 2:
-            end = data.find(b"\n", end + 1)
-    return end
+    if fmt != "csv":
+        return end
+    quotes, start = 0, pos
+    while 0 <= end < pos + MAX_RECORD_BYTES:
+        quotes += data.count(b'"', start, end)
+        if quotes % 2 == 0:
+            return end
+        start, end = end, data.find(b"\n", end + 1)
+    return -1
 
 
 def read_done(path: Path, fmt: str, top_k: int) -> tuple[set[str], int]:

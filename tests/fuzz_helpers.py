@@ -21,7 +21,7 @@ def run_cli(args: list[str], weights: Path, env: dict[str, str] | None = None, t
     """inception-run ARGS on the cpu backend, stdout and stderr as bytes."""
     return subprocess.run([sys.executable, "-c", "from inception_engine.cli import run_main; run_main()", *args,
                            "--weights", str(weights), "--backend", "cpu", "--batch-size", "4", "--top-k",
-                           str(top_k)], capture_output=True, timeout=timeout, cwd=ROOT,
+                           str(top_k)], capture_output=True, timeout=timeout, cwd=ROOT, check=False,
                           env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
 
 

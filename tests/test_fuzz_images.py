@@ -168,6 +168,6 @@ def test_hostile_folder_in_every_output_format(tmp_path, weights, seed, kind, fo
         r = run_cli([*args, "--output", str(path), "--resume"], weights)
         assert r.returncode == 1
         resume = [line for line in stderr_lines(r) if line.startswith("resume: ")]
-        assert resume == [f"resume: {len(good)} of {total} images are in {path} already; {len(bad)} that failed "
-                          f"run again"]
+        expected = f"resume: {len(good)} of {total} images are in {path} already; {len(bad)} that failed run again"
+        assert resume == [expected]
         assert sorted(summary(read(path))) == sorted(summary(rows))  # one line per image still
