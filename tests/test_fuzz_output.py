@@ -4,6 +4,7 @@ with SIGKILL then resumed (no process, shared memory or semaphore left; the file
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import glob
 import json
@@ -80,7 +81,7 @@ def damage_line(line: bytes, kind: str, fmt: str, rng: np.random.Generator) -> b
         elif kind == "top_k":
             obj["top"] = obj["top"][:-1]
         return json.dumps(obj).encode() + b"\n"
-    row = next(iter(__import__("csv").reader([body.decode()])))
+    row = next(csv.reader([body.decode()]))
     if kind == "label":
         row[3 + 3 * int(rng.integers(0, TOP_K))] = "not a class"
     elif kind == "prob":
@@ -142,8 +143,8 @@ def test_a_second_writer_is_refused_and_the_file_left_alone(tmp_path, weights, p
         fcntl.flock(held, fcntl.LOCK_EX)
         r = run_cli([str(photos), "--output", str(out), "--resume"], weights)
     assert r.returncode == 2 and out.read_bytes() == before
-    assert stderr_lines(r) == [f"error: {out}: another inception-run is writing it; wait for that run to end, or "
-                               f"choose another file"]
+    expected = f"error: {out}: another inception-run is writing it; wait for that run to end, or choose another file"
+    assert stderr_lines(r) == [expected]
 
 
 def test_two_runs_on_one_new_file_write_each_image_once(tmp_path, weights, photos):
@@ -172,8 +173,8 @@ def test_targets_that_are_not_regular_files_are_refused(tmp_path, weights, photo
         for resume in ([], ["--resume"]):
             r = run_cli([str(photos), "--output", str(tmp_path / name), *resume], weights)
             assert r.returncode == 2
-            assert stderr_lines(r) == [f"error: {tmp_path / name}: {words}, not a regular file; --output takes a "
-                                       f"file name"]
+            expected = f"error: {tmp_path / name}: {words}, not a regular file; --output takes a file name"
+            assert stderr_lines(r) == [expected]
     r = run_cli([str(photos), "--output", str(tmp_path / "new.csv")], tmp_path / "missing.npz")
     assert r.returncode == 2 and len(stderr_lines(r)) == 1
     assert sorted(os.listdir(tmp_path)) == before  # nothing created, not even an empty file or a header
@@ -221,7 +222,10 @@ def test_sigkill_leaves_nothing_behind_and_resume_completes(tmp_path_factory, we
     deadline = time.monotonic() + 10
     while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert marked(marker) == [], "processes of the killed run are still alive"
+    left = marked(marker)
+    for pid in left:  # not to leave them running past a failed test
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "processes of the killed run are still alive"
     deadline = time.monotonic() + 5
     while dev_shm() - shm_before and time.monotonic() < deadline:
         time.sleep(0.1)
