@@ -115,10 +115,6 @@ class HostRing:
         ring.fd, ring._map, ring.array, ring.slots = None, None, pixels, len(pixels)
         return ring
 
-    @property
-    def shared(self) -> bool:
-        return self.fd is not None
-
     def close(self) -> None:
         self.array = None  # type: ignore[assignment]  # the mapping cannot close while an array views it
         if self._map is not None:
@@ -213,7 +209,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # alive, and another user's: only a pid reused after the owner ended can be that
         return True
     return True
 
