@@ -82,7 +82,7 @@ def open_image(path: str | Path) -> Image.Image:
         return exif_upright(img)
 
 
-def open_regular(path: str | os.PathLike) -> BinaryIO:
+def open_regular(path: str | os.PathLike, buffered: bool = True) -> BinaryIO:
     """The file at path opened for reading, if it is a non-empty regular file (symbolic links followed); else an
     EngineError saying what it is instead. A FIFO or a device is never read: opening one could block or consume it;
     the check is made on the opened descriptor too, so a file swapped in between is caught."""
@@ -102,7 +102,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
         if st.st_size == 0:
             raise EngineError(f"{path}: empty file")
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb", buffering=-1 if buffered else 0)
     except BaseException:
         os.close(fd)
         raise
@@ -164,7 +164,7 @@ def file_problem(name: object, e: OSError) -> str:
     if e.errno == errno.ELOOP:
         return "symbolic link loop (too many levels of symbolic links)"
     if e.errno == errno.EISDIR:
-        return "is a directory, not an image"
+        return "is a directory, not an image file"
     if e.errno in (errno.EACCES, errno.EPERM):
         return "permission denied"
     if e.errno == errno.ENOTDIR:

@@ -19,8 +19,8 @@ the same file is refused. Only a regular file is ever appended to or replaced.
 ``--resume`` reads such a file back, and the rule for any reader is: a line that is not a whole, well-formed
 result (cut short by a crash, damaged) does not count, and where an image has several lines the last one wins.
 Images whose result is a classification are skipped; images whose result is an error run again. Where the file
-needs it (a damaged or torn line, a duplicate, an error line of an image that runs again) it is first rewritten,
-atomically, with one line per image, so the file never holds two lines for an image it did itself.
+holds a damaged or torn line, a duplicate, or the error line of an image that runs again, it is first rewritten,
+atomically, with the last good line of each other image: after a resumed run every image has one line.
 """
 
 from __future__ import annotations
@@ -257,15 +257,6 @@ def record_end(data: bytes, pos: int, fmt: str) -> int:
             return end
         start, end = end, data.find(b"\n", end + 1)
     return -1
-
-
-def read_done(path: Path, fmt: str, top_k: int) -> tuple[set[str], int]:
-    """(image keys with a classification, whole lines' byte length) of a result file written with top_k, by the
-    readers' rule: what --resume would skip."""
-    data = path.read_bytes()
-    lines = read_lines(data, fmt, path)
-    check_top_k(lines, top_k, path)
-    return lines.done, data.rfind(b"\n") + 1
 
 
 def check_top_k(lines: ResultLines, top_k: int, path: Path) -> None:

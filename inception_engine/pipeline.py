@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import EngineError
-from .images import Preprocess, decode_u8, decode_u8_bytes, file_error, first_line
+from .images import Preprocess, decode_u8, decode_u8_bytes, file_error, first_line, open_regular
 from .labels import imagenet_labels
 
 ImageSource = str | os.PathLike | Image.Image
@@ -456,11 +456,12 @@ class EncodedRunner(Protocol):
 def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
     """(bytes, None), or (None, the error line) for a file that cannot be read, worded as images.open_image."""
     try:
-        with open(source, "rb", buffering=0) as f:  # unbuffered: one fstat and one read, no BufferedReader copy
-            data = f.readall()
+        with open_regular(source, buffered=False) as f:  # unbuffered: one read, no BufferedReader copy
+            return f.readall(), None
+    except EngineError as e:  # missing, empty, or not a regular file (a FIFO is never read: it would block)
+        return None, str(e)
     except OSError as e:
         return None, file_error(source, e)
-    return (data, None) if data else (None, f"{source}: empty file")
 
 
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:

@@ -13,7 +13,7 @@ from random_weights import random_arrays
 from test_cli import one_line_error, runner
 
 from inception_engine import cli, engine
-from inception_engine.output import read_done
+from inception_engine.output import read_lines
 from inception_engine.weights import save_weights
 
 
@@ -125,8 +125,9 @@ def test_csv_rows_and_top_k_must_match_on_resume(weights_file, photos, tmp_path)
                        "top2_prob"]
     assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 6  # p4's error row
     assert float(rows[1][4]) >= float(rows[1][7]) > 0
-    done, good = read_done(out, "csv", 2)
-    assert len(done) == 8 and good == out.stat().st_size  # p4's error row is not done: it runs again
+    lines = read_lines(out.read_bytes(), "csv", out)
+    assert lines.top_k == 2 and len(lines.records) == 9 and lines.damaged == lines.duplicates == 0
+    assert len(lines.done) == 8  # p4's error row is not done: it runs again
     before = out.read_bytes()
     err = one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume",
                              "--top-k", "3"))

@@ -237,16 +237,19 @@ def test_the_process_ring_has_no_name_in_dev_shm(photos):
 
 def test_read_file_gives_bytes_or_one_error_line(tmp_path):
     """--decode gpu reads files on the main thread (pipeline.read_file): bytes whole, or inception-run's error."""
+    import os
+
     data = bytes(range(256)) * 1000
     (tmp_path / "a.jpg").write_bytes(data)
     (tmp_path / "empty.jpg").write_bytes(b"")
     (tmp_path / "dir.jpg").mkdir()
     assert pipeline.read_file(tmp_path / "a.jpg") == (data, None)
     assert pipeline.read_file(str(tmp_path / "a.jpg")) == (data, None)
-    for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory"), ("empty.jpg", "empty file")]:
+    os.mkfifo(tmp_path / "fifo.jpg")  # never opened for reading: that would wait for a writer forever
+    for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory, not an image file"),
+                       ("empty.jpg", "empty file"), ("fifo.jpg", "is a FIFO (named pipe), not an image file")]:
         got, error = pipeline.read_file(tmp_path / name)
-        assert got is None and error == f"{tmp_path / name}: {says}" + ("" if says != "is a directory" else
-                                                                        ", not an image")
+        assert got is None and error == f"{tmp_path / name}: {says}"
 
 
 class EchoRunner:
