@@ -197,10 +197,15 @@ def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
     line = f"resume: {summary.done} of {inputs} images are in {path} already"
     if summary.retried:
         line += f"; {summary.retried} that failed run again"
-    if summary.dropped:
-        line += (f"; {summary.dropped} damaged or duplicate line{'s' if summary.dropped > 1 else ''} dropped "
-                 f"(their images run again unless a later line has them)")
+    if summary.damaged:
+        line += f"; {plural(summary.damaged, 'damaged line')} dropped (their images run again)"
+    if summary.duplicates:
+        line += f"; {plural(summary.duplicates, 'duplicate line')} dropped (an image's last line is kept)"
     return line
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction], sink: Any,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import errno
 import fcntl
+import glob
 import io
 import json
 import math
@@ -271,7 +272,8 @@ def check_top_k(lines: ResultLines, top_k: int, path: Path) -> None:
 class ResumeSummary:
     done: int  # images skipped: their classification is in the file
     retried: int  # images whose error line was dropped: they run again
-    dropped: int  # damaged, torn and superseded lines dropped from the file
+    damaged: int  # lines that were not whole, well-formed results (dropped: their images run again)
+    duplicates: int  # lines a later line of the same image superseded (dropped)
 
 
 class ResultFile:
@@ -286,6 +288,7 @@ class ResultFile:
         if not self.path.parent.is_dir():
             raise EngineError(f"{self.path}: the directory {self.path.parent} does not exist")
         self._fd, self.created = open_locked(self.path)
+        remove_stale_copies(self.path)
         self._written = False
         self._pending: list[Prediction] = []
         self._last_sync = time.monotonic()
@@ -309,19 +312,18 @@ class ResultFile:
         wanted = set(keys)
         retry = {key for key, r in lines.records.items() if not r.ok and key in wanted}
         self.done = lines.done & wanted
-        dropped = lines.damaged + lines.duplicates
-        if retry or dropped:
+        if retry or lines.damaged or lines.duplicates:
             kept = [r.line for key, r in lines.records.items() if key not in retry]
             if self.fmt == "csv" and kept:
                 kept.insert(0, csv_bytes([csv_header(self.top_k)]))
             self._replace(b"".join(kept))
-        return ResumeSummary(len(self.done), len(retry), dropped)
+        return ResumeSummary(len(self.done), len(retry), lines.damaged, lines.duplicates)
 
     def _replace(self, data: bytes) -> None:
         """Put data in the file's place, atomically (a temporary file beside it, fsync, rename), and hold the lock
         of the new file before letting go of the old one's."""
         target = Path(os.path.realpath(self.path))  # a symbolic link stays one: its target is replaced
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=rewrite_prefix(target), suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -370,6 +372,17 @@ class ResultFile:
             self.path.unlink(missing_ok=True)
         os.close(self._fd)
         self._fd = -1
+
+
+def rewrite_prefix(target: Path) -> str:
+    return f".{target.name}."
+
+
+def remove_stale_copies(path: Path) -> None:
+    """Remove what a run killed while rewriting the file left beside it (its lock is ours: no rewrite is under way)."""
+    target = Path(os.path.realpath(path))
+    for stale in target.parent.glob(f"{glob.escape(rewrite_prefix(target))}*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def open_locked(path: Path) -> tuple[int, bool]:

@@ -81,7 +81,7 @@ def test_resume_skips_done_images_and_cuts_a_torn_last_line(weights_file, photos
     assert "resume: 3 of 9 images" in r.stderr
     assert part.read_text().startswith("".join(whole[:3]))
     assert same_results(lines(part), lines(full))  # the torn line went, the rest was appended in order
-    assert "1 damaged or duplicate line dropped" in r.stderr
+    assert "; 1 damaged line dropped (their images run again)" in r.stderr
     before = part.read_text().splitlines(keepends=True)
     again = run(str(photos), "--weights", str(weights_file), "--output", str(part), "--resume")
     assert "resume: 8 of 9" in again.stderr and "1 that failed run again" in again.stderr  # p4's error, retried
@@ -166,3 +166,16 @@ def test_long_runs_decode_in_processes_by_default(weights_file, photos, tmp_path
     run(str(photos), "--weights", str(weights_file), "--output", str(tmp_path / "b.jsonl"))
     assert kinds == ["process", "thread"]
     assert (tmp_path / "a.jsonl").read_text().count("\n") == 9
+
+
+def test_a_rewrite_cut_short_leaves_nothing_behind_the_next_run(weights_file, photos, tmp_path):
+    """The temporary copy of a resume's rewrite, left by a run killed in the middle of it, is removed by the next
+    run that holds the file's lock; a file the run created and never wrote to is removed too."""
+    out = tmp_path / "r.jsonl"
+    run(str(photos), "--weights", str(weights_file), "--output", str(out))
+    stale = tmp_path / ".r.jsonl.x1y2.tmp"
+    stale.write_text("half a rewrite")
+    run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume")
+    assert not stale.exists()
+    r = run(str(photos), "--weights", str(tmp_path / "missing.npz"), "--output", str(tmp_path / "new.csv"))
+    assert r.exit_code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
