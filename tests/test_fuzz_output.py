@@ -4,6 +4,7 @@ with SIGKILL then resumed (no process, shared memory or semaphore left; the file
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import glob
@@ -199,11 +200,14 @@ def marked(marker: str) -> list[int]:
     return pids
 
 
-def dev_shm() -> set[str]:
-    try:
-        return set(os.listdir("/dev/shm"))
-    except FileNotFoundError:
-        return set()
+def dev_shm(since: float, until: float) -> set[str]:
+    """Names in /dev/shm made between two moments (time.time()): what a run in that window may have left."""
+    names = set()
+    for entry in os.scandir("/dev/shm") if os.path.isdir("/dev/shm") else []:
+        with contextlib.suppress(FileNotFoundError):
+            if since <= entry.stat().st_ctime <= until:
+                names.add(entry.name)
+    return names
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -212,7 +216,7 @@ def test_sigkill_leaves_nothing_behind_and_resume_completes(tmp_path_factory, we
     photos = write_photos(tmp_path_factory.mktemp("kill"), 24, 100 + seed)
     out = photos.parent / f"kill{seed}.{['jsonl', 'csv'][seed % 2]}"
     marker = f"INCEPTION_FUZZ_KILL_{os.getpid()}_{seed}"
-    shm_before = dev_shm()
+    started = time.time()
     run = start_cli([str(photos), "--output", str(out), "--worker-kind", "process", "--workers", "2"], weights,
                     {marker: "1"})
     deadline = time.monotonic() + 90
@@ -220,19 +224,25 @@ def test_sigkill_leaves_nothing_behind_and_resume_completes(tmp_path_factory, we
         time.sleep(0.05)
     time.sleep(float(rng.uniform(0, 0.5)))
     os.kill(run.pid, signal.SIGKILL)
-    run.wait()
-    assert run.returncode == -signal.SIGKILL  # killed mid-run, not finished already
+    killed = time.time()
+    try:
+        run.communicate(timeout=15)  # its pipes close: nothing it started still holds them
+        pipes_closed = True
+    except subprocess.TimeoutExpired:
+        pipes_closed = False
     deadline = time.monotonic() + 10
     while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = marked(marker)
     for pid in left:  # not to leave them running past a failed test
-        os.kill(pid, signal.SIGKILL)
-    assert left == [], "processes of the killed run are still alive"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == [] and pipes_closed, "processes of the killed run are still alive"
+    assert run.wait() == -signal.SIGKILL  # killed mid-run, not finished already
     deadline = time.monotonic() + 5
-    while dev_shm() - shm_before and time.monotonic() < deadline:
+    while dev_shm(started, killed) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not dev_shm() - shm_before, dev_shm() - shm_before
+    assert dev_shm(started, killed) == set()
 
     r = run_cli([str(photos), "--output", str(out), "--resume"], weights)
     assert r.returncode == 0, r.stderr
