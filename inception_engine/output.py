@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EngineError
-from .images import file_error, not_a_file
+from .images import file_error, first_line, not_a_file
 from .labels import imagenet_labels
 from .pipeline import Prediction
 
@@ -289,7 +289,6 @@ class ResultFile:
             raise EngineError(f"{self.path}: the directory {self.path.parent} does not exist")
         self._fd, self.created = open_locked(self.path)
         remove_stale_copies(self.path)
-        self._written = False
         self._pending: list[Prediction] = []
         self._last_sync = time.monotonic()
         self._lines = ResultLines()
@@ -344,31 +343,34 @@ class ResultFile:
 
     def flush(self) -> None:
         """Write what was added, in one write; to the disk too if the last fsync is a few seconds old."""
-        if self._pending:
-            if self.fmt == "jsonl":
-                data = jsonl_bytes(self._pending)
-            else:
-                header = [csv_header(self.top_k)] if os.fstat(self._fd).st_size == 0 else []
-                data = csv_bytes(header + [csv_row(p, self.top_k) for p in self._pending])
-            self._pending = []
-            write_all(self._fd, data)
-            self._written = True
-        if time.monotonic() - self._last_sync > FSYNC_SECONDS:
-            os.fsync(self._fd)
-            self._last_sync = time.monotonic()
+        try:
+            if self._pending:
+                if self.fmt == "jsonl":
+                    data = jsonl_bytes(self._pending)
+                else:
+                    header = [csv_header(self.top_k)] if os.fstat(self._fd).st_size == 0 else []
+                    data = csv_bytes(header + [csv_row(p, self.top_k) for p in self._pending])
+                self._pending = []
+                write_all(self._fd, data)
+            if time.monotonic() - self._last_sync > FSYNC_SECONDS:
+                os.fsync(self._fd)
+                self._last_sync = time.monotonic()
+        except OSError as e:  # a full disk, a quota, an I/O error: what was written whole stays, for --resume
+            raise EngineError(f"{self.path}: cannot write ({e.strerror or first_line(e)}); make room, then continue "
+                              f"with --resume") from None
 
     def close(self) -> None:
         if self._fd < 0:
             return
         try:
+            self._last_sync = -math.inf  # to the disk now
             self.flush()
-            os.fsync(self._fd)
         finally:
             self._release()
 
     def _release(self) -> None:
-        """Close the file (letting go of its lock); one this run created and never wrote goes (still locked)."""
-        if self.created and not self._written and os.fstat(self._fd).st_size == 0:
+        """Close the file (letting go of its lock); an empty one this run created goes (still locked)."""
+        if self.created and os.fstat(self._fd).st_size == 0:
             self.path.unlink(missing_ok=True)
         os.close(self._fd)
         self._fd = -1
@@ -394,7 +396,7 @@ def open_locked(path: Path) -> tuple[int, bool]:
     except FileNotFoundError:
         kind = None
     except OSError as e:
-        raise EngineError(f"{file_error(path, e)}; --output takes a file name") from None
+        raise EngineError(f"{file_error(path, e)}; choose another --output file") from None
     if kind is not None:
         raise EngineError(f"{path}: {kind}, not a regular file; --output takes a file name")
     created = True
@@ -405,7 +407,7 @@ def open_locked(path: Path) -> tuple[int, bool]:
             created = False
             fd = os.open(path, flags)
     except OSError as e:
-        raise EngineError(f"{file_error(path, e)}; --output takes a file name") from None
+        raise EngineError(f"{file_error(path, e)}; choose another --output file") from None
     try:
         kind = not_a_file(os.fstat(fd).st_mode)
         if kind is not None:

@@ -179,3 +179,28 @@ def test_a_rewrite_cut_short_leaves_nothing_behind_the_next_run(weights_file, ph
     assert not stale.exists()
     r = run(str(photos), "--weights", str(tmp_path / "missing.npz"), "--output", str(tmp_path / "new.csv"))
     assert r.exit_code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+def test_a_full_disk_is_one_line_and_the_whole_lines_stay_for_resume(weights_file, photos, tmp_path, monkeypatch):
+    import errno
+
+    from inception_engine import output
+
+    real = output.write_all
+    writes = []
+
+    def full_after_two(fd, data):
+        writes.append(data)
+        if len(writes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(output, "write_all", full_after_two)
+    out = tmp_path / "r.jsonl"
+    err = one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out)))
+    assert err == f"error: {out}: cannot write (No space left on device); make room, then continue with --resume"
+    kept = lines(out)
+    assert 0 < len(kept) < 9
+    monkeypatch.setattr(output, "write_all", real)
+    r = run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume")
+    assert r.exit_code == 1 and f"resume: {len(kept)} of 9" in r.stderr and len(lines(out)) == 9
