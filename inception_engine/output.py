@@ -129,15 +129,11 @@ class ResultLines:
 
 def valid_top(top: list[tuple[object, object, object]]) -> bool:
     """Entries (index, label, probability) as inception-run writes them: known classes with their labels,
-    probabilities in [0, 1], most likely first."""
+    probabilities in [0, 1]."""
     names = imagenet_labels()
-    last = math.inf
-    for index, label, prob in top:
-        if (not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(names)
-                or label != names[index] or not isinstance(prob, float) or not 0.0 <= prob <= min(1.0, last)):
-            return False
-        last = prob
-    return bool(top)
+    return bool(top) and all(
+        isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(names) and label == names[index]
+        and isinstance(prob, float) and 0.0 <= prob <= 1.0 for index, label, prob in top)
 
 
 def valid_name(image: object) -> bool:
