@@ -109,7 +109,6 @@ class Record:
     key: str
     ok: bool  # a classification (True) or an error line (False)
     line: bytes  # the whole line, newline included
-    top_k: int | None  # entries in its top list (None for an error line)
 
 
 @dataclass
@@ -120,7 +119,6 @@ class ResultLines:
     top_k: int | None = None  # the file's top-k (None: no classification in it yet)
     damaged: int = 0  # lines that are not results (garbled, another top-k, cut short by a crash)
     duplicates: int = 0  # lines of an image that a later line supersedes
-    header: bool = False  # a CSV whose header is in place
 
     @property
     def done(self) -> set[str]:
@@ -191,13 +189,15 @@ def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
     pos = 0
     if fmt == "csv" and data:
         nl = data.find(b"\n")
-        header = next(csv.reader(io.StringIO(data[:nl + 1 if nl >= 0 else len(data)].decode("utf-8", NAME_ERRORS),
-                                             newline="")), [])
-        out.top_k = csv_top_k(header) if nl >= 0 else None
+        if nl < 0:  # the header itself cut short by a crash: nothing else was written
+            out.damaged = 1
+            return out
+        header = next(csv.reader(io.StringIO(data[:nl + 1].decode("utf-8", NAME_ERRORS), newline="")), [])
+        out.top_k = csv_top_k(header)
         if out.top_k is None:
             raise EngineError(f"{path}: its first line is not the header inception-run writes; it is not a result "
                               f"file to resume (choose another --output)")
-        out.header, pos = True, nl + 1
+        pos = nl + 1
     entries: list[tuple[bytes, tuple[str, bool, int | None] | None]] = []
     while pos < len(data):
         nl = data.find(b"\n", pos)
@@ -217,12 +217,12 @@ def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
         if parsed is None or (parsed[1] and parsed[2] != out.top_k):  # damaged, or a line of another top-k
             out.damaged += 1
             continue
-        image, ok, k = parsed
+        image, ok, _ = parsed
         key = image_key(image)
         if key in out.records:
             out.duplicates += 1
             del out.records[key]  # the later line wins, and takes the later place
-        out.records[key] = Record(key, ok, line, k)
+        out.records[key] = Record(key, ok, line)
     return out
 
 
@@ -284,11 +284,11 @@ class ResultFile:
         if not self.path.parent.is_dir():
             raise EngineError(f"{self.path}: the directory {self.path.parent} does not exist")
         self._fd, self.created = open_locked(self.path)
-        remove_stale_copies(self.path)
         self._pending: list[Prediction] = []
         self._last_sync = time.monotonic()
         self._lines = ResultLines()
         try:
+            remove_stale_copies(self.path)
             size = os.fstat(self._fd).st_size
             if size and not resume:
                 raise EngineError(f"{self.path} exists; pass --resume to continue it, or choose another file")
@@ -318,18 +318,23 @@ class ResultFile:
         """Put data in the file's place, atomically (a temporary file beside it, fsync, rename), and hold the lock
         of the new file before letting go of the old one's."""
         target = Path(os.path.realpath(self.path))  # a symbolic link stays one: its target is replaced
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=rewrite_prefix(target), suffix=".tmp")
+        tmp = None
         try:
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=rewrite_prefix(target), suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fchmod(f.fileno(), stat.S_IMODE(os.fstat(self._fd).st_mode))
                 os.fsync(f.fileno())
             os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(target.parent)
+            tmp = None
+            fsync_dir(target.parent)
+        except OSError as e:  # the file is as it was
+            raise EngineError(f"{self.path}: cannot rewrite it without its damaged or repeated lines "
+                              f"({e.strerror or first_line(e)}); make room, or write to another file") from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
         new, _ = open_locked(self.path)
         os.close(self._fd)
         self._fd = new

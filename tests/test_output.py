@@ -204,3 +204,18 @@ def test_a_full_disk_is_one_line_and_the_whole_lines_stay_for_resume(weights_fil
     monkeypatch.setattr(output, "write_all", real)
     r = run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume")
     assert r.exit_code == 1 and f"resume: {len(kept)} of 9" in r.stderr and len(lines(out)) == 9
+
+
+def test_a_csv_header_torn_by_a_crash_is_written_again(weights_file, photos, tmp_path):
+    out = tmp_path / "r.csv"
+    out.write_text("image,err")  # the first write cut short: no whole line at all
+    r = run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume", "--top-k", "2")
+    assert r.exit_code == 1 and "resume: 0 of 9 images" in r.stderr and "1 damaged line dropped" in r.stderr
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["image", "error", "top1_index", "top1_label", "top1_prob", "top2_index", "top2_label",
+                       "top2_prob"] and len(rows) == 10
+    other = tmp_path / "other.csv"
+    other.write_text("name,score\na.jpg,1\n")  # not ours: refused, left as it is
+    assert "not the header inception-run writes" in one_line_error(run(str(photos), "--weights", str(weights_file),
+                                                                       "--output", str(other), "--resume"))
+    assert other.read_text() == "name,score\na.jpg,1\n"
