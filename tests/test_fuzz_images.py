@@ -45,8 +45,10 @@ def declaring(png: bytes, w: int, h: int) -> bytes:
     return bytes(data)
 
 
-def hostile_folder(root: Path, seed: int) -> tuple[Path, list[Path], dict[Path, str], dict[str, str], list[str]]:
-    """(folder, good images, {bad file: words its error must hold}, {skipped entry name: words}, explicit args).
+def hostile_folder(root: Path, seed: int) -> tuple[Path, list[Path], dict[Path, str], dict[str, str], list[str],
+                                                   list[Path]]:
+    """(folder, good images, {bad file: words its error must hold}, {skipped entry name: words}, explicit args,
+    mutants: good files with a few random bytes changed).
     The folder holds good images of many kinds and bad files; odd entries (a loop, a FIFO, a dangling link, a
     directory named like an image) are in the folder (skipped there) and named as arguments too (errors then)."""
     rng = np.random.default_rng(seed)
@@ -89,6 +91,16 @@ def hostile_folder(root: Path, seed: int) -> tuple[Path, list[Path], dict[Path, 
     (d / "bomb.png").write_bytes(declaring(base, 1 << 15, 1 << 15))
     (d / fs_name(b"broken_\xff\xfe.jpg")).write_bytes(b"GIF89a" + bytes(rng.integers(0, 256, 50, dtype=np.uint8)))
 
+    mutants = []  # valid files with random bytes changed: classified or one error line, whichever they decode to
+    jpeg = io.BytesIO()
+    Image.fromarray(noise(90, 110)).save(jpeg, "JPEG")
+    for i, src in enumerate([jpeg.getvalue(), base] * 3):
+        data = bytearray(src)
+        for _ in range(int(rng.integers(1, 8))):
+            data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        mutants.append(d / f"mutant{i}.{'jpg' if i % 2 == 0 else 'png'}")
+        mutants[-1].write_bytes(bytes(data))
+
     odd = root / f"odd{seed}"
     odd.mkdir()
     skipped = {"loop.jpg": "symbolic link loop", "dangling.jpg": "dangling symbolic link",
@@ -102,13 +114,17 @@ def hostile_folder(root: Path, seed: int) -> tuple[Path, list[Path], dict[Path, 
                 odd / "fifo.jpg": "is a FIFO (named pipe), not an image file",
                 odd / "dir.jpg": "directory has no image files"})
     explicit = [str(odd / name) for name in ("loop.jpg", "dangling.jpg", "fifo.jpg", "dir.jpg")]
-    return d, good, bad, skipped, explicit
+    return d, good, bad, skipped, explicit, mutants
 
 
-def check_results(rows: list[dict], good: list[Path], bad: dict[Path, str], top_k: int) -> None:
-    """Each input once; good ones classified (top_k entries), bad ones one error line naming the file and why."""
+def check_results(rows: list[dict], good: list[Path], bad: dict[Path, str], mutants: list[Path], top_k: int) -> None:
+    """Each input once; good ones classified (top_k entries), bad ones one error line naming the file and why,
+    mutants either."""
     by_image = {r["image"]: r for r in rows}
-    assert len(by_image) == len(rows) == len(good) + len(bad)
+    assert len(by_image) == len(rows) == len(good) + len(bad) + len(mutants)
+    for p in mutants:
+        r = by_image[str(p)]
+        assert len(r.get("top", [])) == top_k if "error" not in r else r["error"].startswith(f"{p}: "), r
     for p in good:
         r = by_image[str(p)]
         assert "error" not in r and len(r["top"]) == top_k, r
@@ -129,18 +145,19 @@ def check_stderr(lines: list[str], skipped: dict[str, str], folder: Path, failed
 @pytest.mark.parametrize("seed,kind,formats", [(0, "thread", ("jsonl", "csv", "json", "text")),
                                                (1, "process", ("jsonl",))])
 def test_hostile_folder_in_every_output_format(tmp_path, weights, seed, kind, formats):
-    folder, good, bad, skipped, explicit = hostile_folder(tmp_path, seed)
+    folder, good, bad, skipped, explicit, mutants = hostile_folder(tmp_path, seed)
     args = [str(folder), *explicit, "--worker-kind", kind, "--workers", "2"]
-    total = len(good) + len(bad)
+    total = len(good) + len(bad) + len(mutants)
 
     jsonl = tmp_path / "r.jsonl"
     r = run_cli([*args, "--output", str(jsonl)], weights)
     assert r.returncode == 1 and r.stdout == b""
     lines = stderr_lines(r)
-    check_stderr(lines, skipped, folder, len(bad), total)
-    assert len(lines) == 3  # the note, the summary, the count of failures
     rows = jsonl_rows(jsonl)
-    check_results(rows, good, bad, 3)
+    failed = sum("error" in r for r in rows)
+    check_stderr(lines, skipped, folder, failed, total)
+    assert len(lines) == 3  # the note, the summary, the count of failures
+    check_results(rows, good, bad, mutants, 3)
     files = [(jsonl, jsonl_rows)]
 
     if "csv" in formats:
@@ -154,7 +171,7 @@ def test_hostile_folder_in_every_output_format(tmp_path, weights, seed, kind, fo
         r = run_cli([*args, "--json"], weights)
         assert r.returncode == 1
         assert summary(json.loads(r.stdout)["results"]) == summary(rows)
-        check_stderr(stderr_lines(r), skipped, folder, len(bad), total)
+        check_stderr(stderr_lines(r), skipped, folder, failed, total)
 
     if "text" in formats:
         r = run_cli(args, weights)
@@ -168,6 +185,6 @@ def test_hostile_folder_in_every_output_format(tmp_path, weights, seed, kind, fo
         r = run_cli([*args, "--output", str(path), "--resume"], weights)
         assert r.returncode == 1
         resume = [line for line in stderr_lines(r) if line.startswith("resume: ")]
-        expected = f"resume: {len(good)} of {total} images are in {path} already; {len(bad)} that failed run again"
+        expected = f"resume: {total - failed} of {total} images are in {path} already; {failed} that failed run again"
         assert resume == [expected]
         assert sorted(summary(read(path))) == sorted(summary(rows))  # one line per image still
