@@ -159,7 +159,10 @@ def file_problem(name: object, e: OSError) -> str:
     """What is wrong with the file system entry ``name`` that gave the error e, in words."""
     if e.errno == errno.ENOENT:
         if isinstance(name, (str, os.PathLike)) and os.path.islink(name):
-            return f"dangling symbolic link (its target {os.readlink(name)} does not exist)"
+            try:
+                return f"dangling symbolic link (its target {os.readlink(name)} does not exist)"
+            except OSError:  # gone since
+                return "dangling symbolic link"
         return "no such file"
     if e.errno == errno.ELOOP:
         return "symbolic link loop (too many levels of symbolic links)"
