@@ -6,6 +6,7 @@ be read is reported with the others' results and makes inception-run exit with 1
 
 from __future__ import annotations
 
+import errno
 import functools
 import glob
 import json
@@ -236,10 +237,22 @@ class TextSink:
             lines += [f"  {p:7.4f}  {label} ({i})" for i, label, p in r.top]
         else:
             lines.append(f"  error: {r.error}")
-        click.echo(terminal_bytes("\n".join(lines) + "\n", click.get_text_stream("stdout").encoding), nl=False)
+        to_stdout(terminal_bytes("\n".join(lines) + "\n", click.get_text_stream("stdout").encoding))
 
     def close(self) -> None:
         pass
+
+
+def to_stdout(text: str | bytes) -> None:
+    """Write results to standard output; one that cannot take them (a full disk, an I/O error) is one line. A
+    closed pipe (| head) is left to click, which ends quietly."""
+    try:
+        click.echo(text, nl=False)
+    except OSError as e:
+        if e.errno == errno.EPIPE:
+            raise
+        raise EngineError(f"cannot write the results to standard output ({e.strerror or e}); write them to a file "
+                          f"with --output") from None
 
 
 class JsonSink:
@@ -247,16 +260,16 @@ class JsonSink:
 
     def __init__(self, weights: str, backend: str):
         head = json.dumps({"weights": weights, "backend": backend}, indent=2)
-        click.echo(head[:-2] + ',\n  "results": [', nl=False)
+        to_stdout(head[:-2] + ',\n  "results": [')
         self.first = True
 
     def add(self, r: Prediction) -> None:
         entry = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
-        click.echo(("\n" if self.first else ",\n") + entry, nl=False)
+        to_stdout(("\n" if self.first else ",\n") + entry)
         self.first = False
 
     def close(self) -> None:
-        click.echo("\n  ]\n}")
+        to_stdout("\n  ]\n}\n")
 
 
 class FileSink:

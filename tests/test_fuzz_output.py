@@ -250,3 +250,16 @@ def test_sigkill_leaves_nothing_behind_and_resume_completes(tmp_path_factory, we
     after = read_lines(out.read_bytes(), fmt, out)
     assert after.damaged == after.duplicates == 0 and len(after.done) == 24
     assert sorted(row["image"] for row in READERS[fmt](out)) == sorted(str(p) for p in photos.iterdir())
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("mode", [[], ["--json"]])
+def test_standard_output_that_takes_nothing_is_one_line(weights, photos, mode):
+    """Results printed into a full disk (/dev/full): one line and exit 2, not a traceback."""
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([sys.executable, "-c", "from inception_engine.cli import run_main; run_main()", str(photos),
+                            *mode, "--weights", str(weights), "--backend", "cpu"], stdout=full,
+                           stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    assert r.returncode == 2
+    assert r.stderr.decode().splitlines() == ["error: cannot write the results to standard output (No space left on "
+                                              "device); write them to a file with --output"]
