@@ -261,5 +261,6 @@ def test_standard_output_that_takes_nothing_is_one_line(weights, photos, mode):
                             *mode, "--weights", str(weights), "--backend", "cpu"], stdout=full,
                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
     assert r.returncode == 2
-    assert r.stderr.decode().splitlines() == ["error: cannot write the results to standard output (No space left on "
-                                              "device); write them to a file with --output"]
+    expected = "error: cannot write the results to standard output (No space left on device); write them to a file " \
+               "with --output"
+    assert r.stderr.decode().splitlines() == [expected]
