@@ -76,7 +76,8 @@ def expand_inputs(args: tuple[str, ...]) -> list[tuple[str, str | None]]:
             if why is None:
                 files.append(p)
             else:
-                skipped.append(f"{p.name}: {why}")
+                name = p.name if p.name.isprintable() else repr(p.name)[1:-1]  # the note stays one line
+                skipped.append(f"{name}: {why}")
         out.extend((str(p), None) for p in files)
         if skipped:
             more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
