@@ -163,7 +163,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def _attach_ring(fd: int, shape: tuple[int, ...], pre: Preprocess, owner: int) -> None:
     """A decode process's start: die with the run, map the ring, keep the preprocessing."""
     global _worker_ring, _worker_pre
-    _die_with(owner)
+    die_with(owner)
     _worker_pre = pre  # once per process, not pickled with every task
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     ring = mmap.mmap(fd, int(np.prod(shape)))
@@ -172,7 +172,7 @@ def _attach_ring(fd: int, shape: tuple[int, ...], pre: Preprocess, owner: int) -
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
 
 
-def _die_with(owner: int) -> None:
+def die_with(owner: int) -> None:
     """End this process as soon as the process that owns the pool (``owner``) ends, however it ends.
 
     A killed owner leaves no one to shut the pool down: the workers would wait for tasks forever, and they hold the
