@@ -8,24 +8,27 @@ results and makes inception-run exit with 1.
 from __future__ import annotations
 
 import difflib
+import errno
 import functools
 import json
 import os
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
+from PIL import Image
 from tqdm import tqdm
 
 from . import backends
 from .engine import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES
 from .errors import EngineError, OptionError
 from .inputs import expand_inputs
-from .output import ResultFile, as_json, image_key
+from .output import ResultFile, ResumeSummary, as_json, image_key, terminal_bytes
 from .pipeline import WORKER_KINDS, Prediction
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -180,6 +183,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         raise EngineError("--resume continues an --output FILE; give the file")
     if output_path and as_json:
         raise EngineError("--json prints to the terminal and --output writes a file; choose one")
+    warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
     listed = expand_inputs(images, recursive)
     inputs = listed.items
     for notice in listed.notices:
@@ -187,11 +191,11 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
     out = ResultFile(output_path, top_k, resume) if output_path else None
     on_gpus = None
     try:
-        if out is not None and out.done:
+        if out is not None and resume:
             before = len(inputs)
+            summary = out.resume(image_key(path) for path, _ in inputs)
             inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
-            click.echo(f"resume: {before - len(inputs)} of {plural(before, 'image')} are in {out.path} already",
-                       err=True)
+            click.echo(resume_line(summary, before, out.path), err=True)
         todo = [path for path, err in inputs if err is None]
         first_at: list[float] = []  # when the first result came: start-up ends there
         progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
@@ -251,6 +255,19 @@ def first_timed(preds: Iterator[Prediction], first_at: list[float]) -> Iterator[
         yield p
 
 
+def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
+    """One line on what --resume found: images skipped, failed ones run again, lines dropped from the file."""
+    line = f"resume: {summary.done} of {inputs} images are in {path} already"
+    if summary.retried:
+        line += f"; {summary.retried} that failed run again"
+    if summary.damaged:
+        line += f"; {plural(summary.damaged, 'damaged line')} dropped (their images run again)"
+    if summary.duplicates:
+        line += f"; {plural(summary.duplicates, 'duplicate line')} dropped (an image's last line is kept)"
+    return line
+
+
+
 def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction], sink: Any,
                   resumable: Path | None) -> tuple[int, int]:
     """Every input's result into the sink, in order: the next prediction, or the argument's own error. Returns
@@ -287,7 +304,7 @@ class TextSink:
 
     def __init__(self, header: str, echo: Echo = click.echo):
         self.echo = echo
-        self.echo(header)
+        to_stdout(header + "\n", echo)
 
     def add(self, r: Prediction) -> None:
         lines = [r.image]
@@ -296,10 +313,23 @@ class TextSink:
             lines += [f"  {p:6.4f}  {label} ({i})" for i, label, p in r.top]
         else:
             lines.append(f"  error: {r.error}")
-        self.echo("\n".join(lines))
+        to_stdout(terminal_bytes("\n".join(lines) + "\n", click.get_text_stream("stdout").encoding), self.echo)
 
     def close(self) -> None:
         pass
+
+
+def to_stdout(text: str | bytes, echo: Echo = click.echo) -> None:
+    """Write results to standard output with ``echo`` (click.echo, or terminal_echo beside a progress bar); one
+    that cannot take them (a full disk, an I/O error) is one line. A closed pipe (| head) is left to click, which
+    ends quietly."""
+    try:
+        echo(text, nl=False)
+    except OSError as e:
+        if e.errno == errno.EPIPE:
+            raise
+        raise EngineError(f"cannot write the results to standard output ({e.strerror or e}); write them to a file "
+                          f"with --output") from None
 
 
 class JsonSink:
@@ -309,19 +339,19 @@ class JsonSink:
     def __init__(self, weights: str, backend: str, precision: str, echo: Echo = click.echo):
         self.echo = echo
         head = json.dumps({"weights": weights, "backend": backend, "precision": precision}, indent=2)
-        self.echo(head[:-2] + ',\n  "results": [')
+        to_stdout(head[:-2] + ',\n  "results": [\n', self.echo)
         self.held: str | None = None
 
     def add(self, r: Prediction) -> None:
         if self.held is not None:
-            self.echo(self.held + ",")
+            to_stdout(self.held + ",\n", self.echo)
         self.held = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
 
     def close(self) -> None:
         if self.held is not None:
-            self.echo(self.held)
+            to_stdout(self.held + "\n", self.echo)
             self.held = None
-        self.echo("  ]\n}")
+        to_stdout("  ]\n}\n", self.echo)
 
 
 class FileSink:

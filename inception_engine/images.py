@@ -13,13 +13,15 @@ On a PIL image that is (torchvision/transforms/functional.py, ``_compute_resized
 
 from __future__ import annotations
 
+import errno
 import io
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -54,18 +56,66 @@ def image_extensions() -> set[str]:
     return {ext.lower() for ext in Image.registered_extensions()}
 
 
+def max_pixels() -> int | None:
+    """The most pixels an image may declare: Pillow's ``Image.MAX_IMAGE_PIXELS`` (about 89.5 million unless the
+    program changed it; None: no limit). What decoding an image may hold is bounded by it: the decoded picture
+    and its RGB copy, a few bytes a pixel each; the resize adds at most a small multiple of the crop (resize_crop)."""
+    return Image.MAX_IMAGE_PIXELS
+
+
+def check_declared_size(img: Image.Image, name: object) -> None:
+    """Refuse an image whose header declares more than max_pixels(), before any pixel is decoded (a decompression
+    bomb: a few bytes of file that would decode to gigabytes)."""
+    limit = max_pixels()
+    w, h = img.size
+    if limit is not None and w * h > limit:
+        raise EngineError(f"{name}: refused, it declares {w} x {h} pixels, more than the {limit:,} an image may "
+                          f"have (a decompression bomb?); shrink it below that first")
+
+
 def open_image(path: str | Path) -> Image.Image:
     """Decode a file fully (so truncation shows up here), orientation from EXIF applied. Any failure is an
-    EngineError naming the file."""
-    path = Path(path)
-    if path.is_dir():
-        raise EngineError(file_error(path, IsADirectoryError()))
-    with pillow_errors(path):
-        if path.stat().st_size == 0:
+    EngineError naming the file and the real reason."""
+    with open_regular(path) as f, pillow_errors(path), Image.open(f) as img:
+        check_declared_size(img, path)
+        img.load()
+        return exif_upright(img)
+
+
+def open_regular(path: str | os.PathLike, buffered: bool = True) -> BinaryIO:
+    """The file at path opened for reading, if it is a non-empty regular file (symbolic links followed); else an
+    EngineError saying what it is instead. A FIFO or a device is never read: opening one could block or consume it;
+    the check is made on the opened descriptor too, so a file swapped in between is caught."""
+    try:
+        kind = not_a_file(os.stat(path).st_mode)
+        if kind is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise EngineError(file_error(path, e)) from None
+    if kind is not None:
+        raise EngineError(f"{path}: {kind}, not an image file")
+    try:
+        st = os.fstat(fd)
+        kind = not_a_file(st.st_mode)
+        if kind is not None:
+            raise EngineError(f"{path}: {kind}, not an image file")
+        if st.st_size == 0:
             raise EngineError(f"{path}: empty file")
-        with Image.open(path) as img:
-            img.load()
-            return exif_upright(img)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=-1 if buffered else 0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def not_a_file(mode: int) -> str | None:
+    """What a file-system entry is, for those that are not regular files (None for a regular file)."""
+    for test, what in ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "is a socket"), (stat.S_ISCHR, "is a character device"),
+                       (stat.S_ISBLK, "is a block device")):
+        if test(mode):
+            return what
+    return None if stat.S_ISREG(mode) else "is not a regular file"
 
 
 def open_image_bytes(data: bytes, name: str) -> Image.Image:
@@ -74,6 +124,7 @@ def open_image_bytes(data: bytes, name: str) -> Image.Image:
         raise EngineError(f"{name}: empty file")
     with pillow_errors(name):
         img = Image.open(io.BytesIO(data))
+        check_declared_size(img, name)
         img.load()
         return exif_upright(img)
 
@@ -85,27 +136,54 @@ def pillow_errors(name: object) -> Iterator[None]:
         yield
     except EngineError:
         raise
-    except (FileNotFoundError, PermissionError) as e:
-        raise EngineError(file_error(name, e)) from None
     except UnidentifiedImageError:
         raise EngineError(f"{name}: not an image (Pillow cannot identify the format)") from None
     except Image.DecompressionBombError as e:
         raise EngineError(f"{name}: refused, too many pixels ({e})") from None
-    except (OSError, ValueError, SyntaxError, EOFError) as e:
-        # Pillow reports truncated or corrupt data as OSError ("image file is truncated", "broken data stream")
-        # and some decoders as ValueError/SyntaxError.
+    except OSError as e:
+        if e.errno is not None:  # the file system failed (a read error), not the image data
+            raise EngineError(file_error(name, e)) from None
+        raise EngineError(f"{name}: corrupt or truncated image data ({first_line(e)})") from None
+    except (ValueError, SyntaxError, EOFError) as e:
+        # Pillow reports truncated or corrupt data as OSError without an errno ("image file is truncated", "broken
+        # data stream") and some decoders as ValueError/SyntaxError.
         raise EngineError(f"{name}: corrupt or truncated image data ({first_line(e)})") from None
 
 
 def file_error(name: object, e: OSError) -> str:
     """The one-line message for a file that cannot be read (not for bad image data: see pillow_errors)."""
-    if isinstance(e, FileNotFoundError):
-        return f"{name}: no such file"
-    if isinstance(e, IsADirectoryError):
-        return f"{name}: is a directory, not an image"
-    if isinstance(e, PermissionError):
-        return f"{name}: permission denied"
-    return f"{name}: cannot read ({first_line(e)})"
+    return f"{name}: {file_problem(name, e)}"
+
+
+def file_problem(name: object, e: OSError) -> str:
+    """What is wrong with the file system entry ``name`` that gave the error e, in words."""
+    if e.errno == errno.ENOENT:
+        if isinstance(name, (str, os.PathLike)) and os.path.islink(name):
+            try:
+                return f"dangling symbolic link (its target {os.readlink(name)} does not exist)"
+            except OSError:  # gone since
+                return "dangling symbolic link"
+        return "no such file"
+    if e.errno == errno.ELOOP:
+        return "symbolic link loop (too many levels of symbolic links)"
+    if e.errno == errno.EISDIR:
+        return "is a directory, not an image file"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if e.errno == errno.ENOTDIR:
+        return "no such file (a part of the path is not a directory)"
+    if e.errno == errno.ENAMETOOLONG:
+        return "file name too long"
+    return f"cannot read ({e.strerror or first_line(e)})"
+
+
+def not_an_image_file(path: str | os.PathLike) -> str | None:
+    """None for a regular file (symbolic links followed), else what the entry is instead, in words: how a
+    directory's listing tells images from entries merely named like them."""
+    try:
+        return not_a_file(os.stat(path).st_mode)
+    except OSError as e:
+        return file_problem(path, e)
 
 
 def first_line(e: BaseException) -> str:
@@ -135,8 +213,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     if mode.startswith("I"):  # I;16, I;16B, I;16L, I;16N, I (32-bit): 16-bit grey is the usual content
-        a = np.asarray(img).astype(np.float64)
-        grey = np.clip(np.rint(a / 257.0), 0, 255).astype(np.uint8)  # 65535 / 255 = 257
+        # rint(a / 257) (65535 / 255 = 257) in integers, 4 bytes a pixel: a / 257 is never a tie for an integer a
+        grey = ((np.clip(np.asarray(img), 0, 65535).astype(np.int32) + 128) // 257).astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")
     if mode == "F":
         a = np.asarray(img, dtype=np.float64)
@@ -162,15 +240,25 @@ def crop_box(w: int, h: int, size: int) -> tuple[int, int, int, int]:
     return left, top, left + size, top + size
 
 
+# Resized images with up to this many times the crop's pixels are made whole by Pillow (every photograph's aspect
+# ratio); a longer one gets only the crop's rows and columns, by pil_resize: the same bytes (pil_resize's rule), in
+# memory of the order of the crop, where the whole resize of a 30000 x 1 image would be 342 x 10 million pixels.
+FULL_RESIZE_MAX_CROPS = 8
+
+
 def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
     """(size, size, 3) uint8 RGB from an already decoded image: EXIF orientation, RGB, torchvision's Resize and
     CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes)."""
     img = to_rgb(exif_upright(img))
-    new = resized_size(*img.size, pre.resize)
-    if new != img.size:
-        img = img.resize(new, Image.BILINEAR)
-    if min(img.size) < pre.size:  # only with a manifest whose resize < size; torchvision would pad
+    if pre.resize < pre.size:  # only with an inconsistent manifest; torchvision would pad
         raise EngineError(f"resize {pre.resize} is smaller than crop {pre.size}; the weight manifest is inconsistent")
+    new_w, new_h = resized_size(*img.size, pre.resize)
+    if new_w * new_h > FULL_RESIZE_MAX_CROPS * pre.size * pre.size:
+        from .pil_resize import resize_crop_image
+
+        return resize_crop_image(img, pre.resize, pre.size)
+    if (new_w, new_h) != img.size:
+        img = img.resize((new_w, new_h), Image.BILINEAR)
     return np.asarray(img.crop(crop_box(*img.size, pre.size)), dtype=np.uint8)
 
 

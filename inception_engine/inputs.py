@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .images import image_extensions
+from .images import image_extensions, not_an_image_file
 
 # Counting what a top-level-only listing skips walks the subdirectories: stop after this many, so that pointing the
 # command at a large tree without --recursive costs a moment, not a full walk.
@@ -24,6 +24,8 @@ class DirectoryListing:
     files: list[str]
     skipped: int = 0  # image files in subdirectories that were not searched
     more_skipped: bool = False  # the count stopped at SKIP_COUNT_DIRS subdirectories with more to walk
+    not_files: list[str] = field(default_factory=list)  # "name: reason" of entries named like images that are not
+    # image files (a directory, a FIFO, a dangling or looping link), among those searched
 
     def notice(self) -> str | None:
         """What was not searched, in a few words, or None."""
@@ -46,7 +48,16 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         images = [Path(root) / n for n in names if not n.startswith(".") and os.path.splitext(n)[1].lower() in exts]
         if recursive or Path(root) == top:
-            found += (p for p in images if p.is_file())
+            for d in dirs:
+                if os.path.splitext(d)[1].lower() in exts:
+                    listing.not_files.append(f"{Path(root, d).relative_to(top)}: is a directory, not an image")
+            for p in images:
+                why = not_an_image_file(p)
+                if why is None:
+                    found.append(p)
+                else:
+                    name = str(p.relative_to(top))
+                    listing.not_files.append(f"{name if name.isprintable() else repr(name)[1:-1]}: {why}")
             continue
         listing.skipped += len(images)
         walked += 1
@@ -78,6 +89,11 @@ def expand_inputs(args: tuple[str, ...] | list[str], recursive: bool = False) ->
                                                                           if notice else "")))
         elif notice:
             out.notices.append(f"{d}: {notice}")
+        if listing.not_files:  # the note stays one line: names are escaped, and five at most are listed
+            odd = listing.not_files
+            more = f" and {len(odd) - 5} more" if len(odd) > 5 else ""
+            out.notices.append(f"{d}: skipped {len(odd)} {'entry' if len(odd) == 1 else 'entries'} named like images "
+                               f"that are not image files: {'; '.join(odd[:5])}{more}")
 
     for arg in args:
         if os.path.isdir(arg):

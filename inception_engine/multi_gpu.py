@@ -21,7 +21,7 @@ from . import backends
 from .engine import Engine
 from .errors import EngineError
 from .images import first_line
-from .pipeline import Prediction, default_workers
+from .pipeline import Prediction, default_workers, die_with
 
 CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
 
@@ -54,6 +54,7 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
     round trip a chunk, not an image: the parent's thread that takes them also writes the output)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
+    die_with(os.getppid())  # a parent killed outright (SIGKILL) takes its GPU workers with it
     if cpus:
         os.sched_setaffinity(0, cpus)
 

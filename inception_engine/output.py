@@ -7,22 +7,44 @@ Probabilities are written to PROB_DIGITS significant digits: float32 logits carr
 leaves whole lines behind it), flushed to the OS at once and to the disk every few seconds and at the end. A
 crash loses at most what had not been flushed: the batch in flight.
 
-``--resume`` reads such a file back: the images it names are skipped, and a last line cut short by a crash (no
-newline, or not parseable) is cut off before appending.
+File names. Any name the file system holds is written, losslessly: a path is the string Python gives it, its bytes
+decoded as UTF-8 with each byte that is not UTF-8 turned into the lone surrogate U+DC80..U+DCFF (the
+``surrogateescape`` rule of ``os.fsdecode``). JSON (``.jsonl``, ``--json``) writes that character as the escape
+``\\udcXX``; a CSV and the terminal text hold the original byte (such a row is then not UTF-8). Python reads either
+back to the same string (``json.loads``; ``bytes.decode("utf-8", "surrogateescape")``), and ``os.fsencode`` of it
+gives the name's bytes.
+
+One writer at a time: a run holds an exclusive ``flock`` on its output file while it writes; a second run given
+the same file is refused. Only a regular file is ever appended to or replaced.
+
+``--resume`` reads such a file back, and the rule for any reader is: a line that is not a whole, well-formed
+result (cut short by a crash, damaged) does not count, and where an image has several lines the last one wins.
+Images whose result is a classification are skipped; images whose result is an error run again. Where the file
+holds a damaged or torn line, a duplicate, or the error line of an image that runs again, it is first rewritten,
+atomically, with the last good line of each other image: after a resumed run every image has one line.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
+import glob
 import io
 import json
+import math
 import os
+import stat
+import tempfile
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from .errors import EngineError
+from .images import file_error, first_line, not_a_file
+from .labels import imagenet_labels
 from .pipeline import Prediction
 
 FSYNC_SECONDS = 5.0
@@ -32,6 +54,8 @@ PROB_DIGITS = 6
 
 def rounded(prob: float) -> float:
     return float(f"{prob:.{PROB_DIGITS}g}")
+
+NAME_ERRORS = "surrogateescape"  # how a file name's non-UTF-8 bytes are written and read in CSV and text
 
 
 def output_format(path: Path) -> str:
@@ -51,8 +75,9 @@ def as_json(p: Prediction) -> dict:
 
 
 def jsonl_bytes(preds: Sequence[Prediction]) -> bytes:
-    """The --output FILE.jsonl lines of these predictions, one JSON object per line."""
-    return "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode()
+    """The --output FILE.jsonl lines of these predictions, one JSON object per line (ASCII: json.dumps escapes
+    everything else, a file name's undecodable bytes included)."""
+    return "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode("ascii")
 
 
 def csv_header(top_k: int) -> list[str]:
@@ -68,45 +93,200 @@ def csv_row(p: Prediction, top_k: int) -> list[str]:
             + [p.backend or "", p.precision or ""])
 
 
+def csv_bytes(rows: Iterable[list[str]]) -> bytes:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue().encode("utf-8", NAME_ERRORS)
+
+
+def terminal_bytes(text: str, encoding: str | None) -> bytes:
+    """Text for the terminal in its encoding, a file name's undecodable bytes as they are (as ls would print them
+    into a pipe); a character the encoding lacks as a backslash escape."""
+    try:
+        return text.encode(encoding or "utf-8", NAME_ERRORS)
+    except UnicodeEncodeError:
+        return text.encode(encoding or "utf-8", "backslashreplace")
+
+
 def image_key(path: str) -> str:
     """How a result line and an input are matched on --resume: the absolute path, so ./a.jpg and a.jpg agree."""
     return os.path.abspath(path)
 
 
-def read_done(path: Path, fmt: str, top_k: int) -> tuple[set[str], int]:
-    """(image keys with a result, byte length of the whole lines) of an existing result file."""
-    data = path.read_bytes()
-    done: set[str] = set()
-    good = 0  # end of the last whole, readable line
+# ------------------------------------------------------------------------------------------------ reading back
+
+@dataclass
+class Record:
+    key: str
+    ok: bool  # a classification (True) or an error line (False)
+    line: bytes  # the whole line, newline included
+
+
+@dataclass
+class ResultLines:
+    """What an existing result file holds, by the readers' rule: the last whole, well-formed line per image."""
+
+    records: dict[str, Record] = field(default_factory=dict)  # by image key, in the order of their last lines
+    top_k: int | None = None  # the file's top-k (None: no classification in it yet)
+    damaged: int = 0  # lines that are not results (garbled, another top-k, cut short by a crash)
+    duplicates: int = 0  # lines of an image that a later line supersedes
+
+    @property
+    def done(self) -> set[str]:
+        return {key for key, r in self.records.items() if r.ok}
+
+
+def valid_top(top: list[tuple[object, object, object]]) -> bool:
+    """Entries (index, label, probability) as inception-run writes them: known classes with their labels,
+    probabilities in [0, 1]."""
+    names = imagenet_labels()
+    return bool(top) and all(
+        isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(names) and label == names[index]
+        and isinstance(prob, float) and 0.0 <= prob <= 1.0 for index, label, prob in top)
+
+
+def valid_name(image: object) -> bool:
+    return isinstance(image, str) and image != "" and "\x00" not in image
+
+
+def parse_jsonl(line: bytes) -> tuple[str, bool, int | None] | None:
+    """(image, ok, top-k) of one JSON line, or None where it is not a well-formed result."""
+    try:
+        obj = json.loads(line.decode("ascii"))
+    except ValueError:  # UnicodeDecodeError included: inception-run writes ASCII
+        return None
+    computed_in = {k for k in ("backend", "precision") if isinstance(obj, dict) and isinstance(obj.get(k), str)}
+    if not isinstance(obj, dict) or not valid_name(obj.get("image")) or set(obj) not in (
+            {"image", "top"} | computed_in, {"image", "error"}):
+        return None
+    if "error" in obj:
+        error = obj["error"]
+        return (obj["image"], False, None) if isinstance(error, str) and error else None
+    top = obj["top"]
+    if not isinstance(top, list) or not all(isinstance(t, dict) and set(t) == {"index", "label", "prob"}
+                                            for t in top):
+        return None
+    if not valid_top([(t["index"], t["label"], t["prob"]) for t in top]):
+        return None
+    return obj["image"], True, len(top)
+
+
+def parse_csv(row: list[str], top_k: int) -> tuple[str, bool, int | None] | None:
+    """(image, ok, top-k) of one CSV row of a file with top_k columns, or None where it is not a well-formed
+    result."""
+    if len(row) != 2 + 3 * top_k + 2 or not valid_name(row[0]) or any("\x00" in v for v in row):
+        return None
+    image, error, rest = row[0], row[1], row[2:-2]
+    if error:
+        return (image, False, None) if not any(row[2:]) else None
+    try:
+        top = [(int(rest[i]) if rest[i].isdigit() else None, rest[i + 1], float(rest[i + 2]))
+               for i in range(0, len(rest), 3)]
+    except ValueError:
+        return None
+    return (image, True, top_k) if valid_top(top) else None  # type: ignore[arg-type]
+
+
+def csv_top_k(header: list[str]) -> int | None:
+    """The top-k of a CSV header inception-run wrote, None for anything else."""
+    k, extra = divmod(len(header) - 4, 3)  # image, error, k x (index, label, prob), backend, precision
+    return k if k >= 1 and not extra and header == csv_header(k) else None
+
+
+def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
+    """Parse a result file's bytes by the readers' rule (module doc). A CSV must start with inception-run's
+    header (it gives the top-k); a file without one is refused, since its rows cannot be told apart from damage.
+    A JSONL file's top-k is that of most of its classification lines."""
+    out = ResultLines()
     pos = 0
-    header_seen = False
+    if fmt == "csv" and data:
+        nl = data.find(b"\n")
+        if nl < 0:  # the header itself cut short by a crash: nothing else was written
+            out.damaged = 1
+            return out
+        header = next(csv.reader(io.StringIO(data[:nl + 1].decode("utf-8", NAME_ERRORS), newline="")), [])
+        out.top_k = csv_top_k(header)
+        if out.top_k is None:
+            raise EngineError(f"{path}: its first line is not the header inception-run writes; it is not a result "
+                              f"file to resume (choose another --output)")
+        pos = nl + 1
+    entries: list[tuple[bytes, tuple[str, bool, int | None] | None]] = []
     while pos < len(data):
-        end = data.find(b"\n", pos)
-        if end < 0:
-            break  # cut short by a crash
-        line = data[pos:end].decode("utf-8", errors="replace")
-        try:
-            if fmt == "jsonl":
-                image = json.loads(line)["image"]
-            else:
-                row = next(csv.reader([line]))
-                if not header_seen:
-                    header_seen = True
-                    if row != csv_header(top_k):
-                        raise EngineError(f"{path}: its columns are not those of --top-k {top_k}; resume with the "
-                                          f"--top-k it was written with")
-                    good, pos = end + 1, end + 1
-                    continue
-                image = row[0]
-        except (ValueError, KeyError, TypeError, IndexError, StopIteration):
-            break  # a damaged line: everything from here on is written again
-        done.add(image_key(image))
-        good = pos = end + 1
-    return done, good
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            out.damaged += 1  # cut short by a crash: no newline
+            break
+        end = record_end(data, pos, fmt)
+        parsed = parse_record(data[pos:end + 1], fmt, out.top_k) if end >= 0 else None
+        if parsed is None:
+            end = nl  # a quoted newline that made no good row: only its first line is damaged
+        entries.append((data[pos:end + 1], parsed))
+        pos = end + 1
+    if fmt == "jsonl":
+        ks = Counter(parsed[2] for _, parsed in entries if parsed is not None and parsed[1])
+        out.top_k = ks.most_common(1)[0][0] if ks else None
+    for line, parsed in entries:
+        if parsed is None or (parsed[1] and parsed[2] != out.top_k):  # damaged, or a line of another top-k
+            out.damaged += 1
+            continue
+        image, ok, _ = parsed
+        key = image_key(image)
+        if key in out.records:
+            out.duplicates += 1
+            del out.records[key]  # the later line wins, and takes the later place
+        out.records[key] = Record(key, ok, line)
+    return out
+
+
+def parse_record(line: bytes, fmt: str, top_k: int | None) -> tuple[str, bool, int | None] | None:
+    if fmt == "jsonl":
+        return parse_jsonl(line)
+    assert top_k is not None
+    try:
+        row = next(csv.reader(io.StringIO(line.decode("utf-8", NAME_ERRORS), newline="")))
+    except (csv.Error, StopIteration):
+        return None
+    return parse_csv(row, top_k)
+
+
+MAX_RECORD_BYTES = 1 << 20  # a CSV row (a path is at most 4,096 bytes, a message a few hundred) is far shorter
+
+
+def record_end(data: bytes, pos: int, fmt: str) -> int:
+    """Where the record that starts at pos ends (its newline), -1 where the data ends first. A JSON line is one
+    line; a CSV row runs on over newlines inside a quoted field (a file name may hold one): up to the first
+    newline with an even number of quotes before it, as csv.writer doubles a quote inside a field."""
+    end = data.find(b"\n", pos)
+    if fmt != "csv":
+        return end
+    quotes, start = 0, pos
+    while 0 <= end < pos + MAX_RECORD_BYTES:
+        quotes += data.count(b'"', start, end)
+        if quotes % 2 == 0:
+            return end
+        start, end = end, data.find(b"\n", end + 1)
+    return -1
+
+
+def check_top_k(lines: ResultLines, top_k: int, path: Path) -> None:
+    if lines.top_k is not None and lines.top_k != top_k:
+        raise EngineError(f"{path} holds top-{lines.top_k} results; resume it with --top-k {lines.top_k}, or write "
+                          f"--top-k {top_k} to another file")
+
+
+# ------------------------------------------------------------------------------------------------------ writing
+
+@dataclass(frozen=True)
+class ResumeSummary:
+    done: int  # images skipped: their classification is in the file
+    retried: int  # images whose error line was dropped: they run again
+    damaged: int  # lines that were not whole, well-formed results (dropped: their images run again)
+    duplicates: int  # lines a later line of the same image superseded (dropped)
 
 
 class ResultFile:
-    """Appends predictions to a .jsonl or .csv file; ``done`` holds what an earlier run (--resume) wrote."""
+    """Appends predictions to a .jsonl or .csv file, holding its lock until ``close``; ``resume`` lists what an
+    earlier run wrote. A file this run created and wrote nothing to is removed at ``close``."""
 
     def __init__(self, path: str | os.PathLike, top_k: int, resume: bool):
         self.path = Path(path)
@@ -115,45 +295,162 @@ class ResultFile:
         self.done: set[str] = set()
         if not self.path.parent.is_dir():
             raise EngineError(f"{self.path}: the directory {self.path.parent} does not exist")
-        exists = self.path.exists() and self.path.stat().st_size > 0
-        if exists and not resume:
-            raise EngineError(f"{self.path} exists; pass --resume to continue it, or choose another file")
-        new = True
-        if exists:
-            self.done, good = read_done(self.path, self.fmt, top_k)
-            new = good == 0
-            with open(self.path, "r+b") as f:
-                f.truncate(good)  # a line cut short by a crash goes; its image runs again
-        self._file: IO[bytes] = open(self.path, "ab")
-        self._last_sync = time.monotonic()
+        self._fd, self.created = open_locked(self.path)
         self._pending: list[Prediction] = []
-        if self.fmt == "csv" and new:
-            self._write_rows([csv_header(top_k)])
+        self._last_sync = time.monotonic()
+        self._lines = ResultLines()
+        try:
+            remove_stale_copies(self.path)
+            size = os.fstat(self._fd).st_size
+            if size and not resume:
+                raise EngineError(f"{self.path} exists; pass --resume to continue it, or choose another file")
+            if size:
+                self._lines = read_lines(os.pread(self._fd, size, 0), self.fmt, self.path)
+                check_top_k(self._lines, top_k, self.path)
+        except BaseException:
+            self._release()
+            raise
 
-    def _write_rows(self, rows: list[list[str]]) -> None:
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(rows)
-        self._file.write(buf.getvalue().encode())
+    def resume(self, keys: Iterable[str]) -> ResumeSummary:
+        """Make the file ready to append this run's images (``keys``): their classified images go into ``done``
+        (to be skipped); error lines of those that run again, damaged, torn and superseded lines are dropped by
+        rewriting the file, atomically, where there are any."""
+        lines = self._lines
+        wanted = set(keys)
+        retry = {key for key, r in lines.records.items() if not r.ok and key in wanted}
+        self.done = lines.done & wanted
+        if retry or lines.damaged or lines.duplicates:
+            kept = [r.line for key, r in lines.records.items() if key not in retry]
+            if self.fmt == "csv" and kept:
+                kept.insert(0, csv_bytes([csv_header(self.top_k)]))
+            self._replace(b"".join(kept))
+        return ResumeSummary(len(self.done), len(retry), lines.damaged, lines.duplicates)
+
+    def _replace(self, data: bytes) -> None:
+        """Put data in the file's place, atomically (a temporary file beside it, fsync, rename), and hold the lock
+        of the new file before letting go of the old one's."""
+        target = Path(os.path.realpath(self.path))  # a symbolic link stays one: its target is replaced
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=rewrite_prefix(target), suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), stat.S_IMODE(os.fstat(self._fd).st_mode))
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+            tmp = None
+            fsync_dir(target.parent)
+        except OSError as e:  # the file is as it was
+            raise EngineError(f"{self.path}: cannot rewrite it without its damaged or repeated lines "
+                              f"({e.strerror or first_line(e)}); make room, or write to another file") from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+        new, _ = open_locked(self.path)
+        os.close(self._fd)
+        self._fd = new
 
     def add(self, p: Prediction) -> None:
         self._pending.append(p)
 
     def flush(self) -> None:
         """Write what was added, in one write; to the disk too if the last fsync is a few seconds old."""
-        if self._pending:
-            if self.fmt == "jsonl":
-                self._file.write(jsonl_bytes(self._pending))
-            else:
-                self._write_rows([csv_row(p, self.top_k) for p in self._pending])
-            self._pending = []
-            self._file.flush()
-        if time.monotonic() - self._last_sync > FSYNC_SECONDS:
-            os.fsync(self._file.fileno())
-            self._last_sync = time.monotonic()
+        try:
+            if self._pending:
+                if self.fmt == "jsonl":
+                    data = jsonl_bytes(self._pending)
+                else:
+                    header = [csv_header(self.top_k)] if os.fstat(self._fd).st_size == 0 else []
+                    data = csv_bytes(header + [csv_row(p, self.top_k) for p in self._pending])
+                self._pending = []
+                write_all(self._fd, data)
+            if time.monotonic() - self._last_sync > FSYNC_SECONDS:
+                os.fsync(self._fd)
+                self._last_sync = time.monotonic()
+        except OSError as e:  # a full disk, a quota, an I/O error: what was written whole stays, for --resume
+            raise EngineError(f"{self.path}: cannot write ({e.strerror or first_line(e)}); make room, then continue "
+                              f"with --resume") from None
 
     def close(self) -> None:
-        if self._file.closed:
+        if self._fd < 0:
             return
-        self.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        try:
+            self._last_sync = -math.inf  # to the disk now
+            self.flush()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Close the file (letting go of its lock); an empty one this run created goes (still locked)."""
+        if self.created and os.fstat(self._fd).st_size == 0:
+            self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = -1
+
+
+def rewrite_prefix(target: Path) -> str:
+    return f".{target.name}."
+
+
+def remove_stale_copies(path: Path) -> None:
+    """Remove what a run killed while rewriting the file left beside it (its lock is ours: no rewrite is under way)."""
+    target = Path(os.path.realpath(path))
+    for stale in target.parent.glob(f"{glob.escape(rewrite_prefix(target))}*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def open_locked(path: Path) -> tuple[int, bool]:
+    """(descriptor, created) of the regular file at path, opened to append and locked exclusively: a device, a FIFO
+    or a directory is refused, and so is a file another run is writing."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC  # non-blocking: a FIFO must not hang the open
+    try:
+        kind = not_a_file(os.stat(path).st_mode)
+    except FileNotFoundError:
+        kind = None
+    except OSError as e:
+        raise EngineError(f"{file_error(path, e)}; choose another --output file") from None
+    if kind is not None:
+        raise EngineError(f"{path}: {kind}, not a regular file; --output takes a file name")
+    created = True
+    try:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            created = False
+            fd = os.open(path, flags)
+    except OSError as e:
+        raise EngineError(f"{file_error(path, e)}; choose another --output file") from None
+    try:
+        kind = not_a_file(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise EngineError(f"{path}: {kind}, not a regular file; --output takes a file name")
+        os.set_blocking(fd, True)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise EngineError(f"{path}: cannot lock it ({e.strerror}); --output needs a local file") from None
+            raise EngineError(f"{path}: another inception-run is writing it; wait for that run to end, or choose "
+                              f"another file") from None
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:  # replaced by a resuming run since it was opened
+            raise EngineError(f"{path}: another inception-run is writing it; wait for that run to end, or choose "
+                              f"another file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, created
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -165,3 +165,16 @@ def resize_crop_u8(hwc: np.ndarray, resize: int = 342, size: int = 299) -> np.nd
     if plan.vertical_first:
         return resample(resample(hwc[:, lo:lo + n], plan.y, 0), plan.x.shifted(lo), 1)
     return resample(resample(hwc[lo:lo + n], plan.x, 1), plan.y.shifted(lo), 0)
+
+
+def resize_crop_image(img: Image.Image, resize: int = 342, size: int = 299) -> np.ndarray:
+    """resize_crop_u8 of an RGB PIL image, reading from it only the rectangle the crop's taps reach: memory is of
+    the order of that rectangle and the crop, never of the whole resize, whatever the aspect ratio."""
+    w, h = img.size
+    plan = plan_resize_crop(h, w, resize, size)
+    (x0, nx), (y0, ny) = plan.x.span(), plan.y.span()
+    src = np.asarray(img.crop((x0, y0, x0 + nx, y0 + ny)), dtype=np.uint8)
+    x, y = plan.x.shifted(x0), plan.y.shifted(y0)
+    if plan.vertical_first:
+        return resample(resample(src, y, 0), x, 1)
+    return resample(resample(src, x, 1), y, 0)

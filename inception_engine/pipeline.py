@@ -20,21 +20,25 @@ place in the output and the rest goes on.
 
 from __future__ import annotations
 
+import mmap
 import os
+import select
 import signal
 import sys
+import threading
+import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
 
 from .errors import EngineError
-from .images import Preprocess, decode_u8, decode_u8_bytes, file_error, first_line
+from .images import Preprocess, decode_u8, decode_u8_bytes, file_error, first_line, open_regular
 from .labels import imagenet_labels
 
 ImageSource = str | os.PathLike | Image.Image
@@ -92,13 +96,20 @@ def source_name(i: int, src: ImageSource) -> str:
 # ------------------------------------------------------------------------------------------------- the host ring
 
 class HostRing:
-    """``slots`` images of (size, size, 3) uint8: anonymous memory for thread workers, shared memory that worker
-    processes attach to by name for process workers."""
+    """``slots`` images of (size, size, 3) uint8: anonymous memory for thread workers; for process workers an
+    anonymous shared file (Linux memfd) that each worker maps through a descriptor handed over at its start. It has
+    no name: nothing is left in /dev/shm whatever ends the run (SIGKILL included), and a small /dev/shm (a
+    container's 64 MB) does not bound it."""
 
     def __init__(self, slots: int, size: int, shared: bool):
         shape = (slots, size, size, 3)
-        self.shm = shared_memory.SharedMemory(create=True, size=int(np.prod(shape))) if shared else None
-        self.array = (np.ndarray(shape, np.uint8, buffer=self.shm.buf) if self.shm is not None else
+        self.fd: int | None = None
+        self._map: mmap.mmap | None = None
+        if shared:
+            self.fd = os.memfd_create("inception-ring", os.MFD_CLOEXEC)
+            os.ftruncate(self.fd, int(np.prod(shape)))
+            self._map = mmap.mmap(self.fd, int(np.prod(shape)))
+        self.array = (np.ndarray(shape, np.uint8, buffer=self._map) if self._map is not None else
                       np.empty(shape, np.uint8))
         self.slots = slots
 
@@ -106,14 +117,34 @@ class HostRing:
     def wrapping(cls, pixels: np.ndarray) -> HostRing:
         """A ring over images decoded already (N, size, size, 3): slot i is image i."""
         ring = cls.__new__(cls)
-        ring.shm, ring.array, ring.slots = None, pixels, len(pixels)
+        ring.fd, ring._map, ring.array, ring.slots = None, None, pixels, len(pixels)
         return ring
 
     def close(self) -> None:
-        self.array = None  # type: ignore[assignment]  # shared memory cannot close while an array views it
-        if self.shm is not None:
-            self.shm.close()
-            self.shm.unlink()
+        self.array = None  # type: ignore[assignment]  # the mapping cannot close while an array views it
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class RingDescriptor:
+    """A ring's file descriptor on its way into a worker process: pickled while the process is being started, it
+    travels as a descriptor passed to the new process (multiprocessing's DupFd), not as a number."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing import reduction
+
+        return _detach_descriptor, (reduction.DupFd(self.fd),)
+
+
+def _detach_descriptor(dup: Any) -> int:
+    return dup.detach()
 
 
 def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preprocess,
@@ -130,20 +161,62 @@ def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preproces
 
 
 _worker_ring: np.ndarray | None = None  # a worker process's view of the shared ring (set by its initializer)
-_worker_shm: shared_memory.SharedMemory | None = None
-
-
 _worker_pre: Preprocess | None = None
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _attach_ring(name: str, shape: tuple[int, ...], pre: Preprocess) -> None:
-    global _worker_ring, _worker_shm, _worker_pre
+def _attach_ring(fd: int, shape: tuple[int, ...], pre: Preprocess, owner: int) -> None:
+    """A decode process's start: die with the run, map the ring, keep the preprocessing."""
+    global _worker_ring, _worker_pre
+    die_with(owner)
     _worker_pre = pre  # once per process, not pickled with every task
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
-    # The parent owns and unlinks the segment. Forkserver workers share the parent's resource tracker, whose record
-    # of the name is a set: attaching here registers nothing new, and the parent's unlink clears it.
-    _worker_shm = shared_memory.SharedMemory(name=name)
-    _worker_ring = np.ndarray(shape, np.uint8, buffer=_worker_shm.buf)
+    ring = mmap.mmap(fd, int(np.prod(shape)))
+    os.close(fd)  # the mapping keeps the memory
+    _worker_ring = np.ndarray(shape, np.uint8, buffer=ring)
+    warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
+
+
+def die_with(owner: int) -> None:
+    """End this process as soon as the process that owns the pool (``owner``) ends, however it ends.
+
+    A killed owner leaves no one to shut the pool down: the workers would wait for tasks forever, and they hold the
+    forkserver's liveness pipe and the resource tracker's, so those would never end either. A daemon thread waits on
+    a pidfd of the owner (readable when it exits) and exits the process; PR_SET_PDEATHSIG kills it with its direct
+    parent, the forkserver. Once the workers are gone the forkserver and the resource tracker see their pipes close
+    and end by themselves (the tracker unlinking the pool's semaphores)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the owner watch below still holds
+        pass
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        os._exit(1)
+    except (OSError, AttributeError):  # no pidfd (Linux < 5.3): poll the owner instead
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(owner):
+                time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, and another user's: only a pid reused after the owner ended can be that
+        return True
+    return True
 
 
 def _decode_chunk_in_worker(slots: list[int], sources: list[str]) -> list[str | None]:
@@ -173,13 +246,13 @@ class DecodePool:
         self._pending: list[tuple[int, str, Future]] = []
         self._pool: Executor
         if kind == "process":
-            assert ring.shm is not None, "process workers need a shared ring"
+            assert ring.fd is not None, "process workers need a shared ring"
             import multiprocessing
 
             # forkserver: a fresh interpreter, not a fork of one that holds a CUDA context and threads.
             self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
                                              initializer=_attach_ring,
-                                             initargs=(ring.shm.name, ring.array.shape, pre))
+                                             initargs=(RingDescriptor(ring.fd), ring.array.shape, pre, os.getpid()))
         else:
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="decode")
 
@@ -280,15 +353,6 @@ class PipelineOptions:
     ring_batches: int = 4  # ring slots = this many batches (in flight on the runner + being decoded)
 
 
-def shared_memory_fits(nbytes: int, where: str = "/dev/shm") -> bool:
-    """Whether a shared-memory segment of nbytes fits where POSIX shared memory lives (True where that is unknown)."""
-    try:
-        st = os.statvfs(where)
-    except OSError:
-        return True
-    return st.f_bavail * st.f_frsize >= nbytes
-
-
 def default_workers() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -307,10 +371,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     kind = options.worker_kind
     if kind == "auto":
         kind = "process" if len(sources) >= PROCESS_MIN_IMAGES and workers > 1 else "thread"
-    if kind == "process" and not shared_memory_fits(slots * pre.size * pre.size * 3):
-        # A container's /dev/shm is often 64 MB: a ring past it would die of SIGBUS at the first write.
-        print(f"note: /dev/shm has less than the {slots} images' ring the process workers need; decoding in threads "
-              f"(give the container more shared memory, or use --batch-size {batch // 2})", file=sys.stderr)
+    if kind == "process" and not hasattr(os, "memfd_create"):  # not Linux: the ring cannot be shared
         kind = "thread"
     ring = HostRing(slots, pre.size, shared=kind == "process")
     pool = None
@@ -400,11 +461,12 @@ class EncodedRunner(Protocol):
 def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
     """(bytes, None), or (None, the error line) for a file that cannot be read, worded as images.open_image."""
     try:
-        with open(source, "rb", buffering=0) as f:  # unbuffered: one fstat and one read, no BufferedReader copy
-            data = f.readall()
+        with open_regular(source, buffered=False) as f:  # unbuffered: one read, no BufferedReader copy
+            return f.readall(), None
+    except EngineError as e:  # missing, empty, or not a regular file (a FIFO is never read: it would block)
+        return None, str(e)
     except OSError as e:
         return None, file_error(source, e)
-    return (data, None) if data else (None, f"{source}: empty file")
 
 
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:

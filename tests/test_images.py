@@ -241,3 +241,82 @@ def test_directory_and_missing_file_raise_one_line(tmp_path):
         with pytest.raises(EngineError) as e:
             load_image(p)
         assert str(p) in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
+
+
+def png_declaring(w: int, h: int) -> bytes:
+    """A 1 x 1 PNG whose header (IHDR, its CRC made good) declares w x h: what a decompression bomb shows first."""
+    import struct
+    import zlib
+
+    data = bytearray(good_png_bytes())
+    ihdr = 8  # after the signature: length (4), "IHDR" (4), width, height, ...
+    data[ihdr + 8:ihdr + 16] = struct.pack(">II", w, h)
+    body = bytes(data[ihdr + 4:ihdr + 8 + 13])
+    data[ihdr + 8 + 13:ihdr + 8 + 17] = struct.pack(">I", zlib.crc32(body))
+    return bytes(data)
+
+
+def test_declared_size_is_refused_before_decoding(tmp_path, monkeypatch):
+    """An image that declares more pixels than Pillow's MAX_IMAGE_PIXELS is refused from its header, by
+    images.check_declared_size under the limit's double (where Pillow only warns) and by Pillow above it."""
+    import warnings
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100_000)  # above a 299 x 299 crop, which Pillow checks too
+    for w, h in [(400, 300), (1000, 1000), (60000, 60000)]:
+        p = tmp_path / f"bomb{w}.png"
+        p.write_bytes(png_declaring(w, h))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with pytest.raises(EngineError) as e:
+                load_image(p)
+        msg = str(e.value)
+        assert str(p) in msg and "refused" in msg and "\n" not in msg
+    ok = tmp_path / "ok.png"
+    random_rgb(400, 250).save(ok)
+    assert load_image(ok).shape == (3, 299, 299)  # 100,000 pixels: at the limit, not over it
+
+
+def test_an_extreme_aspect_ratio_is_decoded_in_bounded_memory(tmp_path, monkeypatch):
+    """A 30000 x 1 PNG (96 bytes) would be 342 x 10,260,000 pixels resized whole (10 GB): only the crop's rows and
+    columns are computed, and nothing the size of the whole resize is asked of Pillow or NumPy."""
+    import tracemalloc
+
+    p = tmp_path / "line.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (1, 30000, 3), dtype=np.uint8)).save(p)
+    asked: list[tuple[int, int]] = []
+    real = Image.Image.resize
+    monkeypatch.setattr(Image.Image, "resize", lambda self, size, *a, **k: asked.append(size) or real(self, size,
+                                                                                                       *a, **k))
+    tracemalloc.start()
+    try:
+        x = load_image(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert x.shape == (3, 299, 299) and np.isfinite(x).all()
+    assert all(w * h < 10**4 for w, h in asked) and peak < 40 * 2**20, (asked, peak)  # (pil_resize probes Pillow once)
+
+
+@pytest.fixture
+def odd_entries(tmp_path):
+    """A symbolic link loop, a dangling link, a FIFO and a directory, each named like an image."""
+    import os
+
+    (tmp_path / "loop.jpg").symlink_to(tmp_path / "loop.jpg")
+    (tmp_path / "dangling.jpg").symlink_to(tmp_path / "gone.jpg")
+    os.mkfifo(tmp_path / "fifo.jpg")
+    (tmp_path / "dir.jpg").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("name,words", [("loop.jpg", "symbolic link loop"),
+                                        ("dangling.jpg", "dangling symbolic link"),
+                                        ("fifo.jpg", "is a FIFO (named pipe), not an image file"),
+                                        ("dir.jpg", "is a directory")])
+def test_what_a_file_is_instead_of_an_image_is_said(odd_entries, name, words):
+    """The real reason, not "corrupt data" or "empty file"; a FIFO is never opened for reading (it would block)."""
+    p = odd_entries / name
+    with pytest.raises(EngineError) as e:
+        load_image(p)
+    msg = str(e.value)
+    assert msg.startswith(str(p)) and words in msg and "\n" not in msg and "corrupt" not in msg

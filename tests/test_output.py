@@ -14,7 +14,7 @@ from random_weights import random_arrays
 from test_cli import one_line_error, runner
 
 from inception_engine import cli, engine
-from inception_engine.output import as_json, csv_row, read_done
+from inception_engine.output import as_json, csv_row, read_lines
 from inception_engine.pipeline import Prediction
 from inception_engine.weights import save_weights
 
@@ -85,9 +85,12 @@ def test_resume_skips_done_images_and_cuts_a_torn_last_line(weights_file, photos
     assert "resume: 3 of 9 images" in r.stderr
     assert part.read_text().startswith("".join(whole[:3]))
     assert same_results(lines(part), lines(full))  # the torn line went, the rest was appended in order
-    before = part.read_text()
+    assert "; 1 damaged line dropped (their images run again)" in r.stderr
+    before = part.read_text().splitlines(keepends=True)
     again = run(str(photos), "--weights", str(weights_file), "--output", str(part), "--resume")
-    assert "resume: 9 of 9" in again.stderr and part.read_text() == before
+    assert "resume: 8 of 9" in again.stderr and "1 that failed run again" in again.stderr  # p4's error, retried
+    p4 = [line for line in before if "p4.jpg" in line]
+    assert part.read_text().splitlines(keepends=True) == [line for line in before if line not in p4] + p4
 
 
 def same_results(a: list[dict], b: list[dict]) -> bool:
@@ -127,10 +130,22 @@ def test_csv_rows_and_top_k_must_match_on_resume(weights_file, photos, tmp_path)
     assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 8  # p4's error row
     assert float(rows[1][4]) >= float(rows[1][7]) > 0 and rows[1][8:] == ["cpu", "fp32"]
     assert all(len(re.sub(r"^0\.0*|\.|e.*$", "", row[4])) <= 6 for row in rows[1:] if row[4])  # not repr's 17
-    done, good = read_done(out, "csv", 2)
-    assert len(done) == 9 and good == out.stat().st_size
-    assert "--top-k" in one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out),
-                                           "--resume", "--top-k", "3"))
+    lines = read_lines(out.read_bytes(), "csv", out)
+    assert lines.top_k == 2 and len(lines.records) == 9 and lines.damaged == lines.duplicates == 0
+    assert len(lines.done) == 8  # p4's error row is not done: it runs again
+    before = out.read_bytes()
+    err = one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume",
+                             "--top-k", "3"))
+    assert "holds top-2 results; resume it with --top-k 2" in err and out.read_bytes() == before
+
+
+def test_jsonl_refuses_another_top_k_on_resume_as_csv_does(weights_file, photos, tmp_path):
+    out = tmp_path / "r.jsonl"
+    run(str(photos), "--weights", str(weights_file), "--output", str(out), "--top-k", "5")
+    before = out.read_bytes()
+    err = one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume",
+                             "--top-k", "2"))
+    assert "holds top-5 results; resume it with --top-k 5" in err and out.read_bytes() == before
 
 
 def test_prebuilding_the_kernels_without_a_gpu_is_one_line():
@@ -167,3 +182,56 @@ def test_probabilities_are_written_to_6_significant_digits_with_what_computed_th
     assert csv_row(p, 2) == ["a.jpg", "", "1", "goldfish", "1.0", "2", "great white shark", "1.18123e-76", "cuda",
                              "fp16"]
     assert as_json(Prediction("b.jpg", error="not an image")) == {"image": "b.jpg", "error": "not an image"}
+
+
+def test_a_rewrite_cut_short_leaves_nothing_behind_the_next_run(weights_file, photos, tmp_path):
+    """The temporary copy of a resume's rewrite, left by a run killed in the middle of it, is removed by the next
+    run that holds the file's lock; a file the run created and never wrote to is removed too."""
+    out = tmp_path / "r.jsonl"
+    run(str(photos), "--weights", str(weights_file), "--output", str(out))
+    stale = tmp_path / ".r.jsonl.x1y2.tmp"
+    stale.write_text("half a rewrite")
+    run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume")
+    assert not stale.exists()
+    r = run(str(photos), "--weights", str(tmp_path / "missing.npz"), "--output", str(tmp_path / "new.csv"))
+    assert r.exit_code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+def test_a_full_disk_is_one_line_and_the_whole_lines_stay_for_resume(weights_file, photos, tmp_path, monkeypatch):
+    import errno
+
+    from inception_engine import output
+
+    real = output.write_all
+    writes = []
+
+    def full_after_two(fd, data):
+        writes.append(data)
+        if len(writes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(output, "write_all", full_after_two)
+    out = tmp_path / "r.jsonl"
+    err = one_line_error(run(str(photos), "--weights", str(weights_file), "--output", str(out)))
+    assert err == f"error: {out}: cannot write (No space left on device); make room, then continue with --resume"
+    kept = lines(out)
+    assert 0 < len(kept) < 9
+    monkeypatch.setattr(output, "write_all", real)
+    r = run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume")
+    assert r.exit_code == 1 and f"resume: {len(kept)} of 9" in r.stderr and len(lines(out)) == 9
+
+
+def test_a_csv_header_torn_by_a_crash_is_written_again(weights_file, photos, tmp_path):
+    out = tmp_path / "r.csv"
+    out.write_text("image,err")  # the first write cut short: no whole line at all
+    r = run(str(photos), "--weights", str(weights_file), "--output", str(out), "--resume", "--top-k", "2")
+    assert r.exit_code == 1 and "resume: 0 of 9 images" in r.stderr and "1 damaged line dropped" in r.stderr
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["image", "error", "top1_index", "top1_label", "top1_prob", "top2_index", "top2_label",
+                       "top2_prob", "backend", "precision"] and len(rows) == 10
+    other = tmp_path / "other.csv"
+    other.write_text("name,score\na.jpg,1\n")  # not ours: refused, left as it is
+    assert "not the header inception-run writes" in one_line_error(run(str(photos), "--weights", str(weights_file),
+                                                                       "--output", str(other), "--resume"))
+    assert other.read_text() == "name,score\na.jpg,1\n"

@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.images import Preprocess, resize_crop
-from inception_engine.pil_resize import (PRECISION_BITS, coeffs, pillow_vertical_first_rule,
-                                         plan_resize_crop, resize_crop_u8, vertical_first)
+from inception_engine.images import crop_box, resized_size
+from inception_engine.pil_resize import (
+    PRECISION_BITS,
+    coeffs,
+    pillow_vertical_first_rule,
+    plan_resize_crop,
+    resize_crop_image,
+    resize_crop_u8,
+    vertical_first,
+)
 
 # (h, w): landscape, portrait, square, ImageNet's usual 500x375 / 375x500, smaller than 342 (upscaling), 342 on
 # one or both sides (that axis not resized), one pixel either side of 342, odd and prime sizes, extreme aspect
@@ -21,7 +28,12 @@ FIXED_SIZES = [(375, 500), (500, 375), (333, 500), (500, 333), (342, 342), (342,
 
 
 def pil_reference(a: np.ndarray, resize: int = 342, size: int = 299) -> np.ndarray:
-    return resize_crop(Image.fromarray(a, "RGB"), Preprocess(size=size, resize=resize))
+    """torchvision's way, spelled out: Pillow resizes the whole image, then the centre crop is cut from it."""
+    img = Image.fromarray(a, "RGB")
+    new = resized_size(img.width, img.height, resize)
+    if new != img.size:
+        img = img.resize(new, Image.BILINEAR)
+    return np.asarray(img.crop(crop_box(*new, size)))
 
 
 def content(rng: np.random.Generator, h: int, w: int, kind: str) -> np.ndarray:
@@ -103,3 +115,32 @@ def test_bad_inputs_are_refused():
         resize_crop_u8(np.zeros((10, 10, 3), np.float32))
     with pytest.raises(ValueError, match="bad coefficient range"):
         coeffs(10, 20, 15, 25)
+
+
+# (h, w) far from any photograph's shape: a row or a column, a few pixels by hundreds, both sides of 342; the whole
+# Pillow resize of these still fits a test's memory (the 1 x 700 one is 342 x 239,400 pixels).
+EXTREME_SIZES = [(1, 700), (700, 1), (2, 600), (600, 2), (3, 1000), (1000, 3), (5, 2900), (2900, 5), (340, 6000),
+                 (6000, 345), (343, 4000), (1, 342), (342, 1), (9, 4000)]
+
+
+@pytest.mark.parametrize("h,w", EXTREME_SIZES)
+def test_only_the_crops_rectangle_gives_pillows_bytes_at_extreme_aspect_ratios(h, w):
+    rng = np.random.default_rng(h * 10007 + w)
+    a = content(rng, h, w, ["noise", "smooth", "binary"][(h + w) % 3])
+    assert np.array_equal(resize_crop_image(Image.fromarray(a, "RGB")), pil_reference(a))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_resize_crop_takes_either_way_and_matches_the_whole_resize(seed):
+    """images.resize_crop (Pillow for photographs' shapes, only the crop beyond FULL_RESIZE_MAX_CROPS) against
+    the whole resize, on random sizes around the switch and far past it."""
+    from inception_engine import images
+
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(6):
+        short = int(rng.integers(1, 400))
+        ratio = float(rng.choice([rng.uniform(1, 12), rng.uniform(12, 200)]))
+        long = max(short, min(int(short * ratio), 9000))
+        h, w = (short, long) if rng.random() < 0.5 else (long, short)
+        a = content(rng, h, w, "noise")
+        assert np.array_equal(images.resize_crop(Image.fromarray(a, "RGB")), pil_reference(a)), (h, w)

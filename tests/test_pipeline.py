@@ -217,30 +217,39 @@ def test_slot_runs_split_at_holes_and_wraps():
     assert slot_runs([1, 2, 4]) == [(1, 3, 0), (4, 5, 2)]  # slot 3's image could not be decoded
 
 
-def test_process_workers_fall_back_to_threads_when_shared_memory_is_short(weights, photos, monkeypatch, capsys,
-                                                                       decode_pool_kinds):
-    assert pipeline.shared_memory_fits(1) and not pipeline.shared_memory_fits(1 << 62)
-    kinds = decode_pool_kinds
-    monkeypatch.setattr(pipeline, "shared_memory_fits", lambda nbytes: False)
-    with Engine(weights, backend="cpu", batch_size=2, workers=2, worker_kind="process") as engine:
-        preds = engine.predict(photos[:4], top_k=1)
-    assert kinds == ["thread"] and all(p.ok for p in preds)
-    err = capsys.readouterr().err
-    assert "/dev/shm" in err and "threads" in err and err.count("\n") == 1
+def test_the_process_ring_has_no_name_in_dev_shm(photos):
+    """The ring process workers share is an anonymous memfd: nothing appears in /dev/shm while it is in use, so
+    nothing can be left there, and /dev/shm's size does not limit it."""
+    import os
+
+    before = set(os.listdir("/dev/shm"))
+    pre = Preprocess()
+    ring = pipeline.HostRing(3, pre.size, shared=True)
+    pool = pipeline.DecodePool(ring, pre, 1, "process", chunk=1)
+    try:
+        assert pool.submit(2, photos[0]).result(timeout=60) is None
+        assert np.array_equal(ring.array[2], decode_u8(photos[0], pre))
+        assert not {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith("sem.")}
+    finally:
+        pool.close()
+        ring.close()
 
 
 def test_read_file_gives_bytes_or_one_error_line(tmp_path):
     """--decode gpu reads files on the main thread (pipeline.read_file): bytes whole, or inception-run's error."""
+    import os
+
     data = bytes(range(256)) * 1000
     (tmp_path / "a.jpg").write_bytes(data)
     (tmp_path / "empty.jpg").write_bytes(b"")
     (tmp_path / "dir.jpg").mkdir()
     assert pipeline.read_file(tmp_path / "a.jpg") == (data, None)
     assert pipeline.read_file(str(tmp_path / "a.jpg")) == (data, None)
-    for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory"), ("empty.jpg", "empty file")]:
+    os.mkfifo(tmp_path / "fifo.jpg")  # never opened for reading: that would wait for a writer forever
+    for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory, not an image file"),
+                       ("empty.jpg", "empty file"), ("fifo.jpg", "is a FIFO (named pipe), not an image file")]:
         got, error = pipeline.read_file(tmp_path / name)
-        assert got is None and error == f"{tmp_path / name}: {says}" + ("" if says != "is a directory" else
-                                                                        ", not an image")
+        assert got is None and error == f"{tmp_path / name}: {says}"
 
 
 class EchoRunner:
