@@ -10,6 +10,8 @@ start to exit):
   decode, resize) at the run's batch, and Pillow's exact decode on one core (x the cores = the CPU ceiling);
 - the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
   batch 64) without its decoding thread too, the two alternated twice;
+- ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
+  again (the first long run's share of a repeated run's rate);
 - ``--gpus N`` for each N of ``--gpus`` up to the machine's GPUs, wall time including start-up, on ``--many``
   images (the folder's files linked ``--many / --images`` times);
 - the PyTorch DataLoader script (workers = cores) on the same files (torch from the machine; skipped without it);
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -74,12 +77,12 @@ def many(root: Path, d: Path, times: int) -> Path:
     return out
 
 
-def inception_run(args: list[str], out: Path, code: str = RUN, timeout: int = 300) -> dict:
+def inception_run(args: list[str], out: Path, code: str = RUN, timeout: int = 300, env: dict | None = None) -> dict:
     """One inception-run in a fresh process: wall seconds, its printed images/s, its stderr's notes."""
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code, *args, "--output", str(out)], capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=env)
     wall = time.perf_counter() - t0
     rate = re.search(r"([0-9]+) images/s", r.stderr)
     steady = re.search(r"([0-9]+) images/s after the first result at ([0-9.]+) s", r.stderr)
@@ -161,6 +164,9 @@ def main() -> None:
     ap.add_argument("--many", type=int, default=65536, help="images of the --gpus rows")
     ap.add_argument("--ab", action="store_true", help="--decode gpu also without its decoding thread, alternated")
     ap.add_argument("--first", action="store_true", help="first answers (run first, on a fresh machine)")
+    ap.add_argument("--first-long", default="", help="precisions of first-long-run rows: each --decode gpu run "
+                    "on a fresh cache (kernels only), then again (e.g. fp16,tf32,fp32)")
+    ap.add_argument("--only-first-long", action="store_true", help="skip the per-set rows")
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--weights", default="/tmp/bench-weights.npz")
@@ -190,7 +196,7 @@ def main() -> None:
         for p in ("tf32", "fp16", "fp32"):
             r = inception_run([photo, "--weights", args.weights, "--precision", p], root / "first.jsonl")
             row(what="first answer", precision=p, wall_s=r["wall_s"], notes=r["notes"])
-    sets = {"small": small, "imagenet": folder(root, "imagenet", args.imagenet_images)}
+    sets = {} if args.only_first_long else {"small": small, "imagenet": folder(root, "imagenet", args.imagenet_images)}
     for name, d in sets.items():
         for b in map(int, args.batches.split(",")):
             row(what="decoder alone", files=name, batch=b, **decoder_alone(d, b, 4096))
@@ -223,6 +229,24 @@ def main() -> None:
                 got = json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 and r.stdout else {}
                 row(what="PyTorch DataLoader script", files=name, fp16=fp16, rate=got.get("images_per_s"),
                     rc=r.returncode, err=r.stderr.strip().splitlines()[-1:] if r.returncode else None)
+    if args.first_long:
+        # a first run on a cache as the install leaves it (kernels, no tuning), then the same command again
+        from inception_engine.paths import user_cache_dir
+
+        kernels = user_cache_dir() / "kernels"
+        for p in args.first_long.split(","):
+            for b in map(int, args.batches.split(",")):
+                fresh = root / f"cache-{p}-{b}"
+                shutil.rmtree(fresh, ignore_errors=True)
+                (fresh / "inception-engine").mkdir(parents=True)
+                shutil.copytree(kernels, fresh / "inception-engine" / "kernels")
+                env = {**os.environ, "XDG_CACHE_HOME": str(fresh)}
+                runs = [inception_run([str(small), "--weights", args.weights, "--precision", p, "--decode", "gpu",
+                                       "--batch-size", str(b)], root / "o.jsonl", env=env) for _ in range(2)]
+                row(what="first long run, then again", files="small", precision=p, batch=b,
+                    rate=runs[0]["rate"], steady=runs[0]["steady"], again_rate=runs[1]["rate"],
+                    again_steady=runs[1]["steady"], first_over_again=round(runs[0]["rate"] / runs[1]["rate"], 3),
+                    notes=runs[0]["notes"][:1])
     counts = [int(g) for g in args.gpus.split(",") if g] if args.gpus else []
     if counts:
         big = many(root, small, max(1, args.many // args.images))
