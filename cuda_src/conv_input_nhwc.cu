@@ -3,12 +3,12 @@
 //
 // y[b, oh, ow, m] = relu(bias[m] + sum_{c, r, s} wt[(c*KH + r)*KW + s][m] * x[b, c, oh*S - PH + r, ow*S - PW + s])
 //
-// with y a channel slice of an NHWC buffer (conv_nhwc.cu's views: pixel i starts i * y_cstride elements after y) of
+// with y a channel slice of an NHWC buffer (conv_nhwc.cuh's views: pixel i starts i * y_cstride elements after y) of
 // fp16 (conv_input_nhwc), TF32-rounded float32 (conv_input_nhwc_tf32) or float32 (conv_input_nhwc_f32;
 // conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32), wt
 // float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda.params.direct_weights), sums in fp32.
 //
-// Idea: the input has 3 channels. conv_nhwc.cu reads whole 16-byte pieces of 8 channels, so it needed the input
+// Idea: the input has 3 channels. conv_nhwc.cuh reads whole 16-byte pieces of 8 channels, so it needed the input
 // converted to an fp16 NHWC copy padded to 8 channels: K = 72 instead of 27, and a copy written and read back
 // (183 MB each way at batch 128) for a layer of only 4.9 GFLOP. Measured on an H200 at batch 128, conversion and
 // conv took 0.50 ms, 9.9 TFLOP/s. Here one thread computes the 32 channels of one output pixel on the FMA units:
@@ -33,7 +33,7 @@
 //   reads of whole rows, zeros for the padding), followed by one row of zeros that the padded k (>= K) read;
 // - each warp takes 16-pixel m tiles of the row. A lane's A fragments are, for every tile, the same 8 k at a pixel
 //   offset, so their offsets into the copy are computed once; the values are rounded to fp16 or TF32 as they go
-//   into the fragment (operands of the element type, as in conv_nhwc.cu; the FMA kernel kept fp32 operands). The
+//   into the fragment (operands of the element type, as in conv_nhwc_*.cu; the FMA kernel kept fp32 operands). The
 //   B fragments (32 k x 32 channels) stay in registers for the whole block;
 // - sums + bias, ReLU, rounded to the element type, go to shared memory in rows of 32 channels + 8 elements (the
 //   padding puts a warp's pair stores and a phase's 16-byte reads on distinct banks), then leave as 16-byte pieces,

@@ -1,8 +1,8 @@
 """Compile the CUDA kernels (cuda_src/*.cu) to cubins with nvcc, once per (sources, flags, target), cached on disk.
 
-A compile unit is a source file, or (conv_nhwc.cu) one element type's tiles of one kind: ``UNITS``. A backend builds
-the units its launches need, in parallel, so a first run waits for the few kernels it uses (the largest tf32 unit
-compiles in about a seventh of the whole file's time). A cubin is named
+A compile unit is a source file, or for the NHWC conv families (conv_nhwc_*.cu) a file and one element type:
+``UNITS``. A backend builds the units its launches need, in parallel, so a first run waits for the few kernels it
+uses. A cubin is named
 ``<unit>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every file of cuda_src (a
 header change rebuilds everything), the flags and the target, so a second process starts without compiling and an
 edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
@@ -23,27 +23,32 @@ from . import native_build
 from .errors import BackendUnavailable
 from .weights import user_cache_dir
 
-SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu",
-           "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "pipeline_io.cu", "resize_pil.cu")
-# unit -> (source, extra nvcc flags). conv_nhwc.cu is one unit per element type and kind of tile (its IE_NHWC_ONLY_*
-# macros): sync = the mma.sync tiles and the split-K reduction; fp32 has wgmma tiles only.
-NHWC_ELEMS = {"f16": "conv_nhwc_", "tf32": "conv_nhwc_tf32_", "f32": "conv_nhwc_f32_"}  # unit suffix -> kernel prefix
-NHWC_KINDS = {"f16": ("sync", "wgmma", "ws", "halo"), "tf32": ("sync", "wgmma", "ws", "halo"), "f32": ("sync", "wgmma")}
+SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc_mma.cu", "conv_nhwc_wgmma.cu", "conv_nhwc_ws.cu",
+           "conv_nhwc_halo.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu", "pool_nhwc.cu", "fc.cu", "softmax.cu",
+           "timing.cu", "pipeline_io.cu", "resize_pil.cu")
+# The NHWC conv families (conv_nhwc.cuh) compile once per element type they hold, as <stem>_<element> with
+# -DIE_NHWC_<ELEMENT>, so that a run compiles only the units its launches use. An element type's kernels are named
+# conv_nhwc<suffix>_... (cuda.tiles.NHWC_ELEMS[element].suffix).
+NHWC_ELEMENT_SUFFIXES = {"fp16": "", "tf32": "_tf32", "fp32": "_f32"}
+PER_ELEMENT = {"conv_nhwc_mma.cu": ("fp16", "tf32", "fp32"), "conv_nhwc_wgmma.cu": ("fp16", "tf32", "fp32"),
+               "conv_nhwc_ws.cu": ("fp16", "tf32"), "conv_nhwc_halo.cu": ("fp16", "tf32")}
+# unit -> (source, extra nvcc flags)
 UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
-    **{name: (name, ()) for name in SOURCES if name != "conv_nhwc.cu"},
-    **{f"conv_nhwc_{e}_{k}": ("conv_nhwc.cu", (f"-DIE_NHWC_ONLY_{e.upper()}", f"-DIE_NHWC_ONLY_{k.upper()}"))
-       for e, kinds in NHWC_KINDS.items() for k in kinds},
+    unit: (name, defines) for name in SOURCES
+    for unit, defines in ([(f"{Path(name).stem}_{e}", (f"-DIE_NHWC_{e.upper()}",)) for e in PER_ELEMENT[name]]
+                          if name in PER_ELEMENT else [(name, ())])
 }
 # -lineinfo costs nothing at run time and lets compute-sanitizer and Nsight point at source lines.
 FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
-# Sources with kernels for an architecture's own features, built for its "a" target where it has one: conv_nhwc.cu's
-# wgmma tiles need sm_90a (`-arch=sm_90a` would run a plain sm_90 pass too, which rejects wgmma: the -gencode form).
-ARCH_SPECIFIC = {"conv_nhwc.cu": ("sm_90",)}
+# Sources with kernels for an architecture's own features, built for its "a" target where it has one: the NHWC conv
+# families' wgmma tiles need sm_90a (`-arch=sm_90a` would run a plain sm_90 pass too, which rejects wgmma: the
+# -gencode form). The mma.sync family goes with them, so that every NHWC conv unit has the same target.
+ARCH_SPECIFIC = {name: ("sm_90",) for name in PER_ELEMENT}
 
 
 def has_wgmma(arch: str) -> bool:
-    """Whether conv_nhwc.cu's wgmma tiles are built for this target."""
-    return arch in ARCH_SPECIFIC["conv_nhwc.cu"]
+    """Whether the wgmma tiles (conv_nhwc_wgmma.cu, _ws.cu, _halo.cu) are built for this target."""
+    return arch in ARCH_SPECIFIC["conv_nhwc_wgmma.cu"]
 
 
 def target_flags(name: str, arch: str) -> list[str]:
@@ -78,11 +83,10 @@ def target(compute_capability: tuple[int, int]) -> str:
 
 def unit_of(source: str, kernel: str) -> str:
     """The compile unit that holds ``kernel`` of ``source``."""
-    if source != "conv_nhwc.cu":
+    if source not in PER_ELEMENT:
         return source
-    elem = max((prefix, e) for e, prefix in NHWC_ELEMS.items() if kernel.startswith(prefix))[1]
-    kind = next((k for k in ("wgmma", "ws", "halo") if f"_{k}_" in kernel), "sync")
-    return f"conv_nhwc_{elem}_{kind}"
+    element = max((len(s), e) for e, s in NHWC_ELEMENT_SUFFIXES.items() if kernel.startswith(f"conv_nhwc{s}_"))[1]
+    return f"{Path(source).stem}_{element}"
 
 
 def build_key(arch: str) -> str:

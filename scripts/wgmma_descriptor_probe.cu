@@ -1,4 +1,4 @@
-// wgmma_descriptor_probe.cu: a fact conv_nhwc.cu's halo tiles rest on, checked on the GPU. A K-major wgmma operand
+// wgmma_descriptor_probe.cu: a fact conv_nhwc_halo.cu's halo tiles rest on, checked on the GPU. A K-major wgmma operand
 // in the 128-byte (64-byte) swizzle whose descriptor starts j rows of 128 (64) bytes past a 1024-byte boundary: is
 // its row i the buffer's row j + i, swizzled by the address (bits [4, 7) XOR bits [7, 10); [4, 6) XOR [7, 9)), with
 // the descriptor's base-offset field (bits 49-51) left 0? Or does it need base offset = the pattern row of the start?

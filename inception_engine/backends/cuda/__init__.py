@@ -7,7 +7,7 @@ prepared launches. A forward is then: copy the input in, replay the launches (on
 ``prepared_async_call`` each), copy the logits out. Nothing is allocated, compiled or synchronised in between.
 
 Precisions and layouts. "tf32" (TF32 products, fp32 sums, ~1e-3 from float64) and "fp16" keep the activations
-channels innermost (NHWC), as TF32 values in float32 words or as fp16: every conv is conv_nhwc.cu's implicit GEMM,
+channels innermost (NHWC), as TF32 values in float32 words or as fp16: every conv is conv_nhwc_*.cu's implicit GEMM,
 whose operands are whole 16-byte pieces loaded by cp.async (on sm_90a its wgmma tiles, elsewhere mma.sync), except the
 first, which reads the 3-channel float32 input as uploaded (conv_input_nhwc.cu); the pools are pool_nhwc.cu's, and
 the FC runs on float32 features. ``CudaBackend(nhwc=False)`` runs them on fp32 NCHW tensors instead (conv_tf32.cu /

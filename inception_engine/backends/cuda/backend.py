@@ -62,7 +62,7 @@ class CudaBackend:
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
         (``tune_configs``: a few seconds the first time, then from the cache); "cached": the cache's configs where
         this GPU and plan have been tuned, else the cost model's (no measuring). configs: use exactly these.
-        nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
+        nhwc: activations in NHWC buffers (conv_nhwc_*.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
         or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
         Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
         has wgmma (fp16 measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an

@@ -137,7 +137,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     in every precision, and the choice is made against the FFMA direct kernel in every precision too: the
     tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
-    nhwc: every conv on conv_nhwc.cu (tiles: a subset of the precision's NHWC_ELEMS tiles, with the wgmma ones if
+    nhwc: every conv on conv_nhwc_*.cu (tiles: a subset of the precision's NHWC_ELEMS tiles, with the wgmma ones if
     wgmma), no Winograd, except those that read the network's input (conv_input_nhwc.cu, ``input_tile``); the FC as
     without nhwc."""
     if precision not in TILES_OF:

@@ -16,7 +16,8 @@ from typing import Any
 from ... import cuda_build
 from .device import driver
 from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES,
-                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, is_tma, wgmma_ring_bytes)
+                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, is_tma, is_ws,
+                    wgmma_ring_bytes)
 from .winograd import WINO_VARIANTS
 
 
@@ -45,7 +46,6 @@ WINO_INPUT_FORMAT = "PPP" + "i" * 10
 WINO_GEMM_FORMAT = "PPP" + "i" * 6
 WINO_OUTPUT_FORMAT = "PPPP" + "i" * 10
 SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
-             **{f"conv_nhwc{e.suffix}_splitk_reduce": "conv_nhwc.cu" for e in NHWC_ELEMS.values()},
              **{f"{name}{e.suffix}": source for e in NHWC_ELEMS.values()
                 for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
                                      ("conv_input_nhwc", "conv_input_nhwc.cu"))},
@@ -79,12 +79,24 @@ def arg_format(kernel: str) -> str:
     return FIXUP_FORMAT if kernel.endswith("_fixup") else CONV_FORMAT
 
 
+def nhwc_conv_source(kernel: str) -> str:
+    """The file of an NHWC conv kernel (conv_nhwc_...): its tile family's. The mma.sync family holds the split-K
+    reduction too."""
+    if is_halo(kernel):
+        return "conv_nhwc_halo.cu"
+    if is_ws(kernel):
+        return "conv_nhwc_ws.cu"
+    return "conv_nhwc_wgmma.cu" if "_wgmma_" in kernel else "conv_nhwc_mma.cu"
+
+
 def source_of(kernel: str) -> str:
     if kernel.startswith("wino_"):
         return "winograd.cu"
     if kernel in SOURCE_OF:
         return SOURCE_OF[kernel]
-    for prefix in ("conv_tf32_", "conv_f16_", "conv_nhwc_"):
+    if kernel.startswith("conv_nhwc_"):
+        return nhwc_conv_source(kernel)
+    for prefix in ("conv_tf32_", "conv_f16_"):
         if kernel.startswith(prefix):
             return prefix[:-1] + ".cu"
     return "conv.cu"

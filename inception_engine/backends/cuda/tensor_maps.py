@@ -1,4 +1,4 @@
-"""Tensor maps for conv_nhwc.cu's TMA tiles (``_ws_tma_``): what each map describes (``Im2colMap``, ``TiledMap``:
+"""Tensor maps for conv_nhwc_ws.cu's TMA tiles (``_ws_tma_``): what each map describes (``Im2colMap``, ``TiledMap``:
 plain data, made by launch_nhwc with the launch), and its 128 bytes (``encode``). On a GPU the driver encodes them
 (cuTensorMapEncodeIm2col / cuTensorMapEncodeTiled through ctypes: pycuda wraps neither); under the CPU emulator
 (tests/cuda_emu, whose pycuda stand-in says EMULATED) they are the emulator's own format (``emulated``), which its
