@@ -147,14 +147,34 @@ def build(arch: str, units: Iterable[str] | None = None) -> dict[str, Path]:
     return paths
 
 
+def gpu_target() -> str:
+    """nvcc's target for the first visible GPU, as nvidia-smi reports its compute capability (no CUDA context, no
+    pycuda: this module sits below the backends). The GPU is the first of CUDA_VISIBLE_DEVICES where that is set
+    (an index or a UUID, both of which nvidia-smi --id takes), else GPU 0."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise BackendUnavailable("nvidia-smi is not on PATH, so there is no GPU to build the kernels for; "
+                                 "install the NVIDIA driver")
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    if not gpu or gpu.startswith("-"):
+        raise BackendUnavailable(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r} hides every GPU; "
+                                 f"unset it to build the kernels for GPU 0")
+    r = subprocess.run([smi, f"--id={gpu}", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                       capture_output=True, text=True)
+    answer = (r.stdout.strip() or r.stderr.strip() or "no output").splitlines()[0].strip()
+    major, _, minor = answer.partition(".")
+    if r.returncode != 0 or not (major.isdigit() and minor.isdigit()):
+        raise BackendUnavailable(f"nvidia-smi gave no compute capability for GPU {gpu} ({answer}); "
+                                 f"check the GPU with nvidia-smi")
+    return target((int(major), int(minor)))
+
+
 def main() -> int:
-    """Build every unit for GPU 0 (after install, so that the first run does not wait for nvcc)."""
+    """Build every unit for the first visible GPU (after install, so that the first run does not wait for nvcc)."""
     import time
 
-    from .backends.cuda.device import probe
-
     try:
-        _, arch = probe()
+        arch = gpu_target()
         t0 = time.perf_counter()
         paths = build(arch)
     except BackendUnavailable as e:
