@@ -293,8 +293,9 @@ def default_workers() -> int:
 
 
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
-             options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
+             options: PipelineOptions | None = None) -> Iterator[Prediction]:
     """Predictions for ``sources`` in their order, streamed as batches finish (errors per image)."""
+    options = options or PipelineOptions()
     if not sources:
         return
     batch = runner.batch

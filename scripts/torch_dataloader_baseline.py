@@ -5,7 +5,8 @@
 Loads the engine's weight file into torchvision's inception_v3 (each conv's folded BatchNorm as an identity BN with
 the bias), then the plain loop: decode + Resize(342) + CenterCrop(299) + ToTensor + Normalize in DataLoader worker
 processes with pinned memory, forward, softmax, top 5. PyTorch's defaults stay (cuDNN picks TF32 for fp32 convs,
-as any such script gets; --no-tf32 turns that off). --fp16: half precision and channels_last, the usual speed-up. Prints one JSON line:
+as any such script gets; --no-tf32 turns that off). --fp16: half precision and channels_last, the usual speed-up.
+Prints one JSON line:
 images/s over the whole folder (first batch included, as a user waits for it) and the top-1 class per image.
 """
 

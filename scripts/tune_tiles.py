@@ -42,7 +42,8 @@ def main() -> int:
     p.add_argument("--precision", choices=cb.PRECISIONS, default="fp16")
     p.add_argument("--batch-sizes", default="1,128")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--nhwc", action="store_true", help="the NHWC path (fp32: sm_90a only): fused plan, conv_nhwc_*.cu tiles")
+    p.add_argument("--nhwc", action="store_true",
+                   help="the NHWC path (fp32: sm_90a only): fused plan, conv_nhwc_*.cu tiles")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     weights = cb.he_weights(0)

@@ -53,7 +53,8 @@ def emu_lib(tmp_path_factory) -> Path:
     (out / "emu_kernels.cpp").write_text(wrapper_source())
     lib = out / "libemu.so"
     cmd = [GXX, "-std=c++20", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
-           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_kernels.cpp"), "-o", str(lib)]
+           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_kernels.cpp"),
+           "-o", str(lib)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     return lib

@@ -429,7 +429,8 @@ HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 cha
     # 3 images of 7 tiles of the 42-wide padded grid: with num_sms 3 each block takes 7 tiles, each consumer warpgroup
     # several, so both buffers' barriers go through several phases
     Case(3, 32, 64, 40, 40, (3, 3), 1, (1, 1)),
-    Case(2, 80, 136, 11, 13, (3, 3), 1, (0, 0), (16, 0), (0, 8)),  # Conv2d_4a's: 3 planes, the last half; 3 channel tiles
+    # Conv2d_4a's: 3 planes, the last half; 3 channel tiles
+    Case(2, 80, 136, 11, 13, (3, 3), 1, (0, 0), (16, 0), (0, 8)),
     Case(1, 48, 64, 9, 9, (5, 5), 1, (2, 2)),  # the 35x35 modules' 5x5: a full and a half plane
     Case(2, 64, 96, 8, 7, (3, 3), 1, (1, 1), (0, 0), (0, 32)),  # their 3x3s: two full planes
     Case(1, 16, 48, 7, 10, (3, 1), 1, (1, 0)),  # one half plane
@@ -439,8 +440,8 @@ HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 cha
 @pytest.mark.parametrize("precision", ("fp16", "tf32"))
 @pytest.mark.parametrize("case", HALO_CASES, ids=case_id)
 def test_conv_halo_tiles(mem, case, precision):
-    """conv_nhwc_halo.cu's halo tiles (sm_90a) on the convs they take: every kernel shape, padding or none, Cout below the
-    tile's, views of wider buffers, tiles that end past an image's grid."""
+    """conv_nhwc_halo.cu's halo tiles (sm_90a) on the convs they take: every kernel shape, padding or none, Cout below
+    the tile's, views of wider buffers, tiles that end past an image's grid."""
     tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_halo(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no halo tiles")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends.cuda.kernels import all_kernel_names, source_of, unit_of
+from inception_engine.backends.cuda.kernels import all_kernel_names, unit_of
 
 NVCC = cuda_build.find_nvcc()
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) is not on PATH")

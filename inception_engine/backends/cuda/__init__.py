@@ -44,16 +44,16 @@ built. The package re-exports every module's public names, so ``from inception_e
 
 from __future__ import annotations
 
-from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, TMA_ROW, HALO_CIN, HALO_SPEEDS, HALO_THREADS, INPUT_MAX_K,
-                    INPUT_MMA_MAX_K, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE, KERNEL_SIZES, MAX_SHARED_BYTES,
-                    MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NAN_BITS, NHWC_ELEMS, NHWC_F32_WGMMA_TILES, NHWC_PIECE,
-                    NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem, PRECISIONS,
-                    TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX, WGMMA_SLOWDOWN,
-                    WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision, conv_kernel,
-                    folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes,
-                    input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages,
-                    wgmma_tile, WS_PP_SHAPES, WS_PP_THREADS, WS_TMA_SHAPES, is_pingpong, ws_pp_tile, ws_stages,
-                    ws_row, ws_threads, ws_tile, ws_tma_tile)
+from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, TMA_ROW, HALO_CIN, HALO_SPEEDS, HALO_THREADS,
+                    INPUT_MAX_K, INPUT_MMA_MAX_K, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE, KERNEL_SIZES,
+                    MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NAN_BITS, NHWC_ELEMS, NHWC_F32_WGMMA_TILES,
+                    NHWC_PIECE, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem,
+                    PRECISIONS, TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX,
+                    WGMMA_SLOWDOWN, WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision,
+                    conv_kernel, folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks,
+                    input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label, wgmma_ring_bytes,
+                    wgmma_stages, wgmma_tile, WS_PP_SHAPES, WS_PP_THREADS, WS_TMA_SHAPES, is_pingpong, ws_pp_tile,
+                    ws_stages, ws_row, ws_threads, ws_tile, ws_tma_tile)
 from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap, emulated, encode, encode_all
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)

@@ -138,7 +138,8 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     kernel = conv_kernel(op, t)
     grid = (blocks(p_total, t.bm), blocks(cout, t.bn), cfg.splits)
     block, shared = ws_threads(kernel) if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
-    if is_halo(kernel):  # tiles of t.bm positions of each image's padded-width grid, by channel tiles (conv_nhwc_halo.cu)
+    # halo tiles (conv_nhwc_halo.cu): tiles of t.bm positions of each image's padded-width grid, by channel tiles
+    if is_halo(kernel):
         assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
         wg, channel_tiles = wd + 2 * op.pad[1], blocks(cout, t.bn)
         tiles = n * blocks(ho * wg, t.bm)

@@ -73,9 +73,9 @@ def encode(m: TensorMap) -> bytes:
     if isinstance(m, Im2colMap):
         rc = _libcuda().cuTensorMapEncodeIm2col(
             ctypes.c_void_p(at), DATA_TYPE[e], 4, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 4)(*m.dims),
-            (ctypes.c_uint64 * 3)(*m.strides), (ctypes.c_int * 2)(*m.lower), (ctypes.c_int * 2)(*m.upper), ctypes.c_uint32(m.channels),
-            ctypes.c_uint32(m.pixels), (ctypes.c_uint32 * 4)(1, m.stride, m.stride, 1), 0, SWIZZLE[m.channels * e],
-            L2_PROMOTION_128B, 0)
+            (ctypes.c_uint64 * 3)(*m.strides), (ctypes.c_int * 2)(*m.lower), (ctypes.c_int * 2)(*m.upper),
+            ctypes.c_uint32(m.channels), ctypes.c_uint32(m.pixels), (ctypes.c_uint32 * 4)(1, m.stride, m.stride, 1), 0,
+            SWIZZLE[m.channels * e], L2_PROMOTION_128B, 0)
     else:
         rc = _libcuda().cuTensorMapEncodeTiled(
             ctypes.c_void_p(at), DATA_TYPE[e], 2, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 2)(m.k, m.rows),

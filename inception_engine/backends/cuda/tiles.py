@@ -68,8 +68,8 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
 
 
 def wgmma_stages(bm: int, bn: int, split: bool = False) -> int:
-    """conv_nhwc_wgmma.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic shared
-    memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more (and
+    """conv_nhwc_wgmma.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic
+    shared memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more (and
     whose 128x128 runs one block an SM)."""
     if split:
         return 8 if bn == 128 else 6
@@ -85,9 +85,9 @@ WGMMA_LO_TILES = 3  # conv_nhwc_wgmma.cu's: the low halves' tiles of the 3xTF32 
 # tf32 ones (those with Cout 192 or 384, and Conv2d_4a), 128x128 and 128x64 on most others.
 WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
                 (256, 32): 770e3}
-# fp32 on the NHWC path: three TF32 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of tf32's model speed (a
-# guess until measured). Its sums live in registers twice (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block
-# an SM (168 registers), the others two.
+# fp32 on the NHWC path: three TF32 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of tf32's model speed (a guess
+# until measured). Its sums live in registers twice (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block an
+# SM (168 registers), the others two.
 F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
 WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma"}
 WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 6}  # model speed divisors against fp16's WGMMA_SPEEDS
@@ -150,9 +150,9 @@ def ws_row(kernel_or_prefix: str) -> int:
     return TMA_ROW if is_tma(kernel_or_prefix) else 64
 
 
-# conv_nhwc_ws.cu's ping-pong TMA tiles (``_ws_tma_pp_``): each of the two consumer warpgroups takes whole tiles in turn,
-# so that one stores its tile while the other multiplies the next; one producer warpgroup, WS_PP_THREADS threads. The
-# same stages and ring as the TMA tiles; never picked unmeasured either.
+# conv_nhwc_ws.cu's ping-pong TMA tiles (``_ws_tma_pp_``): each of the two consumer warpgroups takes whole tiles in
+# turn, so that one stores its tile while the other multiplies the next; one producer warpgroup, WS_PP_THREADS threads.
+# The same stages and ring as the TMA tiles; never picked unmeasured either.
 WS_PP_SHAPES = ((128, 192), (128, 128))
 WS_PP_THREADS = 384
 
@@ -188,7 +188,8 @@ MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm
 
 
 def halo_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc_halo.cu's halo tile of bm grid positions x bn channels (fp16, tf32); bk: one tap of a HALO_CIN plane."""
+    """conv_nhwc_halo.cu's halo tile of bm grid positions x bn channels (fp16, tf32); bk: one tap of a HALO_CIN
+    plane."""
     return Tile(bm, bn, HALO_CIN, 1, HALO_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
                 f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False)
 
@@ -217,7 +218,7 @@ def halo_fits(op: ConvOp, tile: Tile) -> bool:
 def input_mma_smem_bytes(op: ConvOp, elem_bytes: int) -> int:
     """conv_input_nhwc.cu's conv_input_mma_smem_bytes for this conv: the input rows of one output row's windows
     (and a row of zeros) as float32, then the row's staged output."""
-    (_, cin, h, w), (_, _, ho, wo) = op.src.dims, op.dst.dims
+    (_, cin, _, w), (_, _, _, wo) = op.src.dims, op.dst.dims
     (kh, kw), pad_w, tiles16 = op.kernel, op.pad[1], -(-wo // 16) * 16
     wp = (max(w + 2 * pad_w, (tiles16 - 1) * op.stride + kw) + 3) // 4 * 4 + 4  # whole chunks, and one for the shift
     return 4 * (-(-((cin * kh + 1) * wp) // 4) * 4) + tiles16 * INPUT_MMA_ROW * elem_bytes
@@ -329,8 +330,8 @@ WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 
 
 def wgmma_ring_bytes(kernel: str) -> int:
     """Dynamic shared memory of a conv_nhwc_wgmma.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes, and for
-    fp32's the low halves' tiles; for a warp-specialized tile, each stage's two mbarriers too), else 0: conv_nhwc_wgmma.cu's
-    wgmma_ring_bytes() and conv_nhwc_ws.cu's ws_ring_bytes()."""
+    fp32's the low halves' tiles; for a warp-specialized tile, each stage's two mbarriers too), else 0:
+    conv_nhwc_wgmma.cu's wgmma_ring_bytes() and conv_nhwc_ws.cu's ws_ring_bytes()."""
     if "_wgmma_" not in kernel and not is_ws(kernel):
         return 0
     bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))
