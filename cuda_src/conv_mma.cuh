@@ -96,8 +96,8 @@ __device__ __forceinline__ void copy16(float* dst, const float* src) {
 }
 
 // 16 bytes, or 16 zero bytes when !valid (the source is then not read); both addresses 16-byte aligned. .cg (L2
-// only): conv_nhwc_*.cu's input pieces with .ca, which keeps them in L1 for the next taps' overlapping windows, ran
-// 0-6 % slower (round 6 in docs/performance-log.md).
+// only): conv_nhwc_*.cu's input pieces with .ca, which keeps them in L1 for the next taps' overlapping windows, are
+// no faster and up to 6 % slower (docs/performance-log.md).
 __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src, bool valid) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
@@ -326,7 +326,7 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
 // ASYNC: math issues asynchronous reads of its buffer through the async proxy (wgmma) that may still run until the
 // next tile's math returns. Each thread then fences its landed copies for the async proxy before the barrier, and
 // the ring loads one tile less ahead (STAGES - 2), into the buffer of tile t - 2, whose reads the math of tile t - 1
-// waited for. (With 3-4 stages that lost more than the overlap gained, 4-9 %: round 7, step 3.)
+// waited for. (With 3-4 stages that loses more than the overlap gains.)
 // landed(stage), if given, runs in each thread once its own copies of the tile in `stage` have landed and before
 // the barrier that lets everyone read them: a thread may rewrite its own pieces there (NhwcF32's split).
 struct NoLanded {

@@ -97,9 +97,8 @@ struct NhwcConvArgs {
 // K tile (BK = 4 pieces) into As[stage], Bs[stage]. The thread copies piece `piece` (k = PIECE piece ..
 // PIECE (piece + 1) - 1 of the stage) of tile rows row0 + ROWS i; ROWS is a multiple of 8, so all its rows share
 // one swizzle and its shared addresses are fixed steps from its first.
-// Per stage it is meant to cost few instructions (round 9: the SASS loop had 146 per stage, most of it address
-// arithmetic, with the tensor cores idle half the time; 136 after this rewrite, as at 128x192's register cap ptxas
-// reloads some of this state every stage). Everything that does not change between stages is computed once: the
+// Per stage it is meant to cost few instructions: address arithmetic in the stage loop keeps the tensor cores idle
+// (at 128x192's register cap ptxas still reloads some of this state every stage). Everything that does not change between stages is computed once: the
 // pixels' window corners and element offsets, the weight rows' offsets, the shared addresses. The piece's k is kept
 // as (r, s, c) and as its tap's element offset, advanced by BK per stage without a division (stages are loaded in
 // order). Offsets are 32-bit and non-negative where read (a buffer of x has fewer than 2^31 elements:
@@ -208,7 +207,7 @@ struct NhwcLoader {
 // The epilogue of a thread's accumulators, one column at a time: pairs of output channels m, m + 1 (cout is even:
 // m + 1 < cout when m < cout) of the thread's pixels. Raw to the split-K workspace when the grid has several slices,
 // else bias, ReLU, the element type, into the column's part. What depends on the channels alone (part, bias, ReLU)
-// is looked up once per column rather than once per pair (round 9: the per-pair lookups were ~2,700 instructions a
+// is looked up once per column rather than once per pair (per pair, the lookups would be thousands of instructions a
 // warp per 128x192 block).
 template <class E>
 struct NhwcStore {
@@ -244,8 +243,8 @@ struct NhwcStore {
     }
 
     // fp16: channels m .. m + 3 of the thread's pixels, quads(put) calling put(p, v[4]), one 8-byte store each.
-    // Pairs would be 4-byte stores, 16 bytes of a pixel per warp instruction: half a 32-byte sector (ncu: 32 % of
-    // the sectors in excess, round 12). All four channels are below Cout and in one part, as every count and start
+    // Pairs would be 4-byte stores, 16 bytes of a pixel per warp instruction: half a 32-byte sector, so a third of
+    // the sectors written would be in excess. All four channels are below Cout and in one part, as every count and start
     // is a multiple of 4 here (the header).
     template <class Quads>
     __device__ __forceinline__ void column4(int m, Quads&& quads) const {

@@ -22,7 +22,7 @@
 #include "conv_nhwc.cuh"
 
 // Stages of the wgmma tiles' ring (cuda.tiles.wgmma_stages), for two blocks an SM (one block cannot hide its own
-// barrier and load latency: round 9's 256x128 and 256x192 tiles): for 128 pixel rows, 4 in flight while one is
+// barrier and load latency, which is why there are no 256x128 and 256x192 wgmma tiles): for 128 pixel rows, 4 in flight while one is
 // multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would not fit twice);
 // 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES more tiles for the
 // low halves (conv_nhwc_wgmma_gemm): 6 stages for its tiles of at most 64 channels, and 8 for 128x128, which runs one

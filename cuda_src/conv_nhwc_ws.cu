@@ -24,7 +24,7 @@
 // of the weights, through two tensor maps in global memory (cuda.tensor_maps; `maps`: A's, then B's, 128 bytes each),
 // which frees the issue slots the eight producer warps' cp.async took. A stage's rows are 128 bytes (64 k of fp16, 32
 // of tf32) in the 128-byte swizzle: TMA moves boxes of 128-byte rows 1.4x (im2col) and 2.1x (tiled) faster than of
-// 64-byte ones (docs/PERFORMANCE.md, item 16), with which these tiles would be slower than the cp.async ones. A stage must
+// 64-byte ones (docs/PERFORMANCE.md), with which these tiles would be slower than the cp.async ones. A stage must
 // not span two taps: Cin is a multiple of its k (cuda.tiles.tile_fits). full[b] takes the one arrival of that thread
 // with the stage's bytes expected, and the consumers need no proxy fence (the copy engine writes through the async
 // proxy, which their wgmma read).

@@ -421,10 +421,9 @@ def fuse_pointwise(plan: Plan) -> Plan:
 
 
 # fuse_max_pools' default: the widest pool it folds. conv_nhwc_mma.cu's NhwcMaxPoolLoader waits for its loads before
-# the math of the stage in hand, so only a K that the ring's first stages hold pays. Measured (H100, batch 128, fp16,
-# docs/PERFORMANCE.md, issue 23's means, item 5): MaxPool_3a + Conv2d_3b (64 channels, two stages) 0.250 -> 0.207 ms
-# folded; MaxPool_5a + Mixed_5b.pointwise (192 channels, six stages, two channel tiles that each take the maxima)
-# 0.185 -> 0.232 ms.
+# the math of the stage in hand, so only a K that the ring's first stages hold pays: folding MaxPool_3a into Conv2d_3b
+# (64 channels, two stages) is faster than the two launches, folding MaxPool_5a into Mixed_5b.pointwise (192
+# channels, six stages, two channel tiles that each take the maxima) slower (docs/PERFORMANCE.md).
 MAX_POOL_CHANNELS = 64
 
 

@@ -115,11 +115,11 @@ def uses_gemv(op: FCOp) -> bool:
 
 def model_takes(op: ConvOp, tile: Tile) -> bool:
     """Whether the model may pick this tile for this conv unmeasured. Halo tiles only on single-plane inputs (Cin =
-    HALO_CIN, the stem's 2a and 2b, where they won measured since round 12): on wider inputs the model, which does
-    not see their set-up (weights copied per block, halo rows beyond the tile) nor their shared-memory bound, picked
-    them for most 35x35 and 17x17 layers and the untuned fp16 forward went 0.38 -> 0.42 ms at batch 1 and 2.82 ->
-    3.04-3.06 ms at batch 64 (H100, session 5, call 7). Tuning measures them everywhere they fit."""
-    if is_tma(tile.prefix):  # new (session 9): measured only so far, never chosen unmeasured
+    HALO_CIN, the stem's 2a and 2b, where they win): on wider inputs the model, which does not see their set-up
+    (weights copied per block, halo rows beyond the tile) nor their shared-memory bound, would pick them for most
+    35x35 and 17x17 layers, and the untuned forward would be slower. TMA tiles never: their model speeds are guesses.
+    Tuning measures every tile everywhere it fits."""
+    if is_tma(tile.prefix):
         return False
     return not is_halo(tile.prefix) or op.src.channels == HALO_CIN
 

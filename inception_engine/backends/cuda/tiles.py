@@ -80,7 +80,7 @@ WGMMA_LO_TILES = 3  # conv_nhwc_wgmma.cu's: the low halves' tiles of the 3xTF32 
 
 
 # The wgmma tiles' model speeds: multiply-adds per microsecond an SM with 2 blocks resident, fp16 (tf32: half). Fitted
-# to per-layer times at batch 128 (H200, round 9, scripts/tune_tiles.py --precision fp16 --nhwc; the median over the
+# to per-layer times at batch 128 on an H200 (scripts/tune_tiles.py --precision fp16 --nhwc; the median over the
 # layers of what conv_config's formula implies). 128x192 was the fastest tile on 39 of 65 fp16 layers and 42 of 65
 # tf32 ones (those with Cout 192 or 384, and Conv2d_4a), 128x128 and 128x64 on most others.
 WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
@@ -177,11 +177,9 @@ def ws_threads(kernel: str) -> int:
 # grid a tile, bn output channels (grid.y: ceil(Cout / bn) channel tiles), HALO_THREADS threads, one block an SM;
 # the bn channels' weights and two tiles' input rows, in planes of HALO_CIN channels, in up to MAX_SHARED_BYTES of
 # shared memory. HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32 halves them): 256 x 64 and 256 x 32 fitted to tf32's
-# Conv2d_2b (0.514 ms) and Conv2d_2a (0.321 ms) at batch 128 (H100, round 12), through conv_config's formula; the
-# 128-position tiles' are the 256 ones' of their bn (96: 64's). Measured (session 5, call 5, scripts/tune_tiles.py
-# --precision fp16 --nhwc --batch-sizes 128): with these the model's choices sum to 4.49 ms against 4.21 for the
-# fastest tile of each layer; the medians of the speeds the five tiles' times imply made it worse (4.63), so these
-# stay. Tuning measures every tile anyway.
+# Conv2d_2b and Conv2d_2a at batch 128 on an H100, through conv_config's formula; the 128-position tiles' are the 256
+# ones' of their bn (96: 64's). Fitting all five to their own times (the medians of the speeds they imply) makes the
+# model's choices slower, so these stay (docs/PERFORMANCE.md). Tuning measures every tile anyway.
 HALO_THREADS, HALO_CIN, HALO_K_MULTIPLE = 384, 32, 16
 HALO_SPEEDS = {(256, 64): 1790e3, (256, 32): 1620e3, (128, 96): 1790e3, (128, 64): 1790e3, (128, 32): 1620e3}
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
