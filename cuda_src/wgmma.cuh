@@ -29,8 +29,8 @@ constexpr unsigned long long DESC_32_BYTES = 32 >> 4;  // added to a descriptor:
 // The same for rows of 128 bytes in the 128-byte swizzle (mode 1): byte address bits [4, 7) XORed with bits [7, 10)
 // (row mod 8), 8-row groups 1024 bytes apart. In both modes the swizzle is a function of the shared address, with
 // the descriptor's base offset (bits 49-51) 0, so a tile may start at any row of a buffer written that way: row i
-// of the tile is then row start + i of the buffer (conv_nhwc_halo.cu's halo tiles shift a tile by rows so). Checked on
-// the H100 by scripts/wgmma_descriptor_probe.cu.
+// of the tile is then row start + i of the buffer (conv_nhwc_halo.cu's halo tiles shift a tile by rows so), as a
+// probe on the GPU showed (docs/performance-log.md) and the halo tiles' GPU tests rely on.
 __device__ __forceinline__ unsigned long long desc_k_major_128b(const void* tile) {
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
     return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;

@@ -1,6 +1,6 @@
 """The yardstick of issue 19: what a PyTorch user writes to classify a folder (Dataset + DataLoader + torchvision).
 
-    python scripts/torch_dataloader_baseline.py DIR WEIGHTS.npz [--fp16] [--batch-size 128] [--workers 16]
+    python dev/torch_dataloader_baseline.py DIR WEIGHTS.npz [--fp16] [--batch-size 128] [--workers 16]
 
 Loads the engine's weight file into torchvision's inception_v3 (each conv's folded BatchNorm as an identity BN with
 the bias), then the plain loop: decode + Resize(342) + CenterCrop(299) + ToTensor + Normalize in DataLoader worker

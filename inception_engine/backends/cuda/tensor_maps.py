@@ -2,8 +2,8 @@
 plain data, made by launch_nhwc with the launch), and its 128 bytes (``encode``). On a GPU the driver encodes them
 (cuTensorMapEncodeIm2col / cuTensorMapEncodeTiled through ctypes: pycuda wraps neither); under the CPU emulator
 (tests/cuda_emu, whose pycuda stand-in says EMULATED) they are the emulator's own format (``emulated``), which its
-TMA copies read. The kernels read the maps from global memory (scripts/tma_probe.py: a map passed by value did not
-survive pycuda's launch; the same probe checked the im2col boxes against the implicit GEMM's rows)."""
+TMA copies read. The kernels read the maps from global memory: a map passed by value as a kernel parameter does not
+survive pycuda's launch (docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 

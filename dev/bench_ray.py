@@ -1,7 +1,7 @@
 """Ray's overhead on one GPU: images/s through Ray Data with one GPU actor against Engine.predict_iter (what
 inception-run runs), on the same folder of images, and the floors of Ray's own machinery.
 
-    python scripts/bench_ray.py DIR [--weights W] [--precision auto] [--batch-size 64] [--gpus 1] [--repeats 2]
+    python dev/bench_ray.py DIR [--weights W] [--precision auto] [--batch-size 64] [--gpus 1] [--repeats 2]
 
 Both are timed from a cold engine (weights loaded, runner built; kernels from the cache) to the last result, after
 one untimed run of each on a few hundred of the files to fill the nvcc and tuning caches; Ray's includes starting
