@@ -24,7 +24,7 @@ Where things are (each module's docstring says more):
     tuning.py       measured tuning's candidates, pick and cache (the timing itself: backend.tune_configs)
     params.py       weights and biases packed in the kernels' layouts
     workspace.py    split-K / Winograd workspace and tile counters
-    kernels.py      entry-point names, their sources and argument formats; Kernels loads the cubins
+    kernels.py      entry-point names, their sources and signatures (argument formats); Kernels loads them
     launch.py       plan -> LaunchSpecs on NCHW (launch_specs); Launch binds one to its kernel
     launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and pointers
     tensor_maps.py  the TMA tiles' tensor maps: what each describes, and its bytes (the driver's or the emulator's)
@@ -64,9 +64,9 @@ from .tuning import (config_from_json, config_to_json, pick_fastest, tuning_cach
                      tuning_key)
 from .params import direct_weights, op_params, pack_params, round_tf32, transforms_key
 from .workspace import counter_layout, workspace_elems, workspace_layout
-from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_TMA_FORMAT, SOURCE_OF,
-                      WINO_GEMM_FORMAT,
-                      WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, all_kernel_names, arg_format, conv_kernel_name, source_of,
+from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, SIGNATURES, SOURCE_OF, WINO_GEMM_FORMAT,
+                      WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_TMA_FORMAT, Signature,
+                      all_kernel_names, arg_format, conv_kernel_name, nhwc_conv_source, signature, source_of,
                       wino_kernel_names)
 from .launch import (Launch, LaunchSpec, batch_stride, conv_specs, fc_specs, gap_spec, launch_specs, pool_spec,
                      softmax_spec, view_ptr, winograd_specs)
