@@ -2,10 +2,9 @@
 
 A compile unit is a source file, or for the NHWC conv families (conv_nhwc_*.cu) a file and one element type:
 ``UNITS``. A backend builds the units its launches need, in parallel, so a first run waits for the few kernels it
-uses. A cubin is named
-``<unit>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every file of cuda_src (a
-header change rebuilds everything), the flags and the target, so a second process starts without compiling and an
-edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
+uses. A cubin is named ``<unit>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every
+file of cuda_src (a header change rebuilds everything), the flags and the target, so a second process starts without
+compiling and an edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
 ``python -m inception_engine.cuda_build`` builds every unit for this machine's GPU ahead of the first run.
 """
 
