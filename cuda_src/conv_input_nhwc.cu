@@ -3,21 +3,20 @@
 //
 // y[b, oh, ow, m] = relu(bias[m] + sum_{c, r, s} wt[(c*KH + r)*KW + s][m] * x[b, c, oh*S - PH + r, ow*S - PW + s])
 //
-// with y a channel slice of an NHWC buffer (conv_nhwc.cu's views: pixel i starts i * y_cstride elements after y) of
+// with y a channel slice of an NHWC buffer (conv_nhwc.cuh's views: pixel i starts i * y_cstride elements after y) of
 // fp16 (conv_input_nhwc), TF32-rounded float32 (conv_input_nhwc_tf32) or float32 (conv_input_nhwc_f32;
 // conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32), wt
 // float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda.params.direct_weights), sums in fp32.
 //
-// Idea: the input has 3 channels. conv_nhwc.cu reads whole 16-byte pieces of 8 channels, so it needed the input
+// Idea: the input has 3 channels. conv_nhwc.cuh reads whole 16-byte pieces of 8 channels, so it would need the input
 // converted to an fp16 NHWC copy padded to 8 channels: K = 72 instead of 27, and a copy written and read back
-// (183 MB each way at batch 128) for a layer of only 4.9 GFLOP. Measured on an H200 at batch 128, conversion and
-// conv took 0.50 ms, 9.9 TFLOP/s. Here one thread computes the 32 channels of one output pixel on the FMA units:
+// (183 MB each way at batch 128) for a layer of only 4.9 GFLOP. Here one thread computes the 32 channels of one output pixel on the FMA units:
 // - its K inputs come straight from x; the windows of neighbouring threads overlap, and L1 serves the re-reads;
 // - the weights of the block's 32 channels sit in shared memory, and every lane reads the same word (a broadcast);
 // - the 32 sums leave as four (fp16) or eight (tf32) 16-byte stores. In tf32, where the block's 256 pixels x 32
 //   channels are one contiguous run of y (y_cstride = Cout = 32, the network's case), they go through shared memory
-//   first, so that a warp stores 512 consecutive bytes instead of 16 bytes in each of 32 lines: 0.44 -> 0.36 ms at
-//   batch 128 (H100). fp16's 64 bytes a pixel measured slower so (0.30 -> 0.32 ms) and store directly.
+//   first, so that a warp stores 512 consecutive bytes instead of 16 bytes in each of 32 lines. fp16's 64 bytes a
+//   pixel are stored directly: staged, they are slower.
 // Bytes: the input once, the output once (~320 MB at batch 128, ~0.1 ms); 2.4 G multiply-adds (~0.08 ms at the FMA
 // peak). The fp16 rounding of the input is gone too: fp32 inputs, weights and sums, one rounding at the store.
 //
@@ -25,27 +24,24 @@
 // Needs Cin*KH*KW <= CONV_INPUT_MAX_K; Cout, y_cstride and y's first channel multiples of 8.
 //
 // conv_input_mma_nhwc[_tf32] (fp16 and tf32): the same conv on the tensor cores. The FMA kernel above spends 864
-// multiply-adds and 216 shared-memory broadcasts a pixel: it took 0.30 ms (fp16) and 0.36 ms (tf32) at batch 128 on
-// the H100, 3.6x the FMA units' floor (0.083 ms) and ~3x the layer's bytes (~0.1 ms). K = Cin*KH*KW = 27, padded
+// multiply-adds and 216 shared-memory broadcasts a pixel, several times the FMA units' floor and the layer's bytes'
+// time. K = Cin*KH*KW = 27, padded
 // with zeros to 32, is two m16n8k16 steps (fp16) or four m16n8k8 (tf32) for 16 pixels x 8 channels, so here the
 // multiplies nearly vanish and the layer is left with its bytes. A block of 4 warps computes output rows (b, oh):
 // - the KH input rows its windows cover, every channel, are copied once to shared memory as float32 (coalesced
 //   reads of whole rows, zeros for the padding), followed by one row of zeros that the padded k (>= K) read;
 // - each warp takes 16-pixel m tiles of the row. A lane's A fragments are, for every tile, the same 8 k at a pixel
 //   offset, so their offsets into the copy are computed once; the values are rounded to fp16 or TF32 as they go
-//   into the fragment (operands of the element type, as in conv_nhwc.cu; the FMA kernel kept fp32 operands). The
+//   into the fragment (operands of the element type, as in conv_nhwc_*.cu; the FMA kernel kept fp32 operands). The
 //   B fragments (32 k x 32 channels) stay in registers for the whole block;
 // - sums + bias, ReLU, rounded to the element type, go to shared memory in rows of 32 channels + 8 elements (the
 //   padding puts a warp's pair stores and a phase's 16-byte reads on distinct banks), then leave as 16-byte pieces,
 //   consecutive threads on consecutive pieces: one run of 64 (fp16) or 128 (tf32) bytes a pixel;
-// - at large batch a block takes several rows (up to 8): the first version, one row a block, issued ~2,500
-//   instructions a warp, most of them the per-block set-up (divisions by run-time shapes), and ncu found it
-//   issue-bound (78 % of issue slots) at 0.28-0.30 ms, no faster than the FMA kernel (H100, fp16, batch 128).
-//   With up to 8 rows a block: 0.19 ms (fp16) and 0.24 ms (tf32), still more instructions than bytes (DRAM 39 %
-//   busy); by the PTX, the input copy (a 4-byte cp.async a float, ~12 instructions each) is the largest part.
-// - so where no window reaches past a row's ends (Conv2d_1a), the rows travel as 16-byte chunks (the aligned copy
-//   below), and the kernel keeps its offsets in shared memory, not registers, to run 6 (fp16) / 5 (tf32) blocks an
-//   SM: 0.14 ms (fp16) and 0.17 ms (tf32) at batch 128, 2.3 TB/s (H100, H200; docs/PERFORMANCE.md, issue 23 item 7).
+// - at large batch a block takes several rows (up to 8): the per-block set-up (divisions by run-time shapes) is
+//   most of a block's instructions, and with one row a block the kernel is issue-bound;
+// - where no window reaches past a row's ends (Conv2d_1a), the rows travel as 16-byte chunks (the aligned copy
+//   below), as a 4-byte cp.async a float costs ~12 instructions each, and the kernel keeps its offsets in shared
+//   memory, not registers, to run 6 (fp16) / 5 (tf32) blocks an SM: then it moves the layer's bytes at ~2.3 TB/s.
 // Launch: conv_input_mma_nhwc[_tf32]: block 128, grid (blocks, ceil(Cout / CONV_INPUT_COUT)), a block taking output
 // rows blockIdx.x, + blocks, ... of the batch*Ho (cuda.tiles.input_mma_blocks), dynamic shared memory
 // conv_input_mma_smem_bytes(). Needs Cin*KH*KW <= CONV_INPUT_MMA_K and that memory <= 48 KB (cuda.tiles.input_tile
@@ -226,15 +222,15 @@ __device__ __forceinline__ void conv_input_mma_copy(float* copy, const float* __
 }
 
 // The aligned copy, where no window reaches past a row's ends (pad_w = 0 and (Wo-1)*S + KW <= W: Conv2d_1a). The
-// general copy spent ~12 instructions a float, most of the kernel's (session 4's ncu: issue-bound, DRAM 39 % busy).
+// general copy spends ~12 instructions a float, most of the kernel's, which leaves it issue-bound.
 // Here a row moves as 16-byte cp.asyncs of the aligned chunks that cover it: input row (c, ih) starts at element
 // o = ((b*Cin + c)*H + ih)*W, rarely a multiple of 4 (W = 299), so its chunks 4 floor(o/4) + 4q land at copy row
 // cr's slot from its start, and the row itself sh = o % 4 floats into the slot: the A fragments add each k's sh.
 // The chunks' stray floats of the neighbouring rows fall where no window of an output pixel reads. A thread's chunks
 // are n = thread, + 128, ... of the rows' chunks in order, (cr, q) stepped without a division; what a copy row needs
 // besides (its input row's offset and window row) is looked up in `rows_at`, filled once per block. Few registers
-// matter here: a first version that kept each chunk's place in registers took 166-189 and ran 3 blocks an SM,
-// latency-bound (ncu, session 8).
+// matter here: keeping each chunk's place in registers takes 166-189 of them, 3 blocks an SM, and leaves the kernel
+// latency-bound.
 constexpr int CONV_INPUT_MMA_MAX_ROWS = 64;  // Cin*KH of the aligned copy, at most
 
 // Chunks of one input row: ceil((W + 3) / 4) cover it from any alignment.

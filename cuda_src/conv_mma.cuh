@@ -1,6 +1,6 @@
 // conv_mma.cuh: the tensor-core implicit-GEMM convolution of conv_tf32.cu, and the PTX helpers (tf32::, f16::,
 // ldmatrix::, cp_async::, pack8 / unpack8) and NHWC element types (NhwcF16, NhwcTf32, NhwcF32) that conv_f16.cu,
-// conv_nhwc.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
+// conv_nhwc_*.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
 //
 // y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
 // C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW, A = wt[K][M] (the weights as the backend
@@ -96,8 +96,8 @@ __device__ __forceinline__ void copy16(float* dst, const float* src) {
 }
 
 // 16 bytes, or 16 zero bytes when !valid (the source is then not read); both addresses 16-byte aligned. .cg (L2
-// only): conv_nhwc.cu's input pieces with .ca, which keeps them in L1 for the next taps' overlapping windows, ran
-// 0-6 % slower (round 6 in docs/performance-log.md).
+// only): conv_nhwc_*.cu's input pieces with .ca, which keeps them in L1 for the next taps' overlapping windows, are
+// no faster and up to 6 % slower (docs/performance-log.md).
 __device__ __forceinline__ void copy16_or_zero(void* dst, const void* src, bool valid) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
@@ -137,7 +137,7 @@ namespace tf32 {
 __device__ __forceinline__ float rounded(float v) { return __uint_as_float(round(v)); }
 }  // namespace tf32
 
-// The element types of the NHWC path's activations (conv_nhwc.cu, conv_input_nhwc.cu, pool_nhwc.cu). A 16-byte
+// The element types of the NHWC path's activations (conv_nhwc_*.cu, conv_input_nhwc.cu, pool_nhwc.cu). A 16-byte
 // piece holds PIECE channels of one pixel; the kernels move whole pieces. load / store convert a piece from / to
 // floats, store2 two adjacent channels; mma is the tensor-core step whose k spans two pieces. SPLIT: each operand
 // goes to the tensor cores as two TF32 halves (NhwcF32).
@@ -146,7 +146,7 @@ struct NhwcF16 {
     using T = unsigned short;
     static constexpr int PIECE = 8;
     static constexpr bool SPLIT = false;
-    // A piece's raw 16 bytes to floats (conv_nhwc.cu's max-pool loader takes them raw first).
+    // A piece's raw 16 bytes to floats (conv_nhwc_mma.cu's max-pool loader takes them raw first).
     __device__ __forceinline__ static void unpack(float (&v)[PIECE], uint4 q) { unpack8(v, q); }
     __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
         unpack(v, __ldg(reinterpret_cast<const uint4*>(p)));
@@ -204,7 +204,7 @@ struct NhwcTf32 {
     }
 };
 
-// NhwcF32 (--precision fp32 on the NHWC path, sm_90a: conv_nhwc.cu's wgmma tiles only): float32 words, stored
+// NhwcF32 (--precision fp32 on the NHWC path, sm_90a: conv_nhwc_wgmma.cu's wgmma tiles only): float32 words, stored
 // unrounded, and products with float32's accuracy from the TF32 tensor cores by splitting each operand in two
 // ("3xTF32"; e.g. CUTLASS's fp32 emulation): a = a_hi + a_lo with a_hi = rna(a) and a_lo = rna(a - a_hi) (the
 // difference is exact in float32). a b = a_hi b_hi + a_hi b_lo + a_lo b_hi + a_lo b_lo, and the last term is
@@ -320,13 +320,13 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
         }
 }
 
-// The cp.async ring of conv_mma_gemm and conv_nhwc.cu: load(k, stage) issues this thread's copies of the K tile that
+// The cp.async ring of conv_mma_gemm and conv_nhwc_*.cu: load(k, stage) issues this thread's copies of the K tile that
 // starts at k into buffer `stage`, math(stage) multiplies the tile in buffer `stage`. With STAGES buffers, tile
 // t + STAGES - 1 is in flight while tile t is multiplied, one barrier per tile.
 // ASYNC: math issues asynchronous reads of its buffer through the async proxy (wgmma) that may still run until the
 // next tile's math returns. Each thread then fences its landed copies for the async proxy before the barrier, and
 // the ring loads one tile less ahead (STAGES - 2), into the buffer of tile t - 2, whose reads the math of tile t - 1
-// waited for. (With 3-4 stages that lost more than the overlap gained, 4-9 %: round 7, step 3.)
+// waited for. (With 3-4 stages that loses more than the overlap gains.)
 // landed(stage), if given, runs in each thread once its own copies of the tile in `stage` have landed and before
 // the barrier that lets everyone read them: a thread may rewrite its own pieces there (NhwcF32's split).
 struct NoLanded {

@@ -11,7 +11,7 @@
 //
 // Idea: memory-bound and tiny; each thread moves one 16-byte piece (8 fp16 or 4 float channels) of one pixel,
 // consecutive threads the next piece of the same pixel, so a warp's loads and stores are contiguous runs of 16-byte
-// pieces. Views as in conv_nhwc.cu: x, y point at the view's first channel of pixel 0; pixel i starts i * *_cstride
+// pieces. Views as in conv_nhwc.cuh: x, y point at the view's first channel of pixel 0; pixel i starts i * *_cstride
 // elements later. Channel counts, strides and view offsets are multiples of the piece.
 //
 // Launch: pool2d_nhwc[_tf32|_f32]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256).

@@ -1,4 +1,4 @@
-// wgmma.cuh: Hopper's warpgroup matrix multiply (wgmma.mma_async, sm_90a) for conv_nhwc.cu's shared tiles.
+// wgmma.cuh: Hopper's warpgroup matrix multiply (wgmma.mma_async, sm_90a) for conv_nhwc_*.cu's shared tiles.
 //
 // A warpgroup (4 consecutive warps, the first a multiple of 4) multiplies a 64 x K tile A by a K x N tile B, both
 // read by the tensor cores straight from shared memory through 64-bit matrix descriptors, into fp32 accumulators
@@ -8,7 +8,7 @@
 //   d[4j + 3] = D[16w + g + 8][8j + 2t + 1].
 // Both tiles are K-major (A[row][k], B[n][k], k contiguous: the only layout .tf32 accepts) with rows of 64 bytes in
 // the 64-byte swizzle mode: byte address bits [4, 6) (the 16-byte piece of a row) are XORed with bits [7, 9) (row / 2
-// mod 4), exactly conv_nhwc.cu's swizzled() on a tile that starts at a multiple of 512 bytes. One instruction takes
+// mod 4), exactly conv_nhwc.cuh's swizzled() on a tile that starts at a multiple of 512 bytes. One instruction takes
 // 32 bytes of each row (k16 of fp16, k8 of tf32); the second half of the rows is the same descriptor 32 bytes on.
 //
 // Ordering: shared memory written by cp.async reaches the tensor cores' (async) proxy only after the writing thread's
@@ -29,8 +29,8 @@ constexpr unsigned long long DESC_32_BYTES = 32 >> 4;  // added to a descriptor:
 // The same for rows of 128 bytes in the 128-byte swizzle (mode 1): byte address bits [4, 7) XORed with bits [7, 10)
 // (row mod 8), 8-row groups 1024 bytes apart. In both modes the swizzle is a function of the shared address, with
 // the descriptor's base offset (bits 49-51) 0, so a tile may start at any row of a buffer written that way: row i
-// of the tile is then row start + i of the buffer (conv_nhwc.cu's halo tiles shift a tile by rows so). Checked on
-// the H100 by scripts/wgmma_descriptor_probe.cu.
+// of the tile is then row start + i of the buffer (conv_nhwc_halo.cu's halo tiles shift a tile by rows so), as a
+// probe on the GPU showed (docs/performance-log.md) and the halo tiles' GPU tests rely on.
 __device__ __forceinline__ unsigned long long desc_k_major_128b(const void* tile) {
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
     return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;

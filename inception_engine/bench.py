@@ -42,19 +42,20 @@ from .backends.numpy_backend import NumpyBackend
 from .errors import EngineError, WeightsError
 from .images import first_line
 from .plan import ConvOp, FCOp, Plan, build_plan
-from .weights import ENV_VAR, Weights, atomic_write, candidate_paths, find_weights, load_weights
+from .model_files import load_weights
+from .weights import ENV_VAR, Weights, atomic_write, candidate_paths, find_weights
 
 ORT = "onnxruntime"
 INPUT_SEED = 0
 SYNTHETIC_SEED = 0
 PRECISIONS = ("fp32", "tf32", "fp16")
-FP32_PEAK_TFLOPS = 51.3  # fp32 SGEMM 8192^3, TF32 off, measured on the lent H200 (docs/performance-log.md)
-# The fast modes' compute floor: PyTorch's 8192^3 GEMM with TF32 on and in fp16, dense, measured on the lent H100
-# (scripts/measure_ceilings.py, 2026-11-22; the H200 has the same tensor cores and clocks). 1.2x and 1.3x below the
-# datasheets' 495 and 990 TFLOP/s.
+# The roofline's ceilings, of an H100 / H200 (the same tensor cores and clocks), as dev/measure_ceilings.py measures
+# them: an fp32 SGEMM 8192^3 with TF32 off, and the fast modes' compute floor, PyTorch's 8192^3 GEMM with TF32 on and
+# in fp16, dense (1.2x and 1.3x below the datasheets' 495 and 990 TFLOP/s).
+FP32_PEAK_TFLOPS = 51.3
 PEAK_TFLOPS = {"fp32": FP32_PEAK_TFLOPS, "tf32": 411.6, "fp16": 764.0}
-PEAK_GBS = 4300.0  # device-to-device copy, bytes read + written, same H200
-# The same ceilings of the H100 (scripts/measure_ceilings.py, 2026-11-22): its HBM3 copies at 70 % of the H200's.
+PEAK_GBS = 4300.0  # an H200's device-to-device copy, bytes read + written (dev/measure_ceilings.py)
+# The same ceilings of the H100 (dev/measure_ceilings.py): its HBM3 copies at 70 % of the H200's.
 # Keyed by what the device's name contains; any other GPU, or none, gets the H200's above.
 CEILINGS = {"H100": ({"fp32": 52.0, "tf32": 411.6, "fp16": 764.0}, 3026.0)}
 REFERENCE_IMAGES = 2

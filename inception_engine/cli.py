@@ -408,7 +408,8 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
             raise EngineError("give the ONNX file to convert (inception-convert-weights MODEL.onnx), "
                               "or --synthetic OUT.onnx to write a synthetic one")
         from .onnx_convert import convert
-        from .weights import DEFAULT_NAME, ENV_VAR, default_weights_path, load_weights
+        from .model_files import load_weights
+        from .weights import DEFAULT_NAME, ENV_VAR, default_weights_path
 
         if not Path(model).is_file():
             raise EngineError(f"{model}: no such ONNX file")
@@ -498,7 +499,8 @@ def default_backends() -> list[str]:
 @click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON.")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV (per-layer: FILE's stem + _layers.csv).")
 @click.option("--plot", "plot_path", metavar="FILE.png", help="Plot latency vs batch size (needs matplotlib).")
-@click.option("--per-layer", is_flag=True, help="Time every op (convs, pools, the classifier) on backends that support it.")
+@click.option("--per-layer", is_flag=True,
+              help="Time every op (convs, pools, the classifier) on backends that support it.")
 @click.option("--no-reference", is_flag=True, help="Skip the float64 NumPy reference (no rel L2, top-1 columns).")
 @user_errors
 def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], precision: str, peak_tflops: float | None,

@@ -1,11 +1,10 @@
 """Compile the CUDA kernels (cuda_src/*.cu) to cubins with nvcc, once per (sources, flags, target), cached on disk.
 
-A compile unit is a source file, or (conv_nhwc.cu) one element type's tiles of one kind: ``UNITS``. A backend builds
-the units its launches need, in parallel, so a first run waits for the few kernels it uses (the largest tf32 unit
-compiles in about a seventh of the whole file's time). A cubin is named
-``<unit>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every file of cuda_src (a
-header change rebuilds everything), the flags and the target, so a second process starts without compiling and an
-edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
+A compile unit is a source file, or for the NHWC conv families (conv_nhwc_*.cu) a file and one element type:
+``UNITS``. A backend builds the units its launches need, in parallel, so a first run waits for the few kernels it
+uses. A cubin is named ``<unit>-<key>.cubin`` in ``~/.cache/inception-engine/kernels/`` where the key hashes every
+file of cuda_src (a header change rebuilds everything), the flags and the target, so a second process starts without
+compiling and an edited kernel never loads stale code. Files appear atomically (compile to a temporary name, rename).
 ``python -m inception_engine.cuda_build`` builds every unit for this machine's GPU ahead of the first run.
 """
 
@@ -23,27 +22,32 @@ from . import native_build
 from .errors import BackendUnavailable
 from .paths import user_cache_dir
 
-SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu",
-           "pool_nhwc.cu", "fc.cu", "softmax.cu", "timing.cu", "pipeline_io.cu", "resize_pil.cu")
-# unit -> (source, extra nvcc flags). conv_nhwc.cu is one unit per element type and kind of tile (its IE_NHWC_ONLY_*
-# macros): sync = the mma.sync tiles and the split-K reduction; fp32 has wgmma tiles only.
-NHWC_ELEMS = {"f16": "conv_nhwc_", "tf32": "conv_nhwc_tf32_", "f32": "conv_nhwc_f32_"}  # unit suffix -> kernel prefix
-NHWC_KINDS = {"f16": ("sync", "wgmma", "ws", "halo"), "tf32": ("sync", "wgmma", "ws", "halo"), "f32": ("sync", "wgmma")}
+SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc_mma.cu", "conv_nhwc_wgmma.cu", "conv_nhwc_ws.cu",
+           "conv_nhwc_halo.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu", "pool_nhwc.cu", "fc.cu", "softmax.cu",
+           "timing.cu", "pipeline_io.cu", "resize_pil.cu")
+# The NHWC conv families (conv_nhwc.cuh) compile once per element type they hold, as <stem>_<element> with
+# -DIE_NHWC_<ELEMENT>, so that a run compiles only the units its launches use. An element type's kernels are named
+# conv_nhwc<suffix>_... (cuda.tiles.NHWC_ELEMS[element].suffix).
+NHWC_ELEMENT_SUFFIXES = {"fp16": "", "tf32": "_tf32", "fp32": "_f32"}
+PER_ELEMENT = {"conv_nhwc_mma.cu": ("fp16", "tf32", "fp32"), "conv_nhwc_wgmma.cu": ("fp16", "tf32", "fp32"),
+               "conv_nhwc_ws.cu": ("fp16", "tf32"), "conv_nhwc_halo.cu": ("fp16", "tf32")}
+# unit -> (source, extra nvcc flags)
 UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
-    **{name: (name, ()) for name in SOURCES if name != "conv_nhwc.cu"},
-    **{f"conv_nhwc_{e}_{k}": ("conv_nhwc.cu", (f"-DIE_NHWC_ONLY_{e.upper()}", f"-DIE_NHWC_ONLY_{k.upper()}"))
-       for e, kinds in NHWC_KINDS.items() for k in kinds},
+    unit: (name, defines) for name in SOURCES
+    for unit, defines in ([(f"{Path(name).stem}_{e}", (f"-DIE_NHWC_{e.upper()}",)) for e in PER_ELEMENT[name]]
+                          if name in PER_ELEMENT else [(name, ())])
 }
 # -lineinfo costs nothing at run time and lets compute-sanitizer and Nsight point at source lines.
 FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings")
-# Sources with kernels for an architecture's own features, built for its "a" target where it has one: conv_nhwc.cu's
-# wgmma tiles need sm_90a (`-arch=sm_90a` would run a plain sm_90 pass too, which rejects wgmma: the -gencode form).
-ARCH_SPECIFIC = {"conv_nhwc.cu": ("sm_90",)}
+# Sources with kernels for an architecture's own features, built for its "a" target where it has one: the NHWC conv
+# families' wgmma tiles need sm_90a (`-arch=sm_90a` would run a plain sm_90 pass too, which rejects wgmma: the
+# -gencode form). The mma.sync family goes with them, so that every NHWC conv unit has the same target.
+ARCH_SPECIFIC = {name: ("sm_90",) for name in PER_ELEMENT}
 
 
 def has_wgmma(arch: str) -> bool:
-    """Whether conv_nhwc.cu's wgmma tiles are built for this target."""
-    return arch in ARCH_SPECIFIC["conv_nhwc.cu"]
+    """Whether the wgmma tiles (conv_nhwc_wgmma.cu, _ws.cu, _halo.cu) are built for this target."""
+    return arch in ARCH_SPECIFIC["conv_nhwc_wgmma.cu"]
 
 
 def target_flags(name: str, arch: str) -> list[str]:
@@ -78,11 +82,10 @@ def target(compute_capability: tuple[int, int]) -> str:
 
 def unit_of(source: str, kernel: str) -> str:
     """The compile unit that holds ``kernel`` of ``source``."""
-    if source != "conv_nhwc.cu":
+    if source not in PER_ELEMENT:
         return source
-    elem = max((prefix, e) for e, prefix in NHWC_ELEMS.items() if kernel.startswith(prefix))[1]
-    kind = next((k for k in ("wgmma", "ws", "halo") if f"_{k}_" in kernel), "sync")
-    return f"conv_nhwc_{elem}_{kind}"
+    element = max((len(s), e) for e, s in NHWC_ELEMENT_SUFFIXES.items() if kernel.startswith(f"conv_nhwc{s}_"))[1]
+    return f"{Path(source).stem}_{element}"
 
 
 def build_key(arch: str) -> str:
@@ -146,44 +149,44 @@ def build(arch: str, units: Iterable[str] | None = None) -> dict[str, Path]:
     return paths
 
 
-def local_targets() -> list[str]:
-    """nvcc targets of this machine's GPUs, from nvidia-smi (no CUDA library needed); [] where there is none."""
+def gpu_target() -> str:
+    """nvcc's target for the first visible GPU, as nvidia-smi reports its compute capability (no CUDA context, no
+    pycuda: this module sits below the backends). The GPU is the first of CUDA_VISIBLE_DEVICES where that is set
+    (an index or a UUID, both of which nvidia-smi --id takes), else GPU 0."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    found = []
-    for line in out.split():
-        major, _, minor = line.strip().partition(".")
-        if major.isdigit() and minor.isdigit() and target((int(major), int(minor))) not in found:
-            found.append(target((int(major), int(minor))))
-    return found
+        raise BackendUnavailable("nvidia-smi is not on PATH, so there is no GPU to build the kernels for; "
+                                 "install the NVIDIA driver")
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    if not gpu or gpu.startswith("-"):
+        raise BackendUnavailable(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r} hides every GPU; "
+                                 f"unset it to build the kernels for GPU 0")
+    r = subprocess.run([smi, f"--id={gpu}", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                       capture_output=True, text=True)
+    answer = (r.stdout.strip() or r.stderr.strip() or "no output").splitlines()[0].strip()
+    major, _, minor = answer.partition(".")
+    if r.returncode != 0 or not (major.isdigit() and minor.isdigit()):
+        raise BackendUnavailable(f"nvidia-smi gave no compute capability for GPU {gpu} ({answer}); "
+                                 f"check the GPU with nvidia-smi")
+    return target((int(major), int(minor)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build every unit for this machine's GPUs, so that no run waits for nvcc. ``--at-install`` (setup.py): never
-    fail, say in one line what was done."""
+    """Build every unit for the first visible GPU, so that no run waits for nvcc. ``--at-install`` (setup.py):
+    never fail the install, say in one line what was done."""
     import time
 
     at_install = "--at-install" in (sys.argv[1:] if argv is None else argv)
-    say = "inception-engine: " if at_install else "error: "
-    archs = local_targets()
-    if not archs:
-        print(f"{say}no NVIDIA GPU found (nvidia-smi sees none); the kernels compile at the first run on one",
-              file=sys.stderr)
-        return 0 if at_install else 2
     t0 = time.perf_counter()
     try:
-        units = sum(len(build(arch)) for arch in archs)
+        arch = gpu_target()
+        units = len(build(arch))
     except BackendUnavailable as e:
-        print(f"{say}{e}; the kernels compile at the first run", file=sys.stderr)
+        print(f"inception-engine: {e}; the kernels compile at the first run" if at_install else f"error: {e}",
+              file=sys.stderr)
         return 0 if at_install else 2
-    print(f"inception-engine: {units} kernel units for {', '.join(archs)} in {cache_dir()} "
-          f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    print(f"inception-engine: {units} kernel units for {arch} in {cache_dir()} ({time.perf_counter() - t0:.1f} s)",
+          file=sys.stderr)
     return 0
 
 

@@ -17,10 +17,11 @@ import ctypes
 import functools
 import os
 import sys
+from collections.abc import Callable
 from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_size_t, c_void_p
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import BackendUnavailable, EngineError
 

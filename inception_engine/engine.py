@@ -6,11 +6,11 @@
         for p in engine.predict_iter(["cat.jpg", "dog.png"], top_k=3):   # in order, as each batch finishes
             print(p.image, p.top if p.ok else p.error)
 
-``predict_iter`` runs pipeline.classify: decode workers write uint8 pixels into a ring of host memory, the cuda
-backend uploads them on a copy stream, normalises on the GPU and brings back only the top-k (backends/cuda/stream.py: CudaRunner);
-other backends normalise on the host (pipeline.HostRunner). On the cuda backend a run uses one batch size,
-min(batch_size, number of images), and a partial last batch runs that batch's forward; elsewhere a final partial
-batch of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (on the CPU padding costs up to
+``predict_iter`` runs pipeline.classify: decode workers write uint8 pixels into a ring of host memory, the cuda backend
+uploads them on a copy stream, normalises on the GPU and brings back only the top-k (backends/cuda/stream.py:
+CudaRunner); other backends normalise on the host (pipeline.HostRunner). On the cuda backend a run uses one batch size,
+min(batch_size, number of images), and a partial last batch runs that batch's forward; elsewhere a final partial batch
+of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (on the CPU padding costs up to
 ``batch_size - 1`` wasted forwards, a second plan one set-up, cached for the engine's lifetime).
 """
 
@@ -30,7 +30,8 @@ from .labels import imagenet_labels
 from .pipeline import (WORKER_KINDS, HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner,
                        classify, classify_encoded, labelled, softmax, top_classes)
 from .plan import build_plan
-from .weights import Weights, find_weights, load_weights
+from .model_files import load_weights
+from .weights import Weights, find_weights
 
 __all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "Prediction", "softmax", "top_classes"]
 

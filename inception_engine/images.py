@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from . import arch
+from .pil_resize import crop_box, resize_crop_image, resized_size
 from .errors import EngineError
 from .weights import IMAGENET_MEAN, IMAGENET_STD
 
@@ -226,20 +227,6 @@ def to_rgb(img: Image.Image) -> Image.Image:
         raise EngineError(f"image mode {mode} cannot be converted to RGB ({e})") from None
 
 
-def resized_size(w: int, h: int, size: int) -> tuple[int, int]:
-    """(w, h) after torchvision's Resize(size) with an int size: shorter side -> size, longer truncated."""
-    short, long = (w, h) if w <= h else (h, w)
-    new_short, new_long = size, int(size * long / short)
-    return (new_short, new_long) if w <= h else (new_long, new_short)
-
-
-def crop_box(w: int, h: int, size: int) -> tuple[int, int, int, int]:
-    """PIL crop box (left, top, right, bottom) of torchvision's CenterCrop(size) on a w x h image >= size."""
-    top = int(round((h - size) / 2.0))
-    left = int(round((w - size) / 2.0))
-    return left, top, left + size, top + size
-
-
 # Resized images with up to this many times the crop's pixels are made whole by Pillow (every photograph's aspect
 # ratio); a longer one gets only the crop's rows and columns, by pil_resize: the same bytes (pil_resize's rule), in
 # memory of the order of the crop, where the whole resize of a 30000 x 1 image would be 342 x 10 million pixels.
@@ -254,7 +241,6 @@ def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
         raise EngineError(f"resize {pre.resize} is smaller than crop {pre.size}; the weight manifest is inconsistent")
     new_w, new_h = resized_size(*img.size, pre.resize)
     if new_w * new_h > FULL_RESIZE_MAX_CROPS * pre.size * pre.size:
-        from .pil_resize import resize_crop_image
 
         return resize_crop_image(img, pre.resize, pre.size)
     if (new_w, new_h) != img.size:

@@ -13,7 +13,8 @@ def imagenet_labels() -> tuple[str, ...]:
     text = resources.files("inception_engine.data").joinpath("imagenet_classes.txt").read_text(encoding="utf-8")
     names = tuple(line.strip() for line in text.splitlines() if line.strip())
     if len(names) != NUM_CLASSES:
-        raise RuntimeError(f"imagenet_classes.txt has {len(names)} names, expected {NUM_CLASSES}; the install is broken")
+        raise RuntimeError(f"imagenet_classes.txt has {len(names)} names, expected {NUM_CLASSES}; "
+                           f"the install is broken")
     return names
 
 

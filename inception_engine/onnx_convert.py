@@ -4,8 +4,9 @@ the 94 convolutions (BatchNorm folded in) and the classifier as canonical arrays
 1. Load, external data checked tensor by tensor: its file must be a regular file inside the model's folder (real
    path, symlinks resolved), offset and length whole numbers that fit the file and the tensor's type and dims.
 2. Normalise the graph: every node's attributes must be ones its ONNX schema (at the model's opset) defines, of
-   the schema's type, required ones present, as onnxruntime demands; constants come from initializers, Constant nodes and every node whose inputs are all
-   constant (a small NumPy interpreter); Identity and inference Dropout are aliases.
+   the schema's type, required ones present, as onnxruntime demands; constants come from initializers, Constant
+   nodes and every node whose inputs are all constant (a small NumPy interpreter); Identity and inference Dropout
+   are aliases.
 3. Match backward from the logits against ``arch.inception_v3()``, last layer first: each canonical tensor is the
    ONNX value its consumer reads, and its producer must have the canonical form (Relu <- [BatchNormalization <-]
    Conv, MaxPool/AveragePool, channel Concat with nested Concats flattened, global pool, Gemm or MatMul+Add). Concat

@@ -3,9 +3,9 @@
 ``--output FILE.jsonl`` writes one JSON object per line, ``{"image": PATH, "top": [{"index", "label", "prob"}],
 "backend": B, "precision": P}`` or ``{"image": PATH, "error": MSG}``; ``FILE.csv`` one row per image, ``image,
 error``, then index, label and probability of each of the top k, then ``backend, precision`` (empty for errors).
-Probabilities are written to PROB_DIGITS significant digits: float32 logits carry no more. Lines are written whole, a batch at a time with one ``write`` (a killed process
-leaves whole lines behind it), flushed to the OS at once and to the disk every few seconds and at the end. A
-crash loses at most what had not been flushed: the batch in flight.
+Probabilities are written to PROB_DIGITS significant digits: float32 logits carry no more. Lines are written whole,
+a batch at a time with one ``write`` (a killed process leaves whole lines behind it), flushed to the OS at once and
+to the disk every few seconds and at the end. A crash loses at most what had not been flushed: the batch in flight.
 
 File names. Any name the file system holds is written, losslessly: a path is the string Python gives it, its bytes
 decoded as UTF-8 with each byte that is not UTF-8 turned into the lone surrogate U+DC80..U+DCFF (the

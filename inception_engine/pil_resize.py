@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .images import crop_box, resized_size
 
 PRECISION_BITS = 32 - 8 - 2  # Resample.c: 8 bits of result, 2 for overflow and sign, the rest fraction
 BILINEAR_SUPPORT = 1.0  # the triangle filter is non-zero on (-1, 1)
@@ -61,6 +60,20 @@ class Coeffs:
     def shifted(self, lo: int) -> Coeffs:
         """The same taps for an input that begins at source index lo."""
         return Coeffs(self.start - np.int32(lo), self.weights)
+
+
+def resized_size(w: int, h: int, size: int) -> tuple[int, int]:
+    """(w, h) after torchvision's Resize(size) with an int size: shorter side -> size, longer truncated."""
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = size, int(size * long / short)
+    return (new_short, new_long) if w <= h else (new_long, new_short)
+
+
+def crop_box(w: int, h: int, size: int) -> tuple[int, int, int, int]:
+    """PIL crop box (left, top, right, bottom) of torchvision's CenterCrop(size) on a w x h image >= size."""
+    top = int(round((h - size) / 2.0))
+    left = int(round((w - size) / 2.0))
+    return left, top, left + size, top + size
 
 
 def coeffs(in_size: int, out_size: int, lo: int = 0, hi: int | None = None) -> Coeffs:

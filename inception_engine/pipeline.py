@@ -226,7 +226,7 @@ def _decode_chunk_in_worker(slots: list[int], sources: list[str]) -> list[str | 
 
 def process_chunk(slots: int, workers: int) -> int:
     """Images per task sent to a decode process. A task costs the parent ~200 us of CPU (pickling, the executor's
-    queue and result threads) and an image in it ~20 us more (measured on the development machine), and the
+    queue and result threads) and an image in it ~20 us more, and the
     parent's threads share one GIL with the pipeline: one image a task capped a 32-CPU machine at ~3,200 images/s
     (docs/PERFORMANCE.md, "Several GPUs of one machine"). Chunks as large as leave every worker two tasks in the
     ring, up to 16."""
@@ -361,8 +361,9 @@ def default_workers() -> int:
 
 
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
-             options: PipelineOptions = PipelineOptions()) -> Iterator[Prediction]:
+             options: PipelineOptions | None = None) -> Iterator[Prediction]:
     """Predictions for ``sources`` in their order, streamed as batches finish (errors per image)."""
+    options = options or PipelineOptions()
     if not sources:
         return
     batch = runner.batch

@@ -420,11 +420,10 @@ def fuse_pointwise(plan: Plan) -> Plan:
     return dataclasses.replace(plan, ops=tuple(new_ops), stages=tuple(op_stages([op.name for op in new_ops])))
 
 
-# fuse_max_pools' default: the widest pool it folds. conv_nhwc.cu's NhwcMaxPoolLoader waits for its loads before
-# the math of the stage in hand, so only a K that the ring's first stages hold pays. Measured (H100, batch 128, fp16,
-# docs/PERFORMANCE.md, issue 23's means, item 5): MaxPool_3a + Conv2d_3b (64 channels, two stages) 0.250 -> 0.207 ms
-# folded; MaxPool_5a + Mixed_5b.pointwise (192 channels, six stages, two channel tiles that each take the maxima)
-# 0.185 -> 0.232 ms.
+# fuse_max_pools' default: the widest pool it folds. conv_nhwc_mma.cu's NhwcMaxPoolLoader waits for its loads before
+# the math of the stage in hand, so only a K that the ring's first stages hold pays: folding MaxPool_3a into Conv2d_3b
+# (64 channels, two stages) is faster than the two launches, folding MaxPool_5a into Mixed_5b.pointwise (192
+# channels, six stages, two channel tiles that each take the maxima) slower (docs/PERFORMANCE.md).
 MAX_POOL_CHANNELS = 64
 
 
@@ -432,7 +431,7 @@ def fuse_max_pools(plan: Plan, max_channels: int | None = MAX_POOL_CHANNELS) -> 
     """The plan with each max pool (no padding, no bias, at most max_channels channels; None: any) whose output only
     one 1x1 conv reads folded into that conv: the conv (``ConvOp.max_pool``) reads the pool's input and takes the
     window maxima on its way, so the pool's output is neither written nor read again (the pool's read and write,
-    and the conv's read, become one read; conv_nhwc.cu's NhwcMaxPoolLoader). Run it after ``fuse_pointwise``, whose
+    and the conv's read, become one read; conv_nhwc_mma.cu's NhwcMaxPoolLoader). Run it after ``fuse_pointwise``, whose
     fused 1x1 group is then the only reader of the pool before Mixed_5b. A pool stays where the conv's stage, or
     the ops between the pool and the conv, write into the arena space of the pool's input (build it with
     ``build_plan(pool_inputs=True)``, which keeps that space live for them)."""
@@ -473,7 +472,7 @@ def overlap(a: Buffer, b: Buffer) -> bool:
 
 def fuse(plan: Plan, max_pools: bool = True) -> Plan:
     """Each module's 1x1 convs as one GEMM (``fuse_pointwise``) and, with max_pools, the max pools that pay folded
-    into the 1x1 convs behind them (``fuse_max_pools``: MaxPool_3a into Conv2d_3b; its conv_nhwc.cu kernels exist
+    into the 1x1 convs behind them (``fuse_max_pools``: MaxPool_3a into Conv2d_3b; its conv_nhwc_mma.cu kernels exist
     for the mma.sync tiles of fp16 and tf32)."""
     plan = fuse_pointwise(plan)
     return fuse_max_pools(plan) if max_pools else plan

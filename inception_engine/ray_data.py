@@ -34,15 +34,14 @@ from .images import Preprocess, image_extensions
 from .inputs import list_directory
 from .output import jsonl_bytes
 from .pipeline import Prediction, decode_into
-from .weights import Weights, find_weights, load_weights
+from .model_files import load_weights
+from .weights import Weights, find_weights
 
 Batch = dict[str, np.ndarray]
 NO_RAY = "--ray needs Ray Data: pip install -e '.[ray]'"
 # Each read block is decoded whole, in the read task itself (Ray fuses a map_batches without a batch_size into the
 # read before it): one task reads and decodes its files, and the JPEG bytes never pass through the object store.
-# With batch_size=32 Ray kept the two stages apart: 13.8-14.3 s a job against 13.0-13.2 fused (4,096 small JPEGs,
-# 2 CPUs, a cpu-backend actor holding a declared GPU); on the H100 machine the separate decode stage ran at 1,000
-# images/s (docs/PERFORMANCE.md, change 16).
+# With a batch_size Ray keeps the two stages apart, which is slower (docs/PERFORMANCE.md).
 DECODE_BATCH = None
 
 # Engines built by predictors in this process. Ray Data keeps each actor's predictor for the whole job, so on an

@@ -47,15 +47,16 @@ def tune(weights: Weights, precisions: tuple[str, ...], batch_sizes: tuple[int, 
                 bar.set_postfix_str(f"{precision}, batch {batch}")
                 t0 = time.perf_counter()
 
-                def step(i: int, n: int) -> None:
-                    bar.set_postfix_str(f"{precision}, batch {batch}: candidate {i}/{n}")
+                def step(i: int, n: int, what: str = f"{precision}, batch {batch}") -> None:
+                    bar.set_postfix_str(f"{what}: candidate {i}/{n}")
 
                 plan = build_plan(batch, weights.layers(), input_size=weights.manifest["input"]["size"])
                 with CudaBackend(weights, plan, precision=precision, tune="fresh" if table else True,
                                  tune_progress=step) as b:
                     if table is not None:
                         key = shape_key(b.plan, precision, b.fixup, b.winograd, b.nhwc)
-                        entry = add_to_table(table, name, arch, b.gpu.num_sms, key, precision, batch, b.configs, command)
+                        entry = add_to_table(table, name, arch, b.gpu.num_sms, key, precision, batch, b.configs,
+                                             command)
                         atomic_write(table, lambda f, t=entry: f.write((json.dumps(t, indent=1) + "\n").encode()))
                     done.append((precision, batch, b.tuning_source, time.perf_counter() - t0))
                 bar.update(1)
@@ -83,7 +84,8 @@ def int_tuple(value: str) -> tuple[int, ...]:
               help="also write the measured configs as a tuning table (the package's format) to this file")
 def tune_cmd(precisions: str, batch_sizes: str, weights_path: str | None, table: Path | None) -> None:
     """Measure the fastest kernels of every conv on this GPU now, so that no run waits for it."""
-    from .weights import find_weights, load_weights
+    from .model_files import load_weights
+    from .weights import find_weights
 
     wanted = tuple(p.strip() for p in precisions.split(","))
     bad = [p for p in wanted if p not in PRECISIONS]

@@ -26,7 +26,6 @@ import math
 import os
 import socket
 import stat
-import sys
 import time
 import zipfile
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import arch
-from .errors import ConversionError, EngineError, WeightsError
+from .errors import EngineError, WeightsError
 from .paths import user_cache_dir
 
 FORMAT_VERSION = 2  # 2: checksums bound to the array names
@@ -288,23 +287,8 @@ def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = Non
     return arrays, manifest
 
 
-def load_weights(path: str | Path) -> Weights:
-    """The weights at ``path``: an engine weight file, or an ONNX export (converted once, then cached). Any
-    problem is one WeightsError (a ConversionError for an ONNX file the converter refuses)."""
-    path = Path(path)
-    try:
-        if not path.is_file():
-            raise WeightsError(f"{path}: no such weight file; {HOW_TO_GET_WEIGHTS}")
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise WeightsError(f"{path}: cannot read it ({e.strerror}); check the path and its permissions") from None
-    if not head:
-        raise WeightsError(f"{path}: empty file, {NOT_WEIGHTS}; {HOW_TO_GET_WEIGHTS}")
-    return _load_npz(path) if head == ZIP_MAGIC else weights_from_onnx(path)
-
-
-def _load_npz(path: Path) -> Weights:
+def load_weight_file(path: Path) -> Weights:
+    """An engine weight file (.npz) at ``path``, every check applied; any problem is one WeightsError."""
     try:
         arrays, manifest = read_weight_file(path)
     except WeightsError as e:
@@ -335,41 +319,6 @@ def save_weights(path: str | Path, arrays: dict[str, np.ndarray], manifest: dict
 
 def converted_cache_dir() -> Path:
     return user_cache_dir() / "converted"
-
-
-def weights_from_onnx(path: Path) -> Weights:
-    """An ONNX export given where a weight file is expected: converted with the converter's checks on first use
-    and cached as ``converted/<content hash>.npz`` in the user cache (the hash covers the .onnx file and its
-    external data files), reused while the files are unchanged. Says so in one line on stderr when it converts."""
-    from .onnx_convert import convert_model, external_files, load_onnx
-
-    try:
-        model = load_onnx(path)
-    except ConversionError:
-        raise WeightsError(f"{path}: {NOT_WEIGHTS} (neither a .npz weight file nor a readable ONNX model); "
-                           f"{HOW_TO_GET_WEIGHTS}") from None
-    if not model.graph.node:
-        raise WeightsError(f"{path}: {NOT_WEIGHTS} (no network in it); {HOW_TO_GET_WEIGHTS}")
-    h = hashlib.sha256(sha256_file(path).encode())
-    for loc, data_path in external_files(model, path):
-        h.update(b"\0" + loc.encode() + b"\0" + sha256_file(data_path).encode())
-    cached = converted_cache_dir() / f"{h.hexdigest()}.npz"
-    if cached.is_file():
-        try:
-            return _load_npz(cached)
-        except WeightsError:
-            pass  # a damaged cache entry: convert again and replace it
-    arrays, manifest = convert_model(model, path)
-    try:
-        save_weights(cached, arrays, manifest)
-    except WeightsError:
-        raise
-    except EngineError as e:  # the arrays passed every check; only the cache cannot be written
-        print(f"note: converted {path} for this run only; it cannot be cached ({e})", file=sys.stderr)
-        return Weights(arrays, manifest, path)
-    print(f"note: converted {path} to a weight file once; cached as {cached}, reused while {path.name} is "
-          f"unchanged", file=sys.stderr)
-    return _load_npz(cached)
 
 
 # --- atomic writes ------------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def main() -> None:
         import torchvision
     except ImportError as e:
         raise SystemExit(f"error: this script needs PyTorch and torchvision ({e.name} is not installed): "
-                         f"pip install torch torchvision onnx")
+                         f"pip install torch torchvision onnx") from None
 
     weights = None if args.no_pretrained else "IMAGENET1K_V1"
     # init_weights only matters without pretrained weights; it silences torchvision's warning about the default.

@@ -8,7 +8,7 @@ tiles, each timed per conv by cb.time_convs (CUDA events, eager launches, the ho
 of --iters). Prints per conv: GFLOP, ms per tile, the model's tile and ms,
 Winograd's ms, and which was fastest; then the sums. This is the data the cost model's tile speeds
 (cb.Tile.macs_per_us) are set from. --nhwc: the NHWC path as CudaBackend runs it by default, the fused
-plan (plan.fused_plan) on conv_nhwc.cu's tiles, the wgmma ones where the GPU has them; no Winograd there.
+plan (plan.fused_plan) on conv_nhwc_*.cu's tiles, the wgmma ones where the GPU has them; no Winograd there.
 Needs a GPU and pycuda.
 """
 
@@ -42,7 +42,8 @@ def main() -> int:
     p.add_argument("--precision", choices=cb.PRECISIONS, default="fp16")
     p.add_argument("--batch-sizes", default="1,128")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--nhwc", action="store_true", help="the NHWC path (fp32: sm_90a only): fused plan, conv_nhwc.cu tiles")
+    p.add_argument("--nhwc", action="store_true",
+                   help="the NHWC path (fp32: sm_90a only): fused plan, conv_nhwc_*.cu tiles")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     weights = cb.he_weights(0)

@@ -13,8 +13,9 @@ import re
 import shutil
 import subprocess
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""scripts/bench_multi_gpu.py end to end on the cpu backend (one 'GPU', CPU decode, no Ray): the script runs the
+"""dev/bench_multi_gpu.py end to end on the cpu backend (one 'GPU', CPU decode, no Ray): the script runs the
 device machine's multi-GPU measurement, where a failure costs a lent machine's time, so it is kept working here."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_bench_multi_gpu_smoke(tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
     out = tmp_path / "mg.json"
-    r = subprocess.run([sys.executable, "scripts/bench_multi_gpu.py", "--images", "12", "--small", "4", "--backend",
+    r = subprocess.run([sys.executable, "dev/bench_multi_gpu.py", "--images", "12", "--small", "4", "--backend",
                         "cpu", "--gpus", "1", "--precisions", "fp32", "--decodes", "cpu", "--no-ray", "--batch-size",
                         "4", "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

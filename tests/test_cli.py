@@ -15,7 +15,7 @@ from random_weights import write_random_weights
 
 from inception_engine import backends, cli
 from inception_engine.labels import imagenet_labels
-from inception_engine.weights import load_weights
+from inception_engine.model_files import load_weights
 
 
 def runner() -> CliRunner:

@@ -15,7 +15,8 @@ from inception_engine import arch, onnx_convert, synthetic
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.errors import ConversionError
 from inception_engine.plan import build_plan
-from inception_engine.weights import IMAGENET_MEAN, IMAGENET_STD, Weights, load_weights, sha256_file
+from inception_engine.model_files import load_weights
+from inception_engine.weights import IMAGENET_MEAN, IMAGENET_STD, Weights, sha256_file
 
 # (style, transform_input, softmax, aux, batch): each generated file is ~100 MB, so few, each covering several cases.
 VARIANTS = {

@@ -6,7 +6,7 @@ with what the backend packs does not even compile. tests/cuda_emu/pycuda stands 
 that stand-in the GPU tests of test_cuda_kernels.py run unchanged (except the large stem shapes, for time), and
 the backend's self-test runs one whole forward (75x75 images, batch 2) against the float64 NumPy reference.
 This proves the kernels' arithmetic and the host-side plumbing; timing, memory ordering, launch limits of a real
-GPU and the CUDA-graph path are for the GPU run (scripts/gpu_check.sh).
+GPU and the CUDA-graph path are for the GPU run (dev/gpu_machine/gpu_check.sh).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def emu_lib(tmp_path_factory) -> Path:
     (out / "emu_kernels.cpp").write_text(wrapper_source())
     lib = out / "libemu.so"
     cmd = [GXX, "-std=c++20", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
-           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_kernels.cpp"), "-o", str(lib)]
+           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_kernels.cpp"),
+           "-o", str(lib)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     return lib
@@ -95,9 +96,9 @@ def test_backend_forward_on_the_emulator(emu_lib):
 
 
 def test_bench_kernels_runs_on_the_emulator(emu_lib):
-    """scripts/bench_kernels.py end to end (the eager modes, the per-op table, the summary), on tiny inputs; with
+    """dev/bench_kernels.py end to end (the eager modes, the per-op table, the summary), on tiny inputs; with
     Winograd forced on, whose rows carry actual TFLOP/s and the direct kernel's ms (12 columns)."""
-    r = run_emulated(emu_lib, "scripts/bench_kernels.py", "--batch-sizes", "1", "--iters", "1", "--warmup", "0",
+    r = run_emulated(emu_lib, "dev/bench_kernels.py", "--batch-sizes", "1", "--iters", "1", "--warmup", "0",
                      "--per-op", "1", "--input-size", "75", "--no-graph", "--winograd", "on")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     summary = r.stdout.split("\nsummary\n")[1]

@@ -96,10 +96,11 @@ def test_graph_and_eager_match_the_reference_and_each_other(weights, batch, nhwc
 @pytest.mark.parametrize("nhwc", [False, True])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_tf32_graph_and_eager_match_the_reference(weights, batch, nhwc):
-    """precision="tf32", NCHW (conv_tf32.cu) and NHWC (conv_nhwc.cu's tf32 tiles) tensors: the concurrent graph and
-    serial eager launches agree bit for bit (same kernels, same split-K, deterministic reductions). On N(0, 1) input they are within the issue's TF32 bound of float64 with the
-    same top class; on image-like input, where the synthetic model amplifies any rounding (tests/tf32_reference.py),
-    they are within 2x of what ideal TF32 arithmetic gives on the same input."""
+    """precision="tf32", NCHW (conv_tf32.cu) and NHWC (conv_nhwc_*.cu's tf32 tiles) tensors: the concurrent graph and
+    serial eager launches agree bit for bit (same kernels, same split-K, deterministic reductions). On N(0, 1) input
+    they are within the issue's TF32 bound of float64 with the same top class; on image-like input, where the synthetic
+    model amplifies any rounding (tests/tf32_reference.py), they are within 2x of what ideal TF32 arithmetic gives on
+    the same input."""
     plan = build_plan(batch, weights.layers())
     x_normal = np.random.default_rng(batch).standard_normal((batch, 3, 299, 299)).astype(np.float32)
     x_image = make_input(batch, seed=batch)

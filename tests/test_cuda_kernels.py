@@ -105,7 +105,8 @@ def check_view(arena: Arena, v: View, ref: np.ndarray, tol: float = TOL) -> None
 
 
 def conv_case(kernels: cb.Kernels, n: int, cin: int, cout: int, h: int, w: int, kernel: tuple[int, int],
-              stride: int, pad: tuple[int, int], cfg: cb.ConvConfig, relu: bool = True, src_extra: tuple[int, int] = (0, 0),
+              stride: int, pad: tuple[int, int], cfg: cb.ConvConfig, relu: bool = True,
+              src_extra: tuple[int, int] = (0, 0),
               dst_extra: tuple[int, int] = (0, 0), fixup: bool = True) -> np.ndarray:
     """src_extra / dst_extra: (channels before, channels after) the view in its buffer. fixup: split-K reduced in
     the conv kernel (run twice: the tile counters must come back zeroed and the result the same), else by

@@ -1,4 +1,4 @@
-"""The NHWC path (CudaBackend(nhwc=True)), fp16, tf32 and fp32 (3xTF32, wgmma tiles only): cuda_src/conv_nhwc.cu,
+"""The NHWC path (CudaBackend(nhwc=True)), fp16, tf32 and fp32 (3xTF32, wgmma tiles only): cuda_src/conv_nhwc_*.cu,
 conv_input_nhwc.cu and pool_nhwc.cu against float64 NumPy, every kernel test once per element type.
 
 - CPU, NumPy: the shared-tile swizzle (a piece per row and stage, every ldmatrix phase and every cp.async phase on 8
@@ -65,7 +65,7 @@ def as_elem(a: np.ndarray, precision: str) -> np.ndarray:
 
 
 def swizzled_byte(row: np.ndarray, piece: np.ndarray) -> np.ndarray:
-    """conv_nhwc.cu's swizzled(): where piece `piece` of shared row `row` starts, in bytes from the tile's start."""
+    """conv_nhwc.cuh's swizzled(): where piece `piece` of shared row `row` starts, in bytes from the tile's start."""
     return row * ROW_BYTES + ((piece ^ (row >> 1 & 3)) * 16)
 
 
@@ -182,7 +182,7 @@ def test_nhwc_needs_channel_counts_in_pieces_and_fp32_needs_wgmma():
 class Emulated:
     """Device memory is host memory; launches go to the emulator library's emu_<kernel> entry points."""
 
-    wgmma = True  # the emulator runs conv_nhwc.cu's wgmma tiles too (tests/cuda_emu/wgmma_emu.h)
+    wgmma = True  # the emulator runs conv_nhwc_wgmma.cu's wgmma tiles too (tests/cuda_emu/wgmma_emu.h)
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib, self.keep = lib, []
@@ -250,8 +250,9 @@ def emu(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc is not installed (the emulated kernels are checked against the sources nvcc builds)")
     lib = compile_emu_lib(tmp_path_factory, "emu_nhwc", emu_wrapper_source(
-        "conv_nhwc.cu", [(k, cb.arg_format(k)) for k in KERNELS],
-        ('#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',
+        "conv_nhwc_mma.cu", [(k, cb.arg_format(k)) for k in KERNELS],
+        ('#include "conv_nhwc_wgmma.cu"', '#include "conv_nhwc_ws.cu"', '#include "conv_nhwc_halo.cu"',
+         '#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',
          'extern "C" int emu_wgmma_stages(int split, int bm, int bn) { return wgmma_stages(split, bm, bn); }',
          'extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',
          'extern "C" int emu_ws_ring_bytes(int bm, int bn, int row) { return ws_ring_bytes(bm, bn, row); }',
@@ -374,7 +375,7 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
 
 def test_ring_bytes_are_the_kernels_stages(emu):
     """The launch's dynamic shared memory (cb.wgmma_ring_bytes, from cb.wgmma_stages) holds the ring the kernel
-    indexes (conv_nhwc.cu's wgmma_stages(), and for fp32 its WGMMA_LO_TILES low tiles): a smaller launch would let
+    indexes (conv_nhwc_wgmma.cu's wgmma_stages(), and for fp32 its WGMMA_LO_TILES low tiles): a smaller launch would let
     the ring run past it, and the emulator's ring is a static array that would not notice."""
     for precision, elem in cb.NHWC_ELEMS.items():
         split = precision == "fp32"
@@ -428,7 +429,8 @@ HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 cha
     # 3 images of 7 tiles of the 42-wide padded grid: with num_sms 3 each block takes 7 tiles, each consumer warpgroup
     # several, so both buffers' barriers go through several phases
     Case(3, 32, 64, 40, 40, (3, 3), 1, (1, 1)),
-    Case(2, 80, 136, 11, 13, (3, 3), 1, (0, 0), (16, 0), (0, 8)),  # Conv2d_4a's: 3 planes, the last half; 3 channel tiles
+    # Conv2d_4a's: 3 planes, the last half; 3 channel tiles
+    Case(2, 80, 136, 11, 13, (3, 3), 1, (0, 0), (16, 0), (0, 8)),
     Case(1, 48, 64, 9, 9, (5, 5), 1, (2, 2)),  # the 35x35 modules' 5x5: a full and a half plane
     Case(2, 64, 96, 8, 7, (3, 3), 1, (1, 1), (0, 0), (0, 32)),  # their 3x3s: two full planes
     Case(1, 16, 48, 7, 10, (3, 1), 1, (1, 0)),  # one half plane
@@ -438,8 +440,8 @@ HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 cha
 @pytest.mark.parametrize("precision", ("fp16", "tf32"))
 @pytest.mark.parametrize("case", HALO_CASES, ids=case_id)
 def test_conv_halo_tiles(mem, case, precision):
-    """conv_nhwc.cu's halo tiles (sm_90a) on the convs they take: every kernel shape, padding or none, Cout below the
-    tile's, views of wider buffers, tiles that end past an image's grid."""
+    """conv_nhwc_halo.cu's halo tiles (sm_90a) on the convs they take: every kernel shape, padding or none, Cout below
+    the tile's, views of wider buffers, tiles that end past an image's grid."""
     tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_halo(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no halo tiles")
@@ -465,7 +467,7 @@ TMA_CASES = [  # Cin a multiple of a stage's k (64 fp16, 32 tf32): what the TMA 
 @pytest.mark.parametrize("precision", ("fp16", "tf32"))
 @pytest.mark.parametrize("case", TMA_CASES, ids=case_id)
 def test_conv_tma_tiles(mem, case, precision):
-    """conv_nhwc.cu's TMA tiles (sm_90a), their ping-pong versions too: the A rows as im2col boxes through a tensor
+    """conv_nhwc_ws.cu's TMA tiles (sm_90a), their ping-pong versions too: the A rows as im2col boxes through a tensor
     map, the weights as tiled boxes, whole and split-K (a slice starts at a tap's channel block), against the ideal
     conv."""
     tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_tma(t.prefix)]
@@ -606,7 +608,7 @@ MAXPOOL_CASES = [  # (batch, Cin, H, W, Cout, splits); the pool's input and the 
 @pytest.mark.parametrize("precision", ("fp16", "tf32"))
 @pytest.mark.parametrize("case", MAXPOOL_CASES, ids=lambda c: "x".join(map(str, c)))
 def test_conv_reads_through_a_max_pool(mem, case, precision):
-    """conv_nhwc.cu's <tile>_maxpool3 kernels (plan.fuse_max_pools): relu(conv1x1(max_pool3x3s2(x)) + b), on every
+    """conv_nhwc_mma.cu's <tile>_maxpool3 kernels (plan.fuse_max_pools): relu(conv1x1(max_pool3x3s2(x)) + b), on every
     tile that takes it, against the pool and the conv in float64 (the max is exact in the element type)."""
     n, cin, h, w, cout, splits = case
     ho, wo = (h - 3) // 2 + 1, (w - 3) // 2 + 1
@@ -780,7 +782,7 @@ def test_backend_nhwc_forward_on_the_emulator(backend_emu_lib, precision, fuse):
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_gpu_nhwc_network_top1_agrees_with_float64_on_256_inputs(weights, precision):
     """The issue's criterion with NHWC activations: rel L2 of the logits <= 1e-2 (fp16), 3e-3 (tf32) or 1e-4 (fp32)
-    per batch of 32 and the top class float64's on >= 99% of 256 inputs; every conv on conv_nhwc.cu, in a CUDA
+    per batch of 32 and the top class float64's on >= 99% of 256 inputs; every conv on conv_nhwc_*.cu, in a CUDA
     graph (the default layout on sm_90a, in fp32 too)."""
     plan = build_plan(32, weights.layers())
     with cb.CudaBackend(weights, plan, precision=precision) as backend:  # the default layout
@@ -799,7 +801,7 @@ def test_cubin_has_every_entry_point(tmp_path):
         pytest.skip("nvcc is not installed")
     from mma_harness import assert_cubin_holds, compile_cubin
 
-    for source in ("conv_nhwc.cu", "pool_nhwc.cu"):
+    for source in (*cuda_build.PER_ELEMENT, "pool_nhwc.cu"):
         cubin = compile_cubin(tmp_path / f"{source}.cubin", cuda_build.source_dir() / source, "sm_90")
         assert_cubin_holds(cubin, [k for k in KERNELS if cb.source_of(k) == source])
 

@@ -162,8 +162,9 @@ def test_emulated(emu_lib, case, tile):
 
 @pytest.mark.skipif(GXX is None or NVCC is None, reason="needs g++ and nvcc (as test_cuda_emulated.py)")
 def test_backend_tf32_forward_on_the_emulator(backend_emu_lib):
-    """The backend's self-test in tf32 on NCHW tensors (test_cuda_nhwc.py runs the NHWC layout): the whole network (75x75, batch 1, ~200 launches, split-K by
-    conv_splitk_reduce) against float64, rel L2 <= 3e-3 and the same top class. About a minute on one core."""
+    """The backend's self-test in tf32 on NCHW tensors (test_cuda_nhwc.py runs the NHWC layout): the whole network
+    (75x75, batch 1, ~200 launches, split-K by conv_splitk_reduce) against float64, rel L2 <= 3e-3 and the same top
+    class. About a minute on one core."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",
                              "--batch", "1", "--graph", "off", "--concurrent", "off", "--input-size", "75",
                              "--precision", "tf32", "--layout", "nchw")
@@ -203,6 +204,7 @@ def test_gpu_every_network_shape_batch1(gpu, named):
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
-@pytest.mark.parametrize("case", GPU_EDGE_CASES, ids=lambda c: f"{c.kernel[0]}x{c.kernel[1]}-n{c.n}-c{c.cin}-{c.h}x{c.w}")
+@pytest.mark.parametrize("case", GPU_EDGE_CASES,
+                         ids=lambda c: f"{c.kernel[0]}x{c.kernel[1]}-n{c.n}-c{c.cin}-{c.h}x{c.w}")
 def test_gpu_edge_cases_every_tile(gpu, case, tile, splits):
     run_on_gpu(gpu[1], case, tile, splits)

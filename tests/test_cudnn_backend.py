@@ -135,7 +135,8 @@ def test_full_network_matches_reference(full):
     assert set(backend.algos.values()) <= set(cudnn_api.FWD_ALGOS)
     assert set(backend.math.values()) == {"fma"}  # fp32: plain FMA math only
     if backend.unfused:  # correct either way; slower, and worth knowing when comparing timings
-        warnings.warn(f"cuDNN refused the fused call for {len(backend.unfused)} layers, first {backend.unfused[0]}")
+        warnings.warn(f"cuDNN refused the fused call for {len(backend.unfused)} layers, first {backend.unfused[0]}",
+                      stacklevel=2)
 
 
 @pytest.mark.gpu

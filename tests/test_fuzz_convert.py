@@ -472,8 +472,8 @@ def test_ctrl_c_during_start_up_is_130_and_one_line(tmp_path):
             "sys.meta_path.insert(0, Interrupt())\n"
             "from inception_engine.entry import convert_main\n"
             "convert_main()\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 130 and p.stderr.strip() == "interrupted; nothing was written", p.stderr
 
 

@@ -19,7 +19,8 @@ from random_weights import random_arrays
 
 from inception_engine import arch, cli, weights
 from inception_engine.errors import EngineError, WeightsError
-from inception_engine.weights import FORMAT_VERSION, MANIFEST_KEY, load_weights, sha256_array
+from inception_engine.model_files import load_weights
+from inception_engine.weights import FORMAT_VERSION, MANIFEST_KEY, sha256_array
 
 SHAPES = {"a.weight": (4, 3, 3, 3), "a.bias": (4,), "b.weight": (4, 3, 3, 3), "fc.bias": (10,)}
 

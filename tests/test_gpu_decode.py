@@ -1,4 +1,5 @@
-"""backends/cuda/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the exact CPU path.
+"""backends/cuda/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the
+exact CPU path.
 
 The GPU test decodes a few dozen ImageNet-like JPEGs (500 x 375 and 375 x 500, quality 90, smooth content with
 edges and grain, like photos) and the files that must take the CPU path. The resize is exact (resize_pil.cu), so

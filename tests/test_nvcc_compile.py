@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends.cuda.kernels import all_kernel_names, source_of, unit_of
+from inception_engine.backends.cuda.kernels import all_kernel_names, unit_of
 
 NVCC = cuda_build.find_nvcc()
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) is not on PATH")
@@ -66,10 +66,10 @@ def test_build_caches_and_holds_every_kernel_the_backend_launches(built):
         if kernel not in entry_points(built[unit_of(kernel)]):
             missing.append(kernel)
     assert not missing, f"kernels the backend launches but the cubins lack: {missing}"
-    # conv_nhwc.cu's units hold one element type's tiles of one kind each: a run compiles only those it launches
+    # the NHWC conv families' units hold one element type's tiles each: a run compiles only those it launches
     names = {k for k in all_kernel_names() if k.startswith("conv_nhwc_")}
     for unit, (source, _) in cuda_build.UNITS.items():
-        if source == "conv_nhwc.cu":
+        if source in cuda_build.PER_ELEMENT:
             held = names & entry_points(built[unit])
             assert held and all(unit_of(k) == unit for k in held), unit
     mtimes = {p: p.stat().st_mtime_ns for p in built.values()}
@@ -83,7 +83,7 @@ def test_wgmma_pipelines_are_not_serialized(built):
     branch between two wgmma sequences inside their tap loop, session 5). The build keeps each unit's nvcc output
     beside its cubin; the sm_90a units' are searched for it."""
     outputs = {u: cuda_build.log_path(path).read_text() for u, path in built.items()
-               if cuda_build.UNITS[u][0] == "conv_nhwc.cu" and not u.endswith("_sync")}
+               if cuda_build.UNITS[u][0] in ("conv_nhwc_wgmma.cu", "conv_nhwc_ws.cu", "conv_nhwc_halo.cu")}
     assert outputs
     serialized = {u: [l for l in out.splitlines() if "C7520" in l or "serialized" in l] for u, out in outputs.items()}
     assert not any(serialized.values()), serialized

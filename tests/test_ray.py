@@ -45,7 +45,8 @@ def photos(tmp_path_factory) -> Path:
     rng = np.random.default_rng(5)
     for i in range(12):
         h, w = (90 + 5 * i, 120) if i % 2 else (120, 95 + 4 * i)
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(d / f"{i:02d}.{'png' if i % 3 else 'jpg'}")
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(d / f"{i:02d}.{'png' if i % 3 else 'jpg'}")
     (d / "bad.jpg").write_text("not a picture")
     return d
 

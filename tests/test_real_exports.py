@@ -23,7 +23,7 @@ import pytest
 from inception_engine import onnx_convert, synthetic
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.plan import build_plan
-from inception_engine.weights import load_weights
+from inception_engine.model_files import load_weights
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: no real torch.onnx export to check")
 

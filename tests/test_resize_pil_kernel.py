@@ -1,4 +1,5 @@
-"""resize_pil.cu and backends/cuda/jpeg_decode.py's host side, on the GPU (and on the CPU emulator: test_cuda_emulated.py).
+"""resize_pil.cu and backends/cuda/jpeg_decode.py's host side, on the GPU (and on the CPU emulator:
+test_cuda_emulated.py).
 
 The kernels must give exactly pil_resize's bytes (hence Pillow's) for fresh random images, in both pass orders,
 read through a row pitch wider than the pixels, and write every byte of their batch slot and nothing outside it:

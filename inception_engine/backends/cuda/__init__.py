@@ -7,7 +7,7 @@ prepared launches. A forward is then: copy the input in, replay the launches (on
 ``prepared_async_call`` each), copy the logits out. Nothing is allocated, compiled or synchronised in between.
 
 Precisions and layouts. "tf32" (TF32 products, fp32 sums, ~1e-3 from float64) and "fp16" keep the activations
-channels innermost (NHWC), as TF32 values in float32 words or as fp16: every conv is conv_nhwc.cu's implicit GEMM,
+channels innermost (NHWC), as TF32 values in float32 words or as fp16: every conv is conv_nhwc_*.cu's implicit GEMM,
 whose operands are whole 16-byte pieces loaded by cp.async (on sm_90a its wgmma tiles, elsewhere mma.sync), except the
 first, which reads the 3-channel float32 input as uploaded (conv_input_nhwc.cu); the pools are pool_nhwc.cu's, and
 the FC runs on float32 features. ``CudaBackend(nhwc=False)`` runs them on fp32 NCHW tensors instead (conv_tf32.cu /
@@ -24,7 +24,7 @@ Where things are (each module's docstring says more):
     tuning.py       measured tuning's candidates, pick and cache (the timing itself: backend.tune_configs)
     params.py       weights and biases packed in the kernels' layouts
     workspace.py    split-K / Winograd workspace and tile counters
-    kernels.py      entry-point names, their sources and argument formats; Kernels loads the cubins
+    kernels.py      entry-point names, their sources and signatures (argument formats); Kernels loads them
     launch.py       plan -> LaunchSpecs on NCHW (launch_specs); Launch binds one to its kernel
     launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and pointers
     tensor_maps.py  the TMA tiles' tensor maps: what each describes, and its bytes (the driver's or the emulator's)
@@ -44,16 +44,16 @@ built. The package re-exports every module's public names, so ``from inception_e
 
 from __future__ import annotations
 
-from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, TMA_ROW, HALO_CIN, HALO_SPEEDS, HALO_THREADS, INPUT_MAX_K,
-                    INPUT_MMA_MAX_K, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE, KERNEL_SIZES, MAX_SHARED_BYTES,
-                    MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NAN_BITS, NHWC_ELEMS, NHWC_F32_WGMMA_TILES, NHWC_PIECE,
-                    NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem, PRECISIONS,
-                    TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX, WGMMA_SLOWDOWN,
-                    WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision, conv_kernel,
-                    folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks, input_mma_smem_bytes,
-                    input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label, wgmma_ring_bytes, wgmma_stages,
-                    wgmma_tile, WS_PP_SHAPES, WS_PP_THREADS, WS_TMA_SHAPES, is_pingpong, ws_pp_tile, ws_stages,
-                    ws_row, ws_threads, ws_tile, ws_tma_tile)
+from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, TMA_ROW, HALO_CIN, HALO_SPEEDS, HALO_THREADS,
+                    INPUT_MAX_K, INPUT_MMA_MAX_K, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE, KERNEL_SIZES,
+                    MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NAN_BITS, NHWC_ELEMS, NHWC_F32_WGMMA_TILES,
+                    NHWC_PIECE, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem,
+                    PRECISIONS, TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX,
+                    WGMMA_SLOWDOWN, WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision,
+                    conv_kernel, folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks,
+                    input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label, wgmma_ring_bytes,
+                    wgmma_stages, wgmma_tile, WS_PP_SHAPES, WS_PP_THREADS, WS_TMA_SHAPES, is_pingpong, ws_pp_tile,
+                    ws_stages, ws_row, ws_threads, ws_tile, ws_tma_tile)
 from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap, emulated, encode, encode_all
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
@@ -64,9 +64,9 @@ from .tuning import (config_from_json, config_to_json, pick_fastest, tuning_cach
                      tuning_key)
 from .params import direct_weights, op_params, pack_params, round_tf32, transforms_key
 from .workspace import counter_layout, workspace_elems, workspace_layout
-from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_TMA_FORMAT, SOURCE_OF,
-                      WINO_GEMM_FORMAT,
-                      WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, all_kernel_names, arg_format, conv_kernel_name, source_of,
+from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, SIGNATURES, SOURCE_OF, WINO_GEMM_FORMAT,
+                      WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_TMA_FORMAT, Signature,
+                      all_kernel_names, arg_format, conv_kernel_name, nhwc_conv_source, signature, source_of,
                       wino_kernel_names)
 from .launch import (Launch, LaunchSpec, batch_stride, conv_specs, fc_specs, gap_spec, launch_specs, pool_spec,
                      softmax_spec, view_ptr, winograd_specs)

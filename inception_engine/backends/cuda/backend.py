@@ -15,7 +15,7 @@ import numpy as np
 
 from ... import cuda_build
 from ...errors import BackendUnavailable, EngineError
-from ...plan import Plan, build_plan, fuse, fused_plan, is_fused
+from ...plan import Plan, build_plan, fused_plan, is_fused
 from ...weights import Weights, atomic_write
 from .. import event_timed_ms
 from .cost_model import ConvConfig, choose_configs
@@ -49,30 +49,30 @@ class CudaBackend:
                  configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None,
                  fuse: bool | None = None, sm_margin: int = 0,
                  tune_progress: Callable[[int, int], None] | None = None):
-        """softmax: forward returns probabilities (softmax on the GPU) instead of logits. concurrent: run the
-        branches of each Inception module on several streams (``schedule``); default: with the graph only, where
-        the fork/join events cost no host time. A plan not built for that (``build_plan(concurrent=True)``) is
-        rebuilt so. fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce
-        (the default: measured faster on the H200, 1.03 vs 1.75 ms at batch 1, docs/performance-log.md round 1);
-        the tensor-core kernels have no such variant, so in tf32/fp16 split-K always uses conv_splitk_reduce.
-        precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32"
-        or "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands). winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu)
-        always (True, the default), where the cost model expects it to be faster (None) or never (False); in every
-        precision (the Winograd GEMMs are FFMA). The default is every eligible conv because that measured as fast
-        as the model's choice or faster at every batch size (H100, one run: 0.97 vs 1.00 ms at batch 1, 3.26 vs
-        3.33 at 8, 10.42 vs 10.43 at 32, 39.50 vs 39.52 at 128): the model assumes V and M miss L2, which at batch
-        1 and 8 they do not. tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
+        """softmax: forward returns probabilities (softmax on the GPU) instead of logits.
+        concurrent: run the branches of each Inception module on several streams (``schedule``); default: with the
+        graph only, where the fork/join events cost no host time. A plan not built for that
+        (``build_plan(concurrent=True)``) is rebuilt so.
+        fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce (the default: the
+        separate reduction is the faster of the two); the tensor-core kernels have no such variant, so in tf32/fp16
+        split-K always uses conv_splitk_reduce.
+        precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32" or
+        "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands).
+        winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu) always (True, the default), where
+        the cost model expects it to be faster (None) or never (False); in every precision (the Winograd GEMMs are
+        FFMA). The default is every eligible conv because that is as fast as the model's choice or faster at every
+        batch size: the model assumes V and M miss L2, which at batch 1 and 8 they do not.
+        tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
         tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
         (``tune_configs``: from the tuning cache or the package's table for this GPU, else measured now, seconds);
         "cached": the cache's or the table's configs, else the cost model's (no measuring); "fresh": measured now
         whatever the cache or table hold (inception-tune), ``tune_progress(done, total)`` after each candidate.
         configs: use exactly these.
-        nhwc: activations in NHWC buffers (conv_nhwc.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
+        nhwc: activations in NHWC buffers (conv_nhwc_*.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
         or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
         Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
-        has wgmma (fp16 measured 1.6x faster at batch 1 and 2.3x at batch 128 than fp32 NCHW activations on an
-        H200, docs/performance-log.md round 5; fp32: round 10); False: conv.cu / conv_f16.cu / conv_tf32.cu and
-        Winograd on fp32 NCHW activations.
+        has wgmma (NHWC is the faster layout at every batch size: docs/PERFORMANCE.md); False: conv.cu /
+        conv_f16.cu / conv_tf32.cu and Winograd on fp32 NCHW activations.
         fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
         average pool of the pool branch moved behind its conv, and in fp16 and tf32 MaxPool_3a folded into Conv2d_3b
         (plan.fuse), which needs a plan whose buffers live for whole stages (rebuilt so, as for concurrent). A plan
@@ -264,8 +264,9 @@ class CudaBackend:
         for launch in self._tail:
             launch(main)
 
-    # What a caller that drives the GPU itself (backends/cuda/stream.py: CudaRunner) needs: the context, the stream every forward
-    # runs on, where the (batch, 3, size, size) float32 input goes and the (batch, classes) output comes out.
+    # What a caller that drives the GPU itself (backends/cuda/stream.py: CudaRunner) needs: the context, the stream
+    # every forward runs on, where the (batch, 3, size, size) float32 input goes and the (batch, classes) output
+    # comes out.
     @property
     def gpu(self) -> Gpu:
         self._check_open()

@@ -115,11 +115,11 @@ def uses_gemv(op: FCOp) -> bool:
 
 def model_takes(op: ConvOp, tile: Tile) -> bool:
     """Whether the model may pick this tile for this conv unmeasured. Halo tiles only on single-plane inputs (Cin =
-    HALO_CIN, the stem's 2a and 2b, where they won measured since round 12): on wider inputs the model, which does
-    not see their set-up (weights copied per block, halo rows beyond the tile) nor their shared-memory bound, picked
-    them for most 35x35 and 17x17 layers and the untuned fp16 forward went 0.38 -> 0.42 ms at batch 1 and 2.82 ->
-    3.04-3.06 ms at batch 64 (H100, session 5, call 7). Tuning measures them everywhere they fit."""
-    if is_tma(tile.prefix):  # new (session 9): measured only so far, never chosen unmeasured
+    HALO_CIN, the stem's 2a and 2b, where they win): on wider inputs the model, which does not see their set-up
+    (weights copied per block, halo rows beyond the tile) nor their shared-memory bound, would pick them for most
+    35x35 and 17x17 layers, and the untuned forward would be slower. TMA tiles never: their model speeds are guesses.
+    Tuning measures every tile everywhere it fits."""
+    if is_tma(tile.prefix):
         return False
     return not is_halo(tile.prefix) or op.src.channels == HALO_CIN
 
@@ -137,7 +137,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     in every precision, and the choice is made against the FFMA direct kernel in every precision too: the
     tensor-core tiles' model speeds are uncalibrated guesses, while measured (H100, batch 128) the Winograd layers
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
-    nhwc: every conv on conv_nhwc.cu (tiles: a subset of the precision's NHWC_ELEMS tiles, with the wgmma ones if
+    nhwc: every conv on conv_nhwc_*.cu (tiles: a subset of the precision's NHWC_ELEMS tiles, with the wgmma ones if
     wgmma), no Winograd, except those that read the network's input (conv_input_nhwc.cu, ``input_tile``); the FC as
     without nhwc."""
     if precision not in TILES_OF:

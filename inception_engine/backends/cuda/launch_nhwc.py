@@ -1,6 +1,6 @@
 """Plan -> launches, NHWC layout (the default for tf32 and fp16 everywhere, and for fp32 on sm_90a): whether a plan
 fits the layout (``check_nhwc``), where things are (``nhwc_ptr``, the float32 side buffer ``nhwc_side``), and the
-launches (``nhwc_launch_specs``): conv_nhwc.cu's tile of each conv's config (mma.sync, wgmma, warp-specialized or
+launches (``nhwc_launch_specs``): conv_nhwc_*.cu's tile of each conv's config (mma.sync, wgmma, warp-specialized or
 halo; grid, block and dynamic shared memory per kind), conv_input_nhwc.cu for the convs that read the input,
 pool_nhwc.cu's pools, then launch.py's FC and softmax on the float32 features."""
 
@@ -46,8 +46,8 @@ def nhwc_side(plan: Plan) -> NhwcSide:
 
 
 def check_nhwc(plan: Plan) -> None:
-    """conv_nhwc.cu and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
-    widths and channel offsets that are multiples of 8, and fewer than 2^31 elements per buffer (conv_nhwc.cu's
+    """conv_nhwc.cuh and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
+    widths and channel offsets that are multiples of 8, and fewer than 2^31 elements per buffer (conv_nhwc_*.cu's
     32-bit offsets); the input feeds convs only, each with at most INPUT_MAX_K weights per output channel
     (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
     per_image, widest = 0, ""  # the most elements per image of an NHWC view, and its buffer
@@ -92,12 +92,12 @@ def nhwc_ptr(base: int, v: View, precision: str = "fp16") -> int:
 
 
 def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
-    """conv_nhwc.cu's parts arguments (its header): start, element offset from part 0 and pixel stride of parts
+    """conv_nhwc.cuh's parts arguments (its header): start, element offset from part 0 and pixel stride of parts
     1-3, then relu_end. A plain conv has one part; a fused conv's (plan.FusedConvOp) follow its members."""
     cout = op.dst.channels
     if not isinstance(op, FusedConvOp):
         return (cout, 0, 0) * 3 + (cout,)
-    assert 1 <= len(op.parts) <= 4, f"{op.name}: conv_nhwc.cu writes at most 4 parts, not {len(op.parts)}"
+    assert 1 <= len(op.parts) <= 4, f"{op.name}: conv_nhwc.cuh writes at most 4 parts, not {len(op.parts)}"
     base, start, rest = op.parts[0].offset + op.parts[0].c_offset, op.parts[0].channels, []
     for v in op.parts[1:]:
         rest.append((start, v.offset + v.c_offset - base, v.c_total))
@@ -109,7 +109,7 @@ def nhwc_parts(op: ConvOp) -> tuple[int, ...]:
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
                     ws: int, precision: str = "fp16", num_sms: int | None = None, maps: int = 0) -> list[LaunchSpec]:
-    """conv_nhwc.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv; x that of the
+    """conv_nhwc_*.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv; x that of the
     pool's input for a conv that reads through a max pool, its stride the pool's), and its
     split-K reduction when cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32
     NCHW input (x_cstride unused). A warp-specialized or halo tile's blocks loop over the tiles: num_sms of them (one an
@@ -138,7 +138,8 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     kernel = conv_kernel(op, t)
     grid = (blocks(p_total, t.bm), blocks(cout, t.bn), cfg.splits)
     block, shared = ws_threads(kernel) if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
-    if is_halo(kernel):  # tiles of t.bm positions of each image's padded-width grid, by channel tiles (conv_nhwc.cu)
+    # halo tiles (conv_nhwc_halo.cu): tiles of t.bm positions of each image's padded-width grid, by channel tiles
+    if is_halo(kernel):
         assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
         wg, channel_tiles = wd + 2 * op.pad[1], blocks(cout, t.bn)
         tiles = n * blocks(ho * wg, t.bm)
@@ -162,7 +163,7 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
 
 
 def tma_maps(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, w: int, elem_bytes: int) -> tuple[TensorMap, ...]:
-    """A TMA tile's two maps (conv_nhwc.cu's header): the input view as im2col boxes of BM window corners x BK
+    """A TMA tile's two maps (conv_nhwc_ws.cu's header): the input view as im2col boxes of BM window corners x BK
     channels, the weights w[Cout][K] as boxes of BN rows x BK."""
     (n, cin, h, wd), (_, cout, ho, wo) = op.src.dims, op.dst.dims
     (kh, kw), s, (ph, pw), t = op.kernel, op.stride, op.pad, cfg.tile

@@ -22,7 +22,7 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     """A direct conv's (or the FC-as-GEMM's) weights (Cout, Cin[, kh, kw]) as its kernel reads them, as float32
     words: wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order) for conv.cu and conv_tf32.cu, whose A tiles are rows
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
-    multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cu
+    multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cuh
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
     rounded to TF32 (``round_tf32``), for its fp32 tiles float32 (they split it in two TF32 halves themselves);
     conv_input_nhwc.cu reads wt as conv.cu."""

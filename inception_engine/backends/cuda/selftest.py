@@ -1,5 +1,5 @@
 """The self-test: one forward on He-initialised random weights against the float64 NumPy reference, the command
-compute-sanitizer runs on the GPU machine (scripts/gpu_check.sh):
+compute-sanitizer runs on the GPU machine (dev/gpu_machine/gpu_check.sh):
 
     python -m inception_engine.backends.cuda --selftest [--batch 1] [--graph on|off] [--input-size 299]
         [--precision fp32|tf32|fp16] [--layout auto|nchw|nhwc] [--winograd on|off|auto] [--fuse on|off|auto]

@@ -1,9 +1,9 @@
-"""Tensor maps for conv_nhwc.cu's TMA tiles (``_ws_tma_``): what each map describes (``Im2colMap``, ``TiledMap``:
+"""Tensor maps for conv_nhwc_ws.cu's TMA tiles (``_ws_tma_``): what each map describes (``Im2colMap``, ``TiledMap``:
 plain data, made by launch_nhwc with the launch), and its 128 bytes (``encode``). On a GPU the driver encodes them
 (cuTensorMapEncodeIm2col / cuTensorMapEncodeTiled through ctypes: pycuda wraps neither); under the CPU emulator
 (tests/cuda_emu, whose pycuda stand-in says EMULATED) they are the emulator's own format (``emulated``), which its
-TMA copies read. The kernels read the maps from global memory (scripts/tma_probe.py: a map passed by value did not
-survive pycuda's launch; the same probe checked the im2col boxes against the implicit GEMM's rows)."""
+TMA copies read. The kernels read the maps from global memory: a map passed by value as a kernel parameter does not
+survive pycuda's launch (docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -73,9 +73,9 @@ def encode(m: TensorMap) -> bytes:
     if isinstance(m, Im2colMap):
         rc = _libcuda().cuTensorMapEncodeIm2col(
             ctypes.c_void_p(at), DATA_TYPE[e], 4, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 4)(*m.dims),
-            (ctypes.c_uint64 * 3)(*m.strides), (ctypes.c_int * 2)(*m.lower), (ctypes.c_int * 2)(*m.upper), ctypes.c_uint32(m.channels),
-            ctypes.c_uint32(m.pixels), (ctypes.c_uint32 * 4)(1, m.stride, m.stride, 1), 0, SWIZZLE[m.channels * e],
-            L2_PROMOTION_128B, 0)
+            (ctypes.c_uint64 * 3)(*m.strides), (ctypes.c_int * 2)(*m.lower), (ctypes.c_int * 2)(*m.upper),
+            ctypes.c_uint32(m.channels), ctypes.c_uint32(m.pixels), (ctypes.c_uint32 * 4)(1, m.stride, m.stride, 1), 0,
+            SWIZZLE[m.channels * e], L2_PROMOTION_128B, 0)
     else:
         rc = _libcuda().cuTensorMapEncodeTiled(
             ctypes.c_void_p(at), DATA_TYPE[e], 2, ctypes.c_void_p(m.address), (ctypes.c_uint64 * 2)(m.k, m.rows),

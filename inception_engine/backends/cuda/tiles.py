@@ -5,13 +5,14 @@ A ``Tile`` names its kernels (``<prefix>_<KH>x<KW>_<BM>x<BN>`` on NCHW, ``<prefi
 the model's speed. The families, by source:
 
 - conv.cu (FFMA, fp32 NCHW) ``TILES``, conv_tf32.cu ``TF32_TILES``, conv_f16.cu ``F16_TILES``: ``TILES_OF[precision]``;
-- conv_nhwc.cu, per element type ``NHWC_ELEMS[precision]``: mma.sync tiles (fp16, tf32) and, on sm_90a, wgmma tiles
-  (``wgmma_tile``), warp-specialized persistent ones (``ws_tile``) and the halo ones (``halo_tile``);
+- the NHWC conv families, per element type ``NHWC_ELEMS[precision]``: conv_nhwc_mma.cu's mma.sync tiles (fp16, tf32)
+  and, on sm_90a, conv_nhwc_wgmma.cu's wgmma tiles (``wgmma_tile``), conv_nhwc_ws.cu's warp-specialized persistent
+  ones (``ws_tile``, ``ws_tma_tile``, ``ws_pp_tile``) and conv_nhwc_halo.cu's halo ones (``halo_tile``);
   conv_input_nhwc.cu ``INPUT_TILE``;
 - winograd.cu's batched GEMM ``WINO_TILES``.
 
 The shared-memory sizes (``wgmma_stages``, ``ws_stages``, ``halo_smem_bytes``, ``wgmma_ring_bytes``) mirror
-conv_nhwc.cu's functions of the same names; a change there is a change here.
+conv_nhwc_*.cu's functions of the same names; a change there is a change here.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16
 # The cost model keeps the tf32 speeds, which rank tiles and splits against each other only.
 F16_TILES = tuple(Tile(t.bm, t.bn, 32, r, t.macs_per_us, "conv_f16", False) for t, r in zip(TF32_TILES, (2, 2, 3)))
 TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
-# conv_nhwc.cu's tiles (NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
+# conv_nhwc_*.cu's tiles (NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
 # channels (the GEMM's rows and columns there), so conv_config is called with (pixels, Cout); speeds as fp16's.
 NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32, 2, 450e3, "conv_nhwc", False),
               Tile(64, 128, 32, 2, 450e3, "conv_nhwc", False), Tile(64, 64, 32, 3, 300e3, "conv_nhwc", False),
@@ -67,39 +68,39 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
 
 
 def wgmma_stages(bm: int, bn: int, split: bool = False) -> int:
-    """conv_nhwc.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic shared
-    memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more (and
+    """conv_nhwc_wgmma.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic
+    shared memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xTF32 tiles, which need WGMMA_LO_TILES more (and
     whose 128x128 runs one block an SM)."""
     if split:
         return 8 if bn == 128 else 6
     return 4 if bm == 256 else 5 if bn == 192 else 6
 
 
-WGMMA_LO_TILES = 3  # conv_nhwc.cu's: the low halves' tiles of the 3xTF32 (fp32) wgmma tiles
+WGMMA_LO_TILES = 3  # conv_nhwc_wgmma.cu's: the low halves' tiles of the 3xTF32 (fp32) wgmma tiles
 
 
 # The wgmma tiles' model speeds: multiply-adds per microsecond an SM with 2 blocks resident, fp16 (tf32: half). Fitted
-# to per-layer times at batch 128 (H200, round 9, scripts/tune_tiles.py --precision fp16 --nhwc; the median over the
+# to per-layer times at batch 128 on an H200 (scripts/tune_tiles.py --precision fp16 --nhwc; the median over the
 # layers of what conv_config's formula implies). 128x192 was the fastest tile on 39 of 65 fp16 layers and 42 of 65
 # tf32 ones (those with Cout 192 or 384, and Conv2d_4a), 128x128 and 128x64 on most others.
 WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
                 (256, 32): 770e3}
-# fp32 on the NHWC path: three TF32 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of tf32's model speed (a
-# guess until measured). Its sums live in registers twice (conv_nhwc.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block
-# an SM (168 registers), the others two.
+# fp32 on the NHWC path: three TF32 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of tf32's model speed (a guess
+# until measured). Its sums live in registers twice (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block an
+# SM (168 registers), the others two.
 F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
 WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma"}
 WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 6}  # model speed divisors against fp16's WGMMA_SPEEDS
 
 
 def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc.cu's wgmma tile of bm pixels x bn channels (sm_90a only: cuda_build.has_wgmma)."""
+    """conv_nhwc_wgmma.cu's wgmma tile of bm pixels x bn channels (sm_90a only: cuda_build.has_wgmma)."""
     resident = 1 if precision == "fp32" and bn == 128 else 2
     return Tile(bm, bn, 32 if precision == "fp16" else 16, resident,
                 WGMMA_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision] * resident / 2, WGMMA_PREFIX[precision], False)
 
 
-# conv_nhwc.cu's warp-specialized persistent wgmma tiles (fp16 and tf32): two producer warpgroups load, two consumer
+# conv_nhwc_ws.cu's warp-specialized persistent wgmma tiles (fp16 and tf32): two producer warpgroups load, two consumer
 # warpgroups multiply; WS_THREADS threads, one block an SM, at most one block per SM launched (WS_SPEEDS' model
 # speeds: a guess, WGMMA_SPEEDS' per SM (two blocks) x 1.2, until measured).
 WS_THREADS = 512
@@ -107,13 +108,13 @@ WS_SPEEDS = {(128, 192): 1.2 * 1890e3, (128, 128): 1.2 * 1410e3, (128, 64): 1.2 
 
 
 def ws_stages(bm: int, bn: int, row: int = 64) -> int:
-    """conv_nhwc.cu's ws_stages(): the warp-specialized tile's ring, ~200 KB of stages of BM + BN rows of `row`
+    """conv_nhwc_ws.cu's ws_stages(): the warp-specialized tile's ring, ~200 KB of stages of BM + BN rows of `row`
     bytes (64; the TMA tiles' 128)."""
     return min(12, 200 * 1024 // ((bm + bn) * row))
 
 
 def ws_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc.cu's warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    """conv_nhwc_ws.cu's warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     return Tile(bm, bn, 32 if precision == "fp16" else 16, 1, WS_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
                 f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_ws", False)
 
@@ -124,18 +125,18 @@ def is_ws(kernel_or_prefix: str) -> bool:
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
 
 
-# conv_nhwc.cu's TMA twins (``_ws_tma_``) of the warp-specialized tiles tuning puts on most 17x17 and 8x8 convs: one
+# conv_nhwc_ws.cu's TMA twins (``_ws_tma_``) of the warp-specialized tiles tuning puts on most 17x17 and 8x8 convs: one
 # thread asks the copy engine for each stage's A (im2col) and B boxes through tensor maps (cuda.tensor_maps) instead
 # of eight producer warps' cp.async. Model speeds as the ws tiles'; the model does not pick them unmeasured
 # (cost_model.model_takes), tuning does where they win.
 WS_TMA_SHAPES = ((128, 192), (256, 128))
 
 
-TMA_ROW = 128  # bytes of a TMA tile's stage row: 64 k of fp16, 32 of tf32 (conv_nhwc.cu's header)
+TMA_ROW = 128  # bytes of a TMA tile's stage row: 64 k of fp16, 32 of tf32 (conv_nhwc_ws.cu's header)
 
 
 def ws_tma_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    """conv_nhwc_ws.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     ws = ws_tile(bm, bn, precision)
     return replace(ws, bk=TMA_ROW // (2 if precision == "fp16" else 4), prefix=ws.prefix + "_tma")
 
@@ -145,19 +146,19 @@ def is_tma(kernel_or_prefix: str) -> bool:
 
 
 def ws_row(kernel_or_prefix: str) -> int:
-    """Bytes of a warp-specialized tile's stage row (conv_nhwc.cu's ROW): the TMA tiles' TMA_ROW, else 64."""
+    """Bytes of a warp-specialized tile's stage row (conv_nhwc_ws.cu's ROW): the TMA tiles' TMA_ROW, else 64."""
     return TMA_ROW if is_tma(kernel_or_prefix) else 64
 
 
-# conv_nhwc.cu's ping-pong TMA tiles (``_ws_tma_pp_``): each of the two consumer warpgroups takes whole tiles in turn,
-# so that one stores its tile while the other multiplies the next; one producer warpgroup, WS_PP_THREADS threads. The
-# same stages and ring as the TMA tiles; never picked unmeasured either.
+# conv_nhwc_ws.cu's ping-pong TMA tiles (``_ws_tma_pp_``): each of the two consumer warpgroups takes whole tiles in
+# turn, so that one stores its tile while the other multiplies the next; one producer warpgroup, WS_PP_THREADS threads.
+# The same stages and ring as the TMA tiles; never picked unmeasured either.
 WS_PP_SHAPES = ((128, 192), (128, 128))
 WS_PP_THREADS = 384
 
 
 def ws_pp_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    """conv_nhwc_ws.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     tma = ws_tma_tile(bm, bn, precision)
     return replace(tma, prefix=tma.prefix + "_pp")
 
@@ -167,27 +168,26 @@ def is_pingpong(kernel_or_prefix: str) -> bool:
 
 
 def ws_threads(kernel: str) -> int:
-    """A warp-specialized kernel's block (conv_nhwc.cu's WS_THREADS, WS_PP_THREADS)."""
+    """A warp-specialized kernel's block (conv_nhwc_ws.cu's WS_THREADS, WS_PP_THREADS)."""
     return WS_PP_THREADS if is_pingpong(kernel) else WS_THREADS
 
 
-# conv_nhwc.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
+# conv_nhwc_halo.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
 # the stem's Conv2d_2a and 2b, then Conv2d_4a and the 35x35 modules' 3x3s and 5x5s. bm positions of the padded-width
 # grid a tile, bn output channels (grid.y: ceil(Cout / bn) channel tiles), HALO_THREADS threads, one block an SM;
 # the bn channels' weights and two tiles' input rows, in planes of HALO_CIN channels, in up to MAX_SHARED_BYTES of
 # shared memory. HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32 halves them): 256 x 64 and 256 x 32 fitted to tf32's
-# Conv2d_2b (0.514 ms) and Conv2d_2a (0.321 ms) at batch 128 (H100, round 12), through conv_config's formula; the
-# 128-position tiles' are the 256 ones' of their bn (96: 64's). Measured (session 5, call 5, scripts/tune_tiles.py
-# --precision fp16 --nhwc --batch-sizes 128): with these the model's choices sum to 4.49 ms against 4.21 for the
-# fastest tile of each layer; the medians of the speeds the five tiles' times imply made it worse (4.63), so these
-# stay. Tuning measures every tile anyway.
+# Conv2d_2b and Conv2d_2a at batch 128 on an H100, through conv_config's formula; the 128-position tiles' are the 256
+# ones' of their bn (96: 64's). Fitting all five to their own times (the medians of the speeds they imply) makes the
+# model's choices slower, so these stay (docs/PERFORMANCE.md). Tuning measures every tile anyway.
 HALO_THREADS, HALO_CIN, HALO_K_MULTIPLE = 384, 32, 16
 HALO_SPEEDS = {(256, 64): 1790e3, (256, 32): 1620e3, (128, 96): 1790e3, (128, 64): 1790e3, (128, 32): 1620e3}
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 
 
 def halo_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc.cu's halo tile of bm grid positions x bn channels (fp16, tf32); bk: one tap of a HALO_CIN plane."""
+    """conv_nhwc_halo.cu's halo tile of bm grid positions x bn channels (fp16, tf32); bk: one tap of a HALO_CIN
+    plane."""
     return Tile(bm, bn, HALO_CIN, 1, HALO_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
                 f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False)
 
@@ -197,7 +197,7 @@ def is_halo(kernel_or_prefix: str) -> bool:
 
 
 def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int, cin: int) -> int:
-    """conv_nhwc.cu's halo_smem_bytes(): per plane of HALO_CIN input channels, the weights (KH KW bn rows) and two
+    """conv_nhwc_halo.cu's halo_smem_bytes(): per plane of HALO_CIN input channels, the weights (KH KW bn rows) and two
     buffers of the tile's input rows (bm + (KH - 1) Wg + KW - 1 of them, in whole KB); four mbarriers. wg: the padded
     input width."""
     (kh, kw), row = kernel, HALO_CIN * (4 if tile.prefix.startswith("conv_nhwc_tf32") else 2)
@@ -216,7 +216,7 @@ def halo_fits(op: ConvOp, tile: Tile) -> bool:
 def input_mma_smem_bytes(op: ConvOp, elem_bytes: int) -> int:
     """conv_input_nhwc.cu's conv_input_mma_smem_bytes for this conv: the input rows of one output row's windows
     (and a row of zeros) as float32, then the row's staged output."""
-    (_, cin, h, w), (_, _, ho, wo) = op.src.dims, op.dst.dims
+    (_, cin, _, w), (_, _, _, wo) = op.src.dims, op.dst.dims
     (kh, kw), pad_w, tiles16 = op.kernel, op.pad[1], -(-wo // 16) * 16
     wp = (max(w + 2 * pad_w, (tiles16 - 1) * op.stride + kw) + 3) // 4 * 4 + 4  # whole chunks, and one for the shift
     return 4 * (-(-((cin * kh + 1) * wp) // 4) * 4) + tiles16 * INPUT_MMA_ROW * elem_bytes
@@ -239,7 +239,7 @@ def input_tile(op: ConvOp, precision: str) -> Tile:
     return INPUT_MMA_TILE if precision in INPUT_MMA_PRECISIONS and fits else INPUT_TILE
 
 
-# conv_nhwc.cu's NhwcMaxPoolLoader: the 1x1 convs that read through a 3x3 max pool (plan.fuse_max_pools) run on
+# conv_nhwc_mma.cu's NhwcMaxPoolLoader: the 1x1 convs that read through a 3x3 max pool (plan.fuse_max_pools) run on
 # the mma.sync tiles of these prefixes, as <prefix>_maxpool3_<BM>x<BN>.
 MAXPOOL_PREFIXES, MAXPOOL_KERNEL = ("conv_nhwc", "conv_nhwc_tf32"), 3
 
@@ -262,7 +262,7 @@ def tile_fits(op: ConvOp, tile: Tile) -> bool:
 
 
 def conv_kernel(op: ConvOp, tile: Tile) -> str:
-    """The conv_nhwc.cu entry point of this conv on this tile."""
+    """The conv_nhwc_*.cu entry point of this conv on this tile."""
     return f"{tile.prefix}_maxpool{op.max_pool}_{tile.name}" if op.max_pool else f"{tile.prefix}_{tile.name}"
 
 
@@ -274,8 +274,8 @@ def tile_label(tile: Tile) -> str:
     return kind + tile.name
 
 
-# conv_nhwc.cu's wgmma tiles, the order in which they are instantiated there, then the warp-specialized (cp.async, then
-# TMA, then TMA ping-pong) and halo ones.
+# The sm_90a tiles in the order their files instantiate them: conv_nhwc_wgmma.cu's, conv_nhwc_ws.cu's (cp.async, then
+# TMA, then TMA ping-pong), conv_nhwc_halo.cu's.
 NHWC_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp16") for bm, bn in WGMMA_SPEEDS)
                     + tuple(ws_tile(bm, bn, "fp16") for bm, bn in WS_SPEEDS)
                     + tuple(ws_tma_tile(bm, bn, "fp16") for bm, bn in WS_TMA_SHAPES)
@@ -311,7 +311,7 @@ class NhwcElem:
     bytes: int
     suffix: str  # of its kernels' names: conv_nhwc<suffix>_splitk_reduce, pool2d_nhwc<suffix>, ...
     nan_word: int  # a 32-bit word of NaNs of this type, to poison the arena
-    mma_tiles: tuple[Tile, ...]  # conv_nhwc.cu's mma.sync tiles for it (none for fp32: wgmma only)
+    mma_tiles: tuple[Tile, ...]  # conv_nhwc_mma.cu's mma.sync tiles for it (none for fp32: wgmma only)
     wgmma_tiles: tuple[Tile, ...]  # ... and its wgmma tiles (sm_90a)
 
     def tiles(self, wgmma: bool = False) -> tuple[Tile, ...]:
@@ -327,9 +327,9 @@ WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 
 
 
 def wgmma_ring_bytes(kernel: str) -> int:
-    """Dynamic shared memory of a conv_nhwc.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes, and for
-    fp32's the low halves' tiles; for a warp-specialized tile, each stage's two mbarriers too), else 0: conv_nhwc.cu's
-    wgmma_ring_bytes() and ws_ring_bytes()."""
+    """Dynamic shared memory of a conv_nhwc_wgmma.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes, and for
+    fp32's the low halves' tiles; for a warp-specialized tile, each stage's two mbarriers too), else 0:
+    conv_nhwc_wgmma.cu's wgmma_ring_bytes() and conv_nhwc_ws.cu's ws_ring_bytes()."""
     if "_wgmma_" not in kernel and not is_ws(kernel):
         return 0
     bm, bn = (int(v) for v in kernel.rsplit("_", 1)[1].split("x"))

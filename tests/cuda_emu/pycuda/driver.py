@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 _lib = ctypes.CDLL(os.environ["INCEPTION_EMU_LIB"])
-_live: dict[int, "DeviceAllocation"] = {}
+_live: dict[int, DeviceAllocation] = {}
 _C_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong}
 
 
@@ -56,7 +56,7 @@ def _need_context() -> None:
 
 
 class Context:
-    stack: list["Context"] = []
+    stack: list[Context] = []
 
     def push(self) -> None:
         Context.stack.append(self)
@@ -160,12 +160,12 @@ def _pinned(a: np.ndarray) -> None:
         raise Error("async copy needs page-locked host memory")
 
 
-def memcpy_htod_async(ptr: int, src: np.ndarray, stream: "Stream | None" = None) -> None:
+def memcpy_htod_async(ptr: int, src: np.ndarray, stream: Stream | None = None) -> None:
     _pinned(src)
     memcpy_htod(ptr, src)
 
 
-def memcpy_dtoh_async(dst: np.ndarray, ptr: int, stream: "Stream | None" = None) -> None:
+def memcpy_dtoh_async(dst: np.ndarray, ptr: int, stream: Stream | None = None) -> None:
     _pinned(dst)
     memcpy_dtoh(dst, ptr)
 
@@ -178,7 +178,7 @@ class Stream:
     def synchronize(self) -> None:
         _need_context()
 
-    def wait_for_event(self, event: "Event") -> None:
+    def wait_for_event(self, event: Event) -> None:
         _need_context()
         if not hasattr(event, "t"):
             raise Error("waiting for an event never recorded")
@@ -195,7 +195,7 @@ class Event:
     def synchronize(self) -> None:
         pass
 
-    def time_since(self, start: "Event") -> float:
+    def time_since(self, start: Event) -> float:
         if (self.flags | start.flags) & event_flags.DISABLE_TIMING:
             raise Error("timing an event created with DISABLE_TIMING")
         return (self.t - start.t) * 1e3
@@ -211,7 +211,7 @@ class Function:
             raise Error(f"{self.name}: cannot set attribute {attribute} to {value}")
         self.max_dynamic_shared = value
 
-    def prepare(self, fmt: str) -> "Function":
+    def prepare(self, fmt: str) -> Function:
         self.fmt = fmt
         if self.name != "gpu_sleep":
             self.fn = getattr(_lib, "emu_" + self.name)

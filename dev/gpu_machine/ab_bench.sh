@@ -2,15 +2,15 @@
 # Same-run A/B of two checkouts on the GPU machine: the same inception-bench command on each, alternated ROUNDS times
 # (default 2), so that a slow stretch of a shared GPU hits both. From the repo root (with .whl/ carried):
 #
-#   bash scripts/ab_bench.sh OLD_CHECKOUT [inception-bench arguments...]
-#   e.g. bash scripts/ab_bench.sh .snapold --backends cuda --precision fp16 --batch-sizes 1,128 --iters 20
+#   bash dev/gpu_machine/ab_bench.sh OLD_CHECKOUT [inception-bench arguments...]
+#   e.g. bash dev/gpu_machine/ab_bench.sh .snapold --backends cuda --precision fp16 --batch-sizes 1,128 --iters 20
 #
 # OLD_CHECKOUT is another copy of the repo (e.g. `git archive <commit> | tar -x -C .snapold`, carried too). Each
 # checkout is installed in turn (editable, no dependencies): the kernels are found through the installed package,
 # so PYTHONPATH alone would run the installed checkout's cuda_src with the other's Python. Logs go to $OUT
 # (default ./ab_out) as ab_<old|new>_<round>.log; the median rows are printed last.
 set -u -o pipefail
-OLD=${1:?usage: bash scripts/ab_bench.sh OLD_CHECKOUT [inception-bench arguments...]}
+OLD=${1:?usage: bash dev/gpu_machine/ab_bench.sh OLD_CHECKOUT [inception-bench arguments...]}
 shift
 OUT=${OUT:-$PWD/ab_out}
 ROUNDS=${ROUNDS:-2}

@@ -1,7 +1,7 @@
 """Ray's overhead on one GPU: images/s through Ray Data with one GPU actor against Engine.predict_iter (what
 inception-run runs), on the same folder of images, and the floors of Ray's own machinery.
 
-    python scripts/bench_ray.py DIR [--weights W] [--precision auto] [--batch-size 64] [--gpus 1] [--repeats 2]
+    python dev/bench_ray.py DIR [--weights W] [--precision auto] [--batch-size 64] [--gpus 1] [--repeats 2]
 
 Both are timed from a cold engine (weights loaded, runner built; kernels from the cache) to the last result, after
 one untimed run of each on a few hundred of the files to fill the nvcc and tuning caches; Ray's includes starting
@@ -25,7 +25,8 @@ import numpy as np
 from inception_engine.engine import Engine
 from inception_engine.images import image_extensions
 from inception_engine.ray_data import classify_dataset, decode_images, jsonl_datasink, read_images, require_ray
-from inception_engine.weights import find_weights, load_weights
+from inception_engine.model_files import load_weights
+from inception_engine.weights import find_weights
 
 WARM_FILES = 512  # the untimed runs: enough batches to load and capture everything a timed run uses
 

@@ -1,9 +1,9 @@
 """One eager forward of the cuda backend (no CUDA graph, one stream), for a profiler to attach to:
 
-    ncu --set full -k regex:conv_nhwc --launch-count 6 python3 scripts/profile_forward.py --precision fp16 --batch 128
+    ncu --set full -k regex:conv_nhwc --launch-count 6 python3 dev/profile_forward.py --precision fp16 --batch 128
 
 Prints each launch of the forward in order (op, kernel, grid), so a profiler's kernel index maps back to a layer.
---tile NAME puts every conv of the NHWC path (fp16, tf32) on that conv_nhwc.cu tile (w256x192: the wgmma tile,
+--tile NAME puts every conv of the NHWC path (fp16, tf32) on that conv_nhwc_*.cu tile (w256x192: the wgmma tile,
 256x192: the mma.sync one), split-K as the cost model picks it for the tile, so that one layer can be profiled on
 each tile in turn.
 """

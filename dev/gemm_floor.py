@@ -1,6 +1,6 @@
 """What the forward's convolutions cost as plain GEMMs in cuBLAS: a measured floor for issue 23's targets.
 
-    python3 scripts/gemm_floor.py --precision fp16 --batch 128 [--iters 50] [--json FILE]
+    python3 dev/gemm_floor.py --precision fp16 --batch 128 [--iters 50] [--json FILE]
 
 Every conv of the plan the cuda backend runs (plan.fused_plan: each module's 1x1 convs fused into one GEMM, the stem's
 max pool MaxPool_3a folded into Conv2d_3b) is an implicit GEMM of M = batch x output pixels, N = output
@@ -90,7 +90,7 @@ def op_floors(precision: str, batch: int, peak_tflops: float, gbs: float) -> dic
     """Each op's (compute floor, memory floor) in ms: its FLOPs at the tensor-core peak, and its minimum bytes
     (bench_kernels.work: input, weights and output once) at the copy bandwidth. The plan is the one the cuda backend
     runs (fused 1x1 groups), so the op names match time_layers'."""
-    from bench_kernels import work  # this script's neighbour: python3 scripts/gemm_floor.py puts scripts/ on the path
+    from bench_kernels import work  # this script's neighbour: python3 dev/gemm_floor.py puts dev/ on the path
 
     plan = fused_plan(batch, cb.he_weights(0).layers())
     floors = {}

@@ -1,7 +1,7 @@
 """Rewrite nvImageCodec's wheel for the GPU (device) machine with only what ``--decode gpu`` loads there.
 
-    python scripts/slim_nvimgcodec_wheel.py .whl/nvidia_nvimgcodec_cu13-*.whl    # in place; the original is kept
-                                                                                # as .whl-orig/NAME
+    python dev/gpu_machine/slim_nvimgcodec_wheel.py .whl/nvidia_nvimgcodec_cu13-*.whl
+                                                    # in place; the original is kept as .whl-orig/NAME
 
 The wheel (26 MB) holds the Python binding once per CPython version (3.8 to 3.13t) and codec extensions for JPEG
 2000, TIFF and OpenCV. The device machine runs CPython 3.12, and jpeg_decode.py sends only baseline and

@@ -1,8 +1,8 @@
 """Dev benchmark: the NumPy CPU path against onnxruntime on the same model, side by side in one process.
 
-    python scripts/bench_cpu.py --batch 1 --iters 20
-    python scripts/bench_cpu.py --threads 1          # both on one core, timed by CPU time
-    python scripts/bench_cpu.py --numpy-code         # ours without its C kernels (the fallback)
+    python dev/bench_cpu.py --batch 1 --iters 20
+    python dev/bench_cpu.py --threads 1          # both on one core, timed by CPU time
+    python dev/bench_cpu.py --numpy-code         # ours without its C kernels (the fallback)
 
 Both run the synthetic Inception-V3 (inception_engine/synthetic.py; no download): ours from its folded weights,
 onnxruntime from its torchscript-style ONNX graph. Timing alternates blocks of forwards between the two (three

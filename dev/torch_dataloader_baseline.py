@@ -1,11 +1,12 @@
 """The yardstick of issue 19: what a PyTorch user writes to classify a folder (Dataset + DataLoader + torchvision).
 
-    python scripts/torch_dataloader_baseline.py DIR WEIGHTS.npz [--fp16] [--batch-size 128] [--workers 16]
+    python dev/torch_dataloader_baseline.py DIR WEIGHTS.npz [--fp16] [--batch-size 128] [--workers 16]
 
 Loads the engine's weight file into torchvision's inception_v3 (each conv's folded BatchNorm as an identity BN with
 the bias), then the plain loop: decode + Resize(342) + CenterCrop(299) + ToTensor + Normalize in DataLoader worker
 processes with pinned memory, forward, softmax, top 5. PyTorch's defaults stay (cuDNN picks TF32 for fp32 convs,
-as any such script gets; --no-tf32 turns that off). --fp16: half precision and channels_last, the usual speed-up. Prints one JSON line:
+as any such script gets; --no-tf32 turns that off). --fp16: half precision and channels_last, the usual speed-up.
+Prints one JSON line:
 images/s over the whole folder (first batch included, as a user waits for it) and the top-1 class per image.
 """
 
@@ -24,7 +25,7 @@ from PIL import Image
 from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from inception_engine.weights import load_weights  # noqa: E402
+from inception_engine.model_files import load_weights  # noqa: E402
 
 
 class Folder(torch.utils.data.Dataset):

@@ -1,10 +1,10 @@
 #!/bin/bash
 # Ray Data for the GPU (device) machine, which reaches no package registry: ray[data] (ray, pyarrow, pandas and their
 # pure-Python deps; never numpy: the machine's is used) for CPython 3.12 manylinux x86-64, pruned and stripped, packed
-# as .raykit/raykit.tar.xz (git-ignored, ~39 MiB; carry it). For scripts/bench_ray.py and tests/test_ray.py there:
+# as .raykit/raykit.tar.xz (git-ignored, ~39 MiB; carry it). For dev/bench_ray.py and tests/test_ray.py there:
 #
-#   bash scripts/ray_kit.sh build        # on a development machine with python3.12, pip and PyPI: (re)builds .raykit/
-#   source .whl/gpu-env.sh && source scripts/ray_kit.sh install && python3 scripts/bench_ray.py DIR
+#   bash dev/gpu_machine/ray_kit.sh build        # on a development machine with python3.12, pip and PyPI: (re)builds .raykit/
+#   source .whl/gpu-env.sh && source dev/gpu_machine/ray_kit.sh install && python3 dev/bench_ray.py DIR
 #                                        # on the device: unpacks into /tmp/raysite, appends /tmp/raysite/site to
 #                                        # PYTHONPATH and prints one line of versions
 #
@@ -22,7 +22,7 @@ RAY_VERSION=2.60.0
 PYARROW_VERSION=25.0.1  # pyarrow 26 needs numpy >= 2 (apache/arrow#48473); 25 runs on 1.26 and 2.x
 PANDAS_VERSION=2.3.3     # pandas 3 needs numpy >= 2; 2.3 runs on 1.26 and 2.x
 
-_rk_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_rk_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 _rk_kit="$_rk_root/.raykit"
 
 _rk_build() {
@@ -116,7 +116,7 @@ PY
 
 _rk_install() {
   local dest=/tmp/raysite
-  [ -f "$_rk_kit/raykit.tar.xz" ] || { echo "ray_kit: $_rk_kit/raykit.tar.xz missing: build it with 'bash scripts/ray_kit.sh build' and carry .raykit" >&2; return 1; }
+  [ -f "$_rk_kit/raykit.tar.xz" ] || { echo "ray_kit: $_rk_kit/raykit.tar.xz missing: build it with 'bash dev/gpu_machine/ray_kit.sh build' and carry .raykit" >&2; return 1; }
   rm -rf "$dest" && mkdir -p "$dest" || return 1
   python3 - "$_rk_kit/raykit.tar.xz" "$dest" <<'PY' || { echo "ray_kit: install failed" >&2; return 1; }
 import importlib.metadata as md, os, re, shutil, sys, tarfile
@@ -154,9 +154,9 @@ case "${1:-}" in
   build) (_rk_build); _rk_rc=$? ;;
   install)
     if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-      echo "ray_kit: 'install' must be sourced to set PYTHONPATH: source scripts/ray_kit.sh install" >&2; _rk_rc=2
+      echo "ray_kit: 'install' must be sourced to set PYTHONPATH: source dev/gpu_machine/ray_kit.sh install" >&2; _rk_rc=2
     else _rk_install; _rk_rc=$?; fi ;;
-  *) echo "usage: bash scripts/ray_kit.sh build | source scripts/ray_kit.sh install" >&2; _rk_rc=2 ;;
+  *) echo "usage: bash dev/gpu_machine/ray_kit.sh build | source dev/gpu_machine/ray_kit.sh install" >&2; _rk_rc=2 ;;
 esac
 unset -f _rk_build _rk_install
 unset _rk_root _rk_kit RAY_VERSION PYARROW_VERSION PANDAS_VERSION

@@ -1,7 +1,7 @@
-"""Measure the two ceilings of the GPU this runs on (METHOD.md): an fp32 SGEMM with TF32 off, and a large
-device-to-device copy (bytes read + written); and the tensor cores' GEMM peaks of the fast modes, the same SGEMM with
-TF32 on and an fp16 GEMM (inception-bench's compute floor for --precision tf32 / fp16). Needs PyTorch with CUDA.
-Prints one line each."""
+"""Measure the two ceilings of the GPU this runs on (inception-bench's roofline, bench.PEAK_TFLOPS): an fp32 SGEMM with
+TF32 off, and a large device-to-device copy (bytes read + written); and the tensor cores' GEMM peaks of the fast modes,
+the same SGEMM with TF32 on and an fp16 GEMM (inception-bench's compute floor for --precision tf32 / fp16). Needs
+PyTorch with CUDA. Prints one line each."""
 
 import torch
 

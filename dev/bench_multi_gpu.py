@@ -1,10 +1,10 @@
 """Images/s of a folder classified on 1..N GPUs of one machine, as a user runs it: ``inception-run --gpus N`` and
 ``inception-run --ray local --gpus N``, per precision and decode mode, with the machine's ceilings beside them.
 
-    python scripts/bench_multi_gpu.py                     # 16,384 generated JPEGs (cached), 1 and 2 GPUs, fp16 and
+    python dev/bench_multi_gpu.py                     # 16,384 generated JPEGs (cached), 1 and 2 GPUs, fp16 and
                                                           # fp32, CPU and GPU decode, then Ray
-    python scripts/bench_multi_gpu.py --gpus 1,2,4 --decodes cpu --no-ray --json out.json
-    python scripts/bench_multi_gpu.py --images 256 --small 64 --backend cpu --gpus 1 --decodes cpu --no-ray  # no GPU
+    python dev/bench_multi_gpu.py --gpus 1,2,4 --decodes cpu --no-ray --json out.json
+    python dev/bench_multi_gpu.py --images 256 --small 64 --backend cpu --gpus 1 --decodes cpu --no-ray  # no GPU
 
 Each row is one ``inception-run`` command in a fresh process, timed from its start to its exit (what the user waits
 for), once on the whole folder and once on its first ``--small`` images. The two give the rate a long run (100,000
@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "dev"))
 
 RUN = [sys.executable, "-c", "from inception_engine.cli import run_main; run_main()"]
 
@@ -106,7 +106,7 @@ from inception_engine.engine import Engine
 with Engine({weights!r}, backend={backend!r}, batch_size={batch}, precision={precision!r}) as e:
     print(json.dumps({{"precision": e.precision}} | bench_e2e.forward_alone(e, {batch})))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "scripts", timeout=900)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "dev", timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"tuning {precision}: {r.stderr.strip()[-400:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -1,6 +1,6 @@
 """How far GPU preprocessing (nvImageCodec decode + resize_pil.cu) is from the exact CPU path, over a folder.
 
-    python scripts/gpu_decode_agreement.py DIR [--batch 64] [--backends GPU_ONLY,HW_GPU_ONLY]
+    python dev/gpu_decode_agreement.py DIR [--batch 64] [--backends GPU_ONLY,HW_GPU_ONLY]
 
 Every image directly inside DIR (sorted) goes through GpuJpegDecoder.decode_into and through the CPU path (Pillow
 decode, EXIF orientation, RGB, Pillow's bilinear resize, centre crop, as uint8). Prints the mean and max absolute

@@ -1,8 +1,8 @@
 """End-to-end benchmark: classifying a folder of JPEGs as a user does, beside the PyTorch DataLoader script.
 
-    python scripts/bench_e2e.py                       # makes 4,096 ImageNet-like JPEGs (cached), all rows
-    python scripts/bench_e2e.py --dir photos/ --precisions tf32 --kinds thread --no-torch
-    python scripts/bench_e2e.py --images 512 --backend cpu --precisions fp32 --no-torch --no-cold   # no GPU
+    python dev/bench_e2e.py                       # makes 4,096 ImageNet-like JPEGs (cached), all rows
+    python dev/bench_e2e.py --dir photos/ --precisions tf32 --kinds thread --no-torch
+    python dev/bench_e2e.py --images 512 --backend cpu --precisions fp32 --no-torch --no-cold   # no GPU
 
 Rows, each in a fresh process (so peak host memory is the row's own):
 - ``cold`` / ``warm 1 photo``: ``inception-run ONE.jpg`` with an empty cache (kernels compiled, nothing tuned: what
@@ -11,7 +11,7 @@ Rows, each in a fresh process (so peak host memory is the row's own):
 - ``ours``: Engine.predict_iter over the folder, per precision and worker kind, after a warm-up that compiles and
   tunes (a second run of a folder is what the warm numbers describe), with the forward alone at the same batch
   (CUDA events, median) beside it;
-- ``torch``: scripts/torch_dataloader_baseline.py with PyTorch's defaults (TF32 convolutions), in true fp32 and in
+- ``torch``: dev/torch_dataloader_baseline.py with PyTorch's defaults (TF32 convolutions), in true fp32 and in
   fp16, with the same weights; top-1 agreement of every row with the true-fp32 one.
 Peak host memory is the process's peak RSS; GPU memory is what the engine allocated (arena, weights, the runner's
 buffers) or PyTorch's max_memory_allocated. Prints a table; --json keeps everything.
@@ -256,7 +256,7 @@ def main() -> None:
         for flag, name in (([], "torch DataLoader fp32 (TF32 convs)"), (["--no-tf32"], "torch DataLoader fp32"),
                            (["--fp16"], "torch DataLoader fp16 channels_last")):
             rows[name] = run_row([str(folder), weights, "--batch-size", str(args.batch_size), *flag],
-                                 script=ROOT / "scripts/torch_dataloader_baseline.py")
+                                 script=ROOT / "dev/torch_dataloader_baseline.py")
     torch32 = rows.get("torch DataLoader fp32", {})  # top-1 agreement: against true float32
     torch_default = rows.get("torch DataLoader fp32 (TF32 convs)", {})  # speed: against the script as users run it
 

@@ -1,6 +1,6 @@
 """Per-kernel throughput of the CUDA backend next to the GPU's roofline.
 
-    python3 scripts/bench_kernels.py [--batch-sizes 1,8,32,128] [--iters 20] [--per-op 1,128] [--json FILE]
+    python3 dev/bench_kernels.py [--batch-sizes 1,8,32,128] [--iters 20] [--per-op 1,128] [--json FILE]
         [--precision fp32|tf32] [--winograd auto|on|off]
 
 For every op of the forward (at the --per-op batch sizes): median GPU time of its launches

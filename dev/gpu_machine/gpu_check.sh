@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole check of the CUDA backend, in one command from the repo root (with .whl/ carried):
 #
-#   bash scripts/gpu_check.sh
+#   bash dev/gpu_machine/gpu_check.sh
 #
 # 1. pytest -m gpu on the CUDA kernel, backend, tf32, fp16, Winograd and NHWC tests (every layer shape, edge cases with
 #    NaN-poisoned outputs, the whole network vs float64 in every precision, graph and eager)
@@ -15,29 +15,29 @@
 # 5. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
 #    other gpu-marked test of the repo (cuDNN, torch, CLI)
 # 6. memcheck of an eager serial, an eager concurrent and an fp16 NHWC forward, the tf32 and fp16 self-tests through the
-#    concurrent graph, and scripts/bench_kernels.py (forward ms of every mode, per-op TFLOP/s), as the budget allows
+#    concurrent graph, and dev/bench_kernels.py (forward ms of every mode, per-op TFLOP/s), as the budget allows
 #
-# 7. (group e2e) the streaming pipeline on the GPU (tests/test_pipeline_kernels.py) and scripts/bench_e2e.py: a
+# 7. (group e2e) the streaming pipeline on the GPU (tests/test_pipeline_kernels.py) and dev/bench_e2e.py: a
 #    folder of 4,096 generated JPEGs through inception-run's pipeline per precision and decode worker kind, the
 #    decode workers alone, the PyTorch DataLoader script, cold start
 #
 # 8. (group compile) inception-bench: ours, torch-graph and torch.compile(mode="reduce-overhead") at batch 1 and 128,
 #    fp16 and tf32 (and fp32 at batch 1), with torch.compile's compile time
-# 9. (group ray) the offline Ray Data kit (scripts/ray_kit.sh), tests/test_ray.py and scripts/bench_ray.py: Ray's
+# 9. (group ray) the offline Ray Data kit (dev/gpu_machine/ray_kit.sh), tests/test_ray.py and dev/bench_ray.py: Ray's
 #    overhead on one GPU against Engine.predict_iter on 4,096 generated JPEGs (RAY_IMAGES=N for another number)
-# 10. (group floor) scripts/gemm_floor.py: every conv of the forward as a plain GEMM in cuBLAS, beside ours, fp16
+# 10. (group floor) dev/gemm_floor.py: every conv of the forward as a plain GEMM in cuBLAS, beside ours, fp16
 #    and tf32 at batch 128 (issue 23's measured floor)
 # 11. (group autotune) torch.compile(mode="max-autotune") beside ours and reduce-overhead, fp16, batch 128. Its
 #    autotuning (~44 GEMMs and convs, ~11 s each on an H100) outlasts one device command, so its results persist in
 #    Inductor's cache, TORCHINDUCTOR_CACHE_DIR (default .inductor_cache, git-ignored: carry it), and each call resumes
 #    where the last one stopped. The cache's autotuning results come back as $OUT/inductor_autotune_cache.tar.xz:
 #    unpack it at the repo root (`tar -xJf FILE`) before the next call. Two calls did it in session 5 (PERFORMANCE.md).
-# 12. (group multigpu) scripts/bench_multi_gpu.py on a machine of several GPUs: 16,384 generated JPEGs through
+# 12. (group multigpu) dev/bench_multi_gpu.py on a machine of several GPUs: 16,384 generated JPEGs through
 #    inception-run --gpus N and inception-run --ray local --gpus N, 1..N GPUs, fp16 and fp32, CPU and GPU decode, with
 #    the decode, forward and PCIe ceilings (MULTIGPU_ARGS for other options). Carry .raykit and .whl with the slim
-#    nvImageCodec wheel (scripts/slim_nvimgcodec_wheel.py): the whole one would put the call over 64 MiB.
+#    nvImageCodec wheel (dev/gpu_machine/slim_nvimgcodec_wheel.py): the whole one would put the call over 64 MiB.
 #
-#   bash scripts/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
+#   bash dev/gpu_machine/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
 #                                            ray (9), floor (10), autotune (11), multigpu (12);
 #                                            default: all but compile, ray, floor, autotune and multigpu
 #
@@ -100,11 +100,11 @@ step "build kernels" env_pytest.log 60 python3 -m inception_engine.cuda_build
 if want e2e; then
   step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s tests/test_pipeline_kernels.py \
     tests/test_resize_pil_kernel.py tests/test_gpu_decode.py
-  step "bench e2e" e2e.log 420 python3 scripts/bench_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-}
-  step "profile gpu decode" e2e.log 60 python3 scripts/profile_gpu_decode.py \
+  step "bench e2e" e2e.log 420 python3 dev/bench_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-}
+  step "profile gpu decode" e2e.log 60 python3 dev/profile_gpu_decode.py \
     "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
   # The runner's loop variant by variant (files in memory, no forward, a thread beside it, the hardware engines).
-  step "decode gpu variants" e2e.log 90 python3 scripts/profile_gpu_decode.py --variants \
+  step "decode gpu variants" e2e.log 90 python3 dev/profile_gpu_decode.py --variants \
     "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
 fi
 
@@ -163,25 +163,25 @@ if want autotune; then
     -C "$(dirname "$TORCHINDUCTOR_CACHE_DIR")" "$(basename "$TORCHINDUCTOR_CACHE_DIR")/cache"
 fi
 
-# Issue 23's floor: each conv of the forward as the plain GEMM cuBLAS runs (scripts/gemm_floor.py), beside ours.
+# Issue 23's floor: each conv of the forward as the plain GEMM cuBLAS runs (dev/gemm_floor.py), beside ours.
 if want floor; then
   for p in fp16 tf32; do
-    step "gemm floor $p" floor.log 120 python3 scripts/gemm_floor.py --precision $p --batch 128 \
+    step "gemm floor $p" floor.log 120 python3 dev/gemm_floor.py --precision $p --batch 128 \
       --json "$OUT/gemm_floor_$p.json"
   done
 fi
 
-# Ray's overhead on one GPU (scripts/bench_ray.py) and the Ray tests, with the offline kit of scripts/ray_kit.sh
+# Ray's overhead on one GPU (dev/bench_ray.py) and the Ray tests, with the offline kit of dev/gpu_machine/ray_kit.sh
 # (carry .raykit and .whl's small wheels: with nvImageCodec's the call would exceed 64 MiB).
 if want ray; then
-  if source scripts/ray_kit.sh install >>"$OUT/ray.log" 2>&1; then
+  if source dev/gpu_machine/ray_kit.sh install >>"$OUT/ray.log" 2>&1; then
     step "ray jpegs+weights" ray.log 90 python3 -c "
-import sys; sys.path.insert(0, 'scripts')
+import sys; sys.path.insert(0, 'dev')
 import bench_e2e
 bench_e2e.synthetic_weights_file('/tmp')
 print('jpegs in', bench_e2e.jpeg_folder(${RAY_IMAGES:-4096}))"
     step "pytest ray" ray.log 90 python3 -m pytest -q -rfEs tests/test_ray.py tests/test_multi_gpu.py
-    step "bench ray" ray.log 300 python3 scripts/bench_ray.py "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-${RAY_IMAGES:-4096}" \
+    step "bench ray" ray.log 300 python3 dev/bench_ray.py "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-${RAY_IMAGES:-4096}" \
       --weights /tmp/synthetic.npz
   else
     SUMMARY+=("$(printf '%-22s %-14s' "ray" "SKIPPED") $(tail -1 "$OUT/ray.log")")
@@ -190,9 +190,9 @@ fi
 
 # Images/s on 1..N GPUs of this machine (issue 21): inception-run --gpus N and Ray Data, with the ceilings.
 if want multigpu; then
-  source scripts/ray_kit.sh install >>"$OUT/multigpu.log" 2>&1 || echo "multigpu: no Ray kit, Ray rows fail" >>"$OUT/multigpu.log"
+  source dev/gpu_machine/ray_kit.sh install >>"$OUT/multigpu.log" 2>&1 || echo "multigpu: no Ray kit, Ray rows fail" >>"$OUT/multigpu.log"
   gpus=$(nvidia-smi -L | wc -l)
-  step "bench multi-gpu" multigpu.log 560 python3 scripts/bench_multi_gpu.py --gpus "$(seq -s, 1 "$gpus")" \
+  step "bench multi-gpu" multigpu.log 560 python3 dev/bench_multi_gpu.py --gpus "$(seq -s, 1 "$gpus")" \
     --json "$OUT/multigpu.json" ${MULTIGPU_ARGS:-}
 fi
 
@@ -232,7 +232,7 @@ step "selftest tf32 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --
 
 step "selftest fp16 b8" memcheck.log 30 "${SELFTEST[@]}" --batch 8 --graph on --concurrent on --precision fp16
 
-step "bench_kernels" bench_kernels.log 120 python3 scripts/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
+step "bench_kernels" bench_kernels.log 120 python3 dev/bench_kernels.py --batch-sizes 1,8,32,128 --iters 20 \
   --per-op 1,128 --json "$OUT/bench_kernels.json"
 fi
 

@@ -1,10 +1,10 @@
 """Where --decode gpu spends its time: the host's header check, nvImageCodec's decode per backend, the resize.
 
-    python scripts/profile_gpu_decode.py DIR [--images 1024] [--batch 128]
-    python scripts/profile_gpu_decode.py --cprofile DIR [--images 4096] [--batch 128]
-    python scripts/profile_gpu_decode.py --variants DIR      # the runner's loop variant by variant, by phase
-    python scripts/profile_gpu_decode.py --contention DIR    # the decoder beside the forward: SMs left free, serial
-    python scripts/profile_gpu_decode.py --segments --batch 64 DIR   # predict_iter's rate every 2,048 images
+    python dev/profile_gpu_decode.py DIR [--images 1024] [--batch 128]
+    python dev/profile_gpu_decode.py --cprofile DIR [--images 4096] [--batch 128]
+    python dev/profile_gpu_decode.py --variants DIR      # the runner's loop variant by variant, by phase
+    python dev/profile_gpu_decode.py --contention DIR    # the decoder beside the forward: SMs left free, serial
+    python dev/profile_gpu_decode.py --segments --batch 64 DIR   # predict_iter's rate every 2,048 images
 
 
 Each stage is timed alone on the same files (already in memory), synchronised, as images/s: the slowest stage is the

@@ -1,6 +1,6 @@
 """What a user classifying a folder sees, every figure of issues 35 and 39 from one run on a GPU machine.
 
-    python scripts/bench_folder.py [--images 16384] [--gpus 1,2,4] [--precisions fp16,tf32] [--json out.json]
+    python dev/bench_folder.py [--images 16384] [--gpus 1,2,4] [--precisions fp16,tf32] [--json out.json]
 
 Rows (each ``inception-run`` a fresh process, as a user runs it; its own images/s line, and the wall time from
 start to exit):
@@ -223,7 +223,7 @@ def main() -> None:
                     wall_s=r["wall_s"], rc=r["rc"], top1_vs_gpu_decode=agree(r["top1"], ref.get(f"gpu-{p}", {})))
         if not args.no_torch:
             for fp16 in (False, True):
-                cmd = [sys.executable, str(ROOT / "scripts/torch_dataloader_baseline.py"), str(d), args.weights,
+                cmd = [sys.executable, str(ROOT / "dev/torch_dataloader_baseline.py"), str(d), args.weights,
                        "--batch-size", "64", "--workers", str(os.cpu_count())] + (["--fp16"] if fp16 else [])
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
                 got = json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 and r.stdout else {}

@@ -1,0 +1,357 @@
+// conv_nhwc.cuh: what the NHWC conv kernels share. They compute 2-D convolution + bias + ReLU on NHWC activations, an
+// implicit GEMM on the tensor cores whose operands both travel global -> shared memory by cp.async alone (CudaBackend's
+// NHWC layout: `--precision fp16`, fp16 activations, `--precision tf32`, TF32 values in float32 words, and `--precision
+// fp32` on sm_90a, float32 words whose products are three TF32 ones; conv_mma.cuh's NhwcF16, NhwcTf32 and NhwcF32).
+//
+// y[b, oh, ow, m] = relu(bias[m] + sum_{r, s, c} w[m, r, s, c] * x[b, oh*S - PH + r, ow*S - PW + s, c]) as
+// C[P, M] = A[P, K] B[K, M]: P = batch*Ho*Wo output pixels (GEMM rows), M = Cout (columns), K = KH*KW*Cin in
+// (r, s, c) order. x and y are channel slices of NHWC buffers: pixel (b, h, w) of the view starts at
+// x + ((b*H + h)*W + w)*x_cstride elements, where x points at the view's first channel and x_cstride is the
+// buffer's channel count. Weights are rows w[M][K] of the same element type (cuda.params.direct_weights), bias fp32,
+// sums fp32 (mma.m16n8k16 .f16 or mma.m16n8k8 .tf32). Needs Cin, x_cstride and the view's first channel multiples
+// of PIECE (8 halves or 4 floats: 16 bytes), Cout, y_cstride and y's first channel even; for the fp16 wgmma,
+// warp-specialized and halo tiles (8-byte stores of 4 channels) Cout, y_cstride, y's first channel and the parts'
+// starts, offsets and strides multiples of 4. CudaBackend's views are multiples of 8 (cuda.launch_nhwc.check_nhwc).
+//
+// Idea: with channels innermost, the im2col row of an output pixel is, tap by tap, Cin consecutive elements of x, so
+// PIECE k (Cin % PIECE == 0) are one 16-byte piece of one input pixel. conv_f16.cu's element-by-element gather
+// through registers becomes one cp.async of 16 bytes per piece, with (r, s, c) of k kept per thread and advanced per
+// tile, and padding and tails are the copy's zero fill (source size 0). The weight rows are 16-byte pieces too.
+// Nothing passes through registers on its way to shared memory, so a ring of STAGES tiles keeps STAGES - 1 tiles of
+// loads in flight behind the math of the current one, with one barrier per tile (conv_mma.cuh's cp_async_ring).
+// Shared tiles As[pixel][k], Bs[m][k]: 4 pieces = 64 bytes per row (32 k of fp16, 16 of tf32), unpadded, so that 3
+// stages of 128x128 fit the 48 KB of static shared memory. 16-byte piece c of row r is stored at piece
+// c ^ (r / 2 % 4): two rows share a 128-byte bank window, and the 8 rows one ldmatrix phase reads (the same logical
+// piece of rows r0..r0+7, r0 even) then fall on bank groups 4 (r % 2) + (c ^ r / 2 % 4), all 8 distinct.
+// Fragments by ldmatrix.x4: one mma k step spans two pieces, and in both element types the ISA's fragments are the
+// same 16-byte pieces (conv_f16.cu's header for fp16; for .tf32, a0..a3 = A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4] and b0, b1 = B[t][g], B[t+4][g] are, 32 bits per lane, ldmatrix's (row g, word t) of the pieces
+// (rows 0-7 | 8-15) x (piece 0 | 1)). A rows are output pixels here, B rows output channels.
+// Epilogue: a lane's accumulator pair (c0, c1) is two adjacent output channels of one pixel: bias, ReLU (on channels
+// below relu_end), rounding to the element type, one 4- or 8-byte store.
+// Parts: the 1x1 convs of a module that read the same input run as one GEMM of their stacked weights
+// (plan.fuse_pointwise), whose output channels go to up to four views of the same arena: part 0 from channel 0 at
+// y (y_cstride), part i = 1..3 from channel start_i at y + offset_i (elements, maybe negative), pixel stride
+// cstride_i. A plain conv has one part (every start_i = Cout). The raw products of a member whose average pool was
+// moved behind it come last, past relu_end, with zero bias (the pool adds bias and ReLU: pool_nhwc.cu).
+// Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split) (a multiple of the stage's k); with several slices
+// the raw fp32 sums go to the workspace ws[z][P][M] (`out` is then ws) and conv_nhwc[_tf32]_splitk_reduce sums them
+// in slice order, adds bias, applies ReLU and writes y.
+// Block order: tile_n0 / tile_m0 (common.cuh) on grid (pixel tiles, channel tiles): consecutive blocks take the
+// channel tiles of one pixel tile, which then share its input through L2.
+// Max pool in front (conv_nhwc[_tf32]_maxpool3_<BM>x<BN>, plan.fuse_max_pools): a 1x1 conv whose input is a 3x3 max
+// pool of x (stride `stride`, no padding) takes the window maxima as it loads A (NhwcMaxPoolLoader), so the pool's
+// output never goes through memory: MaxPool_3a and Conv2d_3b become one pass over the pool's input.
+//
+//
+// The kernels, one file per family of tiles, each compiled once per element type (cuda_build.UNITS):
+// conv_nhwc_mma.cu (mma.sync tiles, their _maxpool3_ twins, the split-K reduction), conv_nhwc_wgmma.cu (wgmma tiles,
+// sm_90a), conv_nhwc_ws.cu (warp-specialized persistent wgmma tiles, their TMA and ping-pong twins, sm_90a),
+// conv_nhwc_halo.cu (halo tiles, sm_90a). Here: the element types a compile holds, the parts, the arguments, the
+// cp.async loader, the epilogue, the sm_90a tiles' shared ring and the entry-point macros.
+#pragma once
+#include "conv_mma.cuh"
+
+// The element types a compile instantiates its tiles for: one where cuda_build asks for it (-DIE_NHWC_FP16,
+// -DIE_NHWC_TF32 or -DIE_NHWC_FP32), so that a run compiles only the units its launches use; all three otherwise
+// (the CPU emulator includes every file once).
+#if !defined(IE_NHWC_FP16) && !defined(IE_NHWC_TF32) && !defined(IE_NHWC_FP32)
+#define IE_NHWC_FP16
+#define IE_NHWC_TF32
+#define IE_NHWC_FP32
+#endif
+
+template <int PIECE>
+__device__ __forceinline__ int swizzled(int row, int piece) { return (piece ^ (row >> 1 & 3)) * PIECE; }
+
+// Where the output channels go (the header's parts): part i >= 1 takes channels from start[i - 1] on.
+struct NhwcParts {
+    int start[3], offset[3], cstride[3], relu_end;
+
+    // Channel m of output pixel p is at element base + p cstride from y. 32-bit: every part lies in the arena, which
+    // has fewer than 2^31 elements (CudaBackend checks).
+    struct Column {
+        int base, cstride;
+    };
+    __device__ __forceinline__ Column column(int y_cstride, int m) const {
+        Column col{m, y_cstride};
+#pragma unroll
+        for (int i = 0; i < 3; ++i)
+            if (m >= start[i]) col = Column{offset[i] + (m - start[i]), cstride[i]};
+        return col;
+    }
+};
+
+// The arguments every NHWC conv kernel takes, as one value (the loader and the epilogues read them).
+template <class E>
+struct NhwcConvArgs {
+    const typename E::T* __restrict__ x;
+    const typename E::T* __restrict__ wr;
+    const float* __restrict__ bias;
+    void* __restrict__ out;
+    int batch, cin, h, w, x_cstride, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, k_split;
+    NhwcParts parts;
+};
+
+// The cp.async loader of a BM x BN block tile with NT threads: load(k, stage) copies this thread's pieces of the next
+// K tile (BK = 4 pieces) into As[stage], Bs[stage]. The thread copies piece `piece` (k = PIECE piece ..
+// PIECE (piece + 1) - 1 of the stage) of tile rows row0 + ROWS i; ROWS is a multiple of 8, so all its rows share
+// one swizzle and its shared addresses are fixed steps from its first.
+// Per stage it is meant to cost few instructions: address arithmetic in the stage loop keeps the tensor cores idle
+// (at 128x192's register cap ptxas still reloads some of this state every stage). Everything that does not change between stages is computed once: the
+// pixels' window corners and element offsets, the weight rows' offsets, the shared addresses. The piece's k is kept
+// as (r, s, c) and as its tap's element offset, advanced by BK per stage without a division (stages are loaded in
+// order). Offsets are 32-bit and non-negative where read (a buffer of x has fewer than 2^31 elements:
+// cuda.launch_nhwc.check_nhwc), so an address is one multiply-add; a piece outside the input reads offset 0 with zero
+// fill, so no branch is needed.
+template <class E, int BM, int BN, int NT>
+struct NhwcLoader {
+    using T = typename E::T;
+    static constexpr int PIECE = E::PIECE, BK = 4 * PIECE, ROWS = NT / 4;  // ROWS: tile rows one pass covers
+    static constexpr int A_ROWS = BM / ROWS, B_ROWS = (BN + ROWS - 1) / ROWS;  // rows of each tile per thread
+    static_assert(BM % ROWS == 0 && (BN % ROWS == 0 || BN < ROWS) && ROWS % 8 == 0, "loader shape");
+
+    const T* __restrict__ x;
+    const T* __restrict__ wr;
+    T* a_dst;  // this thread's first piece in As[0] and Bs[0]
+    T* b_dst;
+    int a_at, b_at;  // ... as offsets from As[0] and Bs[0] (where split() puts the low halves)
+    bool b_rows;  // the thread has B rows (a narrow tile: only the threads of its first BN rows)
+    int h, w, cin, kw, x_cstride, k_end;
+    int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
+    int a_corner[A_ROWS];            // offset of the corner's pixel (in the padding, maybe: read only when inside)
+    int w_row[B_ROWS];               // offset of the weight row; -1 past Cout (zero fill)
+    int k, c, r, s, tap;             // the piece's k as (r, s, c), and tap = (r w + s) x_cstride + c
+
+    __device__ __forceinline__ NhwcLoader(const NhwcConvArgs<E>& a, T (*as)[BM][BK], T (*bs)[BN][BK], int p0, int m0,
+                                          int k_begin, int k_end_, int tid)
+        : x(a.x), wr(a.wr), h(a.h), w(a.w), cin(a.cin), kw(a.kw), x_cstride(a.x_cstride), k_end(k_end_) {
+        const int piece = tid % 4, row0 = tid / 4;
+        const int howo = a.ho * a.wo, p_total = a.batch * howo, k_total = a.kh * a.kw * a.cin;
+        a_dst = &as[0][row0][swizzled<PIECE>(row0, piece)];
+        b_dst = &bs[0][row0][swizzled<PIECE>(row0, piece)];
+        a_at = a_dst - &as[0][0][0];
+        b_at = b_dst - &bs[0][0][0];
+        b_rows = BN >= ROWS || row0 < BN;
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) {
+            const int p = p0 + row0 + ROWS * i;
+            const int b = p / howo, q = p - b * howo, oh = q / a.wo, ow = q - oh * a.wo;
+            a_ih[i] = p < p_total ? oh * a.stride - a.pad_h : -(1 << 20);  // a pixel past P reads only zero fill
+            a_iw[i] = ow * a.stride - a.pad_w;
+            a_corner[i] = ((b * a.h + oh * a.stride - a.pad_h) * a.w + a_iw[i]) * a.x_cstride;
+        }
+#pragma unroll
+        for (int i = 0; i < B_ROWS; ++i)
+            w_row[i] = m0 + row0 + ROWS * i < a.cout ? (m0 + row0 + ROWS * i) * k_total : -1;
+        k = k_begin + PIECE * piece;
+        const int t = k / a.cin;
+        c = k - t * a.cin;
+        r = t / a.kw;
+        s = t - r * a.kw;
+        tap = (r * a.w + s) * a.x_cstride + c;
+    }
+
+    __device__ __forceinline__ void operator()(int, int stage) {
+        const bool k_ok = k < k_end;  // k_split and K are multiples of PIECE: a piece is inside or outside
+        T* const ad = a_dst + stage * (BM * BK);
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) {
+            const bool ok = k_ok && (unsigned)(a_ih[i] + r) < (unsigned)h && (unsigned)(a_iw[i] + s) < (unsigned)w;
+            cp_async::copy16_or_zero(ad + i * ROWS * BK, x + (ok ? (unsigned)(a_corner[i] + tap) : 0u), ok);
+        }
+        copy_b(stage, k_ok);
+        advance();
+    }
+
+    // This thread's weight pieces of the stage.
+    __device__ __forceinline__ void copy_b(int stage, bool k_ok) const {
+        if (b_rows) {
+            T* const bd = b_dst + stage * (BN * BK);
+#pragma unroll
+            for (int i = 0; i < B_ROWS; ++i) {
+                const bool ok = k_ok && w_row[i] >= 0;
+                cp_async::copy16_or_zero(bd + i * ROWS * BK, wr + (ok ? (unsigned)(w_row[i] + k) : 0u), ok);
+            }
+        }
+    }
+
+    __device__ __forceinline__ void advance() {
+        k += BK;  // the next stage's piece
+        tap += BK;
+        for (c += BK; c >= cin; c -= cin) {  // past the tap's channels: the next tap (s, then r)
+            tap += x_cstride - cin;
+            if (++s == kw) {
+                s = 0;
+                ++r;
+                tap += (w - kw) * x_cstride;
+            }
+        }
+    }
+
+    // SPLIT element types: this thread's pieces of the tile in `stage` become their high halves, and their low
+    // halves go to the same places of the tiles at a_lo, b_lo (E::split). Each piece is split by the thread that
+    // copied it, once its own copies have landed (cp_async_ring's landed), so no other thread has to wait.
+    __device__ __forceinline__ void split(int stage, T* a_lo, T* b_lo) const {
+        T* const ad = a_dst + stage * (BM * BK);
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) E::split(ad + i * ROWS * BK, a_lo + a_at + i * ROWS * BK);
+        if (b_rows) {
+            T* const bd = b_dst + stage * (BN * BK);
+#pragma unroll
+            for (int i = 0; i < B_ROWS; ++i) E::split(bd + i * ROWS * BK, b_lo + b_at + i * ROWS * BK);
+        }
+    }
+};
+
+// The epilogue of a thread's accumulators, one column at a time: pairs of output channels m, m + 1 (cout is even:
+// m + 1 < cout when m < cout) of the thread's pixels. Raw to the split-K workspace when the grid has several slices,
+// else bias, ReLU, the element type, into the column's part. What depends on the channels alone (part, bias, ReLU)
+// is looked up once per column rather than once per pair (per pair, the lookups would be thousands of instructions a
+// warp per 128x192 block).
+template <class E>
+struct NhwcStore {
+    const NhwcConvArgs<E>& a;
+    int p_total;
+    int z, splits;  // the block's K slice (blockIdx.z) of how many (gridDim.z)
+
+    // pairs(put) calls put(p, v0, v1) for each of the thread's pixels p in this column.
+    template <class Pairs>
+    __device__ __forceinline__ void column(int m, Pairs&& pairs) const {
+        if (m >= a.cout) return;
+        if (splits > 1) {
+            float* ws = static_cast<float*>(a.out) + (size_t)z * p_total * a.cout + m;
+            pairs([&](int p, float v0, float v1) {
+                if (p < p_total) *reinterpret_cast<float2*>(ws + (size_t)p * a.cout) = float2{v0, v1};
+            });
+            return;
+        }
+        const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
+        const float b0 = __ldg(a.bias + m), b1 = __ldg(a.bias + m + 1);
+        const bool relu = m < a.parts.relu_end;
+        typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
+        pairs([&](int p, float v0, float v1) {
+            if (p >= p_total) return;
+            v0 += b0;
+            v1 += b1;
+            if (relu) {
+                v0 = fmaxf(v0, 0.f);
+                v1 = fmaxf(v1, 0.f);
+            }
+            E::store2(y + p * col.cstride, v0, v1);
+        });
+    }
+
+    // fp16: channels m .. m + 3 of the thread's pixels, quads(put) calling put(p, v[4]), one 8-byte store each.
+    // Pairs would be 4-byte stores, 16 bytes of a pixel per warp instruction: half a 32-byte sector, so a third of
+    // the sectors written would be in excess. All four channels are below Cout and in one part, as every count and start
+    // is a multiple of 4 here (the header).
+    template <class Quads>
+    __device__ __forceinline__ void column4(int m, Quads&& quads) const {
+        if (m >= a.cout) return;
+        const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
+        float bias[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bias[e] = __ldg(a.bias + m + e);
+        const bool relu = m < a.parts.relu_end;
+        typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
+        quads([&](int p, const float (&q)[4]) {
+            if (p >= p_total) return;
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = relu ? fmaxf(q[e] + bias[e], 0.f) : q[e] + bias[e];
+            E::store4(y + p * col.cstride, v);
+        });
+    }
+
+    // A wgmma warpgroup's BN-channel tile from channel m0: sum(mb, i) is its accumulator i of 64-row block mb, which
+    // holds tile row 64 mb + 16 warp + g + 8 half, channels 8j + 2t + e for i = 4j + 2 half + e (wgmma.cuh's D
+    // layout); pixel(mb, half) is the output pixel of this thread's row (p_total or more: none). fp16, no split-K:
+    // lanes t and t ^ 1 swap pairs so that each holds 4 adjacent channels of a pixel (even t: block j's 2t .. 2t + 3,
+    // odd t: block j + 1's 2t - 2 .. 2t + 1), and the 4 lanes of a pixel store blocks j and j + 1 as 32 bytes.
+    template <int MB, int BN, class Pixel, class Sum>
+    __device__ __forceinline__ void wgmma_pixels(int m0, Pixel&& pixel, Sum&& sum) const {
+        const int t = threadIdx.x % 4;
+        if constexpr (sizeof(typename E::T) == 2) {
+            static_assert(BN % 16 == 0, "fp16 stores blocks of 8 channels in pairs");
+            if (splits == 1) {
+                const bool odd = t & 1;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j += 2) {
+                    float q[MB][2][4];
+#pragma unroll
+                    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int i = 4 * j + 2 * half;  // block j's pair; i + 4, block j + 1's
+                            const float a0 = sum(mb, i), a1 = sum(mb, i + 1), b0 = sum(mb, i + 4), b1 = sum(mb, i + 5);
+                            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+                            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+                            float(&v)[4] = q[mb][half];
+                            v[0] = odd ? r0 : a0;
+                            v[1] = odd ? r1 : a1;
+                            v[2] = odd ? b0 : r0;
+                            v[3] = odd ? b1 : r1;
+                        }
+                    column4(m0 + 8 * j + 2 * t + (odd ? 6 : 0), [&](auto&& put) {
+#pragma unroll
+                        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                            for (int half = 0; half < 2; ++half) put(pixel(mb, half), q[mb][half]);
+                    });
+                }
+                return;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+            column(m0 + 8 * j + 2 * t, [&](auto&& put) {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+                        put(pixel(mb, half), sum(mb, 4 * j + 2 * half), sum(mb, 4 * j + 2 * half + 1));
+            });
+    }
+    // ... whose rows are the pixels of the GEMM tile's rows from p0, warpgroup `group` taking rows 64 MB group on.
+    template <int MB, int BN, class Sum>
+    __device__ __forceinline__ void wgmma_rows(int p0, int m0, int group, Sum&& sum) const {
+        const int lane = threadIdx.x % 32, row = p0 + 64 * MB * group + 16 * (threadIdx.x / 32 % 4) + lane / 4;
+        wgmma_pixels<MB, BN>(m0, [&](int mb, int half) { return row + 64 * mb + 8 * half; }, sum);
+    }
+};
+
+// The dynamic shared memory of the sm_90a tiles (wgmma, warp-specialized and halo), laid out by each kernel.
+#ifdef __CUDACC__
+extern __shared__ __align__(1024) unsigned char wgmma_ring[];
+#else
+// The emulator runs one block at a time; the ring is as large as an SM's shared memory for a block (227 KB): the
+// warp-specialized tiles take ~200 KB, the halo tiles up to all of it (conv_nhwc_halo.cu).
+alignas(1024) static unsigned char wgmma_ring[227 * 1024];
+#endif
+
+// The parts as flat kernel parameters (what the launch format passes), ending in relu_end.
+#define NHWC_PARTS_PARAMS                                                                                         \
+    int start1, int offset1, int cstride1, int start2, int offset2, int cstride2, int start3, int offset3,        \
+        int cstride3, int relu_end
+#define NHWC_PARTS_ARGS                                                                                           \
+    NhwcParts {                                                                                                   \
+        {start1, start2, start3}, {offset1, offset2, offset3}, {cstride1, cstride2, cstride3}, relu_end           \
+    }
+#define CONV_NHWC_PARAMS(E)                                                                                         \
+    const E::T *__restrict__ x, const E::T *__restrict__ wr, const float *__restrict__ bias, void *__restrict__ out, \
+        int batch, int cin, int h, int w, int x_cstride, int cout, int ho, int wo, int y_cstride, int kh, int kw,   \
+        int stride, int pad_h, int pad_w, int k_split, NHWC_PARTS_PARAMS
+#define CONV_NHWC_ARGS(E)                                                                                        \
+    NhwcConvArgs<E> {                                                                                            \
+        x, wr, bias, out, batch, cin, h, w, x_cstride, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w,    \
+            k_split, NHWC_PARTS_ARGS                                                                             \
+    }
+
+// One extern "C" entry point per element type and tile: KERNEL runs GEMM (a parenthesized template-id) on its
+// arguments, THREADS threads a block, at least MIN_BLOCKS blocks an SM (which caps registers: 2 blocks of 256
+// threads leave 128 a thread for the 64x32 warp tile's 64 accumulators).
+#define CONV_NHWC_ENTRY(KERNEL, E, THREADS, MIN_BLOCKS, GEMM)                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) KERNEL(CONV_NHWC_PARAMS(E)) { \
+        GEMM(CONV_NHWC_ARGS(E));                                                                      \
+    }

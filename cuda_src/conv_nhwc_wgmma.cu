@@ -1,0 +1,192 @@
+// conv_nhwc_wgmma.cu: the NHWC implicit-GEMM conv (conv_nhwc.cuh) on Hopper's wgmma tiles (sm_90a), fp16, tf32 and
+// fp32 (3xTF32).
+//
+// Idea: the same implicit GEMM as conv_nhwc_mma.cu with wgmma (wgmma.cuh): the tiles the loader fills are already in
+// wgmma's 64-byte swizzle, so each warpgroup multiplies its 64 pixel rows of the stage by the whole BN-channel B tile
+// with two instructions (k16 + k16 of fp16, k8 + k8 of tf32) instead of the mma.sync kernel's ldmatrix and m16n8 steps:
+// 128x128 issues 2 wgmma per warp per stage instead of 12 ldmatrix + 32 mma. Two warpgroups, 256 threads; the
+// accumulators, BM / 128 * BN / 2 per thread, stay in registers until the epilogue. A stage's wgmma run on while the
+// next stage is waited for and loaded: its math waits only for the previous stage's (wait(1)), and the ring loads into
+// the buffer of the stage before that (cp_async_ring's ASYNC). The ring lives in dynamic shared memory (wgmma_stages()
+// stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of loads in flight. A
+// 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage. 128x192 (96 accumulators a thread) covers
+// the Cout = 192 and 384 layers in whole tiles, reading 1.2x fewer bytes per multiply-add than 128x128.
+// SPLIT (NhwcF32): each thread splits the pieces it copied into high halves in place and low halves in a ring of
+// WGMMA_LO_TILES A and B tiles of their own (cp_async_ring's landed), and each k step is three wgmma: A B, A B_lo, A_lo
+// B. The low tiles of tile t are written before the barrier of tile t, while a warpgroup may still be in the math of
+// tile t - 1 and its wgmma of tile t - 2 may still read: so three of them, one for each. Every WGMMA_SPLIT_CHUNK tiles
+// the accumulators are waited for and added to `total`, and the next tile starts them anew.
+//
+// Launch: conv_nhwc[_tf32|_f32]_wgmma_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN), splits), dynamic
+//         shared memory wgmma_ring_bytes(split, BM, BN).
+#include "conv_nhwc.cuh"
+
+// Stages of the wgmma tiles' ring (cuda.tiles.wgmma_stages), for two blocks an SM (one block cannot hide its own
+// barrier and load latency, which is why there are no 256x128 and 256x192 wgmma tiles): for 128 pixel rows, 4 in flight while one is
+// multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would not fit twice);
+// 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES more tiles for the
+// low halves (conv_nhwc_wgmma_gemm): 6 stages for its tiles of at most 64 channels, and 8 for 128x128, which runs one
+// block an SM (its sums in registers twice would spill at two).
+__host__ __device__ constexpr int wgmma_stages(bool split, int bm, int bn) {
+    return split ? (bn == 128 ? 8 : 6) : bm == 256 ? 4 : bn == 192 ? 5 : 6;
+}
+constexpr int WGMMA_LO_TILES = 3;
+// A SPLIT type's tensor-core accumulators take the sums of this many tiles (12 wgmma of k8), then they are added to
+// fp32 registers, rounded to nearest. The tensor cores' own accumulation measured biased: with every tile in them,
+// fp32 forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit (2.0e-5 at batch 1, split-K), on the
+// H100, against 4.5e-7 for the FFMA path.
+[[maybe_unused]] constexpr int WGMMA_SPLIT_CHUNK = 2;  // unused where the wgmma tiles are not built
+// The ring's bytes, the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes).
+__host__ __device__ constexpr int wgmma_ring_bytes(bool split, int bm, int bn) {
+    return (wgmma_stages(split, bm, bn) + (split ? WGMMA_LO_TILES : 0)) * (bm + bn) * 64;
+}
+
+
+#ifndef __CUDACC__
+static_assert(wgmma_ring_bytes(true, 128, 128) <= sizeof(wgmma_ring), "the emulator's ring is too small");
+static_assert(wgmma_ring_bytes(false, 128, 192) <= sizeof(wgmma_ring), "the emulator's ring is too small");
+#endif
+
+template <class E, int BM, int BN>
+__device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
+    using T = typename E::T;
+    constexpr int NT = 256, MB = BM / 128;  // two warpgroups, each MB blocks of 64 pixel rows
+    constexpr int STAGES = wgmma_stages(E::SPLIT, BM, BN);
+    using Loader = NhwcLoader<E, BM, BN, NT>;
+    constexpr int BK = Loader::BK;
+    static_assert(BM % 128 == 0 && (BN == 192 || BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
+
+    // 512-byte aligned tiles (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
+    // wgmma_ring_bytes(E::SPLIT, BM, BN), the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes):
+    // As[STAGES], Bs[STAGES], and for SPLIT A_lo[WGMMA_LO_TILES], B_lo[WGMMA_LO_TILES].
+    T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
+    T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
+    T* const a_lo = reinterpret_cast<T*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
+    T* const b_lo = a_lo + WGMMA_LO_TILES * BM * BK;
+#ifndef __CUDACC__
+    static_assert(wgmma_ring_bytes(E::SPLIT, BM, BN) <= sizeof(wgmma_ring), "the emulator's ring is too small");
+#endif
+
+    const int tid = threadIdx.x, group = tid / 128;
+    const int p_total = a.batch * a.ho * a.wo, k_total = a.kh * a.kw * a.cin;
+    const int p0 = tile_n0(BM), m0 = tile_m0(BN);
+    const int k_begin = blockIdx.z * a.k_split;
+    const int k_end = min(k_total, k_begin + a.k_split);
+    Loader load(a, As, Bs, p0, m0, k_begin, k_end, tid);
+
+    // Not zeroed: the first wgmma of the block overwrites d (wgmma.cuh). Every block has at least one K tile (the
+    // backend's split-K never leaves a slice empty).
+    float d[MB][BN / 2];
+    int accumulate = 0;
+
+    // The descriptors of buffer 0; a buffer, and 64 rows, are fixed steps on (start addresses in units of 16 bytes).
+    const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
+    const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
+    const unsigned long long da_lo0 = wgmma::desc_k_major_64b(a_lo + 64 * MB * group * BK);
+    const unsigned long long db_lo0 = wgmma::desc_k_major_64b(b_lo);
+    constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
+    constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
+    int lo = WGMMA_LO_TILES - 1;  // the low tiles of the tile being split and multiplied (SPLIT)
+    // SPLIT: d holds the sums of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far); then they move to total.
+    float total[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
+    int chunk_tiles = 0;
+    if constexpr (E::SPLIT) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) total[mb][i] = 0.f;
+    }
+    const auto promote = [&] {
+        if constexpr (E::SPLIT) {
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                wgmma::fence_registers(d[mb]);
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i];
+            }
+        }
+    };
+    const auto split = [&](int st) {
+        if constexpr (E::SPLIT) {
+            lo = lo == WGMMA_LO_TILES - 1 ? 0 : lo + 1;
+            load.split(st, a_lo + lo * BM * BK, b_lo + lo * BN * BK);
+        }
+    };
+    cp_async_ring<STAGES, BK, true>(
+        k_begin, k_end, load,
+        [&](int st) {
+            const unsigned long long db = db0 + st * B_STEP;
+            wgmma::fence();
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+                const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {  // k8 + k8 (tf32) or k16 + k16 (fp16): 32 bytes on
+                    const unsigned long long on = half * wgmma::DESC_32_BYTES;
+                    E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
+                    if constexpr (E::SPLIT) {
+                        const unsigned long long da_lo = da_lo0 + (lo * A_STEP + mb * ROWS64_STEP);
+                        E::template wgmma<BN>(d[mb], da + on, db_lo0 + lo * B_STEP + on, 1);
+                        E::template wgmma<BN>(d[mb], da_lo + on, db + on, 1);
+                    }
+                }
+            }
+            accumulate = 1;
+            wgmma::commit();
+            if (E::SPLIT && ++chunk_tiles == WGMMA_SPLIT_CHUNK) {
+                wgmma::wait<0>();
+                promote();
+                accumulate = chunk_tiles = 0;
+            } else {
+                wgmma::wait<1>();
+            }
+        },
+        split);
+    wgmma::wait<0>();
+    if (E::SPLIT && chunk_tiles) promote();
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
+    cp_async::wait<0>();  // no copy may still target shared memory when the block exits
+    const auto sum = [&](int mb, int i) {
+        if constexpr (E::SPLIT)
+            return total[mb][i];
+        else
+            return d[mb][i];
+    };
+
+    NhwcStore<E>{a, p_total, (int)blockIdx.z, (int)gridDim.z}.template wgmma_rows<MB, BN>(p0, m0, group, sum);
+}
+
+// The wgmma tiles exist where wgmma does: sm_90a (cuda_build compiles this file for it on compute capability 9.0),
+// and the CPU emulator (tests/cuda_emu/wgmma_emu.h).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDACC__)
+// Two blocks of 256 threads an SM. Shared memory and accumulators a thread: 128x128 96 KB, 64; 128x64 72 KB,
+// 128x32 60 KB (3 blocks fit); 128x192 100 KB, 96 (ptxas: 128 registers, none spilled). The 256-pixel tiles, for
+// the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and loads): 256x64 80 KB,
+// 256x32 72 KB. NhwcF32 (three wgmma a k step, low tiles, and its sums in registers twice): 128x64 108 KB, 113
+// registers; 128x32 90 KB; 128x128 one block an SM (its 128 sums would spill at 128 registers), 176 KB.
+#define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS) \
+    CONV_NHWC_ENTRY(NAME##_wgmma_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_wgmma_gemm<E, BM, BN>))
+#define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
+
+// In cuda/tiles.py's order (WGMMA_SPEEDS, F32_WGMMA_SHAPES).
+#define CONV_NHWC_WGMMA_TILES(NAME, E)        \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 192) \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 128) \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 64)  \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 128, 32)  \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 64)  \
+    CONV_NHWC_WGMMA_KERNEL(NAME, E, 256, 32)
+
+#ifdef IE_NHWC_FP16
+CONV_NHWC_WGMMA_TILES(conv_nhwc, NhwcF16)
+#endif
+#ifdef IE_NHWC_TF32
+CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
+#endif
+#ifdef IE_NHWC_FP32
+CONV_NHWC_WGMMA_KERNEL_BLOCKS(conv_nhwc_f32, NhwcF32, 128, 128, 1)
+CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 64)
+CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)
+#endif
+#endif
