@@ -228,7 +228,7 @@ def process_chunk(slots: int, workers: int) -> int:
     """Images per task sent to a decode process. A task costs the parent ~200 us of CPU (pickling, the executor's
     queue and result threads) and an image in it ~20 us more, and the
     parent's threads share one GIL with the pipeline: one image a task capped a 32-CPU machine at ~3,200 images/s
-    (docs/PERFORMANCE.md, "Several GPUs of one machine"). Chunks as large as leave every worker two tasks in the
+    (docs/performance-log.md, "Several GPUs of one machine"). Chunks as large as leave every worker two tasks in the
     ring, up to 16."""
     return max(1, min(16, slots // (2 * workers)))
 
