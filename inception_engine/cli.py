@@ -532,6 +532,56 @@ def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], precision
 
 # ----------------------------------------------------------------------------------------------------- entry points
 
+def batch_tuple(value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: batch sizes are at least 1")
+    return out
+
+
+@click.command(name="inception-tune", cls=Command, context_settings=CONTEXT)
+@click.option("--precisions", default="fp32,tf32,fp16", show_default=True,
+              help="comma-separated: fp32, tf32, fp16")
+@click.option("--batch-sizes", default="1,8,32,64,128", show_default=True,
+              help="comma-separated batch sizes")
+@click.option("--weights", "weights_path", help="weight file (default: the run's search order; else synthetic "
+              "weights, which time the same)")
+@click.option("--table", type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the measured configs as a tuning table (the package's format) to this file")
+def tune_cmd(precisions: str, batch_sizes: str, weights_path: str | None, table: Path | None) -> None:
+    """Measure the fastest kernels of every conv on this GPU now, so that no run waits for it."""
+    from .model_files import load_weights
+    from .tune import PRECISIONS, tune
+    from .weights import find_weights
+
+    wanted = tuple(p.strip() for p in precisions.split(","))
+    bad = [p for p in wanted if p not in PRECISIONS]
+    if bad:
+        raise click.BadParameter(f"unknown precision {bad[0]!r}; choose from {', '.join(PRECISIONS)}",
+                                 param_hint="--precisions")
+    sizes = batch_tuple(batch_sizes)
+    try:
+        try:
+            weights = load_weights(find_weights(weights_path))
+        except EngineError:
+            if weights_path:
+                raise
+            from .synthetic import synthetic_weights
+
+            weights = synthetic_weights(0)
+        rows = tune(weights, wanted, sizes, table, show=sys.stderr.isatty())
+    except EngineError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    for precision, batch, source, seconds in rows:
+        click.echo(f"{precision:5} batch {batch:4}: {source} ({seconds:.1f} s)")
+    if table is not None:
+        click.echo(f"table: {table}")
+
+
 def run_main() -> None:
     run_cmd.main(prog_name="inception-run")
 
@@ -542,3 +592,7 @@ def convert_main() -> None:
 
 def bench_main() -> None:
     bench_cmd.main(prog_name="inception-bench")
+
+
+def tune_main() -> None:
+    tune_cmd.main(prog_name="inception-tune")

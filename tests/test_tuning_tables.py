@@ -70,7 +70,7 @@ def test_the_shape_key_ignores_the_build_and_the_cache_key_does_not(monkeypatch)
 def test_each_shipped_table_covers_every_precision_and_batch_size_with_tiles_of_this_build(path):
     table = json.loads(path.read_text())
     assert path.name == tuning.table_name(table["device"])
-    assert table["command"].startswith("python -m inception_engine.tune ")
+    assert table["command"].startswith("inception-tune ")
     entries = table["entries"].values()
     assert {(e["precision"], e["batch"]) for e in entries} == {(p, b) for p in PRECISIONS for b in BATCH_SIZES}
     for e in entries:
