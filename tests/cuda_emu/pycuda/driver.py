@@ -2,7 +2,8 @@
 
 Device memory is host memory (a device pointer is a host address), kernels run in the fiber emulator compiled
 from cuda_src with tests/cuda_emu/emu.h into the library named by $INCEPTION_EMU_LIB, whose ``emu_<kernel>``
-entry points take (grid x, y, z, block x, kernel arguments...). Everything runs synchronously in call order.
+entry points take (grid x, y, z, block x, kernel arguments...). Everything runs synchronously in call order; launches from several threads take turns (the fiber emulator is not
+reentrant), and each thread has its own context stack, as the real driver's.
 Checks what the real driver would reject: calls outside a pushed context, async copies from pageable memory,
 argument lists that do not match the prepared format, grid limits. gpu_sleep (inline PTX) is a no-op.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 
 import numpy as np
@@ -18,6 +20,8 @@ import numpy as np
 _lib = ctypes.CDLL(os.environ["INCEPTION_EMU_LIB"])
 _live: dict[int, DeviceAllocation] = {}
 _C_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong}
+_launching = threading.Lock()  # one emulated kernel at a time, whichever thread launches it
+_contexts = threading.local()  # each thread's context stack
 
 
 class Error(Exception):
@@ -50,22 +54,26 @@ def init() -> None:
     pass
 
 
+def _stack() -> list[Context]:
+    if not hasattr(_contexts, "stack"):
+        _contexts.stack = []
+    return _contexts.stack
+
+
 def _need_context() -> None:
-    if not Context.stack:
+    if not _stack():
         raise Error("no current context")
 
 
 class Context:
-    stack: list[Context] = []
-
     def push(self) -> None:
-        Context.stack.append(self)
+        _stack().append(self)
 
     @staticmethod
     def pop() -> None:
-        if not Context.stack:
+        if not _stack():
             raise Error("cannot pop context from empty stack")
-        Context.stack.pop()
+        _stack().pop()
 
     @staticmethod
     def synchronize() -> None:
@@ -229,7 +237,8 @@ class Function:
         if not (grid[0] < 2**31 and grid[1] < 2**16 and grid[2] < 2**16 and block[0] <= 1024):
             raise Error(f"{self.name}: grid {grid} block {block} beyond the launch limits")
         if self.name != "gpu_sleep":
-            self.fn(*grid, block[0], *args)
+            with _launching:
+                self.fn(*grid, block[0], *args)
 
 
 class Module:
