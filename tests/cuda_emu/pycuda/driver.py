@@ -2,8 +2,9 @@
 
 Device memory is host memory (a device pointer is a host address), kernels run in the fiber emulator compiled
 from cuda_src with tests/cuda_emu/emu.h into the library named by $INCEPTION_EMU_LIB, whose ``emu_<kernel>``
-entry points take (grid x, y, z, block x, kernel arguments...). Everything runs synchronously in call order; launches from several threads take turns (the fiber emulator is not
-reentrant), and each thread has its own context stack, as the real driver's.
+entry points take (grid x, y, z, block x, kernel arguments...). Everything runs synchronously in call order;
+launches from several threads take turns (the fiber emulator is not reentrant), and each thread has its own
+context stack, as the real driver's.
 Checks what the real driver would reject: calls outside a pushed context, async copies from pageable memory,
 argument lists that do not match the prepared format, grid limits. gpu_sleep (inline PTX) is a no-op.
 """
