@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-from inception_engine import arch, cli, onnx_convert, weights
+from inception_engine import arch, cli, model_files, onnx_convert, weights
 from inception_engine.errors import ConversionError, EngineError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -446,7 +446,7 @@ def test_default_output_is_the_user_cache_and_needs_force_to_overwrite(synthetic
     r = invoke([model, "--force"])
     assert r.exit_code == 0, r.output
     assert f"inception-run reads $INCEPTION_WEIGHTS ({tmp_path / 'elsewhere.npz'}) instead" in r.stdout
-    assert weights.load_weights(out).manifest["source_name"] == Path(model).name
+    assert model_files.load_weights(out).manifest["source_name"] == Path(model).name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
     no_part_files(tmp_path)
 
@@ -557,7 +557,7 @@ def test_an_onnx_file_the_converter_refuses_is_one_line_through_weights(ts_model
     path = tmp_path / "edited.onnx"
     path.write_bytes(m.SerializeToString())
     with pytest.raises(EngineError) as e:
-        weights.load_weights(path)
+        model_files.load_weights(path)
     assert "unknown attribute 'dilationss'" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "cache").exists()
 
@@ -569,7 +569,7 @@ def test_an_onnx_file_as_weights_with_an_unwritable_cache_runs_from_memory(synth
     (tmp_path / "blocker").write_text("x")
     monkeypatch.setattr(weights, "user_cache_dir", lambda: tmp_path / "blocker" / "inception-engine")
     model = synthetic_onnx()
-    w = weights.load_weights(model)
+    w = model_files.load_weights(model)
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"note: converted {model} for this run only") and "is a file" in err and "\n" not in err
     assert w.path == model and sorted(w.arrays) == sorted(arch.weight_shapes())
