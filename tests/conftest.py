@@ -36,6 +36,14 @@ def gpu():
     g.release()
 
 
+@pytest.fixture(scope="module")
+def weights():
+    """The model of the whole-network tests (helpers.network.network_model), on the GPU and the emulator."""
+    from helpers.network import network_model
+
+    return network_model()
+
+
 @pytest.fixture
 def decode_pool_kinds(monkeypatch) -> list[str]:
     """The worker kind of every decode pool the pipeline starts during the test, in order."""
