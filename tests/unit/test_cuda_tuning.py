@@ -1,12 +1,12 @@
 """The shipped tuning tables (backends/cuda/tuning.py): read back as the configs they were measured as, looked up
-by GPU model and conv shapes, and skipped where they do not apply. The GPU test at the end holds a table's configs to
-the same outputs, bit for bit, as the same configs given directly."""
+by GPU model and conv shapes, and skipped where they do not apply. On the GPU,
+tests/device/test_cuda_tuning_tables.py holds a table's configs to the same outputs as the same configs given
+directly."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from inception_engine.backends.cuda import tuning
@@ -75,20 +75,3 @@ def test_each_shipped_table_covers_every_precision_and_batch_size_with_tiles_of_
     assert {(e["precision"], e["batch"]) for e in entries} == {(p, b) for p in PRECISIONS for b in BATCH_SIZES}
     for e in entries:
         assert all(tuning.config_from_json(d) is None or d for d in e["configs"].values())  # every tile exists
-
-
-@pytest.mark.gpu
-def test_a_tables_configs_give_the_outputs_of_the_same_configs_given_directly(gpu, tmp_path, monkeypatch):
-    from inception_engine.backends.cuda import CudaBackend
-    from inception_engine.synthetic import synthetic_weights
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty tuning cache: the table or nothing
-    w = synthetic_weights(0)
-    x = np.random.default_rng(5).standard_normal((8, 3, 299, 299)).astype(np.float32)
-    with CudaBackend(w, build_plan(8, w.layers()), precision="fp16", tune="cached") as from_table:
-        if from_table.tuning_source != "table":
-            pytest.skip(f"no shipped tuning table for this GPU ({from_table.gpu.device.name()})")
-        configs, out_table = dict(from_table.configs), from_table.forward(x)
-    with CudaBackend(w, build_plan(8, w.layers()), precision="fp16", configs=configs) as given:
-        out_given = given.forward(x)
-    assert np.isfinite(out_table).all() and np.array_equal(out_table, out_given)
