@@ -28,11 +28,12 @@ def gpu_unavailable_reason() -> str | None:
 def gpu():
     """(Gpu, Kernels) for kernel tests: device 0's context, current for the module, and every compiled cuda_src
     kernel (cuda_build.SOURCES) loaded through the backend's own loader."""
-    from inception_engine.backends import cuda as cb
+    from inception_engine.backends.cuda.device import Gpu
+    from inception_engine.backends.cuda.kernels import Kernels
 
-    g = cb.Gpu()
+    g = Gpu()
     with g:
-        yield g, cb.Kernels(g.arch)
+        yield g, Kernels(g.arch)
     g.release()
 
 

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from inception_engine import backends, cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.backend import CudaBackend
+from inception_engine.backends.cuda.cost_model import choose_configs
+from inception_engine.backends.cuda.device import Gpu
+from inception_engine.backends.cuda.tuning import config_to_json, tuning_candidates
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.errors import EngineError
 from inception_engine.plan import build_plan, is_fused
@@ -47,7 +50,7 @@ def test_graph_and_eager_match_the_reference_and_each_other(weights, batch, nhwc
     plan = build_plan(batch, weights.layers())
     outs = {}
     for graph, concurrent in ((True, True), (True, False), (False, False), (False, True)):
-        with cb.CudaBackend(weights, plan, graph=graph, concurrent=concurrent, nhwc=nhwc) as backend:
+        with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, nhwc=nhwc) as backend:
             assert backend.concurrent == concurrent and backend.plan.concurrent >= concurrent
             got = backend.forward(x)
             again = backend.forward(x)
@@ -77,7 +80,7 @@ def test_tf32_graph_and_eager_match_the_reference(weights, batch, nhwc):
     ideal_err = rel_l2(tf32_forward(weights, x_image), ref_image)
     outs = []
     for graph in (True, False):
-        with cb.CudaBackend(weights, plan, graph=graph, precision="tf32", nhwc=nhwc) as backend:
+        with CudaBackend(weights, plan, graph=graph, precision="tf32", nhwc=nhwc) as backend:
             assert backend.precision == "tf32" and backend.nhwc == nhwc
             convs = ("conv_nhwc_tf32_", "conv_input_mma_nhwc_tf32", "conv_tf32_1x1_") if nhwc else ("conv_tf32_",)
             assert all(s.kernel.startswith(convs) for s in backend.specs
@@ -100,7 +103,7 @@ def test_tf32_top1_agrees_with_float64_on_256_inputs(weights):
     float64's on >= 99% and every batch is within the TF32 bound. (On image-like inputs no single-rounding TF32
     forward reaches it on this model: see tests/helpers/tf32_reference.py and docs/performance-log.md.)"""
     plan = build_plan(32, weights.layers())
-    with cb.CudaBackend(weights, plan, precision="tf32", nhwc=False) as backend:
+    with CudaBackend(weights, plan, precision="tf32", nhwc=False) as backend:
         assert_top1_agrees_on_256_inputs(backend, weights, plan, TF32_TOL)
 
 
@@ -115,16 +118,16 @@ def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, n
     x = make_input(2, seed=5)
     ref = reference(weights, x, 2)
     plan = build_plan(2, weights.layers())
-    with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as backend:
+    with CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as backend:
         got = backend.forward(x)
         tuned = backend.configs
         assert is_fused(backend.plan) == (backend.nhwc and fuse is not False)
     assert len(list(tmp_path.glob("*.json"))) == 1
-    gpu = cb.Gpu()
+    gpu = Gpu()
     gpu.release()
-    sets = cb.tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, backend.nhwc,
+    sets = tuning_candidates(backend.plan, gpu.num_sms, False, precision, True, backend.nhwc,
                                 cuda_build.has_wgmma(gpu.arch))
-    as_json = cb.config_to_json
+    as_json = config_to_json
     assert all(any(as_json(tuned[op.name]) == as_json(s[op.name]) for s in sets) for op in backend.plan.conv_ops)
     if precision == "fp32":
         assert rel_l2(got, ref) <= TOL
@@ -132,26 +135,26 @@ def test_tuned_backend_matches_the_reference_and_is_cached(weights, precision, n
         from helpers.fp16_reference import fp16_forward
 
         assert rel_l2(got, ref) <= 2 * rel_l2(fp16_forward(weights, x), ref)
-    monkeypatch.setattr(cb.CudaBackend, "time_layers", lambda *a, **k: pytest.fail("tuned again"))
-    with cb.CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as again:
+    monkeypatch.setattr(CudaBackend, "time_layers", lambda *a, **k: pytest.fail("tuned again"))
+    with CudaBackend(weights, plan, precision=precision, tune=True, nhwc=nhwc, fuse=fuse) as again:
         assert again.configs == tuned
 
 
 def test_conv_variants_in_use_are_covered():
     """On this GPU the network at batch 1 and 8 uses split-K somewhere and more than one tile, so the two
     full-network tests above exercise more than one kernel variant."""
-    gpu = cb.Gpu()
+    gpu = Gpu()
     gpu.release()
     used = set()
     for batch in (1, 8):
-        configs = cb.choose_configs(build_plan(batch), gpu.num_sms)
+        configs = choose_configs(build_plan(batch), gpu.num_sms)
         used |= {(c.tile.name, c.splits > 1) for c in configs.values() if c is not None}
     assert any(split for _, split in used) and len({t for t, _ in used}) >= 2, used
 
 
 def test_errors_are_one_line(weights):
     plan = build_plan(1, weights.layers())
-    backend = cb.CudaBackend(weights, plan, graph=False)
+    backend = CudaBackend(weights, plan, graph=False)
     with pytest.raises(ValueError, match="does not match"):
         backend.forward(np.zeros((2, 3, 299, 299), np.float32))
     backend.close()
@@ -161,8 +164,8 @@ def test_errors_are_one_line(weights):
 
 
 def test_registry_and_kernel_cache():
-    assert backends.backend_class("cuda") is cb.CudaBackend
+    assert backends.backend_class("cuda") is CudaBackend
     assert backends.resolve("auto") == "cuda"
-    gpu = cb.Gpu()
+    gpu = Gpu()
     assert cuda_build.is_cached(gpu.arch)  # built by the tests above (or an earlier process)
     gpu.release()

@@ -150,7 +150,7 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path):
         jpeg_decode.load_nvimgcodec()
     except BackendUnavailable as e:
         pytest.skip(str(e))
-    from inception_engine.backends import cuda as cb
+    from inception_engine.backends.cuda.device import driver
 
     _, kernels = gpu
     rng = np.random.default_rng(19)
@@ -167,7 +167,7 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path):
         (tmp_path / name).write_bytes(data)
         items.append((str(tmp_path / name), data))
 
-    drv = cb.driver()
+    drv = driver()
     dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items))
     stream = drv.Stream()
     slot = PRE.size * PRE.size * 3

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.kernels import all_kernel_names, arg_format, source_of
 
 TESTS = Path(__file__).resolve().parents[1]
 EMU = TESTS / "cuda_emu"
@@ -23,10 +23,10 @@ C_PARAM = {"P": "void*", "i": "int", "q": "long long"}
 
 def wrapper_source() -> str:
     lines = [f'#include "{s}"' for s in cuda_build.SOURCES if s not in NOT_EMULATED]
-    for kernel in cb.all_kernel_names():
-        if cb.source_of(kernel) in NOT_EMULATED:
+    for kernel in all_kernel_names():
+        if source_of(kernel) in NOT_EMULATED:
             continue
-        fmt = cb.arg_format(kernel)
+        fmt = arg_format(kernel)
         params = ", ".join(f"{C_PARAM[c]} a{i}" for i, c in enumerate(fmt))
         args = ", ".join(f"emu::Ptr{{a{i}}}" if c == "P" else f"a{i}" for i, c in enumerate(fmt))
         lines.append(f'extern "C" void emu_{kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {params}) '

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.device import driver
 from inception_engine.backends.cuda import jpeg_decode
 
 
@@ -20,8 +20,8 @@ class FakeImage:
         self.pitch = -(-w * 3 // 64) * 64
         rows = np.zeros((h, self.pitch), np.uint8)
         rows[:, :w * 3] = a.reshape(h, -1)
-        self.alloc = cb.driver().mem_alloc(rows.nbytes)
-        cb.driver().memcpy_htod(int(self.alloc), rows)
+        self.alloc = driver().mem_alloc(rows.nbytes)
+        driver().memcpy_htod(int(self.alloc), rows)
         self.__cuda_array_interface__ = {"shape": (h, w, 3), "typestr": "|u1", "data": (int(self.alloc), False),
                                          "strides": (self.pitch, 3, 1), "version": 3}
 

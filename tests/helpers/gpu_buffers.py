@@ -7,7 +7,10 @@ import zlib
 
 import numpy as np
 
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.device import driver
+from inception_engine.backends.cuda.kernels import Kernels
+from inception_engine.backends.cuda.launch import Launch, LaunchSpec
+from inception_engine.backends.cuda.tiles import NAN_BITS
 from inception_engine.plan import ALIGN, View
 
 TOL = 1e-5  # rel L2, fp32 accumulation against float64
@@ -31,10 +34,10 @@ class Arena:
             self.offsets.append(pos)
             pos += -(-int(np.prod(s)) // ALIGN) * ALIGN
         self.shapes, self.elems = shapes, max(pos, 1)
-        drv = cb.driver()
+        drv = driver()
         self.alloc = drv.mem_alloc(4 * self.elems)
         self.ptr = int(self.alloc)
-        drv.memset_d32(self.ptr, cb.NAN_BITS, self.elems)
+        drv.memset_d32(self.ptr, NAN_BITS, self.elems)
 
     def view(self, i: int, c_offset: int = 0, channels: int | None = None) -> View:
         shape = self.shapes[i]
@@ -44,12 +47,12 @@ class Arena:
         """Write data (the view's dims) into the view; the rest of the buffer stays NaN."""
         host = self.buffer(int(v.buffer[1:]))
         host[:, v.c_offset:v.c_offset + v.channels] = data
-        cb.driver().memcpy_htod(self.ptr + 4 * v.offset, np.ascontiguousarray(host))
-        cb.driver().Context.synchronize()
+        driver().memcpy_htod(self.ptr + 4 * v.offset, np.ascontiguousarray(host))
+        driver().Context.synchronize()
 
     def buffer(self, i: int) -> np.ndarray:
         out = np.empty(self.shapes[i], np.float32)
-        cb.driver().memcpy_dtoh(out, self.ptr + 4 * self.offsets[i])
+        driver().memcpy_dtoh(out, self.ptr + 4 * self.offsets[i])
         return out
 
     def free(self) -> None:
@@ -63,9 +66,9 @@ class Params:
         flat = [np.ascontiguousarray(a, np.float32).ravel() for a in arrays]
         self.ptrs, pos = [], 0
         sizes = [-(-a.size // ALIGN) * ALIGN for a in flat]
-        drv = cb.driver()
+        drv = driver()
         self.alloc = drv.mem_alloc(4 * max(sum(sizes), 1))
-        drv.memset_d32(int(self.alloc), cb.NAN_BITS, max(sum(sizes), 1))
+        drv.memset_d32(int(self.alloc), NAN_BITS, max(sum(sizes), 1))
         for a, size in zip(flat, sizes):
             self.ptrs.append(int(self.alloc) + 4 * pos)
             drv.memcpy_htod(self.ptrs[-1], a)
@@ -76,10 +79,10 @@ class Params:
         self.alloc.free()
 
 
-def run(kernels: cb.Kernels, specs: list[cb.LaunchSpec]) -> None:
+def run(kernels: Kernels, specs: list[LaunchSpec]) -> None:
     for spec in specs:
-        cb.Launch(spec, kernels[spec.kernel])(None)
-    cb.driver().Context.synchronize()
+        Launch(spec, kernels[spec.kernel])(None)
+    driver().Context.synchronize()
 
 
 def check_view(arena: Arena, v: View, ref: np.ndarray, tol: float = TOL) -> None:

@@ -21,7 +21,12 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.cost_model import ConvConfig
+from inception_engine.backends.cuda.device import driver
+from inception_engine.backends.cuda.kernels import CONV_FORMAT, Kernels
+from inception_engine.backends.cuda.launch import LaunchSpec, conv_specs
+from inception_engine.backends.cuda.params import direct_weights
+from inception_engine.backends.cuda.tiles import NAN_BITS, Tile
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
 
@@ -72,7 +77,7 @@ class MmaTile:
     def smem_bytes(self) -> int:
         return 4 * self.stages * self.bk * (self.bm + self.PAD + self.bn + self.PAD)
 
-    def backend_tile(self) -> cb.Tile:
+    def backend_tile(self) -> Tile:
         raise NotImplementedError
 
 
@@ -152,7 +157,7 @@ def emulated_splits(case: Case) -> int:
     return 3 if case.kernel in ((3, 3), (1, 1), (7, 1)) else 1
 
 
-def run_every_tile(run: Callable, kernels: cb.Kernels, case: Case, tiles: list[MmaTile]) -> None:
+def run_every_tile(run: Callable, kernels: Kernels, case: Case, tiles: list[MmaTile]) -> None:
     """run(kernels, case, tile, splits) with every tile unsplit, and the last tile with 4 slices where K allows."""
     for tile in tiles:
         run(kernels, case, tile, 1)
@@ -171,16 +176,16 @@ def network_cases() -> list[tuple[str, Case]]:
 # --- launches ------------------------------------------------------------------------------------------------------
 
 
-def config(tile: MmaTile, splits: int, k_total: int) -> cb.ConvConfig:
+def config(tile: MmaTile, splits: int, k_total: int) -> ConvConfig:
     """This tile with about this many K slices (k_split a multiple of BK, as the backend makes it)."""
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
-    return cb.ConvConfig(tile.backend_tile(), math.ceil(k_total / k_split), k_split, 0.0)
+    return ConvConfig(tile.backend_tile(), math.ceil(k_total / k_split), k_split, 0.0)
 
 
-def mma_specs(case: Case, cfg: cb.ConvConfig, name: str, src: View, dst: View, arena: int, w: int, b: int,
-              ws: int) -> list[cb.LaunchSpec]:
+def mma_specs(case: Case, cfg: ConvConfig, name: str, src: View, dst: View, arena: int, w: int, b: int,
+              ws: int) -> list[LaunchSpec]:
     """The backend's launches for this conv (given tile counters, which the tensor-core split-K must not use)."""
-    specs = cb.conv_specs("conv", src, dst, case.kernel, case.stride, case.pad, case.relu, cfg, arena, w, b, ws,
+    specs = conv_specs("conv", src, dst, case.kernel, case.stride, case.pad, case.relu, cfg, arena, w, b, ws,
                           counters=1 << 44)
     assert specs[0].block == (THREADS, 1, 1) and specs[0].kernel == name
     assert [s.kernel for s in specs[1:]] == (["conv_splitk_reduce"] if cfg.splits > 1 else [])
@@ -235,7 +240,7 @@ def run_emulated(lib: ctypes.CDLL, case: Case, tile: MmaTile, splits: int, name:
     dst_buf = arena[src_elems:].reshape(dst_shape)
     src_buf[:, case.src_extra[0]:case.src_extra[0] + case.cin] = x
     before = src_buf.copy()
-    w_host = cb.direct_weights(wt, tile.backend_tile()).ravel()
+    w_host = direct_weights(wt, tile.backend_tile()).ravel()
     w_dev = aligned_empty(w_host.size)
     w_dev[:] = w_host
     b_dev = aligned_empty(case.cout)
@@ -247,7 +252,7 @@ def run_emulated(lib: ctypes.CDLL, case: Case, tile: MmaTile, splits: int, name:
     spec = mma_specs(case, cfg, name, src, dst, arena.ctypes.data, w_dev.ctypes.data, b_dev.ctypes.data,
                      ws.ctypes.data)[0]
     fn = getattr(lib, f"emu_{spec.kernel}")
-    fn.argtypes = [ctypes.c_uint] * 4 + [C_ARG[c] for c in cb.CONV_FORMAT]
+    fn.argtypes = [ctypes.c_uint] * 4 + [C_ARG[c] for c in CONV_FORMAT]
     fn(*spec.grid, spec.block[0], *spec.args)
     view = dst_buf[:, case.dst_extra[0]:case.dst_extra[0] + case.cout]
     if cfg.splits > 1:  # conv_splitk_reduce's arithmetic, in NumPy: every slice must have been written
@@ -280,18 +285,18 @@ def assert_cubin_holds(cubin: Path, names: list[str]) -> None:
     assert not missing, f"entry points missing from the cubin: {missing}"
 
 
-def run_on_gpu(kernels: cb.Kernels, case: Case, tile: MmaTile, splits: int, name: str, data: Data,
+def run_on_gpu(kernels: Kernels, case: Case, tile: MmaTile, splits: int, name: str, data: Data,
                check: Callable) -> None:
     """As run_emulated on the GPU (test_cuda_kernels.py's NaN-poisoned Arena, the real conv_splitk_reduce);
     check(arena, dst, x, wt, b) judges the destination view."""
     arena = Arena(*case.shapes())
     src, dst = arena.view(0, case.src_extra[0], case.cin), arena.view(1, case.dst_extra[0], case.cout)
     x, wt, b = data
-    params = Params(cb.direct_weights(wt, tile.backend_tile()), b)
+    params = Params(direct_weights(wt, tile.backend_tile()), b)
     cfg = config(tile, splits, case.k_total)
     ws_elems = max(1, cfg.splits * case.cout * case.n * math.prod(case.out_hw))
-    ws = cb.driver().mem_alloc(4 * ws_elems)
-    cb.driver().memset_d32(int(ws), cb.NAN_BITS, ws_elems)
+    ws = driver().mem_alloc(4 * ws_elems)
+    driver().memset_d32(int(ws), NAN_BITS, ws_elems)
     try:
         arena.put(src, x)
         before = arena.buffer(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.backend import CudaBackend
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.plan import build_plan
 
@@ -45,7 +45,7 @@ def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
-def assert_top1_agrees_on_256_inputs(backend: cb.CudaBackend, weights, plan, tol: float) -> None:
+def assert_top1_agrees_on_256_inputs(backend: CudaBackend, weights, plan, tol: float) -> None:
     """8 batches of 32 N(0, 1) inputs (plan at batch 32): the top class is float64's on >= 99% and the logits'
     rel L2 per batch <= tol."""
     agree, errs = 0, []

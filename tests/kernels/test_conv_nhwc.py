@@ -2,8 +2,8 @@
 conv_input_nhwc.cu and pool_nhwc.cu against float64 NumPy, every kernel test once per element type.
 
 - CPU, NumPy: the shared-tile swizzle (a piece per row and stage, every ldmatrix phase and every cp.async phase on 8
-  distinct 16-byte bank groups), the weight layouts (cb.direct_weights for conv_nhwc and conv_nhwc_tf32), the TF32
-  rounding (cb.round_tf32), the plan checks.
+  distinct 16-byte bank groups), the weight layouts (direct_weights for conv_nhwc and conv_nhwc_tf32), the TF32
+  rounding (round_tf32), the plan checks.
 - CPU, g++ fiber emulator (tests/cuda_emu, whose ldmatrix and mma follow the PTX ISA independently of the kernel),
   and the same tests on the GPU (marked gpu): every tile on convs of every kernel shape, stride 2, padding, K tails
   shorter than a stage, Cout tails, channel-slice views of wider NHWC buffers, no ReLU, split-K with its reduction;
@@ -28,7 +28,20 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.backend import CudaBackend
+from inception_engine.backends.cuda.cost_model import ConvConfig, choose_configs
+from inception_engine.backends.cuda.device import driver
+from inception_engine.backends.cuda.kernels import NHWC_CONV_FORMAT, Kernels, arg_format, source_of
+from inception_engine.backends.cuda.launch import Launch, LaunchSpec
+from inception_engine.backends.cuda.launch_nhwc import check_nhwc, nhwc_conv_specs, nhwc_pool_spec, nhwc_ptr
+from inception_engine.backends.cuda.params import direct_weights, op_params, round_tf32
+from inception_engine.backends.cuda.tensor_maps import MAP_BYTES, emulated, encode_all
+from inception_engine.backends.cuda.tiles import (HALO_THREADS, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE,
+                                                  MAX_SHARED_BYTES, NHWC_ELEMS, TILES_OF, WGMMA_LO_TILES, Tile, blocks,
+                                                  check_nhwc_precision, halo_smem_bytes, input_tile, is_halo,
+                                                  is_pingpong, is_tma, is_ws, tile_fits, wgmma_ring_bytes, wgmma_stages,
+                                                  ws_row, ws_stages, ws_threads, ws_tile, ws_tma_tile)
+from inception_engine.backends.cuda.tuning import tuning_candidates
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, pool2d
 from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, FusedConvOp, PoolOp, View, build_plan
@@ -43,13 +56,13 @@ from helpers.network import assert_top1_agrees_on_256_inputs
 TOL = {"fp16": 1e-3, "tf32": 1e-3, "fp32": 1e-5}
 NET_TOL = {"fp16": 1e-2, "tf32": 3e-3, "fp32": 1e-4}  # the issue's bounds
 ROW_BYTES = 64  # a shared row: 32 k of fp16, 16 of tf32
-PRECISIONS = tuple(cb.NHWC_ELEMS)
-KERNELS = [f"{t.prefix}_{t.name}" for p in PRECISIONS for t in cb.NHWC_ELEMS[p].tiles(wgmma=True)] + [
-    name + cb.NHWC_ELEMS[p].suffix for p in PRECISIONS
+PRECISIONS = tuple(NHWC_ELEMS)
+KERNELS = [f"{t.prefix}_{t.name}" for p in PRECISIONS for t in NHWC_ELEMS[p].tiles(wgmma=True)] + [
+    name + NHWC_ELEMS[p].suffix for p in PRECISIONS
     for name in ("pool2d_nhwc", "global_avg_pool_nhwc", "conv_input_nhwc")] + [
-    f"conv_nhwc{cb.NHWC_ELEMS[p].suffix}_splitk_reduce" for p in PRECISIONS] + [
-    f"conv_input_mma_nhwc{cb.NHWC_ELEMS[p].suffix}" for p in cb.INPUT_MMA_PRECISIONS] + [
-    f"{t.prefix}_maxpool3_{t.name}" for p in PRECISIONS for t in cb.NHWC_ELEMS[p].mma_tiles]
+    f"conv_nhwc{NHWC_ELEMS[p].suffix}_splitk_reduce" for p in PRECISIONS] + [
+    f"conv_input_mma_nhwc{NHWC_ELEMS[p].suffix}" for p in INPUT_MMA_PRECISIONS] + [
+    f"{t.prefix}_maxpool3_{t.name}" for p in PRECISIONS for t in NHWC_ELEMS[p].mma_tiles]
 DTYPE = {"fp16": np.float16, "tf32": np.float32, "fp32": np.float32}
 
 
@@ -57,7 +70,7 @@ def as_elem(a: np.ndarray, precision: str) -> np.ndarray:
     """a rounded to the precision's element type, as that type (tf32: float32 holding TF32 values)."""
     if precision == "fp16":
         return a.astype(np.float16)
-    return cb.round_tf32(a.astype(np.float32)) if precision == "tf32" else a.astype(np.float32)
+    return round_tf32(a.astype(np.float32)) if precision == "tf32" else a.astype(np.float32)
 
 
 # --- CPU, NumPy ----------------------------------------------------------------------------------------------------
@@ -92,8 +105,8 @@ def test_ldmatrix_and_cp_async_phases_are_bank_conflict_free():
 def test_nhwc_weights_are_rows_in_rsc_order_padded_to_eight_channels(precision):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((5, 3, 3, 2)).astype(np.float32)
-    for tile in cb.NHWC_ELEMS[precision].tiles(wgmma=True):
-        got = cb.direct_weights(w, tile).view(DTYPE[precision]).reshape(5, 3, 2, 8)
+    for tile in NHWC_ELEMS[precision].tiles(wgmma=True):
+        got = direct_weights(w, tile).view(DTYPE[precision]).reshape(5, 3, 2, 8)
         np.testing.assert_array_equal(got[..., :3], as_elem(w.transpose(0, 2, 3, 1), precision))
         assert not got[..., 3:].any()
 
@@ -105,47 +118,47 @@ def test_round_tf32_is_cvt_rna():
     x = np.array([1 + ulp / 2, 1 + ulp / 2 - 2.0 ** -23, 1 + 1.5 * ulp, -(1 + ulp / 2), 3e-39, np.inf, -np.inf],
                  np.float32)
     want = np.array([1 + ulp, one, 1 + 2 * ulp, -(1 + ulp), 3e-39, np.inf, -np.inf], np.float32)
-    got = cb.round_tf32(x)
+    got = round_tf32(x)
     np.testing.assert_array_equal(got[:4], want[:4])
     assert got[4] != 0 and (got[4:5].view(np.uint32) & 0x1FFF == 0).all() and abs(got[4] - x[4]) <= 2.0 ** -136
     np.testing.assert_array_equal(got[5:], want[5:])
-    assert np.isnan(cb.round_tf32(np.array([np.nan], np.float32))).all()
+    assert np.isnan(round_tf32(np.array([np.nan], np.float32))).all()
     r = np.random.default_rng(0).standard_normal(10000).astype(np.float32)
-    rel = np.abs(cb.round_tf32(r).astype(np.float64) - r) / np.abs(r)
-    assert rel.max() <= 2.0 ** -11 and (cb.round_tf32(r).view(np.uint32) & 0x1FFF == 0).all()
+    rel = np.abs(round_tf32(r).astype(np.float64) - r) / np.abs(r)
+    assert rel.max() <= 2.0 ** -11 and (round_tf32(r).view(np.uint32) & 0x1FFF == 0).all()
 
 
 @pytest.mark.parametrize("wgmma", [False, True])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precision, wgmma):
-    if not cb.NHWC_ELEMS[precision].tiles(wgmma):
+    if not NHWC_ELEMS[precision].tiles(wgmma):
         with pytest.raises(EngineError, match="fp32 on the NHWC layout runs on Hopper's wgmma tiles only"):
-            cb.check_nhwc_precision(precision, wgmma)
+            check_nhwc_precision(precision, wgmma)
         return
     plan = build_plan(8, concurrent=True)
-    configs = cb.choose_configs(plan, 132, False, precision, False, nhwc=True, wgmma=wgmma)
+    configs = choose_configs(plan, 132, False, precision, False, nhwc=True, wgmma=wgmma)
     first = plan.conv_ops[0]
-    first_tile = cb.INPUT_MMA_TILE if precision in ("fp16", "tf32") else cb.INPUT_TILE  # fp32: FMA, its accuracy
-    assert first.src.buffer == plan.input.buffer and configs[first.name] == cb.ConvConfig(
+    first_tile = INPUT_MMA_TILE if precision in ("fp16", "tf32") else INPUT_TILE  # fp32: FMA, its accuracy
+    assert first.src.buffer == plan.input.buffer and configs[first.name] == ConvConfig(
         first_tile, 1, 27, configs[first.name].est_us)
-    rest, tiles = plan.conv_ops[1:], cb.NHWC_ELEMS[precision].tiles(wgmma)
+    rest, tiles = plan.conv_ops[1:], NHWC_ELEMS[precision].tiles(wgmma)
     assert all(configs[op.name].tile in tiles and not configs[op.name].wino for op in rest)
     assert all(configs[op.name].k_split % tiles[0].bk == 0 for op in rest)
-    assert configs["fc"] is None or configs["fc"].tile in cb.TILES_OF[precision]
-    assert any(configs[op.name].tile in cb.NHWC_ELEMS[precision].wgmma_tiles for op in rest) == wgmma
+    assert configs["fc"] is None or configs["fc"].tile in TILES_OF[precision]
+    assert any(configs[op.name].tile in NHWC_ELEMS[precision].wgmma_tiles for op in rest) == wgmma
     # unmeasured, the model puts halo tiles on single-plane inputs only (cost_model.model_takes): the stem's 2a, 2b
-    assert {op.name for op in rest if cb.is_halo(configs[op.name].tile.prefix)} == (
+    assert {op.name for op in rest if is_halo(configs[op.name].tile.prefix)} == (
         {"Conv2d_2a_3x3", "Conv2d_2b_3x3"} if precision != "fp32" and wgmma else set())
-    sets = cb.tuning_candidates(plan, 132, False, precision, True, nhwc=True, wgmma=wgmma)
+    sets = tuning_candidates(plan, 132, False, precision, True, nhwc=True, wgmma=wgmma)
     # a set per tile: the convs that tile computes on it (a halo tile: stride-1 convs of several taps), the others
     # on tiles that compute them
-    on_own_tile = [{s[op.name].tile for op in rest if cb.tile_fits(op, t)} for s, t in zip(sets, tiles)]
+    on_own_tile = [{s[op.name].tile for op in rest if tile_fits(op, t)} for s, t in zip(sets, tiles)]
     assert on_own_tile == [{t} for t in tiles]
-    assert all(cb.tile_fits(op, s[op.name].tile) for s in sets for op in rest)
-    halo = [t for t in tiles if cb.is_halo(t.prefix)]
+    assert all(tile_fits(op, s[op.name].tile) for s in sets for op in rest)
+    halo = [t for t in tiles if is_halo(t.prefix)]
     assert bool(halo) == (precision != "fp32" and wgmma)
     for t in halo:
-        fits = {op.name for op in rest if cb.tile_fits(op, t)}
+        fits = {op.name for op in rest if tile_fits(op, t)}
         assert {"Conv2d_2a_3x3", "Conv2d_2b_3x3"} <= fits
         assert all(op.stride == 1 and op.kernel != (1, 1) for op in rest if op.name in fits)
         # Conv2d_4a's 80 channels in three planes: its weights and halos fit fp16's 128-position tiles of 64 channels
@@ -157,22 +170,22 @@ def test_configs_put_every_conv_on_nhwc_tiles_and_tuning_times_each_tile(precisi
 
 def test_nhwc_needs_channel_counts_in_pieces_and_fp32_needs_wgmma():
     plan = build_plan(1)
-    cb.check_nhwc(plan)
+    check_nhwc(plan)
     conv = next(op for op in plan.ops if isinstance(op, ConvOp) and op.src.buffer != plan.input.buffer)
     odd = dataclasses.replace(conv, src=dataclasses.replace(conv.src, channels=conv.src.channels - 4))
     bad = dataclasses.replace(plan, ops=tuple(odd if op is conv else op for op in plan.ops))
     with pytest.raises(EngineError, match=f"{conv.name}: the NHWC path needs channel counts"):
-        cb.check_nhwc(bad)
+        check_nhwc(bad)
     with pytest.raises(EngineError, match=r"batch 2048 is too large for the NHWC path .* use a batch of at most 1552"):
-        cb.check_nhwc(build_plan(2048))
+        check_nhwc(build_plan(2048))
     first = plan.conv_ops[0]
     wide = dataclasses.replace(first, kernel=(11, 11))  # 3 x 11 x 11 = 363 weights per output > INPUT_MAX_K
     with pytest.raises(EngineError, match=f"{first.name}: the NHWC path's first convolution takes at most 256"):
-        cb.check_nhwc(dataclasses.replace(plan, ops=tuple(wide if op is first else op for op in plan.ops)))
+        check_nhwc(dataclasses.replace(plan, ops=tuple(wide if op is first else op for op in plan.ops)))
     with pytest.raises(EngineError, match="fp32 on the NHWC layout runs on Hopper's wgmma tiles only"):
-        cb.check_nhwc_precision("fp32", False)
+        check_nhwc_precision("fp32", False)
     for precision, wgmma in (("fp16", False), ("tf32", False), ("fp32", True)):
-        cb.check_nhwc_precision(precision, wgmma)
+        check_nhwc_precision(precision, wgmma)
 
 
 # --- kernels on the emulator and on the GPU ------------------------------------------------------------------------
@@ -199,13 +212,13 @@ class Emulated:
         ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
         return out
 
-    def launch(self, specs: list[cb.LaunchSpec]) -> None:
+    def launch(self, specs: list[LaunchSpec]) -> None:
         for spec in specs:
             if spec.maps:  # the TMA tiles' tensor maps, in the emulator's own format
-                self.write(spec.args[-1], cb.encode_all(spec.maps, cb.emulated))
+                self.write(spec.args[-1], encode_all(spec.maps, emulated))
             fn = getattr(self.lib, f"emu_{spec.kernel}")
             fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.c_void_p if c == "P" else ctypes.c_int
-                                                 for c in cb.arg_format(spec.kernel)]
+                                                 for c in arg_format(spec.kernel)]
             fn(*spec.grid, spec.block[0], *spec.args)
 
     def close(self) -> None:
@@ -213,30 +226,30 @@ class Emulated:
 
 
 class OnGpu:
-    def __init__(self, kernels: cb.Kernels, arch: str):
+    def __init__(self, kernels: Kernels, arch: str):
         self.kernels, self.allocs, self.wgmma = kernels, [], cuda_build.has_wgmma(arch)
 
     def alloc(self, nbytes: int) -> int:
-        a = cb.driver().mem_alloc(max(nbytes, 1))
-        cb.driver().memset_d8(int(a), 0xFF, max(nbytes, 1))
+        a = driver().mem_alloc(max(nbytes, 1))
+        driver().memset_d8(int(a), 0xFF, max(nbytes, 1))
         self.allocs.append(a)
         return int(a)
 
     def write(self, ptr: int, a: np.ndarray) -> None:
-        cb.driver().memcpy_htod(ptr, np.ascontiguousarray(a))
+        driver().memcpy_htod(ptr, np.ascontiguousarray(a))
 
     def read(self, ptr: int, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         out = np.empty(shape, dtype)
-        cb.driver().Context.synchronize()
-        cb.driver().memcpy_dtoh(out, ptr)
+        driver().Context.synchronize()
+        driver().memcpy_dtoh(out, ptr)
         return out
 
-    def launch(self, specs: list[cb.LaunchSpec]) -> None:
+    def launch(self, specs: list[LaunchSpec]) -> None:
         for spec in specs:
             if spec.maps:  # the TMA tiles' tensor maps, as the driver encodes them
-                self.write(spec.args[-1], cb.encode_all(spec.maps))
-            cb.Launch(spec, self.kernels[spec.kernel])(None)
-        cb.driver().Context.synchronize()
+                self.write(spec.args[-1], encode_all(spec.maps))
+            Launch(spec, self.kernels[spec.kernel])(None)
+        driver().Context.synchronize()
 
     def close(self) -> None:
         for a in self.allocs:
@@ -249,7 +262,7 @@ def emu(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc is not installed (the emulated kernels are checked against the sources nvcc builds)")
     lib = compile_emu_lib(tmp_path_factory, "emu_nhwc", emu_wrapper_source(
-        "conv_nhwc_mma.cu", [(k, cb.arg_format(k)) for k in KERNELS],
+        "conv_nhwc_mma.cu", [(k, arg_format(k)) for k in KERNELS],
         ('#include "conv_nhwc_wgmma.cu"', '#include "conv_nhwc_ws.cu"', '#include "conv_nhwc_halo.cu"',
          '#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',
          'extern "C" int emu_wgmma_stages(int split, int bm, int bn) { return wgmma_stages(split, bm, bn); }',
@@ -335,9 +348,9 @@ def ideal_conv(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, precisio
     return elem(y)
 
 
-def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> None:
+def run_conv(mem, case: Case, tile: Tile, splits: int, precision: str) -> None:
     rng = rng_for("nhwc", case, tile.name, splits, precision)
-    size = cb.NHWC_ELEMS[precision].bytes
+    size = NHWC_ELEMS[precision].bytes
     op = conv_op(case)
     x = rng.standard_normal(op.src.dims).astype(np.float32)
     k_total = case.cin * case.kernel[0] * case.kernel[1]
@@ -346,23 +359,23 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
     x_ptr = put_nhwc(mem, x, op.src.c_total, op.src.c_offset, precision)
     before = mem.read(x_ptr, (op.src.n, op.src.h, op.src.w, op.src.c_total), DTYPE[precision])
     y_ptr = mem.alloc(size * math.prod(op.dst.shape))
-    w16 = cb.direct_weights(w, tile)
+    w16 = direct_weights(w, tile)
     w_ptr, b_ptr = mem.alloc(w16.nbytes), mem.alloc(b.nbytes)
     mem.write(w_ptr, w16)
     mem.write(b_ptr, b)
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
-    cfg = cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
+    cfg = ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
     ws = mem.alloc(4 * max(1, cfg.splits * case.cout * op.dst.n * op.dst.h * op.dst.w))
     # num_sms 3: a warp-specialized tile's blocks each take several tiles, so its ring wraps from tile to tile
-    maps = mem.alloc(2 * cb.MAP_BYTES) if cb.is_tma(tile.prefix) else 0
-    specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
+    maps = mem.alloc(2 * MAP_BYTES) if is_tma(tile.prefix) else 0
+    specs = nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, case.cin,
                                y_ptr + size * op.dst.c_offset, w_ptr, b_ptr, ws, precision, num_sms=3, maps=maps)
-    suffix = cb.NHWC_ELEMS[precision].suffix
+    suffix = NHWC_ELEMS[precision].suffix
     assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"] + [
         f"conv_nhwc{suffix}_splitk_reduce"] * (cfg.splits > 1)
     if not case.relu:  # the specs always ask for ReLU (every conv of the network has it); this case tests without
         spec = specs[-1]  # relu_end: the parts' last argument (a TMA tile's maps follow)
-        at = len(cb.NHWC_CONV_FORMAT) - 1 if cb.is_tma(spec.kernel) else len(spec.args) - 1
+        at = len(NHWC_CONV_FORMAT) - 1 if is_tma(spec.kernel) else len(spec.args) - 1
         specs[-1] = dataclasses.replace(spec, args=spec.args[:at] + (0,) + spec.args[at + 1:])
     mem.launch(specs)
     got = get_nhwc(mem, y_ptr, op.dst.shape, op.dst.c_offset, case.cout, precision)
@@ -373,39 +386,39 @@ def run_conv(mem, case: Case, tile: cb.Tile, splits: int, precision: str) -> Non
 
 
 def test_ring_bytes_are_the_kernels_stages(emu):
-    """The launch's dynamic shared memory (cb.wgmma_ring_bytes, from cb.wgmma_stages) holds the ring the kernel
+    """The launch's dynamic shared memory (wgmma_ring_bytes, from wgmma_stages) holds the ring the kernel
     indexes (conv_nhwc_wgmma.cu's wgmma_stages(), and for fp32 its WGMMA_LO_TILES low tiles): a smaller launch would let
     the ring run past it, and the emulator's ring is a static array that would not notice."""
-    for precision, elem in cb.NHWC_ELEMS.items():
+    for precision, elem in NHWC_ELEMS.items():
         split = precision == "fp32"
         for t in elem.wgmma_tiles:
-            if cb.is_halo(t.prefix):  # the halo tiles: shared memory by the conv's shape, one block an SM
+            if is_halo(t.prefix):  # the halo tiles: shared memory by the conv's shape, one block an SM
                 for kernel, wg, cin in (((3, 3), 149, 32), ((3, 3), 11, 48), ((1, 7), 23, 32), ((5, 5), 40, 80)):
                     got = emu.lib.emu_halo_smem_bytes(elem.bytes, t.bm, t.bn, cin, *kernel, wg)
-                    assert cb.halo_smem_bytes(t, kernel, wg, cin) == got
-                assert cb.halo_smem_bytes(t, (3, 3), 149, 32) <= cb.MAX_SHARED_BYTES and t.resident == 1
-                assert cb.HALO_THREADS == emu.lib.emu_halo_threads()
+                    assert halo_smem_bytes(t, kernel, wg, cin) == got
+                assert halo_smem_bytes(t, (3, 3), 149, 32) <= MAX_SHARED_BYTES and t.resident == 1
+                assert HALO_THREADS == emu.lib.emu_halo_threads()
                 continue
-            if cb.is_ws(t.prefix):  # the warp-specialized tiles: a ring of ~200 KB and its mbarriers, one block an SM
-                row = cb.ws_row(t.prefix)  # bytes of a stage's row
-                assert cb.ws_stages(t.bm, t.bn, row) == emu.lib.emu_ws_stages(t.bm, t.bn, row) >= 3, t.name
-                ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
+            if is_ws(t.prefix):  # the warp-specialized tiles: a ring of ~200 KB and its mbarriers, one block an SM
+                row = ws_row(t.prefix)  # bytes of a stage's row
+                assert ws_stages(t.bm, t.bn, row) == emu.lib.emu_ws_stages(t.bm, t.bn, row) >= 3, t.name
+                ring = wgmma_ring_bytes(f"{t.prefix}_{t.name}")
                 assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn, row) <= 227 * 1024 and t.resident == 1
                 # the launch's block: producers + consumers
-                threads = emu.lib.emu_ws_pp_threads() if cb.is_pingpong(t.prefix) else emu.lib.emu_ws_threads()
-                assert cb.ws_threads(f"{t.prefix}_{t.name}") == threads
+                threads = emu.lib.emu_ws_pp_threads() if is_pingpong(t.prefix) else emu.lib.emu_ws_threads()
+                assert ws_threads(f"{t.prefix}_{t.name}") == threads
                 continue
             stages = emu.lib.emu_wgmma_stages(split, t.bm, t.bn)
-            assert cb.wgmma_stages(t.bm, t.bn, split) == stages, t.name
-            ring = cb.wgmma_ring_bytes(f"{t.prefix}_{t.name}")
+            assert wgmma_stages(t.bm, t.bn, split) == stages, t.name
+            ring = wgmma_ring_bytes(f"{t.prefix}_{t.name}")
             assert ring == emu.lib.emu_wgmma_ring_bytes(split, t.bm, t.bn)
-            assert ring == (stages + cb.WGMMA_LO_TILES * split) * (t.bm + t.bn) * 64
+            assert ring == (stages + WGMMA_LO_TILES * split) * (t.bm + t.bn) * 64
             assert ring * t.resident <= 227 * 1024  # two blocks an SM (fp32's 128x128: one)
 
 
-def wgmma_tile(precision: str, name: str) -> cb.Tile:
-    return next(t for t in cb.NHWC_ELEMS[precision].wgmma_tiles
-                if t.name == name and not cb.is_ws(t.prefix) and not cb.is_halo(t.prefix))
+def wgmma_tile(precision: str, name: str) -> Tile:
+    return next(t for t in NHWC_ELEMS[precision].wgmma_tiles
+                if t.name == name and not is_ws(t.prefix) and not is_halo(t.prefix))
 
 
 def case_id(c: Case) -> str:
@@ -415,8 +428,8 @@ def case_id(c: Case) -> str:
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_conv_every_tile(mem, case, precision):
-    for tile in cb.NHWC_ELEMS[precision].tiles(mem.wgmma):
-        if cb.tile_fits(conv_op(case), tile):
+    for tile in NHWC_ELEMS[precision].tiles(mem.wgmma):
+        if tile_fits(conv_op(case), tile):
             run_conv(mem, case, tile, 1, precision)
 
 
@@ -441,15 +454,15 @@ HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 cha
 def test_conv_halo_tiles(mem, case, precision):
     """conv_nhwc_halo.cu's halo tiles (sm_90a) on the convs they take: every kernel shape, padding or none, Cout below
     the tile's, views of wider buffers, tiles that end past an image's grid."""
-    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_halo(t.prefix)]
+    tiles = [t for t in NHWC_ELEMS[precision].tiles(mem.wgmma) if is_halo(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no halo tiles")
     op = conv_op(case)
     # every case fits a tile but, in tf32 (rows twice as wide), Conv2d_4a's and the 5x5's: their weights and halos
     # exceed shared memory
-    assert any(cb.tile_fits(op, t) for t in tiles) == (precision == "fp16" or case.cin not in (48, 80))
+    assert any(tile_fits(op, t) for t in tiles) == (precision == "fp16" or case.cin not in (48, 80))
     for tile in tiles:
-        if cb.tile_fits(op, tile):
+        if tile_fits(op, tile):
             run_conv(mem, case, tile, 1, precision)
 
 
@@ -469,11 +482,11 @@ def test_conv_tma_tiles(mem, case, precision):
     """conv_nhwc_ws.cu's TMA tiles (sm_90a), their ping-pong versions too: the A rows as im2col boxes through a tensor
     map, the weights as tiled boxes, whole and split-K (a slice starts at a tap's channel block), against the ideal
     conv."""
-    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_tma(t.prefix)]
+    tiles = [t for t in NHWC_ELEMS[precision].tiles(mem.wgmma) if is_tma(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no TMA tiles")
     for tile in tiles:
-        assert cb.tile_fits(conv_op(case), tile)
+        assert tile_fits(conv_op(case), tile)
         run_conv(mem, case, tile, 1, precision)
         run_conv(mem, case, tile, 2, precision)
 
@@ -484,7 +497,7 @@ def test_conv_pingpong_tiles_take_turns(mem, precision):
     at 128x192 (consumer 1 takes one) and 6 at 128x128 (2 channel tiles: each consumer takes 3), of 9 stages (fp16;
     18 in tf32) that wrap the 5- or 6-stage ring at a different buffer each time. So the turn barriers and both
     consumers' ring positions go through several phases (without the turns, the emulated kernel deadlocks)."""
-    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.is_pingpong(t.prefix)]
+    tiles = [t for t in NHWC_ELEMS[precision].tiles(mem.wgmma) if is_pingpong(t.prefix)]
     if not tiles:
         pytest.skip("this GPU has no wgmma (sm_90a): no ping-pong tiles")
     for tile in tiles:
@@ -494,11 +507,11 @@ def test_conv_pingpong_tiles_take_turns(mem, precision):
 def test_tma_tiles_take_whole_taps_per_stage():
     """A TMA tile takes a conv only where no stage spans two taps: Cin a multiple of its k per stage (128 bytes)."""
     for precision, k in (("fp16", 64), ("tf32", 32)):
-        tile = cb.ws_tma_tile(128, 192, precision)
+        tile = ws_tma_tile(128, 192, precision)
         assert tile.bk == k
         for cin in (k, 2 * k, 6 * k, k + 8, 80):
             op = conv_op(Case(1, cin, 64, 9, 9, (1, 7), 1, (0, 3)))
-            assert cb.tile_fits(op, tile) == (cin % k == 0)
+            assert tile_fits(op, tile) == (cin % k == 0)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -508,12 +521,12 @@ def test_conv_split_k(mem, case, precision):
         run_conv(mem, case, tile, 3, precision)
 
 
-def split_k_tiles(precision: str, wgmma: bool) -> list[cb.Tile]:
+def split_k_tiles(precision: str, wgmma: bool) -> list[Tile]:
     """One mma.sync tile and, with wgmma, 128x64, 256x32 (two blocks of 64 rows per warpgroup), 128x192
     (m64n192) and the warp-specialized 256x128, or fp32's three."""
-    elem = cb.NHWC_ELEMS[precision]
+    elem = NHWC_ELEMS[precision]
     names = ("128x64", "256x32", "128x192") if precision != "fp32" else ("128x128", "128x64", "128x32")
-    ws = [cb.ws_tile(256, 128, precision)] if precision != "fp32" else []
+    ws = [ws_tile(256, 128, precision)] if precision != "fp32" else []
     return list(elem.mma_tiles[1:2]) + ([wgmma_tile(precision, n) for n in names] + ws if wgmma else [])
 
 
@@ -551,29 +564,29 @@ def test_fused_conv_writes_each_part(mem, precision):
     buffers of their own, one below part 0): each part holds its member's ideal conv (the pooled member's without
     bias and ReLU), and every other element of the arena is still NaN. Every tile, and split-K with its reduction."""
     op, members, arena_elems = fused_case(precision)
-    size = cb.NHWC_ELEMS[precision].bytes
+    size = NHWC_ELEMS[precision].bytes
     rng = rng_for("fused x", precision)
     x = rng.standard_normal(op.src.dims).astype(np.float32)
     x_ptr = put_nhwc(mem, x, op.src.c_total, op.src.c_offset, precision)
-    w, b = cb.op_params(members, op)
+    w, b = op_params(members, op)
     assert not b[-FUSED_PARTS[-1][0]:].any() and b[:-FUSED_PARTS[-1][0]].all()  # the pooled member's bias waits
     b_ptr = mem.alloc(b.nbytes)
     mem.write(b_ptr, b)
-    elem = cb.NHWC_ELEMS[precision]
+    elem = NHWC_ELEMS[precision]
     k_total = op.src.channels
-    runs = [(t, 1) for t in elem.tiles(mem.wgmma) if cb.tile_fits(op, t)] + [
+    runs = [(t, 1) for t in elem.tiles(mem.wgmma) if tile_fits(op, t)] + [
         (t, 3) for t in split_k_tiles(precision, mem.wgmma)[:2]]
     for tile, splits in runs:
-        w16 = cb.direct_weights(w, tile)
+        w16 = direct_weights(w, tile)
         w_ptr = mem.alloc(w16.nbytes)
         mem.write(w_ptr, w16)
         arena = mem.alloc(size * arena_elems)
         k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
-        cfg = cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
+        cfg = ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
         assert (cfg.splits > 1) == (splits > 1)
         ws = mem.alloc(4 * max(1, cfg.splits * op.dst.channels * op.dst.n * op.dst.h * op.dst.w))
-        mem.launch(cb.nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, k_total,
-                                      cb.nhwc_ptr(arena, op.parts[0], precision), w_ptr, b_ptr, ws, precision))
+        mem.launch(nhwc_conv_specs(op, cfg, x_ptr + size * op.src.c_offset, op.src.c_total, k_total,
+                                      nhwc_ptr(arena, op.parts[0], precision), w_ptr, b_ptr, ws, precision))
         got = mem.read(arena, (arena_elems,), DTYPE[precision])
         written = np.zeros(arena_elems, bool)
         row = 0
@@ -620,20 +633,20 @@ def test_conv_reads_through_a_max_pool(mem, case, precision):
     elem = lambda a: as_elem(a, precision).astype(np.float64)  # noqa: E731
     pooled = pool2d(elem(x), "max", 3, 2, 0, True)
     ref = elem(conv2d_bias_relu(pooled, elem(wt), b.astype(np.float64), 1, (0, 0), True))
-    size = cb.NHWC_ELEMS[precision].bytes
+    size = NHWC_ELEMS[precision].bytes
     x_ptr = put_nhwc(mem, x, src.c_total, src.c_offset, precision)
     b_ptr = mem.alloc(b.nbytes)
     mem.write(b_ptr, b)
-    tiles = [t for t in cb.NHWC_ELEMS[precision].tiles(mem.wgmma) if cb.tile_fits(op, t)]
-    assert tiles == list(cb.NHWC_ELEMS[precision].mma_tiles)
+    tiles = [t for t in NHWC_ELEMS[precision].tiles(mem.wgmma) if tile_fits(op, t)]
+    assert tiles == list(NHWC_ELEMS[precision].mma_tiles)
     for tile in tiles:
-        w16 = cb.direct_weights(wt, tile)
+        w16 = direct_weights(wt, tile)
         w_ptr, y_ptr = mem.alloc(w16.nbytes), mem.alloc(size * math.prod(dst.shape))
         mem.write(w_ptr, w16)
         k_split = math.ceil(math.ceil(cin / splits) / tile.bk) * tile.bk
-        cfg = cb.ConvConfig(tile, math.ceil(cin / k_split), k_split, 0.0)
+        cfg = ConvConfig(tile, math.ceil(cin / k_split), k_split, 0.0)
         ws = mem.alloc(4 * max(1, cfg.splits * cout * n * ho * wo))
-        specs = cb.nhwc_conv_specs(op, cfg, x_ptr + size * src.c_offset, src.c_total, cin, y_ptr, w_ptr, b_ptr, ws,
+        specs = nhwc_conv_specs(op, cfg, x_ptr + size * src.c_offset, src.c_total, cin, y_ptr, w_ptr, b_ptr, ws,
                                    precision)
         assert specs[0].kernel == f"{tile.prefix}_maxpool3_{tile.name}" and len(specs) == 1 + (splits > 1)
         mem.launch(specs)
@@ -651,10 +664,10 @@ def test_moved_pool_adds_bias_and_relu(mem, precision):
     bias = (0.5 * rng_for("moved pool bias").standard_normal(c)).astype(np.float32)
     src, dst = View("x", 0, (n, c, h, w), 0, c), View("y", 0, (n, c + 16, h, w), 8, c)
     op = PoolOp("pool", src, dst, "avg", 3, 1, 1, True, bias="conv")
-    size = cb.NHWC_ELEMS[precision].bytes
+    size = NHWC_ELEMS[precision].bytes
     x_ptr, y_ptr, b_ptr = put_nhwc(mem, x, c, 0, precision), mem.alloc(size * math.prod(dst.shape)), mem.alloc(4 * c)
     mem.write(b_ptr, bias)
-    spec = cb.nhwc_pool_spec(op, 0, precision, b_ptr)
+    spec = nhwc_pool_spec(op, 0, precision, b_ptr)
     mem.launch([dataclasses.replace(spec, args=(x_ptr, y_ptr + size * dst.c_offset) + spec.args[2:])])
     got = get_nhwc(mem, y_ptr, dst.shape, dst.c_offset, c, precision)
     pooled = pool2d(x.astype(np.float64), "avg", 3, 1, 1, True) + bias.astype(np.float64)[None, :, None, None]
@@ -677,10 +690,10 @@ def test_pool(mem, kind, kernel, stride, pad, include, h, w, precision):
     src = View("x", 0, (n, before + c + after, h, w), before, c)
     dst = View("y", 0, (n, c + 16, ho, wo), 16, c)
     op = PoolOp("pool", src, dst, kind, kernel, stride, pad, include)
-    size = cb.NHWC_ELEMS[precision].bytes
+    size = NHWC_ELEMS[precision].bytes
     x_ptr = put_nhwc(mem, x, src.c_total, src.c_offset, precision)
     y_ptr = mem.alloc(size * math.prod(dst.shape))
-    spec = cb.nhwc_pool_spec(op, 0, precision)
+    spec = nhwc_pool_spec(op, 0, precision)
     spec = dataclasses.replace(spec, args=(x_ptr + size * src.c_offset, y_ptr + size * dst.c_offset) + spec.args[2:])
     mem.launch([spec])
     got = get_nhwc(mem, y_ptr, dst.shape, dst.c_offset, c, precision)
@@ -694,8 +707,8 @@ def test_global_avg_pool_writes_float32_features(mem, precision):
     x = as_elem(rng_for("gap").standard_normal((n, c, hw, hw)), precision).astype(np.float32)
     x_ptr = put_nhwc(mem, x, before + c, before, precision)
     y_ptr = mem.alloc(4 * n * (c + 8))
-    elem = cb.NHWC_ELEMS[precision]
-    mem.launch([cb.LaunchSpec("gap", f"global_avg_pool_nhwc{elem.suffix}", (1, 1, 1), (256, 1, 1),
+    elem = NHWC_ELEMS[precision]
+    mem.launch([LaunchSpec("gap", f"global_avg_pool_nhwc{elem.suffix}", (1, 1, 1), (256, 1, 1),
                               (x_ptr + elem.bytes * before, y_ptr, n, c, hw * hw, before + c, c + 8))])
     got = mem.read(y_ptr, (n, c + 8), np.float32)
     assert np.isnan(got[:, c:]).all(), "wrote past each row's features"
@@ -720,7 +733,7 @@ def input_op(n, cin, h, w, cout, kernel, stride, pad, before, after) -> ConvOp:
 # Every case on the FMA kernel in every precision, and on the tensor-core kernel where input_tile picks it (fp16 and
 # tf32, K <= 32).
 INPUT_RUNS = [(case, p, tile) for case in INPUT_CASES for p in PRECISIONS
-              for tile in {cb.INPUT_TILE, cb.input_tile(input_op(*case), p)}]
+              for tile in {INPUT_TILE, input_tile(input_op(*case), p)}]
 
 
 @pytest.mark.parametrize("case,precision,tile", INPUT_RUNS,
@@ -737,24 +750,24 @@ def test_conv_input_reads_the_float32_nchw_input(mem, case, precision, tile):
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     w_ = (rng.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * kernel[0] * kernel[1])).astype(np.float32)
     b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
-    wt = cb.direct_weights(w_, tile)
+    wt = direct_weights(w_, tile)
     ptrs = [mem.alloc(a.nbytes) for a in (x, wt, b)]
     for ptr, a in zip(ptrs, (x, wt, b)):
         mem.write(ptr, a)
-    size = cb.NHWC_ELEMS[precision].bytes
+    size = NHWC_ELEMS[precision].bytes
     y_ptr = mem.alloc(size * math.prod(op.dst.shape))
-    cfg = cb.ConvConfig(tile, 1, cin * kernel[0] * kernel[1], 0.0)
+    cfg = ConvConfig(tile, 1, cin * kernel[0] * kernel[1], 0.0)
     # one SM: the tensor-core kernel's blocks take several output rows each (at most 8), as at batch 128 on the GPU
-    specs = cb.nhwc_conv_specs(op, cfg, ptrs[0], cin, cin, y_ptr + size * before, ptrs[1], ptrs[2], 0, precision, 1)
-    if tile == cb.INPUT_MMA_TILE:
+    specs = nhwc_conv_specs(op, cfg, ptrs[0], cin, cin, y_ptr + size * before, ptrs[1], ptrs[2], 0, precision, 1)
+    if tile == INPUT_MMA_TILE:
         rows = n * op.dst.h  # 4 blocks an SM, up to 8 rows a block
-        assert specs[0].grid[0] == cb.blocks(rows, min(8, rows // 4)) < rows
-    suffix = cb.NHWC_ELEMS[precision].suffix
-    assert [s.kernel for s in specs] == [("conv_input_nhwc" if tile == cb.INPUT_TILE else "conv_input_mma_nhwc")
+        assert specs[0].grid[0] == blocks(rows, min(8, rows // 4)) < rows
+    suffix = NHWC_ELEMS[precision].suffix
+    assert [s.kernel for s in specs] == [("conv_input_nhwc" if tile == INPUT_TILE else "conv_input_mma_nhwc")
                                          + suffix]
     mem.launch(specs)
     got = get_nhwc(mem, y_ptr, op.dst.shape, before, cout, precision)
-    operands = (x, w_) if tile == cb.INPUT_TILE else (as_elem(x, precision), as_elem(w_, precision))
+    operands = (x, w_) if tile == INPUT_TILE else (as_elem(x, precision), as_elem(w_, precision))
     ref = conv2d_bias_relu(*(a.astype(np.float64) for a in operands), b.astype(np.float64), stride, pad, True)
     np.testing.assert_allclose(got, ref, rtol=1e-5 if precision == "fp32" else 2.0 ** -10, atol=1e-6)
     np.testing.assert_array_equal(mem.read(ptrs[0], x.shape, np.float32), x)
@@ -784,11 +797,11 @@ def test_gpu_nhwc_network_top1_agrees_with_float64_on_256_inputs(weights, precis
     per batch of 32 and the top class float64's on >= 99% of 256 inputs; every conv on conv_nhwc_*.cu, in a CUDA
     graph (the default layout on sm_90a, in fp32 too)."""
     plan = build_plan(32, weights.layers())
-    with cb.CudaBackend(weights, plan, precision=precision) as backend:  # the default layout
+    with CudaBackend(weights, plan, precision=precision) as backend:  # the default layout
         assert backend.nhwc
-        suffix = cb.NHWC_ELEMS[precision].suffix
+        suffix = NHWC_ELEMS[precision].suffix
         convs = {s.kernel for s in backend.specs if s.kernel.startswith("conv_")} - {"conv_splitk_reduce"}
-        fc_prefix = cb.TILES_OF[precision][0].prefix + "_"
+        fc_prefix = TILES_OF[precision][0].prefix + "_"
         first = "conv_input_nhwc_f32" if precision == "fp32" else f"conv_input_mma_nhwc{suffix}"
         assert convs and all(k.startswith((f"conv_nhwc{suffix}_", fc_prefix)) or k == first
                              for k in convs), convs
@@ -802,6 +815,6 @@ def test_cubin_has_every_entry_point(tmp_path):
 
     for source in (*cuda_build.PER_ELEMENT, "pool_nhwc.cu"):
         cubin = compile_cubin(tmp_path / f"{source}.cubin", cuda_build.source_dir() / source, "sm_90")
-        assert_cubin_holds(cubin, [k for k in KERNELS if cb.source_of(k) == source])
+        assert_cubin_holds(cubin, [k for k in KERNELS if source_of(k) == source])
 
 

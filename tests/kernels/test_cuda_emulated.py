@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.winograd import winograd_eligible
 from inception_engine.plan import build_plan
 
 from helpers.emulator import GXX, run_emulated
@@ -63,6 +63,6 @@ def test_bench_kernels_runs_on_the_emulator(backend_emu_lib):
                                             "eager, serial, reduce, direct")), summary
     assert "Mixed_7c.branch3x3dbl_2" in r.stdout and "slowest ops" in summary
     wino_rows = [line for line in r.stdout.splitlines() if "winograd F" in line]
-    eligible = sum(cb.winograd_eligible(op) for op in build_plan(1, input_size=75).conv_ops)
+    eligible = sum(winograd_eligible(op) for op in build_plan(1, input_size=75).conv_ops)
     assert eligible == 41, eligible  # 3x3, 5x5, 1x7, 7x1: every one forced to Winograd
     assert len(wino_rows) == eligible and all(len(line.split()) == 12 for line in wino_rows), wino_rows

@@ -5,7 +5,7 @@ fragments) against float64 and against an exact fp16-operand emulation.
   numpy.float16's on edge values (ties, subnormals, overflow, NaN, infinities) and on random bit patterns.
 - CPU, NumPy: every warp of a block simulated with the kernel's ldmatrix row addresses, the PTX ISA's ldmatrix and
   mma.m16n8k16 .f16 layouts and the epilogue's (row, column), against a plain matmul; bank-conflict claims of the
-  80-byte rows; the weight layout (cb.direct_weights); tile table.
+  80-byte rows; the weight layout (direct_weights); tile table.
 - CPU, g++: the kernels in the fiber emulator (tests/cuda_emu/emu.h + tf32_emu.h/f16_emu.h, whose mma follows the
   ISA layout independently of the kernel) for every kernel shape, every tile, stride 1/2, padding, split-K,
   channel-slice views, odd sizes, no ReLU, Cout not a multiple of 4; against float64 (rel L2 <= 3e-3) and against
@@ -15,7 +15,7 @@ fragments) against float64 and against an exact fp16-operand emulation.
 - GPU (marked gpu): every distinct network conv shape at batch 1 with every tile (and split-K), the edge cases of
   test_cuda_tf32.py, and the whole network with precision="fp16" (the issue's criterion: 256 inputs, rel L2 <= 1e-2
   and top-1 agreement >= 99% vs float64). These need the coordinator's registration of conv_f16.cu in the backend
-  (cuda_build.SOURCES, cb.TILES_OF["fp16"], cb.source_of); until then they skip and say so.
+  (cuda_build.SOURCES, TILES_OF["fp16"], source_of); until then they skip and say so.
 Outputs and the split-K workspace start as NaN, so unwritten elements fail; writes outside the destination view and
 changes to the source fail too.
 """
@@ -30,7 +30,10 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.backend import CudaBackend
+from inception_engine.backends.cuda.kernels import CONV_FORMAT, Kernels, all_kernel_names, arg_format, source_of
+from inception_engine.backends.cuda.params import direct_weights
+from inception_engine.backends.cuda.tiles import KERNEL_SIZES, PRECISIONS, TF32_TILES, TILES_OF, Tile
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import build_plan
 
@@ -70,9 +73,9 @@ class F16Tile:
     def smem_bytes(self) -> int:
         return 2 * 2 * (self.bm + self.bn) * ROW  # two stages of fp16 rows
 
-    def backend_tile(self) -> cb.Tile:
-        """The registered backend tile (cb.TILES_OF["fp16"]) of this shape."""
-        return next(t for t in cb.TILES_OF["fp16"] if t.name == self.name)
+    def backend_tile(self) -> Tile:
+        """The registered backend tile (TILES_OF["fp16"]) of this shape."""
+        return next(t for t in TILES_OF["fp16"] if t.name == self.name)
 
 
 TILES = [F16Tile(*map(int, f)) for f in re.findall(r"CONV_F16_KERNEL\(KH, KW, (\d+), (\d+), (\d+), (\d+)\)",
@@ -84,7 +87,7 @@ def kernel_name(kernel: tuple[int, int], tile: F16Tile) -> str:
 
 
 def all_names() -> list[str]:
-    return [kernel_name(k, t) for k in cb.KERNEL_SIZES for t in TILES]
+    return [kernel_name(k, t) for k in KERNEL_SIZES for t in TILES]
 
 
 def unregistered() -> str | None:
@@ -92,10 +95,10 @@ def unregistered() -> str | None:
     missing = []
     if "conv_f16.cu" not in cuda_build.SOURCES:
         missing.append('"conv_f16.cu" in cuda_build.SOURCES')
-    if "fp16" not in cb.PRECISIONS or "fp16" not in cb.TILES_OF:
-        missing.append('"fp16" in cb.PRECISIONS and cb.TILES_OF')
-    if cb.source_of(all_names()[0]) != "conv_f16.cu":
-        missing.append('cb.source_of("conv_f16_...") == "conv_f16.cu"')
+    if "fp16" not in PRECISIONS or "fp16" not in TILES_OF:
+        missing.append('"fp16" in PRECISIONS and TILES_OF')
+    if source_of(all_names()[0]) != "conv_f16.cu":
+        missing.append('source_of("conv_f16_...") == "conv_f16.cu"')
     return f"conv_f16.cu is not registered in the backend (needs {', '.join(missing)})" if missing else None
 
 
@@ -106,7 +109,7 @@ needs_registration = pytest.mark.skipif(unregistered() is not None, reason=str(u
 
 
 def test_tile_table_has_tf32s_names_and_fits_static_shared_memory():
-    assert [t.name for t in TILES] == [t.name for t in cb.TF32_TILES], "the backend maps tiles by name"
+    assert [t.name for t in TILES] == [t.name for t in TF32_TILES], "the backend maps tiles by name"
     for t in TILES:
         warps_n = THREADS // 32 // t.warps_m
         assert (t.bm // t.warps_m) % 16 == 0 and (t.bn // warps_n) % 16 == 0, "ldmatrix.x4 loads B in n16 pairs"
@@ -116,14 +119,14 @@ def test_tile_table_has_tf32s_names_and_fits_static_shared_memory():
 
 @needs_registration
 def test_backend_tiles_match_the_source():
-    """cb.TILES_OF["fp16"] has the source's shapes, BK and blocks per SM, and its kernel names are exactly the
+    """TILES_OF["fp16"] has the source's shapes, BK and blocks per SM, and its kernel names are exactly the
     source's entry points, loaded from conv_f16.cu's cubin with the conv argument format."""
-    tiles = cb.TILES_OF["fp16"]
+    tiles = TILES_OF["fp16"]
     assert [(t.bm, t.bn, t.bk, t.resident) for t in tiles] == [(t.bm, t.bn, BK, t.min_blocks) for t in TILES]
     assert all(t.prefix == PREFIX and not t.fixup for t in tiles)
-    backend_names = [n for n in cb.all_kernel_names() if cb.source_of(n) == "conv_f16.cu"]
+    backend_names = [n for n in all_kernel_names() if source_of(n) == "conv_f16.cu"]
     assert sorted(backend_names) == sorted(all_names())
-    assert all(cb.arg_format(n) == cb.CONV_FORMAT for n in backend_names)
+    assert all(arg_format(n) == CONV_FORMAT for n in backend_names)
 
 
 def isa_mma_k16(a_regs: np.ndarray, b_regs: np.ndarray, c_regs: np.ndarray) -> np.ndarray:
@@ -217,14 +220,14 @@ def test_direct_weights_are_rounded_fp16_rows_padded_to_eight():
     """conv_f16's A operand: w16[Cout][K8], K = Cin*kh*kw in (c, r, s) order, rounded to nearest even, zero tail."""
     w = rng_for("w16").standard_normal((5, 3, 1, 7)).astype(np.float32) * 300
     w[0, 0, 0, 0] = 1e5  # beyond fp16's range: infinity, as cvt.rn.f16 would make it
-    got = cb.direct_weights(w, TILES[0].backend_tile())
+    got = direct_weights(w, TILES[0].backend_tile())
     assert got.dtype == np.float32
     w16 = got.view(np.float16)
     assert w16.shape == (5, 24)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(w16[:, :21], w.reshape(5, 21).astype(np.float16))
     assert (w16[:, 21:] == 0).all() and np.isinf(w16[0, 0])
-    tf32 = cb.direct_weights(w, cb.TF32_TILES[0])
+    tf32 = direct_weights(w, TF32_TILES[0])
     np.testing.assert_array_equal(tf32, w.reshape(5, 21).T)
 
 
@@ -239,7 +242,7 @@ HALF_EXPORTS = ('extern "C" void emu_half_bits(const float* x, unsigned short* o
 
 @pytest.fixture(scope="module")
 def emu_lib(tmp_path_factory):
-    wrapper = emu_wrapper_source("conv_f16.cu", [(n, cb.CONV_FORMAT) for n in all_names()], HALF_EXPORTS)
+    wrapper = emu_wrapper_source("conv_f16.cu", [(n, CONV_FORMAT) for n in all_names()], HALF_EXPORTS)
     lib = compile_emu_lib(tmp_path_factory, "emu_f16", wrapper, "-O1", mma=True)
     for fn in (lib.emu_half_bits, lib.emu_half_round):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
@@ -399,7 +402,7 @@ def test_cubin_holds_every_entry_point(tmp_path):
 # --- GPU -----------------------------------------------------------------------------------------------------------
 
 
-def run_on_gpu(kernels: cb.Kernels, case: Case, tile: F16Tile, splits: int, tiny: bool = False) -> None:
+def run_on_gpu(kernels: Kernels, case: Case, tile: F16Tile, splits: int, tiny: bool = False) -> None:
     def check(arena, dst, x, wt, b):
         check_view(arena, dst, ideal(case, x, wt, b), tol=GPU_IDEAL_TOL)  # NaN-free, views respected
         got = arena.buffer(1)[:, case.dst_extra[0]:case.dst_extra[0] + case.cout]
@@ -436,7 +439,7 @@ def test_gpu_fp16_network_top1_agrees_with_float64_on_256_inputs(weights):
     """The issue's criterion for --precision fp16, on 256 synthetic N(0, 1) inputs in batches of 32: rel L2 of
     the logits <= 1e-2 per batch and the top class float64's on >= 99%; every conv and the FC-as-GEMM run fp16."""
     plan = build_plan(32, weights.layers())
-    with cb.CudaBackend(weights, plan, precision="fp16", nhwc=False) as backend:
+    with CudaBackend(weights, plan, precision="fp16", nhwc=False) as backend:
         assert all(s.kernel.startswith(PREFIX + "_") for s in backend.specs
                    if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce")
         assert_top1_agrees_on_256_inputs(backend, weights, plan, NET_TOL)
@@ -450,7 +453,7 @@ def test_gpu_fp16_network_is_within_twice_the_fp16_ideal(weights):
     x = make_input(2, seed=2)
     ref = reference(weights, x, 2)
     ideal_err = rel_l2(fp16_forward(weights, x), ref)
-    with cb.CudaBackend(weights, build_plan(2, weights.layers()), precision="fp16", nhwc=False) as backend:
+    with CudaBackend(weights, build_plan(2, weights.layers()), precision="fp16", nhwc=False) as backend:
         got = backend.forward(x)
     assert np.isfinite(got).all()
     err = rel_l2(got, ref)

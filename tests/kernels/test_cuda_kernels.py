@@ -15,7 +15,11 @@ import math
 import numpy as np
 import pytest
 
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.cost_model import ConvConfig, choose_configs, conv_config, uses_gemv
+from inception_engine.backends.cuda.device import driver
+from inception_engine.backends.cuda.kernels import Kernels
+from inception_engine.backends.cuda.launch import conv_specs, fc_specs, gap_spec, pool_spec, softmax_spec
+from inception_engine.backends.cuda.tiles import NAN_BITS, TILES, Tile
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc, global_avg_pool, pool2d
 from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan
 
@@ -24,8 +28,8 @@ from helpers.gpu_buffers import Arena, Params, check_view, rng_for, run
 
 pytestmark = pytest.mark.gpu
 
-def conv_case(kernels: cb.Kernels, n: int, cin: int, cout: int, h: int, w: int, kernel: tuple[int, int],
-              stride: int, pad: tuple[int, int], cfg: cb.ConvConfig, relu: bool = True,
+def conv_case(kernels: Kernels, n: int, cin: int, cout: int, h: int, w: int, kernel: tuple[int, int],
+              stride: int, pad: tuple[int, int], cfg: ConvConfig, relu: bool = True,
               src_extra: tuple[int, int] = (0, 0),
               dst_extra: tuple[int, int] = (0, 0), fixup: bool = True) -> np.ndarray:
     """src_extra / dst_extra: (channels before, channels after) the view in its buffer. fixup: split-K reduced in
@@ -39,15 +43,15 @@ def conv_case(kernels: cb.Kernels, n: int, cin: int, cout: int, h: int, w: int, 
     wt = (rng.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * kernel[0] * kernel[1])).astype(np.float32)
     b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     params = Params(wt.reshape(cout, -1).T, b)  # the backend's layout: wt[K][Cout]
-    ws = cb.driver().mem_alloc(4 * max(1, cfg.splits * cout * n * ho * wo))
-    cb.driver().memset_d32(int(ws), cb.NAN_BITS, max(1, cfg.splits * cout * n * ho * wo))
+    ws = driver().mem_alloc(4 * max(1, cfg.splits * cout * n * ho * wo))
+    driver().memset_d32(int(ws), NAN_BITS, max(1, cfg.splits * cout * n * ho * wo))
     tiles = -(-cout // cfg.tile.bm) * -(-n * ho * wo // cfg.tile.bn)
-    counters = cb.driver().mem_alloc(4 * tiles)
-    cb.driver().memset_d32(int(counters), 0, tiles)
+    counters = driver().mem_alloc(4 * tiles)
+    driver().memset_d32(int(counters), 0, tiles)
     try:
         arena.put(src, x)
         before = arena.buffer(0)
-        specs = cb.conv_specs("conv", src, dst, kernel, stride, pad, relu, cfg, arena.ptr, *params.ptrs, int(ws),
+        specs = conv_specs("conv", src, dst, kernel, stride, pad, relu, cfg, arena.ptr, *params.ptrs, int(ws),
                               int(counters) if fixup else None)
         assert len(specs) == (2 if cfg.splits > 1 and not fixup else 1)
         run(kernels, specs)
@@ -57,7 +61,7 @@ def conv_case(kernels: cb.Kernels, n: int, cin: int, cout: int, h: int, w: int, 
         out = arena.buffer(1)
         if fixup and cfg.splits > 1:
             left = np.empty(tiles, np.uint32)
-            cb.driver().memcpy_dtoh(left, int(counters))
+            driver().memcpy_dtoh(left, int(counters))
             assert not left.any(), f"{np.count_nonzero(left)} tile counters not reset"
             run(kernels, specs)
             np.testing.assert_array_equal(arena.buffer(1), out)
@@ -80,14 +84,14 @@ def network_convs() -> list[ConvOp]:
 def test_conv_every_network_shape_batch1(gpu, op):
     g, kernels = gpu
     # The direct kernel's own config for every layer: the Winograd path has its own tests (test_cuda_winograd.py).
-    cfg = cb.choose_configs(build_plan(1), g.num_sms, winograd=False)[op.name]
+    cfg = choose_configs(build_plan(1), g.num_sms, winograd=False)[op.name]
     conv_case(kernels, 1, op.src.channels, op.dst.channels, op.src.h, op.src.w, op.kernel, op.stride, op.pad, cfg)
 
 
-def forced(tile: cb.Tile, splits: int, k_total: int) -> cb.ConvConfig:
+def forced(tile: Tile, splits: int, k_total: int) -> ConvConfig:
     """A config with this tile and about this many K slices, whatever the cost model would pick."""
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
-    return cb.ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
+    return ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
 
 
 EDGE_CASES = [  # n, cin, cout, h, w, kernel, stride, pad, src_extra, dst_extra
@@ -105,7 +109,7 @@ EDGE_CASES = [  # n, cin, cout, h, w, kernel, stride, pad, src_extra, dst_extra
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("tile", cb.TILES, ids=lambda t: t.name)
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
 @pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: f"{c[5][0]}x{c[5][1]}-n{c[0]}-{c[3]}x{c[4]}")
 def test_conv_edge_cases_every_tile(gpu, case, tile, splits):
     """Split-K both ways, the fixup kernel and conv_splitk_reduce, which add the slices in the same order: the
@@ -117,7 +121,7 @@ def test_conv_edge_cases_every_tile(gpu, case, tile, splits):
     np.testing.assert_array_equal(outs[0], outs[-1])
 
 
-@pytest.mark.parametrize("tile", cb.TILES, ids=lambda t: t.name)
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
 def test_conv_without_relu_keeps_negatives(gpu, tile):
     for splits, fixup in ((1, True), (2, True), (2, False)):
         conv_case(gpu[1], 2, 33, 45, 6, 6, (3, 3), 1, (1, 1), forced(tile, splits, 33 * 9), relu=False, fixup=fixup)
@@ -144,7 +148,7 @@ def test_pool(gpu, case):
     x = rng_for(case).standard_normal((n, c, h, w)).astype(np.float32)
     try:
         arena.put(src, x)
-        run(gpu[1], [cb.pool_spec(PoolOp("pool", src, dst, kind, k, s, p, cip), arena.ptr)])
+        run(gpu[1], [pool_spec(PoolOp("pool", src, dst, kind, k, s, p, cip), arena.ptr)])
         check_view(arena, dst, pool2d(x.astype(np.float64), kind, k, s, p, cip), tol=1e-6)
     finally:
         arena.free()
@@ -157,7 +161,7 @@ def test_global_avg_pool(gpu, n):
     x = rng_for("gap", n).standard_normal((n, 2048, 8, 8)).astype(np.float32)
     try:
         arena.put(src, x)
-        run(gpu[1], [cb.gap_spec(GlobalAvgPoolOp("gap", src, dst), arena.ptr)])
+        run(gpu[1], [gap_spec(GlobalAvgPoolOp("gap", src, dst), arena.ptr)])
         check_view(arena, dst, global_avg_pool(x.astype(np.float64)), tol=1e-6)
     finally:
         arena.free()
@@ -174,15 +178,15 @@ def test_fc(gpu, n, gemm):
     w = (rng.standard_normal((fout, fin)) / np.sqrt(fin)).astype(np.float32)
     b = rng.standard_normal(fout).astype(np.float32)
     op = FCOp("fc", src, dst)
-    cfg = cb.conv_config(fout, n, fin, g.num_sms) if gemm else None
-    assert cb.uses_gemv(op) == (n == 1)
+    cfg = conv_config(fout, n, fin, g.num_sms) if gemm else None
+    assert uses_gemv(op) == (n == 1)
     params = Params(w.T if gemm else w, b)
-    ws = cb.driver().mem_alloc(4 * max(1, (cfg.splits if cfg else 1) * fout * n))
-    counters = cb.driver().mem_alloc(4 * 1024)
-    cb.driver().memset_d32(int(counters), 0, 1024)
+    ws = driver().mem_alloc(4 * max(1, (cfg.splits if cfg else 1) * fout * n))
+    counters = driver().mem_alloc(4 * 1024)
+    driver().memset_d32(int(counters), 0, 1024)
     try:
         arena.put(src, x.reshape(n, fin, 1, 1))
-        run(kernels, cb.fc_specs(op, cfg, arena.ptr, *params.ptrs, int(ws), int(counters)))
+        run(kernels, fc_specs(op, cfg, arena.ptr, *params.ptrs, int(ws), int(counters)))
         ref = fc(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64)).reshape(n, fout, 1, 1)
         check_view(arena, dst, ref)
     finally:
@@ -199,7 +203,7 @@ def test_softmax(gpu, n):
     z = (30 * rng_for("softmax", n).standard_normal((n, 1000))).astype(np.float32)  # large: exp would overflow
     try:
         arena.put(logits, z.reshape(n, 1000, 1, 1))
-        run(gpu[1], [cb.softmax_spec(logits, arena.ptr, arena.ptr + 4 * arena.offsets[1])])
+        run(gpu[1], [softmax_spec(logits, arena.ptr, arena.ptr + 4 * arena.offsets[1])])
         zz = z.astype(np.float64)
         e = np.exp(zz - zz.max(axis=1, keepdims=True))
         check_view(arena, arena.view(1), (e / e.sum(axis=1, keepdims=True)).reshape(n, 1000, 1, 1), tol=1e-6)

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.kernels import CONV_FORMAT, Kernels, all_kernel_names, arg_format, source_of
+from inception_engine.backends.cuda.tiles import KERNEL_SIZES, TF32_TILES, Tile
 
 from helpers import mma_harness
 from helpers.emulator import run_emulated as run_backend_emulated
@@ -42,9 +43,9 @@ PAD = 8  # the kernel's shared-memory row padding (floats)
 class Tf32Tile(MmaTile):
     PAD = PAD
 
-    def backend_tile(self) -> cb.Tile:
-        """The backend's Tile of this shape (cb.TF32_TILES), so cb.conv_specs names the kernel and sizes the grid."""
-        return next(t for t in cb.TF32_TILES if t.name == self.name)
+    def backend_tile(self) -> Tile:
+        """The backend's Tile of this shape (TF32_TILES), so conv_specs names the kernel and sizes the grid."""
+        return next(t for t in TF32_TILES if t.name == self.name)
 
 
 TILES = mma_harness.source_tiles(SOURCE, "CONV_TF32_KERNEL", Tf32Tile)
@@ -55,7 +56,7 @@ def kernel_name(kernel: tuple[int, int], tile: Tf32Tile) -> str:
 
 
 def all_names() -> list[str]:
-    return [kernel_name(k, t) for k in cb.KERNEL_SIZES for t in TILES]
+    return [kernel_name(k, t) for k in KERNEL_SIZES for t in TILES]
 
 
 # --- CPU: fragment layout ------------------------------------------------------------------------------------------
@@ -70,13 +71,13 @@ def test_tile_table():
 
 
 def test_backend_tiles_match_the_source():
-    """cb.TF32_TILES (what the cost model plans with) has the source's shapes, BK and blocks per SM, and its kernel
+    """TF32_TILES (what the cost model plans with) has the source's shapes, BK and blocks per SM, and its kernel
     names are exactly the source's entry points, loaded from conv_tf32.cu's cubin."""
-    assert [(t.bm, t.bn, t.bk, t.resident) for t in cb.TF32_TILES] == [(t.bm, t.bn, t.bk, t.min_blocks) for t in TILES]
-    assert all(t.prefix == "conv_tf32" and not t.fixup for t in cb.TF32_TILES)
-    backend_names = [n for n in cb.all_kernel_names() if cb.source_of(n) == "conv_tf32.cu"]
+    assert [(t.bm, t.bn, t.bk, t.resident) for t in TF32_TILES] == [(t.bm, t.bn, t.bk, t.min_blocks) for t in TILES]
+    assert all(t.prefix == "conv_tf32" and not t.fixup for t in TF32_TILES)
+    backend_names = [n for n in all_kernel_names() if source_of(n) == "conv_tf32.cu"]
     assert sorted(backend_names) == sorted(all_names())
-    assert all(cb.arg_format(n) == cb.CONV_FORMAT for n in backend_names)
+    assert all(arg_format(n) == CONV_FORMAT for n in backend_names)
 
 
 def isa_mma(a_regs: np.ndarray, b_regs: np.ndarray, c_regs: np.ndarray) -> np.ndarray:
@@ -137,7 +138,7 @@ def test_fragment_loads_and_loader_stores_are_bank_conflict_free(tile):
 
 @pytest.fixture(scope="module")
 def emu_lib(tmp_path_factory):
-    wrapper = emu_wrapper_source("conv_tf32.cu", [(n, cb.CONV_FORMAT) for n in all_names()])
+    wrapper = emu_wrapper_source("conv_tf32.cu", [(n, CONV_FORMAT) for n in all_names()])
     return compile_emu_lib(tmp_path_factory, "emu_tf32", wrapper, "-O1", mma=True)
 
 
@@ -188,7 +189,7 @@ def test_cubin_holds_every_entry_point(cubin):
 # --- GPU -----------------------------------------------------------------------------------------------------------
 
 
-def run_on_gpu(kernels: cb.Kernels, case: Case, tile: Tf32Tile, splits: int) -> None:
+def run_on_gpu(kernels: Kernels, case: Case, tile: Tf32Tile, splits: int) -> None:
     def check(arena, dst, x, wt, b):
         check_view(arena, dst, case.reference(x, wt, b), tol=TOL)
     mma_harness.run_on_gpu(kernels, case, tile, splits, kernel_name(case.kernel, tile), case.data(), check)

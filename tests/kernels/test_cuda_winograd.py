@@ -36,7 +36,19 @@ import numpy as np
 import pytest
 
 from inception_engine import cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda import selftest
+from inception_engine.backends.cuda.backend import CudaBackend
+from inception_engine.backends.cuda.cost_model import (WINO_MARGIN, ConvConfig, choose_configs, config_shape,
+                                                       conv_config, winograd_config)
+from inception_engine.backends.cuda.device import driver
+from inception_engine.backends.cuda.kernels import all_kernel_names, arg_format, source_of, wino_kernel_names
+from inception_engine.backends.cuda.launch import LaunchSpec, launch_specs, winograd_specs
+from inception_engine.backends.cuda.params import pack_params
+from inception_engine.backends.cuda.selftest import he_weights, top5_agree
+from inception_engine.backends.cuda.tiles import NAN_BITS, WINO_TILES, Tile
+from inception_engine.backends.cuda.winograd import (WINO_VARIANTS, o_pad, winograd_eligible, winograd_shape,
+                                                     winograd_tile, winograd_transforms, winograd_weights)
+from inception_engine.backends.cuda.workspace import workspace_elems, workspace_layout
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, winograd_matrices
 from inception_engine.plan import ALIGN, ConvOp, View, build_plan
 
@@ -67,16 +79,16 @@ def test_cost_model_choices():
     expect = {1: {(3, 3): 3}, 8: {(3, 3): 12, (5, 5): 3, (1, 7): 11, (7, 1): 11}, 32: ELIGIBLE, 128: ELIGIBLE}
     for batch, counts in expect.items():
         plan = build_plan(batch)
-        configs = cb.choose_configs(plan, 132)
+        configs = choose_configs(plan, 132)
         chosen = winograd_ops(configs, plan)
-        assert all(cb.winograd_eligible(op) for op in chosen)
-        got = {k: sum(op.kernel == k for op in chosen) for k in cb.WINO_VARIANTS}
-        assert got == {k: counts.get(k, 0) for k in cb.WINO_VARIANTS}, (batch, got)
+        assert all(winograd_eligible(op) for op in chosen)
+        got = {k: sum(op.kernel == k for op in chosen) for k in WINO_VARIANTS}
+        assert got == {k: counts.get(k, 0) for k in WINO_VARIANTS}, (batch, got)
         # F(4x4) for 3x3 but on the 8x8 maps at batch 8 (F(2x2): 16 tiles a map instead of 4, less padding of T)
         assert all(configs[op.name].wino == {(3, 3): 2 if batch == 8 and op.src.h == 8 else 4, (5, 5): 2}.get(
             op.kernel, 3) for op in chosen)
-    eligible = [op for op in build_plan(8).conv_ops if cb.winograd_eligible(op)]
-    assert {k: sum(op.kernel == k for op in eligible) for k in cb.WINO_VARIANTS} == ELIGIBLE
+    eligible = [op for op in build_plan(8).conv_ops if winograd_eligible(op)]
+    assert {k: sum(op.kernel == k for op in eligible) for k in WINO_VARIANTS} == ELIGIBLE
     assert all(op.stride == 1 for op in eligible)
 
 
@@ -85,13 +97,13 @@ def test_batch_one_keeps_direct_for_unmeasured_shapes():
     (unmeasured there); forcing still takes it, and from batch 2 the model does."""
     for batch, want in ((1, False), (2, True)):
         plan = build_plan(batch)
-        configs = cb.choose_configs(plan, 132)
+        configs = choose_configs(plan, 132)
         op = next(op for op in plan.conv_ops if op.kernel == (5, 5))
-        cfg = cb.winograd_config(op, 2, 132)
-        assert cfg.est_us < cb.WINO_MARGIN * cb.conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w,
+        cfg = winograd_config(op, 2, 132)
+        assert cfg.est_us < WINO_MARGIN * conv_config(op.dst.channels, op.dst.n * op.dst.h * op.dst.w,
                                                             op.src.channels * 25, 132).est_us
         assert bool(configs[op.name].wino) == want
-    assert cb.choose_configs(build_plan(1), 132, winograd=True)[op.name].wino == 2
+    assert choose_configs(build_plan(1), 132, winograd=True)[op.name].wino == 2
 
 
 TILE_PREFIX = {"tf32": "conv_tf32", "fp16": "conv_f16"}
@@ -99,23 +111,23 @@ TILE_PREFIX = {"tf32": "conv_tf32", "fp16": "conv_f16"}
 
 def test_forcing_and_tensor_core_precisions():
     plan = build_plan(1)
-    forced = cb.choose_configs(plan, 132, winograd=True)
+    forced = choose_configs(plan, 132, winograd=True)
     assert {op.name for op in winograd_ops(forced, plan)} == {op.name for op in plan.conv_ops
-                                                              if cb.winograd_eligible(op)}
-    assert not any(c.wino for c in cb.choose_configs(build_plan(128), 132, winograd=False).values() if c is not None)
+                                                              if winograd_eligible(op)}
+    assert not any(c.wino for c in choose_configs(build_plan(128), 132, winograd=False).values() if c is not None)
     for precision in ("tf32", "fp16"):  # the same Winograd convs as fp32 (FFMA GEMMs), tensor cores for the rest
-        fp32 = cb.choose_configs(build_plan(128), 132)
-        mixed = cb.choose_configs(build_plan(128), 132, precision=precision)
+        fp32 = choose_configs(build_plan(128), 132)
+        mixed = choose_configs(build_plan(128), 132, precision=precision)
         assert {k for k, c in mixed.items() if c and c.wino} == {k for k, c in fp32.items() if c and c.wino} != set()
         assert {c.tile.prefix for c in mixed.values() if c and not c.wino} == {TILE_PREFIX[precision]}
-        assert cb.choose_configs(plan, 132, precision=precision, winograd=True).keys() == forced.keys()
+        assert choose_configs(plan, 132, precision=precision, winograd=True).keys() == forced.keys()
 
 
 def test_u_and_transforms_are_packed_from_the_exact_matrices():
-    weights = cb.he_weights(0)
+    weights = he_weights(0)
     plan = build_plan(8)
-    configs = cb.choose_configs(plan, 132, winograd=True)
-    flat, offsets = cb.pack_params(weights, plan, configs)
+    configs = choose_configs(plan, 132, winograd=True)
+    flat, offsets = pack_params(weights, plan, configs)
     assert all(off % ALIGN == 0 for off in offsets.values())
     variants = {(configs[op.name].wino, max(op.kernel)) for op in winograd_ops(configs, plan)}
     assert variants == {(2, 3), (4, 3), (2, 5), (3, 7)} or variants == {(4, 3), (2, 5), (3, 7)}, variants
@@ -131,9 +143,9 @@ def test_u_and_transforms_are_packed_from_the_exact_matrices():
         (kh, kw), m = op.kernel, cfg.wino
         gh = winograd_matrices(m, kh)[1] if kh > 1 else np.ones((1, 1))  # an axis with one tap: identity
         gw = winograd_matrices(m, kw)[1] if kw > 1 else np.ones((1, 1))
-        opad = cb.o_pad(op.dst.channels, cfg.tile)
+        opad = o_pad(op.dst.channels, cfg.tile)
         nn, cin, cout = len(gh) * len(gw), op.src.channels, op.dst.channels
-        assert nn == cb.winograd_shape(op, m).nn == {(3, 3): (m + 2) ** 2, (5, 5): 36}.get(op.kernel, m + 6)
+        assert nn == winograd_shape(op, m).nn == {(3, 3): (m + 2) ** 2, (5, 5): 36}.get(op.kernel, m + 6)
         u = flat[offsets[op.name + ".weight"]:][:nn * cin * opad].reshape(nn, cin, opad)
         ref = np.einsum("ik,ockl,jl->ijco", gh, w, gw).reshape(nn, cin, cout)
         assert rel_l2(u[:, :, :cout], ref) < 1e-7
@@ -145,26 +157,26 @@ def test_workspace_and_launch_args(batch):
     """Every Winograd conv's V and M slice lies inside the workspace and no other op of its stage overlaps it; the
     launches are the three kernels with int32 arguments within the launch limits."""
     plan = build_plan(batch, concurrent=True)
-    configs = cb.choose_configs(plan, 132, winograd=True)
-    need, offsets = cb.workspace_layout(plan, configs)
+    configs = choose_configs(plan, 132, winograd=True)
+    need, offsets = workspace_layout(plan, configs)
     ops = {op.name: (i, op) for i, op in enumerate(plan.ops)}
-    spans = {name: (offsets[name], offsets[name] + cb.workspace_elems(op, configs[name])) for name, (_, op)
+    spans = {name: (offsets[name], offsets[name] + workspace_elems(op, configs[name])) for name, (_, op)
              in ops.items() if name in offsets}
     for name, (lo, hi) in spans.items():
         assert hi <= need
         for other, (lo2, hi2) in spans.items():
             if other != name and plan.stages[ops[name][0]] == plan.stages[ops[other][0]]:
                 assert hi <= lo2 or hi2 <= lo, (name, other)
-    _, poffsets = cb.pack_params(cb.he_weights(0), plan, configs)
-    specs = cb.launch_specs(plan, configs, 1 << 40, 1 << 41, poffsets, 1 << 42)
+    _, poffsets = pack_params(he_weights(0), plan, configs)
+    specs = launch_specs(plan, configs, 1 << 40, 1 << 41, poffsets, 1 << 42)
     for op in winograd_ops(configs, plan):
         mine = [s for s in specs if s.op == op.name]
         cfg = configs[op.name]
-        assert [s.kernel for s in mine] == list(cb.wino_kernel_names(op.kernel, cfg.wino, cfg.tile, cfg.splits))
+        assert [s.kernel for s in mine] == list(wino_kernel_names(op.kernel, cfg.wino, cfg.tile, cfg.splits))
         assert mine[0].kernel == f"wino_input_{op.kernel[0]}x{op.kernel[1]}_F{cfg.wino}"
-        assert mine[1].grid[2] == cb.winograd_shape(op, cfg.wino).nn * cfg.splits
+        assert mine[1].grid[2] == winograd_shape(op, cfg.wino).nn * cfg.splits
         for s in mine:
-            fmt = cb.arg_format(s.kernel)
+            fmt = arg_format(s.kernel)
             assert len(s.args) == len(fmt) and all(c != "i" or -2**31 <= a < 2**31 for c, a in zip(fmt, s.args))
             assert s.grid[0] < 2**31 and s.grid[1] < 2**16 and s.grid[2] < 2**16
         assert mine[0].args[2] == (1 << 42) + 4 * offsets[op.name]  # V at the op's slice
@@ -181,7 +193,7 @@ class Case:
     h: int
     w: int
     pad: tuple[int, int]
-    m: int  # output tile m (cb.winograd_tile: m x m, or 1 x m / m x 1 for 1x7 / 7x1)
+    m: int  # output tile m (winograd_tile: m x m, or 1 x m / m x 1 for 1x7 / 7x1)
     tile: str  # GEMM tile, WINO_TILES by name
     src_extra: tuple[int, int] = (0, 0)  # channels before and after the source view in its buffer
     dst_extra: tuple[int, int] = (0, 0)
@@ -196,12 +208,12 @@ class Case:
     def op(self, src: View, dst: View) -> ConvOp:
         return ConvOp("conv", src, dst, self.kernel, 1, self.pad)
 
-    def config(self) -> cb.ConvConfig:
-        tile = next(t for t in cb.WINO_TILES if t.name == self.tile)
+    def config(self) -> ConvConfig:
+        tile = next(t for t in WINO_TILES if t.name == self.tile)
         k_split = -(-self.cin // self.splits)
         k_split = -(-k_split // tile.bk) * tile.bk
         assert -(-self.cin // k_split) == self.splits, "choose cin so that every slice has channels"
-        return cb.ConvConfig(tile, self.splits, k_split, 0.0, self.m)
+        return ConvConfig(tile, self.splits, k_split, 0.0, self.m)
 
     def data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = rng_for(self)
@@ -233,8 +245,8 @@ EMU_CASES = [
 
 @pytest.fixture(scope="module")
 def wino_lib(tmp_path_factory) -> ctypes.CDLL:
-    names = [k for k in cb.all_kernel_names() if cb.source_of(k) == "winograd.cu"]
-    wrapper = emu_wrapper_source("winograd.cu", [(n, cb.arg_format(n)) for n in names])
+    names = [k for k in all_kernel_names() if source_of(k) == "winograd.cu"]
+    wrapper = emu_wrapper_source("winograd.cu", [(n, arg_format(n)) for n in names])
     return compile_emu_lib(tmp_path_factory, "emu_wino", wrapper, "-O2", mma=False)
 
 
@@ -251,10 +263,10 @@ def put(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def launch(lib: ctypes.CDLL, spec: cb.LaunchSpec) -> None:
+def launch(lib: ctypes.CDLL, spec: LaunchSpec) -> None:
     fn = getattr(lib, f"emu_{spec.kernel}")
     fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.c_void_p if c == "P" else ctypes.c_int
-                                         for c in cb.arg_format(spec.kernel)]
+                                         for c in arg_format(spec.kernel)]
     fn(*spec.grid, spec.block[0], *spec.args)
 
 
@@ -273,12 +285,12 @@ def run_case(lib: ctypes.CDLL, case: Case) -> dict[str, float]:
     dst_buf = arena[src_elems:].reshape(dst_shape)
     src_buf[:, case.src_extra[0]:case.src_extra[0] + case.cin] = x
     before = src_buf.copy()
-    u = put(cb.winograd_weights(wt, case.m, cb.o_pad(case.cout, cfg.tile)))
-    bt32, at32 = cb.winograd_transforms(case.m, max(case.kernel))
+    u = put(winograd_weights(wt, case.m, o_pad(case.cout, cfg.tile)))
+    bt32, at32 = winograd_transforms(case.m, max(case.kernel))
     bt, at, bias = put(bt32), put(at32), put(b)
-    shape = cb.config_shape(op, cfg)
-    ws = aligned_nan(cb.workspace_elems(op, cfg))
-    specs = cb.winograd_specs(op, case.relu, cfg, arena.ctypes.data, u.ctypes.data, bias.ctypes.data,
+    shape = config_shape(op, cfg)
+    ws = aligned_nan(workspace_elems(op, cfg))
+    specs = winograd_specs(op, case.relu, cfg, arena.ctypes.data, u.ctypes.data, bias.ctypes.data,
                               bt.ctypes.data, at.ctypes.data, ws.ctypes.data)
     nn = shape.nn
     v_elems = nn * case.cin * shape.t_pad
@@ -288,7 +300,7 @@ def run_case(lib: ctypes.CDLL, case: Case) -> dict[str, float]:
 
     # V: the nh x nw patches of every tile (zero-padded input), transformed in float64 along each axis (the 1 x 1
     # identity along an axis of one tap)
-    (mh, mw), (kh, kw), (ph, pw) = cb.winograd_tile(case.kernel, case.m), case.kernel, case.pad
+    (mh, mw), (kh, kw), (ph, pw) = winograd_tile(case.kernel, case.m), case.kernel, case.pad
     nh, nw = mh + kh - 1, mw + kw - 1
     bth = winograd_matrices(mh, kh)[2] if kh > 1 else np.ones((1, 1))
     btw = winograd_matrices(mw, kw)[2] if kw > 1 else np.ones((1, 1))
@@ -375,17 +387,17 @@ def network_shapes() -> list[ConvOp]:
     3x3, one 5x5, five 1x7 and five 7x1."""
     seen: dict[tuple, ConvOp] = {}
     for op in build_plan(1).conv_ops:
-        if cb.winograd_eligible(op):
+        if winograd_eligible(op):
             seen.setdefault((op.kernel, op.src.channels, op.dst.channels, op.src.h, op.src.w, op.pad), op)
     return list(seen.values())
 
 
 def shape_variants() -> list[tuple[ConvOp, int]]:
     """(network shape, output tile m) for every Winograd variant winograd.cu has for that shape's kernel."""
-    return [(op, m) for op in network_shapes() for m in cb.WINO_VARIANTS[op.kernel]]
+    return [(op, m) for op in network_shapes() for m in WINO_VARIANTS[op.kernel]]
 
 
-def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: cb.Tile | None = None, extra: int = 0) -> float:
+def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: Tile | None = None, extra: int = 0) -> float:
     """``like``'s shape at batch n through the three kernels on the GPU (source and destination views with
     ``extra`` channels around them; the GEMM tile the model picks unless given). Returns the rel L2 vs float64."""
     from helpers.gpu_buffers import Arena, Params, check_view, run
@@ -395,7 +407,7 @@ def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: cb.Tile | None = None,
     arena = Arena((n, cin + 2 * extra, h, w), (n, cout + 2 * extra, ho, wo))
     src, dst = arena.view(0, extra, cin), arena.view(1, extra, cout)
     op = ConvOp(like.name, src, dst, like.kernel, 1, pad)
-    cfg = cb.winograd_config(op, m, 132)
+    cfg = winograd_config(op, m, 132)
     if tile is not None:
         cfg = dataclasses.replace(cfg, tile=tile)
     rng = rng_for("gpu", like.name, n, m, cfg.tile.name, extra)
@@ -403,15 +415,15 @@ def gpu_case(kernels, n: int, like: ConvOp, m: int, tile: cb.Tile | None = None,
     taps = like.kernel[0] * like.kernel[1]
     wt = (rng.standard_normal((cout, cin, *like.kernel)) / np.sqrt(taps * cin)).astype(np.float32)
     b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
-    params = Params(cb.winograd_weights(wt, m, cb.o_pad(cout, cfg.tile)), b,
-                    *cb.winograd_transforms(m, max(like.kernel)))
-    elems = cb.workspace_elems(op, cfg)
-    ws = cb.driver().mem_alloc(4 * elems)
-    cb.driver().memset_d32(int(ws), cb.NAN_BITS, elems)
+    params = Params(winograd_weights(wt, m, o_pad(cout, cfg.tile)), b,
+                    *winograd_transforms(m, max(like.kernel)))
+    elems = workspace_elems(op, cfg)
+    ws = driver().mem_alloc(4 * elems)
+    driver().memset_d32(int(ws), NAN_BITS, elems)
     try:
         arena.put(src, x)
         before = arena.buffer(0)
-        run(kernels, cb.winograd_specs(op, True, cfg, arena.ptr, *params.ptrs, int(ws)))
+        run(kernels, winograd_specs(op, True, cfg, arena.ptr, *params.ptrs, int(ws)))
         ref = conv2d_bias_relu(x.astype(np.float64), wt.astype(np.float64), b.astype(np.float64), 1, pad, True)
         check_view(arena, dst, ref, tol=WINO_TOL)  # NaN-free, within WINO_TOL, nothing written outside the view
         np.testing.assert_array_equal(arena.buffer(0), before)
@@ -432,7 +444,7 @@ def test_gpu_every_network_shape(gpu, like, m, batch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", cb.WINO_TILES, ids=lambda t: t.name)
+@pytest.mark.parametrize("tile", WINO_TILES, ids=lambda t: t.name)
 def test_gpu_every_gemm_tile(gpu, tile):
     for like, m in shape_variants():
         if like.src.h == 35 or like.kernel == (1, 7):  # 35x35 and 17x17: ragged T tiles; Cout 96, 64: ragged Cout
@@ -444,7 +456,7 @@ def network_reference(batch: int):
     """(weights, plan, input, float64 logits) of He-initialised weights at this batch size, computed once."""
     from inception_engine.backends.numpy_backend import NumpyBackend
 
-    weights = cb.he_weights(0)
+    weights = he_weights(0)
     plan = build_plan(batch, weights.layers())
     x = np.random.default_rng(batch).standard_normal(plan.input.dims).astype(np.float32)
     return weights, plan, x, NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
@@ -457,16 +469,16 @@ def test_gpu_network_with_winograd(batch, winograd):
     float64: rel L2 <= 1e-4 and the same top 5; the CUDA graph (concurrent streams) and eager serial launches give
     the same bits."""
     weights, plan, x, ref = network_reference(batch)
-    with cb.CudaBackend(weights, plan, graph=True, winograd=winograd, nhwc=False) as backend:
+    with CudaBackend(weights, plan, graph=True, winograd=winograd, nhwc=False) as backend:
         assert backend._graph is not None
         wino = [name for name, c in backend.configs.items() if c is not None and c.wino]
         graph_out = backend.forward(x)
-    with cb.CudaBackend(weights, plan, graph=False, concurrent=False, winograd=winograd, nhwc=False) as backend:
+    with CudaBackend(weights, plan, graph=False, concurrent=False, winograd=winograd, nhwc=False) as backend:
         eager_out = backend.forward(x)
     assert len(wino) == sum(ELIGIBLE.values()) if winograd else wino  # forced: all eligible; the model: some
-    err = cb.rel_l2(graph_out, ref)
+    err = selftest.rel_l2(graph_out, ref)
     print(f"batch {batch}, {len(wino)} Winograd convs: rel L2 {err:.1e}")
     assert np.isfinite(graph_out).all() and err <= NET_TOL, err
-    assert all(cb.top5_agree(g, r) for g, r in zip(graph_out, ref))
+    assert all(top5_agree(g, r) for g, r in zip(graph_out, ref))
     np.testing.assert_array_equal(eager_out, graph_out)
 

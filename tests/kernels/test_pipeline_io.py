@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from inception_engine import pipeline
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.backend import CudaBackend
+from inception_engine.backends.cuda.device import driver
+from inception_engine.backends.cuda.tiles import THREADS
 from inception_engine.backends.cuda.stream import TOPK_N, CudaRunner
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.images import Preprocess, normalize_u8
@@ -34,7 +36,7 @@ def rng_for(*key: object) -> np.random.Generator:
 
 
 def to_device(a: np.ndarray) -> object:
-    drv = cb.driver()
+    drv = driver()
     d = drv.mem_alloc(max(a.nbytes, 4))
     drv.memcpy_htod(int(d), np.ascontiguousarray(a))
     return d
@@ -42,7 +44,7 @@ def to_device(a: np.ndarray) -> object:
 
 def from_device(d: object, shape: tuple[int, ...], dtype: type) -> np.ndarray:
     out = np.empty(shape, dtype)
-    cb.driver().memcpy_dtoh(out, int(d))
+    driver().memcpy_dtoh(out, int(d))
     return out
 
 
@@ -55,10 +57,10 @@ def test_normalize_u8_nchw_is_bit_identical_to_the_host(gpu, batch, size):
     d_x, d_ms = to_device(x), to_device(np.asarray((*pre.mean, *pre.std), np.float32))
     d_y = to_device(np.full((batch, 3, size, size), np.nan, np.float32))
     try:
-        gpu[1]["normalize_u8_nchw"].prepared_async_call(((hw + cb.THREADS - 1) // cb.THREADS, batch, 1),
-                                                        (cb.THREADS, 1, 1), None, int(d_x), int(d_y), int(d_ms),
+        gpu[1]["normalize_u8_nchw"].prepared_async_call(((hw + THREADS - 1) // THREADS, batch, 1),
+                                                        (THREADS, 1, 1), None, int(d_x), int(d_y), int(d_ms),
                                                         hw, 3 * hw)
-        cb.driver().Context.synchronize()
+        driver().Context.synchronize()
         got = from_device(d_y, (batch, 3, size, size), np.float32)
         assert np.array_equal(got, normalize_u8(x, pre))  # NaN anywhere (unwritten) fails too
         assert np.array_equal(from_device(d_x, x.shape, np.uint8), x)  # the input is left as it was
@@ -79,7 +81,7 @@ def test_softmax_topk_rows_matches_float64(gpu, rows, cols, k):
     try:
         gpu[1]["softmax_topk_rows"].prepared_async_call((rows, 1, 1), (TOPK_N, 1, 1), None, int(d_z), int(d_p),
                                                         int(d_i), cols, cols, k)
-        cb.driver().Context.synchronize()
+        driver().Context.synchronize()
         prob = from_device(d_p, (rows, k), np.float32)
         index = from_device(d_i, (rows, k), np.int32)
     finally:
@@ -111,7 +113,7 @@ def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(11), {"count_include_pad": True})
     paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(7)])
-    backend = cb.CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=graph, nhwc=False)
+    backend = CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=graph, nhwc=False)
     try:
         preds = list(pipeline.classify(paths, CudaRunner(backend, pre), pre, 3,
                                        pipeline.PipelineOptions(workers=2, ring_batches=2)))
@@ -143,7 +145,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     paths = small_images(tmp_path, "gpu decode stream", [f"{i}.png" if i == 2 else f"{i}.jpg" for i in range(6)])
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
     sources = [paths[0], tmp_path / "missing.jpg", *paths[1:4], tmp_path / "bad.jpg", *paths[4:]]
-    backend = cb.CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=False, nhwc=False)
+    backend = CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=False, nhwc=False)
     try:
         options = pipeline.PipelineOptions(workers=2, ring_batches=2)
         gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from inception_engine.backends.cuda import jpeg_decode
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.device import driver
 from inception_engine.errors import EngineError
 from inception_engine.images import Preprocess, decode_u8, resize_crop
 from inception_engine.pil_resize import resize_crop_u8
@@ -45,7 +45,7 @@ class Device:
         self.allocs: list[Any] = []
 
     def alloc(self, nbytes: int) -> int:
-        a = cb.driver().mem_alloc(max(nbytes, 4))
+        a = driver().mem_alloc(max(nbytes, 4))
         self.allocs.append(a)
         return int(a)
 
@@ -56,13 +56,13 @@ class Device:
         rows = np.full((h, pitch), 0xEE, np.uint8)
         rows[:, :w * 3] = a.reshape(h, -1)
         ptr = self.alloc(rows.nbytes)
-        cb.driver().memcpy_htod(ptr, rows)
+        driver().memcpy_htod(ptr, rows)
         return jpeg_decode.DeviceImage(ptr, h, w, pitch)
 
     def download(self, ptr: int, nbytes: int) -> np.ndarray:
         out = np.empty(nbytes, np.uint8)
-        cb.driver().Context.synchronize()
-        cb.driver().memcpy_dtoh(out, ptr)
+        driver().Context.synchronize()
+        driver().memcpy_dtoh(out, ptr)
         return out
 
     def free(self) -> None:
@@ -86,10 +86,10 @@ SIZES = [(375, 500), (500, 375), (342, 342), (342, 411), (120, 90), (1279, 603),
 def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
     _, kernels = gpu
     resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
-    stream = cb.driver().Stream()
+    stream = driver().Stream()
     slots = 2 * len(SIZES) + 1  # every other slot is a target; the rest must keep the sentinel
     dst = device.alloc(slots * SLOT)
-    cb.driver().memset_d8(dst, sentinel, slots * SLOT)
+    driver().memset_d8(dst, sentinel, slots * SLOT)
     images, jobs = [], []
     for i, (h, w) in enumerate(SIZES):
         a = rng_for("resize", h, w, sentinel).integers(0, 256, (h, w, 3), dtype=np.uint8)
@@ -119,7 +119,7 @@ def test_resize_buffers_grow_between_batches(gpu, device):
     """A small batch then one needing bigger tables and intermediate: both exact."""
     _, kernels = gpu
     resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
-    stream = cb.driver().Stream()
+    stream = driver().Stream()
     dst = device.alloc(2 * SLOT)
     for shapes in ([(375, 500)], [(299, 299), (2400, 1100)]):
         arrays = [rng_for("grow", s).integers(0, 256, (*s, 3), dtype=np.uint8) for s in shapes]
@@ -170,9 +170,9 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
         return decode_u8(path, PRE)
 
     dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items) + 1)
-    stream = cb.driver().Stream()
+    stream = driver().Stream()
     dst = device.alloc(len(items) * SLOT)
-    cb.driver().memset_d8(dst, 0x5A, len(items) * SLOT)
+    driver().memset_d8(dst, 0x5A, len(items) * SLOT)
     FakeCodec.Decoder.calls = []
     errors = dec.decode_into(items, dst, stream, cpu)
     stream.synchronize()
@@ -197,6 +197,6 @@ def test_decode_into_refuses_decompression_bombs(gpu, device, monkeypatch):
     dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=1)
     called = []
     errors = dec.decode_into([("big.jpg", jpeg_bytes(np.zeros((40, 60, 3), np.uint8)))], device.alloc(SLOT),
-                             cb.driver().Stream(), lambda p, d: called.append(p))
+                             driver().Stream(), lambda p, d: called.append(p))
     dec.close()
     assert not called and errors[0].startswith("big.jpg: refused, too many pixels (")

@@ -11,7 +11,18 @@ import numpy as np
 import pytest
 
 from inception_engine import arch, backends, cuda_build
-from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda.backend import CudaBackend
+from inception_engine.backends.cuda.cost_model import MAX_SPLITS, MIN_K_SPLIT, choose_configs
+from inception_engine.backends.cuda.kernels import all_kernel_names, arg_format, conv_kernel_name, source_of
+from inception_engine.backends.cuda.launch import launch_specs
+from inception_engine.backends.cuda.params import pack_params
+from inception_engine.backends.cuda.schedule import schedule
+from inception_engine.backends.cuda.tiles import (KERNEL_SIZES, PRECISIONS, TF32_TILES, THREADS, TILES, TILES_OF,
+                                                  WINO_TILES)
+from inception_engine.backends.cuda.tuning import (config_from_json, config_to_json, pick_fastest, tuning_candidates,
+                                                   tuning_key)
+from inception_engine.backends.cuda.winograd import winograd_eligible
+from inception_engine.backends.cuda.workspace import counter_layout, workspace_elems, workspace_layout
 from inception_engine.errors import BackendUnavailable, EngineError
 from inception_engine.plan import ALIGN, ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan, fuse_pointwise, writes
 from inception_engine.weights import Weights
@@ -29,7 +40,7 @@ def weights() -> Weights:
 @pytest.mark.parametrize("batch", [1, 3, 8, 128])
 def test_configs_cover_k_exactly_within_launch_limits(batch, num_sms):
     plan = build_plan(batch)
-    configs = cb.choose_configs(plan, num_sms)
+    configs = choose_configs(plan, num_sms)
     assert set(configs) == {op.name for op in plan.ops if isinstance(op, (ConvOp, FCOp))}
     for op in plan.ops:
         cfg = configs.get(op.name)
@@ -38,33 +49,33 @@ def test_configs_cover_k_exactly_within_launch_limits(batch, num_sms):
         k_total = op.src.channels * (op.kernel[0] * op.kernel[1] if isinstance(op, ConvOp) else 1)
         assert cfg.k_split % cfg.tile.bk == 0
         assert (cfg.splits - 1) * cfg.k_split < k_total <= cfg.splits * cfg.k_split, op.name
-        assert 1 <= cfg.splits <= cb.MAX_SPLITS
-        assert cfg.splits == 1 or cfg.k_split >= cb.MIN_K_SPLIT
+        assert 1 <= cfg.splits <= MAX_SPLITS
+        assert cfg.splits == 1 or cfg.k_split >= MIN_K_SPLIT
 
 
 def test_small_grids_at_batch1_are_split_to_fill_the_gpu():
     """17x17 and 8x8 layers at batch 1 (N = 289, 64) would give a handful of blocks without split-K: they get at
     least 64 blocks, or as many K slices as MIN_K_SPLIT allows."""
     plan = build_plan(1)
-    configs = cb.choose_configs(plan, 132)
+    configs = choose_configs(plan, 132)
     for op in plan.conv_ops:
         if op.dst.h <= 17:
             cfg = configs[op.name]
             tiles = -(-op.dst.channels // cfg.tile.bm) * -(-op.dst.h * op.dst.w // cfg.tile.bn)
             k_total = op.src.channels * op.kernel[0] * op.kernel[1]
-            assert tiles * cfg.splits >= min(64, tiles * (k_total // cb.MIN_K_SPLIT)), (op.name, cfg)
+            assert tiles * cfg.splits >= min(64, tiles * (k_total // MIN_K_SPLIT)), (op.name, cfg)
 
 
 def test_fc_is_gemv_at_batch1_and_gemm_above():
-    assert cb.choose_configs(build_plan(1), 132)["fc"] is None
-    assert cb.choose_configs(build_plan(2), 132)["fc"] is not None
+    assert choose_configs(build_plan(1), 132)["fc"] is None
+    assert choose_configs(build_plan(2), 132)["fc"] is not None
 
 
 @pytest.mark.parametrize("batch", [1, 8])
 def test_params_are_packed_in_the_kernels_layout(weights, batch):
     plan = build_plan(batch)
-    configs = cb.choose_configs(plan, 132, winograd=False)  # Winograd's U: test_cuda_winograd.py
-    flat, offsets = cb.pack_params(weights, plan, configs)
+    configs = choose_configs(plan, 132, winograd=False)  # Winograd's U: test_cuda_winograd.py
+    flat, offsets = pack_params(weights, plan, configs)
     assert flat.dtype == np.float32 and len(offsets) == len(weights.arrays)
     assert all(off % ALIGN == 0 for off in offsets.values())
     for op in plan.ops:
@@ -83,23 +94,23 @@ def test_params_are_packed_in_the_kernels_layout(weights, batch):
 @pytest.mark.parametrize("batch,softmax", [(1, False), (8, True), (128, False)])
 def test_launch_specs_match_kernel_signatures_and_views(weights, batch, softmax):
     plan = build_plan(batch)
-    configs = cb.choose_configs(plan, 132)
-    _, offsets = cb.pack_params(weights, plan, configs)
-    specs = cb.launch_specs(plan, configs, ARENA, PARAMS, offsets, WS, PROBS if softmax else None)
-    kernels = set(cb.all_kernel_names())
+    configs = choose_configs(plan, 132)
+    _, offsets = pack_params(weights, plan, configs)
+    specs = launch_specs(plan, configs, ARENA, PARAMS, offsets, WS, PROBS if softmax else None)
+    kernels = set(all_kernel_names())
     for s in specs:
         assert s.kernel in kernels
-        fmt = cb.arg_format(s.kernel)
+        fmt = arg_format(s.kernel)
         assert len(s.args) == len(fmt), s
         for c, a in zip(fmt, s.args):
             assert isinstance(a, int) and (c != "i" or -2**31 <= a < 2**31), (s.kernel, a)
-        assert s.block == (cb.THREADS, 1, 1)
+        assert s.block == (THREADS, 1, 1)
         assert 1 <= s.grid[0] < 2**31 and 1 <= s.grid[1] < 2**16 and 1 <= s.grid[2] < 2**16
     # ops in plan order, each with its launches, then the softmax
     names = [s.op for s in specs]
     assert list(dict.fromkeys(names)) == [op.name for op in plan.ops] + (["softmax"] if softmax else [])
     by_op = {op.name: op for op in plan.ops}
-    ws_offsets = cb.workspace_layout(plan, configs)[1]
+    ws_offsets = workspace_layout(plan, configs)[1]
     for s in specs:
         op = by_op.get(s.op)
         if isinstance(op, ConvOp) and s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce":
@@ -117,8 +128,8 @@ def test_launch_specs_match_kernel_signatures_and_views(weights, batch, softmax)
         elif isinstance(op, PoolOp):
             assert s.args[-2:] == (int(op.kind == "max"), int(op.count_include_pad))
         elif isinstance(op, GlobalAvgPoolOp):
-            assert s.grid[0] * cb.THREADS // 32 >= batch * 2048
-    ws_need, ws_offsets = cb.workspace_layout(plan, configs)
+            assert s.grid[0] * THREADS // 32 >= batch * 2048
+    ws_need, ws_offsets = workspace_layout(plan, configs)
     for op in plan.conv_ops:
         cfg = configs[op.name]
         if cfg.splits > 1:
@@ -131,7 +142,7 @@ def test_unsupported_kernel_size_is_one_clear_line():
     layers = [arch.Conv("odd", arch.INPUT, 3, 8, (2, 2)), arch.GlobalAvgPool("gap", "odd"),
               arch.FC("fc", "gap", 8, 4)]
     with pytest.raises(EngineError, match="no CUDA kernel for a 2x2 convolution"):
-        cb.choose_configs(build_plan(1, layers), 132)
+        choose_configs(build_plan(1, layers), 132)
 
 
 def test_unavailable_without_pycuda_is_one_line():
@@ -176,16 +187,16 @@ def test_concurrent_schedule_orders_every_memory_conflict(batch, fused):
     plan = build_plan(batch, concurrent=True)
     plan = fuse_pointwise(plan) if fused else plan
     assert plan.concurrent and len(plan.stages) == len(plan.ops)
-    configs = cb.choose_configs(plan, 132)
-    _, ws_offsets = cb.workspace_layout(plan, configs)
-    sched = cb.schedule(plan)
+    configs = choose_configs(plan, 132)
+    _, ws_offsets = workspace_layout(plan, configs)
+    sched = schedule(plan)
     reads, written = [], []
     for op in plan.ops:
         w = [r for v in writes(op) for r in view_ranges(v)]
         cfg = configs.get(op.name)
-        if cfg is not None and cb.workspace_elems(op, cfg):  # the workspace, as a range far above the arena
+        if cfg is not None and workspace_elems(op, cfg):  # the workspace, as a range far above the arena
             base = plan.arena_elems + ws_offsets[op.name]
-            w.append((base, base + cb.workspace_elems(op, cfg)))
+            w.append((base, base + workspace_elems(op, cfg)))
         reads.append(view_ranges(op.src))
         written.append(w)
     before: dict[int, set[int]] = {}  # op -> ops of its stage that finish before it starts
@@ -232,25 +243,25 @@ def test_tf32_uses_only_tensor_core_kernels_and_reduces_split_k_separately(weigh
     16, and split-K through conv_splitk_reduce (conv_tf32.cu has no _fixup kernels), even when fixup is asked for.
     (Winograd, which stays FFMA in every precision, is off here: test_cuda_winograd.py covers it with tf32.)"""
     plan = build_plan(batch)
-    configs = cb.choose_configs(plan, num_sms, fixup=True, precision="tf32", winograd=False)
+    configs = choose_configs(plan, num_sms, fixup=True, precision="tf32", winograd=False)
     assert set(configs) == {op.name for op in plan.ops if isinstance(op, (ConvOp, FCOp))}
     assert (configs["fc"] is None) == (batch == 1)
     for op in plan.ops:
         cfg = configs.get(op.name)
         if cfg is None:
             continue
-        assert cfg.tile in cb.TF32_TILES and not cfg.tile.fixup, op.name
+        assert cfg.tile in TF32_TILES and not cfg.tile.fixup, op.name
         k_total = op.src.channels * (op.kernel[0] * op.kernel[1] if isinstance(op, ConvOp) else 1)
         assert cfg.k_split % 16 == 0 and (cfg.splits - 1) * cfg.k_split < k_total <= cfg.splits * cfg.k_split
-        assert cfg.splits == 1 or cfg.k_split >= cb.MIN_K_SPLIT
-    assert cb.counter_layout(plan, configs) == (0, {})
-    _, offsets = cb.pack_params(weights, plan, configs)
-    specs = cb.launch_specs(plan, configs, ARENA, PARAMS, offsets, WS, counters=1 << 44)
-    kernels = set(cb.all_kernel_names())
+        assert cfg.splits == 1 or cfg.k_split >= MIN_K_SPLIT
+    assert counter_layout(plan, configs) == (0, {})
+    _, offsets = pack_params(weights, plan, configs)
+    specs = launch_specs(plan, configs, ARENA, PARAMS, offsets, WS, counters=1 << 44)
+    kernels = set(all_kernel_names())
     gemms = [s for s in specs if s.kernel.startswith("conv_") and s.kernel != "conv_splitk_reduce"]
     assert gemms and all(s.kernel.startswith("conv_tf32_") and not s.kernel.endswith("_fixup") for s in gemms)
-    assert all(s.kernel in kernels and len(s.args) == len(cb.arg_format(s.kernel)) for s in specs)
-    assert all(cb.source_of(s.kernel) == "conv_tf32.cu" for s in gemms)
+    assert all(s.kernel in kernels and len(s.args) == len(arg_format(s.kernel)) for s in specs)
+    assert all(source_of(s.kernel) == "conv_tf32.cu" for s in gemms)
     reduces = {s.op for s in specs if s.kernel == "conv_splitk_reduce"}
     assert reduces == {name for name, cfg in configs.items() if cfg is not None and cfg.splits > 1}
     if batch == 1:
@@ -258,57 +269,57 @@ def test_tf32_uses_only_tensor_core_kernels_and_reduces_split_k_separately(weigh
 
 
 def test_fp32_never_picks_tf32_kernels_and_names_are_distinct():
-    configs = cb.choose_configs(build_plan(8), 132)
-    assert all(c.tile in cb.TILES + cb.WINO_TILES for c in configs.values() if c is not None)
-    names = cb.all_kernel_names()
+    configs = choose_configs(build_plan(8), 132)
+    assert all(c.tile in TILES + WINO_TILES for c in configs.values() if c is not None)
+    names = all_kernel_names()
     assert len(names) == len(set(names))
     tf32 = [n for n in names if n.startswith("conv_tf32_")]
-    assert len(tf32) == len(cb.KERNEL_SIZES) * len(cb.TF32_TILES) == 21
-    assert cb.conv_kernel_name((1, 7), cb.TF32_TILES[1]) == "conv_tf32_1x7_128x64"
-    assert cb.source_of("conv_3x3_64x64_fixup") == "conv.cu" and cb.source_of("conv_tf32_3x3_64x64") == "conv_tf32.cu"
+    assert len(tf32) == len(KERNEL_SIZES) * len(TF32_TILES) == 21
+    assert conv_kernel_name((1, 7), TF32_TILES[1]) == "conv_tf32_1x7_128x64"
+    assert source_of("conv_3x3_64x64_fixup") == "conv.cu" and source_of("conv_tf32_3x3_64x64") == "conv_tf32.cu"
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_unknown_precision_is_one_clear_line(weights, precision):
     with pytest.raises(EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32, fp16") as e:
-        cb.CudaBackend(weights, build_plan(1), precision=precision)
+        CudaBackend(weights, build_plan(1), precision=precision)
     assert "\n" not in str(e.value)
     with pytest.raises(EngineError, match="choose one of fp32, tf32, fp16"):
-        cb.choose_configs(build_plan(1), 132, precision=precision)
-    assert cb.CudaBackend.PRECISIONS == ("fp32", "tf32", "fp16")
+        choose_configs(build_plan(1), 132, precision=precision)
+    assert CudaBackend.PRECISIONS == ("fp32", "tf32", "fp16")
 
 
 def test_fp16_uses_the_f16_kernels():
-    configs = cb.choose_configs(build_plan(8), 132, precision="fp16")
+    configs = choose_configs(build_plan(8), 132, precision="fp16")
     prefixes = {c.tile.prefix for c in configs.values() if c is not None and not c.wino}
     assert prefixes == {"conv_f16"}
-    assert cb.source_of("conv_f16_3x3_64x64") == "conv_f16.cu"
-    assert all(cb.source_of(name) in cuda_build.SOURCES for name in cb.all_kernel_names())
+    assert source_of("conv_f16_3x3_64x64") == "conv_f16.cu"
+    assert all(source_of(name) in cuda_build.SOURCES for name in all_kernel_names())
 
 
 # --- measured tuning (tune_configs): the planning half ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("precision", cb.PRECISIONS)
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_tuning_candidates_are_one_set_per_tile_and_one_winograd_set(precision):
     plan = build_plan(4)
-    sets = cb.tuning_candidates(plan, 132, False, precision, winograd=True)
-    tiles = cb.TILES_OF[precision]
+    sets = tuning_candidates(plan, 132, False, precision, winograd=True)
+    tiles = TILES_OF[precision]
     assert len(sets) == len(tiles) + 1
     for tile, configs in zip(tiles, sets):
         assert all(c.tile == tile and not c.wino for op in plan.conv_ops for c in [configs[op.name]])
     assert {op.name for op in plan.conv_ops if sets[-1][op.name].wino} == \
-        {op.name for op in plan.conv_ops if cb.winograd_eligible(op)}
-    assert len(cb.tuning_candidates(plan, 132, False, precision, winograd=False)) == len(tiles)
+        {op.name for op in plan.conv_ops if winograd_eligible(op)}
+    assert len(tuning_candidates(plan, 132, False, precision, winograd=False)) == len(tiles)
 
 
 def test_pick_fastest_takes_each_ops_fastest_set_and_keeps_the_rest():
     plan = build_plan(4)
-    default = cb.choose_configs(plan, 132, precision="fp16", winograd=None)
-    sets = cb.tuning_candidates(plan, 132, False, "fp16", winograd=True)
+    default = choose_configs(plan, 132, precision="fp16", winograd=None)
+    sets = tuning_candidates(plan, 132, False, "fp16", winograd=True)
     rng = np.random.default_rng(1)
     times = [{op.name: float(rng.uniform(1, 2)) for op in plan.conv_ops} for _ in sets]
-    best = cb.pick_fastest(default, sets, times)
+    best = pick_fastest(default, sets, times)
     for op in plan.conv_ops:
         fastest = min(range(len(sets)), key=lambda i: times[i][op.name])
         assert best[op.name] == sets[fastest][op.name]
@@ -317,16 +328,16 @@ def test_pick_fastest_takes_each_ops_fastest_set_and_keeps_the_rest():
 
 def test_tuned_configs_survive_json_and_the_key_sees_what_matters():
     plan = build_plan(4)
-    for configs in cb.tuning_candidates(plan, 132, False, "fp32", winograd=True):
+    for configs in tuning_candidates(plan, 132, False, "fp32", winograd=True):
         for cfg in configs.values():
-            back = cb.config_from_json(cb.config_to_json(cfg))
+            back = config_from_json(config_to_json(cfg))
             assert back is None if cfg is None else (back.tile, back.splits, back.k_split, back.wino) == \
                 (cfg.tile, cfg.splits, cfg.k_split, cfg.wino)
-    key = cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, True)
-    assert key == cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, None)  # both let Winograd compete
-    others = [cb.tuning_key("H200", "sm_90", 132, plan, "fp16", False, True),
-              cb.tuning_key("H100", "sm_90", 114, plan, "fp16", False, True),
-              cb.tuning_key("H100", "sm_90", 132, build_plan(8), "fp16", False, True),
-              cb.tuning_key("H100", "sm_90", 132, plan, "tf32", False, True),
-              cb.tuning_key("H100", "sm_90", 132, plan, "fp16", False, False)]
+    key = tuning_key("H100", "sm_90", 132, plan, "fp16", False, True)
+    assert key == tuning_key("H100", "sm_90", 132, plan, "fp16", False, None)  # both let Winograd compete
+    others = [tuning_key("H200", "sm_90", 132, plan, "fp16", False, True),
+              tuning_key("H100", "sm_90", 114, plan, "fp16", False, True),
+              tuning_key("H100", "sm_90", 132, build_plan(8), "fp16", False, True),
+              tuning_key("H100", "sm_90", 132, plan, "tf32", False, True),
+              tuning_key("H100", "sm_90", 132, plan, "fp16", False, False)]
     assert len({key, *others}) == 6
