@@ -138,7 +138,7 @@ def build(arch: str, units: Iterable[str] | None = None) -> dict[str, Path]:
         if proc.returncode == 0:
             os.replace(tmp, dst)
             # ptxas's information beside the cubin: -Werror passes some of it that matters (C7520, a serialized
-            # wgmma pipeline), which tests/test_nvcc_compile.py reads here
+            # wgmma pipeline), which tests/kernels/test_nvcc_compile.py reads here
             log_path(dst).write_text(out)
             continue
         os.unlink(tmp)

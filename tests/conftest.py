@@ -28,12 +28,21 @@ def gpu_unavailable_reason() -> str | None:
 def gpu():
     """(Gpu, Kernels) for kernel tests: device 0's context, current for the module, and every compiled cuda_src
     kernel (cuda_build.SOURCES) loaded through the backend's own loader."""
-    from inception_engine.backends import cuda as cb
+    from inception_engine.backends.cuda.device import Gpu
+    from inception_engine.backends.cuda.kernels import Kernels
 
-    g = cb.Gpu()
+    g = Gpu()
     with g:
-        yield g, cb.Kernels(g.arch)
+        yield g, Kernels(g.arch)
     g.release()
+
+
+@pytest.fixture(scope="module")
+def weights():
+    """The model of the whole-network tests (helpers.network.network_model), on the GPU and the emulator."""
+    from helpers.network import network_model
+
+    return network_model()
 
 
 @pytest.fixture

@@ -12,18 +12,18 @@
 # 4. compute-sanitizer racecheck on one NCHW forward at 75x75 with Winograd on (racecheck is slow; the kernels are
 #    the same), then racecheck and memcheck of a tf32 and an fp32 NHWC forward (wgmma ring, fused 1x1 groups, fp32's
 #    low tiles)
-# 5. real torchvision exports converted and compared (tests/test_real_exports.py; torch + torchvision), every
+# 5. real torchvision exports converted and compared (tests/device/test_real_exports.py; torch + torchvision), every
 #    other gpu-marked test of the repo (cuDNN, torch, CLI)
 # 6. memcheck of an eager serial, an eager concurrent and an fp16 NHWC forward, the tf32 and fp16 self-tests through the
 #    concurrent graph, and dev/bench_kernels.py (forward ms of every mode, per-op TFLOP/s), as the budget allows
 #
-# 7. (group e2e) the streaming pipeline on the GPU (tests/test_pipeline_kernels.py) and dev/bench_e2e.py: a
+# 7. (group e2e) the streaming pipeline on the GPU (tests/kernels/test_pipeline_io.py) and dev/bench_e2e.py: a
 #    folder of 4,096 generated JPEGs through inception-run's pipeline per precision and decode worker kind, the
 #    decode workers alone, the PyTorch DataLoader script, cold start
 #
 # 8. (group compile) inception-bench: ours, torch-graph and torch.compile(mode="reduce-overhead") at batch 1 and 128,
 #    fp16 and tf32 (and fp32 at batch 1), with torch.compile's compile time
-# 9. (group ray) the offline Ray Data kit (dev/gpu_machine/ray_kit.sh), tests/test_ray.py and dev/bench_ray.py: Ray's
+# 9. (group ray) the offline Ray Data kit (dev/gpu_machine/ray_kit.sh), tests/e2e/test_ray.py and dev/bench_ray.py: Ray's
 #    overhead on one GPU against Engine.predict_iter on 4,096 generated JPEGs (RAY_IMAGES=N for another number)
 # 10. (group floor) dev/gemm_floor.py: every conv of the forward as a plain GEMM in cuBLAS, beside ours, fp16
 #    and tf32 at batch 128 (issue 23's measured floor)
@@ -98,8 +98,8 @@ SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 step "build kernels" env_pytest.log 60 python3 -m inception_engine.cuda_build
 
 if want e2e; then
-  step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s tests/test_pipeline_kernels.py \
-    tests/test_resize_pil_kernel.py tests/test_gpu_decode.py
+  step "pytest pipeline" env_pytest.log 120 python3 -m pytest -m gpu -q -rfEs -s tests/kernels/test_pipeline_io.py \
+    tests/kernels/test_resize_pil.py tests/device/test_gpu_decode.py
   step "bench e2e" e2e.log 420 python3 dev/bench_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-}
   step "profile gpu decode" e2e.log 60 python3 dev/profile_gpu_decode.py \
     "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-4096"
@@ -109,8 +109,8 @@ if want e2e; then
 fi
 
 want kernels && step "pytest cuda" env_pytest.log 330 python3 -m pytest -m gpu -q -rfEs --durations=10 \
-  tests/test_cuda_kernels.py tests/test_cuda_forward.py tests/test_cuda_tf32.py tests/test_cuda_fp16.py \
-  tests/test_cuda_winograd.py tests/test_cuda_nhwc.py
+  tests/kernels/test_cuda_kernels.py tests/device/test_cuda_forward.py tests/kernels/test_cuda_tf32.py \
+  tests/kernels/test_cuda_fp16.py tests/kernels/test_cuda_winograd.py tests/kernels/test_conv_nhwc.py
 
 want kernels && step "memcheck winograd" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --input-size 299 --winograd on --layout nchw
@@ -180,7 +180,7 @@ import sys; sys.path.insert(0, 'dev')
 import bench_e2e
 bench_e2e.synthetic_weights_file('/tmp')
 print('jpegs in', bench_e2e.jpeg_folder(${RAY_IMAGES:-4096}))"
-    step "pytest ray" ray.log 90 python3 -m pytest -q -rfEs tests/test_ray.py tests/test_multi_gpu.py
+    step "pytest ray" ray.log 90 python3 -m pytest -q -rfEs tests/e2e/test_ray.py tests/e2e/test_multi_gpu.py
     step "bench ray" ray.log 300 python3 dev/bench_ray.py "${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/e2e-jpegs-${RAY_IMAGES:-4096}" \
       --weights /tmp/synthetic.npz
   else
@@ -213,11 +213,12 @@ step "racecheck fp32 nhwc" racecheck.log 40 "$SANITIZER" --tool racecheck --race
 step "memcheck fp32 nhwc" memcheck.log 45 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 2 --graph off --concurrent on --input-size 299 --precision fp32 --layout nhwc
 
-step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_exports.py
+step "real exports" env_pytest.log 120 python3 -m pytest -q -rs -p no:cacheprovider tests/device/test_real_exports.py
 
 step "pytest -m gpu (rest)" env_pytest.log 100 python3 -m pytest -m gpu -q -rfEs --durations=5 tests \
-  --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_forward.py --ignore=tests/test_cuda_tf32.py \
-  --ignore=tests/test_cuda_fp16.py --ignore=tests/test_cuda_winograd.py --ignore=tests/test_cuda_nhwc.py
+  --ignore=tests/kernels/test_cuda_kernels.py --ignore=tests/device/test_cuda_forward.py \
+  --ignore=tests/kernels/test_cuda_tf32.py --ignore=tests/kernels/test_cuda_fp16.py \
+  --ignore=tests/kernels/test_cuda_winograd.py --ignore=tests/kernels/test_conv_nhwc.py
 
 step "memcheck forward" memcheck.log 75 "$SANITIZER" --tool memcheck --error-exitcode 3 \
   "${SELFTEST[@]}" --batch 1 --graph off --input-size 299 --layout nchw

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Ray Data for the GPU (device) machine, which reaches no package registry: ray[data] (ray, pyarrow, pandas and their
 # pure-Python deps; never numpy: the machine's is used) for CPython 3.12 manylinux x86-64, pruned and stripped, packed
-# as .raykit/raykit.tar.xz (git-ignored, ~39 MiB; carry it). For dev/bench_ray.py and tests/test_ray.py there:
+# as .raykit/raykit.tar.xz (git-ignored, ~39 MiB; carry it). For dev/bench_ray.py and tests/e2e/test_ray.py there:
 #
 #   bash dev/gpu_machine/ray_kit.sh build        # on a development machine with python3.12, pip and PyPI: (re)builds .raykit/
 #   source .whl/gpu-env.sh && source dev/gpu_machine/ray_kit.sh install && python3 dev/bench_ray.py DIR

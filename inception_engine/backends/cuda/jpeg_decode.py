@@ -11,7 +11,7 @@ Inception-V3 preprocessing, in device memory. Per file, a look at its header wit
 
 The resize reproduces Pillow's bytes exactly (pil_resize.py: same coefficients, same rounding, same pass order), so
 GPU-decoded crops differ from the CPU path only where nvJPEG's IDCT and chroma upsampling differ from
-libjpeg-turbo's: a level or two on some pixels (tests/test_gpu_decode.py measures it). nvImageCodec is asked for
+libjpeg-turbo's: a level or two on some pixels (tests/device/test_gpu_decode.py measures it). nvImageCodec is asked for
 libjpeg's "fancy" (smooth) chroma upsampling, which Pillow uses, rather than its default of replicating pixels.
 
 nvImageCodec is imported on first use. Its Python API changed between releases (``CodecApi`` finds what the

@@ -4,9 +4,10 @@ defines it (``source_of``), its parameters as the C source names them (``signatu
 the current context.
 
 A new kernel needs its name here (a prefix rule in ``source_of`` and ``signature``, or an entry in ``SOURCE_OF`` and
-``SIGNATURES``): tests/test_nvcc_compile.py checks every name against the compiled cubins,
-tests/test_kernel_signatures.py every signature against the C declaration, and tests/test_cuda_emulated.py compiles a
-C++ wrapper from these formats, so a signature that disagrees with what the launch specs pack does not compile.
+``SIGNATURES``): tests/kernels/test_nvcc_compile.py checks every name against the compiled cubins,
+tests/kernels/test_kernel_signatures.py every signature against the C declaration, and
+tests/kernels/test_cuda_emulated.py compiles a C++ wrapper from these formats, so a signature that disagrees with
+what the launch specs pack does not compile.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .winograd import WINO_VARIANTS
 @dataclass(frozen=True)
 class Signature:
     """A kernel's parameters as its C source declares them: names and pycuda struct codes (P pointer, i int32,
-    q int64). tests/test_kernel_signatures.py checks every kernel's C declaration against its Signature."""
+    q int64). tests/kernels/test_kernel_signatures.py checks every kernel's C declaration against its Signature."""
 
     params: tuple[tuple[str, str], ...]
 

@@ -1,4 +1,4 @@
-"""Stand-in for ``pycuda.driver`` that runs kernels on the CPU (tests only; see tests/test_cuda_emulated.py).
+"""Stand-in for ``pycuda.driver`` that runs kernels on the CPU (tests only; see tests/kernels/test_cuda_emulated.py).
 
 Device memory is host memory (a device pointer is a host address), kernels run in the fiber emulator compiled
 from cuda_src with tests/cuda_emu/emu.h into the library named by $INCEPTION_EMU_LIB, whose ``emu_<kernel>``

@@ -1,0 +1,202 @@
+"""backends/cuda/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the
+exact CPU path.
+
+The GPU test decodes a few dozen ImageNet-like JPEGs (500 x 375 and 375 x 500, quality 90, smooth content with
+edges and grain, like photos) and the files that must take the CPU path. The resize is exact (resize_pil.cu), so
+GPU crops differ from the CPU path's only by the JPEG decoders: nvJPEG's IDCT against libjpeg-turbo's integer one
+(a level per Y/Cb/Cr sample), YCbCr -> RGB rounding (a level) and chroma upsampling rounding (a level or two), a few
+levels at most, less on average after the resize averages neighbours. MAX_ABS_DIFF = 8 leaves margin for that; a
+real mismatch (replicated instead of smooth chroma upsampling, a wrong orientation or colour space) shows as tens of
+levels. The measured mean and max are printed (pytest -s) so the bound can be tightened.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.errors import BackendUnavailable, EngineError
+from inception_engine.images import Preprocess, decode_u8
+
+PRE = Preprocess()
+MAX_ABS_DIFF = 8  # per byte, GPU-decoded JPEG crop against the CPU path's (see the module doc)
+MEAN_ABS_DIFF = 1.0  # over all bytes of all GPU-decoded crops
+
+
+def photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """Photo-like content: smooth colour fields (a small random grid upsampled), a few hard-edged shapes, grain."""
+    field = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((w, h), Image.BICUBIC)
+    a = np.asarray(field, np.float64)
+    for _ in range(4):
+        y0, x0 = rng.integers(0, h - 40), rng.integers(0, w - 40)
+        a[y0:y0 + rng.integers(20, h // 2), x0:x0 + rng.integers(20, w // 2)] = rng.integers(0, 256, 3)
+    a += rng.normal(0, 4, a.shape)
+    return np.clip(a, 0, 255).round().astype(np.uint8)
+
+
+def encode(a: np.ndarray, fmt: str = "JPEG", **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def rotated_jpeg(a: np.ndarray) -> bytes:
+    exif = Image.Exif()
+    exif[jpeg_decode.EXIF_ORIENTATION] = 6  # stored rotated: Pillow turns it upright
+    return encode(a, quality=90, exif=exif.tobytes())
+
+
+def cmyk_jpeg(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).convert("CMYK").save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+# --- which path a file takes (no GPU) ---------------------------------------------------------------------------
+
+def test_header_triage():
+    rng = np.random.default_rng(0)
+    a = photo(rng, 375, 500)
+    jpeg = encode(a, quality=90)
+    assert jpeg_decode.gpu_eligible("a.jpg", jpeg) == (375, 500)
+    assert jpeg_decode.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500)  # greyscale: L
+    # an Adobe APP14 segment with transform 0 after SOI: the three channels are stored as R, G, B
+    adobe_rgb = jpeg[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00" + jpeg[2:]
+    for name, data in [("b.png", encode(a, "PNG")), ("c.jpg", cmyk_jpeg(a)), ("r.jpg", rotated_jpeg(a)),
+                       ("t.jpg", jpeg[:-5000]), ("n.jpg", b"no image"), ("e.jpg", b""), ("s.jpg", adobe_rgb)]:
+        assert jpeg_decode.gpu_eligible(name, data) is None, name
+
+
+def test_the_marker_reader_agrees_with_pillow():
+    """plain_jpeg_size, which spares most files Pillow's header parse, answers only where Pillow's triage gives the
+    same answer, and does answer for the plain JPEGs that are most of a photo collection."""
+    rng = np.random.default_rng(4)
+    a = photo(rng, 300, 420)
+    exif1, exif6 = Image.Exif(), Image.Exif()
+    exif1[jpeg_decode.EXIF_ORIENTATION] = 1
+    exif6[jpeg_decode.EXIF_ORIENTATION] = 6
+    plain = {"baseline": encode(a, quality=90), "grey": encode(a[:, :, 0], quality=80),
+             "progressive": encode(a, quality=90, progressive=True), "optimized": encode(a, optimize=True),
+             "4:4:4": encode(a, subsampling=0), "exif upright": encode(a, exif=exif1.tobytes()),
+             "restart markers": encode(a, restart_marker_rows=1)}
+    baseline = plain["baseline"]
+    other = {"exif rotated": encode(a, exif=exif6.tobytes()), "xmp": encode(a, xmp=b"<x:xmpmeta/>"),
+             "cmyk": cmyk_jpeg(a), "png": encode(a, "PNG"), "truncated": baseline[:-3000],
+             "adobe rgb": baseline[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00" + baseline[2:],
+             "not an image": b"\xff\xd8 no", "empty": b""}
+    plain["trailing bytes"] = baseline + b"\x00" * 10  # after the end marker: Pillow and nvJPEG ignore them
+    for name, data in {**plain, **other}.items():
+        fast = jpeg_decode.plain_jpeg_size(data)
+        assert fast is None or fast == jpeg_decode.pillow_eligible(name, data), name
+        assert (fast is not None) == (name in plain), name
+    assert jpeg_decode.plain_jpeg_size(baseline) == (300, 420)
+
+
+def test_truncation_is_seen_past_an_exif_thumbnail():
+    rng = np.random.default_rng(1)
+    thumb = encode(photo(rng, 60, 80), quality=80)  # a JPEG inside APP1, with its own scan and end marker
+    app1 = b"\xff\xe1" + (len(thumb) + 2).to_bytes(2, "big") + thumb
+    jpeg = encode(photo(rng, 375, 500), quality=90)
+    with_thumb = jpeg[:2] + app1 + jpeg[2:]
+    assert jpeg_decode.jpeg_complete(with_thumb)
+    assert not jpeg_decode.jpeg_complete(with_thumb[:-3000])
+
+
+def test_decompression_bombs_are_refused_in_pillows_words(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(EngineError, match=r"^x\.jpg: refused, too many pixels \(Image size \(2400 pixels\)"):
+        jpeg_decode.gpu_eligible("x.jpg", encode(np.zeros((40, 60, 3), np.uint8)))
+
+
+def test_cuda_array_interface_is_checked():
+    cai = {"shape": (10, 20, 3), "typestr": "|u1", "data": (4096, False), "strides": (64, 3, 1)}
+    ok = type("Img", (), {"__cuda_array_interface__": cai})()
+    assert jpeg_decode.device_image(ok, 10, 20) == jpeg_decode.DeviceImage(4096, 10, 20, 64)
+    packed = type("Img", (), {"__cuda_array_interface__": {**cai, "strides": None}})()
+    assert jpeg_decode.device_image(packed, 10, 20).pitch == 60
+    assert jpeg_decode.device_image(ok, 20, 10) is None  # rotated by the decoder after all
+    planar = type("Img", (), {"__cuda_array_interface__": {**cai, "shape": (3, 10, 20)}})()
+    assert jpeg_decode.device_image(planar, 10, 20) is None
+
+    class HostImage:  # nvImageCodec's CPU backend decodes into host memory
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("buffer is not in device memory")
+    assert jpeg_decode.device_image(HostImage(), 10, 20) is None
+
+
+def test_missing_nvimgcodec_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails as if not installed
+    with pytest.raises(BackendUnavailable, match=r"^--decode gpu needs nvidia-nvimgcodec-cu13 ") as e:
+        jpeg_decode.load_nvimgcodec()
+    assert "\n" not in str(e.value)
+
+
+# --- real nvImageCodec on the GPU ------------------------------------------------------------------------------
+
+def cpu_path(path: str, data: bytes) -> np.ndarray:
+    return decode_u8(path, PRE)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path):
+    try:
+        jpeg_decode.load_nvimgcodec()
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+    from inception_engine.backends.cuda.device import driver
+
+    _, kernels = gpu
+    rng = np.random.default_rng(19)
+    files: dict[str, bytes] = {}
+    for i in range(32):
+        files[f"photo{i:02d}.jpg"] = encode(photo(rng, *((375, 500) if i % 2 else (500, 375))), quality=90)
+    files["tall.jpg"] = encode(photo(rng, 1100, 420), quality=90)  # Pillow 13: vertical pass first
+    files["grey.jpg"] = encode(photo(rng, 375, 500)[:, :, 0], quality=90)
+    fallback = {"b.png": encode(photo(rng, 300, 400), "PNG"), "cmyk.jpg": cmyk_jpeg(photo(rng, 375, 500)),
+                "rotated.jpg": rotated_jpeg(photo(rng, 375, 500))}
+    broken = {"cut.jpg": files["photo00.jpg"][:20000]}
+    items = []
+    for name, data in {**files, **fallback, **broken}.items():
+        (tmp_path / name).write_bytes(data)
+        items.append((str(tmp_path / name), data))
+
+    drv = driver()
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items))
+    stream = drv.Stream()
+    slot = PRE.size * PRE.size * 3
+    dst = drv.mem_alloc(len(items) * slot)
+    drv.memset_d8(int(dst), 0x5A, len(items) * slot)
+    errors = dec.decode_into(items, int(dst), stream, cpu_path)
+    stream.synchronize()
+    got = np.empty((len(items), PRE.size, PRE.size, 3), np.uint8)
+    drv.memcpy_dtoh(got, int(dst))
+    dec.close()
+    dst.free()
+
+    diffs = []
+    for (path, data), err, crop in zip(items, errors, got):
+        name = Path(path).name
+        if name in broken:
+            with pytest.raises(EngineError) as e:
+                cpu_path(path, data)
+            assert err == str(e.value), name
+            continue
+        assert err is None, err
+        ref = cpu_path(path, data)
+        d = np.abs(crop.astype(np.int16) - ref)
+        if name in fallback:
+            assert not d.any(), f"{name}: the CPU path's result must arrive unchanged"
+        else:
+            diffs.append(d)
+            assert d.max() <= MAX_ABS_DIFF, f"{name}: max diff {d.max()}, mean {d.mean():.3f}"
+    mean = float(np.mean([d.mean() for d in diffs]))
+    print(f"\nGPU-decoded JPEGs vs CPU path: {len(diffs)} crops, mean abs diff {mean:.3f}, "
+          f"max {max(int(d.max()) for d in diffs)}, bytes differing {np.mean([(d > 0).mean() for d in diffs]):.1%}")
+    assert mean <= MEAN_ABS_DIFF

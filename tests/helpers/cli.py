@@ -1,0 +1,20 @@
+"""Running the click commands in-process."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+
+def runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)  # click < 8.2 mixes stderr into stdout unless told
+    except TypeError:
+        return CliRunner()  # click >= 8.2 keeps result.stderr apart always
+
+
+def one_line_error(result) -> str:
+    """The error output of a failed command: exactly one line, 'error: ...', and no traceback."""
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "Traceback" not in result.output
+    return err

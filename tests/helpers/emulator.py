@@ -1,0 +1,53 @@
+"""The CUDA backend's kernels on the CPU: cuda_src/*.cu compiled by g++ with tests/cuda_emu/emu.h (each CUDA thread
+a fiber) into a library whose entry points are generated from the backend's own argument formats, and a Python
+subprocess in which tests/cuda_emu/pycuda stands in for pycuda on top of that library."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from inception_engine import cuda_build
+from inception_engine.backends.cuda.kernels import all_kernel_names, arg_format, source_of
+
+TESTS = Path(__file__).resolve().parents[1]
+EMU = TESTS / "cuda_emu"
+GXX = shutil.which("g++")
+NOT_EMULATED = {"timing.cu"}  # inline PTX (%globaltimer); gpu_sleep is a no-op in the stand-in
+
+C_PARAM = {"P": "void*", "i": "int", "q": "long long"}
+
+
+def wrapper_source() -> str:
+    lines = [f'#include "{s}"' for s in cuda_build.SOURCES if s not in NOT_EMULATED]
+    for kernel in all_kernel_names():
+        if source_of(kernel) in NOT_EMULATED:
+            continue
+        fmt = arg_format(kernel)
+        params = ", ".join(f"{C_PARAM[c]} a{i}" for i, c in enumerate(fmt))
+        args = ", ".join(f"emu::Ptr{{a{i}}}" if c == "P" else f"a{i}" for i, c in enumerate(fmt))
+        lines.append(f'extern "C" void emu_{kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {params}) '
+                     f'{{ emu::launch(dim3{{gx, gy, gz}}, dim3{{bx}}, [&] {{ {kernel}({args}); }}); }}')
+    return "\n".join(lines) + "\n"
+
+
+def build_emu_lib(out: Path) -> Path:
+    """libemu.so in out: every kernel the backend launches (but NOT_EMULATED's), with an emu_<kernel> entry point."""
+    (out / "emu_kernels.cpp").write_text(wrapper_source())
+    lib = out / "libemu.so"
+    cmd = [GXX, "-std=c++20", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
+           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_kernels.cpp"),
+           "-o", str(lib)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return lib
+
+
+def run_emulated(lib: Path, *args: str) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (str(EMU), str(TESTS.parent), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, INCEPTION_EMU_LIB=str(lib), PYTHONPATH=path)
+    return subprocess.run([sys.executable, *args], cwd=TESTS.parent, env=env, capture_output=True, text=True,
+                          timeout=900)

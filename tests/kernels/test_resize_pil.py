@@ -1,0 +1,202 @@
+"""resize_pil.cu and backends/cuda/jpeg_decode.py's host side, on the GPU (and on the CPU emulator:
+test_cuda_emulated.py).
+
+The kernels must give exactly pil_resize's bytes (hence Pillow's) for fresh random images, in both pass orders,
+read through a row pitch wider than the pixels, and write every byte of their batch slot and nothing outside it:
+the output starts poisoned with a sentinel, twice with two different sentinels, and slots not targeted must keep it.
+GpuJpegDecoder.decode_into runs end to end with a stand-in for nvImageCodec that decodes with Pillow into device
+memory, so every crop must equal the CPU path bit for bit and the errors must name the right files.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.backends.cuda.device import driver
+from inception_engine.errors import EngineError
+from inception_engine.images import Preprocess, decode_u8, resize_crop
+from inception_engine.pil_resize import resize_crop_u8
+
+from helpers.fake_codec import FakeCodec
+
+
+pytestmark = pytest.mark.gpu
+
+PRE = Preprocess()
+SLOT = PRE.size * PRE.size * 3
+
+
+def rng_for(*key: object) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+class Device:
+    """Device buffers for one test, freed at the end."""
+
+    def __init__(self) -> None:
+        self.allocs: list[Any] = []
+
+    def alloc(self, nbytes: int) -> int:
+        a = driver().mem_alloc(max(nbytes, 4))
+        self.allocs.append(a)
+        return int(a)
+
+    def upload(self, a: np.ndarray, pad: int = 0) -> jpeg_decode.DeviceImage:
+        """An (h, w, 3) uint8 image with rows of w * 3 + pad bytes (pad filled with 0xEE, never to be read)."""
+        h, w, _ = a.shape
+        pitch = w * 3 + pad
+        rows = np.full((h, pitch), 0xEE, np.uint8)
+        rows[:, :w * 3] = a.reshape(h, -1)
+        ptr = self.alloc(rows.nbytes)
+        driver().memcpy_htod(ptr, rows)
+        return jpeg_decode.DeviceImage(ptr, h, w, pitch)
+
+    def download(self, ptr: int, nbytes: int) -> np.ndarray:
+        out = np.empty(nbytes, np.uint8)
+        driver().Context.synchronize()
+        driver().memcpy_dtoh(out, ptr)
+        return out
+
+    def free(self) -> None:
+        for a in self.allocs:
+            a.free()
+
+
+@pytest.fixture
+def device(gpu):
+    d = Device()
+    yield d
+    d.free()
+
+
+# (h, w): ImageNet's 375 x 500 / 500 x 375, both axes kept (342), one kept, upscaled, tall portraits where Pillow 13
+# runs the vertical pass first, a large photo, odd sizes.
+SIZES = [(375, 500), (500, 375), (342, 342), (342, 411), (120, 90), (1279, 603), (801, 400), (1535, 2048), (347, 1001)]
+
+
+@pytest.mark.parametrize("sentinel", [0x00, 0xFF])
+def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
+    _, kernels = gpu
+    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
+    stream = driver().Stream()
+    slots = 2 * len(SIZES) + 1  # every other slot is a target; the rest must keep the sentinel
+    dst = device.alloc(slots * SLOT)
+    driver().memset_d8(dst, sentinel, slots * SLOT)
+    images, jobs = [], []
+    for i, (h, w) in enumerate(SIZES):
+        a = rng_for("resize", h, w, sentinel).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        images.append(a)
+        jobs.append((device.upload(a, pad=4 * (i % 3) + (i % 2)), 2 * i + 1))
+    resize.enqueue(jobs, dst, stream)
+    resize.wait()
+    got = device.download(dst, slots * SLOT).reshape(slots, PRE.size, PRE.size, 3)
+    resize.close()
+    for i, a in enumerate(images):
+        ref = resize_crop_u8(a, PRE.resize, PRE.size)
+        assert np.array_equal(ref, resize_crop(Image.fromarray(a), PRE))
+        bad = int((got[2 * i + 1] != ref).sum())
+        assert bad == 0, f"{SIZES[i]}: {bad} bytes differ from Pillow's"
+    untouched = got[0::2]
+    assert (untouched == sentinel).all(), "a kernel wrote outside its slot"
+
+
+def test_job_layout_is_the_kernels():
+    from inception_engine import cuda_build
+
+    src = (cuda_build.source_dir() / "resize_pil.cu").read_text()
+    assert f"#define RESIZE_PIL_JOB {jpeg_decode.JOB_FIELDS}\n" in src
+
+
+def test_resize_buffers_grow_between_batches(gpu, device):
+    """A small batch then one needing bigger tables and intermediate: both exact."""
+    _, kernels = gpu
+    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
+    stream = driver().Stream()
+    dst = device.alloc(2 * SLOT)
+    for shapes in ([(375, 500)], [(299, 299), (2400, 1100)]):
+        arrays = [rng_for("grow", s).integers(0, 256, (*s, 3), dtype=np.uint8) for s in shapes]
+        resize.enqueue([(device.upload(a), i) for i, a in enumerate(arrays)], dst, stream)
+        resize.wait()
+        got = device.download(dst, 2 * SLOT).reshape(2, PRE.size, PRE.size, 3)
+        for i, a in enumerate(arrays):
+            assert np.array_equal(got[i], resize_crop_u8(a)), shapes[i]
+    resize.close()
+
+
+# --- GpuJpegDecoder with Pillow standing in for nvImageCodec -----------------------------------------------------
+
+def jpeg_bytes(a: np.ndarray, **kw: Any) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "JPEG", quality=90, **kw)
+    return buf.getvalue()
+
+
+def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeypatch):
+    _, kernels = gpu
+    monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
+    rng = rng_for("decode_into")
+    photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
+    exif = Image.Exif()
+    exif[jpeg_decode.EXIF_ORIENTATION] = 6
+    png = io.BytesIO()
+    Image.fromarray(photo(300, 420)).save(png, "PNG")
+    whole = jpeg_bytes(photo(375, 500))
+    files = {
+        "a.jpg": whole,
+        "tall.jpg": jpeg_bytes(photo(900, 400)),
+        "grey.jpg": jpeg_bytes(photo(500, 375)[:, :, 0]),
+        "rotated.jpg": jpeg_bytes(photo(333, 500), exif=exif.tobytes()),
+        "cmyk.jpg": (lambda b: (Image.fromarray(photo(350, 360)).convert("CMYK").save(b, "JPEG"), b.getvalue())[1])(
+            io.BytesIO()),
+        "b.png": png.getvalue(),
+        "cut.jpg": whole[:len(whole) // 2],
+        "notes.txt": b"not an image at all",
+        "comment.jpg": b"\xff\xd8\xff\xfe\x00\x04hi" + jpeg_bytes(photo(400, 300))[2:],  # COM segment first
+    }
+    items = []
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        items.append((str(tmp_path / name), data))
+
+    def cpu(path: str, data: bytes) -> np.ndarray:
+        return decode_u8(path, PRE)
+
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items) + 1)
+    stream = driver().Stream()
+    dst = device.alloc(len(items) * SLOT)
+    driver().memset_d8(dst, 0x5A, len(items) * SLOT)
+    FakeCodec.Decoder.calls = []
+    errors = dec.decode_into(items, dst, stream, cpu)
+    stream.synchronize()
+    got = device.download(dst, len(items) * SLOT).reshape(len(items), PRE.size, PRE.size, 3)
+    dec.close()
+    assert FakeCodec.Decoder.calls == [4]  # a, tall, grey, comment in one batch; the rest never reach it
+    for (path, data), err, crop in zip(items, errors, got):
+        name = Path(path).name
+        if name in ("cut.jpg", "notes.txt"):
+            with pytest.raises(EngineError) as e:
+                cpu(path, data)
+            assert err == str(e.value) and err.startswith(path) and "\n" not in err
+        else:
+            assert err is None, err
+            assert np.array_equal(crop, cpu(path, data)), name
+
+
+def test_decode_into_refuses_decompression_bombs(gpu, device, monkeypatch):
+    _, kernels = gpu
+    monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # so a 60 x 40 picture is a bomb (> 2 * 1000 pixels)
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=1)
+    called = []
+    errors = dec.decode_into([("big.jpg", jpeg_bytes(np.zeros((40, 60, 3), np.uint8)))], device.alloc(SLOT),
+                             driver().Stream(), lambda p, d: called.append(p))
+    dec.close()
+    assert not called and errors[0].startswith("big.jpg: refused, too many pixels (")

@@ -1,0 +1,248 @@
+"""The Python API: batching (full and partial batches), order of results, probabilities, errors per image."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inception_engine import backends
+from inception_engine.backends.numpy_backend import NumpyBackend
+from inception_engine.engine import Engine, softmax
+from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
+from inception_engine.images import load_image
+from inception_engine.labels import imagenet_labels
+from inception_engine.plan import build_plan
+
+from helpers.random_weights import random_weights, write_random_weights
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(seed=1)
+
+
+def reference_logits(weights, x: np.ndarray) -> np.ndarray:
+    """float64 NumPy forward, one image at a time (so batching in the engine cannot hide in it)."""
+    backend = NumpyBackend(weights, build_plan(1, weights.layers()), dtype=np.float64)
+    return np.concatenate([backend.forward(x[i:i + 1].astype(np.float64)) for i in range(len(x))])
+
+
+def images(n: int, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (300 + 10 * i, 340, 3), dtype=np.uint8)) for i in range(n)]
+
+
+def test_forward_full_and_partial_batches_match_reference(weights):
+    x = np.stack([load_image(im) for im in images(4)])
+    with Engine(weights, backend="cpu", batch_size=3) as engine:
+        got = engine.forward(x)
+        assert sorted(engine._backends) == [1, 3]  # one full batch of 3, a partial batch of 1 with its own plan
+    ref = reference_logits(weights, x)
+    assert got.shape == (4, 1000) and got.dtype == np.float32
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+    assert not np.allclose(ref[0], ref[1], rtol=1e-3)  # rows differ, so a mixed-up order would show
+
+
+def test_predict_keeps_order_reports_bad_images_and_matches_softmax(weights, tmp_path):
+    ims = images(3, seed=5)
+    good = tmp_path / "good.png"
+    ims[0].save(good)
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("not an image")
+    sources = [good, bad, ims[1], tmp_path / "missing.png", ims[2]]
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        done = []
+        preds = engine.predict(sources, top_k=4, on_progress=done.append)
+    assert sum(done) == len(sources)
+    assert [p.ok for p in preds] == [True, False, True, False, True]
+    assert preds[0].image == str(good) and preds[2].image == "<PIL.Image 2>"
+    assert "not an image" in preds[1].error and str(bad) in preds[1].error
+    assert "no such file" in preds[3].error
+
+    x = np.stack([load_image(im) for im in (ims[0], ims[1], ims[2])])
+    probs = softmax(reference_logits(weights, x))
+    labels = imagenet_labels()
+    for p, row in zip([preds[0], preds[2], preds[4]], probs):
+        want = np.argsort(-row, kind="stable")[:4]
+        assert [i for i, _, _ in p.top] == list(want)
+        assert [l for _, l, _ in p.top] == [labels[i] for i in want]
+        np.testing.assert_allclose([q for _, _, q in p.top], row[want], rtol=1e-4)
+
+
+def test_closing_predict_iter_closes_the_pipeline_at_once(weights, monkeypatch):
+    """inception-run closes its prediction stream inside the engine's with-block: the pipeline generator (its decode
+    workers, the runner) must end then, even while something else still refers to it (a reference cycle, on the GPU
+    path: it was left to the garbage collector, which closed it after the backend and printed an ignored
+    EngineError's traceback; H100, session 7), not when it is collected."""
+    import inception_engine.engine as engine_module
+
+    held = []
+
+    def classify(*args, **kwargs):
+        g = real(*args, **kwargs)
+        held.append(g)
+        return g
+
+    real = engine_module.classify
+    monkeypatch.setattr(engine_module, "classify", classify)
+    with Engine(weights, backend="cpu", batch_size=1) as engine:
+        preds = engine.predict_iter(images(3, seed=7), top_k=1)
+        assert next(preds).ok
+        preds.close()
+        assert held and held[0].gi_frame is None, "the pipeline generator is still open"
+
+
+def test_softmax_is_stable_and_normalised():
+    logits = np.array([[1000.0, 1001.0, 999.0], [0.0, 0.0, 0.0]], np.float32)
+    p = softmax(logits)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)
+    e = np.exp([-1.0, 0.0, -2.0])
+    np.testing.assert_allclose(p[0], e / e.sum())
+    np.testing.assert_allclose(p[1], 1 / 3)
+
+
+def test_weights_from_path(tmp_path):
+    path = write_random_weights(tmp_path / "w.npz", seed=2)
+    with Engine(path, backend="cpu", batch_size=1) as engine:
+        assert engine.weights.path == path and engine.backend_name == "cpu"
+
+
+def test_no_weights_found_says_how_to_get_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("INCEPTION_WEIGHTS", raising=False)
+    with pytest.raises(WeightsError, match="inception-convert-weights"):
+        Engine(None, backend="cpu")
+
+
+def test_bad_arguments_are_engine_errors_worded_for_python(weights):
+    with pytest.raises(OptionError, match=r"^backend='tpu': choose one of auto, cpu, cuda, cudnn, torch$"):
+        Engine(weights, backend="tpu")
+    with pytest.raises(OptionError, match=r"^batch_size=0: must be at least 1$"):
+        Engine(weights, backend="cpu", batch_size=0)
+    engine = Engine(weights, backend="cpu")
+    with pytest.raises(OptionError, match=r"^top_k=0: must be between 1 and 1000$") as e:
+        engine.predict([], top_k=0)
+    assert e.value.as_flag() == "--top-k 0: must be between 1 and 1000"  # the CLI's wording of the same
+    with pytest.raises(OptionError, match=r"^weights='/nonexistent/w.npz': no such file \(inception-convert-weights"):
+        Engine("/nonexistent/w.npz", backend="cpu")
+    with pytest.raises(EngineError, match="shape"):
+        engine.forward(np.zeros((2, 3, 224, 224), np.float32))
+    assert engine.predict([], top_k=5) == []
+
+
+@pytest.mark.parametrize("name", ["cuda", "cudnn", "torch"])
+def test_unavailable_backend_is_one_clear_line(weights, name):
+    ok, reason = backends.is_available(name)
+    if ok:
+        pytest.skip(f"{name} is usable here")
+    with pytest.raises(BackendUnavailable) as e:
+        Engine(weights, backend=name)
+    assert str(e.value) == reason and name in reason and "\n" not in reason
+
+
+def test_auto_picks_cpu_without_a_gpu(weights):
+    if backends.is_available("cuda")[0]:
+        pytest.skip("a GPU is usable here; auto means cuda")
+    engine = Engine(weights, backend="auto")
+    assert (engine.backend_name, engine.precision, engine.batch_size) == ("cpu", "fp32", 8)
+    assert engine.notes == ["no usable GPU: running on the CPU"]
+
+
+def no_gpu(monkeypatch) -> None:
+    """As on a machine without a usable GPU, wherever the test runs."""
+    real = backends.is_available
+    monkeypatch.setattr(backends, "is_available", lambda name: (False, "no GPU") if name != "cpu" else real(name))
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+def test_a_precision_the_backend_lacks_is_refused_not_replaced(weights, monkeypatch, backend, precision):
+    no_gpu(monkeypatch)
+    with pytest.raises(OptionError) as e:
+        Engine(weights, backend=backend, precision=precision)
+    where = " (no usable GPU here)" if backend == "auto" else ""
+    assert str(e.value) == (f"precision={precision!r}: the cpu backend{where} computes in fp32 only; give fp32, "
+                            f"or auto")
+    assert "--" not in str(e.value)  # worded for Python; the CLI names its flag (as_flag)
+
+
+def test_auto_precision_picks_per_backend(weights, monkeypatch):
+    no_gpu(monkeypatch)
+    assert Engine(weights, precision="auto").precision == "fp32"
+    monkeypatch.setattr(backends, "backend_class", lambda name: type("Tf32Backend", (), {"PRECISIONS": ("fp32", "tf32",
+                                                                                                        "fp16")}))
+    assert Engine(weights, backend="cudnn", precision="auto").precision == "tf32"
+    assert Engine(weights, backend="cudnn", precision="fp16").precision == "fp16"
+
+
+def test_backend_name_and_precision_are_read_only_and_results_record_them(weights):
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        with pytest.raises(AttributeError):
+            engine.precision = "fp16"  # type: ignore[misc]
+        with pytest.raises(AttributeError):
+            engine.backend_name = "cuda"  # type: ignore[misc]
+        good, bad = engine.predict([images(1)[0], "/nonexistent/x.jpg"], top_k=1)
+    assert (good.backend, good.precision) == ("cpu", "fp32")
+    assert not bad.ok and (bad.backend, bad.precision) == (None, None)  # nothing computed it
+
+
+def test_decode_gpu_on_the_cpu_backend_is_refused(weights, monkeypatch):
+    no_gpu(monkeypatch)
+    with pytest.raises(OptionError, match=r"^decode='gpu': needs the cuda backend; this engine runs on cpu \(no "
+                                          r"usable GPU here\)$"):
+        Engine(weights, decode="gpu")
+
+
+def test_more_gpus_than_the_machine_has_are_refused_by_the_api(monkeypatch):
+    from inception_engine.multi_gpu import predict_on_gpus
+
+    monkeypatch.setattr(backends, "usable_gpus", lambda: 1)
+    with pytest.raises(OptionError, match=r"^gpus=2: this machine has 1 usable GPU$"):
+        predict_on_gpus(["x.jpg"], 2, 1, None, "auto", 1, "auto", None, "thread")  # at the call, not at next()
+    monkeypatch.setattr(backends, "usable_gpus", lambda: 0)
+    with pytest.raises(OptionError, match=r"^gpus=1: this machine has no usable GPU$"):
+        backends.require_gpus(1)
+    backends.require_gpus(0)
+
+
+class TunableStandIn:
+    """A backend class with the cuda backend's tune option, counting constructions; tuned as tune_configs would
+    leave it: measured configs when asked to tune, or when the tuning cache (here: `cache`) has them."""
+
+    PRECISIONS = ("fp32",)
+    cache: set[int] = set()
+    built: list[tuple[int, bool | str]] = []
+
+    def __init__(self, weights, plan, tune: bool | str = False, precision: str = "fp32"):
+        self.batch = plan.batch
+        TunableStandIn.built.append((plan.batch, tune))
+        if tune is True:
+            TunableStandIn.cache.add(plan.batch)
+        self.tuned = bool(tune) and plan.batch in TunableStandIn.cache
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_engine_keeps_a_tuned_backend_across_short_and_long_runs(weights, monkeypatch):
+    """Runs of different lengths ask for tune=True or "cached"; a backend whose configs are measured serves both,
+    and only one on the cost model's configs is rebuilt when a long run asks to tune."""
+    monkeypatch.setattr(backends, "backend_class", lambda name: TunableStandIn)
+    monkeypatch.setitem(backends.DEFAULT_OPTIONS, "cpu", {"tune": False})
+    TunableStandIn.cache, TunableStandIn.built = set(), []
+    with Engine(weights, backend="cpu", batch_size=4) as engine:
+        short = engine.backend_for(4, "cached")  # nothing cached yet: the cost model's configs
+        assert not short.tuned
+        long = engine.backend_for(4, True)  # a long run: worth tuning, so rebuilt
+        assert long is not short and short.closed and long.tuned
+        assert engine.backend_for(4, "cached") is long  # a short run again: the tuned backend serves it
+        assert engine.backend_for(4, True) is long
+    assert TunableStandIn.built == [(4, "cached"), (4, True)]
+    TunableStandIn.built = []
+    with Engine(weights, backend="cpu", batch_size=4) as engine:  # a later process: the cache has batch 4
+        cached = engine.backend_for(4, "cached")
+        assert cached.tuned and engine.backend_for(4, True) is cached
+    assert TunableStandIn.built == [(4, "cached")]

@@ -1,0 +1,132 @@
+"""The package's imports only look down: every module of inception_engine belongs to one layer of ``LAYERS``, may
+import modules of its own layer or of a layer below, never of one above, and no chain of imports comes back to where
+it started. Imports inside functions count too: they run as soon as the function does.
+
+The imports are read with ast (nothing is imported), so a new module without a layer fails here until it is given
+one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "inception_engine"
+
+# Bottom to top. A module's layer is that of the longest entry that is its name or a package above it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation: no imports from the package beyond this layer",
+     ("errors", "arch", "native_build", "paths", "data")),
+    ("core: weights, plans, images, the kernel build, the native APIs, the result streams",
+     ("weights", "model_files", "labels", "plan", "images", "inputs", "pil_resize", "pipeline", "output",
+      "onnx_convert", "cuda_build", "cuda_graph", "cudnn_api")),
+    ("backends: what runs a plan", ("backends",)),
+    ("applications: what puts backends to work", ("engine", "synthetic", "bench", "multi_gpu", "ray_data", "tune")),
+    ("the command line", ("cli", "entry")),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.joinpath(*name.split(".")) if name else PACKAGE
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports_of(path: Path) -> set[str]:
+    """The package's modules that this file imports (names relative to the package; "" is the package itself)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("inception_engine").lstrip(".") for a in node.names
+                      if a.name.split(".")[0] == "inception_engine"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                up = package.split(".") if package else []
+                base = up[:len(up) - (node.level - 1)] if node.level > 1 else up
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == "inception_engine":
+                target = node.module.removeprefix("inception_engine").lstrip(".")
+            else:
+                continue
+            for alias in node.names:  # `from . import x` imports module x where there is one
+                sub = f"{target}.{alias.name}".lstrip(".")
+                found.add(sub if is_module(sub) else target)
+    return found - {name}
+
+
+def layer_of(name: str) -> int | None:
+    matches = [(len(entry), i) for i, (_, entries) in enumerate(LAYERS) for entry in entries
+               if name == entry or name.startswith(entry + ".")]
+    return max(matches)[1] if matches else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    def layer(m: str) -> str:
+        return LAYERS[layer_of(m)][0].split(":")[0]
+
+    return [f"{m} ({layer(m)}) imports {d} ({layer(d)})" for m, deps in sorted(graph.items()) if m
+            for d in sorted(deps) if d and layer_of(d) is not None and layer_of(d) > layer_of(m)]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A chain of imports that comes back to its start, by depth-first search for a back edge; a package importing
+    its own submodules is none unless one of them imports the package back."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (cycle := visit(d)):
+                return cycle
+        state[m] = 2
+        path.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_has_a_layer(graph):
+    missing = sorted(m for m in graph if m and layer_of(m) is None)
+    assert not missing, f"modules without a layer in LAYERS: {missing}"
+
+
+def test_no_module_imports_from_a_layer_above(graph):
+    upward = upward_imports(graph)
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle(graph):
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(m or "inception_engine" for m in cycle)
+
+
+def test_the_reader_and_the_checks():
+    """The imports as read from two real files, and the checks on made-up graphs: core importing a backend, two
+    modules importing each other (through a third), a package importing its submodules."""
+    assert imports_of(PACKAGE / "cuda_build.py") == {"errors", "native_build", "paths"}
+    assert imports_of(PACKAGE / "backends" / "cuda" / "device.py") == {"cuda_build", "errors"}
+    assert upward_imports({"cuda_build": {"backends.cuda.device", "errors"}, "cli": {"engine"}}) == [
+        "cuda_build (core) imports backends.cuda.device (backends)"]
+    assert find_cycle({"plan": {"arch"}, "arch": {"weights"}, "weights": {"plan"}}) == [
+        "arch", "weights", "plan", "arch"]
+    assert find_cycle({"backends.cuda": {"backends.cuda.device"}, "backends.cuda.device": {"cuda_build"}}) is None

@@ -1,0 +1,375 @@
+"""The streaming pipeline (pipeline.py) on the CPU: order, errors in place, thread and process decode workers,
+host memory bounded by the ring, laziness; and the uint8 preprocessing it is built on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inception_engine import pipeline
+from inception_engine.backends.cuda.stream import slot_runs
+from inception_engine.backends.numpy_backend import NumpyBackend
+from inception_engine.engine import Engine
+from inception_engine.errors import EngineError
+from inception_engine.images import Preprocess, decode_u8, load_image, normalize_u8, preprocess_pil
+from inception_engine.plan import build_plan
+from inception_engine.weights import Weights
+
+from helpers.random_weights import random_arrays
+
+SIZE, RESIZE = 75, 86  # small images keep the CPU forwards quick; the pipeline does not care
+
+
+@pytest.fixture(scope="module")
+def weights() -> Weights:
+    return Weights(random_arrays(7), {"count_include_pad": True, "input": {"size": SIZE, "resize": RESIZE}})
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> list[Path]:
+    d = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(3)
+    paths = []
+    for i in range(23):
+        p = d / f"{i:02d}.jpg"
+        h, w = (90 + 3 * i, 120) if i % 2 else (120, 95 + 2 * i)
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(p, quality=90)
+        paths.append(p)
+    return paths
+
+
+def reference_tops(weights: Weights, paths: list, k: int) -> list[list[int]]:
+    """Class indices of the top k, one image at a time through the float64 NumPy backend: no pipeline at all."""
+    pre = Preprocess.from_manifest(weights.manifest)
+    backend = NumpyBackend(weights, build_plan(1, weights.layers(), input_size=SIZE), dtype=np.float64)
+    tops = []
+    for p in paths:
+        probs = pipeline.softmax(backend.forward(load_image(p, pre)[None].astype(np.float64)))
+        tops.append([i for i, _ in pipeline.top_k_rows(probs, k)[0]])
+    return tops
+
+
+def test_uint8_path_is_bit_identical_to_the_float_path():
+    rng = np.random.default_rng(0)
+    pre = Preprocess()
+    for shape in ((300, 400, 3), (512, 343, 3), (299, 299, 3)):
+        img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+        u8 = decode_u8(img, pre)
+        assert u8.shape == (299, 299, 3) and u8.dtype == np.uint8
+        x = normalize_u8(u8, pre)
+        assert x.shape == (3, 299, 299) and x.dtype == np.float32
+        assert np.array_equal(x, preprocess_pil(img, pre))
+    batch = rng.integers(0, 256, (2, 5, 5, 3), dtype=np.uint8)
+    assert np.array_equal(normalize_u8(batch, pre)[1], normalize_u8(batch[1], pre))
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_order_errors_and_results_match_the_reference(weights, photos, tmp_path, kind):
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("not a picture")
+    sources = [*photos[:5], tmp_path / "missing.png", *photos[5:13], bad, *photos[13:]]
+    with Engine(weights, backend="cpu", batch_size=3, workers=2, worker_kind=kind) as engine:
+        preds = engine.predict(sources, top_k=3)
+    assert [p.image for p in preds] == [str(s) for s in sources]
+    assert [p.ok for p in preds] == [s not in (bad, tmp_path / "missing.png") for s in sources]
+    assert "no such file" in preds[5].error and "not an image" in preds[14].error
+    got = [[i for i, _, _ in p.top] for p in preds if p.ok]
+    assert got == reference_tops(weights, photos, 3)
+
+
+def test_process_workers_decode_in_chunks_held_back_until_flushed(photos, tmp_path):
+    """7 images in chunks of 3 (the last one short, an error inside a chunk): each future settles with its own
+    image's result, and nothing is sent before a chunk is full or flushed."""
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("not a picture")
+    sources = [*photos[:4], bad, *photos[4:6]]
+    pre = Preprocess()
+    ring = pipeline.HostRing(len(sources), pre.size, shared=True)
+    pool = pipeline.DecodePool(ring, pre, 2, "process", chunk=3)
+    try:
+        futures = [pool.submit(i, s) for i, s in enumerate(sources)]
+        last = futures[-1]
+        assert not last.done()  # the 7th image waits in a chunk of one until the flush
+        pool.flush()
+        errors = [f.result(timeout=60) for f in futures]
+        assert [e is None for e in errors] == [s != bad for s in sources] and "not an image" in errors[4]
+        for i, s in enumerate(sources):
+            if s != bad:
+                assert np.array_equal(ring.array[i], decode_u8(s, pre))
+    finally:
+        pool.close()
+        ring.close()
+
+
+def test_a_killed_decode_process_is_one_line(weights, photos, monkeypatch):
+    """A decode process killed mid-run (out of memory, a signal): the run ends with one line, not a traceback."""
+    import os
+    import signal
+
+    real_flush = pipeline.DecodePool.flush
+    flushes = []
+
+    def flush_then_kill(self):
+        real_flush(self)
+        flushes.append(1)
+        if len(flushes) == 3:  # the pool is running: kill one of its processes
+            os.kill(next(iter(self._pool._processes)), signal.SIGKILL)
+
+    monkeypatch.setattr(pipeline.DecodePool, "flush", flush_then_kill)
+    with Engine(weights, backend="cpu", batch_size=2, workers=2, worker_kind="process") as engine:
+        with pytest.raises(EngineError, match="a decode worker died"):
+            list(engine.predict_iter((photos * 4)[:60], top_k=1))
+
+
+def test_a_broken_pool_fails_the_chunks_futures_not_the_submit(photos):
+    """Once the pool knows a process died, sending a chunk raises; the images' futures carry that instead."""
+    import os
+    import signal
+    import time
+    from concurrent.futures import BrokenExecutor
+
+    pre = Preprocess()
+    ring = pipeline.HostRing(4, pre.size, shared=True)
+    pool = pipeline.DecodePool(ring, pre, 1, "process", chunk=2)
+    try:
+        first = [pool.submit(0, photos[0]), pool.submit(1, photos[1])]
+        assert [f.result(timeout=60) for f in first] == [None, None]
+        os.kill(next(iter(pool._pool._processes)), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not pool._pool._broken and time.monotonic() < deadline:
+            time.sleep(0.05)
+        later = [pool.submit(2, photos[2]), pool.submit(3, photos[3])]  # the second sends the chunk
+        for f in later:
+            with pytest.raises(BrokenExecutor):
+                f.result(timeout=5)
+    finally:
+        pool.close()
+        ring.close()
+
+
+def test_process_chunks_keep_every_worker_two_tasks_deep():
+    assert pipeline.process_chunk(256, 32) == 4 and pipeline.process_chunk(256, 16) == 8
+    assert pipeline.process_chunk(256, 2) == 16 and pipeline.process_chunk(8, 8) == 1
+
+
+def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch):
+    """60 images through a ring of 4 batches of 2: the first prediction arrives before most images are decoded,
+    and the ring never grows with the input."""
+    rings: list[int] = []
+    real_ring = pipeline.HostRing
+
+    def counting_ring(slots: int, size: int, shared: bool):
+        rings.append(slots)
+        return real_ring(slots, size, shared)
+
+    decoded: list[str] = []
+    real_decode = pipeline.decode_u8
+
+    def counting_decode(source, pre):
+        decoded.append(str(source))
+        return real_decode(source, pre)
+
+    monkeypatch.setattr(pipeline, "HostRing", counting_ring)
+    monkeypatch.setattr(pipeline, "decode_u8", counting_decode)
+    sources = (photos * 3)[:60]
+    with Engine(weights, backend="cpu", batch_size=2, workers=2) as engine:
+        stream = engine.predict_iter(sources, top_k=1)
+        first = next(stream)
+        assert first.ok and len(decoded) <= 8 + 2  # the ring's slots, and at most the workers' next two
+        rest = list(stream)
+    assert rings == [8] and len(rest) == 59 and len(decoded) == 60
+    assert [p.image for p in [first, *rest]] == [str(s) for s in sources]
+
+
+def test_in_memory_images_and_a_pathological_decoder_error(weights, photos, monkeypatch):
+    real_decode = pipeline.decode_u8
+
+    def flaky(source, pre):
+        if str(source).endswith("04.jpg"):
+            raise RuntimeError("decoder exploded\nsecond line")
+        return real_decode(source, pre)
+
+    monkeypatch.setattr(pipeline, "decode_u8", flaky)
+    pil = Image.open(photos[0]).copy()
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        preds = engine.predict([pil, photos[4], photos[1]], top_k=2)
+    assert preds[0].image == "<PIL.Image 0>" and preds[0].ok and preds[2].ok
+    assert preds[1].error == f"{photos[4]}: cannot decode (RuntimeError: decoder exploded)"
+
+
+def test_engine_options_are_checked(weights):
+    with pytest.raises(EngineError, match="precision"):
+        Engine(weights, backend="cpu", precision="bf16")
+    with pytest.raises(EngineError, match="the cpu backend computes in fp32 only"):
+        Engine(weights, backend="cpu", precision="fp16")
+    with pytest.raises(EngineError, match="worker_kind"):
+        Engine(weights, backend="cpu", worker_kind="fiber")
+    with pytest.raises(EngineError, match="workers"):
+        Engine(weights, backend="cpu", workers=0)
+    assert Engine(weights, backend="cpu").precision == "fp32"
+
+
+def test_slot_runs_split_at_holes_and_wraps():
+    assert slot_runs([4, 5, 6, 7]) == [(4, 8, 0)]
+    assert slot_runs([6, 7, 0, 1]) == [(6, 8, 0), (0, 2, 2)]  # the ring wraps
+    assert slot_runs([1, 2, 4]) == [(1, 3, 0), (4, 5, 2)]  # slot 3's image could not be decoded
+
+
+def test_the_process_ring_has_no_name_in_dev_shm(photos):
+    """The ring process workers share is an anonymous memfd: nothing appears in /dev/shm while it is in use, so
+    nothing can be left there, and /dev/shm's size does not limit it."""
+    import os
+
+    before = set(os.listdir("/dev/shm"))
+    pre = Preprocess()
+    ring = pipeline.HostRing(3, pre.size, shared=True)
+    pool = pipeline.DecodePool(ring, pre, 1, "process", chunk=1)
+    try:
+        assert pool.submit(2, photos[0]).result(timeout=60) is None
+        assert np.array_equal(ring.array[2], decode_u8(photos[0], pre))
+        assert not {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith("sem.")}
+    finally:
+        pool.close()
+        ring.close()
+
+
+def test_read_file_gives_bytes_or_one_error_line(tmp_path):
+    """--decode gpu reads files on the main thread (pipeline.read_file): bytes whole, or inception-run's error."""
+    import os
+
+    data = bytes(range(256)) * 1000
+    (tmp_path / "a.jpg").write_bytes(data)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "dir.jpg").mkdir()
+    assert pipeline.read_file(tmp_path / "a.jpg") == (data, None)
+    assert pipeline.read_file(str(tmp_path / "a.jpg")) == (data, None)
+    os.mkfifo(tmp_path / "fifo.jpg")  # never opened for reading: that would wait for a writer forever
+    for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory, not an image file"),
+                       ("empty.jpg", "empty file"), ("fifo.jpg", "is a FIFO (named pipe), not an image file")]:
+        got, error = pipeline.read_file(tmp_path / name)
+        assert got is None and error == f"{tmp_path / name}: {says}"
+
+
+class EchoRunner:
+    """An EncodedRunner that 'classifies' each file as (its length, 1.0): the stream's order and errors show."""
+
+    batch, depth = 2, 2
+    outstanding = 0  # tickets not yet collected: a real runner's result buffers hold ``depth`` of them
+
+    def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> list:
+        self.start_ticket()
+        return [[(len(data), 1.0)] for _, data in items]
+
+    def start_ticket(self) -> None:
+        assert self.outstanding < self.depth, "a batch submitted over the result buffers of one not yet collected"
+        self.outstanding += 1
+
+    def result(self, ticket: list) -> list:
+        self.outstanding -= 1
+        return ticket
+
+    def close(self) -> None:
+        pass
+
+
+class TwoStepRunner(EchoRunner):
+    """EchoRunner in the cuda runner's two steps: ``decode`` on the decode thread (``buffers`` of them, blocking
+    while none is free), ``classify`` on the consuming one; records which thread did what."""
+
+    def __init__(self, buffers: int = 3, fail_at: int | None = None):
+        import queue
+        import threading
+
+        self.free: queue.Queue = queue.Queue()
+        for i in range(buffers):
+            self.free.put(i)
+        self.fail_at, self.decoded, self.threads = fail_at, 0, {"decode": set(), "classify": set()}
+        self.main = threading.get_ident()
+        self.closed = False
+
+    def decode(self, items: list[tuple[str, bytes]]) -> tuple[int, list]:
+        import threading
+
+        self.threads["decode"].add(threading.get_ident())
+        if self.decoded == self.fail_at:
+            raise RuntimeError("decoder exploded")
+        buffer = self.free.get()
+        if buffer is None:
+            raise pipeline_cancelled()
+        self.decoded += 1
+        return buffer, [[(len(data), 1.0)] for _, data in items]
+
+    def classify(self, batch: tuple[int, list], top_k: int) -> list:
+        import threading
+
+        self.threads["classify"].add(threading.get_ident())
+        self.start_ticket()
+        self.free.put(batch[0])
+        return batch[1]
+
+    def cancel_decode(self) -> None:
+        self.free.put(None)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def pipeline_cancelled() -> Exception:
+    from inception_engine.backends.cuda.stream import DecodeCancelled
+
+    return DecodeCancelled()
+
+
+def jpeg_names(tmp_path, n: int) -> list:
+    paths = []
+    for i in range(n):
+        (tmp_path / f"{i:03d}.jpg").write_bytes(b"x" * (i + 1))
+        paths.append(tmp_path / f"{i:03d}.jpg")
+    return paths
+
+
+def test_decoding_thread_keeps_order_and_errors_and_classifies_on_the_callers_thread(tmp_path):
+    import threading
+
+    paths = jpeg_names(tmp_path, 11)
+    paths.insert(4, tmp_path / "missing.jpg")
+    runner = TwoStepRunner(buffers=1)  # one buffer: the decoder waits for every classify
+    preds = list(pipeline.classify_encoded(paths, runner, 1))
+    assert [p.image for p in preds] == [str(p) for p in paths]
+    assert [p.top[0][0] if p.ok else None for p in preds] == [
+        int(p.name[:3]) + 1 if p.name != "missing.jpg" else None for p in paths]
+    assert runner.threads["classify"] == {threading.get_ident()}
+    assert runner.threads["decode"] and threading.get_ident() not in runner.threads["decode"]
+    assert runner.closed and not any(t.name == "gpu-decode" for t in threading.enumerate())
+
+
+def test_decoding_thread_error_reaches_the_caller_and_an_early_stop_ends_the_thread(tmp_path):
+    import threading
+
+    runner = TwoStepRunner(fail_at=2)
+    with pytest.raises(RuntimeError, match="decoder exploded"):
+        list(pipeline.classify_encoded(jpeg_names(tmp_path, 9), runner, 1))
+    assert runner.closed and not any(t.name == "gpu-decode" for t in threading.enumerate())
+    runner = TwoStepRunner(buffers=1)
+    stream = pipeline.classify_encoded(jpeg_names(tmp_path, 9), runner, 1)
+    next(stream)  # the decoder now waits for a buffer that this consumer will never free
+    stream.close()
+    assert runner.closed and not any(t.name == "gpu-decode" for t in threading.enumerate())
+
+
+def test_encoded_stream_reads_in_order_with_errors_in_place(tmp_path):
+    """classify_encoded (--decode gpu) reads each batch on this thread: every file's bytes reach the runner, the
+    unreadable ones get their error in their place, a partial last batch included."""
+    sizes = {"a.jpg": 10, "b.jpg": 300, "c.jpg": 7, "d.jpg": 999}  # lengths stand for class indices
+    for name, n in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * n)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    paths = [tmp_path / n for n in ["a.jpg", "missing.jpg", "b.jpg", "empty.jpg", "c.jpg", "d.jpg", "a.jpg"]]
+    preds = list(pipeline.classify_encoded(paths, EchoRunner(), 1))
+    assert [p.image for p in preds] == [str(p) for p in paths]
+    want = [sizes[p.name] if p.name in sizes else None for p in paths]
+    assert [p.top[0][0] if p.ok else None for p in preds] == want
+    assert preds[1].error == f"{paths[1]}: no such file" and preds[3].error == f"{paths[3]}: empty file"
