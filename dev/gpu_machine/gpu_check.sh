@@ -37,9 +37,12 @@
 #    the decode, forward and PCIe ceilings (MULTIGPU_ARGS for other options). Carry .raykit and .whl with the slim
 #    nvImageCodec wheel (dev/gpu_machine/slim_nvimgcodec_wheel.py): the whole one would put the call over 64 MiB.
 #
+# 13. (group folder) dev/bench_folder.py: the folder job's figures (first answers, decoders alone, decode modes,
+#    precisions and batches, first long run against a repeated one, --gpus 1..N, the PyTorch script)
+#
 #   bash dev/gpu_machine/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
-#                                            ray (9), floor (10), autotune (11), multigpu (12);
-#                                            default: all but compile, ray, floor, autotune and multigpu
+#                                            ray (9), floor (10), autotune (11), multigpu (12), folder (13);
+#                                            default: all but compile, ray, floor, autotune, multigpu and folder
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -49,7 +52,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -186,6 +189,22 @@ print('jpegs in', bench_e2e.jpeg_folder(${RAY_IMAGES:-4096}))"
   else
     SUMMARY+=("$(printf '%-22s %-14s' "ray" "SKIPPED") $(tail -1 "$OUT/ray.log")")
   fi
+fi
+
+# The folder job as a user runs it (dev/bench_folder.py): first answers after the install, the decoders alone, each
+# decode mode, precision and batch (with and without the decoding thread), a first long run against a repeated one,
+# --gpus 1..N on the machine's GPUs, the PyTorch script. nvImageCodec comes from .whl/nvimg/ where the kit has it
+# (pip download nvidia-nvimgcodec-cu13 nvidia-nvjpeg there, slimmed by dev/gpu_machine/slim_nvimgcodec_wheel.py).
+if want folder; then
+  if ls .whl/nvimg/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
+      >>"$OUT/folder.log" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
+  fi
+  step "pytest folder job" folder.log 120 python3 -m pytest -m gpu -q -rfEs tests/kernels/test_pipeline_io.py \
+    tests/device/test_gpu_decode.py tests/device/test_cuda_tuning_tables.py
+  gpus=$(nvidia-smi -L | wc -l)
+  step "bench folder" folder.log 420 python3 dev/bench_folder.py --first --ab --batches 64,32,128 \
+    --first-long fp16,tf32,fp32 --gpus "$(seq -s, 1 "$gpus")" --json "$OUT/folder.json" ${FOLDER_ARGS:-}
 fi
 
 # Images/s on 1..N GPUs of this machine (issue 21): inception-run --gpus N and Ray Data, with the ceilings.
