@@ -88,20 +88,23 @@ def test_each_api_shape_gets_an_rgb_decoder(monkeypatch, version, backends):
     assert params.get("sample_format") == ("I_RGB" if SHAPES[version]["sample_format"] else None)
 
 
-def test_a_module_without_rgb_output_is_one_line(monkeypatch):
-    module = stand_in("0.9.0", **SHAPES["0.9.0"])
+def no_rgb(module: SimpleNamespace) -> None:
     module.ColorSpec = SimpleNamespace(UNCHANGED="UNCHANGED")
-    monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: module)
-    with pytest.raises(BackendUnavailable, match=r"^nvImageCodec 0\.9\.0 lacks ColorSpec\.SRGB or ColorSpec\.RGB") as e:
-        jpeg_decode.GpuJpegDecoder(None, PRE, max_batch=4)  # type: ignore[arg-type]
-    assert "\n" not in str(e.value)
 
 
-def test_a_module_missing_a_class_is_one_line(monkeypatch):
-    module = stand_in("0.9.0", **SHAPES["0.9.0"])
+def no_backend(module: SimpleNamespace) -> None:
     del module.Backend
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (no_rgb, r"^nvImageCodec 0\.9\.0 lacks ColorSpec\.SRGB or ColorSpec\.RGB"),
+    (no_backend, r"lacks Backend, which --decode gpu needs"),
+])
+def test_a_module_missing_what_the_decoder_needs_is_one_line(monkeypatch, break_it, message):
+    module = stand_in("0.9.0", **SHAPES["0.9.0"])
+    break_it(module)
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: module)
-    with pytest.raises(BackendUnavailable, match=r"lacks Backend, which --decode gpu needs") as e:
+    with pytest.raises(BackendUnavailable, match=message) as e:
         jpeg_decode.GpuJpegDecoder(None, PRE, max_batch=4)  # type: ignore[arg-type]
     assert "\n" not in str(e.value)
 
