@@ -473,15 +473,16 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
     """Predictions for image files decoded by the runner (on the GPU), in order.
 
-    Where the runner decodes and classifies in two steps (``decode``, ``classify``: the cuda runner), one thread
-    reads each batch of files and decodes it while this thread starts the forwards and hands out the results, so the
+    Where the runner decodes and classifies in two steps (``decode`` of ``decode_batch`` files, ``split`` into
+    batches, ``classify`` of each: the cuda runner), one thread reads the files and decodes them while this thread
+    starts the forwards and hands out the results, so the
     host never waits for the decoder and the forward one after the other. That thread is the only other Python
     thread: nvImageCodec takes the GIL back once per image and waits for whoever holds it, so nothing else may
     hold it long (this thread's work per batch is short, and the switch interval is cut to DECODE_SWITCH_INTERVAL
     for the run). Other runners read and decode on this thread, a batch at a time."""
     if any(isinstance(s, Image.Image) for s in sources):
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
-    threaded = DECODE_THREAD and hasattr(runner, "decode") and hasattr(runner, "classify")
+    threaded = DECODE_THREAD and all(hasattr(runner, a) for a in ("decode", "split", "classify", "decode_batch"))
     try:
         yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k)
     finally:
@@ -568,10 +569,10 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
 
     def decode_all() -> None:
         try:
-            for first in range(0, len(sources), runner.batch):
+            for first in range(0, len(sources), runner.decode_batch):
                 if stop.is_set():
                     return
-                seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
+                seqs, items, failed = read_batch(sources, first, min(first + runner.decode_batch, len(sources)))
                 decoded.put((seqs, failed, runner.decode(items) if items else None))
             decoded.put(None)
         except BaseException as e:  # handed to the consuming thread, which raises it there
@@ -588,9 +589,11 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
                 raise got
             seqs, failed, batch = got
             results.done.update(failed)
-            if batch is not None:
+            at = 0
+            for part in runner.split(batch) if batch is not None else ():
                 results.make_room()
-                results.add(seqs, runner.classify(batch, top_k))
+                results.add(seqs[at:at + part.images], runner.classify(part, top_k))
+                at += part.images
             yield from results.finished()
         yield from results.drain()
     finally:

@@ -3,6 +3,7 @@ host memory bounded by the ring, laziness; and the uint8 preprocessing it is bui
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -275,11 +276,23 @@ class EchoRunner:
         pass
 
 
+@dataclass
+class EchoPart:
+    """One batch of a TwoStepRunner's decode: its 'top-k's, and the buffer it frees (its decode's last part)."""
+
+    frees: int | None
+    tops: list
+
+    @property
+    def images(self) -> int:
+        return len(self.tops)
+
+
 class TwoStepRunner(EchoRunner):
     """EchoRunner in the cuda runner's two steps: ``decode`` on the decode thread (``buffers`` of them, blocking
     while none is free), ``classify`` on the consuming one; records which thread did what."""
 
-    def __init__(self, buffers: int = 3, fail_at: int | None = None):
+    def __init__(self, buffers: int = 3, fail_at: int | None = None, decode_batch: int = 2):
         import queue
         import threading
 
@@ -287,6 +300,7 @@ class TwoStepRunner(EchoRunner):
         for i in range(buffers):
             self.free.put(i)
         self.fail_at, self.decoded, self.threads = fail_at, 0, {"decode": set(), "classify": set()}
+        self.decode_batch = decode_batch  # files a decode call takes: several batches
         self.main = threading.get_ident()
         self.closed = False
 
@@ -302,13 +316,20 @@ class TwoStepRunner(EchoRunner):
         self.decoded += 1
         return buffer, [[(len(data), 1.0)] for _, data in items]
 
-    def classify(self, batch: tuple[int, list], top_k: int) -> list:
+    def split(self, batch: tuple[int, list]) -> list[EchoPart]:
+        """The decoded batch as parts of ``self.batch`` images; the last frees the buffer."""
+        buffer, tops = batch
+        return [EchoPart(buffer if a + self.batch >= len(tops) else None, tops[a:a + self.batch])
+                for a in range(0, len(tops), self.batch)]
+
+    def classify(self, part: EchoPart, top_k: int) -> list:
         import threading
 
         self.threads["classify"].add(threading.get_ident())
         self.start_ticket()
-        self.free.put(batch[0])
-        return batch[1]
+        if part.frees is not None:
+            self.free.put(part.frees)
+        return part.tops
 
     def cancel_decode(self) -> None:
         self.free.put(None)
@@ -331,12 +352,13 @@ def jpeg_names(tmp_path, n: int) -> list:
     return paths
 
 
-def test_decoding_thread_keeps_order_and_errors_and_classifies_on_the_callers_thread(tmp_path):
+@pytest.mark.parametrize("decode_batch", [2, 5])  # a decode of one batch, of several and a part (5 = 2 + 2 + 1)
+def test_decoding_thread_keeps_order_and_errors_and_classifies_on_the_callers_thread(tmp_path, decode_batch):
     import threading
 
     paths = jpeg_names(tmp_path, 11)
     paths.insert(4, tmp_path / "missing.jpg")
-    runner = TwoStepRunner(buffers=1)  # one buffer: the decoder waits for every classify
+    runner = TwoStepRunner(buffers=1, decode_batch=decode_batch)  # one buffer: the decoder waits for every classify
     preds = list(pipeline.classify_encoded(paths, runner, 1))
     assert [p.image for p in preds] == [str(p) for p in paths]
     assert [p.top[0][0] if p.ok else None for p in preds] == [

@@ -34,7 +34,10 @@ from .tiles import THREADS
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
 
 
-DECODE_BUFFERS = 3  # u8 batches for --decode gpu: two in the forward's hands (depth) and one being decoded
+DECODE_BUFFERS = 3  # u8 buffers for --decode gpu: two in the forward's hands (depth) and one being decoded
+# --decode gpu hands nvImageCodec at least this many files a call (a whole number of batches): its call has a fixed
+# cost of a few milliseconds, which a batch of 64 does not amortise.
+DECODE_IMAGES = 256
 
 
 class DecodeCancelled(Exception):
@@ -43,11 +46,14 @@ class DecodeCancelled(Exception):
 
 @dataclass(frozen=True)
 class Decoded:
-    """A batch decoded into u8 buffer ``buffer`` on the copy stream (``copied`` recorded after it)."""
+    """Images decoded into rows first .. first + images - 1 of u8 buffer ``buffer`` on the copy stream (``copied``
+    recorded after them). ``releases``: the buffer is free once these are classified (its last part)."""
 
     buffer: int
     images: int
     errors: list[str | None]
+    first: int = 0
+    releases: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ class CudaRunner:
         if plan.input.dims[1:] != (3, pre.size, pre.size):
             raise EngineError(f"the plan's input {plan.input.dims} does not take {pre.size}x{pre.size} images")
         self.backend, self.batch, self.pre = backend, plan.batch, pre
+        # files per decode call (--decode gpu); its buffers hold that many images, classified a batch at a time
+        self.decode_batch = self.batch * max(1, -(-DECODE_IMAGES // self.batch)) if gpu_decode else self.batch
         self._image_bytes = pre.size * pre.size * 3
         self._ring: np.ndarray | None = None
         self._decoder: Any = None  # the backend's jpeg_decode.GpuJpegDecoder, from the first submit_encoded
@@ -95,7 +103,7 @@ class CudaRunner:
             kernels = backend.kernels
             self._normalize = kernels["normalize_u8_nchw"]
             self._topk = kernels["softmax_topk_rows"]
-            self._u8 = [self._alloc(self.batch * self._image_bytes) for _ in range(DECODE_BUFFERS)]
+            self._u8 = [self._alloc(self.decode_batch * self._image_bytes) for _ in range(DECODE_BUFFERS)]
             self._prob = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
             self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
             self._mean_std = self._alloc(6 * 4)
@@ -117,7 +125,7 @@ class CudaRunner:
         if gpu_decode:
             try:
                 with backend.gpu:
-                    self._decoder = backend.jpeg_decoder(pre, decode_threads)
+                    self._decoder = backend.jpeg_decoder(pre, decode_threads, self.decode_batch)
             except BaseException:
                 self.close()
                 raise
@@ -154,14 +162,14 @@ class CudaRunner:
         """Decode these files into a free u8 buffer on the copy stream. May run on a thread of its own beside the
         one that calls ``classify`` (pipeline.classify_encoded): it blocks only while every buffer is in use, and
         raises DecodeCancelled if ``cancel_decode`` is called meanwhile."""
-        if not 1 <= len(items) <= self.batch:
-            raise ValueError(f"{len(items)} images: outside this runner's batch of {self.batch}")
+        if not 1 <= len(items) <= self.decode_batch:
+            raise ValueError(f"{len(items)} images: outside this runner's decode batch of {self.decode_batch}")
         i = self._free_buffers.get()
         if i is None:
             raise DecodeCancelled()
         with self.backend.gpu:
             if self._decoder is None:
-                self._decoder = self.backend.jpeg_decoder(self.pre, self._decode_threads)
+                self._decoder = self.backend.jpeg_decoder(self.pre, self._decode_threads, self.decode_batch)
             if i in self._used_buffers:  # the buffer's last batch must be normalised before it is overwritten
                 self._copy.wait_for_event(self._normalized[i])
             self._used_buffers.add(i)
@@ -174,13 +182,21 @@ class CudaRunner:
         """Wakes a ``decode`` waiting for a buffer (the run is over): it raises DecodeCancelled."""
         self._free_buffers.put(None)
 
+    def split(self, decoded: Decoded) -> list[Decoded]:
+        """A decode's images as batches for ``classify``, in order; the last one frees the buffer."""
+        starts = range(0, decoded.images, self.batch)
+        return [Decoded(decoded.buffer, min(self.batch, decoded.images - a), decoded.errors[a:a + self.batch], a,
+                        a == starts[-1]) for a in starts]
+
     def classify(self, decoded: Decoded, top_k: int) -> Ticket:
-        """Normalise, forward and top-k a decoded batch, on the compute stream; its buffer is free again after."""
+        """Normalise, forward and top-k a decoded batch (one of ``split``'s parts), on the compute stream; its buffer
+        is free again after its last part."""
         self._check(decoded.images, top_k)
         k = self._next_turn()
         with self.backend.gpu:
-            self._classify(k, decoded.images, top_k, decoded.buffer)
-        self._free_buffers.put(decoded.buffer)
+            self._classify(k, decoded.images, top_k, decoded.buffer, decoded.first)
+        if decoded.releases:
+            self._free_buffers.put(decoded.buffer)
         return Ticket(k, decoded.images, top_k, decoded.errors)
 
     def _check(self, n: int, top_k: int) -> None:
@@ -191,10 +207,10 @@ class CudaRunner:
         self._turn += 1
         return (self._turn - 1) % 2
 
-    def _classify(self, k: int, n: int, top_k: int, buffer: int | None = None) -> None:
+    def _classify(self, k: int, n: int, top_k: int, buffer: int | None = None, first: int = 0) -> None:
         """After u8[buffer]'s copy or decode was enqueued on the copy stream and its ``copied`` event recorded (by
-        ``decode``; here for the host-decoded path, whose buffer is k): normalise, forward, top-k into turn k's
-        buffers, copy back."""
+        ``decode``; here for the host-decoded path, whose buffer is k): normalise its rows first .. first + batch - 1
+        (a decode buffer holds whole batches), forward, top-k into turn k's buffers, copy back."""
         drv, b = driver(), self.backend
         hw = self.pre.size * self.pre.size
         if buffer is None:
@@ -202,7 +218,8 @@ class CudaRunner:
             self._copied[k].record(self._copy)
         b.stream.wait_for_event(self._copied[buffer])
         self._normalize.prepared_async_call(((hw + THREADS - 1) // THREADS, self.batch, 1), (THREADS, 1, 1),
-                                            b.stream, self._u8[buffer], b.input_ptr, self._mean_std, hw, 3 * hw)
+                                            b.stream, self._u8[buffer] + first * self._image_bytes, b.input_ptr,
+                                            self._mean_std, hw, 3 * hw)
         self._normalized[buffer].record(b.stream)
         b.replay()
         self._topk.prepared_async_call((n, 1, 1), (TOPK_N, 1, 1), b.stream, b.output_ptr, self._prob[k],
