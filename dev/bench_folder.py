@@ -6,10 +6,10 @@ Rows (each ``inception-run`` a fresh process, as a user runs it; its own images/
 start to exit):
 - first answer: ``inception-run ONE.jpg`` per precision, the first runs after the install (kernels built at
   install, no tuning cache: the shipped table or the cost model);
-- the decoders alone on the same files: nvImageCodec's batched decode and ``GpuJpegDecoder.decode_into`` (header,
+- the decoders alone on the same files: nvImageCodec's batched decode, ``GpuJpegDecoder.decode_into`` (header,
   decode, resize) at the run's batch, and Pillow's exact decode on one core (x the cores = the CPU ceiling);
 - the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
-  batch 64) without its decoding thread too, the two alternated twice;
+  batch 64) through nvImageCodec's Python API too (jpeg_decode.NATIVE off), the two alternated twice;
 - ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
   again (the first long run's share of a repeated run's rate);
 - ``--gpus N`` for each N of ``--gpus`` up to the machine's GPUs, wall time including start-up, on ``--many``
@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RUN = "from inception_engine.cli import run_main; run_main()"
-SERIAL = "import inception_engine.pipeline as p; p.DECODE_THREAD = False; " + RUN
+PYTHON_API = "import inception_engine.backends.cuda.jpeg_decode as j; j.NATIVE = False; " + RUN
 STYLES = {"small": (3, 32), "imagenet": (16, 16)}  # (noise, coarse cell): ~35 KB and ~95 KB at quality 90
 
 
@@ -104,32 +104,43 @@ def agree(a: dict, b: dict) -> str:
 
 
 def decoder_alone(d: Path, batch: int, limit: int) -> dict:
-    """nvImageCodec's batched decode, and decode_into (header, decode, resize), on files in memory, images/s."""
+    """images/s of: nvImageCodec's batched decode through its Python API on files in memory ("nvimgcodec"), the
+    whole of that path (header, decode, resize: "decode_into"), and the engine's path from the files on disk
+    (jpeg_batch.c: read, header, decode; then the resize: "decode_files")."""
     from inception_engine.backends.cuda import jpeg_decode
     from inception_engine.backends.cuda.device import Gpu, driver
     from inception_engine.backends.cuda.kernels import Kernels
     from inception_engine.images import Preprocess, decode_u8
 
-    items = [(str(p), p.read_bytes()) for p in sorted(d.glob("*.jpg"))[:limit]]
+    paths = [str(p) for p in sorted(d.glob("*.jpg"))[:limit]]
+    items = [(p, Path(p).read_bytes()) for p in paths]
     batches = [items[i:i + batch] for i in range(0, len(items), batch)]
     pre, gpu, out = Preprocess(), Gpu(), {}
     with gpu:
         drv = driver()
         stream = drv.Stream(1)
         dst = drv.mem_alloc(batch * pre.size * pre.size * 3)
-        dec = jpeg_decode.GpuJpegDecoder(Kernels(gpu.arch), pre, batch)
-        dec._decode([b for _, b in batches[0]], stream)
-        stream.synchronize()
-        t0 = time.perf_counter()
-        for b in batches:
-            dec._decode([x for _, x in b], stream)
-        stream.synchronize()
-        out["nvimgcodec"] = round(len(items) / (time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        for b in batches:
-            dec.decode_into(b, int(dst), stream, lambda p, x: decode_u8(p, pre))
-        stream.synchronize()
-        out["decode_into"] = round(len(items) / (time.perf_counter() - t0))
+        kernels = Kernels(gpu.arch)
+
+        def timed(label: str, step) -> None:
+            step(batches[0])  # warm-up
+            stream.synchronize()
+            t0 = time.perf_counter()
+            for b in batches:
+                step(b)
+            stream.synchronize()
+            out[label] = round(len(items) / (time.perf_counter() - t0))
+
+        native, jpeg_decode.NATIVE = jpeg_decode.NATIVE, False
+        dec = jpeg_decode.GpuJpegDecoder(kernels, pre, batch)
+        jpeg_decode.NATIVE = native
+        timed("nvimgcodec", lambda b: dec._decode([x for _, x in b], stream))
+        timed("decode_into", lambda b: dec.decode_into(b, int(dst), stream, lambda p, x: decode_u8(p, pre)))
+        dec.close()
+        dec = jpeg_decode.GpuJpegDecoder(kernels, pre, batch)
+        if dec.native_unavailable is None:
+            timed("decode_files", lambda b: dec.decode_files([p for p, _ in b], int(dst), stream,
+                                                             lambda p, x: decode_u8(p, pre)))
         dec.close()
         dst.free()
     gpu.release()
@@ -162,7 +173,7 @@ def main() -> None:
     ap.add_argument("--batches", default="64", help="batch sizes of the --decode gpu rows")
     ap.add_argument("--gpus", default="", help="GPU counts for --gpus rows (e.g. 1,2,4)")
     ap.add_argument("--many", type=int, default=65536, help="images of the --gpus rows")
-    ap.add_argument("--ab", action="store_true", help="--decode gpu also without its decoding thread, alternated")
+    ap.add_argument("--ab", action="store_true", help="--decode gpu also through nvImageCodec's Python API, alternated")
     ap.add_argument("--first", action="store_true", help="first answers (run first, on a fresh machine)")
     ap.add_argument("--first-long", default="", help="precisions of first-long-run rows: each --decode gpu run "
                     "on a fresh cache (kernels only), then again (e.g. fp16,tf32,fp32)")
@@ -199,7 +210,10 @@ def main() -> None:
     sets = {} if args.only_first_long else {"small": small, "imagenet": folder(root, "imagenet", args.imagenet_images)}
     for name, d in sets.items():
         for b in map(int, args.batches.split(",")):
-            row(what="decoder alone", files=name, batch=b, **decoder_alone(d, b, 4096))
+            from inception_engine.backends.cuda.stream import DECODE_IMAGES
+
+            calls = b * max(1, -(-DECODE_IMAGES // b))  # the files of one decode call at this batch
+            row(what="decoder alone", files=name, batch=calls, **decoder_alone(d, calls, 4096))
         core = one_core(d)
         row(what="CPU decode, one core", files=name, rate=round(core), cores=os.cpu_count(),
             ceiling=round(core * (os.cpu_count() or 1)))
@@ -207,7 +221,7 @@ def main() -> None:
         for p in precisions:
             for b in map(int, args.batches.split(",")):
                 ab = args.ab and b == 64
-                variants = [("thread", RUN), ("serial", SERIAL)] if ab else [("thread", RUN)]
+                variants = [("jpeg_batch.c", RUN), ("python api", PYTHON_API)] if ab else [("jpeg_batch.c", RUN)]
                 for rnd in range(2 if ab else 1):
                     for label, code in variants:
                         r = inception_run([str(d), "--weights", args.weights, "--precision", p, "--decode", "gpu",

@@ -473,13 +473,13 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
     """Predictions for image files decoded by the runner (on the GPU), in order.
 
-    Where the runner decodes and classifies in two steps (``decode`` of ``decode_batch`` files, ``split`` into
-    batches, ``classify`` of each: the cuda runner), one thread reads the files and decodes them while this thread
-    starts the forwards and hands out the results, so the
-    host never waits for the decoder and the forward one after the other. That thread is the only other Python
-    thread: nvImageCodec takes the GIL back once per image and waits for whoever holds it, so nothing else may
-    hold it long (this thread's work per batch is short, and the switch interval is cut to DECODE_SWITCH_INTERVAL
-    for the run). Other runners read and decode on this thread, a batch at a time."""
+    Where the runner decodes and classifies in two steps (``decode`` of ``decode_batch`` files, which it reads
+    itself, ``split`` into batches, ``classify`` of each: the cuda runner), one thread decodes while this thread
+    starts the forwards and hands out the results, so the host never waits for the decoder and the forward one
+    after the other. The decode thread holds the GIL only between its calls into C (the cuda runner's decoder reads
+    and decodes a whole call's files with the GIL released); where it decodes through nvImageCodec's Python API,
+    which takes the GIL back once per image, the switch interval is cut to DECODE_SWITCH_INTERVAL for the run so
+    that this thread cannot keep it long. Other runners read and decode on this thread, a batch at a time."""
     if any(isinstance(s, Image.Image) for s in sources):
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
     threaded = DECODE_THREAD and all(hasattr(runner, a) for a in ("decode", "split", "classify", "decode_batch"))
@@ -564,7 +564,7 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
     import queue
     import threading
 
-    decoded: queue.Queue[Any] = queue.Queue()  # (seqs, failed, runner.decode's batch or None), an error, or None
+    decoded: queue.Queue[Any] = queue.Queue()  # (first seq, runner.decode's result), an error, or None at the end
     stop = threading.Event()
 
     def decode_all() -> None:
@@ -572,8 +572,8 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
             for first in range(0, len(sources), runner.decode_batch):
                 if stop.is_set():
                     return
-                seqs, items, failed = read_batch(sources, first, min(first + runner.decode_batch, len(sources)))
-                decoded.put((seqs, failed, runner.decode(items) if items else None))
+                end = min(first + runner.decode_batch, len(sources))
+                decoded.put((first, runner.decode([os.fspath(s) for s in sources[first:end]])))
             decoded.put(None)
         except BaseException as e:  # handed to the consuming thread, which raises it there
             decoded.put(e)
@@ -587,13 +587,11 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
         while (got := decoded.get()) is not None:
             if isinstance(got, BaseException):
                 raise got
-            seqs, failed, batch = got
-            results.done.update(failed)
-            at = 0
-            for part in runner.split(batch) if batch is not None else ():
+            seq, batch = got
+            for part in runner.split(batch):
                 results.make_room()
-                results.add(seqs[at:at + part.images], runner.classify(part, top_k))
-                at += part.images
+                results.add(list(range(seq, seq + part.images)), runner.classify(part, top_k))
+                seq += part.images
             yield from results.finished()
         yield from results.drain()
     finally:

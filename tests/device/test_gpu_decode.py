@@ -145,7 +145,10 @@ def cpu_path(path: str, data: bytes) -> np.ndarray:
 
 
 @pytest.mark.gpu
-def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path):
+@pytest.mark.parametrize("native", [True, False], ids=["jpeg_batch.c", "python api"])
+def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path, monkeypatch, native):
+    """Both ways to nvImageCodec: decode_files through cuda_src/jpeg_batch.c, decode_into through its Python API."""
+    monkeypatch.setattr(jpeg_decode, "NATIVE", native)
     try:
         jpeg_decode.load_nvimgcodec()
     except BackendUnavailable as e:
@@ -169,11 +172,14 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path):
 
     drv = driver()
     dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items))
+    if native:  # nvcc and nvImageCodec's header are on the GPU machine: the C path must have been built
+        assert dec.native_unavailable is None, dec.native_unavailable
     stream = drv.Stream()
     slot = PRE.size * PRE.size * 3
     dst = drv.mem_alloc(len(items) * slot)
     drv.memset_d8(int(dst), 0x5A, len(items) * slot)
-    errors = dec.decode_into(items, int(dst), stream, cpu_path)
+    errors = (dec.decode_files([path for path, _ in items], int(dst), stream, cpu_path) if native else
+              dec.decode_into(items, int(dst), stream, cpu_path))
     stream.synchronize()
     got = np.empty((len(items), PRE.size, PRE.size, 3), np.uint8)
     drv.memcpy_dtoh(got, int(dst))

@@ -74,6 +74,7 @@ def fresh_records():
 def test_each_api_shape_gets_an_rgb_decoder(monkeypatch, version, backends):
     module = stand_in(version, **SHAPES[version])
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: module)
+    monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     jpeg_decode.GpuJpegDecoder(None, PRE, max_batch=4, backends=backends)  # type: ignore[arg-type]
     (made,) = Made.decoders
     assert made["options"] == jpeg_decode.DECODER_OPTIONS and made["max_num_cpu_threads"] == 0
@@ -104,6 +105,7 @@ def test_a_module_missing_what_the_decoder_needs_is_one_line(monkeypatch, break_
     module = stand_in("0.9.0", **SHAPES["0.9.0"])
     break_it(module)
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: module)
+    monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     with pytest.raises(BackendUnavailable, match=message) as e:
         jpeg_decode.GpuJpegDecoder(None, PRE, max_batch=4)  # type: ignore[arg-type]
     assert "\n" not in str(e.value)
@@ -117,6 +119,7 @@ def test_a_decoder_that_cannot_be_made_is_one_line(monkeypatch):
 
     module.Decoder = refuses
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: module)
+    monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     with pytest.raises(BackendUnavailable) as e:
         jpeg_decode.GpuJpegDecoder(None, PRE, max_batch=4)  # type: ignore[arg-type]
     assert str(e.value).startswith("nvImageCodec 0.9.0 could not make a JPEG decoder (RuntimeError: nvImageCodec: "

@@ -139,6 +139,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     from inception_engine.backends.cuda import jpeg_decode
 
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
+    monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(13), {"count_include_pad": True})

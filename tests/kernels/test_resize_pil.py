@@ -142,6 +142,7 @@ def jpeg_bytes(a: np.ndarray, **kw: Any) -> bytes:
 def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeypatch):
     _, kernels = gpu
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
+    monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     rng = rng_for("decode_into")
     photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
     exif = Image.Exif()
@@ -193,6 +194,7 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
 def test_decode_into_refuses_decompression_bombs(gpu, device, monkeypatch):
     _, kernels = gpu
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
+    monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # so a 60 x 40 picture is a bomb (> 2 * 1000 pixels)
     dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=1)
     called = []

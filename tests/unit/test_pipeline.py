@@ -304,7 +304,8 @@ class TwoStepRunner(EchoRunner):
         self.main = threading.get_ident()
         self.closed = False
 
-    def decode(self, items: list[tuple[str, bytes]]) -> tuple[int, list]:
+    def decode(self, paths: list[str]) -> tuple[int, list]:
+        """Reads the files itself, as the cuda runner does: an unreadable one's result is its error."""
         import threading
 
         self.threads["decode"].add(threading.get_ident())
@@ -314,7 +315,7 @@ class TwoStepRunner(EchoRunner):
         if buffer is None:
             raise pipeline_cancelled()
         self.decoded += 1
-        return buffer, [[(len(data), 1.0)] for _, data in items]
+        return buffer, [error or [(len(data), 1.0)] for data, error in map(pipeline.read_file, paths)]
 
     def split(self, batch: tuple[int, list]) -> list[EchoPart]:
         """The decoded batch as parts of ``self.batch`` images; the last frees the buffer."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import io
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from ...errors import BackendUnavailable, EngineError
 from ...images import Preprocess, first_line
 from ...pil_resize import Coeffs, plan_resize_crop
 from .device import driver
+from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch
 from .kernels import Kernels
 from .tiles import THREADS
 
@@ -46,7 +48,9 @@ GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_
 # nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
 DECODER_OPTIONS = ":fancy_upsampling=1"
 MISSING = "--decode gpu needs nvidia-nvimgcodec-cu13 (pip install -e '.[gpu-decode]')"
-SUPPORTED = "0.6.1 to 0.9.0"  # the releases run on the GPU machine; pyproject's gpu-decode extra admits these
+SUPPORTED = "0.6.1 to 0.9.0"
+# GpuJpegDecoder reads and decodes through cuda_src/jpeg_batch.c where it builds (False: nvImageCodec's Python API)
+NATIVE = True  # the releases run on the GPU machine; pyproject's gpu-decode extra admits these
 
 
 def load_nvimgcodec() -> Any:
@@ -199,7 +203,6 @@ class Staged:
             self.dev, self.host = None, np.empty(0, self.dtype)
 
 
-JOB_FIELDS = 9  # resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, pitches
 
 
 class GpuResizeCrop:
@@ -221,44 +224,51 @@ class GpuResizeCrop:
 
     def enqueue(self, jobs: Sequence[tuple[DeviceImage, int]], dst_ptr: int, stream: Any) -> None:
         """For each (image, slot): the image's crop into slot `slot` of the batch at dst_ptr."""
+        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _ in jobs], np.int64)
+                              for f in ("ptr", "height", "width", "pitch")),
+                            np.array([slot for _, slot in jobs], np.int64), dst_ptr, stream)
+
+    def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
+                       slots: np.ndarray, dst_ptr: int, stream: Any) -> None:
+        """``enqueue`` with the images as arrays (address, height, width, row pitch, slot): Python work per distinct
+        image size, not per image."""
         self.wait()
-        if not jobs:
+        if len(ptr) == 0:
             return
-        drv = driver()
-        scheds = [schedule(img.height, img.width, self.pre.resize, self.pre.size) for img, _ in jobs]
-        offsets, pieces, pos = [], [], 0
+        drv, size = driver(), self.pre.size
+        sizes, image_size = np.unique(height.astype(np.int64) << 32 | width.astype(np.int64), return_inverse=True)
+        scheds = [schedule(int(k >> 32), int(k & 0xFFFFFFFF), self.pre.resize, size) for k in sizes]
+        pieces, offsets, pos = [], [], 0  # each size's coefficient tables, once
         for s in scheds:
-            offs = []
             for p in (s.first, s.second):
-                offs.append((pos, pos + len(p.coeffs.start)))
+                offsets.append((pos, pos + len(p.coeffs.start)))
                 pieces += [p.coeffs.start, p.coeffs.weights]
                 pos += len(p.coeffs.start) + p.coeffs.weights.size
-            offsets.append(offs)
         tables = self._tables.upload(pieces, stream)
-        need = sum(s.tmp_bytes for s in scheds)
+        per_size = np.array([(s.lo, s.vertical_first, s.tmp_bytes, *(x for p in (s.first, s.second) for x in (
+            p.coeffs.taps, p.out_rows, p.out_cols))) for s in scheds], np.int64)[image_size]
+        table_at = tables + 4 * np.array(offsets, np.int64).reshape(len(scheds), 4)[image_size]
+        lo, vertical, tmp_bytes = per_size[:, 0], per_size[:, 1].astype(bool), per_size[:, 2]
+        need = int(tmp_bytes.sum())
         if need > self._tmp_bytes:
             if self._tmp is not None:
                 self._tmp.free()
             self._tmp, self._tmp_bytes = drv.mem_alloc(need), need
-        size = self.pre.size
-        slot_bytes = size * size * CHANNELS
-        groups: dict[tuple[int, str], list[tuple[int, ...]]] = {}  # (pass, kernel) -> its jobs
-        mid = int(self._tmp)
-        for (img, slot), s, ((s1, w1), (s2, w2)) in zip(jobs, scheds, offsets):
-            # the first pass reads from source row (or column) lo on: its start[] is relative to that
-            src = img.ptr + (s.lo * CHANNELS if s.vertical_first else s.lo * img.pitch)
-            mid_pitch = s.first.out_cols * CHANNELS
-            groups.setdefault((0, s.first.kernel), []).append(
-                (src, mid, tables + 4 * s1, tables + 4 * w1, s.first.coeffs.taps, s.first.out_rows,
-                 s.first.out_cols, img.pitch, mid_pitch))
-            groups.setdefault((1, s.second.kernel), []).append(
-                (mid, dst_ptr + slot * slot_bytes, tables + 4 * s2, tables + 4 * w2, s.second.coeffs.taps,
-                 s.second.out_rows, s.second.out_cols, mid_pitch, size * CHANNELS))
-            mid += s.tmp_bytes
-        order = sorted(groups)  # every first pass before any second pass (one stream: in this order)
-        tables_of = [np.asarray(groups[g], np.int64).reshape(-1, JOB_FIELDS) for g in order]
-        base = self._jobs.upload(tables_of, stream)
-        for (_, kernel), table in zip(order, tables_of):
+        # each image has its part of the intermediate buffer; the first pass reads from source row (or column) lo
+        mid = int(self._tmp) + np.cumsum(tmp_bytes) - tmp_bytes
+        mid_pitch = per_size[:, 5] * CHANNELS
+        # resize_pil.cu's RESIZE_PIL_JOB rows: src, dst, start, weights, taps, out_rows, out_cols, src and dst pitch
+        first = np.stack([ptr + np.where(vertical, lo * CHANNELS, lo * pitch), mid, table_at[:, 0], table_at[:, 1],
+                          per_size[:, 3], per_size[:, 4], per_size[:, 5], pitch, mid_pitch], axis=1)
+        second = np.stack([mid, dst_ptr + slots * (size * size * CHANNELS), table_at[:, 2], table_at[:, 3],
+                           per_size[:, 6], per_size[:, 7], per_size[:, 8], mid_pitch,
+                           np.full_like(mid, size * CHANNELS)], axis=1)
+        # every first pass before any second pass (one stream: in this order), each pass by its kernel
+        launches = [(name, table) for name, table in (
+            ("resize_pil_h", first[~vertical]), ("resize_pil_v", first[vertical]),
+            ("resize_pil_h", second[vertical]), ("resize_pil_v", second[~vertical])) if len(table)]
+        base = self._jobs.upload([np.ascontiguousarray(t) for _, t in launches], stream)
+        for kernel, table in launches:
             most = int((table[:, 5] * table[:, 6]).max()) * CHANNELS
             self.kernels[kernel].prepared_async_call(((most + THREADS - 1) // THREADS, len(table), 1),
                                                      (THREADS, 1, 1), stream, base)
@@ -416,28 +426,134 @@ class GpuJpegDecoder:
 
     def __init__(self, kernels: Kernels, pre: Preprocess, max_batch: int, *,
                  backends: Sequence[str] | None = None, threads: int = 0):
-        api = CodecApi.of(load_nvimgcodec())
-        try:
-            self._decoder = api.decoder(backends, DECODER_OPTIONS, threads)
-            self._params = api.decode_params()
-        except Exception as e:  # whatever the library raises (TypeError for a signature, RuntimeError, ...)
-            raise BackendUnavailable(f"nvImageCodec {api.version} could not make a JPEG decoder "
-                                     f"({type(e).__name__}: {first_line(e)}); use --decode cpu, or install "
-                                     f"nvImageCodec {SUPPORTED}") from None
-        self._codec = api.module
         self.pre, self.max_batch, self.threads = pre, max_batch, threads
+        self._native: JpegBatch | None = None  # cuda_src/jpeg_batch.c, for decode_files; None: the Python API
+        self.native_unavailable: str | None = None  # why decode_files reads and decodes through Python
+        if NATIVE and backends is None:
+            self._native = self._open_native(threads)
+        if self._native is None:
+            api = CodecApi.of(load_nvimgcodec())
+            try:
+                self._decoder = api.decoder(backends, DECODER_OPTIONS, threads)
+                self._params = api.decode_params()
+            except Exception as e:  # whatever the library raises (TypeError for a signature, RuntimeError, ...)
+                raise BackendUnavailable(f"nvImageCodec {api.version} could not make a JPEG decoder "
+                                         f"({type(e).__name__}: {first_line(e)}); use --decode cpu, or install "
+                                         f"nvImageCodec {SUPPORTED}") from None
+            self._codec = api.module
         self._resize = GpuResizeCrop(kernels, pre)
         self._decoded: list[Any] = []  # the last batch's nvImageCodec images, alive until its resize has run
         self._staging: np.ndarray | None = None  # pinned (max_batch, size, size, 3) for CPU-path results
+        self._arena: Any = None  # device memory decode_files decodes whole images into
+        self._arena_bytes = 0
         self._done: Any = None  # event after the last batch's uploads
 
+    def _open_native(self, threads: int) -> JpegBatch | None:
+        preload_nvjpeg()
+        try:
+            native = JpegBatch()
+        except (OSError, MemoryError) as e:  # no nvcc, no nvImageCodec header, a compile error
+            self.native_unavailable = first_line(e)
+            return None
+        try:
+            native.open_decoder(CURRENT_DEVICE, threads, DECODER_OPTIONS)
+        except OSError as e:
+            native.close()
+            self.native_unavailable = first_line(e)
+            return None
+        return native
+
+    def decode_files(self, paths: Sequence[str], dst_ptr: int, stream: Any,
+                     cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
+        """``decode_into`` for files named, read here: file i into slot i; a file that cannot be read gets its
+        error (worded as pipeline.read_file words it). Through cuda_src/jpeg_batch.c where it could be built: the
+        files read on its threads, the plain JPEGs among them decoded in one call, no Python per file."""
+        from ...pipeline import read_file
+
+        if len(paths) > self.max_batch:
+            raise ValueError(f"{len(paths)} files for a decoder of max_batch {self.max_batch}")
+        if self._native is None:
+            errors: list[str | None] = [None] * len(paths)
+            items, rows = [], []
+            for i, path in enumerate(paths):
+                data, errors[i] = read_file(path)
+                if data is not None:
+                    items.append((path, data))
+                    rows.append(i)
+            for row, error in zip(rows, self.decode_into(items, dst_ptr, stream, cpu_fallback, rows)):
+                errors[row] = error
+            return errors
+        return self._decode_native(paths, dst_ptr, stream, cpu_fallback, read_file)
+
+    def _decode_native(self, paths: Sequence[str], dst_ptr: int, stream: Any,
+                       cpu_fallback: Callable[[str, bytes], np.ndarray],
+                       read_file: Callable[[str], tuple[bytes | None, str | None]]) -> list[str | None]:
+        assert self._native is not None
+        self.wait()  # the previous batch's arena and staged results are free to go
+        self._decoded = []
+        errors: list[str | None] = [None] * len(paths)
+        got = self._native.read([os.fsencode(p) for p in paths], Image.MAX_IMAGE_PIXELS)
+        which, sizes = list(np.flatnonzero(got.kind == PLAIN)), [got.hw[got.kind == PLAIN]]
+        to_cpu: list[tuple[int, str, bytes]] = []
+        for i in np.flatnonzero(got.kind != PLAIN):  # the rare files: Python per file
+            path = str(paths[i])
+            if got.kind[i] == UNREADABLE:
+                data, errors[i] = read_file(path)  # worded as the CPU path words it (or readable by now)
+                if data is not None:
+                    to_cpu.append((i, path, data))
+                continue
+            data = self._native.data(int(i), int(got.length[i]))
+            try:
+                hw = pillow_eligible(path, data)
+            except EngineError as e:
+                errors[i] = str(e)
+                continue
+            if hw is None:
+                to_cpu.append((i, path, data))
+            else:
+                which.append(i)
+                sizes.append(np.array([hw], np.int32))
+        files = np.array(which, np.int64)
+        hw = np.concatenate(sizes).astype(np.int64)
+        nbytes = (hw[:, 0] * hw[:, 1] * CHANNELS + 255) // 256 * 256
+        offsets = np.cumsum(nbytes) - nbytes
+        ok = np.zeros(len(files), bool)
+        if len(files):
+            arena = self._arena_for(int(nbytes.sum()))
+            try:
+                ok = self._native.decode(files, hw, arena, offsets, stream.handle).astype(bool)
+            except OSError:  # the batch call failed: every file to the CPU path, which says what is wrong
+                pass
+            self._resize.enqueue_arrays(arena + offsets[ok], hw[ok, 0], hw[ok, 1], hw[ok, 1] * CHANNELS, files[ok],
+                                        dst_ptr, stream)
+        to_cpu += [(int(i), str(paths[i]), self._native.data(int(i), int(got.length[i]))) for i in files[~ok]]
+        self._upload_cpu_results(sorted(to_cpu), dst_ptr, stream, cpu_fallback, errors)
+        drv = driver()
+        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
+        self._done.record(stream)
+        return errors
+
+    def _arena_for(self, nbytes: int) -> int:
+        """Device memory for a batch's whole images (grown, with room, where a batch needs more)."""
+        if nbytes > self._arena_bytes:
+            if self._arena is not None:
+                self._arena.free()
+            self._arena_bytes = 2 * nbytes
+            self._arena = driver().mem_alloc(self._arena_bytes)
+        return int(self._arena)
+
     def decode_into(self, items: Sequence[tuple[str, bytes]], dst_ptr: int, stream: Any,
-                    cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
-        """Decode items[i] = (path, file bytes) into slot i of the (len(items), size, size, 3) uint8 batch at
-        dst_ptr, everything enqueued on stream. Returns one error message per item (None: decoded); a failed
-        item's slot holds anything. cpu_fallback(path, data) gives the exact CPU result or raises EngineError."""
-        if len(items) > self.max_batch:
+                    cpu_fallback: Callable[[str, bytes], np.ndarray],
+                    rows: Sequence[int] | None = None) -> list[str | None]:
+        """Decode items[i] = (path, file bytes) into slot rows[i] (default: i) of the (N, size, size, 3) uint8 batch
+        at dst_ptr, everything enqueued on stream, through nvImageCodec's Python API. Returns one error message per
+        item (None: decoded); a failed item's slot holds anything. cpu_fallback(path, data) gives the exact CPU
+        result or raises EngineError."""
+        rows = list(range(len(items))) if rows is None else list(rows)
+        if len(items) > self.max_batch or max(rows, default=0) >= self.max_batch:
             raise ValueError(f"{len(items)} items for a decoder of max_batch {self.max_batch}")
+        if self._native is not None:
+            raise RuntimeError("this decoder decodes through jpeg_batch.c: use decode_files")
         self.wait()  # the previous batch's decoded images and staged results are free to go
         self._decoded = []
         errors: list[str | None] = [None] * len(items)
@@ -459,10 +575,14 @@ class GpuJpegDecoder:
             if dev is None:
                 to_cpu.append(i)
             else:
-                jobs.append((dev, i))
+                jobs.append((dev, rows[i]))
                 self._decoded.append(img)
         self._resize.enqueue(jobs, dst_ptr, stream)
-        self._upload_cpu_results(items, sorted(to_cpu), dst_ptr, stream, cpu_fallback, errors)
+        row_errors: list[str | None] = [None] * self.max_batch
+        self._upload_cpu_results([(rows[i], *items[i]) for i in sorted(to_cpu)], dst_ptr, stream, cpu_fallback,
+                                 row_errors)
+        for i in to_cpu:
+            errors[i] = row_errors[rows[i]]
         drv = driver()
         self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
         self._done.record(stream)
@@ -498,30 +618,37 @@ class GpuJpegDecoder:
         except Exception:  # this file goes to the CPU path, which reports what is wrong with it
             return None
 
-    def _upload_cpu_results(self, items: Sequence[tuple[str, bytes]], which: list[int], dst_ptr: int, stream: Any,
+    def _upload_cpu_results(self, jobs: Sequence[tuple[int, str, bytes]], dst_ptr: int, stream: Any,
                             cpu_fallback: Callable[[str, bytes], np.ndarray], errors: list[str | None]) -> None:
-        if not which:
+        """For each (slot, path, bytes): the CPU path's crop uploaded into its slot, or its error in errors[slot]."""
+        if not jobs:
             return
         drv = driver()
         shape = (self.pre.size, self.pre.size, CHANNELS)
         if self._staging is None:
             self._staging = drv.pagelocked_empty((self.max_batch, *shape), np.uint8)
-        for i in which:
-            path, data = items[i]
+        for row, path, data in jobs:
+            row = int(row)  # a numpy index would not pass as an address below
             try:
                 crop = cpu_fallback(path, data)
             except EngineError as e:
-                errors[i] = str(e)
+                errors[row] = str(e)
                 continue
             if crop.shape != shape or crop.dtype != np.uint8:
                 raise ValueError(f"cpu_fallback gave {crop.dtype} {crop.shape} for {path}, expected uint8 {shape}")
-            self._staging[i] = crop
-            drv.memcpy_htod_async(dst_ptr + i * crop.nbytes, self._staging[i], stream)
+            self._staging[row] = crop
+            drv.memcpy_htod_async(dst_ptr + row * crop.nbytes, self._staging[row], stream)
 
     def close(self) -> None:
         self.wait()
         self._resize.close()
         self._decoded = []
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+        if self._arena is not None:
+            self._arena.free()
+            self._arena, self._arena_bytes = None, 0
         if self._staging is not None:
             self._staging.base.free()
             self._staging = None

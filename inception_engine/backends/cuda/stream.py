@@ -19,6 +19,7 @@ forward of a few milliseconds instead of a second plan, tuning and graph.
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,16 +155,24 @@ class CudaRunner:
         return Ticket(k, len(slots), top_k)
 
     def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> Ticket:
-        """Classify these files (path, bytes): JPEGs decoded and resized on the GPU (jpeg_decode), the rest on the
-        host; a file that cannot be read gets its error in the result. ``decode`` then ``classify``."""
-        return self.classify(self.decode(items), top_k)
+        """Classify these files (path, bytes), at most a batch: JPEGs decoded and resized on the GPU (jpeg_decode),
+        the rest on the host; a file that cannot be decoded gets its error in the result."""
+        if not 1 <= len(items) <= self.batch:
+            raise ValueError(f"{len(items)} images: outside this runner's batch of {self.batch}")
+        return self.classify(self._decode_with(len(items), lambda dec, dst, cpu: dec.decode_into(
+            items, dst, self._copy, cpu)), top_k)
 
-    def decode(self, items: list[tuple[str, bytes]]) -> Decoded:
-        """Decode these files into a free u8 buffer on the copy stream. May run on a thread of its own beside the
-        one that calls ``classify`` (pipeline.classify_encoded): it blocks only while every buffer is in use, and
-        raises DecodeCancelled if ``cancel_decode`` is called meanwhile."""
-        if not 1 <= len(items) <= self.decode_batch:
-            raise ValueError(f"{len(items)} images: outside this runner's decode batch of {self.decode_batch}")
+    def decode(self, paths: list[str]) -> Decoded:
+        """Read and decode these files (at most ``decode_batch``) into a free u8 buffer on the copy stream; a file
+        that cannot be read or decoded gets its error in the result. May run on a thread of its own beside the one
+        that calls ``classify`` (pipeline.classify_encoded): it blocks only while every buffer is in use, and raises
+        DecodeCancelled if ``cancel_decode`` is called meanwhile."""
+        if not 1 <= len(paths) <= self.decode_batch:
+            raise ValueError(f"{len(paths)} images: outside this runner's decode batch of {self.decode_batch}")
+        return self._decode_with(len(paths), lambda dec, dst, cpu: dec.decode_files(paths, dst, self._copy, cpu))
+
+    def _decode_with(self, n: int, fill: Callable[[Any, int, Callable], list[str | None]]) -> Decoded:
+        """fill(decoder, buffer address, cpu fallback) decodes n images into a free buffer; its errors per image."""
         i = self._free_buffers.get()
         if i is None:
             raise DecodeCancelled()
@@ -173,10 +182,9 @@ class CudaRunner:
             if i in self._used_buffers:  # the buffer's last batch must be normalised before it is overwritten
                 self._copy.wait_for_event(self._normalized[i])
             self._used_buffers.add(i)
-            errors = self._decoder.decode_into(items, self._u8[i], self._copy,
-                                               lambda path, data: decode_u8_bytes(data, path, self.pre))
+            errors = fill(self._decoder, self._u8[i], lambda path, data: decode_u8_bytes(data, path, self.pre))
             self._copied[i].record(self._copy)
-        return Decoded(i, len(items), errors)
+        return Decoded(i, n, errors)
 
     def cancel_decode(self) -> None:
         """Wakes a ``decode`` waiting for a buffer (the run is over): it raises DecodeCancelled."""
