@@ -205,6 +205,9 @@ class Staged:
 
 
 
+JOB_FIELDS = 9  # resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, src and dst pitch
+
+
 class GpuResizeCrop:
     """Enqueues resize_pil.cu's passes for decoded device images into slots of a (N, size, size, 3) uint8 batch.
 
@@ -257,12 +260,12 @@ class GpuResizeCrop:
         # each image has its part of the intermediate buffer; the first pass reads from source row (or column) lo
         mid = int(self._tmp) + np.cumsum(tmp_bytes) - tmp_bytes
         mid_pitch = per_size[:, 5] * CHANNELS
-        # resize_pil.cu's RESIZE_PIL_JOB rows: src, dst, start, weights, taps, out_rows, out_cols, src and dst pitch
         first = np.stack([ptr + np.where(vertical, lo * CHANNELS, lo * pitch), mid, table_at[:, 0], table_at[:, 1],
                           per_size[:, 3], per_size[:, 4], per_size[:, 5], pitch, mid_pitch], axis=1)
         second = np.stack([mid, dst_ptr + slots * (size * size * CHANNELS), table_at[:, 2], table_at[:, 3],
                            per_size[:, 6], per_size[:, 7], per_size[:, 8], mid_pitch,
                            np.full_like(mid, size * CHANNELS)], axis=1)
+        assert first.shape[1] == second.shape[1] == JOB_FIELDS
         # every first pass before any second pass (one stream: in this order), each pass by its kernel
         launches = [(name, table) for name, table in (
             ("resize_pil_h", first[~vertical]), ("resize_pil_v", first[vertical]),
