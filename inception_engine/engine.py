@@ -218,8 +218,12 @@ class Engine:
                 self._note_once(f"no tuning table for {backend.gpu.device.name()} ({self.precision}, batch {batch}):"
                                 f" running the cost model's kernels; `inception-tune --precisions {self.precision} "
                                 f"--batch-sizes {batch}` measures the fastest once (~20 s)")
-            return CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
-                              decode_threads=self.pipeline.workers or 0)
+            runner = CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
+                                decode_threads=self.pipeline.workers or 0)
+            if runner.decode_fallback is not None:
+                self._note_once(f"--decode gpu reads and decodes through nvImageCodec's Python API, about half as "
+                                f"fast: cuda_src/jpeg_batch.c is unavailable ({runner.decode_fallback})")
+            return runner
         return HostRunner(self.forward, batch, self.preprocess)
 
     def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,

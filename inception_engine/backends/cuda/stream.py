@@ -131,6 +131,12 @@ class CudaRunner:
                 self.close()
                 raise
 
+    @property
+    def decode_fallback(self) -> str | None:
+        """Why the GPU decoder reads files through nvImageCodec's Python API instead of jpeg_batch.c (None: it
+        does not, or this runner has no decoder yet)."""
+        return getattr(self._decoder, "native_unavailable", None)
+
     def _alloc(self, nbytes: int) -> int:
         a = driver().mem_alloc(max(nbytes, 4))
         self._allocs.append(a)
