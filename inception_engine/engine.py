@@ -125,10 +125,11 @@ class Engine:
         if decode == "gpu" and self._backend_name != "cuda":
             raise OptionError("decode", decode, f"needs the cuda backend; this engine runs on {self._backend_name}"
                               + where)
+        self._native_decode = False  # --decode gpu through jpeg_batch.c, its decoder opened beside the backend
         if decode == "gpu":
-            from .backends.cuda.jpeg_decode import load_nvimgcodec
+            from .backends.cuda.jpeg_decode import check_gpu_decode
 
-            load_nvimgcodec()  # a missing nvImageCodec is said now, in one line, not at the first batch
+            self._native_decode = check_gpu_decode()  # a missing nvImageCodec is said now, not at the first batch
         self.decode = decode
         # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
         self.batch_size = batch_size or (DEFAULT_BATCH_GPU if self._backend_name == "cuda" else DEFAULT_BATCH_CPU)
@@ -210,21 +211,33 @@ class Engine:
         """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs."""
         batch = max(1, min(self.batch_size, n_images))
         tune: bool | str = True if measures_in_run(n_images) else "cached"
-        if self._backend_name == "cuda":
-            from .backends.cuda.stream import CudaRunner
+        if self._backend_name != "cuda":
+            return HostRunner(self.forward, batch, self.preprocess)
+        started = None
+        if self._native_decode and batch not in self._backends:  # nvImageCodec starts while the backend builds
+            from .backends.cuda.jpeg_decode import NativeStart
 
-            backend = self.backend_for(batch, tune)
-            if getattr(backend, "tuning_source", None) == "model":
-                self._note_once(f"no tuning table for {backend.gpu.device.name()} ({self.precision}, batch {batch}):"
-                                f" running the cost model's kernels; `inception-tune --precisions {self.precision} "
-                                f"--batch-sizes {batch}` measures the fastest once (~20 s)")
-            runner = CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
-                                decode_threads=self.pipeline.workers or 0)
-            if runner.decode_fallback is not None:
-                self._note_once(f"--decode gpu reads and decodes through nvImageCodec's Python API, about half as "
-                                f"fast: cuda_src/jpeg_batch.c is unavailable ({runner.decode_fallback})")
-            return runner
-        return HostRunner(self.forward, batch, self.preprocess)
+            started = NativeStart(self.pipeline.workers or 0)
+        try:
+            return self._cuda_runner(batch, tune, started)
+        finally:
+            if started is not None:
+                started.close()  # nothing left to close where the runner's decoder took it
+
+    def _cuda_runner(self, batch: int, tune: bool | str, started: Any) -> Runner:
+        from .backends.cuda.stream import CudaRunner
+
+        backend = self.backend_for(batch, tune)
+        if getattr(backend, "tuning_source", None) == "model":
+            self._note_once(f"no tuning table for {backend.gpu.device.name()} ({self.precision}, batch {batch}): "
+                            f"running the cost model's kernels; `inception-tune --precisions {self.precision} "
+                            f"--batch-sizes {batch}` measures the fastest once (~20 s)")
+        runner = CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
+                            decode_threads=self.pipeline.workers or 0, started=started)
+        if runner.decode_fallback is not None:
+            self._note_once(f"--decode gpu reads and decodes through nvImageCodec's Python API, about half as fast: "
+                            f"cuda_src/jpeg_batch.c is unavailable ({runner.decode_fallback})")
+        return runner
 
     def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,
                      on_progress: Callable[[int], None] | None = None) -> Iterator[Prediction]:

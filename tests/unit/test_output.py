@@ -236,3 +236,40 @@ def test_a_csv_header_torn_by_a_crash_is_written_again(weights_file, photos, tmp
     assert "not the header inception-run writes" in one_line_error(run(str(photos), "--weights", str(weights_file),
                                                                        "--output", str(other), "--resume"))
     assert other.read_text() == "name,score\na.jpg,1\n"
+
+
+def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
+    """output.jsonl_line builds each line without json.dumps: the same bytes on fuzzed predictions (names with
+    quotes, backslashes, non-ASCII and undecodable bytes; probabilities of every size; errors; labels of another
+    list and NaN, which take json.dumps's own path)."""
+    import json
+
+    import numpy as np
+
+    from inception_engine.labels import imagenet_labels
+    from inception_engine.output import as_json, jsonl_bytes, jsonl_line
+    from inception_engine.pipeline import Prediction
+
+    rng = np.random.default_rng(5)
+    names = imagenet_labels()
+    odd = ['a "quoted" name.jpg', "back\\slash.jpg", "ünïcode 写真.jpg", "bad\udcff.jpg", "tab\there.jpg", "x.jpg"]
+    preds = []
+    for n in range(400):
+        k = int(rng.integers(1, 6))
+        idx = [int(i) for i in rng.choice(len(names), k, replace=False)]
+        probs = [float(x) for x in rng.random(k) * 10.0 ** float(rng.integers(-12, 1))]
+        top = [(i, names[i], q) for i, q in zip(idx, probs)]
+        kind = n % 8
+        if kind == 4:  # the edges of the 6-digit form: no point, exponents, the ends of [0, 1]
+            probs = [0.0, 1.0, 1e-05, 0.0001, 0.5, 1.5e-07][:k]
+            top = [(i, names[i], q) for i, q in zip(idx, probs)]
+        if kind == 5:
+            top[0] = (top[0][0], "not this list's label", top[0][2])
+        if kind == 6:
+            top[-1] = (top[-1][0], top[-1][1], float("nan"))
+        name = odd[n % len(odd)] + str(n)
+        preds.append(Prediction(name, error=f"{name}: cannot decode") if kind == 7 else
+                     Prediction(name, top=top, backend=("cuda", None)[n % 2], precision=("fp16", None)[n % 3 % 2]))
+    for p in preds:
+        assert jsonl_line(p) == json.dumps(as_json(p)) + "\n", p
+    assert jsonl_bytes(preds) == "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode("ascii")

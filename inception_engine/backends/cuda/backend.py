@@ -362,17 +362,17 @@ class CudaBackend:
         """Device memory this backend holds: arena, parameters, workspace (split-K, Winograd), probabilities."""
         return self._device_bytes
 
-    def jpeg_decoder(self, pre: Any, threads: int = 0, max_batch: int | None = None) -> Any:
+    def jpeg_decoder(self, pre: Any, threads: int = 0, max_batch: int | None = None, started: Any = None) -> Any:
         """The GPU JPEG decoder for calls of up to max_batch files (default: this plan's batch), the context
         current, made once: nvImageCodec's start-up is paid by the first run that decodes on the GPU, not by every
-        run of this backend. threads: its host threads (0: one per CPU)."""
+        run of this backend. threads: its host threads (0: one per CPU); started: jpeg_decode.start_decoder's."""
         made, max_batch = self._jpeg_decoder, max_batch or self.plan.batch
         if made is None or made.pre != pre or made.threads != threads or made.max_batch < max_batch:
             from .jpeg_decode import GpuJpegDecoder
 
             if made is not None:
                 made.close()
-            self._jpeg_decoder = GpuJpegDecoder(self.kernels, pre, max_batch, threads=threads)
+            self._jpeg_decoder = GpuJpegDecoder(self.kernels, pre, max_batch, threads=threads, started=started)
         return self._jpeg_decoder
 
     def _free(self) -> None:

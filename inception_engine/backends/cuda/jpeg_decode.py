@@ -26,6 +26,7 @@ import functools
 import io
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from ...errors import BackendUnavailable, EngineError
 from ...images import Preprocess, first_line
 from ...pil_resize import Coeffs, plan_resize_crop
 from .device import driver
-from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch
+from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
 from .kernels import Kernels
 from .tiles import THREADS
 
@@ -420,6 +421,61 @@ def device_image(img: Any, h: int, w: int) -> DeviceImage | None:
     return DeviceImage(int(cai["data"][0]), h, w, int(strides[0]) if strides else w * CHANNELS)
 
 
+TAKEN = "taken"  # NativeStart.take's reason once its decoder is given out
+
+
+class NativeStart:
+    """jpeg_batch.c's decoder being opened on a thread of its own: nvImageCodec's start-up (about a second:
+    its extensions, nvJPEG, the hardware decoder) overlaps the backend's (weights, kernels, graph) instead of
+    following it. ``take`` waits for it: (the opened JpegBatch, None), or (None, why it could not be opened)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._result: tuple[JpegBatch | None, str | None] = (None, TAKEN)
+        self._thread = threading.Thread(target=self._open, name="nvimgcodec-start", daemon=True)
+        self._thread.start()
+
+    def _open(self) -> None:
+        preload_nvjpeg()
+        try:
+            native = JpegBatch()
+        except (OSError, MemoryError) as e:
+            self._result = (None, first_line(e))
+            return
+        try:
+            native.open_decoder(CURRENT_DEVICE, self.threads, DECODER_OPTIONS)
+        except OSError as e:
+            native.close()
+            self._result = (None, first_line(e))
+            return
+        self._result = (native, None)
+
+    def take(self) -> tuple[JpegBatch | None, str | None]:
+        """The opened decoder, once (later calls: none, to be opened afresh)."""
+        self._thread.join()
+        got, self._result = self._result, (None, TAKEN)
+        return got
+
+    def close(self) -> None:
+        native, _ = self.take()
+        if native is not None:
+            native.close()
+
+
+def check_gpu_decode() -> bool:
+    """Whether --decode gpu can run, and how: True through jpeg_batch.c (its library built, once a machine, with
+    nvcc, and loaded), False through nvImageCodec's Python module (imported now). BackendUnavailable in one line
+    where neither is there."""
+    if NATIVE:
+        try:
+            library()
+            return True
+        except OSError:
+            pass  # the Python API's path; GpuJpegDecoder says why (native_unavailable)
+    load_nvimgcodec()
+    return False
+
+
 class GpuJpegDecoder:
     """Batches of files -> (N, size, size, 3) uint8 crops in device memory; see the module doc.
 
@@ -428,12 +484,18 @@ class GpuJpegDecoder:
     threads: nvImageCodec's host threads (0: one per CPU; a process sharing the CPUs with others gets its share)."""
 
     def __init__(self, kernels: Kernels, pre: Preprocess, max_batch: int, *,
-                 backends: Sequence[str] | None = None, threads: int = 0):
+                 backends: Sequence[str] | None = None, threads: int = 0, started: NativeStart | None = None):
+        """started: jpeg_batch.c's decoder opened ahead (start_decoder), taken where it is for these threads."""
         self.pre, self.max_batch, self.threads = pre, max_batch, threads
         self._native: JpegBatch | None = None  # cuda_src/jpeg_batch.c, for decode_files; None: the Python API
         self.native_unavailable: str | None = None  # why decode_files reads and decodes through Python
         if NATIVE and backends is None:
-            self._native = self._open_native(threads)
+            native, why = started.take() if started is not None and started.threads == threads else (None, TAKEN)
+            if why == TAKEN:  # none opened ahead for these threads: open one now
+                native = self._open_native(threads)
+            else:
+                self.native_unavailable = why
+            self._native = native
         if self._native is None:
             api = CodecApi.of(load_nvimgcodec())
             try:

@@ -80,10 +80,11 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 class CudaRunner:
     depth = 2
 
-    def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False, decode_threads: int = 0):
+    def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False, decode_threads: int = 0,
+                 started: Any = None):
         """gpu_decode: make the backend's JPEG decoder now (for submit_encoded), so that a decoder that cannot be
         made stops the run before its first image rather than at its first batch; with decode_threads host threads
-        (0: one per CPU)."""
+        (0: one per CPU), from ``started`` (jpeg_decode.start_decoder's) where given."""
         drv = driver()
         plan = backend.plan
         self.classes = plan.output.channels
@@ -126,7 +127,7 @@ class CudaRunner:
         if gpu_decode:
             try:
                 with backend.gpu:
-                    self._decoder = backend.jpeg_decoder(pre, decode_threads, self.decode_batch)
+                    self._decoder = backend.jpeg_decoder(pre, decode_threads, self.decode_batch, started)
             except BaseException:
                 self.close()
                 raise
