@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #ifdef IE_WITH_NVIMGCODEC
+#include <cuda_runtime_api.h>
 #include <nvimgcodec.h>
 #endif
 
@@ -202,8 +203,7 @@ ie_jpeg* ie_jpeg_new(void) { return calloc(1, sizeof(ie_jpeg)); }
 
 // Reads paths[0 .. n-1] on up to `threads` threads; per file its kind, (height, width) where plain, and length.
 // Returns 0, or -1 where memory ran out (nothing is read then).
-int ie_jpeg_read(ie_jpeg* ctx, int n, const char* const* paths, int threads, int64_t max_pixels, int32_t* kind,
-                 int32_t* hw, int64_t* length) {
+static int ensure_slots(ie_jpeg* ctx, int n) {
     if (n > ctx->slots) {
         ie_buffer* grown = realloc(ctx->files, (size_t)n * sizeof(ie_buffer));
         if (grown == NULL) return -1;
@@ -211,6 +211,12 @@ int ie_jpeg_read(ie_jpeg* ctx, int n, const char* const* paths, int threads, int
         ctx->files = grown;
         ctx->slots = n;
     }
+    return 0;
+}
+
+int ie_jpeg_read(ie_jpeg* ctx, int n, const char* const* paths, int threads, int64_t max_pixels, int32_t* kind,
+                 int32_t* hw, int64_t* length) {
+    if (ensure_slots(ctx, n) != 0) return -1;
     if (threads > IE_JPEG_MAX_THREADS) threads = IE_JPEG_MAX_THREADS;
     if (threads > n) threads = n;
     if (threads < 1) threads = 1;
@@ -367,6 +373,57 @@ done:
     free(images);
     free(index);
     free(status);
+    return rc;
+}
+
+// Decodes `copies` copies of one small plain JPEG (data, n) into device memory of its own and waits: nvImageCodec
+// starts nvJPEG and the hardware decoder at its first decode, which this takes off a run's first batch (the
+// caller runs it beside the rest of its start-up). Returns 0, or -1 with a message.
+int ie_jpeg_warm_up(ie_jpeg* ctx, const unsigned char* data, size_t n, int copies, char* err, size_t err_n) {
+    int32_t hw[2];
+    if (ctx->host_output || copies < 1 || !ie_jpeg_plain_size(data, n, 0, hw) || ensure_slots(ctx, copies) != 0) {
+        snprintf(err, err_n, "warm-up: needs a device decoder and one small plain JPEG");
+        return -1;
+    }
+    int32_t* which = calloc((size_t)copies, sizeof(int32_t));
+    int32_t* sizes = calloc((size_t)copies * 2, sizeof(int32_t));
+    int64_t* offsets = calloc((size_t)copies, sizeof(int64_t));
+    int32_t* ok = calloc((size_t)copies, sizeof(int32_t));
+    size_t image = (size_t)hw[0] * hw[1] * 3;
+    void* out = NULL;
+    cudaStream_t stream = NULL;
+    int rc = -1;
+    if (!which || !sizes || !offsets || !ok) {
+        snprintf(err, err_n, "warm-up: out of host memory");
+        goto done;
+    }
+    for (int k = 0; k < copies; k++) {
+        ie_buffer* buf = &ctx->files[k];
+        if (buf->capacity < n) {
+            unsigned char* grown = realloc(buf->data, n);
+            if (grown == NULL) goto done;
+            buf->data = grown, buf->capacity = n;
+        }
+        memcpy(buf->data, data, n);
+        buf->length = n;
+        which[k] = k;
+        sizes[2 * k] = hw[0], sizes[2 * k + 1] = hw[1];
+        offsets[k] = (int64_t)(k * image);
+    }
+    if (cudaMalloc(&out, image * (size_t)copies) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+        snprintf(err, err_n, "warm-up: no device memory or stream");
+        goto done;
+    }
+    rc = ie_jpeg_decode(ctx, copies, which, sizes, (uint64_t)(uintptr_t)out, offsets, stream, ok, err, err_n);
+    if (cudaStreamSynchronize(stream) != cudaSuccess) rc = -1;
+done:
+    if (stream != NULL) cudaStreamDestroy(stream);
+    if (out != NULL) cudaFree(out);
+    free(which);
+    free(sizes);
+    free(offsets);
+    free(ok);
     return rc;
 }
 #endif

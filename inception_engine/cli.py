@@ -204,7 +204,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                                    precision, workers, worker_kind, lambda n: progress[0](n) if progress else None,
                                    decode) if gpus and gpus > 1 else None)
         with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
-                    worker_kind=worker_kind, decode=decode) as engine:
+                    worker_kind=worker_kind, decode=decode, start_decoder=on_gpus is None) as engine:
             for note in engine.notes:  # auto's fallback: said once per machine; the results record it each time
                 if not shown_before(note):
                     hint = " (--backend cuda says why)" if note == NO_GPU_NOTE else ""

@@ -93,13 +93,15 @@ class Engine:
 
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
-                 worker_kind: str = "auto", decode: str = "cpu"):
+                 worker_kind: str = "auto", decode: str = "cpu", start_decoder: bool = True):
         """weights: a weight file, an ONNX export of the model (converted once, cached in the user cache), Weights,
         or None ($INCEPTION_WEIGHTS, then the usual places; weights.find_weights). batch_size: images per forward
         (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16 or auto. workers: decode workers
         (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs). decode:
         "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
-        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra)."""
+        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). start_decoder: with decode "gpu",
+        start the decoder now, beside the rest of the start-up (False: at the first run, for an engine that may
+        never run one, as inception-run --gpus's parent)."""
         if batch_size is not None and batch_size < 1:
             raise OptionError("batch_size", batch_size, "must be at least 1")
         choice("backend", backend, BACKEND_CHOICES)
@@ -126,10 +128,13 @@ class Engine:
             raise OptionError("decode", decode, f"needs the cuda backend; this engine runs on {self._backend_name}"
                               + where)
         self._native_decode = False  # --decode gpu through jpeg_batch.c, its decoder opened beside the backend
+        self._decoder_start: Any = None  # that decoder, opening (jpeg_decode.NativeStart)
         if decode == "gpu":
-            from .backends.cuda.jpeg_decode import check_gpu_decode
+            from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
 
             self._native_decode = check_gpu_decode()  # a missing nvImageCodec is said now, not at the first batch
+            if self._native_decode and start_decoder:
+                self._decoder_start = NativeStart(workers or 0)
         self.decode = decode
         # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
         self.batch_size = batch_size or (DEFAULT_BATCH_GPU if self._backend_name == "cuda" else DEFAULT_BATCH_CPU)
@@ -170,6 +175,9 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        if self._decoder_start is not None:  # opened for a run that never came
+            self._decoder_start.close()
+            self._decoder_start = None
         if self._pixel_runner is not None:
             self._pixel_runner.close()
             self._pixel_runner = None
@@ -213,8 +221,8 @@ class Engine:
         tune: bool | str = True if measures_in_run(n_images) else "cached"
         if self._backend_name != "cuda":
             return HostRunner(self.forward, batch, self.preprocess)
-        started = None
-        if self._native_decode and batch not in self._backends:  # nvImageCodec starts while the backend builds
+        started, self._decoder_start = self._decoder_start, None
+        if started is None and self._native_decode and batch not in self._backends:  # it starts beside the backend
             from .backends.cuda.jpeg_decode import NativeStart
 
             started = NativeStart(self.pipeline.workers or 0)

@@ -104,6 +104,8 @@ def library(with_decoder: bool = True) -> ctypes.CDLL:
                                              ctypes.c_size_t]
         lib.ie_jpeg_decode.argtypes = [P, ctypes.c_int, P, P, ctypes.c_uint64, P, P, P, ctypes.c_char_p,
                                        ctypes.c_size_t]
+        lib.ie_jpeg_warm_up.argtypes = [P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p,
+                                        ctypes.c_size_t]
     return lib
 
 
@@ -161,6 +163,14 @@ class JpegBatch:
                                     ptr(ok), err, len(err)) != 0:
             raise OSError(err.value.decode(errors="replace"))
         return ok
+
+    def warm_up(self, data: bytes, copies: int = 32) -> None:
+        """Decode ``copies`` copies of a small plain JPEG and wait (nvImageCodec's start at its first decode: nvJPEG,
+        the hardware decoder), so that a run's first batch does not pay it. The last read's bytes are gone after.
+        Raises OSError with the reason."""
+        err = ctypes.create_string_buffer(256)
+        if self._lib.ie_jpeg_warm_up(self._ctx, data, len(data), copies, err, len(err)) != 0:
+            raise OSError(err.value.decode(errors="replace"))
 
     def close(self) -> None:
         if self._ctx:

@@ -424,10 +424,20 @@ def device_image(img: Any, h: int, w: int) -> DeviceImage | None:
 TAKEN = "taken"  # NativeStart.take's reason once its decoder is given out
 
 
+@functools.cache
+def warm_up_jpeg() -> bytes:
+    """A small plain JPEG (64 x 48, 4:2:0, as most photos): what NativeStart's warm-up decodes."""
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(out, "JPEG",
+                                                                                                 quality=90)
+    return out.getvalue()
+
+
 class NativeStart:
-    """jpeg_batch.c's decoder being opened on a thread of its own: nvImageCodec's start-up (about a second:
-    its extensions, nvJPEG, the hardware decoder) overlaps the backend's (weights, kernels, graph) instead of
-    following it. ``take`` waits for it: (the opened JpegBatch, None), or (None, why it could not be opened)."""
+    """jpeg_batch.c's decoder being opened, and warmed up by a first decode, on a thread of its own: nvImageCodec's
+    start-up (about 1.5 s: its extensions, nvJPEG, the hardware decoder) overlaps the engine's (weights, kernels,
+    graph) instead of following it. ``take`` waits for it: (the opened JpegBatch, None), or (None, why it could
+    not be opened)."""
 
     def __init__(self, threads: int):
         self.threads = threads
@@ -448,6 +458,10 @@ class NativeStart:
             native.close()
             self._result = (None, first_line(e))
             return
+        try:
+            native.warm_up(warm_up_jpeg())
+        except OSError:  # not needed for decoding: the first batch pays nvImageCodec's start instead
+            pass
         self._result = (native, None)
 
     def take(self) -> tuple[JpegBatch | None, str | None]:
