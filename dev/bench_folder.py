@@ -7,7 +7,8 @@ start to exit):
 - first answer: ``inception-run ONE.jpg`` per precision, the first runs after the install (kernels built at
   install, no tuning cache: the shipped table or the cost model);
 - the decoders alone on the same files: nvImageCodec's batched decode, ``GpuJpegDecoder.decode_into`` (header,
-  decode, resize) at the run's batch, and Pillow's exact decode on one core (x the cores = the CPU ceiling);
+  decode, resize) and ``decode_files`` (jpeg_batch.c) at a decode call's size, and Pillow's exact decode on one
+  core (x the cores) and on every core at once without the pipeline (the CPU ceiling);
 - the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
   batch 64) through nvImageCodec's Python API too (jpeg_decode.NATIVE off), the two alternated twice;
 - ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
@@ -157,6 +158,29 @@ def one_core(d: Path, n: int = 512) -> float:
     return len(files) / (time.perf_counter() - t0)
 
 
+def decode_files(files: list[Path]) -> int:
+    from inception_engine.images import Preprocess, decode_u8
+
+    pre = Preprocess()
+    for f in files:
+        decode_u8(str(f), pre)
+    return len(files)
+
+
+def all_cores(d: Path, n: int = 4096) -> tuple[float, int]:
+    """(images/s, processes) of Pillow's exact decode on every usable CPU at once, one process each with no
+    pipeline around it (the files decoded once untimed first: process start-up, imports, page cache): the
+    ceiling the CPU-decode pipeline is held to, SMT and shared caches included, which one core x cores is not."""
+    files = sorted(d.glob("*.jpg"))[:n]
+    cores = len(os.sched_getaffinity(0))
+    shares = [files[i::cores] for i in range(cores)]
+    with ProcessPoolExecutor(cores) as pool:
+        sum(pool.map(decode_files, shares))
+        t0 = time.perf_counter()
+        done = sum(pool.map(decode_files, shares))
+        return done / (time.perf_counter() - t0), cores
+
+
 def gpu_count() -> int:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
@@ -215,8 +239,9 @@ def main() -> None:
             calls = b * max(1, -(-DECODE_IMAGES // b))  # the files of one decode call at this batch
             row(what="decoder alone", files=name, batch=calls, **decoder_alone(d, calls, 4096))
         core = one_core(d)
-        row(what="CPU decode, one core", files=name, rate=round(core), cores=os.cpu_count(),
-            ceiling=round(core * (os.cpu_count() or 1)))
+        together, cores = all_cores(d)
+        row(what="CPU decode, one core", files=name, rate=round(core), cores=cores,
+            one_core_x_cores=round(core * cores), all_cores_at_once=round(together))
         ref: dict[str, dict] = {}
         for p in precisions:
             for b in map(int, args.batches.split(",")):
