@@ -1,7 +1,7 @@
 """JPEG decoding on the GPU (NVIDIA nvImageCodec) and the exact PIL resize + centre crop on the GPU (resize_pil.cu).
 
-``GpuJpegDecoder.decode_into`` turns a batch of files into the (N, size, size, 3) uint8 RGB crops of torchvision's
-Inception-V3 preprocessing, in device memory. Per file, a look at its header with Pillow (no decode) decides:
+``GpuJpegDecoder.decode_files`` turns a batch of files into the (N, size, size, 3) uint8 RGB crops of torchvision's
+Inception-V3 preprocessing, in device memory. Per file, a look at its header (no decode) decides:
 
 - more pixels than Pillow accepts (2 * Image.MAX_IMAGE_PIXELS): an error, as images.open_image says it;
 - a complete 8-bit JPEG, RGB or greyscale, stored upright (EXIF orientation 1 or none): decoded by nvImageCodec,
@@ -9,14 +9,20 @@ Inception-V3 preprocessing, in device memory. Per file, a look at its header wit
 - anything else (PNG and other formats, CMYK/YCCK JPEGs, rotated ones, truncated ones, whatever Pillow cannot
   read) and any JPEG nvImageCodec fails on: the caller's exact CPU path (``cpu_fallback``), uploaded into its slot.
 
+Two ways lead to nvImageCodec. Where cuda_src/jpeg_batch.c can be built (nvcc, and the header the nvImageCodec wheel
+ships), it reads a call's files on its own threads, checks their headers in C and decodes them through
+nvImageCodec's C API, with the GIL released throughout (jpeg_batch.py); ``NativeStart`` opens that decoder ahead,
+beside the engine's own start-up. Otherwise the files are read and checked here and decoded through nvImageCodec's
+Python API (``decode_into``), whose call takes the GIL back per image: about half as fast in a full pipeline.
+
 The resize reproduces Pillow's bytes exactly (pil_resize.py: same coefficients, same rounding, same pass order), so
 GPU-decoded crops differ from the CPU path only where nvJPEG's IDCT and chroma upsampling differ from
 libjpeg-turbo's: a level or two on some pixels (tests/device/test_gpu_decode.py measures it). nvImageCodec is asked for
 libjpeg's "fancy" (smooth) chroma upsampling, which Pillow uses, rather than its default of replicating pixels.
 
-nvImageCodec is imported on first use. Its Python API changed between releases (``CodecApi`` finds what the
-installed one offers by looking at it, not at its version number); where it is missing, or cannot make a decoder,
-``load_nvimgcodec`` and ``GpuJpegDecoder`` raise BackendUnavailable with one line.
+nvImageCodec's Python module is imported only where the C path is unavailable. Its API changed between releases
+(``CodecApi`` finds what the installed one offers by looking at it, not at its version number); where it is
+missing, or cannot make a decoder, ``load_nvimgcodec`` and ``GpuJpegDecoder`` raise BackendUnavailable with one line.
 """
 
 from __future__ import annotations
@@ -526,6 +532,11 @@ class GpuJpegDecoder:
         self._arena: Any = None  # device memory decode_files decodes whole images into
         self._arena_bytes = 0
         self._done: Any = None  # event after the last batch's uploads
+
+    @property
+    def reads_files(self) -> bool:
+        """Whether this decoder goes through jpeg_batch.c, which reads the files (decode_files only)."""
+        return self._native is not None
 
     def _open_native(self, threads: int) -> JpegBatch | None:
         preload_nvjpeg()

@@ -166,8 +166,13 @@ class CudaRunner:
         the rest on the host; a file that cannot be decoded gets its error in the result."""
         if not 1 <= len(items) <= self.batch:
             raise ValueError(f"{len(items)} images: outside this runner's batch of {self.batch}")
-        return self.classify(self._decode_with(len(items), lambda dec, dst, cpu: dec.decode_into(
-            items, dst, self._copy, cpu)), top_k)
+
+        def fill(dec: Any, dst: int, cpu: Callable) -> list[str | None]:
+            if dec.reads_files:  # jpeg_batch.c reads the files itself (again: they are in the page cache)
+                return dec.decode_files([name for name, _ in items], dst, self._copy, cpu)
+            return dec.decode_into(items, dst, self._copy, cpu)
+
+        return self.classify(self._decode_with(len(items), fill), top_k)
 
     def decode(self, paths: list[str]) -> Decoded:
         """Read and decode these files (at most ``decode_batch``) into a free u8 buffer on the copy stream; a file
