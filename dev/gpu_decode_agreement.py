@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.backends import cuda as cb
 from inception_engine.errors import EngineError
 from inception_engine.images import Preprocess, decode_u8_bytes, image_extensions
@@ -74,7 +74,7 @@ def main() -> int:
                     continue
                 d = np.abs(crop.astype(np.int16) - ref)
                 try:
-                    on_gpu = jpeg_decode.gpu_eligible(path, data) is not None
+                    on_gpu = jpeg_header.gpu_eligible(path, data) is not None
                 except EngineError:
                     on_gpu = False
                 if on_gpu:

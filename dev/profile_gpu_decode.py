@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inception_engine.backends.cuda import jpeg_decode  # noqa: E402
+from inception_engine.backends.cuda import jpeg_decode, jpeg_header  # noqa: E402
 from inception_engine.backends.cuda.device import Gpu, driver  # noqa: E402
 from inception_engine.backends.cuda.kernels import Kernels  # noqa: E402
 from inception_engine.images import Preprocess, decode_u8  # noqa: E402
@@ -311,7 +311,7 @@ def main() -> None:
     pre = Preprocess()
     t0 = time.perf_counter()
     for path, data in items:
-        jpeg_decode.gpu_eligible(path, data)
+        jpeg_header.gpu_eligible(path, data)
     print(f"header check (one thread)           {rate(len(items), time.perf_counter() - t0)}")
     gpu = Gpu()
     with gpu:

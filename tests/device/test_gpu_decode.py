@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.errors import BackendUnavailable, EngineError
 from inception_engine.images import Preprocess, decode_u8
 
@@ -48,7 +48,7 @@ def encode(a: np.ndarray, fmt: str = "JPEG", **kw) -> bytes:
 
 def rotated_jpeg(a: np.ndarray) -> bytes:
     exif = Image.Exif()
-    exif[jpeg_decode.EXIF_ORIENTATION] = 6  # stored rotated: Pillow turns it upright
+    exif[jpeg_header.EXIF_ORIENTATION] = 6  # stored rotated: Pillow turns it upright
     return encode(a, quality=90, exif=exif.tobytes())
 
 
@@ -64,13 +64,13 @@ def test_header_triage():
     rng = np.random.default_rng(0)
     a = photo(rng, 375, 500)
     jpeg = encode(a, quality=90)
-    assert jpeg_decode.gpu_eligible("a.jpg", jpeg) == (375, 500)
-    assert jpeg_decode.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500)  # greyscale: L
+    assert jpeg_header.gpu_eligible("a.jpg", jpeg) == (375, 500)
+    assert jpeg_header.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500)  # greyscale: L
     # an Adobe APP14 segment with transform 0 after SOI: the three channels are stored as R, G, B
     adobe_rgb = jpeg[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00" + jpeg[2:]
     for name, data in [("b.png", encode(a, "PNG")), ("c.jpg", cmyk_jpeg(a)), ("r.jpg", rotated_jpeg(a)),
                        ("t.jpg", jpeg[:-5000]), ("n.jpg", b"no image"), ("e.jpg", b""), ("s.jpg", adobe_rgb)]:
-        assert jpeg_decode.gpu_eligible(name, data) is None, name
+        assert jpeg_header.gpu_eligible(name, data) is None, name
 
 
 def test_the_marker_reader_agrees_with_pillow():
@@ -79,8 +79,8 @@ def test_the_marker_reader_agrees_with_pillow():
     rng = np.random.default_rng(4)
     a = photo(rng, 300, 420)
     exif1, exif6 = Image.Exif(), Image.Exif()
-    exif1[jpeg_decode.EXIF_ORIENTATION] = 1
-    exif6[jpeg_decode.EXIF_ORIENTATION] = 6
+    exif1[jpeg_header.EXIF_ORIENTATION] = 1
+    exif6[jpeg_header.EXIF_ORIENTATION] = 6
     plain = {"baseline": encode(a, quality=90), "grey": encode(a[:, :, 0], quality=80),
              "progressive": encode(a, quality=90, progressive=True), "optimized": encode(a, optimize=True),
              "4:4:4": encode(a, subsampling=0), "exif upright": encode(a, exif=exif1.tobytes()),
@@ -92,10 +92,10 @@ def test_the_marker_reader_agrees_with_pillow():
              "not an image": b"\xff\xd8 no", "empty": b""}
     plain["trailing bytes"] = baseline + b"\x00" * 10  # after the end marker: Pillow and nvJPEG ignore them
     for name, data in {**plain, **other}.items():
-        fast = jpeg_decode.plain_jpeg_size(data)
-        assert fast is None or fast == jpeg_decode.pillow_eligible(name, data), name
+        fast = jpeg_header.plain_jpeg_size(data)
+        assert fast is None or fast == jpeg_header.pillow_eligible(name, data), name
         assert (fast is not None) == (name in plain), name
-    assert jpeg_decode.plain_jpeg_size(baseline) == (300, 420)
+    assert jpeg_header.plain_jpeg_size(baseline) == (300, 420)
 
 
 def test_truncation_is_seen_past_an_exif_thumbnail():
@@ -104,14 +104,14 @@ def test_truncation_is_seen_past_an_exif_thumbnail():
     app1 = b"\xff\xe1" + (len(thumb) + 2).to_bytes(2, "big") + thumb
     jpeg = encode(photo(rng, 375, 500), quality=90)
     with_thumb = jpeg[:2] + app1 + jpeg[2:]
-    assert jpeg_decode.jpeg_complete(with_thumb)
-    assert not jpeg_decode.jpeg_complete(with_thumb[:-3000])
+    assert jpeg_header.jpeg_complete(with_thumb)
+    assert not jpeg_header.jpeg_complete(with_thumb[:-3000])
 
 
 def test_decompression_bombs_are_refused_in_pillows_words(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     with pytest.raises(EngineError, match=r"^x\.jpg: refused, too many pixels \(Image size \(2400 pixels\)"):
-        jpeg_decode.gpu_eligible("x.jpg", encode(np.zeros((40, 60, 3), np.uint8)))
+        jpeg_header.gpu_eligible("x.jpg", encode(np.zeros((40, 60, 3), np.uint8)))
 
 
 def test_cuda_array_interface_is_checked():

@@ -1,4 +1,4 @@
-"""cuda_src/jpeg_batch.c: its header rule against jpeg_decode.plain_jpeg_size on fuzzed JPEG headers, its reading
+"""cuda_src/jpeg_batch.c: its header rule against jpeg_header.plain_jpeg_size on fuzzed JPEG headers, its reading
 of a batch of files of every kind, and (where nvImageCodec is installed) its batched decode in nvImageCodec's
 CPU-only mode against Pillow, byte for byte. Needs nvcc, which compiles it."""
 
@@ -13,7 +13,8 @@ from PIL import Image
 
 from inception_engine import cuda_build
 from inception_engine.backends.cuda import jpeg_batch
-from inception_engine.backends.cuda.jpeg_decode import DECODER_OPTIONS, plain_jpeg_size
+from inception_engine.backends.cuda.jpeg_decode import DECODER_OPTIONS
+from inception_engine.backends.cuda.jpeg_header import plain_jpeg_size
 
 from helpers.gpu_buffers import rng_for
 

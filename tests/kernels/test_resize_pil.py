@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.backends.cuda.device import driver
 from inception_engine.errors import EngineError
 from inception_engine.images import Preprocess, decode_u8, resize_crop
@@ -146,7 +146,7 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
     rng = rng_for("decode_into")
     photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
     exif = Image.Exif()
-    exif[jpeg_decode.EXIF_ORIENTATION] = 6
+    exif[jpeg_header.EXIF_ORIENTATION] = 6
     png = io.BytesIO()
     Image.fromarray(photo(300, 420)).save(png, "PNG")
     whole = jpeg_bytes(photo(375, 500))
