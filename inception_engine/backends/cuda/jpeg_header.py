@@ -33,9 +33,9 @@ STANDALONE = set(range(0xD0, 0xD8)) | {0x01}  # markers without a length
 
 def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
     """(height, width) of a plain JPEG, read from its markers without Pillow (a tenth of Pillow's ~130 µs a file);
-    None for anything else, which gpu_eligible then asks Pillow about. Plain: 8-bit Huffman-coded, grey or JFIF YCbCr (component ids 1, 2, 3), no Adobe colour transform
-    0, no EXIF orientation other than 1, no XMP (Pillow reads orientation there too), a single EXIF block, within
-    Pillow's pixel limit, and complete."""
+    None for anything else, which gpu_eligible then asks Pillow about. Plain: 8-bit Huffman-coded, grey or JFIF
+    YCbCr (component ids 1, 2, 3), no Adobe colour transform 0, no EXIF orientation other than 1, no XMP (Pillow
+    reads orientation there too), a single EXIF block, within Pillow's pixel limit, and complete."""
     if data[:2] != b"\xff\xd8":
         return None
     pos, n, size, exif_seen = 2, len(data), None, False
