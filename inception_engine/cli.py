@@ -28,7 +28,7 @@ from . import backends
 from .engine import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES
 from .errors import EngineError, OptionError
 from .inputs import expand_inputs
-from .output import ResultFile, ResumeSummary, as_json, image_key, terminal_bytes
+from .output import Rendered, ResultFile, ResumeSummary, as_json, image_key, terminal_bytes
 from .pipeline import WORKER_KINDS, Prediction
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -200,9 +200,10 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         first_at: list[float] = []  # when the first result came: start-up ends there
         progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
         # --gpus N: the workers start now and set up while this process loads its own engine
+        # (into a file, the workers render the lines: the parent only puts them in order)
         on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size or DEFAULT_BATCH_GPU,
                                    precision, workers, worker_kind, lambda n: progress[0](n) if progress else None,
-                                   decode) if gpus and gpus > 1 else None)
+                                   decode, out.fmt if out is not None else None) if gpus and gpus > 1 else None)
         with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                     worker_kind=worker_kind, decode=decode, start_decoder=on_gpus is None) as engine:
             for note in engine.notes:  # auto's fallback: said once per machine; the results record it each time
@@ -268,9 +269,10 @@ def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
 
 
 
-def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction], sink: Any,
+def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction | Rendered], sink: Any,
                   resumable: Path | None) -> tuple[int, int]:
-    """Every input's result into the sink, in order: the next prediction, or the argument's own error. Returns
+    """Every input's result into the sink, in order: the next prediction (or its rendered line, from --gpus's
+    workers into a file), or the argument's own error. Returns
     (results, failed). Ctrl-C closes the sink (whole lines, a closed JSON document) and exits with 130."""
     failed = total = 0
     try:

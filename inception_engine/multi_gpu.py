@@ -21,6 +21,7 @@ from . import backends
 from .engine import Engine
 from .errors import EngineError
 from .images import first_line
+from .output import Rendered, render
 from .pipeline import Prediction, default_workers, die_with
 
 CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
@@ -49,9 +50,10 @@ def cpu_share(gpu: int, gpus: int) -> list[int]:
 
 
 def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any], top_k: int, out: Any,
-            cpus: list[int]) -> None:
+            cpus: list[int], fmt: str | None) -> None:
     """Classifies its share, putting each chunk's predictions on ``out`` as one list (one pickle and one queue
-    round trip a chunk, not an image: the parent's thread that takes them also writes the output)."""
+    round trip a chunk, not an image). With ``fmt`` (the --output file's format) each prediction goes as its
+    rendered line (output.Rendered): the parent, one process for every GPU, then only puts lines in order."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
     die_with(os.getppid())  # a parent killed outright (SIGKILL) takes its GPU workers with it
@@ -67,9 +69,9 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
     signal.signal(signal.SIGTERM, end)
     try:
         with Engine(**engine_args) as engine:
-            done: list[Prediction] = []
+            done: list[Prediction | Rendered] = []
             for p in engine.predict_iter(paths, top_k):
-                done.append(p)
+                done.append(render(p, fmt, top_k) if fmt else p)
                 if len(done) == chunk:
                     out.put(done)
                     done = []
@@ -81,7 +83,7 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
         out.put(EngineError(f"GPU {gpu}: {type(e).__name__}: {first_line(e)}"))
 
 
-def _next(q: Any, proc: Any, gpu: int) -> list[Prediction]:
+def _next(q: Any, proc: Any, gpu: int) -> list[Prediction | Rendered]:
     while True:
         try:
             item = q.get(timeout=1.0)
@@ -96,8 +98,10 @@ def _next(q: Any, proc: Any, gpu: int) -> list[Prediction]:
 
 def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
                     batch_size: int, precision: str, workers: int | None, worker_kind: str,
-                    on_progress: Callable[[int], None] | None = None, decode: str = "cpu") -> GpuRun:
-    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1). Refused
+                    on_progress: Callable[[int], None] | None = None, decode: str = "cpu",
+                    fmt: str | None = None) -> GpuRun:
+    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1); with
+    ``fmt`` ("jsonl" or "csv"), each as its line of such a file (output.Rendered), rendered by the workers. Refused
     (OptionError) at the call, before any worker starts, where this machine has fewer GPUs. The workers start now,
     in parallel, each on its own share of the CPUs (``cpu_share``), so their start-up overlaps whatever the caller
     does before it reads the first prediction."""
@@ -114,7 +118,7 @@ def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None
     queues = [ctx.Queue() for _ in shares]
     # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes.
     # GpuRun.close ends them instead.
-    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q, cpus[g]))
+    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q, cpus[g], fmt))
              for g, (share, q) in enumerate(zip(shares, queues)) if share]
     for p in procs:
         p.start()
@@ -133,7 +137,7 @@ class GpuRun:
         self._it = self._chunks(n, chunk, gpus, queues, on_progress)
 
     def _chunks(self, n: int, chunk: int, gpus: int, queues: list[Any],
-                on_progress: Callable[[int], None] | None) -> Iterator[Prediction]:
+                on_progress: Callable[[int], None] | None) -> Iterator[Prediction | Rendered]:
         for c in range((n + chunk - 1) // chunk):
             g = c % gpus
             preds = _next(queues[g], self.procs[g], g)
@@ -145,7 +149,7 @@ class GpuRun:
     def __iter__(self) -> GpuRun:
         return self
 
-    def __next__(self) -> Prediction:
+    def __next__(self) -> Prediction | Rendered:
         return next(self._it)
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as encode_ascii  # type: ignore[attr-defined]  # json's C encoder
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import EngineError
 from .images import file_error, first_line, not_a_file
@@ -107,6 +108,21 @@ def jsonl_line(p: Prediction) -> str:
                                                                        ("precision", p.precision)) if v is not None)
             return f'{{"image": {encode_ascii(p.image)}, "top": [{", ".join(parts)}]{extra}}}\n'
     return json.dumps(as_json(p)) + "\n"
+
+
+class Rendered(NamedTuple):
+    """A result already as its line of a --output file, rendered where it was computed (inception-run --gpus's
+    workers, so that the parent only puts lines in order), with what the run's summary needs of it."""
+
+    image: str
+    ok: bool
+    line: bytes  # the record, newline included
+
+
+def render(p: Prediction, fmt: str, top_k: int) -> Rendered:
+    """p as its line of a ``fmt`` ("jsonl" or "csv") file of top-k results: the bytes ResultFile writes for it."""
+    line = jsonl_line(p).encode("ascii") if fmt == "jsonl" else csv_bytes([csv_row(p, top_k)])
+    return Rendered(p.image, p.ok, line)
 
 
 def csv_header(top_k: int) -> list[str]:
@@ -325,7 +341,7 @@ class ResultFile:
         if not self.path.parent.is_dir():
             raise EngineError(f"{self.path}: the directory {self.path.parent} does not exist")
         self._fd, self.created = open_locked(self.path)
-        self._pending: list[Prediction] = []
+        self._pending: list[Prediction | Rendered] = []
         self._last_sync = time.monotonic()
         self._lines = ResultLines()
         try:
@@ -380,18 +396,22 @@ class ResultFile:
         os.close(self._fd)
         self._fd = new
 
-    def add(self, p: Prediction) -> None:
+    def add(self, p: Prediction | Rendered) -> None:
         self._pending.append(p)
 
     def flush(self) -> None:
         """Write what was added, in one write; to the disk too if the last fsync is a few seconds old."""
         try:
             if self._pending:
-                if self.fmt == "jsonl":
+                header = (csv_bytes([csv_header(self.top_k)]) if self.fmt == "csv" and os.fstat(self._fd).st_size == 0
+                          else b"")
+                if any(isinstance(p, Rendered) for p in self._pending):
+                    data = header + b"".join(p.line if isinstance(p, Rendered) else
+                                             render(p, self.fmt, self.top_k).line for p in self._pending)
+                elif self.fmt == "jsonl":
                     data = jsonl_bytes(self._pending)
                 else:
-                    header = [csv_header(self.top_k)] if os.fstat(self._fd).st_size == 0 else []
-                    data = csv_bytes(header + [csv_row(p, self.top_k) for p in self._pending])
+                    data = header + csv_bytes([csv_row(p, self.top_k) for p in self._pending])
                 self._pending = []
                 write_all(self._fd, data)
             if time.monotonic() - self._last_sync > FSYNC_SECONDS:

@@ -54,6 +54,28 @@ def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind,
     assert_same_results(read_rows(tmp_path / "one.jsonl"), rows)
 
 
+def test_two_workers_write_the_csv_one_process_writes(weights_file, tmp_path, two_gpus):
+    """The workers render each CSV row themselves (output.Rendered): one header, the rows in input order, the
+    unreadable file's error in its place, the same classes as one process."""
+    import csv
+
+    d = tmp_path / "photos"
+    d.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(9):
+        Image.fromarray(rng.integers(0, 256, (80, 90 + 4 * i, 3), dtype=np.uint8)).save(d / f"{i:02d}.jpg")
+    (d / "03b.jpg").write_text("not a picture")
+    args = [str(d), "--weights", str(weights_file), "--backend", "cpu", "--batch-size", "2", "--top-k", "2",
+            "--worker-kind", "thread", "--workers", "2"]
+    one = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / "one.csv")])
+    two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2", "--output", str(tmp_path / "two.csv")])
+    assert one.exit_code == two.exit_code == 1, two.output  # 03b.jpg
+    a, b = (list(csv.reader((tmp_path / f).open(newline=""))) for f in ("one.csv", "two.csv"))
+    assert a[0] == b[0] and b[0][0] == "image" and sum(row == b[0] for row in b) == 1
+    assert len(b) == 11 and b[5][0].endswith("03b.jpg") and b[5][1]  # after the header and 00..03
+    assert [(r[0], r[1], r[2], r[5]) for r in a] == [(r[0], r[1], r[2], r[5]) for r in b]  # image, error, classes
+
+
 def test_gpus_zero_without_ray_is_a_one_line_error(tmp_path):
     result = runner().invoke(cli.run_cmd, [str(tmp_path), "--gpus", "0"])
     assert result.exit_code == 2 and result.stderr.strip().startswith("error: --gpus 0 is for --ray")
