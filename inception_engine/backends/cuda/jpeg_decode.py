@@ -37,8 +37,7 @@ from ...errors import BackendUnavailable, EngineError
 from ...images import Preprocess, first_line
 from ...pil_resize import Coeffs, plan_resize_crop
 from .device import driver
-from .kernels import Kernels
-from .tiles import THREADS
+from .kernels import Kernels, spec
 
 CHANNELS = 3
 EXIF_ORIENTATION = 0x0112
@@ -260,8 +259,8 @@ class GpuResizeCrop:
         base = self._jobs.upload(tables_of, stream)
         for (_, kernel), table in zip(order, tables_of):
             most = int((table[:, 5] * table[:, 6]).max()) * CHANNELS
-            self.kernels[kernel].prepared_async_call(((most + THREADS - 1) // THREADS, len(table), 1),
-                                                     (THREADS, 1, 1), stream, base)
+            k = spec(kernel)
+            self.kernels[kernel].prepared_async_call((k.blocks(most), len(table), 1), k.block, stream, base)
             base += table.nbytes
         self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
         self._done.record(stream)
