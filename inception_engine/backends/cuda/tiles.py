@@ -2,17 +2,18 @@
 about each, and which convs a tile can compute.
 
 A ``Tile`` names its kernels (``<prefix>_<KH>x<KW>_<BM>x<BN>`` on NCHW, ``<prefix>_<BM>x<BN>`` on NHWC) and carries
-the model's speed. The families, by source:
+its launch shape (``threads``, a block's) and the model's speed. The families, by source:
 
 - conv.cu (FFMA, fp32 NCHW) ``TILES``, conv_tf32.cu ``TF32_TILES``, conv_f16.cu ``F16_TILES``: ``TILES_OF[precision]``;
 - the NHWC conv families, per element type ``NHWC_ELEMS[precision]``: conv_nhwc_mma.cu's mma.sync tiles (fp16, tf32)
   and, on sm_90a, conv_nhwc_wgmma.cu's wgmma tiles (``wgmma_tile``), conv_nhwc_ws.cu's warp-specialized persistent
   ones (``ws_tile``, ``ws_tma_tile``, ``ws_pp_tile``) and conv_nhwc_halo.cu's halo ones (``halo_tile``);
-  conv_input_nhwc.cu ``INPUT_TILE``;
+  conv_input_nhwc.cu ``INPUT_TILE`` and ``INPUT_MMA_TILE``;
 - winograd.cu's batched GEMM ``WINO_TILES``.
 
 The shared-memory sizes (``wgmma_stages``, ``ws_stages``, ``halo_smem_bytes``, ``wgmma_ring_bytes``) mirror
-conv_nhwc_*.cu's functions of the same names; a change there is a change here.
+conv_nhwc_*.cu's functions of the same names, ``input_mma_smem_bytes`` conv_input_nhwc.cu's; a change there is a
+change here. The kernel registry (kernels.py) reads each tile's block and dynamic shared memory from here.
 """
 
 from __future__ import annotations
