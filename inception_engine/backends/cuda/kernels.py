@@ -125,7 +125,8 @@ class KernelSpec:
         return self.shared
 
     def blocks(self, threads: int) -> int:
-        """Blocks of this kernel's that hold ``threads`` threads (a thread an element): a grid's extent."""
+        """The blocks of this kernel that cover ``threads`` threads (a thread an element), at least one: a grid's
+        extent."""
         return blocks(threads, self.threads)
 
 
