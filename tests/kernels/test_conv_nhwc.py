@@ -40,7 +40,7 @@ from inception_engine.backends.cuda.tiles import (HALO_THREADS, INPUT_MMA_PRECIS
                                                   MAX_SHARED_BYTES, NHWC_ELEMS, TILES_OF, WGMMA_LO_TILES, Tile, blocks,
                                                   check_nhwc_precision, halo_smem_bytes, input_tile, is_halo,
                                                   is_pingpong, is_tma, is_ws, tile_fits, wgmma_ring_bytes, wgmma_stages,
-                                                  ws_row, ws_stages, ws_threads, ws_tile, ws_tma_tile)
+                                                  ws_row, ws_stages, ws_tile, ws_tma_tile)
 from inception_engine.backends.cuda.tuning import tuning_candidates
 from inception_engine.backends.numpy_backend import conv2d_bias_relu, pool2d
 from inception_engine.errors import EngineError
@@ -406,7 +406,7 @@ def test_ring_bytes_are_the_kernels_stages(emu):
                 assert ring == emu.lib.emu_ws_ring_bytes(t.bm, t.bn, row) <= 227 * 1024 and t.resident == 1
                 # the launch's block: producers + consumers
                 threads = emu.lib.emu_ws_pp_threads() if is_pingpong(t.prefix) else emu.lib.emu_ws_threads()
-                assert ws_threads(f"{t.prefix}_{t.name}") == threads
+                assert t.threads == threads
                 continue
             stages = emu.lib.emu_wgmma_stages(split, t.bm, t.bn)
             assert wgmma_stages(t.bm, t.bn, split) == stages, t.name

@@ -24,7 +24,7 @@ Where things are (each module's docstring says more):
     tuning.py       measured tuning's candidates, pick and cache (the timing itself: backend.tune_configs)
     params.py       weights and biases packed in the kernels' layouts
     workspace.py    split-K / Winograd workspace and tile counters
-    kernels.py      entry-point names, their sources and signatures (argument formats); Kernels loads them
+    kernels.py      the kernel registry: each entry point's source, signature, block and shared memory; Kernels
     launch.py       plan -> LaunchSpecs on NCHW (launch_specs); Launch binds one to its kernel
     launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and pointers
     tensor_maps.py  the TMA tiles' tensor maps: what each describes, and its bytes (the driver's or the emulator's)
@@ -50,10 +50,10 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, TMA_ROW, HALO_CI
                     NHWC_PIECE, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem,
                     PRECISIONS, TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX,
                     WGMMA_SLOWDOWN, WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision,
-                    conv_kernel, folds_max_pools, halo_fits, halo_smem_bytes, halo_tile, input_mma_blocks,
-                    input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label, wgmma_ring_bytes,
-                    wgmma_stages, wgmma_tile, WS_PP_SHAPES, WS_PP_THREADS, WS_TMA_SHAPES, is_pingpong, ws_pp_tile,
-                    ws_stages, ws_row, ws_threads, ws_tile, ws_tma_tile)
+                    conv_kernel, folds_max_pools, halo_conv_smem_bytes, halo_fits, halo_smem_bytes, halo_tile,
+                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label,
+                    wgmma_ring_bytes, wgmma_stages, wgmma_tile, WS_PP_SHAPES, WS_PP_THREADS, WS_TMA_SHAPES,
+                    is_pingpong, ws_pp_tile, ws_stages, ws_row, ws_tile, ws_tma_tile)
 from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap, emulated, encode, encode_all
 from .winograd import (WINO_MIN_BATCH, WINO_T_ALIGN, WINO_VARIANTS, WinogradShape, axis_matrices, o_pad,
                        winograd_eligible, winograd_shape, winograd_tile, winograd_transforms, winograd_weights)
@@ -64,10 +64,10 @@ from .tuning import (config_from_json, config_to_json, pick_fastest, tuning_cach
                      tuning_key)
 from .params import direct_weights, op_params, pack_params, round_tf32, transforms_key
 from .workspace import counter_layout, workspace_elems, workspace_layout
-from .kernels import (ARG_FORMATS, CONV_FORMAT, FIXUP_FORMAT, SIGNATURES, SOURCE_OF, WINO_GEMM_FORMAT,
-                      WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, Kernels, NHWC_CONV_FORMAT, NHWC_TMA_FORMAT, Signature,
-                      all_kernel_names, arg_format, conv_kernel_name, nhwc_conv_source, signature, source_of,
-                      wino_kernel_names)
+from .kernels import (CONV_FORMAT, FIXUP_FORMAT, REGISTRY, SHARED_WITHOUT_OPT_IN, TOPK_THREADS, WINO_GEMM_FORMAT,
+                      WINO_INPUT_FORMAT, WINO_OUTPUT_FORMAT, ConvShared, KernelSpec, Kernels, NHWC_CONV_FORMAT,
+                      NHWC_TMA_FORMAT, Signature, all_kernel_names, arg_format, conv_kernel_name, entries,
+                      nhwc_conv_source, signature, source_of, spec, tile_shared, unit_of, wino_kernel_names)
 from .launch import (Launch, LaunchSpec, batch_stride, conv_specs, fc_specs, gap_spec, launch_specs, pool_spec,
                      softmax_spec, view_ptr, winograd_specs)
 from .launch_nhwc import (NhwcSide, check_nhwc, nhwc_conv_specs, nhwc_fits, nhwc_launch_specs, nhwc_parts,

@@ -20,7 +20,7 @@ from ...weights import Weights, atomic_write
 from .. import event_timed_ms
 from .cost_model import ConvConfig, choose_configs
 from .device import Gpu, driver, probe
-from .kernels import Kernels, unit_of
+from .kernels import Kernels, spec, unit_of
 from .launch import Launch, launch_specs, view_ptr
 from .launch_nhwc import check_nhwc, nhwc_fits, nhwc_launch_specs, nhwc_side, tma_map_layout
 from .tensor_maps import encode_all
@@ -347,7 +347,7 @@ class CudaBackend:
             for op, launches in groups.items():
                 # 20 us of host time per enqueued call is generous; a longer sleep only costs idle GPU time.
                 sleep_ns = 20_000 * (len(launches) + 2) * iters + 50_000
-                self._sleep.prepared_async_call((1, 1, 1), (1, 1, 1), self._stream, sleep_ns)
+                self._sleep.prepared_async_call((1, 1, 1), spec("gpu_sleep").block, self._stream, sleep_ns)
                 for start, end in events:
                     start.record(self._stream)
                     for launch in launches:

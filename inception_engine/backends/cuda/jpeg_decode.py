@@ -47,8 +47,7 @@ from ...pil_resize import Coeffs, plan_resize_crop
 from .device import driver
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
 from .jpeg_header import gpu_eligible, pillow_eligible
-from .kernels import Kernels
-from .tiles import THREADS
+from .kernels import Kernels, spec
 
 CHANNELS = 3
 # nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
@@ -92,8 +91,8 @@ class CodecApi:
         version = str(getattr(module, "__version__", "unknown"))
         missing = [name for name in ("Decoder", "DecodeParams", "CodeStream", "Backend", "BackendKind", "ColorSpec")
                    if not hasattr(module, name)]
-        spec = getattr(module, "ColorSpec", None)
-        rgb = getattr(spec, "SRGB", None) or getattr(spec, "RGB", None)
+        color_spec = getattr(module, "ColorSpec", None)
+        rgb = getattr(color_spec, "SRGB", None) or getattr(color_spec, "RGB", None)
         if missing or rgb is None:
             what = ", ".join(missing) or "ColorSpec.SRGB or ColorSpec.RGB"
             raise BackendUnavailable(f"nvImageCodec {version} lacks {what}, which --decode gpu needs; install a "
@@ -279,8 +278,8 @@ class GpuResizeCrop:
         base = self._jobs.upload([np.ascontiguousarray(t) for _, t in launches], stream)
         for kernel, table in launches:
             most = int((table[:, 5] * table[:, 6]).max()) * CHANNELS
-            self.kernels[kernel].prepared_async_call(((most + THREADS - 1) // THREADS, len(table), 1),
-                                                     (THREADS, 1, 1), stream, base)
+            k = spec(kernel)
+            self.kernels[kernel].prepared_async_call((k.blocks(most), len(table), 1), k.block, stream, base)
             base += table.nbytes
         self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
         self._done.record(stream)

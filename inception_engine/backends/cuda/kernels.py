@@ -1,25 +1,32 @@
-"""The kernels of cuda_src/ as the host sees them: every entry point's name (``all_kernel_names``), the source that
-defines it (``source_of``), its parameters as the C source names them (``signature``) and as a pycuda struct format
-(``arg_format``), and ``Kernels``, which builds the cubins (cuda_build: nvcc at first use, cached) and loads them into
-the current context.
+"""The registry of cuda_src/'s kernels: one ``KernelSpec`` per entry point (``spec(name)``, ``REGISTRY``) with its
+name, the file that defines it, its parameters as the C source names them (``Signature``), its block (threads) and
+its dynamic shared memory (bytes, or a function of the conv where it depends on it, as for the halo tiles). Everything
+else is read off it: ``source_of``, ``signature``, ``arg_format`` (the pycuda struct format), ``unit_of`` (the
+compile unit, cuda_build.UNITS), the block and shared memory of every launch (launch.py, launch_nhwc.py, stream.py,
+jpeg_decode.py) and the shared-memory opt-in at load (``Kernels``, which builds the cubins with cuda_build, nvcc at
+first use, cached, and loads them into the current context). The conv tile families' block and shared memory are
+their tiles' (tiles.py), read here, not restated.
 
-A new kernel needs its name here (a prefix rule in ``source_of`` and ``signature``, or an entry in ``SOURCE_OF`` and
-``SIGNATURES``): tests/kernels/test_nvcc_compile.py checks every name against the compiled cubins,
-tests/kernels/test_kernel_signatures.py every signature against the C declaration, and
-tests/kernels/test_cuda_emulated.py compiles a C++ wrapper from these formats, so a signature that disagrees with
-what the launch specs pack does not compile.
+A new kernel is one entry in ``entries`` (a new tile family: a loop over its tiles). Tests hold the C side to it:
+tests/kernels/test_kernel_signatures.py checks each entry's file declares it with its parameters and its block
+(__launch_bounds__), and that its dynamic shared memory is used where the registry gives it some and only there;
+tests/kernels/test_nvcc_compile.py finds every name in the compiled cubins; tests/kernels/test_cuda_emulated.py
+compiles a C++ wrapper from the formats, so a signature that disagrees with what the launches pack does not compile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ... import cuda_build
+from ...plan import ConvOp
 from .device import driver
-from .tiles import (F16_TILES, INPUT_MMA_PRECISIONS, KERNEL_SIZES, MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES,
-                    NHWC_ELEMS, TF32_TILES, TILES, WINO_TILES, Tile, is_halo, is_tma, is_ws,
+from .tiles import (F16_TILES, INPUT_MMA_MAX_SHARED, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE, KERNEL_SIZES,
+                    MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NHWC_ELEMS, TF32_TILES, THREADS, TILES,
+                    WINO_TILES, Tile, blocks, halo_conv_smem_bytes, input_mma_smem_bytes, is_halo, is_tma, is_ws,
                     wgmma_ring_bytes)
 from .winograd import WINO_VARIANTS
 
@@ -62,41 +69,65 @@ NHWC_TMA = NHWC_CONV + Signature.of("P: maps")  # ... and the tensor maps' addre
 WINO_INPUT = Signature.of("P: x bt v", "i: batch cin h w x_bstride tiles_h tiles_w t_pad pad_h pad_w")
 WINO_GEMM = Signature.of("P: u v mo", "i: cin cout o_pad t_pad nn k_split")
 WINO_OUTPUT = Signature.of("P: mi at bias y", "i: batch cout ho wo y_bstride tiles_h tiles_w t_pad splits relu")
+WINO_SIGNATURES = (WINO_INPUT, WINO_GEMM, WINO_OUTPUT)  # wino_kernel_names' order
 CONV_INPUT_NHWC = Signature.of("P: x wt bias y", "i: batch cin h w cout ho wo y_cstride kh kw stride pad_h pad_w relu")
-SIGNATURES = {
-    "conv_splitk_reduce": Signature.of("P: ws bias y", "i: splits cout n_total howo y_bstride relu"),
-    "pool2d": Signature.of("P: x y", "i: batch channels h w x_bstride ho wo y_bstride kernel stride pad is_max "
-                           "count_include_pad"),
-    "global_avg_pool": Signature.of("P: x y", "i: batch channels hw x_bstride y_bstride"),
-    "fc_gemv": Signature.of("P: x w bias y", "i: in_features out_features x_bstride y_bstride"),
-    "softmax_rows": Signature.of("P: z p", "i: cols z_bstride p_bstride"),
-    "gpu_sleep": Signature.of("q: ns"),
-    # pipeline_io.cu: the streaming pipeline's ends
-    "normalize_u8_nchw": Signature.of("P: x y mean_std", "i: hw y_bstride"),
-    "softmax_topk_rows": Signature.of("P: z prob index", "i: cols z_bstride k"),
-    **{name: Signature.of("P: jobs") for name in ("resize_pil_h", "resize_pil_v")},  # jpeg_decode.py: a job table
-    **{name + e.suffix: sig for e in NHWC_ELEMS.values() for name, sig in (
-        ("pool2d_nhwc", Signature.of("P: x y", "i: batch channels h w x_cstride ho wo y_cstride kernel stride pad "
-                                     "is_max count_include_pad", "P: bias")),
-        ("global_avg_pool_nhwc", Signature.of("P: x y", "i: batch channels hw x_cstride y_bstride")),
-        ("conv_input_nhwc", CONV_INPUT_NHWC))},
-    **{f"conv_input_mma_nhwc{NHWC_ELEMS[p].suffix}": CONV_INPUT_NHWC for p in INPUT_MMA_PRECISIONS},
-    **{f"conv_nhwc{e.suffix}_splitk_reduce": Signature.of("P: ws bias y", "i: splits p_total cout y_cstride")
-       + NHWC_PARTS for e in NHWC_ELEMS.values()},
-}
-# The same as pycuda struct formats (what Launch prepares a kernel with).
-ARG_FORMATS = {name: sig.format for name, sig in SIGNATURES.items()}
+# The same as pycuda struct formats (what a launch packs its arguments with).
 CONV_FORMAT, FIXUP_FORMAT = CONV.format, FIXUP.format
 NHWC_CONV_FORMAT, NHWC_TMA_FORMAT = NHWC_CONV.format, NHWC_TMA.format
 WINO_INPUT_FORMAT, WINO_GEMM_FORMAT, WINO_OUTPUT_FORMAT = WINO_INPUT.format, WINO_GEMM.format, WINO_OUTPUT.format
-SOURCE_OF = {"conv_splitk_reduce": "conv.cu", "pool2d": "pool.cu", "global_avg_pool": "pool.cu",
-             **{f"{name}{e.suffix}": source for e in NHWC_ELEMS.values()
-                for name, source in (("pool2d_nhwc", "pool_nhwc.cu"), ("global_avg_pool_nhwc", "pool_nhwc.cu"),
-                                     ("conv_input_nhwc", "conv_input_nhwc.cu"))},
-             **{f"conv_input_mma_nhwc{NHWC_ELEMS[p].suffix}": "conv_input_nhwc.cu" for p in INPUT_MMA_PRECISIONS},
-             "fc_gemv": "fc.cu", "softmax_rows": "softmax.cu", "gpu_sleep": "timing.cu",
-             "normalize_u8_nchw": "pipeline_io.cu", "softmax_topk_rows": "pipeline_io.cu",
-             "resize_pil_h": "resize_pil.cu", "resize_pil_v": "resize_pil.cu"}
+TOPK_THREADS = 1024  # pipeline_io.cu's TOPK_N: softmax_topk_rows' block, a thread for each class it sorts
+SHARED_WITHOUT_OPT_IN = 48 * 1024  # dynamic shared memory a kernel may take without opting in at load
+
+
+@dataclass(frozen=True)
+class ConvShared:
+    """Dynamic shared memory that depends on the conv a launch computes: ``bytes_of(op)``, at most ``most`` (what
+    the kernel is allowed at load)."""
+
+    bytes_of: Callable[[ConvOp], int]
+    most: int
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One entry point of cuda_src/: its name, the file that defines it, its parameters, its block (threads: the
+    source's __launch_bounds__) and its dynamic shared memory (bytes of every launch, or a ConvShared)."""
+
+    name: str
+    source: str
+    signature: Signature
+    threads: int
+    shared: int | ConvShared = 0
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads, 1, 1)
+
+    @property
+    def arg_format(self) -> str:
+        return self.signature.format
+
+    @property
+    def unit(self) -> str:
+        """The compile unit (cuda_build.UNITS) whose cubin holds it."""
+        return cuda_build.unit_of(self.source, self.name)
+
+    @property
+    def max_shared(self) -> int:
+        """The most dynamic shared memory a launch takes: past SHARED_WITHOUT_OPT_IN the kernel opts in at load."""
+        return self.shared.most if isinstance(self.shared, ConvShared) else self.shared
+
+    def shared_bytes(self, op: ConvOp | None = None) -> int:
+        """Dynamic shared memory of a launch (of the conv ``op``, where it depends on the conv)."""
+        if isinstance(self.shared, ConvShared):
+            assert op is not None, f"{self.name}: its shared memory depends on the conv"
+            return self.shared.bytes_of(op)
+        return self.shared
+
+    def blocks(self, threads: int) -> int:
+        """The blocks of this kernel that cover ``threads`` threads (a thread an element), at least one: a grid's
+        extent."""
+        return blocks(threads, self.threads)
 
 
 def conv_kernel_name(kernel: tuple[int, int], tile: Tile, fixup: bool = False) -> str:
@@ -111,26 +142,8 @@ def wino_kernel_names(kernel: tuple[int, int], m: int, tile: Tile, splits: int =
     return f"wino_input_{variant}", f"wino_gemm_{tile.name}{slices}", f"wino_output_{variant}{slices}"
 
 
-def signature(kernel: str) -> Signature:
-    """The parameters of ``kernel``: SIGNATURES' entry, else its family's by name."""
-    if kernel in SIGNATURES:
-        return SIGNATURES[kernel]
-    if is_tma(kernel):
-        return NHWC_TMA
-    for prefix, sig in (("wino_input_", WINO_INPUT), ("wino_gemm_", WINO_GEMM), ("wino_output_", WINO_OUTPUT),
-                        ("conv_nhwc_", NHWC_CONV), ("conv_f16_", CONV_F16)):
-        if kernel.startswith(prefix):
-            return sig
-    return FIXUP if kernel.endswith("_fixup") else CONV
-
-
-def arg_format(kernel: str) -> str:
-    return signature(kernel).format
-
-
 def nhwc_conv_source(kernel: str) -> str:
-    """The file of an NHWC conv kernel (conv_nhwc_...): its tile family's. The mma.sync family holds the split-K
-    reduction too."""
+    """The file of an NHWC conv kernel (conv_nhwc_...): its tile family's."""
     if is_halo(kernel):
         return "conv_nhwc_halo.cu"
     if is_ws(kernel):
@@ -138,32 +151,109 @@ def nhwc_conv_source(kernel: str) -> str:
     return "conv_nhwc_wgmma.cu" if "_wgmma_" in kernel else "conv_nhwc_mma.cu"
 
 
+def tile_shared(tile: Tile) -> int | ConvShared:
+    """A conv tile's dynamic shared memory: the wgmma and warp-specialized tiles' ring, the halo tiles' by the conv,
+    none for the others (static arrays)."""
+    if is_halo(tile.prefix):
+        return ConvShared(partial(halo_conv_smem_bytes, tile), MAX_SHARED_BYTES)
+    return wgmma_ring_bytes(f"{tile.prefix}_{tile.name}")
+
+
+def entries() -> Iterator[KernelSpec]:
+    """Every entry point of cuda_src/, by file; a tile family's read from its tiles (tiles.py)."""
+    for t in TILES + TF32_TILES + F16_TILES:  # conv.cu, conv_tf32.cu, conv_f16.cu: <prefix>.cu
+        for k in KERNEL_SIZES:
+            for fixup in (False, True) if t.fixup else (False,):
+                sig = FIXUP if fixup else CONV_F16 if t.prefix == "conv_f16" else CONV
+                yield KernelSpec(conv_kernel_name(k, t, fixup), f"{t.prefix}.cu", sig, t.threads)
+    yield KernelSpec("conv_splitk_reduce", "conv.cu",
+                     Signature.of("P: ws bias y", "i: splits cout n_total howo y_bstride relu"), THREADS)
+    for k, ms in WINO_VARIANTS.items():
+        for m in ms:
+            for t in WINO_TILES:
+                for splits in (1, 2):
+                    for name, sig, threads in zip(wino_kernel_names(k, m, t, splits), WINO_SIGNATURES,
+                                                  (THREADS, t.threads, THREADS)):
+                        yield KernelSpec(name, "winograd.cu", sig, threads)
+    pool = Signature.of("P: x y", "i: batch channels h w x_bstride ho wo y_bstride kernel stride pad is_max "
+                        "count_include_pad")
+    yield KernelSpec("pool2d", "pool.cu", pool, THREADS)
+    yield KernelSpec("global_avg_pool", "pool.cu", Signature.of("P: x y", "i: batch channels hw x_bstride y_bstride"),
+                     THREADS)
+    yield KernelSpec("fc_gemv", "fc.cu", Signature.of("P: x w bias y", "i: in_features out_features x_bstride "
+                                                      "y_bstride"), THREADS)
+    yield KernelSpec("softmax_rows", "softmax.cu", Signature.of("P: z p", "i: cols z_bstride p_bstride"), THREADS)
+    yield KernelSpec("gpu_sleep", "timing.cu", Signature.of("q: ns"), 1)
+    # pipeline_io.cu: the streaming pipeline's ends; resize_pil.cu: jpeg_decode.py's resize, a job table a launch
+    yield KernelSpec("normalize_u8_nchw", "pipeline_io.cu", Signature.of("P: x y mean_std", "i: hw y_bstride"),
+                     THREADS)
+    yield KernelSpec("softmax_topk_rows", "pipeline_io.cu", Signature.of("P: z prob index", "i: cols z_bstride k"),
+                     TOPK_THREADS)
+    for name in ("resize_pil_h", "resize_pil_v"):
+        yield KernelSpec(name, "resize_pil.cu", Signature.of("P: jobs"), THREADS)
+    # the NHWC path, per element type: pools, the first conv, the conv tiles (and the max-pool twins), split-K
+    for e in NHWC_ELEMS.values():
+        yield KernelSpec(f"pool2d_nhwc{e.suffix}", "pool_nhwc.cu", Signature.of(
+            "P: x y", "i: batch channels h w x_cstride ho wo y_cstride kernel stride pad is_max count_include_pad",
+            "P: bias"), THREADS)
+        yield KernelSpec(f"global_avg_pool_nhwc{e.suffix}", "pool_nhwc.cu",
+                         Signature.of("P: x y", "i: batch channels hw x_cstride y_bstride"), THREADS)
+        yield KernelSpec(f"conv_input_nhwc{e.suffix}", "conv_input_nhwc.cu", CONV_INPUT_NHWC, INPUT_TILE.threads)
+        for t in e.tiles(wgmma=True):
+            name = f"{t.prefix}_{t.name}"
+            yield KernelSpec(name, nhwc_conv_source(name), NHWC_TMA if is_tma(name) else NHWC_CONV, t.threads,
+                             tile_shared(t))
+        for t in e.mma_tiles:
+            if t.prefix in MAXPOOL_PREFIXES:
+                yield KernelSpec(f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}", "conv_nhwc_mma.cu", NHWC_CONV,
+                                 t.threads)
+        yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce", "conv_nhwc_mma.cu",
+                         Signature.of("P: ws bias y", "i: splits p_total cout y_cstride") + NHWC_PARTS, THREADS)
+    for p in INPUT_MMA_PRECISIONS:
+        elem = NHWC_ELEMS[p]
+        yield KernelSpec(f"conv_input_mma_nhwc{elem.suffix}", "conv_input_nhwc.cu", CONV_INPUT_NHWC,
+                         INPUT_MMA_TILE.threads,
+                         ConvShared(partial(input_mma_smem_bytes, elem_bytes=elem.bytes), INPUT_MMA_MAX_SHARED))
+
+
+def registry(specs: Iterable[KernelSpec]) -> dict[str, KernelSpec]:
+    """name -> spec; a name given twice must be the same entry (the Winograd transforms are shared by the tiles)."""
+    table: dict[str, KernelSpec] = {}
+    for s in specs:
+        if table.setdefault(s.name, s) != s:
+            raise ValueError(f"two registry entries named {s.name}: {table[s.name]} and {s}")
+    return table
+
+
+REGISTRY = registry(entries())
+
+
+def spec(kernel: str) -> KernelSpec:
+    """The registry's entry for ``kernel``."""
+    try:
+        return REGISTRY[kernel]
+    except KeyError:
+        raise KeyError(f"{kernel!r} is not an entry point of cuda_src/ (kernels.REGISTRY)") from None
+
+
+def signature(kernel: str) -> Signature:
+    return spec(kernel).signature
+
+
+def arg_format(kernel: str) -> str:
+    return spec(kernel).arg_format
+
+
 def source_of(kernel: str) -> str:
-    if kernel.startswith("wino_"):
-        return "winograd.cu"
-    if kernel in SOURCE_OF:
-        return SOURCE_OF[kernel]
-    if kernel.startswith("conv_nhwc_"):
-        return nhwc_conv_source(kernel)
-    for prefix in ("conv_tf32_", "conv_f16_"):
-        if kernel.startswith(prefix):
-            return prefix[:-1] + ".cu"
-    return "conv.cu"
+    return spec(kernel).source
 
 
 def unit_of(kernel: str) -> str:
-    """The compile unit (cuda_build.UNITS) whose cubin holds ``kernel``."""
-    return cuda_build.unit_of(source_of(kernel), kernel)
+    return spec(kernel).unit
 
 
 def all_kernel_names() -> list[str]:
-    return ([conv_kernel_name(k, t, f) for k in KERNEL_SIZES for t in TILES + TF32_TILES + F16_TILES
-             for f in ((False, True) if t.fixup else (False,))] + list(ARG_FORMATS)
-            + sorted({name for k, ms in WINO_VARIANTS.items() for m in ms for t in WINO_TILES
-                      for splits in (1, 2) for name in wino_kernel_names(k, m, t, splits)})
-            + [f"{t.prefix}_{t.name}" for e in NHWC_ELEMS.values() for t in e.tiles(wgmma=True)]
-            + [f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}" for e in NHWC_ELEMS.values() for t in e.mma_tiles
-               if t.prefix in MAXPOOL_PREFIXES])
+    return list(REGISTRY)
 
 
 class Kernels:
@@ -185,13 +275,11 @@ class Kernels:
 
     def __getitem__(self, kernel: str) -> Any:
         if kernel not in self._funcs:
-            unit = unit_of(kernel)
-            self._load([unit])
-            fn = self._modules[unit].get_function(kernel)
-            fn.prepare(arg_format(kernel))
-            # past the default limit of 48 KB the kernel must opt in; a halo tile's need depends on the conv
-            ring = MAX_SHARED_BYTES if is_halo(kernel) else wgmma_ring_bytes(kernel)
-            if ring > 48 * 1024:
-                fn.set_attribute(driver().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, ring)
+            s = spec(kernel)
+            self._load([s.unit])
+            fn = self._modules[s.unit].get_function(kernel)
+            fn.prepare(s.arg_format)
+            if s.max_shared > SHARED_WITHOUT_OPT_IN:
+                fn.set_attribute(driver().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, s.max_shared)
             self._funcs[kernel] = fn
         return self._funcs[kernel]

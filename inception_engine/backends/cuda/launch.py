@@ -1,7 +1,8 @@
-"""Plan -> launches, NCHW layout: ``LaunchSpec`` (one kernel launch as plain numbers), ``launch_specs`` (the whole
-forward in plan order: conv.cu / conv_tf32.cu / conv_f16.cu direct convs and their split-K reduction, winograd.cu's
-three launches, pools, the FC, softmax) and ``Launch`` (a spec bound to its loaded kernel). The NHWC layout's
-launches are launch_nhwc.py's; it reuses the FC and softmax ones from here."""
+"""Plan -> launches, NCHW layout: ``LaunchSpec`` (one kernel launch as plain numbers; ``LaunchSpec.of`` takes its block
+and dynamic shared memory from the kernel's registry entry, kernels.spec), ``launch_specs`` (the whole forward in plan
+order: conv.cu / conv_tf32.cu / conv_f16.cu direct convs and their split-K reduction, winograd.cu's three launches,
+pools, the FC, softmax) and ``Launch`` (a spec bound to its loaded kernel). The NHWC layout's launches are
+launch_nhwc.py's; it reuses the FC and softmax ones from here."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Any
 
 from ...plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from .cost_model import ConvConfig, config_shape
-from .kernels import conv_kernel_name, wino_kernel_names
+from .kernels import KernelSpec, conv_kernel_name, spec, wino_kernel_names
 from .params import transforms_key
 from .tensor_maps import TensorMap
-from .tiles import THREADS, blocks
+from .tiles import blocks
 from .winograd import o_pad
 from .workspace import counter_layout, workspace_layout
 
@@ -29,6 +30,13 @@ class LaunchSpec:
     args: tuple[int, ...]  # device pointers and int32s, in the kernel's parameter order
     shared: int = 0  # bytes of dynamic shared memory
     maps: tuple[TensorMap, ...] = ()  # tensor maps the kernel reads from its last argument's address on, 128 bytes each
+
+    @classmethod
+    def of(cls, op: str, kernel: KernelSpec, grid: tuple[int, int, int], args: tuple[int, ...],
+           conv: ConvOp | None = None, maps: tuple[TensorMap, ...] = ()) -> LaunchSpec:
+        """A launch of ``kernel`` with its registry entry's block and dynamic shared memory (that of the conv it
+        computes, ``conv``, where that depends on the conv)."""
+        return cls(op, kernel.name, grid, kernel.block, args, kernel.shared_bytes(conv), maps)
 
 
 @dataclass(frozen=True)
@@ -64,13 +72,14 @@ def conv_specs(name: str, src: View, dst: View, kernel: tuple[int, int], stride:
     y = view_ptr(arena, dst)
     args = (view_ptr(arena, src), w, b, ws if split and not fixup else y, n, cin, h, wd, batch_stride(src), cout, ho,
             wo, batch_stride(dst), stride, pad[0], pad[1], cfg.k_split, int(relu))
-    gemm = LaunchSpec(name, conv_kernel_name(kernel, t, fixup),
-                      (blocks(n_total, t.bn), blocks(cout, t.bm), cfg.splits), (THREADS, 1, 1),
-                      args + ((ws, counters) if fixup else ()))
+    gemm = LaunchSpec.of(name, spec(conv_kernel_name(kernel, t, fixup)),
+                         (blocks(n_total, t.bn), blocks(cout, t.bm), cfg.splits),
+                         args + ((ws, counters) if fixup else ()))
     if not split or fixup:
         return [gemm]
-    reduce = LaunchSpec(name, "conv_splitk_reduce", (blocks(cout * n_total, THREADS), 1, 1), (THREADS, 1, 1),
-                        (ws, b, y, cfg.splits, cout, n_total, ho * wo, batch_stride(dst), int(relu)))
+    k = spec("conv_splitk_reduce")
+    reduce = LaunchSpec.of(name, k, (k.blocks(cout * n_total), 1, 1),
+                           (ws, b, y, cfg.splits, cout, n_total, ho * wo, batch_stride(dst), int(relu)))
     return [gemm, reduce]
 
 
@@ -84,33 +93,35 @@ def winograd_specs(op: ConvOp, relu: bool, cfg: ConvConfig, arena: int, u: int, 
     shape = config_shape(op, cfg)
     v, m = ws, ws + 4 * shape.nn * cin * shape.t_pad
     opad = o_pad(cout, cfg.tile)
-    k_in, k_gemm, k_out = wino_kernel_names(op.kernel, cfg.wino, cfg.tile, cfg.splits)
+    k_in, k_gemm, k_out = (spec(k) for k in wino_kernel_names(op.kernel, cfg.wino, cfg.tile, cfg.splits))
     return [
-        LaunchSpec(op.name, k_in, (blocks(cin * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
-                   (view_ptr(arena, op.src), bt, v, n, cin, h, w, batch_stride(op.src), shape.tiles_h, shape.tiles_w,
-                    shape.t_pad, op.pad[0], op.pad[1])),
-        LaunchSpec(op.name, k_gemm, (shape.t_pad // cfg.tile.bn, opad // cfg.tile.bm, shape.nn * cfg.splits),
-                   (THREADS, 1, 1), (u, v, m, cin, cout, opad, shape.t_pad, shape.nn, cfg.k_split)),
-        LaunchSpec(op.name, k_out, (blocks(cout * shape.t_total, THREADS), 1, 1), (THREADS, 1, 1),
-                   (m, at, b, view_ptr(arena, op.dst), n, cout, ho, wo, batch_stride(op.dst), shape.tiles_h,
-                    shape.tiles_w, shape.t_pad, cfg.splits, int(relu))),
+        LaunchSpec.of(op.name, k_in, (k_in.blocks(cin * shape.t_total), 1, 1),
+                      (view_ptr(arena, op.src), bt, v, n, cin, h, w, batch_stride(op.src), shape.tiles_h,
+                       shape.tiles_w, shape.t_pad, op.pad[0], op.pad[1])),
+        LaunchSpec.of(op.name, k_gemm, (shape.t_pad // cfg.tile.bn, opad // cfg.tile.bm, shape.nn * cfg.splits),
+                      (u, v, m, cin, cout, opad, shape.t_pad, shape.nn, cfg.k_split)),
+        LaunchSpec.of(op.name, k_out, (k_out.blocks(cout * shape.t_total), 1, 1),
+                      (m, at, b, view_ptr(arena, op.dst), n, cout, ho, wo, batch_stride(op.dst), shape.tiles_h,
+                       shape.tiles_w, shape.t_pad, cfg.splits, int(relu))),
     ]
 
 
 def pool_spec(op: PoolOp, arena: int) -> LaunchSpec:
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
-    return LaunchSpec(op.name, "pool2d", (blocks(n * c * ho * wo, THREADS), 1, 1), (THREADS, 1, 1),
-                      (view_ptr(arena, op.src), view_ptr(arena, op.dst), n, c, h, w, batch_stride(op.src), ho, wo,
-                       batch_stride(op.dst), op.kernel, op.stride, op.pad, int(op.kind == "max"),
-                       int(op.count_include_pad)))
+    k = spec("pool2d")
+    return LaunchSpec.of(op.name, k, (k.blocks(n * c * ho * wo), 1, 1),
+                         (view_ptr(arena, op.src), view_ptr(arena, op.dst), n, c, h, w, batch_stride(op.src), ho, wo,
+                          batch_stride(op.dst), op.kernel, op.stride, op.pad, int(op.kind == "max"),
+                          int(op.count_include_pad)))
 
 
 def gap_spec(op: GlobalAvgPoolOp, arena: int) -> LaunchSpec:
     n, c, h, w = op.src.dims
-    return LaunchSpec(op.name, "global_avg_pool", (blocks(n * c, THREADS // 32), 1, 1), (THREADS, 1, 1),
-                      (view_ptr(arena, op.src), view_ptr(arena, op.dst), n, c, h * w, batch_stride(op.src),
-                       batch_stride(op.dst)))
+    k = spec("global_avg_pool")  # a warp a plane
+    return LaunchSpec.of(op.name, k, (blocks(n * c, k.threads // 32), 1, 1),
+                         (view_ptr(arena, op.src), view_ptr(arena, op.dst), n, c, h * w, batch_stride(op.src),
+                          batch_stride(op.dst)))
 
 
 def fc_specs(op: FCOp, cfg: ConvConfig | None, arena: int, w: int, b: int, ws: int,
@@ -118,17 +129,18 @@ def fc_specs(op: FCOp, cfg: ConvConfig | None, arena: int, w: int, b: int, ws: i
     n, fin, _, _ = op.src.dims
     fout = op.dst.channels
     if cfg is None:
-        return [LaunchSpec(op.name, "fc_gemv", (blocks(fout, THREADS // 32), n, 1), (THREADS, 1, 1),
-                           (view_ptr(arena, op.src), w, b, view_ptr(arena, op.dst), fin, fout,
-                            batch_stride(op.src), batch_stride(op.dst)))]
+        k = spec("fc_gemv")  # a warp an output
+        return [LaunchSpec.of(op.name, k, (blocks(fout, k.threads // 32), n, 1),
+                              (view_ptr(arena, op.src), w, b, view_ptr(arena, op.dst), fin, fout,
+                               batch_stride(op.src), batch_stride(op.dst)))]
     # A 1x1 convolution of a (N, in, 1, 1) image: M = out, N = batch, K = in; no ReLU on the logits.
     return conv_specs(op.name, op.src, op.dst, (1, 1), 1, (0, 0), False, cfg, arena, w, b, ws, counters)
 
 
 def softmax_spec(logits: View, arena: int, probs: int) -> LaunchSpec:
     n, c = logits.n, logits.channels
-    return LaunchSpec("softmax", "softmax_rows", (n, 1, 1), (THREADS, 1, 1),
-                      (view_ptr(arena, logits), probs, c, batch_stride(logits), c))
+    return LaunchSpec.of("softmax", spec("softmax_rows"), (n, 1, 1),
+                         (view_ptr(arena, logits), probs, c, batch_stride(logits), c))
 
 
 def launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, params: int,

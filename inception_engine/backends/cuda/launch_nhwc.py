@@ -1,8 +1,9 @@
 """Plan -> launches, NHWC layout (the default for tf32 and fp16 everywhere, and for fp32 on sm_90a): whether a plan
 fits the layout (``check_nhwc``), where things are (``nhwc_ptr``, the float32 side buffer ``nhwc_side``), and the
 launches (``nhwc_launch_specs``): conv_nhwc_*.cu's tile of each conv's config (mma.sync, wgmma, warp-specialized or
-halo; grid, block and dynamic shared memory per kind), conv_input_nhwc.cu for the convs that read the input,
-pool_nhwc.cu's pools, then launch.py's FC and softmax on the float32 features."""
+halo; the grid per kind, the block and dynamic shared memory the kernel's registry entry's, kernels.spec),
+conv_input_nhwc.cu for the convs that read the input, pool_nhwc.cu's pools, then launch.py's FC and softmax on the
+float32 features."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ from dataclasses import dataclass
 from ...errors import EngineError
 from ...plan import ConvOp, FCOp, FusedConvOp, GlobalAvgPoolOp, Plan, PoolOp, View, align, writes
 from .cost_model import ConvConfig
+from .kernels import spec
 from .launch import LaunchSpec, fc_specs, softmax_spec
-from .tiles import (HALO_THREADS, INPUT_MAX_K, INPUT_MMA_THREADS, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS,
-                    NHWC_PIECE, THREADS, blocks, conv_kernel, halo_fits, halo_smem_bytes,
-                    input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits, ws_threads,
-                    wgmma_ring_bytes)
+from .tiles import (INPUT_MAX_K, INPUT_MMA_TILE, INPUT_TILE, NHWC_ELEMS, NHWC_PIECE, blocks, conv_kernel, halo_fits,
+                    input_mma_blocks, input_tile, is_halo, is_tma, is_ws, tile_fits)
 from .tensor_maps import MAP_BYTES, Im2colMap, TensorMap, TiledMap
 from .workspace import workspace_layout
 
@@ -123,12 +123,11 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
         assert cfg.splits == 1 and not isinstance(op, FusedConvOp), f"{op.name}: conv_input_nhwc: 1 slice, 1 part"
         args = (x, w, b, y, n, cin, h, wd, cout, ho, wo, op.dst.c_total, *op.kernel, op.stride, *op.pad, 1)
         if t == INPUT_TILE:
-            return [LaunchSpec(op.name, f"conv_input_nhwc{suffix}", (blocks(p_total, t.bm), blocks(cout, t.bn), 1),
-                               (THREADS, 1, 1), args)]
+            return [LaunchSpec.of(op.name, spec(f"conv_input_nhwc{suffix}"),
+                                  (blocks(p_total, t.bm), blocks(cout, t.bn), 1), args)]
         assert t == input_tile(op, precision), f"{op.name}: not a conv for conv_input_mma_nhwc{suffix}"
         grid = (input_mma_blocks(op, num_sms), blocks(cout, t.bn), 1)
-        return [LaunchSpec(op.name, f"conv_input_mma_nhwc{suffix}", grid, (INPUT_MMA_THREADS, 1, 1), args,
-                           input_mma_smem_bytes(op, NHWC_ELEMS[precision].bytes))]
+        return [LaunchSpec.of(op.name, spec(f"conv_input_mma_nhwc{suffix}"), grid, args, op)]
     split = cfg.splits > 1
     parts = nhwc_parts(op)
     args = (x, w, b, ws if split else y, n, cin, h, wd, x_cstride, cout, ho, wo, y_cstride, *op.kernel,
@@ -137,15 +136,13 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     assert tile_fits(op, t), f"{op.name}: {t.prefix} {t.name} does not compute it"
     kernel = conv_kernel(op, t)
     grid = (blocks(p_total, t.bm), blocks(cout, t.bn), cfg.splits)
-    block, shared = ws_threads(kernel) if is_ws(kernel) else THREADS, wgmma_ring_bytes(kernel)
     # halo tiles (conv_nhwc_halo.cu): tiles of t.bm positions of each image's padded-width grid, by channel tiles
     if is_halo(kernel):
-        assert halo_fits(op, t) and not split, f"{op.name}: not a conv for {kernel}"
+        assert halo_fits(op, t) and not split and cin == op.src.channels, f"{op.name}: not a conv for {kernel}"
         wg, channel_tiles = wd + 2 * op.pad[1], blocks(cout, t.bn)
         tiles = n * blocks(ho * wg, t.bm)
         per_channel_tile = tiles if num_sms is None else max(1, num_sms // channel_tiles)
         grid = (min(tiles, per_channel_tile), channel_tiles, 1)
-        block, shared = HALO_THREADS, halo_smem_bytes(t, op.kernel, wg, cin)
     elif is_ws(kernel):
         tiles = math.prod(grid)
         grid = (min(tiles, num_sms or tiles), 1, 1)
@@ -154,11 +151,11 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
         assert maps, f"{op.name}: a TMA tile needs the address of its tensor maps"
         args += (maps,)
         tensor_maps = tma_maps(op, cfg, x, x_cstride, w, NHWC_ELEMS[precision].bytes)
-    specs = [LaunchSpec(op.name, kernel, grid, (block, 1, 1), args, shared, tensor_maps)]
+    specs = [LaunchSpec.of(op.name, spec(kernel), grid, args, op, tensor_maps)]
     if split:
-        specs.append(LaunchSpec(op.name, f"conv_nhwc{suffix}_splitk_reduce",
-                                (blocks(p_total * cout // 2, THREADS), 1, 1), (THREADS, 1, 1),
-                                (ws, b, y, cfg.splits, p_total, cout, y_cstride, *parts)))
+        reduce = spec(f"conv_nhwc{suffix}_splitk_reduce")  # a thread a pair of channels
+        specs.append(LaunchSpec.of(op.name, reduce, (reduce.blocks(p_total * cout // 2), 1, 1),
+                                   (ws, b, y, cfg.splits, p_total, cout, y_cstride, *parts)))
     return specs
 
 
@@ -184,10 +181,11 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
     elem = NHWC_ELEMS[precision]
-    return LaunchSpec(op.name, f"pool2d_nhwc{elem.suffix}", (blocks(n * ho * wo * c * elem.bytes // 16, THREADS), 1, 1),
-                      (THREADS, 1, 1), (nhwc_ptr(arena, op.src, precision), nhwc_ptr(arena, op.dst, precision), n, c,
-                                        h, w, op.src.c_total, ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad,
-                                        int(op.kind == "max"), int(op.count_include_pad), bias))
+    k = spec(f"pool2d_nhwc{elem.suffix}")  # a thread a 16-byte piece
+    return LaunchSpec.of(op.name, k, (k.blocks(n * ho * wo * c * elem.bytes // 16), 1, 1),
+                         (nhwc_ptr(arena, op.src, precision), nhwc_ptr(arena, op.dst, precision), n, c, h, w,
+                          op.src.c_total, ho, wo, op.dst.c_total, op.kernel, op.stride, op.pad, int(op.kind == "max"),
+                          int(op.count_include_pad), bias))
 
 
 def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
@@ -222,10 +220,10 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
         elif isinstance(op, GlobalAvgPoolOp):
             nb, ch, hh, ww = op.src.dims
             features = View("features", lay.features, op.dst.dims, 0, ch)
-            specs.append(LaunchSpec(op.name, f"global_avg_pool_nhwc{elem.suffix}",
-                                    (blocks(nb * ch * elem.bytes // 16, THREADS), 1, 1), (THREADS, 1, 1),
-                                    (nhwc_ptr(arena, op.src, precision), side + 4 * lay.features, nb, ch, hh * ww,
-                                     op.src.c_total, ch)))
+            gap = spec(f"global_avg_pool_nhwc{elem.suffix}")  # a thread a 16-byte piece of channels
+            specs.append(LaunchSpec.of(op.name, gap, (gap.blocks(nb * ch * elem.bytes // 16), 1, 1),
+                                       (nhwc_ptr(arena, op.src, precision), side + 4 * lay.features, nb, ch, hh * ww,
+                                        op.src.c_total, ch)))
         elif isinstance(op, FCOp):
             assert features is not None
             logits = View("logits", lay.logits, op.dst.dims, 0, op.dst.channels)

@@ -30,7 +30,7 @@ from ...images import Preprocess, decode_u8_bytes
 from ...pipeline import HostRing, TopK
 from .backend import CudaBackend
 from .device import driver
-from .tiles import THREADS
+from .kernels import spec
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
 
@@ -237,13 +237,14 @@ class CudaRunner:
             buffer = k
             self._copied[k].record(self._copy)
         b.stream.wait_for_event(self._copied[buffer])
-        self._normalize.prepared_async_call(((hw + THREADS - 1) // THREADS, self.batch, 1), (THREADS, 1, 1),
-                                            b.stream, self._u8[buffer] + first * self._image_bytes, b.input_ptr,
+        normalize = spec("normalize_u8_nchw")
+        self._normalize.prepared_async_call((normalize.blocks(hw), self.batch, 1), normalize.block, b.stream,
+                                            self._u8[buffer] + first * self._image_bytes, b.input_ptr,
                                             self._mean_std, hw, 3 * hw)
         self._normalized[buffer].record(b.stream)
         b.replay()
-        self._topk.prepared_async_call((n, 1, 1), (TOPK_N, 1, 1), b.stream, b.output_ptr, self._prob[k],
-                                       self._index[k], self.classes, self.classes, top_k)
+        self._topk.prepared_async_call((n, 1, 1), spec("softmax_topk_rows").block, b.stream, b.output_ptr,
+                                       self._prob[k], self._index[k], self.classes, self.classes, top_k)
         drv.memcpy_dtoh_async(self._prob_host[k][:n * top_k], self._prob[k], b.stream)
         drv.memcpy_dtoh_async(self._index_host[k][:n * top_k], self._index[k], b.stream)
         self._done[k].record(b.stream)

@@ -2,17 +2,18 @@
 about each, and which convs a tile can compute.
 
 A ``Tile`` names its kernels (``<prefix>_<KH>x<KW>_<BM>x<BN>`` on NCHW, ``<prefix>_<BM>x<BN>`` on NHWC) and carries
-the model's speed. The families, by source:
+its launch shape (``threads``, a block's) and the model's speed. The families, by source:
 
 - conv.cu (FFMA, fp32 NCHW) ``TILES``, conv_tf32.cu ``TF32_TILES``, conv_f16.cu ``F16_TILES``: ``TILES_OF[precision]``;
 - the NHWC conv families, per element type ``NHWC_ELEMS[precision]``: conv_nhwc_mma.cu's mma.sync tiles (fp16, tf32)
   and, on sm_90a, conv_nhwc_wgmma.cu's wgmma tiles (``wgmma_tile``), conv_nhwc_ws.cu's warp-specialized persistent
   ones (``ws_tile``, ``ws_tma_tile``, ``ws_pp_tile``) and conv_nhwc_halo.cu's halo ones (``halo_tile``);
-  conv_input_nhwc.cu ``INPUT_TILE``;
+  conv_input_nhwc.cu ``INPUT_TILE`` and ``INPUT_MMA_TILE``;
 - winograd.cu's batched GEMM ``WINO_TILES``.
 
 The shared-memory sizes (``wgmma_stages``, ``ws_stages``, ``halo_smem_bytes``, ``wgmma_ring_bytes``) mirror
-conv_nhwc_*.cu's functions of the same names; a change there is a change here.
+conv_nhwc_*.cu's functions of the same names, ``input_mma_smem_bytes`` conv_input_nhwc.cu's; a change there is a
+change here. The kernel registry (kernels.py) reads each tile's block and dynamic shared memory from here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ...errors import EngineError
 from ...plan import ConvOp
 
 
-THREADS = 256  # every kernel's block size (conv.cu's and conv_tf32.cu's tiles are 256 threads too)
+THREADS = 256  # the block of every tile but the warp-specialized, halo and input-mma ones, and common.cuh's IE_THREADS
 NAN_BITS = 0x7FC00000  # float32 quiet NaN: the arena starts poisoned, so a read of never-written memory shows
 
 KERNEL_SIZES = ((1, 1), (3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1))  # conv.cu, conv_tf32.cu instantiate these
@@ -33,7 +34,8 @@ PRECISIONS = ("fp32", "tf32", "fp16")
 
 @dataclass(frozen=True)
 class Tile:
-    """One block-tile shape of conv.cu or conv_tf32.cu, and what the cost model assumes about it."""
+    """One block-tile shape of a conv family, its block (threads; its kernels' __launch_bounds__), and what the cost
+    model assumes about it."""
 
     bm: int  # output channels per block
     bn: int  # output pixels per block
@@ -42,6 +44,7 @@ class Tile:
     macs_per_us: float  # one SM's multiply-adds per microsecond with `resident` blocks (model, not measured)
     prefix: str = "conv"  # kernel names are <prefix>_<KH>x<KW>_<BM>x<BN>
     fixup: bool = True  # a _fixup variant exists (split-K reduced in the conv kernel)
+    threads: int = THREADS  # a block's threads
 
     @property
     def name(self) -> str:
@@ -116,12 +119,11 @@ def ws_stages(bm: int, bn: int, row: int = 64) -> int:
 def ws_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc_ws.cu's warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     return Tile(bm, bn, 32 if precision == "fp16" else 16, 1, WS_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
-                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_ws", False)
+                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_ws", False, WS_THREADS)
 
 
 def is_ws(kernel_or_prefix: str) -> bool:
-    """A warp-specialized tile's kernel (or prefix): ``ws_threads`` threads, a persistent grid (the TMA and
-    ping-pong ones too)."""
+    """A warp-specialized tile's kernel (or prefix): a persistent grid (the TMA and ping-pong ones too)."""
     return kernel_or_prefix.endswith("_ws") or "_ws_" in kernel_or_prefix
 
 
@@ -160,16 +162,11 @@ WS_PP_THREADS = 384
 def ws_pp_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc_ws.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
     tma = ws_tma_tile(bm, bn, precision)
-    return replace(tma, prefix=tma.prefix + "_pp")
+    return replace(tma, prefix=tma.prefix + "_pp", threads=WS_PP_THREADS)
 
 
 def is_pingpong(kernel_or_prefix: str) -> bool:
     return "_ws_tma_pp" in kernel_or_prefix
-
-
-def ws_threads(kernel: str) -> int:
-    """A warp-specialized kernel's block (conv_nhwc_ws.cu's WS_THREADS, WS_PP_THREADS)."""
-    return WS_PP_THREADS if is_pingpong(kernel) else WS_THREADS
 
 
 # conv_nhwc_halo.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
@@ -189,7 +186,7 @@ def halo_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc_halo.cu's halo tile of bm grid positions x bn channels (fp16, tf32); bk: one tap of a HALO_CIN
     plane."""
     return Tile(bm, bn, HALO_CIN, 1, HALO_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
-                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False)
+                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False, HALO_THREADS)
 
 
 def is_halo(kernel_or_prefix: str) -> bool:
@@ -205,12 +202,16 @@ def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int, cin: int) -> i
     return planes * (kh * kw * tile.bn * row + 2 * (-(-rows * row // 1024) * 1024)) + 4 * 8
 
 
+def halo_conv_smem_bytes(tile: Tile, op: ConvOp) -> int:
+    """The halo tile's dynamic shared memory for this conv (``halo_smem_bytes`` of its padded width and Cin)."""
+    return halo_smem_bytes(tile, op.kernel, op.src.w + 2 * op.pad[1], op.src.channels)
+
+
 def halo_fits(op: ConvOp, tile: Tile) -> bool:
     """A halo tile computes this conv: stride 1, more than one tap (the copy is shared between taps), Cin a
     multiple of HALO_K_MULTIPLE, its shared memory within the limit."""
-    cin = op.src.channels
-    return (op.stride == 1 and op.kernel[0] * op.kernel[1] > 1 and cin % HALO_K_MULTIPLE == 0
-            and halo_smem_bytes(tile, op.kernel, op.src.w + 2 * op.pad[1], cin) <= MAX_SHARED_BYTES)
+    return (op.stride == 1 and op.kernel[0] * op.kernel[1] > 1 and op.src.channels % HALO_K_MULTIPLE == 0
+            and halo_conv_smem_bytes(tile, op) <= MAX_SHARED_BYTES)
 
 
 def input_mma_smem_bytes(op: ConvOp, elem_bytes: int) -> int:
@@ -292,11 +293,11 @@ NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_
 # cores, an output row x 32 channels per block, fp16 and tf32, K = Cin*KH*KW <= 32 (``input_tile`` picks it where it
 # fits). Their speeds are model guesses; they do not compete in tuning (the first conv has one kernel per precision).
 INPUT_TILE = Tile(256, 32, 1, 4, 100e3, "conv_input", False)
-INPUT_MMA_TILE = Tile(16, 32, 1, 8, 400e3, "conv_input_mma", False)
 INPUT_MAX_K = 256  # conv_input_nhwc.cu's CONV_INPUT_MAX_K: Cin*KH*KW of its weights in shared memory
 INPUT_MMA_MAX_K = 32  # ... CONV_INPUT_MMA_K
 INPUT_MMA_ROW = 40  # ... CONV_INPUT_MMA_ROW: elements of a staged output pixel
 INPUT_MMA_THREADS = 128  # ... CONV_INPUT_MMA_THREADS
+INPUT_MMA_TILE = Tile(16, 32, 1, 8, 400e3, "conv_input_mma", False, INPUT_MMA_THREADS)
 INPUT_MMA_MAX_ROWS = 8  # output rows a block takes at most (input_mma_blocks)
 INPUT_MMA_PRECISIONS = ("fp16", "tf32")  # its element types
 INPUT_MMA_MAX_SHARED = 48 * 1024  # the mma kernel takes no opt-in (the emulator's buffer is this size too)
