@@ -197,6 +197,7 @@ def main() -> None:
     ap.add_argument("--batches", default="64", help="batch sizes of the --decode gpu rows")
     ap.add_argument("--gpus", default="", help="GPU counts for --gpus rows (e.g. 1,2,4)")
     ap.add_argument("--many", type=int, default=65536, help="images of the --gpus rows")
+    ap.add_argument("--gpus-decode", default="gpu,cpu", help="decode modes of the --gpus rows")
     ap.add_argument("--ab", action="store_true", help="--decode gpu also through nvImageCodec's Python API, alternated")
     ap.add_argument("--first", action="store_true", help="first answers (run first, on a fresh machine)")
     ap.add_argument("--first-long", default="", help="precisions of first-long-run rows: each --decode gpu run "
@@ -290,7 +291,7 @@ def main() -> None:
     if counts:
         big = many(root, small, max(1, args.many // args.images))
         have = gpu_count()
-        for decode in ("gpu", "cpu"):
+        for decode in args.gpus_decode.split(","):
             for p in precisions[:1]:
                 base = None
                 for g in counts:
