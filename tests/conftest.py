@@ -98,6 +98,21 @@ def model_cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def build_cache_dir(tmp_path_factory) -> Path:
+    """Where compiled test libraries are kept (helpers.build_cache names each by a hash of its inputs):
+    $INCEPTION_TEST_CACHE/builds, else ~/.cache/inception-engine/test-builds; else the run's temp root, which the
+    workers of a parallel run share."""
+    root = os.environ.get("INCEPTION_TEST_CACHE")
+    path = Path(root) / "builds" if root else Path.home() / ".cache" / "inception-engine" / "test-builds"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = tmp_path_factory.getbasetemp().parent / "test-builds"
+        path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
 def synthetic_onnx(model_cache_dir):
     from inception_engine.synthetic import GENERATOR_VERSION, write_synthetic_onnx
 

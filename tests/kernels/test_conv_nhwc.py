@@ -258,10 +258,10 @@ class OnGpu:
 
 
 @pytest.fixture(scope="module")
-def emu(tmp_path_factory):
+def emu(build_cache_dir):
     if NVCC is None:
         pytest.skip("nvcc is not installed (the emulated kernels are checked against the sources nvcc builds)")
-    lib = compile_emu_lib(tmp_path_factory, "emu_nhwc", emu_wrapper_source(
+    lib = compile_emu_lib(build_cache_dir, "emu_nhwc", emu_wrapper_source(
         "conv_nhwc_mma.cu", [(k, arg_format(k)) for k in KERNELS],
         ('#include "conv_nhwc_wgmma.cu"', '#include "conv_nhwc_ws.cu"', '#include "conv_nhwc_halo.cu"',
          '#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',

@@ -241,9 +241,9 @@ HALF_EXPORTS = ('extern "C" void emu_half_bits(const float* x, unsigned short* o
 
 
 @pytest.fixture(scope="module")
-def emu_lib(tmp_path_factory):
+def emu_lib(build_cache_dir):
     wrapper = emu_wrapper_source("conv_f16.cu", [(n, CONV_FORMAT) for n in all_names()], HALF_EXPORTS)
-    lib = compile_emu_lib(tmp_path_factory, "emu_f16", wrapper, "-O1", mma=True)
+    lib = compile_emu_lib(build_cache_dir, "emu_f16", wrapper, "-O1", mma=True)
     for fn in (lib.emu_half_bits, lib.emu_half_round):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     return lib

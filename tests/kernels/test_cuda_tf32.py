@@ -137,9 +137,9 @@ def test_fragment_loads_and_loader_stores_are_bank_conflict_free(tile):
 # --- CPU: the kernels in the fiber emulator -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def emu_lib(tmp_path_factory):
+def emu_lib(build_cache_dir):
     wrapper = emu_wrapper_source("conv_tf32.cu", [(n, CONV_FORMAT) for n in all_names()])
-    return compile_emu_lib(tmp_path_factory, "emu_tf32", wrapper, "-O1", mma=True)
+    return compile_emu_lib(build_cache_dir, "emu_tf32", wrapper, "-O1", mma=True)
 
 
 def check_against_float64(case: Case):
