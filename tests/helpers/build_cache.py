@@ -17,7 +17,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 
@@ -37,14 +37,22 @@ def content_key(parts: Iterable[str], dirs: Iterable[Path]) -> str:
     return h.hexdigest()[:20]
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on path (created if missing) for the block: one process at a time, the others wait.
+    The lock goes with the file descriptor, so a process that dies holding it releases it."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def cached_build(cache_dir: Path, name: str, suffix: str, key: str, build: Callable[[Path], None]) -> Path:
     """cache_dir/<name>-<key><suffix>: build(path) writes it once (into a temp path, then moved in place)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     final = cache_dir / f"{name}-{key}{suffix}"
     if final.is_file():
         return final
-    with open(cache_dir / f"{name}-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+    with file_lock(cache_dir / f"{name}-{key}.lock"):
         if final.is_file():  # another worker built it while this one waited
             return final
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=cache_dir)
