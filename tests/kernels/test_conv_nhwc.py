@@ -731,9 +731,9 @@ def input_op(n, cin, h, w, cout, kernel, stride, pad, before, after) -> ConvOp:
 
 
 # Every case on the FMA kernel in every precision, and on the tensor-core kernel where input_tile picks it (fp16 and
-# tf32, K <= 32).
+# tf32, K <= 32). In a fixed order (not a set's): pytest-xdist's workers must collect the same list.
 INPUT_RUNS = [(case, p, tile) for case in INPUT_CASES for p in PRECISIONS
-              for tile in {INPUT_TILE, input_tile(input_op(*case), p)}]
+              for tile in dict.fromkeys((INPUT_TILE, input_tile(input_op(*case), p)))]
 
 
 @pytest.mark.parametrize("case,precision,tile", INPUT_RUNS,
