@@ -79,6 +79,8 @@ def pytest_collection_modifyitems(config, items):
 #   synthetic_onnx          (session) factory: synthetic_onnx(style="torchscript" | "dynamo", transform_input=False,
 #                           softmax=False, aux=False, batch=None, seed=0) -> Path of that synthetic ONNX model,
 #                           generated on first use (a few seconds; ~100 MB; dynamo style with its .data file).
+#   build_cache_dir         (session) Path where compiled test libraries are kept (helpers.build_cache):
+#                           $INCEPTION_TEST_CACHE/builds, else ~/.cache/inception-engine/test-builds.
 #   synthetic_weights_file  (session) Path of synthetic_onnx() converted to an engine weight file (.npz); its arrays
 #                           equal inception_engine.synthetic.synthetic_weights(0).arrays.
 
@@ -98,8 +100,25 @@ def model_cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def build_cache_dir(tmp_path_factory) -> Path:
+    """Where compiled test libraries are kept (helpers.build_cache names each by a hash of its inputs):
+    $INCEPTION_TEST_CACHE/builds, else ~/.cache/inception-engine/test-builds; else the run's temp root, which the
+    workers of a parallel run share."""
+    root = os.environ.get("INCEPTION_TEST_CACHE")
+    path = Path(root) / "builds" if root else Path.home() / ".cache" / "inception-engine" / "test-builds"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = tmp_path_factory.getbasetemp().parent / "test-builds"
+        path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
 def synthetic_onnx(model_cache_dir):
     from inception_engine.synthetic import GENERATOR_VERSION, write_synthetic_onnx
+
+    from helpers.build_cache import file_lock
 
     def make(style: str = "torchscript", transform_input: bool = False, softmax: bool = False, aux: bool = False,
              batch: int | None = None, seed: int = 0) -> Path:
@@ -107,9 +126,10 @@ def synthetic_onnx(model_cache_dir):
         name = (f"inception_v3_g{GENERATOR_VERSION}_{style}_t{int(transform_input)}_s{int(softmax)}_a{int(aux)}"
                 f"_b{batch or 'N'}_seed{seed}.onnx")
         path = model_cache_dir / name
-        complete = path.is_file() and (style != "dynamo" or path.with_name(name + ".data").is_file())
-        if not complete:
-            write_synthetic_onnx(path, style, transform_input, softmax, aux, batch, seed)
+        with file_lock(model_cache_dir / (name + ".lock")):  # parallel workers: one writes, the others wait for it
+            complete = path.is_file() and (style != "dynamo" or path.with_name(name + ".data").is_file())
+            if not complete:
+                write_synthetic_onnx(path, style, transform_input, softmax, aux, batch, seed)
         return path
 
     return make

@@ -19,6 +19,9 @@ from helpers.cli import runner
 from helpers.random_weights import random_arrays
 from helpers.result_lines import assert_same_results, read_rows
 
+# One local Ray cluster for the module (ray_session), not one in each pytest-xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("ray")
+
 SIZE, RESIZE = 75, 86
 TOP_K = 3
 

@@ -18,6 +18,10 @@ from PIL import Image
 
 from inception_engine import backends
 
+# The examples run in README order in one scratch directory, each with the environment the one before left (an export
+# carries on): under pytest-xdist (--dist loadgroup) they all go to one worker, in order.
+pytestmark = pytest.mark.xdist_group("readme")
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 COMMANDS = {"inception-run": "run_main", "inception-convert-weights": "convert_main", "inception-bench": "bench_main"}

@@ -13,6 +13,8 @@ from pathlib import Path
 from inception_engine import cuda_build
 from inception_engine.backends.cuda.kernels import all_kernel_names, arg_format, source_of
 
+from helpers.build_cache import shared_library
+
 TESTS = Path(__file__).resolve().parents[1]
 EMU = TESTS / "cuda_emu"
 GXX = shutil.which("g++")
@@ -34,16 +36,12 @@ def wrapper_source() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_emu_lib(out: Path) -> Path:
-    """libemu.so in out: every kernel the backend launches (but NOT_EMULATED's), with an emu_<kernel> entry point."""
-    (out / "emu_kernels.cpp").write_text(wrapper_source())
-    lib = out / "libemu.so"
-    cmd = [GXX, "-std=c++20", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
-           "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir()), str(out / "emu_kernels.cpp"),
-           "-o", str(lib)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return lib
+def build_emu_lib(cache_dir: Path) -> Path:
+    """libemu-<key>.so: every kernel the backend launches (but NOT_EMULATED's), with an emu_<kernel> entry point;
+    built once into cache_dir (helpers.build_cache)."""
+    flags = ["-std=c++20", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-include", str(EMU / "emu.h"),
+             "-include", str(EMU / "tf32_emu.h"), "-I", str(cuda_build.source_dir())]
+    return shared_library(cache_dir, "emu", GXX, flags, wrapper_source(), [EMU, cuda_build.source_dir()])
 
 
 def run_emulated(lib: Path, *args: str) -> subprocess.CompletedProcess:

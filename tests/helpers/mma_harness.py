@@ -30,6 +30,7 @@ from inception_engine.backends.cuda.tiles import NAN_BITS, Tile
 from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
 
+from helpers.build_cache import shared_library
 from helpers.gpu_buffers import Arena, Params, run
 
 EMU = Path(__file__).resolve().parents[1] / "cuda_emu"
@@ -206,19 +207,15 @@ def emu_wrapper_source(source: str, kernels: list[tuple[str, str]], extra: tuple
     return "\n".join(lines) + "\n"
 
 
-def compile_emu_lib(tmp_path_factory, stem: str, wrapper: str, opt: str, mma: bool) -> ctypes.CDLL:
-    """Builds the wrapper with g++ against emu.h (and tf32_emu.h, which brings f16_emu.h, for the mma kernels)."""
+def compile_emu_lib(cache_dir: Path, stem: str, wrapper: str, opt: str, mma: bool) -> ctypes.CDLL:
+    """Builds the wrapper with g++ against emu.h (and tf32_emu.h, which brings f16_emu.h, for the mma kernels), once
+    into cache_dir (helpers.build_cache)."""
     if GXX is None:
         pytest.skip("g++ is not installed (the emulator compiles the kernels with it)")
-    out = tmp_path_factory.mktemp(stem)
-    (out / f"{stem}.cpp").write_text(wrapper)
-    lib = out / f"lib{stem}.so"
     headers = ["-include", str(EMU / "emu.h"), *(["-include", str(EMU / "tf32_emu.h")] if mma else [])]
-    cmd = [GXX, "-std=c++20", opt, "-shared", "-fPIC", "-fno-strict-aliasing", *headers,
-           "-I", str(cuda_build.source_dir()), str(out / f"{stem}.cpp"), "-o", str(lib)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return ctypes.CDLL(str(lib))
+    flags = ["-std=c++20", opt, "-shared", "-fPIC", "-fno-strict-aliasing", *headers, "-I",
+             str(cuda_build.source_dir())]
+    return ctypes.CDLL(str(shared_library(cache_dir, stem, GXX, flags, wrapper, [EMU, cuda_build.source_dir()])))
 
 
 Data = tuple[np.ndarray, np.ndarray, np.ndarray]

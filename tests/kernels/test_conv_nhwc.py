@@ -258,10 +258,10 @@ class OnGpu:
 
 
 @pytest.fixture(scope="module")
-def emu(tmp_path_factory):
+def emu(build_cache_dir):
     if NVCC is None:
         pytest.skip("nvcc is not installed (the emulated kernels are checked against the sources nvcc builds)")
-    lib = compile_emu_lib(tmp_path_factory, "emu_nhwc", emu_wrapper_source(
+    lib = compile_emu_lib(build_cache_dir, "emu_nhwc", emu_wrapper_source(
         "conv_nhwc_mma.cu", [(k, arg_format(k)) for k in KERNELS],
         ('#include "conv_nhwc_wgmma.cu"', '#include "conv_nhwc_ws.cu"', '#include "conv_nhwc_halo.cu"',
          '#include "pool_nhwc.cu"', '#include "conv_input_nhwc.cu"',
@@ -731,9 +731,9 @@ def input_op(n, cin, h, w, cout, kernel, stride, pad, before, after) -> ConvOp:
 
 
 # Every case on the FMA kernel in every precision, and on the tensor-core kernel where input_tile picks it (fp16 and
-# tf32, K <= 32).
+# tf32, K <= 32). In a fixed order (not a set's): pytest-xdist's workers must collect the same list.
 INPUT_RUNS = [(case, p, tile) for case in INPUT_CASES for p in PRECISIONS
-              for tile in {INPUT_TILE, input_tile(input_op(*case), p)}]
+              for tile in dict.fromkeys((INPUT_TILE, input_tile(input_op(*case), p)))]
 
 
 @pytest.mark.parametrize("case,precision,tile", INPUT_RUNS,

@@ -30,7 +30,7 @@ from helpers import mma_harness
 from helpers.emulator import run_emulated as run_backend_emulated
 from helpers.gpu_buffers import check_view
 from helpers.mma_harness import (EMU_CASES, GPU_EDGE_CASES, GXX, NVCC, THREADS, Case, MmaTile,
-                                 assert_block_equals_matmul, assert_cubin_holds, compile_cubin, compile_emu_lib,
+                                 assert_block_equals_matmul, assert_cubin_holds, compile_emu_lib,
                                  emu_wrapper_source, emulated_splits, network_cases, rel_l2, rng_for, run_every_tile)
 
 TOL = 3e-3
@@ -137,9 +137,9 @@ def test_fragment_loads_and_loader_stores_are_bank_conflict_free(tile):
 # --- CPU: the kernels in the fiber emulator -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def emu_lib(tmp_path_factory):
+def emu_lib(build_cache_dir):
     wrapper = emu_wrapper_source("conv_tf32.cu", [(n, CONV_FORMAT) for n in all_names()])
-    return compile_emu_lib(tmp_path_factory, "emu_tf32", wrapper, "-O1", mma=True)
+    return compile_emu_lib(build_cache_dir, "emu_tf32", wrapper, "-O1", mma=True)
 
 
 def check_against_float64(case: Case):
@@ -176,10 +176,9 @@ def test_backend_tf32_forward_on_the_emulator(backend_emu_lib):
 
 
 @pytest.fixture(scope="module")
-def cubin(tmp_path_factory) -> Path:
-    if NVCC is None:
-        pytest.skip("nvcc (CUDA toolkit) is not on PATH")
-    return compile_cubin(tmp_path_factory.mktemp("tf32") / "conv_tf32-sm_90.cubin", SOURCE, "sm_90")
+def cubin(kernel_cubins) -> Path:
+    """conv_tf32.cu's cubin for sm_90 as the backend builds it (its own compile unit, no defines)."""
+    return kernel_cubins[SOURCE.name]
 
 
 def test_cubin_holds_every_entry_point(cubin):

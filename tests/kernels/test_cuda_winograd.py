@@ -244,10 +244,10 @@ EMU_CASES = [
 
 
 @pytest.fixture(scope="module")
-def wino_lib(tmp_path_factory) -> ctypes.CDLL:
+def wino_lib(build_cache_dir) -> ctypes.CDLL:
     names = [k for k in all_kernel_names() if source_of(k) == "winograd.cu"]
     wrapper = emu_wrapper_source("winograd.cu", [(n, arg_format(n)) for n in names])
-    return compile_emu_lib(tmp_path_factory, "emu_wino", wrapper, "-O2", mma=False)
+    return compile_emu_lib(build_cache_dir, "emu_wino", wrapper, "-O2", mma=False)
 
 
 def aligned_nan(elems: int) -> np.ndarray:

@@ -41,15 +41,9 @@ def test_header_comment_says_what_idea_and_launch(name):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, monkeypatch_module):
-    monkeypatch_module.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-    return cuda_build.build("sm_90")
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
+def built(kernel_cubins):
+    """cuda_build.build("sm_90") in the user cache, shared with the emulated backend's runs (kernels/conftest.py)."""
+    return kernel_cubins
 
 
 def entry_points(cubin: Path) -> set[str]:

@@ -107,19 +107,19 @@ def small_images(folder, seed: str, names: list[str]) -> list:
 
 @pytest.mark.parametrize("graph", [False] if EMULATED else [False, True])
 def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
-    """7 images in batches of 3 through a ring of 6 slots: the last batch is partial and the ring wraps. fp32 on
+    """5 images in batches of 2 through a ring of 4 slots: the last batch is partial and the ring wraps. fp32 on
     NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's."""
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(11), {"count_include_pad": True})
-    paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(7)])
-    backend = CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=graph, nhwc=False)
+    paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(5)])
+    backend = CudaBackend(weights, build_plan(2, weights.layers(), input_size=size), graph=graph, nhwc=False)
     try:
         preds = list(pipeline.classify(paths, CudaRunner(backend, pre), pre, 3,
                                        pipeline.PipelineOptions(workers=2, ring_batches=2)))
     finally:
         backend.close()
-    host = NumpyBackend(weights, build_plan(7, weights.layers(), input_size=size), dtype=np.float64)
+    host = NumpyBackend(weights, build_plan(len(paths), weights.layers(), input_size=size), dtype=np.float64)
     from inception_engine.images import load_image
 
     ref = pipeline.softmax(host.forward(np.stack([load_image(p, pre) for p in paths]).astype(np.float64)))
@@ -132,8 +132,9 @@ def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
 
 def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     """pipeline.classify_encoded through the cuda runner, with Pillow standing in for nvImageCodec (exact, so the
-    predictions must be the CPU-decoded stream's): JPEGs, a PNG (the CPU fallback), a missing and a broken file in
-    their places, a partial last batch; a second run with the decoder the backend kept gives the same."""
+    predictions must be the CPU-decoded stream's): batches of 2 with JPEGs, a missing and a broken file in their
+    places, a PNG (the CPU fallback) alone in the partial last batch; a second run with the decoder the backend kept
+    gives the same."""
     from helpers.fake_codec import FakeCodec
 
     from inception_engine.backends.cuda import jpeg_decode
@@ -143,10 +144,10 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(13), {"count_include_pad": True})
-    paths = small_images(tmp_path, "gpu decode stream", [f"{i}.png" if i == 2 else f"{i}.jpg" for i in range(6)])
+    paths = small_images(tmp_path, "gpu decode stream", ["0.jpg", "1.jpg", "2.png"])
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
-    sources = [paths[0], tmp_path / "missing.jpg", *paths[1:4], tmp_path / "bad.jpg", *paths[4:]]
-    backend = CudaBackend(weights, build_plan(3, weights.layers(), input_size=size), graph=False, nhwc=False)
+    sources = [paths[0], tmp_path / "missing.jpg", paths[1], tmp_path / "bad.jpg", paths[2]]
+    backend = CudaBackend(weights, build_plan(2, weights.layers(), input_size=size), graph=False, nhwc=False)
     try:
         options = pipeline.PipelineOptions(workers=2, ring_batches=2)
         gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
@@ -160,7 +161,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     assert [(p.top, p.error) for p in again] == [(p.top, p.error) for p in gpu]
     assert [p.image for p in gpu] == [str(s) for s in sources]
     assert [p.ok for p in gpu] == [p.ok for p in cpu] == [s.exists() and s.name != "bad.jpg" for s in sources]
-    assert "no such file" in gpu[1].error and "bad.jpg" in gpu[5].error
+    assert "no such file" in gpu[1].error and "bad.jpg" in gpu[3].error
     for g, c in zip(gpu, cpu):
         if g.ok:
             assert [i for i, _, _ in g.top] == [i for i, _, _ in c.top]
