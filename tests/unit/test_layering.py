@@ -130,3 +130,12 @@ def test_the_reader_and_the_checks():
     assert find_cycle({"plan": {"arch"}, "arch": {"weights"}, "weights": {"plan"}}) == [
         "arch", "weights", "plan", "arch"]
     assert find_cycle({"backends.cuda": {"backends.cuda.device"}, "backends.cuda.device": {"cuda_build"}}) is None
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by their base name (no packages under tests/): two files of one name in different
+    folders make the second fail to collect."""
+    from collections import Counter
+
+    names = Counter(p.name for p in Path(__file__).resolve().parents[1].rglob("test_*.py"))
+    assert [n for n, c in names.items() if c > 1] == []
