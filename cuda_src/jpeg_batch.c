@@ -282,7 +282,7 @@ int ie_jpeg_open_decoder(ie_jpeg* ctx, int device, int threads, const char* opti
 
 static nvimgcodecStatus_t code_stream(nvimgcodecInstance_t inst, nvimgcodecCodeStream_t* cs,
                                       const unsigned char* data, size_t n) {
-#if NVIMGCODEC_VER >= 700
+#if NVIMGCODEC_VER >= 800  // 0.8 added the code stream view
     return nvimgcodecCodeStreamCreateFromHostMem(inst, cs, data, n, NULL);
 #else
     return nvimgcodecCodeStreamCreateFromHostMem(inst, cs, data, n);

@@ -98,7 +98,26 @@ def test_read_sorts_a_batch_of_files_of_every_kind(tmp_path):
         reader.close()
 
 
-@pytest.mark.skipif(jpeg_batch.nvimgcodec_dir() is None, reason="nvImageCodec is not installed (the gpu-decode extra)")
+def installed_release() -> tuple[int, int, int] | None:
+    codec = jpeg_batch.nvimgcodec_dir()
+    return None if codec is None else jpeg_batch.header_version(codec)
+
+
+def test_releases_before_the_first_one_run_are_left_to_the_python_api(tmp_path, monkeypatch):
+    for version, refused in (((0, 8, 0), True), ((0, 9, 0), False), ((1, 0, 2), False)):
+        (tmp_path / "include").mkdir(exist_ok=True)
+        (tmp_path / "include" / "nvimgcodec_version.h").write_text("".join(
+            f"#define NVIMGCODEC_VER_{part} {n}\n" for part, n in zip(("MAJOR", "MINOR", "PATCH"), version)))
+        assert jpeg_batch.header_version(tmp_path) == version
+        monkeypatch.setattr(jpeg_batch, "nvimgcodec_dir", lambda: tmp_path)
+        monkeypatch.setattr(jpeg_batch, "build", lambda codec: (_ for _ in ()).throw(OSError("built")))
+        with pytest.raises(OSError, match="older than 0.9.0" if refused else "built"):
+            jpeg_batch.library.__wrapped__(True)
+
+
+@pytest.mark.skipif((installed_release() or (0, 0, 0)) < jpeg_batch.MIN_RELEASE,
+                    reason=f"nvImageCodec {'.'.join(map(str, jpeg_batch.MIN_RELEASE))} or later is not installed "
+                           "(the gpu-decode extra)")
 def test_decode_in_cpu_mode_is_pillows_decode(tmp_path):
     """The batched decode's set-up (code streams, images into caller memory at offsets, one decode call) through
     nvImageCodec's CPU-only mode, whose libjpeg-turbo with smooth chroma upsampling is Pillow's decoder."""

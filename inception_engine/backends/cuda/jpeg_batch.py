@@ -15,6 +15,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -31,6 +32,8 @@ FLAGS = ("-O2", "-shared", "-Xcompiler", "-fPIC,-pthread")
 PLAIN, OTHER, UNREADABLE = 0, 1, 2  # jpeg_batch.c's kinds of file
 CPU_ONLY = -99999  # nvImageCodec's device id for its CPU-only mode (decodes into host memory)
 CURRENT_DEVICE = -1
+# the oldest nvImageCodec this C path has run on the GPU (older ones take the Python API path, which has run 0.6.1 on)
+MIN_RELEASE = (0, 9, 0)
 READ_THREADS = 4  # files read at once: enough to hide a disk's latency, few beside nvImageCodec's own threads
 
 
@@ -46,6 +49,17 @@ def nvimgcodec_dir() -> Path | None:
         if (d / "include" / "nvimgcodec.h").is_file() and (d / "libnvimgcodec.so.0").is_file():
             return d
     return None
+
+
+def header_version(codec: Path) -> tuple[int, int, int]:
+    """The nvImageCodec release whose header is in ``codec``, from nvimgcodec_version.h ((0, 0, 0) if unreadable)."""
+    try:
+        text = (codec / "include" / "nvimgcodec_version.h").read_text()
+    except OSError:
+        return (0, 0, 0)
+    found = re.finditer(r"#define NVIMGCODEC_VER_(MAJOR|MINOR|PATCH) (\d+)", text)
+    parts = {m.group(1): int(m.group(2)) for m in found}
+    return parts.get("MAJOR", 0), parts.get("MINOR", 0), parts.get("PATCH", 0)
 
 
 def build(codec: Path | None) -> Path:
@@ -93,6 +107,9 @@ def library(with_decoder: bool = True) -> ctypes.CDLL:
     codec = nvimgcodec_dir() if with_decoder else None
     if with_decoder and codec is None:
         raise OSError("nvImageCodec's header and library are not installed (pip install -e '.[gpu-decode]')")
+    if codec is not None and header_version(codec) < MIN_RELEASE:
+        have, want = (".".join(map(str, v)) for v in (header_version(codec), MIN_RELEASE))
+        raise OSError(f"nvImageCodec {have} is older than {want}, the first release it was run with")
     lib = ctypes.CDLL(str(build(codec)))
     lib.ie_jpeg_new.restype = P
     lib.ie_jpeg_free.argtypes = [P]
