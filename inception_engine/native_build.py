@@ -4,6 +4,9 @@ shipped sources are, and the cache key that changes whenever one of them, the co
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -29,3 +32,25 @@ def build_key(src: Path, suffixes: tuple[str, ...], tools: str) -> str:
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(tools.encode())
     return h.hexdigest()[:20]
+
+
+def compile_library(command: list[str], path: Path, what: str, timeout: float) -> Path:
+    """Run ``command`` + ["-o", a temporary file beside ``path``] and rename the result to ``path``: a cached
+    library appears whole or not at all. Raises OSError with the compiler's first error line. ``what`` names the
+    sources in messages."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
+    os.close(fd)
+    try:
+        try:
+            done = subprocess.run([*command, "-o", tmp], capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise OSError(f"{command[0]} did not finish compiling {what}: {e}") from None
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if "error" in line.lower()] or done.stderr.splitlines()
+            raise OSError(f"{command[0]} could not compile {what}: {(lines or ['(no output)'])[0].strip()}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -21,7 +21,6 @@ import platform
 import shlex
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,23 +69,8 @@ def build() -> Path:
     path = cache_dir() / f"ie_cpu-{build_key(cc, version)}.so"
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        cmd = [*cc, *FLAGS, "-o", tmp, *(str(source_dir() / s) for s in SOURCES)]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except subprocess.SubprocessError as e:
-            raise OSError(f"{found} did not finish compiling cpu_src: {e}") from None
-        if done.returncode != 0:
-            lines = [l for l in done.stderr.splitlines() if "error" in l.lower()] or done.stderr.splitlines()
-            raise OSError(f"{found} could not compile cpu_src: {(lines or ['(no output)'])[0].strip()}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return native_build.compile_library([*cc, *FLAGS, *(str(source_dir() / s) for s in SOURCES)], path, "cpu_src",
+                                        timeout=600)
 
 
 class ConvParams(ctypes.Structure):

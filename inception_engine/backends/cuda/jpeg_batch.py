@@ -14,17 +14,14 @@ import ctypes
 import functools
 import hashlib
 import importlib.util
-import os
 import re
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ... import cuda_build
+from ... import cuda_build, native_build
 from ...paths import user_cache_dir
 
 SOURCE = "jpeg_batch.c"
@@ -79,23 +76,7 @@ def build(codec: Path | None) -> Path:
     path = user_cache_dir() / "jpeg" / f"ie_jpeg-{h.hexdigest()[:20]}.so"
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        try:
-            done = subprocess.run([nvcc, *FLAGS, "-o", tmp, str(src), *extra], capture_output=True, text=True,
-                                  timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise OSError(f"nvcc did not compile {SOURCE}: {e}") from None
-        if done.returncode != 0:
-            lines = [line for line in done.stderr.splitlines() if "error" in line.lower()] or done.stderr.splitlines()
-            raise OSError(f"nvcc could not compile {SOURCE}: {(lines or ['(no output)'])[0].strip()}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return native_build.compile_library([nvcc, *FLAGS, str(src), *extra], path, SOURCE, timeout=300)
 
 
 P = ctypes.c_void_p
