@@ -127,13 +127,12 @@ class Engine:
         if decode == "gpu" and self._backend_name != "cuda":
             raise OptionError("decode", decode, f"needs the cuda backend; this engine runs on {self._backend_name}"
                               + where)
-        self._native_decode = False  # --decode gpu through jpeg_batch.c, its decoder opened beside the backend
-        self._decoder_start: Any = None  # that decoder, opening (jpeg_decode.NativeStart)
+        self._decoder_start: Any = None  # --decode gpu's jpeg_batch.c decoder, opening (jpeg_decode.NativeStart)
         if decode == "gpu":
             from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
 
-            self._native_decode = check_gpu_decode()  # a missing nvImageCodec is said now, not at the first batch
-            if self._native_decode and start_decoder:
+            # a missing nvImageCodec is said now, not at the first batch
+            if check_gpu_decode() and start_decoder:
                 self._decoder_start = NativeStart(workers or 0)
         self.decode = decode
         # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
@@ -221,11 +220,7 @@ class Engine:
         tune: bool | str = True if measures_in_run(n_images) else "cached"
         if self._backend_name != "cuda":
             return HostRunner(self.forward, batch, self.preprocess)
-        started, self._decoder_start = self._decoder_start, None
-        if started is None and self._native_decode and batch not in self._backends:  # it starts beside the backend
-            from .backends.cuda.jpeg_decode import NativeStart
-
-            started = NativeStart(self.pipeline.workers or 0)
+        started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:
             return self._cuda_runner(batch, tune, started)
         finally:

@@ -315,6 +315,22 @@ def device_image(img: Any, h: int, w: int) -> DeviceImage | None:
 TAKEN = "taken"  # NativeStart.take's reason once its decoder is given out
 
 
+def open_native(threads: int) -> tuple[JpegBatch | None, str | None]:
+    """jpeg_batch.c's context with its nvImageCodec decoder open on the current device: (it, None), or (None, why
+    not in one line: no nvcc, no header, a compile error, no decoder)."""
+    preload_nvjpeg()
+    try:
+        native = JpegBatch()
+    except (OSError, MemoryError) as e:
+        return None, first_line(e)
+    try:
+        native.open_decoder(CURRENT_DEVICE, threads, DECODER_OPTIONS)
+    except OSError as e:
+        native.close()
+        return None, first_line(e)
+    return native, None
+
+
 @functools.cache
 def warm_up_jpeg() -> bytes:
     """A small plain JPEG (64 x 48, 4:2:0, as most photos): what NativeStart's warm-up decodes."""
@@ -337,23 +353,13 @@ class NativeStart:
         self._thread.start()
 
     def _open(self) -> None:
-        preload_nvjpeg()
-        try:
-            native = JpegBatch()
-        except (OSError, MemoryError) as e:
-            self._result = (None, first_line(e))
-            return
-        try:
-            native.open_decoder(CURRENT_DEVICE, self.threads, DECODER_OPTIONS)
-        except OSError as e:
-            native.close()
-            self._result = (None, first_line(e))
-            return
-        try:
-            native.warm_up(warm_up_jpeg())
-        except OSError:  # not needed for decoding: the first batch pays nvImageCodec's start instead
-            pass
-        self._result = (native, None)
+        self._result = open_native(self.threads)
+        native = self._result[0]
+        if native is not None:
+            try:
+                native.warm_up(warm_up_jpeg())
+            except OSError:  # not needed for decoding: the first batch pays nvImageCodec's start instead
+                pass
 
     def take(self) -> tuple[JpegBatch | None, str | None]:
         """The opened decoder, once (later calls: none, to be opened afresh)."""
@@ -397,10 +403,8 @@ class GpuJpegDecoder:
         if NATIVE and backends is None:
             native, why = started.take() if started is not None and started.threads == threads else (None, TAKEN)
             if why == TAKEN:  # none opened ahead for these threads: open one now
-                native = self._open_native(threads)
-            else:
-                self.native_unavailable = why
-            self._native = native
+                native, why = open_native(threads)
+            self._native, self.native_unavailable = native, why
         if self._native is None:
             api = CodecApi.of(load_nvimgcodec())
             try:
@@ -422,21 +426,6 @@ class GpuJpegDecoder:
     def reads_files(self) -> bool:
         """Whether this decoder goes through jpeg_batch.c, which reads the files (decode_files only)."""
         return self._native is not None
-
-    def _open_native(self, threads: int) -> JpegBatch | None:
-        preload_nvjpeg()
-        try:
-            native = JpegBatch()
-        except (OSError, MemoryError) as e:  # no nvcc, no nvImageCodec header, a compile error
-            self.native_unavailable = first_line(e)
-            return None
-        try:
-            native.open_decoder(CURRENT_DEVICE, threads, DECODER_OPTIONS)
-        except OSError as e:
-            native.close()
-            self.native_unavailable = first_line(e)
-            return None
-        return native
 
     def decode_files(self, paths: Sequence[str], dst_ptr: int, stream: Any,
                      cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
