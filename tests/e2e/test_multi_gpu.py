@@ -36,8 +36,8 @@ def test_deal_round_robin():
     assert deal(paths[:3], 4, 2) == [["0", "1"], ["2"], [], []]
 
 
-@pytest.mark.parametrize("kind", ["thread", "process"])  # process: each worker starts decode processes of its own
-def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind, two_gpus):
+def one_process_and_two_workers(weights_file: Path, tmp_path: Path, kind: str, suffix: str) -> tuple[Path, Path]:
+    """The files one process and two --gpus workers write for 11 photos and an unreadable 05b.jpg."""
     d = tmp_path / "photos"
     d.mkdir()
     rng = np.random.default_rng(2)
@@ -46,12 +46,18 @@ def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind,
     (d / "05b.jpg").write_text("not a picture")
     args = [str(d), "--weights", str(weights_file), "--backend", "cpu", "--batch-size", "2", "--top-k", "3",
             "--worker-kind", kind, "--workers", "2"]
-    one = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / "one.jsonl")])
-    two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2", "--output", str(tmp_path / "two.jsonl")])
+    one = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / f"one{suffix}")])
+    two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2", "--output", str(tmp_path / f"two{suffix}")])
     assert one.exit_code == two.exit_code == 1, two.output  # 05b.jpg
-    rows = read_rows(tmp_path / "two.jsonl")
+    return tmp_path / f"one{suffix}", tmp_path / f"two{suffix}"
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])  # process: each worker starts decode processes of its own
+def test_two_workers_write_what_one_process_writes(weights_file, tmp_path, kind, two_gpus):
+    one, two = one_process_and_two_workers(weights_file, tmp_path, kind, ".jsonl")
+    rows = read_rows(two)
     assert len(rows) == 12 and rows[6]["image"].endswith("05b.jpg") and "error" in rows[6]
-    assert_same_results(read_rows(tmp_path / "one.jsonl"), rows)
+    assert_same_results(read_rows(one), rows)
 
 
 def test_two_workers_write_the_csv_one_process_writes(weights_file, tmp_path, two_gpus):
@@ -59,20 +65,10 @@ def test_two_workers_write_the_csv_one_process_writes(weights_file, tmp_path, tw
     unreadable file's error in its place, the same classes as one process."""
     import csv
 
-    d = tmp_path / "photos"
-    d.mkdir()
-    rng = np.random.default_rng(3)
-    for i in range(9):
-        Image.fromarray(rng.integers(0, 256, (80, 90 + 4 * i, 3), dtype=np.uint8)).save(d / f"{i:02d}.jpg")
-    (d / "03b.jpg").write_text("not a picture")
-    args = [str(d), "--weights", str(weights_file), "--backend", "cpu", "--batch-size", "2", "--top-k", "2",
-            "--worker-kind", "thread", "--workers", "2"]
-    one = runner().invoke(cli.run_cmd, [*args, "--output", str(tmp_path / "one.csv")])
-    two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2", "--output", str(tmp_path / "two.csv")])
-    assert one.exit_code == two.exit_code == 1, two.output  # 03b.jpg
-    a, b = (list(csv.reader((tmp_path / f).open(newline=""))) for f in ("one.csv", "two.csv"))
+    a, b = (list(csv.reader(f.open(newline=""))) for f in one_process_and_two_workers(weights_file, tmp_path,
+                                                                                       "thread", ".csv"))
     assert a[0] == b[0] and b[0][0] == "image" and sum(row == b[0] for row in b) == 1
-    assert len(b) == 11 and b[5][0].endswith("03b.jpg") and b[5][1]  # after the header and 00..03
+    assert len(b) == 13 and b[7][0].endswith("05b.jpg") and b[7][1]  # after the header and 00..05
     assert [(r[0], r[1], r[2], r[5]) for r in a] == [(r[0], r[1], r[2], r[5]) for r in b]  # image, error, classes
 
 
