@@ -10,7 +10,9 @@ start to exit):
   decode, resize) and ``decode_files`` (jpeg_batch.c) at a decode call's size, and Pillow's exact decode on one
   core (x the cores) and on every core at once without the pipeline (the CPU ceiling);
 - the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
-  batch 64) through nvImageCodec's Python API too (jpeg_decode.NATIVE off), the two alternated twice;
+  batch 64) the variants named there too, alternated twice: ``python-api`` (nvImageCodec's Python API,
+  jpeg_decode.NATIVE off), ``one-chain`` (one decode call in flight), ``one-chain-two-batches`` (and two batches
+  outstanding on the GPU: the pipeline's earlier shape);
 - ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
   again (the first long run's share of a repeated run's rate);
 - ``--gpus N`` for each N of ``--gpus`` up to the machine's GPUs, wall time including start-up, on ``--many``
@@ -38,6 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RUN = "from inception_engine.cli import run_main; run_main()"
 PYTHON_API = "import inception_engine.backends.cuda.jpeg_decode as j; j.NATIVE = False; " + RUN
+ONE_CHAIN = "import inception_engine.backends.cuda.jpeg_decode as j; j.DECODE_CHAINS = 1; "
+# the pipeline's shape before decode chains: one decode call in flight, two batches outstanding on the GPU
+TWO_BATCHES = ("import inception_engine.backends.cuda.stream as s; init = s.CudaRunner.__init__; "
+               "s.CudaRunner.__init__ = lambda self, *a, **k: (init(self, *a, **k), setattr(self, 'depth', 2))[0]; ")
+VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN,
+            "one-chain-two-batches": ONE_CHAIN + TWO_BATCHES + RUN}
 STYLES = {"small": (3, 32), "imagenet": (16, 16)}  # (noise, coarse cell): ~35 KB and ~95 KB at quality 90
 
 
@@ -142,10 +150,47 @@ def decoder_alone(d: Path, batch: int, limit: int) -> dict:
         if dec.native_unavailable is None:
             timed("decode_files", lambda b: dec.decode_files([p for p, _ in b], int(dst), stream,
                                                              lambda p, x: decode_u8(p, pre)))
+            out["decode_files_chains"] = round(chains_alone(gpu, kernels, pre, batches, dec, dst, stream))
         dec.close()
         dst.free()
     gpu.release()
     return out
+
+
+def chains_alone(gpu, kernels, pre, batches: list, first, dst, stream, chains: int = 2) -> float:
+    """images/s of ``decode_files`` on ``chains`` threads at once, each with its decoder, stream and buffer (the
+    pipeline's decode chains), call c on chain c % chains."""
+    import threading
+
+    from inception_engine.backends.cuda import jpeg_decode
+    from inception_engine.backends.cuda.device import driver
+    from inception_engine.images import decode_u8
+
+    drv = driver()
+    decs = [first] + [jpeg_decode.GpuJpegDecoder(kernels, pre, len(batches[0])) for _ in range(chains - 1)]
+    streams = [stream] + [drv.Stream(1) for _ in range(chains - 1)]
+    dsts = [dst] + [drv.mem_alloc(len(batches[0]) * pre.size * pre.size * 3) for _ in range(chains - 1)]
+
+    def run(j: int, todo: list) -> None:
+        with gpu:
+            for b in todo:
+                decs[j].decode_files([p for p, _ in b], int(dsts[j]), streams[j], lambda p, x: decode_u8(p, pre))
+            streams[j].synchronize()
+
+    for j in range(chains):  # warm-up: each decoder's first call starts nvJPEG
+        run(j, batches[:1])
+    threads = [threading.Thread(target=run, args=(j, batches[j::chains])) for j in range(chains)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = sum(map(len, batches)) / (time.perf_counter() - t0)
+    for d in decs[1:]:
+        d.close()
+    for x in dsts[1:]:
+        x.free()
+    return rate
 
 
 def one_core(d: Path, n: int = 512) -> float:
@@ -198,7 +243,7 @@ def main() -> None:
     ap.add_argument("--gpus", default="", help="GPU counts for --gpus rows (e.g. 1,2,4)")
     ap.add_argument("--many", type=int, default=65536, help="images of the --gpus rows")
     ap.add_argument("--gpus-decode", default="gpu,cpu", help="decode modes of the --gpus rows")
-    ap.add_argument("--ab", action="store_true", help="--decode gpu also through nvImageCodec's Python API, alternated")
+    ap.add_argument("--ab", default="", help=f"--decode gpu variants to alternate with, of {','.join(VARIANTS)}")
     ap.add_argument("--first", action="store_true", help="first answers (run first, on a fresh machine)")
     ap.add_argument("--first-long", default="", help="precisions of first-long-run rows: each --decode gpu run "
                     "on a fresh cache (kernels only), then again (e.g. fp16,tf32,fp32)")
@@ -246,8 +291,8 @@ def main() -> None:
         ref: dict[str, dict] = {}
         for p in precisions:
             for b in map(int, args.batches.split(",")):
-                ab = args.ab and b == 64
-                variants = [("jpeg_batch.c", RUN), ("python api", PYTHON_API)] if ab else [("jpeg_batch.c", RUN)]
+                ab = [(v, VARIANTS[v]) for v in args.ab.split(",") if v] if b == 64 else []
+                variants = [("jpeg_batch.c", RUN), *ab]
                 for rnd in range(2 if ab else 1):
                     for label, code in variants:
                         r = inception_run([str(d), "--weights", args.weights, "--precision", p, "--decode", "gpu",

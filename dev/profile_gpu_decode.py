@@ -165,7 +165,7 @@ def profile_variants(paths: list[Path], batch: int) -> None:
         t0 = time.perf_counter()
         backend = engine.backend_for(batch, "cached")
         with backend.gpu:
-            backend.jpeg_decoder(pre)
+            backend.jpeg_decoders(pre)[0]
         print(f"{'decoder start-up (once a backend)':34} {1e3 * (time.perf_counter() - t0):8.0f} ms")
         loop("warm-up")
         loop("pipeline (files in memory)")
@@ -184,7 +184,7 @@ def hardware_engines(engine, backend, pre: Preprocess, batches: list, loop) -> N
 
     drv = driver()
     with backend.gpu:
-        default = backend.jpeg_decoder(pre)
+        default = backend.jpeg_decoders(pre)[0]
         try:
             hw = jpeg_decode.GpuJpegDecoder(backend.kernels, pre, backend.plan.batch, backends=("HW_GPU_ONLY",))
         except Exception as e:
@@ -204,13 +204,13 @@ def hardware_engines(engine, backend, pre: Preprocess, batches: list, loop) -> N
             print(f"crops of {name:12} against Pillow: max |diff| {diff.max()}, mean {diff.mean():.4f}, "
                   f"bytes differing {100 * (diff > 0).mean():.2f} %")
         dst.free()
-        backend._jpeg_decoder = hw
+        backend._jpeg_decoders = [hw]
     try:
         loop("pipeline, HW_GPU_ONLY (in memory)")
     finally:
         with backend.gpu:
             hw.close()
-            backend._jpeg_decoder = default
+            backend._jpeg_decoders = [default]
 
 
 def profile_contention(paths: list[Path], batch: int) -> None:

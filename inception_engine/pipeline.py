@@ -560,42 +560,50 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
 
 
 def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: int) -> Iterator[Prediction]:
-    """_stream_encoded with the reading and decoding on a thread of its own (classify_encoded)."""
+    """_stream_encoded with the reading and decoding on threads of their own (classify_encoded): the runner's
+    ``decode_chains`` of them (one where it has none), thread j decoding calls j, j + chains, ..., taken here in call
+    order. Each batch's predictions are handed out as soon as they are in order, so that the consumer's work on them
+    falls between the forwards this thread starts rather than after a whole decode call's."""
     import queue
     import threading
 
-    decoded: queue.Queue[Any] = queue.Queue()  # (first seq, runner.decode's result), an error, or None at the end
+    chains = max(1, getattr(runner, "decode_chains", 1))
+    firsts = range(0, len(sources), runner.decode_batch)  # each decode call's first image
+    decoded: list[queue.Queue[Any]] = [queue.Queue() for _ in range(chains)]  # runner.decode's results, or an error
     stop = threading.Event()
 
-    def decode_all() -> None:
+    def decode_calls(chain: int) -> None:
         try:
-            for first in range(0, len(sources), runner.decode_batch):
+            for call in range(chain, len(firsts), chains):
                 if stop.is_set():
                     return
+                first = firsts[call]
                 end = min(first + runner.decode_batch, len(sources))
-                decoded.put((first, runner.decode([os.fspath(s) for s in sources[first:end]])))
-            decoded.put(None)
+                decoded[chain].put(runner.decode([os.fspath(s) for s in sources[first:end]], call))
         except BaseException as e:  # handed to the consuming thread, which raises it there
-            decoded.put(e)
+            decoded[chain].put(e)
 
     results = _Results(sources, runner)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(DECODE_SWITCH_INTERVAL)
-    thread = threading.Thread(target=decode_all, name="gpu-decode", daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=decode_calls, args=(j,), name="gpu-decode", daemon=True)
+               for j in range(min(chains, len(firsts)))]
+    for t in threads:
+        t.start()
     try:
-        while (got := decoded.get()) is not None:
+        for call, seq in enumerate(firsts):
+            got = decoded[call % chains].get()
             if isinstance(got, BaseException):
                 raise got
-            seq, batch = got
-            for part in runner.split(batch):
+            for part in runner.split(got):
                 results.make_room()
                 results.add(list(range(seq, seq + part.images)), runner.classify(part, top_k))
                 seq += part.images
-            yield from results.finished()
+                yield from results.finished()
         yield from results.drain()
     finally:
         stop.set()
         runner.cancel_decode()  # a decode waiting for a buffer gives up
-        thread.join()
+        for t in threads:
+            t.join()
         sys.setswitchinterval(interval)

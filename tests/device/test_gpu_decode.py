@@ -206,3 +206,51 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path, monkeypatch, native)
     print(f"\nGPU-decoded JPEGs vs CPU path: {len(diffs)} crops, mean abs diff {mean:.3f}, "
           f"max {max(int(d.max()) for d in diffs)}, bytes differing {np.mean([(d > 0).mean() for d in diffs]):.1%}")
     assert mean <= MEAN_ABS_DIFF
+
+
+@pytest.mark.gpu
+def test_decode_chains_give_the_one_chain_predictions_in_order(gpu, tmp_path, monkeypatch):
+    """--decode gpu through jpeg_batch.c with several decode calls in flight (stream.CudaRunner's chains, each its
+    own decoder, copy stream and thread): the predictions of one chain, in input order, errors in their places. Decode
+    calls of 4 files (2 batches), 23 inputs: 6 calls over 2 chains, the last call partial."""
+    from helpers.random_weights import random_arrays
+
+    from inception_engine import pipeline
+    from inception_engine.backends.cuda import stream
+    from inception_engine.backends.cuda.backend import CudaBackend
+    from inception_engine.backends.cuda.stream import CudaRunner
+    from inception_engine.plan import build_plan
+    from inception_engine.weights import Weights
+
+    try:
+        jpeg_decode.load_nvimgcodec()
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+    monkeypatch.setattr(stream, "DECODE_IMAGES", 4)
+    size = 75
+    pre = Preprocess(size=size, resize=86)
+    weights = Weights(random_arrays(17), {"count_include_pad": True})
+    rng = np.random.default_rng(23)
+    sources = []
+    for i in range(20):
+        path = tmp_path / f"{i:02d}.jpg"
+        Image.fromarray(rng.integers(0, 256, (90 + 3 * i, 100, 3), dtype=np.uint8)).save(path, quality=90)
+        sources.append(path)
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
+    sources[3:3] = [tmp_path / "missing.jpg"]
+    Image.fromarray(rng.integers(0, 256, (80, 92, 3), dtype=np.uint8)).save(tmp_path / "p.png")
+    sources[11:11] = [tmp_path / "bad.jpg", tmp_path / "p.png"]
+    backend = CudaBackend(weights, build_plan(2, weights.layers(), input_size=size), graph=False, nhwc=False)
+    runs = {}
+    try:
+        for chains in (1, 2):
+            monkeypatch.setattr(jpeg_decode, "DECODE_CHAINS", chains)
+            runner = CudaRunner(backend, pre, gpu_decode=True)
+            assert runner.decode_fallback is None and runner.decode_chains == chains
+            runs[chains] = list(pipeline.classify_encoded(sources, runner, 3))
+    finally:
+        backend.close()
+    one, two = runs[1], runs[2]
+    assert [p.image for p in two] == [str(s) for s in sources]
+    assert [(p.top, p.error) for p in two] == [(p.top, p.error) for p in one]
+    assert [p.ok for p in two] == [s.exists() and s.name != "bad.jpg" for s in sources]

@@ -153,7 +153,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
         gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
         # nvImageCodec frees an image on the stream it was decoded on: a finished run leaves the backend's decoder
         # (kept for the next run) holding none, or the next run freed them on a destroyed stream and crashed
-        assert backend._jpeg_decoder is not None and backend._jpeg_decoder._decoded == []
+        assert backend._jpeg_decoders and backend._jpeg_decoders[0]._decoded == []
         again = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
         cpu = list(pipeline.classify(sources, CudaRunner(backend, pre), pre, 3, options))
     finally:
@@ -166,3 +166,4 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
         if g.ok:
             assert [i for i, _, _ in g.top] == [i for i, _, _ in c.top]
             np.testing.assert_allclose([q for _, _, q in g.top], [q for _, _, q in c.top], rtol=1e-6)
+

@@ -289,29 +289,32 @@ class EchoPart:
 
 
 class TwoStepRunner(EchoRunner):
-    """EchoRunner in the cuda runner's two steps: ``decode`` on the decode thread (``buffers`` of them, blocking
-    while none is free), ``classify`` on the consuming one; records which thread did what."""
+    """EchoRunner in the cuda runner's two steps: ``decode`` on ``decode_chains`` decode threads (``buffers`` of
+    them, taken in call order as the cuda runner takes them), ``classify`` on the consuming one; records which
+    thread did what, and which calls each decode thread took."""
 
-    def __init__(self, buffers: int = 3, fail_at: int | None = None, decode_batch: int = 2):
-        import queue
+    def __init__(self, buffers: int = 3, fail_at: int | None = None, decode_batch: int = 2, chains: int = 1):
         import threading
 
-        self.free: queue.Queue = queue.Queue()
-        for i in range(buffers):
-            self.free.put(i)
+        from inception_engine.backends.cuda.stream import BufferTurns
+
+        self.turns = BufferTurns(buffers)
+        self.decode_chains = chains
         self.fail_at, self.decoded, self.threads = fail_at, 0, {"decode": set(), "classify": set()}
+        self.calls: dict[threading.Thread, list[int]] = {}  # decode thread -> the calls it decoded, in its order
         self.decode_batch = decode_batch  # files a decode call takes: several batches
         self.main = threading.get_ident()
         self.closed = False
 
-    def decode(self, paths: list[str]) -> tuple[int, list]:
+    def decode(self, paths: list[str], call: int) -> tuple[int, list]:
         """Reads the files itself, as the cuda runner does: an unreadable one's result is its error."""
         import threading
 
-        self.threads["decode"].add(threading.get_ident())
-        if self.decoded == self.fail_at:
+        self.threads["decode"].add(threading.current_thread())  # the object: a finished thread's ident is reused
+        self.calls.setdefault(threading.current_thread(), []).append(call)
+        if call == self.fail_at:
             raise RuntimeError("decoder exploded")
-        buffer = self.free.get()
+        buffer = self.turns.take(call)
         if buffer is None:
             raise pipeline_cancelled()
         self.decoded += 1
@@ -329,11 +332,11 @@ class TwoStepRunner(EchoRunner):
         self.threads["classify"].add(threading.get_ident())
         self.start_ticket()
         if part.frees is not None:
-            self.free.put(part.frees)
+            self.turns.give(part.frees)
         return part.tops
 
     def cancel_decode(self) -> None:
-        self.free.put(None)
+        self.turns.cancel()
 
     def close(self) -> None:
         self.closed = True
@@ -353,34 +356,67 @@ def jpeg_names(tmp_path, n: int) -> list:
     return paths
 
 
-@pytest.mark.parametrize("decode_batch", [2, 5])  # a decode of one batch, of several and a part (5 = 2 + 2 + 1)
-def test_decoding_thread_keeps_order_and_errors_and_classifies_on_the_callers_thread(tmp_path, decode_batch):
+@pytest.mark.parametrize("decode_batch, chains, buffers", [(2, 1, 1), (5, 1, 1), (2, 2, 4), (5, 3, 5)])
+def test_decoding_threads_keep_order_and_errors_and_classify_on_the_callers_thread(tmp_path, decode_batch, chains,
+                                                                                   buffers):
+    """A decode of one batch, of several and a part (5 = 2 + 2 + 1); one decode thread with one buffer (the decoder
+    waits for every classify), or several threads each taking every chains-th call."""
     import threading
 
-    paths = jpeg_names(tmp_path, 11)
+    paths = jpeg_names(tmp_path, 21)
     paths.insert(4, tmp_path / "missing.jpg")
-    runner = TwoStepRunner(buffers=1, decode_batch=decode_batch)  # one buffer: the decoder waits for every classify
+    runner = TwoStepRunner(buffers=buffers, decode_batch=decode_batch, chains=chains)
     preds = list(pipeline.classify_encoded(paths, runner, 1))
     assert [p.image for p in preds] == [str(p) for p in paths]
     assert [p.top[0][0] if p.ok else None for p in preds] == [
         int(p.name[:3]) + 1 if p.name != "missing.jpg" else None for p in paths]
     assert runner.threads["classify"] == {threading.get_ident()}
-    assert runner.threads["decode"] and threading.get_ident() not in runner.threads["decode"]
+    assert len(runner.threads["decode"]) == chains and threading.current_thread() not in runner.threads["decode"]
+    calls = -(-len(paths) // decode_batch)
+    assert sorted(tuple(c) for c in runner.calls.values()) == [tuple(range(j, calls, chains)) for j in range(chains)]
     assert runner.closed and not any(t.name == "gpu-decode" for t in threading.enumerate())
 
 
-def test_decoding_thread_error_reaches_the_caller_and_an_early_stop_ends_the_thread(tmp_path):
+@pytest.mark.parametrize("chains", [1, 2])
+def test_decoding_thread_error_reaches_the_caller_and_an_early_stop_ends_the_thread(tmp_path, chains):
     import threading
 
-    runner = TwoStepRunner(fail_at=2)
+    runner = TwoStepRunner(fail_at=2, chains=chains, buffers=chains + 2)
     with pytest.raises(RuntimeError, match="decoder exploded"):
         list(pipeline.classify_encoded(jpeg_names(tmp_path, 9), runner, 1))
     assert runner.closed and not any(t.name == "gpu-decode" for t in threading.enumerate())
-    runner = TwoStepRunner(buffers=1)
+    runner = TwoStepRunner(buffers=chains, chains=chains)
     stream = pipeline.classify_encoded(jpeg_names(tmp_path, 9), runner, 1)
-    next(stream)  # the decoder now waits for a buffer that this consumer will never free
+    next(stream)  # the decoders now wait for buffers that this consumer will never free
     stream.close()
     assert runner.closed and not any(t.name == "gpu-decode" for t in threading.enumerate())
+
+
+def test_buffer_turns_are_taken_in_call_order():
+    """Call c takes buffer c % n only after call c - n gave it back, whichever thread asks first; cancel wakes
+    every waiter."""
+    import threading
+
+    from inception_engine.backends.cuda.stream import BufferTurns
+
+    turns = BufferTurns(2)
+    assert turns.take(0) == 0 and turns.take(1) == 1
+    got: dict[int, int | None] = {}
+    late = threading.Thread(target=lambda: got.update({4: turns.take(4)}))  # buffer 0 after call 2, not before
+    late.start()
+    early = threading.Thread(target=lambda: got.update({2: turns.take(2)}))
+    early.start()
+    turns.give(0)  # call 0's buffer: call 2 takes it, call 4 keeps waiting
+    early.join(5)
+    assert got == {2: 0} and late.is_alive()
+    turns.give(0)  # call 2's
+    late.join(5)
+    assert got == {2: 0, 4: 0}
+    waiting = threading.Thread(target=lambda: got.update({3: turns.take(3)}))  # call 1 still holds buffer 1
+    waiting.start()
+    turns.cancel()
+    waiting.join(5)
+    assert got[3] is None and not waiting.is_alive()
 
 
 def test_encoded_stream_reads_in_order_with_errors_in_place(tmp_path):

@@ -135,7 +135,7 @@ class CudaBackend:
         self._stages: list[tuple[Any, list[tuple[Any, Any, list[Any], list[Launch]]], list[tuple[Any, Any]]]] = []
         self._tail: list[Launch] = []
         self._host: list[Any] = []
-        self._jpeg_decoder: Any = None  # jpeg_decode.GpuJpegDecoder, made by the first --decode gpu run
+        self._jpeg_decoders: list[Any] = []  # jpeg_decode.GpuJpegDecoders, made by the first --decode gpu run
         self._closed = False
         try:
             with self._gpu:
@@ -362,23 +362,30 @@ class CudaBackend:
         """Device memory this backend holds: arena, parameters, workspace (split-K, Winograd), probabilities."""
         return self._device_bytes
 
-    def jpeg_decoder(self, pre: Any, threads: int = 0, max_batch: int | None = None, started: Any = None) -> Any:
-        """The GPU JPEG decoder for calls of up to max_batch files (default: this plan's batch), the context
-        current, made once: nvImageCodec's start-up is paid by the first run that decodes on the GPU, not by every
-        run of this backend. threads: its host threads (0: one per CPU); started: jpeg_decode.start_decoder's."""
-        made, max_batch = self._jpeg_decoder, max_batch or self.plan.batch
-        if made is None or made.pre != pre or made.threads != threads or made.max_batch < max_batch:
-            from .jpeg_decode import GpuJpegDecoder
+    def jpeg_decoders(self, pre: Any, threads: int = 0, max_batch: int | None = None, chains: int = 1,
+                      started: Any = None) -> list[Any]:
+        """GPU JPEG decoders for calls of up to max_batch files (default: this plan's batch), made once, the context
+        current: nvImageCodec's start-up is paid by the first run that decodes on the GPU, not by every run of this
+        backend. ``chains`` of them where they read files through jpeg_batch.c (one decoder per decode call in
+        flight); one through nvImageCodec's Python API, whose per-image GIL traffic a second thread would only
+        contend with. threads: each one's host threads (0: one per CPU); started: jpeg_decode.NativeStart's."""
+        from .jpeg_decode import GpuJpegDecoder
 
-            if made is not None:
-                made.close()
-            self._jpeg_decoder = GpuJpegDecoder(self.kernels, pre, max_batch, threads=threads, started=started)
-        return self._jpeg_decoder
+        made, max_batch = self._jpeg_decoders, max_batch or self.plan.batch
+        if made and (made[0].pre != pre or made[0].threads != threads or made[0].max_batch < max_batch):
+            for d in made:
+                d.close()
+            made.clear()
+        if not made:
+            made.append(GpuJpegDecoder(self.kernels, pre, max_batch, threads=threads, started=started))
+        while made[0].reads_files and len(made) < chains:
+            made.append(GpuJpegDecoder(self.kernels, pre, max_batch, threads=threads, started=started))
+        return made[:chains] if made[0].reads_files else made[:1]
 
     def _free(self) -> None:
-        if self._jpeg_decoder is not None:
-            self._jpeg_decoder.close()
-            self._jpeg_decoder = None
+        for d in self._jpeg_decoders:
+            d.close()
+        self._jpeg_decoders = []
         if self._graph is not None:
             self._graph.close()
             self._graph = None

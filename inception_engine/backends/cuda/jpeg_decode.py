@@ -56,6 +56,10 @@ MISSING = "--decode gpu needs nvidia-nvimgcodec-cu13 (pip install -e '.[gpu-deco
 SUPPORTED = "0.6.1 to 0.9.0"  # the releases run on the GPU machine; pyproject's gpu-decode extra admits these
 # GpuJpegDecoder reads and decodes through cuda_src/jpeg_batch.c where it builds (False: nvImageCodec's Python API)
 NATIVE = True
+# Through jpeg_batch.c: decode calls in flight at once, each with a decoder, a copy stream and a host thread of its
+# own (stream.CudaRunner). A call waits on the GPU (the hardware decoder, then the resize) for most of its time, which
+# a busy forward stretches; a second call's reading and parsing fill that wait.
+DECODE_CHAINS = 1
 
 
 def load_nvimgcodec() -> Any:
@@ -341,36 +345,53 @@ def warm_up_jpeg() -> bytes:
 
 
 class NativeStart:
-    """jpeg_batch.c's decoder being opened, and warmed up by a first decode, on a thread of its own: nvImageCodec's
-    start-up (about 1.5 s: its extensions, nvJPEG, the hardware decoder) overlaps the engine's (weights, kernels,
-    graph) instead of following it. ``take`` waits for it: (the opened JpegBatch, None), or (None, why it could
-    not be opened)."""
+    """jpeg_batch.c's decoders (``count`` of them: one per decode chain) being opened, and warmed up by a first
+    decode each, on threads of their own: nvImageCodec's start-up (about 1.5 s: its extensions, nvJPEG, the hardware
+    decoder) overlaps the engine's (weights, kernels, graph) instead of following it. ``take`` waits for them and
+    gives one at a time: (an opened JpegBatch, None), or (None, why none could be opened)."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, count: int | None = None):
         self.threads = threads
-        self._result: tuple[JpegBatch | None, str | None] = (None, TAKEN)
-        self._thread = threading.Thread(target=self._open, name="nvimgcodec-start", daemon=True)
+        self._opened: list[JpegBatch] = []
+        self._why: str | None = TAKEN
+        self._thread = threading.Thread(target=self._open, args=(count or DECODE_CHAINS,), name="nvimgcodec-start",
+                                        daemon=True)
         self._thread.start()
 
-    def _open(self) -> None:
-        self._result = open_native(self.threads)
-        native = self._result[0]
-        if native is not None:
-            try:
-                native.warm_up(warm_up_jpeg())
-            except OSError:  # not needed for decoding: the first batch pays nvImageCodec's start instead
-                pass
+    def _open(self, count: int) -> None:
+        for _ in range(count):  # the first opens nvImageCodec and the CUDA context; the others take ~30 ms
+            native, why = open_native(self.threads)
+            if native is None:
+                self._why = why if not self._opened else TAKEN  # the ones opened serve; the caller opens the rest
+                break
+            self._opened.append(native)
+        warming = [threading.Thread(target=warm_up, args=(n,), daemon=True) for n in self._opened]
+        for t in warming:
+            t.start()
+        for t in warming:
+            t.join()
 
     def take(self) -> tuple[JpegBatch | None, str | None]:
-        """The opened decoder, once (later calls: none, to be opened afresh)."""
+        """An opened decoder (once each; then none, to be opened afresh), or why none could be opened."""
         self._thread.join()
-        got, self._result = self._result, (None, TAKEN)
-        return got
+        if self._opened:
+            return self._opened.pop(0), None
+        got, self._why = self._why, TAKEN
+        return None, got
 
     def close(self) -> None:
-        native, _ = self.take()
-        if native is not None:
+        self._thread.join()
+        for native in self._opened:
             native.close()
+        self._opened = []
+
+
+def warm_up(native: JpegBatch) -> None:
+    """A first decode: nvImageCodec starts nvJPEG and the hardware decoder there, rather than at a run's first batch."""
+    try:
+        native.warm_up(warm_up_jpeg())
+    except OSError:  # not needed for decoding: the first batch pays nvImageCodec's start instead
+        pass
 
 
 def check_gpu_decode() -> bool:

@@ -18,7 +18,7 @@ forward of a few milliseconds instead of a second plan, tuning and graph.
 
 from __future__ import annotations
 
-import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,13 +29,13 @@ from ...errors import EngineError
 from ...images import Preprocess, decode_u8_bytes
 from ...pipeline import HostRing, TopK
 from .backend import CudaBackend
+from . import jpeg_decode
 from .device import driver
 from .kernels import spec
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
 
 
-DECODE_BUFFERS = 3  # u8 buffers for --decode gpu: two in the forward's hands (depth) and one being decoded
 # --decode gpu hands nvImageCodec at least this many files a call (a whole number of batches): its call has a fixed
 # cost of a few milliseconds, which a batch of 64 does not amortise.
 DECODE_IMAGES = 256
@@ -43,6 +43,41 @@ DECODE_IMAGES = 256
 
 class DecodeCancelled(Exception):
     """``decode`` was waiting for a free buffer when the run ended."""
+
+
+class BufferTurns:
+    """Which decode call writes which u8 buffer: call c takes buffer c % n once call c - n, its last user, has given
+    it back. Calls decoded on several threads so take the buffers in call order: a later call that took a buffer
+    first could leave an earlier one waiting on a consumer that waits for that earlier call."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._next = list(range(n))  # the call that takes each buffer next
+        self._held = [False] * n
+        self._cancelled = False
+        self._cond = threading.Condition()
+
+    def take(self, call: int) -> int | None:
+        """Call ``call``'s buffer, once free (None: ``cancel`` was called)."""
+        b = call % self.n
+        with self._cond:
+            self._cond.wait_for(lambda: self._cancelled or (self._next[b] == call and not self._held[b]))
+            if self._cancelled:
+                return None
+            self._held[b] = True
+            return b
+
+    def give(self, b: int) -> None:
+        with self._cond:
+            self._held[b] = False
+            self._next[b] += self.n
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        """Wakes every ``take`` waiting (the run is over)."""
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -59,7 +94,7 @@ class Decoded:
 
 @dataclass(frozen=True)
 class Ticket:
-    turn: int  # which set of buffers (batch number % 2)
+    turn: int  # which set of result buffers (batch number % depth)
     images: int
     top_k: int
     errors: list[str | None] | None = None  # submit_encoded's per-file decode errors
@@ -78,13 +113,11 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 
 
 class CudaRunner:
-    depth = 2
-
     def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False, decode_threads: int = 0,
                  started: Any = None):
-        """gpu_decode: make the backend's JPEG decoder now (for submit_encoded), so that a decoder that cannot be
-        made stops the run before its first image rather than at its first batch; with decode_threads host threads
-        (0: one per CPU), from ``started`` (jpeg_decode.start_decoder's) where given."""
+        """gpu_decode: make the backend's JPEG decoders now (for submit_encoded and decode), so that a decoder that
+        cannot be made stops the run before its first image rather than at its first batch; with decode_threads
+        host threads each (0: one per CPU), from ``started`` (jpeg_decode.NativeStart) where given."""
         drv = driver()
         plan = backend.plan
         self.classes = plan.output.channels
@@ -95,48 +128,61 @@ class CudaRunner:
         self.backend, self.batch, self.pre = backend, plan.batch, pre
         # files per decode call (--decode gpu); its buffers hold that many images, classified a batch at a time
         self.decode_batch = self.batch * max(1, -(-DECODE_IMAGES // self.batch)) if gpu_decode else self.batch
+        # batches outstanding on the GPU: with --decode gpu, two decode calls' worth, so that the forward has work
+        # queued while this thread hands out a call's results; the host-decoded path stages per turn (two)
+        self.depth = 2 * (self.decode_batch // self.batch) if gpu_decode else 2
         self._image_bytes = pre.size * pre.size * 3
         self._ring: np.ndarray | None = None
-        self._decoder: Any = None  # the backend's jpeg_decode.GpuJpegDecoder, from the first submit_encoded
+        self._decoders: list[Any] = []  # the backend's jpeg_decode.GpuJpegDecoders, one per decode chain
         self._decode_threads = decode_threads
         self._turn = 0
+        self._serial_calls = 0  # submit_encoded's decode calls (decode's are numbered by its caller)
         self._allocs: list[Any] = []
         with backend.gpu:
             kernels = backend.kernels
             self._normalize = kernels["normalize_u8_nchw"]
             self._topk = kernels["softmax_topk_rows"]
-            self._u8 = [self._alloc(self.decode_batch * self._image_bytes) for _ in range(DECODE_BUFFERS)]
-            self._prob = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
-            self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(2)]
+            self._prob = [self._alloc(self.batch * self.classes * 4) for _ in range(self.depth)]
+            self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(self.depth)]
             self._mean_std = self._alloc(6 * 4)
             drv.memcpy_htod(self._mean_std, np.asarray((*pre.mean, *pre.std), np.float32))
             self._staging = [drv.pagelocked_empty((self.batch, pre.size, pre.size, 3), np.uint8) for _ in range(2)]
-            self._prob_host = [drv.pagelocked_empty(self.batch * self.classes, np.float32) for _ in range(2)]
-            self._index_host = [drv.pagelocked_empty(self.batch * self.classes, np.int32) for _ in range(2)]
-            self._copy = drv.Stream(1)
-            flags = drv.event_flags.DISABLE_TIMING
-            self._copied = [drv.Event(flags) for _ in range(DECODE_BUFFERS)]
-            self._normalized = [drv.Event(flags) for _ in range(DECODE_BUFFERS)]
-            self._done = [drv.Event(flags) for _ in range(2)]
-            # --decode gpu: buffers free for the next decode; a buffer returns once its normalize is enqueued, so
-            # the copy stream's wait for its normalized event always finds that event recorded
-            self._free_buffers: queue.Queue[int | None] = queue.Queue()
-            for i in range(DECODE_BUFFERS):
-                self._free_buffers.put(i)
-            self._used_buffers: set[int] = set()
+            self._prob_host = [drv.pagelocked_empty(self.batch * self.classes, np.float32) for _ in range(self.depth)]
+            self._index_host = [drv.pagelocked_empty(self.batch * self.classes, np.int32) for _ in range(self.depth)]
+            self._done = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.depth)]
+            self._copies: list[Any] = [drv.Stream(1)]
         if gpu_decode:
             try:
                 with backend.gpu:
-                    self._decoder = backend.jpeg_decoder(pre, decode_threads, self.decode_batch, started)
+                    self._decoders = backend.jpeg_decoders(pre, decode_threads, self.decode_batch,
+                                                           jpeg_decode.DECODE_CHAINS, started)
+                    self._copies += [drv.Stream(1) for _ in self._decoders[1:]]
             except BaseException:
                 self.close()
                 raise
+        self._copy = self._copies[0]  # the host-decoded path's, and the first decode chain's
+        # u8 buffers: the host-decoded path's two turns; decoding on the GPU, one per decode chain being decoded,
+        # one decoded and waiting, one being classified (a buffer returns once its last normalize is
+        # enqueued, so the copy stream's wait for its normalized event always finds that event recorded)
+        buffers = len(self._decoders or [None]) + 2
+        with backend.gpu:
+            self._u8 = [self._alloc(self.decode_batch * self._image_bytes) for _ in range(buffers)]
+            flags = drv.event_flags.DISABLE_TIMING
+            self._copied = [drv.Event(flags) for _ in range(buffers)]
+            self._normalized = [drv.Event(flags) for _ in range(buffers)]
+        self._turns = BufferTurns(buffers)
+        self._used_buffers: set[int] = set()
+
+    @property
+    def decode_chains(self) -> int:
+        """Decode calls this runner takes at once (``decode``'s ``call`` picks the chain): one per decoder."""
+        return max(1, len(self._decoders))
 
     @property
     def decode_fallback(self) -> str | None:
         """Why the GPU decoder reads files through nvImageCodec's Python API instead of jpeg_batch.c (None: it
-        does not, or this runner has no decoder yet)."""
-        return getattr(self._decoder, "native_unavailable", None)
+        does not, or this runner has no decoder)."""
+        return getattr(self._decoders[0], "native_unavailable", None) if self._decoders else None
 
     def _alloc(self, nbytes: int) -> int:
         a = driver().mem_alloc(max(nbytes, 4))
@@ -167,40 +213,48 @@ class CudaRunner:
         if not 1 <= len(items) <= self.batch:
             raise ValueError(f"{len(items)} images: outside this runner's batch of {self.batch}")
 
-        def fill(dec: Any, dst: int, cpu: Callable) -> list[str | None]:
+        def fill(dec: Any, dst: int, cpu: Callable, stream: Any) -> list[str | None]:
             if dec.reads_files:  # jpeg_batch.c reads the files itself (again: they are in the page cache)
-                return dec.decode_files([name for name, _ in items], dst, self._copy, cpu)
-            return dec.decode_into(items, dst, self._copy, cpu)
+                return dec.decode_files([name for name, _ in items], dst, stream, cpu)
+            return dec.decode_into(items, dst, stream, cpu)
 
-        return self.classify(self._decode_with(len(items), fill), top_k)
+        self._serial_calls += 1
+        return self.classify(self._decode_with(len(items), fill, self._serial_calls - 1), top_k)
 
-    def decode(self, paths: list[str]) -> Decoded:
-        """Read and decode these files (at most ``decode_batch``) into a free u8 buffer on the copy stream; a file
-        that cannot be read or decoded gets its error in the result. May run on a thread of its own beside the one
-        that calls ``classify`` (pipeline.classify_encoded): it blocks only while every buffer is in use, and raises
-        DecodeCancelled if ``cancel_decode`` is called meanwhile."""
+    def decode(self, paths: list[str], call: int) -> Decoded:
+        """Read and decode these files (at most ``decode_batch``), the run's decode call number ``call``, into a
+        free u8 buffer; a file that cannot be read or decoded gets its error in the result. Calls may run on
+        ``decode_chains`` threads at once (call c on chain c % decode_chains), beside the one that calls
+        ``classify`` (pipeline.classify_encoded); each blocks only until its buffer is free (``BufferTurns``), and
+        raises DecodeCancelled if ``cancel_decode`` is called meanwhile."""
         if not 1 <= len(paths) <= self.decode_batch:
             raise ValueError(f"{len(paths)} images: outside this runner's decode batch of {self.decode_batch}")
-        return self._decode_with(len(paths), lambda dec, dst, cpu: dec.decode_files(paths, dst, self._copy, cpu))
+        return self._decode_with(len(paths), lambda dec, dst, cpu, stream: dec.decode_files(paths, dst, stream, cpu),
+                                 call)
 
-    def _decode_with(self, n: int, fill: Callable[[Any, int, Callable], list[str | None]]) -> Decoded:
-        """fill(decoder, buffer address, cpu fallback) decodes n images into a free buffer; its errors per image."""
-        i = self._free_buffers.get()
+    def _decode_with(self, n: int, fill: Callable[[Any, int, Callable, Any], list[str | None]], call: int) -> Decoded:
+        """fill(decoder, buffer address, cpu fallback, stream) decodes n images into call ``call``'s buffer on its
+        chain's decoder and copy stream; its errors per image."""
+        if not self._decoders:  # made without gpu_decode: one decoder, made at the first call
+            with self.backend.gpu:
+                self._decoders = self.backend.jpeg_decoders(self.pre, self._decode_threads, self.decode_batch)
+        i = self._turns.take(call)
         if i is None:
             raise DecodeCancelled()
+        chain = call % len(self._decoders)
+        copy = self._copies[chain]
         with self.backend.gpu:
-            if self._decoder is None:
-                self._decoder = self.backend.jpeg_decoder(self.pre, self._decode_threads, self.decode_batch)
             if i in self._used_buffers:  # the buffer's last batch must be normalised before it is overwritten
-                self._copy.wait_for_event(self._normalized[i])
+                copy.wait_for_event(self._normalized[i])
             self._used_buffers.add(i)
-            errors = fill(self._decoder, self._u8[i], lambda path, data: decode_u8_bytes(data, path, self.pre))
-            self._copied[i].record(self._copy)
+            errors = fill(self._decoders[chain], self._u8[i],
+                          lambda path, data: decode_u8_bytes(data, path, self.pre), copy)
+            self._copied[i].record(copy)
         return Decoded(i, n, errors)
 
     def cancel_decode(self) -> None:
-        """Wakes a ``decode`` waiting for a buffer (the run is over): it raises DecodeCancelled."""
-        self._free_buffers.put(None)
+        """Wakes every ``decode`` waiting for a buffer (the run is over): they raise DecodeCancelled."""
+        self._turns.cancel()
 
     def split(self, decoded: Decoded) -> list[Decoded]:
         """A decode's images as batches for ``classify``, in order; the last one frees the buffer."""
@@ -216,7 +270,7 @@ class CudaRunner:
         with self.backend.gpu:
             self._classify(k, decoded.images, top_k, decoded.buffer, decoded.first)
         if decoded.releases:
-            self._free_buffers.put(decoded.buffer)
+            self._turns.give(decoded.buffer)
         return Ticket(k, decoded.images, top_k, decoded.errors)
 
     def _check(self, n: int, top_k: int) -> None:
@@ -225,7 +279,7 @@ class CudaRunner:
 
     def _next_turn(self) -> int:
         self._turn += 1
-        return (self._turn - 1) % 2
+        return (self._turn - 1) % self.depth
 
     def _classify(self, k: int, n: int, top_k: int, buffer: int | None = None, first: int = 0) -> None:
         """After u8[buffer]'s copy or decode was enqueued on the copy stream and its ``copied`` event recorded (by
@@ -265,15 +319,17 @@ class CudaRunner:
             return
         with self.backend.gpu:
             self.backend.stream.synchronize()
-            self._copy.synchronize()
+            for copy in self._copies:
+                copy.synchronize()
             self._ring = None
-            if self._decoder is not None:
-                self._decoder.release()  # before the copy stream goes; the backend keeps the decoder
-                self._decoder = None
+            for decoder in self._decoders:
+                decoder.release()  # before the copy streams go; the backend keeps the decoders
+            self._decoders = []
             for a in self._allocs:
                 a.free()
             self._allocs = []
             for h in (*self._staging, *self._prob_host, *self._index_host):
                 h.base.free()
             self._staging, self._prob_host, self._index_host = [], [], []
-            del self._copied, self._normalized, self._done  # destroyed while the context is current
+            # events and streams destroyed while the context is current
+            self._copied, self._normalized, self._done, self._copies, self._copy = [], [], [], [], None
