@@ -11,7 +11,7 @@ start to exit):
   core (x the cores) and on every core at once without the pipeline (the CPU ceiling);
 - the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
   batch 64) the variants named there too, alternated twice: ``python-api`` (nvImageCodec's Python API,
-  jpeg_decode.NATIVE off), ``one-chain`` (one decode call in flight), ``one-chain-two-batches`` (and two batches
+  jpeg_decode.NATIVE off), ``one-chain`` / ``two-chains`` (decode calls in flight), ``one-chain-two-batches`` (and two batches
   outstanding on the GPU: the pipeline's earlier shape);
 - ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
   again (the first long run's share of a repeated run's rate);
@@ -41,10 +41,11 @@ sys.path.insert(0, str(ROOT))
 RUN = "from inception_engine.cli import run_main; run_main()"
 PYTHON_API = "import inception_engine.backends.cuda.jpeg_decode as j; j.NATIVE = False; " + RUN
 ONE_CHAIN = "import inception_engine.backends.cuda.jpeg_decode as j; j.DECODE_CHAINS = 1; "
+TWO_CHAINS = "import inception_engine.backends.cuda.jpeg_decode as j; j.DECODE_CHAINS = 2; "
 # the pipeline's shape before decode chains: one decode call in flight, two batches outstanding on the GPU
 TWO_BATCHES = ("import inception_engine.backends.cuda.stream as s; init = s.CudaRunner.__init__; "
                "s.CudaRunner.__init__ = lambda self, *a, **k: (init(self, *a, **k), setattr(self, 'depth', 2))[0]; ")
-VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN,
+VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN, "two-chains": TWO_CHAINS + RUN,
             "one-chain-two-batches": ONE_CHAIN + TWO_BATCHES + RUN}
 STYLES = {"small": (3, 32), "imagenet": (16, 16)}  # (noise, coarse cell): ~35 KB and ~95 KB at quality 90
 
