@@ -11,8 +11,8 @@ start to exit):
   core (x the cores) and on every core at once without the pipeline (the CPU ceiling);
 - the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
   batch 64) the variants named there too, alternated twice: ``python-api`` (nvImageCodec's Python API,
-  jpeg_decode.NATIVE off), ``one-chain`` / ``two-chains`` (decode calls in flight), ``one-chain-two-batches`` (and two batches
-  outstanding on the GPU: the pipeline's earlier shape);
+  jpeg_decode.NATIVE off), ``one-chain`` / ``two-chains`` (decode calls in flight), ``one-chain-two-batches``
+  (and two batches outstanding on the GPU: the pipeline's earlier shape);
 - ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
   again (the first long run's share of a repeated run's rate);
 - ``--gpus N`` for each N of ``--gpus`` up to the machine's GPUs, wall time including start-up, on ``--many``

@@ -133,6 +133,8 @@ def test_cuda_array_interface_is_checked():
 
 def test_missing_nvimgcodec_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails as if not installed
+    if "nvidia" in sys.modules:  # imported already (an earlier test): `from nvidia import` finds the attribute
+        monkeypatch.delattr(sys.modules["nvidia"], "nvimgcodec", raising=False)
     with pytest.raises(BackendUnavailable, match=r"^--decode gpu needs nvidia-nvimgcodec-cu13 ") as e:
         jpeg_decode.load_nvimgcodec()
     assert "\n" not in str(e.value)

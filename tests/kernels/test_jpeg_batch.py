@@ -16,6 +16,7 @@ from inception_engine.backends.cuda import jpeg_batch
 from inception_engine.backends.cuda.jpeg_decode import DECODER_OPTIONS
 from inception_engine.backends.cuda.jpeg_header import plain_jpeg_size
 
+from helpers.gpu_present import gpu_unavailable_reason
 from helpers.gpu_buffers import rng_for
 
 pytestmark = pytest.mark.skipif(cuda_build.find_nvcc() is None, reason="needs nvcc to compile cuda_src/jpeg_batch.c")
@@ -118,9 +119,13 @@ def test_releases_before_the_first_one_run_are_left_to_the_python_api(tmp_path, 
 @pytest.mark.skipif((installed_release() or (0, 0, 0)) < jpeg_batch.MIN_RELEASE,
                     reason=f"nvImageCodec {'.'.join(map(str, jpeg_batch.MIN_RELEASE))} or later is not installed "
                            "(the gpu-decode extra)")
+@pytest.mark.skipif(gpu_unavailable_reason() is None,
+                    reason="a GPU is here: tests/device/test_gpu_decode.py runs the batched decode on it (nvImageCodec "
+                           "0.9's CPU-only mode never returned on the H100 machine)")
 def test_decode_in_cpu_mode_is_pillows_decode(tmp_path):
     """The batched decode's set-up (code streams, images into caller memory at offsets, one decode call) through
-    nvImageCodec's CPU-only mode, whose libjpeg-turbo with smooth chroma upsampling is Pillow's decoder."""
+    nvImageCodec's CPU-only mode, whose libjpeg-turbo with smooth chroma upsampling is Pillow's decoder: the check
+    of that set-up on machines without a GPU (CI)."""
     rng = rng_for("jpeg_batch decode")
     files = [jpeg(rng), jpeg(rng, progressive=True), jpeg(rng, mode="L"), jpeg(rng, subsampling=0), jpeg(rng)]
     paths = []
