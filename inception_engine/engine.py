@@ -16,7 +16,6 @@ of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -252,13 +251,14 @@ class Engine:
             raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
         if not images:
             return
-        stream = (classify_encoded(images, self.runner(len(images)), top_k) if self.decode == "gpu"
-                  else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline))
+        by = (self._backend_name, self._precision)
+        stream = (classify_encoded(images, self.runner(len(images)), top_k, by) if self.decode == "gpu"
+                  else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline, by))
         try:
             for p in stream:
                 if on_progress:
                     on_progress(1)
-                yield dataclasses.replace(p, backend=self._backend_name, precision=self._precision) if p.ok else p
+                yield p
         finally:
             # Closing this generator closes the pipeline now, with the engine still open: left to the garbage
             # collector, it could run after the backend was closed and print an ignored EngineError's traceback.

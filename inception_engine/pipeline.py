@@ -64,6 +64,10 @@ class Prediction:
         return self.error is None
 
 
+# (backend, precision): what each prediction of a stream records as having computed it
+ComputedBy = tuple[str | None, str | None]
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax in float64 (max subtracted, so large logits do not overflow)."""
     z = logits.astype(np.float64)
@@ -361,8 +365,9 @@ def default_workers() -> int:
 
 
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
-             options: PipelineOptions | None = None) -> Iterator[Prediction]:
-    """Predictions for ``sources`` in their order, streamed as batches finish (errors per image)."""
+             options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None)) -> Iterator[Prediction]:
+    """Predictions for ``sources`` in their order, streamed as batches finish (errors per image); ``computed_by``:
+    the backend and precision each result records."""
     options = options or PipelineOptions()
     if not sources:
         return
@@ -379,7 +384,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     try:
         runner.attach(ring)
         pool = DecodePool(ring, pre, workers, kind)
-        yield from _stream(sources, runner, pool, slots, top_k)
+        yield from _stream(sources, runner, pool, slots, top_k, computed_by)
     finally:
         if pool is not None:
             pool.close()
@@ -388,7 +393,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
 
 
 def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, slots: int,
-            top_k: int) -> Iterator[Prediction]:
+            top_k: int, computed_by: ComputedBy) -> Iterator[Prediction]:
     n, batch = len(sources), runner.batch
     decoding: deque[tuple[int, Future]] = deque()  # (seq, future), in seq order
     ready: list[int] = []  # decoded seqs waiting for a batch
@@ -404,7 +409,7 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
     def collect_oldest() -> None:
         seqs, ticket = in_flight.popleft()
         for seq, top in zip(seqs, runner.result(ticket)):
-            done[seq] = Prediction(source_name(seq, sources[seq]), top=labelled(top))
+            done[seq] = Prediction(source_name(seq, sources[seq]), labelled(top), None, *computed_by)
 
     while next_yield < n:
         # keep the decoders busy as far as the ring allows: seq may start once seq - slots has released its slot
@@ -470,8 +475,9 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
         return None, file_error(source, e)
 
 
-def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
-    """Predictions for image files decoded by the runner (on the GPU), in order.
+def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
+                     computed_by: ComputedBy = (None, None)) -> Iterator[Prediction]:
+    """Predictions for image files decoded by the runner (on the GPU), in order; ``computed_by`` as classify's.
 
     Where the runner decodes and classifies in two steps (``decode`` of ``decode_batch`` files, which it reads
     itself, ``split`` into batches, ``classify`` of each: the cuda runner), one thread decodes while this thread
@@ -484,7 +490,7 @@ def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
     threaded = DECODE_THREAD and all(hasattr(runner, a) for a in ("decode", "split", "classify", "decode_batch"))
     try:
-        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k)
+        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k, computed_by)
     finally:
         runner.close()
 
@@ -511,8 +517,8 @@ def read_batch(sources: Sequence[ImageSource], first: int, end: int
 class _Results:
     """The in-order end of an encoded stream: the runner's tickets outstanding, finished predictions by seq."""
 
-    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner):
-        self.sources, self.runner = sources, runner
+    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner, computed_by: ComputedBy):
+        self.sources, self.runner, self.computed_by = sources, runner, computed_by
         self.in_flight: deque[tuple[list[int], Any]] = deque()
         self.done: dict[int, Prediction] = {}
         self.next_yield = 0
@@ -531,7 +537,7 @@ class _Results:
         for seq, out in zip(seqs, self.runner.result(ticket)):
             name = source_name(seq, self.sources[seq])
             self.done[seq] = (Prediction(name, error=out) if isinstance(out, str) else
-                              Prediction(name, top=labelled(out)))
+                              Prediction(name, labelled(out), None, *self.computed_by))
 
     def finished(self) -> Iterator[Prediction]:
         while self.next_yield in self.done:
@@ -545,10 +551,11 @@ class _Results:
         yield from self.finished()
 
 
-def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int) -> Iterator[Prediction]:
+def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
+                    computed_by: ComputedBy) -> Iterator[Prediction]:
     """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
     results of ``runner.depth`` batches outstanding, yielded in order as they come."""
-    results = _Results(sources, runner)
+    results = _Results(sources, runner, computed_by)
     for first in range(0, len(sources), runner.batch):
         seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
         results.done.update(failed)
@@ -559,7 +566,8 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
     yield from results.drain()
 
 
-def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: int) -> Iterator[Prediction]:
+def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: int,
+                            computed_by: ComputedBy) -> Iterator[Prediction]:
     """_stream_encoded with the reading and decoding on threads of their own (classify_encoded): the runner's
     ``decode_chains`` of them (one where it has none), thread j decoding calls j, j + chains, ..., taken here in call
     order. Each batch's predictions are handed out as soon as they are in order, so that the consumer's work on them
@@ -583,7 +591,7 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
         except BaseException as e:  # handed to the consuming thread, which raises it there
             decoded[chain].put(e)
 
-    results = _Results(sources, runner)
+    results = _Results(sources, runner, computed_by)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(DECODE_SWITCH_INTERVAL)
     threads = [threading.Thread(target=decode_calls, args=(j,), name="gpu-decode", daemon=True)

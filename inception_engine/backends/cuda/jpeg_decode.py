@@ -47,7 +47,7 @@ from ...pil_resize import Coeffs, plan_resize_crop
 from .device import driver
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
 from .jpeg_header import gpu_eligible, pillow_eligible
-from .kernels import Kernels, spec
+from .kernels import Kernels, launch_async, spec
 
 CHANNELS = 3
 # nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
@@ -283,7 +283,7 @@ class GpuResizeCrop:
         for kernel, table in launches:
             most = int((table[:, 5] * table[:, 6]).max()) * CHANNELS
             k = spec(kernel)
-            self.kernels[kernel].prepared_async_call((k.blocks(most), len(table), 1), k.block, stream, base)
+            launch_async(self.kernels[kernel], (k.blocks(most), len(table), 1), k.block, stream, base)
             base += table.nbytes
         self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
         self._done.record(stream)

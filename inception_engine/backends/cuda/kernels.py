@@ -256,6 +256,17 @@ def all_kernel_names() -> list[str]:
     return list(REGISTRY)
 
 
+def launch_async(func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Any, *args: Any,
+                 shared: int = 0) -> None:
+    """A prepared pycuda Function launched on ``stream``: pycuda's ``prepared_async_call`` without the deprecated
+    cuFuncSetBlockShape it calls before each launch (cuLaunchKernel takes the block itself). That call waits on the
+    driver while another thread is inside it, such as nvImageCodec's decode on the decode thread, and holds the GIL
+    meanwhile, so whichever thread launched stalled the other one too."""
+    from pycuda._pvt_struct import pack
+
+    func._launch_kernel(grid, block, pack(func.arg_format, *args), shared, stream)
+
+
 class Kernels:
     """The cubins of cuda_src loaded into the current context: the compile units given (default: all) at once, any
     other on first use; entry points prepared on first use."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from .cost_model import ConvConfig, config_shape
-from .kernels import KernelSpec, conv_kernel_name, spec, wino_kernel_names
+from .kernels import KernelSpec, conv_kernel_name, launch_async, spec, wino_kernel_names
 from .params import transforms_key
 from .tensor_maps import TensorMap
 from .tiles import blocks
@@ -45,8 +45,7 @@ class Launch:
     func: Any  # prepared pycuda Function
 
     def __call__(self, stream: Any) -> None:
-        self.func.prepared_async_call(self.spec.grid, self.spec.block, stream, *self.spec.args,
-                                      shared_size=self.spec.shared)
+        launch_async(self.func, self.spec.grid, self.spec.block, stream, *self.spec.args, shared=self.spec.shared)
 
 
 def view_ptr(base: int, v: View) -> int:

@@ -31,7 +31,7 @@ from ...pipeline import HostRing, TopK
 from .backend import CudaBackend
 from . import jpeg_decode
 from .device import driver
-from .kernels import spec
+from .kernels import launch_async, spec
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
 
@@ -292,13 +292,12 @@ class CudaRunner:
             self._copied[k].record(self._copy)
         b.stream.wait_for_event(self._copied[buffer])
         normalize = spec("normalize_u8_nchw")
-        self._normalize.prepared_async_call((normalize.blocks(hw), self.batch, 1), normalize.block, b.stream,
-                                            self._u8[buffer] + first * self._image_bytes, b.input_ptr,
-                                            self._mean_std, hw, 3 * hw)
+        launch_async(self._normalize, (normalize.blocks(hw), self.batch, 1), normalize.block, b.stream,
+                     self._u8[buffer] + first * self._image_bytes, b.input_ptr, self._mean_std, hw, 3 * hw)
         self._normalized[buffer].record(b.stream)
         b.replay()
-        self._topk.prepared_async_call((n, 1, 1), spec("softmax_topk_rows").block, b.stream, b.output_ptr,
-                                       self._prob[k], self._index[k], self.classes, self.classes, top_k)
+        launch_async(self._topk, (n, 1, 1), spec("softmax_topk_rows").block, b.stream, b.output_ptr, self._prob[k],
+                     self._index[k], self.classes, self.classes, top_k)
         drv.memcpy_dtoh_async(self._prob_host[k][:n * top_k], self._prob[k], b.stream)
         drv.memcpy_dtoh_async(self._index_host[k][:n * top_k], self._index[k], b.stream)
         self._done[k].record(b.stream)
@@ -310,7 +309,7 @@ class CudaRunner:
             self._done[k].synchronize()
         prob = self._prob_host[k][:n * top_k].reshape(n, top_k)
         index = self._index_host[k][:n * top_k].reshape(n, top_k)
-        tops: list[TopK | str] = [[(int(i), float(p)) for i, p in zip(ri, rp)] for ri, rp in zip(index, prob)]
+        tops: list[TopK | str] = [list(zip(ri, rp)) for ri, rp in zip(index.tolist(), prob.tolist())]
         return [err or top for top, err in zip(tops, ticket.errors or [None] * n)]
 
     def close(self) -> None:

@@ -221,11 +221,15 @@ class Function:
         self.max_dynamic_shared = value
 
     def prepare(self, fmt: str) -> Function:
-        self.fmt = fmt
+        self.fmt = self.arg_format = fmt
         if self.name != "gpu_sleep":
             self.fn = getattr(_lib, "emu_" + self.name)
             self.fn.argtypes = [ctypes.c_uint] * 4 + [_C_TYPES[c] for c in fmt]
         return self
+
+    def _launch_kernel(self, grid: tuple, block: tuple, args: tuple, shared_size: int, stream: Stream | None) -> None:
+        """pycuda's launch of packed arguments (kernels.launch_async): _pvt_struct.pack here keeps them a tuple."""
+        self.prepared_async_call(grid, block, stream, *args, shared_size=shared_size)
 
     def prepared_async_call(self, grid: tuple, block: tuple, stream: Stream | None, *args: int,
                             shared_size: int = 0) -> None:
