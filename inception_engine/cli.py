@@ -209,7 +209,10 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         with (contextlib.nullcontext() if on_gpus is not None else
               Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                      worker_kind=worker_kind, decode=decode)) as engine:
-            facts = on_gpus.facts() if on_gpus is not None else engine.facts()
+            try:
+                facts = on_gpus.facts() if on_gpus is not None else engine.facts()
+            except KeyboardInterrupt:  # while worker 0 builds its engine, which may take long (kernels compiling)
+                raise interrupted(0, len(inputs), out.path if out is not None else None) from None
             for note in facts.notes:  # auto's fallback: said once per machine; the results record it each time
                 if not shown_before(note):
                     hint = " (--backend cuda says why)" if note == NO_GPU_NOTE else ""
@@ -288,11 +291,16 @@ def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Predicti
             total += 1
     except KeyboardInterrupt:
         sink.close()
-        where = f"; {resumable} holds them, --resume continues" if resumable is not None else ""
-        click.echo(f"interrupted after {total} of {len(inputs)} images{where}", err=True)
-        raise click.exceptions.Exit(130) from None
+        raise interrupted(total, len(inputs), resumable) from None
     sink.close()
     return total, failed
+
+
+def interrupted(done: int, inputs: int, resumable: Path | None) -> click.exceptions.Exit:
+    """Says on stderr, in one line, how far a run got when Ctrl-C came; returns the exit (code 130) to raise."""
+    where = f"; {resumable} holds them, --resume continues" if resumable is not None else ""
+    click.echo(f"interrupted after {done} of {inputs} images{where}", err=True)
+    return click.exceptions.Exit(130)
 
 
 def terminal_echo(text: str, nl: bool = True, err: bool = False) -> None:

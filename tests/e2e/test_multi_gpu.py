@@ -245,3 +245,22 @@ def test_a_worker_that_dies_before_its_facts_is_one_line(weights_file, photos, m
                                           "--gpus", "2"])
     assert r.exit_code == 2 and r.stdout == ""
     assert one_line_error(r) == "error: the worker for GPU 0 died (exit code 3)"
+
+
+def test_ctrl_c_while_worker_0_starts_is_one_line_and_ends_the_workers(weights_file, photos, tmp_path, monkeypatch,
+                                                                        two_gpus):
+    """Ctrl-C while the parent waits for worker 0's engine (kernels may be compiling): the line and exit code 130
+    that Ctrl-C gives mid-run, nothing on stdout, and the workers ended."""
+    import multiprocessing
+
+    def ctrl_c(self) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(multi_gpu.GpuRun, "facts", ctrl_c)
+    out = tmp_path / "labels.jsonl"
+    with no_hang(60):
+        r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu", "--gpus",
+                                          "2", "--output", str(out)])
+    assert r.exit_code == 130 and r.stdout == ""
+    assert r.stderr == f"interrupted after 0 of 3 images; {out} holds them, --resume continues\n"
+    assert multiprocessing.active_children() == []
