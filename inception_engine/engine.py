@@ -60,8 +60,8 @@ def measures_in_run(n_images: int) -> bool:
 
 
 def weights_file(weights: str | os.PathLike | None) -> Path:
-    """The file that weights given as a path, or None for the usual places (weights.find_weights), name; nothing
-    is read."""
+    """The weight file ``weights`` names: the path given, which must exist, or for None the first of the usual
+    places (weights.find_weights). Nothing is read."""
     if weights is not None and not os.path.lexists(weights):  # worded for the API; the rest weights.py words
         raise OptionError("weights", os.fspath(weights), "no such file (inception-convert-weights makes one from "
                                                          "torchvision's ONNX export)")

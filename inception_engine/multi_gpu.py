@@ -121,8 +121,7 @@ def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None
     shares = deal(paths, gpus, chunk)
     cpus = [cpu_share(g, gpus) for g in range(gpus)]
     engine_args = {"weights": settings.weights_file, "backend": backend, "batch_size": settings.batch_size,
-                   "precision": precision,
-                   "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
+                   "precision": precision, "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
                    "worker_kind": worker_kind, "decode": decode}
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
     queues = [ctx.Queue() for _ in shares]
