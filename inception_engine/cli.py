@@ -7,6 +7,7 @@ results and makes inception-run exit with 1.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import functools
@@ -166,7 +167,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
             resume: bool, as_json: bool, ray_address: str | None, gpus: int | None, recursive: bool) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
-    from .engine import DEFAULT_BATCH_GPU, Engine
+    from .engine import Engine
 
     if ray_address is not None:
         from .ray_data import run_on_ray
@@ -199,20 +200,27 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         todo = [path for path, err in inputs if err is None]
         first_at: list[float] = []  # when the first result came: start-up ends there
         progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
-        # --gpus N: the workers start now and set up while this process loads its own engine
-        # (into a file, the workers render the lines: the parent only puts them in order)
-        on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size or DEFAULT_BATCH_GPU,
-                                   precision, workers, worker_kind, lambda n: progress[0](n) if progress else None,
-                                   decode, out.fmt if out is not None else None) if gpus and gpus > 1 else None)
-        with Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
-                    worker_kind=worker_kind, decode=decode, start_decoder=on_gpus is None) as engine:
-            for note in engine.notes:  # auto's fallback: said once per machine; the results record it each time
+        # --gpus N: the workers start now (the arguments checked first), each builds its engine and tells the
+        # parent what it runs with; the parent builds none (into a file, the workers render the lines: the parent
+        # only puts them in order)
+        on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
+                                   worker_kind, lambda n: progress[0](n) if progress else None, decode,
+                                   out.fmt if out is not None else None) if gpus and gpus > 1 else None)
+        with (contextlib.nullcontext() if on_gpus is not None else
+              Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
+                     worker_kind=worker_kind, decode=decode)) as engine:
+            try:
+                facts = on_gpus.facts() if on_gpus is not None else engine.facts()
+            except KeyboardInterrupt:  # while worker 0 builds its engine, which may take long (kernels compiling)
+                raise interrupted(0, len(inputs), out.path if out is not None else None) from None
+            for note in facts.notes:  # auto's fallback: said once per machine; the results record it each time
                 if not shown_before(note):
                     hint = " (--backend cuda says why)" if note == NO_GPU_NOTE else ""
                     click.echo(f"note: {note}{hint}", err=True)
-            engine.on_note = lambda note: terminal_echo(f"note: {note}", err=True)  # taken mid-run: bar or not
-            batch_size = engine.batch_size
-            computed_in = f"{engine.backend_name} backend, {engine.precision}"
+            if engine is not None:
+                engine.on_note = lambda note: terminal_echo(f"note: {note}", err=True)  # taken mid-run: bar or not
+            batch_size = facts.batch_size
+            computed_in = f"{facts.backend_name} backend, {facts.precision}"
             show = progress_bar_fits() and len(todo) > batch_size
             t0 = time.perf_counter()
             with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
@@ -220,10 +228,10 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                 # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
                 echo = terminal_echo if show and sys.stdout.isatty() else click.echo
                 sink = (FileSink(out, batch_size) if out is not None else
-                        JsonSink(str(engine.weights.path), engine.backend_name, engine.precision, echo) if as_json
-                        else TextSink(f"# {computed_in}, weights {engine.weights.path}", echo))
+                        JsonSink(str(facts.weights_path), facts.backend_name, facts.precision, echo) if as_json
+                        else TextSink(f"# {computed_in}, weights {facts.weights_path}", echo))
                 progress.append(bar.update)
-                preds = on_gpus if on_gpus is not None else engine.predict_iter(todo, top_k, on_progress=bar.update)
+                preds = on_gpus if engine is None else engine.predict_iter(todo, top_k, on_progress=bar.update)
                 try:
                     total, failed = write_results(inputs, first_timed(preds, first_at), sink,
                                                   out.path if out is not None else None)
@@ -283,11 +291,16 @@ def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Predicti
             total += 1
     except KeyboardInterrupt:
         sink.close()
-        where = f"; {resumable} holds them, --resume continues" if resumable is not None else ""
-        click.echo(f"interrupted after {total} of {len(inputs)} images{where}", err=True)
-        raise click.exceptions.Exit(130) from None
+        raise interrupted(total, len(inputs), resumable) from None
     sink.close()
     return total, failed
+
+
+def interrupted(done: int, inputs: int, resumable: Path | None) -> click.exceptions.Exit:
+    """Says on stderr, in one line, how far a run got when Ctrl-C came; returns the exit (code 130) to raise."""
+    where = f"; {resumable} holds them, --resume continues" if resumable is not None else ""
+    click.echo(f"interrupted after {done} of {inputs} images{where}", err=True)
+    return click.exceptions.Exit(130)
 
 
 def terminal_echo(text: str, nl: bool = True, err: bool = False) -> None:

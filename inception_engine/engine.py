@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,8 @@ from .plan import build_plan
 from .model_files import load_weights
 from .weights import Weights, find_weights
 
-__all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "Prediction", "softmax", "top_classes"]
+__all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineFacts", "Prediction", "settle",
+           "softmax", "top_classes"]
 
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
@@ -56,14 +58,18 @@ def measures_in_run(n_images: int) -> bool:
     return n_images / PLANNING_RATE * TUNE_BUDGET >= TUNE_SECONDS
 
 
-def load(weights: str | os.PathLike | Weights | None) -> Weights:
-    """Weights as given: a Weights, a file's path, or None for the usual places (weights.find_weights)."""
-    if isinstance(weights, Weights):
-        return weights
+def weights_file(weights: str | os.PathLike | None) -> Path:
+    """The weight file ``weights`` names: the path given, which must exist, or for None the first of the usual
+    places (weights.find_weights). Nothing is read."""
     if weights is not None and not os.path.lexists(weights):  # worded for the API; the rest weights.py words
         raise OptionError("weights", os.fspath(weights), "no such file (inception-convert-weights makes one from "
                                                          "torchvision's ONNX export)")
-    return load_weights(find_weights(weights))
+    return find_weights(weights)
+
+
+def load(weights: str | os.PathLike | Weights | None) -> Weights:
+    """Weights as given: a Weights, a file's path, or None for the usual places (weights.find_weights)."""
+    return weights if isinstance(weights, Weights) else load_weights(weights_file(weights))
 
 
 def serves(built: tuple[dict[str, Any], Any], options: dict[str, Any]) -> bool:
@@ -84,6 +90,67 @@ def choice(option: str, value: str, choices: Sequence[str]) -> None:
         raise OptionError(option, value, f"choose one of {', '.join(choices)}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """An Engine's arguments checked and resolved, before any weights are read (see ``settle``)."""
+
+    weights_file: Path | None  # None: Weights were given, there is nothing to read
+    backend_name: str
+    backend_class: Any
+    precision: str
+    batch_size: int
+    notes: tuple[str, ...]  # fallbacks taken, one line each
+
+
+def settle(weights: str | os.PathLike | Weights | None = None, backend: str = "auto", batch_size: int | None = None,
+           precision: str = "auto", workers: int | None = None, worker_kind: str = "auto",
+           decode: str = "cpu") -> Settings:
+    """Engine's arguments checked (OptionError, BackendUnavailable, WeightsError: one line each) and resolved, all
+    but reading the weights and opening the GPU decoder: what Engine starts from, and what inception-run --gpus's
+    parent checks before it starts the workers that build the engines."""
+    if batch_size is not None and batch_size < 1:
+        raise OptionError("batch_size", batch_size, "must be at least 1")
+    choice("backend", backend, BACKEND_CHOICES)
+    choice("precision", precision, PRECISION_CHOICES)
+    choice("worker_kind", worker_kind, WORKER_KINDS)
+    choice("decode", decode, DECODE_CHOICES)
+    if workers is not None and workers < 1:
+        raise OptionError("workers", workers, "must be at least 1")
+    path = None if isinstance(weights, Weights) else weights_file(weights)
+    notes: list[str] = []
+    name, fell_back = backend, False
+    if backend == "auto":  # backends.resolve's choice (backend="cuda" raises with the reason there is no GPU)
+        fell_back = not backends.is_available("cuda")[0]
+        if fell_back:
+            notes.append(NO_GPU_NOTE)
+        name = "cpu" if fell_back else "cuda"
+    backend_class = backends.backend_class(name)  # BackendUnavailable with the reason
+    where = " (no usable GPU here)" if fell_back else ""
+    have = getattr(backend_class, "PRECISIONS", ("fp32",))
+    if precision == "auto":
+        precision = AUTO_PRECISION if AUTO_PRECISION in have else "fp32"
+    elif precision not in have:
+        raise OptionError("precision", precision, f"the {name} backend{where} computes in {' and '.join(have)} only; "
+                          f"give {' or '.join(have)}, or auto")
+    if decode == "gpu" and name != "cuda":
+        raise OptionError("decode", decode, f"needs the cuda backend; this engine runs on {name}{where}")
+    # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
+    batch_size = batch_size or (DEFAULT_BATCH_GPU if name == "cuda" else DEFAULT_BATCH_CPU)
+    return Settings(path, name, backend_class, precision, batch_size, tuple(notes))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineFacts:
+    """What an Engine runs with, as inception-run prints it: small and picklable, so that a --gpus worker sends its
+    engine's to the parent, which builds none."""
+
+    backend_name: str
+    precision: str
+    batch_size: int
+    weights_path: Path | None
+    notes: tuple[str, ...]
+
+
 class Engine:
     """Classifies images with one backend in one precision, both fixed when it is made (``backend_name``,
     ``precision``); every Prediction it yields records them. An argument it cannot honour raises OptionError,
@@ -92,50 +159,32 @@ class Engine:
 
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
-                 worker_kind: str = "auto", decode: str = "cpu", start_decoder: bool = True):
+                 worker_kind: str = "auto", decode: str = "cpu"):
         """weights: a weight file, an ONNX export of the model (converted once, cached in the user cache), Weights,
         or None ($INCEPTION_WEIGHTS, then the usual places; weights.find_weights). batch_size: images per forward
         (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16 or auto. workers: decode workers
         (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs). decode:
         "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
-        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). start_decoder: with decode "gpu",
-        start the decoder now, beside the rest of the start-up (False: at the first run, for an engine that may
-        never run one, as inception-run --gpus's parent)."""
-        if batch_size is not None and batch_size < 1:
-            raise OptionError("batch_size", batch_size, "must be at least 1")
-        choice("backend", backend, BACKEND_CHOICES)
-        choice("precision", precision, PRECISION_CHOICES)
-        choice("worker_kind", worker_kind, WORKER_KINDS)
-        choice("decode", decode, DECODE_CHOICES)
-        if workers is not None and workers < 1:
-            raise OptionError("workers", workers, "must be at least 1")
-        self.notes: list[str] = []  # fallbacks taken, one line each (the CLI prints them on stderr)
+        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). Every argument is checked
+        (``settle``) before the weights are read."""
+        settings = settle(weights, backend, batch_size, precision, workers, worker_kind, decode)
+        self.notes: list[str] = list(settings.notes)  # fallbacks taken, one line each (the CLI prints them on stderr)
         # called with each note as it is taken, also those taken after construction (the CLI: print on stderr)
         self.on_note: Callable[[str], None] | None = None
-        self.weights = load(weights)
-        self._backend_name = backend
-        fell_back = False
-        if backend == "auto":  # backends.resolve's choice (backend="cuda" raises with the reason there is no GPU)
-            fell_back = not backends.is_available("cuda")[0]
-            if fell_back:
-                self.notes.append(NO_GPU_NOTE)
-            self._backend_name = "cpu" if fell_back else "cuda"
-        self.backend_class = backends.backend_class(self._backend_name)  # BackendUnavailable with the reason
-        where = " (no usable GPU here)" if fell_back else ""
-        self._precision = self._resolve_precision(precision, where)
-        if decode == "gpu" and self._backend_name != "cuda":
-            raise OptionError("decode", decode, f"needs the cuda backend; this engine runs on {self._backend_name}"
-                              + where)
+        self.weights = weights if isinstance(weights, Weights) else load_weights(settings.weights_file)
+        self._backend_name = settings.backend_name
+        self.backend_class = settings.backend_class
+        self._precision = settings.precision
         self._decoder_start: Any = None  # --decode gpu's jpeg_batch.c decoder, opening (jpeg_decode.NativeStart)
         if decode == "gpu":
             from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
 
-            # a missing nvImageCodec is said now, not at the first batch
-            if check_gpu_decode() and start_decoder:
+            # a missing nvImageCodec is said now, not at the first batch; the decoder opens beside the rest of the
+            # start-up
+            if check_gpu_decode():
                 self._decoder_start = NativeStart(workers or 0)
         self.decode = decode
-        # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
-        self.batch_size = batch_size or (DEFAULT_BATCH_GPU if self._backend_name == "cuda" else DEFAULT_BATCH_CPU)
+        self.batch_size = settings.batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
         self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
@@ -151,14 +200,9 @@ class Engine:
         """The precision every forward computes in: "fp32", "tf32" or "fp16" ("auto" resolved)."""
         return self._precision
 
-    def _resolve_precision(self, precision: str, where: str) -> str:
-        have = getattr(self.backend_class, "PRECISIONS", ("fp32",))
-        if precision == "auto":
-            return AUTO_PRECISION if AUTO_PRECISION in have else "fp32"
-        if precision not in have:
-            raise OptionError("precision", precision, f"the {self._backend_name} backend{where} computes in "
-                              f"{' and '.join(have)} only; give {' or '.join(have)}, or auto")
-        return precision
+    def facts(self) -> EngineFacts:
+        """Its backend, precision, batch size, weight file and the notes taken so far."""
+        return EngineFacts(self._backend_name, self._precision, self.batch_size, self.weights.path, tuple(self.notes))
 
     def _note_once(self, note: str) -> None:
         if note not in self.notes:

@@ -5,6 +5,10 @@ The inputs are cut into chunks of a few batches, dealt round-robin: worker ``w``
 the parent takes chunk ``c``'s predictions from worker ``c % N`` in turn, so the output stays in input order and a
 slower GPU holds the others back by at most a chunk or so of results (they wait in its queue). Decode workers are
 shared out: each process gets its share of the CPUs. For several machines use Ray (ray_data.py).
+
+The parent builds no engine and reads no weights: it checks the arguments as Engine does (engine.settle) before
+any worker starts, and each worker sends its engine's facts (engine.EngineFacts) first on its queue, before its
+chunks; the parent reports worker 0's (``GpuRun.facts``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import backends
-from .engine import Engine
+from .engine import Engine, EngineFacts, settle
 from .errors import EngineError
 from .images import first_line
 from .output import Rendered, render
@@ -51,9 +55,10 @@ def cpu_share(gpu: int, gpus: int) -> list[int]:
 
 def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any], top_k: int, out: Any,
             cpus: list[int], fmt: str | None) -> None:
-    """Classifies its share, putting each chunk's predictions on ``out`` as one list (one pickle and one queue
-    round trip a chunk, not an image). With ``fmt`` (the --output file's format) each prediction goes as its
-    rendered line (output.Rendered): the parent, one process for every GPU, then only puts lines in order."""
+    """Classifies its share, putting first its engine's facts (EngineFacts) on ``out``, then each chunk's
+    predictions as one list (one pickle and one queue round trip a chunk, not an image). With ``fmt`` (the --output
+    file's format) each prediction goes as its rendered line (output.Rendered): the parent, one process for every
+    GPU, then only puts lines in order."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
     die_with(os.getppid())  # a parent killed outright (SIGKILL) takes its GPU workers with it
@@ -69,6 +74,7 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
     signal.signal(signal.SIGTERM, end)
     try:
         with Engine(**engine_args) as engine:
+            out.put(engine.facts())
             done: list[Prediction | Rendered] = []
             for p in engine.predict_iter(paths, top_k):
                 done.append(render(p, fmt, top_k) if fmt else p)
@@ -83,7 +89,9 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
         out.put(EngineError(f"GPU {gpu}: {type(e).__name__}: {first_line(e)}"))
 
 
-def _next(q: Any, proc: Any, gpu: int) -> list[Prediction | Rendered]:
+def _next(q: Any, proc: Any, gpu: int) -> Any:
+    """The next item a worker put on its queue, waiting while the worker lives: EngineError, in one line, where it
+    sent one or died."""
     while True:
         try:
             item = q.get(timeout=1.0)
@@ -97,29 +105,30 @@ def _next(q: Any, proc: Any, gpu: int) -> list[Prediction | Rendered]:
 
 
 def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
-                    batch_size: int, precision: str, workers: int | None, worker_kind: str,
+                    batch_size: int | None, precision: str, workers: int | None, worker_kind: str,
                     on_progress: Callable[[int], None] | None = None, decode: str = "cpu",
                     fmt: str | None = None) -> GpuRun:
     """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1); with
     ``fmt`` ("jsonl" or "csv"), each as its line of such a file (output.Rendered), rendered by the workers. Refused
-    (OptionError) at the call, before any worker starts, where this machine has fewer GPUs. The workers start now,
-    in parallel, each on its own share of the CPUs (``cpu_share``), so their start-up overlaps whatever the caller
-    does before it reads the first prediction."""
+    at the call, before any worker starts, where this machine has fewer GPUs (OptionError) or an argument is one
+    Engine refuses (engine.settle: all its checks but reading the weights; a weight file that cannot be read is
+    worker 0's EngineError, at ``GpuRun.facts`` or the first prediction). The workers start now, in parallel, each
+    on its own share of the CPUs (``cpu_share``), so their start-up overlaps whatever the caller does before it
+    reads the first prediction; worker 0 starts even with no paths, to tell ``GpuRun.facts``."""
     backends.require_gpus(gpus)
-    if not paths:
-        return GpuRun(0, 1, gpus, [], [], on_progress)
-    chunk = batch_size * CHUNK_BATCHES
+    settings = settle(weights, backend, batch_size, precision, workers, worker_kind, decode)
+    chunk = settings.batch_size * CHUNK_BATCHES
     shares = deal(paths, gpus, chunk)
     cpus = [cpu_share(g, gpus) for g in range(gpus)]
-    engine_args = {"weights": weights, "backend": backend, "batch_size": batch_size, "precision": precision,
-                   "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
+    engine_args = {"weights": settings.weights_file, "backend": backend, "batch_size": settings.batch_size,
+                   "precision": precision, "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
                    "worker_kind": worker_kind, "decode": decode}
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
     queues = [ctx.Queue() for _ in shares]
     # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes.
     # GpuRun.close ends them instead.
     procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q, cpus[g], fmt))
-             for g, (share, q) in enumerate(zip(shares, queues)) if share]
+             for g, (share, q) in enumerate(zip(shares, queues)) if share or g == 0]
     for p in procs:
         p.start()
     return GpuRun(len(paths), chunk, gpus, queues, procs, on_progress)
@@ -133,14 +142,27 @@ class GpuRun:
     def __init__(self, n: int, chunk: int, gpus: int, queues: list[Any], procs: list[Any],
                  on_progress: Callable[[int], None] | None):
         self.procs = procs
+        self._queues = queues
+        self._facts: dict[int, EngineFacts] = {}  # per worker, taken off its queue ahead of its first chunk
         self._finished = False
-        self._it = self._chunks(n, chunk, gpus, queues, on_progress)
+        self._it = self._chunks(n, chunk, gpus, on_progress)
 
-    def _chunks(self, n: int, chunk: int, gpus: int, queues: list[Any],
+    def facts(self) -> EngineFacts:
+        """Worker 0's engine's facts (its backend, precision, batch size, weight file and notes), once its engine
+        is built: EngineError, in one line, where it fails or dies first."""
+        return self._facts_of(0)
+
+    def _facts_of(self, g: int) -> EngineFacts:
+        if g not in self._facts:
+            self._facts[g] = _next(self._queues[g], self.procs[g], g)
+        return self._facts[g]
+
+    def _chunks(self, n: int, chunk: int, gpus: int,
                 on_progress: Callable[[int], None] | None) -> Iterator[Prediction | Rendered]:
         for c in range((n + chunk - 1) // chunk):
             g = c % gpus
-            preds = _next(queues[g], self.procs[g], g)
+            self._facts_of(g)  # the worker's first item
+            preds = _next(self._queues[g], self.procs[g], g)
             yield from preds
             if on_progress:
                 on_progress(len(preds))

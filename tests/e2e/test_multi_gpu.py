@@ -3,17 +3,24 @@ process writes, in input order."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine import backends, cli
+from inception_engine import backends, cli, model_files, multi_gpu
+from inception_engine import engine as engine_module
 from inception_engine.multi_gpu import deal
 from inception_engine.weights import save_weights
 
-from helpers.cli import runner
+from helpers import gpu_workers
+from helpers.cli import one_line_error, runner
 from helpers.random_weights import random_arrays
 from helpers.result_lines import assert_same_results, read_rows
 
@@ -95,3 +102,165 @@ def test_stopping_early_ends_the_workers(weights_file, tmp_path, two_gpus):
     t0 = time.perf_counter()
     stream.close()
     assert time.perf_counter() - t0 < 25 and multiprocessing.active_children() == []
+
+
+@pytest.fixture
+def photos(tmp_path) -> Path:
+    d = tmp_path / "photos"
+    d.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (80, 90 + 7 * i, 3), dtype=np.uint8)).save(d / f"{i}.jpg")
+    return d
+
+
+@contextlib.contextmanager
+def no_hang(seconds: float) -> Iterator[None]:
+    """A wait past ``seconds`` fails the test (TimeoutError) instead of stalling the suite."""
+
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"still waiting after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def no_engine_in_this_process(monkeypatch) -> None:
+    """From here on this process can neither build an Engine nor read a weight file; spawned workers still can."""
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("the parent built an Engine or read the weights")
+
+    monkeypatch.setattr(engine_module, "Engine", refuse)
+    monkeypatch.setattr(engine_module, "load_weights", refuse)
+    monkeypatch.setattr(model_files, "load_weight_file", refuse)
+
+
+def same_but_probabilities(text: str) -> str:
+    """Text results with each probability masked: the cpu backend's come out a few ulp apart in another process
+    (result_lines.assert_same_results), which may move the 4th decimal."""
+    return re.sub(r"\b\d\.\d{4}\b", "p.pppp", text)
+
+
+@pytest.mark.parametrize("mode", ["text", "json", "output"])
+def test_the_parent_builds_no_engine_and_prints_what_worker_0_ran_with(weights_file, photos, tmp_path, monkeypatch,
+                                                                        two_gpus, mode):
+    """--gpus 2's parent makes no Engine and reads no weights; the header, the JSON's fields, the fallback note and
+    the --output summary's backend and precision are worker 0's, and read as one process's run prints them."""
+    if backends.is_available("cuda")[0]:
+        pytest.skip("a GPU is usable here: auto runs on it, without the fallback note")
+    args = [str(photos), "--weights", str(weights_file), "--batch-size", "1", "--top-k", "2", "--workers", "1",
+            "--worker-kind", "thread"]  # --backend auto: the cpu, and its note
+    extra = {"text": [], "json": ["--json"], "output": ["--output"]}[mode]
+
+    def run(cache: str, *more: str):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / cache))  # the note is new to each run
+        out = [str(tmp_path / f"{cache}.jsonl")] if mode == "output" else []
+        return runner().invoke(cli.run_cmd, [*args, *extra, *out, *more])
+
+    one = run("one")
+    no_engine_in_this_process(monkeypatch)
+    two = run("two", "--gpus", "2")
+    assert one.exit_code == two.exit_code == 0, two.output
+    note = "note: no usable GPU: running on the CPU (--backend cuda says why)\n"
+    assert one.stderr.startswith(note) and two.stderr.startswith(note)
+    if mode == "text":
+        assert two.stdout.splitlines()[0] == f"# cpu backend, fp32, weights {weights_file}"
+        assert same_but_probabilities(two.stdout) == same_but_probabilities(one.stdout)
+        assert two.stderr == one.stderr == note
+    elif mode == "json":
+        head = {k: v for k, v in json.loads(two.stdout).items() if k != "results"}
+        assert head == {"weights": str(weights_file), "backend": "cpu", "precision": "fp32"}
+        assert same_but_probabilities(two.stdout) == same_but_probabilities(one.stdout)
+        assert two.stderr == one.stderr == note
+    else:
+        summary = two.stderr.splitlines()[-1]
+        assert re.fullmatch(r"3 images \(0 errors\) in [\d.]+ s on the cpu backend, fp32, \d+ images/s, \d+ images/s "
+                            rf"after the first result at [\d.]+ s -> {re.escape(str(tmp_path / 'two.jsonl'))}",
+                            summary), summary
+        numbers = re.compile(r"\d+(\.\d+)?")
+        assert numbers.sub("n", two.stderr.replace("two.jsonl", "one.jsonl")) == numbers.sub("n", one.stderr)
+        assert_same_results(read_rows(tmp_path / "one.jsonl"), read_rows(tmp_path / "two.jsonl"))
+
+
+def test_nothing_to_classify_still_prints_worker_0s_header(weights_file, tmp_path, monkeypatch, two_gpus):
+    """Every input an error: no image goes to a worker, but worker 0 still builds its engine and tells the parent
+    what it runs with, for the header; the output is one process's."""
+    args = [str(tmp_path / "missing.jpg"), "--weights", str(weights_file), "--backend", "cpu"]
+    one = runner().invoke(cli.run_cmd, args)
+    no_engine_in_this_process(monkeypatch)
+    with no_hang(60):
+        two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2"])
+    assert one.exit_code == two.exit_code == 1  # the missing file
+    assert two.stdout == one.stdout and two.stdout.startswith(f"# cpu backend, fp32, weights {weights_file}\n")
+    assert two.stderr == one.stderr
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--backend", "cpu", "--precision", "fp16"], "--precision fp16: the cpu backend computes in fp32 only; give "
+                                                  "fp32, or auto"),
+    (["--backend", "cpu", "--decode", "gpu"], "--decode gpu: needs the cuda backend; this engine runs on cpu"),
+    (["--weights", "{tmp}/nope.npz"], "--weights {tmp}/nope.npz: no such file (inception-convert-weights makes one "
+                                      "from torchvision's ONNX export)"),
+])
+def test_arguments_engine_refuses_are_refused_before_any_worker_starts(weights_file, photos, tmp_path, monkeypatch,
+                                                                       two_gpus, args, line):
+    """The parent checks what Engine checks (engine.settle) without building one: the same line as one process's
+    run, exit code 2, and no worker started."""
+    args = [str(photos), "--weights", str(weights_file), *[a.format(tmp=tmp_path) for a in args]]
+    one = runner().invoke(cli.run_cmd, args)
+
+    def no_workers(*_: object) -> None:
+        raise AssertionError("a worker was started")
+
+    no_engine_in_this_process(monkeypatch)
+    monkeypatch.setattr(multi_gpu.multiprocessing, "get_context", no_workers)
+    two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2"])
+    assert one.exit_code == two.exit_code == 2 and two.stdout == ""
+    assert one_line_error(two) == one_line_error(one) == "error: " + line.format(tmp=tmp_path)
+
+
+def test_weights_that_cannot_be_read_are_worker_0s_one_line(photos, tmp_path, monkeypatch, two_gpus):
+    """A weight file that is there but is no weight file passes the parent's checks (it reads none); worker 0's
+    engine refuses it, and that is the one line, exit code 2, nothing on stdout."""
+    bad = tmp_path / "w.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    no_engine_in_this_process(monkeypatch)
+    with no_hang(60):
+        r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(bad), "--backend", "cpu", "--gpus", "2"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert one_line_error(r).startswith(f"error: GPU 0: {bad}: ")
+
+
+def test_a_worker_that_dies_before_its_facts_is_one_line(weights_file, photos, monkeypatch, two_gpus):
+    """Worker 0 dies before its engine's facts come: one line, exit code 2, no output, no hang."""
+    monkeypatch.setattr(multi_gpu, "_worker", gpu_workers.dies_at_once)
+    with no_hang(60):
+        r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu",
+                                          "--gpus", "2"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert one_line_error(r) == "error: the worker for GPU 0 died (exit code 3)"
+
+
+def test_ctrl_c_while_worker_0_starts_is_one_line_and_ends_the_workers(weights_file, photos, tmp_path, monkeypatch,
+                                                                        two_gpus):
+    """Ctrl-C while the parent waits for worker 0's engine (kernels may be compiling): the line and exit code 130
+    that Ctrl-C gives mid-run, nothing on stdout, and the workers ended."""
+    import multiprocessing
+
+    def ctrl_c(self) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(multi_gpu.GpuRun, "facts", ctrl_c)
+    out = tmp_path / "labels.jsonl"
+    with no_hang(60):
+        r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu", "--gpus",
+                                          "2", "--output", str(out)])
+    assert r.exit_code == 130 and r.stdout == ""
+    assert r.stderr == f"interrupted after 0 of 3 images; {out} holds them, --resume continues\n"
+    assert multiprocessing.active_children() == []

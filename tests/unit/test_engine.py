@@ -8,7 +8,7 @@ from PIL import Image
 
 from inception_engine import backends
 from inception_engine.backends.numpy_backend import NumpyBackend
-from inception_engine.engine import Engine, softmax
+from inception_engine.engine import NO_GPU_NOTE, Engine, EngineFacts, settle, softmax
 from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
 from inception_engine.images import load_image
 from inception_engine.labels import imagenet_labels
@@ -193,6 +193,39 @@ def test_decode_gpu_on_the_cpu_backend_is_refused(weights, monkeypatch):
     with pytest.raises(OptionError, match=r"^decode='gpu': needs the cuda backend; this engine runs on cpu \(no "
                                           r"usable GPU here\)$"):
         Engine(weights, decode="gpu")
+
+
+def test_settle_checks_and_resolves_the_arguments_without_reading_the_weights(tmp_path, monkeypatch):
+    """What inception-run --gpus's parent checks before its workers start: every refusal Engine makes but a weight
+    file it cannot read, which only reading finds."""
+    no_gpu(monkeypatch)
+    bad = tmp_path / "w.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    s = settle(bad)
+    assert (s.weights_file, s.backend_name, s.precision, s.batch_size, s.notes) == (bad, "cpu", "fp32", 8,
+                                                                                    (NO_GPU_NOTE,))
+    assert (settle(bad, backend="cpu", batch_size=3).batch_size, settle(bad, backend="cpu").notes) == (3, ())
+    with pytest.raises(WeightsError, match=str(bad)):
+        Engine(bad, backend="cpu")  # reading is the engine's
+    with pytest.raises(OptionError, match=r"^precision='fp16': the cpu backend \(no usable GPU here\)"):
+        settle(bad, precision="fp16")
+    with pytest.raises(OptionError, match=r"^decode='gpu': needs the cuda backend"):
+        settle(bad, backend="cpu", decode="gpu")
+    with pytest.raises(OptionError, match=r"^weights='/nonexistent/w.npz': no such file"):
+        settle("/nonexistent/w.npz", backend="cpu")
+    assert settle(random_weights(0), backend="cpu").weights_file is None  # Weights given: nothing to read
+
+
+def test_facts_are_what_the_engine_runs_with_and_survive_a_queue(tmp_path, monkeypatch):
+    """EngineFacts: what a --gpus worker sends its parent, pickled, for the header and the summary line."""
+    import pickle
+
+    no_gpu(monkeypatch)
+    path = write_random_weights(tmp_path / "w.npz", seed=2)
+    with Engine(path, batch_size=2) as engine:
+        facts = engine.facts()
+    assert facts == EngineFacts("cpu", "fp32", 2, path, (NO_GPU_NOTE,))
+    assert pickle.loads(pickle.dumps(facts)) == facts
 
 
 def test_more_gpus_than_the_machine_has_are_refused_by_the_api(monkeypatch):
