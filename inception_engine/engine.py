@@ -16,6 +16,7 @@ of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
