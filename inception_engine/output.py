@@ -85,9 +85,12 @@ def jsonl_bytes(preds: Sequence[Prediction]) -> bytes:
 
 
 @functools.cache
-def json_labels() -> tuple[str, ...]:
-    """Every class label as a JSON string literal."""
-    return tuple(json.dumps(label) for label in imagenet_labels())
+def json_top_prefixes() -> tuple[str, ...]:
+    """Per class, the start of its entry in a JSONL line's "top" list, up to the probability."""
+    return tuple(f'{{"index": {i}, "label": {json.dumps(label)}, "prob": ' for i, label in enumerate(imagenet_labels()))
+
+
+PROB_SPEC = f".{PROB_DIGITS}g"
 
 
 def jsonl_line(p: Prediction) -> str:
@@ -95,14 +98,14 @@ def jsonl_line(p: Prediction) -> str:
     the same bytes on fuzzed predictions). A probability in [0, 1] is written as its 6 significant digits, with
     ".0" where they hold neither point nor exponent: the repr that json.dumps writes of the rounded float, since
     no shorter decimal reads back as the same double."""
-    names, labels = imagenet_labels(), json_labels()
+    names, prefixes = imagenet_labels(), json_top_prefixes()
     if p.error is None and p.top:
         parts = []
         for i, label, prob in p.top:
             if type(i) is not int or not 0 <= i < len(names) or names[i] != label or not 0.0 <= prob <= 1.0:
                 break  # labels of another list, NaN, out of range: as json.dumps writes them
-            q = f"{prob:.{PROB_DIGITS}g}"
-            parts.append(f'{{"index": {i}, "label": {labels[i]}, "prob": {q if "." in q or "e" in q else q + ".0"}}}')
+            q = format(prob, PROB_SPEC)
+            parts.append(prefixes[i] + (q if "." in q or "e" in q else q + ".0") + "}")
         else:
             extra = "".join(f', "{k}": {encode_ascii(v)}' for k, v in (("backend", p.backend),
                                                                        ("precision", p.precision)) if v is not None)
