@@ -41,22 +41,24 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
     exts = image_extensions() if exts is None else exts
     top = Path(directory)
     listing = DirectoryListing([])
-    found: list[Path] = []
+    found: list[str] = []  # as str(Path(root) / name) writes them
     walked = 0
     walk = os.walk(top)
     for root, dirs, names in walk:
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        images = [Path(root) / n for n in names if not n.startswith(".") and os.path.splitext(n)[1].lower() in exts]
-        if recursive or Path(root) == top:
+        base = Path(root)
+        prefix = "" if str(base) == "." else str(base).rstrip(os.sep) + os.sep  # str(base / name) is prefix + name
+        images = [n for n in names if not n.startswith(".") and os.path.splitext(n)[1].lower() in exts]
+        if recursive or base == top:
             for d in dirs:
                 if os.path.splitext(d)[1].lower() in exts:
                     listing.not_files.append(f"{Path(root, d).relative_to(top)}: is a directory, not an image")
-            for p in images:
-                why = not_an_image_file(p)
+            for n in images:
+                why = not_an_image_file(prefix + n)
                 if why is None:
-                    found.append(p)
+                    found.append(prefix + n)
                 else:
-                    name = str(p.relative_to(top))
+                    name = str((base / n).relative_to(top))
                     listing.not_files.append(f"{name if name.isprintable() else repr(name)[1:-1]}: {why}")
             continue
         listing.skipped += len(images)
@@ -64,7 +66,9 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
         if walked >= SKIP_COUNT_DIRS:
             listing.more_skipped = next(walk, None) is not None  # a directory left unwalked: the count is a floor
             break
-    listing.files = [str(p) for p in sorted(found)]
+    # in Path order (component by component, the same first ones for all), by a key: comparing Path objects costs
+    # seconds on 100,000 files
+    listing.files = sorted(found, key=lambda p: p.split(os.sep))
     return listing
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from inception_engine import inputs
 from inception_engine.inputs import expand_inputs, list_directory
 
@@ -46,3 +48,21 @@ def test_globs_and_directories_give_the_same_listing(tmp_path):
     assert got.notices == [f"{tmp_path / 'p'}: 1 image in subfolders not searched (--recursive searches them)"]
     assert [p for p, _ in expand_inputs([str(tmp_path / "*")], recursive=True).items] == [
         str(tmp_path / n) for n in ("p/a.jpg", "p/sub/b.jpg", "q/c.png")]
+
+
+@pytest.mark.parametrize("spelling", ["plain", "trailing slash", "double slash", "dot slash", "cwd"])
+def test_a_listing_is_in_path_order_and_spells_paths_as_path_does(tmp_path, monkeypatch, spelling):
+    """Names that sort differently as strings and as paths ("a-c.jpg" before "a/b.jpg" as strings, after it as
+    paths), and the directory written in several ways: the files as str(Path(dir) / name), sorted as Paths."""
+    names = ["a/b.jpg", "a-c.jpg", "a.jpg", "a/a-b.jpg", "a b/x.jpg", "A.jpg", "_.jpg", "a.b/c.jpg", "\u00e9.jpg",
+             "z/0.jpg", "a/b/c.jpg", "a0.jpg"]
+    for n in names:
+        (tmp_path / n).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / n).write_bytes(b"x")
+    monkeypatch.chdir(tmp_path.parent)
+    top = {"plain": str(tmp_path), "trailing slash": f"{tmp_path}/", "double slash": f"{tmp_path}//",
+           "dot slash": f"./{tmp_path.name}", "cwd": "."}[spelling]
+    if spelling == "cwd":
+        monkeypatch.chdir(tmp_path)
+    want = [str(p) for p in sorted(Path(top, n) for n in names)]
+    assert list_directory(top, recursive=True).files == want
