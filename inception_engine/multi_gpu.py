@@ -75,14 +75,14 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
     try:
         with Engine(**engine_args) as engine:
             out.put(engine.facts())
-            done: list[Prediction | Rendered] = []
+            done: list[Prediction] = []
             for p in engine.predict_iter(paths, top_k):
-                done.append(render(p, fmt, top_k) if fmt else p)
+                done.append(p)
                 if len(done) == chunk:
-                    out.put(done)
+                    out.put(render(done, fmt, top_k) if fmt else done)
                     done = []
             if done:  # the input's last chunk, shorter
-                out.put(done)
+                out.put(render(done, fmt, top_k) if fmt else done)
     except EngineError as e:
         out.put(EngineError(f"GPU {gpu}: {e}"))
     except Exception as e:  # whatever it was, the parent reports it in one line instead of waiting forever

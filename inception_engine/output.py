@@ -141,10 +141,12 @@ class Rendered(NamedTuple):
     line: bytes  # the record, newline included
 
 
-def render(p: Prediction, fmt: str, top_k: int) -> Rendered:
-    """p as its line of a ``fmt`` ("jsonl" or "csv") file of top-k results: the bytes ResultFile writes for it."""
-    line = jsonl_line(p).encode("ascii") if fmt == "jsonl" else csv_bytes([csv_row(p, top_k)])
-    return Rendered(p.image, p.ok, line)
+def render(preds: Sequence[Prediction], fmt: str, top_k: int) -> list[Rendered]:
+    """Each prediction as its line of a ``fmt`` ("jsonl" or "csv") file of top-k results: the bytes ResultFile
+    writes for it (JSONL lines made together, as jsonl_lines makes them)."""
+    lines = ([line.encode("ascii") for line in jsonl_lines(preds)] if fmt == "jsonl" else
+             [csv_bytes([csv_row(p, top_k)]) for p in preds])
+    return [Rendered(p.image, p.ok, line) for p, line in zip(preds, lines)]
 
 
 def csv_header(top_k: int) -> list[str]:
@@ -429,7 +431,7 @@ class ResultFile:
                           else b"")
                 if any(isinstance(p, Rendered) for p in self._pending):
                     data = header + b"".join(p.line if isinstance(p, Rendered) else
-                                             render(p, self.fmt, self.top_k).line for p in self._pending)
+                                             render([p], self.fmt, self.top_k)[0].line for p in self._pending)
                 elif self.fmt == "jsonl":
                     data = jsonl_bytes(self._pending)
                 else:
