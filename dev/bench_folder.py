@@ -348,8 +348,8 @@ def main() -> None:
                                        "--gpus", str(g)], root / "o.jsonl", timeout=580)
                     base = base or r["wall_s"]
                     row(what="--gpus", decode=decode, precision=p, gpus=g, images=len(r["top1"]), wall_s=r["wall_s"],
-                        rate=r["rate"], steady=r["steady"], speedup=round(base / r["wall_s"], 2), rc=r["rc"],
-                        notes=r["notes"][:2])
+                        rate=r["rate"], steady=r["steady"], first_result_s=r["first_result_s"],
+                        speedup=round(base / r["wall_s"], 2), rc=r["rc"], notes=r["notes"][:2])
     print("what | files | precision | batch | gpus | images/s | wall s | extra")
     for r in rows:
         extra = {k: v for k, v in r.items() if k not in ("what", "files", "precision", "batch", "gpus", "rate",
