@@ -57,8 +57,9 @@ SUPPORTED = "0.6.1 to 0.9.0"  # the releases run on the GPU machine; pyproject's
 # GpuJpegDecoder reads and decodes through cuda_src/jpeg_batch.c where it builds (False: nvImageCodec's Python API)
 NATIVE = True
 # Through jpeg_batch.c: decode calls in flight at once, each with a decoder, a copy stream and a host thread of its
-# own (stream.CudaRunner). A call waits on the GPU (the hardware decoder, then the resize) for most of its time, which
-# a busy forward stretches; a second call's reading and parsing fill that wait.
+# own (stream.CudaRunner). Two lift the decoder beside a busy forward (fp16 on an H100: 14,300 -> 17,600 images/s)
+# but not inception-run, whose results thread is the limit there, and the second decoder's start delays the first
+# result by ~1.2 s (docs/PERFORMANCE.md, round three): one until that thread is lighter.
 DECODE_CHAINS = 1
 
 

@@ -11,9 +11,14 @@ so batch i + 1's bytes cross PCIe while batch i's forward runs, a quarter of the
 all, and only k (index, probability) pairs per image come back. The gather into page-locked memory is one memcpy of
 the batch on the host (a few ms for 128 images, against the decode workers' seconds); page-locking the ring itself
 in place would save it, but pycuda 2026.1's register_host_memory failed on it on the H100 machine (SystemError from
-Boost.Python, 2026-11-25). A partial last batch
-runs the full batch's forward (the rows past it hold an earlier batch's pixels and are not read back): one more
-forward of a few milliseconds instead of a second plan, tuning and graph.
+Boost.Python, 2026-11-25). A partial last batch runs the full batch's forward (the rows past it hold an earlier
+batch's pixels and are not read back): one more forward of a few milliseconds instead of a second plan, tuning and
+graph.
+
+With --decode gpu the files of a decode call (DECODE_IMAGES, whole batches) are decoded straight into a u8 buffer of
+that many images on a chain's copy stream (``decode``), and the compute stream takes them a batch at a time
+(``split``, ``classify``); two decode calls' batches may be outstanding there (``depth``), each turn with its own
+top-k buffers, so the forward has work queued while the host hands out a call's results.
 """
 
 from __future__ import annotations
