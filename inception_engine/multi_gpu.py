@@ -159,14 +159,17 @@ class GpuRun:
 
     def _chunks(self, n: int, chunk: int, gpus: int,
                 on_progress: Callable[[int], None] | None) -> Iterator[Prediction | Rendered]:
-        for c in range((n + chunk - 1) // chunk):
+        chunks = (n + chunk - 1) // chunk
+        for c in range(chunks):
             g = c % gpus
             self._facts_of(g)  # the worker's first item
             preds = _next(self._queues[g], self.procs[g], g)
-            yield from preds
+            # every chunk taken: the workers leave by themselves (a caller takes exactly n results and never asks
+            # past the last one, so this is said before they are handed out)
+            self._finished = c == chunks - 1
             if on_progress:
                 on_progress(len(preds))
-        self._finished = True
+            yield from preds
 
     def __iter__(self) -> GpuRun:
         return self

@@ -104,6 +104,24 @@ def test_stopping_early_ends_the_workers(weights_file, tmp_path, two_gpus):
     assert time.perf_counter() - t0 < 25 and multiprocessing.active_children() == []
 
 
+def test_a_run_read_to_its_last_result_lets_the_workers_leave_by_themselves(weights_file, tmp_path, two_gpus):
+    """The caller takes exactly as many results as there are images (never asking past the last): the workers then
+    shut their decode processes down and exit with 0, not with the SIGTERM of a run stopped early."""
+    from inception_engine.multi_gpu import predict_on_gpus
+
+    rng = np.random.default_rng(4)
+    paths = []
+    for i in range(10):
+        paths.append(str(tmp_path / f"{i:02d}.jpg"))
+        Image.fromarray(rng.integers(0, 256, (80, 90, 3), dtype=np.uint8)).save(paths[-1])
+    stream = predict_on_gpus(paths, 2, 1, str(weights_file), "cpu", 2, "auto", 2, "process")
+    got = [next(stream) for _ in paths]
+    procs = list(stream.procs)
+    stream.close()
+    assert [p.image for p in got] == paths and all(p.ok for p in got)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
 @pytest.fixture
 def photos(tmp_path) -> Path:
     d = tmp_path / "photos"
