@@ -217,8 +217,8 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                 if not shown_before(note):
                     hint = " (--backend cuda says why)" if note == NO_GPU_NOTE else ""
                     click.echo(f"note: {note}{hint}", err=True)
-            if engine is not None:
-                engine.on_note = lambda note: terminal_echo(f"note: {note}", err=True)  # taken mid-run: bar or not
+            # notes taken mid-run (by this engine or a --gpus worker's): printed with or without the progress bar
+            (engine if engine is not None else on_gpus).on_note = lambda note: terminal_echo(f"note: {note}", err=True)
             batch_size = facts.batch_size
             computed_in = f"{facts.backend_name} backend, {facts.precision}"
             show = progress_bar_fits() and len(todo) > batch_size

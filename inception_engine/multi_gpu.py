@@ -19,6 +19,7 @@ import queue
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from . import backends
@@ -29,6 +30,13 @@ from .output import Rendered, render
 from .pipeline import Prediction, default_workers, die_with
 
 CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
+
+
+@dataclass(frozen=True)
+class WorkerNote:
+    """A note a worker's engine took mid-run (no tuning table, the --decode gpu fallback): the parent prints it."""
+
+    text: str
 
 
 def deal(paths: list[str], workers: int, chunk: int) -> list[list[str]]:
@@ -75,6 +83,7 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
     try:
         with Engine(**engine_args) as engine:
             out.put(engine.facts())
+            engine.on_note = lambda note: out.put(WorkerNote(note))
             done: list[Prediction] = []
             for p in engine.predict_iter(paths, top_k):
                 done.append(p)
@@ -89,9 +98,9 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
         out.put(EngineError(f"GPU {gpu}: {type(e).__name__}: {first_line(e)}"))
 
 
-def _next(q: Any, proc: Any, gpu: int) -> Any:
+def _next(q: Any, proc: Any, gpu: int, on_note: Callable[[str], None]) -> Any:
     """The next item a worker put on its queue, waiting while the worker lives: EngineError, in one line, where it
-    sent one or died."""
+    sent one or died. Its notes on the way go to on_note."""
     while True:
         try:
             item = q.get(timeout=1.0)
@@ -101,6 +110,9 @@ def _next(q: Any, proc: Any, gpu: int) -> Any:
             continue
         if isinstance(item, EngineError):
             raise item
+        if isinstance(item, WorkerNote):
+            on_note(item.text)
+            continue
         return item
 
 
@@ -144,6 +156,9 @@ class GpuRun:
         self.procs = procs
         self._queues = queues
         self._facts: dict[int, EngineFacts] = {}  # per worker, taken off its queue ahead of its first chunk
+        # called with each note a worker's engine takes mid-run, once per text (every worker may take the same one)
+        self.on_note: Callable[[str], None] | None = None
+        self._noted: set[str] = set()
         self._finished = False
         self._it = self._chunks(n, chunk, gpus, on_progress)
 
@@ -152,9 +167,15 @@ class GpuRun:
         is built: EngineError, in one line, where it fails or dies first."""
         return self._facts_of(0)
 
+    def _note(self, text: str) -> None:
+        if text not in self._noted:
+            self._noted.add(text)
+            if self.on_note is not None:
+                self.on_note(text)
+
     def _facts_of(self, g: int) -> EngineFacts:
         if g not in self._facts:
-            self._facts[g] = _next(self._queues[g], self.procs[g], g)
+            self._facts[g] = _next(self._queues[g], self.procs[g], g, self._note)
         return self._facts[g]
 
     def _chunks(self, n: int, chunk: int, gpus: int,
@@ -163,7 +184,7 @@ class GpuRun:
         for c in range(chunks):
             g = c % gpus
             self._facts_of(g)  # the worker's first item
-            preds = _next(self._queues[g], self.procs[g], g)
+            preds = _next(self._queues[g], self.procs[g], g, self._note)
             # every chunk taken: the workers leave by themselves (a caller takes exactly n results and never asks
             # past the last one, so this is said before they are handed out)
             self._finished = c == chunks - 1

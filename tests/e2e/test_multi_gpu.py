@@ -255,6 +255,20 @@ def test_weights_that_cannot_be_read_are_worker_0s_one_line(photos, tmp_path, mo
     assert one_line_error(r).startswith(f"error: GPU 0: {bad}: ")
 
 
+def test_notes_a_worker_takes_mid_run_reach_the_parent_once(weights_file, photos, monkeypatch, two_gpus):
+    """Both workers' engines take the same note as their runs start: the parent prints it once, on stderr, and the
+    results are the usual ones."""
+    monkeypatch.setattr(multi_gpu, "_worker", gpu_workers.notes_mid_run)
+    for i in range(3, 10):  # both workers get images
+        (photos / f"{i}.jpg").write_bytes((photos / "0.jpg").read_bytes())
+    with no_hang(120):
+        r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu",
+                                          "--gpus", "2", "--batch-size", "2"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.count("note: this engine took a note mid-run\n") == 1
+    assert len([line for line in r.stdout.splitlines() if line.startswith(str(photos))]) == 10
+
+
 def test_a_worker_that_dies_before_its_facts_is_one_line(weights_file, photos, monkeypatch, two_gpus):
     """Worker 0 dies before its engine's facts come: one line, exit code 2, no output, no hang."""
     monkeypatch.setattr(multi_gpu, "_worker", gpu_workers.dies_at_once)
