@@ -185,30 +185,32 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
     if output_path and as_json:
         raise EngineError("--json prints to the terminal and --output writes a file; choose one")
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
-    listed = expand_inputs(images, recursive)
-    inputs = listed.items
-    for notice in listed.notices:
-        click.echo(f"note: {notice}", err=True)
     out = ResultFile(output_path, top_k, resume) if output_path else None
     on_gpus = None
     try:
-        if out is not None and resume:
-            before = len(inputs)
-            summary = out.resume(image_key(path) for path, _ in inputs)
-            inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
-            click.echo(resume_line(summary, before, out.path), err=True)
-        todo = [path for path, err in inputs if err is None]
-        first_at: list[float] = []  # when the first result came: start-up ends there
-        progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
-        # --gpus N: the workers start now (the arguments checked first), each builds its engine and tells the
-        # parent what it runs with; the parent builds none (into a file, the workers render the lines: the parent
-        # only puts them in order)
-        on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
-                                   worker_kind, lambda n: progress[0](n) if progress else None, decode,
-                                   out.fmt if out is not None else None) if gpus and gpus > 1 else None)
-        with (contextlib.nullcontext() if on_gpus is not None else
+        # one process: the engine (its weights, and with --decode gpu nvImageCodec's start on a thread of its own)
+        # starts before the inputs are listed, so that listing a large folder overlaps it
+        with (contextlib.nullcontext() if gpus and gpus > 1 else
               Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                      worker_kind=worker_kind, decode=decode)) as engine:
+            listed = expand_inputs(images, recursive)
+            inputs = listed.items
+            for notice in listed.notices:
+                click.echo(f"note: {notice}", err=True)
+            if out is not None and resume:
+                before = len(inputs)
+                summary = out.resume(image_key(path) for path, _ in inputs)
+                inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
+                click.echo(resume_line(summary, before, out.path), err=True)
+            todo = [path for path, err in inputs if err is None]
+            first_at: list[float] = []  # when the first result came: start-up ends there
+            progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
+            # --gpus N: the workers start now (the arguments checked first), each builds its engine and tells the
+            # parent what it runs with; the parent builds none (into a file, the workers render the lines: the
+            # parent only puts them in order)
+            on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
+                                       worker_kind, lambda n: progress[0](n) if progress else None, decode,
+                                       out.fmt if out is not None else None) if engine is None else None)
             try:
                 facts = on_gpus.facts() if on_gpus is not None else engine.facts()
             except KeyboardInterrupt:  # while worker 0 builds its engine, which may take long (kernels compiling)

@@ -172,18 +172,23 @@ class Engine:
         self.notes: list[str] = list(settings.notes)  # fallbacks taken, one line each (the CLI prints them on stderr)
         # called with each note as it is taken, also those taken after construction (the CLI: print on stderr)
         self.on_note: Callable[[str], None] | None = None
-        self.weights = weights if isinstance(weights, Weights) else load_weights(settings.weights_file)
-        self._backend_name = settings.backend_name
-        self.backend_class = settings.backend_class
-        self._precision = settings.precision
         self._decoder_start: Any = None  # --decode gpu's jpeg_batch.c decoder, opening (jpeg_decode.NativeStart)
         if decode == "gpu":
             from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
 
             # a missing nvImageCodec is said now, not at the first batch; the decoder opens beside the rest of the
-            # start-up
+            # start-up, the weights included
             if check_gpu_decode():
                 self._decoder_start = NativeStart(workers or 0)
+        try:
+            self.weights = weights if isinstance(weights, Weights) else load_weights(settings.weights_file)
+        except BaseException:
+            if self._decoder_start is not None:
+                self._decoder_start.close()
+            raise
+        self._backend_name = settings.backend_name
+        self.backend_class = settings.backend_class
+        self._precision = settings.precision
         self.decode = decode
         self.batch_size = settings.batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
