@@ -178,7 +178,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         raise EngineError("--gpus 0 is for --ray; on this machine the CPU is --backend cpu")
     if gpus is not None:
         backends.require_gpus(gpus)  # before the weights are read: a machine with fewer GPUs is refused at once
-    from .multi_gpu import predict_on_gpus
+    from .multi_gpu import start_on_gpus
 
     if resume and not output_path:
         raise EngineError("--resume continues an --output FILE; give the file")
@@ -188,9 +188,15 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
     out = ResultFile(output_path, top_k, resume) if output_path else None
     on_gpus = None
     try:
-        # one process: the engine (its weights, and with --decode gpu nvImageCodec's start on a thread of its own)
-        # starts before the inputs are listed, so that listing a large folder overlaps it
-        with (contextlib.nullcontext() if gpus and gpus > 1 else
+        # The engine (its weights, and with --decode gpu nvImageCodec's start on a thread of its own) starts before
+        # the inputs are listed, so that listing a large folder overlaps its start-up. With --gpus N the workers
+        # start instead (the arguments checked first), each builds its engine and tells the parent what it runs
+        # with; the parent builds none (into a file, the workers render the lines: the parent puts them in order).
+        progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
+        on_gpus = (start_on_gpus(gpus, top_k, weights_path, backend, batch_size, precision, workers, worker_kind,
+                                 lambda n: progress[0](n) if progress else None, decode,
+                                 out.fmt if out is not None else None) if gpus and gpus > 1 else None)
+        with (contextlib.nullcontext() if on_gpus is not None else
               Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
                      worker_kind=worker_kind, decode=decode)) as engine:
             listed = expand_inputs(images, recursive)
@@ -204,13 +210,8 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                 click.echo(resume_line(summary, before, out.path), err=True)
             todo = [path for path, err in inputs if err is None]
             first_at: list[float] = []  # when the first result came: start-up ends there
-            progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
-            # --gpus N: the workers start now (the arguments checked first), each builds its engine and tells the
-            # parent what it runs with; the parent builds none (into a file, the workers render the lines: the
-            # parent only puts them in order)
-            on_gpus = (predict_on_gpus(todo, gpus, top_k, weights_path, backend, batch_size, precision, workers,
-                                       worker_kind, lambda n: progress[0](n) if progress else None, decode,
-                                       out.fmt if out is not None else None) if engine is None else None)
+            if on_gpus is not None:
+                on_gpus.classify(todo)
             try:
                 facts = on_gpus.facts() if on_gpus is not None else engine.facts()
             except KeyboardInterrupt:  # while worker 0 builds its engine, which may take long (kernels compiling)

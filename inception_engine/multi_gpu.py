@@ -61,12 +61,12 @@ def cpu_share(gpu: int, gpus: int) -> list[int]:
     return cpus[gpu * per:(gpu + 1) * per]
 
 
-def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any], top_k: int, out: Any,
+def _worker(gpu: int, inbox: Any, chunk: int, engine_args: dict[str, Any], top_k: int, out: Any,
             cpus: list[int], fmt: str | None) -> None:
-    """Classifies its share, putting first its engine's facts (EngineFacts) on ``out``, then each chunk's
-    predictions as one list (one pickle and one queue round trip a chunk, not an image). With ``fmt`` (the --output
-    file's format) each prediction goes as its rendered line (output.Rendered): the parent, one process for every
-    GPU, then only puts lines in order."""
+    """Builds its engine and puts its facts (EngineFacts) on ``out``, then classifies the share that comes on
+    ``inbox`` (the parent lists its inputs meanwhile), putting each chunk's predictions as one list (one pickle and
+    one queue round trip a chunk, not an image). With ``fmt`` (the --output file's format) each prediction goes as
+    its rendered line (output.Rendered): the parent, one process for every GPU, then only puts lines in order."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
     die_with(os.getppid())  # a parent killed outright (SIGKILL) takes its GPU workers with it
@@ -85,7 +85,7 @@ def _worker(gpu: int, paths: list[str], chunk: int, engine_args: dict[str, Any],
             out.put(engine.facts())
             engine.on_note = lambda note: out.put(WorkerNote(note))
             done: list[Prediction] = []
-            for p in engine.predict_iter(paths, top_k):
+            for p in engine.predict_iter(inbox.get(), top_k):
                 done.append(p)
                 if len(done) == chunk:
                     out.put(render(done, fmt, top_k) if fmt else done)
@@ -120,30 +120,37 @@ def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None
                     batch_size: int | None, precision: str, workers: int | None, worker_kind: str,
                     on_progress: Callable[[int], None] | None = None, decode: str = "cpu",
                     fmt: str | None = None) -> GpuRun:
-    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes (GPU 0 .. gpus - 1); with
-    ``fmt`` ("jsonl" or "csv"), each as its line of such a file (output.Rendered), rendered by the workers. Refused
-    at the call, before any worker starts, where this machine has fewer GPUs (OptionError) or an argument is one
-    Engine refuses (engine.settle: all its checks but reading the weights; a weight file that cannot be read is
-    worker 0's EngineError, at ``GpuRun.facts`` or the first prediction). The workers start now, in parallel, each
-    on its own share of the CPUs (``cpu_share``), so their start-up overlaps whatever the caller does before it
-    reads the first prediction; worker 0 starts even with no paths, to tell ``GpuRun.facts``."""
+    """Predictions for ``paths`` in order, classified by ``gpus`` worker processes: ``start_on_gpus``, then
+    ``GpuRun.classify(paths)``."""
+    return start_on_gpus(gpus, top_k, weights, backend, batch_size, precision, workers, worker_kind, on_progress,
+                         decode, fmt).classify(paths)
+
+
+def start_on_gpus(gpus: int, top_k: int, weights: str | None, backend: str, batch_size: int | None, precision: str,
+                  workers: int | None, worker_kind: str, on_progress: Callable[[int], None] | None = None,
+                  decode: str = "cpu", fmt: str | None = None) -> GpuRun:
+    """``gpus`` worker processes (GPU 0 .. gpus - 1) started now, in parallel, each on its own share of the CPUs
+    (``cpu_share``), building its engine while the caller lists the inputs it then gives ``GpuRun.classify``; with
+    ``fmt`` ("jsonl" or "csv"), each prediction comes as its line of such a file (output.Rendered), rendered by the
+    workers. Refused at the call, before any worker starts, where this machine has fewer GPUs (OptionError) or an
+    argument is one Engine refuses (engine.settle: all its checks but reading the weights; a weight file that cannot
+    be read is worker 0's EngineError, at ``GpuRun.facts`` or the first prediction)."""
     backends.require_gpus(gpus)
     settings = settle(weights, backend, batch_size, precision, workers, worker_kind, decode)
     chunk = settings.batch_size * CHUNK_BATCHES
-    shares = deal(paths, gpus, chunk)
     cpus = [cpu_share(g, gpus) for g in range(gpus)]
     engine_args = {"weights": settings.weights_file, "backend": backend, "batch_size": settings.batch_size,
                    "precision": precision, "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
                    "worker_kind": worker_kind, "decode": decode}
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
-    queues = [ctx.Queue() for _ in shares]
+    queues, inboxes = [ctx.Queue() for _ in range(gpus)], [ctx.Queue() for _ in range(gpus)]
     # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes.
     # GpuRun.close ends them instead.
-    procs = [ctx.Process(target=_worker, args=(g, share, chunk, engine_args, top_k, q, cpus[g], fmt))
-             for g, (share, q) in enumerate(zip(shares, queues)) if share or g == 0]
+    procs = [ctx.Process(target=_worker, args=(g, inboxes[g], chunk, engine_args, top_k, queues[g], cpus[g], fmt))
+             for g in range(gpus)]
     for p in procs:
         p.start()
-    return GpuRun(len(paths), chunk, gpus, queues, procs, on_progress)
+    return GpuRun(chunk, gpus, queues, inboxes, procs, on_progress)
 
 
 class GpuRun:
@@ -151,16 +158,25 @@ class GpuRun:
     worker leaves by itself once its share is read (so that it shuts its decode processes and semaphores down in
     order); one still running when the caller stops early is ended with SIGTERM."""
 
-    def __init__(self, n: int, chunk: int, gpus: int, queues: list[Any], procs: list[Any],
+    def __init__(self, chunk: int, gpus: int, queues: list[Any], inboxes: list[Any], procs: list[Any],
                  on_progress: Callable[[int], None] | None):
         self.procs = procs
-        self._queues = queues
+        self._chunk, self._gpus, self._on_progress = chunk, gpus, on_progress
+        self._queues, self._inboxes = queues, inboxes
         self._facts: dict[int, EngineFacts] = {}  # per worker, taken off its queue ahead of its first chunk
         # called with each note a worker's engine takes mid-run, once per text (every worker may take the same one)
         self.on_note: Callable[[str], None] | None = None
         self._noted: set[str] = set()
         self._finished = False
-        self._it = self._chunks(n, chunk, gpus, on_progress)
+        self._it: Iterator[Prediction | Rendered] | None = None
+
+    def classify(self, paths: list[str]) -> GpuRun:
+        """Give the workers their inputs: chunks of ``paths`` dealt round-robin (``deal``); the run, for iterating
+        over their predictions in the order of ``paths``."""
+        for inbox, share in zip(self._inboxes, deal(paths, self._gpus, self._chunk)):
+            inbox.put(share)
+        self._it = self._chunks(len(paths), self._chunk, self._gpus, self._on_progress)
+        return self
 
     def facts(self) -> EngineFacts:
         """Worker 0's engine's facts (its backend, precision, batch size, weight file and notes), once its engine
@@ -196,10 +212,13 @@ class GpuRun:
         return self
 
     def __next__(self) -> Prediction | Rendered:
+        if self._it is None:
+            raise RuntimeError("GpuRun.classify gives the workers their inputs first")
         return next(self._it)
 
     def close(self) -> None:
-        self._it.close()
+        if self._it is not None:
+            self._it.close()
         for p in self.procs:
             if self._finished:
                 p.join(timeout=30)

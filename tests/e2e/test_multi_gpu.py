@@ -296,3 +296,31 @@ def test_ctrl_c_while_worker_0_starts_is_one_line_and_ends_the_workers(weights_f
     assert r.exit_code == 130 and r.stdout == ""
     assert r.stderr == f"interrupted after 0 of 3 images; {out} holds them, --resume continues\n"
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_start_up_begins_before_the_inputs_are_listed(weights_file, photos, monkeypatch, gpus, two_gpus):
+    """Listing a large folder overlaps the start-up: when inception-run lists its inputs, one process has its
+    engine made already, and --gpus 2 has both workers started."""
+    import multiprocessing
+
+    seen: dict[str, int] = {}
+    made = []
+    engine_init = engine_module.Engine.__init__
+
+    def making(self, *a, **k):
+        made.append(1)
+        engine_init(self, *a, **k)
+
+    def listing(images, recursive=False):
+        seen["engines"], seen["workers"] = len(made), len(multiprocessing.active_children())
+        return list_inputs(images, recursive)
+
+    list_inputs = cli.expand_inputs
+    monkeypatch.setattr(engine_module.Engine, "__init__", making)
+    monkeypatch.setattr(cli, "expand_inputs", listing)
+    with no_hang(120):
+        r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu",
+                                          "--gpus", str(gpus)])
+    assert r.exit_code == 0, r.stderr
+    assert seen == ({"engines": 1, "workers": 0} if gpus == 1 else {"engines": 0, "workers": 2})
