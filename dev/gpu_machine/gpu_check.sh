@@ -203,7 +203,7 @@ if want folder; then
   step "pytest folder job" folder.log 120 python3 -m pytest -m gpu -q -rfEs tests/kernels/test_pipeline_io.py \
     tests/device/test_gpu_decode.py tests/device/test_cuda_tuning_tables.py
   gpus=$(nvidia-smi -L | wc -l)
-  step "bench folder" folder.log 420 python3 dev/bench_folder.py --first --ab --batches 64,32,128 \
+  step "bench folder" folder.log 420 python3 dev/bench_folder.py --first --ab python-api,two-chains --batches 64,32,128 \
     --first-long fp16,tf32,fp32 --gpus "$(seq -s, 1 "$gpus")" --json "$OUT/folder.json" ${FOLDER_ARGS:-}
 fi
 
