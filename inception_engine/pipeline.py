@@ -408,8 +408,9 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
 
     def collect_oldest() -> None:
         seqs, ticket = in_flight.popleft()
+        backend, precision = computed_by
         for seq, top in zip(seqs, runner.result(ticket)):
-            done[seq] = Prediction(source_name(seq, sources[seq]), labelled(top), None, *computed_by)
+            done[seq] = Prediction(source_name(seq, sources[seq]), labelled(top), backend=backend, precision=precision)
 
     while next_yield < n:
         # keep the decoders busy as far as the ring allows: seq may start once seq - slots has released its slot
@@ -534,10 +535,11 @@ class _Results:
 
     def collect_oldest(self) -> None:
         seqs, ticket = self.in_flight.popleft()
+        backend, precision = self.computed_by
         for seq, out in zip(seqs, self.runner.result(ticket)):
             name = source_name(seq, self.sources[seq])
             self.done[seq] = (Prediction(name, error=out) if isinstance(out, str) else
-                              Prediction(name, labelled(out), None, *self.computed_by))
+                              Prediction(name, labelled(out), backend=backend, precision=precision))
 
     def finished(self) -> Iterator[Prediction]:
         while self.next_yield in self.done:
