@@ -68,6 +68,9 @@ def pytest_collection_modifyitems(config, items):
             reason = reason or gpu_unavailable_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"no GPU: {reason}"))
+    # The tests marked slow first, each part in collection order (a stable sort): pytest-xdist hands tests out in
+    # collection order, and a long test handed out last keeps one worker busy while the others have finished.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # --- Synthetic Inception-V3 models ------------------------------------------------------------------------------
