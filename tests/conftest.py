@@ -54,6 +54,23 @@ def pytest_collection_modifyitems(config, items):
             reason = reason or gpu_unavailable_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"no GPU: {reason}"))
+    items[:] = run_order(items)
+
+
+# Fixtures of tests/kernels/conftest.py whose first user builds them (minutes) while any other waits for the build.
+SHARED_BUILDS = {"backend_emu_lib", "kernel_cubins"}
+
+
+def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests marked slow first: pytest-xdist hands tests out in this order, and a long test handed out last keeps
+    one worker busy after the others have finished. Of those, one that needs a shared build leads, so that the build
+    starts at once, and the slow tests that need none follow it: the other workers run them meanwhile instead of
+    waiting for the build. Otherwise collection order."""
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    builds = [item for item in slow if SHARED_BUILDS & set(item.fixturenames)]
+    independent = [item for item in slow if not SHARED_BUILDS & set(item.fixturenames)]
+    rest = [item for item in items if not item.get_closest_marker("slow")]
+    return builds[:1] + independent + builds[1:] + rest
 
 
 # --- Synthetic Inception-V3 models ------------------------------------------------------------------------------

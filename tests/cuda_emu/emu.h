@@ -1,16 +1,19 @@
 // emu.h: run the engine's CUDA kernels on the CPU, for tests on machines without a GPU (CI).
 //
-// Compiled with g++ ahead of cuda_src/*.cu (g++ -include emu.h). Each CUDA thread of a block is a fiber
-// (ucontext); blocks run one after another. __syncthreads and warp shuffles yield to a scheduler that resumes every
+// Compiled with g++ ahead of cuda_src/*.cu (g++ -include emu.h). Each CUDA thread of a block is a fiber (its own
+// stack; see emu::switch_stack); blocks run one after another. __syncthreads and warp shuffles yield to a scheduler that resumes every
 // live fiber once per round. __syncthreads waits until every live thread of the block has arrived (emu::block_sync),
 // a shuffle until its warp's 32 lanes have (emu::warp_sync); the warp-wide mma and ldmatrix yield once, so a warp's
 // lanes must run them in step, which CUDA requires anyway. Shared memory is a function-static array (one block at a
 // time). No inline PTX: timing.cu is not emulated.
 #pragma once
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <vector>
 using std::max;
@@ -60,18 +63,42 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
 }
 
 namespace emu {
+#if defined(__x86_64__)
+// Saves what the x86-64 System V ABI makes callee-saved (rbx, rbp, r12-r15) on the current stack, stores the stack
+// pointer in *save, and resumes the stack at `load`. swapcontext would also save the signal mask, a system call on
+// every switch: with a switch at every barrier, shuffle and mma of every thread, that was half of an emulated
+// kernel's time. The kernels never change the floating-point control words (mxcsr, x87), so those are not switched.
+// noipa: callers must treat it as a call that may read and write any memory (other fibers run before it returns).
+__attribute__((naked, noipa)) inline void switch_stack(void** save, void* load) {
+    asm("push %rbp\n push %rbx\n push %r12\n push %r13\n push %r14\n push %r15\n"
+        "mov %rsp, (%rdi)\n mov %rsi, %rsp\n"
+        "pop %r15\n pop %r14\n pop %r13\n pop %r12\n pop %rbx\n pop %rbp\n ret\n");
+}
+struct Fiber {
+    void* sp;
+    bool done;
+};
+inline void* scheduler;
+#else
 struct Fiber {
     ucontext_t ctx;
     bool done;
 };
 inline ucontext_t scheduler;
+#endif
 inline Fiber* current;
 inline std::vector<Fiber> fibers;
 inline std::vector<std::vector<char>> stacks;
 inline std::function<void()> kernel;
 inline float lanes[1024];
 
+#if defined(__x86_64__)
+inline void yield() { switch_stack(&current->sp, scheduler); }
+inline void resume(Fiber& fb) { switch_stack(&scheduler, fb.sp); }
+#else
 inline void yield() { swapcontext(&current->ctx, &scheduler); }
+inline void resume(Fiber& fb) { swapcontext(&scheduler, &fb.ctx); }
+#endif
 
 // __syncthreads: each thread yields until every live thread of the block has arrived. Threads in step arrive in the
 // same round and yield exactly once, as a bare yield would; a warp that took more warp-wide steps than the others
@@ -97,6 +124,32 @@ inline void fiber_main() {
     current->done = true;
     --block_live;
     block_release_if_all();
+#if defined(__x86_64__)
+    yield();  // to the scheduler, which never resumes a finished fiber
+    __builtin_unreachable();
+#endif
+}
+
+// A fiber about to run the kernel from the start of its stack.
+inline void start(Fiber& fb, std::vector<char>& stack) {
+    fb.done = false;
+#if defined(__x86_64__)
+    // switch_stack's first resume pops six zero registers and returns into fiber_main as if called from a frame with
+    // no return address (fiber_main never returns): at its entry the stack pointer is 8 below a 16-byte boundary,
+    // as after a call.
+    auto top = reinterpret_cast<std::uintptr_t>(stack.data() + stack.size()) & ~std::uintptr_t{15};
+    void** sp = reinterpret_cast<void**>(top);
+    *--sp = nullptr;
+    *--sp = reinterpret_cast<void*>(&fiber_main);
+    for (int i = 0; i < 6; ++i) *--sp = nullptr;
+    fb.sp = sp;
+#else
+    getcontext(&fb.ctx);
+    fb.ctx.uc_stack.ss_sp = stack.data();
+    fb.ctx.uc_stack.ss_size = stack.size();
+    fb.ctx.uc_link = &scheduler;
+    makecontext(&fb.ctx, fiber_main, 0);
+#endif
 }
 
 // Run f() as a grid of blocks of block.x threads (1-D blocks, as every kernel of the engine uses).
@@ -113,22 +166,14 @@ void launch(dim3 grid, dim3 block, F f) {
                 blockIdx = {x, y, z};
                 block_live = static_cast<int>(block.x);
                 block_arrived = 0;
-                for (unsigned t = 0; t < block.x; ++t) {
-                    Fiber& fb = fibers[t];
-                    fb.done = false;
-                    getcontext(&fb.ctx);
-                    fb.ctx.uc_stack.ss_sp = stacks[t].data();
-                    fb.ctx.uc_stack.ss_size = stacks[t].size();
-                    fb.ctx.uc_link = &scheduler;
-                    makecontext(&fb.ctx, fiber_main, 0);
-                }
+                for (unsigned t = 0; t < block.x; ++t) start(fibers[t], stacks[t]);
                 for (bool alive = true; alive;) {
                     alive = false;
                     for (unsigned t = 0; t < block.x; ++t) {
                         if (fibers[t].done) continue;
                         threadIdx = {t, 0, 0};
                         current = &fibers[t];
-                        swapcontext(&scheduler, &fibers[t].ctx);
+                        resume(fibers[t]);
                         alive = true;
                     }
                 }

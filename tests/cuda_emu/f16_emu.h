@@ -43,12 +43,18 @@ inline uint16_t half_bits(float v) {
     return sign | static_cast<uint16_t>(std::min<uint64_t>(bits, 0x7c00));
 }
 
+// Every binary16 value is a binary32 value: a normal one keeps its fraction bits and moves its exponent from bias 15
+// to bias 127; a subnormal one is frac * 2^-24, a product of a 10-bit integer and a power of two, exact in float.
+// (Bit assembly and a constant product rather than ldexp, a library call: the emulated mma decodes every operand.)
 inline float half_value(uint16_t h) {
-    const int exp_field = (h >> 10) & 0x1f, frac = h & 0x3ff;
+    const uint32_t exp_field = (h >> 10) & 0x1fu, frac = h & 0x3ffu;
     const float sign = (h & 0x8000) ? -1.f : 1.f;
     if (exp_field == 0x1f) return frac ? NAN : sign * INFINITY;
-    if (exp_field == 0) return sign * std::ldexp(static_cast<float>(frac), -24);
-    return sign * std::ldexp(static_cast<float>(1024 + frac), exp_field - 25);
+    if (exp_field == 0) return sign * (static_cast<float>(frac) * 0x1p-24f);
+    const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | (exp_field + 127 - 15) << 23 | frac << 13;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
 }
 
 inline float round(float v) { return half_value(half_bits(v)); }

@@ -45,14 +45,14 @@ inline const unsigned char* element(unsigned long long desc, int row, int kbyte)
     return reinterpret_cast<const unsigned char*>(logical ^ ((logical >> 7 & 3) << 4));
 }
 
-inline double f16_at(unsigned long long desc, int row, int k) {
+inline float f16_at(unsigned long long desc, int row, int k) {
     uint16_t h;
     std::memcpy(&h, element(desc, row, 2 * k), 2);
     return f16::half_value(h);
 }
 
 // The tensor cores read the upper 19 bits of a .tf32 operand.
-inline double tf32_at(unsigned long long desc, int row, int k) {
+inline float tf32_at(unsigned long long desc, int row, int k) {
     unsigned u;
     std::memcpy(&u, element(desc, row, 4 * k), 4);
     u &= 0xffffe000u;
@@ -63,22 +63,34 @@ inline double tf32_at(unsigned long long desc, int row, int k) {
 
 template <int N>
 struct Mma {
-    // D (64 x N) = A (64 x K) B (K x N) (+ D if accumulate), A[row][k] and B[n][k] read through `at`.
-    template <class At>
-    static void run(float (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate, int k_total, At at) {
+    // D (64 x N) = A (64 x K) B (K x N) (+ D if accumulate), A[row][k] and B[n][k] read through `at` (a template
+    // argument, so that it is inlined). A thread's N / 2 accumulators are rows g and g + 8 of its warp's 16 by N / 4
+    // columns, so it reads those 2 rows and N / 4 columns once (each element is a float, its product with another
+    // exact in double). Each sum runs over k in order, in double; the loop over a row's columns is innermost, where
+    // the compiler can vectorize it.
+    template <int K, float (*at)(unsigned long long, int, int)>
+    static void run(float (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate) {
         const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        for (int i = 0; i < N / 2; ++i) {
-            const int row = 16 * warp + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * t + i % 2;
-            double sum = 0.0;
-            for (int k = 0; k < k_total; ++k) sum += at(a, row, k) * at(b, col, k);
+        constexpr int C = N / 4;
+        float rows[2][K], cols[K][C];
+        double sums[2][C] = {};
+        for (int r = 0; r < 2; ++r)
+            for (int k = 0; k < K; ++k) rows[r][k] = at(a, 16 * warp + g + 8 * r, k);
+        for (int c = 0; c < C; ++c)
+            for (int k = 0; k < K; ++k) cols[k][c] = at(b, 8 * (c / 2) + 2 * t + c % 2, k);
+        for (int k = 0; k < K; ++k)
+            for (int r = 0; r < 2; ++r)
+                for (int c = 0; c < C; ++c) sums[r][c] += static_cast<double>(rows[r][k]) * cols[k][c];
+        for (int i = 0; i < N / 2; ++i) {  // accumulator i: row i % 4 / 2, column 8 (i / 4) + 2 t + i % 2
+            const double sum = sums[i % 4 / 2][2 * (i / 4) + i % 2];
             d[i] = static_cast<float>(accumulate ? d[i] + sum : sum);
         }
     }
     static void f16(float (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
-        run(d, a, b, acc, 16, f16_at);
+        run<16, f16_at>(d, a, b, acc);
     }
     static void tf32(float (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
-        run(d, a, b, acc, 8, tf32_at);
+        run<8, tf32_at>(d, a, b, acc);
     }
 };
 }  // namespace wgmma

@@ -31,6 +31,7 @@ from inception_engine.backends.numpy_backend import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
 
 from helpers.build_cache import shared_library
+from helpers.emulator import codegen_flags
 from helpers.gpu_buffers import Arena, Params, run
 
 EMU = Path(__file__).resolve().parents[1] / "cuda_emu"
@@ -213,7 +214,7 @@ def compile_emu_lib(cache_dir: Path, stem: str, wrapper: str, opt: str, mma: boo
     if GXX is None:
         pytest.skip("g++ is not installed (the emulator compiles the kernels with it)")
     headers = ["-include", str(EMU / "emu.h"), *(["-include", str(EMU / "tf32_emu.h")] if mma else [])]
-    flags = ["-std=c++20", opt, "-shared", "-fPIC", "-fno-strict-aliasing", *headers, "-I",
+    flags = ["-std=c++20", opt, *codegen_flags(), "-shared", "-fPIC", "-fno-strict-aliasing", *headers, "-I",
              str(cuda_build.source_dir())]
     return ctypes.CDLL(str(shared_library(cache_dir, stem, GXX, flags, wrapper, [EMU, cuda_build.source_dir()])))
 

@@ -776,6 +776,7 @@ def test_conv_input_reads_the_float32_nchw_input(mem, case, precision, tile):
 # --- the whole network ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision,fuse", [("fp16", "on"), ("tf32", "on"), ("tf32", "off"), ("fp32", "on")])
 def test_backend_nhwc_forward_on_the_emulator(backend_emu_lib, precision, fuse):
     """One NHWC forward (75x75 images, batch 2, branches on several streams) against float64, with each module's
@@ -808,6 +809,7 @@ def test_gpu_nhwc_network_top1_agrees_with_float64_on_256_inputs(weights, precis
         assert_top1_agrees_on_256_inputs(backend, weights, plan, NET_TOL[precision])
 
 
+@pytest.mark.slow
 def test_cubin_has_every_entry_point(tmp_path):
     if NVCC is None:
         pytest.skip("nvcc is not installed")

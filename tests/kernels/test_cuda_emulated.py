@@ -3,8 +3,8 @@
 cuda_src/*.cu is compiled by g++ with tests/cuda_emu/emu.h (each CUDA thread a fiber, see there) into a library
 whose entry points are generated from the backend's own argument formats, so a kernel signature that disagrees
 with what the backend packs does not even compile. tests/cuda_emu/pycuda stands in for pycuda on top of it. Under
-that stand-in the GPU tests of test_cuda_kernels.py run unchanged (except the large stem shapes, for time), and
-the backend's self-test runs one whole forward (75x75 images, batch 2) against the float64 NumPy reference.
+that stand-in the GPU tests of test_cuda_kernels.py run unchanged (every network shape included), and the
+backend's self-test runs one whole forward (75x75 images, batch 2) against the float64 NumPy reference.
 This proves the kernels' arithmetic and the host-side plumbing; timing, memory ordering, launch limits of a real
 GPU and the CUDA-graph path are for the GPU run (dev/gpu_machine/gpu_check.sh).
 """
@@ -20,26 +20,35 @@ from inception_engine.plan import build_plan
 from helpers.emulator import GXX, run_emulated
 
 
-pytestmark = pytest.mark.skipif(GXX is None or cuda_build.find_nvcc() is None,
-                                reason="needs g++ and nvcc (the stand-in loads the kernels the backend builds)")
+pytestmark = [pytest.mark.skipif(GXX is None or cuda_build.find_nvcc() is None,
+                                 reason="needs g++ and nvcc (the stand-in loads the kernels the backend builds)"),
+              pytest.mark.slow]
 
 
 def test_kernel_tests_pass_on_the_emulator(backend_emu_lib):
-    # The 8x8 and 17x17 network shapes (the split-K ones at batch 1) are cheap; the 35x35+ ones take minutes here.
-    select = "not every_network_shape or Mixed_6b or Mixed_7"
-    r = run_emulated(backend_emu_lib, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-k", select,
+    r = run_emulated(backend_emu_lib, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                      "tests/kernels/test_cuda_kernels.py")
     tail = r.stdout[-3000:] + r.stderr[-2000:]
     assert r.returncode == 0, tail
     assert "passed" in tail and "skipped" not in tail, tail  # ran, not skipped for want of a GPU
 
 
-def test_pipeline_kernels_on_the_emulator(backend_emu_lib):
+# The pipeline tests in three runs, so that a parallel run (pytest -n) spreads them: the two streaming tests (whole
+# emulated forwards) alone, and every other test of the two files together, a test added to them included.
+STREAM_TESTS = ["tests/kernels/test_pipeline_io.py::test_gpu_decode_stream_matches_the_cpu_stream",
+                "tests/kernels/test_pipeline_io.py::test_cuda_runner_streams_the_reference_predictions"]
+PIPELINE_RUNS = {"gpu-decode-stream": [STREAM_TESTS[0]], "runner-stream": [STREAM_TESTS[1]],
+                 "kernels": ["tests/kernels/test_pipeline_io.py", "tests/kernels/test_resize_pil.py",
+                             *(f"--deselect={t}" for t in STREAM_TESTS)]}
+
+
+@pytest.mark.parametrize("run", list(PIPELINE_RUNS))
+def test_pipeline_kernels_on_the_emulator(backend_emu_lib, run):
     """The streaming pipeline's kernels: pipeline_io.cu's normalize and top-k and the cuda runner streaming images
     through a ring (tests/kernels/test_pipeline_io.py); resize_pil.cu bit-exact against Pillow and GpuJpegDecoder's
     host side with Pillow standing in for nvImageCodec (tests/kernels/test_resize_pil.py)."""
     r = run_emulated(backend_emu_lib, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                     "tests/kernels/test_pipeline_io.py", "tests/kernels/test_resize_pil.py")
+                     *PIPELINE_RUNS[run])
     tail = r.stdout[-3000:] + r.stderr[-2000:]
     assert r.returncode == 0, tail
     assert "passed" in tail and "skipped" not in tail, tail

@@ -381,6 +381,7 @@ def test_emulated_rounds_like_fp16_in_the_subnormal_range(emu_lib, tile):
 
 @pytest.mark.skipif(GXX is None or NVCC is None, reason="needs g++ and nvcc (as test_cuda_emulated.py)")
 @needs_registration
+@pytest.mark.slow
 def test_backend_fp16_forward_on_the_emulator(backend_emu_lib):
     """The backend's self-test with precision fp16: the whole network (75x75, batch 1) in the emulator."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",

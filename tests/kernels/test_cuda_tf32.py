@@ -161,10 +161,11 @@ def test_emulated(emu_lib, case, tile):
 
 
 @pytest.mark.skipif(GXX is None or NVCC is None, reason="needs g++ and nvcc (as test_cuda_emulated.py)")
+@pytest.mark.slow
 def test_backend_tf32_forward_on_the_emulator(backend_emu_lib):
     """The backend's self-test in tf32 on NCHW tensors (test_conv_nhwc.py runs the NHWC layout): the whole network
     (75x75, batch 1, ~200 launches, split-K by conv_splitk_reduce) against float64, rel L2 <= 3e-3 and the same top
-    class. About a minute on one core."""
+    class. About 20 seconds on one core."""
     r = run_backend_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest",
                              "--batch", "1", "--graph", "off", "--concurrent", "off", "--input-size", "75",
                              "--precision", "tf32", "--layout", "nchw")

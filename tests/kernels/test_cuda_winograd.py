@@ -367,6 +367,7 @@ def test_emulated_error_level(wino_lib, case, bound):
 
 @pytest.mark.skipif(GXX is None or cuda_build.find_nvcc() is None,
                     reason="needs g++ and nvcc (as test_cuda_emulated.py)")
+@pytest.mark.slow
 def test_backend_forward_with_winograd_on_the_emulator(backend_emu_lib):
     """The backend's self-test with every eligible conv (stride-1 3x3, 5x5, 1x7, 7x1) forced to Winograd (75x75
     images, batch 2, branches on several streams, so Winograd work buffers of one stage must not overlap) against

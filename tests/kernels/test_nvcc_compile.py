@@ -23,6 +23,7 @@ def test_build_list_covers_every_source():
     assert sorted(cuda_build.SOURCES) == SOURCES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SOURCES)
 def test_compiles_for_sm90_without_warnings(name, tmp_path):
     cubin = tmp_path / (Path(name).stem + ".cubin")
@@ -51,6 +52,7 @@ def entry_points(cubin: Path) -> set[str]:
     return {s.decode("latin-1") for s in cubin.read_bytes().split(b"\0")}
 
 
+@pytest.mark.slow
 def test_build_caches_and_holds_every_kernel_the_backend_launches(built):
     assert set(built) == set(cuda_build.UNITS)
     assert {source for source, _ in cuda_build.UNITS.values()} == set(cuda_build.SOURCES)
