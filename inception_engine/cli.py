@@ -240,6 +240,9 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                                                   out.path if out is not None else None)
                 finally:  # the decode processes and GPU workers end now, not when the generator is collected
                     preds.close()  # type: ignore[attr-defined]  # both are generators
+    except KeyboardInterrupt:  # before the results began: the engine or the workers starting, the inputs listed
+        click.echo("interrupted before the first result", err=True)
+        raise click.exceptions.Exit(130) from None
     finally:
         if on_gpus is not None:  # the workers end, whatever stopped this run (they may not have been read at all)
             on_gpus.close()

@@ -435,3 +435,20 @@ def test_run_on_the_gpu_matches_the_cpu_path(synthetic_weights_file, image_dir, 
             assert want["image"] == got["image"]
             assert want["top"][0]["index"] == got["top"][0]["index"], want["image"]
             np.testing.assert_allclose([t["prob"] for t in got["top"]], [t["prob"] for t in want["top"]], atol=atol)
+
+
+@pytest.mark.parametrize("where", ["engine", "listing"])
+def test_ctrl_c_before_the_first_result_is_one_line_and_130(weights_file, image_dir, tmp_path, monkeypatch, where):
+    """Ctrl-C while the engine starts or the inputs are listed (a large folder): one line, exit code 130, and the
+    output file this run created is not left behind."""
+    from inception_engine import engine
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(*((engine.Engine, "__init__") if where == "engine" else (cli, "expand_inputs")), interrupt)
+    out = tmp_path / "labels.jsonl"
+    r = runner().invoke(cli.run_cmd, [str(image_dir), "--weights", str(weights_file), "--backend", "cpu",
+                                      "--output", str(out)])
+    assert r.exit_code == 130 and r.stderr.strip() == "interrupted before the first result", r.output
+    assert "Traceback" not in r.output and not out.exists()
