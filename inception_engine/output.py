@@ -114,11 +114,6 @@ def jsonl_lines(preds: Sequence[Prediction]) -> list[str]:
     return out
 
 
-def jsonl_line(p: Prediction) -> str:
-    """One prediction's line of jsonl_lines."""
-    return jsonl_lines([p])[0]
-
-
 def top_line(p: Prediction, texts: list[str], at: int) -> str:
     """p's JSONL line, its probabilities formatted already (texts[at], texts[at + 1], ...)."""
     names, prefixes = imagenet_labels(), json_top_prefixes()
@@ -145,7 +140,7 @@ def render(preds: Sequence[Prediction], fmt: str, top_k: int) -> list[Rendered]:
     """Each prediction as its line of a ``fmt`` ("jsonl" or "csv") file of top-k results: the bytes ResultFile
     writes for it (JSONL lines made together, as jsonl_lines makes them)."""
     lines = ([line.encode("ascii") for line in jsonl_lines(preds)] if fmt == "jsonl" else
-             [csv_bytes([csv_row(p, top_k)]) for p in preds])
+             csv_lines(csv_row(p, top_k) for p in preds))
     return [Rendered(p.image, p.ok, line) for p, line in zip(preds, lines)]
 
 
@@ -166,6 +161,17 @@ def csv_bytes(rows: Iterable[list[str]]) -> bytes:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(rows)
     return buf.getvalue().encode("utf-8", NAME_ERRORS)
+
+
+def csv_lines(rows: Iterable[list[str]]) -> list[bytes]:
+    """csv_bytes of each row (a row's bytes may hold newlines of a quoted field), from one writer."""
+    buf = io.StringIO()
+    write, ends = csv.writer(buf, lineterminator="\n").writerow, [0]
+    for row in rows:
+        write(row)
+        ends.append(buf.tell())
+    text = buf.getvalue()
+    return [text[a:b].encode("utf-8", NAME_ERRORS) for a, b in zip(ends, ends[1:])]
 
 
 def terminal_bytes(text: str, encoding: str | None) -> bytes:
@@ -429,13 +435,9 @@ class ResultFile:
             if self._pending:
                 header = (csv_bytes([csv_header(self.top_k)]) if self.fmt == "csv" and os.fstat(self._fd).st_size == 0
                           else b"")
-                if any(isinstance(p, Rendered) for p in self._pending):
-                    data = header + b"".join(p.line if isinstance(p, Rendered) else
-                                             render([p], self.fmt, self.top_k)[0].line for p in self._pending)
-                elif self.fmt == "jsonl":
-                    data = jsonl_bytes(self._pending)
-                else:
-                    data = header + csv_bytes([csv_row(p, self.top_k) for p in self._pending])
+                # lines rendered by --gpus workers as they are, the predictions rendered here, together
+                fresh = iter(render([p for p in self._pending if not isinstance(p, Rendered)], self.fmt, self.top_k))
+                data = header + b"".join((p if isinstance(p, Rendered) else next(fresh)).line for p in self._pending)
                 self._pending = []
                 write_all(self._fd, data)
             if time.monotonic() - self._last_sync > FSYNC_SECONDS:

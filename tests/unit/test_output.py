@@ -239,7 +239,7 @@ def test_a_csv_header_torn_by_a_crash_is_written_again(weights_file, photos, tmp
 
 
 def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
-    """output.jsonl_line builds each line without json.dumps: the same bytes on fuzzed predictions (names with
+    """output.jsonl_lines builds each line without json.dumps: the same bytes on fuzzed predictions (names with
     quotes, backslashes, non-ASCII and undecodable bytes; probabilities of every size; errors; labels of another
     list and NaN, which take json.dumps's own path)."""
     import json
@@ -247,7 +247,7 @@ def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
     import numpy as np
 
     from inception_engine.labels import imagenet_labels
-    from inception_engine.output import as_json, jsonl_bytes, jsonl_line
+    from inception_engine.output import as_json, jsonl_bytes, jsonl_lines
     from inception_engine.pipeline import Prediction
 
     rng = np.random.default_rng(5)
@@ -271,5 +271,5 @@ def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
         preds.append(Prediction(name, error=f"{name}: cannot decode") if kind == 7 else
                      Prediction(name, top=top, backend=("cuda", None)[n % 2], precision=("fp16", None)[n % 3 % 2]))
     for p in preds:
-        assert jsonl_line(p) == json.dumps(as_json(p)) + "\n", p
+        assert jsonl_lines([p])[0] == json.dumps(as_json(p)) + "\n", p
     assert jsonl_bytes(preds) == "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode("ascii")
