@@ -175,7 +175,7 @@ class GpuRun:
         over their predictions in the order of ``paths``."""
         for inbox, share in zip(self._inboxes, deal(paths, self._gpus, self._chunk)):
             inbox.put(share)
-        self._it = self._chunks(len(paths), self._chunk, self._gpus, self._on_progress)
+        self._it = self._chunks(len(paths))
         return self
 
     def facts(self) -> EngineFacts:
@@ -194,8 +194,8 @@ class GpuRun:
             self._facts[g] = _next(self._queues[g], self.procs[g], g, self._note)
         return self._facts[g]
 
-    def _chunks(self, n: int, chunk: int, gpus: int,
-                on_progress: Callable[[int], None] | None) -> Iterator[Prediction | Rendered]:
+    def _chunks(self, n: int) -> Iterator[Prediction | Rendered]:
+        chunk, gpus, on_progress = self._chunk, self._gpus, self._on_progress
         chunks = (n + chunk - 1) // chunk
         for c in range(chunks):
             g = c % gpus

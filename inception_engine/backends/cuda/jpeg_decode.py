@@ -213,8 +213,6 @@ class Staged:
             self.dev, self.host = None, np.empty(0, self.dtype)
 
 
-
-
 JOB_FIELDS = 9  # resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, src and dst pitch
 
 
@@ -454,7 +452,7 @@ class GpuJpegDecoder:
         """``decode_into`` for files named, read here: file i into slot i; a file that cannot be read gets its
         error (worded as pipeline.read_file words it). Through cuda_src/jpeg_batch.c where it could be built: the
         files read on its threads, the plain JPEGs among them decoded in one call, no Python per file."""
-        from ...pipeline import read_file
+        from ...pipeline import read_file  # the pipeline imports this module's users: imported here, not at the top
 
         if len(paths) > self.max_batch:
             raise ValueError(f"{len(paths)} files for a decoder of max_batch {self.max_batch}")
@@ -469,11 +467,12 @@ class GpuJpegDecoder:
             for row, error in zip(rows, self.decode_into(items, dst_ptr, stream, cpu_fallback, rows)):
                 errors[row] = error
             return errors
-        return self._decode_native(paths, dst_ptr, stream, cpu_fallback, read_file)
+        return self._decode_native(paths, dst_ptr, stream, cpu_fallback)
 
     def _decode_native(self, paths: Sequence[str], dst_ptr: int, stream: Any,
-                       cpu_fallback: Callable[[str, bytes], np.ndarray],
-                       read_file: Callable[[str], tuple[bytes | None, str | None]]) -> list[str | None]:
+                       cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
+        from ...pipeline import read_file
+
         assert self._native is not None
         self.wait()  # the previous batch's arena and staged results are free to go
         self._decoded = []
