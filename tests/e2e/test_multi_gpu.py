@@ -84,6 +84,15 @@ def test_gpus_zero_without_ray_is_a_one_line_error(tmp_path):
     assert result.exit_code == 2 and result.stderr.strip().startswith("error: --gpus 0 is for --ray")
 
 
+def noise_jpegs(folder: Path, n: int, seed: int) -> list[str]:
+    """n small noise JPEGs, 00.jpg, 01.jpg, ...: their paths."""
+    rng, paths = np.random.default_rng(seed), []
+    for i in range(n):
+        paths.append(str(folder / f"{i:02d}.jpg"))
+        Image.fromarray(rng.integers(0, 256, (80, 90, 3), dtype=np.uint8)).save(paths[-1])
+    return paths
+
+
 def test_stopping_early_ends_the_workers(weights_file, tmp_path, two_gpus):
     """A consumer that stops after the first result (an error elsewhere, Ctrl-C): the workers, each with decode
     processes and results it can no longer hand over, are ended within seconds."""
@@ -92,11 +101,7 @@ def test_stopping_early_ends_the_workers(weights_file, tmp_path, two_gpus):
 
     from inception_engine.multi_gpu import predict_on_gpus
 
-    rng = np.random.default_rng(3)
-    paths = []
-    for i in range(48):
-        paths.append(str(tmp_path / f"{i:02d}.jpg"))
-        Image.fromarray(rng.integers(0, 256, (80, 90, 3), dtype=np.uint8)).save(paths[-1])
+    paths = noise_jpegs(tmp_path, 48, seed=3)
     stream = predict_on_gpus(paths, 2, 1, str(weights_file), "cpu", 2, "auto", 2, "process")
     assert next(stream).ok
     t0 = time.perf_counter()
@@ -109,11 +114,7 @@ def test_a_run_read_to_its_last_result_lets_the_workers_leave_by_themselves(weig
     shut their decode processes down and exit with 0, not with the SIGTERM of a run stopped early."""
     from inception_engine.multi_gpu import predict_on_gpus
 
-    rng = np.random.default_rng(4)
-    paths = []
-    for i in range(10):
-        paths.append(str(tmp_path / f"{i:02d}.jpg"))
-        Image.fromarray(rng.integers(0, 256, (80, 90, 3), dtype=np.uint8)).save(paths[-1])
+    paths = noise_jpegs(tmp_path, 10, seed=4)
     stream = predict_on_gpus(paths, 2, 1, str(weights_file), "cpu", 2, "auto", 2, "process")
     got = [next(stream) for _ in paths]
     procs = list(stream.procs)
