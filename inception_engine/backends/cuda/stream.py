@@ -176,7 +176,6 @@ class CudaRunner:
             self._copied = [drv.Event(flags) for _ in range(buffers)]
             self._normalized = [drv.Event(flags) for _ in range(buffers)]
         self._turns = BufferTurns(buffers)
-        self._used_buffers: set[int] = set()
 
     @property
     def decode_chains(self) -> int:
@@ -249,9 +248,8 @@ class CudaRunner:
         chain = call % len(self._decoders)
         copy = self._copies[chain]
         with self.backend.gpu:
-            if i in self._used_buffers:  # the buffer's last batch must be normalised before it is overwritten
+            if call >= self._turns.n:  # call - n used the buffer: its last batch must be normalised first
                 copy.wait_for_event(self._normalized[i])
-            self._used_buffers.add(i)
             errors = fill(self._decoders[chain], self._u8[i],
                           lambda path, data: decode_u8_bytes(data, path, self.pre), copy)
             self._copied[i].record(copy)
