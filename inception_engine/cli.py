@@ -176,8 +176,10 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                           gpus, resume, as_json, recursive)
     if gpus == 0:
         raise EngineError("--gpus 0 is for --ray; on this machine the CPU is --backend cpu")
-    if gpus is not None:
-        backends.require_gpus(gpus)  # before the weights are read: a machine with fewer GPUs is refused at once
+    if gpus == 1:
+        # before the weights are read: a machine without a GPU is refused at once (--gpus N checks the count as its
+        # workers start: multi_gpu.start_on_gpus)
+        backends.require_gpus(gpus)
     from .multi_gpu import start_on_gpus
 
     if resume and not output_path:

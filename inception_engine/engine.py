@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import backends
-from .errors import EngineError, OptionError
+from .errors import BackendUnavailable, EngineError, OptionError
 from .images import Preprocess
 from .labels import imagenet_labels
 from .pipeline import (WORKER_KINDS, HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner,
@@ -34,8 +34,8 @@ from .plan import build_plan
 from .model_files import load_weights
 from .weights import Weights, find_weights
 
-__all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineFacts", "Prediction", "settle",
-           "softmax", "top_classes"]
+__all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineFacts", "Prediction",
+           "check_arguments", "settle", "softmax", "top_classes"]
 
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
@@ -103,12 +103,11 @@ class Settings:
     notes: tuple[str, ...]  # fallbacks taken, one line each
 
 
-def settle(weights: str | os.PathLike | Weights | None = None, backend: str = "auto", batch_size: int | None = None,
-           precision: str = "auto", workers: int | None = None, worker_kind: str = "auto",
-           decode: str = "cpu") -> Settings:
-    """Engine's arguments checked (OptionError, BackendUnavailable, WeightsError: one line each) and resolved, all
-    but reading the weights and opening the GPU decoder: what Engine starts from, and what inception-run --gpus's
-    parent checks before it starts the workers that build the engines."""
+def check_arguments(weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
+                    batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
+                    worker_kind: str = "auto", decode: str = "cpu") -> Path | None:
+    """The checks of ``settle`` that probe nothing (OptionError, WeightsError: one line each): the weight file's
+    path (None where Weights were given). Cheap enough to come before anything is started."""
     if batch_size is not None and batch_size < 1:
         raise OptionError("batch_size", batch_size, "must be at least 1")
     choice("backend", backend, BACKEND_CHOICES)
@@ -117,7 +116,17 @@ def settle(weights: str | os.PathLike | Weights | None = None, backend: str = "a
     choice("decode", decode, DECODE_CHOICES)
     if workers is not None and workers < 1:
         raise OptionError("workers", workers, "must be at least 1")
-    path = None if isinstance(weights, Weights) else weights_file(weights)
+    return None if isinstance(weights, Weights) else weights_file(weights)
+
+
+def settle(weights: str | os.PathLike | Weights | None = None, backend: str = "auto", batch_size: int | None = None,
+           precision: str = "auto", workers: int | None = None, worker_kind: str = "auto",
+           decode: str = "cpu") -> Settings:
+    """Engine's arguments checked (OptionError, BackendUnavailable, WeightsError: one line each) and resolved, all
+    but reading the weights and opening the GPU decoder: what Engine starts from, and what inception-run --gpus's
+    parent checks while the workers that build the engines start. Resolving the backend probes the GPU (pycuda,
+    the driver: ~0.4 s); ``check_arguments`` is the part before that."""
+    path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
     notes: list[str] = []
     name, fell_back = backend, False
     if backend == "auto":  # backends.resolve's choice (backend="cuda" raises with the reason there is no GPU)
@@ -138,6 +147,20 @@ def settle(weights: str | os.PathLike | Weights | None = None, backend: str = "a
     # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
     batch_size = batch_size or (DEFAULT_BATCH_GPU if name == "cuda" else DEFAULT_BATCH_CPU)
     return Settings(path, name, backend_class, precision, batch_size, tuple(notes))
+
+
+def open_decoder_early(decode: str, backend: str, workers: int | None) -> Any:
+    """For --decode gpu on a backend that may be cuda: jpeg_batch.c's decoder opening now on a thread of its own
+    (jpeg_decode.NativeStart), before the backend is resolved. None where it cannot open that way (the Python API's
+    path, nvImageCodec missing: Engine says why once the arguments are settled, in their order)."""
+    if decode != "gpu" or backend not in ("auto", "cuda"):
+        return None
+    from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
+
+    try:
+        return NativeStart(workers or 0) if check_gpu_decode() else None
+    except BackendUnavailable:
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,24 +191,24 @@ class Engine:
         "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
         the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). Every argument is checked
         (``settle``) before the weights are read."""
-        settings = settle(weights, backend, batch_size, precision, workers, worker_kind, decode)
-        self.notes: list[str] = list(settings.notes)  # fallbacks taken, one line each (the CLI prints them on stderr)
-        # called with each note as it is taken, also those taken after construction (the CLI: print on stderr)
-        self.on_note: Callable[[str], None] | None = None
-        self._decoder_start: Any = None  # --decode gpu's jpeg_batch.c decoder, opening (jpeg_decode.NativeStart)
-        if decode == "gpu":
-            from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
-
-            # a missing nvImageCodec is said now, not at the first batch; the decoder opens beside the rest of the
-            # start-up, the weights included
-            if check_gpu_decode():
-                self._decoder_start = NativeStart(workers or 0)
+        check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
+        # --decode gpu's jpeg_batch.c decoder (jpeg_decode.NativeStart): nvImageCodec's start, the longest part of
+        # the engine's, opens on a thread of its own from here, beside the GPU probe and the weights
+        self._decoder_start: Any = open_decoder_early(decode, backend, workers)
         try:
+            settings = settle(weights, backend, batch_size, precision, workers, worker_kind, decode)
+            if decode == "gpu" and self._decoder_start is None:
+                from .backends.cuda.jpeg_decode import check_gpu_decode
+
+                check_gpu_decode()  # a missing nvImageCodec is said now, not at the first batch
             self.weights = weights if isinstance(weights, Weights) else load_weights(settings.weights_file)
         except BaseException:
             if self._decoder_start is not None:
                 self._decoder_start.close()
             raise
+        self.notes: list[str] = list(settings.notes)  # fallbacks taken, one line each (the CLI prints them on stderr)
+        # called with each note as it is taken, also those taken after construction (the CLI: print on stderr)
+        self.on_note: Callable[[str], None] | None = None
         self._backend_name = settings.backend_name
         self.backend_class = settings.backend_class
         self._precision = settings.precision

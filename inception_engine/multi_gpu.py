@@ -6,9 +6,10 @@ the parent takes chunk ``c``'s predictions from worker ``c % N`` in turn, so the
 slower GPU holds the others back by at most a chunk or so of results (they wait in its queue). Decode workers are
 shared out: each process gets its share of the CPUs. For several machines use Ray (ray_data.py).
 
-The parent builds no engine and reads no weights: it checks the arguments as Engine does (engine.settle) before
-any worker starts, and each worker sends its engine's facts (engine.EngineFacts) first on its queue, before its
-chunks; the parent reports worker 0's (``GpuRun.facts``).
+The parent builds no engine and reads no weights. It makes the checks that probe nothing (engine.check_arguments)
+before any worker starts, and those that probe the GPU (the GPU count, engine.settle: ~0.5 s) while the workers
+start, ending them where one fails; each worker sends its engine's facts (engine.EngineFacts) first on its queue,
+before its chunks, and the parent reports worker 0's (``GpuRun.facts``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backends
-from .engine import Engine, EngineFacts, settle
+from .engine import Engine, EngineFacts, check_arguments, settle
 from .errors import EngineError
 from .images import first_line
 from .output import Rendered, render
@@ -61,12 +62,13 @@ def cpu_share(gpu: int, gpus: int) -> list[int]:
     return cpus[gpu * per:(gpu + 1) * per]
 
 
-def _worker(gpu: int, inbox: Any, chunk: int, engine_args: dict[str, Any], top_k: int, out: Any,
-            cpus: list[int], fmt: str | None) -> None:
+def _worker(gpu: int, inbox: Any, engine_args: dict[str, Any], top_k: int, out: Any, cpus: list[int],
+            fmt: str | None) -> None:
     """Builds its engine and puts its facts (EngineFacts) on ``out``, then classifies the share that comes on
-    ``inbox`` (the parent lists its inputs meanwhile), putting each chunk's predictions as one list (one pickle and
-    one queue round trip a chunk, not an image). With ``fmt`` (the --output file's format) each prediction goes as
-    its rendered line (output.Rendered): the parent, one process for every GPU, then only puts lines in order."""
+    ``inbox`` with its chunk size (the parent lists its inputs meanwhile), putting each chunk's predictions as one
+    list (one pickle and one queue round trip a chunk, not an image). With ``fmt`` (the --output file's format) each
+    prediction goes as its rendered line (output.Rendered): the parent, one process for every GPU, then only puts
+    lines in order."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends the workers
     die_with(os.getppid())  # a parent killed outright (SIGKILL) takes its GPU workers with it
@@ -84,8 +86,9 @@ def _worker(gpu: int, inbox: Any, chunk: int, engine_args: dict[str, Any], top_k
         with Engine(**engine_args) as engine:
             out.put(engine.facts())
             engine.on_note = lambda note: out.put(WorkerNote(note))
+            chunk, share = inbox.get()
             done: list[Prediction] = []
-            for p in engine.predict_iter(inbox.get(), top_k):
+            for p in engine.predict_iter(share, top_k):
                 done.append(p)
                 if len(done) == chunk:
                     out.put(render(done, fmt, top_k) if fmt else done)
@@ -132,25 +135,36 @@ def start_on_gpus(gpus: int, top_k: int, weights: str | None, backend: str, batc
     """``gpus`` worker processes (GPU 0 .. gpus - 1) started now, in parallel, each on its own share of the CPUs
     (``cpu_share``), building its engine while the caller lists the inputs it then gives ``GpuRun.classify``; with
     ``fmt`` ("jsonl" or "csv"), each prediction comes as its line of such a file (output.Rendered), rendered by the
-    workers. Refused at the call, before any worker starts, where this machine has fewer GPUs (OptionError) or an
-    argument is one Engine refuses (engine.settle: all its checks but reading the weights; a weight file that cannot
-    be read is worker 0's EngineError, at ``GpuRun.facts`` or the first prediction)."""
-    backends.require_gpus(gpus)
-    settings = settle(weights, backend, batch_size, precision, workers, worker_kind, decode)
-    chunk = settings.batch_size * CHUNK_BATCHES
+    workers. Refused at the call where this machine has fewer GPUs (OptionError) or an argument is one Engine
+    refuses (engine.settle: all its checks but reading the weights; a weight file that cannot be read is worker 0's
+    EngineError, at ``GpuRun.facts`` or the first prediction): the checks that probe nothing before any worker
+    starts, those that probe the GPU (its count; the backend, unless it is cpu) while they start, ending them."""
+    def settled() -> int:  # the batch size
+        return settle(weights, backend, batch_size, precision, workers, worker_kind, decode).batch_size
+
+    weights_path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
+    probes = backend != "cpu"  # resolving any other backend probes its library and the GPU
+    batch = None if probes else settled()
     cpus = [cpu_share(g, gpus) for g in range(gpus)]
-    engine_args = {"weights": settings.weights_file, "backend": backend, "batch_size": settings.batch_size,
-                   "precision": precision, "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
+    engine_args = {"weights": weights_path, "backend": backend, "batch_size": batch_size, "precision": precision,
+                   "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
                    "worker_kind": worker_kind, "decode": decode}
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
     queues, inboxes = [ctx.Queue() for _ in range(gpus)], [ctx.Queue() for _ in range(gpus)]
     # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes.
     # GpuRun.close ends them instead.
-    procs = [ctx.Process(target=_worker, args=(g, inboxes[g], chunk, engine_args, top_k, queues[g], cpus[g], fmt))
+    procs = [ctx.Process(target=_worker, args=(g, inboxes[g], engine_args, top_k, queues[g], cpus[g], fmt))
              for g in range(gpus)]
     for p in procs:
         p.start()
-    return GpuRun(chunk, gpus, queues, inboxes, procs, on_progress)
+    run = GpuRun(gpus, queues, inboxes, procs, on_progress)
+    try:
+        backends.require_gpus(gpus)
+        run.chunk = (batch or settled()) * CHUNK_BATCHES
+    except BaseException:
+        run.close()
+        raise
+    return run
 
 
 class GpuRun:
@@ -158,10 +172,11 @@ class GpuRun:
     worker leaves by itself once its share is read (so that it shuts its decode processes and semaphores down in
     order); one still running when the caller stops early is ended with SIGTERM."""
 
-    def __init__(self, chunk: int, gpus: int, queues: list[Any], inboxes: list[Any], procs: list[Any],
+    def __init__(self, gpus: int, queues: list[Any], inboxes: list[Any], procs: list[Any],
                  on_progress: Callable[[int], None] | None):
         self.procs = procs
-        self._chunk, self._gpus, self._on_progress = chunk, gpus, on_progress
+        self.chunk = 0  # images a chunk: CHUNK_BATCHES batches, set once the batch size is settled
+        self._gpus, self._on_progress = gpus, on_progress
         self._queues, self._inboxes = queues, inboxes
         self._facts: dict[int, EngineFacts] = {}  # per worker, taken off its queue ahead of its first chunk
         # called with each note a worker's engine takes mid-run, once per text (every worker may take the same one)
@@ -173,8 +188,8 @@ class GpuRun:
     def classify(self, paths: list[str]) -> GpuRun:
         """Give the workers their inputs: chunks of ``paths`` dealt round-robin (``deal``); the run, for iterating
         over their predictions in the order of ``paths``."""
-        for inbox, share in zip(self._inboxes, deal(paths, self._gpus, self._chunk)):
-            inbox.put(share)
+        for inbox, share in zip(self._inboxes, deal(paths, self._gpus, self.chunk)):
+            inbox.put((self.chunk, share))
         self._it = self._chunks(len(paths))
         return self
 
@@ -195,7 +210,7 @@ class GpuRun:
         return self._facts[g]
 
     def _chunks(self, n: int) -> Iterator[Prediction | Rendered]:
-        chunk, gpus, on_progress = self._chunk, self._gpus, self._on_progress
+        chunk, gpus, on_progress = self.chunk, self._gpus, self._on_progress
         chunks = (n + chunk - 1) // chunk
         for c in range(chunks):
             g = c % gpus

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine import backends
+from inception_engine import backends, multi_gpu
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.engine import NO_GPU_NOTE, Engine, EngineFacts, settle, softmax
 from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
@@ -228,12 +228,17 @@ def test_facts_are_what_the_engine_runs_with_and_survive_a_queue(tmp_path, monke
     assert pickle.loads(pickle.dumps(facts)) == facts
 
 
-def test_more_gpus_than_the_machine_has_are_refused_by_the_api(monkeypatch):
+def test_more_gpus_than_the_machine_has_are_refused_by_the_api(monkeypatch, tmp_path):
+    """At the call, not at next(); the workers, started before the GPUs are counted, are ended."""
     from inception_engine.multi_gpu import predict_on_gpus
 
     monkeypatch.setattr(backends, "usable_gpus", lambda: 1)
+    started, close = [], multi_gpu.GpuRun.close
+    monkeypatch.setattr(multi_gpu.GpuRun, "close", lambda self: (started.extend(self.procs), close(self)))
+    (tmp_path / "w.npz").write_bytes(b"")  # the weights are not read: their path is checked
     with pytest.raises(OptionError, match=r"^gpus=2: this machine has 1 usable GPU$"):
-        predict_on_gpus(["x.jpg"], 2, 1, None, "auto", 1, "auto", None, "thread")  # at the call, not at next()
+        predict_on_gpus(["x.jpg"], 2, 1, str(tmp_path / "w.npz"), "auto", 1, "auto", None, "thread")
+    assert len(started) == 2 and not any(p.is_alive() for p in started)
     monkeypatch.setattr(backends, "usable_gpus", lambda: 0)
     with pytest.raises(OptionError, match=r"^gpus=1: this machine has no usable GPU$"):
         backends.require_gpus(1)
