@@ -95,6 +95,14 @@ def _worker(gpu: int, inbox: Any, engine_args: dict[str, Any], top_k: int, out: 
                     done = []
             if done:  # the input's last chunk, shorter
                 out.put(render(done, fmt, top_k) if fmt else done)
+            if engine_args["decode"] == "gpu":
+                # All this process holds then is what the driver frees with it (GPU memory, its context,
+                # nvImageCodec's): it leaves as soon as its results are handed over, sparing the run the engine's
+                # teardown (~0.5 s between the last result and the run's end). Its CPU-decode counterpart shuts its
+                # decode processes down in order instead (through the with-block).
+                out.close()
+                out.join_thread()
+                os._exit(0)
     except EngineError as e:
         out.put(EngineError(f"GPU {gpu}: {e}"))
     except Exception as e:  # whatever it was, the parent reports it in one line instead of waiting forever
