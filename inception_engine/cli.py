@@ -240,6 +240,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                 try:
                     total, failed = write_results(inputs, first_timed(preds, first_at), sink,
                                                   out.path if out is not None else None)
+                    last_at = time.perf_counter()
                 finally:  # the decode processes and GPU workers end now, not when the generator is collected
                     preds.close()  # type: ignore[attr-defined]  # both are generators
     except KeyboardInterrupt:  # before the results began: the engine or the workers starting, the inputs listed
@@ -252,10 +253,11 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
             out.close()
     if out is not None:
         end = time.perf_counter()
-        # the rate past start-up (backend, kernels, decoders, the pipeline filling: until the first result), which
-        # is what a long run settles at; the first batch's images came with the first result
+        # the rate between the first result and the last, past start-up (backend, kernels, decoders, the pipeline
+        # filling) and before the teardown (the engine's or the workers' end): what a long run settles at. The first
+        # batch's images came with the first result.
         after = len(todo) - min(len(todo), batch_size)
-        steady = (f", {after / max(end - first_at[0], 1e-9):.0f} images/s after the first result at "
+        steady = (f", {after / max(last_at - first_at[0], 1e-9):.0f} images/s after the first result at "
                   f"{first_at[0] - t0:.1f} s" if first_at and after >= batch_size else "")
         click.echo(f"{plural(total, 'image')} ({plural(failed, 'error')}) in {end - t0:.1f} s on the {computed_in}, "
                    f"{len(todo) / max(end - t0, 1e-9):.0f} images/s{steady} -> {out.path}", err=True)
