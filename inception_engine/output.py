@@ -98,33 +98,55 @@ def jsonl_lines(preds: Sequence[Prediction]) -> list[str]:
     """json.dumps(as_json(p)) + a newline for each prediction, without building the dicts (tests/unit/test_output.py
     holds the two to the same bytes on fuzzed predictions). A probability in [0, 1] is written as its 6 significant
     digits, with ".0" where they hold neither point nor exponent: the repr that json.dumps writes of the rounded
-    float, since no shorter decimal reads back as the same double."""
-    probs = [prob for p in preds if p.error is None and p.top for _, _, prob in p.top]
-    try:  # "\0" never appears in a formatted number
-        texts = ("\0".join([PROB_FORMAT] * len(probs)) % tuple(probs)).split("\0") if probs else []
-    except TypeError:  # a probability that is not a number: json.dumps says what it says of it
-        return [json.dumps(as_json(p)) + "\n" for p in preds]
-    out, at = [], 0
-    for p in preds:
-        if p.error is None and p.top:
-            out.append(top_line(p, texts, at))
-            at += len(p.top)
-        else:
-            out.append(json.dumps(as_json(p)) + "\n")
-    return out
+    float, since no shorter decimal reads back as the same double.
+
+    The predictions a stream makes (a top list of one length, one backend and precision: the "plain" ones) are
+    rendered together by ``plain_lines``, one formatting call for all their lines; the others (errors, anything
+    else) one at a time."""
+    first = next((p for p in preds if p.error is None and p.top), None)
+    shape = (len(first.top), first.backend, first.precision) if first is not None and first.top else None
+    plain = [at for at, p in enumerate(preds)
+             if p.error is None and p.top and (len(p.top), p.backend, p.precision) == shape]
+    out: list[str | None] = [None] * len(preds)
+    for at, line in zip(plain, plain_lines([preds[at] for at in plain]) or []):
+        out[at] = line
+    return [line if line is not None else one_line(p) for p, line in zip(preds, out)]
 
 
-def top_line(p: Prediction, texts: list[str], at: int) -> str:
-    """p's JSONL line, its probabilities formatted already (texts[at], texts[at + 1], ...)."""
+def one_line(p: Prediction) -> str:
+    """p's JSONL line on its own (an error, or a prediction plain_lines did not take)."""
+    if p.error is None and p.top:
+        lines = plain_lines([p])
+        if lines is not None:
+            return lines[0]
+    return json.dumps(as_json(p)) + "\n"
+
+
+def plain_lines(preds: list[Prediction]) -> list[str] | None:
+    """The JSONL lines of predictions whose top lists have one length and whose backend and precision are the same,
+    made by one formatting call: None where any entry is not what a classifier makes (a label of another list, an
+    index or a probability out of range or not a number), which json.dumps then writes as it writes it."""
+    if not preds:
+        return []
     names, prefixes = imagenet_labels(), json_top_prefixes()
-    parts = []
-    for (i, label, prob), q in zip(p.top, texts[at:at + len(p.top)]):  # type: ignore[arg-type]
-        if type(i) is not int or not 0 <= i < len(names) or names[i] != label or not 0.0 <= prob <= 1.0:
-            return json.dumps(as_json(p)) + "\n"  # labels of another list, NaN, out of range: as json.dumps has them
-        parts.append(prefixes[i] + (q if "." in q or "e" in q else q + ".0") + "}")
-    extra = "".join(f', "{k}": {encode_ascii(v)}' for k, v in (("backend", p.backend), ("precision", p.precision))
-                    if v is not None)
-    return f'{{"image": {encode_ascii(p.image)}, "top": [{", ".join(parts)}]{extra}}}\n'
+    head = preds[0]
+    k = len(head.top)  # type: ignore[arg-type]
+    index, labels, probs = zip(*[c for p in preds for c in p.top])  # type: ignore[union-attr]
+    if set(map(type, index)) != {int} or set(map(type, probs)) != {float} or min(index) < 0 \
+            or max(index) >= len(names) or list(map(names.__getitem__, index)) != list(labels) \
+            or not all(0.0 <= q <= 1.0 for q in probs):  # NaN fails the comparisons
+        return None
+    texts = ("\0".join([PROB_FORMAT] * len(probs)) % probs).split("\0")  # "\0" is in no formatted number
+    stride = 1 + 2 * k  # one line's arguments: the image's name, then each class's prefix and probability
+    args: list[str] = [""] * (len(preds) * stride)
+    args[0::stride] = [encode_ascii(p.image) for p in preds]
+    for j in range(k):
+        args[1 + 2 * j::stride] = list(map(prefixes.__getitem__, index[j::k]))
+        args[2 + 2 * j::stride] = [q if "." in q or "e" in q else q + ".0" for q in texts[j::k]]
+    extra = "".join(f', "{key}": {encode_ascii(v)}' for key, v in (("backend", head.backend),
+                                                                  ("precision", head.precision)) if v is not None)
+    line = '{"image": %s, "top": [' + ", ".join(["%s%s}"] * k) + "]" + extra.replace("%", "%%") + "}"
+    return [text + "\n" for text in ("\n".join([line] * len(preds)) % tuple(args)).split("\n")]
 
 
 class Rendered(NamedTuple):

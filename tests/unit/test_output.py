@@ -273,3 +273,22 @@ def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
     for p in preds:
         assert jsonl_lines([p])[0] == json.dumps(as_json(p)) + "\n", p
     assert jsonl_bytes(preds) == "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode("ascii")
+    # a stream's batches: one top length, backend and precision (rendered together), an error or an odd entry among
+    # them (which sends the batch, or that entry, to json.dumps's path)
+    for b in range(12):
+        k = 1 + b % 5
+        batch = []
+        for n in range(64):
+            idx = [int(i) for i in rng.choice(len(names), k, replace=False)]
+            probs = [float(x) for x in rng.random(k) * 10.0 ** float(rng.integers(-12, 1))]
+            if n % 16 == 3:
+                probs = [0.0, 1.0, 1e-05, 0.0001, 1.5e-07][:k]
+            batch.append(Prediction(odd[n % len(odd)] + f"{b}-{n}", top=[(i, names[i], q) for i, q in zip(idx, probs)],
+                                    backend="cuda", precision="fp16"))
+        if b % 3 == 1:
+            batch[40] = Prediction(batch[40].image, error="cannot decode")
+        if b % 3 == 2:
+            p = batch[17]
+            batch[17] = Prediction(p.image, top=[(i, label, float("nan")) for i, label, _ in p.top], backend="cuda",
+                                   precision="fp16")
+        assert jsonl_bytes(batch) == "".join(json.dumps(as_json(p)) + "\n" for p in batch).encode("ascii"), b
