@@ -105,26 +105,55 @@ def small_images(folder, seed: str, names: list[str]) -> list:
     return paths
 
 
+class PageLockingDriver:
+    """libcuda's host registration as the runner reaches it (ctypes): the driver's on a GPU, the emulator's on the
+    CPU (its async copies refuse memory neither page-locked nor registered); counts the calls and their results."""
+
+    def __init__(self, real):
+        self.real, self.registered, self.unregistered = real, [], []
+
+    def cuMemHostRegister_v2(self, ptr, nbytes, flags):
+        status = (self.real.cuMemHostRegister_v2(ptr, nbytes, flags) if self.real is not None else
+                  driver().host_register(ptr, nbytes))
+        self.registered.append((nbytes, status))
+        return status
+
+    def cuMemHostUnregister(self, ptr):
+        status = self.real.cuMemHostUnregister(ptr) if self.real is not None else driver().host_unregister(ptr)
+        self.unregistered.append(status)
+        return status
+
+
 @pytest.mark.parametrize("graph", [False] if EMULATED else [False, True])
-def test_cuda_runner_streams_the_reference_predictions(graph, tmp_path):
-    """5 images in batches of 2 through a ring of 4 slots: the last batch is partial and the ring wraps. fp32 on
-    NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's."""
+@pytest.mark.parametrize("ring", ["page-locked", "staged"])
+def test_cuda_runner_streams_the_reference_predictions(graph, ring, tmp_path, monkeypatch):
+    """An unreadable file, then 5 images in batches of 2 through a ring of 4 slots: the ring wraps, inside a batch
+    too (the file's slot is skipped: slots 3 and 0 make the second batch), and the last batch is partial. fp32 on
+    NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's. The ring
+    page-locked (the copies straight from its slots) or not (gathered into pinned staging first)."""
+    from inception_engine.backends.cuda import device
+
+    lib = PageLockingDriver(device._libcuda())
+    monkeypatch.setattr(device, "_libcuda", lambda: lib if ring == "page-locked" else None)
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(11), {"count_include_pad": True})
     paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(5)])
+    (tmp_path / "unreadable.png").write_bytes(b"not a picture")
     backend = CudaBackend(weights, build_plan(2, weights.layers(), input_size=size), graph=graph, nhwc=False)
     try:
-        preds = list(pipeline.classify(paths, CudaRunner(backend, pre), pre, 3,
+        preds = list(pipeline.classify([tmp_path / "unreadable.png", *paths], CudaRunner(backend, pre), pre, 3,
                                        pipeline.PipelineOptions(workers=2, ring_batches=2)))
     finally:
         backend.close()
+    if ring == "page-locked":
+        assert lib.registered == [(4 * size * size * 3, 0)] and lib.unregistered == [0]
     host = NumpyBackend(weights, build_plan(len(paths), weights.layers(), input_size=size), dtype=np.float64)
     from inception_engine.images import load_image
 
     ref = pipeline.softmax(host.forward(np.stack([load_image(p, pre) for p in paths]).astype(np.float64)))
-    assert [p.image for p in preds] == [str(p) for p in paths]
-    for p, row in zip(preds, ref):
+    assert preds[0].error and [p.image for p in preds[1:]] == [str(p) for p in paths]
+    for p, row in zip(preds[1:], ref):
         want = np.argsort(-row, kind="stable")[:3]
         assert [i for i, _, _ in p.top] == list(want)
         np.testing.assert_allclose([q for _, _, q in p.top], row[want], rtol=1e-4)

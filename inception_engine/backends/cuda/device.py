@@ -5,6 +5,8 @@ the GPU through here too."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.util
 from typing import Any
 
@@ -57,3 +59,31 @@ class Gpu:
 
     def release(self) -> None:
         self.ctx.detach()
+
+
+@functools.cache
+def _libcuda() -> Any:
+    """The driver library, for the calls pycuda does not make: None where it cannot be loaded (the CPU emulator)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        lib.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+class HostRegistration:
+    """Memory allocated elsewhere (a numpy array; the pipeline's ring, shared with decode processes) page-locked
+    with the current context (cuMemHostRegister), so that copies from it are DMA instead of a gather into pinned
+    memory first. ``ok`` False where the driver refuses it (or cannot be reached): the caller keeps its own path.
+    Unregister (``close``) with a context current, before the memory goes."""
+
+    def __init__(self, array: Any):
+        self.ptr, lib = array.ctypes.data, _libcuda()
+        self.ok = lib is not None and lib.cuMemHostRegister_v2(self.ptr, array.nbytes, 0) == 0
+
+    def close(self) -> None:
+        if self.ok:
+            _libcuda().cuMemHostUnregister(self.ptr)
+            self.ok = False

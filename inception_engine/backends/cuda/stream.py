@@ -3,17 +3,19 @@
 Per batch, two streams and two sets of buffers (turn k = batch number % 2):
 
     host:            wait copied[k] (two batches ago) ─> gather the batch's ring slots into pinned staging[k]
+                     (the ring page-locked: none; the copy below is from its slots, and waited for)
     copy stream:     wait normalized[k] ─> staging[k] -> u8[k] ─> copied[k]
     compute stream:  wait copied[k] ─> normalize_u8_nchw u8[k] -> input ─> normalized[k] ─> forward (the backend's
                      CUDA graph) ─> softmax_topk_rows logits -> top[k] ─> copy top[k] to the host ─> done[k]
 
 so batch i + 1's bytes cross PCIe while batch i's forward runs, a quarter of the float32 input's bytes cross at
-all, and only k (index, probability) pairs per image come back. The gather into page-locked memory is one memcpy of
-the batch on the host (a few ms for 128 images, against the decode workers' seconds); page-locking the ring itself
-in place would save it, but pycuda 2026.1's register_host_memory failed on it on the H100 machine (SystemError from
-Boost.Python, 2026-11-25). A partial last batch runs the full batch's forward (the rows past it hold an earlier
-batch's pixels and are not read back): one more forward of a few milliseconds instead of a second plan, tuning and
-graph.
+all, and only k (index, probability) pairs per image come back. The ring is page-locked in place where the driver
+allows (device.HostRegistration: cuMemHostRegister through ctypes, since pycuda 2026.1's register_host_memory fails
+on it with a SystemError from Boost.Python), so the copy is DMA straight from its slots, waited for before submit
+returns; elsewhere the batch is gathered into pinned staging[k] first, a memcpy on the host (a few ms a batch, on
+the one thread that feeds the GPU, beside many decode workers). A partial last batch runs the full batch's forward
+(the rows past it hold an earlier batch's pixels and are not read back): one more forward of a few milliseconds
+instead of a second plan, tuning and graph.
 
 With --decode gpu the files of a decode call (DECODE_IMAGES, whole batches) are decoded straight into a u8 buffer of
 that many images on a chain's copy stream (``decode``), and the compute stream takes them a batch at a time
@@ -35,7 +37,7 @@ from ...images import Preprocess, decode_u8_bytes
 from ...pipeline import HostRing, TopK
 from .backend import CudaBackend
 from . import jpeg_decode
-from .device import driver
+from .device import HostRegistration, driver
 from .kernels import launch_async, spec
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
@@ -138,6 +140,7 @@ class CudaRunner:
         self.depth = 2 * (self.decode_batch // self.batch) if gpu_decode else 2
         self._image_bytes = pre.size * pre.size * 3
         self._ring: np.ndarray | None = None
+        self._ring_pin: HostRegistration | None = None
         self._decoders: list[Any] = []  # the backend's jpeg_decode.GpuJpegDecoders, one per decode chain
         self._decode_threads = decode_threads
         self._turn = 0
@@ -194,21 +197,41 @@ class CudaRunner:
         return int(a)
 
     def attach(self, ring: HostRing) -> None:
+        """The ring whose slots ``submit`` takes, page-locked where the driver allows (HostRegistration) until
+        ``close``."""
+        self._unpin_ring()
         self._ring = ring.array
+        with self.backend.gpu:
+            self._ring_pin = HostRegistration(ring.array)
+
+    def _unpin_ring(self) -> None:
+        if self._ring_pin is not None:
+            with self.backend.gpu:
+                self._ring_pin.close()
+            self._ring_pin = None
 
     def submit(self, slots: list[int], top_k: int) -> Ticket:
-        """Classify the images in these ring slots (decoded on the host)."""
+        """Classify the images in these ring slots (decoded on the host). The slots are free again when it
+        returns: copied straight from the page-locked ring (waited for), else gathered into pinned staging first."""
         self._check(len(slots), top_k)
         drv, k = driver(), self._next_turn()
+        direct = self._ring_pin is not None and self._ring_pin.ok
         with self.backend.gpu:
-            if self._turn > 2:  # staging[k] and u8[k] still hold the batch before last until these are done
-                self._copied[k].synchronize()
+            if self._turn > 2:  # u8[k] (and staging[k]) still hold the batch before last until these are done
+                if not direct:
+                    self._copied[k].synchronize()
                 self._copy.wait_for_event(self._normalized[k])
-            staging = self._staging[k]
-            for first, end, row in slot_runs(slots):
-                staging[row:row + end - first] = self._ring[first:end]
-            drv.memcpy_htod_async(self._u8[k], staging[:len(slots)], self._copy)
+            if direct:
+                for first, end, row in slot_runs(slots):
+                    drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
+            else:
+                staging = self._staging[k]
+                for first, end, row in slot_runs(slots):
+                    staging[row:row + end - first] = self._ring[first:end]
+                drv.memcpy_htod_async(self._u8[k], staging[:len(slots)], self._copy)
             self._classify(k, len(slots), top_k)
+            if direct:
+                self._copied[k].synchronize()
         return Ticket(k, len(slots), top_k)
 
     def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> Ticket:
@@ -323,6 +346,7 @@ class CudaRunner:
             self.backend.stream.synchronize()
             for copy in self._copies:
                 copy.synchronize()
+            self._unpin_ring()
             self._ring = None
             for decoder in self._decoders:
                 decoder.release()  # before the copy streams go; the backend keeps the decoders

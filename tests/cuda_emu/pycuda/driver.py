@@ -162,7 +162,29 @@ def pagelocked_empty(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     return np.ndarray(shape, dtype, buffer=PagelockedHostAllocation(int(np.prod(shape)) * np.dtype(dtype).itemsize))
 
 
+_registered: dict[int, int] = {}  # host memory page-locked in place (cuMemHostRegister): start -> bytes
+
+
+def host_register(ptr: int, nbytes: int) -> int:
+    """cuMemHostRegister's emulation (the driver's own is reached through ctypes, which the emulator has not):
+    0, or 712 (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) for memory that overlaps a registered range."""
+    _need_context()
+    if any(ptr < start + n and start < ptr + nbytes for start, n in _registered.items()):
+        return 712
+    _registered[ptr] = nbytes
+    return 0
+
+
+def host_unregister(ptr: int) -> int:
+    """cuMemHostUnregister's: 0, or 713 (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)."""
+    _need_context()
+    return 0 if _registered.pop(ptr, None) is not None else 713
+
+
 def _pinned(a: np.ndarray) -> None:
+    ptr, nbytes = a.ctypes.data, a.nbytes
+    if any(start <= ptr and ptr + nbytes <= start + n for start, n in _registered.items()):
+        return
     while isinstance(a, np.ndarray):  # a view of a page-locked array is page-locked memory too
         a = a.base
     if not isinstance(a, PagelockedHostAllocation):
