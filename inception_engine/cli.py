@@ -236,7 +236,8 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
                         JsonSink(str(facts.weights_path), facts.backend_name, facts.precision, echo) if as_json
                         else TextSink(f"# {computed_in}, weights {facts.weights_path}", echo))
                 progress.append(bar.update)
-                preds = on_gpus if engine is None else engine.predict_iter(todo, top_k, on_progress=bar.update)
+                preds = on_gpus if engine is None else engine.predict_iter(  # into a file: each result as its line
+                    todo, top_k, on_progress=bar.update, render=out.fmt if out is not None else None)
                 try:
                     total, failed = write_results(inputs, first_timed(preds, first_at), sink,
                                                   out.path if out is not None else None)

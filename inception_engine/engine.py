@@ -32,6 +32,7 @@ from .pipeline import (WORKER_KINDS, HostRing, HostRunner, ImageSource, Pipeline
                        classify, classify_encoded, labelled, softmax, top_classes)
 from .plan import build_plan
 from .model_files import load_weights
+from .output import Rendered, line_renderer
 from .weights import Weights, find_weights
 
 __all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineFacts", "Prediction",
@@ -315,18 +316,22 @@ class Engine:
         return runner
 
     def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,
-                     on_progress: Callable[[int], None] | None = None) -> Iterator[Prediction]:
+                     on_progress: Callable[[int], None] | None = None,
+                     render: str | None = None) -> Iterator[Prediction | Rendered]:
         """Classify images (paths or PIL images), yielding one Prediction per image in order as batches finish. A
         file that cannot be read gets a Prediction with ``error`` set; the others still run, and carry the
         engine's ``backend`` and ``precision``. ``on_progress(n)`` is called as each n images finish. Host memory
-        stays at a few batches of images however many there are."""
+        stays at a few batches of images however many there are. ``render`` ("jsonl" or "csv"): each classified
+        image comes as its line of such a file instead (output.Rendered, the bytes ResultFile writes), made a batch
+        at a time from the top-k, with no Prediction in between (an unreadable file stays a Prediction)."""
         if not 1 <= top_k <= len(imagenet_labels()):
             raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
         if not images:
             return
         by = (self._backend_name, self._precision)
-        stream = (classify_encoded(images, self.runner(len(images)), top_k, by) if self.decode == "gpu"
-                  else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline, by))
+        finish = line_renderer(render, top_k, by) if render else None
+        stream = (classify_encoded(images, self.runner(len(images)), top_k, by, finish) if self.decode == "gpu"
+                  else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline, by, finish))
         try:
             for p in stream:
                 if on_progress:

@@ -27,7 +27,7 @@ from . import backends
 from .engine import Engine, EngineFacts, check_arguments, settle
 from .errors import EngineError
 from .images import first_line
-from .output import Rendered, render
+from .output import Rendered
 from .pipeline import Prediction, default_workers, die_with
 
 CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
@@ -87,14 +87,14 @@ def _worker(gpu: int, inbox: Any, engine_args: dict[str, Any], top_k: int, out: 
             out.put(engine.facts())
             engine.on_note = lambda note: out.put(WorkerNote(note))
             chunk, share = inbox.get()
-            done: list[Prediction] = []
-            for p in engine.predict_iter(share, top_k):
+            done: list[Prediction | Rendered] = []
+            for p in engine.predict_iter(share, top_k, render=fmt):
                 done.append(p)
                 if len(done) == chunk:
-                    out.put(render(done, fmt, top_k) if fmt else done)
+                    out.put(done)
                     done = []
             if done:  # the input's last chunk, shorter
-                out.put(render(done, fmt, top_k) if fmt else done)
+                out.put(done)
             if engine_args["decode"] == "gpu":
                 # All this process holds then is what the driver frees with it (GPU memory, its context,
                 # nvImageCodec's): it leaves as soon as its results are handed over, sparing the run the engine's

@@ -39,7 +39,7 @@ import stat
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as encode_ascii  # type: ignore[attr-defined]  # json's C encoder
 from pathlib import Path
@@ -48,7 +48,7 @@ from typing import NamedTuple
 from .errors import EngineError
 from .images import file_error, first_line, not_a_file
 from .labels import imagenet_labels
-from .pipeline import Prediction
+from .pipeline import Prediction, TopK
 
 FSYNC_SECONDS = 5.0
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -124,29 +124,43 @@ def one_line(p: Prediction) -> str:
 
 def plain_lines(preds: list[Prediction]) -> list[str] | None:
     """The JSONL lines of predictions whose top lists have one length and whose backend and precision are the same,
-    made by one formatting call: None where any entry is not what a classifier makes (a label of another list, an
+    made together (``top_lines``): None where any entry is not what a classifier makes (a label of another list, an
     index or a probability out of range or not a number), which json.dumps then writes as it writes it."""
     if not preds:
         return []
-    names, prefixes = imagenet_labels(), json_top_prefixes()
-    head = preds[0]
-    k = len(head.top)  # type: ignore[arg-type]
+    names = imagenet_labels()
     index, labels, probs = zip(*[c for p in preds for c in p.top])  # type: ignore[union-attr]
     if set(map(type, index)) != {int} or set(map(type, probs)) != {float} or min(index) < 0 \
-            or max(index) >= len(names) or list(map(names.__getitem__, index)) != list(labels) \
-            or not all(0.0 <= q <= 1.0 for q in probs):  # NaN fails the comparisons
+            or max(index) >= len(names) or list(map(names.__getitem__, index)) != list(labels):
         return None
-    texts = ("\0".join([PROB_FORMAT] * len(probs)) % probs).split("\0")  # "\0" is in no formatted number
+    return top_lines([p.image for p in preds], len(preds[0].top), index, probs,  # type: ignore[arg-type]
+                     (preds[0].backend, preds[0].precision))
+
+
+def top_lines(images: list[str], k: int, index: Sequence[int], probs: Sequence[float],
+              computed_by: tuple[str | None, str | None]) -> list[str] | None:
+    """The JSONL lines of ``images``, each with k classes (``index`` and ``probs`` row after row, ints and floats:
+    a classifier's top-k), computed by ``computed_by`` (backend, precision; None left out), made by one formatting
+    call for all of them. None where a probability is outside [0, 1] or not a number, or an index not a class."""
+    s = math.fsum(probs)
+    if s != s or min(probs) < 0.0 or max(probs) > 1.0 or min(index) < 0 \
+            or max(index) >= len(json_top_prefixes()):  # NaN first: min and max are only sound without it
+        return None
     stride = 1 + 2 * k  # one line's arguments: the image's name, then each class's prefix and probability
-    args: list[str] = [""] * (len(preds) * stride)
-    args[0::stride] = [encode_ascii(p.image) for p in preds]
+    args: list[object] = [""] * (len(images) * stride)
+    args[0::stride] = [encode_ascii(image) for image in images]
     for j in range(k):
-        args[1 + 2 * j::stride] = list(map(prefixes.__getitem__, index[j::k]))
-        args[2 + 2 * j::stride] = [q if "." in q or "e" in q else q + ".0" for q in texts[j::k]]
-    extra = "".join(f', "{key}": {encode_ascii(v)}' for key, v in (("backend", head.backend),
-                                                                  ("precision", head.precision)) if v is not None)
-    line = '{"image": %s, "top": [' + ", ".join(["%s%s}"] * k) + "]" + extra.replace("%", "%%") + "}"
-    return [text + "\n" for text in ("\n".join([line] * len(preds)) % tuple(args)).split("\n")]
+        args[1 + 2 * j::stride] = list(map(json_top_prefixes().__getitem__, index[j::k]))
+        args[2 + 2 * j::stride] = probs[j::k]
+    extra = "".join(f', "{key}": {encode_ascii(v)}' for key, v in zip(("backend", "precision"), computed_by)
+                    if v is not None)
+    line = '{"image": %s, "top": [' + ", ".join(["%s" + PROB_FORMAT + "}"] * k) + "]" + extra.replace("%", "%%") + "}"
+    text = "\n".join([line] * len(images)) % tuple(args)
+    # the 6 significant digits of 0 and 1 (and -0) have no point: json.dumps writes the float as 0.0 and 1.0. A file
+    # name cannot make these strings: its quotes are escaped.
+    for bare in ("0", "1", "-0"):
+        text = text.replace(f'"prob": {bare}}}', f'"prob": {bare}.0}}')
+    return [line + "\n" for line in text.split("\n")]
 
 
 class Rendered(NamedTuple):
@@ -164,6 +178,33 @@ def render(preds: Sequence[Prediction], fmt: str, top_k: int) -> list[Rendered]:
     lines = ([line.encode("ascii") for line in jsonl_lines(preds)] if fmt == "jsonl" else
              csv_lines(csv_row(p, top_k) for p in preds))
     return [Rendered(p.image, p.ok, line) for p, line in zip(preds, lines)]
+
+
+def line_renderer(fmt: str, top_k: int, computed_by: tuple[str | None, str | None]
+                  ) -> Callable[[list[str], list[TopK | str]], list[Rendered]]:
+    """A stream's results to their lines of a ``fmt`` file a batch at a time, as the pipeline has them (each image's
+    name and its top-k (index, probability) pairs, or its error): no Prediction is made for a JSONL line (the
+    pipeline's ``finish``; Engine.predict_iter's ``render``). The bytes are ``render``'s of the same predictions."""
+    names = imagenet_labels()
+
+    def lines(images: list[str], tops: list[TopK | str]) -> list[Rendered]:
+        out: list[Rendered | None] = [None] * len(tops)
+        ok = [at for at, top in enumerate(tops) if not isinstance(top, str)]
+        if fmt == "jsonl" and ok and len({len(tops[at]) for at in ok}) == 1:
+            index, probs = zip(*[c for at in ok for c in tops[at]])
+            for at, line in zip(ok, top_lines([images[at] for at in ok], len(tops[ok[0]]), index, probs,
+                                              computed_by) or []):
+                out[at] = Rendered(images[at], True, line.encode("ascii"))
+        rest = [at for at, done in enumerate(out) if done is None]  # errors; NaN; CSV
+        backend, precision = computed_by
+        for at, done in zip(rest, render([Prediction(images[at], error=tops[at]) if isinstance(tops[at], str) else
+                                          Prediction(images[at], [(i, names[i], q) for i, q in tops[at]],
+                                                     backend=backend, precision=precision) for at in rest],
+                                         fmt, top_k)):
+            out[at] = done
+        return out  # type: ignore[return-value]  # every one filled
+
+    return lines
 
 
 def csv_header(top_k: int) -> list[str]:

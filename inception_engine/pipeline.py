@@ -66,6 +66,16 @@ class Prediction:
 
 # (backend, precision): what each prediction of a stream records as having computed it
 ComputedBy = tuple[str | None, str | None]
+# What a stream hands out for a batch of results, in order: from each image's name and its top-k, or its error
+# message (None: a Prediction each; Engine.predict_iter's ``render``: each one's line of an output file)
+Finish = Callable[[list[str], list[TopK | str]], list[Any]]
+
+
+def make_predictions(names: list[str], tops: list[TopK | str], computed_by: ComputedBy) -> list[Prediction]:
+    """A stream's default Finish: a Prediction per image, its classes labelled, or its error."""
+    backend, precision = computed_by
+    return [Prediction(name, error=top) if isinstance(top, str) else
+            Prediction(name, labelled(top), backend=backend, precision=precision) for name, top in zip(names, tops)]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -365,9 +375,11 @@ def default_workers() -> int:
 
 
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
-             options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None)) -> Iterator[Prediction]:
+             options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None),
+             finish: Finish | None = None) -> Iterator[Any]:
     """Predictions for ``sources`` in their order, streamed as batches finish (errors per image); ``computed_by``:
-    the backend and precision each result records."""
+    the backend and precision each result records; ``finish``: what to hand out instead of a classified image's
+    Prediction, made a batch at a time (an image that could not be decoded stays a Prediction with its error)."""
     options = options or PipelineOptions()
     if not sources:
         return
@@ -384,7 +396,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     try:
         runner.attach(ring)
         pool = DecodePool(ring, pre, workers, kind)
-        yield from _stream(sources, runner, pool, slots, top_k, computed_by)
+        yield from _stream(sources, runner, pool, slots, top_k, computed_by, finish)
     finally:
         if pool is not None:
             pool.close()
@@ -393,7 +405,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
 
 
 def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, slots: int,
-            top_k: int, computed_by: ComputedBy) -> Iterator[Prediction]:
+            top_k: int, computed_by: ComputedBy, finish: Finish | None = None) -> Iterator[Any]:
     n, batch = len(sources), runner.batch
     decoding: deque[tuple[int, Future]] = deque()  # (seq, future), in seq order
     ready: list[int] = []  # decoded seqs waiting for a batch
@@ -408,9 +420,9 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
 
     def collect_oldest() -> None:
         seqs, ticket = in_flight.popleft()
-        backend, precision = computed_by
-        for seq, top in zip(seqs, runner.result(ticket)):
-            done[seq] = Prediction(source_name(seq, sources[seq]), labelled(top), backend=backend, precision=precision)
+        names = [source_name(seq, sources[seq]) for seq in seqs]
+        tops: list[TopK | str] = runner.result(ticket)  # type: ignore[assignment]
+        done.update(zip(seqs, finish(names, tops) if finish else make_predictions(names, tops, computed_by)))
 
     while next_yield < n:
         # keep the decoders busy as far as the ring allows: seq may start once seq - slots has released its slot
@@ -477,8 +489,9 @@ def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
 
 
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                     computed_by: ComputedBy = (None, None)) -> Iterator[Prediction]:
-    """Predictions for image files decoded by the runner (on the GPU), in order; ``computed_by`` as classify's.
+                     computed_by: ComputedBy = (None, None), finish: Finish | None = None) -> Iterator[Any]:
+    """Predictions for image files decoded by the runner (on the GPU), in order; ``computed_by`` and ``finish`` as
+    classify's.
 
     Where the runner decodes and classifies in two steps (``decode`` of ``decode_batch`` files, which it reads
     itself, ``split`` into batches, ``classify`` of each: the cuda runner), one thread decodes while this thread
@@ -491,7 +504,8 @@ def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
     threaded = DECODE_THREAD and all(hasattr(runner, a) for a in ("decode", "split", "classify", "decode_batch"))
     try:
-        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k, computed_by)
+        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k, computed_by,
+                                                                              finish)
     finally:
         runner.close()
 
@@ -518,10 +532,11 @@ def read_batch(sources: Sequence[ImageSource], first: int, end: int
 class _Results:
     """The in-order end of an encoded stream: the runner's tickets outstanding, finished predictions by seq."""
 
-    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner, computed_by: ComputedBy):
-        self.sources, self.runner, self.computed_by = sources, runner, computed_by
+    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner, computed_by: ComputedBy,
+                 finish: Finish | None):
+        self.sources, self.runner, self.computed_by, self.finish = sources, runner, computed_by, finish
         self.in_flight: deque[tuple[list[int], Any]] = deque()
-        self.done: dict[int, Prediction] = {}
+        self.done: dict[int, Any] = {}  # Predictions, or what the finish made
         self.next_yield = 0
 
     def make_room(self) -> None:
@@ -535,11 +550,10 @@ class _Results:
 
     def collect_oldest(self) -> None:
         seqs, ticket = self.in_flight.popleft()
-        backend, precision = self.computed_by
-        for seq, out in zip(seqs, self.runner.result(ticket)):
-            name = source_name(seq, self.sources[seq])
-            self.done[seq] = (Prediction(name, error=out) if isinstance(out, str) else
-                              Prediction(name, labelled(out), backend=backend, precision=precision))
+        names = [source_name(seq, self.sources[seq]) for seq in seqs]
+        tops = self.runner.result(ticket)
+        self.done.update(zip(seqs, self.finish(names, tops) if self.finish else
+                             make_predictions(names, tops, self.computed_by)))
 
     def finished(self) -> Iterator[Prediction]:
         while self.next_yield in self.done:
@@ -554,10 +568,10 @@ class _Results:
 
 
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                    computed_by: ComputedBy) -> Iterator[Prediction]:
+                    computed_by: ComputedBy, finish: Finish | None) -> Iterator[Any]:
     """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
     results of ``runner.depth`` batches outstanding, yielded in order as they come."""
-    results = _Results(sources, runner, computed_by)
+    results = _Results(sources, runner, computed_by, finish)
     for first in range(0, len(sources), runner.batch):
         seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
         results.done.update(failed)
@@ -569,7 +583,7 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
 
 
 def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: int,
-                            computed_by: ComputedBy) -> Iterator[Prediction]:
+                            computed_by: ComputedBy, finish: Finish | None) -> Iterator[Any]:
     """_stream_encoded with the reading and decoding on threads of their own (classify_encoded): the runner's
     ``decode_chains`` of them (one where it has none), thread j decoding calls j, j + chains, ..., taken here in call
     order. Each batch's predictions are handed out as soon as they are in order, so that the consumer's work on them
@@ -593,7 +607,7 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
         except BaseException as e:  # handed to the consuming thread, which raises it there
             decoded[chain].put(e)
 
-    results = _Results(sources, runner, computed_by)
+    results = _Results(sources, runner, computed_by, finish)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(DECODE_SWITCH_INTERVAL)
     threads = [threading.Thread(target=decode_calls, args=(j,), name="gpu-decode", daemon=True)

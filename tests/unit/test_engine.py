@@ -70,6 +70,29 @@ def test_predict_keeps_order_reports_bad_images_and_matches_softmax(weights, tmp
         np.testing.assert_allclose([q for _, _, q in p.top], row[want], rtol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_predict_iter_renders_the_lines_of_its_predictions(weights, tmp_path, fmt):
+    """render="jsonl" / "csv": each classified image comes as its line (output.Rendered), the bytes ResultFile
+    writes for the Prediction that would have come instead; an unreadable file stays that Prediction."""
+    from inception_engine.output import Rendered, render
+
+    ims = images(5, seed=6)
+    paths = []
+    for i, im in enumerate(ims):
+        paths.append(tmp_path / f"{i}.png")
+        im.save(paths[-1])
+    (tmp_path / "bad.jpg").write_text("not an image")
+    paths.insert(2, tmp_path / "bad.jpg")
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        preds = list(engine.predict_iter(paths, 3))
+        lines = list(engine.predict_iter(paths, 3, render=fmt))
+    assert [type(x) for x in lines] == [Rendered, Rendered, type(preds[2]), Rendered, Rendered, Rendered]
+    assert lines[2] == preds[2] and not preds[2].ok
+    assert [x.image for x in lines] == [p.image for p in preds]
+    assert [x.line for x in lines if isinstance(x, Rendered)] == [
+        r.line for r in render([p for p in preds if p.ok], fmt, 3)]
+
+
 def test_closing_predict_iter_closes_the_pipeline_at_once(weights, monkeypatch):
     """inception-run closes its prediction stream inside the engine's with-block: the pipeline generator (its decode
     workers, the runner) must end then, even while something else still refers to it (a reference cycle, on the GPU

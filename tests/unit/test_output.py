@@ -106,8 +106,8 @@ def same_results(a: list[dict], b: list[dict]) -> bool:
 def test_interrupted_run_leaves_whole_lines_and_resume_finishes(weights_file, photos, tmp_path, monkeypatch):
     real = engine.Engine.predict_iter
 
-    def interrupted(self, images, top_k=5, on_progress=None):
-        for i, p in enumerate(real(self, images, top_k, on_progress)):
+    def interrupted(self, images, top_k=5, on_progress=None, render=None):
+        for i, p in enumerate(real(self, images, top_k, on_progress, render)):
             if i == 5:
                 raise KeyboardInterrupt
             yield p
@@ -292,3 +292,36 @@ def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
             batch[17] = Prediction(p.image, top=[(i, label, float("nan")) for i, label, _ in p.top], backend="cuda",
                                    precision="fp16")
         assert jsonl_bytes(batch) == "".join(json.dumps(as_json(p)) + "\n" for p in batch).encode("ascii"), b
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_line_renderer_writes_what_render_writes_of_the_predictions(fmt):
+    """output.line_renderer (the pipeline's finish for Engine.predict_iter's render) makes, from names and top-k
+    pairs, the bytes that render makes of the same predictions: batches of plain results, with a decode error, with
+    a NaN (json.dumps's path), with probabilities at the edges of the 6-digit form, odd names."""
+    import numpy as np
+
+    import json
+
+    from inception_engine.output import as_json, line_renderer, render
+    from inception_engine.pipeline import make_predictions
+
+    rng = np.random.default_rng(8)
+    odd = ['a "quoted" name.jpg', "back\\slash.jpg", "ünïcode 写真.jpg", "bad\udcff.jpg", "x.jpg"]
+    by = ("cuda", "fp16")
+    for b in range(8):
+        names = [odd[n % len(odd)] + f"{b}-{n}" for n in range(24)]
+        tops = [list(zip(rng.choice(1000, 4, replace=False).tolist(),
+                         (rng.random(4) * 10.0 ** float(rng.integers(-9, 1))).tolist())) for _ in names]
+        tops[5] = list(zip([1, 2, 3, 4], [1.0, 0.0, 0.9999999, 1e-05]))
+        if b % 4 == 1:
+            tops[7] = f"{names[7]}: cannot decode"
+        if b % 4 == 2:
+            tops[9] = [(i, float("nan")) for i, _ in tops[9]]
+        if b % 4 == 3:
+            tops = [f"{name}: cannot decode" for name in names]
+        got = line_renderer(fmt, 4, by)(names, tops)
+        preds = make_predictions(names, tops, by)
+        assert got == render(preds, fmt, 4), b
+        if fmt == "jsonl":  # and json.dumps's bytes, which share no code with either
+            assert [r.line for r in got] == [(json.dumps(as_json(p)) + "\n").encode("ascii") for p in preds], b
