@@ -20,6 +20,7 @@ place in the output and the rest goes on.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import select
@@ -72,10 +73,15 @@ Finish = Callable[[list[str], list[TopK | str]], list[Any]]
 
 
 def make_predictions(names: list[str], tops: list[TopK | str], computed_by: ComputedBy) -> list[Prediction]:
-    """A stream's default Finish: a Prediction per image, its classes labelled, or its error."""
+    """A Prediction per image, its classes labelled, recording ``computed_by``; or its error."""
     backend, precision = computed_by
     return [Prediction(name, error=top) if isinstance(top, str) else
             Prediction(name, labelled(top), backend=backend, precision=precision) for name, top in zip(names, tops)]
+
+
+def predictions_by(computed_by: ComputedBy) -> Finish:
+    """A stream's default Finish: make_predictions recording ``computed_by``."""
+    return functools.partial(make_predictions, computed_by=computed_by)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -396,7 +402,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     try:
         runner.attach(ring)
         pool = DecodePool(ring, pre, workers, kind)
-        yield from _stream(sources, runner, pool, slots, top_k, computed_by, finish)
+        yield from _stream(sources, runner, pool, slots, top_k, finish or predictions_by(computed_by))
     finally:
         if pool is not None:
             pool.close()
@@ -405,7 +411,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
 
 
 def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, slots: int,
-            top_k: int, computed_by: ComputedBy, finish: Finish | None = None) -> Iterator[Any]:
+            top_k: int, finish: Finish) -> Iterator[Any]:
     n, batch = len(sources), runner.batch
     decoding: deque[tuple[int, Future]] = deque()  # (seq, future), in seq order
     ready: list[int] = []  # decoded seqs waiting for a batch
@@ -421,8 +427,7 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
     def collect_oldest() -> None:
         seqs, ticket = in_flight.popleft()
         names = [source_name(seq, sources[seq]) for seq in seqs]
-        tops: list[TopK | str] = runner.result(ticket)  # type: ignore[assignment]
-        done.update(zip(seqs, finish(names, tops) if finish else make_predictions(names, tops, computed_by)))
+        done.update(zip(seqs, finish(names, runner.result(ticket))))  # type: ignore[arg-type]
 
     while next_yield < n:
         # keep the decoders busy as far as the ring allows: seq may start once seq - slots has released its slot
@@ -504,8 +509,8 @@ def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
     threaded = DECODE_THREAD and all(hasattr(runner, a) for a in ("decode", "split", "classify", "decode_batch"))
     try:
-        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k, computed_by,
-                                                                              finish)
+        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k,
+                                                                              finish or predictions_by(computed_by))
     finally:
         runner.close()
 
@@ -532,9 +537,8 @@ def read_batch(sources: Sequence[ImageSource], first: int, end: int
 class _Results:
     """The in-order end of an encoded stream: the runner's tickets outstanding, finished predictions by seq."""
 
-    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner, computed_by: ComputedBy,
-                 finish: Finish | None):
-        self.sources, self.runner, self.computed_by, self.finish = sources, runner, computed_by, finish
+    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner, finish: Finish):
+        self.sources, self.runner, self.finish = sources, runner, finish
         self.in_flight: deque[tuple[list[int], Any]] = deque()
         self.done: dict[int, Any] = {}  # Predictions, or what the finish made
         self.next_yield = 0
@@ -551,9 +555,7 @@ class _Results:
     def collect_oldest(self) -> None:
         seqs, ticket = self.in_flight.popleft()
         names = [source_name(seq, self.sources[seq]) for seq in seqs]
-        tops = self.runner.result(ticket)
-        self.done.update(zip(seqs, self.finish(names, tops) if self.finish else
-                             make_predictions(names, tops, self.computed_by)))
+        self.done.update(zip(seqs, self.finish(names, self.runner.result(ticket))))
 
     def finished(self) -> Iterator[Prediction]:
         while self.next_yield in self.done:
@@ -568,10 +570,10 @@ class _Results:
 
 
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                    computed_by: ComputedBy, finish: Finish | None) -> Iterator[Any]:
+                    finish: Finish) -> Iterator[Any]:
     """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
     results of ``runner.depth`` batches outstanding, yielded in order as they come."""
-    results = _Results(sources, runner, computed_by, finish)
+    results = _Results(sources, runner, finish)
     for first in range(0, len(sources), runner.batch):
         seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
         results.done.update(failed)
@@ -583,7 +585,7 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
 
 
 def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: int,
-                            computed_by: ComputedBy, finish: Finish | None) -> Iterator[Any]:
+                            finish: Finish) -> Iterator[Any]:
     """_stream_encoded with the reading and decoding on threads of their own (classify_encoded): the runner's
     ``decode_chains`` of them (one where it has none), thread j decoding calls j, j + chains, ..., taken here in call
     order. Each batch's predictions are handed out as soon as they are in order, so that the consumer's work on them
@@ -607,7 +609,7 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
         except BaseException as e:  # handed to the consuming thread, which raises it there
             decoded[chain].put(e)
 
-    results = _Results(sources, runner, computed_by, finish)
+    results = _Results(sources, runner, finish)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(DECODE_SWITCH_INTERVAL)
     threads = [threading.Thread(target=decode_calls, args=(j,), name="gpu-decode", daemon=True)
