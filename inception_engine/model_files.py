@@ -30,6 +30,21 @@ def load_weights(path: str | Path) -> Weights:
     return load_weight_file(path) if head == ZIP_MAGIC else weights_from_onnx(path)
 
 
+def weight_file_path(path: str | Path) -> Path:
+    """Where the weights at ``path`` are read from: the file itself, or for an ONNX export its converted weight file
+    (converted now if it is not cached yet, saying so once): what inception-run --gpus gives its workers, so that
+    they neither convert nor parse the export each. ``path`` itself where the conversion cannot be cached."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) == ZIP_MAGIC:
+                return path
+    except OSError:
+        return path  # load_weights words the error, in the worker that reads it
+    weights = weights_from_onnx(path)
+    return weights.path if weights.path is not None and weights.path != path else path
+
+
 def weights_from_onnx(path: Path) -> Weights:
     """An ONNX export given where a weight file is expected: converted with the converter's checks on first use
     and cached as ``converted/<content hash>.npz`` in the user cache (the hash covers the .onnx file and its

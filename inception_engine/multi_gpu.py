@@ -6,8 +6,9 @@ the parent takes chunk ``c``'s predictions from worker ``c % N`` in turn, so the
 slower GPU holds the others back by at most a chunk or so of results (they wait in its queue). Decode workers are
 shared out: each process gets its share of the CPUs. For several machines use Ray (ray_data.py).
 
-The parent builds no engine and reads no weights. It makes the checks that probe nothing (engine.check_arguments)
-before any worker starts, and those that probe the GPU (the GPU count, engine.settle: ~0.5 s) while the workers
+The parent builds no engine and reads no weights (an ONNX export given as weights it converts, or finds converted,
+once: the workers read the weight file). It makes the checks that probe nothing (engine.check_arguments) before any
+worker starts, and those that probe the GPU (the GPU count, engine.settle: ~0.5 s) while the workers
 start, ending them where one fails; each worker sends its engine's facts (engine.EngineFacts) first on its queue,
 before its chunks, and the parent reports worker 0's (``GpuRun.facts``).
 """
@@ -27,6 +28,7 @@ from . import backends
 from .engine import Engine, EngineFacts, check_arguments, settle
 from .errors import EngineError
 from .images import first_line
+from .model_files import weight_file_path
 from .output import Rendered
 from .pipeline import Prediction, default_workers, die_with
 
@@ -151,6 +153,8 @@ def start_on_gpus(gpus: int, top_k: int, weights: str | None, backend: str, batc
         return settle(weights, backend, batch_size, precision, workers, worker_kind, decode).batch_size
 
     weights_path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
+    if weights_path is not None:  # an ONNX export: converted (or found converted) here once, not by every worker
+        weights_path = weight_file_path(weights_path)
     probes = backend != "cpu"  # resolving any other backend probes its library and the GPU
     batch = None if probes else settled()
     cpus = [cpu_share(g, gpus) for g in range(gpus)]

@@ -325,3 +325,50 @@ def test_start_up_begins_before_the_inputs_are_listed(weights_file, photos, monk
                                           "--gpus", str(gpus)])
     assert r.exit_code == 0, r.stderr
     assert seen == ({"engines": 1, "workers": 0} if gpus == 1 else {"engines": 0, "workers": 2})
+
+
+class RecordingContext:
+    """multiprocessing's spawn context as start_on_gpus uses it, starting nothing: each Process's arguments kept."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        self.real, self.started = multiprocessing.get_context("spawn"), []
+
+    def Queue(self):  # noqa: N802  # multiprocessing's name
+        return self.real.Queue()
+
+    def Process(self, target, args):  # noqa: N802
+        started = self.started
+
+        class Recorded:
+            exitcode = 0
+
+            def start(self) -> None:
+                started.append(args)
+
+            def is_alive(self) -> bool:
+                return False
+
+            def join(self, timeout=None) -> None:
+                pass
+
+        return Recorded()
+
+
+def test_an_onnx_export_is_converted_once_by_the_parent_not_by_each_worker(synthetic_onnx, tmp_path, monkeypatch,
+                                                                           two_gpus, capfd):
+    """--weights model.onnx with --gpus 2: the parent converts it (one note) before the workers start, and gives them
+    the converted weight file; the next run finds it converted and says nothing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for run in range(2):
+        ctx = RecordingContext()
+        monkeypatch.setattr(multi_gpu.multiprocessing, "get_context", lambda kind, ctx=ctx: ctx)
+        gpu_run = multi_gpu.start_on_gpus(2, 1, str(synthetic_onnx()), "cpu", 2, "auto", 1, "thread")
+        gpu_run.close()
+        given = {args[2]["weights"] for args in ctx.started}
+        assert len(ctx.started) == 2 and len(given) == 1
+        (weights,) = given
+        assert weights.suffix == ".npz" and weights.parent == tmp_path / "cache" / "inception-engine" / "converted"
+        notes = [line for line in capfd.readouterr().err.splitlines() if "converted" in line]
+        assert len(notes) == (1 if run == 0 else 0), notes
