@@ -258,7 +258,7 @@ def test_more_gpus_than_the_machine_has_are_refused_by_the_api(monkeypatch, tmp_
     monkeypatch.setattr(backends, "usable_gpus", lambda: 1)
     started, close = [], multi_gpu.GpuRun.close
     monkeypatch.setattr(multi_gpu.GpuRun, "close", lambda self: (started.extend(self.procs), close(self)))
-    (tmp_path / "w.npz").write_bytes(b"")  # the weights are not read: their path is checked
+    (tmp_path / "w.npz").write_bytes(b"PK\x03\x04")  # a weight file to the parent, which reads no further
     with pytest.raises(OptionError, match=r"^gpus=2: this machine has 1 usable GPU$"):
         predict_on_gpus(["x.jpg"], 2, 1, str(tmp_path / "w.npz"), "auto", 1, "auto", None, "thread")
     assert len(started) == 2 and not any(p.is_alive() for p in started)
