@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from .errors import ConversionError, EngineError, WeightsError
-from .onnx_convert import convert_model, external_files, load_onnx
 from .weights import (HOW_TO_GET_WEIGHTS, NOT_WEIGHTS, ZIP_MAGIC, Weights, converted_cache_dir, load_weight_file,
                       save_weights, sha256_file)
 
@@ -49,6 +48,8 @@ def weights_from_onnx(path: Path) -> Weights:
     """An ONNX export given where a weight file is expected: converted with the converter's checks on first use
     and cached as ``converted/<content hash>.npz`` in the user cache (the hash covers the .onnx file and its
     external data files), reused while the files are unchanged. Says so in one line on stderr when it converts."""
+    from .onnx_convert import convert_model, external_files, load_onnx  # onnx (~0.1 s) only for an ONNX export
+
     try:
         model = load_onnx(path)
     except ConversionError:
