@@ -48,7 +48,7 @@ from typing import NamedTuple
 from .errors import EngineError
 from .images import file_error, first_line, not_a_file
 from .labels import imagenet_labels
-from .pipeline import Prediction, TopK
+from .pipeline import Prediction, TopK, make_predictions
 
 FSYNC_SECONDS = 5.0
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -185,8 +185,6 @@ def line_renderer(fmt: str, top_k: int, computed_by: tuple[str | None, str | Non
     """A stream's results to their lines of a ``fmt`` file a batch at a time, as the pipeline has them (each image's
     name and its top-k (index, probability) pairs, or its error): no Prediction is made for a JSONL line (the
     pipeline's ``finish``; Engine.predict_iter's ``render``). The bytes are ``render``'s of the same predictions."""
-    names = imagenet_labels()
-
     def lines(images: list[str], tops: list[TopK | str]) -> list[Rendered]:
         out: list[Rendered | None] = [None] * len(tops)
         ok = [at for at, top in enumerate(tops) if not isinstance(top, str)]
@@ -196,11 +194,8 @@ def line_renderer(fmt: str, top_k: int, computed_by: tuple[str | None, str | Non
                                               computed_by) or []):
                 out[at] = Rendered(images[at], True, line.encode("ascii"))
         rest = [at for at, done in enumerate(out) if done is None]  # errors; NaN; CSV
-        backend, precision = computed_by
-        for at, done in zip(rest, render([Prediction(images[at], error=tops[at]) if isinstance(tops[at], str) else
-                                          Prediction(images[at], [(i, names[i], q) for i, q in tops[at]],
-                                                     backend=backend, precision=precision) for at in rest],
-                                         fmt, top_k)):
+        preds = make_predictions([images[at] for at in rest], [tops[at] for at in rest], computed_by)
+        for at, done in zip(rest, render(preds, fmt, top_k)):
             out[at] = done
         return out  # type: ignore[return-value]  # every one filled
 
