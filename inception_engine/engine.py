@@ -36,7 +36,7 @@ from .output import Rendered, line_renderer
 from .weights import Weights, find_weights
 
 __all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineFacts", "Prediction",
-           "check_arguments", "settle", "softmax", "top_classes"]
+           "check_arguments", "resolve", "settle", "softmax", "top_classes"]
 
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
@@ -126,8 +126,14 @@ def settle(weights: str | os.PathLike | Weights | None = None, backend: str = "a
     """Engine's arguments checked (OptionError, BackendUnavailable, WeightsError: one line each) and resolved, all
     but reading the weights and opening the GPU decoder: what Engine starts from, and what inception-run --gpus's
     parent checks while the workers that build the engines start. Resolving the backend probes the GPU (pycuda,
-    the driver: ~0.4 s); ``check_arguments`` is the part before that."""
-    path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
+    the driver: ~0.4 s): ``check_arguments``, then ``resolve``, which a caller may also make apart."""
+    return resolve(check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode), backend,
+                   batch_size, precision, decode)
+
+
+def resolve(path: Path | None, backend: str, batch_size: int | None, precision: str, decode: str) -> Settings:
+    """The rest of ``settle`` once ``check_arguments`` gave the weight file's ``path``: the backend resolved (the
+    GPU probed: BackendUnavailable), the precision and decode checked against it, the batch size's default."""
     notes: list[str] = []
     name, fell_back = backend, False
     if backend == "auto":  # backends.resolve's choice (backend="cuda" raises with the reason there is no GPU)
@@ -192,12 +198,12 @@ class Engine:
         "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
         the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). Every argument is checked
         (``settle``) before the weights are read."""
-        check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
+        path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
         # --decode gpu's jpeg_batch.c decoder (jpeg_decode.NativeStart): nvImageCodec's start, the longest part of
         # the engine's, opens on a thread of its own from here, beside the GPU probe and the weights
         self._decoder_start: Any = open_decoder_early(decode, backend, workers)
         try:
-            settings = settle(weights, backend, batch_size, precision, workers, worker_kind, decode)
+            settings = resolve(path, backend, batch_size, precision, decode)
             if decode == "gpu" and self._decoder_start is None:
                 from .backends.cuda.jpeg_decode import check_gpu_decode
 

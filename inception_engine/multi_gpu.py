@@ -8,7 +8,7 @@ shared out: each process gets its share of the CPUs. For several machines use Ra
 
 The parent builds no engine and reads no weights (an ONNX export given as weights it converts, or finds converted,
 once: the workers read the weight file). It makes the checks that probe nothing (engine.check_arguments) before any
-worker starts, and those that probe the GPU (the GPU count, engine.settle: ~0.5 s) while the workers
+worker starts, and those that probe the GPU (the GPU count, engine.resolve: ~0.5 s) while the workers
 start, ending them where one fails; each worker sends its engine's facts (engine.EngineFacts) first on its queue,
 before its chunks, and the parent reports worker 0's (``GpuRun.facts``).
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backends
-from .engine import Engine, EngineFacts, check_arguments, settle
+from .engine import Engine, EngineFacts, check_arguments, resolve
 from .errors import EngineError
 from .images import first_line
 from .model_files import weight_file_path
@@ -149,14 +149,11 @@ def start_on_gpus(gpus: int, top_k: int, weights: str | None, backend: str, batc
     refuses (engine.settle: all its checks but reading the weights; a weight file that cannot be read is worker 0's
     EngineError, at ``GpuRun.facts`` or the first prediction): the checks that probe nothing before any worker
     starts, those that probe the GPU (its count; the backend, unless it is cpu) while they start, ending them."""
-    def settled() -> int:  # the batch size
-        return settle(weights, backend, batch_size, precision, workers, worker_kind, decode).batch_size
-
     weights_path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
     if weights_path is not None:  # an ONNX export: converted (or found converted) here once, not by every worker
         weights_path = weight_file_path(weights_path)
-    probes = backend != "cpu"  # resolving any other backend probes its library and the GPU
-    batch = None if probes else settled()
+    # resolving any backend but cpu probes its library and the GPU: that waits until the workers are starting
+    settings = resolve(weights_path, backend, batch_size, precision, decode) if backend == "cpu" else None
     cpus = [cpu_share(g, gpus) for g in range(gpus)]
     engine_args = {"weights": weights_path, "backend": backend, "batch_size": batch_size, "precision": precision,
                    "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
@@ -172,7 +169,8 @@ def start_on_gpus(gpus: int, top_k: int, weights: str | None, backend: str, batc
     run = GpuRun(gpus, queues, inboxes, procs, on_progress)
     try:
         backends.require_gpus(gpus)
-        run.chunk = (batch or settled()) * CHUNK_BATCHES
+        settings = settings or resolve(weights_path, backend, batch_size, precision, decode)
+        run.chunk = settings.batch_size * CHUNK_BATCHES
     except BaseException:
         run.close()
         raise
