@@ -154,7 +154,9 @@ class CudaRunner:
             self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(self.depth)]
             self._mean_std = self._alloc(6 * 4)
             drv.memcpy_htod(self._mean_std, np.asarray((*pre.mean, *pre.std), np.float32))
-            self._staging = [drv.pagelocked_empty((self.batch, pre.size, pre.size, 3), np.uint8) for _ in range(2)]
+            # pinned (batch, size, size, 3) per turn, where submit gathers ring slots: made at its first gather (a
+            # page-locked ring or GPU decoding needs none)
+            self._staging: list[np.ndarray] = []
             self._prob_host = [drv.pagelocked_empty(self.batch * self.classes, np.float32) for _ in range(self.depth)]
             self._index_host = [drv.pagelocked_empty(self.batch * self.classes, np.int32) for _ in range(self.depth)]
             self._done = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.depth)]
@@ -199,15 +201,15 @@ class CudaRunner:
     def attach(self, ring: HostRing) -> None:
         """The ring whose slots ``submit`` takes, page-locked where the driver allows (HostRegistration) until
         ``close``."""
-        self._unpin_ring()
         self._ring = ring.array
         with self.backend.gpu:
+            self._unpin_ring()
             self._ring_pin = HostRegistration(ring.array)
 
     def _unpin_ring(self) -> None:
+        """Lets go of the ring's page-locking (the context current)."""
         if self._ring_pin is not None:
-            with self.backend.gpu:
-                self._ring_pin.close()
+            self._ring_pin.close()
             self._ring_pin = None
 
     def submit(self, slots: list[int], top_k: int) -> Ticket:
@@ -225,6 +227,9 @@ class CudaRunner:
                 for first, end, row in slot_runs(slots):
                     drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
             else:
+                if not self._staging:
+                    self._staging = [drv.pagelocked_empty((self.batch, self.pre.size, self.pre.size, 3), np.uint8)
+                                     for _ in range(2)]
                 staging = self._staging[k]
                 for first, end, row in slot_runs(slots):
                     staging[row:row + end - first] = self._ring[first:end]
