@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from ... import cuda_build
@@ -262,9 +262,16 @@ def launch_async(func: Any, grid: tuple[int, int, int], block: tuple[int, int, i
     cuFuncSetBlockShape it calls before each launch (cuLaunchKernel takes the block itself). That call waits on the
     driver while another thread is inside it, such as nvImageCodec's decode on the decode thread, and holds the GIL
     meanwhile, so whichever thread launched stalled the other one too."""
+    func._launch_kernel(grid, block, _packer()(func.arg_format, *args), shared, stream)
+
+
+@cache
+def _packer() -> Callable[..., bytes]:
+    """pycuda's struct packer for kernel arguments, looked up once (an import statement in launch_async would run
+    at every launch); imported on first use, as pycuda is only where a backend is built."""
     from pycuda._pvt_struct import pack
 
-    func._launch_kernel(grid, block, pack(func.arg_format, *args), shared, stream)
+    return pack
 
 
 class Kernels:
