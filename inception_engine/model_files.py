@@ -17,6 +17,12 @@ def load_weights(path: str | Path) -> Weights:
     """The weights at ``path``: an engine weight file, or an ONNX export (converted once, then cached). Any
     problem is one WeightsError (a ConversionError for an ONNX file the converter refuses)."""
     path = Path(path)
+    return load_weight_file(path) if is_weight_file(path) else weights_from_onnx(path)
+
+
+def is_weight_file(path: Path) -> bool:
+    """Whether ``path`` holds an engine weight file (a zip) rather than, presumably, an ONNX export, by its first
+    bytes: WeightsError in one line where it is missing, unreadable or empty."""
     try:
         if not path.is_file():
             raise WeightsError(f"{path}: no such weight file; {HOW_TO_GET_WEIGHTS}")
@@ -26,7 +32,7 @@ def load_weights(path: str | Path) -> Weights:
         raise WeightsError(f"{path}: cannot read it ({e.strerror}); check the path and its permissions") from None
     if not head:
         raise WeightsError(f"{path}: empty file, {NOT_WEIGHTS}; {HOW_TO_GET_WEIGHTS}")
-    return load_weight_file(path) if head == ZIP_MAGIC else weights_from_onnx(path)
+    return head == ZIP_MAGIC
 
 
 def weight_file_path(path: str | Path) -> Path:
@@ -34,12 +40,8 @@ def weight_file_path(path: str | Path) -> Path:
     (converted now if it is not cached yet, saying so once): what inception-run --gpus gives its workers, so that
     they neither convert nor parse the export each. ``path`` itself where the conversion cannot be cached."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            if f.read(4) == ZIP_MAGIC:
-                return path
-    except OSError:
-        return path  # load_weights words the error, in the worker that reads it
+    if is_weight_file(path):
+        return path
     weights = weights_from_onnx(path)
     return weights.path if weights.path is not None and weights.path != path else path
 
