@@ -84,3 +84,12 @@ if os.environ.get("IE_STAMPS"):
                        "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "events": EVENTS}, f)
 
     atexit.register(write)
+
+    # a --decode gpu worker leaves by os._exit once its results are handed over, which runs no atexit function
+    leave = os._exit
+
+    def stamped_exit(code: int) -> None:
+        write()
+        leave(code)
+
+    os._exit = stamped_exit

@@ -3,6 +3,9 @@ script is what finds where a GPU run's start-up goes on the lent machine, so it 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,3 +37,11 @@ def test_startup_stamps_of_a_cpu_run(tmp_path, monkeypatch):
     order = ["Engine.__init__", "expand_inputs", "write_results", "Engine.close", "ResultFile.close", "exit"]
     assert [first[step][0] for step in order] == sorted(first[step][0] for step in order)
     assert 0 < proc["start"] < first["Engine.__init__"][0] and first["exit"][1] < wall
+
+
+def test_a_process_that_leaves_by_os_exit_is_stamped(tmp_path):
+    env = {"IE_STAMPS": str(tmp_path / "stamps"), "PYTHONPATH": str(ROOT / "dev" / "stamps"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", "import os; os._exit(3)"], env=env)
+    assert done.returncode == 3
+    (stamp,) = (tmp_path / "stamps").glob("*.json")
+    assert [e[0] for e in json.loads(stamp.read_text())["events"]] == ["exit"]
