@@ -16,7 +16,9 @@ start to exit):
 - ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
   again (the first long run's share of a repeated run's rate);
 - ``--gpus N`` for each N of ``--gpus`` up to the machine's GPUs, wall time including start-up, on ``--many``
-  images (the folder's files linked ``--many / --images`` times);
+  images (the folder's files linked ``--many / --images`` times); with ``--decode gpu``, first the decoders of N
+  processes started and run side by side, one a GPU (``decoders_at_once``: each one's start, each one's rate),
+  and beside each run the most ``--gpus N`` can gain with those decoders (``speedup_limit``);
 - the PyTorch DataLoader script (workers = cores) on the same files (torch from the machine; skipped without it);
 on a folder of small JPEGs (~35 KB, 500x375) and one of ImageNet-sized ones (~95 KB), both generated and cached.
 """
@@ -227,6 +229,75 @@ def all_cores(d: Path, n: int = 4096) -> tuple[float, int]:
         return done / (time.perf_counter() - t0), cores
 
 
+def decoder_child(d: Path, start_at: float, seconds: float, gpu: int, gpus: int, call: int = 0) -> dict:
+    """One of ``decoders_at_once``'s processes, on the one GPU it sees: nvImageCodec's start as a ``--gpus`` worker
+    makes it (jpeg_decode.NativeStart on the worker's share of the CPUs: CUDA context, open, first decode), then,
+    from the wall-clock time ``start_at`` on, ``decode_files``' rate over the folder (``call`` files a call, 0: a
+    decode call's files as the pipeline makes them) for ``seconds``."""
+    from inception_engine.backends.cuda import jpeg_decode
+    from inception_engine.backends.cuda.device import Gpu, driver
+    from inception_engine.backends.cuda.kernels import Kernels
+    from inception_engine.backends.cuda.stream import DECODE_IMAGES
+    from inception_engine.images import Preprocess, decode_u8
+    from inception_engine.multi_gpu import cpu_share
+
+    cpus = cpu_share(gpu, gpus)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    pre, paths, call = Preprocess(), [str(p) for p in sorted(d.glob("*.jpg"))], call or DECODE_IMAGES
+    t0 = time.perf_counter()
+    started = jpeg_decode.NativeStart(len(cpus))  # as Engine: nvImageCodec opens while the context is made
+    gpu_ = Gpu()
+    with gpu_:
+        stream = driver().Stream(1)
+        dst = driver().mem_alloc(call * pre.size * pre.size * 3)
+        dec = jpeg_decode.GpuJpegDecoder(Kernels(gpu_.arch), pre, call, threads=len(cpus), started=started)
+        start_s = time.perf_counter() - t0
+        calls = [paths[i:i + call] for i in range(0, len(paths) - call + 1, call)]
+        fallback = lambda p, x: decode_u8(p, pre)  # noqa: E731
+        dec.decode_files(calls[0], int(dst), stream, fallback)
+        dec.wait()
+        stream.synchronize()
+        time.sleep(max(0.0, start_at - time.time()))
+        t, n, c = time.perf_counter(), 0, 0
+        while time.perf_counter() - t < seconds:
+            dec.decode_files(calls[c % len(calls)], int(dst), stream, fallback)
+            n, c = n + len(calls[c % len(calls)]), c + 1
+        dec.wait()
+        stream.synchronize()
+        rate = n / (time.perf_counter() - t)
+        dec.close()
+        dst.free()
+    return {"start_s": round(start_s, 2), "rate": round(rate)}
+
+
+def decoders_at_once(d: Path, gpus: int, seconds: float = 4.0, call: int = 0) -> dict:
+    """``gpus`` processes at once, one per GPU, as ``--gpus`` starts its workers (decoder_child): each one's
+    nvImageCodec start when they all start together, and each one's decode rate while all decode at once. The
+    limits of ``--gpus`` that no change to the pipeline moves: a worker's decoder start (its first result comes no
+    earlier) and the decoders' rate side by side (the workers stream no faster)."""
+    start_at = time.time() + 12 + 3 * gpus  # past every process's start (~4 s, more side by side): all decode together
+    procs = [subprocess.Popen([sys.executable, __file__, "--decoder-child", str(d), str(start_at), str(seconds),
+                               str(g), str(gpus), str(call)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": str(g)}) for g in range(gpus)]
+    each = [json.loads(p.communicate(timeout=120 + 10 * gpus)[0].strip().splitlines()[-1]) for p in procs]
+    return {"start_s": [e["start_s"] for e in each], "rates": [e["rate"] for e in each],
+            "total_rate": sum(e["rate"] for e in each)}
+
+
+def speedup_limit(one: dict, at_once: dict[int, dict], g: int, images: int) -> float | None:
+    """The most ``--gpus g`` can gain on one GPU's wall time (``one``: that run) with the decoders measured beside
+    it (``decoders_at_once``): one GPU's run, with its decoder start replaced by the slowest of g started together
+    and its streaming (images at its steady rate) by the images at the lesser of g x that rate and the g decoders'
+    rate side by side. Everything else (imports, listing, the end) is taken to cost what it did on one GPU."""
+    if not one.get("steady"):
+        return None
+    stream_1 = images / one["steady"]
+    stream_g = images / min(g * one["steady"], at_once[g]["total_rate"])
+    wall_g = one["wall_s"] + max(at_once[g]["start_s"]) - max(at_once[1]["start_s"]) - stream_1 + stream_g
+    return round(one["wall_s"] / wall_g, 2)
+
+
 def gpu_count() -> int:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
@@ -337,19 +408,26 @@ def main() -> None:
     if counts:
         big = many(root, small, max(1, args.many // args.images))
         have = gpu_count()
+        at_once = {}
+        if "gpu" in args.gpus_decode.split(","):
+            for g in (g for g in counts if g <= have):
+                at_once[g] = decoders_at_once(small, g)
+                row(what="decoders at once (one process a GPU)", gpus=g, **at_once[g])
         for decode in args.gpus_decode.split(","):
             for p in precisions[:1]:
-                base = None
+                first: dict | None = None
                 for g in counts:
                     if g > have:
                         row(what="--gpus", gpus=g, skipped=f"this machine has {have} GPUs")
                         continue
                     r = inception_run([str(big), "--weights", args.weights, "--precision", p, "--decode", decode,
                                        "--gpus", str(g)], root / "o.jsonl", timeout=580)
-                    base = base or r["wall_s"]
+                    first = first or r
                     row(what="--gpus", decode=decode, precision=p, gpus=g, images=len(r["top1"]), wall_s=r["wall_s"],
                         rate=r["rate"], steady=r["steady"], first_result_s=r["first_result_s"],
-                        speedup=round(base / r["wall_s"], 2), rc=r["rc"], notes=r["notes"][:2])
+                        speedup=round(first["wall_s"] / r["wall_s"], 2), rc=r["rc"], notes=r["notes"][:2],
+                        **({"speedup_limit": speedup_limit(first, at_once, g, len(r["top1"]))}
+                           if decode == "gpu" and g in at_once and 1 in at_once else {}))
     print("what | files | precision | batch | gpus | images/s | wall s | extra")
     for r in rows:
         extra = {k: v for k, v in r.items() if k not in ("what", "files", "precision", "batch", "gpus", "rate",
@@ -359,4 +437,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--decoder-child"]:
+        folder_, start_at, seconds, gpu, gpus, call = sys.argv[2:]
+        print(json.dumps(decoder_child(Path(folder_), float(start_at), float(seconds), int(gpu), int(gpus),
+                                       int(call))))
+    else:
+        main()
