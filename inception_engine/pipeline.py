@@ -415,21 +415,15 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
     n, batch = len(sources), runner.batch
     decoding: deque[tuple[int, Future]] = deque()  # (seq, future), in seq order
     ready: list[int] = []  # decoded seqs waiting for a batch
-    in_flight: deque[tuple[list[int], Any]] = deque()  # (seqs, ticket), oldest first
-    done: dict[int, Prediction] = {}  # finished, not yet yielded (reorder buffer)
+    results = _Results(sources, runner, finish)
     released = [False] * slots  # per slot: its current image is finished with (by seq % slots)
-    next_submit = next_yield = 0
+    next_submit = 0
     oldest_held = 0  # every seq below it has released its slot
 
     def release(seq: int) -> None:
         released[seq % slots] = True
 
-    def collect_oldest() -> None:
-        seqs, ticket = in_flight.popleft()
-        names = [source_name(seq, sources[seq]) for seq in seqs]
-        done.update(zip(seqs, finish(names, runner.result(ticket))))  # type: ignore[arg-type]
-
-    while next_yield < n:
+    while results.next_yield < n:
         # keep the decoders busy as far as the ring allows: seq may start once seq - slots has released its slot
         while oldest_held < next_submit and released[oldest_held % slots]:
             oldest_held += 1
@@ -447,23 +441,57 @@ def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, sl
             if error is None:
                 ready.append(seq)
             else:
-                done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
+                results.done[seq] = Prediction(source_name(seq, sources[seq]), error=error)
                 release(seq)
         all_decoded = not decoding and next_submit == n
         if ready and (len(ready) == batch or all_decoded):
-            if len(in_flight) == runner.depth:
-                collect_oldest()
-            in_flight.append((ready, runner.submit([s % slots for s in ready], top_k)))
+            results.make_room()
+            results.add(ready, runner.submit([s % slots for s in ready], top_k))
             for seq in ready:  # submit has copied the batch out of the ring: its slots may take new images
                 release(seq)
             ready = []
-        elif in_flight and not decoding:  # the ring is full of in-flight images, or the end: only results move on
-            collect_oldest()
-        while next_yield in done:
-            yield done.pop(next_yield)
-            next_yield += 1
-        if all_decoded and not in_flight and next_yield < n and next_yield not in done:
-            raise AssertionError(f"pipeline lost image {next_yield}")  # a bug, not a user error
+        elif results.in_flight and not decoding:  # the ring is full of in-flight images, or the end
+            results.collect_oldest()  # only results move on
+        if results.next_yield in results.done:
+            yield from results.finished()
+        if all_decoded and not results.in_flight and results.next_yield < n and results.next_yield not in results.done:
+            raise AssertionError(f"pipeline lost image {results.next_yield}")  # a bug, not a user error
+
+
+class _Results:
+    """The in-order end of a stream: the runner's tickets outstanding (oldest first), finished predictions by seq
+    (a reorder buffer), handed out in seq order."""
+
+    def __init__(self, sources: Sequence[ImageSource], runner: Runner | EncodedRunner, finish: Finish):
+        self.sources, self.runner, self.finish = sources, runner, finish
+        self.in_flight: deque[tuple[list[int], Any]] = deque()
+        self.done: dict[int, Any] = {}  # Predictions, or what the finish made
+        self.next_yield = 0
+
+    def make_room(self) -> None:
+        """Before a batch is submitted: at most ``runner.depth`` tickets outstanding, since a new one reuses the
+        oldest one's result buffers."""
+        if len(self.in_flight) == self.runner.depth:
+            self.collect_oldest()
+
+    def add(self, seqs: list[int], ticket: Any) -> None:
+        self.in_flight.append((seqs, ticket))
+
+    def collect_oldest(self) -> None:
+        seqs, ticket = self.in_flight.popleft()
+        names = [source_name(seq, self.sources[seq]) for seq in seqs]
+        self.done.update(zip(seqs, self.finish(names, self.runner.result(ticket))))
+
+    def finished(self) -> Iterator[Prediction]:
+        while self.next_yield in self.done:
+            yield self.done.pop(self.next_yield)
+            self.next_yield += 1
+
+    def drain(self) -> Iterator[Prediction]:
+        while self.in_flight:
+            self.collect_oldest()
+            yield from self.finished()
+        yield from self.finished()
 
 
 # ------------------------------------------------------------------------------------- GPU decoding (--decode gpu)
@@ -532,41 +560,6 @@ def read_batch(sources: Sequence[ImageSource], first: int, end: int
             seqs.append(seq)
             items.append((source_name(seq, sources[seq]), data))
     return seqs, items, failed
-
-
-class _Results:
-    """The in-order end of an encoded stream: the runner's tickets outstanding, finished predictions by seq."""
-
-    def __init__(self, sources: Sequence[ImageSource], runner: EncodedRunner, finish: Finish):
-        self.sources, self.runner, self.finish = sources, runner, finish
-        self.in_flight: deque[tuple[list[int], Any]] = deque()
-        self.done: dict[int, Any] = {}  # Predictions, or what the finish made
-        self.next_yield = 0
-
-    def make_room(self) -> None:
-        """Before a batch is submitted: at most ``runner.depth`` tickets outstanding, since a new one reuses the
-        oldest one's result buffers."""
-        if len(self.in_flight) == self.runner.depth:
-            self.collect_oldest()
-
-    def add(self, seqs: list[int], ticket: Any) -> None:
-        self.in_flight.append((seqs, ticket))
-
-    def collect_oldest(self) -> None:
-        seqs, ticket = self.in_flight.popleft()
-        names = [source_name(seq, self.sources[seq]) for seq in seqs]
-        self.done.update(zip(seqs, self.finish(names, self.runner.result(ticket))))
-
-    def finished(self) -> Iterator[Prediction]:
-        while self.next_yield in self.done:
-            yield self.done.pop(self.next_yield)
-            self.next_yield += 1
-
-    def drain(self) -> Iterator[Prediction]:
-        while self.in_flight:
-            self.collect_oldest()
-            yield from self.finished()
-        yield from self.finished()
 
 
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
