@@ -1,15 +1,16 @@
 // jpeg_batch.c: the host half of --decode gpu, a batch of files per call and no Python per file.
 //
 // ie_jpeg_read reads a batch of files on a few threads and sorts them by their headers:
-//   IE_JPEG_PLAIN       a plain JPEG (the rule below): nvImageCodec decodes it to what Pillow gives, height and
-//                       width reported;
+//   IE_JPEG_PLAIN       a plain JPEG (the rule below): nvImageCodec decodes it to what Pillow gives before
+//                       Pillow turns it upright; height, width and EXIF orientation reported;
 //   IE_JPEG_OTHER       readable, anything else: the caller decides (Pillow's reading of the header, the CPU path);
 //   IE_JPEG_UNREADABLE  could not be opened or read, not a regular file, or empty: the caller words the error.
 // Its bytes stay in the context (one buffer per batch position, grown as needed) until the next read.
 //
 // Plain: 8-bit Huffman-coded (baseline, extended or progressive), grey or JFIF YCbCr (component ids 1, 2, 3), no
-// Adobe marker with colour transform 0 (R, G, B stored as they are), no EXIF orientation other than 1, no XMP
-// packet (Pillow reads orientation there too), at most one EXIF block, within max_pixels (Pillow's limit), and
+// Adobe marker with colour transform 0 (R, G, B stored as they are), an EXIF orientation 1 to 8 where there is one
+// (as one SHORT), no XMP packet (Pillow reads orientation there too), at most one EXIF block, within max_pixels
+// (Pillow's limit), and
 // complete (an end-of-image marker after the last start of scan: entropy-coded data cannot hold FF D9). This is
 // jpeg_decode.plain_jpeg_size's rule; tests/unit/test_jpeg_batch.py checks the two agree on fuzzed headers.
 //
@@ -97,11 +98,11 @@ static int complete(const unsigned char* d, size_t n) {
     return last_eoi > last_sos;
 }
 
-// 1 and (height, width) for a plain JPEG, else 0.
-int ie_jpeg_plain_size(const unsigned char* d, size_t n, int64_t max_pixels, int32_t* hw) {
+// 1 and layout = (height, width, EXIF orientation) for a plain JPEG, else 0.
+int ie_jpeg_plain_size(const unsigned char* d, size_t n, int64_t max_pixels, int32_t* layout) {
     if (n < 2 || d[0] != 0xFF || d[1] != 0xD8) return 0;
     size_t pos = 2;
-    int have_size = 0, exif_seen = 0;
+    int have_size = 0, exif_seen = 0, orientation = 1;
     uint32_t h = 0, w = 0;
     for (;;) {
         if (pos + 4 > n) return 0;
@@ -119,7 +120,8 @@ int ie_jpeg_plain_size(const unsigned char* d, size_t n, int64_t max_pixels, int
         if (marker == 0xDA) break;  // start of scan: the header is over
         if (marker == 0xE1) {
             if (seg_n >= 6 && memcmp(seg, "Exif\0\0", 6) == 0) {
-                if (exif_seen || exif_orientation(seg + 6, seg_n - 6) != 1) return 0;
+                orientation = exif_orientation(seg + 6, seg_n - 6);
+                if (exif_seen || orientation < 1 || orientation > 8) return 0;
                 exif_seen = 1;
             } else if (seg_n >= 24 && memcmp(seg, "http://ns.adobe.com/xap/", 24) == 0) {
                 return 0;
@@ -145,8 +147,9 @@ int ie_jpeg_plain_size(const unsigned char* d, size_t n, int64_t max_pixels, int
     if (!have_size || h < 1 || w < 1) return 0;
     if (max_pixels > 0 && (int64_t)h * w > max_pixels) return 0;  // Pillow words the warning or the refusal
     if (!complete(d, n)) return 0;
-    hw[0] = (int32_t)h;
-    hw[1] = (int32_t)w;
+    layout[0] = (int32_t)h;
+    layout[1] = (int32_t)w;
+    layout[2] = orientation;
     return 1;
 }
 
@@ -158,7 +161,7 @@ typedef struct {
     const char* const* paths;
     int64_t max_pixels;
     int32_t* kind;
-    int32_t* hw;
+    int32_t* layout;
     int64_t* length;
 } ie_read_job;
 
@@ -191,7 +194,7 @@ static void* read_files(void* arg) {
         if (!read_one(buf, job->paths[i])) {
             job->kind[i] = IE_JPEG_UNREADABLE;
         } else {
-            job->kind[i] = ie_jpeg_plain_size(buf->data, buf->length, job->max_pixels, job->hw + 2 * i)
+            job->kind[i] = ie_jpeg_plain_size(buf->data, buf->length, job->max_pixels, job->layout + 3 * i)
                                ? IE_JPEG_PLAIN : IE_JPEG_OTHER;
         }
         job->length[i] = (int64_t)buf->length;
@@ -201,7 +204,8 @@ static void* read_files(void* arg) {
 
 ie_jpeg* ie_jpeg_new(void) { return calloc(1, sizeof(ie_jpeg)); }
 
-// Reads paths[0 .. n-1] on up to `threads` threads; per file its kind, (height, width) where plain, and length.
+// Reads paths[0 .. n-1] on up to `threads` threads; per file its kind, (height, width, EXIF orientation) where plain,
+// and length.
 // Returns 0, or -1 where memory ran out (nothing is read then).
 static int ensure_slots(ie_jpeg* ctx, int n) {
     if (n > ctx->slots) {
@@ -215,7 +219,7 @@ static int ensure_slots(ie_jpeg* ctx, int n) {
 }
 
 int ie_jpeg_read(ie_jpeg* ctx, int n, const char* const* paths, int threads, int64_t max_pixels, int32_t* kind,
-                 int32_t* hw, int64_t* length) {
+                 int32_t* layout, int64_t* length) {
     if (ensure_slots(ctx, n) != 0) return -1;
     if (threads > IE_JPEG_MAX_THREADS) threads = IE_JPEG_MAX_THREADS;
     if (threads > n) threads = n;
@@ -224,7 +228,7 @@ int ie_jpeg_read(ie_jpeg* ctx, int n, const char* const* paths, int threads, int
     pthread_t tids[IE_JPEG_MAX_THREADS];
     int started[IE_JPEG_MAX_THREADS] = {0};
     for (int t = 0; t < threads; t++) {
-        jobs[t] = (ie_read_job){ctx, n, t, threads, paths, max_pixels, kind, hw, length};
+        jobs[t] = (ie_read_job){ctx, n, t, threads, paths, max_pixels, kind, layout, length};
         if (t > 0) started[t] = pthread_create(&tids[t], NULL, read_files, &jobs[t]) == 0;
     }
     read_files(&jobs[0]);
@@ -349,7 +353,7 @@ int ie_jpeg_decode(ie_jpeg* ctx, int n, const int32_t* which, const int32_t* hw,
     if (m > 0) {
         nvimgcodecDecodeParams_t params = {NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS, sizeof(nvimgcodecDecodeParams_t),
                                            NULL};
-        params.apply_exif_orientation = 0;  // files with an orientation other than 1 are not plain
+        params.apply_exif_orientation = 0;  // decoded as stored: the resize reads each through its orientation
         nvimgcodecFuture_t future = NULL;
         nvimgcodecStatus_t s = nvimgcodecDecoderDecode(ctx->decoder, streams, images, m, &params, &future);
         size_t got = 0;
@@ -380,7 +384,7 @@ done:
 // starts nvJPEG and the hardware decoder at its first decode, which this takes off a run's first batch (the
 // caller runs it beside the rest of its start-up). Returns 0, or -1 with a message.
 int ie_jpeg_warm_up(ie_jpeg* ctx, const unsigned char* data, size_t n, int copies, char* err, size_t err_n) {
-    int32_t hw[2];
+    int32_t hw[3];  // height, width, orientation
     if (ctx->host_output || copies < 1 || !ie_jpeg_plain_size(data, n, 0, hw) || ensure_slots(ctx, copies) != 0) {
         snprintf(err, err_n, "warm-up: needs a device decoder and one small plain JPEG");
         return -1;

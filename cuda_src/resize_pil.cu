@@ -7,7 +7,10 @@
 // resize's taps) and pads to one tap count per axis with zero weights.
 // resize_pil_h: the horizontal pass, out[r][o][c] from in[r][start[o] + t][c];
 // resize_pil_v: the vertical pass, out[o][x][c] from in[start[o] + t][x][c].
-// Images are HWC, 3 channels, rows `*_pitch` bytes apart (a decoder's output has padded rows).
+// Images are HWC, 3 channels. The input is read through two byte steps, in[y][x][c] = in + y * in_row + x * in_col
+// + c, either of them negative or the two swapped: so the first pass reads a stored (decoded) image as its EXIF
+// orientation shows it (pixels in[y][x] at y * pitch + x * 3 where it is upright; flipped, rotated or transposed
+// views otherwise), which is Pillow's exif_transpose without a copy. Outputs are rows `out_pitch` bytes apart.
 //
 // Idea: separable, two passes, the intermediate stored as uint8 exactly as Pillow rounds it. The first pass covers
 // only the source rows (or columns) the second pass reads, the second writes the 299 x 299 crop straight into its
@@ -19,8 +22,8 @@
 // batch that takes it (blockIdx.y = the image's job): launches from Python cost ~9 us each, and two per image were
 // ~18 us of host time per image on the --decode gpu path, whose host side is its limit (docs/PERFORMANCE.md).
 //
-// A job is RESIZE_PIL_JOB (9) int64s, as jpeg_decode.GpuResizeCrop writes them: src, dst, start, weights (device
-// addresses), taps, out_rows, out_cols, in_pitch, out_pitch.
+// A job is RESIZE_PIL_JOB (10) int64s, as jpeg_decode.GpuResizeCrop writes them: src, dst, start, weights (device
+// addresses), taps, out_rows, out_cols, in_row, in_col (the input's steps, bytes), out_pitch.
 //
 // Launch: block 256, grid ceil(max over the jobs of out_rows * out_cols * 3 / 256) x jobs, for both kernels.
 #include "common.cuh"
@@ -38,7 +41,8 @@ struct ResizePilJob {
     unsigned char* out;
     const int* start;
     const int* weights;
-    int taps, out_rows, out_cols, in_pitch, out_pitch;
+    int taps, out_rows, out_cols, out_pitch;
+    long long in_row, in_col;  // bytes from in[y][x] to in[y + 1][x] and to in[y][x + 1]
 
     __device__ explicit ResizePilJob(const long long* __restrict__ job)
         : in(reinterpret_cast<const unsigned char*>(job[0])),
@@ -48,11 +52,12 @@ struct ResizePilJob {
           taps((int)job[4]),
           out_rows((int)job[5]),
           out_cols((int)job[6]),
-          in_pitch((int)job[7]),
-          out_pitch((int)job[8]) {}
+          out_pitch((int)job[9]),
+          in_row(job[7]),
+          in_col(job[8]) {}
 };
 
-#define RESIZE_PIL_JOB 9
+#define RESIZE_PIL_JOB 10
 
 // out[r][o][c] = sum over t of in[r][start[o] + t][c] * weights[o * taps + t], for r < out_rows, o < out_cols.
 extern "C" __global__ void __launch_bounds__(IE_THREADS) resize_pil_h(const long long* __restrict__ jobs) {
@@ -61,10 +66,10 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS) resize_pil_h(const long
     if (idx >= j.out_rows * j.out_cols * RESIZE_PIL_CHANNELS) return;
     const int c = idx % RESIZE_PIL_CHANNELS, o = idx / RESIZE_PIL_CHANNELS % j.out_cols;
     const int r = idx / (RESIZE_PIL_CHANNELS * j.out_cols);
-    const unsigned char* src = j.in + (size_t)r * j.in_pitch + (size_t)__ldg(j.start + o) * RESIZE_PIL_CHANNELS + c;
+    const unsigned char* src = j.in + r * j.in_row + __ldg(j.start + o) * j.in_col + c;
     const int* k = j.weights + (size_t)o * j.taps;
     int acc = 1 << (RESIZE_PIL_PRECISION_BITS - 1);
-    for (int t = 0; t < j.taps; ++t) acc += (int)__ldg(src + t * RESIZE_PIL_CHANNELS) * __ldg(k + t);
+    for (int t = 0; t < j.taps; ++t) acc += (int)__ldg(src + t * j.in_col) * __ldg(k + t);
     j.out[(size_t)r * j.out_pitch + o * RESIZE_PIL_CHANNELS + c] = resize_pil_clip(acc);
 }
 
@@ -74,9 +79,10 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS) resize_pil_v(const long
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= j.out_rows * j.out_cols * RESIZE_PIL_CHANNELS) return;
     const int xc = idx % (j.out_cols * RESIZE_PIL_CHANNELS), o = idx / (j.out_cols * RESIZE_PIL_CHANNELS);
-    const unsigned char* src = j.in + (size_t)__ldg(j.start + o) * j.in_pitch + xc;
+    const int x = xc / RESIZE_PIL_CHANNELS, c = xc % RESIZE_PIL_CHANNELS;
+    const unsigned char* src = j.in + __ldg(j.start + o) * j.in_row + x * j.in_col + c;
     const int* k = j.weights + (size_t)o * j.taps;
     int acc = 1 << (RESIZE_PIL_PRECISION_BITS - 1);
-    for (int t = 0; t < j.taps; ++t) acc += (int)__ldg(src + (size_t)t * j.in_pitch) * __ldg(k + t);
+    for (int t = 0; t < j.taps; ++t) acc += (int)__ldg(src + t * j.in_row) * __ldg(k + t);
     j.out[(size_t)o * j.out_pitch + xc] = resize_pil_clip(acc);
 }

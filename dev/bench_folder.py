@@ -20,7 +20,8 @@ start to exit):
   processes started and run side by side, one a GPU (``decoders_at_once``: each one's start, each one's rate),
   and beside each run the most ``--gpus N`` can gain with those decoders (``speedup_limit``);
 - the PyTorch DataLoader script (workers = cores) on the same files (torch from the machine; skipped without it);
-on a folder of small JPEGs (~35 KB, 500x375) and one of ImageNet-sized ones (~95 KB), both generated and cached.
+on a folder of small JPEGs (~35 KB, 500x375), one of ImageNet-sized ones (~95 KB) and one of small ones half of which
+are stored on their side with EXIF orientation 6 (as phones store photos), all generated and cached.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ TWO_BATCHES = ("import inception_engine.backends.cuda.stream as s; init = s.Cuda
                "s.CudaRunner.__init__ = lambda self, *a, **k: (init(self, *a, **k), setattr(self, 'depth', 2))[0]; ")
 VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN, "two-chains": TWO_CHAINS + RUN,
             "one-chain-two-batches": ONE_CHAIN + TWO_BATCHES + RUN}
-STYLES = {"small": (3, 32), "imagenet": (16, 16)}  # (noise, coarse cell): ~35 KB and ~95 KB at quality 90
+# (noise, coarse cell): ~35 KB and ~95 KB at quality 90; "turned": the small files as a phone stores photos taken
+# upright, each odd file's pixels lying on their side with EXIF orientation 6 (half of a phone's photos, about)
+STYLES = {"small": (3, 32), "imagenet": (16, 16), "turned": (3, 32)}
 
 
 def make_jpeg(args: tuple[Path, int, str]) -> None:
@@ -62,6 +65,11 @@ def make_jpeg(args: tuple[Path, int, str]) -> None:
     coarse = rng.integers(0, 256, (h // cell + 1, w // cell + 1, 3), dtype=np.uint8)
     img = np.asarray(Image.fromarray(coarse).resize((w, h), Image.BICUBIC), np.int16)
     img = np.clip(img + rng.normal(0, noise, img.shape), 0, 255).astype(np.uint8)
+    if style == "turned" and seed % 2:
+        exif = Image.Exif()
+        exif[0x0112] = 6  # EXIF orientation: turn 90 degrees clockwise to see it upright
+        Image.fromarray(img).transpose(Image.Transpose.ROTATE_90).save(path, quality=90, exif=exif.tobytes())
+        return
     Image.fromarray(img).save(path, quality=90)
 
 
@@ -349,7 +357,8 @@ def main() -> None:
         for p in ("tf32", "fp16", "fp32"):
             r = inception_run([photo, "--weights", args.weights, "--precision", p], root / "first.jsonl")
             row(what="first answer", precision=p, wall_s=r["wall_s"], notes=r["notes"])
-    sets = {} if args.only_first_long else {"small": small, "imagenet": folder(root, "imagenet", args.imagenet_images)}
+    sets = {} if args.only_first_long else {"small": small, "imagenet": folder(root, "imagenet", args.imagenet_images),
+                                            "turned": folder(root, "turned", args.imagenet_images)}
     for name, d in sets.items():
         for b in map(int, args.batches.split(",")):
             from inception_engine.backends.cuda.stream import DECODE_IMAGES

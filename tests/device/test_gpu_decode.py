@@ -46,9 +46,9 @@ def encode(a: np.ndarray, fmt: str = "JPEG", **kw) -> bytes:
     return buf.getvalue()
 
 
-def rotated_jpeg(a: np.ndarray) -> bytes:
+def rotated_jpeg(a: np.ndarray, orientation: int = 6) -> bytes:
     exif = Image.Exif()
-    exif[jpeg_header.EXIF_ORIENTATION] = 6  # stored rotated: Pillow turns it upright
+    exif[jpeg_header.EXIF_ORIENTATION] = orientation  # stored turned (6: as a phone held upright): Pillow turns it
     return encode(a, quality=90, exif=exif.tobytes())
 
 
@@ -64,12 +64,14 @@ def test_header_triage():
     rng = np.random.default_rng(0)
     a = photo(rng, 375, 500)
     jpeg = encode(a, quality=90)
-    assert jpeg_header.gpu_eligible("a.jpg", jpeg) == (375, 500)
-    assert jpeg_header.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500)  # greyscale: L
+    assert jpeg_header.gpu_eligible("a.jpg", jpeg) == (375, 500, 1)
+    assert jpeg_header.gpu_eligible("g.jpg", encode(a[:, :, 1], quality=90)) == (375, 500, 1)  # greyscale: L
+    for o in range(1, 9):  # turned photos go to the GPU as stored, with the orientation the resize reads them by
+        assert jpeg_header.gpu_eligible("r.jpg", rotated_jpeg(a, o)) == (375, 500, o)
     # an Adobe APP14 segment with transform 0 after SOI: the three channels are stored as R, G, B
     adobe_rgb = jpeg[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00" + jpeg[2:]
-    for name, data in [("b.png", encode(a, "PNG")), ("c.jpg", cmyk_jpeg(a)), ("r.jpg", rotated_jpeg(a)),
-                       ("t.jpg", jpeg[:-5000]), ("n.jpg", b"no image"), ("e.jpg", b""), ("s.jpg", adobe_rgb)]:
+    for name, data in [("b.png", encode(a, "PNG")), ("c.jpg", cmyk_jpeg(a)), ("t.jpg", jpeg[:-5000]),
+                       ("n.jpg", b"no image"), ("e.jpg", b""), ("s.jpg", adobe_rgb), ("9.jpg", rotated_jpeg(a, 9))]:
         assert jpeg_header.gpu_eligible(name, data) is None, name
 
 
@@ -84,9 +86,9 @@ def test_the_marker_reader_agrees_with_pillow():
     plain = {"baseline": encode(a, quality=90), "grey": encode(a[:, :, 0], quality=80),
              "progressive": encode(a, quality=90, progressive=True), "optimized": encode(a, optimize=True),
              "4:4:4": encode(a, subsampling=0), "exif upright": encode(a, exif=exif1.tobytes()),
-             "restart markers": encode(a, restart_marker_rows=1)}
+             "exif turned": encode(a, exif=exif6.tobytes()), "restart markers": encode(a, restart_marker_rows=1)}
     baseline = plain["baseline"]
-    other = {"exif rotated": encode(a, exif=exif6.tobytes()), "xmp": encode(a, xmp=b"<x:xmpmeta/>"),
+    other = {"xmp": encode(a, xmp=b"<x:xmpmeta/>"),
              "cmyk": cmyk_jpeg(a), "png": encode(a, "PNG"), "truncated": baseline[:-3000],
              "adobe rgb": baseline[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00" + baseline[2:],
              "not an image": b"\xff\xd8 no", "empty": b""}
@@ -95,7 +97,8 @@ def test_the_marker_reader_agrees_with_pillow():
         fast = jpeg_header.plain_jpeg_size(data)
         assert fast is None or fast == jpeg_header.pillow_eligible(name, data), name
         assert (fast is not None) == (name in plain), name
-    assert jpeg_header.plain_jpeg_size(baseline) == (300, 420)
+    assert jpeg_header.plain_jpeg_size(baseline) == (300, 420, 1)
+    assert jpeg_header.plain_jpeg_size(plain["exif turned"]) == (300, 420, 6)
 
 
 def test_truncation_is_seen_past_an_exif_thumbnail():
@@ -164,8 +167,9 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path, monkeypatch, native)
         files[f"photo{i:02d}.jpg"] = encode(photo(rng, *((375, 500) if i % 2 else (500, 375))), quality=90)
     files["tall.jpg"] = encode(photo(rng, 1100, 420), quality=90)  # Pillow 13: vertical pass first
     files["grey.jpg"] = encode(photo(rng, 375, 500)[:, :, 0], quality=90)
-    fallback = {"b.png": encode(photo(rng, 300, 400), "PNG"), "cmyk.jpg": cmyk_jpeg(photo(rng, 375, 500)),
-                "rotated.jpg": rotated_jpeg(photo(rng, 375, 500))}
+    for o in range(2, 9):  # stored turned or mirrored: decoded as stored, resized upright
+        files[f"turned{o}.jpg"] = rotated_jpeg(photo(rng, 375, 500), o)
+    fallback = {"b.png": encode(photo(rng, 300, 400), "PNG"), "cmyk.jpg": cmyk_jpeg(photo(rng, 375, 500))}
     broken = {"cut.jpg": files["photo00.jpg"][:20000]}
     items = []
     for name, data in {**files, **fallback, **broken}.items():
@@ -180,14 +184,21 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path, monkeypatch, native)
     slot = PRE.size * PRE.size * 3
     dst = drv.mem_alloc(len(items) * slot)
     drv.memset_d8(int(dst), 0x5A, len(items) * slot)
-    errors = (dec.decode_files([path for path, _ in items], int(dst), stream, cpu_path) if native else
-              dec.decode_into(items, int(dst), stream, cpu_path))
+    on_cpu: list[str] = []
+
+    def fallback_path(path: str, data: bytes) -> np.ndarray:
+        on_cpu.append(Path(path).name)
+        return cpu_path(path, data)
+
+    errors = (dec.decode_files([path for path, _ in items], int(dst), stream, fallback_path) if native else
+              dec.decode_into(items, int(dst), stream, fallback_path))
     stream.synchronize()
     got = np.empty((len(items), PRE.size, PRE.size, 3), np.uint8)
     drv.memcpy_dtoh(got, int(dst))
     dec.close()
     dst.free()
 
+    assert sorted(on_cpu) == sorted([*fallback, *broken]), "only those files take the CPU path"
     diffs = []
     for (path, data), err, crop in zip(items, errors, got):
         name = Path(path).name

@@ -47,7 +47,8 @@ def with_xmp(data: bytes) -> bytes:
 def variants(rng: np.random.Generator) -> list[bytes]:
     """Headers of each kind the rule tells apart, then each with bytes of its header mutated or its tail cut."""
     base = [jpeg(rng), jpeg(rng, progressive=True), jpeg(rng, mode="L"), jpeg(rng, mode="CMYK"),
-            jpeg(rng, subsampling=0), jpeg(rng, exif=exif(1)), jpeg(rng, exif=exif(6)),
+            jpeg(rng, subsampling=0), jpeg(rng, exif=exif(1)), jpeg(rng, exif=exif(6)), jpeg(rng, exif=exif(3)),
+            jpeg(rng, exif=exif(8)), jpeg(rng, exif=exif(9)), jpeg(rng, exif=exif(0)),
             with_xmp(jpeg(rng)), jpeg(rng, quality=30), b"", b"\xff\xd8", b"not a jpeg at all"]
     out = list(base)
     for data in base:
@@ -70,6 +71,7 @@ def test_header_rule_agrees_with_the_python_one():
     py = [plain_jpeg_size(d) for d in files]
     assert c == py
     assert sum(x is not None for x in c) >= 5 and sum(x is None for x in c) >= 5  # both answers exercised
+    assert {x[2] for x in c if x is not None} >= {1, 3, 6, 8}  # orientations read, each as the Python rule reads it
     big = jpeg(rng)
     assert jpeg_batch.plain_size(big, 10) is None and jpeg_batch.plain_size(big, 0) is not None  # the pixel limit
 
@@ -91,7 +93,7 @@ def test_read_sorts_a_batch_of_files_of_every_kind(tmp_path):
             got = reader.read([os.fsencode(tmp_path / n) for n in names], LIMIT, threads)
             P, O, U = jpeg_batch.PLAIN, jpeg_batch.OTHER, jpeg_batch.UNREADABLE
             assert got.kind.tolist() == [P, O, O, U, U, U, U, P]
-            assert tuple(got.hw[0]) == plain_jpeg_size(plain) and tuple(got.hw[7]) == tuple(got.hw[0])
+            assert tuple(got.layout[0]) == plain_jpeg_size(plain) and tuple(got.layout[7]) == tuple(got.layout[0])
             assert [reader.data(i, int(got.length[i])) for i in (0, 1, 2)] == [
                 plain, grey_png.getvalue(), plain[:len(plain) // 2]]
             assert got.length[3:7].tolist() == [0, 0, 0, 0]

@@ -94,7 +94,7 @@ def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
     for i, (h, w) in enumerate(SIZES):
         a = rng_for("resize", h, w, sentinel).integers(0, 256, (h, w, 3), dtype=np.uint8)
         images.append(a)
-        jobs.append((device.upload(a, pad=4 * (i % 3) + (i % 2)), 2 * i + 1))
+        jobs.append((device.upload(a, pad=4 * (i % 3) + (i % 2)), 2 * i + 1, 1))
     resize.enqueue(jobs, dst, stream)
     resize.wait()
     got = device.download(dst, slots * SLOT).reshape(slots, PRE.size, PRE.size, 3)
@@ -106,6 +106,56 @@ def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
         assert bad == 0, f"{SIZES[i]}: {bad} bytes differ from Pillow's"
     untouched = got[0::2]
     assert (untouched == sentinel).all(), "a kernel wrote outside its slot"
+
+
+# EXIF orientation -> what Pillow's exif_transpose does to turn the stored image upright
+TRANSPOSES = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
+
+
+def upright(a: np.ndarray, orientation: int) -> np.ndarray:
+    return a if orientation == 1 else np.asarray(Image.fromarray(a).transpose(TRANSPOSES[orientation]))
+
+
+def test_orientation_steps_are_pillows_transposes():
+    """upright_views' table, walked on the host: each orientation's view of a stored image is Pillow's transpose."""
+    h, w, pitch = 5, 7, 7 * 3 + 2
+    stored = rng_for("steps").integers(0, 256, (h, pitch), dtype=np.uint8)
+    pixels = stored[:, :w * 3].reshape(h, w, 3)
+    for o in range(1, 9):
+        (origin,), (vh,), (vw,), (row,), (col,) = jpeg_decode.upright_views(
+            *(np.array([x]) for x in (0, h, w, pitch, o)))
+        flat = stored.ravel()
+        view = np.array([[flat[origin + y * row + x * col:][:3] for x in range(vw)] for y in range(vh)])
+        assert np.array_equal(view, upright(pixels, o)), o
+
+
+@pytest.mark.parametrize("sentinel", [0x00, 0xFF])
+def test_resize_kernels_read_the_stored_image_upright(gpu, device, sentinel):
+    """Every EXIF orientation, for sizes that are wide, tall and tall once turned (both pass orders): the crop of the
+    stored image turned upright, exactly as Pillow makes it, and nothing written outside the targeted slots."""
+    _, kernels = gpu
+    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
+    stream = driver().Stream()
+    cases = [(o, shape) for o in range(1, 9) for shape in ((375, 500), (1100, 420), (347, 1001))]
+    slots = 2 * len(cases) + 1
+    dst = device.alloc(slots * SLOT)
+    driver().memset_d8(dst, sentinel, slots * SLOT)
+    images, jobs = [], []
+    for i, (o, (h, w)) in enumerate(cases):
+        a = rng_for("upright", o, h, w, sentinel).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        images.append(a)
+        jobs.append((device.upload(a, pad=3 * (i % 2)), 2 * i + 1, o))
+    resize.enqueue(jobs, dst, stream)
+    resize.wait()
+    got = device.download(dst, slots * SLOT).reshape(slots, PRE.size, PRE.size, 3)
+    resize.close()
+    for i, ((o, shape), a) in enumerate(zip(cases, images)):
+        ref = resize_crop_u8(upright(a, o), PRE.resize, PRE.size)
+        bad = int((got[2 * i + 1] != ref).sum())
+        assert bad == 0, f"orientation {o}, {shape}: {bad} bytes differ from Pillow's"
+    assert (got[0::2] == sentinel).all(), "a kernel wrote outside its slot"
 
 
 def test_job_layout_is_the_kernels():
@@ -123,7 +173,7 @@ def test_resize_buffers_grow_between_batches(gpu, device):
     dst = device.alloc(2 * SLOT)
     for shapes in ([(375, 500)], [(299, 299), (2400, 1100)]):
         arrays = [rng_for("grow", s).integers(0, 256, (*s, 3), dtype=np.uint8) for s in shapes]
-        resize.enqueue([(device.upload(a), i) for i, a in enumerate(arrays)], dst, stream)
+        resize.enqueue([(device.upload(a), i, 1) for i, a in enumerate(arrays)], dst, stream)
         resize.wait()
         got = device.download(dst, 2 * SLOT).reshape(2, PRE.size, PRE.size, 3)
         for i, a in enumerate(arrays):
@@ -145,8 +195,11 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
     monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     rng = rng_for("decode_into")
     photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
-    exif = Image.Exif()
-    exif[jpeg_header.EXIF_ORIENTATION] = 6
+    def turned(o: int) -> bytes:
+        exif = Image.Exif()
+        exif[jpeg_header.EXIF_ORIENTATION] = o
+        return jpeg_bytes(photo(333, 500), exif=exif.tobytes())
+
     png = io.BytesIO()
     Image.fromarray(photo(300, 420)).save(png, "PNG")
     whole = jpeg_bytes(photo(375, 500))
@@ -154,7 +207,7 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
         "a.jpg": whole,
         "tall.jpg": jpeg_bytes(photo(900, 400)),
         "grey.jpg": jpeg_bytes(photo(500, 375)[:, :, 0]),
-        "rotated.jpg": jpeg_bytes(photo(333, 500), exif=exif.tobytes()),
+        **{f"turned{o}.jpg": turned(o) for o in range(2, 9)},
         "cmyk.jpg": (lambda b: (Image.fromarray(photo(350, 360)).convert("CMYK").save(b, "JPEG"), b.getvalue())[1])(
             io.BytesIO()),
         "b.png": png.getvalue(),
@@ -179,7 +232,7 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
     stream.synchronize()
     got = device.download(dst, len(items) * SLOT).reshape(len(items), PRE.size, PRE.size, 3)
     dec.close()
-    assert FakeCodec.Decoder.calls == [4]  # a, tall, grey, comment in one batch; the rest never reach it
+    assert FakeCodec.Decoder.calls == [11]  # a, tall, grey, turned 2-8, comment in one batch; the rest never reach it
     for (path, data), err, crop in zip(items, errors, got):
         name = Path(path).name
         if name in ("cut.jpg", "notes.txt"):

@@ -113,12 +113,20 @@ def ptr(a: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class ReadBatch:
-    """What ``JpegBatch.read`` found per file: its kind (PLAIN, OTHER, UNREADABLE), (height, width) where plain, and
-    its length in bytes."""
+    """What ``JpegBatch.read`` found per file: its kind (PLAIN, OTHER, UNREADABLE), (height, width, EXIF orientation)
+    where plain, and its length in bytes."""
 
     kind: np.ndarray  # (n,) int32
-    hw: np.ndarray  # (n, 2) int32
+    layout: np.ndarray  # (n, 3) int32: height, width, orientation
     length: np.ndarray  # (n,) int64
+
+    @property
+    def hw(self) -> np.ndarray:
+        return self.layout[:, :2]
+
+    @property
+    def orientation(self) -> np.ndarray:
+        return self.layout[:, 2]
 
 
 class JpegBatch:
@@ -138,11 +146,12 @@ class JpegBatch:
 
     def read(self, paths: Sequence[bytes], max_pixels: int | None, threads: int = READ_THREADS) -> ReadBatch:
         n = len(paths)
-        kind, hw, length = np.empty(n, np.int32), np.zeros((n, 2), np.int32), np.empty(n, np.int64)
+        kind, layout, length = np.empty(n, np.int32), np.zeros((n, 3), np.int32), np.empty(n, np.int64)
         names = (ctypes.c_char_p * n)(*paths)
-        if self._lib.ie_jpeg_read(self._ctx, n, names, threads, max_pixels or 0, ptr(kind), ptr(hw), ptr(length)):
+        if self._lib.ie_jpeg_read(self._ctx, n, names, threads, max_pixels or 0, ptr(kind), ptr(layout),
+                                  ptr(length)):
             raise MemoryError("jpeg_batch: out of memory reading a batch of files")
-        return ReadBatch(kind, hw, length)
+        return ReadBatch(kind, layout, length)
 
     def data(self, i: int, length: int) -> bytes:
         """File i's bytes, as the last read found them."""
@@ -176,8 +185,9 @@ class JpegBatch:
             self._ctx = None
 
 
-def plain_size(data: bytes, max_pixels: int | None) -> tuple[int, int] | None:
-    """jpeg_batch.c's header rule on one file's bytes: (height, width) of a plain JPEG, else None."""
-    hw = np.zeros(2, np.int32)
-    return (int(hw[0]), int(hw[1])) if library(False).ie_jpeg_plain_size(data, len(data), max_pixels or 0,
-                                                                          ptr(hw)) else None
+def plain_size(data: bytes, max_pixels: int | None) -> tuple[int, int, int] | None:
+    """jpeg_batch.c's header rule on one file's bytes: (height, width, EXIF orientation) of a plain JPEG, else
+    None."""
+    layout = np.zeros(3, np.int32)
+    plain = library(False).ie_jpeg_plain_size(data, len(data), max_pixels or 0, ptr(layout))
+    return tuple(int(x) for x in layout) if plain else None  # type: ignore[return-value]

@@ -4,10 +4,12 @@
 Inception-V3 preprocessing, in device memory. Per file, a look at its header (no decode) decides:
 
 - more pixels than Pillow accepts (2 * Image.MAX_IMAGE_PIXELS): an error, as images.open_image says it;
-- a complete 8-bit JPEG, RGB or greyscale, stored upright (EXIF orientation 1 or none): decoded by nvImageCodec,
-  all of them in one batched call on the caller's stream, then resized on the GPU;
-- anything else (PNG and other formats, CMYK/YCCK JPEGs, rotated ones, truncated ones, whatever Pillow cannot
-  read) and any JPEG nvImageCodec fails on: the caller's exact CPU path (``cpu_fallback``), uploaded into its slot.
+- a complete 8-bit JPEG, RGB or greyscale: decoded by nvImageCodec as stored, all of them in one batched call on
+  the caller's stream, then resized on the GPU, read through its EXIF orientation (``upright_views``: the flips and
+  turns that Pillow's exif_transpose makes on the CPU path, without a copy), so that photos taken upright or
+  sideways alike stay on the GPU;
+- anything else (PNG and other formats, CMYK/YCCK JPEGs, truncated ones, whatever Pillow cannot read) and any JPEG
+  nvImageCodec fails on: the caller's exact CPU path (``cpu_fallback``), uploaded into its slot.
 
 Two ways lead to nvImageCodec. Where cuda_src/jpeg_batch.c can be built (nvcc, and the header the nvImageCodec wheel
 ships), it reads a call's files on its own threads, checks their headers in C and decodes them through
@@ -112,7 +114,7 @@ class CodecApi:
         return cls(module, version, rgb, interleaved)
 
     def decode_params(self) -> Any:
-        """Orientation as stored (files with EXIF orientation other than 1 go to the CPU path), 8-bit RGB."""
+        """Orientation as stored (the resize reads it upright: upright_views), 8-bit RGB."""
         kwargs: dict[str, Any] = {"apply_exif_orientation": False, "color_spec": self.rgb, "allow_any_depth": False}
         if self.interleaved_rgb is not None:
             kwargs["sample_format"] = self.interleaved_rgb
@@ -147,6 +149,34 @@ class DeviceImage:
     height: int
     width: int
     pitch: int  # bytes from one row to the next
+
+
+# EXIF orientation -> how its upright view O (what Pillow's exif_transpose makes) reads the stored image S of h rows
+# and w columns: O[0][0] is S[(h - 1) * a][(w - 1) * b], a step down O's rows moves (dy, dx) in S, a step along a row
+# (dy', dx'). Rows: (a, b, dy, dx, dy', dx'), checked against Pillow's transposes (tests/kernels/test_resize_pil.py).
+ORIENTATION_STEPS = np.array([
+    (0, 0, 1, 0, 0, 1),  # 0: not an EXIF value; never given (as 1)
+    (0, 0, 1, 0, 0, 1),  # 1: upright
+    (0, 1, 1, 0, 0, -1),  # 2: mirrored left to right
+    (1, 1, -1, 0, 0, -1),  # 3: turned 180 degrees
+    (1, 0, -1, 0, 0, 1),  # 4: mirrored top to bottom
+    (0, 0, 0, 1, 1, 0),  # 5: transposed
+    (1, 0, 0, 1, -1, 0),  # 6: turned 90 degrees clockwise to be upright (Pillow's ROTATE_270)
+    (1, 1, 0, -1, -1, 0),  # 7: transversed
+    (0, 1, 0, -1, 1, 0),  # 8: turned 90 degrees counter-clockwise (ROTATE_90)
+], np.int64)
+
+
+def upright_views(ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
+                  orientation: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Stored images (address, height, width, row pitch) seen upright as their EXIF orientation says: the address of
+    the upright view's first pixel, its height and width, and its row and column steps in bytes (resize_pil.cu's
+    in_row, in_col), per image."""
+    a, b, dy, dx, dy2, dx2 = ORIENTATION_STEPS[orientation].T
+    transposed = dx != 0
+    origin = ptr + a * (height - 1) * pitch + b * (width - 1) * CHANNELS
+    return (origin, np.where(transposed, width, height), np.where(transposed, height, width),
+            dy * pitch + dx * CHANNELS, dy2 * pitch + dx2 * CHANNELS)
 
 
 @dataclass(frozen=True)
@@ -213,7 +243,9 @@ class Staged:
             self.dev, self.host = None, np.empty(0, self.dtype)
 
 
-JOB_FIELDS = 9  # resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, src and dst pitch
+# resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, the source's row and column steps,
+# the destination's row pitch
+JOB_FIELDS = 10
 
 
 class GpuResizeCrop:
@@ -233,21 +265,27 @@ class GpuResizeCrop:
         self._tmp: Any = None
         self._tmp_bytes = 0
 
-    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int]], dst_ptr: int, stream: Any) -> None:
-        """For each (image, slot): the image's crop into slot `slot` of the batch at dst_ptr."""
-        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _ in jobs], np.int64)
+    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int, int]], dst_ptr: int, stream: Any) -> None:
+        """For each (image, slot, EXIF orientation): the crop of the image as it stands upright into slot `slot` of
+        the batch at dst_ptr."""
+        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _, _ in jobs], np.int64)
                               for f in ("ptr", "height", "width", "pitch")),
-                            np.array([slot for _, slot in jobs], np.int64), dst_ptr, stream)
+                            np.array([slot for _, slot, _ in jobs], np.int64), dst_ptr, stream,
+                            np.array([o for _, _, o in jobs], np.int64))
 
     def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
-                       slots: np.ndarray, dst_ptr: int, stream: Any) -> None:
-        """``enqueue`` with the images as arrays (address, height, width, row pitch, slot): Python work per distinct
-        image size, not per image."""
+                       slots: np.ndarray, dst_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
+        """``enqueue`` with the images as arrays (address, height, width, row pitch as stored, slot, EXIF orientation:
+        all 1 where None): Python work per distinct image size, not per image."""
         self.wait()
         if len(ptr) == 0:
             return
         drv, size = driver(), self.pre.size
-        sizes, image_size = np.unique(height.astype(np.int64) << 32 | width.astype(np.int64), return_inverse=True)
+        if orientation is None:
+            orientation = np.ones(len(ptr), np.int64)
+        ptr, height, width, row, col = upright_views(ptr.astype(np.int64), height.astype(np.int64),
+                                                     width.astype(np.int64), pitch.astype(np.int64), orientation)
+        sizes, image_size = np.unique(height << 32 | width, return_inverse=True)
         scheds = [schedule(int(k >> 32), int(k & 0xFFFFFFFF), self.pre.resize, size) for k in sizes]
         pieces, offsets, pos = [], [], 0  # each size's coefficient tables, once
         for s in scheds:
@@ -265,13 +303,14 @@ class GpuResizeCrop:
             if self._tmp is not None:
                 self._tmp.free()
             self._tmp, self._tmp_bytes = drv.mem_alloc(need), need
-        # each image has its part of the intermediate buffer; the first pass reads from source row (or column) lo
+        # each image has its part of the intermediate buffer; the first pass reads the upright view from its row (or
+        # column) lo
         mid = int(self._tmp) + np.cumsum(tmp_bytes) - tmp_bytes
         mid_pitch = per_size[:, 5] * CHANNELS
-        first = np.stack([ptr + np.where(vertical, lo * CHANNELS, lo * pitch), mid, table_at[:, 0], table_at[:, 1],
-                          per_size[:, 3], per_size[:, 4], per_size[:, 5], pitch, mid_pitch], axis=1)
+        first = np.stack([ptr + np.where(vertical, lo * col, lo * row), mid, table_at[:, 0], table_at[:, 1],
+                          per_size[:, 3], per_size[:, 4], per_size[:, 5], row, col, mid_pitch], axis=1)
         second = np.stack([mid, dst_ptr + slots * (size * size * CHANNELS), table_at[:, 2], table_at[:, 3],
-                           per_size[:, 6], per_size[:, 7], per_size[:, 8], mid_pitch,
+                           per_size[:, 6], per_size[:, 7], per_size[:, 8], mid_pitch, np.full_like(mid, CHANNELS),
                            np.full_like(mid, size * CHANNELS)], axis=1)
         assert first.shape[1] == second.shape[1] == JOB_FIELDS
         # every first pass before any second pass (one stream: in this order), each pass by its kernel
@@ -478,9 +517,10 @@ class GpuJpegDecoder:
         self._decoded = []
         errors: list[str | None] = [None] * len(paths)
         got = self._native.read([os.fsencode(p) for p in paths], Image.MAX_IMAGE_PIXELS)
-        which, sizes = list(np.flatnonzero(got.kind == PLAIN)), [got.hw[got.kind == PLAIN]]
+        plain = got.kind == PLAIN
+        which, sizes, turns = list(np.flatnonzero(plain)), [got.hw[plain]], list(got.orientation[plain])
         to_cpu: list[tuple[int, str, bytes]] = []
-        for i in np.flatnonzero(got.kind != PLAIN):  # the rare files: Python per file
+        for i in np.flatnonzero(~plain):  # the rare files: Python per file
             path = str(paths[i])
             if got.kind[i] == UNREADABLE:
                 data, errors[i] = read_file(path)  # worded as the CPU path words it (or readable by now)
@@ -489,16 +529,18 @@ class GpuJpegDecoder:
                 continue
             data = self._native.data(int(i), int(got.length[i]))
             try:
-                hw = pillow_eligible(path, data)
+                layout = pillow_eligible(path, data)
             except EngineError as e:
                 errors[i] = str(e)
                 continue
-            if hw is None:
+            if layout is None:
                 to_cpu.append((i, path, data))
             else:
                 which.append(i)
-                sizes.append(np.array([hw], np.int32))
+                sizes.append(np.array([layout[:2]], np.int32))
+                turns.append(layout[2])
         files = np.array(which, np.int64)
+        orientation = np.array(turns, np.int64)
         hw = np.concatenate(sizes).astype(np.int64)
         nbytes = (hw[:, 0] * hw[:, 1] * CHANNELS + 255) // 256 * 256
         offsets = np.cumsum(nbytes) - nbytes
@@ -510,7 +552,7 @@ class GpuJpegDecoder:
             except OSError:  # the batch call failed: every file to the CPU path, which says what is wrong
                 pass
             self._resize.enqueue_arrays(arena + offsets[ok], hw[ok, 0], hw[ok, 1], hw[ok, 1] * CHANNELS, files[ok],
-                                        dst_ptr, stream)
+                                        dst_ptr, stream, orientation[ok])
         to_cpu += [(int(i), str(paths[i]), self._native.data(int(i), int(got.length[i]))) for i in files[~ok]]
         self._upload_cpu_results(sorted(to_cpu), dst_ptr, stream, cpu_fallback, errors)
         drv = driver()
@@ -542,25 +584,25 @@ class GpuJpegDecoder:
         self.wait()  # the previous batch's decoded images and staged results are free to go
         self._decoded = []
         errors: list[str | None] = [None] * len(items)
-        to_gpu: list[tuple[int, int, int]] = []  # (item, height, width)
+        to_gpu: list[tuple[int, int, int, int]] = []  # (item, height, width, EXIF orientation)
         to_cpu: list[int] = []
         for i, (path, data) in enumerate(items):
             try:
-                hw = gpu_eligible(path, data)
+                layout = gpu_eligible(path, data)
             except EngineError as e:
                 errors[i] = str(e)
                 continue
-            if hw is None:
+            if layout is None:
                 to_cpu.append(i)
             else:
-                to_gpu.append((i, *hw))
-        jobs: list[tuple[DeviceImage, int]] = []
-        for (i, h, w), img in zip(to_gpu, self._decode([items[i][1] for i, _, _ in to_gpu], stream)):
+                to_gpu.append((i, *layout))
+        jobs: list[tuple[DeviceImage, int, int]] = []
+        for (i, h, w, turn), img in zip(to_gpu, self._decode([items[i][1] for i, *_ in to_gpu], stream)):
             dev = None if img is None else device_image(img, h, w)
             if dev is None:
                 to_cpu.append(i)
             else:
-                jobs.append((dev, rows[i]))
+                jobs.append((dev, rows[i], turn))
                 self._decoded.append(img)
         self._resize.enqueue(jobs, dst_ptr, stream)
         row_errors: list[str | None] = [None] * self.max_batch

@@ -1,5 +1,7 @@
 """Which files --decode gpu hands to nvImageCodec, from their headers alone (no decode): ``gpu_eligible`` gives
-(height, width) for a file nvImageCodec decodes to what Pillow gives, None for one the exact CPU path takes.
+(height, width, EXIF orientation) for a file nvImageCodec decodes to what Pillow gives before it turns the image
+upright (the resize reads the stored image through its orientation: jpeg_decode.upright_views), None for one the
+exact CPU path takes.
 
 ``plain_jpeg_size`` reads the markers of the common case itself (a tenth of Pillow's ~130 us a file); what it does
 not call plain goes to ``pillow_eligible``, Pillow's own reading of the header. cuda_src/jpeg_batch.c holds the
@@ -16,6 +18,7 @@ from ...errors import EngineError
 
 EXIF_ORIENTATION = 0x0112
 GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_rgb give (CMYK it would not)
+ORIENTATIONS = range(1, 9)  # EXIF's: 1 upright, 2-8 the flips and turns Pillow's exif_transpose undoes
 
 
 def jpeg_complete(data: bytes) -> bool:
@@ -31,14 +34,15 @@ SOF_HUFFMAN = (0xC0, 0xC1, 0xC2)  # baseline, extended sequential, progressive: 
 STANDALONE = set(range(0xD0, 0xD8)) | {0x01}  # markers without a length
 
 
-def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(height, width) of a plain JPEG, read from its markers without Pillow (a tenth of Pillow's ~130 µs a file);
-    None for anything else, which gpu_eligible then asks Pillow about. Plain: 8-bit Huffman-coded, grey or JFIF
-    YCbCr (component ids 1, 2, 3), no Adobe colour transform 0, no EXIF orientation other than 1, no XMP (Pillow
-    reads orientation there too), a single EXIF block, within Pillow's pixel limit, and complete."""
+def plain_jpeg_size(data: bytes) -> tuple[int, int, int] | None:
+    """(height, width, EXIF orientation) of a plain JPEG, read from its markers without Pillow (a tenth of Pillow's
+    ~130 µs a file); None for anything else, which gpu_eligible then asks Pillow about. Plain: 8-bit Huffman-coded,
+    grey or JFIF YCbCr (component ids 1, 2, 3), no Adobe colour transform 0, an EXIF orientation of 1 to 8 where it
+    has one, no XMP (Pillow reads orientation there too), a single EXIF block, within Pillow's pixel limit, and
+    complete."""
     if data[:2] != b"\xff\xd8":
         return None
-    pos, n, size, exif_seen = 2, len(data), None, False
+    pos, n, size, exif_seen, orientation = 2, len(data), None, False, 1
     while pos + 4 <= n:
         if data[pos] != 0xFF:
             return None
@@ -56,7 +60,8 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
             break
         if marker == 0xE1:
             if seg.startswith(b"Exif\x00\x00"):
-                if exif_seen or exif_orientation(seg[6:]) != 1:
+                orientation = exif_orientation(seg[6:]) or 0
+                if exif_seen or orientation not in ORIENTATIONS:
                     return None
                 exif_seen = True
             elif seg.startswith(b"http://ns.adobe.com/xap/"):
@@ -83,7 +88,7 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and size[0] * size[1] > limit:
         return None  # Pillow's own check words the warning or the refusal
-    return size if jpeg_complete(data) else None
+    return (*size, orientation) if jpeg_complete(data) else None
 
 
 def exif_orientation(tiff: bytes) -> int | None:
@@ -105,19 +110,20 @@ def exif_orientation(tiff: bytes) -> int | None:
     return 1
 
 
-def gpu_eligible(path: str, data: bytes) -> tuple[int, int] | None:
-    """(height, width) for a file nvImageCodec should decode, None for one the CPU path should take. Raises
+def gpu_eligible(path: str, data: bytes) -> tuple[int, int, int] | None:
+    """(height, width, orientation) for a file nvImageCodec should decode, as stored, with the EXIF orientation
+    (ORIENTATIONS) that the CPU path would turn it upright by; None for one the CPU path should take. Raises
     EngineError for more pixels than Pillow accepts (images.open_image's wording)."""
-    size = plain_jpeg_size(data)
-    return size if size is not None else pillow_eligible(path, data)
+    layout = plain_jpeg_size(data)
+    return layout if layout is not None else pillow_eligible(path, data)
 
 
-def pillow_eligible(path: str, data: bytes) -> tuple[int, int] | None:
+def pillow_eligible(path: str, data: bytes) -> tuple[int, int, int] | None:
     """gpu_eligible by Pillow's reading of the header, for the files plain_jpeg_size leaves to it."""
     try:
         with Image.open(io.BytesIO(data)) as img:  # parses the header only
             fmt, mode, (w, h) = img.format, img.mode, img.size
-            orientation = img.getexif().get(EXIF_ORIENTATION, 1)  # what ImageOps.exif_transpose reads
+            orientation = img.getexif().get(EXIF_ORIENTATION, 1)  # what ImageOps.exif_transpose reads (EXIF, XMP)
             # An Adobe marker with transform 0 stores R, G, B as they are (libjpeg, hence Pillow, leaves them
             # unconverted); leave such files to Pillow rather than trust another decoder with the flag.
             stored_rgb = img.info.get("adobe_transform") == 0
@@ -125,6 +131,7 @@ def pillow_eligible(path: str, data: bytes) -> tuple[int, int] | None:
         raise EngineError(f"{path}: refused, too many pixels ({e})") from None
     except Exception:  # unidentified, corrupt header, malformed EXIF: the CPU path says what in its own words
         return None
-    if fmt != "JPEG" or mode not in GPU_MODES or orientation != 1 or stored_rgb or not jpeg_complete(data):
+    upright_by = orientation if isinstance(orientation, int) and orientation in ORIENTATIONS else None
+    if fmt != "JPEG" or mode not in GPU_MODES or upright_by is None or stored_rgb or not jpeg_complete(data):
         return None
-    return h, w
+    return h, w, upright_by
