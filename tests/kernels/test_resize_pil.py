@@ -11,6 +11,7 @@ memory, so every crop must equal the CPU path bit for bit and the errors must na
 from __future__ import annotations
 
 import io
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -220,7 +221,10 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
         (tmp_path / name).write_bytes(data)
         items.append((str(tmp_path / name), data))
 
+    cpu_threads = set()
+
     def cpu(path: str, data: bytes) -> np.ndarray:
+        cpu_threads.add(threading.current_thread().name)
         return decode_u8(path, PRE)
 
     dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(items) + 1)
@@ -233,6 +237,8 @@ def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeyp
     got = device.download(dst, len(items) * SLOT).reshape(len(items), PRE.size, PRE.size, 3)
     dec.close()
     assert FakeCodec.Decoder.calls == [11]  # a, tall, grey, turned 2-8, comment in one batch; the rest never reach it
+    # the CPU path's files (png, cmyk, cut, notes) were decoded on the decoder's pool, side by side
+    assert cpu_threads and all(name.startswith("gpu-decode-cpu-path") for name in cpu_threads), cpu_threads
     for (path, data), err, crop in zip(items, errors, got):
         name = Path(path).name
         if name in ("cut.jpg", "notes.txt"):

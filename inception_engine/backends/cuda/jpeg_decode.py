@@ -35,7 +35,8 @@ import io
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -480,6 +481,7 @@ class GpuJpegDecoder:
         self._arena: Any = None  # device memory decode_files decodes whole images into
         self._arena_bytes = 0
         self._done: Any = None  # event after the last batch's uploads
+        self._cpu_pool: ThreadPoolExecutor | None = None  # the CPU path's threads, made at the first batch needing two
 
     @property
     def reads_files(self) -> bool:
@@ -654,12 +656,24 @@ class GpuJpegDecoder:
         shape = (self.pre.size, self.pre.size, CHANNELS)
         if self._staging is None:
             self._staging = drv.pagelocked_empty((self.max_batch, *shape), np.uint8)
-        for row, path, data in jobs:
-            row = int(row)  # a numpy index would not pass as an address below
+
+        def crop_of(job: tuple[int, str, bytes]) -> np.ndarray | str:
             try:
-                crop = cpu_fallback(path, data)
+                return cpu_fallback(job[1], job[2])
             except EngineError as e:
-                errors[row] = str(e)
+                return str(e)
+
+        # Pillow decodes and resizes with the GIL released: a batch's files for the CPU path (PNGs, CMYK, ...) are
+        # decoded side by side on up to this decoder's host threads rather than one after another here
+        crops: Iterator[np.ndarray | str] = map(crop_of, jobs)
+        if len(jobs) > 1:
+            if self._cpu_pool is None:
+                self._cpu_pool = ThreadPoolExecutor(self.threads or os.cpu_count() or 1, "gpu-decode-cpu-path")
+            crops = self._cpu_pool.map(crop_of, jobs)
+        for (row, path, _), crop in zip(jobs, crops):
+            row = int(row)  # a numpy index would not pass as an address below
+            if isinstance(crop, str):
+                errors[row] = crop
                 continue
             if crop.shape != shape or crop.dtype != np.uint8:
                 raise ValueError(f"cpu_fallback gave {crop.dtype} {crop.shape} for {path}, expected uint8 {shape}")
@@ -670,6 +684,9 @@ class GpuJpegDecoder:
         self.wait()
         self._resize.close()
         self._decoded = []
+        if self._cpu_pool is not None:
+            self._cpu_pool.shutdown()
+            self._cpu_pool = None
         if self._native is not None:
             self._native.close()
             self._native = None
