@@ -5,7 +5,9 @@ The kernels must give exactly pil_resize's bytes (hence Pillow's) for fresh rand
 read through a row pitch wider than the pixels, and write every byte of their batch slot and nothing outside it:
 the output starts poisoned with a sentinel, twice with two different sentinels, and slots not targeted must keep it.
 GpuJpegDecoder.decode_into runs end to end with a stand-in for nvImageCodec that decodes with Pillow into device
-memory, so every crop must equal the CPU path bit for bit and the errors must name the right files.
+memory, and decode_files through jpeg_batch.c's real reading and header rule with Pillow decoding into its arena, so
+every crop must equal the CPU path bit for bit (photos stored turned or mirrored included) and the errors must name
+the right files.
 """
 
 from __future__ import annotations
@@ -261,3 +263,96 @@ def test_decode_into_refuses_decompression_bombs(gpu, device, monkeypatch):
                              driver().Stream(), lambda p, d: called.append(p))
     dec.close()
     assert not called and errors[0].startswith("big.jpg: refused, too many pixels (")
+
+
+class FakeNative:
+    """jpeg_batch.c's context with Pillow standing in for nvImageCodec: its real reading and header rule (built
+    without a decoder), each file it is asked for decoded as stored (no EXIF turn) into the arena. Records the bytes
+    each decode call writes."""
+
+    def __init__(self) -> None:
+        from inception_engine.backends.cuda import jpeg_batch
+
+        self.reader = jpeg_batch.JpegBatch(with_decoder=False)
+        self.got: Any = None
+        self.calls: list[int] = []
+
+    def read(self, paths: list[bytes], max_pixels: int | None) -> Any:
+        self.got = self.reader.read(paths, max_pixels)
+        return self.got
+
+    def data(self, i: int, length: int) -> bytes:
+        return self.reader.data(i, length)
+
+    def decode(self, which: np.ndarray, hw: np.ndarray, out: int, offsets: np.ndarray, stream: int) -> np.ndarray:
+        self.calls.append(int(sum(int(h) * int(w) * 3 for h, w in hw)))
+        ok = np.zeros(len(which), np.int32)
+        for k, (i, (h, w), at) in enumerate(zip(which, hw, offsets)):
+            with Image.open(io.BytesIO(self.data(int(i), int(self.got.length[i])))) as img:
+                a = np.ascontiguousarray(np.asarray(img.convert("RGB")))
+            if a.shape[:2] == (h, w):
+                driver().memcpy_htod(out + int(at), a)
+                ok[k] = 1
+        return ok
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def test_decode_files_in_arena_parts_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeypatch):
+    """decode_files through jpeg_batch.c's context (decoding by Pillow, as stored): upright, turned and mirrored
+    JPEGs decoded in parts of the arena's size and resized upright, the CPU path's files on its pool, errors in the
+    CPU path's words; every crop the CPU path's bytes."""
+    _, kernels = gpu
+    native = FakeNative()
+    monkeypatch.setattr(jpeg_decode, "NATIVE", True)
+    monkeypatch.setattr(jpeg_decode, "open_native", lambda threads: (native, None))
+    monkeypatch.setattr(jpeg_decode, "ARENA_BYTES", 1_100_000)  # two 333 x 500 images a part; the tall one alone
+    rng = rng_for("decode_files")
+    photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
+
+    def turned(o: int) -> bytes:
+        exif = Image.Exif()
+        exif[jpeg_header.EXIF_ORIENTATION] = o
+        return jpeg_bytes(photo(333, 500), exif=exif.tobytes())
+
+    png = io.BytesIO()
+    Image.fromarray(photo(300, 420)).save(png, "PNG")
+    whole = jpeg_bytes(photo(375, 500))
+    files = {"a.jpg": whole, **{f"turned{o}.jpg": turned(o) for o in range(1, 9)},
+             "tall.jpg": jpeg_bytes(photo(1200, 400)), "b.png": png.getvalue(), "cut.jpg": whole[:len(whole) // 2],
+             "xmp.jpg": jpeg_bytes(photo(200, 300), xmp=b"<x:xmpmeta/>"), "notes.txt": b"not an image"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    paths = [str(tmp_path / n) for n in files] + [str(tmp_path / "missing.jpg")]
+
+    def cpu(path: str, data: bytes) -> np.ndarray:
+        return decode_u8(path, PRE)
+
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(paths))
+    assert dec.reads_files
+    stream = driver().Stream()
+    dst = device.alloc(len(paths) * SLOT)
+    driver().memset_d8(dst, 0x5A, len(paths) * SLOT)
+    errors = dec.decode_files(paths, dst, stream, cpu)
+    stream.synchronize()
+    got = device.download(dst, len(paths) * SLOT).reshape(len(paths), PRE.size, PRE.size, 3)
+    dec.close()
+    # a, turned 1-8, tall and xmp decoded "on the GPU", in parts: each within the arena but for one image alone
+    assert sum(native.calls) == sum(h * w * 3 for h, w in [(375, 500)] + [(333, 500)] * 8 + [(1200, 400), (200, 300)])
+    assert len(native.calls) > 3 and all(c <= 1_100_000 or c == 1200 * 400 * 3 for c in native.calls), native.calls
+    for path, err, crop in zip(paths, errors, got):
+        name = Path(path).name
+        if name in ("cut.jpg", "notes.txt", "missing.jpg"):
+            with pytest.raises(EngineError) as e:
+                cpu(path, b"")
+            assert err == str(e.value) and "\n" not in err, name
+        else:
+            assert err is None, err
+            assert np.array_equal(crop, cpu(path, b"")), name
+
+
+def test_arena_parts():
+    parts = jpeg_decode.arena_parts(np.array([4, 4, 4, 9, 1, 1, 20, 2]), 8)
+    assert parts == [slice(0, 2), slice(2, 3), slice(3, 4), slice(4, 6), slice(6, 7), slice(7, 8)]
+    assert jpeg_decode.arena_parts(np.array([], np.int64), 8) == []

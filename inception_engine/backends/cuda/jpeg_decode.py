@@ -244,6 +244,26 @@ class Staged:
             self.dev, self.host = None, np.empty(0, self.dtype)
 
 
+# The most device memory a decode call's whole decoded images take at once: a call of larger images (256 photos of
+# 12 megapixels are 9 GB, of 48 megapixels 37 GB) is decoded in parts of at most this much (one image larger than it
+# alone), each part resized before the next is decoded into the same memory.
+ARENA_BYTES = 1 << 30
+
+
+def arena_parts(nbytes: np.ndarray, limit: int) -> list[slice]:
+    """Consecutive runs of images whose sizes (``nbytes``) add up to at most ``limit``; an image larger than it
+    alone."""
+    parts, start, total = [], 0, 0
+    for i, n in enumerate(nbytes.tolist()):
+        if i > start and total + n > limit:
+            parts.append(slice(start, i))
+            start, total = i, 0
+        total += n
+    if start < len(nbytes):
+        parts.append(slice(start, len(nbytes)))
+    return parts
+
+
 # resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, the source's row and column steps,
 # the destination's row pitch
 JOB_FIELDS = 10
@@ -547,14 +567,18 @@ class GpuJpegDecoder:
         nbytes = (hw[:, 0] * hw[:, 1] * CHANNELS + 255) // 256 * 256
         offsets = np.cumsum(nbytes) - nbytes
         ok = np.zeros(len(files), bool)
-        if len(files):
-            arena = self._arena_for(int(nbytes.sum()))
+        for k, part in enumerate(arena_parts(nbytes, ARENA_BYTES)):  # one part unless the images are large
+            if k:
+                stream.synchronize()  # the previous part's resize has read the arena
+            arena, at = self._arena_for(int(nbytes[part].sum())), offsets[part] - offsets[part.start]
             try:
-                ok = self._native.decode(files, hw, arena, offsets, stream.handle).astype(bool)
+                ok[part] = self._native.decode(files[part], hw[part], arena, at, stream.handle).astype(bool)
             except OSError:  # the batch call failed: every file to the CPU path, which says what is wrong
                 pass
-            self._resize.enqueue_arrays(arena + offsets[ok], hw[ok, 0], hw[ok, 1], hw[ok, 1] * CHANNELS, files[ok],
-                                        dst_ptr, stream, orientation[ok])
+            done = ok[part]
+            self._resize.enqueue_arrays(arena + at[done], hw[part][done, 0], hw[part][done, 1],
+                                        hw[part][done, 1] * CHANNELS, files[part][done], dst_ptr, stream,
+                                        orientation[part][done])
         to_cpu += [(int(i), str(paths[i]), self._native.data(int(i), int(got.length[i]))) for i in files[~ok]]
         self._upload_cpu_results(sorted(to_cpu), dst_ptr, stream, cpu_fallback, errors)
         drv = driver()
@@ -563,11 +587,11 @@ class GpuJpegDecoder:
         return errors
 
     def _arena_for(self, nbytes: int) -> int:
-        """Device memory for a batch's whole images (grown, with room, where a batch needs more)."""
+        """Device memory for a batch's whole images (grown, with room up to ARENA_BYTES, where a batch needs more)."""
         if nbytes > self._arena_bytes:
             if self._arena is not None:
                 self._arena.free()
-            self._arena_bytes = 2 * nbytes
+            self._arena_bytes = max(nbytes, min(2 * nbytes, ARENA_BYTES))
             self._arena = driver().mem_alloc(self._arena_bytes)
         return int(self._arena)
 
