@@ -192,28 +192,34 @@ def jpeg_bytes(a: np.ndarray, **kw: Any) -> bytes:
     return buf.getvalue()
 
 
+def turned_jpeg(a: np.ndarray, orientation: int) -> bytes:
+    """a's JPEG with an EXIF orientation: the CPU path turns (or mirrors) it upright."""
+    exif = Image.Exif()
+    exif[jpeg_header.EXIF_ORIENTATION] = orientation
+    return jpeg_bytes(a, exif=exif.tobytes())
+
+
+def png_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return buf.getvalue()
+
+
 def test_decode_into_matches_the_cpu_path_exactly(gpu, device, tmp_path, monkeypatch):
     _, kernels = gpu
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
     monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     rng = rng_for("decode_into")
     photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
-    def turned(o: int) -> bytes:
-        exif = Image.Exif()
-        exif[jpeg_header.EXIF_ORIENTATION] = o
-        return jpeg_bytes(photo(333, 500), exif=exif.tobytes())
-
-    png = io.BytesIO()
-    Image.fromarray(photo(300, 420)).save(png, "PNG")
     whole = jpeg_bytes(photo(375, 500))
     files = {
         "a.jpg": whole,
         "tall.jpg": jpeg_bytes(photo(900, 400)),
         "grey.jpg": jpeg_bytes(photo(500, 375)[:, :, 0]),
-        **{f"turned{o}.jpg": turned(o) for o in range(2, 9)},
+        **{f"turned{o}.jpg": turned_jpeg(photo(333, 500), o) for o in range(2, 9)},
         "cmyk.jpg": (lambda b: (Image.fromarray(photo(350, 360)).convert("CMYK").save(b, "JPEG"), b.getvalue())[1])(
             io.BytesIO()),
-        "b.png": png.getvalue(),
+        "b.png": png_bytes(photo(300, 420)),
         "cut.jpg": whole[:len(whole) // 2],
         "notes.txt": b"not an image at all",
         "comment.jpg": b"\xff\xd8\xff\xfe\x00\x04hi" + jpeg_bytes(photo(400, 300))[2:],  # COM segment first
@@ -310,17 +316,10 @@ def test_decode_files_in_arena_parts_matches_the_cpu_path_exactly(gpu, device, t
     monkeypatch.setattr(jpeg_decode, "ARENA_BYTES", 1_100_000)  # two 333 x 500 images a part; the tall one alone
     rng = rng_for("decode_files")
     photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
-
-    def turned(o: int) -> bytes:
-        exif = Image.Exif()
-        exif[jpeg_header.EXIF_ORIENTATION] = o
-        return jpeg_bytes(photo(333, 500), exif=exif.tobytes())
-
-    png = io.BytesIO()
-    Image.fromarray(photo(300, 420)).save(png, "PNG")
     whole = jpeg_bytes(photo(375, 500))
-    files = {"a.jpg": whole, **{f"turned{o}.jpg": turned(o) for o in range(1, 9)},
-             "tall.jpg": jpeg_bytes(photo(1200, 400)), "b.png": png.getvalue(), "cut.jpg": whole[:len(whole) // 2],
+    files = {"a.jpg": whole, **{f"turned{o}.jpg": turned_jpeg(photo(333, 500), o) for o in range(1, 9)},
+             "tall.jpg": jpeg_bytes(photo(1200, 400)), "b.png": png_bytes(photo(300, 420)),
+             "cut.jpg": whole[:len(whole) // 2],
              "xmp.jpg": jpeg_bytes(photo(200, 300), xmp=b"<x:xmpmeta/>"), "notes.txt": b"not an image"}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
