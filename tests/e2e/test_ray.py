@@ -19,7 +19,8 @@ from helpers.cli import runner
 from helpers.random_weights import random_arrays
 from helpers.result_lines import assert_same_results, read_rows
 
-# One local Ray cluster for the module (ray_session), not one in each pytest-xdist worker (--dist loadgroup).
+# One local Ray cluster for the module (ray_session), not one in each pytest-xdist worker, where --dist loadgroup
+# groups (pytest-xdist 3.8 cannot with pytest 9.2: then each worker that takes a Ray test starts a cluster).
 pytestmark = pytest.mark.xdist_group("ray")
 
 SIZE, RESIZE = 75, 86
