@@ -12,7 +12,8 @@ start to exit):
 - the folder job per decode mode and precision, ``--decode gpu`` at each of ``--batches``, and (``--ab``, at
   batch 64) the variants named there too, alternated twice: ``python-api`` (nvImageCodec's Python API,
   jpeg_decode.NATIVE off), ``one-chain`` / ``two-chains`` (decode calls in flight), ``one-chain-two-batches``
-  (and two batches outstanding on the GPU: the pipeline's earlier shape);
+  (and two batches outstanding on the GPU: the pipeline's earlier shape), ``calls-of-1024`` (decode calls of 1,024
+  files);
 - ``--first-long``: per precision and batch, a first run on a cache as the install leaves it, then the same
   again (the first long run's share of a repeated run's rate);
 - ``--gpus N`` for each N of ``--gpus`` up to the machine's GPUs, wall time including start-up, on ``--many``
@@ -48,8 +49,11 @@ TWO_CHAINS = "import inception_engine.backends.cuda.jpeg_decode as j; j.DECODE_C
 # the pipeline's shape before decode chains: one decode call in flight, two batches outstanding on the GPU
 TWO_BATCHES = ("import inception_engine.backends.cuda.stream as s; init = s.CudaRunner.__init__; "
                "s.CudaRunner.__init__ = lambda self, *a, **k: (init(self, *a, **k), setattr(self, 'depth', 2))[0]; ")
+# decode calls of 1,024 files instead of stream.DECODE_IMAGES (256): one decoder alone +22 % (docs/PERFORMANCE.md,
+# round five, call AC), not yet measured in inception-run
+BIG_CALLS = "import inception_engine.backends.cuda.stream as s; s.DECODE_IMAGES = 1024; "
 VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN, "two-chains": TWO_CHAINS + RUN,
-            "one-chain-two-batches": ONE_CHAIN + TWO_BATCHES + RUN}
+            "one-chain-two-batches": ONE_CHAIN + TWO_BATCHES + RUN, "calls-of-1024": BIG_CALLS + RUN}
 # (noise, coarse cell): ~35 KB and ~95 KB at quality 90; "turned": the small files as a phone stores photos taken
 # upright, each odd file's pixels lying on their side with EXIF orientation 6 (half of a phone's photos, about)
 STYLES = {"small": (3, 32), "imagenet": (16, 16), "turned": (3, 32)}
