@@ -253,6 +253,8 @@ ARENA_BYTES = 1 << 30
 def arena_parts(nbytes: np.ndarray, limit: int) -> list[slice]:
     """Consecutive runs of images whose sizes (``nbytes``) add up to at most ``limit``; an image larger than it
     alone."""
+    if int(nbytes.sum()) <= limit:  # a call of photos of usual sizes
+        return [slice(0, len(nbytes))] if len(nbytes) else []
     parts, start, total = [], 0, 0
     for i, n in enumerate(nbytes.tolist()):
         if i > start and total + n > limit:

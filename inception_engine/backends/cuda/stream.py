@@ -204,7 +204,8 @@ class CudaRunner:
         self._ring = ring.array
         with self.backend.gpu:
             self._unpin_ring()
-            self._ring_pin = HostRegistration(ring.array)
+            pin = HostRegistration(ring.array)
+            self._ring_pin = pin if pin.ok else None  # None: submit gathers into pinned staging
 
     def _unpin_ring(self) -> None:
         """Lets go of the ring's page-locking (the context current)."""
@@ -217,7 +218,7 @@ class CudaRunner:
         returns: copied straight from the page-locked ring (waited for), else gathered into pinned staging first."""
         self._check(len(slots), top_k)
         drv, k = driver(), self._next_turn()
-        direct = self._ring_pin is not None and self._ring_pin.ok
+        direct = self._ring_pin is not None
         with self.backend.gpu:
             if self._turn > 2:  # u8[k] (and staging[k]) still hold the batch before last until these are done
                 if not direct:
