@@ -7,17 +7,14 @@ results and makes inception-run exit with 1.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import errno
 import functools
-import json
 import os
 import sys
-import textwrap
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +23,13 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import backends
-from .engine import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES
+from .config import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, WORKER_KINDS, RunConfig
+from .drivers import start_driver
 from .errors import EngineError, OptionError
 from .inputs import expand_inputs
-from .output import Rendered, ResultFile, ResumeSummary, as_json, image_key, terminal_bytes
-from .pipeline import WORKER_KINDS, Prediction
+from .output import ResultFile, ResumeSummary, image_key
+from .pipeline import Prediction
+from .sinks import interrupted, make_sink, terminal_echo, write_results
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)
@@ -163,108 +162,129 @@ def shown_before(note: str) -> bool:
               help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
                    "its subfolders hold).")
 @user_errors
-def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, precision: str, top_k: int,
-            batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
-            resume: bool, as_json: bool, ray_address: str | None, gpus: int | None, recursive: bool) -> None:
+def run_cmd(images: tuple[str, ...], **options: Any) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
-    from .engine import Engine
+    if options["ray_address"] is not None:
+        from .ray_data import require_ray, run_on_ray
 
-    if ray_address is not None:
-        from .ray_data import run_on_ray
+        require_ray()  # said before the weights are looked for
+    run = run_config(images, options)
+    if run.driver == "ray":
 
-        return run_on_ray(ray_address, images, weights_path, backend, precision, top_k, batch_size, output_path,
-                          gpus, resume, as_json, recursive)
-    if gpus == 0:
-        raise EngineError("--gpus 0 is for --ray; on this machine the CPU is --backend cpu")
-    if gpus == 1:
+        return run_on_ray(run)
+    if run.gpus == 1:
         # before the weights are read: a machine without a GPU is refused at once (--gpus N checks the count as its
         # workers start: multi_gpu.start_on_gpus)
-        backends.require_gpus(gpus)
-    from .multi_gpu import start_on_gpus
-
-    if resume and not output_path:
-        raise EngineError("--resume continues an --output FILE; give the file")
-    if output_path and as_json:
-        raise EngineError("--json prints to the terminal and --output writes a file; choose one")
+        backends.require_gpus(1)
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
-    out = ResultFile(output_path, top_k, resume) if output_path else None
-    on_gpus = None
+    out = ResultFile(run.output, run.top_k, run.resume) if run.output else None
     try:
-        # The engine (its weights, and with --decode gpu nvImageCodec's start on a thread of its own) starts before
-        # the inputs are listed, so that listing a large folder overlaps its start-up. With --gpus N the workers
-        # start instead (the arguments checked first), each builds its engine and tells the parent what it runs
-        # with; the parent builds none (into a file, the workers render the lines: the parent puts them in order).
-        progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
-        on_gpus = (start_on_gpus(gpus, top_k, weights_path, backend, batch_size, precision, workers, worker_kind,
-                                 lambda n: progress[0](n) if progress else None, decode,
-                                 out.fmt if out is not None else None) if gpus and gpus > 1 else None)
-        with (contextlib.nullcontext() if on_gpus is not None else
-              Engine(weights_path, backend=backend, batch_size=batch_size, precision=precision, workers=workers,
-                     worker_kind=worker_kind, decode=decode)) as engine:
-            listed = expand_inputs(images, recursive)
-            inputs = listed.items
-            for notice in listed.notices:
-                click.echo(f"note: {notice}", err=True)
-            if out is not None and resume:
-                before = len(inputs)
-                summary = out.resume(image_key(path) for path, _ in inputs)
-                inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
-                click.echo(resume_line(summary, before, out.path), err=True)
-            todo = [path for path, err in inputs if err is None]
-            first_at: list[float] = []  # when the first result came: start-up ends there
-            if on_gpus is not None:
-                on_gpus.classify(todo)
-            try:
-                facts = on_gpus.facts() if on_gpus is not None else engine.facts()
-            except KeyboardInterrupt:  # while worker 0 builds its engine, which may take long (kernels compiling)
-                raise interrupted(0, len(inputs), out.path if out is not None else None) from None
-            for note in facts.notes:  # auto's fallback: said once per machine; the results record it each time
-                if not shown_before(note):
-                    hint = " (--backend cuda says why)" if note == NO_GPU_NOTE else ""
-                    click.echo(f"note: {note}{hint}", err=True)
-            # notes taken mid-run (by this engine or a --gpus worker's): printed with or without the progress bar
-            (engine if engine is not None else on_gpus).on_note = lambda note: terminal_echo(f"note: {note}", err=True)
-            batch_size = facts.batch_size
-            computed_in = f"{facts.backend_name} backend, {facts.precision}"
-            show = progress_bar_fits() and len(todo) > batch_size
-            t0 = time.perf_counter()
-            with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
-                      dynamic_ncols=True) as bar:
-                # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
-                echo = terminal_echo if show and sys.stdout.isatty() else click.echo
-                sink = (FileSink(out, batch_size) if out is not None else
-                        JsonSink(str(facts.weights_path), facts.backend_name, facts.precision, echo) if as_json
-                        else TextSink(f"# {computed_in}, weights {facts.weights_path}", echo))
-                progress.append(bar.update)
-                preds = on_gpus if engine is None else engine.predict_iter(  # into a file: each result as its line
-                    todo, top_k, on_progress=bar.update, render=out.fmt if out is not None else None)
-                try:
-                    total, failed = write_results(inputs, first_timed(preds, first_at), sink,
-                                                  out.path if out is not None else None)
-                    last_at = time.perf_counter()
-                finally:  # the decode processes and GPU workers end now, not when the generator is collected
-                    preds.close()  # type: ignore[attr-defined]  # both are generators
+        stats = run_here(run, out)
     except KeyboardInterrupt:  # before the results began: the engine or the workers starting, the inputs listed
         click.echo("interrupted before the first result", err=True)
         raise click.exceptions.Exit(130) from None
     finally:
-        if on_gpus is not None:  # the workers end, whatever stopped this run (they may not have been read at all)
-            on_gpus.close()
         if out is not None:
             out.close()
     if out is not None:
-        end = time.perf_counter()
-        # the rate between the first result and the last, past start-up (backend, kernels, decoders, the pipeline
-        # filling) and before the teardown (the engine's or the workers' end): what a long run settles at. The first
-        # batch's images came with the first result.
-        after = len(todo) - min(len(todo), batch_size)
-        steady = (f", {after / max(last_at - first_at[0], 1e-9):.0f} images/s after the first result at "
-                  f"{first_at[0] - t0:.1f} s" if first_at and after >= batch_size else "")
-        click.echo(f"{plural(total, 'image')} ({plural(failed, 'error')}) in {end - t0:.1f} s on the {computed_in}, "
-                   f"{len(todo) / max(end - t0, 1e-9):.0f} images/s{steady} -> {out.path}", err=True)
-    if failed:
-        click.echo(f"error: {failed} of {total} inputs could not be classified", err=True)
+        click.echo(stats.summary(out.path), err=True)
+    if stats.failed:
+        click.echo(f"error: {stats.failed} of {stats.total} inputs could not be classified", err=True)
         raise click.exceptions.Exit(1)
+
+
+def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
+    """inception-run's options as one checked RunConfig."""
+    engine = {"weights": o["weights_path"], **{k: o[k] for k in ("backend", "precision", "batch_size", "workers",
+                                                                  "worker_kind", "decode")}}
+    return RunConfig(engine, images, o["top_k"], o["recursive"], o["output_path"], o["resume"], o["as_json"],
+                     o["gpus"], o["ray_address"])
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """How a run went, for its summary line: results, errors, the clock at its start, first and last result."""
+
+    total: int
+    failed: int
+    todo: int
+    batch: int
+    computed_in: str
+    t0: float
+    first_at: float | None
+    last_at: float
+
+    def summary(self, path: Path) -> str:
+        # the rate between the first result and the last, past start-up (backend, kernels, decoders, the pipeline
+        # filling) and before the teardown (the engine's or the workers' end): what a long run settles at. The
+        # first batch's images came with the first result.
+        end = time.perf_counter()
+        after = self.todo - min(self.todo, self.batch)
+        steady = (f", {after / max(self.last_at - self.first_at, 1e-9):.0f} images/s after the first result at "
+                  f"{self.first_at - self.t0:.1f} s" if self.first_at is not None and after >= self.batch else "")
+        return (f"{plural(self.total, 'image')} ({plural(self.failed, 'error')}) in {end - self.t0:.1f} s on the "
+                f"{self.computed_in}, {self.todo / max(end - self.t0, 1e-9):.0f} images/s{steady} -> {path}")
+
+
+def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
+    """The run on this machine's driver (this process, or one worker per GPU), results into the run's sink. The
+    driver (the engine's weights, with --decode gpu nvImageCodec's start; or the workers) starts before the inputs
+    are listed, so that listing a large folder overlaps its start-up."""
+    progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
+    driver = start_driver(run, lambda n: progress[0](n) if progress else None, out.fmt if out is not None else None)
+    try:
+        inputs = list_inputs(run, out)
+        todo = [path for path, err in inputs if err is None]
+        preds = driver.stream(todo)  # --gpus: the workers get their inputs now, before their facts are read
+        try:
+            facts = driver.facts()
+        except KeyboardInterrupt:  # while worker 0 builds its engine, which may take long (kernels compiling)
+            raise interrupted(0, len(inputs), out.path if out is not None else None) from None
+        show_notes(facts.notes)
+        # notes taken mid-run (by this engine or a --gpus worker's): printed with or without the progress bar
+        driver.on_note = lambda note: terminal_echo(f"note: {note}", err=True)
+        computed_in = f"{facts.backend_name} backend, {facts.precision}"
+        show = progress_bar_fits() and len(todo) > facts.batch_size
+        first_at: list[float] = []  # when the first result came: start-up ends there
+        t0 = time.perf_counter()
+        with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
+                  dynamic_ncols=True) as bar:
+            # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
+            echo = terminal_echo if show and sys.stdout.isatty() else click.echo
+            sink = make_sink(out, run.as_json, (facts.backend_name, facts.precision, facts.weights_path),
+                             facts.batch_size, echo)
+            progress.append(bar.update)
+            try:
+                total, failed = write_results(inputs, first_timed(preds, first_at), sink,
+                                              out.path if out is not None else None)
+            finally:  # the decode processes and GPU workers end now, not when the generator is collected
+                preds.close()  # type: ignore[attr-defined]  # both drivers' streams are generators
+        return RunStats(total, failed, len(todo), facts.batch_size, computed_in, t0,
+                        first_at[0] if first_at else None, time.perf_counter())
+    finally:  # the engine or the workers end, whatever stopped this run
+        driver.close()
+
+
+def list_inputs(run: RunConfig, out: ResultFile | None) -> list[tuple[str, str | None]]:
+    """The run's inputs as (path, error or None), notices said on stderr; with --resume, those ``out`` lacks."""
+    listed = expand_inputs(run.images, run.recursive)
+    inputs = listed.items
+    for notice in listed.notices:
+        click.echo(f"note: {notice}", err=True)
+    if out is not None and run.resume:
+        before = len(inputs)
+        summary = out.resume(image_key(path) for path, _ in inputs)
+        inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
+        click.echo(resume_line(summary, before, out.path), err=True)
+    return inputs
+
+
+def show_notes(notes: tuple[str, ...]) -> None:
+    """auto's fallback and the like: each said once per machine (the results record it each time)."""
+    for note in notes:
+        if not shown_before(note):
+            hint = " (--backend cuda says why)" if note == NO_GPU_NOTE else ""
+            click.echo(f"note: {note}{hint}", err=True)
 
 
 def first_timed(preds: Iterator[Prediction], first_at: list[float]) -> Iterator[Prediction]:
@@ -285,116 +305,6 @@ def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
     if summary.duplicates:
         line += f"; {plural(summary.duplicates, 'duplicate line')} dropped (an image's last line is kept)"
     return line
-
-
-
-def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Prediction | Rendered], sink: Any,
-                  resumable: Path | None) -> tuple[int, int]:
-    """Every input's result into the sink, in order: the next prediction (or its rendered line, from --gpus's
-    workers into a file), or the argument's own error. Returns
-    (results, failed). Ctrl-C closes the sink (whole lines, a closed JSON document) and exits with 130."""
-    failed = total = 0
-    try:
-        for path, err in inputs:
-            r = next(preds) if err is None else Prediction(path, error=err)
-            sink.add(r)
-            failed += not r.ok
-            total += 1
-    except KeyboardInterrupt:
-        sink.close()
-        raise interrupted(total, len(inputs), resumable) from None
-    sink.close()
-    return total, failed
-
-
-def interrupted(done: int, inputs: int, resumable: Path | None) -> click.exceptions.Exit:
-    """Says on stderr, in one line, how far a run got when Ctrl-C came; returns the exit (code 130) to raise."""
-    where = f"; {resumable} holds them, --resume continues" if resumable is not None else ""
-    click.echo(f"interrupted after {done} of {inputs} images{where}", err=True)
-    return click.exceptions.Exit(130)
-
-
-def terminal_echo(text: str, nl: bool = True, err: bool = False) -> None:
-    """click.echo with any progress bar cleared first and drawn again after, so that the two never share a line
-    (stdout and stderr are often the same terminal). Under tqdm's lock: its monitor thread redraws bars too."""
-    with tqdm.external_write_mode(file=sys.stderr if err else sys.stdout):
-        click.echo(text, nl=nl, err=err)
-
-
-Echo = Callable[..., None]
-
-
-class TextSink:
-    """A header line (``# cpu backend, fp32, weights PATH``), then per image its path and the top-k, one class a
-    line: probability (4 decimals), label, class index."""
-
-    def __init__(self, header: str, echo: Echo = click.echo):
-        self.echo = echo
-        to_stdout(header + "\n", echo)
-
-    def add(self, r: Prediction) -> None:
-        lines = [r.image]
-        if r.ok:
-            assert r.top is not None
-            lines += [f"  {p:6.4f}  {label} ({i})" for i, label, p in r.top]
-        else:
-            lines.append(f"  error: {r.error}")
-        to_stdout(terminal_bytes("\n".join(lines) + "\n", click.get_text_stream("stdout").encoding), self.echo)
-
-    def close(self) -> None:
-        pass
-
-
-def to_stdout(text: str | bytes, echo: Echo = click.echo) -> None:
-    """Write results to standard output with ``echo`` (click.echo, or terminal_echo beside a progress bar); one
-    that cannot take them (a full disk, an I/O error) is one line. A closed pipe (| head) is left to click, which
-    ends quietly."""
-    try:
-        echo(text, nl=False)
-    except OSError as e:
-        if e.errno == errno.EPIPE:
-            raise
-        raise EngineError(f"cannot write the results to standard output ({e.strerror or e}); write them to a file "
-                          f"with --output") from None
-
-
-class JsonSink:
-    """One JSON document, written as results arrive: each result is held only until the next one arrives (which
-    decides whether a comma follows it), so that every write ends a line and a progress bar never lands on one."""
-
-    def __init__(self, weights: str, backend: str, precision: str, echo: Echo = click.echo):
-        self.echo = echo
-        head = json.dumps({"weights": weights, "backend": backend, "precision": precision}, indent=2)
-        to_stdout(head[:-2] + ',\n  "results": [\n', self.echo)
-        self.held: str | None = None
-
-    def add(self, r: Prediction) -> None:
-        if self.held is not None:
-            to_stdout(self.held + ",\n", self.echo)
-        self.held = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
-
-    def close(self) -> None:
-        if self.held is not None:
-            to_stdout(self.held + "\n", self.echo)
-            self.held = None
-        to_stdout("  ]\n}\n", self.echo)
-
-
-class FileSink:
-    """--output: flushed every batch's worth of results and at least once a second."""
-
-    def __init__(self, out: Any, batch: int):
-        self.out, self.batch, self.count, self.last = out, batch, 0, time.monotonic()
-
-    def add(self, r: Prediction) -> None:
-        self.out.add(r)
-        self.count += 1
-        if self.count % self.batch == 0 or time.monotonic() - self.last > 1.0:
-            self.out.flush()
-            self.last = time.monotonic()
-
-    def close(self) -> None:
-        self.out.flush()
 
 
 # ----------------------------------------------------------------------------------------- inception-convert-weights

@@ -25,27 +25,21 @@ from typing import Any
 import numpy as np
 
 from . import backends
+from .config import (BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, Resolved, resolve,
+                     weights_file)
 from .errors import BackendUnavailable, EngineError, OptionError
 from .images import Preprocess
 from .labels import imagenet_labels
-from .pipeline import (WORKER_KINDS, HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner,
-                       classify, classify_encoded, labelled, softmax, top_classes)
+from .pipeline import (HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner, classify,
+                       classify_encoded, labelled, softmax, top_classes)
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
-from .weights import Weights, find_weights
+from .weights import Weights
 
-__all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineFacts", "Prediction",
-           "check_arguments", "resolve", "settle", "softmax", "top_classes"]
+__all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineConfig", "EngineFacts",
+           "Prediction", "softmax", "top_classes"]
 
-BACKEND_CHOICES = ("auto", *backends.BACKENDS)
-PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
-DECODE_CHOICES = ("cpu", "gpu")
-DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 64, 8  # batch_size=None
-# auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against
-# float64, docs/PERFORMANCE.md), float32 elsewhere.
-AUTO_PRECISION = "tf32"
-NO_GPU_NOTE = "no usable GPU: running on the CPU"  # backend="auto"'s note where it falls back
 # A run never stops to measure kernels unless that costs at most TUNE_BUDGET of its expected time: it takes this
 # machine's tuning cache, else the package's table for its GPU model, else the cost model's kernels (and says so
 # once). Measuring one precision and batch size takes ~15-25 s on an H100, and a run at a planning rate of 5,000
@@ -58,15 +52,6 @@ PLANNING_RATE = 5000.0  # images/s, a --decode gpu run's order of magnitude: a g
 def measures_in_run(n_images: int) -> bool:
     """Whether a run of n_images may measure its kernels within TUNE_BUDGET of its expected time."""
     return n_images / PLANNING_RATE * TUNE_BUDGET >= TUNE_SECONDS
-
-
-def weights_file(weights: str | os.PathLike | None) -> Path:
-    """The weight file ``weights`` names: the path given, which must exist, or for None the first of the usual
-    places (weights.find_weights). Nothing is read."""
-    if weights is not None and not os.path.lexists(weights):  # worded for the API; the rest weights.py words
-        raise OptionError("weights", os.fspath(weights), "no such file (inception-convert-weights makes one from "
-                                                         "torchvision's ONNX export)")
-    return find_weights(weights)
 
 
 def load(weights: str | os.PathLike | Weights | None) -> Weights:
@@ -87,85 +72,16 @@ def serves(built: tuple[dict[str, Any], Any], options: dict[str, Any]) -> bool:
     return same_but_tuning and getattr(backend, "tuned", False)
 
 
-def choice(option: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise OptionError(option, value, f"choose one of {', '.join(choices)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """An Engine's arguments checked and resolved, before any weights are read (see ``settle``)."""
-
-    weights_file: Path | None  # None: Weights were given, there is nothing to read
-    backend_name: str
-    backend_class: Any
-    precision: str
-    batch_size: int
-    notes: tuple[str, ...]  # fallbacks taken, one line each
-
-
-def check_arguments(weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
-                    batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
-                    worker_kind: str = "auto", decode: str = "cpu") -> Path | None:
-    """The checks of ``settle`` that probe nothing (OptionError, WeightsError: one line each): the weight file's
-    path (None where Weights were given). Cheap enough to come before anything is started."""
-    if batch_size is not None and batch_size < 1:
-        raise OptionError("batch_size", batch_size, "must be at least 1")
-    choice("backend", backend, BACKEND_CHOICES)
-    choice("precision", precision, PRECISION_CHOICES)
-    choice("worker_kind", worker_kind, WORKER_KINDS)
-    choice("decode", decode, DECODE_CHOICES)
-    if workers is not None and workers < 1:
-        raise OptionError("workers", workers, "must be at least 1")
-    return None if isinstance(weights, Weights) else weights_file(weights)
-
-
-def settle(weights: str | os.PathLike | Weights | None = None, backend: str = "auto", batch_size: int | None = None,
-           precision: str = "auto", workers: int | None = None, worker_kind: str = "auto",
-           decode: str = "cpu") -> Settings:
-    """Engine's arguments checked (OptionError, BackendUnavailable, WeightsError: one line each) and resolved, all
-    but reading the weights and opening the GPU decoder: what Engine starts from, and what inception-run --gpus's
-    parent checks while the workers that build the engines start. Resolving the backend probes the GPU (pycuda,
-    the driver: ~0.4 s): ``check_arguments``, then ``resolve``, which a caller may also make apart."""
-    return resolve(check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode), backend,
-                   batch_size, precision, decode)
-
-
-def resolve(path: Path | None, backend: str, batch_size: int | None, precision: str, decode: str) -> Settings:
-    """The rest of ``settle`` once ``check_arguments`` gave the weight file's ``path``: the backend resolved (the
-    GPU probed: BackendUnavailable), the precision and decode checked against it, the batch size's default."""
-    notes: list[str] = []
-    name, fell_back = backend, False
-    if backend == "auto":  # backends.resolve's choice (backend="cuda" raises with the reason there is no GPU)
-        fell_back = not backends.is_available("cuda")[0]
-        if fell_back:
-            notes.append(NO_GPU_NOTE)
-        name = "cpu" if fell_back else "cuda"
-    backend_class = backends.backend_class(name)  # BackendUnavailable with the reason
-    where = " (no usable GPU here)" if fell_back else ""
-    have = getattr(backend_class, "PRECISIONS", ("fp32",))
-    if precision == "auto":
-        precision = AUTO_PRECISION if AUTO_PRECISION in have else "fp32"
-    elif precision not in have:
-        raise OptionError("precision", precision, f"the {name} backend{where} computes in {' and '.join(have)} only; "
-                          f"give {' or '.join(have)}, or auto")
-    if decode == "gpu" and name != "cuda":
-        raise OptionError("decode", decode, f"needs the cuda backend; this engine runs on {name}{where}")
-    # None: the backend's own default, a batch that keeps a GPU busy, or the CPU's smaller one
-    batch_size = batch_size or (DEFAULT_BATCH_GPU if name == "cuda" else DEFAULT_BATCH_CPU)
-    return Settings(path, name, backend_class, precision, batch_size, tuple(notes))
-
-
-def open_decoder_early(decode: str, backend: str, workers: int | None) -> Any:
+def open_decoder_early(config: EngineConfig) -> Any:
     """For --decode gpu on a backend that may be cuda: jpeg_batch.c's decoder opening now on a thread of its own
     (jpeg_decode.NativeStart), before the backend is resolved. None where it cannot open that way (the Python API's
-    path, nvImageCodec missing: Engine says why once the arguments are settled, in their order)."""
-    if decode != "gpu" or backend not in ("auto", "cuda"):
+    path, nvImageCodec missing: Engine says why once the backend is resolved, in that order)."""
+    if config.decode != "gpu" or config.backend not in ("auto", "cuda"):
         return None
     from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
 
     try:
-        return NativeStart(workers or 0) if check_gpu_decode() else None
+        return NativeStart(config.workers or 0) if check_gpu_decode() else None
     except BackendUnavailable:
         return None
 
@@ -196,33 +112,44 @@ class Engine:
         (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16 or auto. workers: decode workers
         (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs). decode:
         "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
-        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). Every argument is checked
-        (``settle``) before the weights are read."""
-        path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
+        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). The arguments make an EngineConfig,
+        which checks them all before the weights are read; ``Engine.from_config`` takes one already made."""
+        self._start(EngineConfig(weights, backend, precision, batch_size, workers, worker_kind, decode))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, resolved: Resolved | None = None) -> Engine:
+        """The engine ``config`` describes; ``resolved``: what ``config.resolve`` gave this process already."""
+        engine = cls.__new__(cls)
+        engine._start(config, resolved)
+        return engine
+
+    def _start(self, config: EngineConfig, resolved: Resolved | None = None) -> None:
         # --decode gpu's jpeg_batch.c decoder (jpeg_decode.NativeStart): nvImageCodec's start, the longest part of
         # the engine's, opens on a thread of its own from here, beside the GPU probe and the weights
-        self._decoder_start: Any = open_decoder_early(decode, backend, workers)
+        self._decoder_start: Any = open_decoder_early(config)
         try:
-            settings = resolve(path, backend, batch_size, precision, decode)
-            if decode == "gpu" and self._decoder_start is None:
+            resolved = resolved or resolve(config)
+            if config.decode == "gpu" and self._decoder_start is None:
                 from .backends.cuda.jpeg_decode import check_gpu_decode
 
                 check_gpu_decode()  # a missing nvImageCodec is said now, not at the first batch
-            self.weights = weights if isinstance(weights, Weights) else load_weights(settings.weights_file)
+            self.weights = (config.weights if isinstance(config.weights, Weights) else
+                            load_weights(config.weights_path))
         except BaseException:
             if self._decoder_start is not None:
                 self._decoder_start.close()
             raise
-        self.notes: list[str] = list(settings.notes)  # fallbacks taken, one line each (the CLI prints them on stderr)
+        self.config = config
+        self.notes: list[str] = list(resolved.notes)  # fallbacks taken, one line each (the CLI prints them)
         # called with each note as it is taken, also those taken after construction (the CLI: print on stderr)
         self.on_note: Callable[[str], None] | None = None
-        self._backend_name = settings.backend_name
-        self.backend_class = settings.backend_class
-        self._precision = settings.precision
-        self.decode = decode
-        self.batch_size = settings.batch_size
+        self._backend_name = resolved.backend_name
+        self.backend_class = resolved.backend_class
+        self._precision = resolved.precision
+        self.decode = config.decode
+        self.batch_size = resolved.batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
-        self.pipeline = PipelineOptions(workers=workers, worker_kind=worker_kind)
+        self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
 

@@ -7,10 +7,10 @@ slower GPU holds the others back by at most a chunk or so of results (they wait 
 shared out: each process gets its share of the CPUs. For several machines use Ray (ray_data.py).
 
 The parent builds no engine and reads no weights (an ONNX export given as weights it converts, or finds converted,
-once: the workers read the weight file). It makes the checks that probe nothing (engine.check_arguments) before any
-worker starts, and those that probe the GPU (the GPU count, engine.resolve: ~0.5 s) while the workers
-start, ending them where one fails; each worker sends its engine's facts (engine.EngineFacts) first on its queue,
-before its chunks, and the parent reports worker 0's (``GpuRun.facts``).
+once: the workers read the weight file). Its EngineConfig was checked where it was made; what probes the GPU (the
+GPU count, config.resolve: ~0.5 s) runs while the workers start, ending them where it fails. Each worker sends its
+engine's facts (engine.EngineFacts) first on its queue, before its chunks, and the parent reports worker 0's
+(``GpuRun.facts``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backends
-from .engine import Engine, EngineFacts, check_arguments, resolve
+from .config import EngineConfig, resolve
+from .engine import Engine, EngineFacts
 from .errors import EngineError
 from .images import first_line
 from .model_files import weight_file_path
@@ -64,7 +65,7 @@ def cpu_share(gpu: int, gpus: int) -> list[int]:
     return cpus[gpu * per:(gpu + 1) * per]
 
 
-def _worker(gpu: int, inbox: Any, engine_args: dict[str, Any], top_k: int, out: Any, cpus: list[int],
+def _worker(gpu: int, inbox: Any, config: EngineConfig, top_k: int, out: Any, cpus: list[int],
             fmt: str | None) -> None:
     """Builds its engine and puts its facts (EngineFacts) on ``out``, then classifies the share that comes on
     ``inbox`` with its chunk size (the parent lists its inputs meanwhile), putting each chunk's predictions as one
@@ -85,7 +86,7 @@ def _worker(gpu: int, inbox: Any, engine_args: dict[str, Any], top_k: int, out: 
 
     signal.signal(signal.SIGTERM, end)
     try:
-        with Engine(**engine_args) as engine:
+        with Engine.from_config(config) as engine:
             out.put(engine.facts())
             engine.on_note = lambda note: out.put(WorkerNote(note))
             chunk, share = inbox.get()
@@ -97,7 +98,7 @@ def _worker(gpu: int, inbox: Any, engine_args: dict[str, Any], top_k: int, out: 
                     done = []
             if done:  # the input's last chunk, shorter
                 out.put(done)
-            if engine_args["decode"] == "gpu":
+            if config.decode == "gpu":
                 # All this process holds then is what the driver frees with it (GPU memory, its context,
                 # nvImageCodec's): it leaves as soon as its results are handed over, sparing the run the engine's
                 # teardown (~0.5 s between the last result and the run's end). Its CPU-decode counterpart shuts its
@@ -129,48 +130,41 @@ def _next(q: Any, proc: Any, gpu: int, on_note: Callable[[str], None]) -> Any:
         return item
 
 
-def predict_on_gpus(paths: list[str], gpus: int, top_k: int, weights: str | None, backend: str,
-                    batch_size: int | None, precision: str, workers: int | None, worker_kind: str,
-                    on_progress: Callable[[int], None] | None = None, decode: str = "cpu",
-                    fmt: str | None = None) -> GpuRun:
+def predict_on_gpus(paths: list[str], gpus: int, top_k: int, config: EngineConfig,
+                    on_progress: Callable[[int], None] | None = None, fmt: str | None = None) -> GpuRun:
     """Predictions for ``paths`` in order, classified by ``gpus`` worker processes: ``start_on_gpus``, then
     ``GpuRun.classify(paths)``."""
-    return start_on_gpus(gpus, top_k, weights, backend, batch_size, precision, workers, worker_kind, on_progress,
-                         decode, fmt).classify(paths)
+    return start_on_gpus(gpus, top_k, config, on_progress, fmt).classify(paths)
 
 
-def start_on_gpus(gpus: int, top_k: int, weights: str | None, backend: str, batch_size: int | None, precision: str,
-                  workers: int | None, worker_kind: str, on_progress: Callable[[int], None] | None = None,
-                  decode: str = "cpu", fmt: str | None = None) -> GpuRun:
+def start_on_gpus(gpus: int, top_k: int, config: EngineConfig, on_progress: Callable[[int], None] | None = None,
+                  fmt: str | None = None) -> GpuRun:
     """``gpus`` worker processes (GPU 0 .. gpus - 1) started now, in parallel, each on its own share of the CPUs
     (``cpu_share``), building its engine while the caller lists the inputs it then gives ``GpuRun.classify``; with
     ``fmt`` ("jsonl" or "csv"), each prediction comes as its line of such a file (output.Rendered), rendered by the
-    workers. Refused at the call where this machine has fewer GPUs (OptionError) or an argument is one Engine
-    refuses (engine.settle: all its checks but reading the weights; a weight file that cannot be read is worker 0's
-    EngineError, at ``GpuRun.facts`` or the first prediction): the checks that probe nothing before any worker
-    starts, those that probe the GPU (its count; the backend, unless it is cpu) while they start, ending them."""
-    weights_path = check_arguments(weights, backend, batch_size, precision, workers, worker_kind, decode)
-    if weights_path is not None:  # an ONNX export: converted (or found converted) here once, not by every worker
-        weights_path = weight_file_path(weights_path)
+    workers. Refused at the call where this machine has fewer GPUs (OptionError) or the backend cannot run as
+    configured (config.resolve); a weight file that cannot be read is worker 0's EngineError, at ``GpuRun.facts``
+    or the first prediction. What probes the GPU (its count; the backend, unless it is cpu) runs while the workers
+    start, ending them where it fails."""
+    if config.weights_path is not None:  # an ONNX export: converted (or found converted) here once, not by each worker
+        config = config.replace(weights=weight_file_path(config.weights_path))
     # resolving any backend but cpu probes its library and the GPU: that waits until the workers are starting
-    settings = resolve(weights_path, backend, batch_size, precision, decode) if backend == "cpu" else None
+    resolved = resolve(config) if config.backend == "cpu" else None
     cpus = [cpu_share(g, gpus) for g in range(gpus)]
-    engine_args = {"weights": weights_path, "backend": backend, "batch_size": batch_size, "precision": precision,
-                   "workers": workers or max(1, len(cpus[0]) or default_workers() // gpus),
-                   "worker_kind": worker_kind, "decode": decode}
+    if config.workers is None:
+        config = config.replace(workers=max(1, len(cpus[0]) or default_workers() // gpus))
     ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
     queues, inboxes = [ctx.Queue() for _ in range(gpus)], [ctx.Queue() for _ in range(gpus)]
     # not daemonic: a daemonic process may not start processes, and each worker starts its decode processes.
     # GpuRun.close ends them instead.
-    procs = [ctx.Process(target=_worker, args=(g, inboxes[g], engine_args, top_k, queues[g], cpus[g], fmt))
+    procs = [ctx.Process(target=_worker, args=(g, inboxes[g], config, top_k, queues[g], cpus[g], fmt))
              for g in range(gpus)]
     for p in procs:
         p.start()
     run = GpuRun(gpus, queues, inboxes, procs, on_progress)
     try:
         backends.require_gpus(gpus)
-        settings = settings or resolve(weights_path, backend, batch_size, precision, decode)
-        run.chunk = settings.batch_size * CHUNK_BATCHES
+        run.chunk = (resolved or resolve(config)).batch_size * CHUNK_BATCHES
     except BaseException:
         run.close()
         raise

@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig
 from .engine import Engine, load
 from .errors import EngineError, OptionError
 from .images import Preprocess, image_extensions
 from .inputs import list_directory
 from .output import jsonl_bytes
 from .pipeline import Prediction, decode_into
-from .model_files import load_weights
-from .weights import Weights, find_weights
+from .weights import Weights
 
 Batch = dict[str, np.ndarray]
 NO_RAY = "--ray needs Ray Data: pip install -e '.[ray]'"
@@ -284,17 +284,17 @@ class RayRun:
 
 
 def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpus: int | None = None,
-            weights: str | None = None, backend: str = "auto", precision: str = "auto", batch_size: int = 64,
-            top_k: int = 5, recursive: bool = True) -> RayRun:
+            config: EngineConfig | None = None, top_k: int = 5, recursive: bool = True) -> RayRun:
     """``inception-run --ray``: classify the images of ``sources`` (files, directories, URIs Ray Data reads; with
-    ``recursive`` the directories' subfolders too)
+    ``recursive`` the directories' subfolders too) with the engine ``config`` describes (None: the defaults)
     on the cluster at ``address`` (None: the running one, else a new local one) with ``gpus`` GPU actors (None:
     every GPU in the cluster; none there: one cpu-backend actor per node), writing JSON lines into
     ``output_dir``."""
     ray = require_ray()
     if os.path.isdir(output_dir) and os.listdir(output_dir):
         raise EngineError(f"{output_dir} holds files already; give an empty or new directory")
-    w = load_weights(find_weights(weights))  # here, so a missing file is one line before any cluster starts
+    config = config or EngineConfig()
+    w = load(config.weights)  # here, so an unreadable file is one line before any cluster starts
     started = not ray.is_initialized()  # a caller's own session (a notebook, the tests) is used as it is
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -308,15 +308,15 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
             # be autoscaling, so there the job is left to wait for them.
             raise OptionError("gpus", gpus, f"the local Ray cluster has {have} GPU{'s' * (have != 1)}; give "
                               + (f"{have} or fewer" if have else "0 (a cpu-backend actor)"))
-        if gpus == 0 and backend in ("auto", "cpu") and precision not in ("auto", "fp32"):
+        if gpus == 0 and config.backend in ("auto", "cpu") and config.precision not in ("auto", "fp32"):
             # said here, once, rather than by every actor's Engine inside the job
-            raise OptionError("precision", precision, "a job without GPUs runs the cpu backend, which computes in "
-                              "fp32 only; give fp32, or auto")
+            raise OptionError("precision", config.precision, "a job without GPUs runs the cpu backend, which "
+                              "computes in fp32 only; give fp32, or auto")
         nodes = sum(1 for n in ray.nodes() if n["Alive"])
         t0 = time.perf_counter()
         ds = read_images(sources, recursive)
-        results = classify_dataset(ds, ray.put(w), gpus=gpus, backend=backend, precision=precision,
-                                   batch_size=batch_size, top_k=top_k, cpu_actors=nodes)
+        results = classify_dataset(ds, ray.put(w), gpus=gpus, backend=config.backend, precision=config.precision,
+                                   batch_size=config.batch_size or DEFAULT_BATCH_GPU, top_k=top_k, cpu_actors=nodes)
         sink = jsonl_datasink(output_dir)
         results.write_datasink(sink)
         return RayRun(sink.images, sink.errors, time.perf_counter() - t0,
@@ -326,29 +326,21 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
             ray.shutdown()
 
 
-def run_on_ray(address: str, sources: tuple[str, ...], weights: str | None, backend: str, precision: str,
-               top_k: int, batch_size: int | None, output: str | None, gpus: int | None, resume: bool,
-               as_json: bool, recursive: bool) -> None:
-    """inception-run's --ray branch: check the options, run, print the summary, exit 1 if any image failed."""
+def run_on_ray(run: RunConfig) -> None:
+    """inception-run's --ray branch (``run`` checked the options that exclude each other): run, print the summary,
+    exit 1 if any image failed."""
     import click
 
-    if os.path.exists(address) or "://" in address and not address.startswith("ray://"):
-        raise EngineError(f"--ray takes the cluster's address (auto, local, ray://HOST:PORT), got the input "
-                          f"{address}: write --ray auto {address}, or put --ray after the inputs")
-    if not output:
-        raise EngineError("--ray writes its results to a directory: give --output DIR (or a URI such as s3://...)")
-    if resume or as_json:
-        raise EngineError("--ray writes JSON lines into --output DIR; --resume and --json are not for --ray")
-    if not recursive:
-        for src in sources:
+    if not run.recursive:
+        for src in run.images:
             notice = list_directory(src, False).notice() if os.path.isdir(src) else None
             if notice:
                 click.echo(f"note: {src}: {notice}", err=True)
-    run = run_ray(list(sources), output, address or None, gpus, weights, backend, precision, batch_size or 64,
-                  top_k, recursive)
-    n, e = int(run.images), int(run.errors)  # Ray may count in numpy integers
-    click.echo(f"{n} image{'s' * (n != 1)} ({e} error{'s' * (e != 1)}) in {run.seconds:.1f} s on {run.actors}, "
-               f"{run.images / max(run.seconds, 1e-9):.0f} images/s -> {output}", err=True)
-    if run.errors:
-        click.echo(f"error: {run.errors} of {run.images} inputs could not be classified", err=True)
+    assert run.output is not None and run.ray is not None
+    done = run_ray(list(run.images), run.output, run.ray or None, run.gpus, run.engine, run.top_k, run.recursive)
+    n, e = int(done.images), int(done.errors)  # Ray may count in numpy integers
+    click.echo(f"{n} image{'s' * (n != 1)} ({e} error{'s' * (e != 1)}) in {done.seconds:.1f} s on {done.actors}, "
+               f"{done.images / max(done.seconds, 1e-9):.0f} images/s -> {run.output}", err=True)
+    if done.errors:
+        click.echo(f"error: {done.errors} of {done.images} inputs could not be classified", err=True)
         raise click.exceptions.Exit(1)

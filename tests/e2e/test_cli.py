@@ -446,7 +446,7 @@ def test_ctrl_c_before_the_first_result_is_one_line_and_130(weights_file, image_
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(*((engine.Engine, "__init__") if where == "engine" else (cli, "expand_inputs")), interrupt)
+    monkeypatch.setattr(*((engine.Engine, "_start") if where == "engine" else (cli, "expand_inputs")), interrupt)
     out = tmp_path / "labels.jsonl"
     r = runner().invoke(cli.run_cmd, [str(image_dir), "--weights", str(weights_file), "--backend", "cpu",
                                       "--output", str(out)])

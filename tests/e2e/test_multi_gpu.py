@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from inception_engine.config import EngineConfig
 from PIL import Image
 
 from inception_engine import backends, cli, model_files, multi_gpu
@@ -102,7 +104,7 @@ def test_stopping_early_ends_the_workers(weights_file, tmp_path, two_gpus):
     from inception_engine.multi_gpu import predict_on_gpus
 
     paths = noise_jpegs(tmp_path, 48, seed=3)
-    stream = predict_on_gpus(paths, 2, 1, str(weights_file), "cpu", 2, "auto", 2, "process")
+    stream = predict_on_gpus(paths, 2, 1, EngineConfig(weights_file, "cpu", "auto", 2, 2, "process"))
     assert next(stream).ok
     t0 = time.perf_counter()
     stream.close()
@@ -115,7 +117,7 @@ def test_a_run_read_to_its_last_result_lets_the_workers_leave_by_themselves(weig
     from inception_engine.multi_gpu import predict_on_gpus
 
     paths = noise_jpegs(tmp_path, 10, seed=4)
-    stream = predict_on_gpus(paths, 2, 1, str(weights_file), "cpu", 2, "auto", 2, "process")
+    stream = predict_on_gpus(paths, 2, 1, EngineConfig(weights_file, "cpu", "auto", 2, 2, "process"))
     got = [next(stream) for _ in paths]
     procs = list(stream.procs)
     stream.close()
@@ -229,8 +231,8 @@ def test_nothing_to_classify_still_prints_worker_0s_header(weights_file, tmp_pat
 ])
 def test_arguments_engine_refuses_are_refused_before_any_worker_starts(weights_file, photos, tmp_path, monkeypatch,
                                                                        two_gpus, args, line):
-    """The parent checks what Engine checks (engine.settle) without building one: the same line as one process's
-    run, exit code 2, and no worker started."""
+    """The parent checks what Engine checks (its EngineConfig, config.resolve) without building one: the same line
+    as one process's run, exit code 2, and no worker started."""
     args = [str(photos), "--weights", str(weights_file), *[a.format(tmp=tmp_path) for a in args]]
     one = runner().invoke(cli.run_cmd, args)
 
@@ -307,18 +309,18 @@ def test_start_up_begins_before_the_inputs_are_listed(weights_file, photos, monk
 
     seen: dict[str, int] = {}
     made = []
-    engine_init = engine_module.Engine.__init__
+    engine_start = engine_module.Engine._start
 
     def making(self, *a, **k):
         made.append(1)
-        engine_init(self, *a, **k)
+        engine_start(self, *a, **k)
 
     def listing(images, recursive=False):
         seen["engines"], seen["workers"] = len(made), len(multiprocessing.active_children())
         return list_inputs(images, recursive)
 
     list_inputs = cli.expand_inputs
-    monkeypatch.setattr(engine_module.Engine, "__init__", making)
+    monkeypatch.setattr(engine_module.Engine, "_start", making)
     monkeypatch.setattr(cli, "expand_inputs", listing)
     with no_hang(120):
         r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu",
@@ -364,9 +366,10 @@ def test_an_onnx_export_is_converted_once_by_the_parent_not_by_each_worker(synth
     for run in range(2):
         ctx = RecordingContext()
         monkeypatch.setattr(multi_gpu.multiprocessing, "get_context", lambda kind, ctx=ctx: ctx)
-        gpu_run = multi_gpu.start_on_gpus(2, 1, str(synthetic_onnx()), "cpu", 2, "auto", 1, "thread")
+        config = EngineConfig(synthetic_onnx(), "cpu", "auto", 2, 1, "thread")
+        gpu_run = multi_gpu.start_on_gpus(2, 1, config)
         gpu_run.close()
-        given = {args[2]["weights"] for args in ctx.started}
+        given = {args[2].weights for args in ctx.started}
         assert len(ctx.started) == 2 and len(given) == 1
         (weights,) = given
         assert weights.suffix == ".npz" and weights.parent == tmp_path / "cache" / "inception-engine" / "converted"

@@ -34,9 +34,9 @@ def test_startup_stamps_of_a_cpu_run(tmp_path, monkeypatch):
     assert code == 0 and "3 images (0 errors)" in said
     (proc,) = procs
     first = {step: (a, b) for step, a, b, _ in reversed(proc["events"])}
-    order = ["Engine.__init__", "expand_inputs", "write_results", "Engine.close", "ResultFile.close", "exit"]
+    order = ["Engine._start", "expand_inputs", "write_results", "Engine.close", "ResultFile.close", "exit"]
     assert [first[step][0] for step in order] == sorted(first[step][0] for step in order)
-    assert 0 < proc["start"] < first["Engine.__init__"][0] and first["exit"][1] < wall
+    assert 0 < proc["start"] < first["Engine._start"][0] and first["exit"][1] < wall
 
 
 def test_a_process_that_leaves_by_os_exit_is_stamped(tmp_path):

@@ -8,7 +8,8 @@ from PIL import Image
 
 from inception_engine import backends, multi_gpu
 from inception_engine.backends.numpy_backend import NumpyBackend
-from inception_engine.engine import NO_GPU_NOTE, Engine, EngineFacts, settle, softmax
+from inception_engine.config import NO_GPU_NOTE, EngineConfig, RunConfig, resolve
+from inception_engine.engine import Engine, EngineFacts, softmax
 from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
 from inception_engine.images import load_image
 from inception_engine.labels import imagenet_labels
@@ -218,25 +219,56 @@ def test_decode_gpu_on_the_cpu_backend_is_refused(weights, monkeypatch):
         Engine(weights, decode="gpu")
 
 
-def test_settle_checks_and_resolves_the_arguments_without_reading_the_weights(tmp_path, monkeypatch):
+def test_the_config_checks_and_resolve_probes_without_reading_the_weights(tmp_path, monkeypatch):
     """What inception-run --gpus's parent checks before its workers start: every refusal Engine makes but a weight
-    file it cannot read, which only reading finds."""
+    file it cannot read, which only reading finds. EngineConfig makes the checks that probe nothing, resolve the
+    rest."""
     no_gpu(monkeypatch)
     bad = tmp_path / "w.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
-    s = settle(bad)
-    assert (s.weights_file, s.backend_name, s.precision, s.batch_size, s.notes) == (bad, "cpu", "fp32", 8,
-                                                                                    (NO_GPU_NOTE,))
-    assert (settle(bad, backend="cpu", batch_size=3).batch_size, settle(bad, backend="cpu").notes) == (3, ())
+    s = resolve(EngineConfig(bad))
+    assert (s.backend_name, s.precision, s.batch_size, s.notes) == ("cpu", "fp32", 8, (NO_GPU_NOTE,))
+    assert EngineConfig(bad).weights_path == bad
+    assert (resolve(EngineConfig(bad, backend="cpu", batch_size=3)).batch_size,
+            resolve(EngineConfig(bad, backend="cpu")).notes) == (3, ())
     with pytest.raises(WeightsError, match=str(bad)):
         Engine(bad, backend="cpu")  # reading is the engine's
     with pytest.raises(OptionError, match=r"^precision='fp16': the cpu backend \(no usable GPU here\)"):
-        settle(bad, precision="fp16")
+        resolve(EngineConfig(bad, precision="fp16"))
     with pytest.raises(OptionError, match=r"^decode='gpu': needs the cuda backend"):
-        settle(bad, backend="cpu", decode="gpu")
+        resolve(EngineConfig(bad, backend="cpu", decode="gpu"))
     with pytest.raises(OptionError, match=r"^weights='/nonexistent/w.npz': no such file"):
-        settle("/nonexistent/w.npz", backend="cpu")
-    assert settle(random_weights(0), backend="cpu").weights_file is None  # Weights given: nothing to read
+        EngineConfig("/nonexistent/w.npz", backend="cpu")
+    with pytest.raises(OptionError, match=r"^worker_kind='fiber': choose one of auto, thread, process$"):
+        EngineConfig(bad, worker_kind="fiber")
+    assert EngineConfig(random_weights(0), backend="cpu").weights_path is None  # Weights given: nothing to read
+
+
+def test_a_pickled_config_is_not_checked_again(tmp_path, monkeypatch):
+    """A --gpus worker receives its parent's config: unpickling it looks at no file."""
+    import pickle
+
+    path = tmp_path / "w.npz"
+    path.write_bytes(b"PK\x03\x04")
+    data = pickle.dumps(EngineConfig(path, backend="cpu"))
+    path.unlink()
+    assert pickle.loads(data).weights_path == path  # unpickling checked no file: it is gone
+
+
+def test_run_config_refuses_options_that_exclude_each_other(tmp_path):
+    engine = EngineConfig(random_weights(0), backend="cpu")
+    with pytest.raises(EngineError, match=r"^--resume continues an --output FILE"):
+        RunConfig(engine, ("a.jpg",), resume=True)
+    with pytest.raises(EngineError, match=r"^--json prints to the terminal"):
+        RunConfig(engine, ("a.jpg",), output="o.jsonl", as_json=True)
+    with pytest.raises(EngineError, match=r"^--gpus 0 is for --ray"):
+        RunConfig(engine, ("a.jpg",), gpus=0)
+    with pytest.raises(EngineError, match=r"^--ray writes its results to a directory"):
+        RunConfig(engine, ("a.jpg",), ray="")
+    with pytest.raises(OptionError, match=r"^top_k=0: must be between 1 and 1000$"):
+        RunConfig(engine, ("a.jpg",), top_k=0)
+    assert [RunConfig(engine, ("a.jpg",), gpus=g).driver for g in (None, 1, 2)] == ["local", "local", "gpus"]
+    assert RunConfig(engine, ("a.jpg",), ray="local", output=str(tmp_path / "out")).driver == "ray"
 
 
 def test_facts_are_what_the_engine_runs_with_and_survive_a_queue(tmp_path, monkeypatch):
@@ -260,7 +292,7 @@ def test_more_gpus_than_the_machine_has_are_refused_by_the_api(monkeypatch, tmp_
     monkeypatch.setattr(multi_gpu.GpuRun, "close", lambda self: (started.extend(self.procs), close(self)))
     (tmp_path / "w.npz").write_bytes(b"PK\x03\x04")  # a weight file to the parent, which reads no further
     with pytest.raises(OptionError, match=r"^gpus=2: this machine has 1 usable GPU$"):
-        predict_on_gpus(["x.jpg"], 2, 1, str(tmp_path / "w.npz"), "auto", 1, "auto", None, "thread")
+        predict_on_gpus(["x.jpg"], 2, 1, EngineConfig(tmp_path / "w.npz", "auto", "auto", 1, None, "thread"))
     assert len(started) == 2 and not any(p.is_alive() for p in started)
     monkeypatch.setattr(backends, "usable_gpus", lambda: 0)
     with pytest.raises(OptionError, match=r"^gpus=1: this machine has no usable GPU$"):
