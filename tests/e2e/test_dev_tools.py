@@ -116,10 +116,11 @@ def test_what_it_imports_from_the_package_is_there(script: Path):
             continue
         if name is None:
             modules[alias] = mod
-        elif hasattr(mod, name) or submodule(mod, name):
-            got = getattr(mod, name, None)
-            if isinstance(got, ModuleType):
-                modules[alias] = got
+        elif submodule(mod, name):
+            modules[alias] = importlib.import_module(f"{module}.{name}")
+        elif hasattr(mod, name):
+            if isinstance(getattr(mod, name), ModuleType):
+                modules[alias] = getattr(mod, name)
         else:
             missing.append(f"{rel(script)}:{line}: {module} has no {name}")
     for node in ast.walk(tree):
