@@ -1,6 +1,7 @@
 """Every developer tool in dev/ still runs on today's code: each script answers --help (without PyTorch, pycuda, Ray,
 onnxruntime or nvImageCodec, which CI lacks and which the scripts import only where they measure), every name a
-script imports from inception_engine, at the top or inside a function, still exists where the script looks for it,
+script imports from inception_engine, at the top or inside a function, still exists where the script looks for it
+(and takes the keyword arguments the script passes it),
 the shell kits parse, and the parts of the scripts that need no GPU give the right answers. A refactor that moves
 a module out from under a script fails here, not on the GPU machine.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -21,6 +23,7 @@ import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,7 +108,9 @@ def test_what_it_imports_from_the_package_is_there(script: Path):
     """Each inception_engine module and name a script imports exists, and so does each attribute it reads off a
     module it imported by name (``cb.Kernels`` after ``from inception_engine.backends import cuda as cb``)."""
     tree = ast.parse(script.read_text(), str(script))
-    missing, modules = [], {}
+    missing: list[str] = []
+    modules: dict[str, ModuleType] = {}
+    callables: dict[str, Any] = {}
     for module, name, alias, line in inception_imports(tree):
         try:
             mod = importlib.import_module(module)
@@ -116,6 +121,8 @@ def test_what_it_imports_from_the_package_is_there(script: Path):
             continue
         if name is None:
             modules[alias] = mod
+        elif callable(getattr(mod, name, None)) and not isinstance(getattr(mod, name), ModuleType):
+            callables[alias] = getattr(mod, name)
         elif submodule(mod, name):
             modules[alias] = importlib.import_module(f"{module}.{name}")
         elif hasattr(mod, name):
@@ -128,7 +135,23 @@ def test_what_it_imports_from_the_package_is_there(script: Path):
             mod = modules[node.value.id]
             if not hasattr(mod, node.attr) and not submodule(mod, node.attr):
                 missing.append(f"{rel(script)}:{node.lineno}: {mod.__name__} has no {node.attr}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in callables:
+            missing += [f"{rel(script)}:{node.lineno}: {node.func.id}() takes no {k}="
+                        for k in unknown_keywords(callables[node.func.id], node)]
     assert not missing, "\n".join(missing)
+
+
+def unknown_keywords(fn: Any, call: ast.Call) -> list[str]:
+    """The keyword arguments of the call that fn's signature has no parameter for (Engine(weights, decode=...)
+    after a change of Engine's arguments)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return []
+    names = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return [k.arg for k in call.keywords if k.arg is not None and k.arg not in names]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
