@@ -1,9 +1,9 @@
 """Every developer tool in dev/ still runs on today's code: each script answers --help (without PyTorch, pycuda, Ray,
 onnxruntime or nvImageCodec, which CI lacks and which the scripts import only where they measure), every name a
 script imports from inception_engine, at the top or inside a function, still exists where the script looks for it
-(and takes the keyword arguments the script passes it),
-the shell kits parse, and the parts of the scripts that need no GPU give the right answers. A refactor that moves
-a module out from under a script fails here, not on the GPU machine.
+(and takes the keyword arguments the script passes it), the shell kits parse, and the parts of the scripts that need
+no GPU give the right answers. A refactor that moves a module out from under a script fails here, not on the GPU
+machine.
 
 Pure parts tested elsewhere: bench_folder.speedup_limit (test_bench_folder.py), bench_multi_gpu's report
 (test_bench_multi_gpu.py), startup_stamps (test_startup_stamps.py), bench_kernels on the emulator
