@@ -135,10 +135,21 @@ def test_what_it_imports_from_the_package_is_there(script: Path):
             mod = modules[node.value.id]
             if not hasattr(mod, node.attr) and not submodule(mod, node.attr):
                 missing.append(f"{rel(script)}:{node.lineno}: {mod.__name__} has no {node.attr}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in callables:
-            missing += [f"{rel(script)}:{node.lineno}: {node.func.id}() takes no {k}="
-                        for k in unknown_keywords(callables[node.func.id], node)]
+        if isinstance(node, ast.Call):
+            fn = called(node.func, modules, callables)
+            missing += [f"{rel(script)}:{node.lineno}: {ast.unparse(node.func)}() takes no {k}="
+                        for k in unknown_keywords(fn, node)] if fn is not None else []
     assert not missing, "\n".join(missing)
+
+
+def called(func: ast.expr, modules: dict[str, ModuleType], callables: dict[str, Any]) -> Any:
+    """What a call's ``NAME(...)`` or ``MODULE.NAME(...)`` calls, where NAME came from the package; else None."""
+    if isinstance(func, ast.Name):
+        return callables.get(func.id)
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in modules:
+        got = getattr(modules[func.value.id], func.attr, None)
+        return got if callable(got) and not isinstance(got, ModuleType) else None
+    return None
 
 
 def unknown_keywords(fn: Any, call: ast.Call) -> list[str]:
