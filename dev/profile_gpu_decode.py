@@ -261,7 +261,7 @@ def profile_contention(paths: list[Path], batch: int) -> None:
 def profile_segments(paths: list[Path], batch: int, every: int = 2048) -> None:
     """Engine.predict_iter with --decode gpu on the files, the rate of every ``every`` images: per precision, one
     engine running 4,096 then all the files, twice (a slow stretch inside a run, or at a run's start, shows here
-    where a run's mean hides it; this found change 15 of docs/PERFORMANCE.md)."""
+    where a run's mean hides it; this found change 15 of dev/performance-log.md's end-to-end pipeline)."""
     from inception_engine.engine import Engine
     from inception_engine.synthetic import synthetic_weights
 
