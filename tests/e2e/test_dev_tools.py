@@ -85,17 +85,17 @@ def test_help_answers_without_the_heavy_packages(script: Path, tmp_path: Path):
     assert list(tmp_path.iterdir()) == []  # --help made nothing
 
 
-def inception_imports(tree: ast.AST) -> list[tuple[str, str | None, str, int]]:
+def inception_imports(tree: ast.AST) -> list[tuple[str, str | None, str | None, int]]:
     """(module, imported name or None, the name it is bound to, line) of every import of inception_engine, wherever
-    it stands (at the top or inside a function)."""
-    found = []
+    it stands (at the top or inside a function); bound to None where ``import a.b.c`` binds only ``a``."""
+    found: list[tuple[str, str | None, str | None, int]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
                 and node.module.split(".")[0] == "inception_engine":
             found += [(node.module, a.name, a.asname or a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.Import):
-            found += [(a.name, None, a.asname or a.name, node.lineno) for a in node.names
-                      if a.name.split(".")[0] == "inception_engine" and (a.asname or "." not in a.name)]
+            found += [(a.name, None, a.asname or (None if "." in a.name else a.name), node.lineno)
+                      for a in node.names if a.name.split(".")[0] == "inception_engine"]
     return found
 
 
@@ -106,8 +106,21 @@ def submodule(package: ModuleType, name: str) -> bool:
 @pytest.mark.parametrize("script", SCRIPTS, ids=rel)
 def test_what_it_imports_from_the_package_is_there(script: Path):
     """Each inception_engine module and name a script imports exists, and so does each attribute it reads off a
-    module it imported by name (``cb.Kernels`` after ``from inception_engine.backends import cuda as cb``)."""
+    module it imported by name (``cb.Kernels`` after ``from inception_engine.backends import cuda as cb``); the same
+    for the code it hands to ``python -c`` in strings (bench_folder's --ab variants)."""
     tree = ast.parse(script.read_text(), str(script))
+    missing = problems(tree, rel(script))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "inception_engine" in node.value:
+            try:
+                code = ast.parse(node.value)
+            except SyntaxError:
+                continue  # prose, or a fragment joined to others before it runs
+            missing += problems(code, f"{rel(script)}:{node.lineno} (code in a string)")
+    assert not missing, "\n".join(missing)
+
+
+def problems(tree: ast.AST, where: str) -> list[str]:
     missing: list[str] = []
     modules: dict[str, ModuleType] = {}
     callables: dict[str, Any] = {}
@@ -117,10 +130,11 @@ def test_what_it_imports_from_the_package_is_there(script: Path):
         except ImportError as e:
             if e.name is not None and e.name.split(".")[0] in HEAVY:
                 continue  # a module that needs the GPU's packages at import: its existence is what counts here
-            missing.append(f"{rel(script)}:{line}: {module} ({e})")
+            missing.append(f"{where}:{line}: {module} ({e})")
             continue
         if name is None:
-            modules[alias] = mod
+            if alias is not None:
+                modules[alias] = mod
         elif callable(getattr(mod, name, None)) and not isinstance(getattr(mod, name), ModuleType):
             callables[alias] = getattr(mod, name)
         elif submodule(mod, name):
@@ -129,17 +143,17 @@ def test_what_it_imports_from_the_package_is_there(script: Path):
             if isinstance(getattr(mod, name), ModuleType):
                 modules[alias] = getattr(mod, name)
         else:
-            missing.append(f"{rel(script)}:{line}: {module} has no {name}")
+            missing.append(f"{where}:{line}: {module} has no {name}")
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
             mod = modules[node.value.id]
             if not hasattr(mod, node.attr) and not submodule(mod, node.attr):
-                missing.append(f"{rel(script)}:{node.lineno}: {mod.__name__} has no {node.attr}")
+                missing.append(f"{where}:{node.lineno}: {mod.__name__} has no {node.attr}")
         if isinstance(node, ast.Call):
             fn = called(node.func, modules, callables)
-            missing += [f"{rel(script)}:{node.lineno}: {ast.unparse(node.func)}() takes no {k}="
+            missing += [f"{where}:{node.lineno}: {ast.unparse(node.func)}() takes no {k}="
                         for k in unknown_keywords(fn, node)] if fn is not None else []
-    assert not missing, "\n".join(missing)
+    return missing
 
 
 def called(func: ast.expr, modules: dict[str, ModuleType], callables: dict[str, Any]) -> Any:
