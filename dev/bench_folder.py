@@ -49,7 +49,7 @@ TWO_CHAINS = "import inception_engine.backends.cuda.jpeg_decode as j; j.DECODE_C
 # the pipeline's shape before decode chains: one decode call in flight, two batches outstanding on the GPU
 TWO_BATCHES = ("import inception_engine.backends.cuda.stream as s; init = s.CudaRunner.__init__; "
                "s.CudaRunner.__init__ = lambda self, *a, **k: (init(self, *a, **k), setattr(self, 'depth', 2))[0]; ")
-# decode calls of 1,024 files instead of stream.DECODE_IMAGES (256): one decoder alone +22 % (docs/PERFORMANCE.md,
+# decode calls of 1,024 files instead of stream.DECODE_IMAGES (256): one decoder alone +22 % (dev/performance-log.md,
 # round five, call AC), not yet measured in inception-run
 BIG_CALLS = "import inception_engine.backends.cuda.stream as s; s.DECODE_IMAGES = 1024; "
 VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN, "two-chains": TWO_CHAINS + RUN,

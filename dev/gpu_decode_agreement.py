@@ -2,11 +2,13 @@
 
     python dev/gpu_decode_agreement.py DIR [--batch 64] [--backends GPU_ONLY,HW_GPU_ONLY]
 
-Every image directly inside DIR (sorted) goes through GpuJpegDecoder.decode_into and through the CPU path (Pillow
-decode, EXIF orientation, RGB, Pillow's bilinear resize, centre crop, as uint8). Prints the mean and max absolute
-byte difference over the files the GPU decoded (by their headers), that the CPU-path files agree exactly, the
-files that differ most, errors that differ between the two paths, and decode_into's throughput (wall clock, stream
-synchronised; the CPU-path files included). Needs a GPU, pycuda and nvidia-nvimgcodec-cu13.
+Every image directly inside DIR (sorted) goes through GpuJpegDecoder.decode_files, the path `--decode gpu` takes
+(cuda_src/jpeg_batch.c where it builds; nvImageCodec's Python API where it does not, or where --backends is given),
+and through the CPU path (Pillow decode, EXIF orientation, RGB, Pillow's bilinear resize, centre crop, as uint8).
+Prints the mean and max absolute byte difference over the files the GPU decoded (by their headers), that the
+CPU-path files agree exactly, the files that differ most, errors that differ between the two paths, and
+decode_files' throughput (wall clock, stream synchronised; reading the files and the CPU-path files included).
+Needs a GPU, pycuda and nvidia-nvimgcodec-cu13.
 """
 
 from __future__ import annotations
@@ -14,29 +16,82 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.backends import cuda as cb
+from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.errors import EngineError
 from inception_engine.images import Preprocess, decode_u8_bytes, image_extensions
+from inception_engine.pipeline import read_file
+
+CpuPath = Callable[[str, bytes], np.ndarray]
 
 
-def cpu_path(pre: Preprocess):
+def cpu_path(pre: Preprocess) -> CpuPath:
     def crop(path: str, data: bytes) -> np.ndarray:
         return decode_u8_bytes(data, path, pre)
     return crop
 
 
-def main() -> int:
+@dataclass
+class Agreement:
+    """What the files compared so far showed: (mean, max, path) of each GPU-decoded file, and the lines for files
+    whose two paths disagree beyond the GPU decoder's rounding (errors that differ, CPU-path files not exact)."""
+    stats: list[tuple[float, int, str]] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+
+    def compare(self, path: str, gpu_error: str | None, crop: np.ndarray, cpu: CpuPath) -> None:
+        """One file's GPU result (its error, or its crop) against the exact CPU path's, read from disk again."""
+        data, ref_err = read_file(path)
+        ref = None
+        if data is not None:
+            try:
+                ref = cpu(path, data)
+            except EngineError as e:
+                ref_err = str(e)
+        if gpu_error != ref_err:
+            self.mismatched.append(f"{path}: GPU path {gpu_error!r}, CPU path {ref_err!r}")
+            return
+        if ref is None or data is None:
+            return
+        d = np.abs(crop.astype(np.int16) - ref)
+        try:
+            on_gpu = jpeg_header.gpu_eligible(path, data) is not None
+        except EngineError:
+            on_gpu = False
+        if on_gpu:
+            self.stats.append((float(d.mean()), int(d.max()), path))
+        elif d.any():
+            self.mismatched.append(f"{path}: CPU-path file differs (max {d.max()})")
+
+    def report(self, worst: int) -> list[str]:
+        lines = []
+        if self.stats:
+            means = np.array([s[0] for s in self.stats])
+            lines.append(f"GPU vs CPU path: mean abs diff {means.mean():.4f} (per file: median "
+                         f"{np.median(means):.4f}, worst {means.max():.4f}), max abs diff "
+                         f"{max(s[1] for s in self.stats)}")
+            ranked = sorted(self.stats, reverse=True)[:worst]
+            lines += [f"  {path}: mean {mean:.4f} max {mx}" for mean, mx, path in ranked]
+        return lines + ["MISMATCH " + line for line in self.mismatched]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--backends", help="nvImageCodec backend kinds, comma-separated (default: its own choice)")
+    ap.add_argument("--backends", help="nvImageCodec backend kinds, comma-separated (default: its own choice; "
+                                       "given, the decoder goes through nvImageCodec's Python API)")
     ap.add_argument("--worst", type=int, default=5, help="list this many files with the largest mean difference")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
     exts = image_extensions()
     paths = sorted(p for p in args.dir.iterdir() if p.is_file() and p.suffix.lower() in exts)
     if not paths:
@@ -45,8 +100,7 @@ def main() -> int:
     pre, cpu = Preprocess(), cpu_path(Preprocess())
     slot = pre.size * pre.size * 3
     gpu = cb.Gpu()
-    stats: list[tuple[float, int, str]] = []  # (mean, max, path) of GPU-decoded files
-    mismatched: list[str] = []
+    found = Agreement()
     seconds = 0.0
     with gpu:
         drv = cb.driver()
@@ -55,46 +109,24 @@ def main() -> int:
         stream = drv.Stream()
         dst = drv.mem_alloc(args.batch * slot)
         out = np.empty((args.batch, pre.size, pre.size, 3), np.uint8)
+        way = "jpeg_batch.c" if dec.reads_files else f"nvImageCodec's Python API ({dec.native_unavailable})"
         for b in range(0, len(paths), args.batch):
-            items = [(str(p), p.read_bytes()) for p in paths[b:b + args.batch]]
+            names = [str(p) for p in paths[b:b + args.batch]]
             t0 = time.perf_counter()
-            errors = dec.decode_into(items, int(dst), stream, cpu)
+            errors = dec.decode_files(names, int(dst), stream, cpu)
             stream.synchronize()
             seconds += time.perf_counter() - t0
             drv.memcpy_dtoh(out, int(dst))
-            for (path, data), err, crop in zip(items, errors, out):
-                try:
-                    ref, ref_err = cpu(path, data), None
-                except EngineError as e:
-                    ref, ref_err = None, str(e)
-                if err != ref_err:
-                    mismatched.append(f"{path}: GPU path {err!r}, CPU path {ref_err!r}")
-                    continue
-                if ref is None:
-                    continue
-                d = np.abs(crop.astype(np.int16) - ref)
-                try:
-                    on_gpu = jpeg_header.gpu_eligible(path, data) is not None
-                except EngineError:
-                    on_gpu = False
-                if on_gpu:
-                    stats.append((float(d.mean()), int(d.max()), path))
-                elif d.any():
-                    mismatched.append(f"{path}: CPU-path file differs (max {d.max()})")
+            for path, err, crop in zip(names, errors, out):
+                found.compare(path, err, crop, cpu)
         dec.close()
         dst.free()
     gpu.release()
-    print(f"{len(paths)} files, {len(stats)} decoded on the GPU, decode_into {len(paths) / seconds:.0f} images/s "
-          f"(batch {args.batch})")
-    if stats:
-        means = np.array([s[0] for s in stats])
-        print(f"GPU vs CPU path: mean abs diff {means.mean():.4f} (per file: median {np.median(means):.4f}, "
-              f"worst {means.max():.4f}), max abs diff {max(s[1] for s in stats)}")
-        for mean, mx, path in sorted(stats, reverse=True)[:args.worst]:
-            print(f"  {path}: mean {mean:.4f} max {mx}")
-    for line in mismatched:
-        print("MISMATCH " + line)
-    return 1 if mismatched else 0
+    print(f"{len(paths)} files, {len(found.stats)} decoded on the GPU, decode_files {len(paths) / seconds:.0f} "
+          f"images/s (batch {args.batch}, through {way})")
+    for line in found.report(args.worst):
+        print(line)
+    return 1 if found.mismatched else 0
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@ TF32 off, and a large device-to-device copy (bytes read + written); and the tens
 the same SGEMM with TF32 on and an fp16 GEMM (inception-bench's compute floor for --precision tf32 / fp16). Needs
 PyTorch with CUDA. Prints one line each."""
 
-import torch
+import argparse
 
 
 def _time_ms(fn, reps: int = 10, warmup: int = 3) -> float:
+    import torch
+
     for _ in range(warmup):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -19,6 +21,9 @@ def _time_ms(fn, reps: int = 10, warmup: int = 3) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    import torch  # imported here: --help answers without PyTorch
+
     torch.backends.cuda.matmul.allow_tf32 = False
     n = 8192
     a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")

@@ -7,9 +7,10 @@
     python dev/profile_gpu_decode.py --segments --batch 64 DIR   # predict_iter's rate every 2,048 images
 
 
-Each stage is timed alone on the same files (already in memory), synchronised, as images/s: the slowest stage is the
-pipeline's ceiling. nvImageCodec's backends: its default choice, the H100's hardware JPEG engines (HW_GPU_ONLY), CUDA
-(GPU_ONLY) and CPU Huffman + GPU IDCT (HYBRID_CPU_GPU); a backend this GPU or build lacks reads "unavailable".
+Each stage is timed alone on the same files (already in memory; jpeg_batch.c, the default path where it builds,
+reads them itself, from the page cache), synchronised, as images/s: the slowest stage is the pipeline's ceiling.
+nvImageCodec's backends: its default choice, the H100's hardware JPEG engines (HW_GPU_ONLY), CUDA (GPU_ONLY) and CPU
+Huffman + GPU IDCT (HYBRID_CPU_GPU); a backend this GPU or build lacks reads "unavailable".
 
 --cprofile instead runs the whole `--decode gpu` pipeline (Engine.predict_iter, tf32, synthetic weights) under
 cProfile and prints its rate and the main thread's 30 costliest functions by own time.
@@ -124,11 +125,13 @@ def profile_variants(paths: list[Path], batch: int) -> None:
         runner = engine.runner(n)
         runner.submit_encoded(batches[0], 5)  # makes the decoder
         runner.backend.stream.synchronize()
-        dec = runner._decoder
+        dec = runner._decoders[0]
         ph = Phases()
-        ph.wrap(dec, "_decode")
+        # jpeg_batch.c's decoder reads and decodes in decode_files and resizes by enqueue_arrays; the Python API's
+        # decodes in _decode and resizes by enqueue
+        ph.wrap(dec, "decode_files" if dec.reads_files else "_decode")
         ph.wrap(dec, "wait", "wait previous batch")
-        ph.wrap(dec._resize, "enqueue", "resize enqueue")
+        ph.wrap(dec._resize, "enqueue_arrays" if dec.reads_files else "enqueue", "resize enqueue")
         ph.wrap(runner, "_classify", "normalize+forward+topk launch")
         ph.wrap(runner, "result", "result (waits)")
         if no_forward:
@@ -195,7 +198,7 @@ def hardware_engines(engine, backend, pre: Preprocess, batches: list, loop) -> N
         dst = drv.mem_alloc(len(first) * pre.size * pre.size * 3)
         stream = drv.Stream(1)
         for name, dec in (("default", default), ("HW_GPU_ONLY", hw)):
-            errors = dec.decode_into(first, int(dst), stream, lambda p, d: decode_u8(p, pre))
+            errors = dec.decode_files([path for path, _ in first], int(dst), stream, lambda p, d: decode_u8(p, pre))
             stream.synchronize()
             got = np.empty(cpu.shape, np.uint8)
             drv.memcpy_dtoh(got, dst)
@@ -258,7 +261,7 @@ def profile_contention(paths: list[Path], batch: int) -> None:
 def profile_segments(paths: list[Path], batch: int, every: int = 2048) -> None:
     """Engine.predict_iter with --decode gpu on the files, the rate of every ``every`` images: per precision, one
     engine running 4,096 then all the files, twice (a slow stretch inside a run, or at a run's start, shows here
-    where a run's mean hides it; this found change 15 of docs/PERFORMANCE.md)."""
+    where a run's mean hides it; this found change 15 of dev/performance-log.md's end-to-end pipeline)."""
     from inception_engine.engine import Engine
     from inception_engine.synthetic import synthetic_weights
 
@@ -279,6 +282,36 @@ def profile_segments(paths: list[Path], batch: int, every: int = 2048) -> None:
                                      for j, (a, b) in enumerate(zip(marks, marks[1:])))
                     print(f"segments {precision} run {rep} {n:6d} images: {rate(n, marks[-1] - t0)}; per {every}: "
                           f"{rates}", flush=True)
+
+
+def decode_files_rate(dec: Any, batches: list, dst: int, stream: Any, cpu: Callable) -> str:
+    """decode_files' rate on the batches' files (one batch untimed first), errors counted."""
+    names = [[path for path, _ in batch] for batch in batches]
+    dec.decode_files(names[0], dst, stream, cpu)
+    stream.synchronize()
+    t0, errors = time.perf_counter(), 0
+    for batch in names:
+        errors += sum(e is not None for e in dec.decode_files(batch, dst, stream, cpu))
+    stream.synchronize()
+    return f"{rate(sum(map(len, names)), time.perf_counter() - t0)}, {errors} errors"
+
+
+def python_api_rates(dec: Any, batches: list, dst: int, stream: Any, cpu: Callable) -> str:
+    """nvImageCodec's batched decode alone, then decode_into (header, decode, resize), on bytes in memory."""
+    n = sum(map(len, batches))
+    dec._decode([b for _, b in batches[0]], stream)  # warm-up
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for batch in batches:
+        dec._decode([b for _, b in batch], stream)
+    stream.synchronize()
+    t_decode = time.perf_counter() - t0
+    t0, errors = time.perf_counter(), 0
+    for batch in batches:
+        errors += sum(e is not None for e in dec.decode_into(batch, dst, stream, cpu))
+    stream.synchronize()
+    return (f"decode {rate(n, t_decode)}, decode_into (header, decode, resize) {rate(n, time.perf_counter() - t0)}, "
+            f"{errors} errors")
 
 
 def main() -> None:
@@ -319,27 +352,18 @@ def main() -> None:
         kernels = Kernels(gpu.arch)
         stream = drv.Stream(1)
         dst = drv.mem_alloc(args.batch * pre.size * pre.size * 3)
+        cpu = lambda p, d: decode_u8(p, pre)  # noqa: E731
         for backends in (None, ("HW_GPU_ONLY",), ("GPU_ONLY",), ("HYBRID_CPU_GPU",)):
             name = "default" if backends is None else backends[0]
             try:
                 dec = jpeg_decode.GpuJpegDecoder(kernels, pre, args.batch, backends=backends)
-                dec._decode([b for _, b in batches[0]], stream)  # warm-up
-                stream.synchronize()
-                t0 = time.perf_counter()
-                for batch in batches:
-                    dec._decode([b for _, b in batch], stream)
-                stream.synchronize()
-                t_decode = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                fallbacks = 0
-                for batch in batches:
-                    errors = dec.decode_into(batch, int(dst), stream, lambda p, d: decode_u8(p, pre))
-                    fallbacks += sum(e is not None for e in errors)
-                stream.synchronize()
-                t_all = time.perf_counter() - t0
+                if dec.reads_files:  # the default path, jpeg_batch.c: it reads the files, no decode of bytes alone
+                    line = (f"jpeg_batch.c {name:15} decode_files (read, header, decode, resize) "
+                            f"{decode_files_rate(dec, batches, int(dst), stream, cpu)}")
+                else:
+                    line = f"nvImageCodec {name:15} " + python_api_rates(dec, batches, int(dst), stream, cpu)
                 dec.close()
-                print(f"nvImageCodec {name:15} decode {rate(len(items), t_decode)}, decode_into (header, decode, "
-                      f"resize) {rate(len(items), t_all)}, {fallbacks} errors")
+                print(line)
             except Exception as e:  # a backend this GPU or build does not have
                 print(f"nvImageCodec {name:15} unavailable ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
         dst.free()

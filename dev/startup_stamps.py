@@ -5,7 +5,7 @@ in seconds from the command's start.
 
 Runs ``inception-run ARGS`` once in a fresh interpreter with dev/stamps/ on its PYTHONPATH (its sitecustomize.py
 stamps the steps named in its STAMPED) and prints, per process, each step's start and end, then the wall time from
-start to exit. docs/PERFORMANCE.md (round four, "where a run's time goes") has a run of it on 65,536 files."""
+start to exit. dev/performance-log.md (round four, "where a run's time goes") has a run of it on 65,536 files."""
 
 from __future__ import annotations
 

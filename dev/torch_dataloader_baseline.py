@@ -18,18 +18,25 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torchvision
 from PIL import Image
-from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inception_engine.model_files import load_weights  # noqa: E402
 
+if TYPE_CHECKING:
+    import torch
 
-class Folder(torch.utils.data.Dataset):
+# torch and torchvision are imported where used: --help answers without them.
+
+
+class Folder:
+    """A map-style dataset (what DataLoader indexes): each file's tensor after torchvision's transforms."""
+
     def __init__(self, paths: list[Path]):
+        from torchvision import transforms
+
         self.paths = paths
         self.tf = transforms.Compose([transforms.Resize(342), transforms.CenterCrop(299), transforms.ToTensor(),
                                       transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
@@ -43,6 +50,9 @@ class Folder(torch.utils.data.Dataset):
 
 def torchvision_model(weights_path: str) -> torch.nn.Module:
     """torchvision's Inception-V3 holding the engine's (BatchNorm-folded) weights."""
+    import torch
+    import torchvision
+
     w = load_weights(weights_path)
     model = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=False)
     state = {}
@@ -62,7 +72,7 @@ def torchvision_model(weights_path: str) -> torch.nn.Module:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir")
     ap.add_argument("weights")
     ap.add_argument("--fp16", action="store_true")
@@ -70,6 +80,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--workers", type=int, default=16)
     args = ap.parse_args()
+    import torch
+
     paths = sorted(p for p in Path(args.dir).iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
     if args.no_tf32:
         torch.backends.cudnn.allow_tf32 = False

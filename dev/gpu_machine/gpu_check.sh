@@ -31,7 +31,8 @@
 #    autotuning (~44 GEMMs and convs, ~11 s each on an H100) outlasts one device command, so its results persist in
 #    Inductor's cache, TORCHINDUCTOR_CACHE_DIR (default .inductor_cache, git-ignored: carry it), and each call resumes
 #    where the last one stopped. The cache's autotuning results come back as $OUT/inductor_autotune_cache.tar.xz:
-#    unpack it at the repo root (`tar -xJf FILE`) before the next call. Two calls did it in session 5 (PERFORMANCE.md).
+#    unpack it at the repo root (`tar -xJf FILE`) before the next call.
+#    Two calls did it in session 5 (dev/performance-log.md).
 # 12. (group multigpu) dev/bench_multi_gpu.py on a machine of several GPUs: 16,384 generated JPEGs through
 #    inception-run --gpus N and inception-run --ray local --gpus N, 1..N GPUs, fp16 and fp32, CPU and GPU decode, with
 #    the decode, forward and PCIe ceilings (MULTIGPU_ARGS for other options). Carry .raykit and .whl with the slim

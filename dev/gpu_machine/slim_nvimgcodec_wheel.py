@@ -13,11 +13,11 @@ codec it does not offer. RECORD is rewritten to list what is left, with the hash
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import re
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 
@@ -58,8 +58,12 @@ def slim(wheel: Path) -> None:
           f"(original kept as {original})")
 
 
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("wheels", nargs="+", type=Path, help="nvidia_nvimgcodec_cu13-*.whl, rewritten in place")
+    for wheel in ap.parse_args(argv).wheels:
+        slim(wheel)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    for arg in sys.argv[1:]:
-        slim(Path(arg))
+    main()

@@ -101,7 +101,7 @@ def test_tf32_graph_and_eager_match_the_reference(weights, batch, nhwc):
 def test_tf32_top1_agrees_with_float64_on_256_inputs(weights):
     """The issue's criterion, on 256 synthetic N(0, 1) inputs in batches of 32: the tf32 NCHW forward's top class is
     float64's on >= 99% and every batch is within the TF32 bound. (On image-like inputs no single-rounding TF32
-    forward reaches it on this model: see tests/helpers/tf32_reference.py and docs/performance-log.md.)"""
+    forward reaches it on this model: see tests/helpers/tf32_reference.py and dev/performance-log.md.)"""
     plan = build_plan(32, weights.layers())
     with CudaBackend(weights, plan, precision="tf32", nhwc=False) as backend:
         assert_top1_agrees_on_256_inputs(backend, weights, plan, TF32_TOL)
