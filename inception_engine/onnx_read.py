@@ -311,7 +311,7 @@ def normalise(model: onnx.ModelProto, source: str) -> Graph:
     batch = dims[0] if isinstance(dims[0], int) else None
 
     graph = Graph(source, list(g.node), consts, {}, {}, inp.name, batch,
-                   np.dtype(onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)))
+                  np.dtype(onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)))
     defined = set(consts) | {inp.name}
     for i, node in enumerate(g.node):
         for name in node.input:
