@@ -9,7 +9,7 @@
 // section 4): cut every output map into MH x MW tiles; tile t of image b needs the NH x NW input patch d
 // (NH = MH + KH - 1, NW = MW + KW - 1) whose corner is (ty*MH - PH, tx*MW - PW). With the Toom-Cook matrices of
 // F(M, K) along each axis the kernel extends in, BT (N x N), G (N x K), AT (M x N) (built by
-// numpy_backend.winograd_matrices and uploaded by the backend; nothing here hard-codes them), and the 1 x 1
+// numpy_primitives.winograd_matrices and uploaded by the backend; nothing here hard-codes them), and the 1 x 1
 // identity along an axis where it has one tap (MH = KH = NH = 1 for 1x7, MW = KW = NW = 1 for 7x1)
 //     y_tile = AT_h [ sum_c U[c] (.) V[c] ] AT_w^T,   U[c] = G_h w[o, c] G_w^T,   V[c] = BT_h d[c] BT_w^T,
 // and for each of the NH*NW positions xi the sum over c is a matrix product M[xi] = U[xi] V[xi] over O x C x T

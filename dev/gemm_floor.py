@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from inception_engine.backends import cuda as cb
-from inception_engine.bench import PEAK_TFLOPS, ceilings, gpu_name
+from inception_engine.bench import ceilings, gpu_name
+from inception_engine.bench_report import PEAK_TFLOPS
 from inception_engine.plan import ConvOp, fused_plan
 
 

@@ -444,22 +444,22 @@ def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], precision
               onnx_path: str | None, json_path: str | None, csv_path: str | None, plot_path: str | None,
               per_layer: bool, no_reference: bool) -> None:
     """Time Inception-V3 forwards per backend and batch size, with accuracy against the float64 reference."""
-    from . import bench
+    from . import bench, bench_report
 
     if plot_path:
-        bench.require_matplotlib()  # fail before the minutes of timing, not after
+        bench_report.require_matplotlib()  # fail before the minutes of timing, not after
     progress = (lambda msg: click.echo(f"[bench] {msg}", err=True)) if stderr_is_tty() else None
     report = bench.run_bench(backend_names or default_backends(), batch_sizes, iters, warmup, weights_path,
                              onnx_path, per_layer, not no_reference, progress, precision, peak_tflops,
                              peak_gbs, reference_images)
-    click.echo(bench.table(report))
+    click.echo(bench_report.table(report))
     written: list[Path] = []
     if json_path:
-        written.append(bench.write_json(report, json_path))
+        written.append(bench_report.write_json(report, json_path))
     if csv_path:
-        written += bench.write_csv(report, csv_path)
+        written += bench_report.write_csv(report, csv_path)
     if plot_path:
-        written.append(bench.write_plot(report, plot_path))
+        written.append(bench_report.write_plot(report, plot_path))
     for p in written:
         click.echo(f"wrote {p}", err=True)
     if any(r.status.startswith("error") for r in report.rows):

@@ -50,7 +50,8 @@ def weights_from_onnx(path: Path) -> Weights:
     """An ONNX export given where a weight file is expected: converted with the converter's checks on first use
     and cached as ``converted/<content hash>.npz`` in the user cache (the hash covers the .onnx file and its
     external data files), reused while the files are unchanged. Says so in one line on stderr when it converts."""
-    from .onnx_convert import convert_model, external_files, load_onnx  # onnx (~0.1 s) only for an ONNX export
+    from .onnx_convert import convert_model  # onnx (~0.1 s) only for an ONNX export
+    from .onnx_read import external_files, load_onnx
 
     try:
         model = load_onnx(path)

@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import arch
-from .backends.numpy_backend import conv2d_bias_relu, global_avg_pool, pool2d
+from .backends.numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d
 from .onnx_convert import fold_batchnorm
 from .weights import IMAGENET_MEAN, IMAGENET_STD, Weights, atomic_write, default_file_mode
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from inception_engine import backends, cudnn_api
-from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc, global_avg_pool, pool2d
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu, fc, global_avg_pool, pool2d
 from inception_engine.errors import BackendUnavailable, EngineError
 from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan
 

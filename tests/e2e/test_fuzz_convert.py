@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-from inception_engine import arch, cli, model_files, onnx_convert, weights
+from inception_engine import arch, cli, model_files, onnx_convert, onnx_read, weights
 from inception_engine.errors import ConversionError, EngineError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def dynamo_folder(synthetic_onnx, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def dynamo_arrays(dynamo_folder) -> dict[str, np.ndarray]:
     """The unedited dynamo export's conversion, to compare accepted files with."""
-    return onnx_convert.convert_model(onnx_convert.load_onnx(dynamo_folder), dynamo_folder)[0]
+    return onnx_convert.convert_model(onnx_read.load_onnx(dynamo_folder), dynamo_folder)[0]
 
 
 @pytest.fixture(scope="module")
@@ -376,15 +376,15 @@ def test_external_data_through_links_and_special_files(dynamo_folder, dynamo_arr
     data = dynamo_folder.with_name(dynamo_folder.name + ".data")
     link = folder / data.name
     link.symlink_to(data)
-    msg = refused(onnx_convert.load_onnx(model), model, "is a link to", "outside the model's folder")
+    msg = refused(onnx_read.load_onnx(model), model, "is a link to", "outside the model's folder")
     assert str(data.resolve()) in msg
     link.unlink()
     os.mkfifo(link)
-    refused(onnx_convert.load_onnx(model), model, "not a regular file")
+    refused(onnx_read.load_onnx(model), model, "not a regular file")
     link.unlink()
     shutil.copy(data, folder / "real.data")
     link.symlink_to("real.data")
-    arrays, _ = onnx_convert.convert_model(onnx_convert.load_onnx(model), model)
+    arrays, _ = onnx_convert.convert_model(onnx_read.load_onnx(model), model)
     for k, a in dynamo_arrays.items():
         np.testing.assert_array_equal(arrays[k], a)
 

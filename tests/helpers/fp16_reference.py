@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu, fc
 from inception_engine.synthetic import walk
 from inception_engine.weights import Weights
 

@@ -27,7 +27,7 @@ from inception_engine.backends.cuda.kernels import CONV_FORMAT, Kernels
 from inception_engine.backends.cuda.launch import LaunchSpec, conv_specs
 from inception_engine.backends.cuda.params import direct_weights
 from inception_engine.backends.cuda.tiles import NAN_BITS, Tile
-from inception_engine.backends.numpy_backend import conv2d_bias_relu
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
 
 from helpers.build_cache import shared_library

@@ -42,7 +42,7 @@ from inception_engine.backends.cuda.tiles import (HALO_THREADS, INPUT_MMA_PRECIS
                                                   is_pingpong, is_tma, is_ws, tile_fits, wgmma_ring_bytes, wgmma_stages,
                                                   ws_row, ws_stages, ws_tile, ws_tma_tile)
 from inception_engine.backends.cuda.tuning import tuning_candidates
-from inception_engine.backends.numpy_backend import conv2d_bias_relu, pool2d
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu, pool2d
 from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, FusedConvOp, PoolOp, View, build_plan
 from inception_engine.weights import Weights

@@ -34,7 +34,7 @@ from inception_engine.backends.cuda.backend import CudaBackend
 from inception_engine.backends.cuda.kernels import CONV_FORMAT, Kernels, all_kernel_names, arg_format, source_of
 from inception_engine.backends.cuda.params import direct_weights
 from inception_engine.backends.cuda.tiles import KERNEL_SIZES, PRECISIONS, TF32_TILES, TILES_OF, Tile
-from inception_engine.backends.numpy_backend import conv2d_bias_relu
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu
 from inception_engine.plan import build_plan
 
 from helpers import mma_harness

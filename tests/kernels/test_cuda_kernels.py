@@ -20,7 +20,7 @@ from inception_engine.backends.cuda.device import driver
 from inception_engine.backends.cuda.kernels import Kernels
 from inception_engine.backends.cuda.launch import conv_specs, fc_specs, gap_spec, pool_spec, softmax_spec
 from inception_engine.backends.cuda.tiles import NAN_BITS, TILES, Tile
-from inception_engine.backends.numpy_backend import conv2d_bias_relu, fc, global_avg_pool, pool2d
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu, fc, global_avg_pool, pool2d
 from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, build_plan
 
 from helpers.gpu_buffers import Arena, Params, check_view, rng_for, run

@@ -49,7 +49,7 @@ from inception_engine.backends.cuda.tiles import NAN_BITS, WINO_TILES, Tile
 from inception_engine.backends.cuda.winograd import (WINO_VARIANTS, o_pad, winograd_eligible, winograd_shape,
                                                      winograd_tile, winograd_transforms, winograd_weights)
 from inception_engine.backends.cuda.workspace import workspace_elems, workspace_layout
-from inception_engine.backends.numpy_backend import conv2d_bias_relu, winograd_matrices
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu, winograd_matrices
 from inception_engine.plan import ALIGN, ConvOp, View, build_plan
 
 from helpers.emulator import run_emulated as run_backend_emulated

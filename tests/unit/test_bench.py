@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from inception_engine import bench, cli
+from inception_engine import bench, bench_report, cli
+from inception_engine.bench_report import CEILINGS, FP32_PEAK_TFLOPS, PEAK_GBS, PEAK_TFLOPS
 from inception_engine.errors import BackendUnavailable, EngineError
 from inception_engine.plan import ConvOp, PoolOp, build_plan, fuse_pointwise
 
@@ -122,7 +123,7 @@ def test_gpu_rows_speedup_per_layer_memory_and_failures(fakes, weights_file):
             assert l.flops == 0 and l.gflops("cuda") is None
     assert any(isinstance(op, PoolOp) for op in ops)
 
-    text = bench.table(report)
+    text = bench_report.table(report)
     assert "error: RuntimeError: launch failed" in text and "per-op times" in text
     assert "Mixed_6b.branch7x7_2" in text and "1.50" in text
 
@@ -144,7 +145,7 @@ def test_layers_of_a_backends_own_plan_get_rows_of_their_own(fakes, monkeypatch,
     assert rows["Mixed_5b.pointwise"].flops == fused["Mixed_5b.pointwise"].flops
     assert rows["Mixed_5b.branch1x1"].ms == {"cudnn": 1.0}  # a member: the peer's row only
     assert rows["Mixed_5b.branch5x5_2"].ms == {"cuda": 0.5, "cudnn": 1.0}
-    assert "Mixed_7c.pointwise" in bench.table(report)
+    assert "Mixed_7c.pointwise" in bench_report.table(report)
 
 
 def test_unavailable_backend_row_and_the_rest_still_run(monkeypatch, weights_file):
@@ -160,17 +161,17 @@ def test_unavailable_backend_row_and_the_rest_still_run(monkeypatch, weights_fil
     assert rows["cuda"].status == "unavailable: backend 'cuda' needs the Python package 'pycuda', which is not " \
                                   "installed"
     assert rows["cudnn"].status == "ok" and rows["cudnn"].median_ms == 3.0
-    assert "unavailable: backend 'cuda'" in bench.table(report)
+    assert "unavailable: backend 'cuda'" in bench_report.table(report)
 
 
 def test_files_json_csv_and_layers_csv(fakes, weights_file, tmp_path):
     report = bench.run_bench(["cuda", "cudnn"], [1], iters=2, warmup=0, weights_path=str(weights_file),
                              per_layer=True, reference=False)
-    j = bench.write_json(report, tmp_path / "out" / "b.json")
+    j = bench_report.write_json(report, tmp_path / "out" / "b.json")
     doc = json.loads(j.read_text())
     assert doc["rows"][0]["backend"] == "cuda" and doc["rows"][0]["speedup_vs_cudnn"] == pytest.approx(1.5)
     assert doc["layers"][0]["gflops"]["cuda"] == pytest.approx(doc["layers"][0]["flops"] / 0.5e-3 / 1e9)
-    written = bench.write_csv(report, tmp_path / "b.csv")
+    written = bench_report.write_csv(report, tmp_path / "b.csv")
     assert [p.name for p in written] == ["b.csv", "b_layers.csv"]
     rows = list(csv.DictReader(open(written[0])))
     assert [r["backend"] for r in rows] == ["cuda", "cudnn"] and float(rows[0]["median_ms"]) == 2.0
@@ -231,7 +232,7 @@ def test_variants_get_their_options_and_precision_goes_where_it_is_accepted(conf
     assert rows["torch"].status == rows["torch-graph"].status == "ok"
     assert rows["cudnn"].status == "unavailable: backend has no tf32 mode"  # FakeCudnn takes no precision
     assert rows["torch"].speedup_vs_cudnn is None  # no cudnn timing to compare with
-    assert report.precision == "tf32" and "precision tf32" in bench.table(report)
+    assert report.precision == "tf32" and "precision tf32" in bench_report.table(report)
 
     Configurable.made = []
     report = bench.run_bench(["torch-graph", "cudnn"], [1], iters=1, warmup=0, weights_path=str(weights_file),
@@ -266,7 +267,7 @@ def test_failed_graph_capture_is_labelled_not_silent(configurable, weights_file)
                              reference=False)
     rows = {r.backend: r for r in report.rows}
     assert rows["torch"].graph_fallback is None and rows["torch-graph"].graph_fallback == Configurable.fallback
-    text = bench.table(report)
+    text = bench_report.table(report)
     assert "torch-graph (eager)" in text and "torch (eager)" not in text
     assert f"torch-graph, batch 2: {Configurable.fallback}" in text
 
@@ -308,7 +309,7 @@ def test_reference_on_the_first_images_once_per_slice_with_top1(monkeypatch, wei
         good, bad = rows["cuda", n], rows["cudnn", n]
         assert good.rel_l2 == 0 and good.top1_agree == k and good.ref_images == k
         assert bad.rel_l2 > 0.1 and bad.top1_agree == 0 and bad.ref_images == k
-    text = bench.table(report)
+    text = bench_report.table(report)
     assert "first 2 image(s)" in text and " 2/2 " in text and " 0/2 " in text
 
 
@@ -329,7 +330,7 @@ def test_floors_and_x_floor(fakes, weights_file):
         assert rows["cuda"].x_floor == pytest.approx(FakeGpu.ms / f.ms)
         assert rows["cudnn"].x_floor == pytest.approx(FakeCudnn.ms / f.ms)
     assert report.floors[0].compute_ms > report.floors[0].memory_ms  # compute-bound, as PERFORMANCE.md says
-    text = bench.table(report)
+    text = bench_report.table(report)
     assert "floors:" in text and "50 TFLOP/s" in text and "1000 GB/s" in text
     doc = report.to_json()
     assert doc["floors"][1]["batch"] == 4 and doc["floors"][1]["ms"] == pytest.approx(report.floors[1].ms)
@@ -340,22 +341,22 @@ def test_floor_defaults_per_precision_and_gpu(fakes, weights_file, monkeypatch):
                                        reference=False, **kw)
     monkeypatch.setattr(bench, "gpu_name", lambda: None)  # no GPU: the H200's ceilings
     fp32 = run()
-    assert (fp32.peak_tflops, fp32.peak_gbs) == (bench.FP32_PEAK_TFLOPS, bench.PEAK_GBS)
+    assert (fp32.peak_tflops, fp32.peak_gbs) == (FP32_PEAK_TFLOPS, PEAK_GBS)
     fp16 = run(precision="fp16")
     f = fp16.floors[0]
-    assert fp16.peak_tflops == bench.PEAK_TFLOPS["fp16"] > bench.PEAK_TFLOPS["tf32"] > bench.FP32_PEAK_TFLOPS
-    assert f.compute_ms == pytest.approx(fp32.floors[0].compute_ms * bench.FP32_PEAK_TFLOPS / bench.PEAK_TFLOPS["fp16"])
+    assert fp16.peak_tflops == PEAK_TFLOPS["fp16"] > PEAK_TFLOPS["tf32"] > FP32_PEAK_TFLOPS
+    assert f.compute_ms == pytest.approx(fp32.floors[0].compute_ms * FP32_PEAK_TFLOPS / PEAK_TFLOPS["fp16"])
     assert f.bytes == fp32.floors[0].bytes // 2
     assert not any(n.startswith("floors:") for n in fp32.notes + fp16.notes)
     monkeypatch.setattr(bench, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")  # the H100's own ceilings
     h100 = run(precision="tf32")
-    tflops, gbs = bench.CEILINGS["H100"]
-    assert (h100.peak_tflops, h100.peak_gbs) == (tflops["tf32"], gbs) and gbs < bench.PEAK_GBS
-    assert h100.floors[0].memory_ms == pytest.approx(fp32.floors[0].memory_ms * bench.PEAK_GBS / gbs)
+    tflops, gbs = CEILINGS["H100"]
+    assert (h100.peak_tflops, h100.peak_gbs) == (tflops["tf32"], gbs) and gbs < PEAK_GBS
+    assert h100.floors[0].memory_ms == pytest.approx(fp32.floors[0].memory_ms * PEAK_GBS / gbs)
     assert run(peak_gbs=100.0).peak_gbs == 100.0 and run(peak_tflops=7.0).peak_tflops == 7.0  # given ones win
     monkeypatch.setattr(bench, "gpu_name", lambda: "NVIDIA A100-SXM4-80GB")  # unmeasured: the H200's, said so
     other = run()
-    assert (other.peak_tflops, other.peak_gbs) == (bench.FP32_PEAK_TFLOPS, bench.PEAK_GBS)
+    assert (other.peak_tflops, other.peak_gbs) == (FP32_PEAK_TFLOPS, PEAK_GBS)
     assert any("no measured ceilings for NVIDIA A100-SXM4-80GB" in n for n in other.notes)
 
 
@@ -425,7 +426,7 @@ def test_compile_rows_carry_each_batch_sizes_compile_time(compiling, weights_fil
     assert rows["torch-graph", 8].compile_s is None and rows["torch-graph", 8].compile_cached is None
     assert rows["torch-compile", 8].median_ms == 2.0  # the timed forwards, not the compile
 
-    text = bench.table(report)
+    text = bench_report.table(report)
     assert table_cells(text, "torch-compile", 1)["compile s"] == "40.1 cached"
     assert table_cells(text, "torch-compile-max", 8)["compile s"] == "40.8"
     assert table_cells(text, "torch-compile", 8)["median ms"] == "2.00"
@@ -434,18 +435,18 @@ def test_compile_rows_carry_each_batch_sizes_compile_time(compiling, weights_fil
     assert "torch-compile = torch.compile(mode='reduce-overhead')" in text
     assert "torch-compile-max = torch.compile(mode='max-autotune')" in text
 
-    doc = json.loads(bench.write_json(report, tmp_path / "b.json").read_text())
+    doc = json.loads(bench_report.write_json(report, tmp_path / "b.json").read_text())
     by = {(r["backend"], r["batch"]): r for r in doc["rows"]}
     assert by["torch-compile-max", 8]["compile_s"] == pytest.approx(40.8) and by["torch-graph", 1]["compile_s"] is None
     assert by["torch-compile", 1]["compile_cached"] is True
-    csv_rows = list(csv.DictReader(open(bench.write_csv(report, tmp_path / "b.csv")[0])))
+    csv_rows = list(csv.DictReader(open(bench_report.write_csv(report, tmp_path / "b.csv")[0])))
     assert [float(r["compile_s"]) for r in csv_rows if r["backend"] == "torch-compile"] == pytest.approx([40.1, 40.8])
 
 
 def test_no_compile_column_without_a_compiling_row(compiling, weights_file):
     report = bench.run_bench(["cuda", "torch", "torch-graph"], [1], iters=1, warmup=0, weights_path=str(weights_file),
                              reference=False)
-    text = bench.table(report)
+    text = bench_report.table(report)
     assert "compile s" not in text and table_cells(text, "torch", 1)["median ms"] == "2.00"
 
 
@@ -467,7 +468,7 @@ def test_compile_failure_and_missing_triton_are_one_line_rows(monkeypatch, weigh
     assert [r.status for r in report.rows] == [
         f"error: CompileFailed: torch.compile(mode='reduce-overhead') failed at batch {n}: InductorError: out of "
         f"resource: shared memory" for n in (1, 2)]
-    assert "compile s" not in bench.table(report)  # no row compiled
+    assert "compile s" not in bench_report.table(report)  # no row compiled
     r = CliRunner().invoke(cli.bench_cmd, ["--backends", "torch-compile", "--batch-sizes", "1", "--iters", "1",
                                            "--weights", str(weights_file), "--no-reference"])
     assert r.exit_code == 1 and "error: CompileFailed: torch.compile(mode='reduce-overhead')" in r.output

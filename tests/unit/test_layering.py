@@ -21,10 +21,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("errors", "arch", "native_build", "paths", "data")),
     ("core: weights, plans, images, the kernel build, the native APIs, the result streams",
      ("weights", "model_files", "labels", "plan", "images", "inputs", "pil_resize", "pipeline", "output",
-      "onnx_convert", "cuda_build", "cuda_graph", "cudnn_api")),
+      "onnx_read", "onnx_convert", "cuda_build", "cuda_graph", "cudnn_api")),
     ("backends: what runs a plan", ("backends",)),
     ("applications: what puts backends to work",
-     ("config", "engine", "synthetic", "bench", "multi_gpu", "drivers", "sinks", "ray_data", "tune")),
+     ("config", "engine", "synthetic", "bench", "bench_report", "multi_gpu", "drivers", "sinks", "ray_data",
+      "tune")),
     ("the command line", ("cli", "entry")),
 )
 

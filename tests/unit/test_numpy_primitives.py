@@ -13,9 +13,10 @@ import zlib
 import numpy as np
 import pytest
 
-from inception_engine.backends import numpy_backend
-from inception_engine.backends.numpy_backend import (conv2d_bias_relu, fc, global_avg_pool, pool2d, split_work,
-                                                     winograd_matrices, winograd_tile)
+from inception_engine.backends import numpy_backend, numpy_primitives
+from inception_engine.backends.numpy_backend import split_work
+from inception_engine.backends.numpy_primitives import (conv2d_bias_relu, fc, global_avg_pool, pool2d,
+                                                        winograd_matrices, winograd_tile)
 
 
 def naive_conv(x, w, b, stride, pad, relu=True):
@@ -120,7 +121,7 @@ def test_conv_split_into_row_blocks(case, winograd, monkeypatch):
     """Large layers run in blocks of output rows; force small, uneven blocks (about 2 rows or 1 tile row a block)
     on small layers."""
     n, c, h, w, o, kernel, stride, pad = case
-    monkeypatch.setattr(numpy_backend, "BLOCK_ELEMS", 2 * (kernel[0] * kernel[1] * c + 1) * w)
+    monkeypatch.setattr(numpy_primitives, "BLOCK_ELEMS", 2 * (kernel[0] * kernel[1] * c + 1) * w)
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()) + 1)
     x, wt, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, *kernel)), rng.standard_normal(o)
     ref = naive_conv(x, wt, b, stride, pad)
@@ -273,12 +274,12 @@ def test_conv_parts_as_the_backend_splits_them(case, parts, winograd, monkeypatc
     x, wt, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, *kernel)), rng.standard_normal(o)
     ref = naive_conv(x, wt, b, stride, pad)
     buf, out = poisoned_slice(rng, ref.shape, np.float64)
-    rows, per_row = numpy_backend.conv_row_units(kernel, stride, pad, (h, w), winograd)
+    rows, per_row = numpy_primitives.conv_row_units(kernel, stride, pad, (h, w), winograd)
     monkeypatch.setattr(numpy_backend, "MIN_PART_OUTPUTS", 1)  # small test layers: still cut along rows
     for channels, spans in split_work(n, rows, per_row, o, parts, parts):
-        scratch = numpy_backend.Scratch(np.dtype(np.float64))
-        conv = numpy_backend._prepare_conv(wt[channels], b[channels], x.shape, stride, pad, True, winograd, scratch,
-                                           spans)
+        scratch = numpy_primitives.Scratch(np.dtype(np.float64))
+        conv = numpy_primitives.prepare_conv(wt[channels], b[channels], x.shape, stride, pad, True, winograd,
+                                             scratch, spans)
         conv.run(x, out[:, channels], scratch)
     assert not np.isnan(out).any(), "some outputs were never written"
     assert_guards_untouched(buf)

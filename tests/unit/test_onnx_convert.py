@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from inception_engine import arch, onnx_convert, synthetic
+from inception_engine import arch, onnx_convert, onnx_read, synthetic
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.errors import ConversionError
 from inception_engine.plan import build_plan
@@ -96,7 +96,7 @@ def test_full_network_matches_onnxruntime(variant, synthetic_onnx):
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     want = sess.run(None, {sess.get_inputs()[0].name: x})[0].astype(np.float64)
 
-    arrays, manifest = onnx_convert.convert_model(onnx_convert.load_onnx(path), path)
+    arrays, manifest = onnx_convert.convert_model(onnx_read.load_onnx(path), path)
     weights = Weights(arrays, manifest)
     got = NumpyBackend(weights, build_plan(2, weights.layers()), np.float64).forward(x.astype(np.float64))
     if softmax:  # the file ends in Softmax; the engine's weights give logits

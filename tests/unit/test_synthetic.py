@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from inception_engine import arch, synthetic
-from inception_engine.backends.numpy_backend import conv2d_bias_relu
+from inception_engine.backends.numpy_primitives import conv2d_bias_relu
 from inception_engine.weights import check_arrays
 
 

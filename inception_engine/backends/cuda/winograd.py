@@ -1,7 +1,7 @@
 """Winograd set-up for winograd.cu: which convs it computes (``winograd_eligible``, ``WINO_VARIANTS``), how
 F(m x m, k x k) cuts a conv into tiles and work buffers (``winograd_shape``), and the weights (U) and transforms it
 reads (``winograd_weights``, ``winograd_transforms``), computed in float64 from the CPU path's matrices
-(numpy_backend.winograd_matrices) and rounded once. Whether a conv takes Winograd is cost_model.py's choice."""
+(numpy_primitives.winograd_matrices) and rounded once. Whether a conv takes Winograd is cost_model.py's choice."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .tiles import Tile
 
 
 # Kernel shape -> the output tiles m of F(m x m, k x k) (F(m, 7) along the long axis of 1x7 / 7x1) that winograd.cu
-# instantiates. 1x7 / 7x1: F(3, 7) only, as the CPU path (numpy_backend.winograd_tile): on the network's 17-wide
+# instantiates. 1x7 / 7x1: F(3, 7) only, as the CPU path (numpy_primitives.winograd_tile): on the network's 17-wide
 # maps F(2, 7) does 1.33x its GEMM work and traffic, and F(4, 7) saves 7% (17 = 5 x 4 - 3 wastes more edge) at
 # twice the error (per layer 9.4e-7 / 2.9e-6 / 5.6e-6 for m = 2 / 3 / 4). 5x5: F(2x2) only, 6 x 6 positions like
 # F(4x4, 3x3) (the same BT); F(3x3, 5x5) would need one more interpolation point, less accurate.
@@ -69,8 +69,8 @@ def o_pad(cout: int, tile: Tile) -> int:
 
 
 def axis_matrices(m: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(AT, G, BT) of F(m, k) along one axis (numpy_backend.winograd_matrices, float64); 1 x 1 ones for k == 1."""
-    from ..numpy_backend import winograd_matrices
+    """(AT, G, BT) of F(m, k) along one axis (numpy_primitives.winograd_matrices, float64); 1 x 1 ones for k == 1."""
+    from ..numpy_primitives import winograd_matrices
 
     return winograd_matrices(m, k) if k > 1 else (np.ones((1, 1)),) * 3
 
