@@ -2,7 +2,7 @@
 
 The backend splits each layer across its own threads; OpenBLAS's threads on top of that would oversubscribe the
 cores, and on a shared machine its per-call thread synchronisation collapses when another process holds a core
-(docs/performance-log.md, "CPU path (NumPy)"). OpenBLAS reads OPENBLAS_NUM_THREADS only when it loads, so the
+(dev/performance-log.md, "CPU path (NumPy)"). OpenBLAS reads OPENBLAS_NUM_THREADS only when it loads, so the
 thread count is changed at run time through the library's own ``*_set_num_threads``, found by name in the
 OpenBLAS that this process has mapped (Linux: /proc/self/maps). Where that is not possible (another BLAS, another
 OS) ``openblas_threads`` returns None and the backend runs one thread of its own, leaving the BLAS alone.

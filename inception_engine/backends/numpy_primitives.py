@@ -6,7 +6,7 @@ destination view (a channel slice of a concat buffer is contiguous per image, so
 * direct: im2col + one GEMM (1x1 stride-1 convolutions skip im2col). The float64 reference always uses it.
 * Winograd (float32, stride-1 convolutions with a kernel wider than 1): fewer multiplies for the same result,
   see ``_WinogradConv``. It exists because on the CI machine NumPy's OpenBLAS is pinned to its AVX2 kernels
-  (docs/performance-log.md, "CPU path (NumPy)") and the direct GEMMs alone took twice onnxruntime's whole forward.
+  (dev/performance-log.md, "CPU path (NumPy)") and the direct GEMMs alone took twice onnxruntime's whole forward.
 
 Each conv and pool is prepared once (``prepare_conv``, ``prepare_pool``: weights reshaped or transformed, work memory
 sized) and then only copies and multiplies; ``conv2d_bias_relu`` and ``pool2d`` prepare and run one at once.
