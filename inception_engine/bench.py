@@ -40,7 +40,7 @@ from . import backends
 from .backends import host_timed_ms
 from .backends.numpy_backend import NumpyBackend
 from .errors import EngineError, WeightsError
-from .images import first_line
+from .errors import first_line
 from .plan import ConvOp, FCOp, Plan, build_plan
 from .model_files import load_weights
 from .weights import ENV_VAR, Weights, atomic_write, candidate_paths, find_weights

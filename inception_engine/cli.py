@@ -28,9 +28,10 @@ from tqdm import tqdm
 from . import backends
 from .engine import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES
 from .errors import EngineError, OptionError
-from .inputs import expand_inputs
+from .ingest.inputs import expand_inputs
 from .output import Rendered, ResultFile, ResumeSummary, as_json, image_key, terminal_bytes
-from .pipeline import WORKER_KINDS, Prediction
+from .ingest.workers import WORKER_KINDS
+from .pipeline import Prediction
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)

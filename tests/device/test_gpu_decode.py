@@ -1,4 +1,4 @@
-"""backends/cuda/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the
+"""ingest/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the
 exact CPU path.
 
 The GPU test decodes a few dozen ImageNet-like JPEGs (500 x 375 and 375 x 500, quality 90, smooth content with
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.backends.cuda import jpeg_decode, jpeg_header
+from inception_engine.ingest import jpeg_decode, jpeg_header
 from inception_engine.errors import BackendUnavailable, EngineError
-from inception_engine.images import Preprocess, decode_u8
+from inception_engine.ingest.images import Preprocess, decode_u8
 
 PRE = Preprocess()
 MAX_ABS_DIFF = 8  # per byte, GPU-decoded JPEG crop against the CPU path's (see the module doc)
@@ -223,15 +223,14 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path, monkeypatch, native)
 
 @pytest.mark.gpu
 def test_decode_chains_give_the_one_chain_predictions_in_order(gpu, tmp_path, monkeypatch):
-    """--decode gpu through jpeg_batch.c with several decode calls in flight (stream.CudaRunner's chains, each its
+    """--decode gpu through jpeg_batch.c with several decode calls in flight (cuda_runner.CudaRunner's chains, each its
     own decoder, copy stream and thread): the predictions of one chain, in input order, errors in their places. Decode
     calls of 4 files (2 batches), 23 inputs: 6 calls over 2 chains, the last call partial."""
     from helpers.random_weights import random_arrays
 
-    from inception_engine import pipeline
-    from inception_engine.backends.cuda import stream
+    from inception_engine import cuda_runner, pipeline
     from inception_engine.backends.cuda.backend import CudaBackend
-    from inception_engine.backends.cuda.stream import CudaRunner
+    from inception_engine.cuda_runner import CudaRunner
     from inception_engine.plan import build_plan
     from inception_engine.weights import Weights
 
@@ -239,7 +238,7 @@ def test_decode_chains_give_the_one_chain_predictions_in_order(gpu, tmp_path, mo
         jpeg_decode.load_nvimgcodec()
     except BackendUnavailable as e:
         pytest.skip(str(e))
-    monkeypatch.setattr(stream, "DECODE_IMAGES", 4)
+    monkeypatch.setattr(cuda_runner, "DECODE_IMAGES", 4)
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(17), {"count_include_pad": True})

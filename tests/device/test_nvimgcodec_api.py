@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.ingest import jpeg_decode
 from inception_engine.errors import BackendUnavailable
-from inception_engine.images import Preprocess
+from inception_engine.ingest.images import Preprocess
 
 PRE = Preprocess()
 

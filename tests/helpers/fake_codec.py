@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from inception_engine.backends.cuda.device import driver
-from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.ingest import jpeg_decode
 
 
 class FakeImage:

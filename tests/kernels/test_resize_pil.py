@@ -1,4 +1,4 @@
-"""resize_pil.cu and backends/cuda/jpeg_decode.py's host side, on the GPU (and on the CPU emulator:
+"""resize_pil.cu and ingest/jpeg_decode.py's host side, on the GPU (and on the CPU emulator:
 test_cuda_emulated.py).
 
 The kernels must give exactly pil_resize's bytes (hence Pillow's) for fresh random images, in both pass orders,
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.backends.cuda import jpeg_decode, jpeg_header
+from inception_engine.ingest import jpeg_decode, jpeg_header
 from inception_engine.backends.cuda.device import driver
 from inception_engine.errors import EngineError
-from inception_engine.images import Preprocess, decode_u8, resize_crop
-from inception_engine.pil_resize import resize_crop_u8
+from inception_engine.ingest.images import Preprocess, decode_u8, resize_crop
+from inception_engine.ingest.pil_resize import resize_crop_u8
 
 from helpers.fake_codec import FakeCodec
 
@@ -277,7 +277,7 @@ class FakeNative:
     each decode call writes."""
 
     def __init__(self) -> None:
-        from inception_engine.backends.cuda import jpeg_batch
+        from inception_engine.ingest import jpeg_batch
 
         self.reader = jpeg_batch.JpegBatch(with_decoder=False)
         self.got: Any = None

@@ -10,7 +10,7 @@ from inception_engine import backends, multi_gpu
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.engine import NO_GPU_NOTE, Engine, EngineFacts, settle, softmax
 from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
-from inception_engine.images import load_image
+from inception_engine.ingest.images import load_image
 from inception_engine.labels import imagenet_labels
 from inception_engine.plan import build_plan
 

@@ -44,13 +44,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ...errors import BackendUnavailable, EngineError
-from ...images import Preprocess, first_line
-from ...pil_resize import Coeffs, plan_resize_crop
-from .device import driver
+from ..backends.cuda.device import driver
+from ..backends.cuda.kernels import Kernels, launch_async, spec
+from ..errors import BackendUnavailable, EngineError, first_line
+from .files import read_file
+from .images import Preprocess
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
 from .jpeg_header import gpu_eligible, pillow_eligible
-from .kernels import Kernels, launch_async, spec
+from .pil_resize import Coeffs, plan_resize_crop
 
 CHANNELS = 3
 # nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
@@ -60,7 +61,7 @@ SUPPORTED = "0.6.1 to 0.9.0"  # the releases run on the GPU machine; pyproject's
 # GpuJpegDecoder reads and decodes through cuda_src/jpeg_batch.c where it builds (False: nvImageCodec's Python API)
 NATIVE = True
 # Through jpeg_batch.c: decode calls in flight at once, each with a decoder, a copy stream and a host thread of its
-# own (stream.CudaRunner). Two lift the decoder beside a busy forward (fp16 on an H100: 14,300 -> 17,600 images/s)
+# own (cuda_runner.CudaRunner). Two lift the decoder beside a busy forward (fp16 on an H100: 14,300 -> 17,600 images/s)
 # but not inception-run, whose results thread is the limit there, and the second decoder's start delays the first
 # result by ~1.2 s (docs/PERFORMANCE.md, round three): one until that thread is lighter.
 DECODE_CHAINS = 1
@@ -69,7 +70,7 @@ DECODE_CHAINS = 1
 def load_nvimgcodec() -> Any:
     """The nvidia.nvimgcodec module, or BackendUnavailable in one line."""
     preload_nvjpeg()
-    try:
+    try:  # imported on use: an optional dependency (the gpu-decode extra), needed only off jpeg_batch.c's path
         from nvidia import nvimgcodec
     except Exception as e:  # ImportError, or a broken install failing inside its own import (OSError, ...)
         raise BackendUnavailable(f"{MISSING}: {first_line(e)}") from None
@@ -513,10 +514,8 @@ class GpuJpegDecoder:
     def decode_files(self, paths: Sequence[str], dst_ptr: int, stream: Any,
                      cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
         """``decode_into`` for files named, read here: file i into slot i; a file that cannot be read gets its
-        error (worded as pipeline.read_file words it). Through cuda_src/jpeg_batch.c where it could be built: the
+        error (worded as files.read_file words it). Through cuda_src/jpeg_batch.c where it could be built: the
         files read on its threads, the plain JPEGs among them decoded in one call, no Python per file."""
-        from ...pipeline import read_file  # the pipeline imports this module's users: imported here, not at the top
-
         if len(paths) > self.max_batch:
             raise ValueError(f"{len(paths)} files for a decoder of max_batch {self.max_batch}")
         if self._native is None:
@@ -534,8 +533,6 @@ class GpuJpegDecoder:
 
     def _decode_native(self, paths: Sequence[str], dst_ptr: int, stream: Any,
                        cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
-        from ...pipeline import read_file
-
         assert self._native is not None
         self.wait()  # the previous batch's arena and staged results are free to go
         self._decoded = []
@@ -722,3 +719,22 @@ class GpuJpegDecoder:
         if self._staging is not None:
             self._staging.base.free()
             self._staging = None
+
+
+def reuse_decoders(made: list[GpuJpegDecoder], kernels: Kernels, pre: Preprocess, threads: int, max_batch: int,
+                   chains: int = 1, started: NativeStart | None = None) -> list[GpuJpegDecoder]:
+    """GPU JPEG decoders for calls of up to max_batch files, kept in ``made`` (a backend's ``jpeg_decoders``, closed
+    with it) and made only where it holds none that fit, the context current: nvImageCodec's start-up is paid by
+    the first run that decodes on the GPU, not by every run of that backend. ``chains`` of them where they read
+    files through jpeg_batch.c (one decoder per decode call in flight); one through nvImageCodec's Python API, whose
+    per-image GIL traffic a second thread would only contend with. threads: each one's host threads (0: one per
+    CPU); started: NativeStart's."""
+    if made and (made[0].pre != pre or made[0].threads != threads or made[0].max_batch < max_batch):
+        for d in made:
+            d.close()
+        made.clear()
+    if not made:
+        made.append(GpuJpegDecoder(kernels, pre, max_batch, threads=threads, started=started))
+    while made[0].reads_files and len(made) < chains:
+        made.append(GpuJpegDecoder(kernels, pre, max_batch, threads=threads, started=started))
+    return made[:chains] if made[0].reads_files else made[:1]

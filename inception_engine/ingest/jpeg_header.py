@@ -14,7 +14,7 @@ import io
 
 from PIL import Image
 
-from ...errors import EngineError
+from ..errors import EngineError
 
 EXIF_ORIENTATION = 0x0112
 GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_rgb give (CMYK it would not)
