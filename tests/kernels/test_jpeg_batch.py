@@ -13,7 +13,7 @@ from PIL import Image
 
 from inception_engine import cuda_build
 from inception_engine.ingest import jpeg_batch
-from inception_engine.ingest.jpeg_decode import DECODER_OPTIONS
+from inception_engine.ingest.nvimgcodec import DECODER_OPTIONS
 from inception_engine.ingest.jpeg_header import plain_jpeg_size
 
 from helpers.gpu_present import gpu_unavailable_reason
