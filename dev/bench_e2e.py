@@ -116,14 +116,15 @@ def synthetic_weights_file(folder: str | Path) -> str:
 
 
 def row_decode(args: argparse.Namespace) -> dict:
-    from inception_engine import pipeline
-    from inception_engine.images import Preprocess
+    from inception_engine.ingest.images import Preprocess
+    from inception_engine.ingest.ring import HostRing
+    from inception_engine.ingest.workers import DecodePool, default_workers
 
     paths = images_in(Path(args.dir), args.limit)
     pre, slots = Preprocess(), 4 * args.batch_size
-    workers = args.workers or pipeline.default_workers()
-    ring = pipeline.HostRing(slots, pre.size, shared=args.kind == "process")
-    pool = pipeline.DecodePool(ring, pre, workers, args.kind)
+    workers = args.workers or default_workers()
+    ring = HostRing(slots, pre.size, shared=args.kind == "process")
+    pool = DecodePool(ring, pre, workers, args.kind)
     try:
         warm = [pool.submit(i % slots, p) for i, p in enumerate(paths[:slots])]
         pool.flush()

@@ -43,15 +43,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RUN = "from inception_engine.cli import run_main; run_main()"
-PYTHON_API = "import inception_engine.backends.cuda.jpeg_decode as j; j.NATIVE = False; " + RUN
-ONE_CHAIN = "import inception_engine.backends.cuda.jpeg_decode as j; j.DECODE_CHAINS = 1; "
-TWO_CHAINS = "import inception_engine.backends.cuda.jpeg_decode as j; j.DECODE_CHAINS = 2; "
+PYTHON_API = "import inception_engine.ingest.jpeg_decode as j; j.NATIVE = False; " + RUN
+ONE_CHAIN = "import inception_engine.ingest.jpeg_decode as j; j.DECODE_CHAINS = 1; "
+TWO_CHAINS = "import inception_engine.ingest.jpeg_decode as j; j.DECODE_CHAINS = 2; "
 # the pipeline's shape before decode chains: one decode call in flight, two batches outstanding on the GPU
-TWO_BATCHES = ("import inception_engine.backends.cuda.stream as s; init = s.CudaRunner.__init__; "
+TWO_BATCHES = ("import inception_engine.cuda_runner as s; init = s.CudaRunner.__init__; "
                "s.CudaRunner.__init__ = lambda self, *a, **k: (init(self, *a, **k), setattr(self, 'depth', 2))[0]; ")
 # decode calls of 1,024 files instead of stream.DECODE_IMAGES (256): one decoder alone +22 % (dev/performance-log.md,
 # round five, call AC), not yet measured in inception-run
-BIG_CALLS = "import inception_engine.backends.cuda.stream as s; s.DECODE_IMAGES = 1024; "
+BIG_CALLS = "import inception_engine.cuda_runner as s; s.DECODE_IMAGES = 1024; "
 VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN, "two-chains": TWO_CHAINS + RUN,
             "one-chain-two-batches": ONE_CHAIN + TWO_BATCHES + RUN, "calls-of-1024": BIG_CALLS + RUN}
 # (noise, coarse cell): ~35 KB and ~95 KB at quality 90; "turned": the small files as a phone stores photos taken
@@ -131,10 +131,10 @@ def decoder_alone(d: Path, batch: int, limit: int) -> dict:
     """images/s of: nvImageCodec's batched decode through its Python API on files in memory ("nvimgcodec"), the
     whole of that path (header, decode, resize: "decode_into"), and the engine's path from the files on disk
     (jpeg_batch.c: read, header, decode; then the resize: "decode_files")."""
-    from inception_engine.backends.cuda import jpeg_decode
+    from inception_engine.ingest import jpeg_decode
     from inception_engine.backends.cuda.device import Gpu, driver
     from inception_engine.backends.cuda.kernels import Kernels
-    from inception_engine.images import Preprocess, decode_u8
+    from inception_engine.ingest.images import Preprocess, decode_u8
 
     paths = [str(p) for p in sorted(d.glob("*.jpg"))[:limit]]
     items = [(p, Path(p).read_bytes()) for p in paths]
@@ -177,9 +177,9 @@ def chains_alone(gpu, kernels, pre, batches: list, first, dst, stream, chains: i
     pipeline's decode chains), call c on chain c % chains."""
     import threading
 
-    from inception_engine.backends.cuda import jpeg_decode
+    from inception_engine.ingest import jpeg_decode
     from inception_engine.backends.cuda.device import driver
-    from inception_engine.images import decode_u8
+    from inception_engine.ingest.images import decode_u8
 
     drv = driver()
     decs = [first] + [jpeg_decode.GpuJpegDecoder(kernels, pre, len(batches[0])) for _ in range(chains - 1)]
@@ -209,7 +209,7 @@ def chains_alone(gpu, kernels, pre, batches: list, first, dst, stream, chains: i
 
 
 def one_core(d: Path, n: int = 512) -> float:
-    from inception_engine.images import Preprocess, decode_u8
+    from inception_engine.ingest.images import Preprocess, decode_u8
 
     files, pre = sorted(d.glob("*.jpg"))[:n], Preprocess()
     t0 = time.perf_counter()
@@ -219,7 +219,7 @@ def one_core(d: Path, n: int = 512) -> float:
 
 
 def decode_files(files: list[Path]) -> int:
-    from inception_engine.images import Preprocess, decode_u8
+    from inception_engine.ingest.images import Preprocess, decode_u8
 
     pre = Preprocess()
     for f in files:
@@ -246,11 +246,11 @@ def decoder_child(d: Path, start_at: float, seconds: float, gpu: int, gpus: int,
     makes it (jpeg_decode.NativeStart on the worker's share of the CPUs: CUDA context, open, first decode), then,
     from the wall-clock time ``start_at`` on, ``decode_files``' rate over the folder (``call`` files a call, 0: a
     decode call's files as the pipeline makes them) for ``seconds``."""
-    from inception_engine.backends.cuda import jpeg_decode
+    from inception_engine.ingest import jpeg_decode
     from inception_engine.backends.cuda.device import Gpu, driver
     from inception_engine.backends.cuda.kernels import Kernels
-    from inception_engine.backends.cuda.stream import DECODE_IMAGES
-    from inception_engine.images import Preprocess, decode_u8
+    from inception_engine.cuda_runner import DECODE_IMAGES
+    from inception_engine.ingest.images import Preprocess, decode_u8
     from inception_engine.multi_gpu import cpu_share
 
     cpus = cpu_share(gpu, gpus)
@@ -365,7 +365,7 @@ def main() -> None:
                                             "turned": folder(root, "turned", args.imagenet_images)}
     for name, d in sets.items():
         for b in map(int, args.batches.split(",")):
-            from inception_engine.backends.cuda.stream import DECODE_IMAGES
+            from inception_engine.cuda_runner import DECODE_IMAGES
 
             calls = b * max(1, -(-DECODE_IMAGES // b))  # the files of one decode call at this batch
             row(what="decoder alone", files=name, batch=calls, **decoder_alone(d, calls, 4096))

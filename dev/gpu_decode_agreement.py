@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from inception_engine.backends import cuda as cb
-from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.errors import EngineError
-from inception_engine.images import Preprocess, decode_u8_bytes, image_extensions
-from inception_engine.pipeline import read_file
+from inception_engine.ingest import jpeg_decode, jpeg_header
+from inception_engine.ingest.files import read_file
+from inception_engine.ingest.images import Preprocess, decode_u8_bytes, image_extensions
 
 CpuPath = Callable[[str, bytes], np.ndarray]
 

@@ -30,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inception_engine.backends.cuda import jpeg_decode, jpeg_header  # noqa: E402
+from inception_engine.ingest import jpeg_decode, jpeg_header  # noqa: E402
 from inception_engine.backends.cuda.device import Gpu, driver  # noqa: E402
 from inception_engine.backends.cuda.kernels import Kernels  # noqa: E402
-from inception_engine.images import Preprocess, decode_u8  # noqa: E402
+from inception_engine.ingest.images import Preprocess, decode_u8  # noqa: E402
 
 
 def rate(n: int, seconds: float) -> str:
@@ -222,7 +222,7 @@ def profile_contention(paths: list[Path], batch: int) -> None:
     per precision; and the forward alone at each margin. The decode call takes ~12.5 ms a batch of 128 beside the
     tf32 forward and ~7.5 without it."""
     from inception_engine.backends.cuda.backend import CudaBackend
-    from inception_engine.backends.cuda.stream import CudaRunner
+    from inception_engine.cuda_runner import CudaRunner
     from inception_engine.plan import build_plan
     from inception_engine.synthetic import synthetic_weights
 

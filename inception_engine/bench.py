@@ -38,7 +38,7 @@ from .backends.numpy_backend import NumpyBackend
 from .bench_report import (CEILINGS, INPUT_SEED, ORT, PEAK_GBS, PEAK_TFLOPS, REFERENCE_IMAGES, Floor, LayerTime, Report,
                            Row)
 from .errors import EngineError, WeightsError
-from .images import first_line
+from .errors import first_line
 from .plan import ConvOp, FCOp, Plan, build_plan
 from .model_files import load_weights
 from .weights import ENV_VAR, Weights, candidate_paths, find_weights

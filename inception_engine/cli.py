@@ -26,7 +26,7 @@ from . import backends
 from .config import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, WORKER_KINDS, RunConfig
 from .drivers import start_driver
 from .errors import EngineError, OptionError
-from .inputs import expand_inputs
+from .ingest.inputs import expand_inputs
 from .output import ResultFile, ResumeSummary, image_key
 from .pipeline import Prediction
 from .sinks import interrupted, make_sink, terminal_echo, write_results

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import backends
 from .errors import EngineError, OptionError
-from .pipeline import WORKER_KINDS
+from .ingest.workers import WORKER_KINDS
 from .weights import Weights, find_weights
 
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)

@@ -7,7 +7,7 @@
             print(p.image, p.top if p.ok else p.error)
 
 ``predict_iter`` runs pipeline.classify: decode workers write uint8 pixels into a ring of host memory, the cuda backend
-uploads them on a copy stream, normalises on the GPU and brings back only the top-k (backends/cuda/stream.py:
+uploads them on a copy stream, normalises on the GPU and brings back only the top-k (cuda_runner.py:
 CudaRunner); other backends normalise on the host (pipeline.HostRunner). On the cuda backend a run uses one batch size,
 min(batch_size, number of images), and a partial last batch runs that batch's forward; elsewhere a final partial batch
 of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (on the CPU padding costs up to
@@ -28,10 +28,12 @@ from . import backends
 from .config import (BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, Resolved, resolve,
                      weights_file)
 from .errors import BackendUnavailable, EngineError, OptionError
-from .images import Preprocess
+from .ingest.files import ImageSource
+from .ingest.images import Preprocess
+from .ingest.ring import HostRing
 from .labels import imagenet_labels
-from .pipeline import (HostRing, HostRunner, ImageSource, PipelineOptions, Prediction, Runner, classify,
-                       classify_encoded, labelled, softmax, top_classes)
+from .pipeline import (HostRunner, PipelineOptions, Prediction, Runner, classify, classify_encoded, labelled, softmax,
+                       top_classes)
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
@@ -78,7 +80,7 @@ def open_decoder_early(config: EngineConfig) -> Any:
     path, nvImageCodec missing: Engine says why once the backend is resolved, in that order)."""
     if config.decode != "gpu" or config.backend not in ("auto", "cuda"):
         return None
-    from .backends.cuda.jpeg_decode import NativeStart, check_gpu_decode
+    from .ingest.jpeg_decode import NativeStart, check_gpu_decode  # on use: it loads the CUDA backend's package
 
     try:
         return NativeStart(config.workers or 0) if check_gpu_decode() else None
@@ -130,7 +132,7 @@ class Engine:
         try:
             resolved = resolved or resolve(config)
             if config.decode == "gpu" and self._decoder_start is None:
-                from .backends.cuda.jpeg_decode import check_gpu_decode
+                from .ingest.jpeg_decode import check_gpu_decode  # on use, as in open_decoder_early
 
                 check_gpu_decode()  # a missing nvImageCodec is said now, not at the first batch
             self.weights = (config.weights if isinstance(config.weights, Weights) else
@@ -234,7 +236,7 @@ class Engine:
                 started.close()  # nothing left to close where the runner's decoder took it
 
     def _cuda_runner(self, batch: int, tune: bool | str, started: Any) -> Runner:
-        from .backends.cuda.stream import CudaRunner
+        from .cuda_runner import CudaRunner  # on use: it loads the CUDA backend's package
 
         backend = self.backend_for(batch, tune)
         if getattr(backend, "tuning_source", None) == "model":

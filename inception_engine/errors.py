@@ -1,5 +1,7 @@
 """User-facing errors. The CLI prints ``str(error)`` as one line and exits with ``exit_code``; no traceback."""
 
+from __future__ import annotations
+
 
 class EngineError(Exception):
     """Something the user can fix (bad file, missing weights, unavailable backend). The message says what."""
@@ -30,3 +32,10 @@ class OptionError(EngineError):
 
     def as_flag(self) -> str:
         return f"--{self.option.replace('_', '-')} {self.value}: {self.reason}"
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line (its type's name where it has none): what a one-line error
+    quotes of a library's exception."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

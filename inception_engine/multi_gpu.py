@@ -27,11 +27,11 @@ from typing import Any
 from . import backends
 from .config import EngineConfig, resolve
 from .engine import Engine, EngineFacts
-from .errors import EngineError
-from .images import first_line
+from .errors import EngineError, first_line
+from .ingest.workers import default_workers, die_with
 from .model_files import weight_file_path
 from .output import Rendered
-from .pipeline import Prediction, default_workers, die_with
+from .pipeline import Prediction
 
 CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
 

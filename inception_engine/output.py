@@ -45,8 +45,8 @@ from json.encoder import encode_basestring_ascii as encode_ascii  # type: ignore
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import EngineError
-from .images import file_error, first_line, not_a_file
+from .errors import EngineError, first_line
+from .ingest.images import file_error, not_a_file
 from .labels import imagenet_labels
 from .pipeline import Prediction, TopK, make_predictions
 

@@ -4,16 +4,17 @@
     (threads or          (size x size x 3 bytes       submit(slots) copies a batch out and starts it,
      processes)           per image)                  result(ticket) waits for it
 
-Decoding (Pillow: read, EXIF orientation, RGB, Resize, CenterCrop) runs in a pool of workers, which write each
-image's uint8 pixels straight into a slot of a ring of host memory: image number ``seq`` goes to slot
-``seq % slots``. Processes (the ring is then shared memory) decode 2.7x faster than threads on the H100 machine's
-16 cores, whose GIL serialises Pillow's Python parts; threads start instantly, so short runs use them. A process
-worker takes several images a task (``process_chunk``), so that the parent's share of the work stays small. The main
-thread keeps the pool ``slots`` images ahead of the oldest slot still in use, gathers decoded images into batches
-and hands each batch's slots to the runner, which copies them out (the cuda runner into pinned memory, then over
-PCIe on a copy stream while the previous batch's forward runs) and frees them for the next images. Host memory is
-``slots`` images whatever the number of inputs. An image that cannot be decoded gets its error Prediction in its
-place in the output and the rest goes on.
+This module joins the input side (``ingest``: the decode workers, the ring, reading files) to a runner, which holds
+a backend (``HostRunner`` here for any backend's forward; ``cuda_runner.CudaRunner`` for the cuda backend, where the
+GPU decoder joins it too). Decoding (Pillow: read, EXIF orientation, RGB, Resize, CenterCrop) runs in a pool of
+workers (ingest.workers.DecodePool), which write each image's uint8 pixels straight into a slot of a ring of host
+memory (ingest.ring.HostRing): image number ``seq`` goes to slot ``seq % slots``. Processes decode 2.7x faster than
+threads on the H100 machine's 16 cores; threads start instantly, so short runs use them. The main thread keeps the
+pool ``slots`` images ahead of the oldest slot still in use, gathers decoded images into batches and hands each
+batch's slots to the runner, which copies them out (the cuda runner into pinned memory, then over PCIe on a copy
+stream while the previous batch's forward runs) and frees them for the next images. Host memory is ``slots`` images
+whatever the number of inputs. An image that cannot be decoded gets its error Prediction in its place in the output
+and the rest goes on.
 
 ``classify_encoded`` is the same stream for --decode gpu: this thread reads the files, the runner decodes.
 """
@@ -21,30 +22,27 @@ place in the output and the rest goes on.
 from __future__ import annotations
 
 import functools
-import mmap
 import os
-import select
-import signal
+import queue
 import sys
 import threading
-import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
 
-from .errors import EngineError
-from .images import Preprocess, decode_u8, decode_u8_bytes, file_error, first_line, open_regular
+from .errors import EngineError, first_line
+from .ingest.files import ImageSource, read_batch, source_name
+from .ingest.images import Preprocess, normalize_u8
+from .ingest.ring import HostRing
+from .ingest.workers import DecodePool, default_workers
 from .labels import imagenet_labels
 
-ImageSource = str | os.PathLike | Image.Image
 TopK = list[tuple[int, float]]  # (class index, probability), most likely first
-WORKER_KINDS = ("auto", "thread", "process")
 # auto: processes for runs of at least this many images (2,841 against threads' 1,040 images/s of decode on the H100
 # machine's 16 cores: the GIL serialises Pillow's Python parts, docs/PERFORMANCE.md), threads below (no start-up).
 PROCESS_MIN_IMAGES = 256
@@ -109,215 +107,6 @@ def top_classes(probs: np.ndarray, k: int) -> list[tuple[int, str, float]]:
     return labelled(top_k_rows(probs[None], k)[0])
 
 
-def source_name(i: int, src: ImageSource) -> str:
-    return f"<PIL.Image {i}>" if isinstance(src, Image.Image) else str(src)
-
-
-# ------------------------------------------------------------------------------------------------- the host ring
-
-class HostRing:
-    """``slots`` images of (size, size, 3) uint8: anonymous memory for thread workers; for process workers an
-    anonymous shared file (Linux memfd) that each worker maps through a descriptor handed over at its start. It has
-    no name: nothing is left in /dev/shm whatever ends the run (SIGKILL included), and a small /dev/shm (a
-    container's 64 MB) does not bound it."""
-
-    def __init__(self, slots: int, size: int, shared: bool):
-        shape = (slots, size, size, 3)
-        self.fd: int | None = None
-        self._map: mmap.mmap | None = None
-        if shared:
-            self.fd = os.memfd_create("inception-ring", os.MFD_CLOEXEC)
-            os.ftruncate(self.fd, int(np.prod(shape)))
-            self._map = mmap.mmap(self.fd, int(np.prod(shape)))
-        self.array = (np.ndarray(shape, np.uint8, buffer=self._map) if self._map is not None else
-                      np.empty(shape, np.uint8))
-        self.slots = slots
-
-    @classmethod
-    def wrapping(cls, pixels: np.ndarray) -> HostRing:
-        """A ring over images decoded already (N, size, size, 3): slot i is image i."""
-        ring = cls.__new__(cls)
-        ring.fd, ring._map, ring.array, ring.slots = None, None, pixels, len(pixels)
-        return ring
-
-    def close(self) -> None:
-        self.array = None  # type: ignore[assignment]  # the mapping cannot close while an array views it
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-class RingDescriptor:
-    """A ring's file descriptor on its way into a worker process: pickled while the process is being started, it
-    travels as a descriptor passed to the new process (multiprocessing's DupFd), not as a number."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __reduce__(self) -> tuple:
-        from multiprocessing import reduction
-
-        return _detach_descriptor, (reduction.DupFd(self.fd),)
-
-
-def _detach_descriptor(dup: Any) -> int:
-    return dup.detach()
-
-
-def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preprocess,
-                data: bytes | None = None) -> str | None:
-    """Decode one image (from ``data``, its file's bytes read already, where given) into its ring slot; the error
-    line instead where it cannot be read. Anything Pillow throws is this image's error, never the run's."""
-    try:
-        ring[slot] = decode_u8(source, pre) if data is None else decode_u8_bytes(data, str(source), pre)
-        return None
-    except EngineError as e:
-        return str(e)
-    except Exception as e:  # a decoder bug or an exotic file must not end a 100,000-image run
-        return f"{source}: cannot decode ({type(e).__name__}: {first_line(e)})"
-
-
-_worker_ring: np.ndarray | None = None  # a worker process's view of the shared ring (set by its initializer)
-_worker_pre: Preprocess | None = None
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _attach_ring(fd: int, shape: tuple[int, ...], pre: Preprocess, owner: int) -> None:
-    """A decode process's start: die with the run, map the ring, keep the preprocessing."""
-    global _worker_ring, _worker_pre
-    die_with(owner)
-    _worker_pre = pre  # once per process, not pickled with every task
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
-    ring = mmap.mmap(fd, int(np.prod(shape)))
-    os.close(fd)  # the mapping keeps the memory
-    _worker_ring = np.ndarray(shape, np.uint8, buffer=ring)
-    warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
-
-
-def die_with(owner: int) -> None:
-    """End this process as soon as the process that owns the pool (``owner``) ends, however it ends.
-
-    A killed owner leaves no one to shut the pool down: the workers would wait for tasks forever, and they hold the
-    forkserver's liveness pipe and the resource tracker's, so those would never end either. A daemon thread waits on
-    a pidfd of the owner (readable when it exits) and exits the process; PR_SET_PDEATHSIG kills it with its direct
-    parent, the forkserver. Once the workers are gone the forkserver and the resource tracker see their pipes close
-    and end by themselves (the tracker unlinking the pool's semaphores)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the owner watch below still holds
-        pass
-    try:
-        fd = os.pidfd_open(owner)
-    except ProcessLookupError:
-        os._exit(1)
-    except (OSError, AttributeError):  # no pidfd (Linux < 5.3): poll the owner instead
-        fd = None
-
-    def watch() -> None:
-        if fd is not None:
-            select.select([fd], [], [])
-        else:
-            while _alive(owner):
-                time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, and another user's: only a pid reused after the owner ended can be that
-        return True
-    return True
-
-
-def _decode_chunk_in_worker(slots: list[int], sources: list[str]) -> list[str | None]:
-    assert _worker_ring is not None and _worker_pre is not None, "worker started without the ring"
-    return [decode_into(_worker_ring, slot, source, _worker_pre) for slot, source in zip(slots, sources)]
-
-
-def process_chunk(slots: int, workers: int) -> int:
-    """Images per task sent to a decode process. A task costs the parent ~200 us of CPU (pickling, the executor's
-    queue and result threads) and an image in it ~20 us more, and the
-    parent's threads share one GIL with the pipeline: one image a task capped a 32-CPU machine at ~3,200 images/s
-    (docs/performance-log.md, "Several GPUs of one machine"). Chunks as large as leave every worker two tasks in the
-    ring, up to 16."""
-    return max(1, min(16, slots // (2 * workers)))
-
-
-class DecodePool:
-    """Workers that decode images into a HostRing's slots. Process workers get images ``chunk`` at a time (default:
-    ``process_chunk`` of the ring and the workers): ``submit`` holds them back until a chunk is full or ``flush`` is
-    called, which a caller must do before waiting on a future."""
-
-    def __init__(self, ring: HostRing, pre: Preprocess, workers: int, kind: str = "thread", chunk: int | None = None):
-        if kind not in WORKER_KINDS[1:]:
-            raise EngineError(f"unknown worker kind {kind!r}; choose one of {', '.join(WORKER_KINDS)}")
-        self.ring, self.pre, self.kind = ring, pre, kind
-        self.chunk = chunk or process_chunk(ring.slots, workers)
-        self._pending: list[tuple[int, str, Future]] = []
-        self._pool: Executor
-        if kind == "process":
-            assert ring.fd is not None, "process workers need a shared ring"
-            import multiprocessing
-
-            # forkserver: a fresh interpreter, not a fork of one that holds a CUDA context and threads.
-            self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                                             initializer=_attach_ring,
-                                             initargs=(RingDescriptor(ring.fd), ring.array.shape, pre, os.getpid()))
-        else:
-            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="decode")
-
-    def submit(self, slot: int, source: ImageSource) -> Future:
-        if self.kind == "process" and not isinstance(source, Image.Image):
-            f: Future = Future()
-            self._pending.append((slot, str(source), f))
-            if len(self._pending) == self.chunk:
-                self.flush()
-            return f
-        if self.kind == "process":  # an in-memory image cannot cross to a process cheaply: decode it here
-            f = Future()
-            f.set_result(decode_into(self.ring.array, slot, source, self.pre))
-            return f
-        return self._pool.submit(decode_into, self.ring.array, slot, source, self.pre)
-
-    def flush(self) -> None:
-        """Send the images held back to a process worker; each image's future settles with the chunk."""
-        if not self._pending:
-            return
-        chunk, self._pending = self._pending, []
-        try:
-            task = self._pool.submit(_decode_chunk_in_worker, [slot for slot, _, _ in chunk],
-                                     [src for _, src, _ in chunk])
-        except BrokenExecutor as e:  # a worker died since the last chunk: the images' waiters report it
-            for _, _, f in chunk:
-                f.set_exception(e)
-            return
-
-        def settle(finished: Future) -> None:
-            try:
-                errors = finished.result()
-            except BaseException as e:  # BrokenExecutor (a worker killed), cancelled at close: every image's
-                for _, _, f in chunk:
-                    f.set_exception(e)
-                return
-            for (_, _, f), error in zip(chunk, errors):
-                f.set_result(error)
-
-        task.add_done_callback(settle)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
 # ------------------------------------------------------------------------------------------------------ runners
 
 class Runner(Protocol):
@@ -352,8 +141,6 @@ class HostRunner:
         self.ring = ring
 
     def submit(self, slots: list[int], top_k: int) -> list[TopK]:
-        from .images import normalize_u8
-
         assert self.ring is not None
         return top_k_rows(softmax(self.forward(normalize_u8(self.ring.array[slots], self.pre))), top_k)
 
@@ -371,13 +158,6 @@ class PipelineOptions:
     workers: int | None = None  # decode workers (default: the CPUs this process may use)
     worker_kind: str = "auto"
     ring_batches: int = 4  # ring slots = this many batches (in flight on the runner + being decoded)
-
-
-def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
@@ -510,17 +290,6 @@ class EncodedRunner(Protocol):
     def close(self) -> None: ...
 
 
-def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:
-    """(bytes, None), or (None, the error line) for a file that cannot be read, worded as images.open_image."""
-    try:
-        with open_regular(source, buffered=False) as f:  # unbuffered: one read, no BufferedReader copy
-            return f.readall(), None
-    except EngineError as e:  # missing, empty, or not a regular file (a FIFO is never read: it would block)
-        return None, str(e)
-    except OSError as e:
-        return None, file_error(source, e)
-
-
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
                      computed_by: ComputedBy = (None, None), finish: Finish | None = None) -> Iterator[Any]:
     """Predictions for image files decoded by the runner (on the GPU), in order; ``computed_by`` and ``finish`` as
@@ -548,20 +317,6 @@ DECODE_THREAD = True
 DECODE_SWITCH_INTERVAL = 0.0005  # seconds: how long a Python thread may keep the GIL from the decode thread
 
 
-def read_batch(sources: Sequence[ImageSource], first: int, end: int
-               ) -> tuple[list[int], list[tuple[str, bytes]], dict[int, Prediction]]:
-    """Files first .. end - 1 read: the readable ones' seqs and (name, bytes), the others' error predictions."""
-    seqs, items, failed = [], [], {}
-    for seq in range(first, end):
-        data, error = read_file(sources[seq])  # type: ignore[arg-type]  # PIL images were refused
-        if data is None:
-            failed[seq] = Prediction(source_name(seq, sources[seq]), error=error)
-        else:
-            seqs.append(seq)
-            items.append((source_name(seq, sources[seq]), data))
-    return seqs, items, failed
-
-
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
                     finish: Finish) -> Iterator[Any]:
     """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
@@ -569,7 +324,8 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
     results = _Results(sources, runner, finish)
     for first in range(0, len(sources), runner.batch):
         seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
-        results.done.update(failed)
+        results.done.update({seq: Prediction(source_name(seq, sources[seq]), error=error)
+                             for seq, error in failed.items()})
         if items:
             results.make_room()
             results.add(seqs, runner.submit_encoded(items, top_k))
@@ -583,9 +339,6 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
     ``decode_chains`` of them (one where it has none), thread j decoding calls j, j + chains, ..., taken here in call
     order. Each batch's predictions are handed out as soon as they are in order, so that the consumer's work on them
     falls between the forwards this thread starts rather than after a whole decode call's."""
-    import queue
-    import threading
-
     chains = max(1, getattr(runner, "decode_chains", 1))
     firsts = range(0, len(sources), runner.decode_batch)  # each decode call's first image
     decoded: list[queue.Queue[Any]] = [queue.Queue() for _ in range(chains)]  # runner.decode's results, or an error

@@ -31,10 +31,11 @@ import numpy as np
 from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig
 from .engine import Engine, load
 from .errors import EngineError, OptionError
-from .images import Preprocess, image_extensions
-from .inputs import list_directory
+from .ingest.images import Preprocess, image_extensions
+from .ingest.inputs import list_directory
+from .ingest.workers import decode_into
 from .output import jsonl_bytes
-from .pipeline import Prediction, decode_into
+from .pipeline import Prediction
 from .weights import Weights
 
 Batch = dict[str, np.ndarray]

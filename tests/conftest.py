@@ -34,16 +34,16 @@ def weights():
 @pytest.fixture
 def decode_pool_kinds(monkeypatch) -> list[str]:
     """The worker kind of every decode pool the pipeline starts during the test, in order."""
-    from inception_engine import pipeline
+    from inception_engine.ingest.workers import DecodePool
 
     kinds: list[str] = []
-    real = pipeline.DecodePool.__init__
+    real = DecodePool.__init__
 
     def spy(self, ring, pre, workers, kind="thread"):
         kinds.append(kind)
         real(self, ring, pre, workers, kind)
 
-    monkeypatch.setattr(pipeline.DecodePool, "__init__", spy)
+    monkeypatch.setattr(DecodePool, "__init__", spy)
     return kinds
 
 

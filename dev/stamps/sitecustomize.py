@@ -10,7 +10,7 @@ import os
 # module -> the functions (or Class.method) stamped there: the steps of an engine's start, a run, and its end
 STAMPED = {
     "inception_engine.engine": ["Engine._start", "Engine.runner", "Engine.close"],
-    "inception_engine.backends.cuda.jpeg_decode": ["open_native", "warm_up"],
+    "inception_engine.ingest.jpeg_decode": ["open_native", "warm_up"],
     "inception_engine.backends.cuda.backend": ["CudaBackend.__init__"],
     "inception_engine.cli": ["expand_inputs", "write_results"],
     "inception_engine.multi_gpu": ["start_on_gpus", "GpuRun.classify", "GpuRun.facts", "GpuRun.close"],

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendUnavailable, EngineError
-from ..images import first_line
+from ..errors import first_line
 from . import host_timed_ms
 from ..plan import ConvOp, FCOp, GlobalAvgPoolOp, Plan, PoolOp, View
 from ..weights import Weights

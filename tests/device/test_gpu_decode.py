@@ -1,4 +1,4 @@
-"""backends/cuda/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the
+"""ingest/jpeg_decode.py: which files go to nvImageCodec (no GPU needed), and real GPU decoding against the
 exact CPU path.
 
 The GPU test decodes a few dozen ImageNet-like JPEGs (500 x 375 and 375 x 500, quality 90, smooth content with
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.errors import BackendUnavailable, EngineError
-from inception_engine.images import Preprocess, decode_u8
+from inception_engine.ingest import gpu_resize, jpeg_decode, jpeg_header, nvimgcodec
+from inception_engine.ingest.images import Preprocess, decode_u8
 
 PRE = Preprocess()
 MAX_ABS_DIFF = 8  # per byte, GPU-decoded JPEG crop against the CPU path's (see the module doc)
@@ -120,7 +120,7 @@ def test_decompression_bombs_are_refused_in_pillows_words(monkeypatch):
 def test_cuda_array_interface_is_checked():
     cai = {"shape": (10, 20, 3), "typestr": "|u1", "data": (4096, False), "strides": (64, 3, 1)}
     ok = type("Img", (), {"__cuda_array_interface__": cai})()
-    assert jpeg_decode.device_image(ok, 10, 20) == jpeg_decode.DeviceImage(4096, 10, 20, 64)
+    assert jpeg_decode.device_image(ok, 10, 20) == gpu_resize.DeviceImage(4096, 10, 20, 64)
     packed = type("Img", (), {"__cuda_array_interface__": {**cai, "strides": None}})()
     assert jpeg_decode.device_image(packed, 10, 20).pitch == 60
     assert jpeg_decode.device_image(ok, 20, 10) is None  # rotated by the decoder after all
@@ -139,7 +139,7 @@ def test_missing_nvimgcodec_is_one_line(monkeypatch):
     if "nvidia" in sys.modules:  # imported already (an earlier test): `from nvidia import` finds the attribute
         monkeypatch.delattr(sys.modules["nvidia"], "nvimgcodec", raising=False)
     with pytest.raises(BackendUnavailable, match=r"^--decode gpu needs nvidia-nvimgcodec-cu13 ") as e:
-        jpeg_decode.load_nvimgcodec()
+        nvimgcodec.load_nvimgcodec()
     assert "\n" not in str(e.value)
 
 
@@ -155,7 +155,7 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path, monkeypatch, native)
     """Both ways to nvImageCodec: decode_files through cuda_src/jpeg_batch.c, decode_into through its Python API."""
     monkeypatch.setattr(jpeg_decode, "NATIVE", native)
     try:
-        jpeg_decode.load_nvimgcodec()
+        nvimgcodec.load_nvimgcodec()
     except BackendUnavailable as e:
         pytest.skip(str(e))
     from inception_engine.backends.cuda.device import driver
@@ -223,23 +223,22 @@ def test_gpu_decode_agrees_with_the_cpu_path(gpu, tmp_path, monkeypatch, native)
 
 @pytest.mark.gpu
 def test_decode_chains_give_the_one_chain_predictions_in_order(gpu, tmp_path, monkeypatch):
-    """--decode gpu through jpeg_batch.c with several decode calls in flight (stream.CudaRunner's chains, each its
+    """--decode gpu through jpeg_batch.c with several decode calls in flight (cuda_runner.CudaRunner's chains, each its
     own decoder, copy stream and thread): the predictions of one chain, in input order, errors in their places. Decode
     calls of 4 files (2 batches), 23 inputs: 6 calls over 2 chains, the last call partial."""
     from helpers.random_weights import random_arrays
 
-    from inception_engine import pipeline
-    from inception_engine.backends.cuda import stream
+    from inception_engine import cuda_runner, pipeline
     from inception_engine.backends.cuda.backend import CudaBackend
-    from inception_engine.backends.cuda.stream import CudaRunner
+    from inception_engine.cuda_runner import CudaRunner
     from inception_engine.plan import build_plan
     from inception_engine.weights import Weights
 
     try:
-        jpeg_decode.load_nvimgcodec()
+        nvimgcodec.load_nvimgcodec()
     except BackendUnavailable as e:
         pytest.skip(str(e))
-    monkeypatch.setattr(stream, "DECODE_IMAGES", 4)
+    monkeypatch.setattr(cuda_runner, "DECODE_IMAGES", 4)
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(17), {"count_include_pad": True})

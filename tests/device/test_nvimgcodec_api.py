@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.ingest import jpeg_decode, nvimgcodec
 from inception_engine.errors import BackendUnavailable
-from inception_engine.images import Preprocess
+from inception_engine.ingest.images import Preprocess
 
 PRE = Preprocess()
 
@@ -77,7 +77,7 @@ def test_each_api_shape_gets_an_rgb_decoder(monkeypatch, version, backends):
     monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
     jpeg_decode.GpuJpegDecoder(None, PRE, max_batch=4, backends=backends)  # type: ignore[arg-type]
     (made,) = Made.decoders
-    assert made["options"] == jpeg_decode.DECODER_OPTIONS and made["max_num_cpu_threads"] == 0
+    assert made["options"] == nvimgcodec.DECODER_OPTIONS and made["max_num_cpu_threads"] == 0
     if backends is None:
         assert made["backends"] is None
     else:

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from inception_engine.backends.cuda.device import driver
-from inception_engine.backends.cuda import jpeg_decode
+from inception_engine.ingest import nvimgcodec
 
 
 class FakeImage:
@@ -53,7 +53,7 @@ class FakeCodec:
         calls: list[int] = []
 
         def __init__(self, backends: Any = None, options: str = "", max_num_cpu_threads: int = 0):
-            assert options == jpeg_decode.DECODER_OPTIONS
+            assert options == nvimgcodec.DECODER_OPTIONS
 
         @staticmethod
         def one(cs: Any) -> FakeImage | None:

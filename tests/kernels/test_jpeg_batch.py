@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 
 from inception_engine import cuda_build
-from inception_engine.backends.cuda import jpeg_batch
-from inception_engine.backends.cuda.jpeg_decode import DECODER_OPTIONS
-from inception_engine.backends.cuda.jpeg_header import plain_jpeg_size
+from inception_engine.ingest import jpeg_batch
+from inception_engine.ingest.nvimgcodec import DECODER_OPTIONS
+from inception_engine.ingest.jpeg_header import plain_jpeg_size
 
 from helpers.gpu_present import gpu_unavailable_reason
 from helpers.gpu_buffers import rng_for

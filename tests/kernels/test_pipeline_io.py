@@ -1,4 +1,4 @@
-"""pipeline_io.cu's kernels and backends/cuda/stream.py's CudaRunner against the host path, on fresh random data.
+"""pipeline_io.cu's kernels and cuda_runner.py's CudaRunner against the host path, on fresh random data.
 
 normalize_u8_nchw must equal images.normalize_u8 bit for bit; softmax_topk_rows must pick the float64 reference's
 classes in its order (ties to the lower index) with its probabilities to float32 rounding. Outputs start as NaN (or
@@ -18,9 +18,9 @@ from inception_engine import pipeline
 from inception_engine.backends.cuda.backend import CudaBackend
 from inception_engine.backends.cuda.device import driver
 from inception_engine.backends.cuda.tiles import THREADS
-from inception_engine.backends.cuda.stream import TOPK_N, CudaRunner
 from inception_engine.backends.numpy_backend import NumpyBackend
-from inception_engine.images import Preprocess, normalize_u8
+from inception_engine.cuda_runner import TOPK_N, CudaRunner
+from inception_engine.ingest.images import Preprocess, normalize_u8
 from inception_engine.plan import build_plan
 from inception_engine.weights import Weights
 
@@ -149,7 +149,7 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, tmp_path, mo
     if ring == "page-locked":
         assert lib.registered == [(4 * size * size * 3, 0)] and lib.unregistered == [0]
     host = NumpyBackend(weights, build_plan(len(paths), weights.layers(), input_size=size), dtype=np.float64)
-    from inception_engine.images import load_image
+    from inception_engine.ingest.images import load_image
 
     ref = pipeline.softmax(host.forward(np.stack([load_image(p, pre) for p in paths]).astype(np.float64)))
     assert preds[0].error and [p.image for p in preds[1:]] == [str(p) for p in paths]
@@ -166,7 +166,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
     gives the same."""
     from helpers.fake_codec import FakeCodec
 
-    from inception_engine.backends.cuda import jpeg_decode
+    from inception_engine.ingest import jpeg_decode
 
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
     monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
@@ -182,7 +182,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
         gpu = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
         # nvImageCodec frees an image on the stream it was decoded on: a finished run leaves the backend's decoder
         # (kept for the next run) holding none, or the next run freed them on a destroyed stream and crashed
-        assert backend._jpeg_decoders and backend._jpeg_decoders[0]._decoded == []
+        assert backend.jpeg_decoders and backend.jpeg_decoders[0]._decoded == []
         again = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
         cpu = list(pipeline.classify(sources, CudaRunner(backend, pre), pre, 3, options))
     finally:

@@ -1,4 +1,4 @@
-"""resize_pil.cu and backends/cuda/jpeg_decode.py's host side, on the GPU (and on the CPU emulator:
+"""resize_pil.cu (ingest/gpu_resize.py) and ingest/jpeg_decode.py's host side, on the GPU (and on the CPU emulator:
 test_cuda_emulated.py).
 
 The kernels must give exactly pil_resize's bytes (hence Pillow's) for fresh random images, in both pass orders,
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.backends.cuda import jpeg_decode, jpeg_header
 from inception_engine.backends.cuda.device import driver
 from inception_engine.errors import EngineError
-from inception_engine.images import Preprocess, decode_u8, resize_crop
-from inception_engine.pil_resize import resize_crop_u8
+from inception_engine.ingest import gpu_resize, jpeg_decode, jpeg_header
+from inception_engine.ingest.images import Preprocess, decode_u8, resize_crop
+from inception_engine.ingest.pil_resize import resize_crop_u8
 
 from helpers.fake_codec import FakeCodec
 
@@ -52,7 +52,7 @@ class Device:
         self.allocs.append(a)
         return int(a)
 
-    def upload(self, a: np.ndarray, pad: int = 0) -> jpeg_decode.DeviceImage:
+    def upload(self, a: np.ndarray, pad: int = 0) -> gpu_resize.DeviceImage:
         """An (h, w, 3) uint8 image with rows of w * 3 + pad bytes (pad filled with 0xEE, never to be read)."""
         h, w, _ = a.shape
         pitch = w * 3 + pad
@@ -60,7 +60,7 @@ class Device:
         rows[:, :w * 3] = a.reshape(h, -1)
         ptr = self.alloc(rows.nbytes)
         driver().memcpy_htod(ptr, rows)
-        return jpeg_decode.DeviceImage(ptr, h, w, pitch)
+        return gpu_resize.DeviceImage(ptr, h, w, pitch)
 
     def download(self, ptr: int, nbytes: int) -> np.ndarray:
         out = np.empty(nbytes, np.uint8)
@@ -88,7 +88,7 @@ SIZES = [(375, 500), (500, 375), (342, 342), (342, 411), (120, 90), (1279, 603),
 @pytest.mark.parametrize("sentinel", [0x00, 0xFF])
 def test_resize_kernels_match_pillow_exactly(gpu, device, sentinel):
     _, kernels = gpu
-    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
+    resize = gpu_resize.GpuResizeCrop(kernels, PRE)
     stream = driver().Stream()
     slots = 2 * len(SIZES) + 1  # every other slot is a target; the rest must keep the sentinel
     dst = device.alloc(slots * SLOT)
@@ -127,7 +127,7 @@ def test_orientation_steps_are_pillows_transposes():
     stored = rng_for("steps").integers(0, 256, (h, pitch), dtype=np.uint8)
     pixels = stored[:, :w * 3].reshape(h, w, 3)
     for o in range(1, 9):
-        (origin,), (vh,), (vw,), (row,), (col,) = jpeg_decode.upright_views(
+        (origin,), (vh,), (vw,), (row,), (col,) = gpu_resize.upright_views(
             *(np.array([x]) for x in (0, h, w, pitch, o)))
         flat = stored.ravel()
         view = np.array([[flat[origin + y * row + x * col:][:3] for x in range(vw)] for y in range(vh)])
@@ -139,7 +139,7 @@ def test_resize_kernels_read_the_stored_image_upright(gpu, device, sentinel):
     """Every EXIF orientation, for sizes that are wide, tall and tall once turned (both pass orders): the crop of the
     stored image turned upright, exactly as Pillow makes it, and nothing written outside the targeted slots."""
     _, kernels = gpu
-    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
+    resize = gpu_resize.GpuResizeCrop(kernels, PRE)
     stream = driver().Stream()
     cases = [(o, shape) for o in range(1, 9) for shape in ((375, 500), (1100, 420), (347, 1001))]
     slots = 2 * len(cases) + 1
@@ -165,13 +165,13 @@ def test_job_layout_is_the_kernels():
     from inception_engine import cuda_build
 
     src = (cuda_build.source_dir() / "resize_pil.cu").read_text()
-    assert f"#define RESIZE_PIL_JOB {jpeg_decode.JOB_FIELDS}\n" in src
+    assert f"#define RESIZE_PIL_JOB {gpu_resize.JOB_FIELDS}\n" in src
 
 
 def test_resize_buffers_grow_between_batches(gpu, device):
     """A small batch then one needing bigger tables and intermediate: both exact."""
     _, kernels = gpu
-    resize = jpeg_decode.GpuResizeCrop(kernels, PRE)
+    resize = gpu_resize.GpuResizeCrop(kernels, PRE)
     stream = driver().Stream()
     dst = device.alloc(2 * SLOT)
     for shapes in ([(375, 500)], [(299, 299), (2400, 1100)]):
@@ -277,7 +277,7 @@ class FakeNative:
     each decode call writes."""
 
     def __init__(self) -> None:
-        from inception_engine.backends.cuda import jpeg_batch
+        from inception_engine.ingest import jpeg_batch
 
         self.reader = jpeg_batch.JpegBatch(with_decoder=False)
         self.got: Any = None

@@ -11,7 +11,7 @@ from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.config import NO_GPU_NOTE, EngineConfig, RunConfig, resolve
 from inception_engine.engine import Engine, EngineFacts, softmax
 from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
-from inception_engine.images import load_image
+from inception_engine.ingest.images import load_image
 from inception_engine.labels import imagenet_labels
 from inception_engine.plan import build_plan
 

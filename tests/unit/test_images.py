@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from inception_engine.errors import EngineError
-from inception_engine.images import Preprocess, crop_box, load_image, resized_size, to_rgb
+from inception_engine.ingest.images import Preprocess, crop_box, load_image, resized_size, to_rgb
 from inception_engine.weights import IMAGENET_MEAN, IMAGENET_STD
 
 MEAN = np.array(IMAGENET_MEAN, np.float32).reshape(3, 1, 1)

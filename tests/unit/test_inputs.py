@@ -1,4 +1,5 @@
-"""inputs.py: which image files a directory gives with and without --recursive, and the count of what it left out."""
+"""ingest/inputs.py: which image files a directory gives with and without --recursive, and the count of what it left
+out."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from inception_engine import inputs
-from inception_engine.inputs import expand_inputs, list_directory
+from inception_engine.ingest import inputs
+from inception_engine.ingest.inputs import expand_inputs, list_directory
 
 
 def touch(root: Path, *names: str) -> None:

@@ -19,15 +19,22 @@ PACKAGE = Path(__file__).resolve().parents[2] / "inception_engine"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: no imports from the package beyond this layer",
      ("errors", "arch", "native_build", "paths", "data")),
-    ("core: weights, plans, images, the kernel build, the native APIs, the result streams",
-     ("weights", "model_files", "labels", "plan", "images", "inputs", "pil_resize", "pipeline", "output",
-      "onnx_read", "onnx_convert", "cuda_build", "cuda_graph", "cudnn_api")),
+    ("core: weights, plans, the kernel build, the native APIs",
+     ("weights", "model_files", "labels", "plan", "onnx_read", "onnx_convert", "cuda_build", "cuda_graph",
+      "cudnn_api")),
     ("backends: what runs a plan", ("backends",)),
+    ("ingest: the input side, from names to decoded crops (host or GPU)", ("ingest",)),
+    ("pipeline: the result streams, joining the input side to a backend", ("pipeline", "cuda_runner", "output")),
     ("applications: what puts backends to work",
      ("config", "engine", "synthetic", "bench", "bench_report", "multi_gpu", "drivers", "sinks", "ray_data",
       "tune")),
     ("the command line", ("cli", "entry")),
 )
+
+
+# What the input side may import of the backends: the CUDA kernel layer its GPU resize runs on (pycuda's driver, the
+# kernel registry and launches), never a backend itself (ingest/__init__.py states the rule).
+INGEST_FROM_BACKENDS = {"backends.cuda.device", "backends.cuda.kernels"}
 
 
 def module_name(path: Path) -> str:
@@ -117,6 +124,32 @@ def test_no_module_imports_from_a_layer_above(graph):
     assert not upward, "\n".join(upward)
 
 
+def in_package(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def side_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that break the input side's rule: a backend importing ingest, ingest importing a module of the
+    pipeline's layer or above, or a part of the backends other than INGEST_FROM_BACKENDS."""
+    pipeline = next(i for i, (title, _) in enumerate(LAYERS) if title.startswith("pipeline:"))
+    found = []
+    for m, deps in sorted(graph.items()):
+        for d in sorted(deps):
+            if in_package(m, "backends") and in_package(d, "ingest"):
+                found.append(f"{m} (a backend) imports {d} (the input side)")
+            elif in_package(m, "ingest") and layer_of(d) is not None and layer_of(d) >= pipeline:
+                found.append(f"{m} (the input side) imports {d} (the pipeline or above)")
+            elif in_package(m, "ingest") and in_package(d, "backends") and d not in INGEST_FROM_BACKENDS:
+                found.append(f"{m} (the input side) imports {d} (a backend beyond the kernel layer)")
+    return found
+
+
+def test_the_backends_never_import_the_input_side_nor_it_the_pipeline(graph):
+    assert any(in_package(m, "ingest") for m in graph) and any(in_package(m, "backends") for m in graph)
+    crossings = side_crossings(graph)
+    assert not crossings, "\n".join(crossings)
+
+
 def test_no_import_cycle(graph):
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(m or "inception_engine" for m in cycle)
@@ -132,6 +165,12 @@ def test_the_reader_and_the_checks():
     assert find_cycle({"plan": {"arch"}, "arch": {"weights"}, "weights": {"plan"}}) == [
         "arch", "weights", "plan", "arch"]
     assert find_cycle({"backends.cuda": {"backends.cuda.device"}, "backends.cuda.device": {"cuda_build"}}) is None
+    assert side_crossings({"backends.cuda.backend": {"ingest.jpeg_decode"}, "ingest.files": {"pipeline"},
+                           "ingest.jpeg_decode": {"backends.cuda.kernels", "backends.cuda.backend"},
+                           "cuda_runner": {"ingest.ring", "backends.cuda.backend"}}) == [
+        "backends.cuda.backend (a backend) imports ingest.jpeg_decode (the input side)",
+        "ingest.files (the input side) imports pipeline (the pipeline or above)",
+        "ingest.jpeg_decode (the input side) imports backends.cuda.backend (a backend beyond the kernel layer)"]
 
 
 def test_test_files_have_unique_names():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine.images import crop_box, resized_size
-from inception_engine.pil_resize import (
+from inception_engine.ingest.images import crop_box, resized_size
+from inception_engine.ingest.pil_resize import (
     PRECISION_BITS,
     coeffs,
     pillow_vertical_first_rule,
@@ -134,7 +134,7 @@ def test_only_the_crops_rectangle_gives_pillows_bytes_at_extreme_aspect_ratios(h
 def test_resize_crop_takes_either_way_and_matches_the_whole_resize(seed):
     """images.resize_crop (Pillow for photographs' shapes, only the crop beyond FULL_RESIZE_MAX_CROPS) against
     the whole resize, on random sizes around the switch and far past it."""
-    from inception_engine import images
+    from inception_engine.ingest import images
 
     rng = np.random.default_rng(100 + seed)
     for _ in range(6):

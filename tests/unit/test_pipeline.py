@@ -11,11 +11,13 @@ import pytest
 from PIL import Image
 
 from inception_engine import pipeline
-from inception_engine.backends.cuda.stream import slot_runs
 from inception_engine.backends.numpy_backend import NumpyBackend
+from inception_engine.cuda_runner import slot_runs
 from inception_engine.engine import Engine
 from inception_engine.errors import EngineError
-from inception_engine.images import Preprocess, decode_u8, load_image, normalize_u8, preprocess_pil
+from inception_engine.ingest import files, workers
+from inception_engine.ingest.images import Preprocess, decode_u8, load_image, normalize_u8, preprocess_pil
+from inception_engine.ingest.ring import HostRing
 from inception_engine.plan import build_plan
 from inception_engine.weights import Weights
 
@@ -88,8 +90,8 @@ def test_process_workers_decode_in_chunks_held_back_until_flushed(photos, tmp_pa
     bad.write_text("not a picture")
     sources = [*photos[:4], bad, *photos[4:6]]
     pre = Preprocess()
-    ring = pipeline.HostRing(len(sources), pre.size, shared=True)
-    pool = pipeline.DecodePool(ring, pre, 2, "process", chunk=3)
+    ring = HostRing(len(sources), pre.size, shared=True)
+    pool = workers.DecodePool(ring, pre, 2, "process", chunk=3)
     try:
         futures = [pool.submit(i, s) for i, s in enumerate(sources)]
         last = futures[-1]
@@ -110,7 +112,7 @@ def test_a_killed_decode_process_is_one_line(weights, photos, monkeypatch):
     import os
     import signal
 
-    real_flush = pipeline.DecodePool.flush
+    real_flush = workers.DecodePool.flush
     flushes = []
 
     def flush_then_kill(self):
@@ -119,7 +121,7 @@ def test_a_killed_decode_process_is_one_line(weights, photos, monkeypatch):
         if len(flushes) == 3:  # the pool is running: kill one of its processes
             os.kill(next(iter(self._pool._processes)), signal.SIGKILL)
 
-    monkeypatch.setattr(pipeline.DecodePool, "flush", flush_then_kill)
+    monkeypatch.setattr(workers.DecodePool, "flush", flush_then_kill)
     with Engine(weights, backend="cpu", batch_size=2, workers=2, worker_kind="process") as engine:
         with pytest.raises(EngineError, match="a decode worker died"):
             list(engine.predict_iter((photos * 4)[:60], top_k=1))
@@ -133,8 +135,8 @@ def test_a_broken_pool_fails_the_chunks_futures_not_the_submit(photos):
     from concurrent.futures import BrokenExecutor
 
     pre = Preprocess()
-    ring = pipeline.HostRing(4, pre.size, shared=True)
-    pool = pipeline.DecodePool(ring, pre, 1, "process", chunk=2)
+    ring = HostRing(4, pre.size, shared=True)
+    pool = workers.DecodePool(ring, pre, 1, "process", chunk=2)
     try:
         first = [pool.submit(0, photos[0]), pool.submit(1, photos[1])]
         assert [f.result(timeout=60) for f in first] == [None, None]
@@ -152,8 +154,8 @@ def test_a_broken_pool_fails_the_chunks_futures_not_the_submit(photos):
 
 
 def test_process_chunks_keep_every_worker_two_tasks_deep():
-    assert pipeline.process_chunk(256, 32) == 4 and pipeline.process_chunk(256, 16) == 8
-    assert pipeline.process_chunk(256, 2) == 16 and pipeline.process_chunk(8, 8) == 1
+    assert workers.process_chunk(256, 32) == 4 and workers.process_chunk(256, 16) == 8
+    assert workers.process_chunk(256, 2) == 16 and workers.process_chunk(8, 8) == 1
 
 
 def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch):
@@ -167,14 +169,14 @@ def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch
         return real_ring(slots, size, shared)
 
     decoded: list[str] = []
-    real_decode = pipeline.decode_u8
+    real_decode = workers.decode_u8
 
     def counting_decode(source, pre):
         decoded.append(str(source))
         return real_decode(source, pre)
 
     monkeypatch.setattr(pipeline, "HostRing", counting_ring)
-    monkeypatch.setattr(pipeline, "decode_u8", counting_decode)
+    monkeypatch.setattr(workers, "decode_u8", counting_decode)
     sources = (photos * 3)[:60]
     with Engine(weights, backend="cpu", batch_size=2, workers=2) as engine:
         stream = engine.predict_iter(sources, top_k=1)
@@ -186,14 +188,14 @@ def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch
 
 
 def test_in_memory_images_and_a_pathological_decoder_error(weights, photos, monkeypatch):
-    real_decode = pipeline.decode_u8
+    real_decode = workers.decode_u8
 
     def flaky(source, pre):
         if str(source).endswith("04.jpg"):
             raise RuntimeError("decoder exploded\nsecond line")
         return real_decode(source, pre)
 
-    monkeypatch.setattr(pipeline, "decode_u8", flaky)
+    monkeypatch.setattr(workers, "decode_u8", flaky)
     pil = Image.open(photos[0]).copy()
     with Engine(weights, backend="cpu", batch_size=2) as engine:
         preds = engine.predict([pil, photos[4], photos[1]], top_k=2)
@@ -226,8 +228,8 @@ def test_the_process_ring_has_no_name_in_dev_shm(photos):
 
     before = set(os.listdir("/dev/shm"))
     pre = Preprocess()
-    ring = pipeline.HostRing(3, pre.size, shared=True)
-    pool = pipeline.DecodePool(ring, pre, 1, "process", chunk=1)
+    ring = HostRing(3, pre.size, shared=True)
+    pool = workers.DecodePool(ring, pre, 1, "process", chunk=1)
     try:
         assert pool.submit(2, photos[0]).result(timeout=60) is None
         assert np.array_equal(ring.array[2], decode_u8(photos[0], pre))
@@ -238,19 +240,19 @@ def test_the_process_ring_has_no_name_in_dev_shm(photos):
 
 
 def test_read_file_gives_bytes_or_one_error_line(tmp_path):
-    """--decode gpu reads files on the main thread (pipeline.read_file): bytes whole, or inception-run's error."""
+    """--decode gpu reads files on the main thread (files.read_file): bytes whole, or inception-run's error."""
     import os
 
     data = bytes(range(256)) * 1000
     (tmp_path / "a.jpg").write_bytes(data)
     (tmp_path / "empty.jpg").write_bytes(b"")
     (tmp_path / "dir.jpg").mkdir()
-    assert pipeline.read_file(tmp_path / "a.jpg") == (data, None)
-    assert pipeline.read_file(str(tmp_path / "a.jpg")) == (data, None)
+    assert files.read_file(tmp_path / "a.jpg") == (data, None)
+    assert files.read_file(str(tmp_path / "a.jpg")) == (data, None)
     os.mkfifo(tmp_path / "fifo.jpg")  # never opened for reading: that would wait for a writer forever
     for name, says in [("missing.jpg", "no such file"), ("dir.jpg", "is a directory, not an image file"),
                        ("empty.jpg", "empty file"), ("fifo.jpg", "is a FIFO (named pipe), not an image file")]:
-        got, error = pipeline.read_file(tmp_path / name)
+        got, error = files.read_file(tmp_path / name)
         assert got is None and error == f"{tmp_path / name}: {says}"
 
 
@@ -296,7 +298,7 @@ class TwoStepRunner(EchoRunner):
     def __init__(self, buffers: int = 3, fail_at: int | None = None, decode_batch: int = 2, chains: int = 1):
         import threading
 
-        from inception_engine.backends.cuda.stream import BufferTurns
+        from inception_engine.cuda_runner import BufferTurns
 
         self.turns = BufferTurns(buffers)
         self.decode_chains = chains
@@ -318,7 +320,7 @@ class TwoStepRunner(EchoRunner):
         if buffer is None:
             raise pipeline_cancelled()
         self.decoded += 1
-        return buffer, [error or [(len(data), 1.0)] for data, error in map(pipeline.read_file, paths)]
+        return buffer, [error or [(len(data), 1.0)] for data, error in map(files.read_file, paths)]
 
     def split(self, batch: tuple[int, list]) -> list[EchoPart]:
         """The decoded batch as parts of ``self.batch`` images; the last frees the buffer."""
@@ -343,7 +345,7 @@ class TwoStepRunner(EchoRunner):
 
 
 def pipeline_cancelled() -> Exception:
-    from inception_engine.backends.cuda.stream import DecodeCancelled
+    from inception_engine.cuda_runner import DecodeCancelled
 
     return DecodeCancelled()
 
@@ -397,7 +399,7 @@ def test_buffer_turns_are_taken_in_call_order():
     every waiter."""
     import threading
 
-    from inception_engine.backends.cuda.stream import BufferTurns
+    from inception_engine.cuda_runner import BufferTurns
 
     turns = BufferTurns(2)
     assert turns.take(0) == 0 and turns.take(1) == 1

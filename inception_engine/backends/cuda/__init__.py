@@ -32,10 +32,9 @@ Where things are (each module's docstring says more):
     device.py       pycuda: driver, probe, Gpu
     backend.py      CudaBackend, and tune_configs / time_convs that time candidates with it
     selftest.py     python -m inception_engine.backends.cuda --selftest (one forward vs float64)
-    stream.py       CudaRunner: the streaming pipeline's GPU end (uint8 batches in, normalise, forward, top-k out)
-    jpeg_decode.py  --decode gpu: nvImageCodec decoding and resize_pil.cu's Pillow-exact resize on the GPU
 
-(stream.py and jpeg_decode.py are imported where used, not re-exported: they pull in the pipeline and Pillow.)
+The input side (GPU JPEG decoding: inception_engine/ingest) and the streaming pipeline's GPU end
+(inception_engine/cuda_runner.py) live outside the backends: no module here imports them.
 
 The planning half (tiles to launch specs) is plain Python and needs no GPU; pycuda is imported only when a backend is
 built. The package re-exports every module's public names, so ``from inception_engine.backends import cuda`` and

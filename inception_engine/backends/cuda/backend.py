@@ -135,7 +135,9 @@ class CudaBackend:
         self._stages: list[tuple[Any, list[tuple[Any, Any, list[Any], list[Launch]]], list[tuple[Any, Any]]]] = []
         self._tail: list[Launch] = []
         self._host: list[Any] = []
-        self._jpeg_decoders: list[Any] = []  # jpeg_decode.GpuJpegDecoders, made by the first --decode gpu run
+        # the input side's GPU JPEG decoders for this backend's context (ingest.jpeg_decode.reuse_decoders fills it at
+        # the first --decode gpu run), kept across runs and closed with the backend; this module never makes one
+        self.jpeg_decoders: list[Any] = []
         self._closed = False
         try:
             with self._gpu:
@@ -264,7 +266,7 @@ class CudaBackend:
         for launch in self._tail:
             launch(main)
 
-    # What a caller that drives the GPU itself (backends/cuda/stream.py: CudaRunner) needs: the context, the stream
+    # What a caller that drives the GPU itself (cuda_runner.py: CudaRunner) needs: the context, the stream
     # every forward runs on, where the (batch, 3, size, size) float32 input goes and the (batch, classes) output
     # comes out.
     @property
@@ -362,30 +364,10 @@ class CudaBackend:
         """Device memory this backend holds: arena, parameters, workspace (split-K, Winograd), probabilities."""
         return self._device_bytes
 
-    def jpeg_decoders(self, pre: Any, threads: int = 0, max_batch: int | None = None, chains: int = 1,
-                      started: Any = None) -> list[Any]:
-        """GPU JPEG decoders for calls of up to max_batch files (default: this plan's batch), made once, the context
-        current: nvImageCodec's start-up is paid by the first run that decodes on the GPU, not by every run of this
-        backend. ``chains`` of them where they read files through jpeg_batch.c (one decoder per decode call in
-        flight); one through nvImageCodec's Python API, whose per-image GIL traffic a second thread would only
-        contend with. threads: each one's host threads (0: one per CPU); started: jpeg_decode.NativeStart's."""
-        from .jpeg_decode import GpuJpegDecoder
-
-        made, max_batch = self._jpeg_decoders, max_batch or self.plan.batch
-        if made and (made[0].pre != pre or made[0].threads != threads or made[0].max_batch < max_batch):
-            for d in made:
-                d.close()
-            made.clear()
-        if not made:
-            made.append(GpuJpegDecoder(self.kernels, pre, max_batch, threads=threads, started=started))
-        while made[0].reads_files and len(made) < chains:
-            made.append(GpuJpegDecoder(self.kernels, pre, max_batch, threads=threads, started=started))
-        return made[:chains] if made[0].reads_files else made[:1]
-
     def _free(self) -> None:
-        for d in self._jpeg_decoders:
+        for d in self.jpeg_decoders:
             d.close()
-        self._jpeg_decoders = []
+        self.jpeg_decoders = []
         if self._graph is not None:
             self._graph.close()
             self._graph = None

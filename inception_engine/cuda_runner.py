@@ -1,5 +1,8 @@
 """The cuda backend as the streaming pipeline's runner (pipeline.Runner): uint8 pixels in, top-k out.
 
+The runner joins the two sides the pipeline connects: the input side's host ring and GPU JPEG decoder (ingest) and
+the backend (backends.cuda: its plan, buffers, kernels and CUDA graph), which never sees the input side.
+
 Per batch, two streams and two sets of buffers (turn k = batch number % 2):
 
     host:            wait copied[k] (two batches ago) ─> gather the batch's ring slots into pinned staging[k]
@@ -32,13 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EngineError
-from ...images import Preprocess, decode_u8_bytes
-from ...pipeline import HostRing, TopK
-from .backend import CudaBackend
-from . import jpeg_decode
-from .device import HostRegistration, driver
-from .kernels import launch_async, spec
+from .backends.cuda.backend import CudaBackend
+from .backends.cuda.device import HostRegistration, driver
+from .backends.cuda.kernels import launch_async, spec
+from .errors import EngineError
+from .ingest import jpeg_decode
+from .ingest.images import Preprocess, decode_u8_bytes
+from .ingest.ring import HostRing
+from .pipeline import TopK
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
 
@@ -164,8 +168,9 @@ class CudaRunner:
         if gpu_decode:
             try:
                 with backend.gpu:
-                    self._decoders = backend.jpeg_decoders(pre, decode_threads, self.decode_batch,
-                                                           jpeg_decode.DECODE_CHAINS, started)
+                    self._decoders = jpeg_decode.reuse_decoders(backend.jpeg_decoders, backend.kernels, pre,
+                                                                decode_threads, self.decode_batch,
+                                                                jpeg_decode.DECODE_CHAINS, started)
                     self._copies += [drv.Stream(1) for _ in self._decoders[1:]]
             except BaseException:
                 self.close()
@@ -270,7 +275,8 @@ class CudaRunner:
         chain's decoder and copy stream; its errors per image."""
         if not self._decoders:  # made without gpu_decode: one decoder, made at the first call
             with self.backend.gpu:
-                self._decoders = self.backend.jpeg_decoders(self.pre, self._decode_threads, self.decode_batch)
+                self._decoders = jpeg_decode.reuse_decoders(self.backend.jpeg_decoders, self.backend.kernels,
+                                                            self.pre, self._decode_threads, self.decode_batch)
         i = self._turns.take(call)
         if i is None:
             raise DecodeCancelled()

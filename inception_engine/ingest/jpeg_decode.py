@@ -1,13 +1,13 @@
-"""JPEG decoding on the GPU (NVIDIA nvImageCodec) and the exact PIL resize + centre crop on the GPU (resize_pil.cu).
+"""JPEG decoding on the GPU (NVIDIA nvImageCodec) into the exact PIL resize + centre crop on the GPU (gpu_resize.py).
 
 ``GpuJpegDecoder.decode_files`` turns a batch of files into the (N, size, size, 3) uint8 RGB crops of torchvision's
 Inception-V3 preprocessing, in device memory. Per file, a look at its header (no decode) decides:
 
 - more pixels than Pillow accepts (2 * Image.MAX_IMAGE_PIXELS): an error, as images.open_image says it;
 - a complete 8-bit JPEG, RGB or greyscale: decoded by nvImageCodec as stored, all of them in one batched call on
-  the caller's stream, then resized on the GPU, read through its EXIF orientation (``upright_views``: the flips and
-  turns that Pillow's exif_transpose makes on the CPU path, without a copy), so that photos taken upright or
-  sideways alike stay on the GPU;
+  the caller's stream, then resized on the GPU, read through its EXIF orientation (gpu_resize.upright_views: the
+  flips and turns that Pillow's exif_transpose makes on the CPU path, without a copy), so that photos taken upright
+  or sideways alike stay on the GPU;
 - anything else (PNG and other formats, CMYK/YCCK JPEGs, truncated ones, whatever Pillow cannot read) and any JPEG
   nvImageCodec fails on: the caller's exact CPU path (``cpu_fallback``), uploaded into its slot.
 
@@ -17,231 +17,46 @@ nvImageCodec's C API, with the GIL released throughout (jpeg_batch.py); ``Native
 beside the engine's own start-up. Otherwise the files are read and checked here and decoded through nvImageCodec's
 Python API (``decode_into``), whose call takes the GIL back per image: about half as fast in a full pipeline.
 
-The resize reproduces Pillow's bytes exactly (pil_resize.py: same coefficients, same rounding, same pass order), so
-GPU-decoded crops differ from the CPU path only where nvJPEG's IDCT and chroma upsampling differ from
-libjpeg-turbo's: a level or two on some pixels (tests/device/test_gpu_decode.py measures it). nvImageCodec is asked for
-libjpeg's "fancy" (smooth) chroma upsampling, which Pillow uses, rather than its default of replicating pixels.
+The resize reproduces Pillow's bytes exactly, so GPU-decoded crops differ from the CPU path only where nvJPEG's IDCT
+and chroma upsampling differ from libjpeg-turbo's: a level or two on some pixels (tests/device/test_gpu_decode.py
+measures it). nvImageCodec is asked for libjpeg's "fancy" (smooth) chroma upsampling, which Pillow uses, rather than
+its default of replicating pixels (nvimgcodec.DECODER_OPTIONS).
 
-nvImageCodec's Python module is imported only where the C path is unavailable. Its API changed between releases
-(``CodecApi`` finds what the installed one offers by looking at it, not at its version number); where it is
-missing, or cannot make a decoder, ``load_nvimgcodec`` and ``GpuJpegDecoder`` raise BackendUnavailable with one line.
+nvImageCodec's Python module is imported only where the C path is unavailable (nvimgcodec.py: its API as each
+release has it); where it is missing, or cannot make a decoder, ``GpuJpegDecoder`` raises BackendUnavailable with one
+line.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import io
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from ...errors import BackendUnavailable, EngineError
-from ...images import Preprocess, first_line
-from ...pil_resize import Coeffs, plan_resize_crop
-from .device import driver
+from ..backends.cuda.device import driver
+from ..backends.cuda.kernels import Kernels
+from ..errors import BackendUnavailable, EngineError, first_line
+from .files import read_file
+from .gpu_resize import CHANNELS, DeviceImage, GpuResizeCrop
+from .images import Preprocess
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
 from .jpeg_header import gpu_eligible, pillow_eligible
-from .kernels import Kernels, launch_async, spec
+from .nvimgcodec import DECODER_OPTIONS, SUPPORTED, CodecApi, load_nvimgcodec, preload_nvjpeg
 
-CHANNELS = 3
-# nvImageCodec's default (":fancy_upsampling=0") replicates chroma samples; libjpeg, hence Pillow, interpolates them.
-DECODER_OPTIONS = ":fancy_upsampling=1"
-MISSING = "--decode gpu needs nvidia-nvimgcodec-cu13 (pip install -e '.[gpu-decode]')"
-SUPPORTED = "0.6.1 to 0.9.0"  # the releases run on the GPU machine; pyproject's gpu-decode extra admits these
 # GpuJpegDecoder reads and decodes through cuda_src/jpeg_batch.c where it builds (False: nvImageCodec's Python API)
 NATIVE = True
 # Through jpeg_batch.c: decode calls in flight at once, each with a decoder, a copy stream and a host thread of its
-# own (stream.CudaRunner). Two lift the decoder beside a busy forward (fp16 on an H100: 14,300 -> 17,600 images/s)
+# own (cuda_runner.CudaRunner). Two lift the decoder beside a busy forward (fp16 on an H100: 14,300 -> 17,600 images/s)
 # but not inception-run, whose results thread is the limit there, and the second decoder's start delays the first
 # result by ~1.2 s (docs/PERFORMANCE.md, round three): one until that thread is lighter.
 DECODE_CHAINS = 1
-
-
-def load_nvimgcodec() -> Any:
-    """The nvidia.nvimgcodec module, or BackendUnavailable in one line."""
-    preload_nvjpeg()
-    try:
-        from nvidia import nvimgcodec
-    except Exception as e:  # ImportError, or a broken install failing inside its own import (OSError, ...)
-        raise BackendUnavailable(f"{MISSING}: {first_line(e)}") from None
-    return nvimgcodec
-
-
-@dataclass(frozen=True)
-class CodecApi:
-    """The parts of an installed nvImageCodec that GpuJpegDecoder uses, in the shape that release has them.
-
-    Three shapes are handled, told apart by what the module holds (a release not seen here works where it keeps
-    one of them):
-    - 0.6: ``ColorSpec.RGB``; ``Decoder`` takes ``backends`` (a list of ``Backend``) or ``backend_kinds``.
-    - 0.7, 0.8: ``ColorSpec.SRGB`` replaces ``RGB``; ``Decoder`` takes only ``backends``; ``decode``'s ``params``
-      and ``cuda_stream`` are keyword-only (always passed so here).
-    - 0.9: as 0.7, and ``DecodeParams`` takes a ``sample_format`` whose default (``I_AUTO_COMPONENTS``) gives a
-      greyscale JPEG one channel: ``I_RGB`` asks for the three that the resize reads.
-    Backends are always given as ``Backend`` objects (or not at all), the one form every shape takes."""
-
-    module: Any
-    version: str
-    rgb: Any  # the ColorSpec member for RGB output
-    interleaved_rgb: Any | None  # SampleFormat.I_RGB where DecodeParams takes a sample format, else None
-
-    @classmethod
-    def of(cls, module: Any) -> CodecApi:
-        version = str(getattr(module, "__version__", "unknown"))
-        missing = [name for name in ("Decoder", "DecodeParams", "CodeStream", "Backend", "BackendKind", "ColorSpec")
-                   if not hasattr(module, name)]
-        color_spec = getattr(module, "ColorSpec", None)
-        rgb = getattr(color_spec, "SRGB", None) or getattr(color_spec, "RGB", None)
-        if missing or rgb is None:
-            what = ", ".join(missing) or "ColorSpec.SRGB or ColorSpec.RGB"
-            raise BackendUnavailable(f"nvImageCodec {version} lacks {what}, which --decode gpu needs; install a "
-                                     f"release this engine was run with ({SUPPORTED})")
-        sample_format = getattr(module, "SampleFormat", None)
-        interleaved = getattr(sample_format, "I_RGB", None) if sample_format is not None else None
-        if interleaved is not None:
-            try:
-                module.DecodeParams(sample_format=interleaved)
-            except TypeError:  # 0.7 and 0.8 have SampleFormat but DecodeParams takes none
-                interleaved = None
-        return cls(module, version, rgb, interleaved)
-
-    def decode_params(self) -> Any:
-        """Orientation as stored (the resize reads it upright: upright_views), 8-bit RGB."""
-        kwargs: dict[str, Any] = {"apply_exif_orientation": False, "color_spec": self.rgb, "allow_any_depth": False}
-        if self.interleaved_rgb is not None:
-            kwargs["sample_format"] = self.interleaved_rgb
-        return self.module.DecodeParams(**kwargs)
-
-    def decoder(self, backends: Sequence[str] | None, options: str, threads: int = 0) -> Any:
-        """threads: its host threads (0: one per CPU, nvImageCodec's default)."""
-        kwargs: dict[str, Any] = {"options": options, "max_num_cpu_threads": threads}
-        if backends is not None:
-            kwargs["backends"] = [self.module.Backend(getattr(self.module.BackendKind, b)) for b in backends]
-        return self.module.Decoder(**kwargs)
-
-
-def preload_nvjpeg() -> None:
-    """Load libnvjpeg.so.13 from the nvidia-nvjpeg wheel, if installed, before nvImageCodec looks for it.
-
-    nvImageCodec 0.6's nvJPEG extension dlopens "libnvjpeg.so.13" with a search path of its own directory's
-    neighbours and /usr/local/cuda/lib64, which misses the wheel's nvidia/cu13/lib; a library already loaded under
-    that name is what dlopen returns. Without the wheel nothing happens here (the CUDA toolkit's copy may serve)."""
-    for entry in sys.path:
-        lib = Path(entry or ".") / "nvidia" / "cu13" / "lib" / "libnvjpeg.so.13"
-        if lib.is_file():
-            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-            return
-
-
-@dataclass(frozen=True)
-class DeviceImage:
-    """A decoded HWC uint8 RGB image in device memory."""
-
-    ptr: int  # address of pixel (0, 0)
-    height: int
-    width: int
-    pitch: int  # bytes from one row to the next
-
-
-# EXIF orientation -> how its upright view O (what Pillow's exif_transpose makes) reads the stored image S of h rows
-# and w columns: O[0][0] is S[(h - 1) * a][(w - 1) * b], a step down O's rows moves (dy, dx) in S, a step along a row
-# (dy', dx'). Rows: (a, b, dy, dx, dy', dx'), checked against Pillow's transposes (tests/kernels/test_resize_pil.py).
-ORIENTATION_STEPS = np.array([
-    (0, 0, 1, 0, 0, 1),  # 0: not an EXIF value; never given (as 1)
-    (0, 0, 1, 0, 0, 1),  # 1: upright
-    (0, 1, 1, 0, 0, -1),  # 2: mirrored left to right
-    (1, 1, -1, 0, 0, -1),  # 3: turned 180 degrees
-    (1, 0, -1, 0, 0, 1),  # 4: mirrored top to bottom
-    (0, 0, 0, 1, 1, 0),  # 5: transposed
-    (1, 0, 0, 1, -1, 0),  # 6: turned 90 degrees clockwise to be upright (Pillow's ROTATE_270)
-    (1, 1, 0, -1, -1, 0),  # 7: transversed
-    (0, 1, 0, -1, 1, 0),  # 8: turned 90 degrees counter-clockwise (ROTATE_90)
-], np.int64)
-
-
-def upright_views(ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
-                  orientation: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Stored images (address, height, width, row pitch) seen upright as their EXIF orientation says: the address of
-    the upright view's first pixel, its height and width, and its row and column steps in bytes (resize_pil.cu's
-    in_row, in_col), per image."""
-    a, b, dy, dx, dy2, dx2 = ORIENTATION_STEPS[orientation].T
-    transposed = dx != 0
-    origin = ptr + a * (height - 1) * pitch + b * (width - 1) * CHANNELS
-    return (origin, np.where(transposed, width, height), np.where(transposed, height, width),
-            dy * pitch + dx * CHANNELS, dy2 * pitch + dx2 * CHANNELS)
-
-
-@dataclass(frozen=True)
-class Pass:
-    """One image's pass by resize_pil_h or resize_pil_v (resize_pil.cu): its coefficients and output shape."""
-
-    kernel: str
-    coeffs: Coeffs
-    out_rows: int
-    out_cols: int
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The two passes for an image of one size: the first reads source rows (or columns) lo .. lo + n - 1 into
-    the intermediate (out_rows x out_cols), the second writes the crop."""
-
-    first: Pass
-    second: Pass
-    lo: int
-    vertical_first: bool
-
-    @property
-    def tmp_bytes(self) -> int:
-        return self.first.out_rows * self.first.out_cols * CHANNELS
-
-
-@functools.lru_cache(maxsize=512)
-def schedule(h: int, w: int, resize: int, size: int) -> Schedule:
-    """The two passes of an h x w image (cached: a data set has few distinct sizes)."""
-    plan = plan_resize_crop(h, w, resize, size)
-    lo, n = plan.first_span()
-    if plan.vertical_first:
-        return Schedule(Pass("resize_pil_v", plan.y, size, n), Pass("resize_pil_h", plan.x.shifted(lo), size, size),
-                        lo, True)
-    return Schedule(Pass("resize_pil_h", plan.x, n, size), Pass("resize_pil_v", plan.y.shifted(lo), size, size),
-                    lo, False)
-
-
-class Staged:
-    """A pinned host array and its device copy, both grown to fit (by the caller's leave: after the last use)."""
-
-    def __init__(self, dtype: type):
-        self.dtype = np.dtype(dtype)
-        self.host = np.empty(0, self.dtype)
-        self.dev: Any = None
-
-    def upload(self, parts: Sequence[np.ndarray], stream: Any) -> int:
-        """The parts, concatenated, copied to the device on stream (one copy); their device address."""
-        drv = driver()
-        n = sum(p.size for p in parts)
-        if n > self.host.size:
-            self.free()
-            self.host = drv.pagelocked_empty((2 * n,), self.dtype)
-            self.dev = drv.mem_alloc(self.dtype.itemsize * 2 * n)
-        np.concatenate([p.ravel() for p in parts], out=self.host[:n])
-        drv.memcpy_htod_async(int(self.dev), self.host[:n], stream)
-        return int(self.dev)
-
-    def free(self) -> None:
-        if self.dev is not None:
-            self.dev.free()
-            self.host.base.free()  # pagelocked_empty's array base is its host allocation
-            self.dev, self.host = None, np.empty(0, self.dtype)
 
 
 # The most device memory a decode call's whole decoded images take at once: a call of larger images (256 photos of
@@ -264,103 +79,6 @@ def arena_parts(nbytes: np.ndarray, limit: int) -> list[slice]:
     if start < len(nbytes):
         parts.append(slice(start, len(nbytes)))
     return parts
-
-
-# resize_pil.cu's RESIZE_PIL_JOB: src, dst, start, weights, taps, out_rows, out_cols, the source's row and column steps,
-# the destination's row pitch
-JOB_FIELDS = 10
-
-
-class GpuResizeCrop:
-    """Enqueues resize_pil.cu's passes for decoded device images into slots of a (N, size, size, 3) uint8 batch.
-
-    A batch is at most four launches, whatever its size: the first passes taken horizontally, those taken
-    vertically, then the second passes likewise, each launch running one job (an image's pass) per grid row. The
-    coefficient tables and the jobs of a batch travel in two pinned buffers, one copy each; each image has its own
-    part of the intermediate buffer. Buffers grow when a batch needs more (after the previous batch's work is done);
-    ``wait`` blocks until the last enqueued batch no longer needs them (its tables copied, its source images read)."""
-
-    def __init__(self, kernels: Kernels, pre: Preprocess):
-        self.kernels, self.pre = kernels, pre
-        self._done: Any = None  # event after the last batch's last launch
-        self._tables = Staged(np.int32)
-        self._jobs = Staged(np.int64)
-        self._tmp: Any = None
-        self._tmp_bytes = 0
-
-    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int, int]], dst_ptr: int, stream: Any) -> None:
-        """For each (image, slot, EXIF orientation): the crop of the image as it stands upright into slot `slot` of
-        the batch at dst_ptr."""
-        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _, _ in jobs], np.int64)
-                              for f in ("ptr", "height", "width", "pitch")),
-                            np.array([slot for _, slot, _ in jobs], np.int64), dst_ptr, stream,
-                            np.array([o for _, _, o in jobs], np.int64))
-
-    def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
-                       slots: np.ndarray, dst_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
-        """``enqueue`` with the images as arrays (address, height, width, row pitch as stored, slot, EXIF orientation:
-        all 1 where None): Python work per distinct image size, not per image."""
-        self.wait()
-        if len(ptr) == 0:
-            return
-        drv, size = driver(), self.pre.size
-        if orientation is None:
-            orientation = np.ones(len(ptr), np.int64)
-        ptr, height, width, row, col = upright_views(ptr.astype(np.int64), height.astype(np.int64),
-                                                     width.astype(np.int64), pitch.astype(np.int64), orientation)
-        sizes, image_size = np.unique(height << 32 | width, return_inverse=True)
-        scheds = [schedule(int(k >> 32), int(k & 0xFFFFFFFF), self.pre.resize, size) for k in sizes]
-        pieces, offsets, pos = [], [], 0  # each size's coefficient tables, once
-        for s in scheds:
-            for p in (s.first, s.second):
-                offsets.append((pos, pos + len(p.coeffs.start)))
-                pieces += [p.coeffs.start, p.coeffs.weights]
-                pos += len(p.coeffs.start) + p.coeffs.weights.size
-        tables = self._tables.upload(pieces, stream)
-        per_size = np.array([(s.lo, s.vertical_first, s.tmp_bytes, *(x for p in (s.first, s.second) for x in (
-            p.coeffs.taps, p.out_rows, p.out_cols))) for s in scheds], np.int64)[image_size]
-        table_at = tables + 4 * np.array(offsets, np.int64).reshape(len(scheds), 4)[image_size]
-        lo, vertical, tmp_bytes = per_size[:, 0], per_size[:, 1].astype(bool), per_size[:, 2]
-        need = int(tmp_bytes.sum())
-        if need > self._tmp_bytes:
-            if self._tmp is not None:
-                self._tmp.free()
-            self._tmp, self._tmp_bytes = drv.mem_alloc(need), need
-        # each image has its part of the intermediate buffer; the first pass reads the upright view from its row (or
-        # column) lo
-        mid = int(self._tmp) + np.cumsum(tmp_bytes) - tmp_bytes
-        mid_pitch = per_size[:, 5] * CHANNELS
-        first = np.stack([ptr + np.where(vertical, lo * col, lo * row), mid, table_at[:, 0], table_at[:, 1],
-                          per_size[:, 3], per_size[:, 4], per_size[:, 5], row, col, mid_pitch], axis=1)
-        second = np.stack([mid, dst_ptr + slots * (size * size * CHANNELS), table_at[:, 2], table_at[:, 3],
-                           per_size[:, 6], per_size[:, 7], per_size[:, 8], mid_pitch, np.full_like(mid, CHANNELS),
-                           np.full_like(mid, size * CHANNELS)], axis=1)
-        assert first.shape[1] == second.shape[1] == JOB_FIELDS
-        # every first pass before any second pass (one stream: in this order), each pass by its kernel
-        launches = [(name, table) for name, table in (
-            ("resize_pil_h", first[~vertical]), ("resize_pil_v", first[vertical]),
-            ("resize_pil_h", second[vertical]), ("resize_pil_v", second[~vertical])) if len(table)]
-        base = self._jobs.upload([np.ascontiguousarray(t) for _, t in launches], stream)
-        for kernel, table in launches:
-            most = int((table[:, 5] * table[:, 6]).max()) * CHANNELS
-            k = spec(kernel)
-            launch_async(self.kernels[kernel], (k.blocks(most), len(table), 1), k.block, stream, base)
-            base += table.nbytes
-        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
-        self._done.record(stream)
-
-    def wait(self) -> None:
-        if self._done is not None:
-            self._done.synchronize()
-            self._done = None
-
-    def close(self) -> None:
-        self.wait()
-        self._tables.free()
-        self._jobs.free()
-        if self._tmp is not None:
-            self._tmp.free()
-            self._tmp = None
 
 
 def device_image(img: Any, h: int, w: int) -> DeviceImage | None:
@@ -513,10 +231,8 @@ class GpuJpegDecoder:
     def decode_files(self, paths: Sequence[str], dst_ptr: int, stream: Any,
                      cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
         """``decode_into`` for files named, read here: file i into slot i; a file that cannot be read gets its
-        error (worded as pipeline.read_file words it). Through cuda_src/jpeg_batch.c where it could be built: the
+        error (worded as files.read_file words it). Through cuda_src/jpeg_batch.c where it could be built: the
         files read on its threads, the plain JPEGs among them decoded in one call, no Python per file."""
-        from ...pipeline import read_file  # the pipeline imports this module's users: imported here, not at the top
-
         if len(paths) > self.max_batch:
             raise ValueError(f"{len(paths)} files for a decoder of max_batch {self.max_batch}")
         if self._native is None:
@@ -534,8 +250,6 @@ class GpuJpegDecoder:
 
     def _decode_native(self, paths: Sequence[str], dst_ptr: int, stream: Any,
                        cpu_fallback: Callable[[str, bytes], np.ndarray]) -> list[str | None]:
-        from ...pipeline import read_file
-
         assert self._native is not None
         self.wait()  # the previous batch's arena and staged results are free to go
         self._decoded = []
@@ -722,3 +436,22 @@ class GpuJpegDecoder:
         if self._staging is not None:
             self._staging.base.free()
             self._staging = None
+
+
+def reuse_decoders(made: list[GpuJpegDecoder], kernels: Kernels, pre: Preprocess, threads: int, max_batch: int,
+                   chains: int = 1, started: NativeStart | None = None) -> list[GpuJpegDecoder]:
+    """GPU JPEG decoders for calls of up to max_batch files, kept in ``made`` (a backend's ``jpeg_decoders``, closed
+    with it) and made only where it holds none that fit, the context current: nvImageCodec's start-up is paid by
+    the first run that decodes on the GPU, not by every run of that backend. ``chains`` of them where they read
+    files through jpeg_batch.c (one decoder per decode call in flight); one through nvImageCodec's Python API, whose
+    per-image GIL traffic a second thread would only contend with. threads: each one's host threads (0: one per
+    CPU); started: NativeStart's."""
+    if made and (made[0].pre != pre or made[0].threads != threads or made[0].max_batch < max_batch):
+        for d in made:
+            d.close()
+        made.clear()
+    if not made:
+        made.append(GpuJpegDecoder(kernels, pre, max_batch, threads=threads, started=started))
+    while made[0].reads_files and len(made) < chains:
+        made.append(GpuJpegDecoder(kernels, pre, max_batch, threads=threads, started=started))
+    return made[:chains] if made[0].reads_files else made[:1]

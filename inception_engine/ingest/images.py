@@ -26,10 +26,10 @@ from typing import Any, BinaryIO
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from . import arch
+from .. import arch
+from ..errors import EngineError, first_line
+from ..weights import IMAGENET_MEAN, IMAGENET_STD
 from .pil_resize import crop_box, resize_crop_image, resized_size
-from .errors import EngineError
-from .weights import IMAGENET_MEAN, IMAGENET_STD
 
 RESIZE = 342  # torchvision's resize_size for Inception-V3
 ORIENTATION = 0x0112  # the EXIF orientation tag
@@ -185,11 +185,6 @@ def not_an_image_file(path: str | os.PathLike) -> str | None:
         return not_a_file(os.stat(path).st_mode)
     except OSError as e:
         return file_problem(path, e)
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def exif_upright(img: Image.Image) -> Image.Image:

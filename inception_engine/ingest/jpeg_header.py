@@ -1,6 +1,6 @@
 """Which files --decode gpu hands to nvImageCodec, from their headers alone (no decode): ``gpu_eligible`` gives
 (height, width, EXIF orientation) for a file nvImageCodec decodes to what Pillow gives before it turns the image
-upright (the resize reads the stored image through its orientation: jpeg_decode.upright_views), None for one the
+upright (the resize reads the stored image through its orientation: gpu_resize.upright_views), None for one the
 exact CPU path takes.
 
 ``plain_jpeg_size`` reads the markers of the common case itself (a tenth of Pillow's ~130 us a file); what it does
@@ -14,7 +14,7 @@ import io
 
 from PIL import Image
 
-from ...errors import EngineError
+from ..errors import EngineError
 
 EXIF_ORIENTATION = 0x0112
 GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_rgb give (CMYK it would not)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import cuda_build, native_build
-from ...paths import user_cache_dir
+from .. import cuda_build, native_build
+from ..paths import user_cache_dir
 
 SOURCE = "jpeg_batch.c"
 FLAGS = ("-O2", "-shared", "-Xcompiler", "-fPIC,-pthread")

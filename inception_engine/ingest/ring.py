@@ -1,0 +1,62 @@
+"""The host ring: ``slots`` decoded images of (size, size, 3) uint8 that decode workers write and a runner copies out
+(image number ``seq`` goes to slot ``seq % slots``)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+
+class HostRing:
+    """``slots`` images of (size, size, 3) uint8: anonymous memory for thread workers; for process workers an
+    anonymous shared file (Linux memfd) that each worker maps through a descriptor handed over at its start. It has
+    no name: nothing is left in /dev/shm whatever ends the run (SIGKILL included), and a small /dev/shm (a
+    container's 64 MB) does not bound it."""
+
+    def __init__(self, slots: int, size: int, shared: bool):
+        shape = (slots, size, size, 3)
+        self.fd: int | None = None
+        self._map: mmap.mmap | None = None
+        if shared:
+            self.fd = os.memfd_create("inception-ring", os.MFD_CLOEXEC)
+            os.ftruncate(self.fd, int(np.prod(shape)))
+            self._map = mmap.mmap(self.fd, int(np.prod(shape)))
+        self.array = (np.ndarray(shape, np.uint8, buffer=self._map) if self._map is not None else
+                      np.empty(shape, np.uint8))
+        self.slots = slots
+
+    @classmethod
+    def wrapping(cls, pixels: np.ndarray) -> HostRing:
+        """A ring over images decoded already (N, size, size, 3): slot i is image i."""
+        ring = cls.__new__(cls)
+        ring.fd, ring._map, ring.array, ring.slots = None, None, pixels, len(pixels)
+        return ring
+
+    def close(self) -> None:
+        self.array = None  # type: ignore[assignment]  # the mapping cannot close while an array views it
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class RingDescriptor:
+    """A ring's file descriptor on its way into a worker process: pickled while the process is being started, it
+    travels as a descriptor passed to the new process (multiprocessing's DupFd), not as a number."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing import reduction  # imported on use: only runs with process workers pickle a ring
+
+        return _detach_descriptor, (reduction.DupFd(self.fd),)
+
+
+def _detach_descriptor(dup: Any) -> int:
+    return dup.detach()
