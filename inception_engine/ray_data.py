@@ -32,7 +32,7 @@ from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig
 from .engine import Engine, load
 from .errors import EngineError, OptionError
 from .ingest.images import Preprocess, image_extensions
-from .ingest.inputs import list_directory
+from .ingest.inputs import expand_inputs, list_directory
 from .ingest.workers import decode_into
 from .output import jsonl_bytes
 from .pipeline import Prediction
@@ -329,19 +329,26 @@ def run_ray(sources: list[str], output_dir: str, address: str | None = None, gpu
 
 def run_on_ray(run: RunConfig) -> None:
     """inception-run's --ray branch (``run`` checked the options that exclude each other): run, print the summary,
-    exit 1 if any image failed."""
+    exit 1 if any image failed. Local inputs are listed as every inception-run lists them (ingest.inputs), notices
+    and unusable arguments said on stderr; URIs (s3://...) are Ray Data's to list."""
     import click
 
-    if not run.recursive:
-        for src in run.images:
-            notice = list_directory(src, False).notice() if os.path.isdir(src) else None
-            if notice:
-                click.echo(f"note: {src}: {notice}", err=True)
+    sources, unusable = list(run.images), []
+    if not any("://" in src for src in run.images):
+        listed = expand_inputs(run.images, run.recursive)
+        for notice in listed.notices:
+            click.echo(f"note: {notice}", err=True)
+        sources = [path for path, err in listed.items if err is None]
+        unusable = [err for _, err in listed.items if err is not None]
+        for err in unusable:
+            click.echo(f"error: {err}", err=True)
     assert run.output is not None and run.ray is not None
-    done = run_ray(list(run.images), run.output, run.ray or None, run.gpus, run.engine, run.top_k, run.recursive)
-    n, e = int(done.images), int(done.errors)  # Ray may count in numpy integers
+    if not sources:  # every argument unusable: no cluster to start
+        raise click.exceptions.Exit(1)
+    done = run_ray(sources, run.output, run.ray or None, run.gpus, run.engine, run.top_k, run.recursive)
+    n, e = int(done.images) + len(unusable), int(done.errors) + len(unusable)  # Ray may count in numpy integers
     click.echo(f"{n} image{'s' * (n != 1)} ({e} error{'s' * (e != 1)}) in {done.seconds:.1f} s on {done.actors}, "
                f"{done.images / max(done.seconds, 1e-9):.0f} images/s -> {run.output}", err=True)
-    if done.errors:
-        click.echo(f"error: {done.errors} of {done.images} inputs could not be classified", err=True)
+    if e:
+        click.echo(f"error: {e} of {n} inputs could not be classified", err=True)
         raise click.exceptions.Exit(1)
