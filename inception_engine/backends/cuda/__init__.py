@@ -24,9 +24,10 @@ Where things are (each module's docstring says more):
     tuning.py       measured tuning's candidates, pick and cache (the timing itself: backend.tune_configs)
     params.py       weights and biases packed in the kernels' layouts
     workspace.py    split-K / Winograd workspace and tile counters
-    kernels.py      the kernel registry: each entry point's source, signature, block and shared memory; Kernels
+    families/       the kernel families, one module each: its sources, C signatures, registry entries, launches
+    kernels.py      the kernel registry (the families' entries); Kernels loads them
     launch.py       plan -> LaunchSpecs on NCHW (launch_specs); Launch binds one to its kernel
-    launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and pointers
+    launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and side buffer
     tensor_maps.py  the TMA tiles' tensor maps: what each describes, and its bytes (the driver's or the emulator's)
     schedule.py     which stream each op runs on and what it waits for
     device.py       pycuda: driver, probe, Gpu
