@@ -199,9 +199,9 @@ class CudaBackend:
         self._host = [self._x_host, self._y_host]
         self._in_ptr, self._out_ptr = low.input.resolve(bases), low.output.resolve(bases)
         self.specs = [resolve_spec(s, bases) for s in low.specs]
-        for launch in self.specs:  # the TMA tiles' tensor maps, at the address each takes last
+        for launch in self.specs:  # the TMA tiles' tensor maps, at the address each takes as `maps`
             if launch.maps:
-                drv.memcpy_htod(launch.args[-1], encode_all(launch.maps))
+                drv.memcpy_htod(launch.arg("maps", spec(launch.kernel)), encode_all(launch.maps))
         # Only the units these launches need (a first run compiles one precision's), plus gpu_sleep (time_layers)
         # and the streaming pipeline's ends: all built in parallel.
         kernels = Kernels(self._gpu.arch, {unit_of(k) for k in {s.kernel for s in self.specs} | {
