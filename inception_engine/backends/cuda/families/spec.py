@@ -117,7 +117,7 @@ class LaunchSpec:
     block: tuple[int, int, int]
     args: tuple[int, ...]  # device pointers and int32s, in the kernel's parameter order
     shared: int = 0  # bytes of dynamic shared memory
-    maps: tuple[TensorMap, ...] = ()  # tensor maps the kernel reads from its last argument's address on, 128 bytes each
+    maps: tuple[TensorMap, ...] = ()  # tensor maps the kernel reads from its `maps` argument's address, 128 bytes each
 
     @classmethod
     def of(cls, op: str, kernel: KernelSpec, grid: tuple[int, int, int], args: Mapping[str, int],
