@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inception_engine import arch
-from inception_engine.backends.cuda import families, kernels
+from inception_engine.backends.cuda import device, families, kernels, tensor_maps
 from inception_engine.backends.cuda.cost_model import choose_configs
 from inception_engine.backends.cuda.launch import launch_specs
 from inception_engine.backends.cuda.launch_nhwc import nhwc_launch_specs, nhwc_side
@@ -74,6 +74,16 @@ def test_resolved_lowering_is_the_plan_walk_on_addresses(weights, case):
         want = launch_specs(plan, configs, BASES["arena"], BASES["params"], offsets, BASES["ws"], probs,
                             BASES["counters"] if fixup else None)
     assert got == want
+
+
+def test_lowering_calls_no_driver(weights, monkeypatch):
+    """Pure: with every module's way to the driver cut, the fp16 NHWC forward still lowers."""
+    def no_driver():
+        raise AssertionError("lowering called the driver")
+
+    for module in (device, kernels, tensor_maps):
+        monkeypatch.setattr(module, "driver", no_driver)
+    assert lowered(weights, *CASES[0])[3].specs
 
 
 def test_arguments_are_packed_by_name_in_the_signatures_order():
