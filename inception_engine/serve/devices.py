@@ -1,0 +1,347 @@
+"""The server's devices: one Engine per GPU (or one on the CPU backend), each fed batches by the batcher.
+
+How the engines are held. A single device's engine runs on a thread of its own (``ThreadDevice``): every call into
+it (and so every pycuda context push) happens on that thread, the batcher hands it jobs through a queue, and no
+bytes are copied between processes, which keeps a one-image request's latency to the forward itself. With several
+GPUs each engine runs in a worker process of its own (``ProcessDevice``), as ``inception-run --gpus`` does
+(multi_gpu.py), for the same reasons: Engine has no device index (its cuda backend opens device 0, so each process
+sees its GPU as device 0 through CUDA_VISIBLE_DEVICES), and one interpreter's GIL would serialise the host-side
+work of all the GPUs (uploads, the decoders' Python parts, top-k), which at ~10,000 images/s a GPU is the limit.
+Jobs go to a worker process over a pipe (pickle protocol 5: a batch of JPEGs is a few MB, which a pipe moves at
+GB/s); the pixels of host-decoded images (268 KB each) go the same way.
+
+A device's loop (``serve_jobs``) keeps up to its runner's ``depth`` batches outstanding: the next batch is
+submitted (copied to the GPU, decoded there with --decode gpu) before the oldest's result is collected.
+
+Jobs: ``encoded`` (image files' bytes, decoded by the runner on the GPU: --decode gpu), ``pixels`` (images decoded
+on the host, (n, size, size, 3) uint8) -> per image its top-k (index, probability) pairs or its error message;
+``tensor`` ((n, 3, size, size) float32, normalised) -> (n, classes) float32 logits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..engine import Engine, EngineFacts
+from ..errors import EngineError
+from ..images import Preprocess, first_line
+from ..pipeline import HostRing, TopK, die_with
+
+STOP = "stop"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What each device's engine is built with (picklable: a worker process builds its own)."""
+
+    weights: str | None
+    backend: str
+    precision: str
+    batch_size: int
+    decode: str
+
+
+def build_engine(spec: EngineSpec) -> Engine:
+    """The server's one place that makes an Engine."""
+    return Engine(spec.weights, backend=spec.backend, precision=spec.precision, batch_size=spec.batch_size,
+                  decode=spec.decode)
+
+
+@dataclass
+class Job:
+    kind: str  # "encoded", "pixels" or "tensor"
+    data: Any  # list of bytes, or an array
+    names: list[str]  # each image's name in error messages ("images[3]")
+    top_k: int = 0
+
+
+def buckets(batch: int) -> list[int]:
+    """The forward batch sizes a GPU backend is built for: powers of two up to ``batch``, and ``batch``. A tensor
+    job of n images runs on the smallest that holds it, padded: one plan (kernels, CUDA graph) per size, built at
+    warm-up, instead of one for every n that arrives."""
+    out, b = [], 1
+    while b < batch:
+        out.append(b)
+        b *= 2
+    return [*out, batch]
+
+
+class DeviceWorker:
+    """One engine and its runner, used from one thread only."""
+
+    def __init__(self, spec: EngineSpec):
+        if spec.decode == "gpu":
+            from ..backends.cuda import jpeg_decode
+
+            # jpeg_batch.c reads files by name; the server decodes the bytes a client sent, never a path: through
+            # nvImageCodec's Python API (decode_into)
+            jpeg_decode.NATIVE = False
+        self.engine = build_engine(spec)
+        try:
+            self.size = self.engine.preprocess.size
+            self.runner = self.engine.runner(self.engine.batch_size)
+            self.ring = HostRing(self.runner.batch, self.size, shared=False)
+            self.runner.attach(self.ring)
+        except BaseException:
+            self.engine.close()
+            raise
+        self.depth = self.runner.depth
+        self.sizes = [self.runner.batch] if self.engine.backend_name == "cpu" else buckets(self.runner.batch)
+
+    def facts(self) -> EngineFacts:
+        return self.engine.facts()
+
+    def warm_up(self) -> None:
+        """Every plan a job can need built and run once, the runner's path (and its GPU decoder) included, before
+        the server says it is ready."""
+        for b in self.sizes:
+            self.forward(np.zeros((b, 3, self.size, self.size), np.float32))
+        img = io.BytesIO()
+        Image.new("RGB", (self.size + 43, self.size), (120, 80, 40)).save(img, "JPEG")
+        kind, data = (("encoded", [img.getvalue()]) if self.engine.decode == "gpu" else
+                      ("pixels", np.zeros((1, self.size, self.size, 3), np.uint8)))
+        job = Job(kind, data, ["warm-up"], 1)
+        result = self.result(job, self.submit(job))
+        if isinstance(result[0], str):
+            raise EngineError(f"warm-up: {result[0]}")
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        n = len(x)
+        b = next(s for s in self.sizes if s >= n) if self.engine.backend_name != "cpu" else n
+        if b > n:
+            x = np.concatenate([x, np.zeros((b - n, *x.shape[1:]), np.float32)])
+        return self.engine.backend_for(b, tune="cached").forward(np.ascontiguousarray(x))[:n]
+
+    def submit(self, job: Job) -> Any:
+        if job.kind == "tensor":
+            return self.forward(job.data)
+        if job.kind == "pixels":
+            self.ring.array[:len(job.data)] = job.data
+            return self.runner.submit(list(range(len(job.data))), job.top_k)
+        return self.runner.submit_encoded(list(zip(job.names, job.data)), job.top_k)  # type: ignore[attr-defined]
+
+    def result(self, job: Job, ticket: Any) -> Any:
+        return ticket if job.kind == "tensor" else self.runner.result(ticket)
+
+    def close(self) -> None:
+        try:
+            self.runner.close()
+            self.ring.close()
+        finally:
+            self.engine.close()
+
+
+# What a device's loop takes: (key, job), None where nothing is waiting (take(block=False)), or STOP.
+Take = Callable[[bool], Any]
+Give = Callable[[Any, Any, str | None], None]  # (key, result, error message)
+
+
+def serve_jobs(worker: DeviceWorker, take: Take, give: Give) -> None:
+    """Run jobs until STOP, up to ``worker.depth`` submitted before the oldest is collected; each job's result (or
+    its error, in one line) goes to ``give`` in the order the jobs came."""
+    pending: deque[tuple[Any, Job, Any]] = deque()
+
+    def finish_oldest() -> None:
+        key, job, ticket = pending.popleft()
+        try:
+            give(key, worker.result(job, ticket), None)
+        except Exception as e:
+            give(key, None, failure(e))
+
+    while True:
+        item = take(not pending)
+        if item is None:
+            finish_oldest()
+            continue
+        if item == STOP:
+            while pending:
+                finish_oldest()
+            return
+        key, job = item
+        if len(pending) >= worker.depth:
+            finish_oldest()
+        try:
+            pending.append((key, job, worker.submit(job)))
+        except Exception as e:
+            give(key, None, failure(e))
+
+
+def failure(e: BaseException) -> str:
+    return str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {first_line(e)}"
+
+
+class ThreadDevice:
+    """A device whose engine runs on a thread of this process."""
+
+    def __init__(self, spec: EngineSpec, index: int, loop: asyncio.AbstractEventLoop):
+        self.index, self.loop = index, loop
+        self.name = "cpu" if spec.backend == "cpu" else f"gpu{index}"
+        self.depth = 1
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._ready: asyncio.Future[tuple[EngineFacts, Preprocess]] = loop.create_future()
+        self._thread = threading.Thread(target=self._main, args=(spec,), name=f"device-{self.name}", daemon=True)
+        self._thread.start()
+
+    async def ready(self) -> tuple[EngineFacts, Preprocess]:
+        """Its engine's facts and preprocessing, once it has warmed up (EngineError where it could not)."""
+        return await self._ready
+
+    def _main(self, spec: EngineSpec) -> None:
+        try:
+            worker = DeviceWorker(spec)
+            worker.warm_up()
+        except BaseException as e:
+            self.loop.call_soon_threadsafe(_settle, self._ready, None, EngineError(failure(e)))
+            return
+        self.depth = worker.depth
+        self.loop.call_soon_threadsafe(_settle, self._ready, (worker.facts(), worker.engine.preprocess), None)
+
+        def take(block: bool) -> Any:
+            try:
+                return self._jobs.get(block)
+            except queue.Empty:
+                return None
+
+        def give(fut: asyncio.Future, result: Any, error: str | None) -> None:
+            self.loop.call_soon_threadsafe(_settle, fut, result, None if error is None else DeviceError(error))
+
+        try:
+            serve_jobs(worker, take, give)
+        finally:
+            worker.close()
+
+    def run(self, job: Job) -> asyncio.Future:
+        fut = self.loop.create_future()
+        self._jobs.put((fut, job))
+        return fut
+
+    def close(self) -> None:
+        """Finish the jobs given, then end the engine (waits for the thread)."""
+        self._jobs.put(STOP)
+        self._thread.join()
+
+
+class DeviceError(Exception):
+    """A batch that the engine failed on (not the request's fault): HTTP 500 with this one line."""
+
+
+def _process_main(spec: EngineSpec, gpu: int, conn: Any, owner: int) -> None:
+    """A GPU worker process: its engine on GPU ``gpu`` (as device 0), jobs from ``conn``, results back on it."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its devices itself, in order
+    die_with(owner)
+    try:
+        worker = DeviceWorker(spec)
+        worker.warm_up()
+    except BaseException as e:
+        conn.send(("error", f"GPU {gpu}: {failure(e)}"))
+        return
+    conn.send(("ready", (worker.facts(), worker.engine.preprocess, worker.depth)))
+
+    def take(block: bool) -> Any:
+        return conn.recv() if block or conn.poll() else None
+
+    try:
+        serve_jobs(worker, take, lambda key, result, error: conn.send((key, result, error)))
+    finally:
+        worker.close()
+
+
+class ProcessDevice:
+    """A device whose engine runs in a worker process of its own (several GPUs: the module doc says why)."""
+
+    def __init__(self, spec: EngineSpec, index: int, loop: asyncio.AbstractEventLoop):
+        self.index, self.loop, self.name, self.depth = index, loop, f"gpu{index}", 1
+        ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_process_main, args=(spec, index, child, os.getpid()), daemon=True)
+        self._proc.start()
+        child.close()
+        self._ready: asyncio.Future[tuple[EngineFacts, Preprocess]] = loop.create_future()
+        self._futures: dict[int, asyncio.Future] = {}
+        self._next = 0
+        # sent from a thread of its own: a send blocks while the worker computes, which the event loop must not
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name=f"device-{self.name}-reader", daemon=True)
+        self._sender = threading.Thread(target=self._send, name=f"device-{self.name}-sender", daemon=True)
+        self._reader.start()
+        self._sender.start()
+
+    async def ready(self) -> tuple[EngineFacts, Preprocess]:
+        """Its engine's facts and preprocessing, once it has warmed up (EngineError where it could not)."""
+        return await self._ready
+
+    def _read(self) -> None:
+        try:
+            kind, payload = self._conn.recv()
+            if kind == "error":
+                raise EngineError(payload)
+            facts, pre, self.depth = payload
+            self.loop.call_soon_threadsafe(_settle, self._ready, (facts, pre), None)
+            while True:
+                key, result, error = self._conn.recv()
+                fut = self._futures.pop(key)
+                self.loop.call_soon_threadsafe(_settle, fut, result, None if error is None else DeviceError(error))
+        except (EOFError, OSError, EngineError) as e:
+            error = e if isinstance(e, EngineError) else DeviceError(f"the worker for {self.name} ended "
+                                                                     f"(exit code {self._proc.exitcode})")
+            for fut in [self._ready, *self._futures.values()]:
+                self.loop.call_soon_threadsafe(_settle, fut, None, error)
+
+    def _send(self) -> None:
+        while True:
+            item = self._outbox.get()
+            try:
+                self._conn.send(item)
+            except OSError:  # the worker ended: the reader fails what is outstanding
+                return
+            if item == STOP:
+                return
+
+    def run(self, job: Job) -> asyncio.Future:
+        fut = self.loop.create_future()
+        key, self._next = self._next, self._next + 1
+        self._futures[key] = fut
+        self._outbox.put((key, job))
+        return fut
+
+    def close(self) -> None:
+        self._outbox.put(STOP)
+        self._sender.join(timeout=60)
+        self._proc.join(timeout=60)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join()
+        self._reader.join(timeout=5)
+
+
+def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+def make_devices(spec: EngineSpec, gpus: int, loop: asyncio.AbstractEventLoop) -> list[Any]:
+    """One device per GPU (``gpus`` of them: worker processes where more than one), or one on the CPU backend."""
+    if spec.backend == "cpu" or gpus <= 1:
+        return [ThreadDevice(spec, 0, loop)]
+    return [ProcessDevice(spec, g, loop) for g in range(gpus)]
+
+
+TopKOrError = TopK | str
