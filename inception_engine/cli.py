@@ -159,15 +159,22 @@ def shown_before(note: str) -> bool:
               help="GPUs to use: with --ray, GPU actors [default: all]; without, worker processes on this "
                    "machine, one per GPU [default: 1]; more than the machine has is refused. More GPUs help where "
                    "decoding keeps up with them: fp32, or --decode gpu.")
+@click.option("--server", "server_url", metavar="URL",
+              help="Have a running inception-serve at URL (http://HOST:PORT) compute the results: the files are "
+                   "read here and sent; the output is a local run's on the server's backend and precision.")
 @click.option("-r", "--recursive", is_flag=True,
               help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
                    "its subfolders hold).")
 @user_errors
 def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, precision: str, top_k: int,
             batch_size: int | None, workers: int | None, worker_kind: str, decode: str, output_path: str | None,
-            resume: bool, as_json: bool, ray_address: str | None, gpus: int | None, recursive: bool) -> None:
+            resume: bool, as_json: bool, ray_address: str | None, gpus: int | None, recursive: bool,
+            server_url: str | None = None) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
     from .engine import Engine
+
+    if server_url is not None and (ray_address is not None or gpus is not None):
+        raise EngineError("--server computes on the server's devices; --ray and --gpus do not apply")
 
     if ray_address is not None:
         from .ray_data import run_on_ray
@@ -181,6 +188,7 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         # workers start: multi_gpu.start_on_gpus)
         backends.require_gpus(gpus)
     from .multi_gpu import start_on_gpus
+    from .serve.client import remote_run
 
     if resume and not output_path:
         raise EngineError("--resume continues an --output FILE; give the file")
@@ -195,7 +203,9 @@ def run_cmd(images: tuple[str, ...], weights_path: str | None, backend: str, pre
         # start instead (the arguments checked first), each builds its engine and tells the parent what it runs
         # with; the parent builds none (into a file, the workers render the lines: the parent puts them in order).
         progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
-        on_gpus = (start_on_gpus(gpus, top_k, weights_path, backend, batch_size, precision, workers, worker_kind,
+        on_gpus = (remote_run(server_url, top_k, backend, precision, batch_size,
+                              lambda n: progress[0](n) if progress else None) if server_url is not None else
+                   start_on_gpus(gpus, top_k, weights_path, backend, batch_size, precision, workers, worker_kind,
                                  lambda n: progress[0](n) if progress else None, decode,
                                  out.fmt if out is not None else None) if gpus and gpus > 1 else None)
         with (contextlib.nullcontext() if on_gpus is not None else

@@ -451,3 +451,63 @@ def test_several_devices_worker_process(weights_file, images, engine):
     np.testing.assert_allclose(logits, engine.forward(np.stack([load_image(p) for p in images[:2]])), atol=1e-5)
     assert len(tops) == 1 and len(tops[0]) == 2 and isinstance(tops[0][0][0], int)
     assert threading.active_count() >= 1
+
+
+# ------------------------------------------------------------------------------------------- inception-run --server
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory, images) -> Path:
+    """Six images, a file that is no image and a truncated PNG, in one folder."""
+    d = tmp_path_factory.mktemp("run")
+    for p in images:
+        (d / p.name).write_bytes(p.read_bytes())
+    (d / "text.png").write_text("hello")
+    (d / "cut.png").write_bytes(images[1].read_bytes()[:200])
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "jsonl", "csv"])
+def test_inception_run_server_output_equals_a_local_run(server, weights_file, run_inputs, tmp_path, fmt):
+    from inception_engine import cli
+
+    from helpers.cli import runner
+
+    def run(*extra: str, out: str | None = None) -> tuple[int, str]:
+        args = [str(run_inputs), "--top-k", "3", *extra]
+        args += ["--json"] if fmt == "json" else ["--output", str(tmp_path / out)] if out else []
+        r = runner().invoke(cli.run_cmd, args, catch_exceptions=False)
+        return r.exit_code, (tmp_path / out).read_text() if out else r.stdout
+
+    out = (lambda name: f"{name}.{fmt}") if fmt in ("jsonl", "csv") else (lambda name: None)
+    local = run("--weights", str(weights_file), "--backend", "cpu", "--batch-size", str(MAX_BATCH), out=out("local"))
+    remote = run("--server", server.url, out=out("remote"))
+    assert local[0] == remote[0] == 1  # two images could not be read
+    assert remote[1] == local[1]
+    assert "cut.png: " in remote[1] and "text.png: not an image" in remote[1]
+
+
+def test_inception_run_server_resume(server, run_inputs, tmp_path):
+    from inception_engine import cli
+
+    from helpers.cli import runner
+
+    out = tmp_path / "r.jsonl"
+    first = sorted(run_inputs.glob("img*"))[:3]
+    assert runner().invoke(cli.run_cmd, [*map(str, first), "--server", server.url, "--output", str(out)]).exit_code == 0
+    r = runner().invoke(cli.run_cmd, [str(run_inputs), "--server", server.url, "--output", str(out), "--resume"])
+    assert r.exit_code == 1 and "resume: 3 of 8 images are in" in r.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(Path(d["image"]).name for d in lines) == sorted(p.name for p in run_inputs.iterdir())
+
+
+def test_inception_run_server_refusals(server, run_inputs):
+    from inception_engine import cli
+
+    from helpers.cli import one_line_error, runner
+
+    r = runner().invoke(cli.run_cmd, [str(run_inputs), "--server", server.url, "--precision", "fp16"])
+    assert r.exit_code == 2 and "the server at" in one_line_error(r) and "runs fp32" in r.stderr
+    r = runner().invoke(cli.run_cmd, [str(run_inputs), "--server", "http://127.0.0.1:9", "--top-k", "1"])
+    assert r.exit_code == 2 and "cannot reach the server" in one_line_error(r)
+    r = runner().invoke(cli.run_cmd, [str(run_inputs), "--server", server.url, "--gpus", "2"])
+    assert r.exit_code == 2 and "--ray and --gpus do not apply" in one_line_error(r)
