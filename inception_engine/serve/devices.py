@@ -238,11 +238,14 @@ class DeviceError(Exception):
     """A batch that the engine failed on (not the request's fault): HTTP 500 with this one line."""
 
 
-def _process_main(spec: EngineSpec, gpu: int, conn: Any, owner: int) -> None:
-    """A GPU worker process: its engine on GPU ``gpu`` (as device 0), jobs from ``conn``, results back on it."""
+def _process_main(spec: EngineSpec, gpu: int, conn: Any, owner: int, cpus: list[int]) -> None:
+    """A GPU worker process: its engine on GPU ``gpu`` (as device 0), jobs from ``conn``, results back on it; its
+    decoders on its share of the CPUs (multi_gpu.cpu_share: the default decode threads follow the affinity)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its devices itself, in order
     die_with(owner)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     try:
         worker = DeviceWorker(spec)
         worker.warm_up()
@@ -263,11 +266,12 @@ def _process_main(spec: EngineSpec, gpu: int, conn: Any, owner: int) -> None:
 class ProcessDevice:
     """A device whose engine runs in a worker process of its own (several GPUs: the module doc says why)."""
 
-    def __init__(self, spec: EngineSpec, index: int, loop: asyncio.AbstractEventLoop):
+    def __init__(self, spec: EngineSpec, index: int, loop: asyncio.AbstractEventLoop, cpus: list[int] | None = None):
         self.index, self.loop, self.name, self.depth = index, loop, f"gpu{index}", 1
         ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_process_main, args=(spec, index, child, os.getpid()), daemon=True)
+        self._proc = ctx.Process(target=_process_main, args=(spec, index, child, os.getpid(), cpus or []),
+                                 daemon=True)
         self._proc.start()
         child.close()
         self._ready: asyncio.Future[tuple[EngineFacts, Preprocess]] = loop.create_future()
@@ -341,7 +345,9 @@ def make_devices(spec: EngineSpec, gpus: int, loop: asyncio.AbstractEventLoop) -
     """One device per GPU (``gpus`` of them: worker processes where more than one), or one on the CPU backend."""
     if spec.backend == "cpu" or gpus <= 1:
         return [ThreadDevice(spec, 0, loop)]
-    return [ProcessDevice(spec, g, loop) for g in range(gpus)]
+    from ..multi_gpu import cpu_share
+
+    return [ProcessDevice(spec, g, loop, cpu_share(g, gpus)) for g in range(gpus)]
 
 
 TopKOrError = TopK | str

@@ -67,12 +67,12 @@ class Served:
             return self.proc.wait()
 
 
-def start_server(weights: Path, *args: str, wait: bool = True) -> Served:
-    """inception-serve on the CPU backend with ``weights``, its stderr read on a thread; waits for its ready line
+def start_server(weights: Path, *args: str, wait: bool = True, backend: str = "cpu", timeout: float = 120.0) -> Served:
+    """inception-serve on ``backend`` with ``weights``, its stderr read on a thread; waits for its ready line
     (``wait``)."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "inception_engine.serve.command", "--weights", str(weights), "--backend", "cpu",
+    cmd = [sys.executable, "-m", "inception_engine.serve.command", "--weights", str(weights), "--backend", backend,
            "--host", "127.0.0.1", "--port", "0", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     served = Served(proc)
@@ -84,7 +84,7 @@ def start_server(weights: Path, *args: str, wait: bool = True) -> Served:
 
     threading.Thread(target=read, daemon=True).start()
     if wait:
-        line = served.wait_line(READY)
+        line = served.wait_line(READY, timeout)
         served.url = line[len(READY):].split()[0]
     return served
 
