@@ -306,11 +306,25 @@ async def config(server: Server, request: Request) -> Response:
 async def infer(server: Server, request: Request) -> Response:
     check_model(server, request)
     body = await read_body(request, server.limits)
-    req = parse_infer(body, request.headers.get(HEADER_LENGTH), server.size, server.limits.max_images)
+    req = await off_loop(len(body) > OFF_LOOP_BYTES, parse_infer, body, request.headers.get(HEADER_LENGTH),
+                         server.size, server.limits.max_images)
     names = [f"images[{i}]" for i in range(req.count)]
     answer = await answered_in_time(server, server.compute(req, names))
-    content, headers = infer_response(req, answer)
+    # whole tensors as JSON: ~20 bytes a value to format
+    as_json = req.needs_logits and any(not o.binary and not o.classification for o in req.outputs)
+    content, headers = await off_loop(as_json and req.count * 1000 * 20 > OFF_LOOP_BYTES, infer_response, req,
+                                      answer)
     return Response(content, headers=headers)
+
+
+# A request's JSON parsed, or a response's JSON formatted, on a thread where it is larger than this: a large one
+# takes the event loop for longer than a batch (json.loads of a 64-image FP32 tensor: seconds), a small one less
+# than the trip to a thread and back.
+OFF_LOOP_BYTES = 1 << 20
+
+
+async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args) if big else fn(*args)
 
 
 async def answered_in_time(server: Server, work: Any) -> Any:

@@ -65,6 +65,9 @@ class Lane:
         out, room = [], most
         while self.pieces and room:
             p = self.pieces.popleft()
+            if p.request.future.done():  # its request timed out or failed: nobody waits for these images
+                self.count -= p.stop - p.start
+                continue
             if p.stop - p.start > room:
                 self.pieces.appendleft(Piece(p.request, p.start + room, p.stop))
                 p = Piece(p.request, p.start, p.start + room)
@@ -126,7 +129,7 @@ class Batcher:
                     break
             device = await self.idle.get()
             pieces = lane.take(self.max_batch)
-            if not pieces:  # cannot happen: only this task takes from the lane
+            if not pieces:  # every request waiting had timed out
                 self.idle.put_nowait(device)
                 continue
             task = asyncio.create_task(self._run_batch(device, pieces))

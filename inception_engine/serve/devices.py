@@ -242,7 +242,10 @@ def _process_main(spec: EngineSpec, gpu: int, conn: Any, owner: int, cpus: list[
     """A GPU worker process: its engine on GPU ``gpu`` (as device 0), jobs from ``conn``, results back on it; its
     decoders on its share of the CPUs (multi_gpu.cpu_share: the default decode threads follow the affinity)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # a fresh (spawned) interpreter: set before pycuda starts
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its devices itself, in order
+    # a signal to the whole process group (Ctrl-C, kill of the group) is the server's to handle: it answers what is
+    # in flight, then stops its devices in order; a server that ends otherwise takes them with it (die_with)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with(owner)
     if cpus:
         os.sched_setaffinity(0, cpus)

@@ -511,3 +511,18 @@ def test_inception_run_server_refusals(server, run_inputs):
     assert r.exit_code == 2 and "cannot reach the server" in one_line_error(r)
     r = runner().invoke(cli.run_cmd, [str(run_inputs), "--server", server.url, "--gpus", "2"])
     assert r.exit_code == 2 and "--ray and --gpus do not apply" in one_line_error(r)
+
+
+def test_an_engine_that_cannot_start_is_one_line_exit_2(weights_file, monkeypatch):
+    """The devices are built after the server listens: a failure there still ends the command with one line."""
+    from inception_engine.errors import EngineError
+    from inception_engine.serve import command, devices
+
+    from helpers.cli import one_line_error, runner
+
+    def fails(spec):
+        raise EngineError("the GPU decoder could not open (a test's)")
+
+    monkeypatch.setattr(devices, "build_engine", fails)
+    r = runner().invoke(command.serve_cmd, ["--weights", str(weights_file), "--backend", "cpu", "--port", "0"])
+    assert r.exit_code == 2 and one_line_error(r) == "error: the GPU decoder could not open (a test's)"

@@ -221,3 +221,17 @@ def test_batcher_joins_requests_splits_large_ones_and_answers_each_its_own():
     answers, batches = asyncio.run(go())
     assert answers == [[0.0], [100.0, 101.0], [200.0 + i for i in range(9)], [300.0]]
     assert sum(batches) == 13 and max(batches) == 4 and len(batches) == 4  # 13 images in 4 batches of up to 4
+
+
+def test_lane_drops_the_images_of_requests_nobody_waits_for():
+    async def go() -> None:
+        lane = Lane()
+        loop = asyncio.get_running_loop()
+        gone, kept = loop.create_future(), loop.create_future()
+        lane.add(Piece(Pending("tensor", [0] * 3, ["n"] * 3, 0, gone), 0, 3))
+        lane.add(Piece(Pending("tensor", [0] * 2, ["n"] * 2, 0, kept), 0, 2))
+        gone.cancel()  # its request timed out
+        taken = lane.take(4)
+        assert [p.request.future for p in taken] == [kept] and lane.count == 0
+
+    asyncio.run(go())
