@@ -23,7 +23,7 @@ files linked as many times as needed), its steady images/s (bench_folder.incepti
 The peer (``--peer litserve``): a LitServe server in a subprocess (this file, ``--peer-server PORT BATCH``) with
 torchvision's Inception-V3 (random weights: no download; the speed is the same) in fp16 on cuda:0, decoding
 with Pillow + torchvision's transforms in LitServe's workers, batching up to 64 single-image requests within 1 ms
-(for 64-image requests: each request its own batch).
+(LitServe's batch_timeout; for 64-image requests: each request its own batch).
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--decode", default="gpu")
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--delay-ms", type=float, default=1.0, help="the server's --max-queue-delay-ms")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="the server's --max-queue-delay-ms")
     ap.add_argument("--weights", default=None)
     ap.add_argument("--peer", default="litserve", choices=["litserve", "none"])
     ap.add_argument("--peer-port", type=int, default=8011)

@@ -103,8 +103,9 @@ class GracefulServer:
                    "on the GPU (cuda backend).")
 @click.option("--max-batch", "--batch-size", "max_batch", type=click.IntRange(1, 4096), default=None,
               show_default="64 on the GPU, 8 on the CPU", help="Images per batch, joined from all requests.")
-@click.option("--max-queue-delay-ms", type=click.FloatRange(0, 10_000), default=1.0, show_default=True,
-              help="How long a batch waits for more images before it runs part-full.")
+@click.option("--max-queue-delay-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
+              help="How long a batch waits for more images before it runs part-full (0, as Triton's: batches "
+                   "still fill while the devices are busy).")
 @click.option("--gpus", type=click.IntRange(0), default=None, metavar="N",
               help="GPUs to serve on, one engine each [default: all; the CPU backend where there are none].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")

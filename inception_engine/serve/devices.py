@@ -10,8 +10,9 @@ work of all the GPUs (uploads, the decoders' Python parts, top-k), which at ~10,
 Jobs go to a worker process over a pipe (pickle protocol 5: a batch of JPEGs is a few MB, which a pipe moves at
 GB/s); the pixels of host-decoded images (268 KB each) go the same way.
 
-A device's loop (``serve_jobs``) keeps up to its runner's ``depth`` batches outstanding: the next batch is
-submitted (copied to the GPU, decoded there with --decode gpu) before the oldest's result is collected.
+A device's loop (``serve_jobs``) keeps two batches outstanding: the next batch is submitted (decoded and copied to
+the GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and
+the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds.
 
 Jobs: ``encoded`` (image files' bytes, decoded by the runner on the GPU: --decode gpu), ``pixels`` (images decoded
 on the host, (n, size, size, 3) uint8) -> per image its top-k (index, probability) pairs or its error message;
@@ -79,8 +80,14 @@ def buckets(batch: int) -> list[int]:
     return [*out, batch]
 
 
+# The cuda runner replays one CUDA graph of its whole batch whatever a batch holds: a lone image on a runner of 64
+# would take a batch-64 forward (~2 ms in fp16 on an H100) where a batch-1 forward takes a fraction of it. A device
+# keeps runners of these sizes too (below its max batch), each batch going to the smallest that holds it.
+SMALL_RUNNERS = (1, 8)
+
+
 class DeviceWorker:
-    """One engine and its runner, used from one thread only."""
+    """One engine and its runners, used from one thread only."""
 
     def __init__(self, spec: EngineSpec):
         if spec.decode == "gpu":
@@ -90,33 +97,43 @@ class DeviceWorker:
             # nvImageCodec's Python API (decode_into)
             jpeg_decode.NATIVE = False
         self.engine = build_engine(spec)
+        self.runners: list[tuple[Any, HostRing]] = []  # (runner, its ring), by batch size
         try:
             self.size = self.engine.preprocess.size
-            self.runner = self.engine.runner(self.engine.batch_size)
-            self.ring = HostRing(self.runner.batch, self.size, shared=False)
-            self.runner.attach(self.ring)
+            batch = self.engine.batch_size
+            sizes = [batch] if self.engine.backend_name == "cpu" else sorted({*SMALL_RUNNERS, batch} & set(
+                range(1, batch + 1)))
+            for b in sizes:
+                runner = self.engine.runner(b)
+                ring = HostRing(runner.batch, self.size, shared=False)
+                self.runners.append((runner, ring))
+                runner.attach(ring)
         except BaseException:
-            self.engine.close()
+            self.close()
             raise
-        self.depth = self.runner.depth
-        self.sizes = [self.runner.batch] if self.engine.backend_name == "cpu" else buckets(self.runner.batch)
+        # batches outstanding at once, over all runners (no runner may have more than its own depth): two, one
+        # computed while the next is decoded and uploaded; more would only split the queue into smaller batches
+        self.depth = min(2, *(r.depth for r, _ in self.runners))
+        self.sizes = [batch] if self.engine.backend_name == "cpu" else buckets(batch)
 
     def facts(self) -> EngineFacts:
         return self.engine.facts()
 
     def warm_up(self) -> None:
-        """Every plan a job can need built and run once, the runner's path (and its GPU decoder) included, before
+        """Every plan a job can need built and run once, each runner's path (and its GPU decoder) included, before
         the server says it is ready."""
         for b in self.sizes:
             self.forward(np.zeros((b, 3, self.size, self.size), np.float32))
         img = io.BytesIO()
         Image.new("RGB", (self.size + 43, self.size), (120, 80, 40)).save(img, "JPEG")
-        kind, data = (("encoded", [img.getvalue()]) if self.engine.decode == "gpu" else
-                      ("pixels", np.zeros((1, self.size, self.size, 3), np.uint8)))
-        job = Job(kind, data, ["warm-up"], 1)
-        result = self.result(job, self.submit(job))
-        if isinstance(result[0], str):
-            raise EngineError(f"warm-up: {result[0]}")
+        for runner, _ in self.runners:
+            n = runner.batch
+            kind, data = (("encoded", [img.getvalue()] * n) if self.engine.decode == "gpu" else
+                          ("pixels", np.zeros((n, self.size, self.size, 3), np.uint8)))
+            job = Job(kind, data, ["warm-up"] * n, 1)
+            result = self.result(job, self.submit(job))
+            if isinstance(result[0], str):
+                raise EngineError(f"warm-up: {result[0]}")
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         n = len(x)
@@ -128,18 +145,25 @@ class DeviceWorker:
     def submit(self, job: Job) -> Any:
         if job.kind == "tensor":
             return self.forward(job.data)
+        n = len(job.data)
+        runner, ring = next((r, g) for r, g in self.runners if r.batch >= n)
         if job.kind == "pixels":
-            self.ring.array[:len(job.data)] = job.data
-            return self.runner.submit(list(range(len(job.data))), job.top_k)
-        return self.runner.submit_encoded(list(zip(job.names, job.data)), job.top_k)  # type: ignore[attr-defined]
+            ring.array[:n] = job.data
+            return runner, runner.submit(list(range(n)), job.top_k)
+        return runner, runner.submit_encoded(list(zip(job.names, job.data)), job.top_k)
 
     def result(self, job: Job, ticket: Any) -> Any:
-        return ticket if job.kind == "tensor" else self.runner.result(ticket)
+        if job.kind == "tensor":
+            return ticket
+        runner, t = ticket
+        return runner.result(t)
 
     def close(self) -> None:
         try:
-            self.runner.close()
-            self.ring.close()
+            for runner, ring in self.runners:
+                runner.close()
+                ring.close()
+            self.runners = []
         finally:
             self.engine.close()
 
