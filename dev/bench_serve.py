@@ -198,8 +198,10 @@ def start_inception(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"inception-serve did not start (exit {proc.wait()})")
 
 
-def start_peer(batch: int, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, __file__, "--peer-server", str(port), str(batch)], cwd=ROOT)
+def start_peer(batch: int, port: int, model: str) -> subprocess.Popen:
+    """The peer in a session of its own, so that stop_peer ends LitServe's processes with it."""
+    proc = subprocess.Popen([sys.executable, __file__, "--peer-server", str(port), str(batch), "--peer-model", model],
+                            cwd=ROOT, start_new_session=True)
     import urllib.request
 
     for _ in range(600):
@@ -211,43 +213,108 @@ def start_peer(batch: int, port: int) -> subprocess.Popen:
             time.sleep(0.5)
         if proc.poll() is not None:
             break
-    proc.kill()
+    stop_peer(proc)
     raise SystemExit("the LitServe peer did not start")
 
 
-def peer_server(port: int, batch: int) -> None:
-    """LitServe with torchvision's Inception-V3 in fp16: decode (Pillow, torchvision's transforms) in LitServe's
-    decode_request, its batching across requests, one forward per batch."""
-    import io
+def stop_peer(proc: subprocess.Popen) -> None:
+    """The peer and every process LitServe started, ended (its port free for the next)."""
+    import signal
 
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            time.sleep(1.0)  # its children leave with it
+            os.killpg(proc.pid, signal.SIGKILL)  # any left
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            continue
+        return
+
+
+class TorchInception:
+    """torchvision's Inception-V3 in fp16 on the device LitServe gives, torchvision's preprocessing."""
+
+    def __init__(self, device: str):
+        import torch
+        import torchvision
+        from torchvision import transforms
+
+        self.torch, self.device = torch, device
+        model = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=False)
+        self.model = model.half().to(device).eval()
+        self.pre = transforms.Compose([transforms.Resize(342), transforms.CenterCrop(299), transforms.ToTensor(),
+                                       transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+    def stack(self, images: list) -> Any:
+        return self.torch.stack([self.pre(img) for img in images])
+
+    def cat(self, parts: list) -> Any:
+        return self.torch.cat(parts)
+
+    def top5(self, x: Any) -> list:
+        torch = self.torch
+        with torch.inference_mode():
+            probs = self.model(x.to(self.device, torch.float16, non_blocking=True)).float().softmax(1)
+            p, i = probs.topk(5, dim=1)
+        return list(zip(p.cpu().tolist(), i.cpu().tolist()))
+
+
+class FakeModel:
+    """Random scores in place of the network (``--peer-model fake``): the peer's plumbing checked without torch."""
+
+    def __init__(self, device: str):
+        import numpy as np
+
+        self.np = np
+
+    def stack(self, images: list) -> Any:
+        return self.np.stack([self.np.asarray(img.resize((299, 299)), self.np.float32) for img in images])
+
+    def cat(self, parts: list) -> Any:
+        return self.np.concatenate(parts)
+
+    def top5(self, x: Any) -> list:
+        idx = self.np.argsort(-x.reshape(len(x), -1)[:, :1000], axis=1)[:, :5]
+        return [([0.2] * 5, row.tolist()) for row in idx]
+
+
+try:  # the peer's API class lives at the top level: LitServe pickles it into its worker processes
     import litserve as ls
-    import torch
-    import torchvision
-    from PIL import Image
-    from torchvision import transforms
+except ImportError:  # only the peer needs it
+    ls = None
 
-    pre = transforms.Compose([transforms.Resize(342), transforms.CenterCrop(299), transforms.ToTensor(),
-                              transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+if ls is not None:
+    class InceptionAPI(ls.LitAPI):
+        """LitServe serving Inception-V3: decode (Pillow, torchvision's transforms) in decode_request, LitServe's
+        batching across requests, one forward per batch."""
 
-    class Inception(ls.LitAPI):
+        def __init__(self, model: str, **batching: Any):
+            super().__init__(**batching)
+            self.model = model
+
         def setup(self, device: str) -> None:
-            self.device = device
-            model = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=False)
-            self.model = model.half().to(device).eval()
+            self.net = (TorchInception if self.model == "torch" else FakeModel)(device)
 
         def decode_request(self, request: dict) -> Any:
-            return torch.stack([pre(Image.open(io.BytesIO(base64.b64decode(s))).convert("RGB"))
-                                for s in request["images"]])
+            import io
+
+            from PIL import Image
+
+            return self.net.stack([Image.open(io.BytesIO(base64.b64decode(s))).convert("RGB")
+                                   for s in request["images"]])
 
         def batch(self, inputs: list) -> Any:
-            return torch.cat(inputs), [len(x) for x in inputs]
+            return self.net.cat(inputs), [len(x) for x in inputs]
 
         def predict(self, x: Any) -> Any:
+            if not isinstance(x, tuple):  # max_batch_size 1: LitServe calls neither batch nor unbatch
+                return self.net.top5(x)
             images, sizes = x
-            with torch.inference_mode():
-                probs = self.model(images.to(self.device, torch.float16, non_blocking=True)).float().softmax(1)
-                p, i = probs.topk(5, dim=1)
-            return list(zip(p.cpu().tolist(), i.cpu().tolist())), sizes
+            return self.net.top5(images), sizes
 
         def unbatch(self, output: Any) -> list:
             rows, sizes = output
@@ -260,11 +327,14 @@ def peer_server(port: int, batch: int) -> None:
         def encode_response(self, output: Any) -> dict:
             return {"top": [list(zip(i, p)) for p, i in output]}
 
-    try:  # LitServe >= 0.2.10: batching is the API's
-        api, server_args = Inception(max_batch_size=batch, batch_timeout=0.001), {}
-    except TypeError:
-        api, server_args = Inception(), {"max_batch_size": batch, "batch_timeout": 0.001}
-    ls.LitServer(api, accelerator="cuda", devices=1, **server_args).run(port=port, generate_client_file=False)
+
+def peer_server(port: int, batch: int, model: str) -> None:
+    """The peer: InceptionAPI batching up to ``batch`` requests within 1 ms, on cuda:0 (the fake model: the CPU)."""
+    if ls is None:
+        raise SystemExit("the peer needs litserve (dev/gpu_machine/serve_kit.sh)")
+    api = InceptionAPI(model, max_batch_size=batch, batch_timeout=0.001)  # LitServe >= 0.2.10: the API's batching
+    ls.LitServer(api, accelerator="cuda" if model == "torch" else "cpu", devices=1).run(
+        host="127.0.0.1", port=port, generate_client_file=False, log_level="warning")
 
 
 # ----------------------------------------------------------------------------------------------- beside them
@@ -307,6 +377,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--weights", default=None)
     ap.add_argument("--peer", default="litserve", choices=["litserve", "none"])
     ap.add_argument("--peer-port", type=int, default=8011)
+    ap.add_argument("--peer-model", default="torch", choices=["torch", "fake"],
+                    help="fake: random scores instead of the network, to check the peer's plumbing without torch")
     ap.add_argument("--run-images", type=int, default=16384, help="files for the inception-run rows (0: none)")
     ap.add_argument("--workdir", default="/tmp/bench_serve")
     ap.add_argument("--json", default=None)
@@ -317,7 +389,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse()
     if args.peer_server:
-        return peer_server(*args.peer_server)
+        return peer_server(*args.peer_server, args.peer_model)
     from bench_folder import folder
 
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
@@ -334,13 +406,12 @@ def main() -> None:
         print(f"inception-serve exit code {proc.wait(timeout=120)}", flush=True)
     if args.peer == "litserve":
         for size in args.sizes:  # each request size on a peer batching as it suits it
-            peer = start_peer(64 if size == 1 else 1, args.peer_port)
+            peer = start_peer(64 if size == 1 else 1, args.peer_port, args.peer_model)
             try:
                 one = argparse.Namespace(**{**vars(args), "sizes": [size]})
                 report["rows"] += sweep("litserve", f"http://127.0.0.1:{args.peer_port}", files, one)
             finally:
-                peer.terminate()
-                peer.wait(timeout=120)
+                stop_peer(peer)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {args.json}")
