@@ -39,7 +39,7 @@ from PIL import Image
 from ..engine import Engine, EngineFacts
 from ..errors import EngineError
 from ..images import Preprocess, first_line
-from ..pipeline import HostRing, TopK, die_with
+from ..pipeline import HostRing, die_with
 
 STOP = "stop"
 
@@ -376,5 +376,3 @@ def make_devices(spec: EngineSpec, gpus: int, loop: asyncio.AbstractEventLoop) -
 
     return [ProcessDevice(spec, g, loop, cpu_share(g, gpus)) for g in range(gpus)]
 
-
-TopKOrError = TopK | str
