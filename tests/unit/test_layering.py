@@ -23,8 +23,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("weights", "model_files", "labels", "plan", "images", "inputs", "pil_resize", "pipeline", "output",
       "onnx_convert", "cuda_build", "cuda_graph", "cudnn_api")),
     ("backends: what runs a plan", ("backends",)),
-    ("applications: what puts backends to work", ("engine", "synthetic", "bench", "multi_gpu", "ray_data", "tune")),
-    ("the command line", ("cli", "entry")),
+    ("applications: what puts backends to work",
+     ("engine", "synthetic", "bench", "multi_gpu", "ray_data", "tune", "serve")),
+    ("the command line", ("cli", "entry", "serve.command")),
 )
 
 
