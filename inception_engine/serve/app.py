@@ -64,6 +64,7 @@ class Metrics:
                                       buckets=sizes)
         self.images = Counter("inception_images", "Images computed, by device", ["device"], registry=r)
         self.ready = Gauge("inception_ready", "1 once every device has warmed up", registry=r)
+        self.in_flight = Gauge("inception_requests_in_flight", "Requests being answered", ["route"], registry=r)
 
     def batch(self, stats: BatchStats) -> None:
         self.images.labels(stats.device).inc(stats.images)
@@ -218,6 +219,8 @@ def make_app(server: Server) -> Starlette:
     def counted(route: str, handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             t0 = time.perf_counter()
+            in_flight = server.metrics.in_flight.labels(route)
+            in_flight.inc()
             try:
                 response = await handler(request)
             except ProtocolError as e:
@@ -226,6 +229,8 @@ def make_app(server: Server) -> Starlette:
                 response = Response(status_code=499)
             except DeviceError as e:
                 response = error(f"the engine failed on this request's batch: {e}", 500)
+            finally:
+                in_flight.dec()
             server.metrics.answered(route, response.status_code, time.perf_counter() - t0)
             return response
 

@@ -207,7 +207,8 @@ def test_metrics_parse(server, client, images):
     with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
         assert r.headers["content-type"].startswith("text/plain")
         families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
-    for name in ("inception_requests", "inception_request_failures", "inception_queue_seconds",
+    for name in ("inception_requests", "inception_request_failures", "inception_requests_in_flight",
+                 "inception_queue_seconds",
                  "inception_compute_seconds", "inception_batch_images", "inception_images", "inception_ready"):
         assert name in families, sorted(families)
     images_done = {s.labels["device"]: s.value for s in families["inception_images"].samples
@@ -378,12 +379,14 @@ def test_ready_only_after_warm_up_and_sigterm_under_load(weights_file, images, e
         served.url = served.wait_line(READY)[len(READY):].split()[0]
         assert status_of(f"{served.url}/v2/health/ready") == 200
         conns = []
-        for k in range(4):  # 4 requests of 2 images on one device of batch 2: ~0.5 s of work queued
+        for k in range(4):  # 4 one-image requests on one device of batch 2: ~0.2 s of work queued
             conn = http.client.HTTPConnection(served.host_port, timeout=120)
             conn.request("POST", f"/v1/classify?top_k=1&name=r{k}", body=images[k].read_bytes())
             conns.append(conn)
-        time.sleep(0.1)
+        while sum(counts := route_counts(served, "classify")) < 4:  # every request read (most not yet answered)
+            time.sleep(0.01)
         served.proc.send_signal(signal.SIGTERM)
+        assert counts[0] >= 1, "every request was answered before SIGTERM: nothing was in flight"
         answers = [conn.getresponse() for conn in conns]
         assert [a.status for a in answers] == [200] * 4
         docs = [json.loads(a.read()) for a in answers]
@@ -393,6 +396,16 @@ def test_ready_only_after_warm_up_and_sigterm_under_load(weights_file, images, e
         assert "inception-serve: stopped" in served.drain()
     finally:
         served.stop()
+
+
+def route_counts(served, route: str) -> tuple[float, float]:
+    """(requests in flight, requests answered) on ``route``, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{served.url}/metrics", timeout=30) as r:
+        samples = [s for f in text_string_to_metric_families(r.read().decode()) for s in f.samples]
+    return (sum(s.value for s in samples if s.name == "inception_requests_in_flight" and s.labels == {"route": route}),
+            sum(s.value for s in samples if s.name == "inception_requests_total" and s.labels.get("route") == route))
 
 
 def listening_port(served) -> int | None:
