@@ -10,6 +10,11 @@ work of all the GPUs (uploads, the decoders' Python parts, top-k), which at ~10,
 Jobs go to a worker process over a pipe (pickle protocol 5: a batch of JPEGs is a few MB, which a pipe moves at
 GB/s); the pixels of host-decoded images (268 KB each) go the same way.
 
+Images decoded on the GPU (--decode gpu) go to jpeg_batch.c, the C path that reads and decodes a batch of files
+without Python per file (about twice nvImageCodec's Python API's rate), as anonymous memory files
+(``memory_files``): the server never reads a path a client sends. Where jpeg_batch.c is unavailable the runner
+decodes the bytes through nvImageCodec's Python API.
+
 A device's loop (``serve_jobs``) keeps two batches outstanding: the next batch is submitted (decoded and copied to
 the GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and
 the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds.
@@ -22,6 +27,7 @@ on the host, (n, size, size, 3) uint8) -> per image its top-k (index, probabilit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import multiprocessing
 import os
@@ -29,7 +35,7 @@ import queue
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,12 +96,6 @@ class DeviceWorker:
     """One engine and its runners, used from one thread only."""
 
     def __init__(self, spec: EngineSpec):
-        if spec.decode == "gpu":
-            from ..backends.cuda import jpeg_decode
-
-            # jpeg_batch.c reads files by name; the server decodes the bytes a client sent, never a path: through
-            # nvImageCodec's Python API (decode_into)
-            jpeg_decode.NATIVE = False
         self.engine = build_engine(spec)
         self.runners: list[tuple[Any, HostRing]] = []  # (runner, its ring), by batch size
         try:
@@ -149,14 +149,17 @@ class DeviceWorker:
         runner, ring = next((r, g) for r, g in self.runners if r.batch >= n)
         if job.kind == "pixels":
             ring.array[:n] = job.data
-            return runner, runner.submit(list(range(n)), job.top_k)
-        return runner, runner.submit_encoded(list(zip(job.names, job.data)), job.top_k)
+            return runner, runner.submit(list(range(n)), job.top_k), {}
+        if runner.decode_fallback is not None:  # nvImageCodec's Python API: it decodes the bytes themselves
+            return runner, runner.submit_encoded(list(zip(job.names, job.data)), job.top_k), {}
+        with memory_files(job.data) as paths:  # jpeg_batch.c reads files by name, here its own memory files
+            return runner, runner.submit_encoded(list(zip(paths, job.data)), job.top_k), dict(zip(paths, job.names))
 
     def result(self, job: Job, ticket: Any) -> Any:
         if job.kind == "tensor":
             return ticket
-        runner, t = ticket
-        return runner.result(t)
+        runner, t, names = ticket
+        return [renamed(r, names) for r in runner.result(t)] if names else runner.result(t)
 
     def close(self) -> None:
         try:
@@ -166,6 +169,33 @@ class DeviceWorker:
             self.runners = []
         finally:
             self.engine.close()
+
+
+@contextlib.contextmanager
+def memory_files(items: list[bytes]) -> Iterator[list[str]]:
+    """Each item as an anonymous file in memory (memfd), open while the block runs, named by a path of this process's
+    own (/proc/self/fd/N): what jpeg_batch.c, which reads files by name with no Python per file, can take. The
+    server never opens a path a client names; these paths are its own."""
+    fds: list[int] = []
+    try:
+        for data in items:
+            fds.append(os.memfd_create("image", os.MFD_CLOEXEC))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fds[-1], view):]
+        yield [f"/proc/self/fd/{fd}" for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def renamed(result: Any, names: dict[str, str]) -> Any:
+    """An error message naming a memory file, naming its image instead."""
+    if isinstance(result, str):
+        path = result.split(":", 1)[0]
+        if path in names:
+            return names[path] + result[len(path):]
+    return result
 
 
 # What a device's loop takes: (key, job), None where nothing is waiting (take(block=False)), or STOP.

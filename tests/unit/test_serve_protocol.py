@@ -235,3 +235,18 @@ def test_lane_drops_the_images_of_requests_nobody_waits_for():
         assert [p.request.future for p in taken] == [kept] and lane.count == 0
 
     asyncio.run(go())
+
+
+def test_memory_files_are_readable_by_path_and_errors_name_the_image():
+    """--decode gpu's jpeg_batch.c reads files by name: the images go to it as the server's own memory files, and
+    its errors come back naming the image."""
+    from inception_engine.pipeline import read_file
+    from inception_engine.serve.devices import memory_files, renamed
+
+    items = [b"\xff\xd8 first", b"", b"x" * 300_000]
+    with memory_files(items) as paths:
+        got = [read_file(p) for p in paths]  # opened by path as jpeg_batch.c opens them (a regular file)
+        names = dict(zip(paths, ["images[0]", "images[1]", "images[2]"]))
+        assert [data for data, _ in got] == [items[0], None, items[2]]
+        assert renamed(got[1][1], names) == "images[1]: empty file"
+        assert renamed([(1, 0.5)], names) == [(1, 0.5)] and renamed("other: x", names) == "other: x"
