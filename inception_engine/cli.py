@@ -158,6 +158,9 @@ def shown_before(note: str) -> bool:
               help="GPUs to use: with --ray, GPU actors [default: all]; without, worker processes on this "
                    "machine, one per GPU [default: 1]; more than the machine has is refused. More GPUs help where "
                    "decoding keeps up with them: fp32, or --decode gpu.")
+@click.option("--server", "server_url", metavar="URL",
+              help="Have a running inception-serve at URL (http://HOST:PORT) compute the results: the files are "
+                   "read here and sent; the output is a local run's on the server's backend and precision.")
 @click.option("-r", "--recursive", is_flag=True,
               help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
                    "its subfolders hold).")
@@ -198,7 +201,7 @@ def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
     engine = {"weights": o["weights_path"], **{k: o[k] for k in ("backend", "precision", "batch_size", "workers",
                                                                   "worker_kind", "decode")}}
     return RunConfig(engine, images, o["top_k"], o["recursive"], o["output_path"], o["resume"], o["as_json"],
-                     o["gpus"], o["ray_address"])
+                     o["gpus"], o["ray_address"], o["server_url"])
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,9 @@ class RunConfig:
     (``gpus`` > 1: worker processes on this machine; ``ray``: a Ray cluster's address, "" for the running or a new
     local one). Options that exclude each other are refused here, before anything starts."""
 
-    engine: EngineConfig  # or a dict of EngineConfig's keywords, made into one after the run's own checks
+    # EngineConfig, or a dict of its keywords made into one after the run's own checks; with ``server``, the dict of
+    # what the run asks of the server's engine (backend, precision, batch_size)
+    engine: EngineConfig | dict[str, Any]
     images: tuple[str, ...]
     top_k: int = 5
     recursive: bool = False
@@ -139,11 +141,14 @@ class RunConfig:
     as_json: bool = False
     gpus: int | None = None
     ray: str | None = None
+    server: str | None = None  # a running inception-serve's URL: it computes, this process reads and writes
 
     def __post_init__(self) -> None:
         # the run's own options first: a usage error is said before any weight file is looked for
         if not 1 <= self.top_k <= MAX_TOP_K:
             raise OptionError("top_k", self.top_k, f"must be between 1 and {MAX_TOP_K}")
+        if self.server is not None and (self.ray is not None or self.gpus is not None):
+            raise EngineError("--server computes on the server's devices; --ray and --gpus do not apply")
         if self.ray is not None:
             self._check_ray()
         elif self.gpus == 0:
@@ -152,8 +157,22 @@ class RunConfig:
             raise EngineError("--resume continues an --output FILE; give the file")
         elif self.output and self.as_json:
             raise EngineError("--json prints to the terminal and --output writes a file; choose one")
-        if not isinstance(self.engine, EngineConfig):
+        if self.server is not None:
+            self._check_server()
+        elif not isinstance(self.engine, EngineConfig):
             object.__setattr__(self, "engine", EngineConfig(**self.engine))
+
+    def _check_server(self) -> None:
+        """--server: the engine is the server's, so ``engine`` stays the options the run asks of it (backend,
+        precision, batch size: checked against the server's when it answers); what only a local engine uses is
+        refused rather than ignored."""
+        asked = self.engine if isinstance(self.engine, dict) else dataclasses.asdict(self.engine)
+        local = {"weights": None, "workers": None, "worker_kind": "auto", "decode": "cpu"}
+        given = [k for k, default in local.items() if asked.get(k, default) != default]
+        if given:
+            raise EngineError(f"--{given[0].replace('_', '-')} is the server's to choose (inception-serve "
+                              f"--{given[0].replace('_', '-')}); --server runs what the server runs")
+        object.__setattr__(self, "engine", {k: asked.get(k) for k in ("backend", "precision", "batch_size")})
 
     def _check_ray(self) -> None:
         address = self.ray or ""
@@ -167,5 +186,8 @@ class RunConfig:
 
     @property
     def driver(self) -> str:
-        """Where the batches run: "ray", "gpus" (worker processes, one per GPU) or "local" (this process)."""
-        return "ray" if self.ray is not None else "gpus" if self.gpus and self.gpus > 1 else "local"
+        """Where the batches run: "ray", "server" (a running inception-serve), "gpus" (worker processes, one per GPU)
+        or "local" (this process)."""
+        if self.ray is not None or self.server is not None:
+            return "ray" if self.ray is not None else "server"
+        return "gpus" if self.gpus and self.gpus > 1 else "local"

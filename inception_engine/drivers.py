@@ -1,9 +1,10 @@
-"""Where a run's batches are computed: in this process (``LocalDriver``, one Engine) or in worker processes, one per
-GPU of this machine (``GpusDriver``, multi_gpu.GpuRun). Both take the run's config whole and give the same three
-things to the command that writes the results: the engine's facts (backend, precision, batch size, weights, notes),
-the results of a list of paths in their order (Predictions, or with ``fmt`` each one's line of an output file), and
-notes taken mid-run. A Ray cluster (``--ray``) is the third driver: it writes its own directory of results
-(ray_data.run_on_ray), since its inputs and output may be URIs this machine never reads.
+"""Where a run's batches are computed: in this process (``LocalDriver``, one Engine), in worker processes, one per
+GPU of this machine (``GpusDriver``, multi_gpu.GpuRun), or by a running inception-serve (``ServerDriver``). Each
+takes the run's config whole and gives the same three things to the command that writes the results: the engine's
+facts (backend, precision, batch size, weights, notes), the results of a list of paths in their order (Predictions,
+or with ``fmt`` each one's line of an output file), and notes taken mid-run. A Ray cluster (``--ray``) is the
+fourth driver: it writes its own directory of results (ray_data.run_on_ray), since its inputs and output may be URIs
+this machine never reads.
 """
 
 from __future__ import annotations
@@ -74,6 +75,25 @@ class GpusDriver(Wrapping):
         return self.inner.classify(paths)
 
 
+class ServerDriver(Wrapping):
+    """A running inception-serve computes (serve.client.RemoteRun): this process reads the files, sends them and
+    writes the results; the server's backend and precision must be those the run asks for (auto: any)."""
+
+    def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
+        from .serve.client import RemoteRun  # the HTTP client, only for runs that use it
+
+        assert run.server is not None and isinstance(run.engine, dict)
+        asked = run.engine
+        self.inner = RemoteRun(run.server, run.top_k, asked["backend"], asked["precision"], asked["batch_size"],
+                               on_progress)
+
+    def stream(self, paths: list[str]) -> Iterator[Any]:
+        return self.inner.classify(paths)
+
+
+DRIVERS: dict[str, type[Wrapping]] = {"local": LocalDriver, "gpus": GpusDriver, "server": ServerDriver}
+
+
 def start_driver(run: RunConfig, on_progress: Progress, fmt: str | None) -> Driver:
     """The driver ``run.driver`` names, started (not Ray's: ray_data.run_on_ray runs a whole job itself)."""
-    return GpusDriver(run, on_progress, fmt) if run.driver == "gpus" else LocalDriver(run, on_progress, fmt)
+    return DRIVERS[run.driver](run, on_progress, fmt)  # type: ignore[call-arg]

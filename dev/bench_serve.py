@@ -1,0 +1,422 @@
+"""inception-serve under load, beside inception-run on the same files and a peer server (LitServe with
+torchvision's Inception-V3 in fp16 and LitServe's own batching), in one run on a GPU machine.
+
+    python dev/bench_serve.py [--images 1024] [--concurrency 1,4,16,64,256] [--sizes 1,64] [--seconds 5]
+                              [--precision fp16] [--decode gpu] [--peer litserve|none] [--run-images 16384]
+                              [--json out.json]
+
+On the GPU machine the HTTP packages come from dev/gpu_machine/serve_kit.sh (``install`` sets PYTHONPATH).
+
+Load: tritonclient's asyncio client (tritonclient.http.aio) against inception-serve, aiohttp against the peer,
+from ``--client-procs`` processes (one Python process cannot send 10,000 requests a second), each request
+``size`` JPEG files as bytes (binary tensor data; the peer: base64 in JSON, its usual form), asking for the top 5:
+- closed loop: ``c`` requests outstanding at all times for ``--seconds``, for each c of ``--concurrency``;
+- open loop: requests started at a fixed rate (``--rate`` requests/s; default 80 % of the closed loop's best), each
+  one's latency counted from when it was due, so that a server falling behind shows in p99 (no coordinated
+  omission);
+per row: images/s, requests/s, p50 and p99 latency in ms, failed requests.
+
+Beside it: ``inception-run DIR`` (--decode, --precision as given) on ``--run-images`` files (the --images folder's
+files linked as many times as needed), its steady images/s (bench_folder.inception_run); and ``inception-run
+--server URL`` on the same files against the warm server: its wall time and when its first result came.
+
+The peer (``--peer litserve``): a LitServe server in a subprocess (this file, ``--peer-server PORT BATCH``) with
+torchvision's Inception-V3 (random weights: no download; the speed is the same) in fp16 on cuda:0, decoding
+with Pillow + torchvision's transforms in LitServe's workers, batching up to 64 single-image requests within 1 ms
+(LitServe's batch_timeout; for 64-image requests: each request its own batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "dev")]
+
+READY = "inception-serve: ready at "
+MODEL = "inception_v3"
+
+
+# ---------------------------------------------------------------------------------------------- the load itself
+
+def payloads(files: list[Path], size: int, count: int = 64) -> list[list[bytes]]:
+    """``count`` requests' images, ``size`` files each, cycling through ``files``."""
+    data = [f.read_bytes() for f in files]
+    return [[data[(r * size + j) % len(data)] for j in range(size)] for r in range(count)]
+
+
+async def triton_sender(url: str, conc: int) -> tuple[Any, Any]:
+    import numpy as np
+    import tritonclient.http.aio as aio
+    from tritonclient.http import InferInput, InferRequestedOutput
+
+    client = aio.InferenceServerClient(url.removeprefix("http://"), conn_limit=max(conc, 1))
+    outputs = [InferRequestedOutput("probabilities", binary_data=True, class_count=5)]
+
+    async def send(images: list[bytes]) -> bool:
+        inp = InferInput("images", [len(images)], "BYTES")
+        inp.set_data_from_numpy(np.array(images, dtype=np.object_), binary_data=True)
+        r = await client.infer(MODEL, [inp], outputs=outputs)
+        return r.as_numpy("probabilities").shape[0] == len(images)
+
+    return send, client.close
+
+
+async def peer_sender(url: str, conc: int) -> tuple[Any, Any]:
+    import aiohttp
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(conc, 1)))
+
+    async def send(images: list[bytes]) -> bool:
+        body = {"images": [base64.b64encode(b).decode() for b in images]}
+        async with session.post(f"{url}/predict", json=body) as r:
+            doc = await r.json()
+            return r.status == 200 and len(doc["top"]) == len(images)
+
+    return send, session.close
+
+
+async def drive(kind: str, url: str, reqs: list[list[bytes]], mode: str, level: float, seconds: float) -> dict:
+    """One client process's share: closed loop of ``level`` outstanding, or open loop at ``level`` requests/s."""
+    conc = int(level) if mode == "closed" else 1024
+    send, close = await (triton_sender if kind == "inception" else peer_sender)(url, conc)
+    lat: list[float] = []
+    failed = images = 0
+    end = time.perf_counter() + seconds
+
+    async def one(r: int, due: float) -> None:
+        nonlocal failed, images
+        try:
+            ok = await send(reqs[r % len(reqs)])
+        except Exception:
+            ok = False
+        if ok:
+            lat.append(time.perf_counter() - due)
+            images += len(reqs[r % len(reqs)])
+        else:
+            failed += 1
+
+    async def closed(worker: int) -> None:
+        r = worker
+        while time.perf_counter() < end:
+            await one(r, time.perf_counter())
+            r += conc
+
+    try:
+        await one(0, time.perf_counter())  # the connection made, not timed
+        lat.clear()
+        images = 0
+        t0 = time.perf_counter()
+        if mode == "closed":
+            await asyncio.gather(*(closed(w) for w in range(conc)))
+        else:
+            tasks, r = [], 0
+            while (due := t0 + r / level) < end:
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                tasks.append(asyncio.create_task(one(r, due)))
+                r += 1
+            await asyncio.gather(*tasks)
+        took = time.perf_counter() - t0
+    finally:
+        await close()
+    return {"lat": lat, "failed": failed, "images": images, "seconds": took}
+
+
+def client_proc(args: tuple) -> dict:
+    kind, url, files, size, mode, level, seconds = args
+    return asyncio.run(drive(kind, url, payloads(files, size), mode, level, seconds))
+
+
+def load_point(kind: str, url: str, files: list[Path], size: int, mode: str, level: float, seconds: float,
+               procs: int) -> dict:
+    """One row: ``procs`` client processes sharing the load, their latencies merged."""
+    procs = max(1, min(procs, int(level))) if mode == "closed" else procs
+    share = [level / procs] if mode == "open" else [level // procs + (p < level % procs) for p in range(procs)]
+    share = share * procs if mode == "open" else share
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(procs) as pool:
+        parts = pool.map(client_proc, [(kind, url, files, size, mode, s, seconds) for s in share if s > 0])
+    lat = sorted(x for p in parts for x in p["lat"])
+    took = max(p["seconds"] for p in parts)
+
+    def pct(q: float) -> float | None:
+        return round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2) if lat else None
+
+    return {"server": kind, "size": size, "mode": mode, "level": level,
+            "images_s": round(sum(p["images"] for p in parts) / took), "requests_s": round(len(lat) / took),
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "failed": sum(p["failed"] for p in parts)}
+
+
+def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for size in args.sizes:
+        best = 0.0
+        for c in args.concurrency:
+            row = load_point(kind, url, files, size, "closed", c, args.seconds, args.client_procs)
+            rows.append(row)
+            print(fmt(row), flush=True)
+            best = max(best, row["requests_s"])
+        rate = args.rate or 0.8 * best
+        if rate > 0:
+            row = load_point(kind, url, files, size, "open", rate, args.seconds, args.client_procs)
+            rows.append(row)
+            print(fmt(row), flush=True)
+    return rows
+
+
+def fmt(row: dict) -> str:
+    level = f"c={int(row['level'])}" if row["mode"] == "closed" else f"{row['level']:.0f} req/s"
+    return (f"{row['server']:10} {row['size']:3} img/req {row['mode']:6} {level:>12}: {row['images_s']:7} img/s "
+            f"{row['requests_s']:6} req/s  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  failed {row['failed']}")
+
+
+# ------------------------------------------------------------------------------------------------ the servers
+
+def start_inception(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "inception_engine.serve.command", "--port", "0", "--precision", args.precision,
+           "--decode", args.decode, "--backend", args.backend, "--max-queue-delay-ms", str(args.delay_ms),
+           "--max-images", "4096"]
+    if args.weights:
+        cmd += ["--weights", args.weights]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in proc.stderr:  # type: ignore[union-attr]
+        sys.stderr.write(line)
+        if line.startswith(READY):
+            return proc, line[len(READY):].split()[0]
+    raise SystemExit(f"inception-serve did not start (exit {proc.wait()})")
+
+
+def start_peer(batch: int, port: int, model: str) -> subprocess.Popen:
+    """The peer in a session of its own, so that stop_peer ends LitServe's processes with it."""
+    proc = subprocess.Popen([sys.executable, __file__, "--peer-server", str(port), str(batch), "--peer-model", model],
+                            cwd=ROOT, start_new_session=True)
+    import urllib.request
+
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            break
+    stop_peer(proc)
+    raise SystemExit("the LitServe peer did not start")
+
+
+def stop_peer(proc: subprocess.Popen) -> None:
+    """The peer and every process LitServe started, ended (its port free for the next)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            time.sleep(1.0)  # its children leave with it
+            os.killpg(proc.pid, signal.SIGKILL)  # any left
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            continue
+        return
+
+
+class TorchInception:
+    """torchvision's Inception-V3 in fp16 on the device LitServe gives, torchvision's preprocessing."""
+
+    def __init__(self, device: str):
+        import torch
+        import torchvision
+        from torchvision import transforms
+
+        self.torch, self.device = torch, device
+        model = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=False)
+        self.model = model.half().to(device).eval()
+        self.pre = transforms.Compose([transforms.Resize(342), transforms.CenterCrop(299), transforms.ToTensor(),
+                                       transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+    def stack(self, images: list) -> Any:
+        return self.torch.stack([self.pre(img) for img in images])
+
+    def cat(self, parts: list) -> Any:
+        return self.torch.cat(parts)
+
+    def top5(self, x: Any) -> list:
+        torch = self.torch
+        with torch.inference_mode():
+            probs = self.model(x.to(self.device, torch.float16, non_blocking=True)).float().softmax(1)
+            p, i = probs.topk(5, dim=1)
+        return list(zip(p.cpu().tolist(), i.cpu().tolist()))
+
+
+class FakeModel:
+    """Random scores in place of the network (``--peer-model fake``): the peer's plumbing checked without torch."""
+
+    def __init__(self, device: str):
+        import numpy as np
+
+        self.np = np
+
+    def stack(self, images: list) -> Any:
+        return self.np.stack([self.np.asarray(img.resize((299, 299)), self.np.float32) for img in images])
+
+    def cat(self, parts: list) -> Any:
+        return self.np.concatenate(parts)
+
+    def top5(self, x: Any) -> list:
+        idx = self.np.argsort(-x.reshape(len(x), -1)[:, :1000], axis=1)[:, :5]
+        return [([0.2] * 5, row.tolist()) for row in idx]
+
+
+try:  # the peer's API class lives at the top level: LitServe pickles it into its worker processes
+    import litserve as ls
+except ImportError:  # only the peer needs it
+    ls = None
+
+if ls is not None:
+    class InceptionAPI(ls.LitAPI):
+        """LitServe serving Inception-V3: decode (Pillow, torchvision's transforms) in decode_request, LitServe's
+        batching across requests, one forward per batch."""
+
+        def __init__(self, model: str, **batching: Any):
+            super().__init__(**batching)
+            self.model = model
+
+        def setup(self, device: str) -> None:
+            self.net = (TorchInception if self.model == "torch" else FakeModel)(device)
+
+        def decode_request(self, request: dict) -> Any:
+            import io
+
+            from PIL import Image
+
+            return self.net.stack([Image.open(io.BytesIO(base64.b64decode(s))).convert("RGB")
+                                   for s in request["images"]])
+
+        def batch(self, inputs: list) -> Any:
+            return self.net.cat(inputs), [len(x) for x in inputs]
+
+        def predict(self, x: Any) -> Any:
+            if not isinstance(x, tuple):  # max_batch_size 1: LitServe calls neither batch nor unbatch
+                return self.net.top5(x)
+            images, sizes = x
+            return self.net.top5(images), sizes
+
+        def unbatch(self, output: Any) -> list:
+            rows, sizes = output
+            out, at = [], 0
+            for n in sizes:
+                out.append(rows[at:at + n])
+                at += n
+            return out
+
+        def encode_response(self, output: Any) -> dict:
+            return {"top": [list(zip(i, p)) for p, i in output]}
+
+
+def peer_server(port: int, batch: int, model: str) -> None:
+    """The peer: InceptionAPI batching up to ``batch`` requests within 1 ms, on cuda:0 (the fake model: the CPU)."""
+    if ls is None:
+        raise SystemExit("the peer needs litserve (dev/gpu_machine/serve_kit.sh)")
+    api = InceptionAPI(model, max_batch_size=batch, batch_timeout=0.001)  # LitServe >= 0.2.10: the API's batching
+    ls.LitServer(api, accelerator="cuda" if model == "torch" else "cpu", devices=1).run(
+        host="127.0.0.1", port=port, generate_client_file=False, log_level="warning")
+
+
+# ----------------------------------------------------------------------------------------------- beside them
+
+def runs_beside(url: str, d: Path, args: argparse.Namespace) -> list[dict]:
+    """inception-run on the same files, locally and through the warm server (--server)."""
+    from bench_folder import inception_run, many
+
+    files = len(list(d.glob("*.jpg")))
+    target = many(d.parent, d, math.ceil(args.run_images / files)) if args.run_images > files else d
+    local = ["--precision", args.precision, "--decode", args.decode, "--backend", args.backend, str(target)]
+    local += ["--weights", args.weights] if args.weights else []
+    out = Path(args.workdir) / "run.jsonl"
+    rows = [{"run": "inception-run", **inception_run(local, out, timeout=900)},
+            {"run": "inception-run --server", **inception_run(["--server", url, str(target)], out, timeout=900)}]
+    for r in rows:
+        r.pop("top1", None)
+        print(f"{r['run']:24} {files if target is d else args.run_images} files: wall {r['wall_s']} s, steady "
+              f"{r['steady']} img/s, first result at {r['first_result_s']} s, rc {r['rc']}", flush=True)
+    return rows
+
+
+def ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=1024, help="JPEGs generated (bench_folder's small style)")
+    ap.add_argument("--style", default="small", choices=["small", "imagenet"])
+    ap.add_argument("--concurrency", type=ints, default=[1, 4, 16, 64, 256])
+    ap.add_argument("--sizes", type=ints, default=[1, 64], help="images per request")
+    ap.add_argument("--seconds", type=float, default=5.0, help="per row")
+    ap.add_argument("--rate", type=float, default=0.0, help="open loop requests/s (0: 80%% of the best closed)")
+    ap.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)))
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--decode", default="gpu")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="the server's --max-queue-delay-ms")
+    ap.add_argument("--weights", default=None)
+    ap.add_argument("--peer", default="litserve", choices=["litserve", "none"])
+    ap.add_argument("--peer-port", type=int, default=8011)
+    ap.add_argument("--peer-model", default="torch", choices=["torch", "fake"],
+                    help="fake: random scores instead of the network, to check the peer's plumbing without torch")
+    ap.add_argument("--run-images", type=int, default=16384, help="files for the inception-run rows (0: none)")
+    ap.add_argument("--workdir", default="/tmp/bench_serve")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--peer-server", nargs=2, type=int, metavar=("PORT", "BATCH"), help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse()
+    if args.peer_server:
+        return peer_server(*args.peer_server, args.peer_model)
+    from bench_folder import folder
+
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    d = folder(Path(args.workdir), args.style, args.images)
+    files = sorted(d.glob("*.jpg"))
+    report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "peer_server"}, "rows": []}
+    proc, url = start_inception(args)
+    try:
+        report["rows"] += sweep("inception", url, files, args)
+        if args.run_images:
+            report["runs"] = runs_beside(url, d, args)
+    finally:
+        proc.terminate()
+        print(f"inception-serve exit code {proc.wait(timeout=120)}", flush=True)
+    if args.peer == "litserve":
+        for size in args.sizes:  # each request size on a peer batching as it suits it
+            peer = start_peer(64 if size == 1 else 1, args.peer_port, args.peer_model)
+            try:
+                one = argparse.Namespace(**{**vars(args), "sizes": [size]})
+                report["rows"] += sweep("litserve", f"http://127.0.0.1:{args.peer_port}", files, one)
+            finally:
+                stop_peer(peer)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}")
+    print(re.sub(r"\n+", "\n", "\n".join(fmt(r) for r in report["rows"])))
+
+
+if __name__ == "__main__":
+    main()

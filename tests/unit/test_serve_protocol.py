@@ -1,0 +1,252 @@
+"""serve/protocol.py without a server: v2 requests parsed (JSON and Triton's binary data), faults refused with the
+reason, responses read back as tritonclient reads them; the batcher's lanes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from inception_engine.labels import imagenet_labels
+from inception_engine.serve import protocol as p
+from inception_engine.serve.batcher import Batcher, Lane, Pending, Piece
+
+SIZE = 299
+
+
+def binary(inputs: list[dict], blob: bytes, **extra) -> tuple[bytes, str]:
+    head = json.dumps({"inputs": inputs, **extra}).encode()
+    return head + blob, str(len(head))
+
+
+def bytes_blob(items: list[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+def test_binary_bytes_input_with_outputs():
+    blob = bytes_blob([b"one", b"", b"three"])
+    body, hl = binary([{"name": "images", "datatype": "BYTES", "shape": [3, 1],
+                        "parameters": {"binary_data_size": len(blob)}}], blob, id="x",
+                      outputs=[{"name": "probabilities", "parameters": {"classification": 2}},
+                               {"name": "logits", "parameters": {"binary_data": True}}])
+    req = p.parse_infer(body, hl, SIZE, 8)
+    assert req.encoded == [b"one", b"", b"three"] and req.id == "x" and req.count == 3
+    assert req.outputs == [p.OutputSpec("probabilities", False, 2), p.OutputSpec("logits", True, 0)]
+    assert req.needs_logits and req.top_k == 2
+
+
+def test_classification_only_skips_logits_and_default_outputs_are_both():
+    doc = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1], "data": ["abc"]}],
+           "outputs": [{"name": "probabilities", "parameters": {"classification": 5, "exact_scores": True}}]}
+    req = p.parse_infer(json.dumps(doc).encode(), None, SIZE, 8)
+    assert req.encoded == [b"abc"] and not req.needs_logits and req.outputs[0].exact
+    doc.pop("outputs")
+    doc["parameters"] = {"binary_data_output": True}
+    req = p.parse_infer(json.dumps(doc).encode(), None, SIZE, 8)
+    assert [(o.name, o.binary, o.classification) for o in req.outputs] == [("probabilities", True, 0),
+                                                                             ("logits", True, 0)]
+
+
+@pytest.mark.parametrize("dtype", ["FP32", "FP16"])
+def test_tensor_input_binary_and_json(dtype):
+    x = np.random.default_rng(0).standard_normal((2, 3, SIZE, SIZE)).astype(np.float32)
+    raw = x.astype(np.float16 if dtype == "FP16" else np.float32).tobytes()
+    body, hl = binary([{"name": "input", "datatype": dtype, "shape": list(x.shape),
+                        "parameters": {"binary_data_size": len(raw)}}], raw)
+    got = p.parse_infer(body, hl, SIZE, 8).tensor
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, x, rtol=1e-3 if dtype == "FP16" else 0, atol=1e-2 if dtype == "FP16" else 0)
+    small = x[:1].tolist()  # nested lists are row-major too
+    doc = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, SIZE, SIZE], "data": small}]}
+    np.testing.assert_array_equal(p.parse_infer(json.dumps(doc).encode(), None, SIZE, 8).tensor, x[:1])
+
+
+def refused(body: bytes, header: str | None = None, max_images: int = 8) -> p.ProtocolError:
+    with pytest.raises(p.ProtocolError) as e:
+        p.parse_infer(body, header, SIZE, max_images)
+    assert "\n" not in str(e.value)
+    return e.value
+
+
+def test_faults_are_one_line_with_the_reason():
+    assert "not valid JSON" in str(refused(b"{"))
+    assert "not valid JSON" in str(refused(b"\xff\xfe"))
+    assert "must be an integer" in str(refused(b"{}", "ten"))
+    assert "body has 2 bytes" in str(refused(b"{}", "3"))
+    blob = bytes_blob([b"abcdef"])
+    body, hl = binary([{"name": "images", "datatype": "BYTES", "shape": [1],
+                        "parameters": {"binary_data_size": len(blob)}}], blob)
+    assert "truncated" in str(refused(body[:-2], hl))
+    assert "past the inputs" in str(refused(body + b"xx", hl))
+    body, hl = binary([{"name": "images", "datatype": "BYTES", "shape": [2],
+                        "parameters": {"binary_data_size": len(blob)}}], blob)
+    assert "before element 1's length" in str(refused(body, hl))
+    body, hl = binary([{"name": "images", "datatype": "BYTES", "shape": [1],
+                        "parameters": {"binary_data_size": len(blob) + 4}}], blob + b"\0\0\0\0")
+    assert "past its 1 elements" in str(refused(body, hl))
+    e = refused(json.dumps({"inputs": [{"name": "images", "datatype": "BYTES", "shape": [9],
+                                        "data": ["a"] * 9}]}).encode())
+    assert e.status == 413
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 3, SIZE, SIZE], "parameters": {"binary_data_size": 8}}
+    assert "needs 1072812" in str(refused(*binary([tensor], b"\0" * 8)))
+    nan = np.full((1, 3, SIZE, SIZE), np.inf, np.float32).tobytes()
+    tensor["parameters"]["binary_data_size"] = len(nan)
+    assert "not finite" in str(refused(*binary([tensor], nan)))
+    assert "neither 'data'" in str(refused(json.dumps({"inputs": [{"name": "images", "datatype": "BYTES",
+                                                                    "shape": [1]}]}).encode()))
+    assert "not base64" in str(refused(json.dumps({"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1],
+                                                                "parameters": {"content_type": "base64"},
+                                                                "data": ["%%%"]}]}).encode()))
+
+
+@pytest.mark.parametrize("outputs, phrase", [
+    ([{"name": "x"}], "unknown output"),
+    ([], "non-empty list"),
+    ([{"name": "logits"}, {"name": "logits"}], "twice"),
+    ([{"name": "logits", "parameters": {"classification": 1001}}], "from 1 to 1000"),
+    ([{"name": "logits", "parameters": {"classification": True}}], "from 1 to 1000"),
+    ([{"name": "logits", "parameters": {"binary_data": "yes"}}], "true or false"),
+    ([{"name": "logits", "parameters": []}], "must be an object"),
+])
+def test_bad_outputs(outputs, phrase):
+    doc = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "outputs": outputs}
+    assert phrase in str(refused(json.dumps(doc).encode()))
+
+
+@pytest.mark.parametrize("shape, datatype, phrase", [
+    ([1, 3, 224, 224], "FP32", "shape [1, 3, 224, 224]"),
+    ([0, 3, SIZE, SIZE], "FP32", "N >= 1"),
+    ([1, 3, SIZE, SIZE], "INT8", "datatype 'INT8'"),
+    ("1", "FP32", "non-negative integers"),
+    ([-1, 3, SIZE, SIZE], "FP32", "non-negative integers"),
+])
+def test_bad_tensor_declarations(shape, datatype, phrase):
+    doc = {"inputs": [{"name": "input", "datatype": datatype, "shape": shape, "data": [0.0]}]}
+    assert phrase in str(refused(json.dumps(doc).encode()))
+
+
+def tritonclient_reads(body: bytes, headers: dict[str, str]) -> dict[str, np.ndarray]:
+    """The response's outputs as tritonclient.http.InferResult.as_numpy gives them."""
+    pytest.importorskip("tritonclient.http")
+    from tritonclient.http import InferResult
+
+    n = headers.get(p.HEADER_LENGTH)
+    result = InferResult.from_response_body(body, header_length=int(n) if n else None)
+    return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]}
+
+
+def test_response_json_and_binary_read_back_by_tritonclient():
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((2, 1000)).astype(np.float32)
+    probs = np.exp(logits.astype(np.float64))
+    probs /= probs.sum(1, keepdims=True)
+    answer = p.Answer(logits=logits, probs=probs)
+    for binary_out in (False, True):
+        req = p.InferRequest("r1", [p.OutputSpec("logits", binary_out), p.OutputSpec("probabilities", binary_out, 3)])
+        body, headers = p.infer_response(req, answer)
+        assert (p.HEADER_LENGTH in headers) == binary_out
+        got = tritonclient_reads(body, headers)
+        np.testing.assert_array_equal(got["logits"], logits)
+        labels = imagenet_labels()
+        order = np.argsort(-probs, axis=1, kind="stable")[:, :3]
+        want = [[f"{probs[r, i]:f}:{i}:{labels[i]}" for i in order[r]] for r in range(2)]
+        # tritonclient gives a JSON output's strings as str, a binary one's as bytes
+        assert [[s.decode() if binary_out else s for s in row] for row in got["probabilities"].tolist()] == want
+
+
+def test_top_from_the_runner_and_exact_scores_read_back():
+    top = [[(5, 0.25), (7, 0.125)], [(1, 1 / 3), (2, 0.1)]]
+    req = p.InferRequest(None, [p.OutputSpec("probabilities", False, 2, exact=True)])
+    body, _ = p.infer_response(req, p.Answer(top=top))
+    data = json.loads(body)["outputs"][0]["data"]
+    assert [(i, s) for i, _, s in p.parse_classification(data)] == [(5, 0.25), (7, 0.125), (1, 1 / 3), (2, 0.1)]
+
+
+def test_client_request_parses_as_the_server_reads_it():
+    body, headers = p.encode_images_request([b"a", b"bc"], 4)
+    req = p.parse_infer(body, headers[p.HEADER_LENGTH], SIZE, 8)
+    assert req.encoded == [b"a", b"bc"] and req.top_k == 4 and not req.needs_logits and req.outputs[0].exact
+
+
+def test_metadata_and_config():
+    meta = p.model_metadata(SIZE)
+    assert meta["name"] == "inception_v3" and [i["name"] for i in meta["inputs"]] == ["images", "input"]
+    config = p.model_config(SIZE, 64, {"backend": "cpu"})
+    assert config["max_batch_size"] == 64 and config["parameters"] == {"backend": {"string_value": "cpu"}}
+
+
+# ---------------------------------------------------------------------------------------------------- batcher
+
+def test_lane_splits_the_last_piece_to_fill_a_batch():
+    async def go() -> None:
+        lane = Lane()
+        fut = asyncio.get_running_loop().create_future()
+        a = Pending("tensor", list(range(5)), ["n"] * 5, 0, fut)
+        lane.add(Piece(a, 0, 5))
+        lane.add(Piece(a, 5, 5))
+        taken = lane.take(3)
+        assert [(x.start, x.stop) for x in taken] == [(0, 3)] and lane.count == 2
+        assert [(x.start, x.stop) for x in lane.take(8)] == [(3, 5), (5, 5)] and lane.count == 0
+
+    asyncio.run(go())
+
+
+class FakeDevice:
+    """A device that answers each tensor job with its rows' first values, recording batch sizes."""
+
+    name, depth = "fake", 1
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def run(self, job):
+        fut = asyncio.get_running_loop().create_future()
+        self.batches.append(len(job.data))
+        asyncio.get_running_loop().call_later(0.01, fut.set_result, [row[0] for row in job.data])
+        return fut
+
+
+def test_batcher_joins_requests_splits_large_ones_and_answers_each_its_own():
+    async def go() -> tuple[list, list[int]]:
+        dev = FakeDevice()
+        batcher = Batcher([dev], max_batch=4, max_delay=0.05)
+        reqs = [np.arange(n, dtype=np.float32)[:, None] + 100 * k for k, n in enumerate([1, 2, 9, 1])]
+        answers = await asyncio.gather(*(batcher.run("tensor", r, ["x"] * len(r)) for r in reqs))
+        await batcher.close()
+        return [list(map(float, a)) for a in answers], dev.batches
+
+    answers, batches = asyncio.run(go())
+    assert answers == [[0.0], [100.0, 101.0], [200.0 + i for i in range(9)], [300.0]]
+    assert sum(batches) == 13 and max(batches) == 4 and len(batches) == 4  # 13 images in 4 batches of up to 4
+
+
+def test_lane_drops_the_images_of_requests_nobody_waits_for():
+    async def go() -> None:
+        lane = Lane()
+        loop = asyncio.get_running_loop()
+        gone, kept = loop.create_future(), loop.create_future()
+        lane.add(Piece(Pending("tensor", [0] * 3, ["n"] * 3, 0, gone), 0, 3))
+        lane.add(Piece(Pending("tensor", [0] * 2, ["n"] * 2, 0, kept), 0, 2))
+        gone.cancel()  # its request timed out
+        taken = lane.take(4)
+        assert [p.request.future for p in taken] == [kept] and lane.count == 0
+
+    asyncio.run(go())
+
+
+def test_memory_files_are_readable_by_path_and_errors_name_the_image():
+    """--decode gpu's jpeg_batch.c reads files by name: the images go to it as the server's own memory files, and
+    its errors come back naming the image."""
+    from inception_engine.ingest.files import read_file
+    from inception_engine.serve.devices import memory_files, renamed
+
+    items = [b"\xff\xd8 first", b"", b"x" * 300_000]
+    with memory_files(items) as paths:
+        got = [read_file(p) for p in paths]  # opened by path as jpeg_batch.c opens them (a regular file)
+        names = dict(zip(paths, ["images[0]", "images[1]", "images[2]"]))
+        assert [data for data, _ in got] == [items[0], None, items[2]]
+        assert renamed(got[1][1], names) == "images[1]: empty file"
+        assert renamed([(1, 0.5)], names) == [(1, 0.5)] and renamed("other: x", names) == "other: x"
