@@ -27,7 +27,8 @@ from .config import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOI
 from .drivers import start_driver
 from .errors import EngineError, OptionError
 from .ingest.inputs import expand_inputs
-from .output import ResultFile, ResumeSummary, image_key
+from .output import ResultFile, ResumeSummary
+from .output_read import image_key
 from .pipeline import Prediction
 from .sinks import interrupted, make_sink, terminal_echo, write_results
 
@@ -251,8 +252,7 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
                   dynamic_ncols=True) as bar:
             # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
             echo = terminal_echo if show and sys.stdout.isatty() else click.echo
-            sink = make_sink(out, run.as_json, (facts.backend_name, facts.precision, facts.weights_path),
-                             facts.batch_size, echo)
+            sink = make_sink(out, run.as_json, facts, echo)
             progress.append(bar.update)
             try:
                 total, failed = write_results(inputs, first_timed(preds, first_at), sink,
@@ -345,7 +345,7 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
                               "or --synthetic OUT.onnx to write a synthetic one")
         from .onnx_convert import convert
         from .model_files import load_weights
-        from .weights import DEFAULT_NAME, ENV_VAR, default_weights_path
+        from .weights import ENV_VAR, default_places, default_weights_path
 
         if not Path(model).is_file():
             raise EngineError(f"{model}: no such ONNX file")
@@ -354,15 +354,15 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
             raise EngineError(f"{target} exists already (an earlier conversion?); --force overwrites it, -o PATH "
                               f"writes elsewhere")
         out = convert(model, target, overwrite=force)
-        m = load_weights(out).manifest  # read back: the file on disk passes its own checksums
-        searched = {default_weights_path().resolve(), (Path("weights") / DEFAULT_NAME).resolve()}
+        weights = load_weights(out)  # read back: the file on disk passes its own checksums
+        m, model_id = weights.manifest, weights.model_id()
         env = os.environ.get(ENV_VAR)
         use = (f"inception-run reads ${ENV_VAR} ({env}) instead while it is set" if env and
                Path(env).resolve() != out.resolve() else
-               "inception-run finds it there" if out.resolve() in searched or env else
+               "inception-run finds it there" if out.resolve() in default_places() or env else
                f"use it with inception-run --weights {out}")
-        click.echo(f"wrote {out} (from {Path(model).name}, exporter {m.get('exporter', '?')}, "
-                   f"opset {m.get('opset', '?')}); {use}")
+        click.echo(f"wrote {out} ({model_id.describe()}, from {Path(model).name}, exporter "
+                   f"{m.get('exporter', '?')}, opset {m.get('opset', '?')}); {use}")
         return
     if model is not None:
         raise EngineError("give either MODEL.onnx to convert or --synthetic OUT.onnx, not both")
@@ -371,9 +371,14 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
                           f"OUT.onnx, convert it in a second step")
     from .synthetic import write_synthetic_onnx
 
+    from .weights import default_places
+
     out = write_synthetic_onnx(synthetic_out, style=style, transform_input=transform_input, seed=seed)
-    click.echo(f"wrote {out} (synthetic Inception-V3, {style} style, seed {seed}); "
-               f"convert it with: inception-convert-weights {out}")
+    npz = out.with_name(out.stem + ".npz")
+    if npz.resolve() in default_places():  # the hint never leads to where runs find the real weights
+        npz = out.with_name(f"synthetic_{out.stem}.npz")
+    click.echo(f"wrote {out} (synthetic Inception-V3, {style} style, seed {seed}: random weights, for trying the "
+               f"engine out); convert it to a file of its own with: inception-convert-weights {out} -o {npz}")
 
 
 # -------------------------------------------------------------------------------------------------- inception-bench

@@ -37,7 +37,7 @@ from .pipeline import (HostRunner, PipelineOptions, Prediction, Runner, classify
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
-from .weights import Weights
+from .weights import ModelId, Weights
 
 __all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineConfig", "EngineFacts",
            "Prediction", "softmax", "top_classes"]
@@ -98,6 +98,7 @@ class EngineFacts:
     batch_size: int
     weights_path: Path | None
     notes: tuple[str, ...]
+    model: ModelId | None = None  # what every result names the weights by
 
 
 class Engine:
@@ -151,6 +152,7 @@ class Engine:
         self.decode = config.decode
         self.batch_size = resolved.batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest)
+        self.model = self.weights.model_id()  # what every result names the weights by
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
@@ -167,7 +169,8 @@ class Engine:
 
     def facts(self) -> EngineFacts:
         """Its backend, precision, batch size, weight file and the notes taken so far."""
-        return EngineFacts(self._backend_name, self._precision, self.batch_size, self.weights.path, tuple(self.notes))
+        return EngineFacts(self._backend_name, self._precision, self.batch_size, self.weights.path, tuple(self.notes),
+                           self.model)
 
     def _note_once(self, note: str) -> None:
         if note not in self.notes:
@@ -263,7 +266,7 @@ class Engine:
             raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
         if not images:
             return
-        by = (self._backend_name, self._precision)
+        by = (self._backend_name, self._precision, self.model.name)
         finish = line_renderer(render, top_k, by) if render else None
         stream = (classify_encoded(images, self.runner(len(images)), top_k, by, finish) if self.decode == "gpu"
                   else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline, by, finish))
