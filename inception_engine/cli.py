@@ -234,7 +234,7 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
     progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
     driver = start_driver(run, lambda n: progress[0](n) if progress else None, out.fmt if out is not None else None)
     try:
-        inputs = list_inputs(run, out)
+        inputs, resumed = list_inputs(run, out)
         todo = [path for path, err in inputs if err is None]
         preds = driver.stream(todo)  # --gpus: the workers get their inputs now, before their facts are read
         try:
@@ -252,7 +252,9 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
                   dynamic_ncols=True) as bar:
             # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
             echo = terminal_echo if show and sys.stdout.isatty() else click.echo
-            sink = make_sink(out, run.as_json, facts, echo)
+            sink = make_sink(out, run.as_json, facts, echo)  # a file of another model is refused here
+            if resumed is not None:  # said once the file is known to be this run's to continue
+                click.echo(resumed, err=True)
             progress.append(bar.update)
             try:
                 total, failed = write_results(inputs, first_timed(preds, first_at), sink,
@@ -265,8 +267,9 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
         driver.close()
 
 
-def list_inputs(run: RunConfig, out: ResultFile | None) -> list[tuple[str, str | None]]:
-    """The run's inputs as (path, error or None), notices said on stderr; with --resume, those ``out`` lacks."""
+def list_inputs(run: RunConfig, out: ResultFile | None) -> tuple[list[tuple[str, str | None]], str | None]:
+    """The run's inputs as (path, error or None), notices said on stderr; with --resume, those ``out`` lacks, and
+    the line that says what the file holds (else None)."""
     listed = expand_inputs(run.images, run.recursive)
     inputs = listed.items
     for notice in listed.notices:
@@ -275,8 +278,8 @@ def list_inputs(run: RunConfig, out: ResultFile | None) -> list[tuple[str, str |
         before = len(inputs)
         summary = out.resume(image_key(path) for path, _ in inputs)
         inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
-        click.echo(resume_line(summary, before, out.path), err=True)
-    return inputs
+        return inputs, resume_line(summary, before, out.path)
+    return inputs, None
 
 
 def show_notes(notes: tuple[str, ...]) -> None:
