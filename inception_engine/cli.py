@@ -26,6 +26,7 @@ from . import backends
 from .config import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, WORKER_KINDS, RunConfig
 from .drivers import start_driver
 from .errors import EngineError, OptionError
+from .ingest.images import DECODE_BYTES_PER_PIXEL, DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from .ingest.inputs import expand_inputs
 from .output import ResultFile, ResumeSummary
 from .output_read import image_key
@@ -159,6 +160,11 @@ def shown_before(note: str) -> bool:
               help="GPUs to use: with --ray, GPU actors [default: all]; without, worker processes on this "
                    "machine, one per GPU [default: 1]; more than the machine has is refused. More GPUs help where "
                    "decoding keeps up with them: fp32, or --decode gpu.")
+@click.option("--max-pixels", type=click.IntRange(1), default=None, metavar="N",
+              help=f"Refuse an image that declares more than N pixels, before decoding it [default: ${MAX_PIXELS_ENV}, "
+                   f"else {DEFAULT_MAX_PIXELS:,}, Pillow's decompression-bomb limit]. Raise it only for files you "
+                   f"trust: decoding one image holds up to ~{DECODE_BYTES_PER_PIXEL} bytes a pixel in each decode "
+                   f"worker (200 million pixels: ~{200e6 * DECODE_BYTES_PER_PIXEL / 1e9:.1f} GB a worker).")
 @click.option("-r", "--recursive", is_flag=True,
               help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
                    "its subfolders hold).")
@@ -197,7 +203,7 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
 def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
     """inception-run's options as one checked RunConfig."""
     engine = {"weights": o["weights_path"], **{k: o[k] for k in ("backend", "precision", "batch_size", "workers",
-                                                                  "worker_kind", "decode")}}
+                                                                  "worker_kind", "decode", "max_pixels")}}
     return RunConfig(engine, images, o["top_k"], o["recursive"], o["output_path"], o["resume"], o["as_json"],
                      o["gpus"], o["ray_address"])
 

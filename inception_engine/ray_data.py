@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig
+from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig, pixel_limit
 from .engine import Engine, load
 from .errors import EngineError, OptionError
 from .ingest.images import Preprocess, image_extensions
@@ -138,7 +138,7 @@ def resolve_weights(weights: str | os.PathLike | Weights | Any | None) -> Weight
 
 def preprocess_of(weights: str | os.PathLike | Weights | Any | None) -> Preprocess:
     """The decode stage's settings (input size, resize) from the weights' manifest, however they are given."""
-    return Preprocess.from_manifest(resolve_weights(weights).manifest)
+    return Preprocess.from_manifest(resolve_weights(weights).manifest, pixel_limit(None))
 
 
 READ_BLOCKS_PER_CPU = 4  # read tasks per cluster CPU (see read_images)
