@@ -48,7 +48,7 @@ from .gpu_resize import CHANNELS, DeviceImage, GpuResizeCrop
 from .images import Preprocess
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
 from .jpeg_header import gpu_eligible, pillow_eligible
-from .nvimgcodec import DECODER_OPTIONS, SUPPORTED, CodecApi, load_nvimgcodec, preload_nvjpeg
+from .nvimgcodec import DECODER_OPTIONS, SUPPORTED, CodecApi, load_nvimgcodec, preload_nvjpeg, quiet_stderr
 
 # GpuJpegDecoder reads and decodes through cuda_src/jpeg_batch.c where it builds (False: nvImageCodec's Python API)
 NATIVE = True
@@ -107,7 +107,8 @@ def open_native(threads: int) -> tuple[JpegBatch | None, str | None]:
     except (OSError, MemoryError) as e:
         return None, first_line(e)
     try:
-        native.open_decoder(CURRENT_DEVICE, threads, DECODER_OPTIONS)
+        with quiet_stderr():  # nvImageCodec's extensions load here, printing about codecs no run of JPEGs uses
+            native.open_decoder(CURRENT_DEVICE, threads, DECODER_OPTIONS)
     except OSError as e:
         native.close()
         return None, first_line(e)
