@@ -1,4 +1,6 @@
-"""The console commands: inception-run, inception-convert-weights, inception-bench.
+"""The console commands: inception-run, inception-convert-weights, inception-bench, inception-tune (``python -m
+inception_engine`` lists those installed). Each takes --version and -h/--help; placeholders are capitals (N, K, X,
+FILE, LIST) or a file's shape (MODEL.onnx), never click's type names.
 
 User mistakes (EngineError, and click's usage errors: an unknown option, a bad value) print one line
 ``error: <message>`` on stderr and exit with code 2; an image that cannot be read is reported with the others'
@@ -27,13 +29,20 @@ from .config import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOI
 from .drivers import start_driver
 from .errors import EngineError, OptionError
 from .ingest.images import DECODE_BYTES_PER_PIXEL, DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
-from .ingest.inputs import expand_inputs
+from .ingest.inputs import expand_inputs, may_hold_images, no_images_line
 from .output import ResultFile, ResumeSummary
 from .output_read import image_key
 from .pipeline import Prediction
 from .sinks import interrupted, make_sink, terminal_echo, write_results
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+DISTRIBUTION = "inception-engine"
+
+
+def version_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--version on a command: the installed package's version (importlib.metadata, through click). A decorator made
+    afresh for each command: click's remembers the first program name it printed."""
+    return click.version_option(package_name=DISTRIBUTION, message="%(prog)s %(version)s")(fn)
 MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)
 
 
@@ -131,15 +140,18 @@ def shown_before(note: str) -> bool:
 
 @click.command(name="inception-run", cls=Command, context_settings=CONTEXT)
 @click.argument("images", nargs=-1, required=True)
-@click.option("--weights", "weights_path", metavar="PATH",
-              help="Weight file (default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache).")
+@click.option("--weights", "weights_path", metavar="FILE",
+              help="The engine's weight file (.npz), or torchvision's ONNX export itself (.onnx: converted once, then "
+                   "cached) [default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache].")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
               help="auto = cuda when a GPU and pycuda are usable, else cpu.")
 @click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
               help="auto = tf32 on the GPU (as PyTorch's and cuDNN's convolutions default to), fp32 on the CPU; "
                    "one the backend lacks is refused.")
-@click.option("--top-k", type=click.IntRange(1, 1000), default=5, show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 4096), default=None, show_default="64 on the GPU, 8 on the CPU")
+@click.option("--top-k", type=click.IntRange(1, 1000), default=5, show_default=True, metavar="K",
+              help="The K most likely classes of each image.")
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=None, show_default="64 on the GPU, 8 on the CPU",
+              metavar="N", help="Images per forward.")
 @click.option("--workers", type=click.IntRange(1, 1024), default=None, metavar="N",
               help="Decode workers [default: one per usable CPU].")
 @click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="auto", show_default=True,
@@ -151,7 +163,9 @@ def shown_before(note: str) -> bool:
 @click.option("--output", "output_path", metavar="FILE",
               help="Write results to FILE.jsonl (one JSON line per image) or FILE.csv as they finish, instead of "
                    "printing them.")
-@click.option("--resume", is_flag=True, help="With --output: skip the images FILE already has, append the rest.")
+@click.option("--resume", is_flag=True,
+              help="With --output: skip the images FILE has results for, run again those that failed, append the "
+                   "rest. Refused where FILE's results came from other weights, backend or precision.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
               help="Run on a Ray cluster through Ray Data (ADDRESS: auto, local, ray://HOST:PORT; none: the running "
@@ -168,6 +182,7 @@ def shown_before(note: str) -> bool:
 @click.option("-r", "--recursive", is_flag=True,
               help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
                    "its subfolders hold).")
+@version_option
 @user_errors
 def run_cmd(images: tuple[str, ...], **options: Any) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
@@ -176,6 +191,8 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
 
         require_ray()  # said before the weights are looked for
     run = run_config(images, options)
+    if run.driver != "ray" and not may_hold_images(run.images, run.recursive):  # a usage error: before any loading
+        raise EngineError(no_images_line(run.images, run.recursive))
     if run.driver == "ray":
 
         return run_on_ray(run)
@@ -329,7 +346,8 @@ def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
 @click.option("--style", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
               help="With --synthetic: which torch.onnx exporter's graph to imitate.")
 @click.option("--transform-input", is_flag=True, help="With --synthetic: include torchvision's transform_input.")
-@click.option("--seed", type=int, default=0, show_default=True, help="With --synthetic: random seed.")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="With --synthetic: random seed.")
+@version_option
 @user_errors
 def convert_cmd(model: str | None, output: str | None, force: bool, synthetic_out: str | None, style: str,
                 transform_input: bool, seed: int) -> None:
@@ -425,33 +443,40 @@ def default_backends() -> list[str]:
 @click.command(name="inception-bench", cls=Command, context_settings=CONTEXT)
 @click.option("--backends", "backend_names", callback=backend_list, metavar="LIST",
               help=f"Comma-separated, from {','.join(backends.BENCH_BACKENDS)} (default: {','.join(GPU_DEFAULT)} "
-                   f"with a GPU, else cpu; cpu adds onnxruntime). cuda and cudnn replay a CUDA graph, torch runs "
+                   f"with a GPU, else cpu; cpu adds onnxruntime where it is installed). All but cpu need an NVIDIA "
+                   f"GPU. cuda and cudnn replay a CUDA graph, torch runs "
                    f"eagerly; torch-graph, cuda-eager, cudnn-eager are the other ways round. torch-compile is "
                    f"torch.compile(mode='reduce-overhead'), torch-compile-max mode='max-autotune': compiled at each "
                    f"batch size (20 s or more each, so opt-in), the compile time in a column of its own.")
-@click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST")
+@click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST",
+              help="Comma-separated batch sizes to time each backend at.")
 @click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
-              help="Passed to backends that have the mode; the others' rows say they have not.")
+              help="Passed to backends that have the mode (tf32 and fp16: the GPU backends); the others' rows say "
+                   "they have not.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="X",
-              help="The chip's peak for the compute floor [default: this GPU's measured GEMM peak in the "
-                   "precision, H100: 52.0 fp32, 411.6 tf32, 764 fp16; others: the H200's, 51.3 fp32].")
+              help="GPU backends: the chip's peak for the compute floor [default: this GPU's measured GEMM peak in "
+                   "the precision, H100: 52.0 fp32, 411.6 tf32, 764 fp16; others: the H200's, 51.3 fp32].")
 @click.option("--peak-gbs", type=click.FloatRange(min=0, min_open=True), metavar="X",
-              help="The chip's memory bandwidth for the memory floor, GB/s [default: this GPU's measured "
-                   "device-to-device copy, H100: 3026; others: the H200's, 4300].")
+              help="GPU backends: the chip's memory bandwidth for the memory floor, GB/s [default: this GPU's "
+                   "measured device-to-device copy, H100: 3026; others: the H200's, 4300].")
 @click.option("--reference-images", type=click.IntRange(1), default=2, show_default=True, metavar="K",
               help="Check each batch's first K images against the float64 reference (it is slow on the CPU).")
-@click.option("--iters", type=click.IntRange(1), default=20, show_default=True, help="Timed forwards per row.")
-@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed forwards first.")
-@click.option("--weights", "weights_path", metavar="PATH",
-              help="Weight file (default: the usual places; none found -> the synthetic model, said so).")
-@click.option("--onnx", "onnx_path", metavar="PATH",
+@click.option("--iters", type=click.IntRange(1), default=20, show_default=True, metavar="N",
+              help="Timed forwards per row.")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, metavar="N",
+              help="Untimed forwards first.")
+@click.option("--weights", "weights_path", metavar="FILE",
+              help="The engine's weight file (.npz) or the ONNX export (.onnx) [default: the usual places; none "
+                   "found: the synthetic model, said so].")
+@click.option("--onnx", "onnx_path", metavar="FILE",
               help="ONNX file the weights came from, for the onnxruntime row (synthetic: written automatically).")
 @click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON.")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV (per-layer: FILE's stem + _layers.csv).")
 @click.option("--plot", "plot_path", metavar="FILE.png", help="Plot latency vs batch size (needs matplotlib).")
 @click.option("--per-layer", is_flag=True,
-              help="Time every op (convs, pools, the classifier) on backends that support it.")
+              help="GPU backends: time every op (convs, pools, the classifier).")
 @click.option("--no-reference", is_flag=True, help="Skip the float64 NumPy reference (no rel L2, top-1 columns).")
+@version_option
 @user_errors
 def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], precision: str, peak_tflops: float | None,
               peak_gbs: float | None, reference_images: int, iters: int, warmup: int, weights_path: str | None,
@@ -493,16 +518,19 @@ def batch_tuple(value: str) -> tuple[int, ...]:
 
 
 @click.command(name="inception-tune", cls=Command, context_settings=CONTEXT)
-@click.option("--precisions", default="fp32,tf32,fp16", show_default=True,
-              help="comma-separated: fp32, tf32, fp16")
-@click.option("--batch-sizes", default="1,8,32,64,128", show_default=True,
-              help="comma-separated batch sizes")
-@click.option("--weights", "weights_path", help="weight file (default: the run's search order; else synthetic "
-              "weights, which time the same)")
-@click.option("--table", type=click.Path(dir_okay=False, path_type=Path),
-              help="also write the measured configs as a tuning table (the package's format) to this file")
+@click.option("--precisions", default="fp32,tf32,fp16", show_default=True, metavar="LIST",
+              help="Comma-separated, from fp32, tf32, fp16.")
+@click.option("--batch-sizes", default="1,8,32,64,128", show_default=True, metavar="LIST",
+              help="Comma-separated batch sizes.")
+@click.option("--weights", "weights_path", metavar="FILE",
+              help="The engine's weight file (.npz) or the ONNX export (.onnx) [default: the run's search order; "
+                   "else synthetic weights, which time the same].")
+@click.option("--table", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write the measured configs as a tuning table (the package's format) to FILE.")
+@version_option
 def tune_cmd(precisions: str, batch_sizes: str, weights_path: str | None, table: Path | None) -> None:
-    """Measure the fastest kernels of every conv on this GPU now, so that no run waits for it."""
+    """Measure the fastest kernels of every conv on this GPU now, so that no run waits for it (needs an NVIDIA
+    GPU)."""
     from .model_files import load_weights
     from .tune import PRECISIONS, tune
     from .weights import find_weights
@@ -533,16 +561,20 @@ def tune_cmd(precisions: str, batch_sizes: str, weights_path: str | None, table:
 
 
 def run_main() -> None:
+    """Classify images (files, folders, globs): the top-k ImageNet classes, on the terminal or into a file."""
     run_cmd.main(prog_name="inception-run")
 
 
 def convert_main() -> None:
+    """Convert torchvision's Inception-V3 ONNX export into the engine's weight file (or write a synthetic model)."""
     convert_cmd.main(prog_name="inception-convert-weights")
 
 
 def bench_main() -> None:
+    """Time forwards per backend and batch size, with accuracy against the float64 reference."""
     bench_cmd.main(prog_name="inception-bench")
 
 
 def tune_main() -> None:
+    """Measure this GPU's fastest kernel for every convolution once, ahead of the runs."""
     tune_cmd.main(prog_name="inception-tune")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine import backends, cli
+from inception_engine import backends, cli, engine
 from inception_engine.labels import imagenet_labels
 from inception_engine.model_files import load_weights
 
@@ -158,7 +158,7 @@ def nested(tmp_path) -> Path:
     return tmp_path / "photos"
 
 
-def test_run_says_what_a_directory_listing_left_out_and_recursive_takes_it(weights_file, nested):
+def test_run_says_what_a_directory_listing_left_out_and_recursive_takes_it(weights_file, nested, monkeypatch):
     base = [str(nested), "--weights", str(weights_file), "--backend", "cpu", "--top-k", "1", "--json"]
     r = runner().invoke(cli.run_cmd, base)
     assert r.exit_code == 0, r.output
@@ -170,11 +170,13 @@ def test_run_says_what_a_directory_listing_left_out_and_recursive_takes_it(weigh
         assert [e["image"] for e in json.loads(r.stdout)["results"]] == [
             str(nested / n) for n in ("a/b/three.jpg", "a/b/two.png", "a/x/one.jpg", "c/four.jpg", "top.jpg")]
         assert "not searched" not in r.stderr
-    r = runner().invoke(cli.run_cmd, [str(nested / "a"), *base[1:]])  # nothing at the top: the error entry says why
-    assert r.exit_code == 1
-    assert json.loads(r.stdout)["results"] == [{"image": str(nested / "a"), "error": f"{nested / 'a'}: directory "
-                                                "has no image files at its top level; 3 images in subfolders not "
-                                                "searched (--recursive searches them)"}]
+    # nothing at all to classify: a usage error (exit 2) before the model loads, saying why
+    monkeypatch.setattr(engine.Engine, "from_config", lambda *a, **k: pytest.fail("the model loaded"))
+    r = runner().invoke(cli.run_cmd, [str(nested / "a"), *base[1:]])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert one_line_error(r).startswith(f"error: no image files to classify ({nested / 'a'}: directory has no "
+                                        "image files at its top level; 3 images in subfolders not searched "
+                                        "(--recursive searches them)); looked for the ")
 
 
 def test_run_recursive_with_gpus_takes_the_same_images(weights_file, nested, monkeypatch, tmp_path):
