@@ -8,15 +8,13 @@ Manifest fields: ``format`` (FORMAT_VERSION), ``source_sha256``, ``source_name``
 array to its name, so two arrays swapped together with their checksums are found out).
 
 Provenance: ``provenance`` ({"kind": "torchvision" | "synthetic" | "other", "source_sha256": the ONNX file's SHA-256
-or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null (room for a
-calibration record)}) and ``provenance_sha256``, the SHA-256 of the provenance's canonical JSON and the arrays'
-checksums: the record is bound to the arrays as they are to their names, so an edited or transplanted one is
-refused. A file converted before provenance was kept has neither; it loads, and its kind reads "unknown".
+or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null, room for one}) and
+``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or transplanted record is
+refused. A file converted before provenance was kept has neither; it loads, its kind "unknown".
 
-A model is named by ``ModelId``: the first MODEL_DIGEST_HEX hex digits of the SHA-256 of the arrays' checksums
-(``model_digest``), "synthetic-" before them for the synthetic model. The arrays, not the source file, because they
-are what computes a result: the same weights converted from two exports (torchscript, dynamo) or read from an old
-file without provenance get the same name, and different ones never do.
+``ModelId`` names a model: MODEL_DIGEST_HEX hex digits of a SHA-256 of the arrays' checksums (``model_digest``),
+"synthetic-" before them for the synthetic model. The arrays, not the source file: they compute the results, so
+the same weights converted from either exporter, or read from an old file, get the same name.
 
 A weight file is untrusted input. Reading it is bounded before anything is decompressed: every zip member must be
 one the architecture expects, its declared size and its npy header (dtype, shape) must be exactly those of its
@@ -52,6 +50,7 @@ from .paths import user_cache_dir
 FORMAT_VERSION = 2  # 2: checksums bound to the array names
 PROVENANCE_KINDS = ("torchvision", "synthetic", "other")
 MODEL_DIGEST_HEX = 12  # 48 bits: a collision between two weight files a user has is out of reach
+HEX = "0123456789abcdef"
 MANIFEST_KEY = "__manifest__"
 ENV_VAR = "INCEPTION_WEIGHTS"
 DEFAULT_NAME = "inception_v3.npz"
@@ -145,10 +144,6 @@ def provenance_checksum(provenance: Any, sums: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def is_sha256(v: Any) -> bool:
-    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
-
-
 def check_provenance(manifest: dict[str, Any]) -> None:
     """The provenance record, where there is one: its fields' types, and its checksum (module doc)."""
     if "provenance" not in manifest and "provenance_sha256" not in manifest:
@@ -157,7 +152,8 @@ def check_provenance(manifest: dict[str, Any]) -> None:
     if not isinstance(prov, dict) or prov.get("kind") not in PROVENANCE_KINDS:
         raise WeightsError(f"the manifest's provenance is {prov!r:.80}, expected an object whose kind is one of "
                            f"{', '.join(PROVENANCE_KINDS)}; {CONVERT_AGAIN}")
-    if prov.get("source_sha256") is not None and not is_sha256(prov["source_sha256"]):
+    source = prov.get("source_sha256")
+    if source is not None and not (isinstance(source, str) and len(source) == 64 and set(source) <= set(HEX)):
         raise WeightsError(f"the manifest's provenance.source_sha256 is {prov['source_sha256']!r:.80}, expected "
                            f"64 hex digits or null")
     if manifest.get("provenance_sha256") != provenance_checksum(prov, manifest["sha256"]):

@@ -66,7 +66,9 @@ def test_run_directory_text_output(weights_file, image_dir):
                                       "--top-k", "3", "--batch-size", "4"])
     assert r.exit_code == 0, r.output
     header, *lines = r.stdout.splitlines()
-    assert header == f"# cpu backend, fp32, weights {weights_file}"
+    model = load_weights(weights_file).model_id()
+    assert header == f"# cpu backend, fp32, weights {weights_file}, model {model.name} (source not recorded: " \
+                     f"converted before provenance was kept)"
     names = [l for l in lines if not l.startswith("  ")]
     assert names == [str(image_dir / n) for n in GOOD]  # sorted, notes.txt skipped
     tops = [l for l in lines if l.startswith("  ")]
@@ -84,13 +86,17 @@ def test_run_json_schema_and_probabilities(weights_file, image_dir):
                                       "--weights", str(weights_file), "--backend", "cpu", "--top-k", "5"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert set(doc) == {"weights", "backend", "precision", "results"}
+    assert set(doc) == {"weights", "model", "provenance", "backend", "precision", "results", "complete", "done",
+                        "inputs"}
     assert doc["weights"] == str(weights_file) and (doc["backend"], doc["precision"]) == ("cpu", "fp32")
+    model = load_weights(weights_file).model_id().name
+    assert doc["model"] == model and doc["provenance"] == {"kind": "unknown", "source_sha256": None}
+    assert (doc["complete"], doc["done"], doc["inputs"]) == (True, 2, 2)
     assert [e["image"] for e in doc["results"]] == [str(image_dir / "a_rgb.jpg"), str(image_dir / "g_rotated.jpg")]
     labels = imagenet_labels()
     for entry in doc["results"]:
-        assert set(entry) == {"image", "top", "backend", "precision"} and len(entry["top"]) == 5
-        assert (entry["backend"], entry["precision"]) == ("cpu", "fp32")
+        assert set(entry) == {"image", "top", "backend", "precision", "model"} and len(entry["top"]) == 5
+        assert (entry["backend"], entry["precision"], entry["model"]) == ("cpu", "fp32", model)
         probs = [t["prob"] for t in entry["top"]]
         assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-9
         for t in entry["top"]:
