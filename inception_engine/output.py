@@ -255,7 +255,8 @@ class ResumeSummary:
 
 class ResultFile:
     """Appends predictions to a .jsonl or .csv file, holding its lock until ``close``; ``resume`` lists what an
-    earlier run wrote. A file this run created and wrote nothing to is removed at ``close``."""
+    earlier run wrote, ``start`` (before the first ``add``) checks the file is this run's to continue and tidies it.
+    A file this run created and wrote nothing to is removed at ``close``."""
 
     def __init__(self, path: str | os.PathLike, top_k: int, resume: bool):
         self.path = Path(path)

@@ -86,6 +86,8 @@ def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
 #                           generated on first use (a few seconds; ~100 MB; dynamo style with its .data file).
 #   build_cache_dir         (session) Path where compiled test libraries are kept (helpers.build_cache):
 #                           $INCEPTION_TEST_CACHE/builds, else the user cache's test-builds.
+#   export_like_onnx        (session) Path of synthetic_onnx() named as produced by PyTorch, as torchvision's real
+#                           export is: for tests that convert "the real weights" to the default places.
 #   synthetic_weights_file  (session) Path of synthetic_onnx() converted to an engine weight file (.npz); its arrays
 #                           equal inception_engine.synthetic.synthetic_weights(0).arrays.
 
@@ -137,6 +139,26 @@ def synthetic_onnx(model_cache_dir):
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def export_like_onnx(synthetic_onnx, model_cache_dir) -> Path:
+    """synthetic_onnx() with the producer a torch.onnx export names ("pytorch"): the stand-in for torchvision's real
+    export where a test follows its path to the default places, which the converter keeps a synthetic model out of."""
+    import onnx
+
+    from inception_engine.synthetic import GENERATOR_VERSION
+    from inception_engine.weights import atomic_write
+
+    from helpers.build_cache import file_lock
+
+    path = model_cache_dir / f"inception_v3_g{GENERATOR_VERSION}_as_pytorch_export.onnx"
+    with file_lock(model_cache_dir / (path.name + ".lock")):
+        if not path.is_file():
+            model = onnx.load(synthetic_onnx())
+            model.producer_name, model.producer_version = "pytorch", "2.5.0"
+            atomic_write(path, lambda f: f.write(model.SerializeToString()))
+    return path
 
 
 @pytest.fixture(scope="session")
