@@ -9,10 +9,8 @@
 // B is the im2col matrix, which never exists: whoever loads a B tile into shared memory gathers its elements from
 // x. Each thread loads always the same output pixel n of the tile, so (b, oh, ow) is decoded once per block;
 // KH and KW are template parameters, so decoding k -> (c, r, s) is multiplication by constants. A block computes a
-// BM x BN tile of C, a thread a TM x TN micro-tile in registers, fed by 16-byte shared-memory reads: the thread's
-// rows are TM/4 runs of 4 spaced BM/(TM/4) apart (columns likewise), so the 8 threads of a quarter warp read 32
-// consecutive words, free of bank conflicts. Global loads of tile t+1 go to registers before the math of tile t
-// and to the second shared buffer after it: one barrier per tile.
+// BM x BN tile of C, a thread a TM x TN micro-tile in registers: ffma_gemm.cuh's main loop, which winograd.cu's GEMM
+// shares (global loads of tile t+1 to registers during the math of tile t, one barrier per tile).
 // Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split). With one slice the epilogue adds the bias,
 // applies the ReLU and writes y; with several it writes raw partial sums to the workspace ws[z][M][N]. The plain
 // kernels then leave the rest to conv_splitk_reduce (one more launch; they get the workspace as y). The _fixup
@@ -28,6 +26,7 @@
 //         conv_<KH>x<KW>_<BM>x<BN>_fixup: the same, two more arguments: ws (splits*M*N floats) and counters
 //         (grid.x*grid.y zeroed unsigned ints, left zeroed). conv_splitk_reduce: block 256, grid ceil(M*N/256).
 #include "common.cuh"
+#include "ffma_gemm.cuh"
 
 template <int KH, int KW, int BM, int BN, int BK, int TM, int TN, bool FIXUP>
 __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const float* __restrict__ wt,
@@ -93,40 +92,7 @@ __device__ __forceinline__ void conv_gemm(const float* __restrict__ x, const flo
 
     const int tx = tid % TX, ty = tid / TX;
     float acc[TM][TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-
-    load(k_begin);
-    store(0);
-    __syncthreads();
-    int buf = 0;
-    for (int kt = k_begin; kt < k_end; kt += BK) {
-        const bool more = kt + BK < k_end;
-        if (more) load(kt + BK);
-#pragma unroll
-        for (int kk = 0; kk < BK; ++kk) {
-            float a[TM], b[TN];
-#pragma unroll
-            for (int run = 0; run < M_RUNS; ++run) {
-                const float4 v = *reinterpret_cast<const float4*>(&As[buf][kk][run * (BM / M_RUNS) + ty * 4]);
-                a[run * 4 + 0] = v.x; a[run * 4 + 1] = v.y; a[run * 4 + 2] = v.z; a[run * 4 + 3] = v.w;
-            }
-#pragma unroll
-            for (int run = 0; run < N_RUNS; ++run) {
-                const float4 v = *reinterpret_cast<const float4*>(&Bs[buf][kk][run * (BN / N_RUNS) + tx * 4]);
-                b[run * 4 + 0] = v.x; b[run * 4 + 1] = v.y; b[run * 4 + 2] = v.z; b[run * 4 + 3] = v.w;
-            }
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
-        if (more) store(buf ^ 1);
-        __syncthreads();
-        buf ^= 1;
-    }
+    ffma_main_loop<BM, BN, BK, TM, TN>(acc, As, Bs, tx, ty, k_begin, k_end, load, store);
 
     const bool split = gridDim.z > 1;
     const size_t slice = (size_t)cout * n_total;

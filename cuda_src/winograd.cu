@@ -24,10 +24,10 @@
 //                     at batch 1 and 8 a layer has too few tiles to fill the SMs, and each block's serial K loop
 //                     is what the layer waits for. Both operands are dense rows along O and T padded to whole
 //                     tiles, so every global load and store is one float4 with no bounds check along O or T (only
-//                     along C). Tiling
-//                     as conv.cu: a block computes BM x BN, a thread TM x TN from float4 shared-memory reads, the
-//                     next BK slice loaded to registers during the math, one barrier per slice. It does not know
-//                     the kernel shape: every variant shares it.
+//                     along C). Tiling as conv.cu, the same main loop (ffma_gemm.cuh): a block computes BM x BN,
+//                     a thread TM x TN from float4 shared-memory reads, the next BK slice loaded to registers
+//                     during the math, one barrier per slice. It does not know the kernel shape: every variant
+//                     shares it.
 //   wino_output_<K>_F<M>: one thread per (o, t): reads M[xi][o][t] for every xi, y_tile = AT M AT^T + bias,
 //                     ReLU, written where inside the output map, into a channel-slice view (y_bstride as conv.cu).
 //                     The _slices version (split-K) reads the sum of the copies M_0 + M_1 + ..., in that order, so
@@ -42,6 +42,7 @@
 //                     BM, k_split a multiple of BK.
 //         wino_output_*: block 256, grid ceil(O*T / 256).
 #include "common.cuh"
+#include "ffma_gemm.cuh"
 
 // out = A in, A the R x K top-left of a; the identity when K == 1 (an axis the kernel does not extend in).
 template <int R, int K, int C, int AR, int AC>
@@ -175,40 +176,7 @@ __device__ __forceinline__ void wino_gemm(const float* __restrict__ u, const flo
 
     const int tx = tid % TX, ty = tid / TX;
     float acc[TM][TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-
-    load(k_begin);
-    store(0);
-    __syncthreads();
-    int buf = 0;
-    for (int kt = k_begin; kt < k_end; kt += BK) {
-        const bool more = kt + BK < k_end;
-        if (more) load(kt + BK);
-#pragma unroll
-        for (int kk = 0; kk < BK; ++kk) {
-            float a[TM], b[TN];
-#pragma unroll
-            for (int run = 0; run < M_RUNS; ++run) {
-                const float4 q = *reinterpret_cast<const float4*>(&As[buf][kk][run * (BM / M_RUNS) + ty * 4]);
-                a[run * 4 + 0] = q.x; a[run * 4 + 1] = q.y; a[run * 4 + 2] = q.z; a[run * 4 + 3] = q.w;
-            }
-#pragma unroll
-            for (int run = 0; run < N_RUNS; ++run) {
-                const float4 q = *reinterpret_cast<const float4*>(&Bs[buf][kk][run * (BN / N_RUNS) + tx * 4]);
-                b[run * 4 + 0] = q.x; b[run * 4 + 1] = q.y; b[run * 4 + 2] = q.z; b[run * 4 + 3] = q.w;
-            }
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
-        if (more) store(buf ^ 1);
-        __syncthreads();
-        buf ^= 1;
-    }
+    ffma_main_loop<BM, BN, BK, TM, TN>(acc, As, Bs, tx, ty, k_begin, k_end, load, store);
 
     float* out = mo + (size_t)blockIdx.z * cout * t_pad;
 #pragma unroll

@@ -11,6 +11,7 @@ compiling and an edited kernel never loads stale code. Files appear atomically (
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,15 +23,31 @@ from . import native_build
 from .errors import BackendUnavailable
 from .paths import user_cache_dir
 
-SOURCES = ("conv.cu", "conv_tf32.cu", "conv_f16.cu", "conv_nhwc_mma.cu", "conv_nhwc_wgmma.cu", "conv_nhwc_ws.cu",
-           "conv_nhwc_halo.cu", "conv_input_nhwc.cu", "winograd.cu", "pool.cu", "pool_nhwc.cu", "fc.cu", "softmax.cu",
-           "timing.cu", "pipeline_io.cu", "resize_pil.cu")
+PROBE = "common.cuh"  # a file every cuda_src/ holds (native_build.source_dir)
+
+
+def source_dir() -> Path:
+    return native_build.source_dir("cuda_src", PROBE)
+
+
+def read_sources() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """The .cu files of cuda_src/, each a compile unit, and those that compile once per NHWC element type they hold:
+    source -> the element types, read off its ``#ifdef IE_NHWC_<ELEMENT>`` blocks (conv_nhwc.cuh's). Read off the
+    directory, so that a kernel family's new .cu is built without being listed anywhere else."""
+    sources = tuple(sorted(p.name for p in source_dir().glob("*.cu")))
+    per_element = {}
+    for name in sources:
+        found = re.findall(r"^#ifdef IE_NHWC_(\w+)", (source_dir() / name).read_text(), re.M)
+        if found:
+            per_element[name] = tuple(dict.fromkeys(e.lower() for e in found))
+    return sources, per_element
+
+
+SOURCES, PER_ELEMENT = read_sources()
 # The NHWC conv families (conv_nhwc.cuh) compile once per element type they hold, as <stem>_<element> with
 # -DIE_NHWC_<ELEMENT>, so that a run compiles only the units its launches use. An element type's kernels are named
 # conv_nhwc<suffix>_... (cuda.tiles.NHWC_ELEMS[element].suffix).
 NHWC_ELEMENT_SUFFIXES = {"fp16": "", "tf32": "_tf32", "fp32": "_f32"}
-PER_ELEMENT = {"conv_nhwc_mma.cu": ("fp16", "tf32", "fp32"), "conv_nhwc_wgmma.cu": ("fp16", "tf32", "fp32"),
-               "conv_nhwc_ws.cu": ("fp16", "tf32"), "conv_nhwc_halo.cu": ("fp16", "tf32")}
 # unit -> (source, extra nvcc flags)
 UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
     unit: (name, defines) for name in SOURCES
@@ -55,10 +72,6 @@ def target_flags(name: str, arch: str) -> list[str]:
         n = arch.removeprefix("sm_")
         return [f"-gencode=arch=compute_{n}a,code=sm_{n}a"]
     return [f"-arch={arch}"]
-
-
-def source_dir() -> Path:
-    return native_build.source_dir("cuda_src", SOURCES[0])
 
 
 def cache_dir() -> Path:

@@ -30,56 +30,48 @@ class Driver(Protocol):
     def close(self) -> None: ...
 
 
-class LocalDriver:
-    """One Engine in this process: its weights and, with --decode gpu, nvImageCodec's start begin at once."""
+class Wrapping:
+    """What both drivers pass through to the object that does the work (an Engine, a GpuRun)."""
 
-    def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
-        self.engine = Engine.from_config(run.engine)
-        self.top_k, self.on_progress, self.fmt = run.top_k, on_progress, fmt
+    inner: Any
 
     @property
     def on_note(self) -> Callable[[str], None] | None:
-        return self.engine.on_note
+        return self.inner.on_note
 
     @on_note.setter
     def on_note(self, f: Callable[[str], None] | None) -> None:
-        self.engine.on_note = f
+        self.inner.on_note = f
 
     def facts(self) -> EngineFacts:
-        return self.engine.facts()
-
-    def stream(self, paths: list[str]) -> Iterator[Any]:
-        return self.engine.predict_iter(paths, self.top_k, on_progress=self.on_progress, render=self.fmt)
+        return self.inner.facts()
 
     def close(self) -> None:
-        self.engine.close()
+        self.inner.close()
 
 
-class GpusDriver:
+class LocalDriver(Wrapping):
+    """One Engine in this process: its weights and, with --decode gpu, nvImageCodec's start begin at once."""
+
+    def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
+        self.inner = Engine.from_config(run.engine)
+        self.top_k, self.on_progress, self.fmt = run.top_k, on_progress, fmt
+
+    def stream(self, paths: list[str]) -> Iterator[Any]:
+        return self.inner.predict_iter(paths, self.top_k, on_progress=self.on_progress, render=self.fmt)
+
+
+class GpusDriver(Wrapping):
     """``run.gpus`` worker processes started at once, each building its engine while the caller lists the inputs;
     the parent builds none. ``stream`` deals the paths out at the first call, so call it before ``facts`` to
     overlap the workers' start with the first chunks' work."""
 
     def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
         assert run.gpus is not None
-        self.run = start_on_gpus(run.gpus, run.top_k, run.engine, on_progress, fmt)
-
-    @property
-    def on_note(self) -> Callable[[str], None] | None:
-        return self.run.on_note
-
-    @on_note.setter
-    def on_note(self, f: Callable[[str], None] | None) -> None:
-        self.run.on_note = f
-
-    def facts(self) -> EngineFacts:
-        return self.run.facts()
+        self.inner = start_on_gpus(run.gpus, run.top_k, run.engine, on_progress, fmt)
 
     def stream(self, paths: list[str]) -> Iterator[Any]:
-        return self.run.classify(paths)
-
-    def close(self) -> None:
-        self.run.close()
+        return self.inner.classify(paths)
 
 
 def start_driver(run: RunConfig, on_progress: Progress, fmt: str | None) -> Driver:

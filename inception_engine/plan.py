@@ -200,15 +200,8 @@ def poolable(l: Layer, home: dict[str, tuple[str, int]]) -> bool:
     return isinstance(l, Pool) and l.kind == "max" and l.pad == 0 and home[l.name] == (l.name, 0)
 
 
-def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True,
-               input_size: int = arch.INPUT_SIZE, concurrent: bool = False, pool_inputs: bool = False) -> Plan:
-    """The plan of ``layers`` for this batch. pool_inputs: the input of each ``poolable`` max pool stays live until
-    the last reader of the pool's output, so that ``fuse_max_pools`` can let that reader take the pool's input."""
-    if batch < 1:
-        raise ValueError(f"batch size must be >= 1, got {batch}")
-    layers = list(layers or arch.inception_v3())
-
-    # 1. Shapes (per tensor: channels, h, w), and which tensors live inside a concat buffer at which offset.
+def tensor_shapes(layers: list[Layer], input_size: int) -> dict[str, tuple[int, int, int]]:
+    """Each tensor's (channels, h, w), checked: a conv's and an FC's input width, a concat's parts' sizes."""
     chw: dict[str, tuple[int, int, int]] = {arch.INPUT: (3, input_size, input_size)}
     for l in layers:
         if isinstance(l, Conv):
@@ -230,8 +223,13 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
             if chw[l.src][0] != l.in_features:
                 raise ValueError(f"{l.name}: expects {l.in_features} features, {l.src} has {chw[l.src][0]}")
             chw[l.name] = (l.out_features, 1, 1)
+    return chw
 
-    home: dict[str, tuple[str, int]] = {}  # tensor -> (buffer it lives in, channel offset)
+
+def tensor_homes(layers: list[Layer], chw: dict[str, tuple[int, int, int]]) -> dict[str, tuple[str, int]]:
+    """tensor -> (the buffer it lives in, its channel offset there): a concat's parts live in the concat's buffer,
+    every other tensor in its own."""
+    home: dict[str, tuple[str, int]] = {}
     for l in layers:
         if isinstance(l, Concat):
             off = 0
@@ -242,6 +240,44 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
                 off += chw[s][0]
     for t in chw:
         home.setdefault(t, (t, 0))
+    return home
+
+
+def best_fit(sizes: dict[str, int], first: dict[str, int], last: dict[str, int], at: dict[int, int],
+             reuse: bool) -> tuple[dict[str, int], int]:
+    """Each buffer's offset in the arena, and the arena's size: greedy best fit in order of first write, into the
+    smallest gap that the buffers still live (``at`` of their first and last op) leave, where ``reuse``."""
+    offsets: dict[str, int] = {}
+    live: list[tuple[int, int, str]] = []  # (offset, size, buffer)
+    arena = 0
+    for b in sorted(first, key=lambda b: first[b]):
+        size = sizes[b]
+        if reuse:
+            live = [x for x in live if at[last[x[2]]] >= at[first[b]]]
+        live.sort()
+        best, cursor = None, 0
+        for off, sz, _ in live:
+            gap = off - cursor
+            if gap >= size and (best is None or gap < best[1]):
+                best = (cursor, gap)
+            cursor = max(cursor, off + sz)
+        offsets[b] = best[0] if best else cursor
+        live.append((offsets[b], size, b))
+        arena = max(arena, offsets[b] + size)
+    return offsets, arena
+
+
+def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True,
+               input_size: int = arch.INPUT_SIZE, concurrent: bool = False, pool_inputs: bool = False) -> Plan:
+    """The plan of ``layers`` for this batch. pool_inputs: the input of each ``poolable`` max pool stays live until
+    the last reader of the pool's output, so that ``fuse_max_pools`` can let that reader take the pool's input."""
+    if batch < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch}")
+    layers = list(layers or arch.inception_v3())
+
+    # 1. Shapes (per tensor: channels, h, w), and which tensors live inside a concat buffer at which offset.
+    chw = tensor_shapes(layers, input_size)
+    home = tensor_homes(layers, chw)
 
     # 2. Lifetimes of buffers over the op sequence (concats are not ops).
     compute = [l for l in layers if not isinstance(l, Concat)]
@@ -266,23 +302,8 @@ def build_plan(batch: int, layers: list[Layer] | None = None, reuse: bool = True
         at = {i: i for i in range(-1, len(compute) + 1)}
 
     # 3. Offsets: greedy best-fit in order of first write.
-    offsets: dict[str, int] = {}
-    live: list[tuple[int, int, str]] = []  # (offset, size, buffer)
-    arena = 0
-    for b in sorted(first, key=lambda b: first[b]):
-        size = align(batch * chw[b][0] * chw[b][1] * chw[b][2])
-        if reuse:
-            live = [x for x in live if at[last[x[2]]] >= at[first[b]]]
-        live.sort()
-        best, cursor = None, 0
-        for off, sz, _ in live:
-            gap = off - cursor
-            if gap >= size and (best is None or gap < best[1]):
-                best = (cursor, gap)
-            cursor = max(cursor, off + sz)
-        offsets[b] = best[0] if best else cursor
-        live.append((offsets[b], size, b))
-        arena = max(arena, offsets[b] + size)
+    offsets, arena = best_fit({b: align(batch * chw[b][0] * chw[b][1] * chw[b][2]) for b in first}, first, last, at,
+                              reuse)
 
     buffers = {b: Buffer(b, offsets[b], (batch, *chw[b]), first[b], last[b]) for b in offsets}
 

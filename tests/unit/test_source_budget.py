@@ -24,15 +24,10 @@ PACKAGE = "inception_engine/**/*.py"
 # glob -> the most lines a file it matches may have
 BUDGETS = {PACKAGE: PYTHON_BUDGET, "cuda_src/*.cu": NATIVE_BUDGET, "cuda_src/*.cuh": NATIVE_BUDGET,
            "cuda_src/*.h": NATIVE_BUDGET, "cpu_src/*.c": NATIVE_BUDGET, "cpu_src/*.h": NATIVE_BUDGET}
-ROUND_THREE = "being split by the concurrent round-three change"
-# path -> (ceiling, reason)
-OVER_BUDGET: dict[str, tuple[int, str]] = {
-}
-# "path::qualified name" -> (ceiling, reason)
-LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "inception_engine/backends/cuda/backend.py::CudaBackend.__init__": (107, ROUND_THREE),
-    "inception_engine/plan.py::build_plan": (103, ROUND_THREE),
-}
+# path -> (ceiling, reason): none today
+OVER_BUDGET: dict[str, tuple[int, str]] = {}
+# "path::qualified name" -> (ceiling, reason): none today
+LONG_FUNCTIONS: dict[str, tuple[int, str]] = {}
 
 
 def line_counts() -> dict[str, tuple[int, int]]:

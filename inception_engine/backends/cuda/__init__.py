@@ -24,9 +24,11 @@ Where things are (each module's docstring says more):
     tuning.py       measured tuning's candidates, pick and cache (the timing itself: backend.tune_configs)
     params.py       weights and biases packed in the kernels' layouts
     workspace.py    split-K / Winograd workspace and tile counters
-    kernels.py      the kernel registry: each entry point's source, signature, block and shared memory; Kernels
+    families/       the kernel families, one module each: its sources, C signatures, registry entries, launches
+    kernels.py      the kernel registry (the families' entries); Kernels loads them
     launch.py       plan -> LaunchSpecs on NCHW (launch_specs); Launch binds one to its kernel
-    launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and pointers
+    launch_nhwc.py  plan -> LaunchSpecs on NHWC (nhwc_launch_specs), the layout's checks and side buffer
+    lowering.py     lower: plan, configs and GPU facts -> LaunchSpecs over named buffers (pure; the backend's input)
     tensor_maps.py  the TMA tiles' tensor maps: what each describes, and its bytes (the driver's or the emulator's)
     schedule.py     which stream each op runs on and what it waits for
     device.py       pycuda: driver, probe, Gpu
@@ -71,6 +73,7 @@ from .launch import (Launch, LaunchSpec, batch_stride, conv_specs, fc_specs, gap
                      softmax_spec, view_ptr, winograd_specs)
 from .launch_nhwc import (NhwcSide, check_nhwc, nhwc_conv_specs, nhwc_fits, nhwc_launch_specs, nhwc_parts,
                           nhwc_pool_spec, nhwc_ptr, nhwc_side, tma_map_layout, tma_maps)
+from .lowering import GpuFacts, Lowering, Ref, lower, resolve_spec
 from .schedule import Scheduled, depends, schedule
 from .device import Gpu, driver, probe
 from .backend import CudaBackend, time_convs, tune_configs

@@ -1,8 +1,9 @@
 """``CudaBackend``: a plan and its weights turned into prepared launches once, then each forward is upload, replay
-(one CUDA graph, or eager launches), download. It ties the package together: configs from the cost model or from
-measured tuning (``tune_configs``, here because it times candidates with a CudaBackend), parameters packed
-(params.py), one arena, workspace and tile counters (workspace.py), launch specs per layout (launch.py,
-launch_nhwc.py), kernels loaded (kernels.py), branches on concurrent streams (schedule.py)."""
+(one CUDA graph, or eager launches), download. The launches are lowering.py's (``lower``: a pure function of the
+plan, the configs and the GPU's facts); the backend allocates the buffers they name, uploads the parameters
+(params.py), loads the kernels (kernels.py), puts branches on concurrent streams (schedule.py), captures and
+replays. The configs come from the cost model or from measured tuning (``tune_configs``, here because it times
+candidates with a CudaBackend)"""
 
 from __future__ import annotations
 
@@ -16,23 +17,91 @@ import numpy as np
 from ... import cuda_build
 from ...errors import BackendUnavailable, EngineError
 from ...plan import Plan, build_plan, fused_plan, is_fused
+from ...plan import fuse as fuse_plan
 from ...weights import Weights, atomic_write
 from .. import event_timed_ms
 from .cost_model import ConvConfig, choose_configs
 from .device import Gpu, driver, probe
 from .kernels import Kernels, spec, unit_of
-from .launch import Launch, launch_specs, view_ptr
-from .launch_nhwc import check_nhwc, nhwc_fits, nhwc_launch_specs, nhwc_side, tma_map_layout
+from .launch import Launch
+from .launch_nhwc import check_nhwc, nhwc_fits
+from .lowering import GpuFacts, lower, resolve_spec
 from .tensor_maps import encode_all
 from .params import pack_params
 from .schedule import schedule
-from .tiles import NAN_BITS, NHWC_ELEMS, PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
+from .tiles import PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
 from .tuning import (config_from_json, config_to_json, pick_fastest, shape_key, table_configs, tuning_cache_dir,
                      tuning_candidates, tuning_key)
-from .workspace import counter_layout, workspace_layout
+
+
+def settle_layout(plan: Plan, precision: str, nhwc: bool | None, device: int) -> bool:
+    """Whether activations are NHWC: as asked (checked: the plan's channel counts, and for fp32 the GPU's wgmma), or
+    by default wherever the plan allows it and, for fp32, the GPU has wgmma."""
+    wgmma = cuda_build.has_wgmma(probe(device)[1]) if precision == "fp32" and nhwc is not False else True
+    if nhwc:
+        check_nhwc_precision(precision, wgmma)
+        check_nhwc(plan)
+        return True
+    return nhwc_fits(plan) and (precision != "fp32" or wgmma) if nhwc is None else False
+
+
+def prepare_plan(plan: Plan, precision: str, nhwc: bool, concurrent: bool, fuse: bool) -> Plan:
+    """The plan as the backend runs it: fused (plan.fused_plan: stages, the pools' inputs live for their readers)
+    or concurrent where asked and not made so already; checked for what the precision's kernels and 32-bit indexing
+    take."""
+    if fuse and not nhwc:
+        raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
+    if (concurrent or fuse) and not plan.concurrent and not plan.layers:
+        raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
+    max_pools = folds_max_pools(precision)
+    if fuse and not is_fused(plan):
+        plan = (fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools) if plan.layers
+                else fuse_plan(plan, max_pools))
+    elif concurrent and not plan.concurrent:
+        plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
+    if not max_pools and any(op.max_pool for op in plan.conv_ops):
+        raise EngineError(f"{precision} has no kernel for a 1x1 convolution that reads through a max pool; "
+                          f"give a plan made without plan.fuse_max_pools")
+    if plan.arena_elems >= 2**31:
+        raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
+                          f"use a smaller batch")
+    return plan
 
 
 class CudaBackend:
+    """A plan and its weights as prepared launches on one GPU (see the module docstring). The options:
+
+    softmax: forward returns probabilities (softmax on the GPU) instead of logits.
+    concurrent: run the branches of each Inception module on several streams (``schedule``); default: with the
+    graph only, where the fork/join events cost no host time. A plan not built for that
+    (``build_plan(concurrent=True)``) is rebuilt so.
+    fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce (the default: the
+    separate reduction is the faster of the two); the tensor-core kernels have no such variant, so in tf32/fp16
+    split-K always uses conv_splitk_reduce.
+    precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32" or
+    "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands).
+    winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu) always (True, the default), where
+    the cost model expects it to be faster (None) or never (False); in every precision (the Winograd GEMMs are
+    FFMA). The default is every eligible conv because that is as fast as the model's choice or faster at every
+    batch size: the model assumes V and M miss L2, which at batch 1 and 8 they do not.
+    tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
+    tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
+    (``tune_configs``: from the tuning cache or the package's table for this GPU, else measured now, seconds);
+    "cached": the cache's or the table's configs, else the cost model's (no measuring); "fresh": measured now
+    whatever the cache or table hold (inception-tune), ``tune_progress(done, total)`` after each candidate.
+    configs: use exactly these.
+    nhwc: activations in NHWC buffers (conv_nhwc_*.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
+    or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
+    Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
+    has wgmma (NHWC is the faster layout at every batch size: docs/PERFORMANCE.md); False: conv.cu /
+    conv_f16.cu / conv_tf32.cu and Winograd on fp32 NCHW activations.
+    fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
+    average pool of the pool branch moved behind its conv, and in fp16 and tf32 MaxPool_3a folded into Conv2d_3b
+    (plan.fuse), which needs a plan whose buffers live for whole stages (rebuilt so, as for concurrent). A plan
+    fused already is taken as it is.
+    sm_margin: SMs the persistent (warp-specialized and halo) tiles leave free, for other work on the GPU beside
+    the forward (nvImageCodec's kernels when JPEGs are decoded on the GPU); 0: a block on every SM."""
+
     name = "cuda"
     PRECISIONS = PRECISIONS
 
@@ -49,69 +118,17 @@ class CudaBackend:
                  configs: dict[str, ConvConfig | None] | None = None, nhwc: bool | None = None,
                  fuse: bool | None = None, sm_margin: int = 0,
                  tune_progress: Callable[[int, int], None] | None = None):
-        """softmax: forward returns probabilities (softmax on the GPU) instead of logits.
-        concurrent: run the branches of each Inception module on several streams (``schedule``); default: with the
-        graph only, where the fork/join events cost no host time. A plan not built for that
-        (``build_plan(concurrent=True)``) is rebuilt so.
-        fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce (the default: the
-        separate reduction is the faster of the two); the tensor-core kernels have no such variant, so in tf32/fp16
-        split-K always uses conv_splitk_reduce.
-        precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32" or
-        "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands).
-        winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu) always (True, the default), where
-        the cost model expects it to be faster (None) or never (False); in every precision (the Winograd GEMMs are
-        FFMA). The default is every eligible conv because that is as fast as the model's choice or faster at every
-        batch size: the model assumes V and M miss L2, which at batch 1 and 8 they do not.
-        tiles: restrict the direct GEMMs to these tiles of the precision (tuning).
-        tune: each conv's tile, split-K and Winograd-or-not measured on this GPU instead of the cost model's guess
-        (``tune_configs``: from the tuning cache or the package's table for this GPU, else measured now, seconds);
-        "cached": the cache's or the table's configs, else the cost model's (no measuring); "fresh": measured now
-        whatever the cache or table hold (inception-tune), ``tune_progress(done, total)`` after each candidate.
-        configs: use exactly these.
-        nhwc: activations in NHWC buffers (conv_nhwc_*.cu, pool_nhwc.cu; no Winograd), fp16, TF32-rounded float32
-        or (fp32, sm_90a only) float32: no per-element gather in the convs, and for fp16 half the activation bytes.
-        Default (None): wherever the plan's channel counts allow it (``check_nhwc``), and for fp32 where the GPU
-        has wgmma (NHWC is the faster layout at every batch size: docs/PERFORMANCE.md); False: conv.cu /
-        conv_f16.cu / conv_tf32.cu and Winograd on fp32 NCHW activations.
-        fuse (NHWC only; default: with NHWC): each module's 1x1 convs that read its input as one GEMM, with the
-        average pool of the pool branch moved behind its conv, and in fp16 and tf32 MaxPool_3a folded into Conv2d_3b
-        (plan.fuse), which needs a plan whose buffers live for whole stages (rebuilt so, as for concurrent). A plan
-        fused already is taken as it is.
-        sm_margin: SMs the persistent (warp-specialized and halo) tiles leave free, for other work on the GPU beside
-        the forward (nvImageCodec's kernels when JPEGs are decoded on the GPU); 0: a block on every SM."""
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
-        wgmma = cuda_build.has_wgmma(probe(device)[1]) if precision == "fp32" and nhwc is not False else True
-        if nhwc:
-            check_nhwc_precision(precision, wgmma)
-            check_nhwc(plan)
-        elif nhwc is None:
-            nhwc = nhwc_fits(plan) and (precision != "fp32" or wgmma)
-        self.nhwc = nhwc
+        self.nhwc = nhwc = settle_layout(plan, precision, nhwc, device)
         self.precision = precision
         self.sm_margin = sm_margin
         self.fixup = fixup
         self.winograd = winograd
         self.tiles = tiles
         self.concurrent = graph if concurrent is None else concurrent
-        fused = is_fused(plan)
-        self.fuse = fused or (nhwc if fuse is None else fuse)
-        if self.fuse and not nhwc:
-            raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
-        if (self.concurrent or self.fuse) and not plan.concurrent and not plan.layers:
-            raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
-        max_pools = folds_max_pools(precision)
-        if self.fuse and not fused:  # rebuilt where it can be: stages, and the pools' inputs live for their readers
-            plan = fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools) if plan.layers else fuse(
-                plan, max_pools)
-        elif self.concurrent and not plan.concurrent:
-            plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
-        if not max_pools and any(op.max_pool for op in plan.conv_ops):
-            raise EngineError(f"{precision} has no kernel for a 1x1 convolution that reads through a max pool; "
-                              f"give a plan made without plan.fuse_max_pools")
-        if plan.arena_elems >= 2**31:
-            raise EngineError(f"batch {plan.batch} is too large for the cuda backend (32-bit indexing); "
-                              f"use a smaller batch")
+        self.fuse = is_fused(plan) or (nhwc if fuse is None else fuse)
+        plan = prepare_plan(plan, precision, nhwc, self.concurrent, self.fuse)
         # where the convs' configs come from: "given", "measured" now, the tuning "cache", the shipped "table", or
         # the cost "model"
         self.tuning_source = "given" if configs is not None else "model"
@@ -165,51 +182,28 @@ class CudaBackend:
         return int(a)
 
     def _setup(self, weights: Weights, softmax: bool, drv: Any) -> None:
+        """Allocate and fill the buffers ``lower`` names, upload the parameters, resolve its launches."""
         plan = self.plan
         self.configs = self._given_configs or choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision,
                                                              self.winograd, self.tiles, self.nhwc,
                                                              cuda_build.has_wgmma(self._gpu.arch))
         params, offsets = pack_params(weights, plan, self.configs)
-        if self.nhwc:  # fp16: two activations per float32 word (arena_elems is a multiple of ALIGN, so even)
-            elem = NHWC_ELEMS[self.precision]
-            words = plan.arena_elems * elem.bytes // 4
-            self._arena = self._alloc(words)
-            drv.memset_d32(self._arena, elem.nan_word, words)
-            side = nhwc_side(plan)
-            self._side = self._alloc(side.elems)
-            drv.memset_d32(self._side, NAN_BITS, side.elems)
-        else:
-            self._arena = self._alloc(plan.arena_elems)
-            drv.memset_d32(self._arena, NAN_BITS, plan.arena_elems)
-        self._params = self._alloc(params.size)
-        self._ws = self._alloc(workspace_layout(plan, self.configs)[0])
-        self._probs = self._alloc(plan.batch * plan.output.channels) if softmax else None
-        n_counters = counter_layout(plan, self.configs)[0]
-        self._counters = self._alloc(n_counters) if self.fixup and n_counters else None
-        if self._counters is not None:
-            drv.memset_d32(self._counters, 0, n_counters)
-        drv.memcpy_htod(self._params, params)
+        gpu = GpuFacts(self._gpu.num_sms - self.sm_margin, cuda_build.has_wgmma(self._gpu.arch))
+        low = lower(plan, self.configs, self.precision, self.nhwc, gpu, offsets, params.size, softmax, self.fixup)
+        bases = {name: self._alloc(words) for name, words in low.words.items()}
+        for name, word in low.fill.items():
+            drv.memset_d32(bases[name], word, low.words[name])
+        drv.memcpy_htod(bases["params"], params)
         drv.Context.synchronize()
         self._stream = drv.Stream(1)  # CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
         self._x_host = drv.pagelocked_empty(plan.input.dims, np.float32)
         self._y_host = drv.pagelocked_empty((plan.batch, plan.output.channels), np.float32)
         self._host = [self._x_host, self._y_host]
-        if self.nhwc:
-            self._in_ptr = self._side + 4 * side.input
-            self._out_ptr = self._probs if softmax else self._side + 4 * side.logits
-            map_bytes = tma_map_layout(plan, self.configs)[0]
-            maps = self._alloc(map_bytes // 4) if map_bytes else 0
-            self.specs = nhwc_launch_specs(plan, self.configs, self._arena, self._side, self._params,
-                                           offsets, self._ws, self._probs, self.precision,
-                                           max(1, self._gpu.num_sms - self.sm_margin), maps)
-            for spec in self.specs:  # the TMA tiles' tensor maps, at the address each takes last
-                if spec.maps:
-                    drv.memcpy_htod(spec.args[-1], encode_all(spec.maps))
-        else:
-            self._in_ptr = view_ptr(self._arena, plan.input)
-            self._out_ptr = self._probs if softmax else view_ptr(self._arena, plan.output)
-            self.specs = launch_specs(plan, self.configs, self._arena, self._params, offsets, self._ws, self._probs,
-                                      self._counters)
+        self._in_ptr, self._out_ptr = low.input.resolve(bases), low.output.resolve(bases)
+        self.specs = [resolve_spec(s, bases) for s in low.specs]
+        for launch in self.specs:  # the TMA tiles' tensor maps, at the address each takes as `maps`
+            if launch.maps:
+                drv.memcpy_htod(launch.arg("maps", spec(launch.kernel)), encode_all(launch.maps))
         # Only the units these launches need (a first run compiles one precision's), plus gpu_sleep (time_layers)
         # and the streaming pipeline's ends: all built in parallel.
         kernels = Kernels(self._gpu.arch, {unit_of(k) for k in {s.kernel for s in self.specs} | {
