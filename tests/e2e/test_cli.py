@@ -460,3 +460,20 @@ def test_ctrl_c_before_the_first_result_is_one_line_and_130(weights_file, image_
                                       "--output", str(out)])
     assert r.exit_code == 130 and r.stderr.strip() == "interrupted before the first result", r.output
     assert "Traceback" not in r.output and not out.exists()
+
+
+def test_max_pixels_from_the_option_or_the_environment(weights_file, image_dir, monkeypatch):
+    """--max-pixels N (else $INCEPTION_MAX_PIXELS) is the limit every image is held to, in the project's words; a
+    bad value is a usage error before anything loads."""
+    args = [str(image_dir / "a_rgb.jpg"), "--weights", str(weights_file), "--backend", "cpu", "--json"]
+    w, h = Image.open(image_dir / "a_rgb.jpg").size
+    r = runner().invoke(cli.run_cmd, [*args, "--max-pixels", "1000"])
+    assert r.exit_code == 1 and json.loads(r.stdout)["results"][0]["error"].startswith(
+        f"{image_dir / 'a_rgb.jpg'}: refused, it declares {w * h:,} pixels, more than the 1,000 an image may have")
+    monkeypatch.setenv("INCEPTION_MAX_PIXELS", "1000")
+    assert runner().invoke(cli.run_cmd, args).exit_code == 1
+    assert runner().invoke(cli.run_cmd, [*args, "--max-pixels", str(w * h)]).exit_code == 0  # the option wins
+    monkeypatch.setenv("INCEPTION_MAX_PIXELS", "lots")
+    monkeypatch.setattr(engine.Engine, "from_config", lambda *a, **k: pytest.fail("the model loaded"))
+    assert one_line_error(runner().invoke(cli.run_cmd, args)).startswith(
+        "error: $INCEPTION_MAX_PIXELS=lots: must be a whole number of pixels")

@@ -173,3 +173,18 @@ def test_interrupted_before_any_image_names_no_file(files, photos, tmp_path, mon
     r = run(str(photos), "--weights", str(files["real"]), "--output", str(out))
     assert r.exit_code == 130 and "interrupted after 0 of 4 images" in r.stderr
     assert str(out) not in r.stderr and "--resume" not in r.stderr and not out.exists()
+
+
+def test_resume_says_which_of_backend_precision_and_model_differs(tmp_path):
+    from inception_engine.errors import EngineError
+    from inception_engine.output_read import check_computed, read_lines
+
+    line = {"image": "a.jpg", "top": [{"index": 0, "label": "tench", "prob": 0.5}], "backend": "cuda",
+            "precision": "fp16", "model": "3f9a0c12ab45"}
+    lines = read_lines((json.dumps(line) + "\n").encode(), "jsonl", tmp_path / "r.jsonl")
+    check_computed(lines, ("cuda", "fp16", "3f9a0c12ab45"), tmp_path / "r.jsonl")  # the same: resumed
+    with pytest.raises(EngineError) as e:
+        check_computed(lines, ("cuda", "tf32", "3f9a0c12ab45"), tmp_path / "r.jsonl")
+    assert "another precision fp16 (this run: tf32);" in str(e.value) and "model" not in str(e.value).split(";")[0]
+    with pytest.raises(EngineError, match=r"another backend cuda \(this run: cpu\), precision fp16 \(this run: fp32\)"):
+        check_computed(lines, ("cpu", "fp32", "3f9a0c12ab45"), tmp_path / "r.jsonl")
