@@ -166,12 +166,16 @@ class OnnxRuntimePeer:
         return host_timed_ms(lambda: self.forward(x), iters, warmup)
 
 
-def onnxruntime_peer(onnx_path: str | None, synthetic: bool, tmp: Path, notes: list[str]) -> OnnxRuntimePeer | str:
-    """The peer, or the reason there is none (which becomes the row's status)."""
+def onnxruntime_peer(onnx_path: str | None, synthetic: bool, tmp: Path, notes: list[str]
+                     ) -> OnnxRuntimePeer | str | None:
+    """The peer, or the reason there is none (which becomes the row's status); None, and a note, where onnxruntime
+    is not installed (a base install: no row only to say so)."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
-        return "unavailable: onnxruntime is not installed (pip install onnxruntime)"
+        notes.append(f"no {ORT} row: onnxruntime is not installed (pip install onnxruntime adds it, and the cpu/ort "
+                     f"column)")
+        return None
     if onnx_path is None:
         if not synthetic:
             return "unavailable: pass --onnx MODEL.onnx (the file the weights were converted from)"

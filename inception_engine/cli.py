@@ -1,4 +1,6 @@
-"""The console commands: inception-run, inception-convert-weights, inception-bench.
+"""The console commands: inception-run, inception-convert-weights, inception-bench, inception-tune (``python -m
+inception_engine`` lists those installed). Each takes --version and -h/--help; placeholders are capitals (N, K, X,
+FILE, LIST) or a file's shape (MODEL.onnx), never click's type names.
 
 User mistakes (EngineError, and click's usage errors: an unknown option, a bad value) print one line
 ``error: <message>`` on stderr and exit with code 2; an image that cannot be read is reported with the others'
@@ -26,12 +28,23 @@ from . import backends
 from .config import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, WORKER_KINDS, RunConfig
 from .drivers import start_driver
 from .errors import EngineError, OptionError
-from .ingest.inputs import expand_inputs
-from .output import ResultFile, ResumeSummary, image_key
+from .ingest.images import DECODE_BYTES_PER_PIXEL, DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
+from .ingest.inputs import expand_inputs, may_hold_images, no_images_line
+from .output import ResultFile, ResumeSummary
+from .output_read import image_key
 from .pipeline import Prediction
 from .sinks import interrupted, make_sink, terminal_echo, write_results
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+DISTRIBUTION = "inception-engine"
+
+
+def version_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--version on a command: the installed package's version (importlib.metadata, through click). A decorator made
+    afresh for each command: click's remembers the first program name it printed."""
+    return click.version_option(package_name=DISTRIBUTION, message="%(prog)s %(version)s")(fn)
+
+
 MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)
 
 
@@ -129,15 +142,18 @@ def shown_before(note: str) -> bool:
 
 @click.command(name="inception-run", cls=Command, context_settings=CONTEXT)
 @click.argument("images", nargs=-1, required=True)
-@click.option("--weights", "weights_path", metavar="PATH",
-              help="Weight file (default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache).")
+@click.option("--weights", "weights_path", metavar="FILE",
+              help="The engine's weight file (.npz), or torchvision's ONNX export itself (.onnx: converted once, then "
+                   "cached) [default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache].")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
               help="auto = cuda when a GPU and pycuda are usable, else cpu.")
 @click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
               help="auto = tf32 on the GPU (as PyTorch's and cuDNN's convolutions default to), fp32 on the CPU; "
                    "one the backend lacks is refused.")
-@click.option("--top-k", type=click.IntRange(1, 1000), default=5, show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 4096), default=None, show_default="64 on the GPU, 8 on the CPU")
+@click.option("--top-k", type=click.IntRange(1, 1000), default=5, show_default=True, metavar="K",
+              help="The K most likely classes of each image.")
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=None, show_default="64 on the GPU, 8 on the CPU",
+              metavar="N", help="Images per forward.")
 @click.option("--workers", type=click.IntRange(1, 1024), default=None, metavar="N",
               help="Decode workers [default: one per usable CPU].")
 @click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="auto", show_default=True,
@@ -149,7 +165,9 @@ def shown_before(note: str) -> bool:
 @click.option("--output", "output_path", metavar="FILE",
               help="Write results to FILE.jsonl (one JSON line per image) or FILE.csv as they finish, instead of "
                    "printing them.")
-@click.option("--resume", is_flag=True, help="With --output: skip the images FILE already has, append the rest.")
+@click.option("--resume", is_flag=True,
+              help="With --output: skip the images FILE has results for, run again those that failed, append the "
+                   "rest. Refused where FILE's results came from other weights, backend or precision.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
               help="Run on a Ray cluster through Ray Data (ADDRESS: auto, local, ray://HOST:PORT; none: the running "
@@ -158,12 +176,18 @@ def shown_before(note: str) -> bool:
               help="GPUs to use: with --ray, GPU actors [default: all]; without, worker processes on this "
                    "machine, one per GPU [default: 1]; more than the machine has is refused. More GPUs help where "
                    "decoding keeps up with them: fp32, or --decode gpu.")
+@click.option("--max-pixels", type=click.IntRange(1), default=None, metavar="N",
+              help=f"Refuse an image that declares more than N pixels, before decoding it [default: ${MAX_PIXELS_ENV}, "
+                   f"else {DEFAULT_MAX_PIXELS:,}, Pillow's decompression-bomb limit]. Raise it only for files you "
+                   f"trust: decoding one image holds up to ~{DECODE_BYTES_PER_PIXEL} bytes a pixel in each decode "
+                   f"worker (200 million pixels: ~{200e6 * DECODE_BYTES_PER_PIXEL / 1e9:.1f} GB a worker).")
 @click.option("--server", "server_url", metavar="URL",
               help="Have a running inception-serve at URL (http://HOST:PORT) compute the results: the files are "
                    "read here and sent; the output is a local run's on the server's backend and precision.")
 @click.option("-r", "--recursive", is_flag=True,
               help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
                    "its subfolders hold).")
+@version_option
 @user_errors
 def run_cmd(images: tuple[str, ...], **options: Any) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
@@ -172,6 +196,8 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
 
         require_ray()  # said before the weights are looked for
     run = run_config(images, options)
+    if run.driver != "ray" and not may_hold_images(run.images, run.recursive):  # a usage error: before any loading
+        raise EngineError(no_images_line(run.images, run.recursive))
     if run.driver == "ray":
 
         return run_on_ray(run)
@@ -199,7 +225,7 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
 def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
     """inception-run's options as one checked RunConfig."""
     engine = {"weights": o["weights_path"], **{k: o[k] for k in ("backend", "precision", "batch_size", "workers",
-                                                                  "worker_kind", "decode")}}
+                                                                  "worker_kind", "decode", "max_pixels")}}
     return RunConfig(engine, images, o["top_k"], o["recursive"], o["output_path"], o["resume"], o["as_json"],
                      o["gpus"], o["ray_address"], o["server_url"])
 
@@ -236,7 +262,7 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
     progress: list[Callable[[int], None]] = []  # the progress bar's update, once it exists
     driver = start_driver(run, lambda n: progress[0](n) if progress else None, out.fmt if out is not None else None)
     try:
-        inputs = list_inputs(run, out)
+        inputs, resumed = list_inputs(run, out)
         todo = [path for path, err in inputs if err is None]
         preds = driver.stream(todo)  # --gpus: the workers get their inputs now, before their facts are read
         try:
@@ -254,8 +280,9 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
                   dynamic_ncols=True) as bar:
             # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
             echo = terminal_echo if show and sys.stdout.isatty() else click.echo
-            sink = make_sink(out, run.as_json, (facts.backend_name, facts.precision, facts.weights_path),
-                             facts.batch_size, echo)
+            sink = make_sink(out, run.as_json, facts, echo)  # a file of another model is refused here
+            if resumed is not None:  # said once the file is known to be this run's to continue
+                click.echo(resumed, err=True)
             progress.append(bar.update)
             try:
                 total, failed = write_results(inputs, first_timed(preds, first_at), sink,
@@ -268,8 +295,9 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
         driver.close()
 
 
-def list_inputs(run: RunConfig, out: ResultFile | None) -> list[tuple[str, str | None]]:
-    """The run's inputs as (path, error or None), notices said on stderr; with --resume, those ``out`` lacks."""
+def list_inputs(run: RunConfig, out: ResultFile | None) -> tuple[list[tuple[str, str | None]], str | None]:
+    """The run's inputs as (path, error or None), notices said on stderr; with --resume, those ``out`` lacks, and
+    the line that says what the file holds (else None)."""
     listed = expand_inputs(run.images, run.recursive)
     inputs = listed.items
     for notice in listed.notices:
@@ -278,8 +306,8 @@ def list_inputs(run: RunConfig, out: ResultFile | None) -> list[tuple[str, str |
         before = len(inputs)
         summary = out.resume(image_key(path) for path, _ in inputs)
         inputs = [(path, err) for path, err in inputs if image_key(path) not in out.done]
-        click.echo(resume_line(summary, before, out.path), err=True)
-    return inputs
+        return inputs, resume_line(summary, before, out.path)
+    return inputs, None
 
 
 def show_notes(notes: tuple[str, ...]) -> None:
@@ -323,7 +351,8 @@ def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
 @click.option("--style", type=click.Choice(["torchscript", "dynamo"]), default="torchscript", show_default=True,
               help="With --synthetic: which torch.onnx exporter's graph to imitate.")
 @click.option("--transform-input", is_flag=True, help="With --synthetic: include torchvision's transform_input.")
-@click.option("--seed", type=int, default=0, show_default=True, help="With --synthetic: random seed.")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="With --synthetic: random seed.")
+@version_option
 @user_errors
 def convert_cmd(model: str | None, output: str | None, force: bool, synthetic_out: str | None, style: str,
                 transform_input: bool, seed: int) -> None:
@@ -348,7 +377,7 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
                               "or --synthetic OUT.onnx to write a synthetic one")
         from .onnx_convert import convert
         from .model_files import load_weights
-        from .weights import DEFAULT_NAME, ENV_VAR, default_weights_path
+        from .weights import ENV_VAR, default_places, default_weights_path
 
         if not Path(model).is_file():
             raise EngineError(f"{model}: no such ONNX file")
@@ -357,15 +386,15 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
             raise EngineError(f"{target} exists already (an earlier conversion?); --force overwrites it, -o PATH "
                               f"writes elsewhere")
         out = convert(model, target, overwrite=force)
-        m = load_weights(out).manifest  # read back: the file on disk passes its own checksums
-        searched = {default_weights_path().resolve(), (Path("weights") / DEFAULT_NAME).resolve()}
+        weights = load_weights(out)  # read back: the file on disk passes its own checksums
+        m, model_id = weights.manifest, weights.model_id()
         env = os.environ.get(ENV_VAR)
         use = (f"inception-run reads ${ENV_VAR} ({env}) instead while it is set" if env and
                Path(env).resolve() != out.resolve() else
-               "inception-run finds it there" if out.resolve() in searched or env else
+               "inception-run finds it there" if out.resolve() in default_places() or env else
                f"use it with inception-run --weights {out}")
-        click.echo(f"wrote {out} (from {Path(model).name}, exporter {m.get('exporter', '?')}, "
-                   f"opset {m.get('opset', '?')}); {use}")
+        click.echo(f"wrote {out} ({model_id.describe()}, from {Path(model).name}, exporter "
+                   f"{m.get('exporter', '?')}, opset {m.get('opset', '?')}); {use}")
         return
     if model is not None:
         raise EngineError("give either MODEL.onnx to convert or --synthetic OUT.onnx, not both")
@@ -374,9 +403,14 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
                           f"OUT.onnx, convert it in a second step")
     from .synthetic import write_synthetic_onnx
 
+    from .weights import default_places
+
     out = write_synthetic_onnx(synthetic_out, style=style, transform_input=transform_input, seed=seed)
-    click.echo(f"wrote {out} (synthetic Inception-V3, {style} style, seed {seed}); "
-               f"convert it with: inception-convert-weights {out}")
+    npz = out.with_name(out.stem + ".npz")
+    if npz.resolve() in default_places():  # the hint never leads to where runs find the real weights
+        npz = out.with_name(f"synthetic_{out.stem}.npz")
+    click.echo(f"wrote {out} (synthetic Inception-V3, {style} style, seed {seed}: random weights, for trying the "
+               f"engine out); convert it to a file of its own with: inception-convert-weights {out} -o {npz}")
 
 
 # -------------------------------------------------------------------------------------------------- inception-bench
@@ -414,33 +448,40 @@ def default_backends() -> list[str]:
 @click.command(name="inception-bench", cls=Command, context_settings=CONTEXT)
 @click.option("--backends", "backend_names", callback=backend_list, metavar="LIST",
               help=f"Comma-separated, from {','.join(backends.BENCH_BACKENDS)} (default: {','.join(GPU_DEFAULT)} "
-                   f"with a GPU, else cpu; cpu adds onnxruntime). cuda and cudnn replay a CUDA graph, torch runs "
+                   f"with a GPU, else cpu; cpu adds onnxruntime where it is installed). All but cpu need an NVIDIA "
+                   f"GPU. cuda and cudnn replay a CUDA graph, torch runs "
                    f"eagerly; torch-graph, cuda-eager, cudnn-eager are the other ways round. torch-compile is "
                    f"torch.compile(mode='reduce-overhead'), torch-compile-max mode='max-autotune': compiled at each "
                    f"batch size (20 s or more each, so opt-in), the compile time in a column of its own.")
-@click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST")
+@click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST",
+              help="Comma-separated batch sizes to time each backend at.")
 @click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
-              help="Passed to backends that have the mode; the others' rows say they have not.")
+              help="Passed to backends that have the mode (tf32 and fp16: the GPU backends); the others' rows say "
+                   "they have not.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="X",
-              help="The chip's peak for the compute floor [default: this GPU's measured GEMM peak in the "
-                   "precision, H100: 52.0 fp32, 411.6 tf32, 764 fp16; others: the H200's, 51.3 fp32].")
+              help="GPU backends: the chip's peak for the compute floor [default: this GPU's measured GEMM peak in "
+                   "the precision, H100: 52.0 fp32, 411.6 tf32, 764 fp16; others: the H200's, 51.3 fp32].")
 @click.option("--peak-gbs", type=click.FloatRange(min=0, min_open=True), metavar="X",
-              help="The chip's memory bandwidth for the memory floor, GB/s [default: this GPU's measured "
-                   "device-to-device copy, H100: 3026; others: the H200's, 4300].")
+              help="GPU backends: the chip's memory bandwidth for the memory floor, GB/s [default: this GPU's "
+                   "measured device-to-device copy, H100: 3026; others: the H200's, 4300].")
 @click.option("--reference-images", type=click.IntRange(1), default=2, show_default=True, metavar="K",
               help="Check each batch's first K images against the float64 reference (it is slow on the CPU).")
-@click.option("--iters", type=click.IntRange(1), default=20, show_default=True, help="Timed forwards per row.")
-@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed forwards first.")
-@click.option("--weights", "weights_path", metavar="PATH",
-              help="Weight file (default: the usual places; none found -> the synthetic model, said so).")
-@click.option("--onnx", "onnx_path", metavar="PATH",
+@click.option("--iters", type=click.IntRange(1), default=20, show_default=True, metavar="N",
+              help="Timed forwards per row.")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, metavar="N",
+              help="Untimed forwards first.")
+@click.option("--weights", "weights_path", metavar="FILE",
+              help="The engine's weight file (.npz) or the ONNX export (.onnx) [default: the usual places; none "
+                   "found: the synthetic model, said so].")
+@click.option("--onnx", "onnx_path", metavar="FILE",
               help="ONNX file the weights came from, for the onnxruntime row (synthetic: written automatically).")
 @click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON.")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV (per-layer: FILE's stem + _layers.csv).")
 @click.option("--plot", "plot_path", metavar="FILE.png", help="Plot latency vs batch size (needs matplotlib).")
 @click.option("--per-layer", is_flag=True,
-              help="Time every op (convs, pools, the classifier) on backends that support it.")
+              help="GPU backends: time every op (convs, pools, the classifier).")
 @click.option("--no-reference", is_flag=True, help="Skip the float64 NumPy reference (no rel L2, top-1 columns).")
+@version_option
 @user_errors
 def bench_cmd(backend_names: list[str] | None, batch_sizes: list[int], precision: str, peak_tflops: float | None,
               peak_gbs: float | None, reference_images: int, iters: int, warmup: int, weights_path: str | None,
@@ -482,16 +523,19 @@ def batch_tuple(value: str) -> tuple[int, ...]:
 
 
 @click.command(name="inception-tune", cls=Command, context_settings=CONTEXT)
-@click.option("--precisions", default="fp32,tf32,fp16", show_default=True,
-              help="comma-separated: fp32, tf32, fp16")
-@click.option("--batch-sizes", default="1,8,32,64,128", show_default=True,
-              help="comma-separated batch sizes")
-@click.option("--weights", "weights_path", help="weight file (default: the run's search order; else synthetic "
-              "weights, which time the same)")
-@click.option("--table", type=click.Path(dir_okay=False, path_type=Path),
-              help="also write the measured configs as a tuning table (the package's format) to this file")
+@click.option("--precisions", default="fp32,tf32,fp16", show_default=True, metavar="LIST",
+              help="Comma-separated, from fp32, tf32, fp16.")
+@click.option("--batch-sizes", default="1,8,32,64,128", show_default=True, metavar="LIST",
+              help="Comma-separated batch sizes.")
+@click.option("--weights", "weights_path", metavar="FILE",
+              help="The engine's weight file (.npz) or the ONNX export (.onnx) [default: the run's search order; "
+                   "else synthetic weights, which time the same].")
+@click.option("--table", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write the measured configs as a tuning table (the package's format) to FILE.")
+@version_option
 def tune_cmd(precisions: str, batch_sizes: str, weights_path: str | None, table: Path | None) -> None:
-    """Measure the fastest kernels of every conv on this GPU now, so that no run waits for it."""
+    """Measure the fastest kernels of every conv on this GPU now, so that no run waits for it (needs an NVIDIA
+    GPU)."""
     from .model_files import load_weights
     from .tune import PRECISIONS, tune
     from .weights import find_weights
@@ -522,16 +566,20 @@ def tune_cmd(precisions: str, batch_sizes: str, weights_path: str | None, table:
 
 
 def run_main() -> None:
+    """Classify images (files, folders, globs): the top-k ImageNet classes, on the terminal or into a file."""
     run_cmd.main(prog_name="inception-run")
 
 
 def convert_main() -> None:
+    """Convert torchvision's Inception-V3 ONNX export into the engine's weight file (or write a synthetic model)."""
     convert_cmd.main(prog_name="inception-convert-weights")
 
 
 def bench_main() -> None:
+    """Time forwards per backend and batch size, with accuracy against the float64 reference."""
     bench_cmd.main(prog_name="inception-bench")
 
 
 def tune_main() -> None:
+    """Measure this GPU's fastest kernel for every convolution once, ahead of the runs."""
     tune_cmd.main(prog_name="inception-tune")

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import backends
 from .errors import EngineError, OptionError
+from .ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from .ingest.workers import WORKER_KINDS
 from .weights import Weights, find_weights
 
@@ -46,6 +47,24 @@ def at_least_one(option: str, value: int | None) -> None:
         raise OptionError(option, value, "must be at least 1")
 
 
+def pixel_limit(value: int | None) -> int:
+    """The most pixels an image may declare: ``value``, else $INCEPTION_MAX_PIXELS, else DEFAULT_MAX_PIXELS
+    (Pillow's default). At least 1; OptionError naming the keyword or the variable otherwise."""
+    if value is None:
+        text = os.environ.get(MAX_PIXELS_ENV, "").strip()
+        if not text:
+            return DEFAULT_MAX_PIXELS
+        try:
+            value = int(text.replace("_", "").replace(",", ""))
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise EngineError(f"${MAX_PIXELS_ENV}={text}: must be a whole number of pixels, at least 1 "
+                              f"(default {DEFAULT_MAX_PIXELS:,})")
+    at_least_one("max_pixels", value)
+    return value
+
+
 def weights_file(weights: str | os.PathLike | None) -> Path:
     """The weight file ``weights`` names: the path given, which must exist, or for None the first of the usual
     places (weights.find_weights). Nothing is read."""
@@ -67,6 +86,8 @@ class EngineConfig:
     workers: int | None = None  # decode workers; None: one per usable CPU
     worker_kind: str = "auto"
     decode: str = "cpu"
+    # the most pixels an image may declare (None: $INCEPTION_MAX_PIXELS, else Pillow's default, 89,478,485)
+    max_pixels: int | None = None
 
     def __post_init__(self) -> None:
         at_least_one("batch_size", self.batch_size)
@@ -75,6 +96,7 @@ class EngineConfig:
         choice("worker_kind", self.worker_kind, WORKER_KINDS)
         choice("decode", self.decode, DECODE_CHOICES)
         at_least_one("workers", self.workers)
+        object.__setattr__(self, "max_pixels", pixel_limit(self.max_pixels))
         if not isinstance(self.weights, Weights):
             object.__setattr__(self, "weights", weights_file(self.weights))
 
@@ -167,7 +189,7 @@ class RunConfig:
         precision, batch size: checked against the server's when it answers); what only a local engine uses is
         refused rather than ignored."""
         asked = self.engine if isinstance(self.engine, dict) else dataclasses.asdict(self.engine)
-        local = {"weights": None, "workers": None, "worker_kind": "auto", "decode": "cpu"}
+        local = {"weights": None, "workers": None, "worker_kind": "auto", "decode": "cpu", "max_pixels": None}
         given = [k for k, default in local.items() if asked.get(k, default) != default]
         if given:
             raise EngineError(f"--{given[0].replace('_', '-')} is the server's to choose (inception-serve "

@@ -37,7 +37,7 @@ from .pipeline import (HostRunner, PipelineOptions, Prediction, Runner, classify
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
-from .weights import Weights
+from .weights import ModelId, Weights
 
 __all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineConfig", "EngineFacts",
            "Prediction", "softmax", "top_classes"]
@@ -98,6 +98,7 @@ class EngineFacts:
     batch_size: int
     weights_path: Path | None
     notes: tuple[str, ...]
+    model: ModelId | None = None  # what every result names the weights by
 
 
 class Engine:
@@ -108,15 +109,16 @@ class Engine:
 
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
-                 worker_kind: str = "auto", decode: str = "cpu"):
+                 worker_kind: str = "auto", decode: str = "cpu", max_pixels: int | None = None):
         """weights: a weight file, an ONNX export of the model (converted once, cached in the user cache), Weights,
         or None ($INCEPTION_WEIGHTS, then the usual places; weights.find_weights). batch_size: images per forward
         (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16 or auto. workers: decode workers
         (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs). decode:
         "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
-        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). The arguments make an EngineConfig,
+        the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). max_pixels: the most pixels an image
+        may declare (None: $INCEPTION_MAX_PIXELS, else Pillow's 89,478,485). The arguments make an EngineConfig,
         which checks them all before the weights are read; ``Engine.from_config`` takes one already made."""
-        self._start(EngineConfig(weights, backend, precision, batch_size, workers, worker_kind, decode))
+        self._start(EngineConfig(weights, backend, precision, batch_size, workers, worker_kind, decode, max_pixels))
 
     @classmethod
     def from_config(cls, config: EngineConfig, resolved: Resolved | None = None) -> Engine:
@@ -150,7 +152,8 @@ class Engine:
         self._precision = resolved.precision
         self.decode = config.decode
         self.batch_size = resolved.batch_size
-        self.preprocess = Preprocess.from_manifest(self.weights.manifest)
+        self.preprocess = Preprocess.from_manifest(self.weights.manifest, config.max_pixels)
+        self.model = self.weights.model_id()  # what every result names the weights by
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
@@ -167,7 +170,8 @@ class Engine:
 
     def facts(self) -> EngineFacts:
         """Its backend, precision, batch size, weight file and the notes taken so far."""
-        return EngineFacts(self._backend_name, self._precision, self.batch_size, self.weights.path, tuple(self.notes))
+        return EngineFacts(self._backend_name, self._precision, self.batch_size, self.weights.path, tuple(self.notes),
+                           self.model)
 
     def _note_once(self, note: str) -> None:
         if note not in self.notes:
@@ -263,7 +267,7 @@ class Engine:
             raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
         if not images:
             return
-        by = (self._backend_name, self._precision)
+        by = (self._backend_name, self._precision, self.model.name)
         finish = line_renderer(render, top_k, by) if render else None
         stream = (classify_encoded(images, self.runner(len(images)), top_k, by, finish) if self.decode == "gpu"
                   else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline, by, finish))

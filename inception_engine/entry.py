@@ -8,6 +8,7 @@ import sys
 
 
 def convert_main() -> None:
+    """Convert torchvision's Inception-V3 ONNX export into the engine's weight file (or write a synthetic model)."""
     try:
         from .cli import convert_main as main
     except KeyboardInterrupt:

@@ -66,7 +66,9 @@ def weights_from_onnx(path: Path) -> Weights:
     cached = converted_cache_dir() / f"{h.hexdigest()}.npz"
     if cached.is_file():
         try:
-            return load_weight_file(cached)
+            weights = load_weight_file(cached)
+            if "provenance" in weights.manifest:  # one converted before provenance was kept is converted again
+                return weights
         except WeightsError:
             pass  # a damaged cache entry: convert again and replace it
     arrays, manifest = convert_model(model, path)

@@ -28,12 +28,13 @@ from . import arch
 from .errors import ConversionError
 from .onnx_read import (PREPROCESSING_OPS, Graph, evaluate, load_external_data, load_onnx, node_attrs, node_axes,
                         normalise)
-from .weights import (IMAGENET_MEAN, IMAGENET_STD, default_weights_path, save_weights, sha256_file,
+from .weights import (IMAGENET_MEAN, IMAGENET_STD, default_places, default_weights_path, save_weights, sha256_file,
                       writable_target)
 
 RESIZE = 342  # torchvision's Inception_V3_Weights transforms: resize 342, centre crop 299
 SHAPE_OPS = ("Flatten", "Reshape", "Squeeze")  # allowed between the global pool and the classifier
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+SYNTHETIC_PRODUCER = "inception_engine.synthetic"  # synthetic.py's ONNX models' producer_name
 MAX_PROBE_BATCH = 64  # a fixed batch the input preprocessing is evaluated at (probes stay within MAX_VALUES)
 
 
@@ -397,8 +398,9 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
            "transform_input": affine is not None}
     if affine is not None:
         inp["input_affine"] = affine
+    source_sha256 = sha256_file(source) if source.is_file() else None
     manifest = {
-        "source_sha256": sha256_file(source) if source.is_file() else None,
+        "source_sha256": source_sha256,
         "source_name": source.name,
         "opset": opset,
         "exporter": "dynamo" if external or (opset or 0) >= 18 else "torchscript",
@@ -406,9 +408,20 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
         "count_include_pad": match.count_include_pad,
         "softmax_in_model": match.softmax,
         "aux_ignored": bool(aux),
+        "provenance": {"kind": provenance_kind(model), "source_sha256": source_sha256, "source_name": source.name,
+                       "producer": f"{model.producer_name} {model.producer_version}".strip()[:200] or None,
+                       "calibration": None},
     }
     _check_range(arrays, source)
     return {k: v.astype(np.float32) for k, v in arrays.items()}, manifest
+
+
+def provenance_kind(model: onnx.ModelProto) -> str:
+    """"synthetic" for synthetic.py's models (their producer), "torchvision" for a PyTorch export (its structure has
+    just matched torchvision's Inception-V3), "other" for any other producer."""
+    if model.producer_name == SYNTHETIC_PRODUCER:
+        return "synthetic"
+    return "torchvision" if model.producer_name == "pytorch" else "other"
 
 
 def _check_range(arrays: dict[str, np.ndarray], source: Path) -> None:
@@ -455,5 +468,8 @@ def convert(onnx_path: str | Path, out_path: str | Path | None = None, overwrite
     out = default_weights_path() if out_path is None else Path(out_path)
     writable_target(out, overwrite)
     model = load_onnx(onnx_path)
+    if provenance_kind(model) == "synthetic" and out.resolve() in default_places():
+        raise ConversionError(f"{onnx_path} is the synthetic model (random weights); it is never written to {out}, "
+                              f"where runs find the real weights: write it elsewhere with -o FILE.npz")
     arrays, manifest = convert_model(model, onnx_path)
     return save_weights(out, arrays, manifest, overwrite=overwrite)

@@ -1,8 +1,12 @@
 """Result files that survive large jobs: one line per image, appended as results arrive, resumable.
 
 ``--output FILE.jsonl`` writes one JSON object per line, ``{"image": PATH, "top": [{"index", "label", "prob"}],
-"backend": B, "precision": P}`` or ``{"image": PATH, "error": MSG}``; ``FILE.csv`` one row per image, ``image,
-error``, then index, label and probability of each of the top k, then ``backend, precision`` (empty for errors).
+"backend": B, "precision": P, "model": M}`` or ``{"image": PATH, "error": MSG}``; ``FILE.csv`` one row per image,
+``image, error``, then index, label and probability of each of the top k, then ``backend, precision, model``
+(empty for errors). M names the weights (weights.ModelId.name: 12 hex digits of their checksums, "synthetic-"
+before them for the synthetic model). Each line says it rather than a header line, so that every line stands on
+its own (grep, concatenated files, readers that take each line as a result) and --resume can refuse a file of
+another model line by line (output_read.check_computed).
 Probabilities are written to PROB_DIGITS significant digits: float32 logits carry no more. Lines are written whole,
 a batch at a time with one ``write`` (a killed process leaves whole lines behind it), flushed to the OS at once and
 to the disk every few seconds and at the end. A crash loses at most what had not been flushed: the batch in flight.
@@ -38,9 +42,8 @@ import os
 import stat
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as encode_ascii  # type: ignore[attr-defined]  # json's C encoder
 from pathlib import Path
 from typing import NamedTuple
@@ -48,7 +51,9 @@ from typing import NamedTuple
 from .errors import EngineError, first_line
 from .ingest.images import file_error, not_a_file
 from .labels import imagenet_labels
-from .pipeline import Prediction, TopK, make_predictions
+from .output_read import (COMPUTED_KEYS, NAME_ERRORS, Computed, ResultLines, check_computed, check_top_k, csv_header,
+                          read_lines)
+from .pipeline import ComputedBy, Prediction, TopK, make_predictions
 
 FSYNC_SECONDS = 5.0
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -57,8 +62,6 @@ PROB_DIGITS = 6
 
 def rounded(prob: float) -> float:
     return float(f"{prob:.{PROB_DIGITS}g}")
-
-NAME_ERRORS = "surrogateescape"  # how a file name's non-UTF-8 bytes are written and read in CSV and text
 
 
 def output_format(path: Path) -> str:
@@ -72,7 +75,7 @@ def as_json(p: Prediction) -> dict:
     if p.ok:
         assert p.top is not None
         top = [{"index": i, "label": label, "prob": rounded(prob)} for i, label, prob in p.top]
-        computed_in = {k: v for k, v in (("backend", p.backend), ("precision", p.precision)) if v is not None}
+        computed_in = {k: v for k, v in zip(COMPUTED_KEYS, computed_by(p)) if v is not None}
         return {"image": p.image, "top": top, **computed_in}
     return {"image": p.image, "error": p.error}
 
@@ -104,9 +107,8 @@ def jsonl_lines(preds: Sequence[Prediction]) -> list[str]:
     rendered together by ``plain_lines``, one formatting call for all their lines; the others (errors, anything
     else) one at a time."""
     first = next((p for p in preds if p.error is None and p.top), None)
-    shape = (len(first.top), first.backend, first.precision) if first is not None and first.top else None
-    plain = [at for at, p in enumerate(preds)
-             if p.error is None and p.top and (len(p.top), p.backend, p.precision) == shape]
+    shape = (len(first.top), computed_by(first)) if first is not None and first.top else None
+    plain = [at for at, p in enumerate(preds) if p.error is None and p.top and (len(p.top), computed_by(p)) == shape]
     out: list[str | None] = [None] * len(preds)
     for at, line in zip(plain, plain_lines([preds[at] for at in plain]) or []):
         out[at] = line
@@ -123,7 +125,8 @@ def one_line(p: Prediction) -> str:
 
 
 def plain_lines(preds: list[Prediction]) -> list[str] | None:
-    """The JSONL lines of predictions whose top lists have one length and whose backend and precision are the same,
+    """The JSONL lines of predictions whose top lists have one length and whose backend, precision and model are the
+    same,
     made together (``top_lines``): None where any entry is not what a classifier makes (a label of another list, an
     index or a probability out of range or not a number), which json.dumps then writes as it writes it."""
     if not preds:
@@ -134,13 +137,13 @@ def plain_lines(preds: list[Prediction]) -> list[str] | None:
             or max(index) >= len(names) or list(map(names.__getitem__, index)) != list(labels):
         return None
     return top_lines([p.image for p in preds], len(preds[0].top), index, probs,  # type: ignore[arg-type]
-                     (preds[0].backend, preds[0].precision))
+                     computed_by(preds[0]))
 
 
 def top_lines(images: list[str], k: int, index: Sequence[int], probs: Sequence[float],
-              computed_by: tuple[str | None, str | None]) -> list[str] | None:
+              computed: ComputedBy) -> list[str] | None:
     """The JSONL lines of ``images``, each with k classes (``index`` and ``probs`` row after row, ints and floats:
-    a classifier's top-k), computed by ``computed_by`` (backend, precision; None left out), made by one formatting
+    a classifier's top-k), computed by ``computed`` (backend, precision, model; None left out), made by one formatting
     call for all of them. None where a probability is outside [0, 1] or not a number, or an index not a class."""
     s = math.fsum(probs)
     if s != s or min(probs) < 0.0 or max(probs) > 1.0 or min(index) < 0 \
@@ -152,8 +155,7 @@ def top_lines(images: list[str], k: int, index: Sequence[int], probs: Sequence[f
     for j in range(k):
         args[1 + 2 * j::stride] = list(map(json_top_prefixes().__getitem__, index[j::k]))
         args[2 + 2 * j::stride] = probs[j::k]
-    extra = "".join(f', "{key}": {encode_ascii(v)}' for key, v in zip(("backend", "precision"), computed_by)
-                    if v is not None)
+    extra = "".join(f', "{key}": {encode_ascii(v)}' for key, v in zip(COMPUTED_KEYS, computed) if v is not None)
     line = '{"image": %s, "top": [' + ", ".join(["%s" + PROB_FORMAT + "}"] * k) + "]" + extra.replace("%", "%%") + "}"
     text = "\n".join([line] * len(images)) % tuple(args)
     # the 6 significant digits of 0 and 1 (and -0) have no point: json.dumps writes the float as 0.0 and 1.0. A file
@@ -180,7 +182,7 @@ def render(preds: Sequence[Prediction], fmt: str, top_k: int) -> list[Rendered]:
     return [Rendered(p.image, p.ok, line) for p, line in zip(preds, lines)]
 
 
-def line_renderer(fmt: str, top_k: int, computed_by: tuple[str | None, str | None]
+def line_renderer(fmt: str, top_k: int, computed: ComputedBy
                   ) -> Callable[[list[str], list[TopK | str]], list[Rendered]]:
     """A stream's results to their lines of a ``fmt`` file a batch at a time, as the pipeline has them (each image's
     name and its top-k (index, probability) pairs, or its error): no Prediction is made for a JSONL line (the
@@ -191,10 +193,10 @@ def line_renderer(fmt: str, top_k: int, computed_by: tuple[str | None, str | Non
         if fmt == "jsonl" and ok and len({len(tops[at]) for at in ok}) == 1:
             index, probs = zip(*[c for at in ok for c in tops[at]])
             for at, line in zip(ok, top_lines([images[at] for at in ok], len(tops[ok[0]]), index, probs,
-                                              computed_by) or []):
+                                              computed) or []):
                 out[at] = Rendered(images[at], True, line.encode("ascii"))
         rest = [at for at, done in enumerate(out) if done is None]  # errors; NaN; CSV
-        preds = make_predictions([images[at] for at in rest], [tops[at] for at in rest], computed_by)
+        preds = make_predictions([images[at] for at in rest], [tops[at] for at in rest], computed)
         for at, done in zip(rest, render(preds, fmt, top_k)):
             out[at] = done
         return out  # type: ignore[return-value]  # every one filled
@@ -202,17 +204,17 @@ def line_renderer(fmt: str, top_k: int, computed_by: tuple[str | None, str | Non
     return lines
 
 
-def csv_header(top_k: int) -> list[str]:
-    return (["image", "error"] + [f"top{r}_{f}" for r in range(1, top_k + 1) for f in ("index", "label", "prob")]
-            + ["backend", "precision"])
-
-
 def csv_row(p: Prediction, top_k: int) -> list[str]:
     if not p.ok:
-        return [p.image, p.error or ""] + [""] * (3 * top_k) + ["", ""]
+        return [p.image, p.error or ""] + [""] * (3 * top_k + len(COMPUTED_KEYS))
     assert p.top is not None
     return ([p.image, ""] + [str(v) for i, label, prob in p.top for v in (i, label, rounded(prob))]
-            + [p.backend or "", p.precision or ""])
+            + [v or "" for v in computed_by(p)])
+
+
+def computed_by(p: Prediction) -> Computed:
+    """What computed p (COMPUTED_KEYS' values)."""
+    return p.backend, p.precision, p.model
 
 
 def csv_bytes(rows: Iterable[list[str]]) -> bytes:
@@ -241,172 +243,6 @@ def terminal_bytes(text: str, encoding: str | None) -> bytes:
         return text.encode(encoding or "utf-8", "backslashreplace")
 
 
-def image_key(path: str) -> str:
-    """How a result line and an input are matched on --resume: the absolute path, so ./a.jpg and a.jpg agree."""
-    return os.path.abspath(path)
-
-
-# ------------------------------------------------------------------------------------------------ reading back
-
-@dataclass
-class Record:
-    key: str
-    ok: bool  # a classification (True) or an error line (False)
-    line: bytes  # the whole line, newline included
-
-
-@dataclass
-class ResultLines:
-    """What an existing result file holds, by the readers' rule: the last whole, well-formed line per image."""
-
-    records: dict[str, Record] = field(default_factory=dict)  # by image key, in the order of their last lines
-    top_k: int | None = None  # the file's top-k (None: no classification in it yet)
-    damaged: int = 0  # lines that are not results (garbled, another top-k, cut short by a crash)
-    duplicates: int = 0  # lines of an image that a later line supersedes
-
-    @property
-    def done(self) -> set[str]:
-        return {key for key, r in self.records.items() if r.ok}
-
-
-def valid_top(top: list[tuple[object, object, object]]) -> bool:
-    """Entries (index, label, probability) as inception-run writes them: known classes with their labels,
-    probabilities in [0, 1]."""
-    names = imagenet_labels()
-    return bool(top) and all(
-        isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(names) and label == names[index]
-        and isinstance(prob, float) and 0.0 <= prob <= 1.0 for index, label, prob in top)
-
-
-def valid_name(image: object) -> bool:
-    return isinstance(image, str) and image != "" and "\x00" not in image
-
-
-def parse_jsonl(line: bytes) -> tuple[str, bool, int | None] | None:
-    """(image, ok, top-k) of one JSON line, or None where it is not a well-formed result."""
-    try:
-        obj = json.loads(line.decode("ascii"))
-    except ValueError:  # UnicodeDecodeError included: inception-run writes ASCII
-        return None
-    computed_in = {k for k in ("backend", "precision") if isinstance(obj, dict) and isinstance(obj.get(k), str)}
-    if not isinstance(obj, dict) or not valid_name(obj.get("image")) or set(obj) not in (
-            {"image", "top"} | computed_in, {"image", "error"}):
-        return None
-    if "error" in obj:
-        error = obj["error"]
-        return (obj["image"], False, None) if isinstance(error, str) and error else None
-    top = obj["top"]
-    if not isinstance(top, list) or not all(isinstance(t, dict) and set(t) == {"index", "label", "prob"}
-                                            for t in top):
-        return None
-    if not valid_top([(t["index"], t["label"], t["prob"]) for t in top]):
-        return None
-    return obj["image"], True, len(top)
-
-
-def parse_csv(row: list[str], top_k: int) -> tuple[str, bool, int | None] | None:
-    """(image, ok, top-k) of one CSV row of a file with top_k columns, or None where it is not a well-formed
-    result."""
-    if len(row) != 2 + 3 * top_k + 2 or not valid_name(row[0]) or any("\x00" in v for v in row):
-        return None
-    image, error, rest = row[0], row[1], row[2:-2]
-    if error:
-        return (image, False, None) if not any(row[2:]) else None
-    try:
-        top = [(int(rest[i]) if rest[i].isdigit() else None, rest[i + 1], float(rest[i + 2]))
-               for i in range(0, len(rest), 3)]
-    except ValueError:
-        return None
-    return (image, True, top_k) if valid_top(top) else None  # type: ignore[arg-type]
-
-
-def csv_top_k(header: list[str]) -> int | None:
-    """The top-k of a CSV header inception-run wrote, None for anything else."""
-    k, extra = divmod(len(header) - 4, 3)  # image, error, k x (index, label, prob), backend, precision
-    return k if k >= 1 and not extra and header == csv_header(k) else None
-
-
-def read_lines(data: bytes, fmt: str, path: Path) -> ResultLines:
-    """Parse a result file's bytes by the readers' rule (module doc). A CSV must start with inception-run's
-    header (it gives the top-k); a file without one is refused, since its rows cannot be told apart from damage.
-    A JSONL file's top-k is that of most of its classification lines."""
-    out = ResultLines()
-    pos = 0
-    if fmt == "csv" and data:
-        nl = data.find(b"\n")
-        if nl < 0:  # the header itself cut short by a crash: nothing else was written
-            out.damaged = 1
-            return out
-        header = next(csv.reader(io.StringIO(data[:nl + 1].decode("utf-8", NAME_ERRORS), newline="")), [])
-        out.top_k = csv_top_k(header)
-        if out.top_k is None:
-            raise EngineError(f"{path}: its first line is not the header inception-run writes; it is not a result "
-                              f"file to resume (choose another --output)")
-        pos = nl + 1
-    entries: list[tuple[bytes, tuple[str, bool, int | None] | None]] = []
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            out.damaged += 1  # cut short by a crash: no newline
-            break
-        end = record_end(data, pos, fmt)
-        parsed = parse_record(data[pos:end + 1], fmt, out.top_k) if end >= 0 else None
-        if parsed is None:
-            end = nl  # a quoted newline that made no good row: only its first line is damaged
-        entries.append((data[pos:end + 1], parsed))
-        pos = end + 1
-    if fmt == "jsonl":
-        ks = Counter(parsed[2] for _, parsed in entries if parsed is not None and parsed[1])
-        out.top_k = ks.most_common(1)[0][0] if ks else None
-    for line, parsed in entries:
-        if parsed is None or (parsed[1] and parsed[2] != out.top_k):  # damaged, or a line of another top-k
-            out.damaged += 1
-            continue
-        image, ok, _ = parsed
-        key = image_key(image)
-        if key in out.records:
-            out.duplicates += 1
-            del out.records[key]  # the later line wins, and takes the later place
-        out.records[key] = Record(key, ok, line)
-    return out
-
-
-def parse_record(line: bytes, fmt: str, top_k: int | None) -> tuple[str, bool, int | None] | None:
-    if fmt == "jsonl":
-        return parse_jsonl(line)
-    assert top_k is not None
-    try:
-        row = next(csv.reader(io.StringIO(line.decode("utf-8", NAME_ERRORS), newline="")))
-    except (csv.Error, StopIteration):
-        return None
-    return parse_csv(row, top_k)
-
-
-MAX_RECORD_BYTES = 1 << 20  # a CSV row (a path is at most 4,096 bytes, a message a few hundred) is far shorter
-
-
-def record_end(data: bytes, pos: int, fmt: str) -> int:
-    """Where the record that starts at pos ends (its newline), -1 where the data ends first. A JSON line is one
-    line; a CSV row runs on over newlines inside a quoted field (a file name may hold one): up to the first
-    newline with an even number of quotes before it, as csv.writer doubles a quote inside a field."""
-    end = data.find(b"\n", pos)
-    if fmt != "csv":
-        return end
-    quotes, start = 0, pos
-    while 0 <= end < pos + MAX_RECORD_BYTES:
-        quotes += data.count(b'"', start, end)
-        if quotes % 2 == 0:
-            return end
-        start, end = end, data.find(b"\n", end + 1)
-    return -1
-
-
-def check_top_k(lines: ResultLines, top_k: int, path: Path) -> None:
-    if lines.top_k is not None and lines.top_k != top_k:
-        raise EngineError(f"{path} holds top-{lines.top_k} results; resume it with --top-k {lines.top_k}, or write "
-                          f"--top-k {top_k} to another file")
-
-
 # ------------------------------------------------------------------------------------------------------ writing
 
 @dataclass(frozen=True)
@@ -419,7 +255,8 @@ class ResumeSummary:
 
 class ResultFile:
     """Appends predictions to a .jsonl or .csv file, holding its lock until ``close``; ``resume`` lists what an
-    earlier run wrote. A file this run created and wrote nothing to is removed at ``close``."""
+    earlier run wrote, ``start`` (before the first ``add``) checks the file is this run's to continue and tidies it.
+    A file this run created and wrote nothing to is removed at ``close``."""
 
     def __init__(self, path: str | os.PathLike, top_k: int, resume: bool):
         self.path = Path(path)
@@ -432,6 +269,7 @@ class ResultFile:
         self._pending: list[Prediction | Rendered] = []
         self._last_sync = time.monotonic()
         self._lines = ResultLines()
+        self._rewrite: bytes | None = None  # the file's lines as resume leaves them, written by start
         try:
             remove_stale_copies(self.path)
             size = os.fstat(self._fd).st_size
@@ -445,9 +283,9 @@ class ResultFile:
             raise
 
     def resume(self, keys: Iterable[str]) -> ResumeSummary:
-        """Make the file ready to append this run's images (``keys``): their classified images go into ``done``
-        (to be skipped); error lines of those that run again, damaged, torn and superseded lines are dropped by
-        rewriting the file, atomically, where there are any."""
+        """What this run's images (``keys``) find in the file: their classified images go into ``done`` (to be
+        skipped); error lines of those that run again, damaged, torn and superseded lines are to be dropped, by
+        ``start`` (the file is not changed before the run's engine is known to match it)."""
         lines = self._lines
         wanted = set(keys)
         retry = {key for key, r in lines.records.items() if not r.ok and key in wanted}
@@ -456,8 +294,17 @@ class ResultFile:
             kept = [r.line for key, r in lines.records.items() if key not in retry]
             if self.fmt == "csv" and kept:
                 kept.insert(0, csv_bytes([csv_header(self.top_k)]))
-            self._replace(b"".join(kept))
+            self._rewrite = b"".join(kept)
         return ResumeSummary(len(self.done), len(retry), lines.damaged, lines.duplicates)
+
+    def start(self, computed: Computed) -> None:
+        """Before the first result is added: refuse a file whose results another model, backend or precision
+        computed (``computed``: this run's), then drop what ``resume`` found to drop, rewriting the file
+        atomically."""
+        check_computed(self._lines, computed, self.path)
+        if self._rewrite is not None:
+            self._replace(self._rewrite)
+            self._rewrite = None
 
     def _replace(self, data: bytes) -> None:
         """Put data in the file's place, atomically (a temporary file beside it, fsync, rename), and hold the lock

@@ -53,18 +53,19 @@ class Prediction:
     image: str  # the path as given, or "<PIL.Image N>" for in-memory images
     top: list[tuple[int, str, float]] | None = None  # (class index, label, probability), most likely first
     error: str | None = None
-    # what computed ``top``: the backend's name and the precision it ran in (Engine.predict_iter fills them in;
-    # None for errors, which nothing computed)
+    # what computed ``top``: the backend's name, the precision it ran in and the model (weights.ModelId.name)
+    # (Engine.predict_iter fills them in; None for errors, which nothing computed)
     backend: str | None = None
     precision: str | None = None
+    model: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
 
-# (backend, precision): what each prediction of a stream records as having computed it
-ComputedBy = tuple[str | None, str | None]
+# (backend, precision, model): what each prediction of a stream records as having computed it
+ComputedBy = tuple[str | None, str | None, str | None]
 # What a stream hands out for a batch of results, in order: from each image's name and its top-k, or its error
 # message (None: a Prediction each; Engine.predict_iter's ``render``: each one's line of an output file)
 Finish = Callable[[list[str], list[TopK | str]], list[Any]]
@@ -72,9 +73,10 @@ Finish = Callable[[list[str], list[TopK | str]], list[Any]]
 
 def make_predictions(names: list[str], tops: list[TopK | str], computed_by: ComputedBy) -> list[Prediction]:
     """A Prediction per image, its classes labelled, recording ``computed_by``; or its error."""
-    backend, precision = computed_by
+    backend, precision, model = computed_by
     return [Prediction(name, error=top) if isinstance(top, str) else
-            Prediction(name, labelled(top), backend=backend, precision=precision) for name, top in zip(names, tops)]
+            Prediction(name, labelled(top), backend=backend, precision=precision, model=model)
+            for name, top in zip(names, tops)]
 
 
 def predictions_by(computed_by: ComputedBy) -> Finish:
@@ -161,7 +163,7 @@ class PipelineOptions:
 
 
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
-             options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None),
+             options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None, None),
              finish: Finish | None = None) -> Iterator[Any]:
     """Predictions for ``sources`` in their order, streamed as batches finish (errors per image); ``computed_by``:
     the backend and precision each result records; ``finish``: what to hand out instead of a classified image's
@@ -291,7 +293,7 @@ class EncodedRunner(Protocol):
 
 
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                     computed_by: ComputedBy = (None, None), finish: Finish | None = None) -> Iterator[Any]:
+                     computed_by: ComputedBy = (None, None, None), finish: Finish | None = None) -> Iterator[Any]:
     """Predictions for image files decoded by the runner (on the GPU), in order; ``computed_by`` and ``finish`` as
     classify's.
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig
+from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig, pixel_limit
 from .engine import Engine, load
 from .errors import EngineError, OptionError
 from .ingest.images import Preprocess, image_extensions
@@ -81,9 +81,9 @@ class InceptionPredictor:
     Takes rows of "path" and either "pixels" (decode_batch's output: the fast way, decoding on CPU tasks) or
     "bytes" (read_binary_files's, decoded here: one stage, simpler, slower on a GPU actor). Returns "path",
     "error" ("" when classified), and "top_index", "top_label", "top_prob" (lists of top_k, most likely first;
-    empty for errors), "backend" and "precision" (what the actor's engine computes in; "" for errors). weights:
-    a path, a Weights (e.g. a ray.put of one: fetched once per node, not read from
-    each node's disk) or None for the usual places. diagnostics adds "worker" (host:pid) and "engines_built"
+    empty for errors), "backend", "precision" and "model" (what the actor's engine computes with; "" for
+    errors). weights: a path, a Weights (e.g. a ray.put of one: fetched once per node, not read from each node's
+    disk) or None for the usual places. diagnostics adds "worker" (host:pid) and "engines_built"
     (predictors built in that process so far) to every row."""
 
     def __init__(self, weights: str | os.PathLike | Weights | Any | None = None, backend: str = "auto",
@@ -113,7 +113,8 @@ class InceptionPredictor:
                "top_label": column([[label for _, label, _ in t] for t in tops]),
                "top_prob": column([[p for _, _, p in t] for t in tops]),
                "backend": np.where(errors == "", self.engine.backend_name, "").astype(object),
-               "precision": np.where(errors == "", self.engine.precision, "").astype(object)}
+               "precision": np.where(errors == "", self.engine.precision, "").astype(object),
+               "model": np.where(errors == "", self.engine.model.name, "").astype(object)}
         if self.worker is not None:
             out["worker"] = np.full(len(errors), self.worker, dtype=object)
             out["engines_built"] = np.full(len(errors), _engines_built)
@@ -137,7 +138,7 @@ def resolve_weights(weights: str | os.PathLike | Weights | Any | None) -> Weight
 
 def preprocess_of(weights: str | os.PathLike | Weights | Any | None) -> Preprocess:
     """The decode stage's settings (input size, resize) from the weights' manifest, however they are given."""
-    return Preprocess.from_manifest(resolve_weights(weights).manifest)
+    return Preprocess.from_manifest(resolve_weights(weights).manifest, pixel_limit(None))
 
 
 READ_BLOCKS_PER_CPU = 4  # read tasks per cluster CPU (see read_images)
@@ -240,7 +241,8 @@ def rows_as_predictions(batch: Batch) -> list[Prediction]:
         else:
             top = zip(batch["top_index"][i], batch["top_label"][i], batch["top_prob"][i])
             preds.append(Prediction(str(path), top=[(int(k), str(label), float(p)) for k, label, p in top],
-                                    backend=str(batch["backend"][i]), precision=str(batch["precision"][i])))
+                                    backend=str(batch["backend"][i]), precision=str(batch["precision"][i]),
+                                    model=str(batch["model"][i]) if "model" in batch else None))
     return preds
 
 

@@ -1,7 +1,7 @@
 """Where inception-run's results go, one writer for every driver: text or one JSON document on standard output, or
 an --output file of JSON lines or CSV (output.ResultFile, which resumes). Each sink takes the results in input order,
 a Prediction or an already rendered line (output.Rendered) at a time, and ends whole: Ctrl-C closes it (whole lines,
-a closed JSON document) before the run exits with 130."""
+a closed JSON document, marked ``"complete": false``) before the run exits with 130."""
 
 from __future__ import annotations
 
@@ -12,14 +12,18 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from tqdm import tqdm
 
 from .errors import EngineError
 from .output import Rendered, ResultFile, as_json, terminal_bytes
+from .output_read import Computed
 from .pipeline import Prediction
+
+if TYPE_CHECKING:
+    from .engine import EngineFacts
 
 Echo = Callable[..., None]
 
@@ -28,7 +32,8 @@ def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Predicti
                   resumable: Path | None) -> tuple[int, int]:
     """Every input's result into the sink, in order: the next prediction (or its rendered line, from --gpus's
     workers into a file), or the argument's own error. Returns
-    (results, failed). Ctrl-C closes the sink (whole lines, a closed JSON document) and exits with 130."""
+    (results, failed). Ctrl-C closes the sink (whole lines, a closed JSON document marked incomplete) and exits
+    with 130."""
     failed = total = 0
     try:
         for path, err in inputs:
@@ -37,15 +42,17 @@ def write_results(inputs: list[tuple[str, str | None]], preds: Iterator[Predicti
             failed += not r.ok
             total += 1
     except KeyboardInterrupt:
-        sink.close()
+        sink.close(len(inputs), complete=False)
         raise interrupted(total, len(inputs), resumable) from None
-    sink.close()
+    sink.close(len(inputs))
     return total, failed
 
 
 def interrupted(done: int, inputs: int, resumable: Path | None) -> click.exceptions.Exit:
-    """Says on stderr, in one line, how far a run got when Ctrl-C came; returns the exit (code 130) to raise."""
-    where = f"; {resumable} holds them, --resume continues" if resumable is not None else ""
+    """Says on stderr, in one line, how far a run got when Ctrl-C came; returns the exit (code 130) to raise. The
+    output file is named only where it holds results (a file the run created and wrote nothing to is removed)."""
+    holds = resumable is not None and resumable.is_file() and resumable.stat().st_size > 0
+    where = f"; {resumable} holds the results so far, --resume continues" if holds else ""
     click.echo(f"interrupted after {done} of {inputs} images{where}", err=True)
     return click.exceptions.Exit(130)
 
@@ -58,7 +65,8 @@ def terminal_echo(text: str, nl: bool = True, err: bool = False) -> None:
 
 
 class TextSink:
-    """A header line (``# cpu backend, fp32, weights PATH``), then per image its path and the top-k, one class a
+    """A header line (``# cpu backend, fp32, weights PATH, model 3f9a0c12ab45 (torchvision)``), then per image its
+    path and the top-k, one class a
     line: probability (4 decimals), label, class index."""
 
     def __init__(self, header: str, echo: Echo = click.echo):
@@ -74,7 +82,7 @@ class TextSink:
             lines.append(f"  error: {r.error}")
         to_stdout(terminal_bytes("\n".join(lines) + "\n", click.get_text_stream("stdout").encoding), self.echo)
 
-    def close(self) -> None:
+    def close(self, inputs: int = 0, complete: bool = True) -> None:
         pass
 
 
@@ -93,30 +101,34 @@ def to_stdout(text: str | bytes, echo: Echo = click.echo) -> None:
 
 class JsonSink:
     """One JSON document, written as results arrive: each result is held only until the next one arrives (which
-    decides whether a comma follows it), so that every write ends a line and a progress bar never lands on one."""
+    decides whether a comma follows it), so that every write ends a line and a progress bar never lands on one.
+    After the results: ``"complete"`` (false where Ctrl-C stopped the run), ``"done"`` (results in the document)
+    and ``"inputs"`` (results the run was to give)."""
 
-    def __init__(self, weights: str, backend: str, precision: str, echo: Echo = click.echo):
-        self.echo = echo
-        head = json.dumps({"weights": weights, "backend": backend, "precision": precision}, indent=2)
-        to_stdout(head[:-2] + ',\n  "results": [\n', self.echo)
+    def __init__(self, head: dict[str, Any], echo: Echo = click.echo):
+        self.echo, self.count = echo, 0
+        to_stdout(json.dumps(head, indent=2)[:-2] + ',\n  "results": [\n', self.echo)
         self.held: str | None = None
 
     def add(self, r: Prediction) -> None:
         if self.held is not None:
             to_stdout(self.held + ",\n", self.echo)
         self.held = textwrap.indent(json.dumps(as_json(r), indent=2), "    ")
+        self.count += 1
 
-    def close(self) -> None:
+    def close(self, inputs: int = 0, complete: bool = True) -> None:
         if self.held is not None:
             to_stdout(self.held + "\n", self.echo)
             self.held = None
-        to_stdout("  ]\n}\n", self.echo)
+        tail = json.dumps({"complete": complete, "done": self.count, "inputs": inputs}, indent=2)
+        to_stdout(f"  ],\n{tail[2:]}\n", self.echo)
 
 
 class FileSink:
     """--output: flushed every batch's worth of results and at least once a second."""
 
-    def __init__(self, out: ResultFile, batch: int):
+    def __init__(self, out: ResultFile, batch: int, computed: Computed):
+        out.start(computed)  # a file of another model, backend or precision is refused before a line is added
         self.out, self.batch, self.count, self.last = out, batch, 0, time.monotonic()
 
     def add(self, r: Prediction) -> None:
@@ -126,17 +138,20 @@ class FileSink:
             self.out.flush()
             self.last = time.monotonic()
 
-    def close(self) -> None:
+    def close(self, inputs: int = 0, complete: bool = True) -> None:
         self.out.flush()
 
 
-def make_sink(out: ResultFile | None, as_json: bool, computed: tuple[str, str, Path | None], batch: int,
-              echo: Echo) -> TextSink | JsonSink | FileSink:
-    """The run's one sink: into ``out`` where there is a file, else one JSON document or text on standard output.
-    ``computed``: the backend, precision and weight file the header names."""
-    backend, precision, weights = computed
+def make_sink(out: ResultFile | None, as_json: bool, facts: EngineFacts, echo: Echo) -> TextSink | JsonSink | FileSink:
+    """The run's one sink: into ``out`` where there is a file, else one JSON document or text on standard output,
+    whose head names the backend, precision, weight file and model ``facts`` give."""
+    model = facts.model
+    assert model is not None  # an Engine's facts name it
     if out is not None:
-        return FileSink(out, batch)
+        return FileSink(out, facts.batch_size, (facts.backend_name, facts.precision, model.name))
     if as_json:
-        return JsonSink(str(weights), backend, precision, echo)
-    return TextSink(f"# {backend} backend, {precision}, weights {weights}", echo)
+        provenance = {"kind": model.kind, "source_sha256": model.source_sha256}
+        return JsonSink({"weights": str(facts.weights_path), "model": model.name, "provenance": provenance,
+                         "backend": facts.backend_name, "precision": facts.precision}, echo)
+    return TextSink(f"# {facts.backend_name} backend, {facts.precision}, weights {facts.weights_path}, "
+                    f"{model.describe()}", echo)

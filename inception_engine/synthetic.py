@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import arch
 from .backends.numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d
-from .onnx_convert import fold_batchnorm
+from .onnx_convert import SYNTHETIC_PRODUCER, fold_batchnorm
 from .weights import IMAGENET_MEAN, IMAGENET_STD, Weights, atomic_write, default_file_mode
 
 GENERATOR_VERSION = 1  # bump when the weights or the ONNX layout change (cache keys use it)
@@ -161,6 +161,8 @@ def synthetic_weights(seed: int = 0) -> Weights:
         "input": {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "size": arch.INPUT_SIZE, "resize": 342,
                   "transform_input": False},
         "count_include_pad": True, "softmax_in_model": False, "aux_ignored": False,
+        "provenance": {"kind": "synthetic", "source_sha256": None, "source_name": f"synthetic (seed {seed})",
+                       "producer": f"{SYNTHETIC_PRODUCER} {GENERATOR_VERSION}", "calibration": None},
     }
     return Weights(synthetic_arrays(seed), manifest)
 
@@ -302,7 +304,7 @@ def synthetic_onnx_model(style: str = "torchscript", transform_input: bool = Fal
     graph = helper.make_graph(g.nodes, "inception_v3", [x_in], outputs, initializer=g.inits)
     opset, ir = (18, 10) if style == "dynamo" else (17, 8)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir,
-                              producer_name="inception_engine.synthetic", producer_version=str(GENERATOR_VERSION))
+                              producer_name=SYNTHETIC_PRODUCER, producer_version=str(GENERATOR_VERSION))
     if style == "dynamo":
         model = onnx.shape_inference.infer_shapes(model)
     return model

@@ -7,6 +7,15 @@ Manifest fields: ``format`` (FORMAT_VERSION), ``source_sha256``, ``source_name``
 ({key: shape}) and ``sha256`` ({key: hex digest of the key, a NUL byte and the array's bytes}: a checksum binds its
 array to its name, so two arrays swapped together with their checksums are found out).
 
+Provenance: ``provenance`` ({"kind": "torchvision" | "synthetic" | "other", "source_sha256": the ONNX file's SHA-256
+or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null, room for one}) and
+``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or transplanted record is
+refused. A file converted before provenance was kept has neither; it loads, its kind "unknown".
+
+``ModelId`` names a model: MODEL_DIGEST_HEX hex digits of a SHA-256 of the arrays' checksums (``model_digest``),
+"synthetic-" before them for the synthetic model. The arrays, not the source file: they compute the results, so
+the same weights converted from either exporter, or read from an old file, get the same name.
+
 A weight file is untrusted input. Reading it is bounded before anything is decompressed: every zip member must be
 one the architecture expects, its declared size and its npy header (dtype, shape) must be exactly those of its
 canonical array, and the manifest is at most MAX_MANIFEST_CHARS. The arrays must then match their checksums and be
@@ -39,6 +48,9 @@ from .errors import EngineError, WeightsError
 from .paths import user_cache_dir
 
 FORMAT_VERSION = 2  # 2: checksums bound to the array names
+PROVENANCE_KINDS = ("torchvision", "synthetic", "other")
+MODEL_DIGEST_HEX = 12  # 48 bits: a collision between two weight files a user has is out of reach
+HEX = "0123456789abcdef"
 MANIFEST_KEY = "__manifest__"
 ENV_VAR = "INCEPTION_WEIGHTS"
 DEFAULT_NAME = "inception_v3.npz"
@@ -85,6 +97,67 @@ class Weights:
 
     def layers(self) -> list[arch.Layer]:
         return arch.inception_v3(count_include_pad=self.count_include_pad)
+
+    def model_id(self) -> ModelId:
+        """The model's name and kind (the module doc's ModelId); from the manifest's checksums where it has them,
+        else from the arrays (weights made in memory, such as synthetic_weights)."""
+        sums = self.manifest.get("sha256")
+        if not isinstance(sums, dict) or set(sums) != set(self.arrays):
+            sums = {k: sha256_array(k, a) for k, a in self.arrays.items()}
+            self.manifest = {**self.manifest, "sha256": sums}  # computed once
+        prov = self.manifest.get("provenance")
+        kind = prov["kind"] if isinstance(prov, dict) else "synthetic" if self.manifest.get("synthetic") else "unknown"
+        source = prov.get("source_sha256") if isinstance(prov, dict) else None
+        return ModelId(model_digest(sums), kind, source)
+
+
+@dataclass(frozen=True)
+class ModelId:
+    """What every result names its model by: ``digest`` (model_digest), ``kind`` (PROVENANCE_KINDS, or "unknown"
+    for a file converted before provenance was kept) and the source file's SHA-256 where it is known."""
+
+    digest: str
+    kind: str
+    source_sha256: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The digest, "synthetic-" before it for the synthetic model: what result lines and CSV rows hold."""
+        return f"synthetic-{self.digest}" if self.kind == "synthetic" else self.digest
+
+    def describe(self) -> str:
+        """A few words for a header line: ``model 3f9a0c12ab45 (torchvision)``."""
+        what = {"synthetic": "SYNTHETIC: random weights, its classes mean nothing",
+                "unknown": "source not recorded: converted before provenance was kept"}.get(self.kind, self.kind)
+        return f"model {self.name} ({what})"
+
+
+def model_digest(sums: dict[str, str]) -> str:
+    """The short digest of a model whose arrays have the checksums ``sums`` (name -> hex)."""
+    h = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(sums.items())).encode())
+    return h.hexdigest()[:MODEL_DIGEST_HEX]
+
+
+def provenance_checksum(provenance: Any, sums: dict[str, str]) -> str:
+    """``provenance_sha256``: the provenance's canonical JSON bound to the arrays' checksums."""
+    text = json.dumps(provenance, sort_keys=True) + "\0" + json.dumps(sums, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_provenance(manifest: dict[str, Any]) -> None:
+    """The provenance record, where there is one: its fields' types, and its checksum (module doc)."""
+    if "provenance" not in manifest and "provenance_sha256" not in manifest:
+        return  # converted before provenance was kept
+    prov = manifest.get("provenance")
+    if not isinstance(prov, dict) or prov.get("kind") not in PROVENANCE_KINDS:
+        raise WeightsError(f"the manifest's provenance is {prov!r:.80}, expected an object whose kind is one of "
+                           f"{', '.join(PROVENANCE_KINDS)}; {CONVERT_AGAIN}")
+    source = prov.get("source_sha256")
+    if source is not None and not (isinstance(source, str) and len(source) == 64 and set(source) <= set(HEX)):
+        raise WeightsError(f"the manifest's provenance.source_sha256 is {prov['source_sha256']!r:.80}, expected "
+                           f"64 hex digits or null")
+    if manifest.get("provenance_sha256") != provenance_checksum(prov, manifest["sha256"]):
+        raise WeightsError(f"the manifest's provenance fails its checksum (damaged or edited file); {CONVERT_AGAIN}")
 
 
 def sha256_array(name: str, a: np.ndarray) -> str:
@@ -148,6 +221,7 @@ def check_manifest(manifest: Any, shapes: dict[str, tuple[int, ...]] | None = No
     if set(sums) != set(expected):
         odd = min(set(sums) ^ set(expected))
         raise WeightsError(f"the manifest's sha256 table does not list the architecture's arrays (first: {odd})")
+    check_provenance(manifest)
     layers = manifest.get("layers")
     if layers is not None and layers != {k: list(s) for k, s in expected.items()}:
         raise WeightsError("the manifest's layers table does not match the architecture's shapes")
@@ -310,6 +384,8 @@ def save_weights(path: str | Path, arrays: dict[str, np.ndarray], manifest: dict
     manifest["format"] = FORMAT_VERSION
     manifest["layers"] = {k: list(v.shape) for k, v in arrays.items()}
     manifest["sha256"] = {k: sha256_array(k, v) for k, v in arrays.items()}
+    if "provenance" in manifest:
+        manifest["provenance_sha256"] = provenance_checksum(manifest["provenance"], manifest["sha256"])
     check_manifest(manifest)
     payload = {**arrays, MANIFEST_KEY: np.array(json.dumps(manifest, sort_keys=True))}
     return atomic_write(path, lambda f: np.savez(f, **payload), overwrite=overwrite)
@@ -488,6 +564,12 @@ def _fsync_folder(folder: Path) -> None:
 def default_weights_path() -> Path:
     """Where inception-convert-weights writes by default: the user cache, which every run searches."""
     return user_cache_dir() / DEFAULT_NAME
+
+
+def default_places() -> set[Path]:
+    """The places a run finds weights without being told (./weights/, the user cache), resolved: where a synthetic
+    model is never written, so that it cannot pass for the real one."""
+    return {default_weights_path().resolve(), (Path("weights") / DEFAULT_NAME).resolve()}
 
 
 def candidate_paths(explicit: str | Path | None = None) -> list[tuple[str, Path]]:

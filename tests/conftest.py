@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.build_cache import TEST_CACHE_VAR, cache_for_tests
 from helpers.gpu_present import gpu_unavailable_reason
 
 
@@ -77,13 +78,16 @@ def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
 # Stable fixture names, for any test that needs a whole model without real weights:
 #
 #   model_cache_dir         (session) Path where generated models are kept between runs: $INCEPTION_TEST_CACHE,
-#                           else ~/.cache/inception-engine/test-models/v<GENERATOR_VERSION> (a temp dir if that
+#                           else the user cache's test-models/v<GENERATOR_VERSION> (build_cache.cache_for_tests:
+#                           $XDG_CACHE_HOME/inception-engine, else ~/.cache/inception-engine; a temp dir if that
 #                           cannot be created). Files appear atomically, so an interrupted run leaves nothing half.
 #   synthetic_onnx          (session) factory: synthetic_onnx(style="torchscript" | "dynamo", transform_input=False,
 #                           softmax=False, aux=False, batch=None, seed=0) -> Path of that synthetic ONNX model,
 #                           generated on first use (a few seconds; ~100 MB; dynamo style with its .data file).
 #   build_cache_dir         (session) Path where compiled test libraries are kept (helpers.build_cache):
-#                           $INCEPTION_TEST_CACHE/builds, else ~/.cache/inception-engine/test-builds.
+#                           $INCEPTION_TEST_CACHE/builds, else the user cache's test-builds.
+#   export_like_onnx        (session) Path of synthetic_onnx() named as produced by PyTorch, as torchvision's real
+#                           export is: for tests that convert "the real weights" to the default places.
 #   synthetic_weights_file  (session) Path of synthetic_onnx() converted to an engine weight file (.npz); its arrays
 #                           equal inception_engine.synthetic.synthetic_weights(0).arrays.
 
@@ -92,9 +96,9 @@ def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
 def model_cache_dir(tmp_path_factory) -> Path:
     from inception_engine.synthetic import GENERATOR_VERSION
 
-    root = os.environ.get("INCEPTION_TEST_CACHE")
-    path = Path(root) if root else (Path.home() / ".cache" / "inception-engine" / "test-models"
-                                    / f"v{GENERATOR_VERSION}")
+    path = cache_for_tests("models")
+    if not os.environ.get(TEST_CACHE_VAR):
+        path /= f"v{GENERATOR_VERSION}"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -105,10 +109,9 @@ def model_cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def build_cache_dir(tmp_path_factory) -> Path:
     """Where compiled test libraries are kept (helpers.build_cache names each by a hash of its inputs):
-    $INCEPTION_TEST_CACHE/builds, else ~/.cache/inception-engine/test-builds; else the run's temp root, which the
-    workers of a parallel run share."""
-    root = os.environ.get("INCEPTION_TEST_CACHE")
-    path = Path(root) / "builds" if root else Path.home() / ".cache" / "inception-engine" / "test-builds"
+    $INCEPTION_TEST_CACHE/builds, else the user cache's test-builds (helpers.build_cache.cache_for_tests); else
+    the run's temp root, which the workers of a parallel run share."""
+    path = cache_for_tests("builds")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -136,6 +139,26 @@ def synthetic_onnx(model_cache_dir):
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def export_like_onnx(synthetic_onnx, model_cache_dir) -> Path:
+    """synthetic_onnx() with the producer a torch.onnx export names ("pytorch"): the stand-in for torchvision's real
+    export where a test follows its path to the default places, which the converter keeps a synthetic model out of."""
+    import onnx
+
+    from inception_engine.synthetic import GENERATOR_VERSION
+    from inception_engine.weights import atomic_write
+
+    from helpers.build_cache import file_lock
+
+    path = model_cache_dir / f"inception_v3_g{GENERATOR_VERSION}_as_pytorch_export.onnx"
+    with file_lock(model_cache_dir / (path.name + ".lock")):
+        if not path.is_file():
+            model = onnx.load(synthetic_onnx())
+            model.producer_name, model.producer_version = "pytorch", "2.5.0"
+            atomic_write(path, lambda f: f.write(model.SerializeToString()))
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,13 @@ from .pil_resize import crop_box, resize_crop_image, resized_size
 
 RESIZE = 342  # torchvision's resize_size for Inception-V3
 ORIENTATION = 0x0112  # the EXIF orientation tag
+# The most pixels an image may declare unless the run says otherwise (--max-pixels, $INCEPTION_MAX_PIXELS):
+# Pillow's own default bomb limit, 89,478,485 (a 256 MB picture at 3 bytes a pixel).
+DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+MAX_PIXELS_ENV = "INCEPTION_MAX_PIXELS"
+# What decoding one image may hold at once, per decode worker: Pillow keeps 4 bytes a pixel (RGB padded to 32 bits),
+# and turning it upright or converting its mode copies it; the resize adds only a small multiple of the crop.
+DECODE_BYTES_PER_PIXEL = 12
 
 
 @dataclass(frozen=True)
@@ -41,14 +49,18 @@ class Preprocess:
     resize: int = RESIZE
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    # the most pixels an image may declare: more is refused from its header, before a pixel is decoded. It travels
+    # with the preprocessing to wherever images are decoded (decode processes, the GPU decoder's header check).
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any]) -> Preprocess:
+    def from_manifest(cls, manifest: dict[str, Any], max_pixels: int = DEFAULT_MAX_PIXELS) -> Preprocess:
         """The weight file's ``input`` section wins over torchvision's defaults, field by field."""
         inp = manifest.get("input", {}) or {}
         return cls(size=int(inp.get("size", arch.INPUT_SIZE)), resize=int(inp.get("resize", RESIZE)),
                    mean=tuple(float(m) for m in inp.get("mean", IMAGENET_MEAN)),  # type: ignore[arg-type]
-                   std=tuple(float(s) for s in inp.get("std", IMAGENET_STD)))  # type: ignore[arg-type]
+                   std=tuple(float(s) for s in inp.get("std", IMAGENET_STD)),  # type: ignore[arg-type]
+                   max_pixels=max_pixels)
 
 
 def image_extensions() -> set[str]:
@@ -57,28 +69,37 @@ def image_extensions() -> set[str]:
     return {ext.lower() for ext in Image.registered_extensions()}
 
 
-def max_pixels() -> int | None:
-    """The most pixels an image may declare: Pillow's ``Image.MAX_IMAGE_PIXELS`` (about 89.5 million unless the
-    program changed it; None: no limit). What decoding an image may hold is bounded by it: the decoded picture
-    and its RGB copy, a few bytes a pixel each; the resize adds at most a small multiple of the crop (resize_crop)."""
-    return Image.MAX_IMAGE_PIXELS
+def too_many_pixels(name: object, pixels: int | None, limit: int) -> EngineError:
+    """The one message for an image that declares more than ``limit`` pixels, whatever its size and whoever
+    noticed (our header checks, or Pillow's own bomb check: pillow_errors)."""
+    declared = f"{pixels:,} pixels" if pixels is not None else "more pixels than that"
+    return EngineError(f"{name}: refused, it declares {declared}, more than the {limit:,} an image may have (a "
+                       f"decompression bomb?); for files you trust, --max-pixels N or ${MAX_PIXELS_ENV} raises the "
+                       f"limit")
 
 
-def check_declared_size(img: Image.Image, name: object) -> None:
-    """Refuse an image whose header declares more than max_pixels(), before any pixel is decoded (a decompression
-    bomb: a few bytes of file that would decode to gigabytes)."""
-    limit = max_pixels()
+def check_declared_size(img: Image.Image, name: object, limit: int = DEFAULT_MAX_PIXELS) -> None:
+    """Refuse an image whose header declares more than ``limit`` pixels, before any pixel is decoded (a
+    decompression bomb: a few bytes of file that would decode to gigabytes)."""
     w, h = img.size
-    if limit is not None and w * h > limit:
-        raise EngineError(f"{name}: refused, it declares {w} x {h} pixels, more than the {limit:,} an image may "
-                          f"have (a decompression bomb?); shrink it below that first")
+    if w * h > limit:
+        raise too_many_pixels(name, w * h, limit)
 
 
-def open_image(path: str | Path) -> Image.Image:
-    """Decode a file fully (so truncation shows up here), orientation from EXIF applied. Any failure is an
-    EngineError naming the file and the real reason."""
-    with open_regular(path) as f, pillow_errors(path), Image.open(f) as img:
-        check_declared_size(img, path)
+def let_pillow_open(limit: int) -> None:
+    """Raise Pillow's own bomb limit (``Image.MAX_IMAGE_PIXELS``, a process-wide setting) to ``limit`` where it is
+    lower, so that an image up to the run's limit opens: this process decodes with that limit (never lowered, so
+    what else runs in the process keeps at least its own). Above it, check_declared_size or pillow_errors refuse."""
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def open_image(path: str | Path, limit: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Decode a file fully (so truncation shows up here), orientation from EXIF applied, refusing more than
+    ``limit`` pixels. Any failure is an EngineError naming the file and the real reason."""
+    let_pillow_open(limit)
+    with open_regular(path) as f, pillow_errors(path, limit), Image.open(f) as img:
+        check_declared_size(img, path, limit)
         img.load()
         return exif_upright(img)
 
@@ -119,28 +140,30 @@ def not_a_file(mode: int) -> str | None:
     return None if stat.S_ISREG(mode) else "is not a regular file"
 
 
-def open_image_bytes(data: bytes, name: str) -> Image.Image:
+def open_image_bytes(data: bytes, name: str, limit: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """open_image for a file's bytes read elsewhere (Ray Data's workers), with the same messages under ``name``."""
     if not data:
         raise EngineError(f"{name}: empty file")
-    with pillow_errors(name):
+    let_pillow_open(limit)
+    with pillow_errors(name, limit):
         img = Image.open(io.BytesIO(data))
-        check_declared_size(img, name)
+        check_declared_size(img, name, limit)
         img.load()
         return exif_upright(img)
 
 
 @contextmanager
-def pillow_errors(name: object) -> Iterator[None]:
-    """Pillow's (and the file system's) ways of failing on a file, as one-line EngineErrors naming it."""
+def pillow_errors(name: object, limit: int = DEFAULT_MAX_PIXELS) -> Iterator[None]:
+    """Pillow's (and the file system's) ways of failing on a file, as one-line EngineErrors naming it (``limit``:
+    the pixel limit the run decodes with, named where Pillow's own bomb check refuses an image)."""
     try:
         yield
     except EngineError:
         raise
     except UnidentifiedImageError:
         raise EngineError(f"{name}: not an image (Pillow cannot identify the format)") from None
-    except Image.DecompressionBombError as e:
-        raise EngineError(f"{name}: refused, too many pixels ({e})") from None
+    except Image.DecompressionBombError as e:  # Pillow's message differs; its first number is the declared size
+        raise too_many_pixels(name, bomb_pixels(e), limit) from None
     except OSError as e:
         if e.errno is not None:  # the file system failed (a read error), not the image data
             raise EngineError(file_error(name, e)) from None
@@ -149,6 +172,12 @@ def pillow_errors(name: object) -> Iterator[None]:
         # Pillow reports truncated or corrupt data as OSError without an errno ("image file is truncated", "broken
         # data stream") and some decoders as ValueError/SyntaxError.
         raise EngineError(f"{name}: corrupt or truncated image data ({first_line(e)})") from None
+
+
+def bomb_pixels(e: Image.DecompressionBombError) -> int | None:
+    """The pixels an image declares, from Pillow's DecompressionBombError ("Image size (N pixels) exceeds ...")."""
+    found = re.search(r"\((\d+) pixels\)", str(e))
+    return int(found.group(1)) if found else None
 
 
 def file_error(name: object, e: OSError) -> str:
@@ -261,12 +290,12 @@ def decode_u8(source: str | os.PathLike | Image.Image, pre: Preprocess = Preproc
     line naming the file."""
     if isinstance(source, Image.Image):
         return resize_crop(source, pre)
-    return resize_crop_named(open_image(source), source, pre)
+    return resize_crop_named(open_image(source, pre.max_pixels), source, pre)
 
 
 def decode_u8_bytes(data: bytes, name: str, pre: Preprocess = Preprocess()) -> np.ndarray:
     """decode_u8 of a file's bytes read elsewhere (Ray Data's workers), errors worded as for the file on disk."""
-    return resize_crop_named(open_image_bytes(data, name), name, pre)
+    return resize_crop_named(open_image_bytes(data, name, pre.max_pixels), name, pre)
 
 
 def resize_crop_named(img: Image.Image, name: object, pre: Preprocess) -> np.ndarray:

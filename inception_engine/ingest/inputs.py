@@ -78,6 +78,40 @@ class Inputs:
     notices: list[str] = field(default_factory=list)  # one line each: what directories' listings left out
 
 
+def may_hold_images(args: tuple[str, ...] | list[str], recursive: bool = False) -> bool:
+    """Whether the arguments could give expand_inputs an image to classify: a file as given (even a missing one,
+    which the loader reports with the others), a glob with a match, a directory with a file named as an image
+    (at its top level, or with ``recursive`` anywhere below). Stops at the first one, so that a run can refuse
+    inputs that hold no image at all before it loads anything, at the cost of a moment."""
+    exts = image_extensions()
+
+    def in_directory(d: str) -> bool:
+        for _, dirs, names in os.walk(d):
+            dirs[:] = [x for x in dirs if not x.startswith(".")] if recursive else []
+            if any(not n.startswith(".") and os.path.splitext(n)[1].lower() in exts for n in names):
+                return True
+        return False
+
+    for arg in args:
+        if os.path.isdir(arg):
+            if in_directory(arg):
+                return True
+        elif os.path.exists(arg) or not glob.has_magic(arg):
+            return True
+        elif any(not os.path.isdir(m) or in_directory(m) for m in glob.iglob(arg, recursive=True)):
+            return True
+    return False
+
+
+def no_images_line(args: tuple[str, ...] | list[str], recursive: bool) -> str:
+    """What a run says of inputs that hold no image at all: what each argument gave (its listing's words, with what
+    its subfolders hold) and the extensions looked for."""
+    said = [err for _, err in expand_inputs(args, recursive).items if err is not None][:3]
+    exts = sorted(image_extensions())
+    return (f"no image files to classify ({'; '.join(said) or ', '.join(args)}); looked for the {len(exts)} "
+            f"extensions Pillow reads: {' '.join(exts)}")
+
+
 def expand_inputs(args: tuple[str, ...] | list[str], recursive: bool = False) -> Inputs:
     """Files as given (a missing one is reported by the image loader with the others), directories' image files,
     and an argument that does not exist tried as a glob."""

@@ -3,7 +3,7 @@
 ``GpuJpegDecoder.decode_files`` turns a batch of files into the (N, size, size, 3) uint8 RGB crops of torchvision's
 Inception-V3 preprocessing, in device memory. Per file, a look at its header (no decode) decides:
 
-- more pixels than Pillow accepts (2 * Image.MAX_IMAGE_PIXELS): an error, as images.open_image says it;
+- more pixels than the run's limit (Preprocess.max_pixels): an error, as images.open_image says it;
 - a complete 8-bit JPEG, RGB or greyscale: decoded by nvImageCodec as stored, all of them in one batched call on
   the caller's stream, then resized on the GPU, read through its EXIF orientation (gpu_resize.upright_views: the
   flips and turns that Pillow's exif_transpose makes on the CPU path, without a copy), so that photos taken upright
@@ -48,7 +48,7 @@ from .gpu_resize import CHANNELS, DeviceImage, GpuResizeCrop
 from .images import Preprocess
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
 from .jpeg_header import gpu_eligible, pillow_eligible
-from .nvimgcodec import DECODER_OPTIONS, SUPPORTED, CodecApi, load_nvimgcodec, preload_nvjpeg
+from .nvimgcodec import DECODER_OPTIONS, SUPPORTED, CodecApi, load_nvimgcodec, preload_nvjpeg, quiet_stderr
 
 # GpuJpegDecoder reads and decodes through cuda_src/jpeg_batch.c where it builds (False: nvImageCodec's Python API)
 NATIVE = True
@@ -107,7 +107,8 @@ def open_native(threads: int) -> tuple[JpegBatch | None, str | None]:
     except (OSError, MemoryError) as e:
         return None, first_line(e)
     try:
-        native.open_decoder(CURRENT_DEVICE, threads, DECODER_OPTIONS)
+        with quiet_stderr():  # nvImageCodec's extensions load here, printing about codecs no run of JPEGs uses
+            native.open_decoder(CURRENT_DEVICE, threads, DECODER_OPTIONS)
     except OSError as e:
         native.close()
         return None, first_line(e)
@@ -254,7 +255,7 @@ class GpuJpegDecoder:
         self.wait()  # the previous batch's arena and staged results are free to go
         self._decoded = []
         errors: list[str | None] = [None] * len(paths)
-        got = self._native.read([os.fsencode(p) for p in paths], Image.MAX_IMAGE_PIXELS)
+        got = self._native.read([os.fsencode(p) for p in paths], self.pre.max_pixels)
         plain = got.kind == PLAIN
         which, sizes, turns = list(np.flatnonzero(plain)), [got.hw[plain]], list(got.orientation[plain])
         to_cpu: list[tuple[int, str, bytes]] = []
@@ -267,7 +268,7 @@ class GpuJpegDecoder:
                 continue
             data = self._native.data(int(i), int(got.length[i]))
             try:
-                layout = pillow_eligible(path, data)
+                layout = pillow_eligible(path, data, self.pre.max_pixels)
             except EngineError as e:
                 errors[i] = str(e)
                 continue
@@ -330,7 +331,7 @@ class GpuJpegDecoder:
         to_cpu: list[int] = []
         for i, (path, data) in enumerate(items):
             try:
-                layout = gpu_eligible(path, data)
+                layout = gpu_eligible(path, data, self.pre.max_pixels)
             except EngineError as e:
                 errors[i] = str(e)
                 continue

@@ -14,7 +14,7 @@ import io
 
 from PIL import Image
 
-from ..errors import EngineError
+from .images import DEFAULT_MAX_PIXELS, bomb_pixels, let_pillow_open, too_many_pixels
 
 EXIF_ORIENTATION = 0x0112
 GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_rgb give (CMYK it would not)
@@ -34,12 +34,12 @@ SOF_HUFFMAN = (0xC0, 0xC1, 0xC2)  # baseline, extended sequential, progressive: 
 STANDALONE = set(range(0xD0, 0xD8)) | {0x01}  # markers without a length
 
 
-def plain_jpeg_size(data: bytes) -> tuple[int, int, int] | None:
+def plain_jpeg_size(data: bytes, limit: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, int] | None:
     """(height, width, EXIF orientation) of a plain JPEG, read from its markers without Pillow (a tenth of Pillow's
     ~130 µs a file); None for anything else, which gpu_eligible then asks Pillow about. Plain: 8-bit Huffman-coded,
     grey or JFIF YCbCr (component ids 1, 2, 3), no Adobe colour transform 0, an EXIF orientation of 1 to 8 where it
-    has one, no XMP (Pillow reads orientation there too), a single EXIF block, within Pillow's pixel limit, and
-    complete."""
+    has one, no XMP (Pillow reads orientation there too), a single EXIF block, within the pixel limit ``limit``,
+    and complete."""
     if data[:2] != b"\xff\xd8":
         return None
     pos, n, size, exif_seen, orientation = 2, len(data), None, False, 1
@@ -85,9 +85,8 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int, int] | None:
         return None
     if size is None or min(size) < 1:
         return None
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and size[0] * size[1] > limit:
-        return None  # Pillow's own check words the warning or the refusal
+    if size[0] * size[1] > limit:
+        return None  # pillow_eligible refuses it, in images.too_many_pixels's words
     return (*size, orientation) if jpeg_complete(data) else None
 
 
@@ -110,16 +109,17 @@ def exif_orientation(tiff: bytes) -> int | None:
     return 1
 
 
-def gpu_eligible(path: str, data: bytes) -> tuple[int, int, int] | None:
+def gpu_eligible(path: str, data: bytes, limit: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, int] | None:
     """(height, width, orientation) for a file nvImageCodec should decode, as stored, with the EXIF orientation
     (ORIENTATIONS) that the CPU path would turn it upright by; None for one the CPU path should take. Raises
-    EngineError for more pixels than Pillow accepts (images.open_image's wording)."""
-    layout = plain_jpeg_size(data)
-    return layout if layout is not None else pillow_eligible(path, data)
+    EngineError for more than ``limit`` pixels (the run's limit; images.too_many_pixels's words, as on the CPU)."""
+    layout = plain_jpeg_size(data, limit)
+    return layout if layout is not None else pillow_eligible(path, data, limit)
 
 
-def pillow_eligible(path: str, data: bytes) -> tuple[int, int, int] | None:
+def pillow_eligible(path: str, data: bytes, limit: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, int] | None:
     """gpu_eligible by Pillow's reading of the header, for the files plain_jpeg_size leaves to it."""
+    let_pillow_open(limit)
     try:
         with Image.open(io.BytesIO(data)) as img:  # parses the header only
             fmt, mode, (w, h) = img.format, img.mode, img.size
@@ -128,9 +128,11 @@ def pillow_eligible(path: str, data: bytes) -> tuple[int, int, int] | None:
             # unconverted); leave such files to Pillow rather than trust another decoder with the flag.
             stored_rgb = img.info.get("adobe_transform") == 0
     except Image.DecompressionBombError as e:
-        raise EngineError(f"{path}: refused, too many pixels ({e})") from None
+        raise too_many_pixels(path, bomb_pixels(e), limit) from None
     except Exception:  # unidentified, corrupt header, malformed EXIF: the CPU path says what in its own words
         return None
+    if w * h > limit:
+        raise too_many_pixels(path, w * h, limit)
     upright_by = orientation if isinstance(orientation, int) and orientation in ORIENTATIONS else None
     if fmt != "JPEG" or mode not in GPU_MODES or upright_by is None or stored_rgb or not jpeg_complete(data):
         return None

@@ -4,13 +4,24 @@ from its wheel), and its API in the shape the installed release has it (``CodecA
 Its API changed between releases: ``CodecApi`` finds what the installed one offers by looking at it, not at its
 version number. Where it is missing, or lacks what the decoder needs, ``load_nvimgcodec`` and ``CodecApi.of`` raise
 BackendUnavailable with one line.
+
+nvImageCodec's own messages stay off the user's terminal. Its logger (the Python module's debug messenger) is
+switched off through PYNVIMGCODEC_VERBOSITY=0 unless the user set that variable; what its extensions print
+themselves with fprintf while they load (no log level reaches those: "Failed to load nvjpeg2k library! ...", the
+same of nvTIFF, which a JPEG run never uses) is caught around the calls that load them (``quiet_stderr``): lines
+about codecs the run does not use are dropped, one about nvJPEG, which it does use, becomes one line of ours, and
+anything else (another thread's output meanwhile) is written out as it was.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,13 +32,21 @@ from ..errors import BackendUnavailable, first_line
 DECODER_OPTIONS = ":fancy_upsampling=1"
 MISSING = "--decode gpu needs nvidia-nvimgcodec-cu13 (pip install -e '.[gpu-decode]')"
 SUPPORTED = "0.6.1 to 0.9.0"  # the releases run on the GPU machine; pyproject's gpu-decode extra admits these
+VERBOSITY_ENV = "PYNVIMGCODEC_VERBOSITY"  # its Python module's log level, read at import; 0: no logger at all
+# What nvImageCodec's extensions print about codecs a run of JPEGs never asks for (JPEG 2000, TIFF and the nvCOMP
+# that nvTIFF uses), and the pip hint its messages end with.
+UNUSED_CODEC_WORDS = ("nvjpeg2k", "nvjpeg2000", "nvtiff", "nvcomp", "nvimagecodec's python distribution")
+NEEDED_CODEC_WORD = "nvjpeg"  # the codec --decode gpu runs on
+_quiet = threading.Lock()  # one redirection of the process's stderr at a time
 
 
 def load_nvimgcodec() -> Any:
     """The nvidia.nvimgcodec module, or BackendUnavailable in one line."""
     preload_nvjpeg()
+    os.environ.setdefault(VERBOSITY_ENV, "0")  # its logger off, unless the user asked for it
     try:  # imported on use: an optional dependency (the gpu-decode extra), needed only off jpeg_batch.c's path
-        from nvidia import nvimgcodec
+        with quiet_stderr():
+            from nvidia import nvimgcodec
     except Exception as e:  # ImportError, or a broken install failing inside its own import (OSError, ...)
         raise BackendUnavailable(f"{MISSING}: {first_line(e)}") from None
     return nvimgcodec
@@ -83,7 +102,46 @@ class CodecApi:
         kwargs: dict[str, Any] = {"options": options, "max_num_cpu_threads": threads}
         if backends is not None:
             kwargs["backends"] = [self.module.Backend(getattr(self.module.BackendKind, b)) for b in backends]
-        return self.module.Decoder(**kwargs)
+        with quiet_stderr():  # its extensions load here
+            return self.module.Decoder(**kwargs)
+
+
+def sort_output(text: str) -> tuple[str, str | None]:
+    """What was written to stderr while nvImageCodec loaded: (what to write out as it was, our note or None). Lines
+    about codecs the run does not use are dropped; those about nvJPEG make one note; the rest is kept."""
+    kept, needed = [], []
+    for line in text.splitlines(keepends=True):
+        low = line.lower()
+        if any(word in low for word in UNUSED_CODEC_WORDS):
+            continue
+        (needed if NEEDED_CODEC_WORD in low else kept).append(line)
+    note = None
+    if needed:
+        said = " ".join(needed[0].split()).rstrip(".!")[:200]
+        note = (f"note: nvImageCodec could not load all of nvJPEG, which --decode gpu decodes with ({said}); "
+                f"`pip install -e '.[gpu-decode]'` installs it")
+    return "".join(kept), note
+
+
+@contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """The process's standard error (file descriptor 2, where nvImageCodec's C++ prints) caught for the block, then
+    sorted (sort_output): what is not nvImageCodec's noise is written out, after the block."""
+    with _quiet, tempfile.TemporaryFile() as caught:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept, note = sort_output(caught.read().decode(errors="replace"))
+            out = kept + (note + "\n" if note else "")
+            if out:
+                os.write(2, out.encode(errors="replace"))
 
 
 def preload_nvjpeg() -> None:

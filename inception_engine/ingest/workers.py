@@ -25,7 +25,7 @@ from PIL import Image
 
 from ..errors import EngineError, first_line
 from .files import ImageSource
-from .images import Preprocess, decode_u8, decode_u8_bytes
+from .images import Preprocess, decode_u8, decode_u8_bytes, let_pillow_open
 from .ring import HostRing, RingDescriptor
 
 WORKER_KINDS = ("auto", "thread", "process")
@@ -62,6 +62,7 @@ def _attach_ring(fd: int, shape: tuple[int, ...], pre: Preprocess, owner: int) -
     global _worker_ring, _worker_pre
     die_with(owner)
     _worker_pre = pre  # once per process, not pickled with every task
+    let_pillow_open(pre.max_pixels)  # the run's pixel limit (--max-pixels), in this process too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     ring = mmap.mmap(fd, int(np.prod(shape)))
     os.close(fd)  # the mapping keeps the memory

@@ -311,6 +311,9 @@ async def config(server: Server, request: Request) -> Response:
     assert f is not None
     facts = {"backend": f.backend_name, "precision": f.precision, "weights": str(f.weights_path),
              "decode": server.options.spec.decode, "devices": ",".join(d.name for d in server.devices)}
+    if f.model is not None:  # what every result names the model by (weights.ModelId), as inception-run's
+        facts |= {"model_digest": f.model.digest, "model_kind": f.model.kind,
+                  "model_source_sha256": f.model.source_sha256 or ""}
     return JSONResponse(model_config(server.size, server.options.max_batch, facts))
 
 
@@ -364,8 +367,9 @@ async def classify(server: Server, request: Request) -> Response:
             raise
         return JSONResponse({"image": name, "error": e.errors[0][1]}, status_code=400)
     assert server.facts is not None and answer.top is not None
-    p = Prediction(name, labelled(answer.top[0][:int(top_k)]), backend=server.facts.backend_name,
-                   precision=server.facts.precision)
+    f = server.facts
+    p = Prediction(name, labelled(answer.top[0][:int(top_k)]), backend=f.backend_name, precision=f.precision,
+                   model=f.model.name if f.model is not None else None)
     return JSONResponse(as_json(p))
 
 

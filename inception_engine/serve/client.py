@@ -32,6 +32,7 @@ from ..engine import EngineFacts
 from ..errors import EngineError
 from ..ingest.files import read_file
 from ..pipeline import Prediction
+from ..weights import ModelId
 from .protocol import MODEL_NAME, encode_images_request, parse_classification
 
 INFLIGHT = 4  # requests outstanding: one being computed, the next ones read, sent and queued behind it
@@ -99,8 +100,11 @@ def server_facts(conn: Connection, backend: str, precision: str) -> EngineFacts:
         raise EngineError(f"the server at {conn.url} is not ready ({config.get('error', status)})")
     try:
         params = {k: v["string_value"] for k, v in config["parameters"].items()}
+        model = (ModelId(params["model_digest"], params["model_kind"], params.get("model_source_sha256") or None)
+                 if "model_digest" in params else None)
         facts = EngineFacts(params["backend"], params["precision"], int(config["max_batch_size"]),
-                            Path(params["weights"]) if params.get("weights") not in (None, "None") else None, ())
+                            Path(params["weights"]) if params.get("weights") not in (None, "None") else None, (),
+                            model)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise EngineError(f"the server at {conn.url} did not describe its model as inception-serve does") from None
     for option, asked, runs in (("backend", backend, facts.backend_name), ("precision", precision, facts.precision)):
@@ -189,7 +193,8 @@ class RemoteRun:
             raise EngineError(f"the server at {self.conn.url} answered with outputs inception-serve does not "
                               f"give") from None
         f = self._facts
-        return {i: Prediction(paths[i], top, backend=f.backend_name, precision=f.precision)
+        model = f.model.name if f.model is not None else None
+        return {i: Prediction(paths[i], top, backend=f.backend_name, precision=f.precision, model=model)
                 for i, top in zip(rows, tops)}
 
     def close(self) -> None:

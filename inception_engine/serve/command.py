@@ -18,10 +18,11 @@ import click
 from PIL import Image
 
 from .. import backends
-from ..cli import CONTEXT, Command, user_errors
+from ..cli import CONTEXT, Command, user_errors, version_option
 from ..config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, resolve
 from ..engine import EngineFacts
 from ..errors import EngineError, OptionError
+from ..ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from ..ingest.workers import default_workers
 from ..model_files import weight_file_path
 from .settings import Limits, ServeOptions
@@ -47,13 +48,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def engine_spec(weights: str | None, backend: str, precision: str, batch_size: int | None, decode: str,
-                gpus: int | None) -> tuple[EngineConfig, int]:
+                gpus: int | None, max_pixels: int | None = None) -> tuple[EngineConfig, int]:
     """The engines' config, checked and resolved once (one line each where refused; ``auto`` made what it stands
     for, so that no device process probes again), and the number of devices: ``gpus`` (default every usable GPU),
     1 on the CPU backend."""
     if gpus == 0:
         raise OptionError("gpus", 0, "the server needs a device; the CPU is --backend cpu")
-    config = EngineConfig(weights, backend, precision, batch_size, None, "thread", decode)
+    config = EngineConfig(weights, backend, precision, batch_size, None, "thread", decode, max_pixels)
     if config.weights_path is not None and weights is not None:  # an ONNX export: converted (or found) once, here
         config = config.replace(weights=weight_file_path(config.weights_path))
     resolved = resolve(config)
@@ -119,15 +120,19 @@ class GracefulServer:
               show_default=True, help="Seconds a request may take, from its body's arrival to its answer.")
 @click.option("--body-timeout", type=click.FloatRange(0, min_open=True), default=Limits.body_seconds,
               show_default=True, help="Seconds a request's body may take to arrive (a slower client gets 408).")
+@click.option("--max-pixels", type=click.IntRange(1), default=None, metavar="N",
+              help=f"Refuse an image that declares more than N pixels, before decoding it [default: "
+                   f"${MAX_PIXELS_ENV}, else {DEFAULT_MAX_PIXELS:,}, Pillow's decompression-bomb limit].")
 @click.option("--decode-workers", type=click.IntRange(1, 1024), default=None, metavar="N",
               help="Threads decoding images on the host [default: one per usable CPU].")
+@version_option
 @user_errors
 def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: str, max_batch: int | None,
               max_queue_delay_ms: float, gpus: int | None, host: str, port: int, max_images: int, max_body_mb: float,
-              request_timeout: float, body_timeout: float, decode_workers: int | None) -> None:
+              request_timeout: float, body_timeout: float, max_pixels: int | None, decode_workers: int | None) -> None:
     """Serve Inception-V3 over HTTP (the Open Inference Protocol, as Triton speaks it) until SIGTERM or Ctrl-C."""
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
-    spec, devices = engine_spec(weights_path, backend, precision, max_batch, decode, gpus)
+    spec, devices = engine_spec(weights_path, backend, precision, max_batch, decode, gpus, max_pixels)
     limits = Limits(int(max_body_mb * 2**20), max_images, request_timeout, body_timeout)
     options = ServeOptions(spec, devices, spec.batch_size, max_queue_delay_ms / 1000.0,
                            decode_workers or default_workers(), limits)
@@ -160,6 +165,7 @@ def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: st
 
 
 def serve_main() -> None:
+    """Serve the model over HTTP (the Open Inference Protocol, as Triton speaks it) on every GPU, until stopped."""
     serve_cmd.main(prog_name="inception-serve")
 
 

@@ -111,10 +111,14 @@ def test_truncation_is_seen_past_an_exif_thumbnail():
     assert not jpeg_header.jpeg_complete(with_thumb[:-3000])
 
 
-def test_decompression_bombs_are_refused_in_pillows_words(monkeypatch):
+def test_decompression_bombs_are_refused_in_the_cpu_paths_words(monkeypatch):
+    """The GPU decode's header check refuses more than the run's limit as images.open_image does, whether Pillow's own
+    bomb check fires first (its limit 1,000: above 2,000 pixels) or not."""
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
-    with pytest.raises(EngineError, match=r"^x\.jpg: refused, too many pixels \(Image size \(2400 pixels\)"):
-        jpeg_header.gpu_eligible("x.jpg", encode(np.zeros((40, 60, 3), np.uint8)))
+    for limit in (1000, 2000):
+        with pytest.raises(EngineError, match=r"^x\.jpg: refused, it declares 2,400 pixels, more than the "
+                                              f"{limit:,} an image may have"):
+            jpeg_header.gpu_eligible("x.jpg", encode(np.zeros((40, 60, 3), np.uint8)), limit)
 
 
 def test_cuda_array_interface_is_checked():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine import backends, cli
+from inception_engine import backends, cli, engine
 from inception_engine.labels import imagenet_labels
 from inception_engine.model_files import load_weights
 
@@ -66,7 +66,9 @@ def test_run_directory_text_output(weights_file, image_dir):
                                       "--top-k", "3", "--batch-size", "4"])
     assert r.exit_code == 0, r.output
     header, *lines = r.stdout.splitlines()
-    assert header == f"# cpu backend, fp32, weights {weights_file}"
+    model = load_weights(weights_file).model_id()
+    assert header == f"# cpu backend, fp32, weights {weights_file}, model {model.name} (source not recorded: " \
+                     f"converted before provenance was kept)"
     names = [l for l in lines if not l.startswith("  ")]
     assert names == [str(image_dir / n) for n in GOOD]  # sorted, notes.txt skipped
     tops = [l for l in lines if l.startswith("  ")]
@@ -84,13 +86,17 @@ def test_run_json_schema_and_probabilities(weights_file, image_dir):
                                       "--weights", str(weights_file), "--backend", "cpu", "--top-k", "5"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert set(doc) == {"weights", "backend", "precision", "results"}
+    assert set(doc) == {"weights", "model", "provenance", "backend", "precision", "results", "complete", "done",
+                        "inputs"}
     assert doc["weights"] == str(weights_file) and (doc["backend"], doc["precision"]) == ("cpu", "fp32")
+    model = load_weights(weights_file).model_id().name
+    assert doc["model"] == model and doc["provenance"] == {"kind": "unknown", "source_sha256": None}
+    assert (doc["complete"], doc["done"], doc["inputs"]) == (True, 2, 2)
     assert [e["image"] for e in doc["results"]] == [str(image_dir / "a_rgb.jpg"), str(image_dir / "g_rotated.jpg")]
     labels = imagenet_labels()
     for entry in doc["results"]:
-        assert set(entry) == {"image", "top", "backend", "precision"} and len(entry["top"]) == 5
-        assert (entry["backend"], entry["precision"]) == ("cpu", "fp32")
+        assert set(entry) == {"image", "top", "backend", "precision", "model"} and len(entry["top"]) == 5
+        assert (entry["backend"], entry["precision"], entry["model"]) == ("cpu", "fp32", model)
         probs = [t["prob"] for t in entry["top"]]
         assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-9
         for t in entry["top"]:
@@ -158,7 +164,7 @@ def nested(tmp_path) -> Path:
     return tmp_path / "photos"
 
 
-def test_run_says_what_a_directory_listing_left_out_and_recursive_takes_it(weights_file, nested):
+def test_run_says_what_a_directory_listing_left_out_and_recursive_takes_it(weights_file, nested, monkeypatch):
     base = [str(nested), "--weights", str(weights_file), "--backend", "cpu", "--top-k", "1", "--json"]
     r = runner().invoke(cli.run_cmd, base)
     assert r.exit_code == 0, r.output
@@ -170,11 +176,13 @@ def test_run_says_what_a_directory_listing_left_out_and_recursive_takes_it(weigh
         assert [e["image"] for e in json.loads(r.stdout)["results"]] == [
             str(nested / n) for n in ("a/b/three.jpg", "a/b/two.png", "a/x/one.jpg", "c/four.jpg", "top.jpg")]
         assert "not searched" not in r.stderr
-    r = runner().invoke(cli.run_cmd, [str(nested / "a"), *base[1:]])  # nothing at the top: the error entry says why
-    assert r.exit_code == 1
-    assert json.loads(r.stdout)["results"] == [{"image": str(nested / "a"), "error": f"{nested / 'a'}: directory "
-                                                "has no image files at its top level; 3 images in subfolders not "
-                                                "searched (--recursive searches them)"}]
+    # nothing at all to classify: a usage error (exit 2) before the model loads, saying why
+    monkeypatch.setattr(engine.Engine, "from_config", lambda *a, **k: pytest.fail("the model loaded"))
+    r = runner().invoke(cli.run_cmd, [str(nested / "a"), *base[1:]])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert one_line_error(r).startswith(f"error: no image files to classify ({nested / 'a'}: directory has no "
+                                        "image files at its top level; 3 images in subfolders not searched "
+                                        "(--recursive searches them)); looked for the ")
 
 
 def test_run_recursive_with_gpus_takes_the_same_images(weights_file, nested, monkeypatch, tmp_path):
@@ -452,3 +460,20 @@ def test_ctrl_c_before_the_first_result_is_one_line_and_130(weights_file, image_
                                       "--output", str(out)])
     assert r.exit_code == 130 and r.stderr.strip() == "interrupted before the first result", r.output
     assert "Traceback" not in r.output and not out.exists()
+
+
+def test_max_pixels_from_the_option_or_the_environment(weights_file, image_dir, monkeypatch):
+    """--max-pixels N (else $INCEPTION_MAX_PIXELS) is the limit every image is held to, in the project's words; a
+    bad value is a usage error before anything loads."""
+    args = [str(image_dir / "a_rgb.jpg"), "--weights", str(weights_file), "--backend", "cpu", "--json"]
+    w, h = Image.open(image_dir / "a_rgb.jpg").size
+    r = runner().invoke(cli.run_cmd, [*args, "--max-pixels", "1000"])
+    assert r.exit_code == 1 and json.loads(r.stdout)["results"][0]["error"].startswith(
+        f"{image_dir / 'a_rgb.jpg'}: refused, it declares {w * h:,} pixels, more than the 1,000 an image may have")
+    monkeypatch.setenv("INCEPTION_MAX_PIXELS", "1000")
+    assert runner().invoke(cli.run_cmd, args).exit_code == 1
+    assert runner().invoke(cli.run_cmd, [*args, "--max-pixels", str(w * h)]).exit_code == 0  # the option wins
+    monkeypatch.setenv("INCEPTION_MAX_PIXELS", "lots")
+    monkeypatch.setattr(engine.Engine, "from_config", lambda *a, **k: pytest.fail("the model loaded"))
+    assert one_line_error(runner().invoke(cli.run_cmd, args)).startswith(
+        "error: $INCEPTION_MAX_PIXELS=lots: must be a whole number of pixels")

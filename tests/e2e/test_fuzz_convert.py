@@ -427,13 +427,14 @@ def test_bad_output_paths_are_one_line(synthetic_onnx, tmp_path):
     assert (tmp_path / "afile").read_text() == "x"
 
 
-def test_default_output_is_the_user_cache_and_needs_force_to_overwrite(synthetic_onnx, tmp_path, monkeypatch):
+def test_default_output_is_the_user_cache_and_needs_force_to_overwrite(export_like_onnx, tmp_path, monkeypatch):
     """No -o: the user cache ($XDG_CACHE_HOME), which inception-run searches from any folder; a second conversion
-    is refused until --force, the file unchanged meanwhile."""
+    is refused until --force, the file unchanged meanwhile. (A PyTorch export's stand-in: a synthetic model is
+    never written there.)"""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("INCEPTION_WEIGHTS", raising=False)
     monkeypatch.chdir(tmp_path)
-    model = str(synthetic_onnx())
+    model = str(export_like_onnx)
     r = invoke([model])
     assert r.exit_code == 0, r.output
     out = tmp_path / "cache" / "inception-engine" / "inception_v3.npz"
@@ -447,6 +448,7 @@ def test_default_output_is_the_user_cache_and_needs_force_to_overwrite(synthetic
     assert r.exit_code == 0, r.output
     assert f"inception-run reads $INCEPTION_WEIGHTS ({tmp_path / 'elsewhere.npz'}) instead" in r.stdout
     assert model_files.load_weights(out).manifest["source_name"] == Path(model).name
+    assert model_files.load_weights(out).manifest["provenance"]["kind"] == "torchvision"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
     no_part_files(tmp_path)
 

@@ -19,7 +19,7 @@ from PIL import Image
 from inception_engine import backends, cli, model_files, multi_gpu
 from inception_engine import engine as engine_module
 from inception_engine.multi_gpu import deal
-from inception_engine.weights import save_weights
+from inception_engine.weights import load_weight_file, save_weights
 
 from helpers import gpu_workers
 from helpers.cli import one_line_error, runner
@@ -187,16 +187,19 @@ def test_the_parent_builds_no_engine_and_prints_what_worker_0_ran_with(weights_f
     one = run("one")
     no_engine_in_this_process(monkeypatch)
     two = run("two", "--gpus", "2")
+    model = load_weight_file(weights_file).model_id()
     assert one.exit_code == two.exit_code == 0, two.output
     note = "note: no usable GPU: running on the CPU (--backend cuda says why)\n"
     assert one.stderr.startswith(note) and two.stderr.startswith(note)
     if mode == "text":
-        assert two.stdout.splitlines()[0] == f"# cpu backend, fp32, weights {weights_file}"
+        assert two.stdout.splitlines()[0] == f"# cpu backend, fp32, weights {weights_file}, {model.describe()}"
         assert same_but_probabilities(two.stdout) == same_but_probabilities(one.stdout)
         assert two.stderr == one.stderr == note
     elif mode == "json":
         head = {k: v for k, v in json.loads(two.stdout).items() if k != "results"}
-        assert head == {"weights": str(weights_file), "backend": "cpu", "precision": "fp32"}
+        assert head == {"weights": str(weights_file), "backend": "cpu", "precision": "fp32", "model": model.name,
+                        "provenance": {"kind": "unknown", "source_sha256": None}, "complete": True, "done": 3,
+                        "inputs": 3}
         assert same_but_probabilities(two.stdout) == same_but_probabilities(one.stdout)
         assert two.stderr == one.stderr == note
     else:
@@ -218,7 +221,9 @@ def test_nothing_to_classify_still_prints_worker_0s_header(weights_file, tmp_pat
     with no_hang(60):
         two = runner().invoke(cli.run_cmd, [*args, "--gpus", "2"])
     assert one.exit_code == two.exit_code == 1  # the missing file
-    assert two.stdout == one.stdout and two.stdout.startswith(f"# cpu backend, fp32, weights {weights_file}\n")
+    model = load_weight_file(weights_file).model_id()
+    assert two.stdout == one.stdout and two.stdout.startswith(f"# cpu backend, fp32, weights {weights_file}, "
+                                                              f"{model.describe()}\n")
     assert two.stderr == one.stderr
 
 
@@ -297,7 +302,7 @@ def test_ctrl_c_while_worker_0_starts_is_one_line_and_ends_the_workers(weights_f
         r = runner().invoke(cli.run_cmd, [str(photos), "--weights", str(weights_file), "--backend", "cpu", "--gpus",
                                           "2", "--output", str(out)])
     assert r.exit_code == 130 and r.stdout == ""
-    assert r.stderr == f"interrupted after 0 of 3 images; {out} holds them, --resume continues\n"
+    assert r.stderr == "interrupted after 0 of 3 images\n" and not out.exists()  # no file named that was never made
     assert multiprocessing.active_children() == []
 
 

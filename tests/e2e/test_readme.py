@@ -1,7 +1,8 @@
 """README.md's examples run as written: every line of its ```bash blocks and every ```python block, in order, in a
 scratch directory with the files they name (cat.jpg, photos/, ...), the commands of this checkout on PATH and a
-synthetic model standing in for torchvision's export. Lines that cannot run here are skipped, each with its reason
-(printed). Also: README still shows the set-up commands CI runs (.ci/run).
+synthetic model standing in for torchvision's export (its producer PyTorch's, as the real export's). Lines that
+cannot run here are skipped, each with its reason (printed). Also: README still shows the set-up commands CI runs
+(.ci/run).
 
 The examples build on each other (an export carries on, a converted file is used by the next line), so they run
 in one test rather than one test each: pytest-xdist's --dist loadgroup, which kept such tests on one worker in
@@ -61,7 +62,7 @@ def skip_reason(line: str) -> str | None:
 
 
 @pytest.fixture
-def scratch(tmp_path_factory, synthetic_onnx) -> dict:
+def scratch(tmp_path_factory, export_like_onnx) -> dict:
     """The directory the examples run in, with what they name, and the environment they run with (updated by
     each bash line, so that an `export` carries on to the next)."""
     d = tmp_path_factory.mktemp("readme")
@@ -73,7 +74,7 @@ def scratch(tmp_path_factory, synthetic_onnx) -> dict:
 
     for name in ("cat.jpg", "dog.png", "photos/a.jpg", "photos/b.png", "photos/trip/c.jpg", "more/d.png"):
         image(name)
-    os.symlink(synthetic_onnx(), d / "inception_v3.onnx")  # what scripts/export_torchvision_onnx.py would write
+    os.symlink(export_like_onnx, d / "inception_v3.onnx")  # what scripts/export_torchvision_onnx.py would write
     bin_dir = d / ".bin"
     bin_dir.mkdir()
     for command, entry in COMMANDS.items():  # this checkout's commands, installed or not

@@ -21,6 +21,22 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 
+TEST_CACHE_VAR = "INCEPTION_TEST_CACHE"  # README's "Run the tests": where the tests keep what they make
+
+
+def cache_for_tests(kind: str) -> Path:
+    """Where the tests keep what outlives a run, ``kind`` "models" (generated ONNX models) or "builds" (compiled
+    libraries): under $INCEPTION_TEST_CACHE where it is set (models at its top, as ever, builds in builds/), else in
+    the user's cache as the engine finds it ($XDG_CACHE_HOME/inception-engine, else ~/.cache/inception-engine:
+    paths.user_cache_dir), as test-models/ and test-builds/. Nothing is written anywhere else."""
+    from inception_engine.paths import user_cache_dir
+
+    root = os.environ.get(TEST_CACHE_VAR)
+    if root:
+        return Path(root) / ("" if kind == "models" else kind)
+    return user_cache_dir() / f"test-{kind}"
+
+
 @functools.cache
 def compiler_version(compiler: str) -> str:
     return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout

@@ -52,7 +52,8 @@ def csv_rows(path: Path) -> list[dict]:
         if row[1]:
             out.append({"image": row[0], "error": row[1]})
         else:
-            out.append({"image": row[0], "top": [{"index": int(i)} for i in row[2:-2:3]]})  # then backend, precision
+            out.append({"image": row[0], "top": [{"index": int(i)} for i in row[2:-3:3]]})  # then backend, precision,
+            # model
     return out
 
 

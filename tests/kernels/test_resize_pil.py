@@ -262,13 +262,12 @@ def test_decode_into_refuses_decompression_bombs(gpu, device, monkeypatch):
     _, kernels = gpu
     monkeypatch.setattr(jpeg_decode, "load_nvimgcodec", lambda: FakeCodec)
     monkeypatch.setattr(jpeg_decode, "NATIVE", False)  # through the stand-in, not jpeg_batch.c
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # so a 60 x 40 picture is a bomb (> 2 * 1000 pixels)
-    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=1)
+    dec = jpeg_decode.GpuJpegDecoder(kernels, Preprocess(max_pixels=1000), max_batch=1)  # a 60 x 40 picture is over
     called = []
     errors = dec.decode_into([("big.jpg", jpeg_bytes(np.zeros((40, 60, 3), np.uint8)))], device.alloc(SLOT),
                              driver().Stream(), lambda p, d: called.append(p))
     dec.close()
-    assert not called and errors[0].startswith("big.jpg: refused, too many pixels (")
+    assert not called and errors[0].startswith("big.jpg: refused, it declares 2,400 pixels, more than the 1,000")
 
 
 class FakeNative:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import build_cache
 from helpers.build_cache import cached_build, content_key
 
 
@@ -55,3 +56,15 @@ def test_the_key_covers_parts_file_names_and_contents(tmp_path):
     changed = content_key(["-O2", "source"], [tmp_path])
     (tmp_path / "b.h").rename(tmp_path / "a.h")
     assert changed != content_key(["-O2", "source"], [tmp_path])
+
+
+def test_the_tests_keep_to_the_cache_the_user_chose(tmp_path, monkeypatch):
+    """Generated models and compiled libraries go under $INCEPTION_TEST_CACHE, else the user's cache as the engine
+    finds it ($XDG_CACHE_HOME), never ~/.cache when XDG_CACHE_HOME says otherwise."""
+    monkeypatch.delenv(build_cache.TEST_CACHE_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build_cache.cache_for_tests("models") == tmp_path / "xdg" / "inception-engine" / "test-models"
+    assert build_cache.cache_for_tests("builds") == tmp_path / "xdg" / "inception-engine" / "test-builds"
+    monkeypatch.setenv(build_cache.TEST_CACHE_VAR, str(tmp_path / "mine"))
+    assert build_cache.cache_for_tests("models") == tmp_path / "mine"
+    assert build_cache.cache_for_tests("builds") == tmp_path / "mine" / "builds"

@@ -279,7 +279,10 @@ def test_facts_are_what_the_engine_runs_with_and_survive_a_queue(tmp_path, monke
     path = write_random_weights(tmp_path / "w.npz", seed=2)
     with Engine(path, batch_size=2) as engine:
         facts = engine.facts()
-    assert facts == EngineFacts("cpu", "fp32", 2, path, (NO_GPU_NOTE,))
+    from inception_engine.weights import load_weight_file
+
+    model = load_weight_file(path).model_id()
+    assert facts == EngineFacts("cpu", "fp32", 2, path, (NO_GPU_NOTE,), model) and model.kind == "unknown"
     assert pickle.loads(pickle.dumps(facts)) == facts
 
 

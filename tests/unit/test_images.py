@@ -256,24 +256,49 @@ def png_declaring(w: int, h: int) -> bytes:
     return bytes(data)
 
 
-def test_declared_size_is_refused_before_decoding(tmp_path, monkeypatch):
-    """An image that declares more pixels than Pillow's MAX_IMAGE_PIXELS is refused from its header, by
-    images.check_declared_size under the limit's double (where Pillow only warns) and by Pillow above it."""
+def test_declared_size_is_refused_before_decoding_in_one_message(tmp_path):
+    """An image that declares more pixels than the run's limit (Preprocess.max_pixels) is refused from its header
+    in one message, the project's, at every size: by images.check_declared_size up to twice Pillow's own limit and
+    by Pillow's bomb check above it (whose DecompressionBombError must not show through)."""
+    import re
     import warnings
 
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100_000)  # above a 299 x 299 crop, which Pillow checks too
-    for w, h in [(400, 300), (1000, 1000), (60000, 60000)]:
+    pre = Preprocess(max_pixels=100_000)  # above a 299 x 299 crop, which Pillow checks too
+    for w, h in [(400, 300), (1000, 1000), (60000, 60000)]:  # the last above twice Pillow's default limit
         p = tmp_path / f"bomb{w}.png"
         p.write_bytes(png_declaring(w, h))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with pytest.raises(EngineError) as e:
-                load_image(p)
-        msg = str(e.value)
-        assert str(p) in msg and "refused" in msg and "\n" not in msg
+                load_image(p, pre)
+        assert re.fullmatch(f"{re.escape(str(p))}: refused, it declares {w * h:,} pixels, more than the 100,000 an "
+                            r"image may have \(a decompression bomb\?\); for files you trust, --max-pixels N or "
+                            r"\$INCEPTION_MAX_PIXELS raises the limit", str(e.value)), str(e.value)
     ok = tmp_path / "ok.png"
     random_rgb(400, 250).save(ok)
-    assert load_image(ok).shape == (3, 299, 299)  # 100,000 pixels: at the limit, not over it
+    assert load_image(ok, pre).shape == (3, 299, 299)  # 100,000 pixels: at the limit, not over it
+
+
+def test_the_limit_reaches_decode_processes_and_lifts_pillows_own(tmp_path, monkeypatch):
+    """The run's limit travels with the preprocessing into a decode process (its initializer), where a 120,000-pixel
+    image is refused at 100,000 although that process's Pillow would open it; and a limit above Pillow's own opens
+    what Pillow alone would refuse."""
+    from inception_engine.ingest import workers
+    from inception_engine.ingest.ring import HostRing
+
+    p = tmp_path / "big.png"
+    random_rgb(400, 300).save(p)
+    pre = Preprocess(max_pixels=100_000)
+    ring = HostRing(2, pre.size, shared=True)
+    pool = workers.DecodePool(ring, pre, 1, "process", chunk=1)
+    try:
+        error = pool.submit(0, p).result(timeout=60)
+    finally:
+        pool.close()
+        ring.close()
+    assert error is not None and error.startswith(f"{p}: refused, it declares 120,000 pixels, more than the 100,000")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)  # Pillow alone refuses above 20,000
+    assert load_image(p, Preprocess(max_pixels=200_000)).shape == (3, 299, 299)
 
 
 def test_an_extreme_aspect_ratio_is_decoded_in_bounded_memory(tmp_path, monkeypatch):
@@ -320,3 +345,23 @@ def test_what_a_file_is_instead_of_an_image_is_said(odd_entries, name, words):
         load_image(p)
     msg = str(e.value)
     assert msg.startswith(str(p)) and words in msg and "\n" not in msg and "corrupt" not in msg
+
+
+def test_the_gpu_decodes_header_check_refuses_in_the_same_words(monkeypatch):
+    """--decode gpu's header check (jpeg_header.gpu_eligible, no GPU needed) takes the run's limit and words a
+    refusal as the CPU path does, also where Pillow's own bomb check fires first."""
+    import warnings
+
+    from inception_engine.ingest import jpeg_header
+
+    buf = io.BytesIO()
+    random_rgb(60, 40).save(buf, "JPEG")
+    data = buf.getvalue()
+    assert jpeg_header.gpu_eligible("x.jpg", data) == (40, 60, 1)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # Pillow alone refuses above 2,000
+    for limit in (1000, 2000):
+        with pytest.raises(EngineError, match="^x.jpg: refused, it declares 2,400 pixels, more than the "
+                                              f"{limit:,} an image may have"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            jpeg_header.gpu_eligible("x.jpg", data, limit)
+    assert jpeg_header.gpu_eligible("x.jpg", data, 2400) == (40, 60, 1)

@@ -24,11 +24,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "cudnn_api")),
     ("backends: what runs a plan", ("backends",)),
     ("ingest: the input side, from names to decoded crops (host or GPU)", ("ingest",)),
-    ("pipeline: the result streams, joining the input side to a backend", ("pipeline", "cuda_runner", "output")),
+    ("pipeline: the result streams, joining the input side to a backend",
+     ("pipeline", "cuda_runner", "output", "output_read")),
     ("applications: what puts backends to work",
      ("config", "engine", "synthetic", "bench", "bench_report", "multi_gpu", "drivers", "sinks", "ray_data",
       "tune", "serve")),
-    ("the command line", ("cli", "entry", "serve.command")),
+    ("the command line", ("cli", "entry", "__main__", "serve.command")),
 )
 
 

@@ -37,6 +37,12 @@ def photos(tmp_path_factory) -> Path:
     return d
 
 
+def model_name(weights: Path) -> str:
+    from inception_engine.weights import load_weight_file
+
+    return load_weight_file(weights).model_id().name
+
+
 def run(*args: str):
     return runner().invoke(cli.run_cmd, [*args, "--backend", "cpu", "--batch-size", "2", "--workers", "2"])
 
@@ -127,9 +133,9 @@ def test_csv_rows_and_top_k_must_match_on_resume(weights_file, photos, tmp_path)
     run(str(photos), "--weights", str(weights_file), "--output", str(out), "--top-k", "2")
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["image", "error", "top1_index", "top1_label", "top1_prob", "top2_index", "top2_label",
-                       "top2_prob", "backend", "precision"]
-    assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 8  # p4's error row
-    assert float(rows[1][4]) >= float(rows[1][7]) > 0 and rows[1][8:] == ["cpu", "fp32"]
+                       "top2_prob", "backend", "precision", "model"]
+    assert len(rows) == 10 and rows[5][1] and rows[5][2:] == [""] * 9  # p4's error row
+    assert float(rows[1][4]) >= float(rows[1][7]) > 0 and rows[1][8:] == ["cpu", "fp32", model_name(weights_file)]
     assert all(len(re.sub(r"^0\.0*|\.|e.*$", "", row[4])) <= 6 for row in rows[1:] if row[4])  # not repr's 17
     lines = read_lines(out.read_bytes(), "csv", out)
     assert lines.top_k == 2 and len(lines.records) == 9 and lines.damaged == lines.duplicates == 0
@@ -176,12 +182,12 @@ def test_long_runs_decode_in_processes_by_default(weights_file, photos, tmp_path
 
 def test_probabilities_are_written_to_6_significant_digits_with_what_computed_them():
     p = Prediction("a.jpg", top=[(1, "goldfish", 0.9999999999349396), (2, "great white shark", 1.1812345678e-76)],
-                   backend="cuda", precision="fp16")
+                   backend="cuda", precision="fp16", model="3f9a0c12ab45")
     assert as_json(p) == {"image": "a.jpg", "top": [{"index": 1, "label": "goldfish", "prob": 1.0},
                                                     {"index": 2, "label": "great white shark", "prob": 1.18123e-76}],
-                          "backend": "cuda", "precision": "fp16"}
+                          "backend": "cuda", "precision": "fp16", "model": "3f9a0c12ab45"}
     assert csv_row(p, 2) == ["a.jpg", "", "1", "goldfish", "1.0", "2", "great white shark", "1.18123e-76", "cuda",
-                             "fp16"]
+                             "fp16", "3f9a0c12ab45"]
     assert as_json(Prediction("b.jpg", error="not an image")) == {"image": "b.jpg", "error": "not an image"}
 
 
@@ -230,7 +236,7 @@ def test_a_csv_header_torn_by_a_crash_is_written_again(weights_file, photos, tmp
     assert r.exit_code == 1 and "resume: 0 of 9 images" in r.stderr and "1 damaged line dropped" in r.stderr
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["image", "error", "top1_index", "top1_label", "top1_prob", "top2_index", "top2_label",
-                       "top2_prob", "backend", "precision"] and len(rows) == 10
+                       "top2_prob", "backend", "precision", "model"] and len(rows) == 10
     other = tmp_path / "other.csv"
     other.write_text("name,score\na.jpg,1\n")  # not ours: refused, left as it is
     assert "not the header inception-run writes" in one_line_error(run(str(photos), "--weights", str(weights_file),
@@ -269,7 +275,8 @@ def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
             top[-1] = (top[-1][0], top[-1][1], float("nan"))
         name = odd[n % len(odd)] + str(n)
         preds.append(Prediction(name, error=f"{name}: cannot decode") if kind == 7 else
-                     Prediction(name, top=top, backend=("cuda", None)[n % 2], precision=("fp16", None)[n % 3 % 2]))
+                     Prediction(name, top=top, backend=("cuda", None)[n % 2], precision=("fp16", None)[n % 3 % 2],
+                                model=("3f9a0c12ab45", None)[n % 5 % 2]))
     for p in preds:
         assert jsonl_lines([p])[0] == json.dumps(as_json(p)) + "\n", p
     assert jsonl_bytes(preds) == "".join(json.dumps(as_json(p)) + "\n" for p in preds).encode("ascii")
@@ -284,13 +291,13 @@ def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
             if n % 16 == 3:
                 probs = [0.0, 1.0, 1e-05, 0.0001, 1.5e-07][:k]
             batch.append(Prediction(odd[n % len(odd)] + f"{b}-{n}", top=[(i, names[i], q) for i, q in zip(idx, probs)],
-                                    backend="cuda", precision="fp16"))
+                                    backend="cuda", precision="fp16", model="synthetic-3f9a0c12ab45"))
         if b % 3 == 1:
             batch[40] = Prediction(batch[40].image, error="cannot decode")
         if b % 3 == 2:
             p = batch[17]
             batch[17] = Prediction(p.image, top=[(i, label, float("nan")) for i, label, _ in p.top], backend="cuda",
-                                   precision="fp16")
+                                   precision="fp16", model="synthetic-3f9a0c12ab45")
         assert jsonl_bytes(batch) == "".join(json.dumps(as_json(p)) + "\n" for p in batch).encode("ascii"), b
 
 
@@ -308,7 +315,7 @@ def test_line_renderer_writes_what_render_writes_of_the_predictions(fmt):
 
     rng = np.random.default_rng(8)
     odd = ['a "quoted" name.jpg', "back\\slash.jpg", "ünïcode 写真.jpg", "bad\udcff.jpg", "x.jpg"]
-    by = ("cuda", "fp16")
+    by = ("cuda", "fp16", "3f9a0c12ab45")
     for b in range(8):
         names = [odd[n % len(odd)] + f"{b}-{n}" for n in range(24)]
         tops = [list(zip(rng.choice(1000, 4, replace=False).tolist(),
