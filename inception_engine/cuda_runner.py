@@ -125,10 +125,11 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 
 class CudaRunner:
     def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False, decode_threads: int = 0,
-                 started: Any = None):
+                 started: Any = None, features: bool = False):
         """gpu_decode: make the backend's JPEG decoders now (for submit_encoded and decode), so that a decoder that
         cannot be made stops the run before its first image rather than at its first batch; with decode_threads
-        host threads each (0: one per CPU), from ``started`` (jpeg_decode.NativeStart) where given."""
+        host threads each (0: one per CPU), from ``started`` (jpeg_decode.NativeStart) where given. features: copy
+        each batch's pool features back beside its top-k (``features_of``)."""
         drv = driver()
         plan = backend.plan
         self.classes = plan.output.channels
@@ -150,6 +151,7 @@ class CudaRunner:
         self._turn = 0
         self._serial_calls = 0  # submit_encoded's decode calls (decode's are numbered by its caller)
         self._allocs: list[Any] = []
+        self._feat_host: list[np.ndarray] = []  # per turn, with ``features``
         with backend.gpu:
             kernels = backend.kernels
             self._normalize = kernels["normalize_u8_nchw"]
@@ -164,6 +166,9 @@ class CudaRunner:
             self._prob_host = [drv.pagelocked_empty(self.batch * self.classes, np.float32) for _ in range(self.depth)]
             self._index_host = [drv.pagelocked_empty(self.batch * self.classes, np.int32) for _ in range(self.depth)]
             self._done = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.depth)]
+            width = backend.features_width if features else 0
+            self._feat_host = [drv.pagelocked_empty((self.batch, width), np.float32)
+                               for _ in range(self.depth if features else 0)]
             self._copies: list[Any] = [drv.Stream(1)]
         if gpu_decode:
             try:
@@ -338,6 +343,8 @@ class CudaRunner:
                      self._index[k], self.classes, self.classes, top_k)
         drv.memcpy_dtoh_async(self._prob_host[k][:n * top_k], self._prob[k], b.stream)
         drv.memcpy_dtoh_async(self._index_host[k][:n * top_k], self._index[k], b.stream)
+        if self._feat_host:
+            drv.memcpy_dtoh_async(self._feat_host[k][:n], b.features_ptr, b.stream)
         self._done[k].record(b.stream)
 
     def result(self, ticket: Ticket) -> list[TopK | str]:
@@ -349,6 +356,13 @@ class CudaRunner:
         index = self._index_host[k][:n * top_k].reshape(n, top_k)
         tops: list[TopK | str] = [list(zip(ri, rp)) for ri, rp in zip(index.tolist(), prob.tolist())]
         return [err or top for top, err in zip(tops, ticket.errors or [None] * n)]
+
+    def features_of(self, ticket: Ticket) -> np.ndarray:
+        """The pool features of the ticket's images (a runner made with ``features``), a row each in order; a
+        file that could not be decoded has a row of whatever the slot held."""
+        with self.backend.gpu:
+            self._done[ticket.turn].synchronize()
+        return self._feat_host[ticket.turn][:ticket.images].copy()
 
     def close(self) -> None:
         """Waits for the GPU, then lets go of the ring (unpinned) and of this runner's buffers; the backend stays."""
@@ -366,8 +380,8 @@ class CudaRunner:
             for a in self._allocs:
                 a.free()
             self._allocs = []
-            for h in (*self._staging, *self._prob_host, *self._index_host):
+            for h in (*self._staging, *self._prob_host, *self._index_host, *self._feat_host):
                 h.base.free()
-            self._staging, self._prob_host, self._index_host = [], [], []
+            self._staging, self._prob_host, self._index_host, self._feat_host = [], [], [], []
             # events and streams destroyed while the context is current
             self._copied, self._normalized, self._done, self._copies, self._copy = [], [], [], [], None

@@ -32,8 +32,9 @@ from .ingest.files import ImageSource
 from .ingest.images import Preprocess
 from .ingest.ring import HostRing
 from .labels import imagenet_labels
-from .pipeline import (HostRunner, PipelineOptions, Prediction, Runner, classify, classify_encoded, labelled, softmax,
-                       top_classes)
+from . import arch
+from .pipeline import (HostRunner, OnFeatures, PipelineOptions, Prediction, Runner, classify, classify_encoded,
+                       labelled, softmax, top_classes)
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
@@ -215,31 +216,44 @@ class Engine:
             self._backends[batch] = (options, self.backend_class(self.weights, plan, **options))
         return self._backends[batch][1]
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """(N, 3, size, size) float32 normalised images -> (N, 1000) float32 logits, any N >= 1."""
+    def forward(self, x: np.ndarray, features: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """(N, 3, size, size) float32 normalised images -> (N, classes) float32 logits, any N >= 1; with
+        ``features``, (logits, (N, 2048) float32 pool features) from the same forward."""
         s = self.preprocess.size
         x = np.asarray(x)
         if x.ndim != 4 or x.shape[1:] != (3, s, s) or x.shape[0] < 1:
             raise EngineError(f"input must have shape (N, 3, {s}, {s}), got {x.shape}")
+        if features:
+            self.check_features()
         x = np.ascontiguousarray(x, dtype=np.float32)
-        outs = [self.backend_for(len(chunk)).forward(chunk)
-                for chunk in (x[i:i + self.batch_size] for i in range(0, len(x), self.batch_size))]
-        return np.concatenate(outs, axis=0)
+        chunks = (x[i:i + self.batch_size] for i in range(0, len(x), self.batch_size))
+        if not features:
+            return np.concatenate([self.backend_for(len(c)).forward(c) for c in chunks], axis=0)
+        pairs = [self.backend_for(len(c)).forward(c, features=True) for c in chunks]
+        return np.concatenate([p[0] for p in pairs], axis=0), np.concatenate([p[1] for p in pairs], axis=0)
 
-    def runner(self, n_images: int) -> Runner:
-        """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs."""
+    def check_features(self) -> None:
+        """OptionError where this engine's backend cannot return features beside the logits."""
+        if not getattr(self.backend_class, "FEATURES", False):
+            raise OptionError("backend", self._backend_name, "returns no features; the cpu and cuda backends do")
+
+    def runner(self, n_images: int, features: bool = False) -> Runner:
+        """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs; with
+        ``features``, one that keeps each batch's pool features (``features_of``)."""
         batch = max(1, min(self.batch_size, n_images))
         tune: bool | str = True if measures_in_run(n_images) else "cached"
+        if features:
+            self.check_features()
         if self._backend_name != "cuda":
-            return HostRunner(self.forward, batch, self.preprocess)
+            return HostRunner(self.forward, batch, self.preprocess, features)
         started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:
-            return self._cuda_runner(batch, tune, started)
+            return self._cuda_runner(batch, tune, started, features)
         finally:
             if started is not None:
                 started.close()  # nothing left to close where the runner's decoder took it
 
-    def _cuda_runner(self, batch: int, tune: bool | str, started: Any) -> Runner:
+    def _cuda_runner(self, batch: int, tune: bool | str, started: Any, features: bool = False) -> Runner:
         from .cuda_runner import CudaRunner  # on use: it loads the CUDA backend's package
 
         backend = self.backend_for(batch, tune)
@@ -248,29 +262,33 @@ class Engine:
                             f"running the cost model's kernels; `inception-tune --precisions {self.precision} "
                             f"--batch-sizes {batch}` measures the fastest once (~20 s)")
         runner = CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
-                            decode_threads=self.pipeline.workers or 0, started=started)
+                            decode_threads=self.pipeline.workers or 0, started=started, features=features)
         if runner.decode_fallback is not None:
             self._note_once(f"--decode gpu reads and decodes through nvImageCodec's Python API, about half as fast: "
                             f"cuda_src/jpeg_batch.c is unavailable ({runner.decode_fallback})")
         return runner
 
     def predict_iter(self, images: Sequence[ImageSource], top_k: int = 5,
-                     on_progress: Callable[[int], None] | None = None,
-                     render: str | None = None) -> Iterator[Prediction | Rendered]:
+                     on_progress: Callable[[int], None] | None = None, render: str | None = None,
+                     on_features: OnFeatures | None = None) -> Iterator[Prediction | Rendered]:
         """Classify images (paths or PIL images), yielding one Prediction per image in order as batches finish. A
         file that cannot be read gets a Prediction with ``error`` set; the others still run, and carry the
         engine's ``backend`` and ``precision``. ``on_progress(n)`` is called as each n images finish. Host memory
         stays at a few batches of images however many there are. ``render`` ("jsonl" or "csv"): each classified
         image comes as its line of such a file instead (output.Rendered, the bytes ResultFile writes), made a batch
-        at a time from the top-k, with no Prediction in between (an unreadable file stays a Prediction)."""
-        if not 1 <= top_k <= len(imagenet_labels()):
-            raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
+        at a time from the top-k, with no Prediction in between (an unreadable file stays a Prediction).
+        ``on_features(indices, rows)``: called as each batch finishes, before its results come, with the input
+        indices of the images it classified and their (len, 2048) float32 pool features, from the same forward as
+        the logits (``features`` gathers them into one array)."""
+        if not 1 <= top_k <= self.classes:
+            raise OptionError("top_k", top_k, f"must be between 1 and {self.classes}")
         if not images:
             return
         by = (self._backend_name, self._precision, self.model.name)
         finish = line_renderer(render, top_k, by) if render else None
-        stream = (classify_encoded(images, self.runner(len(images)), top_k, by, finish) if self.decode == "gpu"
-                  else classify(images, self.runner(len(images)), self.preprocess, top_k, self.pipeline, by, finish))
+        runner = self.runner(len(images), features=on_features is not None)
+        stream = (classify_encoded(images, runner, top_k, by, finish, on_features) if self.decode == "gpu"
+                  else classify(images, runner, self.preprocess, top_k, self.pipeline, by, finish, on_features))
         try:
             for p in stream:
                 if on_progress:
@@ -280,6 +298,29 @@ class Engine:
             # Closing this generator closes the pipeline now, with the engine still open: left to the garbage
             # collector, it could run after the backend was closed and print an ignored EngineError's traceback.
             stream.close()
+
+    def features(self, images: Sequence[ImageSource], top_k: int = 5,
+                 on_progress: Callable[[int], None] | None = None) -> tuple[np.ndarray, list[Prediction]]:
+        """(N, 2048) float32 pool features of ``images`` in their order (a row of NaN for a file that cannot be
+        read) and each image's Prediction, from one forward. The array is in memory: for many images, give
+        ``predict_iter`` an ``on_features`` that writes the rows away (inception-run --features does)."""
+        self.check_features()
+        out = np.full((len(images), self.feature_width), np.nan, np.float32)
+
+        def keep(indices: list[int], rows: np.ndarray) -> None:
+            out[indices] = rows
+        preds = list(self.predict_iter(images, top_k, on_progress, on_features=keep))
+        return out, preds  # type: ignore[return-value]
+
+    @property
+    def feature_width(self) -> int:
+        """Features per image: the channels the global average pool averages (2048)."""
+        return next(l.in_features for l in self.weights.layers() if isinstance(l, arch.FC))
+
+    @property
+    def classes(self) -> int:
+        """The classifier's classes: 1000 (torchvision's), 1008 (the FID network's)."""
+        return next(l.out_features for l in self.weights.layers() if isinstance(l, arch.FC))
 
     def classify_pixels(self, pixels: np.ndarray, top_k: int = 5) -> list[list[tuple[int, str, float]]]:
         """Top-k per image of already decoded images: (N, size, size, 3) uint8 RGB as images.decode_u8 returns

@@ -66,6 +66,9 @@ class Prediction:
 
 # (backend, precision, model): what each prediction of a stream records as having computed it
 ComputedBy = tuple[str | None, str | None, str | None]
+# Called as each batch finishes, before its results are handed out: the input indices of the images it classified
+# and their pool features, a row each (Engine.predict_iter's ``on_features``; the runner made with features=True)
+OnFeatures = Callable[[list[int], np.ndarray], None]
 # What a stream hands out for a batch of results, in order: from each image's name and its top-k, or its error
 # message (None: a Prediction each; Engine.predict_iter's ``render``: each one's line of an output file)
 Finish = Callable[[list[str], list[TopK | str]], list[Any]]
@@ -100,8 +103,9 @@ def top_k_rows(probs: np.ndarray, k: int) -> list[TopK]:
 
 
 def labelled(top: TopK) -> list[tuple[int, str, float]]:
+    """ImageNet's label of each class; "class N" past the 1000 (the FID network's 1008 outputs)."""
     names = imagenet_labels()
-    return [(i, names[i], p) for i, p in top]
+    return [(i, names[i] if i < len(names) else f"class {i}", p) for i, p in top]
 
 
 def top_classes(probs: np.ndarray, k: int) -> list[tuple[int, str, float]]:
@@ -135,19 +139,26 @@ class HostRunner:
 
     depth = 1
 
-    def __init__(self, forward: Callable[[np.ndarray], np.ndarray], batch: int, pre: Preprocess):
-        self.forward, self.batch, self.pre = forward, batch, pre
+    def __init__(self, forward: Callable[..., Any], batch: int, pre: Preprocess, features: bool = False):
+        """features: ``forward(x, features=True)`` gives (logits, features), kept for ``features_of``."""
+        self.forward, self.batch, self.pre, self.features = forward, batch, pre, features
         self.ring: HostRing | None = None
 
     def attach(self, ring: HostRing) -> None:
         self.ring = ring
 
-    def submit(self, slots: list[int], top_k: int) -> list[TopK]:
+    def submit(self, slots: list[int], top_k: int) -> tuple[list[TopK], np.ndarray | None]:
         assert self.ring is not None
-        return top_k_rows(softmax(self.forward(normalize_u8(self.ring.array[slots], self.pre))), top_k)
+        x = normalize_u8(self.ring.array[slots], self.pre)
+        logits, feats = self.forward(x, features=True) if self.features else (self.forward(x), None)
+        return top_k_rows(softmax(logits), top_k), feats
 
-    def result(self, ticket: list[TopK]) -> list[TopK]:
-        return ticket
+    def result(self, ticket: tuple[list[TopK], np.ndarray | None]) -> list[TopK]:
+        return ticket[0]
+
+    def features_of(self, ticket: tuple[list[TopK], np.ndarray | None]) -> np.ndarray:
+        assert ticket[1] is not None, "a runner made without features"
+        return ticket[1]
 
     def close(self) -> None:
         pass
@@ -164,10 +175,11 @@ class PipelineOptions:
 
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
              options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None, None),
-             finish: Finish | None = None) -> Iterator[Any]:
+             finish: Finish | None = None, on_features: OnFeatures | None = None) -> Iterator[Any]:
     """Predictions for ``sources`` in their order, streamed as batches finish (errors per image); ``computed_by``:
     the backend and precision each result records; ``finish``: what to hand out instead of a classified image's
-    Prediction, made a batch at a time (an image that could not be decoded stays a Prediction with its error)."""
+    Prediction, made a batch at a time (an image that could not be decoded stays a Prediction with its error);
+    ``on_features``: given each batch's pool features (a runner made with features)."""
     options = options or PipelineOptions()
     if not sources:
         return
@@ -184,7 +196,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     try:
         runner.attach(ring)
         pool = DecodePool(ring, pre, workers, kind)
-        yield from _stream(sources, runner, pool, slots, top_k, finish or predictions_by(computed_by))
+        yield from _stream(sources, runner, pool, slots, top_k, finish or predictions_by(computed_by), on_features)
     finally:
         if pool is not None:
             pool.close()
@@ -193,11 +205,11 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
 
 
 def _stream(sources: Sequence[ImageSource], runner: Runner, pool: DecodePool, slots: int,
-            top_k: int, finish: Finish) -> Iterator[Any]:
+            top_k: int, finish: Finish, on_features: OnFeatures | None = None) -> Iterator[Any]:
     n, batch = len(sources), runner.batch
     decoding: deque[tuple[int, Future]] = deque()  # (seq, future), in seq order
     ready: list[int] = []  # decoded seqs waiting for a batch
-    results = _Results(sources, runner, finish)
+    results = _Results(sources, runner, finish, on_features)
     released = [False] * slots  # per slot: its current image is finished with (by seq % slots)
     next_submit = 0
     oldest_held = 0  # every seq below it has released its slot
@@ -244,8 +256,9 @@ class _Results:
     """The in-order end of a stream: the runner's tickets outstanding (oldest first), finished predictions by seq
     (a reorder buffer), handed out in seq order."""
 
-    def __init__(self, sources: Sequence[ImageSource], runner: Runner | EncodedRunner, finish: Finish):
-        self.sources, self.runner, self.finish = sources, runner, finish
+    def __init__(self, sources: Sequence[ImageSource], runner: Runner | EncodedRunner, finish: Finish,
+                 on_features: OnFeatures | None = None):
+        self.sources, self.runner, self.finish, self.on_features = sources, runner, finish, on_features
         self.in_flight: deque[tuple[list[int], Any]] = deque()
         self.done: dict[int, Any] = {}  # Predictions, or what the finish made
         self.next_yield = 0
@@ -262,7 +275,12 @@ class _Results:
     def collect_oldest(self) -> None:
         seqs, ticket = self.in_flight.popleft()
         names = [source_name(seq, self.sources[seq]) for seq in seqs]
-        self.done.update(zip(seqs, self.finish(names, self.runner.result(ticket))))
+        tops = self.runner.result(ticket)
+        if self.on_features is not None:  # the rows of images that were classified, not of files that failed
+            rows = self.runner.features_of(ticket)  # type: ignore[union-attr]
+            ok = [i for i, top in enumerate(tops) if not isinstance(top, str)]
+            self.on_features([seqs[i] for i in ok], rows[ok])
+        self.done.update(zip(seqs, self.finish(names, tops)))
 
     def finished(self) -> Iterator[Prediction]:
         while self.next_yield in self.done:
@@ -293,9 +311,10 @@ class EncodedRunner(Protocol):
 
 
 def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                     computed_by: ComputedBy = (None, None, None), finish: Finish | None = None) -> Iterator[Any]:
-    """Predictions for image files decoded by the runner (on the GPU), in order; ``computed_by`` and ``finish`` as
-    classify's.
+                     computed_by: ComputedBy = (None, None, None), finish: Finish | None = None,
+                     on_features: OnFeatures | None = None) -> Iterator[Any]:
+    """Predictions for image files decoded by the runner (on the GPU), in order; ``computed_by``, ``finish`` and
+    ``on_features`` as classify's.
 
     Where the runner decodes and classifies in two steps (``decode`` of ``decode_batch`` files, which it reads
     itself, ``split`` into batches, ``classify`` of each: the cuda runner), one thread decodes while this thread
@@ -308,8 +327,8 @@ def classify_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_
         raise EngineError("GPU decoding takes image files, not in-memory images; decode them on the CPU")
     threaded = DECODE_THREAD and all(hasattr(runner, a) for a in ("decode", "split", "classify", "decode_batch"))
     try:
-        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k,
-                                                                              finish or predictions_by(computed_by))
+        results = _Results(sources, runner, finish or predictions_by(computed_by), on_features)
+        yield from (_stream_decoding_thread if threaded else _stream_encoded)(sources, runner, top_k, results)
     finally:
         runner.close()
 
@@ -320,10 +339,9 @@ DECODE_SWITCH_INTERVAL = 0.0005  # seconds: how long a Python thread may keep th
 
 
 def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k: int,
-                    finish: Finish) -> Iterator[Any]:
+                    results: _Results) -> Iterator[Any]:
     """Each batch of files read, then given to the runner, errors of unreadable files in their places; the
     results of ``runner.depth`` batches outstanding, yielded in order as they come."""
-    results = _Results(sources, runner, finish)
     for first in range(0, len(sources), runner.batch):
         seqs, items, failed = read_batch(sources, first, min(first + runner.batch, len(sources)))
         results.done.update({seq: Prediction(source_name(seq, sources[seq]), error=error)
@@ -336,7 +354,7 @@ def _stream_encoded(sources: Sequence[ImageSource], runner: EncodedRunner, top_k
 
 
 def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: int,
-                            finish: Finish) -> Iterator[Any]:
+                            results: _Results) -> Iterator[Any]:
     """_stream_encoded with the reading and decoding on threads of their own (classify_encoded): the runner's
     ``decode_chains`` of them (one where it has none), thread j decoding calls j, j + chains, ..., taken here in call
     order. Each batch's predictions are handed out as soon as they are in order, so that the consumer's work on them
@@ -357,7 +375,6 @@ def _stream_decoding_thread(sources: Sequence[ImageSource], runner: Any, top_k: 
         except BaseException as e:  # handed to the consuming thread, which raises it there
             decoded[chain].put(e)
 
-    results = _Results(sources, runner, finish)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(DECODE_SWITCH_INTERVAL)
     threads = [threading.Thread(target=decode_calls, args=(j,), name="gpu-decode", daemon=True)

@@ -10,6 +10,9 @@
         def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]: ...  # ms per forward
         def close(self) -> None: ...
 
+``forward(x, features=True)``, where a backend has it (``FEATURES = True``: cpu, cuda), returns (logits, features):
+the global average pool's output (batch, 2048) of the same forward, for FID and the like.
+
 Optional, used by inception-bench where present: ``PRECISIONS`` (a class attribute: the values the ``precision``
 keyword of ``__init__`` accepts, "fp32" / "tf32" / "fp16"), a ``graph`` keyword (replay one CUDA graph per forward),
 ``graph_fallback`` (an instance attribute: why a graph was asked for and the backend runs eagerly; None otherwise),

@@ -111,6 +111,7 @@ class NumpyBackend:
     OpenBLAS thread count cannot be controlled."""
 
     name = "cpu"
+    FEATURES = True  # forward(x, features=True)
 
     @classmethod
     def check_available(cls) -> None:
@@ -147,6 +148,8 @@ class NumpyBackend:
         self._steps = [action for actions in steps for action in actions]
         self._input = self._view(plan.input)
         self._output = self._view(plan.output).reshape(plan.batch, -1)
+        gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))
+        self._features = self._view(gap.dst).reshape(plan.batch, -1)  # the FC's input, still in the arena after it
 
     def _native_wanted(self, native: bool | None) -> bool:
         if native is False or (native is None and self.dtype != np.float32):
@@ -304,13 +307,17 @@ class NumpyBackend:
                 actions.setdefault(i, []).append(self._together(parts))
         return actions
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, features: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """The logits; with ``features``, (logits, the global average pool's output (batch, 2048)) of the same
+        forward."""
         if x.shape != self.plan.input.dims:
             raise ValueError(f"input shape {x.shape} does not match the plan's {self.plan.input.dims}")
         self._input[...] = x
         with single_threaded_blas() if self.threads > 1 or self.native else contextlib.nullcontext():
             for step in self._steps:
                 step()
+        if features:
+            return self._output.copy(), self._features.copy()
         return self._output.copy()
 
     def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:

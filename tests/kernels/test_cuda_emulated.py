@@ -59,6 +59,7 @@ def test_backend_forward_on_the_emulator(backend_emu_lib):
     r = run_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest", "--batch", "2",
                      "--graph", "off", "--concurrent", "on", "--input-size", "75", "--layout", "nchw")
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "features rel L2" in r.stdout, r.stdout[-2000:]  # the pool's output copied back, checked too
 
 
 def test_bench_kernels_runs_on_the_emulator(backend_emu_lib):

@@ -342,3 +342,35 @@ def test_engine_keeps_a_tuned_backend_across_short_and_long_runs(weights, monkey
         cached = engine.backend_for(4, "cached")
         assert cached.tuned and engine.backend_for(4, True) is cached
     assert TunableStandIn.built == [(4, "cached")]
+
+
+def reference_features(weights, x: np.ndarray) -> np.ndarray:
+    backend = NumpyBackend(weights, build_plan(1, weights.layers()), dtype=np.float64)
+    return np.concatenate([backend.forward(x[i:i + 1].astype(np.float64), features=True)[1] for i in range(len(x))])
+
+
+def test_features_come_from_the_same_forward_in_input_order(weights, tmp_path):
+    """forward(features=True) and Engine.features: the pool's output beside the logits, in order, NaN for a file
+    that cannot be read; the logits unchanged by asking."""
+    ims = images(3, seed=7)
+    bad = tmp_path / "bad.png"
+    bad.write_text("no")
+    x = np.stack([load_image(im) for im in ims])
+    ref = reference_features(weights, x)
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        logits, feats = engine.forward(x, features=True)
+        assert feats.shape == (3, 2048) and feats.dtype == np.float32
+        np.testing.assert_array_equal(logits, engine.forward(x))
+        got, preds = engine.features([ims[0], bad, ims[1], ims[2]], top_k=2)
+    assert np.linalg.norm(feats - ref) / np.linalg.norm(ref) < 1e-5
+    assert [p.ok for p in preds] == [True, False, True, True]
+    assert np.isnan(got[1]).all() and not np.isnan(got[[0, 2, 3]]).any()
+    assert np.linalg.norm(got[[0, 2, 3]] - ref) / np.linalg.norm(ref) < 1e-5
+    assert not np.allclose(ref[0], ref[1], rtol=1e-3)  # rows differ, so a mixed-up order would show
+
+
+def test_features_refused_by_a_backend_without_them(weights, monkeypatch):
+    with Engine(weights, backend="cpu") as engine:
+        monkeypatch.setattr(engine, "backend_class", type("NoFeatures", (), {}))
+        with pytest.raises(OptionError, match="no features"):
+            engine.features([images(1)[0]])

@@ -56,6 +56,12 @@ def test_lowering_covers_the_plan_with_launches_of_its_kernels(weights, case):
             if isinstance(a, Ref):
                 assert a.buffer in low.words and 0 <= a.offset < 4 * max(low.words[a.buffer], 1), (s.kernel, name)
     assert {low.input.buffer, low.output.buffer} <= set(low.words)
+    # the features are where the global average pool writes them, and nothing after it writes there
+    gap = next(s for s in low.specs if s.kernel.startswith("global_avg_pool"))
+    assert gap.arg("y", kernels.spec(gap.kernel)) == low.features
+    later = low.specs[low.specs.index(gap) + 1:]
+    assert all(a != low.features for s in later for (name, _), a in zip(kernels.spec(s.kernel).signature.params,
+                                                                         s.args) if name == "y")
     assert ("probs" in low.words) == softmax and ("maps" in low.words) == any(s.maps for s in low.specs)
     assert lowered(weights, *case)[3] == low  # deterministic
 

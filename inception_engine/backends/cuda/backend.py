@@ -16,7 +16,7 @@ import numpy as np
 
 from ... import cuda_build
 from ...errors import BackendUnavailable, EngineError
-from ...plan import Plan, build_plan, fused_plan, is_fused
+from ...plan import GlobalAvgPoolOp, Plan, build_plan, fused_plan, is_fused
 from ...plan import fuse as fuse_plan
 from ...weights import Weights, atomic_write
 from .. import event_timed_ms
@@ -198,8 +198,11 @@ class CudaBackend:
         self._stream = drv.Stream(1)  # CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
         self._x_host = drv.pagelocked_empty(plan.input.dims, np.float32)
         self._y_host = drv.pagelocked_empty((plan.batch, plan.output.channels), np.float32)
-        self._host = [self._x_host, self._y_host]
+        gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))
+        self._f_host = drv.pagelocked_empty((plan.batch, gap.dst.channels), np.float32)
+        self._host = [self._x_host, self._y_host, self._f_host]
         self._in_ptr, self._out_ptr = low.input.resolve(bases), low.output.resolve(bases)
+        self._features_ptr = low.features.resolve(bases)
         self.specs = [resolve_spec(s, bases) for s in low.specs]
         for launch in self.specs:  # the TMA tiles' tensor maps, at the address each takes as `maps`
             if launch.maps:
@@ -301,15 +304,31 @@ class CudaBackend:
         np.copyto(self._x_host, x, casting="same_kind")
         driver().memcpy_htod_async(self._in_ptr, self._x_host, self._stream)
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    FEATURES = True
+
+    @property
+    def features_width(self) -> int:
+        """Features per image: the global average pool's channels."""
+        return self._f_host.shape[1]
+
+    @property
+    def features_ptr(self) -> int:
+        """Where the global average pool's (batch, channels) float32 output is after a forward."""
+        return self._features_ptr
+
+    def forward(self, x: np.ndarray, features: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """The logits (probabilities where built with softmax); with ``features``, (those, the global average
+        pool's output of the same forward, copied back from where the arena or the side buffer holds it)."""
         drv = driver()
         self._check_open()
         with self._gpu:
             self._upload(x)
             self._run()
             drv.memcpy_dtoh_async(self._y_host, self._out_ptr, self._stream)
+            if features:
+                drv.memcpy_dtoh_async(self._f_host, self._features_ptr, self._stream)
             self._stream.synchronize()
-        return self._y_host.copy()
+        return (self._y_host.copy(), self._f_host.copy()) if features else self._y_host.copy()
 
     def time_forward(self, x: np.ndarray, iters: int, warmup: int) -> list[float]:
         """Milliseconds per forward on the GPU's clock (CUDA events around the launches; the input is uploaded

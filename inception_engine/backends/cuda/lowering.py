@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from ...plan import Plan
+from ...plan import GlobalAvgPoolOp, Plan
 from .cost_model import ConvConfig
 from .families.spec import LaunchSpec
 from .launch import launch_specs, view_ptr
@@ -59,6 +59,7 @@ class Lowering:
     fill: dict[str, int]
     input: Ref  # where the (batch, 3, size, size) float32 input goes
     output: Ref  # where the (batch, classes) logits or probabilities come out
+    features: Ref  # where the global average pool's (batch, channels) float32 output is once the forward is done
 
 
 def resolve_spec(spec: LaunchSpec, bases: Mapping[str, int]) -> LaunchSpec:
@@ -103,6 +104,9 @@ def lower(plan: Plan, configs: Mapping[str, ConvConfig | None], precision: str, 
         specs = nhwc_launch_specs(plan, configs, arena, Ref("side"), par, dict(params), ws, probs, precision,
                                   max(1, gpu.num_sms), Ref("maps") if map_bytes else 0)
         return Lowering(tuple(specs), words, fill, Ref("side", 4 * side.input),
-                        probs or Ref("side", 4 * side.logits))
+                        probs or Ref("side", 4 * side.logits), Ref("side", 4 * side.features))
     specs = launch_specs(plan, configs, arena, par, dict(params), ws, probs, counters)
-    return Lowering(tuple(specs), words, fill, view_ptr(arena, plan.input), probs or view_ptr(arena, plan.output))
+    # NCHW: the pool's output is an arena buffer of its own, (N, C, 1, 1) contiguous, which the FC reads last
+    gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))
+    return Lowering(tuple(specs), words, fill, view_ptr(arena, plan.input), probs or view_ptr(arena, plan.output),
+                    view_ptr(arena, gap.dst))

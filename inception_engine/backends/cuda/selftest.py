@@ -65,23 +65,24 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
     with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision,
                      winograd=winograd, nhwc=nhwc, fuse=fuse) as backend:
-        got = backend.forward(x)
+        got, feats = backend.forward(x, features=True)  # the pool's output copied back beside the logits
         fused = sum(isinstance(op, FusedConvOp) for op in backend.plan.ops)
         pools = sum(bool(op.max_pool) for op in backend.plan.conv_ops)
         launches, streams = len(backend.specs), max(1, len(backend._streams))
         wino = sum(1 for c in backend.configs.values() if c is not None and c.wino)
         nhwc = backend.nhwc
-    ref = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64))
+    ref, ref_feats = NumpyBackend(weights, plan, dtype=np.float64).forward(x.astype(np.float64), features=True)
     err, tol = rel_l2(got, ref), SELFTEST_TOL[precision]
+    feat_err = rel_l2(feats, ref_feats)
     if precision == "fp32":
         what, same = "top-5", all(top5_agree(g, r) for g, r in zip(got, ref))
     else:
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
-    ok = bool(np.isfinite(got).all()) and err <= tol and same
+    ok = bool(np.isfinite(got).all() and np.isfinite(feats).all()) and err <= tol and feat_err <= tol and same
     print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}): batch {batch}, input {input_size}, "
           f"graph {'on' if graph else 'off'}, {launches} launches on {streams} stream(s), {wino} Winograd convs, "
           f"{fused} fused 1x1 groups, {pools} max pools folded into convs: "
-          f"rel L2 {err:.2e} (limit {tol:.0e}), "
+          f"rel L2 {err:.2e} (limit {tol:.0e}), features rel L2 {feat_err:.2e}, "
           f"{what} {'same' if same else 'DIFFERENT'} -> {'PASS' if ok else 'FAIL'}")
     return ok
 
