@@ -187,6 +187,9 @@ def shown_before(note: str) -> bool:
 @click.option("-r", "--recursive", is_flag=True,
               help="Search directories' subfolders too (default: a directory's top level, and a notice of what "
                    "its subfolders hold).")
+@click.option("--features", metavar="OUT.npy",
+              help="Also write each image's 2048 pool features (float32, input order) to OUT.npy, its image list "
+                   "to OUT.txt; from the same forward.")
 @version_option
 @user_errors
 def run_cmd(images: tuple[str, ...], **options: Any) -> None:
@@ -227,7 +230,7 @@ def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
     engine = {"weights": o["weights_path"], **{k: o[k] for k in ("backend", "precision", "batch_size", "workers",
                                                                   "worker_kind", "decode", "max_pixels")}}
     return RunConfig(engine, images, o["top_k"], o["recursive"], o["output_path"], o["resume"], o["as_json"],
-                     o["gpus"], o["ray_address"], o["server_url"])
+                     o["gpus"], o["ray_address"], o["server_url"], o["features"])
 
 
 @dataclass(frozen=True)

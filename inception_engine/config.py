@@ -22,6 +22,7 @@ from typing import Any
 
 from . import backends
 from .errors import EngineError, OptionError
+from .features_file import check_features_path
 from .ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from .ingest.workers import WORKER_KINDS
 from .weights import Weights, find_weights
@@ -164,11 +165,14 @@ class RunConfig:
     gpus: int | None = None
     ray: str | None = None
     server: str | None = None  # a running inception-serve's URL: it computes, this process reads and writes
+    features: str | None = None  # OUT.npy: each image's pool features, the image list beside it (features_file.py)
 
     def __post_init__(self) -> None:
         # the run's own options first: a usage error is said before any weight file is looked for
         if not 1 <= self.top_k <= MAX_TOP_K:
             raise OptionError("top_k", self.top_k, f"must be between 1 and {MAX_TOP_K}")
+        if self.features is not None:
+            self._check_features()
         if self.server is not None and (self.ray is not None or self.gpus is not None):
             raise EngineError("--server computes on the server's devices; --ray and --gpus do not apply")
         if self.ray is not None:
@@ -195,6 +199,18 @@ class RunConfig:
             raise EngineError(f"--{given[0].replace('_', '-')} is the server's to choose (inception-serve "
                               f"--{given[0].replace('_', '-')}); --server runs what the server runs")
         object.__setattr__(self, "engine", {k: asked.get(k) for k in ("backend", "precision", "batch_size")})
+
+    def _check_features(self) -> None:
+        """--features: this process's engine computes them (not --gpus, --ray or --server), for every input of the
+        run (not --resume's remainder), into a new OUT.npy."""
+        away = next((f"--{o}" for o, v in (("ray", self.ray), ("server", self.server)) if v is not None), None)
+        if away is None and self.gpus is not None and self.gpus > 1:
+            away = "--gpus"
+        if away is not None:
+            raise EngineError(f"--features are computed by this process's engine; {away} does not write them")
+        if self.resume:
+            raise EngineError("--features writes every input's row; --resume runs only the missing ones")
+        check_features_path(self.features)
 
     def _check_ray(self) -> None:
         address = self.ray or ""

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from .config import RunConfig
 from .engine import Engine, EngineFacts
+from .features_file import FeatureFile
 from .multi_gpu import start_on_gpus
 from .output import Rendered
 from .pipeline import Prediction
@@ -52,14 +53,42 @@ class Wrapping:
 
 
 class LocalDriver(Wrapping):
-    """One Engine in this process: its weights and, with --decode gpu, nvImageCodec's start begin at once."""
+    """One Engine in this process: its weights and, with --decode gpu, nvImageCodec's start begin at once. With
+    --features, each batch's features go to the run's FeatureFile, put in place when the stream ends whole."""
 
     def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
         self.inner = Engine.from_config(run.engine)
         self.top_k, self.on_progress, self.fmt = run.top_k, on_progress, fmt
+        self.features_path, self.features_file = run.features, None
+        if run.features is not None:
+            self.inner.check_features()  # before any input is listed
 
     def stream(self, paths: list[str]) -> Iterator[Any]:
-        return self.inner.predict_iter(paths, self.top_k, on_progress=self.on_progress, render=self.fmt)
+        if self.features_path is None:
+            return self.inner.predict_iter(paths, self.top_k, on_progress=self.on_progress, render=self.fmt)
+        return self._with_features(paths)
+
+    def _with_features(self, paths: list[str]) -> Iterator[Any]:
+        assert self.features_path is not None
+        file = self.features_file = FeatureFile(self.features_path, paths, self.inner.feature_width)
+        stream = self.inner.predict_iter(paths, self.top_k, on_progress=self.on_progress, render=self.fmt,
+                                         on_features=file.add)
+        # put in place before the last result is handed out (its batch's rows are in by then): the caller takes
+        # exactly one result per path and closes the stream without asking for more
+        for i, result in enumerate(stream):
+            if i == len(paths) - 1:
+                file.commit()
+                self.features_file = None
+            yield result
+        if self.features_file is not None:  # no paths
+            file.commit()
+            self.features_file = None
+
+    def close(self) -> None:
+        if self.features_file is not None:  # the stream did not end whole: no features file
+            self.features_file.discard()
+            self.features_file = None
+        super().close()
 
 
 class GpusDriver(Wrapping):

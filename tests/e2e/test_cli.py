@@ -119,6 +119,42 @@ def test_run_bad_images_get_error_entries_and_exit_1(weights_file, image_dir, ba
     assert "6 of 8" in r.stderr
 
 
+def test_run_features_file_in_input_order_beside_the_results(weights_file, image_dir, bad_dir, tmp_path):
+    """--features OUT.npy: float32 (N, 2048) rows in input order, NaN for an image that failed, the list in OUT.txt,
+    the same numbers as Engine.features; the classification results unchanged."""
+    from inception_engine.engine import Engine
+
+    args = [str(image_dir / "a_rgb.jpg"), str(bad_dir / "text.png"), str(image_dir / "b_grey.png"),
+            str(image_dir / "c_rgba.png")]
+    out = tmp_path / "sub" / "feats.npy"
+    common = ["--weights", str(weights_file), "--backend", "cpu", "--batch-size", "2", "--json"]
+    r = runner().invoke(cli.run_cmd, [*args, *common, "--features", str(out)])
+    assert r.exit_code == 1, r.output  # the bad image
+    plain = runner().invoke(cli.run_cmd, [*args, *common])
+    assert json.loads(r.stdout)["results"] == json.loads(plain.stdout)["results"]
+    feats = np.load(out, mmap_mode="r")
+    assert feats.shape == (4, 2048) and feats.dtype == np.float32
+    assert (tmp_path / "sub" / "feats.txt").read_text().splitlines() == args
+    assert np.isnan(feats[1]).all() and not np.isnan(feats[[0, 2, 3]]).any()
+    with Engine(weights_file, backend="cpu", batch_size=2) as e:
+        want, _ = e.features([args[0], args[2], args[3]])
+    np.testing.assert_allclose(feats[[0, 2, 3]], want, rtol=1e-5, atol=1e-6)
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["feats.npy", "feats.txt"]  # no part files
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--features", "x.csv"], "writes a NumPy .npy file"),
+    (["--features", "{d}/exists.npy"], "exists already"),
+    (["--features", "f.npy", "--gpus", "2"], "--gpus does not write them"),
+    (["--features", "f.npy", "--output", "o.jsonl", "--resume"], "--resume runs only the missing ones"),
+])
+def test_run_features_refusals_are_one_line(weights_file, image_dir, tmp_path, extra, words):
+    (tmp_path / "exists.npy").write_bytes(b"x")
+    extra = [e.format(d=tmp_path) for e in extra]
+    r = runner().invoke(cli.run_cmd, [str(image_dir), "--weights", str(weights_file), "--backend", "cpu", *extra])
+    assert r.exit_code == 2 and words in one_line_error(r), r.output
+
+
 def test_run_globs(weights_file, image_dir):
     r = runner().invoke(cli.run_cmd, [str(image_dir / "*.png"), str(image_dir / "*.webp"), "--json",
                                       "--weights", str(weights_file), "--backend", "cpu", "--top-k", "1"])

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends: what runs a plan", ("backends",)),
     ("ingest: the input side, from names to decoded crops (host or GPU)", ("ingest",)),
     ("pipeline: the result streams, joining the input side to a backend",
-     ("pipeline", "cuda_runner", "output", "output_read")),
+     ("pipeline", "cuda_runner", "output", "output_read", "features_file")),
     ("applications: what puts backends to work",
      ("config", "engine", "synthetic", "bench", "bench_report", "multi_gpu", "drivers", "sinks", "ray_data",
       "tune", "serve")),
