@@ -11,7 +11,7 @@ output.py's CSV does). A line break inside a file name is the one thing written 
 ``\\n`` (``\\r`` likewise).
 
 Both files are written to temp files beside their names and renamed into place only when the run finishes: an
-interrupted run leaves neither, never a half-written one (weights.atomic_write's rule for part files). An existing
+interrupted run leaves neither, never a half-written one (atomic.py's rule for part files). An existing
 ``OUT.npy`` or ``OUT.txt`` is refused before the run starts (RunConfig).
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import EngineError
-from .weights import _fsync_folder, _host, remove_stale_parts, writable_target
+from .atomic import _fsync_folder, _host, remove_stale_parts, writable_target
 
 SUFFIX = ".npy"
 

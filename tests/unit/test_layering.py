@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "inception_engine"
 # Bottom to top. A module's layer is that of the longest entry that is its name or a package above it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: no imports from the package beyond this layer",
-     ("errors", "arch", "native_build", "paths", "data")),
+     ("errors", "arch", "native_build", "paths", "data", "atomic")),
     ("core: weights, plans, the kernel build, the native APIs",
      ("weights", "model_files", "labels", "plan", "onnx_read", "onnx_convert", "cuda_build", "cuda_graph",
       "cudnn_api")),
