@@ -21,6 +21,24 @@ NUM_CLASSES = 1000
 
 
 @dataclass(frozen=True)
+class Network:
+    """What tells the Inception-V3 variants apart, as data. ``torchvision``: the classifier (1000 ImageNet classes;
+    average pools per the export's count_include_pad). ``fid``: the network FID is computed with, as pytorch-fid
+    publishes it (pytorch_fid/inception.py: FIDInceptionA/C/E_1/E_2, ported from TF's 2015 graph): every pool
+    branch's average pool excludes padding, Mixed_7c's pool branch (FIDInceptionE_2) takes a 3x3/1/pad-1 max pool,
+    the classifier has 1008 outputs, and its input is [0, 1] pixels scaled to [-1, 1]."""
+
+    name: str
+    classes: int
+    count_include_pad: bool | None  # None: as the weight file says
+    last_pool: str  # Mixed_7c's pool branch: "avg" or "max"
+
+
+NETWORKS = {"torchvision": Network("torchvision", NUM_CLASSES, None, "avg"),
+            "fid": Network("fid", 1008, False, "max")}
+
+
+@dataclass(frozen=True)
 class Conv:
     """Convolution with bias and ReLU fused (BatchNorm already folded into weight and bias)."""
 
@@ -141,13 +159,15 @@ def inception_d(name: str, src: str, cin: int) -> list[Layer]:
     ]
 
 
-def inception_e(name: str, src: str, cin: int, cip: bool) -> list[Layer]:
+def inception_e(name: str, src: str, cin: int, cip: bool, pool: str = "avg") -> list[Layer]:
     """8x8 module with expanded filter banks (1x3 and 3x1 side by side).  Out: 2048 channels.
 
     torchvision concatenates the 1x3/3x1 pairs first and then the four branches; channel order is the same as
-    one flat concat of six tensors, which is what is written here.
+    one flat concat of six tensors, which is what is written here. ``pool``: the pool branch's 3x3/1/pad-1 pool
+    ("max" in the FID network's Mixed_7c).
     """
     n = name + "."
+    pooled = n + f"{pool}_pool"
     return [
         _conv(n + "branch1x1", src, cin, 320, 1),
         _conv(n + "branch3x3_1", src, cin, 384, 1),
@@ -157,16 +177,18 @@ def inception_e(name: str, src: str, cin: int, cip: bool) -> list[Layer]:
         _conv(n + "branch3x3dbl_2", n + "branch3x3dbl_1", 448, 384, 3, pad=1),
         _conv(n + "branch3x3dbl_3a", n + "branch3x3dbl_2", 384, 384, (1, 3), pad=(0, 1)),
         _conv(n + "branch3x3dbl_3b", n + "branch3x3dbl_2", 384, 384, (3, 1), pad=(1, 0)),
-        Pool(n + "avg_pool", src, "avg", 3, 1, 1, cip),
-        _conv(n + "branch_pool", n + "avg_pool", cin, 192, 1),
+        Pool(pooled, src, pool, 3, 1, 1, cip),
+        _conv(n + "branch_pool", pooled, cin, 192, 1),
         Concat(name, (n + "branch1x1", n + "branch3x3_2a", n + "branch3x3_2b",
                       n + "branch3x3dbl_3a", n + "branch3x3dbl_3b", n + "branch_pool")),
     ]
 
 
-def inception_v3(count_include_pad: bool = True) -> list[Layer]:
-    """The whole network, input ``image`` (N, 3, 299, 299) to logits ``fc`` (N, 1000)."""
-    cip = count_include_pad
+def inception_v3(count_include_pad: bool = True, network: str = "torchvision") -> list[Layer]:
+    """The whole network, input ``image`` (N, 3, 299, 299) to logits ``fc`` (N, classes); ``network``: a key of
+    NETWORKS (the FID network fixes its own count_include_pad)."""
+    net = NETWORKS[network]
+    cip = count_include_pad if net.count_include_pad is None else net.count_include_pad
     return [
         _conv("Conv2d_1a_3x3", INPUT, 3, 32, 3, stride=2),
         _conv("Conv2d_2a_3x3", "Conv2d_1a_3x3", 32, 32, 3),
@@ -185,9 +207,9 @@ def inception_v3(count_include_pad: bool = True) -> list[Layer]:
         *inception_c("Mixed_6e", "Mixed_6d", 768, 192, cip),
         *inception_d("Mixed_7a", "Mixed_6e", 768),
         *inception_e("Mixed_7b", "Mixed_7a", 1280, cip),
-        *inception_e("Mixed_7c", "Mixed_7b", 2048, cip),
+        *inception_e("Mixed_7c", "Mixed_7b", 2048, cip, net.last_pool),
         GlobalAvgPool("avgpool", "Mixed_7c"),
-        FC("fc", "avgpool", 2048, NUM_CLASSES),
+        FC("fc", "avgpool", 2048, net.classes),
     ]
 
 

@@ -3,14 +3,15 @@
 
 Manifest fields: ``format`` (FORMAT_VERSION), ``source_sha256``, ``source_name``, ``opset``, ``exporter``
 ("torchscript" | "dynamo" | ...), ``input`` ({"mean": [3], "std": [3], "size": 299, "resize": 342,
-"transform_input": bool}), ``count_include_pad`` (bool), ``softmax_in_model`` (bool), ``layers``
+"transform_input": bool}), ``count_include_pad`` (bool), ``network`` (arch.NETWORKS: "torchvision", the default,
+or "fid"; it fixes the classifier's shape), ``softmax_in_model`` (bool), ``layers``
 ({key: shape}) and ``sha256`` ({key: hex digest of the key, a NUL byte and the array's bytes}: a checksum binds its
 array to its name, so two arrays swapped together with their checksums are found out).
 
-Provenance: ``provenance`` ({"kind": "torchvision" | "synthetic" | "other", "source_sha256": the ONNX file's SHA-256
-or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null, room for one}) and
-``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or transplanted record is
-refused. A file converted before provenance was kept has neither; it loads, its kind "unknown".
+Provenance: ``provenance`` ({"kind": "torchvision" | "fid" | "synthetic" | "other", "source_sha256": the ONNX
+file's SHA-256 or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null, room
+for one}) and ``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or
+transplanted record is refused. A file converted before provenance was kept has neither; it loads, its kind "unknown".
 
 ``ModelId`` names a model: MODEL_DIGEST_HEX hex digits of a SHA-256 of the arrays' checksums (``model_digest``),
 "synthetic-" before them for the synthetic model. The arrays, not the source file: they compute the results, so
@@ -47,7 +48,7 @@ from .errors import WeightsError
 from .paths import user_cache_dir
 
 FORMAT_VERSION = 2  # 2: checksums bound to the array names
-PROVENANCE_KINDS = ("torchvision", "synthetic", "other")
+PROVENANCE_KINDS = ("torchvision", "fid", "synthetic", "other")  # fid: pytorch-fid's module, exported
 MODEL_DIGEST_HEX = 12  # 48 bits: a collision between two weight files a user has is out of reach
 HEX = "0123456789abcdef"
 MANIFEST_KEY = "__manifest__"
@@ -94,8 +95,13 @@ class Weights:
     def std(self) -> tuple[float, float, float]:
         return tuple(self.manifest.get("input", {}).get("std", IMAGENET_STD))  # type: ignore[return-value]
 
+    @property
+    def network(self) -> str:
+        """The variant (arch.NETWORKS): "torchvision" or "fid"."""
+        return str(self.manifest.get("network", "torchvision"))
+
     def layers(self) -> list[arch.Layer]:
-        return arch.inception_v3(count_include_pad=self.count_include_pad)
+        return arch.inception_v3(count_include_pad=self.count_include_pad, network=self.network)
 
     def model_id(self) -> ModelId:
         """The model's name and kind (the module doc's ModelId); from the manifest's checksums where it has them,
@@ -206,12 +212,20 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def network_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The arrays and shapes of the network the manifest names (``network``, default torchvision's)."""
+    network = manifest.get("network", "torchvision")
+    if not isinstance(network, str) or network not in arch.NETWORKS:
+        raise WeightsError(f"the manifest's network is {network!r:.80}, expected one of {', '.join(arch.NETWORKS)}")
+    return arch.weight_shapes(arch.inception_v3(network=network))
+
+
 def check_manifest(manifest: Any, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
     """The fields the engine uses have their types and sane values; raises WeightsError saying which does not.
-    ``sha256`` must name exactly the arrays of ``shapes`` (the architecture's)."""
-    expected = arch.weight_shapes() if shapes is None else shapes
+    ``sha256`` must name exactly the arrays of ``shapes`` (default: those of the network the manifest names)."""
     if not isinstance(manifest, dict):
         raise WeightsError(f"the manifest is a JSON {type(manifest).__name__}, not an object")
+    expected = network_shapes(manifest) if shapes is None else shapes
     if manifest.get("format") != FORMAT_VERSION or not _is_int(manifest.get("format")):
         raise WeightsError(f"weight format {manifest.get('format')!r} is not {FORMAT_VERSION}; {CONVERT_AGAIN}")
     sums = manifest.get("sha256")
@@ -321,7 +335,7 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shape: tuple[int, .
 def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = None
                      ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays and manifest of the .npz at ``path``, every check of the module docstring done. ``shapes``: the
-    architecture's (default arch.weight_shapes())."""
+    architecture's (default: those of the network the manifest names; the member names are every network's)."""
     expected = arch.weight_shapes() if shapes is None else shapes
     try:
         zf = zipfile.ZipFile(path)
@@ -348,6 +362,8 @@ def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = Non
             raise
         except (ValueError, RecursionError) as e:  # JSONDecodeError, huge ints, nesting
             raise WeightsError(f"the manifest is not valid JSON ({e})") from None
+        if shapes is None and isinstance(manifest, dict):
+            expected = network_shapes(manifest)
         check_manifest(manifest, expected)
         arrays = {}
         for k in expected:
@@ -378,7 +394,7 @@ def save_weights(path: str | Path, arrays: dict[str, np.ndarray], manifest: dict
     """Writes the weight file atomically; refuses what load_weights would refuse (so nothing unloadable is
     written). overwrite=False: an existing file at ``path`` is an error, never replaced."""
     arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
-    check_arrays(arrays)
+    check_arrays(arrays, network_shapes(manifest))
     manifest = dict(manifest)
     manifest["format"] = FORMAT_VERSION
     manifest["layers"] = {k: list(v.shape) for k, v in arrays.items()}

@@ -11,10 +11,10 @@ from inception_engine import arch
 from inception_engine.weights import Weights, save_weights
 
 
-def random_arrays(seed: int = 0) -> dict[str, np.ndarray]:
+def random_arrays(seed: int = 0, network: str = "torchvision") -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays = {}
-    for key, shape in arch.weight_shapes().items():
+    for key, shape in arch.weight_shapes(arch.inception_v3(network=network)).items():
         if key.endswith(".weight"):
             fan_in = int(np.prod(shape[1:]))
             arrays[key] = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
@@ -23,7 +23,11 @@ def random_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     return arrays
 
 
-def random_weights(seed: int = 0) -> Weights:
+def random_weights(seed: int = 0, network: str = "torchvision") -> Weights:
+    """network "fid": the FID network's layout (arch.NETWORKS), its input scaled to [-1, 1] as pytorch-fid's."""
+    if network == "fid":
+        return Weights(random_arrays(seed, network), {"count_include_pad": False, "network": "fid",
+                                                       "input": {"mean": [0.5] * 3, "std": [0.5] * 3}})
     return Weights(random_arrays(seed), {"count_include_pad": True})
 
 

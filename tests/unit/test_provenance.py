@@ -75,7 +75,7 @@ def test_an_edited_provenance_fails_its_checksum(files, tmp_path):
     with pytest.raises(WeightsError, match="provenance fails its checksum"):
         check_manifest(manifest)
     manifest["provenance"] = {"kind": "mystery"}
-    with pytest.raises(WeightsError, match="kind is one of torchvision, synthetic, other"):
+    with pytest.raises(WeightsError, match="kind is one of torchvision, fid, synthetic, other"):
         check_manifest(manifest)
 
 
