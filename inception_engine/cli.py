@@ -355,23 +355,25 @@ def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
               help="With --synthetic: which torch.onnx exporter's graph to imitate.")
 @click.option("--transform-input", is_flag=True, help="With --synthetic: include torchvision's transform_input.")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="With --synthetic: random seed.")
+@click.option("--fid", is_flag=True, help="With --synthetic: pytorch-fid's FID Inception (1008 classes) instead.")
 @version_option
 @user_errors
 def convert_cmd(model: str | None, output: str | None, force: bool, synthetic_out: str | None, style: str,
-                transform_input: bool, seed: int) -> None:
-    """Convert an ONNX export of torchvision's Inception-V3 (MODEL.onnx) into the engine's weight file."""
+                transform_input: bool, seed: int, fid: bool) -> None:
+    """Convert an ONNX export of torchvision's Inception-V3, or of pytorch-fid's FID Inception (MODEL.onnx), into
+    the engine's weight file."""
     try:
-        convert_or_synthesize(model, output, force, synthetic_out, style, transform_input, seed)
+        convert_or_synthesize(model, output, force, synthetic_out, style, transform_input, seed, fid)
     except KeyboardInterrupt:  # files are written atomically: nothing half-written is left
         click.echo("interrupted; nothing was written", err=True)
         raise click.exceptions.Exit(130) from None
 
 
 def convert_or_synthesize(model: str | None, output: str | None, force: bool, synthetic_out: str | None, style: str,
-                          transform_input: bool, seed: int) -> None:
+                          transform_input: bool, seed: int, fid: bool = False) -> None:
     ctx = click.get_current_context()
     if synthetic_out is None:
-        only_synthetic = [f"--{n.replace('_', '-')}" for n in ("style", "transform_input", "seed")
+        only_synthetic = [f"--{n.replace('_', '-')}" for n in ("style", "transform_input", "seed", "fid")
                           if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
         if only_synthetic:
             raise EngineError(f"{', '.join(only_synthetic)} only apply with --synthetic OUT.onnx")
@@ -408,12 +410,16 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
 
     from .weights import default_places
 
-    out = write_synthetic_onnx(synthetic_out, style=style, transform_input=transform_input, seed=seed)
+    if fid and transform_input:
+        raise EngineError("--transform-input is torchvision's; the FID network scales its input itself")
+    out = write_synthetic_onnx(synthetic_out, style=style, transform_input=transform_input, seed=seed,
+                               network="fid" if fid else "torchvision")
     npz = out.with_name(out.stem + ".npz")
     if npz.resolve() in default_places():  # the hint never leads to where runs find the real weights
         npz = out.with_name(f"synthetic_{out.stem}.npz")
-    click.echo(f"wrote {out} (synthetic Inception-V3, {style} style, seed {seed}: random weights, for trying the "
-               f"engine out); convert it to a file of its own with: inception-convert-weights {out} -o {npz}")
+    click.echo(f"wrote {out} (synthetic {'FID ' * fid}Inception-V3, {style} style, seed {seed}: random weights, for "
+               f"trying the engine out); convert it to a file of its own with: inception-convert-weights {out} -o "
+               f"{npz}")
 
 
 # -------------------------------------------------------------------------------------------------- inception-bench

@@ -197,8 +197,9 @@ def _match_fc(g: Graph, layer: arch.FC, value: str) -> tuple[str, np.ndarray, np
         w = g.weight(node.input[1], f"{layer.name} weight", i).T
         src = node.input[0]
     if w.shape != (layer.out_features, layer.in_features):
-        raise g.fail(f"{what} expects a weight of {layer.out_features} classes x {layer.in_features} features, "
-                     f"found {w.shape[0]} x {w.shape[1] if w.ndim > 1 else '?'}", i)
+        raise OtherClassifier(g.fail(f"{what} expects a weight of {layer.out_features} classes x "
+                                     f"{layer.in_features} features, found {w.shape[0]} x "
+                                     f"{w.shape[1] if w.ndim > 1 else '?'}", i))
     bias = np.zeros(layer.out_features) if bias is None else bias.reshape(-1)
     if bias.shape != (layer.out_features,):
         raise g.fail(f"{what} expects a bias of {layer.out_features}, found {bias.size} values", i)
@@ -225,6 +226,10 @@ def _match_fc(g: Graph, layer: arch.FC, value: str) -> tuple[str, np.ndarray, np
         src = node.input[0]
 
 
+class OtherClassifier(ConversionError):
+    """The classifier has another shape than the network being matched has: another network may match."""
+
+
 @dataclass
 class _Match:
     arrays: dict[str, np.ndarray]  # float64, canonical keys
@@ -234,8 +239,8 @@ class _Match:
     softmax: bool
 
 
-def _match_network(g: Graph, output: str) -> _Match:
-    layers = arch.inception_v3()
+def _match_network(g: Graph, output: str, network: str = "torchvision") -> _Match:
+    layers = arch.inception_v3(network=network)
     bound: dict[str, tuple[str, str]] = {}  # canonical tensor -> (ONNX value, the layer that read it first)
     owner: dict[str, str] = {}  # ONNX value -> canonical tensor
 
@@ -289,6 +294,9 @@ def _match_network(g: Graph, output: str) -> _Match:
         i, c = next((i, c) for i, c in cips if c != cips[0][1])
         raise g.fail(f"count_include_pad={c} here but {cips[0][1]} on node {cips[0][0]}; all average pools must "
                      f"agree", i)
+    if network == "fid" and cips and cips[0][1]:
+        raise g.fail("the FID network's average pools exclude padding (count_include_pad=0), as pytorch-fid's "
+                     "FIDInception blocks; these include it", cips[0][0])
     return _Match(arrays, bound[arch.INPUT][0], {t: v for t, (v, _) in bound.items()},
                   bool(cips[0][1]) if cips else True, softmax)
 
@@ -371,13 +379,16 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
     outputs = [o.name for o in model.graph.output]
     if not outputs:
         raise ConversionError(f"{source}: the model has no outputs")
-    match, first_error = None, None
-    for out in outputs:  # the logits are normally the first output; the aux classifier, if any, another
+    match, first_error, network = None, None, "torchvision"
+    # the logits are normally the first output; the aux classifier, if any, another. torchvision's classifier
+    # first, then the FID network (pytorch-fid's: told apart by its 1008 classes and Mixed_7c's max pool)
+    for out, network in ((o, n) for o in outputs for n in arch.NETWORKS):
         try:
-            match = _match_network(g, out)
+            match = _match_network(g, out, network)
             break
-        except ConversionError as e:
-            first_error = first_error or e
+        except ConversionError as e:  # the first network's error, unless only its classifier's size was wrong
+            if first_error is None or isinstance(first_error, OtherClassifier) and not isinstance(e, OtherClassifier):
+                first_error = e
     if match is None:
         raise first_error
     aux = [o for o in outputs if o != out]
@@ -396,6 +407,10 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     inp = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "size": arch.INPUT_SIZE, "resize": RESIZE,
            "transform_input": affine is not None}
+    if network == "fid":  # pytorch-fid's input: [0, 1] pixels scaled to 2x - 1 = (x - 0.5) / 0.5, unless the export
+        # holds that scaling itself (folded into Conv2d_1a_3x3 above: then the pixels go in as they are)
+        inp.update(mean=[0.0] * 3 if affine else [0.5] * 3, std=[1.0] * 3 if affine else [0.5] * 3,
+                   resize=arch.INPUT_SIZE)
     if affine is not None:
         inp["input_affine"] = affine
     source_sha256 = sha256_file(source) if source.is_file() else None
@@ -406,9 +421,11 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
         "exporter": "dynamo" if external or (opset or 0) >= 18 else "torchscript",
         "input": inp,
         "count_include_pad": match.count_include_pad,
+        "network": network,
         "softmax_in_model": match.softmax,
         "aux_ignored": bool(aux),
-        "provenance": {"kind": provenance_kind(model), "source_sha256": source_sha256, "source_name": source.name,
+        "provenance": {"kind": provenance_kind(model, network), "source_sha256": source_sha256,
+                       "source_name": source.name,
                        "producer": f"{model.producer_name} {model.producer_version}".strip()[:200] or None,
                        "calibration": None},
     }
@@ -416,12 +433,13 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
     return {k: v.astype(np.float32) for k, v in arrays.items()}, manifest
 
 
-def provenance_kind(model: onnx.ModelProto) -> str:
-    """"synthetic" for synthetic.py's models (their producer), "torchvision" for a PyTorch export (its structure has
-    just matched torchvision's Inception-V3), "other" for any other producer."""
+def provenance_kind(model: onnx.ModelProto, network: str = "torchvision") -> str:
+    """"synthetic" for synthetic.py's models (their producer); for a PyTorch export, the network its structure has
+    just matched: "torchvision" (the classifier) or "fid" (pytorch-fid's FID Inception); "other" for any other
+    producer."""
     if model.producer_name == SYNTHETIC_PRODUCER:
         return "synthetic"
-    return "torchvision" if model.producer_name == "pytorch" else "other"
+    return network if model.producer_name == "pytorch" else "other"
 
 
 def _check_range(arrays: dict[str, np.ndarray], source: Path) -> None:

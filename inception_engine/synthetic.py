@@ -68,10 +68,12 @@ def _bilinear_matrix(src: int, dst: int) -> np.ndarray:
     return m
 
 
-def walk(x: np.ndarray, conv: Forward, fc: Forward, count_include_pad: bool = True) -> np.ndarray:
-    """Runs arch.inception_v3() on ``x`` with ``conv(layer, input)`` and ``fc(layer, features)`` supplied by the
-    caller (pools and concats done here), freeing each activation after its last reader. Returns the logits."""
-    layers = arch.inception_v3(count_include_pad)
+def walk(x: np.ndarray, conv: Forward, fc: Forward, count_include_pad: bool = True,
+         network: str = "torchvision") -> np.ndarray:
+    """Runs arch.inception_v3() (of ``network``) on ``x`` with ``conv(layer, input)`` and ``fc(layer, features)``
+    supplied by the caller (pools and concats done here), freeing each activation after its last reader. Returns
+    the logits."""
+    layers = arch.inception_v3(count_include_pad, network)
     srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
     last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}
     acts = {arch.INPUT: x}
@@ -101,7 +103,7 @@ def _round_stat(a: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=2)
-def _calibrated(seed: int) -> dict[str, np.ndarray]:
+def _calibrated(seed: int, network: str = "torchvision") -> dict[str, np.ndarray]:
     rng = np.random.default_rng([GENERATOR_VERSION, seed])
     params: dict[str, np.ndarray] = {}
 
@@ -127,22 +129,26 @@ def _calibrated(seed: int) -> dict[str, np.ndarray]:
         params["fc.weight"], params["fc.bias"] = w.astype(np.float32), b.astype(np.float32)
         return f @ params["fc.weight"].T + params["fc.bias"]
 
-    walk(image_like_batch(CALIBRATION_IMAGES, seed=seed), conv, fc)
+    x = image_like_batch(CALIBRATION_IMAGES, seed=seed)
+    if network == "fid":  # its input: [0, 1] pixels scaled to [-1, 1], from the same images
+        x = ((x * np.array(IMAGENET_STD, np.float32).reshape(3, 1, 1) + np.array(IMAGENET_MEAN, np.float32)
+              .reshape(3, 1, 1)) * 2 - 1).astype(np.float32)
+    walk(x, conv, fc, network=network)
     for a in params.values():
         a.setflags(write=False)
     return params
 
 
-def synthetic_bn_params(seed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_bn_params(seed: int = 0, network: str = "torchvision") -> dict[str, np.ndarray]:
     """torchvision-style state dict (float32, read-only arrays): ``<conv>.conv.weight``, ``<conv>.bn.weight`` /
     ``.bn.bias`` / ``.bn.running_mean`` / ``.bn.running_var`` (eps BN_EPS) for the 94 convolutions, and
-    ``fc.weight`` / ``fc.bias``. Calibrated once per process and seed (a few seconds)."""
-    return dict(_calibrated(seed))
+    ``fc.weight`` / ``fc.bias``. Calibrated once per process, seed and network (a few seconds)."""
+    return dict(_calibrated(seed, network))
 
 
-def synthetic_arrays(seed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_arrays(seed: int = 0, network: str = "torchvision") -> dict[str, np.ndarray]:
     """The canonical folded float32 arrays (``<conv>.weight`` / ``.bias``, ``fc.*``) of the synthetic model."""
-    p = _calibrated(seed)
+    p = _calibrated(seed, network)
     arrays = {}
     for c in arch.conv_layers():
         n = c.name + "."
@@ -153,18 +159,19 @@ def synthetic_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     return arrays
 
 
-def synthetic_weights(seed: int = 0) -> Weights:
+def synthetic_weights(seed: int = 0, network: str = "torchvision") -> Weights:
     """The synthetic model as engine weights (manifest marks it ``synthetic``: its classes mean nothing)."""
+    fid = network == "fid"  # pytorch-fid's input scaling (x - 0.5) / 0.5 and its 299x299 resize
     manifest = {
         "synthetic": True, "seed": seed, "generator_version": GENERATOR_VERSION,
         "source_sha256": None, "source_name": f"synthetic (seed {seed})", "opset": None, "exporter": "synthetic",
-        "input": {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "size": arch.INPUT_SIZE, "resize": 342,
-                  "transform_input": False},
-        "count_include_pad": True, "softmax_in_model": False, "aux_ignored": False,
+        "input": {"mean": [0.5] * 3 if fid else list(IMAGENET_MEAN), "std": [0.5] * 3 if fid else list(IMAGENET_STD),
+                  "size": arch.INPUT_SIZE, "resize": arch.INPUT_SIZE if fid else 342, "transform_input": False},
+        "count_include_pad": not fid, "network": network, "softmax_in_model": False, "aux_ignored": False,
         "provenance": {"kind": "synthetic", "source_sha256": None, "source_name": f"synthetic (seed {seed})",
                        "producer": f"{SYNTHETIC_PRODUCER} {GENERATOR_VERSION}", "calibration": None},
     }
-    return Weights(synthetic_arrays(seed), manifest)
+    return Weights(synthetic_arrays(seed, network), manifest)
 
 
 # --- ONNX files shaped like torch.onnx exports ---------------------------------------------------------------
@@ -216,10 +223,10 @@ class _Graph:
             y = self.op("Conv", [x, wp, self.op("Identity", [bp]) if share_bias else bp], **attrs)
         return self.op("Relu", [y])
 
-    def pool(self, x: str, kind: str, kernel: int, stride: int, pad: int) -> str:
+    def pool(self, x: str, kind: str, kernel: int, stride: int, pad: int, count_include_pad: bool = True) -> str:
         attrs = dict(ceil_mode=0, **self.window((kernel, kernel), stride, (pad, pad)))
         if kind == "avg":
-            return self.op("AveragePool", [x], count_include_pad=1, **attrs)
+            return self.op("AveragePool", [x], count_include_pad=int(count_include_pad), **attrs)
         if self.style == "dynamo":
             attrs.update(dilations=[1, 1], storage_order=0)
         return self.op("MaxPool", [x], **attrs)
@@ -262,30 +269,35 @@ def _aux_classifier(g: _Graph, x: str, seed: int, batch: int | None) -> str:
 
 
 def synthetic_onnx_model(style: str = "torchscript", transform_input: bool = False, softmax: bool = False,
-                         aux: bool = False, batch: int | None = None, seed: int = 0) -> onnx.ModelProto:
+                         aux: bool = False, batch: int | None = None, seed: int = 0,
+                         network: str = "torchvision") -> onnx.ModelProto:
     """The synthetic model as an in-memory ONNX graph in the layout of torch.onnx's ``style`` exporter:
 
     torchscript: opset 17, BN folded into conv biases, some biases shared through Identity, Constant nodes,
     E modules' concats flattened, GlobalAveragePool + Flatten + Gemm.
     dynamo: opset 18, BatchNormalization nodes, constants as initializers, nested Concat in E modules,
     ReduceMean(keepdims) + Reshape + Gemm, value_info for every tensor (weights go to a .data file when saved).
+    network "fid": pytorch-fid's FID Inception instead (arch.NETWORKS: average pools without padding, Mixed_7c's
+    max pool, 1008 classes), as torch.onnx exports ``pytorch_fid.inception.fid_inception_v3()``.
     """
     if style not in ("torchscript", "dynamo"):
         raise ValueError(f"style must be 'torchscript' or 'dynamo', not {style!r}")
-    p = _calibrated(seed)
+    p = _calibrated(seed, network)
+    classes = arch.NETWORKS[network].classes
     g = _Graph(style)
     n_dim = batch if batch else "N"
     x_in = helper.make_tensor_value_info("input", TensorProto.FLOAT, [n_dim, 3, arch.INPUT_SIZE, arch.INPUT_SIZE])
     values = {arch.INPUT: _transform_input(g, "input") if transform_input else "input"}
     aux_out = None
-    for layer in arch.inception_v3():
+    for layer in arch.inception_v3(network=network):
         if isinstance(layer, arch.Conv):
             n = layer.name + "."
             values[layer.name] = g.conv_unit(values[layer.src], p[n + "conv.weight"], p[n + "bn.weight"],
                                              p[n + "bn.bias"], p[n + "bn.running_mean"], p[n + "bn.running_var"],
                                              layer.stride, layer.pad, share_bias=layer.src.endswith("avg_pool"))
         elif isinstance(layer, arch.Pool):
-            values[layer.name] = g.pool(values[layer.src], layer.kind, layer.kernel, layer.stride, layer.pad)
+            values[layer.name] = g.pool(values[layer.src], layer.kind, layer.kernel, layer.stride, layer.pad,
+                                        layer.count_include_pad)
         elif isinstance(layer, arch.Concat):
             srcs = [values[s] for s in layer.srcs]
             if style == "dynamo" and len(srcs) == 6:  # torchvision's InceptionE concatenates the pairs first
@@ -298,7 +310,7 @@ def synthetic_onnx_model(style: str = "torchscript", transform_input: bool = Fal
     logits = values["fc"]
     if softmax:
         logits = g.op("Softmax", [logits], axis=1)
-    outputs = [helper.make_tensor_value_info(logits, TensorProto.FLOAT, [n_dim, arch.NUM_CLASSES])]
+    outputs = [helper.make_tensor_value_info(logits, TensorProto.FLOAT, [n_dim, classes])]
     if aux_out:
         outputs.append(helper.make_tensor_value_info(aux_out, TensorProto.FLOAT, [n_dim, arch.NUM_CLASSES]))
     graph = helper.make_graph(g.nodes, "inception_v3", [x_in], outputs, initializer=g.inits)
@@ -311,11 +323,12 @@ def synthetic_onnx_model(style: str = "torchscript", transform_input: bool = Fal
 
 
 def write_synthetic_onnx(path: str | Path, style: str = "torchscript", transform_input: bool = False,
-                         softmax: bool = False, aux: bool = False, batch: int | None = None, seed: int = 0) -> Path:
-    """Writes the synthetic model as ONNX at ``path`` (dynamo style: weights in ``<path>.data`` beside it).
-    Both files appear complete or not at all."""
+                         softmax: bool = False, aux: bool = False, batch: int | None = None, seed: int = 0,
+                         network: str = "torchvision") -> Path:
+    """Writes the synthetic model (of ``network``) as ONNX at ``path`` (dynamo style: weights in ``<path>.data``
+    beside it). Both files appear complete or not at all."""
     path = Path(path)
-    model = synthetic_onnx_model(style, transform_input, softmax, aux, batch, seed)
+    model = synthetic_onnx_model(style, transform_input, softmax, aux, batch, seed, network)
     if style == "torchscript":
         return atomic_write(path, lambda f: f.write(model.SerializeToString()))
     path.parent.mkdir(parents=True, exist_ok=True)

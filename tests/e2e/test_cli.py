@@ -513,3 +513,16 @@ def test_max_pixels_from_the_option_or_the_environment(weights_file, image_dir, 
     monkeypatch.setattr(engine.Engine, "from_config", lambda *a, **k: pytest.fail("the model loaded"))
     assert one_line_error(runner().invoke(cli.run_cmd, args)).startswith(
         "error: $INCEPTION_MAX_PIXELS=lots: must be a whole number of pixels")
+
+
+def test_convert_synthetic_fid_roundtrip(tmp_path):
+    """--synthetic --fid: pytorch-fid's graph with random weights; the converter names its network and kind."""
+    onnx_path, npz = tmp_path / "fid.onnx", tmp_path / "fid.npz"
+    r = runner().invoke(cli.convert_cmd, ["--synthetic", str(onnx_path), "--fid"])
+    assert r.exit_code == 0 and "synthetic FID Inception-V3" in r.stdout, r.output
+    r = runner().invoke(cli.convert_cmd, [str(onnx_path), "-o", str(npz)])
+    assert r.exit_code == 0, r.output
+    w = load_weights(npz)
+    assert (w.network, w.arrays["fc.weight"].shape, w.count_include_pad) == ("fid", (1008, 2048), False)
+    r = runner().invoke(cli.convert_cmd, ["--synthetic", str(tmp_path / "x.onnx"), "--fid", "--transform-input"])
+    assert r.exit_code == 2 and "torchvision's" in one_line_error(r)

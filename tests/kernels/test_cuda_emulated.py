@@ -62,6 +62,18 @@ def test_backend_forward_on_the_emulator(backend_emu_lib):
     assert "features rel L2" in r.stdout, r.stdout[-2000:]  # the pool's output copied back, checked too
 
 
+@pytest.mark.parametrize("layout,precision", [("nchw", "fp32"), ("nhwc", "fp16")])
+def test_fid_network_forward_on_the_emulator(backend_emu_lib, layout, precision):
+    """pytorch-fid's FID Inception (average pools without padding, Mixed_7c's padded max pool, 1008 classes) through
+    the CUDA backend's pool kernels (pool.cu, pool_nhwc.cu: is_max and count_include_pad per launch), logits and
+    features against float64."""
+    r = run_emulated(backend_emu_lib, "-m", "inception_engine.backends.cuda", "--selftest", "--batch", "2",
+                     "--graph", "off", "--concurrent", "on", "--input-size", "75", "--layout", layout,
+                     "--precision", precision, "--network", "fid")
+    out = r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and "PASS" in r.stdout and "FID network" in r.stdout, out
+
+
 def test_bench_kernels_runs_on_the_emulator(backend_emu_lib):
     """dev/bench_kernels.py end to end (the eager modes, the per-op table, the summary), on tiny inputs; with
     Winograd forced on, whose rows carry actual TFLOP/s and the direct kernel's ms (12 columns)."""

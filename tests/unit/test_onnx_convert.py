@@ -467,3 +467,60 @@ def test_refuses_missing_and_short_external_data(synthetic_onnx, tmp_path):
 
 def test_refuses_missing_file(tmp_path):
     convert_refused(tmp_path / "nope.onnx", tmp_path, "no such ONNX file")
+
+
+# --- the FID network (pytorch-fid's FIDInception blocks) -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fid_model() -> onnx.ModelProto:
+    return synthetic.synthetic_onnx_model(network="fid")
+
+
+@pytest.mark.parametrize("style", ["torchscript", "dynamo"])
+def test_fid_network_is_recognised_by_its_graph_and_matches_onnxruntime(style, tmp_path):
+    """pytorch-fid's graph (1008 classes, average pools without padding, Mixed_7c's max pool): network "fid" in the
+    manifest, input scaled to [-1, 1], and the engine's float64 forward what onnxruntime computes on the file."""
+    ort = pytest.importorskip("onnxruntime")
+    path = synthetic.write_synthetic_onnx(tmp_path / "fid.onnx", style=style, network="fid")
+    arrays, manifest = onnx_convert.convert_model(onnx_read.load_onnx(path), path)
+    assert manifest["network"] == "fid" and manifest["count_include_pad"] is False
+    assert manifest["input"]["mean"] == [0.5] * 3 and manifest["input"]["std"] == [0.5] * 3
+    assert manifest["provenance"]["kind"] == "synthetic" and arrays["fc.weight"].shape == (1008, 2048)
+    x = np.random.default_rng(3).uniform(-1, 1, (2, 3, 299, 299)).astype(np.float32)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {sess.get_inputs()[0].name: x})[0].astype(np.float64)
+    weights = Weights(arrays, manifest)
+    got = NumpyBackend(weights, build_plan(2, weights.layers()), np.float64).forward(x.astype(np.float64))
+    assert rel_l2(got, want) <= 1e-4
+    # read as torchvision's network, the same weights compute something else: the pools are what tells them apart
+    tv = Weights({**arrays, "fc.weight": arrays["fc.weight"][:1000], "fc.bias": arrays["fc.bias"][:1000]}, {})
+    other = NumpyBackend(tv, build_plan(2, tv.layers()), np.float64).forward(x.astype(np.float64))
+    assert rel_l2(other, want[:, :1000]) > 1e-3
+
+
+def test_fid_provenance_kind_of_a_pytorch_export(fid_model, model, tmp_path):
+    fid_model = onnx.ModelProto.FromString(fid_model.SerializeToString())
+    fid_model.producer_name, model.producer_name = "pytorch", "pytorch"
+    assert convert(fid_model, tmp_path)[1]["provenance"]["kind"] == "fid"
+    _, manifest = convert(model, tmp_path)
+    assert manifest["provenance"]["kind"] == "torchvision" and manifest["network"] == "torchvision"
+
+
+def test_fid_network_with_padding_counted_is_refused(fid_model, tmp_path):
+    fid_model = onnx.ModelProto.FromString(fid_model.SerializeToString())
+    for n in fid_model.graph.node:
+        if n.op_type == "AveragePool":
+            set_attr(n, "count_include_pad", 1)
+    refused(fid_model, tmp_path, "exclude padding")
+
+
+def test_a_1008_class_network_without_the_max_pool_is_refused(fid_model, tmp_path):
+    """Mixed_7c's pool branch must be the max pool for 1008 classes (and the average pool for 1000)."""
+    fid_model = onnx.ModelProto.FromString(fid_model.SerializeToString())
+    for n in fid_model.graph.node:
+        if n.op_type == "MaxPool" and [a.ints for a in n.attribute if a.name == "strides"][0] == [1, 1]:
+            n.op_type = "AveragePool"
+            set_attr(n, "count_include_pad", 0)
+    refused(fid_model, tmp_path, "expects")

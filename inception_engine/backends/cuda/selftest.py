@@ -20,17 +20,18 @@ from .backend import CudaBackend
 from .tiles import PRECISIONS
 
 
-def he_weights(seed: int) -> Weights:
-    """He-initialised random weights of the real shapes: activations stay O(1) through the 94 ReLU layers."""
+def he_weights(seed: int, network: str = "torchvision") -> Weights:
+    """He-initialised random weights of the real shapes: activations stay O(1) through the 94 ReLU layers.
+    network "fid": pytorch-fid's FID Inception (arch.NETWORKS)."""
     from ... import arch
 
     rng = np.random.default_rng(seed)
     arrays = {}
-    for key, shape in arch.weight_shapes().items():
+    for key, shape in arch.weight_shapes(arch.inception_v3(network=network)).items():
         fan_in = int(np.prod(shape[1:])) if key.endswith(".weight") else 0
         scale = math.sqrt(2.0 / fan_in) if fan_in else 0.1
         arrays[key] = (rng.standard_normal(shape) * scale).astype(np.float32)
-    return Weights(arrays, {"count_include_pad": True})
+    return Weights(arrays, {"count_include_pad": network != "fid", "network": network})
 
 
 def rel_l2(a: np.ndarray, ref: np.ndarray) -> float:
@@ -55,12 +56,12 @@ SELFTEST_TOL = {"fp32": 1e-4, "tf32": 3e-3, "fp16": 3e-3}
 
 def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent: bool | None = None,
              precision: str = "fp32", winograd: bool | None = None, nhwc: bool | None = None,
-             fuse: bool | None = None) -> bool:
+             fuse: bool | None = None, network: str = "torchvision") -> bool:
     """fp32: rel L2 <= 1e-4 and the same top 5; tf32: rel L2 <= 3e-3 and the same top 1 (a tie within the TF32
     error of the reference's logits excepted)."""
     from ..numpy_backend import NumpyBackend
 
-    weights = he_weights(seed)
+    weights = he_weights(seed, network)
     plan = build_plan(batch, weights.layers(), input_size=input_size)
     x = np.random.default_rng(seed + 1).standard_normal(plan.input.dims).astype(np.float32)
     with CudaBackend(weights, plan, graph=graph, concurrent=concurrent, precision=precision,
@@ -79,7 +80,8 @@ def selftest(batch: int, graph: bool, input_size: int, seed: int = 0, concurrent
     else:
         what, same = "top-1", all(top1_agree(g, r, 1e-3 * np.abs(r).max()) for g, r in zip(got, ref))
     ok = bool(np.isfinite(got).all() and np.isfinite(feats).all()) and err <= tol and feat_err <= tol and same
-    print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}): batch {batch}, input {input_size}, "
+    what_net = ", FID network" if network == "fid" else ""
+    print(f"cuda selftest ({precision}{', nhwc' if nhwc else ''}{what_net}): batch {batch}, input {input_size}, "
           f"graph {'on' if graph else 'off'}, {launches} launches on {streams} stream(s), {wino} Winograd convs, "
           f"{fused} fused 1x1 groups, {pools} max pools folded into convs: "
           f"rel L2 {err:.2e} (limit {tol:.0e}), features rel L2 {feat_err:.2e}, "
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", choices=("auto", "nchw", "nhwc"), default="auto",
                    help="activations: nhwc = NHWC of the precision's elements (fp32: sm_90a only), nchw = fp32 "
                         "NCHW, auto = the backend's default (nhwc where the GPU allows it)")
+    p.add_argument("--network", choices=("torchvision", "fid"), default="torchvision",
+                   help="fid: pytorch-fid's FID Inception (pools without padding, a max pool in Mixed_7c, 1008 "
+                        "classes)")
     args = p.parse_args(argv)
     concurrent = None if args.concurrent == "auto" else args.concurrent == "on"
     winograd = None if args.winograd == "auto" else args.winograd == "on"
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if selftest(args.batch, args.graph == "on", args.input_size, concurrent=concurrent,
                              precision=args.precision, winograd=winograd,
                              nhwc=None if args.layout == "auto" else args.layout == "nhwc",
-                             fuse=None if args.fuse == "auto" else args.fuse == "on") else 1
+                             fuse=None if args.fuse == "auto" else args.fuse == "on", network=args.network) else 1
     except EngineError as e:
         print(f"cuda selftest: {e}", file=sys.stderr)
         return 2
