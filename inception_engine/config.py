@@ -23,6 +23,7 @@ from typing import Any
 from . import backends
 from .errors import EngineError, OptionError
 from .features_file import check_features_path
+from .ingest.fid_resize import RESIZE_MODES
 from .ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from .ingest.workers import WORKER_KINDS
 from .weights import Weights, find_weights
@@ -89,6 +90,8 @@ class EngineConfig:
     decode: str = "cpu"
     # the most pixels an image may declare (None: $INCEPTION_MAX_PIXELS, else Pillow's default, 89,478,485)
     max_pixels: int | None = None
+    # whose preprocessing (ingest.fid_resize.RESIZE_MODES; None: the weight file's network's)
+    resize: str | None = None
 
     def __post_init__(self) -> None:
         at_least_one("batch_size", self.batch_size)
@@ -96,6 +99,11 @@ class EngineConfig:
         choice("precision", self.precision, PRECISION_CHOICES)
         choice("worker_kind", self.worker_kind, WORKER_KINDS)
         choice("decode", self.decode, DECODE_CHOICES)
+        if self.resize is not None:
+            choice("resize", self.resize, RESIZE_MODES)
+            if self.decode == "gpu" and self.resize != "torchvision":
+                raise OptionError("resize", self.resize, "is CPU-decode only (decode='cpu'): the GPU decoder resizes "
+                                                         "as torchvision does")
         at_least_one("workers", self.workers)
         object.__setattr__(self, "max_pixels", pixel_limit(self.max_pixels))
         if not isinstance(self.weights, Weights):
@@ -193,7 +201,8 @@ class RunConfig:
         precision, batch size: checked against the server's when it answers); what only a local engine uses is
         refused rather than ignored."""
         asked = self.engine if isinstance(self.engine, dict) else dataclasses.asdict(self.engine)
-        local = {"weights": None, "workers": None, "worker_kind": "auto", "decode": "cpu", "max_pixels": None}
+        local = {"weights": None, "workers": None, "worker_kind": "auto", "decode": "cpu", "max_pixels": None,
+                 "resize": None}
         given = [k for k, default in local.items() if asked.get(k, default) != default]
         if given:
             raise EngineError(f"--{given[0].replace('_', '-')} is the server's to choose (inception-serve "

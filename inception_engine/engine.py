@@ -110,16 +110,20 @@ class Engine:
 
     def __init__(self, weights: str | os.PathLike | Weights | None = None, backend: str = "auto",
                  batch_size: int | None = None, precision: str = "auto", workers: int | None = None,
-                 worker_kind: str = "auto", decode: str = "cpu", max_pixels: int | None = None):
+                 worker_kind: str = "auto", decode: str = "cpu", max_pixels: int | None = None,
+                 resize: str | None = None):
         """weights: a weight file, an ONNX export of the model (converted once, cached in the user cache), Weights,
         or None ($INCEPTION_WEIGHTS, then the usual places; weights.find_weights). batch_size: images per forward
         (None: 64 on the cuda backend, 8 elsewhere). precision: fp32, tf32, fp16 or auto. workers: decode workers
         (default: one per usable CPU), threads or processes (worker_kind; auto: processes for long runs). decode:
         "cpu" (Pillow: torchvision's preprocessing exactly) or "gpu" (JPEGs decoded by nvImageCodec and resized on
         the GPU as Pillow does; cuda backend only, needs the gpu-decode extra). max_pixels: the most pixels an image
-        may declare (None: $INCEPTION_MAX_PIXELS, else Pillow's 89,478,485). The arguments make an EngineConfig,
+        may declare (None: $INCEPTION_MAX_PIXELS, else Pillow's 89,478,485). resize: whose preprocessing,
+        "torchvision", "pytorch-fid" or "clean-fid" (None: the weight file's network's; ingest/fid_resize.py). The
+        arguments make an EngineConfig,
         which checks them all before the weights are read; ``Engine.from_config`` takes one already made."""
-        self._start(EngineConfig(weights, backend, precision, batch_size, workers, worker_kind, decode, max_pixels))
+        self._start(EngineConfig(weights, backend, precision, batch_size, workers, worker_kind, decode, max_pixels,
+                                 resize))
 
     @classmethod
     def from_config(cls, config: EngineConfig, resolved: Resolved | None = None) -> Engine:
@@ -153,11 +157,14 @@ class Engine:
         self._precision = resolved.precision
         self.decode = config.decode
         self.batch_size = resolved.batch_size
-        self.preprocess = Preprocess.from_manifest(self.weights.manifest, config.max_pixels)
+        self.preprocess = Preprocess.from_manifest(self.weights.manifest, config.max_pixels, config.resize)
         self.model = self.weights.model_id()  # what every result names the weights by
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
+        if self.preprocess.mode != "torchvision" and config.decode == "gpu":  # the weight file's FID network
+            self.close()
+            raise OptionError("decode", "gpu", f"the {self.preprocess.mode} preprocessing is CPU-decode only")
 
     @property
     def backend_name(self) -> str:
@@ -244,7 +251,8 @@ class Engine:
         tune: bool | str = True if measures_in_run(n_images) else "cached"
         if features:
             self.check_features()
-        if self._backend_name != "cuda":
+        if self._backend_name != "cuda" or self.preprocess.pixel_dtype != np.uint8:
+            # the FID resizes' float pixels: normalised on the host (the GPU runner takes uint8)
             return HostRunner(self.forward, batch, self.preprocess, features)
         started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:

@@ -30,6 +30,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from .. import arch
 from ..errors import EngineError, first_line
 from ..weights import IMAGENET_MEAN, IMAGENET_STD
+from .fid_resize import MODE_SCALING, RESIZE_MODES, fid_pixels
 from .pil_resize import crop_box, resize_crop_image, resized_size
 
 RESIZE = 342  # torchvision's resize_size for Inception-V3
@@ -52,15 +53,32 @@ class Preprocess:
     # the most pixels an image may declare: more is refused from its header, before a pixel is decoded. It travels
     # with the preprocessing to wherever images are decoded (decode processes, the GPU decoder's header check).
     max_pixels: int = DEFAULT_MAX_PIXELS
+    # whose preprocessing (fid_resize.RESIZE_MODES): "torchvision" (resize, crop: uint8 pixels), or an FID tool's
+    # resize to size x size (float32 pixels in [0, 255]) with that tool's scaling as mean and std
+    mode: str = "torchvision"
+
+    @property
+    def pixel_dtype(self) -> type:
+        """What a decoded image's pixels are: uint8 (torchvision's), float32 (the FID tools' resizes)."""
+        return np.uint8 if self.mode == "torchvision" else np.float32
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], max_pixels: int = DEFAULT_MAX_PIXELS) -> Preprocess:
-        """The weight file's ``input`` section wins over torchvision's defaults, field by field."""
+    def from_manifest(cls, manifest: dict[str, Any], max_pixels: int = DEFAULT_MAX_PIXELS,
+                      mode: str | None = None) -> Preprocess:
+        """The weight file's ``input`` section wins over torchvision's defaults, field by field. ``mode``: whose
+        preprocessing (None: the weight file's network's, pytorch-fid's for the FID network); an FID tool's brings
+        its own scaling."""
         inp = manifest.get("input", {}) or {}
+        if mode is None:
+            mode = "pytorch-fid" if manifest.get("network") == "fid" else "torchvision"
+        if mode not in RESIZE_MODES:
+            raise EngineError(f"no preprocessing {mode!r}; choose one of {', '.join(RESIZE_MODES)}")
+        mean = tuple(float(m) for m in inp.get("mean", IMAGENET_MEAN))
+        std = tuple(float(s) for s in inp.get("std", IMAGENET_STD))
+        if mode in MODE_SCALING:
+            mean, std = (MODE_SCALING[mode][0],) * 3, (MODE_SCALING[mode][1],) * 3
         return cls(size=int(inp.get("size", arch.INPUT_SIZE)), resize=int(inp.get("resize", RESIZE)),
-                   mean=tuple(float(m) for m in inp.get("mean", IMAGENET_MEAN)),  # type: ignore[arg-type]
-                   std=tuple(float(s) for s in inp.get("std", IMAGENET_STD)),  # type: ignore[arg-type]
-                   max_pixels=max_pixels)
+                   mean=mean, std=std, max_pixels=max_pixels, mode=mode)  # type: ignore[arg-type]
 
 
 def image_extensions() -> set[str]:
@@ -94,14 +112,15 @@ def let_pillow_open(limit: int) -> None:
         Image.MAX_IMAGE_PIXELS = limit
 
 
-def open_image(path: str | Path, limit: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Decode a file fully (so truncation shows up here), orientation from EXIF applied, refusing more than
-    ``limit`` pixels. Any failure is an EngineError naming the file and the real reason."""
+def open_image(path: str | Path, limit: int = DEFAULT_MAX_PIXELS, upright: bool = True) -> Image.Image:
+    """Decode a file fully (so truncation shows up here), orientation from EXIF applied (unless ``upright`` is
+    False: the FID tools do not), refusing more than ``limit`` pixels. Any failure is an EngineError naming the
+    file and the real reason."""
     let_pillow_open(limit)
     with open_regular(path) as f, pillow_errors(path, limit), Image.open(f) as img:
         check_declared_size(img, path, limit)
         img.load()
-        return exif_upright(img)
+        return exif_upright(img) if upright else img
 
 
 def open_regular(path: str | os.PathLike, buffered: bool = True) -> BinaryIO:
@@ -140,7 +159,7 @@ def not_a_file(mode: int) -> str | None:
     return None if stat.S_ISREG(mode) else "is not a regular file"
 
 
-def open_image_bytes(data: bytes, name: str, limit: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+def open_image_bytes(data: bytes, name: str, limit: int = DEFAULT_MAX_PIXELS, upright: bool = True) -> Image.Image:
     """open_image for a file's bytes read elsewhere (Ray Data's workers), with the same messages under ``name``."""
     if not data:
         raise EngineError(f"{name}: empty file")
@@ -149,7 +168,7 @@ def open_image_bytes(data: bytes, name: str, limit: int = DEFAULT_MAX_PIXELS) ->
         img = Image.open(io.BytesIO(data))
         check_declared_size(img, name, limit)
         img.load()
-        return exif_upright(img)
+        return exif_upright(img) if upright else img
 
 
 @contextmanager
@@ -259,7 +278,10 @@ FULL_RESIZE_MAX_CROPS = 8
 
 def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
     """(size, size, 3) uint8 RGB from an already decoded image: EXIF orientation, RGB, torchvision's Resize and
-    CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes)."""
+    CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes). An FID tool's mode: its
+    resize instead (fid_resize.fid_pixels: float32)."""
+    if pre.mode != "torchvision":
+        return fid_pixels(img, pre.mode, pre.size)
     img = to_rgb(exif_upright(img))
     if pre.resize < pre.size:  # only with an inconsistent manifest; torchvision would pad
         raise EngineError(f"resize {pre.resize} is smaller than crop {pre.size}; the weight manifest is inconsistent")
@@ -274,7 +296,8 @@ def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
 
 def normalize_u8(x: np.ndarray, pre: Preprocess = Preprocess()) -> np.ndarray:
     """(..., size, size, 3) uint8 -> (..., 3, size, size) float32: ToTensor + Normalize, the operations
-    cuda_src/pipeline_io.cu's normalize_u8_nchw repeats bit for bit."""
+    cuda_src/pipeline_io.cu's normalize_u8_nchw repeats bit for bit. The FID resizes' float32 pixels (in [0, 255])
+    take the same steps."""
     y = x.astype(np.float32) / np.float32(255)
     y = (y - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
     return np.ascontiguousarray(np.moveaxis(y, -1, -3))
@@ -290,12 +313,12 @@ def decode_u8(source: str | os.PathLike | Image.Image, pre: Preprocess = Preproc
     line naming the file."""
     if isinstance(source, Image.Image):
         return resize_crop(source, pre)
-    return resize_crop_named(open_image(source, pre.max_pixels), source, pre)
+    return resize_crop_named(open_image(source, pre.max_pixels, pre.mode == "torchvision"), source, pre)
 
 
 def decode_u8_bytes(data: bytes, name: str, pre: Preprocess = Preprocess()) -> np.ndarray:
     """decode_u8 of a file's bytes read elsewhere (Ray Data's workers), errors worded as for the file on disk."""
-    return resize_crop_named(open_image_bytes(data, name, pre.max_pixels), name, pre)
+    return resize_crop_named(open_image_bytes(data, name, pre.max_pixels, pre.mode == "torchvision"), name, pre)
 
 
 def resize_crop_named(img: Image.Image, name: object, pre: Preprocess) -> np.ndarray:

@@ -16,16 +16,18 @@ class HostRing:
     no name: nothing is left in /dev/shm whatever ends the run (SIGKILL included), and a small /dev/shm (a
     container's 64 MB) does not bound it."""
 
-    def __init__(self, slots: int, size: int, shared: bool):
+    def __init__(self, slots: int, size: int, shared: bool, dtype: type = np.uint8):
+        """dtype: the pixels' (uint8; float32 for the FID tools' resizes, images.Preprocess.pixel_dtype)."""
         shape = (slots, size, size, 3)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         self.fd: int | None = None
         self._map: mmap.mmap | None = None
         if shared:
             self.fd = os.memfd_create("inception-ring", os.MFD_CLOEXEC)
-            os.ftruncate(self.fd, int(np.prod(shape)))
-            self._map = mmap.mmap(self.fd, int(np.prod(shape)))
-        self.array = (np.ndarray(shape, np.uint8, buffer=self._map) if self._map is not None else
-                      np.empty(shape, np.uint8))
+            os.ftruncate(self.fd, nbytes)
+            self._map = mmap.mmap(self.fd, nbytes)
+        self.array = (np.ndarray(shape, dtype, buffer=self._map) if self._map is not None else
+                      np.empty(shape, dtype))
         self.slots = slots
 
     @classmethod

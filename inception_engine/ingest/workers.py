@@ -64,9 +64,10 @@ def _attach_ring(fd: int, shape: tuple[int, ...], pre: Preprocess, owner: int) -
     _worker_pre = pre  # once per process, not pickled with every task
     let_pillow_open(pre.max_pixels)  # the run's pixel limit (--max-pixels), in this process too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
-    ring = mmap.mmap(fd, int(np.prod(shape)))
+    dtype = np.dtype(pre.pixel_dtype)
+    ring = mmap.mmap(fd, int(np.prod(shape)) * dtype.itemsize)
     os.close(fd)  # the mapping keeps the memory
-    _worker_ring = np.ndarray(shape, np.uint8, buffer=ring)
+    _worker_ring = np.ndarray(shape, dtype, buffer=ring)
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
 
 

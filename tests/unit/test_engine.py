@@ -13,6 +13,7 @@ from inception_engine.engine import Engine, EngineFacts, softmax
 from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
 from inception_engine.ingest.images import load_image
 from inception_engine.labels import imagenet_labels
+from inception_engine.pipeline import labelled
 from inception_engine.plan import build_plan
 
 from helpers.random_weights import random_weights, write_random_weights
@@ -374,3 +375,24 @@ def test_features_refused_by_a_backend_without_them(weights, monkeypatch):
         monkeypatch.setattr(engine, "backend_class", type("NoFeatures", (), {}))
         with pytest.raises(OptionError, match="no features"):
             engine.features([images(1)[0]])
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_fid_network_features_through_the_pipeline_with_its_preprocessing(kind, tmp_path):
+    """The FID network's weight file defaults to pytorch-fid's preprocessing; its float pixels go through the ring
+    (shared with decode processes too) and give the features of forward(load_image(...))."""
+    fid = random_weights(seed=2, network="fid")
+    paths = []
+    for i, im in enumerate(images(3, seed=9)):
+        paths.append(tmp_path / f"{i}.png")
+        im.save(paths[-1])
+    with Engine(fid, backend="cpu", batch_size=2, worker_kind=kind, workers=2) as engine:
+        assert engine.preprocess.mode == "pytorch-fid" and engine.classes == 1008
+        got, preds = engine.features(paths, top_k=3)
+        x = np.stack([load_image(p, engine.preprocess) for p in paths])
+        _, want = engine.forward(x, features=True)
+    assert all(p.ok for p in preds) and got.shape == (3, 2048)
+    assert labelled([(1003, 0.5), (7, 0.25)]) == [(1003, "class 1003", 0.5), (7, imagenet_labels()[7], 0.25)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(OptionError, match="resize"):
+        Engine(fid, backend="cpu", resize="tf")

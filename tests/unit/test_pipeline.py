@@ -164,9 +164,9 @@ def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch
     rings: list[int] = []
     real_ring = pipeline.HostRing
 
-    def counting_ring(slots: int, size: int, shared: bool):
+    def counting_ring(slots: int, size: int, shared: bool, dtype: type = np.uint8):
         rings.append(slots)
-        return real_ring(slots, size, shared)
+        return real_ring(slots, size, shared, dtype)
 
     decoded: list[str] = []
     real_decode = workers.decode_u8

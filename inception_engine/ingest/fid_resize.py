@@ -1,0 +1,71 @@
+"""The preprocessing of the FID tools, each reproduced as the tool does it, named by the tool (``--resize``):
+
+- ``torchvision``: the classifier's (images.py: shorter side to 342, Pillow bilinear with antialiasing, centre crop
+  299, ImageNet mean and std); uint8 pixels.
+- ``pytorch-fid`` (pytorch_fid/fid_score.py and inception.py): ``Image.open(path).convert("RGB")`` (no EXIF
+  orientation, alpha dropped), ToTensor (x / 255), ``F.interpolate(x, size=(299, 299), mode="bilinear",
+  align_corners=False)`` (no antialiasing: each output samples the two nearest inputs per axis, whatever the
+  scale), then 2x - 1 (the FID weight file's mean = std = 0.5).
+- ``clean-fid`` (cleanfid/resize.py, mode "clean"): ``np.array(Image.open(path).convert("RGB"))``, each channel
+  resized as a float32 Pillow image (mode "F") to 299x299 with ``Image.BICUBIC`` and clipped to [0, 255], not
+  quantised; its network then scales by (x - 128) / 128 (mean = std = 128/255 here).
+
+The two FID resizes give fractional pixels: they travel as float32 in [0, 255] (``Preprocess.pixel_dtype``), and
+the host normalises them (x / 255 - mean) / std in float32. pytorch-fid divides by 255 before it interpolates; both
+are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. They are CPU-decode only: the
+GPU decoder (--decode gpu) resizes as Pillow's bilinear with antialiasing does, which is neither.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+RESIZE_MODES = ("torchvision", "pytorch-fid", "clean-fid")
+FID_SIZE = 299
+# What each FID mode's network takes: (mean, std) of x / 255, per channel. pytorch-fid: 2x - 1 = (x - 0.5) / 0.5;
+# clean-fid's InceptionV3W: (255x - 128) / 128 = (x - 128/255) / (128/255).
+MODE_SCALING = {"pytorch-fid": (0.5, 0.5), "clean-fid": (128 / 255, 128 / 255)}
+
+
+def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
+    """(out_size, in_size) float64 matrix of torch's bilinear interpolation with align_corners=False and no
+    antialiasing (aten's area_pixel_compute_source_index and the linear kernel): output i samples source position
+    (i + 0.5) * in / out - 0.5, clamped at 0 below, between its floor and the next pixel (the last one at the
+    edge)."""
+    scale = in_size / out_size
+    src = np.maximum((np.arange(out_size) + 0.5) * scale - 0.5, 0.0)
+    lo = np.minimum(src.astype(np.int64), in_size - 1)
+    hi = np.minimum(lo + 1, in_size - 1)
+    frac = src - lo
+    m = np.zeros((out_size, in_size))
+    np.add.at(m, (np.arange(out_size), lo), 1.0 - frac)
+    np.add.at(m, (np.arange(out_size), hi), frac)
+    return m
+
+
+def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation, in float64."""
+    h, w = rgb.shape[:2]
+    rows, cols = bilinear_weights(h, size), bilinear_weights(w, size)
+    out = np.einsum("ph,hwc,qw->pqc", rows, rgb.astype(np.float64), cols, optimize=True)
+    return out.astype(np.float32)
+
+
+def clean_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: clean-fid's "clean" resize, each channel a float32
+    Pillow image resized bicubically, clipped, not rounded."""
+    chans = [np.asarray(Image.fromarray(rgb[:, :, c].astype(np.float32), mode="F")
+                        .resize((size, size), resample=Image.BICUBIC)) for c in range(3)]
+    return np.clip(np.stack(chans, axis=2), 0, 255).astype(np.float32)
+
+
+def fid_pixels(img: Image.Image, mode: str, size: int = FID_SIZE) -> np.ndarray:
+    """A decoded image as the FID tool ``mode`` feeds it to its network, before the scaling: RGB by Pillow's own
+    conversion (as both tools do: no EXIF orientation, alpha dropped), resized to size x size, float32."""
+    rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    if mode == "pytorch-fid":
+        return pytorch_fid_resize(rgb, size)
+    if mode == "clean-fid":
+        return clean_fid_resize(rgb, size)
+    raise ValueError(f"no FID resize {mode!r}; choose one of {', '.join(RESIZE_MODES[1:])}")

@@ -1,0 +1,89 @@
+"""The FID tools' preprocessing (ingest/fid_resize.py) against hand-computed cases and independent references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inception_engine.errors import EngineError
+from inception_engine.ingest.fid_resize import bilinear_weights, clean_fid_resize, fid_pixels, pytorch_fid_resize
+from inception_engine.ingest.images import Preprocess, decode_u8, load_image, normalize_u8
+
+
+def torch_bilinear_reference(x: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
+    """F.interpolate(mode="bilinear", align_corners=False) written out per output pixel, float64: source position
+    (i + 0.5) * in / out - 0.5, negative positions clamped to 0, the two neighbours (the last pixel repeated at the
+    far edge) weighted by the distance."""
+    def taps(i: int, n_in: int, n_out: int) -> list[tuple[int, float]]:
+        pos = max((i + 0.5) * n_in / n_out - 0.5, 0.0)
+        lo = min(math.floor(pos), n_in - 1)
+        hi = lo + 1 if lo < n_in - 1 else lo
+        t = pos - lo
+        return [(lo, 1.0 - t), (hi, t)]
+
+    h, w = x.shape[:2]
+    out = np.zeros((out_h, out_w, x.shape[2]))
+    for i in range(out_h):
+        for j in range(out_w):
+            for r, wr in taps(i, h, out_h):
+                for c, wc in taps(j, w, out_w):
+                    out[i, j] += wr * wc * x[r, c]
+    return out
+
+
+def test_bilinear_weights_hand_computed_halving_and_doubling():
+    # 4 -> 2: positions 0.5 and 2.5: the mean of pixels (0, 1) and (2, 3), whatever the scale (no antialiasing)
+    np.testing.assert_allclose(bilinear_weights(4, 2), [[0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5]])
+    # 2 -> 4: positions -0.25 (clamped to 0), 0.25, 0.75, 1.25 (past the last pixel: the last pixel)
+    np.testing.assert_allclose(bilinear_weights(2, 4), [[1, 0], [0.75, 0.25], [0.25, 0.75], [0, 1]])
+    # 8 -> 2 samples two pixels only: positions 1.5, 5.5 (an antialiased resize would average four)
+    np.testing.assert_allclose(bilinear_weights(8, 2)[0], [0, 0.5, 0.5, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(bilinear_weights(5, 5), np.eye(5))  # same size: the identity
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (256, 256), (300, 180), (64, 96)])
+def test_pytorch_fid_resize_matches_the_per_pixel_reference(shape):
+    rgb = np.random.default_rng(shape[0]).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    size = 11 if shape[0] < 100 else 23  # the reference loops per pixel: small outputs
+    got = pytorch_fid_resize(rgb, size)
+    assert got.dtype == np.float32 and got.shape == (size, size, 3)
+    np.testing.assert_allclose(got, torch_bilinear_reference(rgb.astype(np.float64), size, size), rtol=1e-6,
+                               atol=1e-4)
+
+
+def test_clean_fid_resize_is_pillow_bicubic_on_float_channels_clipped_not_rounded():
+    rgb = np.zeros((4, 4, 3), np.uint8)
+    rgb[:, 2:] = 255  # a hard edge: bicubic overshoots, clean-fid clips to [0, 255] and keeps fractions
+    got = clean_fid_resize(rgb, 7)
+    assert got.dtype == np.float32 and got.min() >= 0 and got.max() <= 255
+    assert np.any((got > 0) & (got < 255) & (got != np.round(got)))
+    want = np.asarray(Image.fromarray(rgb[:, :, 1].astype(np.float32), "F").resize((7, 7), Image.BICUBIC))
+    np.testing.assert_array_equal(got[:, :, 1], np.clip(want, 0, 255))
+    flat = np.full((5, 9, 3), 77, np.uint8)
+    np.testing.assert_allclose(clean_fid_resize(flat, 3), 77, atol=1e-4)  # a constant stays itself
+
+
+def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
+    """Both tools open with Image.open(...).convert("RGB"): EXIF orientation ignored, alpha dropped."""
+    rgba = np.random.default_rng(0).integers(0, 256, (40, 30, 4), dtype=np.uint8)
+    path = tmp_path / "a.png"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "turn me": torchvision's preprocessing does, the FID tools do not
+    Image.fromarray(rgba, "RGBA").save(path, exif=exif)
+    manifest = {"network": "fid", "input": {"mean": [0.5] * 3, "std": [0.5] * 3, "size": 299, "resize": 299}}
+    pre = Preprocess.from_manifest(manifest)  # the FID network's default: pytorch-fid's
+    assert (pre.mode, pre.mean, pre.pixel_dtype) == ("pytorch-fid", (0.5,) * 3, np.float32)
+    got = decode_u8(path, pre)
+    np.testing.assert_allclose(got, pytorch_fid_resize(rgba[:, :, :3]), rtol=1e-6)
+    x = load_image(path, pre)  # 2x - 1 of the resized [0, 1] image, as pytorch-fid's normalize_input
+    np.testing.assert_allclose(x, np.moveaxis(pytorch_fid_resize(rgba[:, :, :3]) / 255.0 * 2 - 1, -1, 0), atol=1e-6)
+    clean = Preprocess.from_manifest(manifest, mode="clean-fid")
+    y = normalize_u8(fid_pixels(Image.fromarray(rgba[:, :, :3]), "clean-fid")[None], clean)[0]
+    np.testing.assert_allclose(y, np.moveaxis((clean_fid_resize(rgba[:, :, :3]) - 128.0) / 128.0, -1, 0), atol=1e-6)
+    tv = Preprocess.from_manifest(manifest, mode="torchvision")
+    assert tv.mean == (0.5,) * 3 and decode_u8(path, tv).dtype == np.uint8  # the weight file's scaling
+    with pytest.raises(EngineError, match="choose one of"):
+        Preprocess.from_manifest(manifest, mode="tf")
