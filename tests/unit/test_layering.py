@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: no imports from the package beyond this layer",
      ("errors", "arch", "native_build", "paths", "data", "atomic")),
     ("core: weights, plans, the kernel build, the native APIs",
-     ("weights", "model_files", "labels", "plan", "onnx_read", "onnx_convert", "cuda_build", "cuda_graph",
+     ("weights", "model_files", "labels", "plan", "onnx_read", "onnx_convert", "cuda_build", "cuda_graph", "fid",
       "cudnn_api")),
     ("backends: what runs a plan", ("backends",)),
     ("ingest: the input side, from names to decoded crops (host or GPU)", ("ingest",)),

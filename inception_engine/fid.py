@@ -1,0 +1,145 @@
+"""The arithmetic of the generative-model scores, in float64: FID (Heusel et al. 2017), KID (Binkowski et al. 2018)
+and the Inception Score (Salimans et al. 2016), and the statistics files pytorch-fid writes.
+
+FID = |mu1 - mu2|^2 + tr(S1) + tr(S2) - 2 tr sqrt(S1 S2). The trace of the matrix square root is taken from the
+symmetric form: S1 S2 is similar to sqrt(S1) S2 sqrt(S1) (conjugate by sqrt(S1)), which is symmetric positive
+semi-definite, so tr sqrt(S1 S2) = sum of the square roots of its eigenvalues. Two symmetric eigendecompositions
+(numpy.linalg.eigh, LAPACK's syevd) give it with no complex arithmetic, no iteration and no failure on singular
+covariances (fewer images than 2048 dimensions: the eigenvalues that should be 0 come out as tiny +-1e-12 and are
+clipped to 0); scipy.linalg.sqrtm, which pytorch-fid calls on the non-symmetric S1 S2, needs an eps * I retry when
+the product is singular and discards an imaginary part it has to check. Both compute the same number: the tests
+check this one against scipy's on synthetic features.
+
+Statistics are accumulated a batch at a time (``RunningStats``: the mean and the centred sum of outer products,
+merged as Chan et al. merge variances), so memory is the 2048 x 2048 float64 matrix whatever the number of images;
+the covariance is the unbiased one (N - 1), as numpy.cov and pytorch-fid take it. A statistics file is pytorch-fid's
+``.npz``: ``mu`` (2048,) and ``sigma`` (2048, 2048).
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import atomic_write
+from .errors import EngineError
+
+# KID: subsets as clean-fid's kernel_distance and torch-fidelity's kid take them by default: 100 subsets of
+# min(1000, n1, n2) images of each side, drawn without replacement.
+KID_SUBSETS, KID_SUBSET_SIZE = 100, 1000
+IS_SPLITS = 10  # Salimans et al.'s, torch-fidelity's and every Inception Score table's
+
+
+@dataclass
+class RunningStats:
+    """Mean and covariance of rows added a batch at a time, in float64."""
+
+    count: int = 0
+    mean: np.ndarray | None = None
+    m2: np.ndarray | None = None  # sum over rows of (x - mean)(x - mean)^T
+
+    def add(self, rows: np.ndarray) -> None:
+        x = np.asarray(rows, np.float64)
+        if len(x) == 0:
+            return
+        mb = x.mean(axis=0)
+        centred = x - mb
+        m2b = centred.T @ centred
+        if self.mean is None or self.m2 is None:
+            self.count, self.mean, self.m2 = len(x), mb, m2b
+            return
+        n, nb = self.count, len(x)
+        delta = mb - self.mean
+        self.mean = self.mean + delta * (nb / (n + nb))
+        self.m2 += m2b + np.outer(delta, delta) * (n * nb / (n + nb))
+        self.count = n + nb
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mu, sigma); at least two rows are needed for a covariance."""
+        if self.count < 2 or self.mean is None or self.m2 is None:
+            raise EngineError(f"the statistics need at least 2 images, got {self.count}")
+        return self.mean, self.m2 / (self.count - 1)
+
+
+def trace_sqrt_product(sigma1: np.ndarray, sigma2: np.ndarray) -> float:
+    """tr sqrt(sigma1 sigma2) for symmetric positive semi-definite matrices, from the symmetric form (module doc)."""
+    w, v = np.linalg.eigh(np.asarray(sigma1, np.float64))
+    root1 = (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+    inner = root1 @ np.asarray(sigma2, np.float64) @ root1
+    eig = np.linalg.eigvalsh((inner + inner.T) / 2)  # symmetric up to rounding: make it exactly so
+    return float(np.sqrt(np.clip(eig, 0, None)).sum())
+
+
+def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:
+    """The Frechet distance of two Gaussians, float64."""
+    mu1, mu2 = np.asarray(mu1, np.float64), np.asarray(mu2, np.float64)
+    sigma1, sigma2 = np.asarray(sigma1, np.float64), np.asarray(sigma2, np.float64)
+    if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape or sigma1.shape != (len(mu1), len(mu1)):
+        raise EngineError(f"the two statistics differ in shape: mu {mu1.shape} and {mu2.shape}, sigma {sigma1.shape} "
+                          f"and {sigma2.shape}")
+    diff = mu1 - mu2
+    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2 * trace_sqrt_product(sigma1, sigma2))
+
+
+def kernel_inception_distance(feats1: np.ndarray, feats2: np.ndarray, subsets: int = KID_SUBSETS,
+                              subset_size: int = KID_SUBSET_SIZE, seed: int = 0) -> tuple[float, float]:
+    """KID's (mean, std) over ``subsets`` random subsets of m = min(subset_size, n1, n2) rows of each side: the
+    unbiased MMD^2 estimator with the polynomial kernel k(x, y) = (x.y / d + 1)^3 (Binkowski et al. 2018). The
+    subsets are drawn with numpy's generator seeded ``seed``, so the value is the tools' up to their own draws."""
+    n1, n2, d = len(feats1), len(feats2), feats1.shape[1]
+    m = min(subset_size, n1, n2)
+    if m < 2:
+        raise EngineError(f"KID needs at least 2 images on each side, got {n1} and {n2}")
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(subsets):
+        x = np.asarray(feats1[np.sort(rng.choice(n1, m, replace=False))], np.float64)
+        y = np.asarray(feats2[np.sort(rng.choice(n2, m, replace=False))], np.float64)
+        kxx, kyy, kxy = ((a @ b.T / d + 1) ** 3 for a, b in ((x, x), (y, y), (x, y)))
+        off = (kxx.sum() - np.trace(kxx) + kyy.sum() - np.trace(kyy)) / (m * (m - 1))
+        values.append(off - 2 * kxy.mean())
+    return float(np.mean(values)), float(np.std(values))
+
+
+def inception_score(logits: np.ndarray, splits: int = IS_SPLITS) -> tuple[float, float]:
+    """(mean, std) over ``splits`` consecutive parts of exp(E_x KL(p(y|x) || p(y))), p(y|x) the softmax of each
+    row of logits and p(y) the part's mean (Salimans et al. 2016; parts in input order, as their code takes them)."""
+    n = len(logits)
+    if n < splits:
+        raise EngineError(f"the Inception Score takes {splits} splits: it needs at least {splits} images, got {n}")
+    scores = []
+    for k in range(splits):
+        z = np.asarray(logits[k * n // splits:(k + 1) * n // splits], np.float64)
+        z = z - z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        p = np.exp(logp)
+        logpy = np.log(p.mean(axis=0))
+        scores.append(math.exp(float((p * (logp - logpy)).sum(axis=1).mean())))
+    return float(np.mean(scores)), float(np.std(scores))
+
+
+def load_stats(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(mu, sigma) of a statistics file as pytorch-fid writes it (``np.savez(path, mu=..., sigma=...)``)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "mu" not in f or "sigma" not in f:
+                raise EngineError(f"{path}: a statistics file holds the arrays mu and sigma (pytorch-fid's "
+                                  f"format); this one has {', '.join(sorted(f.files)) or 'none'}")
+            mu, sigma = np.asarray(f["mu"], np.float64), np.asarray(f["sigma"], np.float64)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise EngineError(f"{path}: not a readable .npz of statistics ({e})") from None
+    if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
+        raise EngineError(f"{path}: mu {mu.shape} and sigma {sigma.shape} are not a mean and its covariance")
+    if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        raise EngineError(f"{path}: the statistics hold NaN or Inf values")
+    return mu, sigma
+
+
+def save_stats(path: str | Path, mu: np.ndarray, sigma: np.ndarray) -> Path:
+    """Writes ``mu`` and ``sigma`` (float64) as pytorch-fid's statistics file, atomically."""
+    return atomic_write(path, lambda f: np.savez(f, mu=np.asarray(mu, np.float64),
+                                                 sigma=np.asarray(sigma, np.float64)))
