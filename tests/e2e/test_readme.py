@@ -21,17 +21,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inception_engine import backends
+from inception_engine import backends, synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-COMMANDS = {"inception-run": "run_main", "inception-convert-weights": "convert_main", "inception-bench": "bench_main"}
+# command -> (module of inception_engine, its entry function)
+COMMANDS = {"inception-run": ("cli", "run_main"), "inception-convert-weights": ("cli", "convert_main"),
+            "inception-bench": ("cli", "bench_main"), "inception-fid": ("fid_command", "fid_main")}
 
 # (pattern, reason): README lines that cannot run inside the test suite, whatever the machine
 NEVER_HERE = [
     (r"^pip install", "installs packages: the suite runs in the environment they made"),
     (r"^python -m pytest", "runs the test suite, of which this test is part"),
     (r"export_torchvision_onnx\.py", "needs PyTorch and the download of torchvision's pretrained weights"),
+    (r"export_pytorch_fid_onnx\.py", "needs PyTorch, pytorch-fid and the download of its FID weights"),
 ]
 GPU_ONLY = r"--precision (fp16|tf32)|--decode gpu|--gpus|cuda_build"
 
@@ -75,11 +78,18 @@ def scratch(tmp_path_factory, export_like_onnx) -> dict:
     for name in ("cat.jpg", "dog.png", "photos/a.jpg", "photos/b.png", "photos/trip/c.jpg", "more/d.png"):
         image(name)
     os.symlink(export_like_onnx, d / "inception_v3.onnx")  # what scripts/export_torchvision_onnx.py would write
+    for k in range(10):  # inception-fid's folders (--isc takes 10 splits)
+        for folder in ("real", "generated"):
+            (d / folder).mkdir(exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(d / folder / f"{k}.png")
+    fid = synthetic.synthetic_onnx_model(network="fid")  # what scripts/export_pytorch_fid_onnx.py would write
+    fid.producer_name, fid.producer_version = "pytorch", "2.5.0"
+    (d / "pt_inception_fid.onnx").write_bytes(fid.SerializeToString())
     bin_dir = d / ".bin"
     bin_dir.mkdir()
-    for command, entry in COMMANDS.items():  # this checkout's commands, installed or not
+    for command, (module, entry) in COMMANDS.items():  # this checkout's commands, installed or not
         script = bin_dir / command
-        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "from inception_engine.cli import {entry}; '
+        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "from inception_engine.{module} import {entry}; '
                           f'{entry}()" "$@"\n')
         script.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "INCEPTION_WEIGHTS"}
