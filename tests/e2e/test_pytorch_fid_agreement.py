@@ -1,0 +1,108 @@
+"""Issue 52's check where PyTorch and pytorch-fid are installed (the GPU machine; never the default test install,
+which skips this file): the same random weights in pytorch-fid's own modules, exported to ONNX and converted, and
+the same two folders of images give pytorch-fid's FID within 1e-4 relative, with its preprocessing (--resize
+pytorch-fid) on the cpu backend and, where a GPU is usable, the cuda backend in fp32.
+
+pytorch-fid's InceptionV3 is built with pytorch-fid's FID Inception replaced by the same modules with random weights
+(its weights are a download; the random ones are He-initialised, BatchNorm statistics random, so that activations
+stay O(1)), and its own get_activations / calculate_frechet_distance compute its FID."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inception_engine import backends, fid_command
+from inception_engine.onnx_convert import convert
+
+from helpers.cli import runner
+
+torch = pytest.importorskip("torch")
+pf_inception = pytest.importorskip("pytorch_fid.inception")
+pf_score = pytest.importorskip("pytorch_fid.fid_score")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def export_script():
+    spec = importlib.util.spec_from_file_location("export_pytorch_fid_onnx",
+                                                  ROOT / "scripts" / "export_pytorch_fid_onnx.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_fid_module():
+    """pytorch-fid's blocks (the export script's fid_module) with He-initialised convolutions and random BatchNorm
+    statistics, in eval mode."""
+    torch.manual_seed(0)
+    model = export_script().fid_module(pretrained=False, state_dict=None)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            elif isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.6, 1.4)
+                m.bias.uniform_(-0.1, 0.3)
+            elif isinstance(m, torch.nn.Linear):
+                torch.nn.init.normal_(m.weight, std=2048 ** -0.5)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fid")
+    model = random_fid_module()
+    onnx_path = d / "fid.onnx"
+    torch.onnx.export(model, (torch.rand(2, 3, 299, 299) * 2 - 1,), str(onnx_path), dynamo=False, opset_version=17,
+                      input_names=["image"], output_names=["logits"],
+                      dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}})
+    weights = convert(onnx_path, d / "fid.npz")
+    rng = np.random.default_rng(1)
+    folders = []
+    for name, bright in (("a", 1.0), ("b", 1.3)):
+        f = d / name
+        f.mkdir()
+        for i in range(24):  # one size: pytorch-fid's DataLoader stacks the images of a batch
+            coarse = rng.integers(0, 200, (8, 8, 3)).astype(np.float64) * bright
+            Image.fromarray(np.clip(coarse, 0, 255).astype(np.uint8)).resize((256, 256), Image.BICUBIC) \
+                .save(f / f"{i:02d}.png")
+        folders.append(f)
+    return model, weights, folders
+
+
+def pytorch_fids_own(model, folders) -> float:
+    """pytorch-fid's FID of the folders with ``model`` as its FID Inception (its resize and 2x - 1 included)."""
+    original = pf_inception.fid_inception_v3
+    pf_inception.fid_inception_v3 = lambda: model
+    try:
+        net = pf_inception.InceptionV3([pf_inception.InceptionV3.BLOCK_INDEX_BY_DIM[2048]]).eval()
+    finally:
+        pf_inception.fid_inception_v3 = original
+    stats = [pf_score.calculate_activation_statistics(sorted(str(p) for p in f.iterdir()), net, batch_size=8,
+                                                      dims=2048, device="cpu", num_workers=0) for f in folders]
+    return float(pf_score.calculate_frechet_distance(*stats[0], *stats[1]))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_fid_equals_pytorch_fids_within_1e_4(setup, backend):
+    if backend == "cuda" and not backends.is_available("cuda")[0]:
+        pytest.skip(f"needs a GPU: {backends.is_available('cuda')[1]}")
+    model, weights, folders = setup
+    want = pytorch_fids_own(model, folders)
+    r = runner().invoke(fid_command.fid_cmd, [str(folders[0]), str(folders[1]), "--weights", str(weights),
+                                               "--backend", backend, "--precision", "fp32", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["resize"] == "pytorch-fid" and doc["network"] == "fid"
+    print(f"{backend}: FID {doc['fid']:.8f}, pytorch-fid's {want:.8f}, rel {abs(doc['fid'] - want) / want:.2e}")
+    assert want > 0 and abs(doc["fid"] - want) <= 1e-4 * want
