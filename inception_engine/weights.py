@@ -217,7 +217,7 @@ def network_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     network = manifest.get("network", "torchvision")
     if not isinstance(network, str) or network not in arch.NETWORKS:
         raise WeightsError(f"the manifest's network is {network!r:.80}, expected one of {', '.join(arch.NETWORKS)}")
-    return arch.weight_shapes(arch.inception_v3(network=network))
+    return arch.weight_shapes() if network == "torchvision" else arch.weight_shapes(arch.inception_v3(network=network))
 
 
 def check_manifest(manifest: Any, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
