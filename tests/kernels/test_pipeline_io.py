@@ -130,7 +130,8 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, tmp_path, mo
     """An unreadable file, then 5 images in batches of 2 through a ring of 4 slots: the ring wraps, inside a batch
     too (the file's slot is skipped: slots 3 and 0 make the second batch), and the last batch is partial. fp32 on
     NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's. The ring
-    page-locked (the copies straight from its slots) or not (gathered into pinned staging first)."""
+    page-locked (the copies straight from its slots) or not (gathered into pinned staging first). The runner copies
+    each batch's pool features back too (features=True): the reference's, by input index, none for the bad file."""
     from inception_engine.backends.cuda import device
 
     lib = PageLockingDriver(device._libcuda())
@@ -141,9 +142,13 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, tmp_path, mo
     paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(5)])
     (tmp_path / "unreadable.png").write_bytes(b"not a picture")
     backend = CudaBackend(weights, build_plan(2, weights.layers(), input_size=size), graph=graph, nhwc=False)
+    feats: dict[int, np.ndarray] = {}
+
+    def keep(indices: list[int], rows: np.ndarray) -> None:
+        feats.update(zip(indices, rows.copy()))
     try:
-        preds = list(pipeline.classify([tmp_path / "unreadable.png", *paths], CudaRunner(backend, pre), pre, 3,
-                                       pipeline.PipelineOptions(workers=2, ring_batches=2)))
+        preds = list(pipeline.classify([tmp_path / "unreadable.png", *paths], CudaRunner(backend, pre, features=True),
+                                       pre, 3, pipeline.PipelineOptions(workers=2, ring_batches=2), on_features=keep))
     finally:
         backend.close()
     if ring == "page-locked":
@@ -151,7 +156,10 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, tmp_path, mo
     host = NumpyBackend(weights, build_plan(len(paths), weights.layers(), input_size=size), dtype=np.float64)
     from inception_engine.ingest.images import load_image
 
-    ref = pipeline.softmax(host.forward(np.stack([load_image(p, pre) for p in paths]).astype(np.float64)))
+    logits, ref_feats = host.forward(np.stack([load_image(p, pre) for p in paths]).astype(np.float64), features=True)
+    ref = pipeline.softmax(logits)
+    assert sorted(feats) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(np.stack([feats[i] for i in range(1, 6)]), ref_feats, rtol=1e-4, atol=1e-5)
     assert preds[0].error and [p.image for p in preds[1:]] == [str(p) for p in paths]
     for p, row in zip(preds[1:], ref):
         want = np.argsort(-row, kind="stable")[:3]
