@@ -396,3 +396,15 @@ def test_fid_network_features_through_the_pipeline_with_its_preprocessing(kind, 
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(OptionError, match="resize"):
         Engine(fid, backend="cpu", resize="tf")
+
+
+def test_padded_forward_cuts_a_partial_batch_to_its_images(weights):
+    """The FID path's forward on the cuda backend: one backend of the run's batch size, a short batch padded."""
+    x = np.stack([load_image(im) for im in images(3, seed=3)])
+    with Engine(weights, backend="cpu", batch_size=2) as engine:
+        forward = engine._padded_forward(4, "cached")
+        logits, feats = forward(x, features=True)
+        assert sorted(engine._backends) == [4] and logits.shape == (3, 1000) and feats.shape == (3, 2048)
+        want_logits, want_feats = engine.forward(x, features=True)
+        np.testing.assert_allclose(forward(x), want_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(feats, want_feats, rtol=1e-5, atol=1e-6)
