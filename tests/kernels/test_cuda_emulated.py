@@ -62,7 +62,7 @@ def test_backend_forward_on_the_emulator(backend_emu_lib):
     assert "features rel L2" in r.stdout, r.stdout[-2000:]  # the pool's output copied back, checked too
 
 
-@pytest.mark.parametrize("layout,precision", [("nchw", "fp32"), ("nhwc", "fp16")])
+@pytest.mark.parametrize("layout,precision", [("nchw", "fp32"), ("nhwc", "tf32"), ("nhwc", "fp16")])
 def test_fid_network_forward_on_the_emulator(backend_emu_lib, layout, precision):
     """pytorch-fid's FID Inception (average pools without padding, Mixed_7c's padded max pool, 1008 classes) through
     the CUDA backend's pool kernels (pool.cu, pool_nhwc.cu: is_max and count_include_pad per launch), logits and
@@ -72,6 +72,7 @@ def test_fid_network_forward_on_the_emulator(backend_emu_lib, layout, precision)
                      "--precision", precision, "--network", "fid")
     out = r.stdout[-2000:] + r.stderr[-3000:]
     assert r.returncode == 0 and "PASS" in r.stdout and "FID network" in r.stdout, out
+    print(r.stdout.strip().splitlines()[-1])  # the errors against float64, logits and features (-s shows them)
 
 
 def test_bench_kernels_runs_on_the_emulator(backend_emu_lib):
