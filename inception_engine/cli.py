@@ -202,7 +202,6 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
     if run.driver != "ray" and not may_hold_images(run.images, run.recursive):  # a usage error: before any loading
         raise EngineError(no_images_line(run.images, run.recursive))
     if run.driver == "ray":
-
         return run_on_ray(run)
     if run.gpus == 1:
         # before the weights are read: a machine without a GPU is refused at once (--gpus N checks the count as its
