@@ -176,6 +176,78 @@ def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace) -> l
     return rows
 
 
+# ------------------------------------------------------------------------------------------ the server profiled
+
+class Spy:
+    """py-spy sampling a process until ``stop`` (SIGINT: it writes what it has): collapsed stacks, one thread's
+    name at the root of each (--threads), idle frames left out."""
+
+    def __init__(self, pid: int, out: str):
+        self.out = out
+        self.proc = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--threads", "--gil",
+                                      "--nonblocking", "--rate", "200", "-o", out],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> list[tuple[list[str], int]]:
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            err = self.proc.communicate()[1]
+        if not Path(self.out).is_file():
+            print(f"py-spy wrote nothing: {err.strip().splitlines()[-1:] or ['?']}", flush=True)
+            return []
+        stacks = []
+        for line in Path(self.out).read_text().splitlines():
+            frames, _, count = line.rpartition(" ")
+            if frames and count.isdigit():
+                stacks.append((frames.split(";"), int(count)))
+        return stacks
+
+
+def py_spy(pid: int, out: str) -> Spy | None:
+    """A Spy on ``pid``, None (said once) where py-spy is not installed."""
+    import shutil
+
+    if shutil.which("py-spy") is None:
+        print("py-spy is not installed (dev/gpu_machine/serve_kit.sh): no profile", flush=True)
+        return None
+    return Spy(pid, out)
+
+
+def short(frame: str) -> str:
+    """'fn (path/to/file.py:12)' as 'fn (file.py:12)'."""
+    return re.sub(r"\((?:[^()]*/)?([^/()]+)\)$", r"(\1)", frame)
+
+
+def top_frames(spy: Spy, top: int = 25) -> str:
+    """The profile's hottest frames: per thread its share of the samples, then the frames by self samples (the
+    frame on top of the stack) and by total samples (anywhere on it), as % of all samples."""
+    stacks = spy.stop()
+    total = sum(c for _, c in stacks)
+    if not total:
+        return "py-spy: no samples"
+    threads: dict[str, int] = {}
+    own: dict[str, int] = {}
+    anywhere: dict[str, int] = {}
+    for frames, c in stacks:
+        threads[frames[0]] = threads.get(frames[0], 0) + c
+        own[short(frames[-1])] = own.get(short(frames[-1]), 0) + c
+        for f in {short(f) for f in frames[1:]}:
+            anywhere[f] = anywhere.get(f, 0) + c
+
+    def table(title: str, counts: dict[str, int]) -> list[str]:
+        best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [title, *(f"  {100 * c / total:5.1f} %  {f}" for f, c in best)]
+
+    lines = [f"py-spy: {total} samples (non-idle) in {spy.out}",
+             *table("by thread:", threads), *table("by self samples:", own), *table("by total samples:", anywhere)]
+    return "\n".join(lines)
+
+
 def fmt(row: dict) -> str:
     level = f"c={int(row['level'])}" if row["mode"] == "closed" else f"{row['level']:.0f} req/s"
     return (f"{row['server']:10} {row['size']:3} img/req {row['mode']:6} {level:>12}: {row['images_s']:7} img/s "

@@ -1,0 +1,179 @@
+"""inception-serve's own cost, without a GPU: the real server (app, batcher, protocol, devices.ThreadDevice and
+DeviceWorker.submit/result, the memory-file hand-off included) on a stand-in engine that answers at once (or after a
+fixed time a batch, ``--batch-ms``, as a GPU would: the device thread waiting without the GIL), driven by
+dev/bench_serve.py's load (tritonclient's asyncio client, binary BYTES requests of small JPEGs, several processes).
+
+    python dev/serve_standin.py [--sizes 64,1] [--concurrency 32] [--seconds 6] [--client-procs 2] [--profile]
+
+Per row: the server's images/s, and its CPU time per image (utime + stime of its process over the row, from
+/proc/PID/stat): the figure that a machine shared with other work changes least. ``--profile``: py-spy samples the
+server during each row (``record --format raw``), its hottest frames printed (bench_serve.top_frames).
+
+Only this module swaps the engine (devices.DeviceWorker, in the server's own process: ``--serve PORT``); the product
+has no such option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "dev")]
+
+SIZE = 299
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+class StandInRunner:
+    """The cuda runner's encoded path's interface (submit_encoded, result), answering each image with the same top-k;
+    ``batch_ms``: the time a batch takes, waited as the device thread waits for the GPU (GIL released)."""
+
+    decode_fallback = None  # the jpeg_batch.c path: DeviceWorker hands it memory files
+
+    def __init__(self, batch: int, batch_ms: float):
+        self.batch, self.batch_ms = batch, batch_ms
+
+    def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> tuple[int, int, float]:
+        return len(items), top_k, time.perf_counter() + self.batch_ms / 1000
+
+    def result(self, ticket: tuple[int, int, float]) -> list[Any]:
+        n, top_k, done = ticket
+        time.sleep(max(0.0, done - time.perf_counter()))
+        top = [(281 + j, 0.5 / (j + 1)) for j in range(top_k)]
+        return [list(top) for _ in range(n)]  # a list per image, as the runner's top-k rows are
+
+    def close(self) -> None:
+        pass
+
+
+def patch_devices(batch_ms: float) -> None:
+    """devices.DeviceWorker made one whose runners are StandInRunners (sizes as a GPU device's: 1, 8, the batch)."""
+    from inception_engine.engine import EngineFacts
+    from inception_engine.ingest.images import Preprocess
+    from inception_engine.serve import devices
+
+    class Engine:
+        backend_name, decode, preprocess = "cuda", "gpu", Preprocess()
+
+        def close(self) -> None:
+            pass
+
+    class StandInWorker(devices.DeviceWorker):
+        def __init__(self, spec: Any):
+            self.engine, self.size = Engine(), SIZE
+            batch = spec.batch_size
+            self.runners = [(StandInRunner(b, batch_ms), None) for b in sorted({*devices.SMALL_RUNNERS, batch})]
+            self.depth, self.sizes = 2, devices.buckets(batch)
+
+        def warm_up(self) -> None:
+            pass
+
+        def facts(self) -> EngineFacts:
+            return EngineFacts("cuda", "fp16", self.sizes[-1], None, ())
+
+        def close(self) -> None:
+            pass
+
+    devices.DeviceWorker = StandInWorker  # type: ignore[misc]
+
+
+def serve(port: int, batch_ms: float, max_batch: int) -> None:
+    """The server as inception-serve runs it (command.GracefulServer, app.make_app), on the stand-in engine."""
+    from inception_engine.config import EngineConfig
+    from inception_engine.serve.app import Server, make_app
+    from inception_engine.serve.command import GracefulServer, listening_socket
+    from inception_engine.serve.settings import Limits, ServeOptions
+
+    patch_devices(batch_ms)
+    never_read = Path("/tmp/serve_standin_weights.npz")  # EngineConfig wants a weight file; no engine reads it
+    never_read.touch()
+    spec = EngineConfig(never_read, "cuda", "fp16", max_batch, None, "thread", "gpu")
+    options = ServeOptions(spec, 1, max_batch, 0.0, 2, Limits(max_images=4096))
+    sock = listening_socket("127.0.0.1", port)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = Server(options, lambda facts, names: print(f"standin: ready at {url}", file=sys.stderr, flush=True))
+    GracefulServer(make_app(server), sock, timeout=5).run()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (its threads included), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def jpegs(n: int) -> list[Path]:
+    """Small JPEGs (500x375, as bench_folder's small style, ~20-40 KB), made once."""
+    import numpy as np
+    from PIL import Image
+
+    d = Path("/tmp/serve_standin_jpegs")
+    d.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        p = d / f"{i:04}.jpg"
+        if not p.exists():
+            base = rng.integers(0, 255, (24, 32, 3), np.uint8)
+            img = Image.fromarray(base).resize((500, 375), Image.BILINEAR)
+            buf = io.BytesIO()
+            img.save(buf, "JPEG", quality=90)
+            p.write_bytes(buf.getvalue())
+        out.append(p)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="64,1")
+    ap.add_argument("--concurrency", default="32")
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--client-procs", type=int, default=2)
+    ap.add_argument("--batch-ms", type=float, default=0.0, help="a batch's time on the stand-in device")
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--images", type=int, default=256)
+    ap.add_argument("--profile", action="store_true", help="py-spy the server during each row")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve is not None:
+        return serve(args.serve, args.batch_ms, args.max_batch)
+    from bench_serve import load_point, py_spy, top_frames
+
+    files = jpegs(args.images)
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", "0", "--batch-ms", str(args.batch_ms),
+                             "--max-batch", str(args.max_batch)], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    url = None
+    for line in proc.stderr:  # type: ignore[union-attr]
+        if line.startswith("standin: ready at "):
+            url = line.split()[-1]
+            break
+        sys.stderr.write(line)
+    if url is None:
+        raise SystemExit(f"the stand-in server did not start (exit {proc.wait()})")
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            for c in (int(v) for v in args.concurrency.split(",")):
+                spy = py_spy(proc.pid, f"/tmp/serve_standin_{size}_{c}.txt") if args.profile else None
+                cpu0 = cpu_seconds(proc.pid)
+                row = load_point("inception", url, files, size, "closed", c, args.seconds, args.client_procs)
+                cpu = cpu_seconds(proc.pid) - cpu0
+                images = row["images_s"] * args.seconds
+                print(f"{size:3} img/req c={c:<4}: {row['images_s']:6} img/s  p50 {row['p50_ms']} ms  failed "
+                      f"{row['failed']}  server CPU {1e6 * cpu / max(images, 1):.0f} us/image "
+                      f"({cpu / args.seconds:.2f} cores)", flush=True)
+                if spy is not None:
+                    print(top_frames(spy, args.top), flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
