@@ -320,8 +320,9 @@ async def config(server: Server, request: Request) -> Response:
 async def infer(server: Server, request: Request) -> Response:
     check_model(server, request)
     body = await read_body(request, server.limits)
-    req = await off_loop(len(body) > OFF_LOOP_BYTES, parse_infer, body, request.headers.get(HEADER_LENGTH),
-                         server.size, server.limits.max_images)
+    header_length = request.headers.get(HEADER_LENGTH)
+    req = await off_loop(parse_is_long(len(body), header_length), parse_infer, body, header_length, server.size,
+                         server.limits.max_images)
     names = [f"images[{i}]" for i in range(req.count)]
     answer = await answered_in_time(server, server.compute(req, names))
     # whole tensors as JSON: ~20 bytes a value to format
@@ -335,6 +336,17 @@ async def infer(server: Server, request: Request) -> Response:
 # takes the event loop for longer than a batch (json.loads of a 64-image FP32 tensor: seconds), a small one less
 # than the trip to a thread and back.
 OFF_LOOP_BYTES = 1 << 20
+# Binary data after the JSON, the same: an FP32 tensor's values are checked (finite) at ~5 GB/s, a few ms at this
+# size; a BYTES tensor's elements are only delimited (views of the body), microseconds however large its images.
+OFF_LOOP_BINARY_BYTES = 16 << 20
+
+
+def parse_is_long(body_bytes: int, header_length: str | None) -> bool:
+    """Whether parsing a request body would hold the event loop long enough to go to a thread: its JSON part
+    larger than OFF_LOOP_BYTES or its binary part larger than OFF_LOOP_BINARY_BYTES (the HTTP header, checked by
+    the parser, tells them apart; where it is not a number the whole body counts as JSON)."""
+    text = min(int(header_length), body_bytes) if header_length is not None and header_length.isdigit() else body_bytes
+    return text > OFF_LOOP_BYTES or body_bytes - text > OFF_LOOP_BINARY_BYTES
 
 
 async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:

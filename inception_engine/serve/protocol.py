@@ -77,7 +77,7 @@ class InferRequest:
 
     id: str | None
     outputs: list[OutputSpec]
-    encoded: list[bytes] | None = None
+    encoded: list[bytes] | list[memoryview] | None = None  # views of the body where it came as binary data
     tensor: np.ndarray | None = None
 
     @property
@@ -227,9 +227,12 @@ def read_input(inp: dict[str, Any], binary: memoryview, size: int, max_images: i
     return nbytes or 0
 
 
-def split_bytes(data: memoryview, count: int, name: str) -> list[bytes]:
-    """The elements of a BYTES tensor's binary data: each a 4-byte little-endian length, then that many bytes."""
-    out, at = [], 0
+def split_bytes(data: memoryview, count: int, name: str) -> list[memoryview]:
+    """The elements of a BYTES tensor's binary data: each a 4-byte little-endian length, then that many bytes. Each
+    element a view of the body, not a copy of it: a request's images are read from the body where they arrived (a
+    copy of each JPEG was a quarter of the server's time with 64-image requests)."""
+    out: list[memoryview] = []
+    at = 0
     for i in range(count):
         if at + 4 > len(data):
             raise ProtocolError(f"input {name!r}: binary data ends before element {i}'s length (truncated?)")
@@ -237,7 +240,7 @@ def split_bytes(data: memoryview, count: int, name: str) -> list[bytes]:
         if at + 4 + n > len(data):
             raise ProtocolError(f"input {name!r}: element {i} says {n} bytes but {len(data) - at - 4} are left "
                                 f"(truncated?)")
-        out.append(bytes(data[at + 4:at + 4 + n]))
+        out.append(data[at + 4:at + 4 + n])
         at += 4 + n
     if at != len(data):
         raise ProtocolError(f"input {name!r}: binary_data_size holds {len(data) - at} bytes past its {count} "

@@ -241,12 +241,21 @@ def test_memory_files_are_readable_by_path_and_errors_name_the_image():
     """--decode gpu's jpeg_batch.c reads files by name: the images go to it as the server's own memory files, and
     its errors come back naming the image."""
     from inception_engine.ingest.files import read_file
-    from inception_engine.serve.devices import memory_files, renamed
+    from inception_engine.serve.devices import MemoryFiles, renamed
 
+    files = MemoryFiles()
     items = [b"\xff\xd8 first", b"", b"x" * 300_000]
-    with memory_files(items) as paths:
-        got = [read_file(p) for p in paths]  # opened by path as jpeg_batch.c opens them (a regular file)
-        names = dict(zip(paths, ["images[0]", "images[1]", "images[2]"]))
-        assert [data for data, _ in got] == [items[0], None, items[2]]
-        assert renamed(got[1][1], names) == "images[1]: empty file"
-        assert renamed([(1, 0.5)], names) == [(1, 0.5)] and renamed("other: x", names) == "other: x"
+    paths = files.hold(items)
+    got = [read_file(p) for p in paths]  # opened by path as jpeg_batch.c opens them (a regular file)
+    names = dict(zip(paths, ["images[0]", "images[1]", "images[2]"]))
+    assert [data for data, _ in got] == [items[0], None, items[2]]
+    assert renamed(got[1][1], names) == "images[1]: empty file"
+    assert renamed([(1, 0.5)], names) == [(1, 0.5)] and renamed("other: x", names) == "other: x"
+    # the next batch rewrites the same files: shorter and longer contents, views of a body, read back exactly
+    body = memoryview(b"..abc" + b"y" * 70_000)
+    again = [b"z" * 400_000, body[2:5], body[5:]]
+    assert files.hold(again) == paths
+    assert [read_file(p)[0] for p in paths] == [again[0], b"abc", b"y" * 70_000]
+    assert files.hold(again[:1]) == paths[:1]
+    files.close()
+    assert read_file(paths[0])[0] is None  # closed: nothing left behind
