@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import subprocess
 import sys
 import time
@@ -28,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "dev")]
 
 SIZE = 299
-CLK = os.sysconf("SC_CLK_TCK")
 
 
 class StandInRunner:
@@ -103,12 +101,6 @@ def serve(port: int, batch_ms: float, max_batch: int) -> None:
     GracefulServer(make_app(server), sock, timeout=5).run()
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (its threads included), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK
-
-
 def jpegs(n: int) -> list[Path]:
     """Small JPEGs (500x375, as bench_folder's small style, ~20-40 KB), made once."""
     import numpy as np
@@ -145,7 +137,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.serve is not None:
         return serve(args.serve, args.batch_ms, args.max_batch)
-    from bench_serve import load_point, py_spy, top_frames
+    from bench_serve import load_point, measured, py_spy, top_frames
 
     files = jpegs(args.images)
     proc = subprocess.Popen([sys.executable, __file__, "--serve", "0", "--batch-ms", str(args.batch_ms),
@@ -162,13 +154,11 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             for c in (int(v) for v in args.concurrency.split(",")):
                 spy = py_spy(proc.pid, f"/tmp/serve_standin_{size}_{c}.txt") if args.profile else None
-                cpu0 = cpu_seconds(proc.pid)
-                row = load_point("inception", url, files, size, "closed", c, args.seconds, args.client_procs)
-                cpu = cpu_seconds(proc.pid) - cpu0
-                images = row["images_s"] * args.seconds
+                row = measured(proc.pid, load_point, "inception", url, files, size, "closed", c, args.seconds,
+                               args.client_procs)
                 print(f"{size:3} img/req c={c:<4}: {row['images_s']:6} img/s  p50 {row['p50_ms']} ms  failed "
-                      f"{row['failed']}  server CPU {1e6 * cpu / max(images, 1):.0f} us/image "
-                      f"({cpu / args.seconds:.2f} cores)", flush=True)
+                      f"{row['failed']}  server CPU {row['cpu_us_image']} us/image "
+                      f"({row['server_cpu_s'] / row['seconds']:.2f} cores)", flush=True)
                 if spy is not None:
                     print(top_frames(spy, args.top), flush=True)
     finally:
