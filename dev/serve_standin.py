@@ -66,7 +66,9 @@ def patch_devices(batch_ms: float) -> None:
 
     class StandInWorker(devices.DeviceWorker):
         def __init__(self, spec: Any):
-            self.engine, self.size, self.files = Engine(), SIZE, devices.MemoryFiles()
+            self.engine, self.size = Engine(), SIZE
+            # the tree before MemoryFiles (an A/B against it) has none: its memory files are made per batch
+            self.files = devices.MemoryFiles() if hasattr(devices, "MemoryFiles") else None
             batch = spec.batch_size
             self.runners = [(StandInRunner(b, batch_ms), None) for b in sorted({*devices.SMALL_RUNNERS, batch})]
             self.depth, self.sizes = 2, devices.buckets(batch)
@@ -78,7 +80,8 @@ def patch_devices(batch_ms: float) -> None:
             return EngineFacts("cuda", "fp16", self.sizes[-1], None, ())
 
         def close(self) -> None:
-            self.files.close()
+            if self.files is not None:
+                self.files.close()
 
     devices.DeviceWorker = StandInWorker  # type: ignore[misc]
 

@@ -251,7 +251,8 @@ class ThreadDevice:
         self.index, self.loop = index, loop
         self.name = "cpu" if spec.backend == "cpu" else f"gpu{index}"
         self.depth = 1
-        self._jobs: queue.Queue[Any] = queue.Queue()
+        # SimpleQueue: the event loop's put, once a batch, wakes the thread without queue.Queue's Python locking
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ready: asyncio.Future[tuple[EngineFacts, Preprocess]] = loop.create_future()
         self._thread = threading.Thread(target=self._main, args=(spec,), name=f"device-{self.name}", daemon=True)
         self._thread.start()

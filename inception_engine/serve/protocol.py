@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -213,7 +214,7 @@ def read_input(inp: dict[str, Any], binary: memoryview, size: int, max_images: i
     data = binary[:nbytes] if nbytes is not None else None
     if data is None and "data" not in inp:
         raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # not np.prod: microseconds a request on a list of two
     if name == INPUT_BYTES:
         req.encoded = (split_bytes(data, count, name) if data is not None else
                        json_bytes(inp["data"], count, name, params.get("content_type") == "base64"))
