@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,11 +305,13 @@ def classification(scores: np.ndarray, k: int, exact: bool, order: np.ndarray | 
 
 def bytes_tensor(strings: Iterable[str]) -> bytes:
     """A BYTES tensor's binary data: each element's 4-byte little-endian length, then its UTF-8 bytes."""
-    parts = []
-    for s in strings:
-        b = s.encode("utf-8")
-        parts += [LENGTH.pack(len(b)), b]
-    return b"".join(parts)
+    return bytes_tensor_raw([s.encode("utf-8") for s in strings])
+
+
+@functools.cache
+def label_suffixes() -> tuple[str, ...]:
+    """Per class the end of its classification element, ":index:label" (formatted once, not per image)."""
+    return tuple(f":{i}:{label}" for i, label in enumerate(imagenet_labels()))
 
 
 @dataclass
@@ -324,10 +327,9 @@ class Answer:
 def output_tensor(spec: OutputSpec, answer: Answer) -> tuple[str, list[int], Any]:
     """(datatype, shape, values) of one output: a float32 array or a list of strings."""
     if spec.classification and spec.name == OUTPUT_PROBS and answer.top is not None:
-        labels = imagenet_labels()
-        fmt = repr if spec.exact else (lambda v: f"{v:f}")
-        rows = [[f"{fmt(p)}:{i}:{labels[i]}" for i, p in top[:spec.classification]] for top in answer.top]
-        return "BYTES", [len(rows), spec.classification], [s for row in rows for s in row]
+        suffix, k = label_suffixes(), spec.classification
+        fmt: Callable[[float], str] = repr if spec.exact else "{:f}".format
+        return "BYTES", [len(answer.top), k], [fmt(p) + suffix[i] for top in answer.top for i, p in top[:k]]
     values = answer.probs if spec.name == OUTPUT_PROBS else answer.logits
     assert values is not None, f"{spec.name} was not computed"
     if spec.classification:
@@ -394,7 +396,7 @@ def encode_images_request(images: Sequence[bytes], top_k: int, exact: bool = Tru
 
 
 def bytes_tensor_raw(items: Sequence[bytes]) -> bytes:
-    return b"".join(part for b in items for part in (LENGTH.pack(len(b)), b))
+    return b"".join([LENGTH.pack(len(b)) + b for b in items])
 
 
 def parse_classification(strings: Sequence[str]) -> list[tuple[int, str, float]]:
