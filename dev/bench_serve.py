@@ -285,8 +285,11 @@ def fmt(row: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ the servers
 
-def start_inception(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "inception_engine.serve.command", "--port", "0", "--precision", args.precision,
+def start_inception(args: argparse.Namespace, device_process: bool = False) -> tuple[subprocess.Popen, str]:
+    """inception-serve; ``device_process``: its one device in a worker process (serve_standin.py --device-process)."""
+    server = ([str(ROOT / "dev" / "serve_standin.py"), "--device-process"] if device_process else
+              ["-m", "inception_engine.serve.command"])
+    cmd = [sys.executable, *server, "--port", "0", "--precision", args.precision,
            "--decode", args.decode, "--backend", args.backend, "--max-queue-delay-ms", str(args.delay_ms),
            "--max-images", "4096"]
     if args.weights:
@@ -487,6 +490,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="py-spy the server during the closed-loop row of SIZE images a request at concurrency C "
                          "(GIL-holding samples; py-spy from serve_kit.sh) and print its hottest frames")
     ap.add_argument("--profile-top", type=int, default=25)
+    ap.add_argument("--device-process", action="store_true",
+                    help="then the same rows again with the one GPU's engine in a worker process (its own GIL; "
+                         "serve_standin.py --device-process), its server CPU counting the server process only")
     ap.add_argument("--peer-server", nargs=2, type=int, metavar=("PORT", "BATCH"), help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -509,6 +515,16 @@ def main() -> None:
     finally:
         proc.terminate()
         print(f"inception-serve exit code {proc.wait(timeout=120)}", flush=True)
+    if args.device_process:
+        proc, url = start_inception(args, device_process=True)
+        try:
+            one = argparse.Namespace(**{**vars(args), "profile": None})
+            print("the same, the engine in a worker process:", flush=True)
+            report["rows"] += [{**r, "server": "inception/device-process"}
+                               for r in sweep("inception", url, files, one, proc.pid)]
+        finally:
+            proc.terminate()
+            print(f"inception-serve (device process) exit code {proc.wait(timeout=120)}", flush=True)
     if args.peer == "litserve":
         for size in args.sizes:  # each request size on a peer batching as it suits it
             peer = start_peer(64 if size == 1 else 1, args.peer_port, args.peer_model)

@@ -4,19 +4,22 @@ fixed time a batch, ``--batch-ms``, as a GPU would: the device thread waiting wi
 dev/bench_serve.py's load (tritonclient's asyncio client, binary BYTES requests of small JPEGs, several processes).
 
     python dev/serve_standin.py [--sizes 64,1] [--concurrency 32] [--seconds 6] [--client-procs 2] [--profile]
+                                [--batch-ms 0] [--host-us 0] [--process]
 
 Per row: the server's images/s, and its CPU time per image (utime + stime of its process over the row, from
 /proc/PID/stat): the figure that a machine shared with other work changes least. ``--profile``: py-spy samples the
 server during each row (``record --format raw``), its hottest frames printed (bench_serve.top_frames).
 
 Only this module swaps the engine (devices.DeviceWorker, in the server's own process: ``--serve PORT``); the product
-has no such option.
+has no such option. ``python dev/serve_standin.py --device-process ARGS``: inception-serve ARGS on the real engine,
+its one device in a worker process (bench_serve.py --device-process, an A/B on the GPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import subprocess
 import sys
 import time
@@ -31,14 +34,18 @@ SIZE = 299
 
 class StandInRunner:
     """The cuda runner's encoded path's interface (submit_encoded, result), answering each image with the same top-k;
-    ``batch_ms``: the time a batch takes, waited as the device thread waits for the GPU (GIL released)."""
+    ``batch_ms``: the time a batch takes, waited as the device thread waits for the GPU (GIL released);
+    ``host_us``: the runner's own Python a image (decode calls, uploads, top-k), spun holding the GIL."""
 
     decode_fallback = None  # the jpeg_batch.c path: DeviceWorker hands it memory files
 
-    def __init__(self, batch: int, batch_ms: float):
-        self.batch, self.batch_ms = batch, batch_ms
+    def __init__(self, batch: int, batch_ms: float, host_us: float):
+        self.batch, self.batch_ms, self.host_us = batch, batch_ms, host_us
 
     def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> tuple[int, int, float]:
+        busy = time.thread_time() + self.host_us * len(items) / 1e6
+        while time.thread_time() < busy:
+            pass
         return len(items), top_k, time.perf_counter() + self.batch_ms / 1000
 
     def result(self, ticket: tuple[int, int, float]) -> list[Any]:
@@ -52,7 +59,7 @@ class StandInRunner:
         pass
 
 
-def patch_devices(batch_ms: float) -> None:
+def patch_devices(batch_ms: float, host_us: float) -> None:
     """devices.DeviceWorker made one whose runners are StandInRunners (sizes as a GPU device's: 1, 8, the batch)."""
     from inception_engine.engine import EngineFacts
     from inception_engine.ingest.images import Preprocess
@@ -70,7 +77,8 @@ def patch_devices(batch_ms: float) -> None:
             # the tree before MemoryFiles (an A/B against it) has none: its memory files are made per batch
             self.files = devices.MemoryFiles() if hasattr(devices, "MemoryFiles") else None
             batch = spec.batch_size
-            self.runners = [(StandInRunner(b, batch_ms), None) for b in sorted({*devices.SMALL_RUNNERS, batch})]
+            sizes = sorted({*devices.SMALL_RUNNERS, batch})
+            self.runners = [(StandInRunner(b, batch_ms, host_us), None) for b in sizes]
             self.depth, self.sizes = 2, devices.buckets(batch)
 
         def warm_up(self) -> None:
@@ -86,14 +94,18 @@ def patch_devices(batch_ms: float) -> None:
     devices.DeviceWorker = StandInWorker  # type: ignore[misc]
 
 
-def serve(port: int, batch_ms: float, max_batch: int) -> None:
-    """The server as inception-serve runs it (command.GracefulServer, app.make_app), on the stand-in engine."""
+def serve(port: int, max_batch: int, process: bool) -> None:
+    """The server as inception-serve runs it (command.GracefulServer, app.make_app), on the stand-in engine; its
+    device a thread (as with one GPU) or, ``process``, a worker process (devices.ProcessDevice, as with several)."""
     from inception_engine.config import EngineConfig
+    from inception_engine.serve import app as app_module
     from inception_engine.serve.app import Server, make_app
     from inception_engine.serve.command import GracefulServer, listening_socket
+    from inception_engine.serve.devices import ProcessDevice
     from inception_engine.serve.settings import Limits, ServeOptions
 
-    patch_devices(batch_ms)
+    if process:
+        app_module.make_devices = lambda spec, gpus, loop: [ProcessDevice(spec, 0, loop)]  # type: ignore
     never_read = Path("/tmp/serve_standin_weights.npz")  # EngineConfig wants a weight file; no engine reads it
     never_read.touch()
     spec = EngineConfig(never_read, "cuda", "fp16", max_batch, None, "thread", "gpu")
@@ -102,6 +114,23 @@ def serve(port: int, batch_ms: float, max_batch: int) -> None:
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     server = Server(options, lambda facts, names: print(f"standin: ready at {url}", file=sys.stderr, flush=True))
     GracefulServer(make_app(server), sock, timeout=5).run()
+
+
+def serve_with_device_process(argv: list[str]) -> None:
+    """inception-serve itself (its command line: ``argv``), the real engine, but with its device in a worker process
+    (devices.ProcessDevice) even for one GPU: the event loop and the engine's thread then hold a GIL each. For an
+    A/B on the GPU (bench_serve.py --device-process); the product keeps one GPU's engine on a thread."""
+    from inception_engine.multi_gpu import cpu_share
+    from inception_engine.serve import app as app_module
+    from inception_engine.serve.command import serve_main
+    from inception_engine.serve.devices import ProcessDevice
+
+    def make_devices(spec: Any, gpus: int, loop: Any) -> list[Any]:
+        return [ProcessDevice(spec, g, loop, cpu_share(g, gpus) if gpus > 1 else None) for g in range(gpus)]
+
+    app_module.make_devices = make_devices  # type: ignore[assignment]
+    sys.argv = ["inception-serve", *argv]
+    serve_main()
 
 
 def jpegs(n: int) -> list[Path]:
@@ -132,6 +161,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--client-procs", type=int, default=2)
     ap.add_argument("--batch-ms", type=float, default=0.0, help="a batch's time on the stand-in device")
+    ap.add_argument("--host-us", type=float, default=0.0,
+                    help="the runner's Python an image on the stand-in device, holding the GIL")
+    ap.add_argument("--process", action="store_true", help="the device in a worker process (ProcessDevice)")
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--profile", action="store_true", help="py-spy the server during each row")
@@ -139,12 +171,14 @@ def main() -> None:
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve is not None:
-        return serve(args.serve, args.batch_ms, args.max_batch)
+        return serve(args.serve, args.max_batch, args.process)
     from bench_serve import load_point, measured, py_spy, top_frames
 
     files = jpegs(args.images)
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", "0", "--batch-ms", str(args.batch_ms),
-                             "--max-batch", str(args.max_batch)], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    env = {**os.environ, STAND_IN: f"{args.batch_ms},{args.host_us}"}
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", "0", "--max-batch", str(args.max_batch),
+                             *(["--process"] if args.process else [])], stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=env)
     url = None
     for line in proc.stderr:  # type: ignore[union-attr]
         if line.startswith("standin: ready at "):
@@ -169,5 +203,14 @@ def main() -> None:
         proc.wait(timeout=30)
 
 
+# The stand-in's timings (batch ms, host us an image), for the server and for a device's worker process, which
+# imports this module as its main (spawn) and so swaps its engine too.
+STAND_IN = "SERVE_STANDIN"
+if STAND_IN in os.environ:
+    patch_devices(*(float(v) for v in os.environ[STAND_IN].split(",")))
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--device-process"]:
+        serve_with_device_process(sys.argv[2:])
+    else:
+        main()
