@@ -328,6 +328,13 @@ def _process_main(spec: EngineConfig, gpu: int, conn: Any, owner: int, cpus: lis
         worker.close()
 
 
+def picklable(job: Job) -> Job:
+    """The job with its images as bytes: views of request bodies (protocol.split_bytes) do not pickle."""
+    if job.kind != "encoded" or all(isinstance(d, bytes) for d in job.data):
+        return job
+    return Job(job.kind, [bytes(d) for d in job.data], job.names, job.top_k)
+
+
 class ProcessDevice:
     """A device whose engine runs in a worker process of its own (several GPUs: the module doc says why)."""
 
@@ -373,6 +380,8 @@ class ProcessDevice:
     def _send(self) -> None:
         while True:
             item = self._outbox.get()
+            if item != STOP:  # made picklable here, off the event loop
+                item = (item[0], picklable(item[1]))
             try:
                 self._conn.send(item)
             except OSError:  # the worker ended: the reader fails what is outstanding
@@ -381,8 +390,6 @@ class ProcessDevice:
                 return
 
     def run(self, job: Job) -> asyncio.Future:
-        if job.kind == "encoded":  # views of request bodies (protocol.split_bytes) pickle as bytes only
-            job = Job(job.kind, [bytes(d) for d in job.data], job.names, job.top_k)
         fut = self.loop.create_future()
         key, self._next = self._next, self._next + 1
         self._futures[key] = fut

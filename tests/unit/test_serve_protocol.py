@@ -259,3 +259,32 @@ def test_memory_files_are_readable_by_path_and_errors_name_the_image():
     assert files.hold(again[:1]) == paths[:1]
     files.close()
     assert read_file(paths[0])[0] is None  # closed: nothing left behind
+
+
+def test_a_job_of_body_views_goes_to_a_worker_process_as_bytes():
+    """Images are views of the request body (no copy) on the server; a worker process (several GPUs) gets bytes."""
+    import pickle
+
+    from inception_engine.serve.devices import Job, picklable
+
+    body = memoryview(b"\x05\x00\x00\x00hello")
+    job = Job("encoded", [body[4:]], ["images[0]"], 5)
+    with pytest.raises(TypeError):
+        pickle.dumps(job)
+    sent = pickle.loads(pickle.dumps(picklable(job)))
+    assert sent.data == [b"hello"] and sent.names == ["images[0]"] and sent.top_k == 5
+    pixels = Job("pixels", np.zeros((1, 2, 2, 3), np.uint8), ["x"])
+    assert picklable(pixels) is pixels
+
+
+def test_which_bodies_are_parsed_off_the_event_loop():
+    """A large JSON part or a large binary tensor goes to a thread; a BYTES request's binary images (only delimited)
+    of a few MB, and small bodies, are parsed in place."""
+    pytest.importorskip("starlette")
+    from inception_engine.serve.app import OFF_LOOP_BINARY_BYTES, OFF_LOOP_BYTES, parse_is_long
+
+    assert not parse_is_long(3 << 20, "200")  # 64 JPEGs after a small header
+    assert parse_is_long(OFF_LOOP_BINARY_BYTES + 300, "200")  # an FP32 tensor of 16+ images
+    assert parse_is_long(OFF_LOOP_BYTES + 1, None)  # all JSON
+    assert parse_is_long(OFF_LOOP_BYTES + 10, "x")  # a header the parser refuses: the body counted as JSON
+    assert not parse_is_long(1000, None)
