@@ -31,7 +31,7 @@ import functools
 import json
 import math
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,9 +327,10 @@ class Answer:
 def output_tensor(spec: OutputSpec, answer: Answer) -> tuple[str, list[int], Any]:
     """(datatype, shape, values) of one output: a float32 array or a list of strings."""
     if spec.classification and spec.name == OUTPUT_PROBS and answer.top is not None:
-        suffix, k = label_suffixes(), spec.classification
-        fmt: Callable[[float], str] = repr if spec.exact else "{:f}".format
-        return "BYTES", [len(answer.top), k], [fmt(p) + suffix[i] for top in answer.top for i, p in top[:k]]
+        suffix, k, shape = label_suffixes(), spec.classification, [len(answer.top), spec.classification]
+        if spec.exact:
+            return "BYTES", shape, [repr(p) + suffix[i] for top in answer.top for i, p in top[:k]]
+        return "BYTES", shape, [f"{p:f}{suffix[i]}" for top in answer.top for i, p in top[:k]]
     values = answer.probs if spec.name == OUTPUT_PROBS else answer.logits
     assert values is not None, f"{spec.name} was not computed"
     if spec.classification:
