@@ -3,7 +3,7 @@ torchvision's Inception-V3 in fp16 and LitServe's own batching), in one run on a
 
     python dev/bench_serve.py [--images 1024] [--concurrency 1,4,16,64,256] [--sizes 1,64] [--seconds 5]
                               [--precision fp16] [--decode gpu] [--peer litserve|none] [--run-images 16384]
-                              [--json out.json]
+                              [--profile 64,128] [--json out.json]
 
 On the GPU machine the HTTP packages come from dev/gpu_machine/serve_kit.sh (``install`` sets PYTHONPATH).
 
@@ -14,7 +14,10 @@ from ``--client-procs`` processes (one Python process cannot send 10,000 request
 - open loop: requests started at a fixed rate (``--rate`` requests/s; default 80 % of the closed loop's best), each
   one's latency counted from when it was due, so that a server falling behind shows in p99 (no coordinated
   omission);
-per row: images/s, requests/s, p50 and p99 latency in ms, failed requests.
+per row: images/s, requests/s, p50 and p99 latency in ms, failed requests, and inception-serve's CPU time (its
+process, every thread) per image answered. ``--profile SIZE,C``: py-spy samples inception-serve during that row
+(the thread holding the GIL: with one GPU the event loop and the device's thread share one) and its hottest frames
+are printed, by thread, by self and by total samples (dev/serve_standin.py measures the same without a GPU).
 
 Beside it: ``inception-run DIR`` (--decode, --precision as given) on ``--run-images`` files (the --images folder's
 files linked as many times as needed), its steady images/s (bench_folder.inception_run); and ``inception-run
@@ -154,38 +157,139 @@ def load_point(kind: str, url: str, files: list[Path], size: int, mode: str, lev
     def pct(q: float) -> float | None:
         return round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2) if lat else None
 
-    return {"server": kind, "size": size, "mode": mode, "level": level,
+    return {"server": kind, "size": size, "mode": mode, "level": level, "seconds": round(took, 2),
             "images_s": round(sum(p["images"] for p in parts) / took), "requests_s": round(len(lat) / took),
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "failed": sum(p["failed"] for p in parts)}
 
 
-def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace) -> list[dict]:
+def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace, pid: int | None = None) -> list[dict]:
+    """Every row for this server; ``pid``: its process, whose CPU time each row reports (``cpu_us_image``) and
+    which py-spy samples during the row ``--profile`` names."""
     rows = []
     for size in args.sizes:
         best = 0.0
         for c in args.concurrency:
-            row = load_point(kind, url, files, size, "closed", c, args.seconds, args.client_procs)
+            profiled = pid is not None and args.profile == [size, c]
+            spy = py_spy(pid, str(Path(args.workdir) / f"pyspy_{size}_{c}.txt")) if profiled else None
+            row = measured(pid, load_point, kind, url, files, size, "closed", c, args.seconds, args.client_procs)
             rows.append(row)
             print(fmt(row), flush=True)
+            if spy is not None:
+                print(top_frames(spy, args.profile_top), flush=True)
             best = max(best, row["requests_s"])
         rate = args.rate or 0.8 * best
         if rate > 0:
-            row = load_point(kind, url, files, size, "open", rate, args.seconds, args.client_procs)
+            row = measured(pid, load_point, kind, url, files, size, "open", rate, args.seconds, args.client_procs)
             rows.append(row)
             print(fmt(row), flush=True)
     return rows
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (every thread of it), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(pid: int | None, load: Any, *args: Any) -> dict:
+    """The row ``load(*args)`` gives, with the server's CPU time over it per image answered (the clients' start-up
+    counted in: the server idles then)."""
+    if pid is None:
+        return load(*args)
+    cpu0 = cpu_seconds(pid)
+    out = load(*args)
+    images = out["images_s"] * out["seconds"]
+    out["server_cpu_s"] = round(cpu_seconds(pid) - cpu0, 2)
+    out["cpu_us_image"] = round(1e6 * out["server_cpu_s"] / images) if images else None
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the server profiled
+
+class Spy:
+    """py-spy sampling a process until ``stop`` (SIGINT: it writes what it has): collapsed stacks, one thread's
+    name at the root of each (--threads), idle frames left out."""
+
+    def __init__(self, pid: int, out: str):
+        self.out = out
+        self.proc = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--threads", "--gil",
+                                      "--nonblocking", "--rate", "200", "-o", out],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> list[tuple[list[str], int]]:
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            err = self.proc.communicate()[1]
+        if not Path(self.out).is_file():
+            print(f"py-spy wrote nothing: {err.strip().splitlines()[-1:] or ['?']}", flush=True)
+            return []
+        stacks = []
+        for line in Path(self.out).read_text().splitlines():
+            frames, _, count = line.rpartition(" ")
+            if frames and count.isdigit():
+                stacks.append((frames.split(";"), int(count)))
+        return stacks
+
+
+def py_spy(pid: int, out: str) -> Spy | None:
+    """A Spy on ``pid``, None (said once) where py-spy is not installed."""
+    import shutil
+
+    if shutil.which("py-spy") is None:
+        print("py-spy is not installed (dev/gpu_machine/serve_kit.sh): no profile", flush=True)
+        return None
+    return Spy(pid, out)
+
+
+def short(frame: str) -> str:
+    """'fn (path/to/file.py:12)' as 'fn (file.py:12)'."""
+    return re.sub(r"\((?:[^()]*/)?([^/()]+)\)$", r"(\1)", frame)
+
+
+def top_frames(spy: Spy, top: int = 25) -> str:
+    """The profile's hottest frames: per thread its share of the samples, then the frames by self samples (the
+    frame on top of the stack) and by total samples (anywhere on it), as % of all samples."""
+    stacks = spy.stop()
+    total = sum(c for _, c in stacks)
+    if not total:
+        return "py-spy: no samples"
+    threads: dict[str, int] = {}
+    own: dict[str, int] = {}
+    anywhere: dict[str, int] = {}
+    for frames, c in stacks:
+        threads[frames[0]] = threads.get(frames[0], 0) + c
+        own[short(frames[-1])] = own.get(short(frames[-1]), 0) + c
+        for f in {short(f) for f in frames[1:]}:
+            anywhere[f] = anywhere.get(f, 0) + c
+
+    def table(title: str, counts: dict[str, int]) -> list[str]:
+        best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [title, *(f"  {100 * c / total:5.1f} %  {f}" for f, c in best)]
+
+    lines = [f"py-spy: {total} samples (non-idle) in {spy.out}",
+             *table("by thread:", threads), *table("by self samples:", own), *table("by total samples:", anywhere)]
+    return "\n".join(lines)
+
+
 def fmt(row: dict) -> str:
     level = f"c={int(row['level'])}" if row["mode"] == "closed" else f"{row['level']:.0f} req/s"
     return (f"{row['server']:10} {row['size']:3} img/req {row['mode']:6} {level:>12}: {row['images_s']:7} img/s "
-            f"{row['requests_s']:6} req/s  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  failed {row['failed']}")
+            f"{row['requests_s']:6} req/s  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  failed {row['failed']}"
+            + (f"  server CPU {row['cpu_us_image']} us/image" if row.get("cpu_us_image") else ""))
 
 
 # ------------------------------------------------------------------------------------------------ the servers
 
-def start_inception(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "inception_engine.serve.command", "--port", "0", "--precision", args.precision,
+def start_inception(args: argparse.Namespace, device_process: bool = False) -> tuple[subprocess.Popen, str]:
+    """inception-serve; ``device_process``: its one device in a worker process (serve_standin.py --device-process)."""
+    server = ([str(ROOT / "dev" / "serve_standin.py"), "--device-process"] if device_process else
+              ["-m", "inception_engine.serve.command"])
+    cmd = [sys.executable, *server, "--port", "0", "--precision", args.precision,
            "--decode", args.decode, "--backend", args.backend, "--max-queue-delay-ms", str(args.delay_ms),
            "--max-images", "4096"]
     if args.weights:
@@ -382,6 +486,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--run-images", type=int, default=16384, help="files for the inception-run rows (0: none)")
     ap.add_argument("--workdir", default="/tmp/bench_serve")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", type=ints, default=None, metavar="SIZE,C",
+                    help="py-spy the server during the closed-loop row of SIZE images a request at concurrency C "
+                         "(GIL-holding samples; py-spy from serve_kit.sh) and print its hottest frames")
+    ap.add_argument("--profile-top", type=int, default=25)
+    ap.add_argument("--device-process", action="store_true",
+                    help="then the same rows again with the one GPU's engine in a worker process (its own GIL; "
+                         "serve_standin.py --device-process), its server CPU counting the server process only")
     ap.add_argument("--peer-server", nargs=2, type=int, metavar=("PORT", "BATCH"), help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -398,12 +509,22 @@ def main() -> None:
     report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "peer_server"}, "rows": []}
     proc, url = start_inception(args)
     try:
-        report["rows"] += sweep("inception", url, files, args)
+        report["rows"] += sweep("inception", url, files, args, proc.pid)
         if args.run_images:
             report["runs"] = runs_beside(url, d, args)
     finally:
         proc.terminate()
         print(f"inception-serve exit code {proc.wait(timeout=120)}", flush=True)
+    if args.device_process:
+        proc, url = start_inception(args, device_process=True)
+        try:
+            one = argparse.Namespace(**{**vars(args), "profile": None})
+            print("the same, the engine in a worker process:", flush=True)
+            report["rows"] += [{**r, "server": "inception/device-process"}
+                               for r in sweep("inception", url, files, one, proc.pid)]
+        finally:
+            proc.terminate()
+            print(f"inception-serve (device process) exit code {proc.wait(timeout=120)}", flush=True)
     if args.peer == "litserve":
         for size in args.sizes:  # each request size on a peer batching as it suits it
             peer = start_peer(64 if size == 1 else 1, args.peer_port, args.peer_model)

@@ -66,19 +66,38 @@ class Metrics:
         self.images = Counter("inception_images", "Images computed, by device", ["device"], registry=r)
         self.ready = Gauge("inception_ready", "1 once every device has warmed up", registry=r)
         self.in_flight = Gauge("inception_requests_in_flight", "Requests being answered", ["route"], registry=r)
+        # each label set's children looked up once (prometheus_client's labels() checks and locks at every call:
+        # half the metrics' time a request)
+        self._routes: dict[str, tuple[Any, Any]] = {}
+        self._statuses: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._devices: dict[str, tuple[Any, Any, Any]] = {}
 
     def batch(self, stats: BatchStats) -> None:
-        self.images.labels(stats.device).inc(stats.images)
-        self.batch_images.labels(stats.device).observe(stats.images)
-        self.compute_seconds.labels(stats.device).observe(stats.compute_seconds)
+        if stats.device not in self._devices:
+            self._devices[stats.device] = (self.images.labels(stats.device), self.batch_images.labels(stats.device),
+                                           self.compute_seconds.labels(stats.device))
+        images, batch_images, compute_seconds = self._devices[stats.device]
+        images.inc(stats.images)
+        batch_images.observe(stats.images)
+        compute_seconds.observe(stats.compute_seconds)
         for q in stats.queue_seconds:
             self.queue_seconds.observe(q)
 
+    def route(self, route: str) -> tuple[Any, Any]:
+        """The route's in-flight gauge and request-seconds histogram."""
+        if route not in self._routes:
+            self._routes[route] = (self.in_flight.labels(route), self.request_seconds.labels(route))
+        return self._routes[route]
+
     def answered(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, str(status)).inc()
-        if status >= 400:
-            self.failures.labels(route, str(status)).inc()
-        self.request_seconds.labels(route).observe(seconds)
+        if (route, status) not in self._statuses:
+            self._statuses[route, status] = (self.requests.labels(route, str(status)),
+                                             self.failures.labels(route, str(status)) if status >= 400 else None)
+        requests, failures = self._statuses[route, status]
+        requests.inc()
+        if failures is not None:
+            failures.inc()
+        self.route(route)[1].observe(seconds)
 
 
 class Server:
@@ -220,7 +239,7 @@ def make_app(server: Server) -> Starlette:
     def counted(route: str, handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             t0 = time.perf_counter()
-            in_flight = server.metrics.in_flight.labels(route)
+            in_flight = server.metrics.route(route)[0]
             in_flight.inc()
             try:
                 response = await handler(request)
@@ -320,8 +339,9 @@ async def config(server: Server, request: Request) -> Response:
 async def infer(server: Server, request: Request) -> Response:
     check_model(server, request)
     body = await read_body(request, server.limits)
-    req = await off_loop(len(body) > OFF_LOOP_BYTES, parse_infer, body, request.headers.get(HEADER_LENGTH),
-                         server.size, server.limits.max_images)
+    header_length = request.headers.get(HEADER_LENGTH)
+    req = await off_loop(parse_is_long(len(body), header_length), parse_infer, body, header_length, server.size,
+                         server.limits.max_images)
     names = [f"images[{i}]" for i in range(req.count)]
     answer = await answered_in_time(server, server.compute(req, names))
     # whole tensors as JSON: ~20 bytes a value to format
@@ -335,6 +355,17 @@ async def infer(server: Server, request: Request) -> Response:
 # takes the event loop for longer than a batch (json.loads of a 64-image FP32 tensor: seconds), a small one less
 # than the trip to a thread and back.
 OFF_LOOP_BYTES = 1 << 20
+# Binary data after the JSON, the same: an FP32 tensor's values are checked (finite) at ~5 GB/s, a few ms at this
+# size; a BYTES tensor's elements are only delimited (views of the body), microseconds however large its images.
+OFF_LOOP_BINARY_BYTES = 16 << 20
+
+
+def parse_is_long(body_bytes: int, header_length: str | None) -> bool:
+    """Whether parsing a request body would hold the event loop long enough to go to a thread: its JSON part
+    larger than OFF_LOOP_BYTES or its binary part larger than OFF_LOOP_BINARY_BYTES (the HTTP header, checked by
+    the parser, tells them apart; where it is not a number the whole body counts as JSON)."""
+    text = min(int(header_length), body_bytes) if header_length is not None and header_length.isdigit() else body_bytes
+    return text > OFF_LOOP_BYTES or body_bytes - text > OFF_LOOP_BINARY_BYTES
 
 
 async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:

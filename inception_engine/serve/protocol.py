@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
+import math
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -77,7 +79,7 @@ class InferRequest:
 
     id: str | None
     outputs: list[OutputSpec]
-    encoded: list[bytes] | None = None
+    encoded: list[bytes] | list[memoryview] | None = None  # views of the body where it came as binary data
     tensor: np.ndarray | None = None
 
     @property
@@ -213,7 +215,7 @@ def read_input(inp: dict[str, Any], binary: memoryview, size: int, max_images: i
     data = binary[:nbytes] if nbytes is not None else None
     if data is None and "data" not in inp:
         raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # not np.prod: microseconds a request on a list of two
     if name == INPUT_BYTES:
         req.encoded = (split_bytes(data, count, name) if data is not None else
                        json_bytes(inp["data"], count, name, params.get("content_type") == "base64"))
@@ -227,9 +229,12 @@ def read_input(inp: dict[str, Any], binary: memoryview, size: int, max_images: i
     return nbytes or 0
 
 
-def split_bytes(data: memoryview, count: int, name: str) -> list[bytes]:
-    """The elements of a BYTES tensor's binary data: each a 4-byte little-endian length, then that many bytes."""
-    out, at = [], 0
+def split_bytes(data: memoryview, count: int, name: str) -> list[memoryview]:
+    """The elements of a BYTES tensor's binary data: each a 4-byte little-endian length, then that many bytes. Each
+    element a view of the body, not a copy of it: a request's images are read from the body where they arrived (a
+    copy of each JPEG was a quarter of the server's time with 64-image requests)."""
+    out: list[memoryview] = []
+    at = 0
     for i in range(count):
         if at + 4 > len(data):
             raise ProtocolError(f"input {name!r}: binary data ends before element {i}'s length (truncated?)")
@@ -237,7 +242,7 @@ def split_bytes(data: memoryview, count: int, name: str) -> list[bytes]:
         if at + 4 + n > len(data):
             raise ProtocolError(f"input {name!r}: element {i} says {n} bytes but {len(data) - at - 4} are left "
                                 f"(truncated?)")
-        out.append(bytes(data[at + 4:at + 4 + n]))
+        out.append(data[at + 4:at + 4 + n])
         at += 4 + n
     if at != len(data):
         raise ProtocolError(f"input {name!r}: binary_data_size holds {len(data) - at} bytes past its {count} "
@@ -300,11 +305,13 @@ def classification(scores: np.ndarray, k: int, exact: bool, order: np.ndarray | 
 
 def bytes_tensor(strings: Iterable[str]) -> bytes:
     """A BYTES tensor's binary data: each element's 4-byte little-endian length, then its UTF-8 bytes."""
-    parts = []
-    for s in strings:
-        b = s.encode("utf-8")
-        parts += [LENGTH.pack(len(b)), b]
-    return b"".join(parts)
+    return bytes_tensor_raw([s.encode("utf-8") for s in strings])
+
+
+@functools.cache
+def label_suffixes() -> tuple[str, ...]:
+    """Per class the end of its classification element, ":index:label" (formatted once, not per image)."""
+    return tuple(f":{i}:{label}" for i, label in enumerate(imagenet_labels()))
 
 
 @dataclass
@@ -320,10 +327,10 @@ class Answer:
 def output_tensor(spec: OutputSpec, answer: Answer) -> tuple[str, list[int], Any]:
     """(datatype, shape, values) of one output: a float32 array or a list of strings."""
     if spec.classification and spec.name == OUTPUT_PROBS and answer.top is not None:
-        labels = imagenet_labels()
-        fmt = repr if spec.exact else (lambda v: f"{v:f}")
-        rows = [[f"{fmt(p)}:{i}:{labels[i]}" for i, p in top[:spec.classification]] for top in answer.top]
-        return "BYTES", [len(rows), spec.classification], [s for row in rows for s in row]
+        suffix, k, shape = label_suffixes(), spec.classification, [len(answer.top), spec.classification]
+        if spec.exact:
+            return "BYTES", shape, [repr(p) + suffix[i] for top in answer.top for i, p in top[:k]]
+        return "BYTES", shape, [f"{p:f}{suffix[i]}" for top in answer.top for i, p in top[:k]]
     values = answer.probs if spec.name == OUTPUT_PROBS else answer.logits
     assert values is not None, f"{spec.name} was not computed"
     if spec.classification:
@@ -390,7 +397,7 @@ def encode_images_request(images: Sequence[bytes], top_k: int, exact: bool = Tru
 
 
 def bytes_tensor_raw(items: Sequence[bytes]) -> bytes:
-    return b"".join(part for b in items for part in (LENGTH.pack(len(b)), b))
+    return b"".join([LENGTH.pack(len(b)) + b for b in items])
 
 
 def parse_classification(strings: Sequence[str]) -> list[tuple[int, str, float]]:

@@ -241,12 +241,50 @@ def test_memory_files_are_readable_by_path_and_errors_name_the_image():
     """--decode gpu's jpeg_batch.c reads files by name: the images go to it as the server's own memory files, and
     its errors come back naming the image."""
     from inception_engine.ingest.files import read_file
-    from inception_engine.serve.devices import memory_files, renamed
+    from inception_engine.serve.devices import MemoryFiles, renamed
 
+    files = MemoryFiles()
     items = [b"\xff\xd8 first", b"", b"x" * 300_000]
-    with memory_files(items) as paths:
-        got = [read_file(p) for p in paths]  # opened by path as jpeg_batch.c opens them (a regular file)
-        names = dict(zip(paths, ["images[0]", "images[1]", "images[2]"]))
-        assert [data for data, _ in got] == [items[0], None, items[2]]
-        assert renamed(got[1][1], names) == "images[1]: empty file"
-        assert renamed([(1, 0.5)], names) == [(1, 0.5)] and renamed("other: x", names) == "other: x"
+    paths = files.hold(items)
+    got = [read_file(p) for p in paths]  # opened by path as jpeg_batch.c opens them (a regular file)
+    names = dict(zip(paths, ["images[0]", "images[1]", "images[2]"]))
+    assert [data for data, _ in got] == [items[0], None, items[2]]
+    assert renamed(got[1][1], names) == "images[1]: empty file"
+    assert renamed([(1, 0.5)], names) == [(1, 0.5)] and renamed("other: x", names) == "other: x"
+    # the next batch rewrites the same files: shorter and longer contents, views of a body, read back exactly
+    body = memoryview(b"..abc" + b"y" * 70_000)
+    again = [b"z" * 400_000, body[2:5], body[5:]]
+    assert files.hold(again) == paths
+    assert [read_file(p)[0] for p in paths] == [again[0], b"abc", b"y" * 70_000]
+    assert files.hold(again[:1]) == paths[:1]
+    files.close()
+    assert read_file(paths[0])[0] is None  # closed: nothing left behind
+
+
+def test_a_job_of_body_views_goes_to_a_worker_process_as_bytes():
+    """Images are views of the request body (no copy) on the server; a worker process (several GPUs) gets bytes."""
+    import pickle
+
+    from inception_engine.serve.devices import Job, picklable
+
+    body = memoryview(b"\x05\x00\x00\x00hello")
+    job = Job("encoded", [body[4:]], ["images[0]"], 5)
+    with pytest.raises(TypeError):
+        pickle.dumps(job)
+    sent = pickle.loads(pickle.dumps(picklable(job)))
+    assert sent.data == [b"hello"] and sent.names == ["images[0]"] and sent.top_k == 5
+    pixels = Job("pixels", np.zeros((1, 2, 2, 3), np.uint8), ["x"])
+    assert picklable(pixels) is pixels
+
+
+def test_which_bodies_are_parsed_off_the_event_loop():
+    """A large JSON part or a large binary tensor goes to a thread; a BYTES request's binary images (only delimited)
+    of a few MB, and small bodies, are parsed in place."""
+    pytest.importorskip("starlette")
+    from inception_engine.serve.app import OFF_LOOP_BINARY_BYTES, OFF_LOOP_BYTES, parse_is_long
+
+    assert not parse_is_long(3 << 20, "200")  # 64 JPEGs after a small header
+    assert parse_is_long(OFF_LOOP_BINARY_BYTES + 300, "200")  # an FP32 tensor of 16+ images
+    assert parse_is_long(OFF_LOOP_BYTES + 1, None)  # all JSON
+    assert parse_is_long(OFF_LOOP_BYTES + 10, "x")  # a header the parser refuses: the body counted as JSON
+    assert not parse_is_long(1000, None)
