@@ -26,13 +26,13 @@ PRECISIONS = ("fp32", "tf32", "fp16")
 BATCHES = (1, 8)
 
 
-def dump_logits(out: dict[str, np.ndarray]) -> None:
+def dump_logits(out: dict[str, np.ndarray], variants: tuple[str, ...] = VARIANTS) -> None:
     from inception_engine import backends
     from inception_engine.plan import build_plan
     from inception_engine.synthetic import synthetic_weights
 
     weights = synthetic_weights(0)
-    for name in VARIANTS:
+    for name in variants:
         for precision in PRECISIONS:
             for batch in BATCHES:
                 key = f"{name}/{precision}/{batch}"
@@ -97,6 +97,7 @@ def main() -> int:
     d = sub.add_parser("dump", help="run every GPU variant and store its logits (GPU machine)")
     d.add_argument("out", type=Path)
     d.add_argument("--files", type=Path, help="also run inception-run over this folder's images")
+    d.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: %(default)s")
     c = sub.add_parser("compare", help="compare two dumps bit for bit")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -104,7 +105,7 @@ def main() -> int:
     if args.verb == "compare":
         return compare(args.a, args.b)
     out: dict[str, np.ndarray] = {}
-    dump_logits(out)
+    dump_logits(out, tuple(v for v in args.variants.split(",") if v))
     if args.files:
         dump_files(out, args.files)
     np.savez(args.out, **out)
