@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from onnx_check import check_export  # scripts/, beside this file
 from typing import Any
 
 # pytorch_fid.inception.fid_inception_v3's blocks, in order: (attribute, block class, arguments)
@@ -85,19 +87,7 @@ def main() -> None:
     weights = "random" if args.no_pretrained else args.state_dict or "pytorch-fid's pt_inception-2015-12-05"
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.exporter} exporter, torch {torch.__version__}, "
           f"pytorch-fid {getattr(pytorch_fid, '__version__', '?')}, {weights} weights)")
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        print("onnxruntime not installed: skipped the check of the exported file against PyTorch")
-        return
-    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
-    err = float(abs(got - expected).max())
-    print(f"onnxruntime vs PyTorch on a random batch of 2: max |difference| of logits {err:.2e}")
-    if err > 1e-3:
-        raise SystemExit("error: the exported model does not reproduce PyTorch's logits; do not convert it")
-    print(f"next: inception-convert-weights {out} -o fid_inception.npz")
-
+    check_export(out, x, expected, f"inception-convert-weights {out} -o fid_inception.npz")
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from onnx_check import check_export  # scripts/, beside this file
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,19 +60,7 @@ def main() -> None:
           f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
           f"{'random' if weights is None else weights} weights)")
 
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        print("onnxruntime not installed: skipped the check of the exported file against PyTorch")
-        return
-    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
-    err = float(abs(got - expected).max())
-    print(f"onnxruntime vs PyTorch on a random batch of 2: max |difference| of logits {err:.2e}")
-    if err > 1e-3:
-        raise SystemExit("error: the exported model does not reproduce PyTorch's logits; do not convert it")
-    print(f"next: inception-convert-weights {out}")
-
+    check_export(out, x, expected, f"inception-convert-weights {out}")
 
 if __name__ == "__main__":
     main()
