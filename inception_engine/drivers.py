@@ -109,7 +109,8 @@ class ServerDriver(Wrapping):
     writes the results; the server's backend and precision must be those the run asks for (auto: any)."""
 
     def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
-        from .serve.client import RemoteRun  # the HTTP client, only for runs that use it
+        # on use: the client and the protocol's tables take ~20 ms to import, which no other run should pay
+        from .serve.client import RemoteRun
 
         assert run.server is not None and isinstance(run.engine, dict)
         asked = run.engine
