@@ -31,10 +31,10 @@ from .errors import BackendUnavailable, EngineError, OptionError
 from .ingest.files import ImageSource
 from .ingest.images import Preprocess
 from .ingest.ring import HostRing
-from .labels import imagenet_labels
+from .labels import NUMBERED_NOTE, Labels, network_labels
 from . import arch
 from .pipeline import (HostRunner, OnFeatures, PipelineOptions, Prediction, Runner, classify, classify_encoded,
-                       labelled, softmax, top_classes)
+                       labelled, predictions_by, softmax, top_classes)
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
@@ -100,6 +100,12 @@ class EngineFacts:
     weights_path: Path | None
     notes: tuple[str, ...]
     model: ModelId | None = None  # what every result names the weights by
+    network: str = "torchvision"  # the weight file's network (arch.NETWORKS): its classes' names are ``labels``
+
+    @property
+    def labels(self) -> Labels:
+        """The names of the network's classes (labels.network_labels)."""
+        return network_labels(self.network)
 
 
 class Engine:
@@ -159,6 +165,10 @@ class Engine:
         self.batch_size = resolved.batch_size
         self.preprocess = Preprocess.from_manifest(self.weights.manifest, config.max_pixels, config.resize)
         self.model = self.weights.model_id()  # what every result names the weights by
+        # the classes' names follow the network: the FID network's are not shipped, so they are numbered
+        self.labels: Labels = network_labels(self.weights.network)
+        if self.weights.network == "fid":
+            self.notes.append(NUMBERED_NOTE)
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
@@ -179,7 +189,7 @@ class Engine:
     def facts(self) -> EngineFacts:
         """Its backend, precision, batch size, weight file and the notes taken so far."""
         return EngineFacts(self._backend_name, self._precision, self.batch_size, self.weights.path, tuple(self.notes),
-                           self.model)
+                           self.model, self.weights.network)
 
     def _note_once(self, note: str) -> None:
         if note not in self.notes:
@@ -310,7 +320,7 @@ class Engine:
         if not images:
             return
         by = (self._backend_name, self._precision, self.model.name)
-        finish = line_renderer(render, top_k, by) if render else None
+        finish = line_renderer(render, top_k, by, self.labels) if render else predictions_by(by, self.labels)
         runner = self.runner(len(images), features=on_features is not None)
         stream = (classify_encoded(images, runner, top_k, by, finish, on_features) if self.decode == "gpu"
                   else classify(images, runner, self.preprocess, top_k, self.pipeline, by, finish, on_features))
@@ -354,13 +364,13 @@ class Engine:
         s = self.preprocess.size
         if pixels.ndim != 4 or pixels.shape[1:] != (s, s, 3) or pixels.dtype != np.uint8:
             raise EngineError(f"pixels must be (N, {s}, {s}, 3) uint8, got {pixels.shape} {pixels.dtype}")
-        if not 1 <= top_k <= len(imagenet_labels()):
-            raise OptionError("top_k", top_k, f"must be between 1 and {len(imagenet_labels())}")
+        if not 1 <= top_k <= self.classes:
+            raise OptionError("top_k", top_k, f"must be between 1 and {self.classes}")
         runner, out = self.prepare_pixels(), []
         for i in range(0, len(pixels), runner.batch):
             chunk = pixels[i:i + runner.batch]
             runner.attach(HostRing.wrapping(chunk))
-            out += [labelled(top) for top in runner.result(runner.submit(list(range(len(chunk))), top_k))]
+            out += [labelled(top, self.labels) for top in runner.result(runner.submit(list(range(len(chunk))), top_k))]
         return out
 
     def prepare_pixels(self) -> Runner:

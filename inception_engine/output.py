@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 from .errors import EngineError, first_line
 from .ingest.images import file_error, not_a_file
-from .labels import imagenet_labels
+from .labels import Labels, known_labels
 from .output_read import (COMPUTED_KEYS, NAME_ERRORS, Computed, ResultLines, check_computed, check_top_k, csv_header,
                           read_lines)
 from .pipeline import ComputedBy, Prediction, TopK, make_predictions
@@ -89,9 +89,9 @@ def jsonl_bytes(preds: Sequence[Prediction]) -> bytes:
 
 
 @functools.cache
-def json_top_prefixes() -> tuple[str, ...]:
-    """Per class, the start of its entry in a JSONL line's "top" list, up to the probability."""
-    return tuple(f'{{"index": {i}, "label": {json.dumps(label)}, "prob": ' for i, label in enumerate(imagenet_labels()))
+def json_top_prefixes(labels: Labels) -> tuple[str, ...]:
+    """Per class of ``labels``, the start of its entry in a JSONL line's "top" list, up to the probability."""
+    return tuple(f'{{"index": {i}, "label": {json.dumps(label)}, "prob": ' for i, label in enumerate(labels))
 
 
 PROB_FORMAT = f"%.{PROB_DIGITS}g"  # printf-style: one % call formats a whole batch's probabilities
@@ -127,33 +127,35 @@ def one_line(p: Prediction) -> str:
 def plain_lines(preds: list[Prediction]) -> list[str] | None:
     """The JSONL lines of predictions whose top lists have one length and whose backend, precision and model are the
     same,
-    made together (``top_lines``): None where any entry is not what a classifier makes (a label of another list, an
-    index or a probability out of range or not a number), which json.dumps then writes as it writes it."""
+    made together (``top_lines``): None where any entry is not what a classifier makes (labels not all of one
+    network's set, an index or a probability out of range or not a number), which json.dumps then writes as it
+    writes it."""
     if not preds:
         return []
-    names = imagenet_labels()
-    index, labels, probs = zip(*[c for p in preds for c in p.top])  # type: ignore[union-attr]
-    if set(map(type, index)) != {int} or set(map(type, probs)) != {float} or min(index) < 0 \
-            or max(index) >= len(names) or list(map(names.__getitem__, index)) != list(labels):
+    index, names, probs = zip(*[c for p in preds for c in p.top])  # type: ignore[union-attr]
+    labels = known_labels(index, names) if set(map(type, index)) == {int} else None
+    if labels is None or set(map(type, probs)) != {float}:
         return None
     return top_lines([p.image for p in preds], len(preds[0].top), index, probs,  # type: ignore[arg-type]
-                     computed_by(preds[0]))
+                     computed_by(preds[0]), labels)
 
 
 def top_lines(images: list[str], k: int, index: Sequence[int], probs: Sequence[float],
-              computed: ComputedBy) -> list[str] | None:
+              computed: ComputedBy, labels: Labels) -> list[str] | None:
     """The JSONL lines of ``images``, each with k classes (``index`` and ``probs`` row after row, ints and floats:
-    a classifier's top-k), computed by ``computed`` (backend, precision, model; None left out), made by one formatting
-    call for all of them. None where a probability is outside [0, 1] or not a number, or an index not a class."""
+    a classifier's top-k) named by ``labels``, computed by ``computed`` (backend, precision, model; None left out),
+    made by one formatting call for all of them. None where a probability is outside [0, 1] or not a number, or an
+    index not a class."""
     s = math.fsum(probs)
+    prefixes = json_top_prefixes(labels)
     if s != s or min(probs) < 0.0 or max(probs) > 1.0 or min(index) < 0 \
-            or max(index) >= len(json_top_prefixes()):  # NaN first: min and max are only sound without it
+            or max(index) >= len(prefixes):  # NaN first: min and max are only sound without it
         return None
     stride = 1 + 2 * k  # one line's arguments: the image's name, then each class's prefix and probability
     args: list[object] = [""] * (len(images) * stride)
     args[0::stride] = [encode_ascii(image) for image in images]
     for j in range(k):
-        args[1 + 2 * j::stride] = list(map(json_top_prefixes().__getitem__, index[j::k]))
+        args[1 + 2 * j::stride] = list(map(prefixes.__getitem__, index[j::k]))
         args[2 + 2 * j::stride] = probs[j::k]
     extra = "".join(f', "{key}": {encode_ascii(v)}' for key, v in zip(COMPUTED_KEYS, computed) if v is not None)
     line = '{"image": %s, "top": [' + ", ".join(["%s" + PROB_FORMAT + "}"] * k) + "]" + extra.replace("%", "%%") + "}"
@@ -182,21 +184,22 @@ def render(preds: Sequence[Prediction], fmt: str, top_k: int) -> list[Rendered]:
     return [Rendered(p.image, p.ok, line) for p, line in zip(preds, lines)]
 
 
-def line_renderer(fmt: str, top_k: int, computed: ComputedBy
+def line_renderer(fmt: str, top_k: int, computed: ComputedBy, labels: Labels
                   ) -> Callable[[list[str], list[TopK | str]], list[Rendered]]:
     """A stream's results to their lines of a ``fmt`` file a batch at a time, as the pipeline has them (each image's
-    name and its top-k (index, probability) pairs, or its error): no Prediction is made for a JSONL line (the
-    pipeline's ``finish``; Engine.predict_iter's ``render``). The bytes are ``render``'s of the same predictions."""
+    name and its top-k (index, probability) pairs, or its error), classes named by ``labels`` (the network's): no
+    Prediction is made for a JSONL line (the pipeline's ``finish``; Engine.predict_iter's ``render``). The bytes are
+    ``render``'s of the same predictions."""
     def lines(images: list[str], tops: list[TopK | str]) -> list[Rendered]:
         out: list[Rendered | None] = [None] * len(tops)
         ok = [at for at, top in enumerate(tops) if not isinstance(top, str)]
         if fmt == "jsonl" and ok and len({len(tops[at]) for at in ok}) == 1:
             index, probs = zip(*[c for at in ok for c in tops[at]])
             for at, line in zip(ok, top_lines([images[at] for at in ok], len(tops[ok[0]]), index, probs,
-                                              computed) or []):
+                                              computed, labels) or []):
                 out[at] = Rendered(images[at], True, line.encode("ascii"))
         rest = [at for at, done in enumerate(out) if done is None]  # errors; NaN; CSV
-        preds = make_predictions([images[at] for at in rest], [tops[at] for at in rest], computed)
+        preds = make_predictions([images[at] for at in rest], [tops[at] for at in rest], computed, labels)
         for at, done in zip(rest, render(preds, fmt, top_k)):
             out[at] = done
         return out  # type: ignore[return-value]  # every one filled

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EngineError
-from .labels import imagenet_labels
+from .labels import known_labels
 
 NAME_ERRORS = "surrogateescape"  # how a file name's non-UTF-8 bytes are written and read in CSV and text
 COMPUTED_KEYS = ("backend", "precision", "model")  # what a classification records as having computed it
@@ -64,12 +64,11 @@ class ResultLines:
 
 
 def valid_top(top: list[tuple[object, object, object]]) -> bool:
-    """Entries (index, label, probability) as inception-run writes them: known classes with their labels,
-    probabilities in [0, 1]."""
-    names = imagenet_labels()
+    """Entries (index, label, probability) as inception-run writes them: known classes with their labels (of one
+    network's set: labels.network_labels), probabilities in [0, 1]."""
     return bool(top) and all(
-        isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(names) and label == names[index]
-        and isinstance(prob, float) and 0.0 <= prob <= 1.0 for index, label, prob in top)
+        isinstance(index, int) and not isinstance(index, bool) and isinstance(prob, float) and 0.0 <= prob <= 1.0
+        for index, _, prob in top) and known_labels([t[0] for t in top], [t[1] for t in top]) is not None
 
 
 def valid_name(image: object) -> bool:

@@ -40,7 +40,7 @@ from .ingest.files import ImageSource, read_batch, source_name
 from .ingest.images import Preprocess, normalize_u8
 from .ingest.ring import HostRing
 from .ingest.workers import DecodePool, default_workers
-from .labels import imagenet_labels
+from .labels import Labels, imagenet_labels
 
 TopK = list[tuple[int, float]]  # (class index, probability), most likely first
 # auto: processes for runs of at least this many images (2,841 against threads' 1,040 images/s of decode on the H100
@@ -74,17 +74,20 @@ OnFeatures = Callable[[list[int], np.ndarray], None]
 Finish = Callable[[list[str], list[TopK | str]], list[Any]]
 
 
-def make_predictions(names: list[str], tops: list[TopK | str], computed_by: ComputedBy) -> list[Prediction]:
-    """A Prediction per image, its classes labelled, recording ``computed_by``; or its error."""
+def make_predictions(names: list[str], tops: list[TopK | str], computed_by: ComputedBy,
+                     labels: Labels) -> list[Prediction]:
+    """A Prediction per image, its classes named by ``labels``, recording ``computed_by``; or its error."""
     backend, precision, model = computed_by
     return [Prediction(name, error=top) if isinstance(top, str) else
-            Prediction(name, labelled(top), backend=backend, precision=precision, model=model)
+            Prediction(name, labelled(top, labels), backend=backend, precision=precision, model=model)
             for name, top in zip(names, tops)]
 
 
-def predictions_by(computed_by: ComputedBy) -> Finish:
-    """A stream's default Finish: make_predictions recording ``computed_by``."""
-    return functools.partial(make_predictions, computed_by=computed_by)
+def predictions_by(computed_by: ComputedBy, labels: Labels | None = None) -> Finish:
+    """A stream's Finish of Predictions: make_predictions recording ``computed_by``, naming classes by ``labels``
+    (None: ImageNet's, the classifier's; Engine passes its network's)."""
+    return functools.partial(make_predictions, computed_by=computed_by,
+                             labels=imagenet_labels() if labels is None else labels)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -102,15 +105,14 @@ def top_k_rows(probs: np.ndarray, k: int) -> list[TopK]:
     return [[(int(i), float(p[i])) for i in row] for p, row in zip(probs, order)]
 
 
-def labelled(top: TopK) -> list[tuple[int, str, float]]:
-    """ImageNet's label of each class; "class N" past the 1000 (the FID network's 1008 outputs)."""
-    names = imagenet_labels()
-    return [(i, names[i] if i < len(names) else f"class {i}", p) for i, p in top]
+def labelled(top: TopK, labels: Labels) -> list[tuple[int, str, float]]:
+    """Each class with its name in ``labels`` (the network's: labels.network_labels); "class N" past their end."""
+    return [(i, labels[i] if i < len(labels) else f"class {i}", p) for i, p in top]
 
 
-def top_classes(probs: np.ndarray, k: int) -> list[tuple[int, str, float]]:
-    """The k most likely classes of one probability row, with their labels."""
-    return labelled(top_k_rows(probs[None], k)[0])
+def top_classes(probs: np.ndarray, k: int, labels: Labels | None = None) -> list[tuple[int, str, float]]:
+    """The k most likely classes of one probability row, with their names in ``labels`` (None: ImageNet's)."""
+    return labelled(top_k_rows(probs[None], k)[0], imagenet_labels() if labels is None else labels)
 
 
 # ------------------------------------------------------------------------------------------------------ runners

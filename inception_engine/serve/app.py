@@ -346,8 +346,9 @@ async def infer(server: Server, request: Request) -> Response:
     answer = await answered_in_time(server, server.compute(req, names))
     # whole tensors as JSON: ~20 bytes a value to format
     as_json = req.needs_logits and any(not o.binary and not o.classification for o in req.outputs)
+    assert server.facts is not None  # ready before it answers
     content, headers = await off_loop(as_json and req.count * 1000 * 20 > OFF_LOOP_BYTES, infer_response, req,
-                                      answer)
+                                      answer, server.facts.labels)
     return Response(content, headers=headers)
 
 
@@ -399,8 +400,8 @@ async def classify(server: Server, request: Request) -> Response:
         return JSONResponse({"image": name, "error": e.errors[0][1]}, status_code=400)
     assert server.facts is not None and answer.top is not None
     f = server.facts
-    p = Prediction(name, labelled(answer.top[0][:int(top_k)]), backend=f.backend_name, precision=f.precision,
-                   model=f.model.name if f.model is not None else None)
+    p = Prediction(name, labelled(answer.top[0][:int(top_k)], f.labels), backend=f.backend_name,
+                   precision=f.precision, model=f.model.name if f.model is not None else None)
     return JSONResponse(as_json(p))
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..labels import imagenet_labels
+from ..labels import Labels, imagenet_labels
 
 MODEL_NAME = "inception_v3"
 MODEL_VERSION = "1"
@@ -293,10 +293,11 @@ def json_tensor(data: Any, count: int, name: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------- responses
 
-def classification(scores: np.ndarray, k: int, exact: bool, order: np.ndarray | None = None) -> list[list[str]]:
+def classification(scores: np.ndarray, k: int, exact: bool, labels: Labels,
+                   order: np.ndarray | None = None) -> list[list[str]]:
     """Triton's classification extension: per row its top k as "score:index:label", highest first (ties: lower
-    index). ``order``: the rows' indices in that order where known already."""
-    labels = imagenet_labels()
+    index), the label the class's name in ``labels`` (the engine's network's). ``order``: the rows' indices in that
+    order where known already."""
     if order is None:
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     fmt = repr if exact else (lambda v: f"{v:f}")
@@ -309,9 +310,10 @@ def bytes_tensor(strings: Iterable[str]) -> bytes:
 
 
 @functools.cache
-def label_suffixes() -> tuple[str, ...]:
-    """Per class the end of its classification element, ":index:label" (formatted once, not per image)."""
-    return tuple(f":{i}:{label}" for i, label in enumerate(imagenet_labels()))
+def label_suffixes(labels: Labels) -> tuple[str, ...]:
+    """Per class of ``labels`` the end of its classification element, ":index:label" (formatted once, not per
+    image)."""
+    return tuple(f":{i}:{label}" for i, label in enumerate(labels))
 
 
 @dataclass
@@ -324,26 +326,28 @@ class Answer:
     top: list[list[tuple[int, float]]] | None = None
 
 
-def output_tensor(spec: OutputSpec, answer: Answer) -> tuple[str, list[int], Any]:
-    """(datatype, shape, values) of one output: a float32 array or a list of strings."""
+def output_tensor(spec: OutputSpec, answer: Answer, labels: Labels) -> tuple[str, list[int], Any]:
+    """(datatype, shape, values) of one output: a float32 array or a list of strings (classes named by
+    ``labels``)."""
     if spec.classification and spec.name == OUTPUT_PROBS and answer.top is not None:
-        suffix, k, shape = label_suffixes(), spec.classification, [len(answer.top), spec.classification]
+        suffix, k, shape = label_suffixes(labels), spec.classification, [len(answer.top), spec.classification]
         if spec.exact:
             return "BYTES", shape, [repr(p) + suffix[i] for top in answer.top for i, p in top[:k]]
         return "BYTES", shape, [f"{p:f}{suffix[i]}" for top in answer.top for i, p in top[:k]]
     values = answer.probs if spec.name == OUTPUT_PROBS else answer.logits
     assert values is not None, f"{spec.name} was not computed"
     if spec.classification:
-        rows = classification(values, spec.classification, spec.exact)
+        rows = classification(values, spec.classification, spec.exact, labels)
         return "BYTES", [len(rows), spec.classification], [s for row in rows for s in row]
     return "FP32", list(values.shape), np.ascontiguousarray(values, dtype="<f4")
 
 
-def infer_response(req: InferRequest, answer: Answer) -> tuple[bytes, dict[str, str]]:
-    """The response body and its HTTP headers: JSON, or with binary outputs the JSON header then their bytes."""
+def infer_response(req: InferRequest, answer: Answer, labels: Labels) -> tuple[bytes, dict[str, str]]:
+    """The response body and its HTTP headers: JSON, or with binary outputs the JSON header then their bytes;
+    classes named by ``labels`` (the engine's network's: EngineFacts.labels)."""
     outputs, blobs = [], []
     for spec in req.outputs:
-        datatype, shape, values = output_tensor(spec, answer)
+        datatype, shape, values = output_tensor(spec, answer, labels)
         entry: dict[str, Any] = {"name": spec.name, "datatype": datatype, "shape": shape}
         if spec.binary:
             blob = bytes_tensor(values) if datatype == "BYTES" else values.tobytes()

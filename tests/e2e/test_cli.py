@@ -526,3 +526,47 @@ def test_convert_synthetic_fid_roundtrip(tmp_path):
     assert (w.network, w.arrays["fc.weight"].shape, w.count_include_pad) == ("fid", (1008, 2048), False)
     r = runner().invoke(cli.convert_cmd, ["--synthetic", str(tmp_path / "x.onnx"), "--fid", "--transform-input"])
     assert r.exit_code == 2 and "torchvision's" in one_line_error(r)
+
+
+def test_run_with_the_fid_network_numbers_its_classes_everywhere(image_dir, tmp_path, monkeypatch):
+    """The FID network's 1008 classes are TF's, not ImageNet's: every class is "class N" (those below 1000 too) in
+    the text, --json, JSONL and CSV, said once in a note; its JSONL lines read back for --resume."""
+    from inception_engine.labels import NUMBERED_NOTE
+
+    from helpers.random_weights import random_arrays
+    from inception_engine.weights import save_weights
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    manifest = {"network": "fid", "count_include_pad": False, "input": {"mean": [0.5] * 3, "std": [0.5] * 3,
+                                                                       "size": 75, "resize": 75}}
+    fid = save_weights(tmp_path / "fid.npz", random_arrays(7, "fid"), manifest)
+    images = [str(image_dir / "a_rgb.jpg"), str(image_dir / "b_grey.png")]
+    base = [*images, "--weights", str(fid), "--backend", "cpu", "--top-k", "30"]
+    numbered = re.compile(r"class (\d+)")
+
+    def named_by_index(pairs: list[tuple[int, str]]) -> None:
+        assert len(pairs) == 60 and min(i for i, _ in pairs) < 1000  # ImageNet's indices among them
+        assert all(label == f"class {i}" for i, label in pairs), pairs
+
+    text = runner().invoke(cli.run_cmd, base)
+    assert text.exit_code == 0 and text.stderr.count(NUMBERED_NOTE) == 1, text.output
+    rows = [l.split(None, 1)[1].rsplit(" (", 1) for l in text.stdout.splitlines() if l.startswith("  ")]
+    named_by_index([(int(index.rstrip(")")), label) for label, index in rows])
+    again = runner().invoke(cli.run_cmd, base)
+    assert again.exit_code == 0 and NUMBERED_NOTE not in again.stderr  # said once
+
+    doc = json.loads(runner().invoke(cli.run_cmd, [*base, "--json"]).stdout)
+    named_by_index([(t["index"], t["label"]) for e in doc["results"] for t in e["top"]])
+
+    out = tmp_path / "r.jsonl"
+    assert runner().invoke(cli.run_cmd, [*base, "--output", str(out)]).exit_code == 0
+    named_by_index([(t["index"], t["label"]) for l in out.read_text().splitlines() for t in json.loads(l)["top"]])
+    resumed = runner().invoke(cli.run_cmd, [*base, "--output", str(out), "--resume"])
+    assert resumed.exit_code == 0 and "2 of 2" in resumed.output and len(out.read_text().splitlines()) == 2, \
+        resumed.output
+
+    csv_out = tmp_path / "r.csv"
+    assert runner().invoke(cli.run_cmd, [*base, "--output", str(csv_out)]).exit_code == 0
+    cells = [row.split(",") for row in csv_out.read_text().splitlines()[1:]]
+    named_by_index([(int(c[2 + 3 * j]), c[3 + 3 * j]) for c in cells for j in range(30)])
+    assert all(numbered.fullmatch(c[3]) for c in cells)

@@ -12,7 +12,7 @@ from inception_engine.config import NO_GPU_NOTE, EngineConfig, RunConfig, resolv
 from inception_engine.engine import Engine, EngineFacts, softmax
 from inception_engine.errors import BackendUnavailable, EngineError, OptionError, WeightsError
 from inception_engine.ingest.images import load_image
-from inception_engine.labels import imagenet_labels
+from inception_engine.labels import NUMBERED_NOTE, imagenet_labels
 from inception_engine.pipeline import labelled
 from inception_engine.plan import build_plan
 
@@ -392,7 +392,11 @@ def test_fid_network_features_through_the_pipeline_with_its_preprocessing(kind, 
         x = np.stack([load_image(p, engine.preprocess) for p in paths])
         _, want = engine.forward(x, features=True)
     assert all(p.ok for p in preds) and got.shape == (3, 2048)
-    assert labelled([(1003, 0.5), (7, 0.25)]) == [(1003, "class 1003", 0.5), (7, imagenet_labels()[7], 0.25)]
+    # its classes are TF's, not ImageNet's: every one numbered, said once in the notes
+    assert all(label == f"class {i}" for p in preds for i, label, _ in p.top)
+    assert engine.facts().labels == engine.labels == tuple(f"class {i}" for i in range(1008))
+    assert engine.notes.count(NUMBERED_NOTE) == 1
+    assert labelled([(1003, 0.5), (7, 0.25)], engine.labels) == [(1003, "class 1003", 0.5), (7, "class 7", 0.25)]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(OptionError, match="resize"):
         Engine(fid, backend="cpu", resize="tf")

@@ -301,24 +301,29 @@ def test_jsonl_lines_are_json_dumps_of_the_records_byte_for_byte():
         assert jsonl_bytes(batch) == "".join(json.dumps(as_json(p)) + "\n" for p in batch).encode("ascii"), b
 
 
+@pytest.mark.parametrize("network", ["torchvision", "fid"])
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
-def test_line_renderer_writes_what_render_writes_of_the_predictions(fmt):
+def test_line_renderer_writes_what_render_writes_of_the_predictions(fmt, network):
     """output.line_renderer (the pipeline's finish for Engine.predict_iter's render) makes, from names and top-k
     pairs, the bytes that render makes of the same predictions: batches of plain results, with a decode error, with
-    a NaN (json.dumps's path), with probabilities at the edges of the 6-digit form, odd names."""
+    a NaN (json.dumps's path), with probabilities at the edges of the 6-digit form, odd names; with the labels of
+    either network (the FID network's numbered, for all its 1008 classes)."""
     import numpy as np
 
     import json
 
-    from inception_engine.output import as_json, line_renderer, render
+    from inception_engine.labels import network_labels
+    from inception_engine.output import as_json, line_renderer, plain_lines, render
     from inception_engine.pipeline import make_predictions
+
+    labels = network_labels(network)
 
     rng = np.random.default_rng(8)
     odd = ['a "quoted" name.jpg', "back\\slash.jpg", "ünïcode 写真.jpg", "bad\udcff.jpg", "x.jpg"]
     by = ("cuda", "fp16", "3f9a0c12ab45")
     for b in range(8):
         names = [odd[n % len(odd)] + f"{b}-{n}" for n in range(24)]
-        tops = [list(zip(rng.choice(1000, 4, replace=False).tolist(),
+        tops = [list(zip(rng.choice(len(labels), 4, replace=False).tolist(),
                          (rng.random(4) * 10.0 ** float(rng.integers(-9, 1))).tolist())) for _ in names]
         tops[5] = list(zip([1, 2, 3, 4], [1.0, 0.0, 0.9999999, 1e-05]))
         if b % 4 == 1:
@@ -327,8 +332,11 @@ def test_line_renderer_writes_what_render_writes_of_the_predictions(fmt):
             tops[9] = [(i, float("nan")) for i, _ in tops[9]]
         if b % 4 == 3:
             tops = [f"{name}: cannot decode" for name in names]
-        got = line_renderer(fmt, 4, by)(names, tops)
-        preds = make_predictions(names, tops, by)
+        got = line_renderer(fmt, 4, by, labels)(names, tops)
+        preds = make_predictions(names, tops, by, labels)
+        assert all(label == labels[i] for p in preds if p.ok for i, label, _ in p.top)
         assert got == render(preds, fmt, 4), b
+        if fmt == "jsonl" and b % 4 == 0:  # the predictions' lines made together, whichever network named them
+            assert plain_lines(preds) is not None
         if fmt == "jsonl":  # and json.dumps's bytes, which share no code with either
             assert [r.line for r in got] == [(json.dumps(as_json(p)) + "\n").encode("ascii") for p in preds], b

@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from inception_engine.labels import imagenet_labels
+from inception_engine.labels import imagenet_labels, network_labels
 from inception_engine.serve import protocol as p
 from inception_engine.serve.batcher import Batcher, Lane, Pending, Piece
 
@@ -146,7 +146,7 @@ def test_response_json_and_binary_read_back_by_tritonclient():
     answer = p.Answer(logits=logits, probs=probs)
     for binary_out in (False, True):
         req = p.InferRequest("r1", [p.OutputSpec("logits", binary_out), p.OutputSpec("probabilities", binary_out, 3)])
-        body, headers = p.infer_response(req, answer)
+        body, headers = p.infer_response(req, answer, imagenet_labels())
         assert (p.HEADER_LENGTH in headers) == binary_out
         got = tritonclient_reads(body, headers)
         np.testing.assert_array_equal(got["logits"], logits)
@@ -160,9 +160,22 @@ def test_response_json_and_binary_read_back_by_tritonclient():
 def test_top_from_the_runner_and_exact_scores_read_back():
     top = [[(5, 0.25), (7, 0.125)], [(1, 1 / 3), (2, 0.1)]]
     req = p.InferRequest(None, [p.OutputSpec("probabilities", False, 2, exact=True)])
-    body, _ = p.infer_response(req, p.Answer(top=top))
+    body, _ = p.infer_response(req, p.Answer(top=top), imagenet_labels())
     data = json.loads(body)["outputs"][0]["data"]
     assert [(i, s) for i, _, s in p.parse_classification(data)] == [(5, 0.25), (7, 0.125), (1, 1 / 3), (2, 0.1)]
+
+
+@pytest.mark.parametrize("from_runner", [True, False])
+def test_classification_names_classes_by_the_labels_given(from_runner):
+    """The FID network's labels are numbered: "score:index:class index" for every class, ImageNet's indices
+    included, from the runner's top-k and from whole probability rows alike."""
+    fid = network_labels("fid")
+    probs = np.full((1, 1008), 1e-4)
+    probs[0, [1005, 7]] = (0.5, 0.25)
+    answer = p.Answer(top=[[(1005, 0.5), (7, 0.25)]]) if from_runner else p.Answer(logits=probs, probs=probs)
+    req = p.InferRequest(None, [p.OutputSpec("probabilities", False, 2, exact=True)])
+    data = json.loads(p.infer_response(req, answer, fid)[0])["outputs"][0]["data"]
+    assert [(i, label) for i, label, _ in p.parse_classification(data)] == [(1005, "class 1005"), (7, "class 7")]
 
 
 def test_client_request_parses_as_the_server_reads_it():
