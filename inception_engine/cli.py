@@ -25,7 +25,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import backends
-from .config import BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, WORKER_KINDS, RunConfig
+from .config import (BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, RESIZE_MODES, WORKER_KINDS,
+                     RunConfig)
 from .drivers import start_driver
 from .errors import EngineError, OptionError
 from .ingest.images import DECODE_BYTES_PER_PIXEL, DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
@@ -162,6 +163,9 @@ def shown_before(note: str) -> bool:
 @click.option("--decode", type=click.Choice(DECODE_CHOICES), default="cpu", show_default=True,
               help="cpu: Pillow, torchvision's preprocessing exactly. gpu: JPEGs decoded by nvImageCodec and resized "
                    "on the GPU as Pillow does (cuda backend; pip install -e '.[gpu-decode]').")
+@click.option("--resize", type=click.Choice(RESIZE_MODES), default=None,
+              help="Whose preprocessing (the FID tools' are CPU-decode only) [default: the weight file's network's: "
+                   "torchvision's for the classifier, pytorch-fid's for the FID network].")
 @click.option("--output", "output_path", metavar="FILE",
               help="Write results to FILE.jsonl (one JSON line per image) or FILE.csv as they finish, instead of "
                    "printing them.")
@@ -227,7 +231,7 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
 def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
     """inception-run's options as one checked RunConfig."""
     engine = {"weights": o["weights_path"], **{k: o[k] for k in ("backend", "precision", "batch_size", "workers",
-                                                                  "worker_kind", "decode", "max_pixels")}}
+                                                                  "worker_kind", "decode", "max_pixels", "resize")}}
     return RunConfig(engine, images, o["top_k"], o["recursive"], o["output_path"], o["resume"], o["as_json"],
                      o["gpus"], o["ray_address"], o["server_url"], o["features"])
 

@@ -205,8 +205,9 @@ class RunConfig:
                  "resize": None}
         given = [k for k, default in local.items() if asked.get(k, default) != default]
         if given:
-            raise EngineError(f"--{given[0].replace('_', '-')} is the server's to choose (inception-serve "
-                              f"--{given[0].replace('_', '-')}); --server runs what the server runs")
+            opt = given[0].replace("_", "-")
+            how = "it resizes as its weight file's network does" if opt == "resize" else f"inception-serve --{opt}"
+            raise EngineError(f"--{opt} is the server's to choose ({how}); --server runs what the server runs")
         object.__setattr__(self, "engine", {k: asked.get(k) for k in ("backend", "precision", "batch_size")})
 
     def _check_features(self) -> None:
@@ -230,6 +231,10 @@ class RunConfig:
             raise EngineError("--ray writes its results to a directory: give --output DIR (or a URI such as s3://...)")
         if self.resume or self.as_json:
             raise EngineError("--ray writes JSON lines into --output DIR; --resume and --json are not for --ray")
+        resize = self.engine.get("resize") if isinstance(self.engine, dict) else self.engine.resize
+        if resize is not None:  # Ray's decode tasks take the weight file's preprocessing (ray_data.preprocess_of)
+            raise EngineError("--resize is for this machine's engines; --ray decodes as the weight file's network "
+                              "does")
 
     @property
     def driver(self) -> str:

@@ -570,3 +570,36 @@ def test_run_with_the_fid_network_numbers_its_classes_everywhere(image_dir, tmp_
     cells = [row.split(",") for row in csv_out.read_text().splitlines()[1:]]
     named_by_index([(int(c[2 + 3 * j]), c[3 + 3 * j]) for c in cells for j in range(30)])
     assert all(numbered.fullmatch(c[3]) for c in cells)
+
+
+def test_run_resize_names_whose_preprocessing_runs(weights_file, image_dir):
+    """--resize gives the engine's resize: each tool's preprocessing changes the results as Engine(resize=...) does;
+    the default is the weight file's network's (torchvision's for the classifier)."""
+    from inception_engine.output import rounded
+
+    image = image_dir / "a_rgb.jpg"
+
+    def probs(*extra: str) -> list[tuple[int, float]]:
+        r = runner().invoke(cli.run_cmd, [str(image), "--weights", str(weights_file), "--backend", "cpu", "--json",
+                                          "--top-k", "3", *extra])
+        assert r.exit_code == 0, r.output
+        return [(t["index"], t["prob"]) for t in json.loads(r.stdout)["results"][0]["top"]]
+
+    default = probs()
+    assert probs("--resize", "torchvision") == default
+    for mode in ("pytorch-fid", "clean-fid"):
+        with engine.Engine(weights_file, backend="cpu", resize=mode) as e:
+            want = [(i, rounded(p)) for i, _, p in e.predict([image], top_k=3)[0].top]
+        got = probs("--resize", mode)
+        assert got != default and got == want, mode
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--weights", "W", "--decode", "gpu"], "error: --resize pytorch-fid: is CPU-decode only"),
+    (["--weights", "W", "--ray", "auto", "--output", "out"], "--resize is for this machine's engines"),
+    (["--server", "http://127.0.0.1:9"], "--resize is the server's to choose (it resizes as its weight file's")])
+def test_run_resize_refusals_are_one_line(weights_file, image_dir, extra, words, monkeypatch):
+    monkeypatch.setattr("inception_engine.ray_data.require_ray", lambda: None)
+    extra = [str(weights_file) if a == "W" else a for a in extra]
+    r = runner().invoke(cli.run_cmd, [str(image_dir / "a_rgb.jpg"), "--resize", "pytorch-fid", *extra])
+    assert r.exit_code == 2 and words in one_line_error(r), r.output
