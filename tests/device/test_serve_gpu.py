@@ -12,8 +12,7 @@ from inception_engine import backends
 from inception_engine.engine import Engine
 from inception_engine.ingest.images import load_image
 
-from helpers.random_weights import write_random_weights
-from helpers.serve import jpeg_bytes, png_bytes, start_server
+from helpers.serve import jpeg_bytes, png_bytes, serve_weights, start_server, write_images
 
 pytestmark = pytest.mark.gpu
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is in the test extra")
@@ -22,18 +21,13 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def weights_file(tmp_path_factory) -> Path:
-    return write_random_weights(tmp_path_factory.mktemp("weights") / "w.npz", seed=3)
+    return serve_weights(tmp_path_factory.mktemp("weights"))
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> list[Path]:
-    d = tmp_path_factory.mktemp("images")
-    out = []
-    for i in range(12):
-        data = png_bytes(i) if i % 5 == 4 else jpeg_bytes(i, (500, 375) if i % 2 else (375, 500))
-        out.append(d / f"{i:02d}.{'png' if i % 5 == 4 else 'jpg'}")
-        out[-1].write_bytes(data)
-    return out
+    files = [png_bytes(i) if i % 5 == 4 else jpeg_bytes(i, (500, 375) if i % 2 else (375, 500)) for i in range(12)]
+    return write_images(tmp_path_factory.mktemp("images"), files, "{i:02d}")
 
 
 def top5(served, paths: list[Path]) -> list[list[tuple[int, float]]]:

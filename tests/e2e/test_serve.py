@@ -20,31 +20,23 @@ import pytest
 from inception_engine.engine import Engine
 from inception_engine.ingest.images import load_image
 
-from helpers.random_weights import write_random_weights
-from helpers.serve import READY, jpeg_bytes, png_bytes, start_server
+from helpers.serve import READY, jpeg_bytes, png_bytes, serve_weights, start_server, write_images
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is in the test extra")
 
 MAX_BATCH = 4
-PNG = b"\x89PNG"
 MODEL = "inception_v3"
 
 
 @pytest.fixture(scope="module")
 def weights_file(tmp_path_factory) -> Path:
-    return write_random_weights(tmp_path_factory.mktemp("weights") / "w.npz", seed=3)
+    return serve_weights(tmp_path_factory.mktemp("weights"))
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> list[Path]:
-    d = tmp_path_factory.mktemp("images")
-    out = []
-    for i, data in enumerate([jpeg_bytes(0), png_bytes(1), jpeg_bytes(2, (400, 330)), jpeg_bytes(3),
-                              jpeg_bytes(4, (299, 299)), png_bytes(5)]):
-        path = d / f"img{i}.{'png' if data[:4] == PNG else 'jpg'}"
-        path.write_bytes(data)
-        out.append(path)
-    return out
+    return write_images(tmp_path_factory.mktemp("images"), [jpeg_bytes(0), png_bytes(1), jpeg_bytes(2, (400, 330)),
+                                                            jpeg_bytes(3), jpeg_bytes(4, (299, 299)), png_bytes(5)])
 
 
 @pytest.fixture(scope="module")
@@ -550,3 +542,34 @@ def test_an_engine_that_cannot_start_is_one_line_exit_2(weights_file, monkeypatc
     monkeypatch.setattr(devices, "build_engine", fails)
     r = runner().invoke(command.serve_cmd, ["--weights", str(weights_file), "--backend", "cpu", "--port", "0"])
     assert r.exit_code == 2 and one_line_error(r) == "error: the GPU decoder could not open (a test's)"
+
+
+def test_a_server_of_the_fid_network_numbers_its_classes(tmp_path, images):
+    """The FID network's classes are TF's, not ImageNet's: /v1/classify and the classification extension label
+    every one "class N" (ImageNet's indices too), as inception-run with its weights does, and the server says so."""
+    from inception_engine.labels import NUMBERED_NOTE
+    from inception_engine.weights import save_weights
+
+    from helpers.random_weights import random_arrays
+
+    manifest = {"network": "fid", "count_include_pad": False, "input": {"mean": [0.5] * 3, "std": [0.5] * 3,
+                                                                       "size": 75, "resize": 75}}
+    served = start_server(save_weights(tmp_path / "fid.npz", random_arrays(7, "fid"), manifest), "--max-batch", "4")
+    try:
+        status, doc = post(f"{served.url}/v1/classify?top_k=40", images[0].read_bytes())
+        assert status == 200, doc
+        named = [(t["index"], t["label"]) for t in doc["top"]]
+        client = httpclient.InferenceServerClient(served.host_port, network_timeout=120.0)
+        try:
+            result = client.infer(MODEL, [bytes_input(images[:2])],
+                                  outputs=[httpclient.InferRequestedOutput("probabilities", class_count=40)])
+        finally:
+            client.close()
+        for s in result.as_numpy("probabilities").ravel():
+            _, index, label = s.decode().split(":", 2)
+            named.append((int(index), label))
+        assert len(named) == 120 and min(i for i, _ in named) < 1000
+        assert all(label == f"class {i}" for i, label in named), named
+        assert f"note: {NUMBERED_NOTE}\n" in served.lines
+    finally:
+        assert served.stop() == 0, served.drain()

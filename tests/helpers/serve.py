@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from helpers.random_weights import write_random_weights
+
 READY = "inception-serve: ready at "
 
 
@@ -102,3 +104,21 @@ def png_bytes(seed: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(rng.integers(0, 256, (310, 330), dtype=np.uint8), "L").save(buf, "PNG")
     return buf.getvalue()
+
+
+PNG = b"\x89PNG"  # a PNG file's first bytes
+
+
+def serve_weights(directory: Path) -> Path:
+    """The random weight file the serve tests start their servers with, in ``directory``."""
+    return write_random_weights(directory / "w.npz", seed=3)
+
+
+def write_images(directory: Path, files: list[bytes], name: str = "img{i}") -> list[Path]:
+    """Each encoded image in ``files`` as a file of ``directory``, named ``name`` (formatted with its index ``i``)
+    with .png or .jpg as its bytes are, in order."""
+    out = []
+    for i, data in enumerate(files):
+        out.append(directory / f"{name.format(i=i)}.{'png' if data.startswith(PNG) else 'jpg'}")
+        out[-1].write_bytes(data)
+    return out
