@@ -316,7 +316,8 @@ def check_model(server: Server, request: Request, need_ready: bool = True) -> No
 
 async def metadata(server: Server, request: Request) -> Response:
     check_model(server, request)
-    return JSONResponse(model_metadata(server.size))
+    # the network's classes, known once its engines are ready
+    return JSONResponse(model_metadata(server.size, len(server.facts.labels) if server.facts is not None else -1))
 
 
 async def model_ready(server: Server, request: Request) -> Response:
@@ -333,7 +334,7 @@ async def config(server: Server, request: Request) -> Response:
     if f.model is not None:  # what every result names the model by (weights.ModelId), as inception-run's
         facts |= {"model_digest": f.model.digest, "model_kind": f.model.kind,
                   "model_source_sha256": f.model.source_sha256 or ""}
-    return JSONResponse(model_config(server.size, server.options.max_batch, facts))
+    return JSONResponse(model_config(server.size, server.options.max_batch, facts, f.labels))
 
 
 async def infer(server: Server, request: Request) -> Response:

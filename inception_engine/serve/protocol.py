@@ -365,23 +365,26 @@ def infer_response(req: InferRequest, answer: Answer, labels: Labels) -> tuple[b
     return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
 
 
-def model_metadata(size: int) -> dict[str, Any]:
+def model_metadata(size: int, classes: int) -> dict[str, Any]:
+    """Triton's model metadata: ``classes`` outputs a row (the network's; -1 where not known yet)."""
     return {"name": MODEL_NAME, "versions": [MODEL_VERSION], "platform": PLATFORM,
             "inputs": [{"name": INPUT_BYTES, "datatype": "BYTES", "shape": [-1]},
                        {"name": INPUT_TENSOR, "datatype": "FP32", "shape": [-1, 3, size, size]}],
-            "outputs": [{"name": name, "datatype": "FP32", "shape": [-1, len(imagenet_labels())]}
+            "outputs": [{"name": name, "datatype": "FP32", "shape": [-1, classes]}
                         for name in OUTPUTS]}
 
 
-def model_config(size: int, max_batch: int, facts: dict[str, str]) -> dict[str, Any]:
-    """Triton's model configuration (GET .../config), with what computes the answers as string parameters."""
-    meta = model_metadata(size)
+def model_config(size: int, max_batch: int, facts: dict[str, str], labels: Labels) -> dict[str, Any]:
+    """Triton's model configuration (GET .../config), with what computes the answers as string parameters; an
+    output's label file only where the network's labels are ImageNet's (the FID network's are not shipped)."""
+    meta = model_metadata(size, len(labels))
+    label_file = {"label_filename": "imagenet_classes.txt"} if labels == imagenet_labels() else {}
     dims = {INPUT_BYTES: [1], INPUT_TENSOR: [3, size, size]}
     return {"name": MODEL_NAME, "platform": PLATFORM, "max_batch_size": max_batch,
             "input": [{"name": i["name"], "data_type": f"TYPE_{i['datatype'].replace('BYTES', 'STRING')}",
                        "dims": dims[i["name"]], "optional": True} for i in meta["inputs"]],
-            "output": [{"name": o["name"], "data_type": "TYPE_FP32", "dims": [len(imagenet_labels())],
-                        "label_filename": "imagenet_classes.txt"} for o in meta["outputs"]],
+            "output": [{"name": o["name"], "data_type": "TYPE_FP32", "dims": [len(labels)], **label_file}
+                       for o in meta["outputs"]],
             "dynamic_batching": {},
             "parameters": {k: {"string_value": v} for k, v in facts.items()}}
 

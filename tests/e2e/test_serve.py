@@ -561,6 +561,7 @@ def test_a_server_of_the_fid_network_numbers_its_classes(tmp_path, images):
         named = [(t["index"], t["label"]) for t in doc["top"]]
         client = httpclient.InferenceServerClient(served.host_port, network_timeout=120.0)
         try:
+            assert [o["shape"] for o in client.get_model_metadata(MODEL)["outputs"]] == [[-1, 1008]] * 2
             result = client.infer(MODEL, [bytes_input(images[:2])],
                                   outputs=[httpclient.InferRequestedOutput("probabilities", class_count=40)])
         finally:

@@ -185,10 +185,14 @@ def test_client_request_parses_as_the_server_reads_it():
 
 
 def test_metadata_and_config():
-    meta = p.model_metadata(SIZE)
+    meta = p.model_metadata(SIZE, 1000)
     assert meta["name"] == "inception_v3" and [i["name"] for i in meta["inputs"]] == ["images", "input"]
-    config = p.model_config(SIZE, 64, {"backend": "cpu"})
+    config = p.model_config(SIZE, 64, {"backend": "cpu"}, imagenet_labels())
     assert config["max_batch_size"] == 64 and config["parameters"] == {"backend": {"string_value": "cpu"}}
+    assert [(o["dims"], o["label_filename"]) for o in config["output"]] == [([1000], "imagenet_classes.txt")] * 2
+    # the FID network: its 1008 classes, and no label file (ImageNet's names are not its classes')
+    fid = p.model_config(SIZE, 64, {}, network_labels("fid"))
+    assert [o["dims"] for o in fid["output"]] == [[1008]] * 2 and not any("label_filename" in o for o in fid["output"])
 
 
 # ---------------------------------------------------------------------------------------------------- batcher
