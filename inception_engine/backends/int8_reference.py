@@ -174,13 +174,15 @@ def forward_int8(weights: Weights, x: np.ndarray, float_layers: frozenset[str] =
     return out[0]
 
 
-def float_walk(weights: Weights, x: np.ndarray, visit: Callable[[str, np.ndarray], None]) -> np.ndarray:
-    """The fp32 network (float32, direct convolutions) on ``x``; ``visit(name, tensor)`` sees the input and every
-    layer's output before the global pool: what calibration gathers statistics of. Returns the logits."""
+def float_walk(weights: Weights, x: np.ndarray, visit: Callable[[str, np.ndarray], None],
+               dtype: type = np.float32) -> np.ndarray:
+    """The float network (``dtype``: float32, the fp32 network; float64, the reference both 8-bit networks are
+    judged by; direct convolutions) on ``x``; ``visit(name, tensor)`` sees the input and every layer's output
+    before the global pool: what calibration gathers statistics of. Returns the logits."""
     layers = weights.layers()
     srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
     last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}
-    acts = {arch.INPUT: np.asarray(x, np.float32)}
+    acts = {arch.INPUT: np.asarray(x, dtype)}
     visit(arch.INPUT, acts[arch.INPUT])
     y = acts[arch.INPUT]
     for i, l in enumerate(layers):
