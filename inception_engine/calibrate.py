@@ -39,6 +39,7 @@ from . import arch
 from .backends.int8_reference import QMAX, float_walk, weight_scales
 from .errors import EngineError
 from .ingest.images import Preprocess, image_extensions, load_image
+from .onnx_convert import convert
 from .weights import CALIBRATION_METHODS, Weights, load_weight_file, save_weights
 
 BINS = 2048  # a power of two (the doubling rule above); 99.99 % of a 35x35x288 tensor is still ~35 samples a bin
@@ -83,6 +84,8 @@ class AbsHistogram:
 
 def calibration_images(directory: str | Path, count: int) -> list[Path]:
     """The first ``count`` image files under ``directory`` (recursively, sorted by path); one line if none."""
+    if count < 1:
+        raise EngineError(f"--calibration-images must be at least 1, got {count}")
     top = Path(directory)
     if not top.is_dir():
         raise EngineError(f"{directory}: not a directory of calibration images")
@@ -133,11 +136,23 @@ def calibration_record(weights: Weights, xs: Iterable[np.ndarray], images: int, 
             "activation_scales": act, "weight_scales": ws}
 
 
+def convert_calibrated(model: str | Path, target: Path, overwrite: bool, directory: str | Path,
+                       count: int = DEFAULT_IMAGES) -> Path:
+    """inception-convert-weights --calibrate: the images are listed before anything is written, and a calibration
+    that fails on the way (an unreadable image) removes the file just converted: calibrated, or nothing."""
+    calibration_images(directory, count)
+    out = convert(model, target, overwrite=overwrite)
+    try:
+        calibrate_file(out, directory, count)
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
+
 def calibrate_file(path: str | Path, directory: str | Path, count: int = DEFAULT_IMAGES,
                    percentile: float = PERCENTILE) -> dict[str, Any]:
     """Adds the calibration to the weight file at ``path`` (rewritten atomically); returns the record."""
-    if count < 1:
-        raise EngineError(f"--calibration-images must be at least 1, got {count}")
     weights = load_weight_file(Path(path))
     paths = calibration_images(directory, count)
     pre = Preprocess.from_manifest(weights.manifest)

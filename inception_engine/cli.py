@@ -392,10 +392,11 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
         if target.is_file() and not force:
             raise EngineError(f"{target} exists already (an earlier conversion?); --force overwrites it, -o PATH "
                               f"writes elsewhere")
-        out = convert(model, target, overwrite=force)
-        if ctx.params.get("calibrate") is not None:  # the file gains its 8-bit scales, rewritten atomically
-            from .calibrate import calibrate_file
-            calibrate_file(out, ctx.params["calibrate"], ctx.params["calibration_images"])
+        if ctx.params.get("calibrate") is None:
+            out = convert(model, target, overwrite=force)
+        else:  # converted and calibrated, or (bad images) nothing written
+            from .calibrate import convert_calibrated
+            out = convert_calibrated(model, target, force, ctx.params["calibrate"], ctx.params["calibration_images"])
         weights = load_weights(out)  # read back: the file on disk passes its own checksums
         m, model_id = weights.manifest, weights.model_id()
         env = os.environ.get(ENV_VAR)

@@ -153,6 +153,15 @@ def test_convert_with_calibrate(synthetic_onnx, photos, tmp_path):
                                           "--calibration-images", "1"])
     assert r.exit_code == 0, r.output + r.stderr
     assert require_calibration(load_weight_file(out))["images"] == 1
+    for where, message in ((tmp_path / "none", "not a directory of calibration images"),
+                           (tmp_path, "no image files to calibrate with")):
+        r = runner().invoke(cli.convert_cmd, [str(synthetic_onnx()), "-o", str(tmp_path / "x.npz"), "--calibrate",
+                                              str(where)])
+        assert message in one_line_error(r) and not (tmp_path / "x.npz").exists()
+
+
+def test_a_calibration_that_fails_leaves_no_file(synthetic_onnx, tmp_path):
+    (tmp_path / "bad.png").write_bytes(b"not a png")
     r = runner().invoke(cli.convert_cmd, [str(synthetic_onnx()), "-o", str(tmp_path / "x.npz"), "--calibrate",
-                                          str(tmp_path / "none")])
-    assert "not a directory of calibration images" in one_line_error(r)
+                                          str(tmp_path)])
+    assert "bad.png" in one_line_error(r) and not (tmp_path / "x.npz").exists()
