@@ -359,10 +359,13 @@ def resume_line(summary: ResumeSummary, inputs: int, path: Path) -> str:
 @click.option("--transform-input", is_flag=True, help="With --synthetic: include torchvision's transform_input.")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="With --synthetic: random seed.")
 @click.option("--fid", is_flag=True, help="With --synthetic: pytorch-fid's FID Inception (1008 classes) instead.")
+@click.option("--calibrate", metavar="DIR", help="Also store 8-bit scales, measured on images of DIR (calibrate.py).")
+@click.option("--calibration-images", type=int, default=300, show_default=True, metavar="N",
+              help="With --calibrate: how many of DIR's images (the first N, sorted by path).")
 @version_option
 @user_errors
 def convert_cmd(model: str | None, output: str | None, force: bool, synthetic_out: str | None, style: str,
-                transform_input: bool, seed: int, fid: bool) -> None:
+                transform_input: bool, seed: int, fid: bool, calibrate: str | None, calibration_images: int) -> None:
     """Convert an ONNX export of torchvision's Inception-V3, or of pytorch-fid's FID Inception (MODEL.onnx), into
     the engine's weight file."""
     try:
@@ -393,7 +396,11 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
         if target.is_file() and not force:
             raise EngineError(f"{target} exists already (an earlier conversion?); --force overwrites it, -o PATH "
                               f"writes elsewhere")
-        out = convert(model, target, overwrite=force)
+        if ctx.params.get("calibrate") is None:
+            out = convert(model, target, overwrite=force)
+        else:  # converted and calibrated, or (bad images) nothing written
+            from .calibrate import convert_calibrated
+            out = convert_calibrated(model, target, force, ctx.params["calibrate"], ctx.params["calibration_images"])
         weights = load_weights(out)  # read back: the file on disk passes its own checksums
         m, model_id = weights.manifest, weights.model_id()
         env = os.environ.get(ENV_VAR)
@@ -406,9 +413,9 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
         return
     if model is not None:
         raise EngineError("give either MODEL.onnx to convert or --synthetic OUT.onnx, not both")
-    if output is not None or force:
-        raise EngineError(f"{'-o' if output is not None else '--force'} applies to conversion; --synthetic writes "
-                          f"OUT.onnx, convert it in a second step")
+    if output is not None or force or ctx.params.get("calibrate") is not None:
+        flag = "-o" if output is not None else "--force" if force else "--calibrate"
+        raise EngineError(f"{flag} applies to conversion; --synthetic writes OUT.onnx, convert it in a second step")
     from .synthetic import write_synthetic_onnx
 
     from .weights import default_places

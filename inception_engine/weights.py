@@ -10,7 +10,8 @@ array to its name, so two arrays swapped together with their checksums are found
 
 Provenance: ``provenance`` ({"kind": "torchvision" | "fid" | "synthetic" | "other", "source_sha256": the ONNX
 file's SHA-256 or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null, room
-for one}) and ``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or
+for one: calibrate.py's record, CALIBRATION_KEYS, checked by check_calibration}) and
+``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or
 transplanted record is refused. A file converted before provenance was kept has neither; it loads, its kind "unknown".
 
 ``ModelId`` names a model: MODEL_DIGEST_HEX hex digits of a SHA-256 of the arrays' checksums (``model_digest``),
@@ -72,6 +73,11 @@ HOW_TO_GET_WEIGHTS = (
     "and run `inception-convert-weights inception_v3.onnx`, or pass --weights PATH (a weight file or the .onnx)"
 )
 CONVERT_AGAIN = "convert the ONNX model again with inception-convert-weights"
+CALIBRATE = "inception-convert-weights MODEL.onnx --calibrate IMAGE_DIR"
+# provenance.calibration: how the 8-bit scales were measured (method, its parameter, the images and their digest)
+# and the scales: per tensor (arch names, "image" the input) and per conv output channel (backends/int8_reference)
+CALIBRATION_KEYS = ("method", "parameter", "images", "images_sha256", "activation_scales", "weight_scales")
+CALIBRATION_METHODS = ("percentile",)
 
 
 @dataclass
@@ -161,8 +167,51 @@ def check_provenance(manifest: dict[str, Any]) -> None:
     if source is not None and not (isinstance(source, str) and len(source) == 64 and set(source) <= set(HEX)):
         raise WeightsError(f"the manifest's provenance.source_sha256 is {prov['source_sha256']!r:.80}, expected "
                            f"64 hex digits or null")
+    if prov.get("calibration") is not None:
+        check_calibration(prov["calibration"], manifest)
     if manifest.get("provenance_sha256") != provenance_checksum(prov, manifest["sha256"]):
         raise WeightsError(f"the manifest's provenance fails its checksum (damaged or edited file); {CONVERT_AGAIN}")
+
+
+def _positive(v: Any) -> bool:
+    return _is_number(v) and v > 0
+
+
+def check_calibration(calib: Any, manifest: dict[str, Any]) -> None:
+    """provenance.calibration's fields and scales (finite, positive; one per output channel of every conv)."""
+    if not isinstance(calib, dict) or set(calib) != set(CALIBRATION_KEYS):
+        raise WeightsError(f"the manifest's calibration record is not an object of {', '.join(CALIBRATION_KEYS)}; "
+                           f"calibrate again with {CALIBRATE}")
+    if calib["method"] not in CALIBRATION_METHODS or not _positive(calib["parameter"]):
+        raise WeightsError(f"the manifest's calibration method {calib['method']!r:.40} ({calib['parameter']!r:.40})"
+                           f" is not one of {', '.join(CALIBRATION_METHODS)} with a positive parameter")
+    if not (_is_int(calib["images"]) and calib["images"] > 0 and isinstance(calib["images_sha256"], str)):
+        raise WeightsError("the manifest's calibration lacks its image count or digest")
+    act, ws = calib["activation_scales"], calib["weight_scales"]
+    if not (isinstance(act, dict) and all(_positive(v) for v in act.values())):
+        raise WeightsError("the manifest's calibration activation scales are not positive numbers by tensor")
+    shapes = network_shapes(manifest)
+    convs = {k[:-len(".weight")]: s[0] for k, s in shapes.items() if k.endswith(".weight") and len(s) == 4}
+    if not isinstance(ws, dict) or set(ws) != set(convs) or not all(
+            isinstance(ws[k], list) and len(ws[k]) == n and all(_positive(v) for v in ws[k]) for k, n in convs.items()):
+        raise WeightsError("the manifest's calibration weight scales are not one positive number per output channel "
+                           "of every conv")
+    tensors = {arch.INPUT} | {l.name for l in arch.inception_v3(network=manifest.get("network", "torchvision"))
+                              if isinstance(l, arch.Conv | arch.Pool | arch.Concat)}
+    if not set(act) >= tensors:
+        raise WeightsError(f"the manifest's calibration lacks the activation scale of {min(tensors - set(act))}")
+
+
+def require_calibration(weights: Weights) -> dict[str, Any]:
+    """The calibration record of ``weights`` (check_calibration's), or one WeightsError line saying how to add it:
+    what an 8-bit precision asks for before it runs."""
+    prov = weights.manifest.get("provenance")
+    calib = prov.get("calibration") if isinstance(prov, dict) else None
+    if calib is None:
+        where = f"{weights.path}: " if weights.path else ""
+        raise WeightsError(f"{where}no 8-bit calibration in this weight file; add it with {CALIBRATE}")
+    check_calibration(calib, weights.manifest)
+    return calib
 
 
 def sha256_array(name: str, a: np.ndarray) -> str:

@@ -27,8 +27,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipeline: the result streams, joining the input side to a backend",
      ("pipeline", "cuda_runner", "output", "output_read", "features_file")),
     ("applications: what puts backends to work",
-     ("config", "engine", "synthetic", "bench", "bench_report", "multi_gpu", "drivers", "sinks", "ray_data",
-      "tune", "serve")),
+     ("config", "engine", "synthetic", "calibrate", "bench", "bench_report", "multi_gpu", "drivers", "sinks",
+      "ray_data", "tune", "serve")),
     ("the command line", ("cli", "entry", "__main__", "serve.command", "fid_command")),
 )
 

@@ -326,6 +326,11 @@ def test_refuses_missing_relu(model, tmp_path):
     refused(model, tmp_path, "Conv2d_2a_3x3 (Conv + ReLU) expects Relu, found Conv")
 
 
+def test_refuses_an_already_quantized_model_by_name(model, tmp_path):
+    next(n for n in model.graph.node if n.op_type == "Relu").op_type = "DequantizeLinear"
+    refused(model, tmp_path, "an already-quantized ONNX (DequantizeLinear nodes) is not read yet")
+
+
 def test_refuses_other_activation(model, tmp_path):
     relu = conv_named(model, "Mixed_6c.branch7x7dbl_3")
     act = next(n for n in model.graph.node if n.op_type == "Relu" and n.input[0] == relu.output[0])
