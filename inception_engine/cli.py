@@ -9,8 +9,6 @@ results and makes inception-run exit with 1.
 
 from __future__ import annotations
 
-import difflib
-import functools
 import os
 import sys
 import time
@@ -25,10 +23,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import backends
+from .commands import CONTEXT, Command, plural, stderr_is_tty, user_errors, version_option
 from .config import (BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, RESIZE_MODES, WORKER_KINDS,
                      RunConfig)
 from .drivers import start_driver
-from .errors import EngineError, OptionError
+from .errors import EngineError
 from .ingest.images import DECODE_BYTES_PER_PIXEL, DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from .ingest.inputs import expand_inputs, may_hold_images, no_images_line
 from .output import ResultFile, ResumeSummary
@@ -36,73 +35,7 @@ from .output_read import image_key
 from .pipeline import Prediction
 from .sinks import interrupted, make_sink, terminal_echo, write_results
 
-CONTEXT = {"help_option_names": ["-h", "--help"]}
-DISTRIBUTION = "inception-engine"
-
-
-def version_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--version on a command: the installed package's version (importlib.metadata, through click). A decorator made
-    afresh for each command: click's remembers the first program name it printed."""
-    return click.version_option(package_name=DISTRIBUTION, message="%(prog)s %(version)s")(fn)
-
-
 MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)
-
-
-class OneLineUsage(click.UsageError):
-    """A usage error as one line, ``error: no such option --precison (did you mean --precision?)``, exit code 2,
-    instead of click's usage block."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
-
-
-def usage_line(e: click.UsageError) -> str:
-    if isinstance(e, click.NoSuchOption):
-        guess = difflib.get_close_matches(e.option_name, e.possibilities or [], n=1)
-        return f"no such option {e.option_name}" + (f" (did you mean {guess[0]}?)" if guess else "")
-    text = " ".join(e.format_message().split()).rstrip(".")
-    return text[:1].lower() + text[1:]
-
-
-class Command(click.Command):
-    """click.Command whose usage errors are one line (OneLineUsage); --help is click's."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as e:
-            prog = ctx.command_path or self.name
-            raise OneLineUsage(f"{usage_line(e)}; {prog} --help lists the options", ctx) from None
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' * (n != 1)}"
-
-
-class UserError(click.ClickException):
-    """An EngineError on its way out: one line on stderr, exit code 2."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
-
-
-def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EngineError as e:  # an OptionError names the command's flag rather than the Python keyword
-            message = e.as_flag() if isinstance(e, OptionError) else str(e)
-            raise UserError(" ".join(message.split())) from None  # one line, whatever the message held
-
-    return wrapper
-
-
-def stderr_is_tty() -> bool:
-    return sys.stderr.isatty()
 
 
 # ---------------------------------------------------------------------------------------------------- inception-run
@@ -386,6 +319,9 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
         if model is None:
             raise EngineError("give the ONNX file to convert (inception-convert-weights MODEL.onnx), "
                               "or --synthetic OUT.onnx to write a synthetic one")
+        if (ctx.params.get("calibrate") is None and
+                ctx.get_parameter_source("calibration_images") != click.core.ParameterSource.DEFAULT):
+            raise EngineError("--calibration-images only applies with --calibrate DIR")
         from .onnx_convert import convert
         from .model_files import load_weights
         from .weights import ENV_VAR, default_places, default_weights_path
@@ -408,8 +344,11 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
                Path(env).resolve() != out.resolve() else
                "inception-run finds it there" if out.resolve() in default_places() or env else
                f"use it with inception-run --weights {out}")
+        calibration = (m.get("provenance") or {}).get("calibration")
+        calibrated = (f", 8-bit scales from {plural(int(calibration['images']), 'image')} of "
+                      f"{ctx.params['calibrate']}" if calibration else "")
         click.echo(f"wrote {out} ({model_id.describe()}, from {Path(model).name}, exporter "
-                   f"{m.get('exporter', '?')}, opset {m.get('opset', '?')}); {use}")
+                   f"{m.get('exporter', '?')}, opset {m.get('opset', '?')}{calibrated}); {use}")
         return
     if model is not None:
         raise EngineError("give either MODEL.onnx to convert or --synthetic OUT.onnx, not both")

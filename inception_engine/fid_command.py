@@ -24,7 +24,7 @@ import click
 import numpy as np
 from tqdm import tqdm
 
-from .cli import CONTEXT, Command, user_errors, version_option
+from .commands import CONTEXT, Command, user_errors, version_option
 from .config import BACKEND_CHOICES, PRECISION_CHOICES, WORKER_KINDS, EngineConfig
 from .engine import Engine
 from .errors import EngineError

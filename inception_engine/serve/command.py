@@ -18,7 +18,7 @@ import click
 from PIL import Image
 
 from .. import backends
-from ..cli import CONTEXT, Command, user_errors, version_option
+from ..commands import CONTEXT, Command, user_errors, version_option
 from ..config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, resolve
 from ..engine import EngineFacts
 from ..errors import EngineError, OptionError

@@ -310,6 +310,7 @@ def test_entry_point_maps_errors_to_exit_codes(tmp_path, monkeypatch, capsys):
     (["{tmp}/text.onnx", "--seed", "3"], "--seed"),
     (["--synthetic", "{tmp}/s.onnx", "-o", "{tmp}/w.npz"], "-o applies"),
     (["--synthetic", "{tmp}/s.onnx", "--force"], "--force applies"),
+    (["{tmp}/text.onnx", "--calibration-images", "5"], "--calibration-images only applies with --calibrate"),
 ])
 def test_convert_refusals_are_one_line_exit_2(tmp_path, args, words):
     (tmp_path / "text.onnx").write_text("this is not a protobuf")

@@ -153,6 +153,7 @@ def test_convert_with_calibrate(synthetic_onnx, photos, tmp_path):
                                           "--calibration-images", "1"])
     assert r.exit_code == 0, r.output + r.stderr
     assert require_calibration(load_weight_file(out))["images"] == 1
+    assert f"8-bit scales from 1 image of {photos}" in r.output  # the line says the file is calibrated
     for where, message in ((tmp_path / "none", "not a directory of calibration images"),
                            (tmp_path, "no image files to calibrate with")):
         r = runner().invoke(cli.convert_cmd, [str(synthetic_onnx()), "-o", str(tmp_path / "x.npz"), "--calibrate",

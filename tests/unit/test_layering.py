@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("applications: what puts backends to work",
      ("config", "engine", "synthetic", "calibrate", "bench", "bench_report", "multi_gpu", "drivers", "sinks",
       "ray_data", "tune", "serve")),
-    ("the command line", ("cli", "entry", "__main__", "serve.command", "fid_command")),
+    ("the command line", ("commands", "cli", "entry", "__main__", "serve.command", "fid_command")),
 )
 
 
