@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import arch
-from .backends.numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d
+from .backends.numpy_primitives import conv2d_bias_relu, walk_layers
 from .onnx_convert import SYNTHETIC_PRODUCER, fold_batchnorm
 from .weights import IMAGENET_MEAN, IMAGENET_STD, Weights, atomic_write, default_file_mode
 
@@ -73,27 +73,7 @@ def walk(x: np.ndarray, conv: Forward, fc: Forward, count_include_pad: bool = Tr
     """Runs arch.inception_v3() (of ``network``) on ``x`` with ``conv(layer, input)`` and ``fc(layer, features)``
     supplied by the caller (pools and concats done here), freeing each activation after its last reader. Returns
     the logits."""
-    layers = arch.inception_v3(count_include_pad, network)
-    srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
-    last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}
-    acts = {arch.INPUT: x}
-    y = x
-    for i, l in enumerate(layers):
-        if isinstance(l, arch.Conv):
-            y = conv(l, acts[l.src])
-        elif isinstance(l, arch.Pool):
-            y = pool2d(acts[l.src], l.kind, l.kernel, l.stride, l.pad, l.count_include_pad)
-        elif isinstance(l, arch.Concat):
-            y = np.concatenate([acts[s] for s in l.srcs], axis=1)
-        elif isinstance(l, arch.GlobalAvgPool):
-            y = global_avg_pool(acts[l.src]).reshape(x.shape[0], -1)
-        elif isinstance(l, arch.FC):
-            y = fc(l, acts[l.src])
-        acts[l.name] = y
-        for s in srcs[l.name]:
-            if last_read[s] == i:
-                del acts[s]
-    return y
+    return walk_layers(arch.inception_v3(count_include_pad, network), x, conv, fc)
 
 
 def _round_stat(a: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import arch
 from ..weights import Weights, require_calibration
-from .numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d
+from .numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d, walk_layers
 
 QMAX = 127
 ACC_LIMIT = 2**31 - 1  # an int32 accumulator; also far below 2^53, where float64 sums stop being exact
@@ -179,27 +179,9 @@ def float_walk(weights: Weights, x: np.ndarray, visit: Callable[[str, np.ndarray
     """The float network (``dtype``: float32, the fp32 network; float64, the reference both 8-bit networks are
     judged by; direct convolutions) on ``x``; ``visit(name, tensor)`` sees the input and every layer's output
     before the global pool: what calibration gathers statistics of. Returns the logits."""
-    layers = weights.layers()
-    srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
-    last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}
-    acts = {arch.INPUT: np.asarray(x, dtype)}
-    visit(arch.INPUT, acts[arch.INPUT])
-    y = acts[arch.INPUT]
-    for i, l in enumerate(layers):
-        if isinstance(l, arch.Conv):
-            y = conv2d_bias_relu(acts[l.src], *weights.conv(l.name), l.stride, l.pad)
-        elif isinstance(l, arch.Pool):
-            y = pool2d(acts[l.src], l.kind, l.kernel, l.stride, l.pad, l.count_include_pad)
-        elif isinstance(l, arch.Concat):
-            y = np.concatenate([acts[s] for s in l.srcs], axis=1)
-        elif isinstance(l, arch.GlobalAvgPool):
-            y = global_avg_pool(acts[l.src]).reshape(x.shape[0], -1)
-        else:
-            y = acts[l.src] @ weights.arrays[l.name + ".weight"].T + weights.arrays[l.name + ".bias"]
-        if isinstance(l, arch.Conv | arch.Pool | arch.Concat):
-            visit(l.name, y)
-        acts[l.name] = y
-        for s in srcs[l.name]:
-            if last_read[s] == i:
-                del acts[s]
-    return y
+    x = np.asarray(x, dtype)
+    visit(arch.INPUT, x)
+    return walk_layers(weights.layers(), x,
+                       lambda l, a: conv2d_bias_relu(a, *weights.conv(l.name), l.stride, l.pad),
+                       lambda l, a: a @ weights.arrays[l.name + ".weight"].T + weights.arrays[l.name + ".bias"],
+                       visit)

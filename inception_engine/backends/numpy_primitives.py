@@ -18,8 +18,11 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
+
+from .. import arch
 
 
 # Work memory of one conv is split into blocks of output rows of at most about this many elements (4 MB in
@@ -477,3 +480,34 @@ def global_avg_pool(x: np.ndarray) -> np.ndarray:
 def fc(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x (N, in), w (out, in), b (out,) -> (N, out)."""
     return x @ w.T + b
+
+
+def walk_layers(layers: list, x: np.ndarray, conv: Callable[[Any, np.ndarray], np.ndarray],
+                fc: Callable[[Any, np.ndarray], np.ndarray],
+                visit: Callable[[str, np.ndarray], None] | None = None) -> np.ndarray:
+    """Runs ``layers`` (arch's list) on ``x`` layer by layer with ``conv(layer, input)`` and ``fc(layer, features)``
+    supplied by the caller (pools and concats done here), freeing each activation after its last reader;
+    ``visit(name, tensor)`` sees every conv, pool and concat output. Returns the last layer's output (the logits).
+    The plain walk the NumPy paths outside a plan share (the synthetic model's statistics, the 8-bit reference)."""
+    srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
+    last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}
+    acts = {arch.INPUT: x}
+    y = x
+    for i, l in enumerate(layers):
+        if isinstance(l, arch.Conv):
+            y = conv(l, acts[l.src])
+        elif isinstance(l, arch.Pool):
+            y = pool2d(acts[l.src], l.kind, l.kernel, l.stride, l.pad, l.count_include_pad)
+        elif isinstance(l, arch.Concat):
+            y = np.concatenate([acts[s] for s in l.srcs], axis=1)
+        elif isinstance(l, arch.GlobalAvgPool):
+            y = global_avg_pool(acts[l.src]).reshape(x.shape[0], -1)
+        else:
+            y = fc(l, acts[l.src])
+        if visit is not None and isinstance(l, arch.Conv | arch.Pool | arch.Concat):
+            visit(l.name, y)
+        acts[l.name] = y
+        for s in srcs[l.name]:
+            if last_read[s] == i:
+                del acts[s]
+    return y
