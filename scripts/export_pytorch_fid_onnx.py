@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnx_check import check_export  # scripts/, beside this file
+from onnx_check import check_export, export  # scripts/, beside this file
 from typing import Any
 
 # pytorch_fid.inception.fid_inception_v3's blocks, in order: (attribute, block class, arguments)
@@ -73,17 +73,7 @@ def main() -> None:
     model = fid_module(not args.no_pretrained, args.state_dict)
     x = torch.rand(2, 3, 299, 299) * 2 - 1  # pytorch-fid's network input: [-1, 1]
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    common = dict(input_names=["image"], output_names=["logits"])
-    with torch.no_grad():
-        expected = model(x).numpy()
-        if args.exporter == "torchscript":
-            torch.onnx.export(model, (x,), str(out), dynamo=False, opset_version=args.opset or 17,
-                              dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, **common)
-        else:
-            batch = torch.export.Dim("batch", min=1, max=4096)
-            torch.onnx.export(model, (x,), str(out), dynamo=True, opset_version=args.opset or 18,
-                              dynamic_shapes=({0: batch},), external_data=False, **common)
+    expected = export(model, x, out, args.exporter, args.opset)
     weights = "random" if args.no_pretrained else args.state_dict or "pytorch-fid's pt_inception-2015-12-05"
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.exporter} exporter, torch {torch.__version__}, "
           f"pytorch-fid {getattr(pytorch_fid, '__version__', '?')}, {weights} weights)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnx_check import check_export  # scripts/, beside this file
+from onnx_check import check_export, export  # scripts/, beside this file
 
 
 def main() -> None:
@@ -45,17 +45,7 @@ def main() -> None:
     model = torchvision.models.inception_v3(weights=weights, init_weights=weights is None).eval()
     x = torch.randn(2, 3, 299, 299)
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    common = dict(input_names=["image"], output_names=["logits"])
-    with torch.no_grad():
-        expected = model(x).numpy()
-        if args.exporter == "torchscript":
-            torch.onnx.export(model, (x,), str(out), dynamo=False, opset_version=args.opset or 17,
-                              dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, **common)
-        else:
-            batch = torch.export.Dim("batch", min=1, max=4096)
-            torch.onnx.export(model, (x,), str(out), dynamo=True, opset_version=args.opset or 18,
-                              dynamic_shapes=({0: batch},), external_data=False, **common)
+    expected = export(model, x, out, args.exporter, args.opset)
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.exporter} exporter, "
           f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
           f"{'random' if weights is None else weights} weights)")
