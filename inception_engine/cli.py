@@ -413,7 +413,7 @@ def default_backends() -> list[str]:
                    f"batch size (20 s or more each, so opt-in), the compile time in a column of its own.")
 @click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST",
               help="Comma-separated batch sizes to time each backend at.")
-@click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
+@click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16", "int8"]), default="fp32", show_default=True,
               help="Passed to backends that have the mode (tf32 and fp16: the GPU backends); the others' rows say "
                    "they have not.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="X",

@@ -9,8 +9,11 @@ import numpy as np
 from ...plan import ConvOp, FCOp, FusedConvOp, Plan, PoolOp, align
 from ...weights import Weights
 from .cost_model import ConvConfig
+from .int8_scales import Int8Scales
 from .tiles import NHWC_PIECE, Tile
 from .winograd import o_pad, winograd_transforms, winograd_weights
+
+INT8_PREFIX = "conv_nhwc_i8"  # the int8 NHWC conv tiles' kernels (conv_nhwc_wgmma.cu's NhwcI8)
 
 
 def transforms_key(op: ConvOp, cfg: ConvConfig) -> str:
@@ -63,15 +66,26 @@ def op_params(weights: Weights, op: ConvOp | FCOp) -> tuple[np.ndarray, np.ndarr
     return w, b.astype(np.float32)
 
 
-def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
-                                                                                             dict[str, int]]:
+def int8_rows(wq: np.ndarray) -> np.ndarray:
+    """int8 conv weights (Cout, Cin, kh, kw) as conv_nhwc.cuh's int8 tiles read them: rows w8[Cout][KH][KW][Cin16]
+    ((r, s, c) order, Cin padded to 16 with zeros: whole 16-byte pieces), as float32 words (bytes padded to 4)."""
+    cout, cin, kh, kw = wq.shape
+    rows = np.zeros((cout, kh, kw, -(-cin // 16) * 16), np.int8)
+    rows[..., :cin] = wq.transpose(0, 2, 3, 1)
+    flat = rows.ravel()
+    return np.concatenate([flat, np.zeros(-flat.size % 4, np.int8)]).view(np.float32)
+
+
+def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None],
+                int8: Int8Scales | None = None) -> tuple[np.ndarray, dict[str, int]]:
     """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset
     (ALIGN-aligned, so every array starts on a 256-byte boundary as arena buffers do).
 
     A direct conv's weights are laid out by ``direct_weights`` for its kernel; a Winograd conv's become U
     (``winograd_weights``), and the transforms it uses are stored once under "<transforms_key>.bt" / ".at". The FC
     weight stays (out, in) for fc_gemv and takes its kernel's ``direct_weights`` layout when the FC runs as a
-    1x1-conv GEMM.
+    1x1-conv GEMM. With ``int8`` (--precision int8), the convs on int8 tiles take int8 weights (``int8_rows``) and,
+    as their "bias", the epilogue's three per-channel arrays (Int8Scales.conv_epilogue).
     """
     parts: list[np.ndarray] = []
     offsets: dict[str, int] = {}
@@ -99,6 +113,8 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
                 bt, at = winograd_transforms(cfg.wino, max(op.kernel))
                 add(f"{key}.bt", bt)
                 add(f"{key}.at", at)
+        elif cfg is not None and int8 is not None and cfg.tile.prefix.startswith(INT8_PREFIX):
+            w, b = int8_rows(int8.conv_weights(op, w)), int8.conv_epilogue(op, b)
         elif cfg is not None:
             w = direct_weights(w, cfg.tile)
         add(op.name + ".weight", w)
