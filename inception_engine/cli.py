@@ -482,7 +482,7 @@ def batch_tuple(value: str) -> tuple[int, ...]:
 
 @click.command(name="inception-tune", cls=Command, context_settings=CONTEXT)
 @click.option("--precisions", default="fp32,tf32,fp16", show_default=True, metavar="LIST",
-              help="Comma-separated, from fp32, tf32, fp16.")
+              help="Comma-separated, from fp32, tf32, fp16, int8 (int8: a calibrated weight file).")
 @click.option("--batch-sizes", default="1,8,32,64,128", show_default=True, metavar="LIST",
               help="Comma-separated batch sizes.")
 @click.option("--weights", "weights_path", metavar="FILE",

@@ -1,8 +1,7 @@
-"""The int8 forward as the CUDA backend lays it out, run in NumPy: the fused plan (no average pool moved), the int8
-parameters (params.pack_params with Int8Scales: int8 weight rows, the epilogue's bias, multiplier and reciprocal
-per output channel) and the scalars the launches take (pool ratios, the global pool's scale, the stem's reciprocal),
-each op reading and writing its NHWC views of one int8 arena poisoned with -128. What the GPU kernels compute per op
-is int8_reference's arithmetic; here the plumbing around them (which scale goes where, fused parts, concat offsets)
+"""The int8 forward as the CUDA backend lays it out, run in NumPy (helpers/int8_plan.py): the fused plan (no average
+pool moved), the int8 parameters (params.pack_params with Int8Scales) and the scalars the launches take, each op
+reading and writing its NHWC views of one int8 arena poisoned with -128. What the GPU kernels compute per op is
+int8_reference's arithmetic; here the plumbing around them (which scale goes where, fused parts, concat offsets)
 must give int8_reference.forward_int8's tensors exactly."""
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ from inception_engine.backends.cuda.cost_model import ConvConfig
 from inception_engine.backends.cuda.int8_scales import Int8Scales
 from inception_engine.backends.cuda.params import INT8_PREFIX, int8_rows, pack_params
 from inception_engine.backends.cuda.tiles import Tile
-from inception_engine.backends.numpy_primitives import conv2d_bias_relu
 from inception_engine.calibrate import calibration_record
 from inception_engine.errors import WeightsError
-from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, View, fused_plan, writes
+from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, fused_plan, writes
 from inception_engine.synthetic import image_like_batch
 from inception_engine.weights import Weights
 
+from helpers.int8_plan import gap_features, nhwc, run_op
 from helpers.random_weights import random_arrays
 
 SIZE = 75
@@ -40,14 +39,6 @@ def calibrated() -> Weights:
     return w
 
 
-def nhwc(arena: np.ndarray, v: View) -> np.ndarray:
-    """The view as an (N, C, H, W) array over the NHWC arena (element (n, c, h, w) at offset + ((n H + h) W + w)
-    c_total + c_offset + c), writable."""
-    n, ct, h, w = v.shape
-    whole = arena[v.offset:v.offset + n * h * w * ct].reshape(n, h, w, ct)
-    return whole[..., v.c_offset:v.c_offset + v.channels].transpose(0, 3, 1, 2)
-
-
 def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np.ndarray:
     plan = fused_plan(x.shape[0], weights.layers(), SIZE, max_pools=False, move_pools=False)
     assert not any(isinstance(op, PoolOp) and op.bias for op in plan.ops)
@@ -59,35 +50,14 @@ def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np
     arena = np.full(plan.arena_elems, -128, np.int8)
     features = None
     for op in plan.ops:
-        if isinstance(op, ConvOp) and op.src.buffer == stem:  # the stem: float32, quantized at its store
-            w, b = weights.conv(op.name)
-            y = conv2d_bias_relu(x, w, b, op.stride, op.pad)
-            nhwc(arena, op.dst)[...] = np.clip(np.rint(y * scales.inv(op.name)), -127, 127)
-        elif isinstance(op, ConvOp):
-            cout, cin, (kh, kw) = op.dst.channels, op.src.channels, op.kernel
-            rows = params[offsets[op.name + ".weight"]:].view(np.int8)[:cout * kh * kw * 16 * -(-cin // 16)]
-            wq = rows.reshape(cout, kh, kw, -1)[..., :cin].transpose(0, 3, 1, 2)
-            epi = params[offsets[op.name + ".bias"]:][:3 * cout]
-            acc = q8.conv_int32(nhwc(arena, op.src), wq, op.stride, op.pad)
-            y = acc.astype(np.float32) * epi[cout:2 * cout, None, None] + epi[:cout, None, None]
-            q = np.clip(np.rint(np.maximum(y, 0) * epi[2 * cout:, None, None]), -127, 127).astype(np.int8)
-            start = 0
-            for part in writes(op):
-                nhwc(arena, part)[...] = q[:, start:start + part.channels]
-                start += part.channels
-        elif isinstance(op, PoolOp):
-            src = nhwc(arena, op.src)
-            layer = next(l for l in weights.layers() if l.name == op.name)
-            pooled = q8.pool_int8(src.copy(), layer)
-            ratio = scales.pool_ratio(op)
-            if ratio != 1:
-                pooled = np.clip(np.rint(pooled.astype(np.float32) * ratio), -127, 127).astype(np.int8)
-            nhwc(arena, op.dst)[...] = pooled
-        elif isinstance(op, GlobalAvgPoolOp):
-            features = nhwc(arena, op.src).astype(np.float32).mean(axis=(2, 3)) * scales.gap_scale(op)
         if isinstance(op, (ConvOp, PoolOp)):  # each layer's output as stored (a fused conv's: its members')
-            for name, v in zip(scales.members(op) if isinstance(op, ConvOp) else (op.name,), writes(op)):
-                seen[name] = nhwc(arena, v).copy()
+            outs = run_op(op, arena, plan, weights, scales, params, offsets, x)
+            names = scales.members(op) if isinstance(op, ConvOp) else (op.name,)
+            for name, v, out in zip(names, writes(op), outs):
+                nhwc(arena, v)[...] = out
+                seen[name] = out
+        elif isinstance(op, GlobalAvgPoolOp):
+            features = gap_features(op, arena, scales)
     assert features is not None
     return features
 

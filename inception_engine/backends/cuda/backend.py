@@ -206,7 +206,8 @@ class CudaBackend:
         gpu = GpuFacts(self._gpu.num_sms - self.sm_margin, cuda_build.has_wgmma(self._gpu.arch))
         low = lower(plan, self.configs, self.precision, self.nhwc, gpu, offsets, params.size, softmax, self.fixup,
                     self.int8)
-        bases = {name: self._alloc(words) for name, words in low.words.items()}
+        self._buffers = bases = {name: self._alloc(words) for name, words in low.words.items()}
+        self._buffer_words = dict(low.words)
         for name, word in low.fill.items():
             drv.memset_d32(bases[name], word, low.words[name])
         drv.memcpy_htod(bases["params"], params)
@@ -387,6 +388,15 @@ class CudaBackend:
                 self._stream.synchronize()
                 out[op] = [end.time_since(start) for start, end in events]
             del events  # destroyed while the context is current
+        return out
+
+    def download(self, buffer: str) -> np.ndarray:
+        """The bytes of one of lowering's buffers ("arena", "params", ...) as the last forward left them: the device
+        tests read every layer's output from an arena that reuses nothing (build_plan(reuse=False))."""
+        self._check_open()
+        out = np.empty(4 * self._buffer_words[buffer], np.uint8)
+        with self._gpu:
+            driver().memcpy_dtoh(out, self._buffers[buffer])
         return out
 
     def peak_memory_bytes(self) -> int:
