@@ -45,7 +45,7 @@ from .weights import ENV_VAR, Weights, candidate_paths, find_weights
 
 # inception-bench's work as cli.py calls it: running (here) and writing the results (bench_report.py)
 SYNTHETIC_SEED = 0
-PRECISIONS = ("fp32", "tf32", "fp16")
+PRECISIONS = ("fp32", "tf32", "fp16", "int8")
 CPU_ROWS = ("cpu", ORT)
 
 Progress = Callable[[str], None]

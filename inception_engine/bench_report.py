@@ -19,11 +19,13 @@ INPUT_SEED = 0
 # them: an fp32 SGEMM 8192^3 with TF32 off, and the fast modes' compute floor, PyTorch's 8192^3 GEMM with TF32 on and
 # in fp16, dense (1.2x and 1.3x below the datasheets' 495 and 990 TFLOP/s).
 FP32_PEAK_TFLOPS = 51.3
-PEAK_TFLOPS = {"fp32": FP32_PEAK_TFLOPS, "tf32": 411.6, "fp16": 764.0}
+# int8 (TOPS): twice the measured fp16 GEMM peak, the datasheets' ratio of dense int8 to fp16 on Hopper (H100 SXM:
+# 1,979 against 989.5), not measured here
+PEAK_TFLOPS = {"fp32": FP32_PEAK_TFLOPS, "tf32": 411.6, "fp16": 764.0, "int8": 1528.0}
 PEAK_GBS = 4300.0  # an H200's device-to-device copy, bytes read + written (dev/measure_ceilings.py)
 # The same ceilings of the H100 (dev/measure_ceilings.py): its HBM3 copies at 70 % of the H200's.
 # Keyed by what the device's name contains; any other GPU, or none, gets the H200's above.
-CEILINGS = {"H100": ({"fp32": 52.0, "tf32": 411.6, "fp16": 764.0}, 3026.0)}
+CEILINGS = {"H100": ({"fp32": 52.0, "tf32": 411.6, "fp16": 764.0, "int8": 1528.0}, 3026.0)}
 REFERENCE_IMAGES = 2
 DESCRIPTIONS = {
     "cpu": "our CPU path (C kernels, else NumPy; see the note)",

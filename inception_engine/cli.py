@@ -413,7 +413,7 @@ def default_backends() -> list[str]:
                    f"batch size (20 s or more each, so opt-in), the compile time in a column of its own.")
 @click.option("--batch-sizes", callback=int_list, default="1,8", show_default=True, metavar="LIST",
               help="Comma-separated batch sizes to time each backend at.")
-@click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16"]), default="fp32", show_default=True,
+@click.option("--precision", type=click.Choice(["fp32", "tf32", "fp16", "int8"]), default="fp32", show_default=True,
               help="Passed to backends that have the mode (tf32 and fp16: the GPU backends); the others' rows say "
                    "they have not.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), metavar="X",
@@ -482,7 +482,7 @@ def batch_tuple(value: str) -> tuple[int, ...]:
 
 @click.command(name="inception-tune", cls=Command, context_settings=CONTEXT)
 @click.option("--precisions", default="fp32,tf32,fp16", show_default=True, metavar="LIST",
-              help="Comma-separated, from fp32, tf32, fp16.")
+              help="Comma-separated, from fp32, tf32, fp16, int8 (int8: a calibrated weight file).")
 @click.option("--batch-sizes", default="1,8,32,64,128", show_default=True, metavar="LIST",
               help="Comma-separated batch sizes.")
 @click.option("--weights", "weights_path", metavar="FILE",

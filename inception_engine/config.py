@@ -29,7 +29,7 @@ from .ingest.workers import WORKER_KINDS
 from .weights import Weights, find_weights
 
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
-PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
+PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16", "int8")  # int8: a calibrated weight file, sm_90a
 DECODE_CHOICES = ("cpu", "gpu")
 DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 64, 8  # batch_size=None
 # auto: TF32 where the backend has it (PyTorch's and cuDNN's default for convolutions too: rel L2 ~7e-4 against

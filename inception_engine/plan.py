@@ -374,12 +374,12 @@ def movable_avg_pools(plan: Plan) -> dict[int, int]:
     return feeds
 
 
-def pointwise_groups(plan: Plan) -> list[PointwiseGroup]:
+def pointwise_groups(plan: Plan, move_pools: bool = True) -> list[PointwiseGroup]:
     """The groups worth fusing (two convs or more, or a pool to move), none overlapping another in op order (they
     share one scratch). Only pools whose single reader is a 1x1 conv qualify, and only where the conv's
-    destination is already live when the pool runs."""
+    destination is already live when the pool runs; none without move_pools."""
     ops = plan.ops
-    feeds = movable_avg_pools(plan)
+    feeds = movable_avg_pools(plan) if move_pools else {}
     by_src: dict[View, PointwiseGroup] = {}
     for i, op in enumerate(ops):
         if is_pointwise(op):
@@ -396,19 +396,21 @@ def pointwise_groups(plan: Plan) -> list[PointwiseGroup]:
     return groups
 
 
-def fuse_pointwise(plan: Plan) -> Plan:
+def fuse_pointwise(plan: Plan, move_pools: bool = True) -> Plan:
     """The plan with each ``pointwise_groups`` group that lies within one module as one FusedConvOp named
     "<module>.pointwise", at the group's first op: the members without a moved pool first (in op order), then those
     with one, whose raw products go to the moved pool's own buffer (which held its output: as many pixels and at
     least as many channels). Each moved pool becomes a PoolOp with ``bias`` from that product into its member's
     destination, at its own place. The fused op writes all its parts at the group's first op, earlier than the
-    members did, so the plan must keep every buffer of a stage live for the whole stage (``plan.concurrent``)."""
+    members did, so the plan must keep every buffer of a stage live for the whole stage (``plan.concurrent``).
+    Without move_pools every average pool stays in front of its conv: in 8 bits the two do not commute (each rounds
+    its output to the int8 grid), and the reference pools first (backends/int8_reference.py)."""
     if not plan.concurrent:
         raise ValueError("fuse_pointwise needs a plan whose buffers live for whole stages "
                          "(build_plan(concurrent=True))")
     ops = plan.ops
     fused: dict[int, list[Op]] = {}  # op index -> what replaces it (nothing for a member)
-    for g in pointwise_groups(plan):
+    for g in pointwise_groups(plan, move_pools):
         module = ops[g.convs[0]].name.split(".", 1)[0]
         indices = g.convs + list(g.pools.values())
         if "." not in ops[g.convs[0]].name or len({plan.stages[i] for i in indices}) != 1:
@@ -491,15 +493,17 @@ def overlap(a: Buffer, b: Buffer) -> bool:
     return a.offset < b.offset + b.elems and b.offset < a.offset + a.elems
 
 
-def fuse(plan: Plan, max_pools: bool = True) -> Plan:
-    """Each module's 1x1 convs as one GEMM (``fuse_pointwise``) and, with max_pools, the max pools that pay folded
-    into the 1x1 convs behind them (``fuse_max_pools``: MaxPool_3a into Conv2d_3b; its conv_nhwc_mma.cu kernels exist
-    for the mma.sync tiles of fp16 and tf32)."""
-    plan = fuse_pointwise(plan)
+def fuse(plan: Plan, max_pools: bool = True, move_pools: bool = True) -> Plan:
+    """Each module's 1x1 convs as one GEMM (``fuse_pointwise``, with move_pools the average pools moved behind their
+    convs) and, with max_pools, the max pools that pay folded into the 1x1 convs behind them (``fuse_max_pools``:
+    MaxPool_3a into Conv2d_3b; its conv_nhwc_mma.cu kernels exist for the mma.sync tiles of fp16 and tf32)."""
+    plan = fuse_pointwise(plan, move_pools)
     return fuse_max_pools(plan) if max_pools else plan
 
 
-def fused_plan(batch: int, layers: list[Layer], input_size: int = arch.INPUT_SIZE, max_pools: bool = True) -> Plan:
+def fused_plan(batch: int, layers: list[Layer], input_size: int = arch.INPUT_SIZE, max_pools: bool = True,
+               move_pools: bool = True) -> Plan:
     """The plan the CUDA NHWC path runs: stages for concurrent branches, ``fuse``d, the pools' inputs kept live for
     the convs that take them."""
-    return fuse(build_plan(batch, layers, input_size=input_size, concurrent=True, pool_inputs=max_pools), max_pools)
+    return fuse(build_plan(batch, layers, input_size=input_size, concurrent=True, pool_inputs=max_pools), max_pools,
+                move_pools)

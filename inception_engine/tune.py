@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from .weights import Weights, atomic_write
 
-PRECISIONS = ("fp32", "tf32", "fp16")
+PRECISIONS = ("fp32", "tf32", "fp16", "int8")  # int8: a calibrated weight file
 # inception-run's default batch (64), inception-bench's defaults (1, 8, 32, 128) and the CPU's (8)
 BATCH_SIZES = (1, 8, 32, 64, 128)
 

@@ -41,9 +41,13 @@
 # 13. (group folder) dev/bench_folder.py: the folder job's figures (first answers, decoders alone, decode modes,
 #    precisions and batches, first long run against a repeated one, --gpus 1..N, the PyTorch script)
 #
+# 14. (group int8) a calibrated synthetic weight file, the int8 GPU tests (every op element for element), inception-tune
+#    int8, and inception-bench int8 beside fp16 and torch.compile fp16
+#
 #   bash dev/gpu_machine/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
-#                                            ray (9), floor (10), autotune (11), multigpu (12), folder (13);
-#                                            default: all but compile, ray, floor, autotune, multigpu and folder
+#                                            ray (9), floor (10), autotune (11), multigpu (12), folder (13),
+#                                            int8 (14); default: all but compile, ray, floor, autotune, multigpu,
+#                                            folder and int8
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -53,7 +57,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder int8 " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -165,6 +169,23 @@ if want autotune; then
   grep -c "AUTOTUNE benchmarking takes" "$OUT/inception_bench.log" | sed 's/^/ops autotuned in this call: /'
   [ -d "$TORCHINDUCTOR_CACHE_DIR/cache" ] && tar -cJf "$OUT/inductor_autotune_cache.tar.xz" \
     -C "$(dirname "$TORCHINDUCTOR_CACHE_DIR")" "$(basename "$TORCHINDUCTOR_CACHE_DIR")/cache"
+fi
+
+# int8 (issue 49): a calibrated synthetic weight file (dev/make_calibrated_weights.py), the int8 kernel and forward
+# tests (every op element for element on the GPU's own inputs), the int8 tuning, and inception-bench int8 beside fp16
+# and torch.compile fp16 in the same call.
+if want int8; then
+  W8="${XDG_CACHE_HOME:-$HOME/.cache}/inception-engine/calibrated-synthetic.npz"
+  [ -f "$W8" ] || step "int8 weights" int8.log 120 python3 dev/make_calibrated_weights.py "$W8" --images 64
+  step "pytest int8" int8.log 240 python3 -m pytest -m gpu -q -rfEs -x tests/device/test_int8_forward.py \
+    $(ls tests/kernels/test_*int8*.py tests/kernels/test_*i8*.py 2>/dev/null)
+  step "tune int8" int8.log 150 python3 -c \
+    "import sys; sys.argv[0] = 'inception-tune'; from inception_engine.cli import tune_main; tune_main()" \
+    --precisions int8 --batch-sizes 1,128 --weights "$W8"
+  bench "bench int8" 120 --backends cuda --precision int8 --batch-sizes 1,8,128 --iters 50 --weights "$W8" \
+    --json "$OUT/bench_int8.json"
+  bench "bench fp16 (int8's peer)" 170 --backends cuda,torch-compile --precision fp16 --batch-sizes 1,128 \
+    --iters 50 --no-reference --weights "$W8" --json "$OUT/bench_int8_fp16.json"
 fi
 
 # Issue 23's floor: each conv of the forward as the plain GEMM cuBLAS runs (dev/gemm_floor.py), beside ours.

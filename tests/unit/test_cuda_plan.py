@@ -279,14 +279,14 @@ def test_fp32_never_picks_tf32_kernels_and_names_are_distinct():
     assert source_of("conv_3x3_64x64_fixup") == "conv.cu" and source_of("conv_tf32_3x3_64x64") == "conv_tf32.cu"
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
 def test_unknown_precision_is_one_clear_line(weights, precision):
-    with pytest.raises(EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32, fp16") as e:
+    with pytest.raises(EngineError, match=f"no '{precision}' mode; choose one of fp32, tf32, fp16, int8") as e:
         CudaBackend(weights, build_plan(1), precision=precision)
     assert "\n" not in str(e.value)
-    with pytest.raises(EngineError, match="choose one of fp32, tf32, fp16"):
+    with pytest.raises(EngineError, match="choose one of fp32, tf32, fp16, int8"):
         choose_configs(build_plan(1), 132, precision=precision)
-    assert CudaBackend.PRECISIONS == ("fp32", "tf32", "fp16")
+    assert CudaBackend.PRECISIONS == ("fp32", "tf32", "fp16", "int8")
 
 
 def test_fp16_uses_the_f16_kernels():

@@ -16,7 +16,7 @@ import numpy as np
 
 from ... import cuda_build
 from ...errors import BackendUnavailable, EngineError
-from ...plan import GlobalAvgPoolOp, Plan, build_plan, fused_plan, is_fused
+from ...plan import GlobalAvgPoolOp, Plan, PoolOp, build_plan, fused_plan, is_fused
 from ...plan import fuse as fuse_plan
 from ...weights import Weights, atomic_write
 from .. import event_timed_ms
@@ -29,18 +29,26 @@ from .lowering import GpuFacts, lower, resolve_spec
 from .tensor_maps import encode_all
 from .params import pack_params
 from .schedule import schedule
-from .tiles import PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
+from .int8_scales import Int8Scales
+from .tiles import NHWC_PIECE, PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
 from .tuning import (config_from_json, config_to_json, pick_fastest, shape_key, table_configs, tuning_cache_dir,
                      tuning_candidates, tuning_key)
+
+WGMMA_ONLY = ("fp32", "int8")  # the precisions whose NHWC tiles are wgmma only (sm_90a)
+INT8_PIECE = 16  # int8 channels a 16-byte piece: the int8 path's channel counts and offsets are multiples of it
 
 
 def settle_layout(plan: Plan, precision: str, nhwc: bool | None, device: int) -> bool:
     """Whether activations are NHWC: as asked (checked: the plan's channel counts, and for fp32 the GPU's wgmma), or
-    by default wherever the plan allows it and, for fp32, the GPU has wgmma."""
-    wgmma = cuda_build.has_wgmma(probe(device)[1]) if precision == "fp32" and nhwc is not False else True
+    by default wherever the plan allows it and, for fp32, the GPU has wgmma. int8 runs on NHWC wgmma tiles only."""
+    wgmma = cuda_build.has_wgmma(probe(device)[1]) if precision in WGMMA_ONLY and nhwc is not False else True
+    if precision == "int8":
+        if nhwc is False:
+            raise EngineError("int8 runs on the NHWC layout only; leave the layout to its default")
+        nhwc = True
     if nhwc:
         check_nhwc_precision(precision, wgmma)
-        check_nhwc(plan)
+        check_nhwc(plan, INT8_PIECE if precision == "int8" else NHWC_PIECE)
         return True
     return nhwc_fits(plan) and (precision != "fp32" or wgmma) if nhwc is None else False
 
@@ -53,10 +61,13 @@ def prepare_plan(plan: Plan, precision: str, nhwc: bool, concurrent: bool, fuse:
         raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
     if (concurrent or fuse) and not plan.concurrent and not plan.layers:
         raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
-    max_pools = folds_max_pools(precision)
+    max_pools, move_pools = folds_max_pools(precision), precision != "int8"  # plan.fuse_pointwise says why not
     if fuse and not is_fused(plan):
-        plan = (fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools) if plan.layers
-                else fuse_plan(plan, max_pools))
+        plan = (fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools, move_pools) if plan.layers
+                else fuse_plan(plan, max_pools, move_pools))
+    if not move_pools and any(isinstance(op, PoolOp) and op.bias for op in plan.ops):
+        raise EngineError(f"{precision} computes every average pool before its convolution; give a plan made "
+                          f"without moving pools (plan.fuse_pointwise's move_pools=False)")
     elif concurrent and not plan.concurrent:
         plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
     if not max_pools and any(op.max_pool for op in plan.conv_ops):
@@ -79,7 +90,9 @@ class CudaBackend:
     separate reduction is the faster of the two); the tensor-core kernels have no such variant, so in tf32/fp16
     split-K always uses conv_splitk_reduce.
     precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32" or
-    "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands).
+    "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands), "int8" (sm_90a, NHWC:
+    int8 activations and weights at the weight file's calibrated scales, int8 wgmma GEMMs with int32 sums, the
+    stem and the classifier in float32; backends/int8_reference.py is its arithmetic, element for element).
     winograd: the stride-1 3x3, 5x5, 1x7, 7x1 convs by Winograd (winograd.cu) always (True, the default), where
     the cost model expects it to be faster (None) or never (False); in every precision (the Winograd GEMMs are
     FFMA). The default is every eligible conv because that is as fast as the model's choice or faster at every
@@ -120,6 +133,8 @@ class CudaBackend:
                  tune_progress: Callable[[int, int], None] | None = None):
         if precision not in PRECISIONS:
             raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
+        # int8: the calibration's scales, refused first (one line naming the command that adds them)
+        self.int8 = Int8Scales.of(weights) if precision == "int8" else None
         self.nhwc = nhwc = settle_layout(plan, precision, nhwc, device)
         self.precision = precision
         self.sm_margin = sm_margin
@@ -187,10 +202,12 @@ class CudaBackend:
         self.configs = self._given_configs or choose_configs(plan, self._gpu.num_sms, self.fixup, self.precision,
                                                              self.winograd, self.tiles, self.nhwc,
                                                              cuda_build.has_wgmma(self._gpu.arch))
-        params, offsets = pack_params(weights, plan, self.configs)
+        params, offsets = pack_params(weights, plan, self.configs, self.int8)
         gpu = GpuFacts(self._gpu.num_sms - self.sm_margin, cuda_build.has_wgmma(self._gpu.arch))
-        low = lower(plan, self.configs, self.precision, self.nhwc, gpu, offsets, params.size, softmax, self.fixup)
-        bases = {name: self._alloc(words) for name, words in low.words.items()}
+        low = lower(plan, self.configs, self.precision, self.nhwc, gpu, offsets, params.size, softmax, self.fixup,
+                    self.int8)
+        self._buffers = bases = {name: self._alloc(words) for name, words in low.words.items()}
+        self._buffer_words = dict(low.words)
         for name, word in low.fill.items():
             drv.memset_d32(bases[name], word, low.words[name])
         drv.memcpy_htod(bases["params"], params)
@@ -371,6 +388,15 @@ class CudaBackend:
                 self._stream.synchronize()
                 out[op] = [end.time_since(start) for start, end in events]
             del events  # destroyed while the context is current
+        return out
+
+    def download(self, buffer: str) -> np.ndarray:
+        """The bytes of one of lowering's buffers ("arena", "params", ...) as the last forward left them: the device
+        tests read every layer's output from an arena that reuses nothing (build_plan(reuse=False))."""
+        self._check_open()
+        out = np.empty(4 * self._buffer_words[buffer], np.uint8)
+        with self._gpu:
+            driver().memcpy_dtoh(out, self._buffers[buffer])
         return out
 
     def peak_memory_bytes(self) -> int:

@@ -18,6 +18,7 @@ from .families.fc import fc_specs
 from .families.pool_nhwc import nhwc_gap_spec, nhwc_pool_spec
 from .families.softmax import softmax_spec
 from .families.spec import LaunchSpec
+from .int8_scales import Int8Scales
 from .tiles import INPUT_MAX_K, INPUT_MMA_TILE, INPUT_TILE, NHWC_PIECE, is_tma
 from .tensor_maps import MAP_BYTES
 from .workspace import workspace_layout
@@ -49,11 +50,12 @@ def nhwc_side(plan: Plan) -> NhwcSide:
     return NhwcSide(0, n_in, n_in + n_feat, n_in + n_feat + align(math.prod(plan.output.dims)))
 
 
-def check_nhwc(plan: Plan) -> None:
+def check_nhwc(plan: Plan, piece: int = NHWC_PIECE) -> None:
     """conv_nhwc.cuh and pool_nhwc.cu move 16-byte pieces: every view but the input's needs channel counts, buffer
-    widths and channel offsets that are multiples of 8, and fewer than 2^31 elements per buffer (conv_nhwc_*.cu's
-    32-bit offsets); the input feeds convs only, each with at most INPUT_MAX_K weights per output channel
-    (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC end the network."""
+    widths and channel offsets that are multiples of ``piece`` (8; the int8 path's pieces are 16 channels), and
+    fewer than 2^31 elements per buffer (conv_nhwc_*.cu's 32-bit offsets); the input feeds convs only, each with
+    at most INPUT_MAX_K weights per output channel (conv_input_nhwc.cu's shared memory); exactly one GAP and one FC
+    end the network."""
     per_image, widest = 0, ""  # the most elements per image of an NHWC view, and its buffer
     for op in plan.ops:
         for v in (op.src, *writes(op)):
@@ -67,9 +69,9 @@ def check_nhwc(plan: Plan) -> None:
                 continue
             if isinstance(op, FCOp) or (isinstance(op, GlobalAvgPoolOp) and v is op.dst):
                 continue
-            if v.channels % NHWC_PIECE or v.c_total % NHWC_PIECE or v.c_offset % NHWC_PIECE:
+            if v.channels % piece or v.c_total % piece or v.c_offset % piece:
                 raise EngineError(f"{op.name}: the NHWC path needs channel counts and offsets that are multiples "
-                                  f"of {NHWC_PIECE} ({v.buffer} has {v.channels} at {v.c_offset} of {v.c_total}); "
+                                  f"of {piece} ({v.buffer} has {v.channels} at {v.c_offset} of {v.c_total}); "
                                   f"use the default layout")
             if v.h * v.w * v.c_total > per_image:
                 per_image, widest = v.h * v.w * v.c_total, v.buffer
@@ -82,9 +84,9 @@ def check_nhwc(plan: Plan) -> None:
         raise EngineError("the NHWC path needs a network that ends in one global average pool and one FC layer")
 
 
-def nhwc_fits(plan: Plan) -> bool:
+def nhwc_fits(plan: Plan, piece: int = NHWC_PIECE) -> bool:
     try:
-        check_nhwc(plan)
+        check_nhwc(plan, piece)
     except EngineError:
         return False
     return True
@@ -98,11 +100,15 @@ def tma_map_layout(plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[i
 
 def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: int, side: int, params: int,
                       offsets: dict[str, int], ws: int, probs: int | None = None,
-                      precision: str = "fp16", num_sms: int | None = None, maps: int = 0) -> list[LaunchSpec]:
+                      precision: str = "fp16", num_sms: int | None = None, maps: int = 0,
+                      int8: Int8Scales | None = None) -> list[LaunchSpec]:
     """The whole NHWC forward as launches, in plan order. arena: the NHWC activations of the precision's elements
     (the plan's offsets in elements); side: the float32 side buffer (``nhwc_side``); num_sms: the GPU's, the grid of
     the persistent tiles (``nhwc_conv_specs``); maps: ``tma_map_layout``'s bytes, where the TMA convs' tensor maps
-    go (the caller encodes each spec's ``maps`` there)."""
+    go (the caller encodes each spec's ``maps`` there); int8: the scales of an int8 forward (precision "int8"),
+    which the stem's quantizing store, the pools' requantization and the global pool's dequantization take as
+    arguments (the convs' are in their parameters: params.pack_params)."""
+    assert (precision == "int8") == (int8 is not None), "an int8 forward needs its scales, and only it"
     lay = nhwc_side(plan)
     specs: list[LaunchSpec] = []
     ws_offsets = workspace_layout(plan, configs)[1]
@@ -120,13 +126,16 @@ def nhwc_launch_specs(plan: Plan, configs: dict[str, ConvConfig | None], arena: 
             x = side + 4 * lay.input if reads_input else nhwc_ptr(arena, op.src, precision)
             specs += nhwc_conv_specs(op, cfg, x, op.src.c_total, op.src.channels,
                                      nhwc_ptr(arena, writes(op)[0], precision), wp, bp, ws_op, precision, num_sms,
-                                     maps + map_offsets[op.name] if op.name in map_offsets else 0)
+                                     maps + map_offsets[op.name] if op.name in map_offsets else 0,
+                                     float(int8.inv(op.name)) if int8 is not None and reads_input else 1.0)
         elif isinstance(op, PoolOp):
             bias = params + 4 * offsets[op.bias + ".bias"] if op.bias else 0
-            specs.append(nhwc_pool_spec(op, arena, precision, bias))
+            ratio = {} if int8 is None else {"ratio": float(int8.pool_ratio(op))}
+            specs.append(nhwc_pool_spec(op, arena, precision, bias, **ratio))
         elif isinstance(op, GlobalAvgPoolOp):
             features = View("features", lay.features, op.dst.dims, 0, op.src.channels)
-            specs.append(nhwc_gap_spec(op, arena, side + 4 * lay.features, precision))
+            scale = {} if int8 is None else {"scale": float(int8.gap_scale(op))}
+            specs.append(nhwc_gap_spec(op, arena, side + 4 * lay.features, precision, **scale))
         elif isinstance(op, FCOp):
             assert features is not None
             logits = View("logits", lay.logits, op.dst.dims, 0, op.dst.channels)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from ...plan import GlobalAvgPoolOp, Plan
 from .cost_model import ConvConfig
 from .families.spec import LaunchSpec
+from .int8_scales import Int8Scales
 from .launch import launch_specs, view_ptr
 from .launch_nhwc import nhwc_launch_specs, nhwc_side, tma_map_layout
 from .tiles import NAN_BITS, NHWC_ELEMS
@@ -72,15 +73,17 @@ def resolve_spec(spec: LaunchSpec, bases: Mapping[str, int]) -> LaunchSpec:
 
 
 def lower(plan: Plan, configs: Mapping[str, ConvConfig | None], precision: str, nhwc: bool, gpu: GpuFacts,
-          params: Mapping[str, int], params_words: int, softmax: bool = False, fixup: bool = False) -> Lowering:
+          params: Mapping[str, int], params_words: int, softmax: bool = False, fixup: bool = False,
+          int8: Int8Scales | None = None) -> Lowering:
     """The forward of ``plan`` with these configs as launches over symbolic buffers: "arena" (activations), "side"
     (NHWC: the float32 input, features and logits), "params" (``params``: each key's element offset, as
     params.pack_params lays them out in ``params_words``), "ws" (split-K and Winograd), "probs" (softmax),
-    "counters" (fixup's tile counters), "maps" (the TMA tiles' tensor maps)."""
+    "counters" (fixup's tile counters), "maps" (the TMA tiles' tensor maps). int8: precision "int8"'s scales (the
+    calibration, as the launches take it)."""
     configs = dict(configs)
     words: dict[str, int] = {}
     fill: dict[str, int] = {}
-    if nhwc:  # fp16: two activations per float32 word (arena_elems is a multiple of ALIGN, so even)
+    if nhwc:  # fp16: two activations per float32 word, int8 four (arena_elems is a multiple of ALIGN)
         elem = NHWC_ELEMS[precision]
         words["arena"], fill["arena"] = plan.arena_elems * elem.bytes // 4, elem.nan_word
         side = nhwc_side(plan)
@@ -102,7 +105,7 @@ def lower(plan: Plan, configs: Mapping[str, ConvConfig | None], precision: str, 
         if map_bytes:
             words["maps"] = math.ceil(map_bytes / 4)
         specs = nhwc_launch_specs(plan, configs, arena, Ref("side"), par, dict(params), ws, probs, precision,
-                                  max(1, gpu.num_sms), Ref("maps") if map_bytes else 0)
+                                  max(1, gpu.num_sms), Ref("maps") if map_bytes else 0, int8)
         return Lowering(tuple(specs), words, fill, Ref("side", 4 * side.input),
                         probs or Ref("side", 4 * side.logits), Ref("side", 4 * side.features))
     specs = launch_specs(plan, configs, arena, par, dict(params), ws, probs, counters)

@@ -10,8 +10,11 @@ from ...plan import ConvOp, FCOp, FusedConvOp, Plan, PoolOp, align
 from ...weights import Weights
 from .cost_model import ConvConfig
 from ..int8_reference import quantize_weights
-from .tiles import I8_PIECE, NHWC_PIECE, WGMMA_PREFIX, Tile
+from .int8_scales import Int8Scales
+from .tiles import NHWC_PIECE, Tile
 from .winograd import o_pad, winograd_transforms, winograd_weights
+
+INT8_PREFIX = "conv_nhwc_i8"  # the int8 NHWC conv tiles' kernels (conv_nhwc_wgmma.cu's NhwcI8)
 
 
 def transforms_key(op: ConvOp, cfg: ConvConfig) -> str:
@@ -27,11 +30,11 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
     rounded to TF32 (``round_tf32``), for its fp32 tiles float32 (they split it in two TF32 halves themselves);
     conv_input_nhwc.cu reads wt as conv.cu. The int8 tiles (``scales``: the per-output-channel weight scales,
-    required): ``int8_weights``."""
-    if tile.prefix.startswith(WGMMA_PREFIX["int8"]):
+    required): ``int8_rows`` of ``clip(rint(w / scales[o]), -127, 127)``, int8_reference.quantize_weights."""
+    if tile.prefix.startswith(INT8_PREFIX):
         if scales is None:
             raise ValueError(f"{tile.prefix}: int8 weights need their per-channel scales")
-        return int8_weights(w, scales)
+        return int8_rows(quantize_weights(w, scales))
     if tile.prefix.startswith("conv_nhwc"):
         cout, cin, kh, kw = w.shape
         tf32, f32 = tile.prefix.startswith("conv_nhwc_tf32"), tile.prefix.startswith("conv_nhwc_f32")
@@ -48,17 +51,6 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     with np.errstate(over="ignore"):
         w16[:, :w.shape[1]] = w
     return w16.view(np.float32)
-
-
-def int8_weights(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """conv_nhwc_i8's weight rows: int8 w8[Cout][KH][KW][Cin16] ((r, s, c) order, Cin padded to 16 with zeros),
-    ``clip(rint(w / scales[o]), -127, 127)`` exactly as int8_reference.quantize_weights, as bytes viewed as float32
-    words (zero bytes appended to a whole word)."""
-    cout, cin, kh, kw = w.shape
-    w8 = np.zeros((cout, kh, kw, -(-cin // I8_PIECE) * I8_PIECE), np.int8)
-    w8[..., :cin] = quantize_weights(w, scales).transpose(0, 2, 3, 1)
-    raw = w8.reshape(-1).view(np.uint8)
-    return np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)]).view(np.float32)
 
 
 def int8_epilogue(bias: np.ndarray, scale: np.ndarray, inv_out: np.ndarray) -> np.ndarray:
@@ -91,15 +83,26 @@ def op_params(weights: Weights, op: ConvOp | FCOp) -> tuple[np.ndarray, np.ndarr
     return w, b.astype(np.float32)
 
 
-def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None]) -> tuple[np.ndarray,
-                                                                                             dict[str, int]]:
+def int8_rows(wq: np.ndarray) -> np.ndarray:
+    """int8 conv weights (Cout, Cin, kh, kw) as conv_nhwc.cuh's int8 tiles read them: rows w8[Cout][KH][KW][Cin16]
+    ((r, s, c) order, Cin padded to 16 with zeros: whole 16-byte pieces), as float32 words (bytes padded to 4)."""
+    cout, cin, kh, kw = wq.shape
+    rows = np.zeros((cout, kh, kw, -(-cin // 16) * 16), np.int8)
+    rows[..., :cin] = wq.transpose(0, 2, 3, 1)
+    flat = rows.ravel()
+    return np.concatenate([flat, np.zeros(-flat.size % 4, np.int8)]).view(np.float32)
+
+
+def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | None],
+                int8: Int8Scales | None = None) -> tuple[np.ndarray, dict[str, int]]:
     """Every parameter in the layout its kernel reads, in one float32 array, and each key's element offset
     (ALIGN-aligned, so every array starts on a 256-byte boundary as arena buffers do).
 
     A direct conv's weights are laid out by ``direct_weights`` for its kernel; a Winograd conv's become U
     (``winograd_weights``), and the transforms it uses are stored once under "<transforms_key>.bt" / ".at". The FC
     weight stays (out, in) for fc_gemv and takes its kernel's ``direct_weights`` layout when the FC runs as a
-    1x1-conv GEMM.
+    1x1-conv GEMM. With ``int8`` (--precision int8), the convs on int8 tiles take int8 weights (``int8_rows``) and,
+    as their "bias", the epilogue's three per-channel arrays (Int8Scales.conv_epilogue).
     """
     parts: list[np.ndarray] = []
     offsets: dict[str, int] = {}
@@ -127,6 +130,8 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
                 bt, at = winograd_transforms(cfg.wino, max(op.kernel))
                 add(f"{key}.bt", bt)
                 add(f"{key}.at", at)
+        elif cfg is not None and int8 is not None and cfg.tile.prefix.startswith(INT8_PREFIX):
+            w, b = int8_rows(int8.conv_weights(op, w)), int8.conv_epilogue(op, b)
         elif cfg is not None:
             w = direct_weights(w, cfg.tile)
         add(op.name + ".weight", w)

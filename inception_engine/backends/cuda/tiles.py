@@ -29,7 +29,7 @@ THREADS = 256  # the block of every tile but the warp-specialized, halo and inpu
 NAN_BITS = 0x7FC00000  # float32 quiet NaN: the arena starts poisoned, so a read of never-written memory shows
 
 KERNEL_SIZES = ((1, 1), (3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1))  # conv.cu, conv_tf32.cu instantiate these
-PRECISIONS = ("fp32", "tf32", "fp16")
+PRECISIONS = ("fp32", "tf32", "fp16", "int8")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ TF32_TILES = (Tile(128, 128, 16, 2, 600e3, "conv_tf32", False), Tile(128, 64, 16
 # conv_f16.cu's tiles (fp16 weights and shared tiles, ldmatrix fragments, 32 k per stage; warp tiles as tf32's).
 # The cost model keeps the tf32 speeds, which rank tiles and splits against each other only.
 F16_TILES = tuple(Tile(t.bm, t.bn, 32, r, t.macs_per_us, "conv_f16", False) for t, r in zip(TF32_TILES, (2, 2, 3)))
-TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES}
+TILES_OF = {"fp32": TILES, "tf32": TF32_TILES, "fp16": F16_TILES, "int8": TILES}  # int8's: the FC, on float32 features
 # conv_nhwc_*.cu's tiles (NHWC activations, CudaBackend(nhwc=True)). Here bm counts output pixels and bn output
 # channels (the GEMM's rows and columns there), so conv_config is called with (pixels, Cout); speeds as fp16's.
 NHWC_TILES = (Tile(128, 128, 32, 2, 600e3, "conv_nhwc", False), Tile(128, 64, 32, 2, 450e3, "conv_nhwc", False),
@@ -310,7 +310,6 @@ NHWC_PIECE = 8  # channels per 16-byte piece of fp16 (tf32's 4 divide it): NHWC 
 HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
 # int8's poison: four -128s, a value its kernels never write (they saturate to +-127: int8_reference's QMAX).
 I8_POISON_BITS = 0x80808080
-I8_PIECE = 16  # int8 channels per 16-byte piece: int8 channel counts, strides and offsets are multiples of it
 
 
 @dataclass(frozen=True)

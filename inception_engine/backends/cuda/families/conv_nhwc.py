@@ -100,14 +100,18 @@ def persistent_grid(op: ConvOp, t: Tile, kernel: str, grid: tuple[int, int, int]
 
 
 def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: int, y: int, w: int, b: int,
-                    ws: int, precision: str = "fp16", num_sms: int | None = None, maps: int = 0) -> list[LaunchSpec]:
+                    ws: int, precision: str = "fp16", num_sms: int | None = None, maps: int = 0,
+                    inv_out: float = 1.0) -> list[LaunchSpec]:
     """conv_nhwc_*.cu's launch (x, y: ``nhwc_ptr`` addresses; y that of the first part of a fused conv; x that of the
     pool's input for a conv that reads through a max pool, its stride the pool's), and its split-K reduction when
     cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32 NCHW input (x_cstride
     unused). The persistent tiles' grid: ``persistent_grid``. A TMA tile reads its two tensor maps (the spec's
-    ``maps``, which the caller encodes there) from `maps`. int8 (conv_mma.cuh's NhwcI8): one K slice, and b the
-    float32[3 cout] of ``params.int8_epilogue``."""
+    ``maps``, which the caller encodes there) from `maps`. int8: the stem quantizes its output at ``inv_out``
+    (float32(1) / its storage scale); the int8 tiles (conv_mma.cuh's NhwcI8) take one K slice (their sums are exact
+    int32) and for b the float32[3 cout] of ``params.int8_epilogue`` (Int8Scales.conv_epilogue)."""
     if cfg.tile in (INPUT_TILE, INPUT_MMA_TILE):
+        if precision == "int8":
+            return input_conv_specs(op, cfg, x, cin, y, w, b, precision, num_sms, inv_out=inv_out)
         return input_conv_specs(op, cfg, x, cin, y, w, b, precision, num_sms)
     n, _, h, wd = op.src.dims
     _, cout, ho, wo = op.dst.dims

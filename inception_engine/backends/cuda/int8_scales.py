@@ -1,0 +1,74 @@
+"""What the 8-bit forward's launches need of the calibration, per plan op: the int8 weights, each conv's epilogue
+(bias, multiplier, reciprocal of the output's scale, per output channel), each pool's requantization ratio, the
+global average pool's dequantization scale, the stem's output reciprocal. The arithmetic is int8_reference's
+(its module doc): the kernels are checked element-wise against it, so every number here is computed exactly as
+the reference computes it (float32 products and reciprocals of the float32 scales).
+
+The plan's op names are the architecture's layer names (a fused conv's members are), so the storage scale of each
+tensor is ``int8_reference.storage_scales`` of the weights' layers: a concat's branches at the concat's scale, a
+pool at its input's, every other tensor at its own calibrated scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import arch
+from ...plan import ConvOp, FusedConvOp, GlobalAvgPoolOp, PoolOp
+from ...weights import Weights, require_calibration
+from ..int8_reference import quantize_weights, storage_scales
+
+
+@dataclass(frozen=True)
+class Int8Scales:
+    """Storage scale per tensor (layer name), each layer's input tensor, and each conv's per-channel weight scales."""
+
+    store: Mapping[str, float]
+    src: Mapping[str, str]
+    weight: Mapping[str, np.ndarray]
+
+    @classmethod
+    def of(cls, weights: Weights) -> Int8Scales:
+        """From the weight file's calibration; refuses (one WeightsError line naming the command that adds it) a file
+        without one."""
+        calib = require_calibration(weights)
+        layers = weights.layers()
+        store = storage_scales(layers, calib["activation_scales"])
+        src = {l.name: l.src for l in layers if not isinstance(l, arch.Concat)}
+        weight = {name: np.asarray(s, np.float32) for name, s in calib["weight_scales"].items()}
+        return cls(store, src, weight)
+
+    def input_scale(self, layer: str) -> float:
+        """The scale a layer reads its input at: the input tensor's storage scale."""
+        return self.store[self.src[layer]]
+
+    def inv(self, tensor: str) -> np.float32:
+        """float32(1) / float32(storage scale): what a kernel multiplies by to quantize (int8_reference.quantize)."""
+        return np.float32(1.0) / np.float32(self.store[tensor])
+
+    def members(self, op: ConvOp) -> tuple[str, ...]:
+        return op.members if isinstance(op, FusedConvOp) else (op.name,)
+
+    def conv_weights(self, op: ConvOp, w: np.ndarray) -> np.ndarray:
+        """int8 (Cout, Cin, kh, kw) of a conv's (stacked) float weights, per output channel at its member's scales."""
+        return quantize_weights(w, np.concatenate([self.weight[m] for m in self.members(op)]))
+
+    def conv_epilogue(self, op: ConvOp, bias: np.ndarray) -> np.ndarray:
+        """float32[3 Cout]: bias, the multiplier float32(s_x) * float32(s_w[m]), and float32(1) / float32(the
+        storage scale of the tensor channel m is written to): conv_nhwc.cuh's int8 epilogue reads these."""
+        members = self.members(op)
+        s_x = np.float32(self.input_scale(members[0]))
+        mult = np.concatenate([s_x * self.weight[m] for m in members]).astype(np.float32)
+        inv = np.concatenate([np.full(self.weight[m].size, self.inv(m), np.float32) for m in members])
+        return np.concatenate([np.asarray(bias, np.float32), mult, inv]).astype(np.float32)
+
+    def pool_ratio(self, op: PoolOp) -> np.float32:
+        """float32(s_in) / float32(s_out) of a pool (1 where they are equal: no requantization)."""
+        return np.float32(self.input_scale(op.name)) / np.float32(self.store[op.name])
+
+    def gap_scale(self, op: GlobalAvgPoolOp) -> np.float32:
+        """The scale the global average pool dequantizes its int8 input at."""
+        return np.float32(self.input_scale(op.name))
