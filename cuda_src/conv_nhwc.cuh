@@ -1,7 +1,8 @@
 // conv_nhwc.cuh: what the NHWC conv kernels share. They compute 2-D convolution + bias + ReLU on NHWC activations, an
 // implicit GEMM on the tensor cores whose operands both travel global -> shared memory by cp.async alone (CudaBackend's
 // NHWC layout: `--precision fp16`, fp16 activations, `--precision tf32`, TF32 values in float32 words, and `--precision
-// fp32` on sm_90a, float32 words whose products are three TF32 ones; conv_mma.cuh's NhwcF16, NhwcTf32 and NhwcF32).
+// fp32` on sm_90a, float32 words whose products are three TF32 ones, and `--precision int8` on sm_90a, int8 values
+// with exact int32 sums; conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32 and NhwcI8).
 //
 // y[b, oh, ow, m] = relu(bias[m] + sum_{r, s, c} w[m, r, s, c] * x[b, oh*S - PH + r, ow*S - PW + s, c]) as
 // C[P, M] = A[P, K] B[K, M]: P = batch*Ho*Wo output pixels (GEMM rows), M = Cout (columns), K = KH*KW*Cin in
@@ -29,6 +30,11 @@
 // (rows 0-7 | 8-15) x (piece 0 | 1)). A rows are output pixels here, B rows output channels.
 // Epilogue: a lane's accumulator pair (c0, c1) is two adjacent output channels of one pixel: bias, ReLU (on channels
 // below relu_end), rounding to the element type, one 4- or 8-byte store.
+// int8 (NhwcI8, the wgmma tiles only): x, the weight rows and y are int8 (Cin, x_cstride and the view's first channel
+// multiples of 16; Cout, y_cstride and the parts' starts and offsets multiples of 4); `bias` is float32[3 Cout]:
+// bias[m], scale[m] = s_x s_w[m] at Cout + m, inv_out[m] = 1 / (the storage scale of channel m's part) at
+// 2 Cout + m; y = clamp(rint(relu(float(acc) * scale + bias) * inv_out), -127, 127), each operation rounded on its
+// own as int8_reference computes it (NhwcStore::column4), four channels a 4-byte store. No split-K (one K slice).
 // Parts: the 1x1 convs of a module that read the same input run as one GEMM of their stacked weights
 // (plan.fuse_pointwise), whose output channels go to up to four views of the same arena: part 0 from channel 0 at
 // y (y_cstride), part i = 1..3 from channel start_i at y + offset_i (elements, maybe negative), pixel stride

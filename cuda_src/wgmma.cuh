@@ -2,14 +2,15 @@
 //
 // A warpgroup (4 consecutive warps, the first a multiple of 4) multiplies a 64 x K tile A by a K x N tile B, both
 // read by the tensor cores straight from shared memory through 64-bit matrix descriptors, into fp32 accumulators
-// spread over its 128 threads (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+// (s32 for int8) spread over its 128 threads (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 //   D 64 x N: thread (warp w of the group, lane: g = lane / 4, t = lane % 4) holds, for each n8 block j,
 //   d[4j] = D[16w + g][8j + 2t], d[4j + 1] = D[16w + g][8j + 2t + 1], d[4j + 2] = D[16w + g + 8][8j + 2t],
 //   d[4j + 3] = D[16w + g + 8][8j + 2t + 1].
-// Both tiles are K-major (A[row][k], B[n][k], k contiguous: the only layout .tf32 accepts) with rows of 64 bytes in
-// the 64-byte swizzle mode: byte address bits [4, 6) (the 16-byte piece of a row) are XORed with bits [7, 9) (row / 2
-// mod 4), exactly conv_nhwc.cuh's swizzled() on a tile that starts at a multiple of 512 bytes. One instruction takes
-// 32 bytes of each row (k16 of fp16, k8 of tf32); the second half of the rows is the same descriptor 32 bytes on.
+// Both tiles are K-major (A[row][k], B[n][k], k contiguous: the only layout .tf32 and .s8 accept) with rows of 64
+// bytes in the 64-byte swizzle mode: byte address bits [4, 6) (the 16-byte piece of a row) are XORed with bits [7, 9)
+// (row / 2 mod 4), exactly conv_nhwc.cuh's swizzled() on a tile that starts at a multiple of 512 bytes. One
+// instruction takes 32 bytes of each row (k16 of fp16, k8 of tf32, k32 of int8); the second half of the rows is the
+// same descriptor 32 bytes on.
 //
 // Ordering: shared memory written by cp.async reaches the tensor cores' (async) proxy only after the writing thread's
 // fence.proxy.async and a barrier; wgmma.fence orders the accumulator registers before the first wgmma that reads
