@@ -1,6 +1,6 @@
 // conv_mma.cuh: the tensor-core implicit-GEMM convolution of conv_tf32.cu, and the PTX helpers (tf32::, f16::,
-// ldmatrix::, cp_async::, pack8 / unpack8) and NHWC element types (NhwcF16, NhwcTf32, NhwcF32) that conv_f16.cu,
-// conv_nhwc_*.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
+// ldmatrix::, cp_async::, pack8 / unpack8) and NHWC element types (NhwcF16, NhwcTf32, NhwcF32, NhwcI8) that
+// conv_f16.cu, conv_nhwc_*.cu, conv_input_nhwc.cu and pool_nhwc.cu share.
 //
 // y[b, m, oh, ow] = relu(bias[m] + sum_{c, r, s} w[m, c, r, s] * x[b, c, oh*S - PH + r, ow*S - PW + s]) as
 // C[M, N] = A[M, K] B[K, N] with M = Cout, N = batch*Ho*Wo, K = Cin*KH*KW, A = wt[K][M] (the weights as the backend
@@ -144,8 +144,9 @@ __device__ __forceinline__ float rounded(float v) { return __uint_as_float(round
 // NhwcF16 (--precision fp16): binary16 words, rounded to nearest even at every store; mma.m16n8k16 .f16.
 struct NhwcF16 {
     using T = unsigned short;
+    using Acc = float;  // the tensor cores' sums
     static constexpr int PIECE = 8;
-    static constexpr bool SPLIT = false;
+    static constexpr bool SPLIT = false, INT = false;
     // A piece's raw 16 bytes to floats (conv_nhwc_mma.cu's max-pool loader takes them raw first).
     __device__ __forceinline__ static void unpack(float (&v)[PIECE], uint4 q) { unpack8(v, q); }
     __device__ __forceinline__ static void load(float (&v)[PIECE], const T* p) {
@@ -176,8 +177,9 @@ struct NhwcF16 {
 // anyway; only the classifier's features (global_avg_pool_nhwc_tf32) stay unrounded float32.
 struct NhwcTf32 {
     using T = float;
+    using Acc = float;
     static constexpr int PIECE = 4;
-    static constexpr bool SPLIT = false;
+    static constexpr bool SPLIT = false, INT = false;
     __device__ __forceinline__ static void unpack(float (&v)[PIECE], uint4 q) {
         v[0] = __uint_as_float(q.x);
         v[1] = __uint_as_float(q.y);
@@ -225,6 +227,35 @@ struct NhwcF32 : NhwcTf32 {
         *reinterpret_cast<float4*>(hi) = h;
         *reinterpret_cast<float4*>(lo) = float4{tf32::rounded(v.x - h.x), tf32::rounded(v.y - h.y),
                                                 tf32::rounded(v.z - h.z), tf32::rounded(v.w - h.w)};
+    }
+};
+
+// NhwcI8 (--precision int8, sm_90a: conv_nhwc_wgmma.cu's wgmma tiles only): int8 values q standing for q * s (one
+// float32 storage scale s per tensor; backends/int8_reference.py states the arithmetic), 16 channels a piece, so a
+// stage's rows of 64 bytes hold 64 k and each wgmma m64nNk32 .s32.s8.s8 takes 32 of them: the same tiles, swizzle and
+// descriptors as fp16. The sums are exact int32 (Acc); the epilogue (conv_nhwc.cuh's NhwcStore::column4) scales them
+// in float32, adds the bias, applies ReLU and requantizes to the output's storage scale, saturating to +-127: -128 is
+// never written (the poison of the tests and of the arena).
+struct NhwcI8 {
+    using T = signed char;
+    using Acc = int;
+    static constexpr int PIECE = 16;
+    static constexpr bool SPLIT = false, INT = true;
+    static constexpr int QMAX = 127;
+    template <int N>
+    __device__ __forceinline__ static void wgmma(int (&d)[N / 2], unsigned long long a, unsigned long long b,
+                                                 int accumulate) {
+        ::wgmma::Mma<N>::s8(d, a, b, accumulate);
+    }
+    // v at the output's scale (inv_out: 1 / the storage scale, float32): rint(v * inv_out) (round half to even),
+    // saturated to +-QMAX, as int8_reference.quantize.
+    __device__ __forceinline__ static int quantize(float v, float inv_out) {
+        return max(-QMAX, min(QMAX, __float2int_rn(__fmul_rn(v, inv_out))));
+    }
+    // Four channels of a pixel (each in [-127, 127]), lowest first, as one 4-byte store.
+    __device__ __forceinline__ static void store4(T* p, const int (&q)[4]) {
+        *reinterpret_cast<unsigned*>(p) = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 |
+                                          static_cast<unsigned>(q[3] & 0xff) << 24;
     }
 };
 

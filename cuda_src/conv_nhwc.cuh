@@ -1,7 +1,8 @@
 // conv_nhwc.cuh: what the NHWC conv kernels share. They compute 2-D convolution + bias + ReLU on NHWC activations, an
 // implicit GEMM on the tensor cores whose operands both travel global -> shared memory by cp.async alone (CudaBackend's
 // NHWC layout: `--precision fp16`, fp16 activations, `--precision tf32`, TF32 values in float32 words, and `--precision
-// fp32` on sm_90a, float32 words whose products are three TF32 ones; conv_mma.cuh's NhwcF16, NhwcTf32 and NhwcF32).
+// fp32` on sm_90a, float32 words whose products are three TF32 ones, and `--precision int8` on sm_90a, int8 values
+// with exact int32 sums; conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32 and NhwcI8).
 //
 // y[b, oh, ow, m] = relu(bias[m] + sum_{r, s, c} w[m, r, s, c] * x[b, oh*S - PH + r, ow*S - PW + s, c]) as
 // C[P, M] = A[P, K] B[K, M]: P = batch*Ho*Wo output pixels (GEMM rows), M = Cout (columns), K = KH*KW*Cin in
@@ -29,6 +30,11 @@
 // (rows 0-7 | 8-15) x (piece 0 | 1)). A rows are output pixels here, B rows output channels.
 // Epilogue: a lane's accumulator pair (c0, c1) is two adjacent output channels of one pixel: bias, ReLU (on channels
 // below relu_end), rounding to the element type, one 4- or 8-byte store.
+// int8 (NhwcI8, the wgmma tiles only): x, the weight rows and y are int8 (Cin, x_cstride and the view's first channel
+// multiples of 16; Cout, y_cstride and the parts' starts and offsets multiples of 4); `bias` is float32[3 Cout]:
+// bias[m], scale[m] = s_x s_w[m] at Cout + m, inv_out[m] = 1 / (the storage scale of channel m's part) at
+// 2 Cout + m; y = clamp(rint(relu(float(acc) * scale + bias) * inv_out), -127, 127), each operation rounded on its
+// own as int8_reference computes it (NhwcStore::column4), four channels a 4-byte store. No split-K (one K slice).
 // Parts: the 1x1 convs of a module that read the same input run as one GEMM of their stacked weights
 // (plan.fuse_pointwise), whose output channels go to up to four views of the same arena: part 0 from channel 0 at
 // y (y_cstride), part i = 1..3 from channel start_i at y + offset_i (elements, maybe negative), pixel stride
@@ -53,12 +59,13 @@
 #include "conv_mma.cuh"
 
 // The element types a compile instantiates its tiles for: one where cuda_build asks for it (-DIE_NHWC_FP16,
-// -DIE_NHWC_TF32 or -DIE_NHWC_FP32), so that a run compiles only the units its launches use; all three otherwise
-// (the CPU emulator includes every file once).
-#if !defined(IE_NHWC_FP16) && !defined(IE_NHWC_TF32) && !defined(IE_NHWC_FP32)
+// -DIE_NHWC_TF32, -DIE_NHWC_FP32 or -DIE_NHWC_INT8), so that a run compiles only the units its launches use; all of
+// them otherwise (the CPU emulator includes every file once).
+#if !defined(IE_NHWC_FP16) && !defined(IE_NHWC_TF32) && !defined(IE_NHWC_FP32) && !defined(IE_NHWC_INT8)
 #define IE_NHWC_FP16
 #define IE_NHWC_TF32
 #define IE_NHWC_FP32
+#define IE_NHWC_INT8
 #endif
 
 template <int PIECE>
@@ -242,52 +249,75 @@ struct NhwcStore {
         });
     }
 
-    // fp16: channels m .. m + 3 of the thread's pixels, quads(put) calling put(p, v[4]), one 8-byte store each.
-    // Pairs would be 4-byte stores, 16 bytes of a pixel per warp instruction: half a 32-byte sector, so a third of
-    // the sectors written would be in excess. All four channels are below Cout and in one part, as every count and start
-    // is a multiple of 4 here (the header).
+    // fp16 and int8: channels m .. m + 3 of the thread's pixels, quads(put) calling put(p, v[4]), one 8-byte (fp16) or
+    // 4-byte (int8) store each. Pairs would be 4-byte stores, 16 bytes of a pixel per warp instruction: half a 32-byte
+    // sector, so a third of the sectors written would be in excess. All four channels are below Cout and in one part,
+    // as every count and start is a multiple of 4 here (the header).
+    // int8 (E::INT): bias holds bias[m], then scale[m] = s_x s_w[m] at cout + m and inv_out[m] (1 / the storage scale
+    // of channel m's output) at 2 cout + m, all float32, and each sum becomes
+    // quantize(relu(float(acc) * scale[m] + bias[m]), inv_out[m]), every operation rounded on its own (no fused
+    // multiply-add), as int8_reference.conv_epilogue and quantize compute it.
     template <class Quads>
     __device__ __forceinline__ void column4(int m, Quads&& quads) const {
+        using Acc = typename E::Acc;
         if (m >= a.cout) return;
         const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
-        float bias[4];
+        float bias[4], scale[4], inv_out[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) bias[e] = __ldg(a.bias + m + e);
+        for (int e = 0; e < 4; ++e) {
+            bias[e] = __ldg(a.bias + m + e);
+            if constexpr (E::INT) {
+                scale[e] = __ldg(a.bias + a.cout + m + e);
+                inv_out[e] = __ldg(a.bias + 2 * a.cout + m + e);
+            }
+        }
         const bool relu = m < a.parts.relu_end;
         typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
-        quads([&](int p, const float (&q)[4]) {
+        quads([&](int p, const Acc (&q)[4]) {
             if (p >= p_total) return;
-            float v[4];
+            if constexpr (E::INT) {
+                int v[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) v[e] = relu ? fmaxf(q[e] + bias[e], 0.f) : q[e] + bias[e];
-            E::store4(y + p * col.cstride, v);
+                for (int e = 0; e < 4; ++e) {
+                    const float f = __fadd_rn(__fmul_rn(__int2float_rn(q[e]), scale[e]), bias[e]);
+                    v[e] = E::quantize(relu ? fmaxf(f, 0.f) : f, inv_out[e]);
+                }
+                E::store4(y + p * col.cstride, v);
+            } else {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = relu ? fmaxf(q[e] + bias[e], 0.f) : q[e] + bias[e];
+                E::store4(y + p * col.cstride, v);
+            }
         });
     }
 
     // A wgmma warpgroup's BN-channel tile from channel m0: sum(mb, i) is its accumulator i of 64-row block mb, which
     // holds tile row 64 mb + 16 warp + g + 8 half, channels 8j + 2t + e for i = 4j + 2 half + e (wgmma.cuh's D
-    // layout); pixel(mb, half) is the output pixel of this thread's row (p_total or more: none). fp16, no split-K:
+    // layout); pixel(mb, half) is the output pixel of this thread's row (p_total or more: none). fp16 without split-K,
+    // and int8 (which never splits K):
     // lanes t and t ^ 1 swap pairs so that each holds 4 adjacent channels of a pixel (even t: block j's 2t .. 2t + 3,
     // odd t: block j + 1's 2t - 2 .. 2t + 1), and the 4 lanes of a pixel store blocks j and j + 1 as 32 bytes.
     template <int MB, int BN, class Pixel, class Sum>
     __device__ __forceinline__ void wgmma_pixels(int m0, Pixel&& pixel, Sum&& sum) const {
         const int t = threadIdx.x % 4;
-        if constexpr (sizeof(typename E::T) == 2) {
-            static_assert(BN % 16 == 0, "fp16 stores blocks of 8 channels in pairs");
-            if (splits == 1) {
+        using Acc = typename E::Acc;
+        if constexpr (sizeof(typename E::T) <= 2) {
+            static_assert(BN % 16 == 0, "fp16 and int8 store blocks of 8 channels in pairs");
+            if (E::INT || splits == 1) {
                 const bool odd = t & 1;
 #pragma unroll
                 for (int j = 0; j < BN / 8; j += 2) {
-                    float q[MB][2][4];
+                    Acc q[MB][2][4];
 #pragma unroll
                     for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
                         for (int half = 0; half < 2; ++half) {
                             const int i = 4 * j + 2 * half;  // block j's pair; i + 4, block j + 1's
-                            const float a0 = sum(mb, i), a1 = sum(mb, i + 1), b0 = sum(mb, i + 4), b1 = sum(mb, i + 5);
-                            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-                            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-                            float(&v)[4] = q[mb][half];
+                            const Acc a0 = sum(mb, i), a1 = sum(mb, i + 1), b0 = sum(mb, i + 4), b1 = sum(mb, i + 5);
+                            const Acc r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+                            const Acc r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+                            Acc(&v)[4] = q[mb][half];
                             v[0] = odd ? r0 : a0;
                             v[1] = odd ? r1 : a1;
                             v[2] = odd ? b0 : r0;
@@ -303,15 +333,17 @@ struct NhwcStore {
                 return;
             }
         }
+        if constexpr (!E::INT) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-            column(m0 + 8 * j + 2 * t, [&](auto&& put) {
+            for (int j = 0; j < BN / 8; ++j)
+                column(m0 + 8 * j + 2 * t, [&](auto&& put) {
 #pragma unroll
-                for (int mb = 0; mb < MB; ++mb)
+                    for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-                    for (int half = 0; half < 2; ++half)
-                        put(pixel(mb, half), sum(mb, 4 * j + 2 * half), sum(mb, 4 * j + 2 * half + 1));
-            });
+                        for (int half = 0; half < 2; ++half)
+                            put(pixel(mb, half), sum(mb, 4 * j + 2 * half), sum(mb, 4 * j + 2 * half + 1));
+                });
+        }
     }
     // ... whose rows are the pixels of the GEMM tile's rows from p0, warpgroup `group` taking rows 64 MB group on.
     template <int MB, int BN, class Sum>

@@ -1,23 +1,28 @@
-// conv_nhwc_wgmma.cu: the NHWC implicit-GEMM conv (conv_nhwc.cuh) on Hopper's wgmma tiles (sm_90a), fp16, tf32 and
-// fp32 (3xTF32).
+// conv_nhwc_wgmma.cu: the NHWC implicit-GEMM conv (conv_nhwc.cuh) on Hopper's wgmma tiles (sm_90a), fp16, tf32,
+// fp32 (3xTF32) and int8.
 //
 // Idea: the same implicit GEMM as conv_nhwc_mma.cu with wgmma (wgmma.cuh): the tiles the loader fills are already in
 // wgmma's 64-byte swizzle, so each warpgroup multiplies its 64 pixel rows of the stage by the whole BN-channel B tile
-// with two instructions (k16 + k16 of fp16, k8 + k8 of tf32) instead of the mma.sync kernel's ldmatrix and m16n8 steps:
-// 128x128 issues 2 wgmma per warp per stage instead of 12 ldmatrix + 32 mma. Two warpgroups, 256 threads; the
-// accumulators, BM / 128 * BN / 2 per thread, stay in registers until the epilogue. A stage's wgmma run on while the
-// next stage is waited for and loaded: its math waits only for the previous stage's (wait(1)), and the ring loads into
-// the buffer of the stage before that (cp_async_ring's ASYNC). The ring lives in dynamic shared memory (wgmma_stages()
-// stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of loads in flight. A
-// 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage. 128x192 (96 accumulators a thread) covers
-// the Cout = 192 and 384 layers in whole tiles, reading 1.2x fewer bytes per multiply-add than 128x128.
+// with two instructions (k16 + k16 of fp16, k8 + k8 of tf32, k32 + k32 of int8) instead of the mma.sync kernel's
+// ldmatrix and m16n8 steps: 128x128 issues 2 wgmma per warp per stage instead of 12 ldmatrix + 32 mma. Two warpgroups,
+// 256 threads; the accumulators, BM / 128 * BN / 2 per thread, stay in registers until the epilogue. A stage's wgmma
+// run on while the next stage is waited for and loaded: its math waits only for the previous stage's (wait(1)), and the
+// ring loads into the buffer of the stage before that (cp_async_ring's ASYNC). The ring lives in dynamic shared memory
+// (wgmma_stages() stages, more than static shared memory's 48 KB hold), so that it still keeps STAGES - 2 tiles of
+// loads in flight. A 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage. 128x192 (96
+// accumulators a thread) covers the Cout = 192 and 384 layers in whole tiles, reading 1.2x fewer bytes per multiply-add
+// than 128x128.
 // SPLIT (NhwcF32): each thread splits the pieces it copied into high halves in place and low halves in a ring of
 // WGMMA_LO_TILES A and B tiles of their own (cp_async_ring's landed), and each k step is three wgmma: A B, A B_lo, A_lo
 // B. The low tiles of tile t are written before the barrier of tile t, while a warpgroup may still be in the math of
 // tile t - 1 and its wgmma of tile t - 2 may still read: so three of them, one for each. Every WGMMA_SPLIT_CHUNK tiles
 // the accumulators are waited for and added to `total`, and the next tile starts them anew.
 //
-// Launch: conv_nhwc[_tf32|_f32]_wgmma_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN), splits), dynamic
+// int8 (NhwcI8): int8 activations and weights, exact s32 sums in the registers fp32 ones take, the requantizing
+// epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout], bias, scale, inv_out). No split-K (k_split
+// >= K: one slice, grid.z 1), no mma.sync tiles and no max-pool twins.
+//
+// Launch: conv_nhwc[_tf32|_f32|_i8]_wgmma_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN), splits), dynamic
 //         shared memory wgmma_ring_bytes(split, BM, BN).
 #include "conv_nhwc.cuh"
 
@@ -76,7 +81,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 
     // Not zeroed: the first wgmma of the block overwrites d (wgmma.cuh). Every block has at least one K tile (the
     // backend's split-K never leaves a slice empty).
-    float d[MB][BN / 2];
+    typename E::Acc d[MB][BN / 2];
     int accumulate = 0;
 
     // The descriptors of buffer 0; a buffer, and 64 rows, are fixed steps on (start addresses in units of 16 bytes).
@@ -188,5 +193,8 @@ CONV_NHWC_WGMMA_TILES(conv_nhwc_tf32, NhwcTf32)
 CONV_NHWC_WGMMA_KERNEL_BLOCKS(conv_nhwc_f32, NhwcF32, 128, 128, 1)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 64)
 CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)
+#endif
+#ifdef IE_NHWC_INT8
+CONV_NHWC_WGMMA_TILES(conv_nhwc_i8, NhwcI8)
 #endif
 #endif

@@ -2,14 +2,15 @@
 //
 // A warpgroup (4 consecutive warps, the first a multiple of 4) multiplies a 64 x K tile A by a K x N tile B, both
 // read by the tensor cores straight from shared memory through 64-bit matrix descriptors, into fp32 accumulators
-// spread over its 128 threads (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+// (s32 for int8) spread over its 128 threads (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 //   D 64 x N: thread (warp w of the group, lane: g = lane / 4, t = lane % 4) holds, for each n8 block j,
 //   d[4j] = D[16w + g][8j + 2t], d[4j + 1] = D[16w + g][8j + 2t + 1], d[4j + 2] = D[16w + g + 8][8j + 2t],
 //   d[4j + 3] = D[16w + g + 8][8j + 2t + 1].
-// Both tiles are K-major (A[row][k], B[n][k], k contiguous: the only layout .tf32 accepts) with rows of 64 bytes in
-// the 64-byte swizzle mode: byte address bits [4, 6) (the 16-byte piece of a row) are XORed with bits [7, 9) (row / 2
-// mod 4), exactly conv_nhwc.cuh's swizzled() on a tile that starts at a multiple of 512 bytes. One instruction takes
-// 32 bytes of each row (k16 of fp16, k8 of tf32); the second half of the rows is the same descriptor 32 bytes on.
+// Both tiles are K-major (A[row][k], B[n][k], k contiguous: the only layout .tf32 and .s8 accept) with rows of 64
+// bytes in the 64-byte swizzle mode: byte address bits [4, 6) (the 16-byte piece of a row) are XORed with bits [7, 9)
+// (row / 2 mod 4), exactly conv_nhwc.cuh's swizzled() on a tile that starts at a multiple of 512 bytes. One
+// instruction takes 32 bytes of each row (k16 of fp16, k8 of tf32, k32 of int8); the second half of the rows is the
+// same descriptor 32 bytes on.
 //
 // Ordering: shared memory written by cp.async reaches the tensor cores' (async) proxy only after the writing thread's
 // fence.proxy.async and a barrier; wgmma.fence orders the accumulator registers before the first wgmma that reads
@@ -61,15 +62,20 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int R>
+__device__ __forceinline__ void fence_registers(int (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
-#define IE_WG_D8(i)                                                                                             \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
-        "+f"(d[i + 7])
-#define IE_WG_D16 IE_WG_D8(0), IE_WG_D8(8)
-#define IE_WG_D32 IE_WG_D16, IE_WG_D8(16), IE_WG_D8(24)
-#define IE_WG_D48 IE_WG_D32, IE_WG_D8(32), IE_WG_D8(40)
-#define IE_WG_D64 IE_WG_D32, IE_WG_D8(32), IE_WG_D8(40), IE_WG_D8(48), IE_WG_D8(56)
-#define IE_WG_D96 IE_WG_D64, IE_WG_D8(64), IE_WG_D8(72), IE_WG_D8(80), IE_WG_D8(88)
+// The accumulators d[0 .. R) as in-out operands of constraint C ("+f" for f32 sums, "+r" for s32 ones).
+#define IE_WG_D8(C, i) \
+    C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
+#define IE_WG_D16(C) IE_WG_D8(C, 0), IE_WG_D8(C, 8)
+#define IE_WG_D32(C) IE_WG_D16(C), IE_WG_D8(C, 16), IE_WG_D8(C, 24)
+#define IE_WG_D48(C) IE_WG_D32(C), IE_WG_D8(C, 32), IE_WG_D8(C, 40)
+#define IE_WG_D64(C) IE_WG_D32(C), IE_WG_D8(C, 32), IE_WG_D8(C, 40), IE_WG_D8(C, 48), IE_WG_D8(C, 56)
+#define IE_WG_D96(C) IE_WG_D64(C), IE_WG_D8(C, 64), IE_WG_D8(C, 72), IE_WG_D8(C, 80), IE_WG_D8(C, 88)
 #define IE_WG_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define IE_WG_R32 IE_WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define IE_WG_R48 IE_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
@@ -80,36 +86,46 @@ __device__ __forceinline__ void fence_registers(float (&d)[R]) {
     IE_WG_R64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, " \
               "%83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 
-// Mma<N>::f16 / tf32 (one specialization per N, from IE_WGMMA with N's register lists):
+// Mma<N>::f16 / tf32 / s8 (one specialization per N, from IE_WGMMA with N's register lists):
 // d = A B (accumulate 0) or d += A B (accumulate 1) for one k step: fp16 (m64nNk16, both operands not transposed:
-// K-major) or tf32 (m64nNk8). N = 192, 128, 96, 64, 32. The flag (scale-d) is a predicate set from a register. Starting
-// a tile with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma
-// of one pipeline makes ptxas serialize them (C7515).
-#define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC, OPS)                                                              \
-    template <>                                                                                                     \
-    struct Mma<N> {                                                                                                 \
-    __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b, int acc) {       \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
-                     "k16.f32.f16.f16 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1, 0, 0;\n}"                        \
-                     : OPS                                                                                          \
-                     : "l"(a), "l"(b), "r"(acc));                                                                   \
-    }                                                                                                               \
-    __device__ __forceinline__ static void tf32(float (&d)[R], unsigned long long a, unsigned long long b, int acc) {      \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
-                     "k8.f32.tf32.tf32 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1;\n}"                             \
-                     : OPS                                                                                          \
-                     : "l"(a), "l"(b), "r"(acc));                                                                   \
-    }                                                                                                               \
+// K-major) or tf32 (m64nNk8) into f32 sums, or int8 (m64nNk32 .s32.s8.s8, exact s32 sums that wrap rather than
+// saturate; 8-bit operands must be K-major, and the instruction has no scale or transpose operands). Each is 32 bytes
+// of every row. N = 192, 128, 96, 64, 32. The flag (scale-d) is a predicate set from a register. Starting a tile
+// with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma of one
+// pipeline makes ptxas serialize them (C7515).
+#define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC)                                                                 \
+    template <>                                                                                                   \
+    struct Mma<N> {                                                                                               \
+        __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b,     \
+                                                   int acc) {                                                     \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N     \
+                         "k16.f32.f16.f16 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1, 0, 0;\n}"                  \
+                         : IE_WG_D##R("+f")                                                                       \
+                         : "l"(a), "l"(b), "r"(acc));                                                             \
+        }                                                                                                         \
+        __device__ __forceinline__ static void tf32(float (&d)[R], unsigned long long a, unsigned long long b,    \
+                                                    int acc) {                                                    \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N     \
+                         "k8.f32.tf32.tf32 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1;\n}"                       \
+                         : IE_WG_D##R("+f")                                                                       \
+                         : "l"(a), "l"(b), "r"(acc));                                                             \
+        }                                                                                                         \
+        __device__ __forceinline__ static void s8(int (&d)[R], unsigned long long a, unsigned long long b,        \
+                                                  int acc) {                                                      \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N     \
+                         "k32.s32.s8.s8 {" REGS "}, " DESC_A ", " DESC_B ", p;\n}"                                \
+                         : IE_WG_D##R("+r")                                                                       \
+                         : "l"(a), "l"(b), "r"(acc));                                                             \
+        }                                                                                                         \
     };
-
 
 template <int N>
 struct Mma;
-IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98", IE_WG_D96)
-IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", IE_WG_D64)
-IE_WGMMA(96, 48, IE_WG_R48, "%48", "%49", "%50", IE_WG_D48)
-IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34", IE_WG_D32)
-IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18", IE_WG_D16)
+IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98")
+IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66")
+IE_WGMMA(96, 48, IE_WG_R48, "%48", "%49", "%50")
+IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34")
+IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18")
 }  // namespace wgmma
 
 // mbarrier (shared-memory transaction barriers, PTX ISA "Parallel Synchronization and Communication Instructions:

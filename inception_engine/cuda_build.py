@@ -47,7 +47,7 @@ SOURCES, PER_ELEMENT = read_sources()
 # The NHWC conv families (conv_nhwc.cuh) compile once per element type they hold, as <stem>_<element> with
 # -DIE_NHWC_<ELEMENT>, so that a run compiles only the units its launches use. An element type's kernels are named
 # conv_nhwc<suffix>_... (cuda.tiles.NHWC_ELEMS[element].suffix).
-NHWC_ELEMENT_SUFFIXES = {"fp16": "", "tf32": "_tf32", "fp32": "_f32"}
+NHWC_ELEMENT_SUFFIXES = {"fp16": "", "tf32": "_tf32", "fp32": "_f32", "int8": "_i8"}
 # unit -> (source, extra nvcc flags)
 UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
     unit: (name, defines) for name in SOURCES

@@ -54,6 +54,19 @@ inline float __uint_as_float(unsigned u) {
 }
 template <class T>
 T __ldcg(const T* p) { return *p; }
+// The explicitly rounded float32 operations (round to nearest even; the library compiles with -ffp-contract=off, so
+// a product and a sum stay two roundings), and the conversions: int -> float rounds to nearest (cvtsi2ss under the
+// default rounding mode); float -> int rounds half to even (nearbyint) and saturates as cvt.rni.s32.f32 (NaN: 0).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __int2float_rn(int i) { return static_cast<float>(i); }
+inline int __float2int_rn(float v) {
+    const float r = std::nearbyint(v);
+    if (r != r) return 0;
+    if (r >= 2147483648.f) return 2147483647;
+    if (r < -2147483648.f) return -2147483647 - 1;
+    return static_cast<int>(r);
+}
 // Blocks run one after another, so memory is always coherent and an atomic is a plain read-modify-write.
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
@@ -221,3 +234,7 @@ inline double lanes_double[1024];
 }  // namespace emu
 inline float __shfl_xor_sync(unsigned, float v, int mask) { return emu::shfl_xor(emu::lanes, v, mask); }
 inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_xor(emu::lanes_double, v, mask); }
+namespace emu {
+inline int lanes_int[1024];
+}  // namespace emu
+inline int __shfl_xor_sync(unsigned, int v, int mask) { return emu::shfl_xor(emu::lanes_int, v, mask); }

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace wgmma {
 inline unsigned long long desc_k_major_64b(const void* tile) { return reinterpret_cast<uintptr_t>(tile) >> 4; }
@@ -32,6 +33,8 @@ template <int N, bool INC>
 void max_registers() {}
 template <int R>
 void fence_registers(float (&)[R]) {}
+template <int R>
+void fence_registers(int (&)[R]) {}
 
 
 // Where byte `kbyte` of row `row` of the tile lives. 128-byte rows: bits [4, 7) XOR bits [7, 10) of the address,
@@ -61,15 +64,21 @@ inline float tf32_at(unsigned long long desc, int row, int k) {
     return f;
 }
 
+// An int8 operand (.s8), exact as a float.
+inline float s8_at(unsigned long long desc, int row, int k) {
+    return static_cast<float>(*reinterpret_cast<const signed char*>(element(desc, row, k)));
+}
+
 template <int N>
 struct Mma {
     // D (64 x N) = A (64 x K) B (K x N) (+ D if accumulate), A[row][k] and B[n][k] read through `at` (a template
     // argument, so that it is inlined). A thread's N / 2 accumulators are rows g and g + 8 of its warp's 16 by N / 4
     // columns, so it reads those 2 rows and N / 4 columns once (each element is a float, its product with another
     // exact in double). Each sum runs over k in order, in double; the loop over a row's columns is innermost, where
-    // the compiler can vectorize it.
-    template <int K, float (*at)(unsigned long long, int, int)>
-    static void run(float (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate) {
+    // the compiler can vectorize it. D: float (f32 sums) or int (.s32: the double sums of int8 products are exact
+    // integers, added to d in int32 arithmetic, which wraps as the hardware's does).
+    template <int K, float (*at)(unsigned long long, int, int), class D>
+    static void run(D (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate) {
         const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         constexpr int C = N / 4;
         float rows[2][K], cols[K][C];
@@ -83,7 +92,11 @@ struct Mma {
                 for (int c = 0; c < C; ++c) sums[r][c] += static_cast<double>(rows[r][k]) * cols[k][c];
         for (int i = 0; i < N / 2; ++i) {  // accumulator i: row i % 4 / 2, column 8 (i / 4) + 2 t + i % 2
             const double sum = sums[i % 4 / 2][2 * (i / 4) + i % 2];
-            d[i] = static_cast<float>(accumulate ? d[i] + sum : sum);
+            if constexpr (std::is_same_v<D, int>)
+                d[i] = static_cast<int>(static_cast<unsigned>(accumulate ? d[i] : 0) +
+                                        static_cast<unsigned>(static_cast<int>(sum)));
+            else
+                d[i] = static_cast<float>(accumulate ? d[i] + sum : sum);
         }
     }
     static void f16(float (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
@@ -91,6 +104,9 @@ struct Mma {
     }
     static void tf32(float (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
         run<8, tf32_at>(d, a, b, acc);
+    }
+    static void s8(int (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
+        run<32, s8_at>(d, a, b, acc);
     }
 };
 }  // namespace wgmma

@@ -9,6 +9,7 @@ import numpy as np
 from ...plan import ConvOp, FCOp, FusedConvOp, Plan, PoolOp, align
 from ...weights import Weights
 from .cost_model import ConvConfig
+from ..int8_reference import quantize_weights
 from .int8_scales import Int8Scales
 from .tiles import NHWC_PIECE, Tile
 from .winograd import o_pad, winograd_transforms, winograd_weights
@@ -21,14 +22,19 @@ def transforms_key(op: ConvOp, cfg: ConvConfig) -> str:
     return f"winograd_F{cfg.wino}_{max(op.kernel)}"
 
 
-def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
+def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) -> np.ndarray:
     """A direct conv's (or the FC-as-GEMM's) weights (Cout, Cin[, kh, kw]) as its kernel reads them, as float32
     words: wt[K][Cout] (K = Cin*kh*kw in (c, r, s) order) for conv.cu and conv_tf32.cu, whose A tiles are rows
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
     multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cuh
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
     rounded to TF32 (``round_tf32``), for its fp32 tiles float32 (they split it in two TF32 halves themselves);
-    conv_input_nhwc.cu reads wt as conv.cu."""
+    conv_input_nhwc.cu reads wt as conv.cu. The int8 tiles (``scales``: the per-output-channel weight scales,
+    required): ``int8_rows`` of ``clip(rint(w / scales[o]), -127, 127)``, int8_reference.quantize_weights."""
+    if tile.prefix.startswith(INT8_PREFIX):
+        if scales is None:
+            raise ValueError(f"{tile.prefix}: int8 weights need their per-channel scales")
+        return int8_rows(quantize_weights(w, scales))
     if tile.prefix.startswith("conv_nhwc"):
         cout, cin, kh, kw = w.shape
         tf32, f32 = tile.prefix.startswith("conv_nhwc_tf32"), tile.prefix.startswith("conv_nhwc_f32")
@@ -45,6 +51,17 @@ def direct_weights(w: np.ndarray, tile: Tile) -> np.ndarray:
     with np.errstate(over="ignore"):
         w16[:, :w.shape[1]] = w
     return w16.view(np.float32)
+
+
+def int8_epilogue(bias: np.ndarray, scale: np.ndarray, inv_out: np.ndarray) -> np.ndarray:
+    """The int8 convs' `bias` argument (conv_nhwc.cuh's NhwcStore::column4): float32[3 cout], the bias, then each
+    channel's multiplier scale[m] = float32(s_x) * float32(s_w[m]), then inv_out[m] = float32(1) / float32(the
+    storage scale of the output tensor channel m is written to), one per channel as a fused conv's parts may be stored
+    at different scales."""
+    parts = [np.asarray(a, np.float32).reshape(-1) for a in (bias, scale, inv_out)]
+    if not parts[0].size == parts[1].size == parts[2].size:
+        raise ValueError(f"int8 epilogue: bias, scale and inv_out of {[p.size for p in parts]} channels")
+    return np.concatenate(parts)
 
 
 def round_tf32(a: np.ndarray) -> np.ndarray:

@@ -92,14 +92,17 @@ WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128,
 # until measured). Its sums live in registers twice (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block an
 # SM (168 registers), the others two.
 F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
-WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma"}
-WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 6}  # model speed divisors against fp16's WGMMA_SPEEDS
+WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma",
+                "int8": "conv_nhwc_i8_wgmma"}
+# Model speed divisors against fp16's WGMMA_SPEEDS; int8's s8 wgmma has twice fp16's peak (a guess until measured).
+WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 6, "int8": 0.5}
+WGMMA_ELEM_BYTES = {"fp16": 2, "tf32": 4, "fp32": 4, "int8": 1}  # a stage's k: its 64-byte rows of these
 
 
 def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
     """conv_nhwc_wgmma.cu's wgmma tile of bm pixels x bn channels (sm_90a only: cuda_build.has_wgmma)."""
     resident = 1 if precision == "fp32" and bn == 128 else 2
-    return Tile(bm, bn, 32 if precision == "fp16" else 16, resident,
+    return Tile(bm, bn, 64 // WGMMA_ELEM_BYTES[precision], resident,
                 WGMMA_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision] * resident / 2, WGMMA_PREFIX[precision], False)
 
 
@@ -288,6 +291,8 @@ NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SP
                          + tuple(ws_pp_tile(bm, bn, "tf32") for bm, bn in WS_PP_SHAPES)
                          + tuple(halo_tile(bm, bn, "tf32") for bm, bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
+# int8 (conv_mma.cuh's NhwcI8): conv_nhwc_wgmma.cu's tiles only, fp16's shapes, no split-K.
+NHWC_I8_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "int8") for bm, bn in WGMMA_SPEEDS)
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the
 # FMA units, 256 pixels x 32 channels per block (one pixel per thread), every precision. INPUT_MMA_TILE: on the tensor
 # cores, an output row x 32 channels per block, fp16 and tf32, K = Cin*KH*KW <= 32 (``input_tile`` picks it where it
@@ -303,15 +308,17 @@ INPUT_MMA_PRECISIONS = ("fp16", "tf32")  # its element types
 INPUT_MMA_MAX_SHARED = 48 * 1024  # the mma kernel takes no opt-in (the emulator's buffer is this size too)
 NHWC_PIECE = 8  # channels per 16-byte piece of fp16 (tf32's 4 divide it): NHWC channel counts, strides and offsets
 HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
+# int8's poison: four -128s, a value its kernels never write (they saturate to +-127: int8_reference's QMAX).
+I8_POISON_BITS = 0x80808080
 
 
 @dataclass(frozen=True)
 class NhwcElem:
-    """An element type of the NHWC path's activations (conv_mma.cuh's NhwcF16, NhwcTf32 and NhwcF32)."""
+    """An element type of the NHWC path's activations (conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32 and NhwcI8)."""
 
     bytes: int
     suffix: str  # of its kernels' names: conv_nhwc<suffix>_splitk_reduce, pool2d_nhwc<suffix>, ...
-    nan_word: int  # a 32-bit word of NaNs of this type, to poison the arena
+    nan_word: int  # a 32-bit word of NaNs of this type (int8: of -128s), to poison the arena
     mma_tiles: tuple[Tile, ...]  # conv_nhwc_mma.cu's mma.sync tiles for it (none for fp32: wgmma only)
     wgmma_tiles: tuple[Tile, ...]  # ... and its wgmma tiles (sm_90a)
 
@@ -321,7 +328,8 @@ class NhwcElem:
 
 NHWC_ELEMS = {"fp16": NhwcElem(2, "", HALF_NAN_BITS, NHWC_TILES, NHWC_WGMMA_TILES),
               "tf32": NhwcElem(4, "_tf32", NAN_BITS, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES),
-              "fp32": NhwcElem(4, "_f32", NAN_BITS, (), NHWC_F32_WGMMA_TILES)}
+              "fp32": NhwcElem(4, "_f32", NAN_BITS, (), NHWC_F32_WGMMA_TILES),
+              "int8": NhwcElem(1, "_i8", I8_POISON_BITS, (), NHWC_I8_WGMMA_TILES)}
 # winograd.cu's batched-GEMM tiles: conv.cu's shapes and, as the model's (untested) assumption, their speed per MAC.
 WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 4, 120e3, "wino_gemm", False),
               Tile(32, 128, 8, 4, 120e3, "wino_gemm", False))
@@ -342,10 +350,12 @@ def wgmma_ring_bytes(kernel: str) -> int:
 
 
 def check_nhwc_precision(precision: str, wgmma: bool) -> None:
-    """fp32 on the NHWC path has wgmma tiles only (conv_mma.cuh's NhwcF32): sm_90a."""
+    """fp32 and int8 on the NHWC path have wgmma tiles only (conv_mma.cuh's NhwcF32, NhwcI8): sm_90a."""
     if precision == "fp32" and not wgmma:
         raise EngineError("fp32 on the NHWC layout runs on Hopper's wgmma tiles only (sm_90a); this GPU has none: "
                           "use the default layout")
+    if precision == "int8" and not wgmma:
+        raise EngineError("int8 runs on Hopper's wgmma tiles only (sm_90a); this GPU has none: use fp16")
 
 
 def blocks(n: int, per_block: int) -> int:

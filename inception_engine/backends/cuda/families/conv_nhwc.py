@@ -24,6 +24,9 @@ NHWC_CONV = Signature.of("P: x wr bias out", "i: batch cin h w x_cstride cout ho
                          "k_split") + NHWC_PARTS  # the parts: nhwc_parts
 NHWC_TMA = NHWC_CONV + Signature.of("P: maps")  # ... and the tensor maps' address (the TMA tiles)
 NHWC_REDUCE = Signature.of("P: ws bias y", "i: splits p_total cout y_cstride") + NHWC_PARTS
+# Element types whose convs never split K (int8: its epilogue requantizes the exact int32 sums of the whole K), so
+# without a split-K reduction; their launches take one slice (k_split >= K).
+NO_SPLIT_K = ("int8",)
 
 
 def nhwc_conv_source(kernel: str) -> str:
@@ -44,7 +47,7 @@ def tile_shared(tile: Tile) -> int | ConvShared:
 
 
 def entries() -> Iterator[KernelSpec]:
-    for e in NHWC_ELEMS.values():
+    for precision, e in NHWC_ELEMS.items():
         for t in e.tiles(wgmma=True):
             name = f"{t.prefix}_{t.name}"
             yield KernelSpec(name, nhwc_conv_source(name), NHWC_TMA if is_tma(name) else NHWC_CONV, t.threads,
@@ -53,7 +56,8 @@ def entries() -> Iterator[KernelSpec]:
             if t.prefix in MAXPOOL_PREFIXES:
                 yield KernelSpec(f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}", "conv_nhwc_mma.cu", NHWC_CONV,
                                  t.threads)
-        yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce", "conv_nhwc_mma.cu", NHWC_REDUCE, THREADS)
+        if precision not in NO_SPLIT_K:
+            yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce", "conv_nhwc_mma.cu", NHWC_REDUCE, THREADS)
 
 
 KERNELS = registry(entries())
@@ -103,7 +107,8 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32 NCHW input (x_cstride
     unused). The persistent tiles' grid: ``persistent_grid``. A TMA tile reads its two tensor maps (the spec's
     ``maps``, which the caller encodes there) from `maps`. int8: the stem quantizes its output at ``inv_out``
-    (float32(1) / its storage scale); the int8 tiles take no split-K (their sums are exact int32 in one slice)."""
+    (float32(1) / its storage scale); the int8 tiles (conv_mma.cuh's NhwcI8) take one K slice (their sums are exact
+    int32) and for b the float32[3 cout] of ``params.int8_epilogue`` (Int8Scales.conv_epilogue)."""
     if cfg.tile in (INPUT_TILE, INPUT_MMA_TILE):
         if precision == "int8":
             return input_conv_specs(op, cfg, x, cin, y, w, b, precision, num_sms, inv_out=inv_out)
@@ -113,7 +118,8 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     y_cstride = writes(op)[0].c_total
     p_total, t, suffix = n * ho * wo, cfg.tile, NHWC_ELEMS[precision].suffix
     split = cfg.splits > 1
-    assert not (split and precision == "int8"), f"{op.name}: the int8 tiles take no split-K"
+    assert precision not in NO_SPLIT_K or (not split and cfg.k_split >= cin * op.kernel[0] * op.kernel[1]), \
+        f"{op.name}: {precision} convs do not split K"
     parts = dict(zip(NHWC_PARTS.names, nhwc_parts(op)))
     args = dict(x=x, wr=w, bias=b, out=ws if split else y, batch=n, cin=cin, h=h, w=wd, x_cstride=x_cstride,
                 cout=cout, ho=ho, wo=wo, y_cstride=y_cstride, kh=op.kernel[0], kw=op.kernel[1], stride=op.stride,

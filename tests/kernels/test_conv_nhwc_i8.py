@@ -1,0 +1,306 @@
+"""int8 NHWC convs on Hopper's wgmma (conv_nhwc_wgmma.cu's conv_nhwc_i8_wgmma_<BM>x<BN>, conv_mma.cuh's NhwcI8)
+against int8_reference's integer semantics, element for element.
+
+- CPU, NumPy: the weight rows (params.direct_weights for the int8 tiles: int8_reference.quantize_weights in (r, s, c)
+  order, Cin padded to 16), the epilogue argument (params.int8_epilogue), the launch builder's refusal of split-K.
+- CPU, g++ fiber emulator (tests/cuda_emu, whose .s8 wgmma reads the operands through the ISA's 64-byte swizzle
+  independently of the kernel), and the same tests on the GPU (marked gpu): every int8 tile on 1x1, 3x3 (padding 1),
+  1x3, 3x1 and stride-2 convs of channel-slice views, and a fused conv whose three parts are stored at different
+  scales with ReLU on the first two only. Every buffer starts as -128 (0x80 bytes), a value the kernels never write
+  (they saturate to +-127) and the inputs never hold: an unwritten output, a write outside the destination views or a
+  read outside the source view shows. Outputs must equal int8_reference's exactly: conv_int32, then
+  float32(acc) * (s_x s_w[m]) + bias[m] (two roundings), ReLU, quantize at the part's storage scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from inception_engine.backends import int8_reference as ref
+from inception_engine.backends.cuda.cost_model import ConvConfig
+from inception_engine.backends.cuda.kernels import arg_format
+from inception_engine.backends.cuda.launch_nhwc import nhwc_conv_specs
+from inception_engine.backends.cuda.params import direct_weights, int8_epilogue
+from inception_engine.backends.cuda.tiles import (NHWC_ELEMS, Tile, check_nhwc_precision, wgmma_ring_bytes,
+                                                  wgmma_stages)
+from inception_engine.errors import EngineError
+from inception_engine.plan import ConvOp, FusedConvOp, View
+
+from helpers.mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rng_for
+from test_conv_nhwc import Emulated, OnGpu
+
+PRECISION = "int8"
+TILES = NHWC_ELEMS[PRECISION].wgmma_tiles
+POISON = -128
+KERNELS = [f"{t.prefix}_{t.name}" for t in TILES]
+
+
+@pytest.fixture(scope="module")
+def emu(build_cache_dir):
+    if NVCC is None:
+        pytest.skip("nvcc is not installed (the emulated kernels are checked against the sources nvcc builds)")
+    # the int8 tiles alone: conv_nhwc.cuh compiles only the element types asked for
+    wrapper = "#define IE_NHWC_INT8\n" + emu_wrapper_source(
+        "conv_nhwc_wgmma.cu", [(k, arg_format(k)) for k in KERNELS],
+        ('extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',))
+    mem = Emulated(compile_emu_lib(build_cache_dir, "emu_nhwc_i8", wrapper, "-O2", True))
+    yield mem
+    mem.close()
+
+
+@pytest.fixture(scope="module")
+def gpu_mem(gpu):
+    mem = OnGpu(gpu[1], gpu[0].arch)
+    if not mem.wgmma:
+        pytest.skip("the int8 tiles are sm_90a wgmma kernels; this GPU has none")
+    yield mem
+    mem.close()
+
+
+@pytest.fixture(params=["emulated", pytest.param("gpu", marks=pytest.mark.gpu)])
+def mem(request):
+    return request.getfixturevalue("emu" if request.param == "emulated" else "gpu_mem")
+
+
+# --- NumPy ----------------------------------------------------------------------------------------------------------
+
+
+def test_int8_weights_are_quantized_rows_in_rsc_order_padded_to_sixteen_channels():
+    rng = rng_for("i8 weights")
+    w = rng.standard_normal((12, 21, 3, 2)).astype(np.float32)
+    s_w = ref.weight_scales(w)
+    for tile in TILES:
+        rows = direct_weights(w, tile, s_w)
+        assert rows.dtype == np.float32
+        got = rows.view(np.int8).reshape(12, 3, 2, 32)
+        np.testing.assert_array_equal(got[..., :21], ref.quantize_weights(w, s_w).transpose(0, 2, 3, 1))
+        assert not got[..., 21:].any() and np.abs(got).max() == 127
+    with pytest.raises(ValueError, match="per-channel scales"):
+        direct_weights(w, TILES[0])
+
+
+def test_int8_epilogue_is_bias_scale_inv_out():
+    got = int8_epilogue(np.array([1.0, 2.0]), np.array([3.0, 4.0]), np.array([5.0, 6.0]))
+    np.testing.assert_array_equal(got, np.array([1, 2, 3, 4, 5, 6], np.float32))
+    with pytest.raises(ValueError, match="channels"):
+        int8_epilogue(np.zeros(2), np.zeros(3), np.zeros(2))
+
+
+def test_int8_needs_wgmma_and_has_no_split_k():
+    with pytest.raises(EngineError, match="int8 runs on Hopper's wgmma tiles only"):
+        check_nhwc_precision(PRECISION, False)
+    check_nhwc_precision(PRECISION, True)
+    assert not NHWC_ELEMS[PRECISION].mma_tiles and len(TILES) == 6
+    assert all(t.bk == 64 for t in TILES)  # 64 int8 k a 64-byte row
+    op = ConvOp("c", View("x", 0, (1, 64, 4, 4), 0, 64), View("y", 0, (1, 32, 4, 4), 0, 32), (1, 1), 1, (0, 0))
+    with pytest.raises(AssertionError, match="do not split K"):
+        nhwc_conv_specs(op, ConvConfig(TILES[0], 2, 32, 0.0), 0, 64, 64, 0, 0, 0, 0, PRECISION)
+
+
+def test_ring_bytes_are_the_kernels(emu):
+    for t in TILES:
+        assert wgmma_ring_bytes(f"{t.prefix}_{t.name}") == emu.lib.emu_wgmma_ring_bytes(0, t.bm, t.bn)
+        assert wgmma_ring_bytes(f"{t.prefix}_{t.name}") == wgmma_stages(t.bm, t.bn) * (t.bm + t.bn) * 64
+
+
+# --- kernels on the emulator and on the GPU -------------------------------------------------------------------------
+
+
+def poisoned(mem, nbytes: int) -> int:
+    """A buffer of nbytes of -128 (the memories' own poison is 0xFF bytes: -1, a value int8 outputs take)."""
+    ptr = mem.alloc(nbytes)
+    mem.write(ptr, np.full(nbytes, POISON, np.int8))
+    return ptr
+
+
+def put_i8(mem, data: np.ndarray, c_total: int, c_offset: int) -> int:
+    """A -128-poisoned int8 NHWC buffer of c_total channels with data (N, C, H, W) at channel c_offset; its address."""
+    n, c, h, w = data.shape
+    buf = np.full((n, h, w, c_total), POISON, np.int8)
+    buf[..., c_offset:c_offset + c] = data.transpose(0, 2, 3, 1)
+    ptr = mem.alloc(buf.nbytes)
+    mem.write(ptr, buf)
+    return ptr
+
+
+def reference(q: np.ndarray, w: np.ndarray, s_x: float, s_w: np.ndarray, bias: np.ndarray, stride: int,
+              pad: tuple[int, int], out_scales: np.ndarray, relu_end: int) -> np.ndarray:
+    """int8_reference's conv: exact int32 sums, the float32 epilogue (ReLU below relu_end), each channel quantized at
+    its part's storage scale (out_scales, per channel)."""
+    acc = ref.conv_int32(q, ref.quantize_weights(w, s_w), stride, pad)
+    y = ref.conv_epilogue(acc, s_x, s_w, bias)  # with ReLU everywhere; the channels past relu_end without it:
+    mult = (np.float32(s_x) * s_w).reshape(1, -1, 1, 1)
+    raw = acc.astype(np.float32) * mult + bias.astype(np.float32).reshape(1, -1, 1, 1)
+    y[:, relu_end:] = raw[:, relu_end:]
+    out = np.empty(y.shape, np.int8)
+    for scale in np.unique(out_scales):
+        sel = out_scales == scale
+        out[:, sel] = ref.quantize(y[:, sel], scale)
+    return out
+
+
+def conv_data(key: tuple, cin: int, cout: int, x_shape: tuple[int, ...], kernel: tuple[int, int]):
+    """Random int8 input (never -128), float weights and their scales, bias, s_x."""
+    rng = rng_for("i8", *key)
+    q = rng.integers(-127, 128, x_shape, dtype=np.int8)
+    w = (rng.standard_normal((cout, cin, *kernel)) * rng.uniform(0.2, 2.0, (cout, 1, 1, 1))).astype(np.float32)
+    return q, w, ref.weight_scales(w), (0.5 * rng.standard_normal(cout)).astype(np.float32), np.float32(0.02)
+
+
+def out_scales_for(y: np.ndarray, parts: list[int]) -> np.ndarray:
+    """Per channel, its part's storage scale: a little below what holds the part's largest output, so that a few
+    saturate (to +-127), and different from part to part."""
+    scales, start = [], 0
+    for i, ch in enumerate(parts):
+        top = float(np.abs(y[:, start:start + ch]).max()) or 1.0
+        scales += [np.float32(top / (127 * (1.4 + 0.3 * i)))] * ch
+        start += ch
+    return np.array(scales, np.float32)
+
+
+def launch(mem, op: ConvOp, tile: Tile, q: np.ndarray, w: np.ndarray, s_w: np.ndarray, epilogue: np.ndarray,
+           y: int) -> None:
+    k_total = op.src.channels * op.kernel[0] * op.kernel[1]
+    x_ptr = put_i8(mem, q, op.src.c_total, op.src.c_offset)
+    w8 = direct_weights(w, tile, s_w)
+    w_ptr, b_ptr = mem.alloc(w8.nbytes), mem.alloc(epilogue.nbytes)
+    mem.write(w_ptr, w8)
+    mem.write(b_ptr, epilogue)
+    cfg = ConvConfig(tile, 1, math.ceil(k_total / tile.bk) * tile.bk, 0.0)
+    specs = nhwc_conv_specs(op, cfg, x_ptr + op.src.c_offset, op.src.c_total, op.src.channels, y, w_ptr, b_ptr, 0,
+                            PRECISION)
+    assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"]
+    mem.launch(specs)
+
+
+# (batch, cin, cout, h, w, kernel, stride, pad, input (c_total, c_offset), output (c_total, c_offset))
+CASES = [
+    (2, 48, 40, 5, 7, (1, 1), 1, (0, 0), (80, 16), (52, 8)),  # a view of wider buffers on both sides
+    (1, 32, 200, 6, 6, (3, 3), 1, (1, 1), (32, 0), (204, 4)),  # Cout past 192 (a tail in every channel tile)
+    (2, 16, 36, 5, 9, (1, 3), 1, (0, 1), (32, 16), (36, 0)),  # K = 48 < a stage's 64
+    (1, 64, 64, 9, 5, (3, 1), 1, (1, 0), (64, 0), (72, 4)),
+    (2, 32, 24, 9, 9, (3, 3), 2, (0, 0), (48, 0), (24, 0)),  # stride 2; 128 pixels: a tail in the 256-pixel tiles
+    (1, 160, 32, 17, 17, (1, 1), 1, (0, 0), (160, 0), (32, 0)),  # 289 pixels, K = 160: three stages, the last short
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[5][0]}x{c[5][1]}s{c[6]}c{c[1]}o{c[2]}")
+def test_conv_equals_int8_reference(mem, case):
+    """Every int8 tile: the output view equals int8_reference's conv exactly, no -128 left in it, every byte outside
+    it still -128, the input untouched."""
+    n, cin, cout, h, wd, kernel, stride, pad, (x_total, x_off), (y_total, y_off) = case
+    ho, wo = (h + 2 * pad[0] - kernel[0]) // stride + 1, (wd + 2 * pad[1] - kernel[1]) // stride + 1
+    op = ConvOp("conv", View("x", 0, (n, x_total, h, wd), x_off, cin),
+                View("y", 0, (n, y_total, ho, wo), y_off, cout), kernel, stride, pad)
+    q, w, s_w, bias, s_x = conv_data(case, cin, cout, (n, cin, h, wd), kernel)
+    y_float = ref.conv_epilogue(ref.conv_int32(q, ref.quantize_weights(w, s_w), stride, pad), s_x, s_w, bias)
+    out_scales = out_scales_for(y_float, [cout])
+    want = reference(q, w, s_x, s_w, bias, stride, pad, out_scales, cout)
+    assert (np.abs(want) == 127).any() and (want == 0).any() and (np.abs(want) < 127).any()
+    epilogue = int8_epilogue(bias, np.float32(s_x) * s_w, np.float32(1) / out_scales)
+    for tile in TILES:
+        y = poisoned(mem, n * ho * wo * y_total)
+        launch(mem, op, tile, q, w, s_w, epilogue, y + y_off)
+        got = mem.read(y, (n, ho, wo, y_total), np.int8)
+        outside = np.concatenate([got[..., :y_off].ravel(), got[..., y_off + cout:].ravel()])
+        assert (outside == POISON).all(), f"{tile.name}: {(outside != POISON).sum()} bytes written outside the view"
+        inside = got[..., y_off:y_off + cout].transpose(0, 3, 1, 2)
+        assert (inside != POISON).all(), f"{tile.name}: {(inside == POISON).sum()} outputs not written"
+        bad = inside != want
+        assert not bad.any(), f"{tile.name}: {bad.sum()} of {bad.size} outputs differ from int8_reference"
+
+
+FUSED = [(24, 40, 8), (16, 16, 0), (12, 28, 12)]  # parts: (channels, buffer channels, channel offset)
+
+
+def test_fused_conv_writes_each_part_at_its_scale(mem):
+    """Three stacked 1x1 convs (plan.FusedConvOp) whose parts lie in one arena at different storage scales (one
+    inv_out per channel), the last past relu_end (a pooled member's raw product): each part equals int8_reference,
+    every other byte of the arena stays -128. Every int8 tile."""
+    n, cin, h, wd = 2, 80, 5, 6
+    places, pos = [], 0
+    for _, c_total, _ in FUSED:
+        places.append(pos)
+        pos += n * h * wd * c_total + 16  # a gap after each buffer, which must stay -128
+    parts = tuple(View(f"part{i}", places[i], (n, c_total, h, wd), c_off, ch)
+                  for i, (ch, c_total, c_off) in enumerate(FUSED))
+    cout = sum(ch for ch, *_ in FUSED)
+    op = FusedConvOp("fused", View("x", 0, (n, cin + 16, h, wd), 16, cin), View("fused", 0, (n, cout, h, wd), 0, cout),
+                     (1, 1), 1, (0, 0), tuple(f"m{i}" for i in range(len(parts))), parts, 1)
+    relu_end = cout - FUSED[-1][0]
+    q, w, s_w, bias, s_x = conv_data(("fused",), cin, cout, (n, cin, h, wd), (1, 1))
+    bias[relu_end:] = 0  # the pooled member's bias waits for its pool
+    y_float = ref.conv_epilogue(ref.conv_int32(q, ref.quantize_weights(w, s_w), 1, (0, 0)), s_x, s_w, bias)
+    out_scales = out_scales_for(y_float, [ch for ch, *_ in FUSED])
+    assert len(np.unique(out_scales)) == len(FUSED)
+    want = reference(q, w, s_x, s_w, bias, 1, (0, 0), out_scales, relu_end)
+    assert (want[:, relu_end:] < 0).any()  # no ReLU there
+    epilogue = int8_epilogue(bias, np.float32(s_x) * s_w, np.float32(1) / out_scales)
+    for tile in TILES:
+        arena = poisoned(mem, pos)
+        launch(mem, op, tile, q, w, s_w, epilogue, arena + parts[0].offset + parts[0].c_offset)
+        got = mem.read(arena, (pos,), np.int8)
+        written = np.zeros(pos, bool)
+        start = 0
+        for part, place in zip(parts, places):
+            c_total = part.c_total
+            buf = got[place:place + n * h * wd * c_total].reshape(n, h, wd, c_total)
+            view = buf[..., part.c_offset:part.c_offset + part.channels].transpose(0, 3, 1, 2)
+            bad = view != want[:, start:start + part.channels]
+            assert not bad.any(), f"{tile.name} {part.buffer}: {bad.sum()} outputs differ from int8_reference"
+            marks = written[place:place + n * h * wd * c_total].reshape(n, h, wd, c_total)
+            marks[..., part.c_offset:part.c_offset + part.channels] = True
+            start += part.channels
+        assert (got[~written] == POISON).all(), f"{tile.name}: {(got[~written] != POISON).sum()} stray writes"
+
+
+def tie_epilogue(a: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Per channel m, a scale and a bias for which float32(a[m]) * scale + bias, rounded twice, is exactly a tie
+    k + 0.5 (which rint takes to the even neighbour), whereas a fused multiply-add, rounding once, lands beside it and
+    rounds the other way: scale[m] a[m] is not exact, and the bias is of similar size, so the product's rounding
+    error survives in the fused sum."""
+    scales, biases = [], []
+    for am in a.astype(np.float64):
+        while True:
+            s = np.float32(rng.uniform(4.0, 16.0))
+            p, exact = np.float32(np.float32(am) * s), am * np.float64(s)
+            k = int(rng.integers(1, 120))
+            b = np.float32(k + 0.5 - np.float64(p))
+            fused = np.float32(exact + np.float64(b))  # exact in float64, then one rounding: fmaf
+            if p > 600 and np.float32(p + b) == k + 0.5 and np.rint(fused) != np.rint(k + 0.5):
+                break
+        scales.append(s)
+        biases.append(b)
+    return np.array(scales, np.float32), np.array(biases, np.float32)
+
+
+def test_epilogue_rounds_product_and_sum_apart(mem):
+    """The epilogue is float32(acc) * scale, rounded, + bias, rounded (int8_reference.conv_epilogue), not a fused
+    multiply-add: a 1x1 conv whose channel m at pixel m lands on a tie only without fusing (tie_epilogue)."""
+    n, h, wd, cin, cout = 1, 4, 4, 16, 16
+    rng = rng_for("i8 ties")
+    q = rng.integers(-127, 128, (n, cin, h, wd), dtype=np.int8)
+    q[0, 0] = rng.integers(64, 128, (h, wd))  # channel 0 of pixel p: acc[p, m] = q[p, 0] for every m
+    a = q[0, 0].reshape(-1)
+    scale, bias = tie_epilogue(a, rng)
+    wq = np.zeros((cout, cin, 1, 1), np.float32)
+    wq[:, 0] = 1
+    w = wq * scale.reshape(-1, 1, 1, 1)  # quantize_weights(w, scale) = wq: float32(s) / s is exactly 1
+    ones = np.ones(cout, np.float32)
+    want = reference(q, w, np.float32(1), scale, bias, 1, (0, 0), ones, cout)
+    diag = want[0].reshape(cout, -1)[np.arange(cout), np.arange(cout)]
+    p = np.float32(a.astype(np.float32) * scale)
+    fused = np.rint(np.float32(a.astype(np.float64) * scale.astype(np.float64) + bias.astype(np.float64)))
+    assert (diag == np.rint(p + bias)).all() and (diag != fused).all()  # the test tells the two apart
+    op = ConvOp("conv", View("x", 0, (n, cin, h, wd), 0, cin), View("y", 0, (n, cout, h, wd), 0, cout), (1, 1), 1,
+                (0, 0))
+    epilogue = int8_epilogue(bias, scale, ones)
+    for tile in TILES[:1] + TILES[-1:]:
+        y = poisoned(mem, n * h * wd * cout)
+        launch(mem, op, tile, q, w, scale, epilogue, y)
+        got = mem.read(y, (n, h, wd, cout), np.int8).transpose(0, 3, 1, 2)
+        bad = got != want
+        assert not bad.any(), f"{tile.name}: {bad.sum()} outputs differ from int8_reference"
