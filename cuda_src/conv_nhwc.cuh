@@ -34,15 +34,16 @@
 // multiples of 16; Cout, y_cstride and the parts' starts and offsets multiples of 4); `bias` is float32[3 Cout]:
 // bias[m], scale[m] = s_x s_w[m] at Cout + m, inv_out[m] = 1 / (the storage scale of channel m's part) at
 // 2 Cout + m; y = clamp(rint(relu(float(acc) * scale + bias) * inv_out), -127, 127), each operation rounded on its
-// own as int8_reference computes it (NhwcStore::column4), four channels a 4-byte store. No split-K (one K slice).
+// own as int8_reference computes it (NhwcStore::column4), four channels a 4-byte store. Split-K: int32 raw sums in the
+// workspace, summed exactly by conv_nhwc_i8_splitk_reduce, which applies the same epilogue.
 // Parts: the 1x1 convs of a module that read the same input run as one GEMM of their stacked weights
 // (plan.fuse_pointwise), whose output channels go to up to four views of the same arena: part 0 from channel 0 at
 // y (y_cstride), part i = 1..3 from channel start_i at y + offset_i (elements, maybe negative), pixel stride
 // cstride_i. A plain conv has one part (every start_i = Cout). The raw products of a member whose average pool was
 // moved behind it come last, past relu_end, with zero bias (the pool adds bias and ReLU: pool_nhwc.cu).
 // Split-K: blockIdx.z selects K slice [z*k_split, (z+1)*k_split) (a multiple of the stage's k); with several slices
-// the raw fp32 sums go to the workspace ws[z][P][M] (`out` is then ws) and conv_nhwc[_tf32]_splitk_reduce sums them
-// in slice order, adds bias, applies ReLU and writes y.
+// the raw fp32 sums (int8: int32) go to the workspace ws[z][P][M] (`out` is then ws) and
+// conv_nhwc[_tf32|_f32|_i8]_splitk_reduce sums them in slice order, adds bias, applies ReLU and writes y.
 // Block order: tile_n0 / tile_m0 (common.cuh) on grid (pixel tiles, channel tiles): consecutive blocks take the
 // channel tiles of one pixel tile, which then share its input through L2.
 // Max pool in front (conv_nhwc[_tf32]_maxpool3_<BM>x<BN>, plan.fuse_max_pools): a 1x1 conv whose input is a 3x3 max
@@ -56,6 +57,8 @@
 // conv_nhwc_halo.cu (halo tiles, sm_90a). Here: the element types a compile holds, the parts, the arguments, the
 // cp.async loader, the epilogue, the sm_90a tiles' shared ring and the entry-point macros.
 #pragma once
+#include <type_traits>
+
 #include "conv_mma.cuh"
 
 // The element types a compile instantiates its tiles for: one where cuda_build asks for it (-DIE_NHWC_FP16,
@@ -223,30 +226,35 @@ struct NhwcStore {
     int z, splits;  // the block's K slice (blockIdx.z) of how many (gridDim.z)
 
     // pairs(put) calls put(p, v0, v1) for each of the thread's pixels p in this column.
+    // int8: only the split-K path (its unsplit sums go through column4), whose raw sums stay int32 (exact).
     template <class Pairs>
     __device__ __forceinline__ void column(int m, Pairs&& pairs) const {
         if (m >= a.cout) return;
         if (splits > 1) {
-            float* ws = static_cast<float*>(a.out) + (size_t)z * p_total * a.cout + m;
-            pairs([&](int p, float v0, float v1) {
-                if (p < p_total) *reinterpret_cast<float2*>(ws + (size_t)p * a.cout) = float2{v0, v1};
+            using Acc = typename E::Acc;
+            using Acc2 = std::conditional_t<E::INT, int2, float2>;
+            Acc* ws = static_cast<Acc*>(a.out) + (size_t)z * p_total * a.cout + m;
+            pairs([&](int p, Acc v0, Acc v1) {
+                if (p < p_total) *reinterpret_cast<Acc2*>(ws + (size_t)p * a.cout) = Acc2{v0, v1};
             });
             return;
         }
-        const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
-        const float b0 = __ldg(a.bias + m), b1 = __ldg(a.bias + m + 1);
-        const bool relu = m < a.parts.relu_end;
-        typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
-        pairs([&](int p, float v0, float v1) {
-            if (p >= p_total) return;
-            v0 += b0;
-            v1 += b1;
-            if (relu) {
-                v0 = fmaxf(v0, 0.f);
-                v1 = fmaxf(v1, 0.f);
-            }
-            E::store2(y + p * col.cstride, v0, v1);
-        });
+        if constexpr (!E::INT) {
+            const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
+            const float b0 = __ldg(a.bias + m), b1 = __ldg(a.bias + m + 1);
+            const bool relu = m < a.parts.relu_end;
+            typename E::T* const y = static_cast<typename E::T*>(a.out) + col.base;
+            pairs([&](int p, float v0, float v1) {
+                if (p >= p_total) return;
+                v0 += b0;
+                v1 += b1;
+                if (relu) {
+                    v0 = fmaxf(v0, 0.f);
+                    v1 = fmaxf(v1, 0.f);
+                }
+                E::store2(y + p * col.cstride, v0, v1);
+            });
+        }
     }
 
     // fp16 and int8: channels m .. m + 3 of the thread's pixels, quads(put) calling put(p, v[4]), one 8-byte (fp16) or
@@ -294,8 +302,8 @@ struct NhwcStore {
 
     // A wgmma warpgroup's BN-channel tile from channel m0: sum(mb, i) is its accumulator i of 64-row block mb, which
     // holds tile row 64 mb + 16 warp + g + 8 half, channels 8j + 2t + e for i = 4j + 2 half + e (wgmma.cuh's D
-    // layout); pixel(mb, half) is the output pixel of this thread's row (p_total or more: none). fp16 without split-K,
-    // and int8 (which never splits K):
+    // layout); pixel(mb, half) is the output pixel of this thread's row (p_total or more: none). fp16 and int8 without
+    // split-K:
     // lanes t and t ^ 1 swap pairs so that each holds 4 adjacent channels of a pixel (even t: block j's 2t .. 2t + 3,
     // odd t: block j + 1's 2t - 2 .. 2t + 1), and the 4 lanes of a pixel store blocks j and j + 1 as 32 bytes.
     template <int MB, int BN, class Pixel, class Sum>
@@ -304,7 +312,7 @@ struct NhwcStore {
         using Acc = typename E::Acc;
         if constexpr (sizeof(typename E::T) <= 2) {
             static_assert(BN % 16 == 0, "fp16 and int8 store blocks of 8 channels in pairs");
-            if (E::INT || splits == 1) {
+            if (splits == 1) {
                 const bool odd = t & 1;
 #pragma unroll
                 for (int j = 0; j < BN / 8; j += 2) {
@@ -333,17 +341,15 @@ struct NhwcStore {
                 return;
             }
         }
-        if constexpr (!E::INT) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-                column(m0 + 8 * j + 2 * t, [&](auto&& put) {
+        for (int j = 0; j < BN / 8; ++j)
+            column(m0 + 8 * j + 2 * t, [&](auto&& put) {
 #pragma unroll
-                    for (int mb = 0; mb < MB; ++mb)
+                for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-                        for (int half = 0; half < 2; ++half)
-                            put(pixel(mb, half), sum(mb, 4 * j + 2 * half), sum(mb, 4 * j + 2 * half + 1));
-                });
-        }
+                    for (int half = 0; half < 2; ++half)
+                        put(pixel(mb, half), sum(mb, 4 * j + 2 * half), sum(mb, 4 * j + 2 * half + 1));
+            });
     }
     // ... whose rows are the pixels of the GEMM tile's rows from p0, warpgroup `group` taking rows 64 MB group on.
     template <int MB, int BN, class Sum>

@@ -198,3 +198,32 @@ CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)
 CONV_NHWC_WGMMA_TILES(conv_nhwc_i8, NhwcI8)
 #endif
 #endif
+
+// conv_nhwc_i8_splitk_reduce: y[p, m] (int8, the parts) = NhwcStore::column4's epilogue of the int32 sum over z of
+// ws[z][p][m] (exact: int32 sums of int8 products, whatever the slices), two channels a thread, one 2-byte store.
+// Launch: block 256, grid ceil(P * M / 2 / 256).
+#ifdef IE_NHWC_INT8
+extern "C" __global__ void __launch_bounds__(256)
+    conv_nhwc_i8_splitk_reduce(const int* __restrict__ ws, const float* __restrict__ bias, signed char* __restrict__ y,
+                               int splits, int p_total, int cout, int y_cstride, NHWC_PARTS_PARAMS) {
+    const NhwcParts parts = NHWC_PARTS_ARGS;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x, pairs = cout / 2;
+    if (idx >= p_total * pairs) return;
+    const int p = idx / pairs, m = 2 * (idx - p * pairs);
+    int acc[2] = {0, 0};
+    for (int z = 0; z < splits; ++z) {
+        const int2 s = __ldg(reinterpret_cast<const int2*>(ws + ((size_t)z * p_total + p) * cout + m));
+        acc[0] += s.x;
+        acc[1] += s.y;
+    }
+    int q[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const float f = __fadd_rn(__fmul_rn(__int2float_rn(acc[e]), __ldg(bias + cout + m + e)), __ldg(bias + m + e));
+        q[e] = NhwcI8::quantize(m + e < parts.relu_end ? fmaxf(f, 0.f) : f, __ldg(bias + 2 * cout + m + e));
+    }
+    const NhwcParts::Column col = parts.column(y_cstride, m);
+    *reinterpret_cast<unsigned short*>(y + (col.base + p * col.cstride)) =
+        static_cast<unsigned short>((q[0] & 0xff) | (q[1] & 0xff) << 8);
+}
+#endif

@@ -45,6 +45,9 @@ struct alignas(16) uint4 {
 struct alignas(8) uint2 {
     unsigned x, y;
 };
+struct alignas(8) int2 {
+    int x, y;
+};
 template <class T>
 T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned u) {

@@ -2,7 +2,8 @@
 against int8_reference's integer semantics, element for element.
 
 - CPU, NumPy: the weight rows (params.direct_weights for the int8 tiles: int8_reference.quantize_weights in (r, s, c)
-  order, Cin padded to 16), the epilogue argument (params.int8_epilogue), the launch builder's refusal of split-K.
+  order, Cin padded to 16), the epilogue argument (params.int8_epilogue), split-K (int32 partial sums,
+  conv_nhwc_i8_splitk_reduce).
 - CPU, g++ fiber emulator (tests/cuda_emu, whose .s8 wgmma reads the operands through the ISA's 64-byte swizzle
   independently of the kernel), and the same tests on the GPU (marked gpu): every int8 tile on 1x1, 3x3 (padding 1),
   1x3, 3x1 and stride-2 convs of channel-slice views, and a fused conv whose three parts are stored at different
@@ -35,7 +36,7 @@ from test_conv_nhwc import Emulated, OnGpu
 PRECISION = "int8"
 TILES = NHWC_ELEMS[PRECISION].wgmma_tiles
 POISON = -128
-KERNELS = [f"{t.prefix}_{t.name}" for t in TILES]
+KERNELS = [f"{t.prefix}_{t.name}" for t in TILES] + ["conv_nhwc_i8_splitk_reduce"]
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +90,12 @@ def test_int8_epilogue_is_bias_scale_inv_out():
         int8_epilogue(np.zeros(2), np.zeros(3), np.zeros(2))
 
 
-def test_int8_needs_wgmma_and_has_no_split_k():
+def test_int8_needs_wgmma():
     with pytest.raises(EngineError, match="int8 runs on Hopper's wgmma tiles only"):
         check_nhwc_precision(PRECISION, False)
     check_nhwc_precision(PRECISION, True)
     assert not NHWC_ELEMS[PRECISION].mma_tiles and len(TILES) == 6
     assert all(t.bk == 64 for t in TILES)  # 64 int8 k a 64-byte row
-    op = ConvOp("c", View("x", 0, (1, 64, 4, 4), 0, 64), View("y", 0, (1, 32, 4, 4), 0, 32), (1, 1), 1, (0, 0))
-    with pytest.raises(AssertionError, match="do not split K"):
-        nhwc_conv_specs(op, ConvConfig(TILES[0], 2, 32, 0.0), 0, 64, 64, 0, 0, 0, 0, PRECISION)
 
 
 def test_ring_bytes_are_the_kernels(emu):
@@ -162,17 +160,22 @@ def out_scales_for(y: np.ndarray, parts: list[int]) -> np.ndarray:
 
 
 def launch(mem, op: ConvOp, tile: Tile, q: np.ndarray, w: np.ndarray, s_w: np.ndarray, epilogue: np.ndarray,
-           y: int) -> None:
+           y: int, splits: int = 1) -> None:
+    """The conv on `tile`; with splits > 1, K in that many slices (int32 partial sums in a -128-poisoned workspace,
+    then conv_nhwc_i8_splitk_reduce)."""
     k_total = op.src.channels * op.kernel[0] * op.kernel[1]
     x_ptr = put_i8(mem, q, op.src.c_total, op.src.c_offset)
     w8 = direct_weights(w, tile, s_w)
     w_ptr, b_ptr = mem.alloc(w8.nbytes), mem.alloc(epilogue.nbytes)
     mem.write(w_ptr, w8)
     mem.write(b_ptr, epilogue)
-    cfg = ConvConfig(tile, 1, math.ceil(k_total / tile.bk) * tile.bk, 0.0)
-    specs = nhwc_conv_specs(op, cfg, x_ptr + op.src.c_offset, op.src.c_total, op.src.channels, y, w_ptr, b_ptr, 0,
-                            PRECISION)
-    assert [s.kernel for s in specs] == [f"{tile.prefix}_{tile.name}"]
+    k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
+    assert math.ceil(k_total / k_split) == splits
+    ws = poisoned(mem, 4 * splits * op.dst.n * op.dst.h * op.dst.w * op.dst.channels) if splits > 1 else 0
+    specs = nhwc_conv_specs(op, ConvConfig(tile, splits, k_split, 0.0), x_ptr + op.src.c_offset, op.src.c_total,
+                            op.src.channels, y, w_ptr, b_ptr, ws, PRECISION)
+    want = [f"{tile.prefix}_{tile.name}"] + ["conv_nhwc_i8_splitk_reduce"] * (splits > 1)
+    assert [s.kernel for s in specs] == want
     mem.launch(specs)
 
 
@@ -211,6 +214,26 @@ def test_conv_equals_int8_reference(mem, case):
         assert (inside != POISON).all(), f"{tile.name}: {(inside == POISON).sum()} outputs not written"
         bad = inside != want
         assert not bad.any(), f"{tile.name}: {bad.sum()} of {bad.size} outputs differ from int8_reference"
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_split_k_sums_int32_exactly_then_requantizes(mem, splits):
+    """K in slices: int32 partial sums, summed exactly by the reduction, which writes what one slice would have."""
+    n, cin, cout, h, wd = 1, 64, 40, 6, 6
+    op = ConvOp("conv", View("x", 0, (n, cin, h, wd), 0, cin), View("y", 0, (n, 48, h, wd), 4, cout), (3, 3), 1,
+                (1, 1))
+    q, w, s_w, bias, s_x = conv_data(("split", splits), cin, cout, (n, cin, h, wd), (3, 3))
+    y_float = ref.conv_epilogue(ref.conv_int32(q, ref.quantize_weights(w, s_w), 1, (1, 1)), s_x, s_w, bias)
+    out_scales = out_scales_for(y_float, [cout])
+    want = reference(q, w, s_x, s_w, bias, 1, (1, 1), out_scales, cout)
+    epilogue = int8_epilogue(bias, np.float32(s_x) * s_w, np.float32(1) / out_scales)
+    for tile in (TILES[1], TILES[4]):
+        y = poisoned(mem, n * h * wd * 48)
+        launch(mem, op, tile, q, w, s_w, epilogue, y + 4, splits)
+        got = mem.read(y, (n, h, wd, 48), np.int8)
+        assert (got[..., :4] == POISON).all() and (got[..., 44:] == POISON).all()
+        inside = got[..., 4:44].transpose(0, 3, 1, 2)
+        assert (inside == want).all(), f"{tile.name}: {(inside != want).sum()} outputs differ"
 
 
 FUSED = [(24, 40, 8), (16, 16, 0), (12, 28, 12)]  # parts: (channels, buffer channels, channel offset)

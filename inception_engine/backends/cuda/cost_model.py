@@ -139,8 +139,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     run 1.5-3x faster than FFMA direct and the tensor-core kernels only 1.44x on the whole forward.
     nhwc: every conv on conv_nhwc_*.cu (tiles: a subset of the precision's NHWC_ELEMS tiles, with the wgmma ones if
     wgmma), no Winograd, except those that read the network's input (conv_input_nhwc.cu, ``input_tile``); the FC as
-    without nhwc. int8 (NHWC, wgmma only): no split-K, and the FC on fp32's tiles (TILES_OF: it reads float32
-    features)."""
+    without nhwc. int8 (NHWC, wgmma only): the FC on fp32's tiles (TILES_OF: it reads float32 features)."""
     if precision not in TILES_OF:
         raise EngineError(f"the cuda backend has no {precision!r} mode; choose one of {', '.join(PRECISIONS)}")
     if nhwc:
@@ -148,7 +147,6 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
     asked = tiles is not None  # a subset asked for (tuning, tune_tiles.py), else the model's own choice
     conv_tiles = tiles or (NHWC_ELEMS[precision].tiles(wgmma) if nhwc else TILES_OF[precision])
     tiles = TILES_OF[precision] if nhwc else conv_tiles
-    max_splits = 1 if precision == "int8" else MAX_SPLITS  # int8 sums are exact int32 in one K slice
     configs: dict[str, ConvConfig | None] = {}
     for op in plan.ops:
         if isinstance(op, ConvOp) and nhwc:
@@ -160,7 +158,7 @@ def choose_configs(plan: Plan, num_sms: int, fixup: bool = True, precision: str 
             configs[op.name] = conv_config(op.dst.n * op.dst.h * op.dst.w, op.dst.channels,
                                            op.src.channels * op.kernel[0] * op.kernel[1], num_sms, False,
                                            (input_tile(op, precision),) if reads_input else fit,
-                                           1 if reads_input else max_splits)
+                                           1 if reads_input else MAX_SPLITS)
         elif isinstance(op, ConvOp):
             if op.kernel not in KERNEL_SIZES:
                 raise EngineError(f"{op.name}: no CUDA kernel for a {op.kernel[0]}x{op.kernel[1]} convolution "

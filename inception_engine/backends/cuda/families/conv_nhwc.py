@@ -24,9 +24,6 @@ NHWC_CONV = Signature.of("P: x wr bias out", "i: batch cin h w x_cstride cout ho
                          "k_split") + NHWC_PARTS  # the parts: nhwc_parts
 NHWC_TMA = NHWC_CONV + Signature.of("P: maps")  # ... and the tensor maps' address (the TMA tiles)
 NHWC_REDUCE = Signature.of("P: ws bias y", "i: splits p_total cout y_cstride") + NHWC_PARTS
-# Element types whose convs never split K (int8: its epilogue requantizes the exact int32 sums of the whole K), so
-# without a split-K reduction; their launches take one slice (k_split >= K).
-NO_SPLIT_K = ("int8",)
 
 
 def nhwc_conv_source(kernel: str) -> str:
@@ -56,8 +53,9 @@ def entries() -> Iterator[KernelSpec]:
             if t.prefix in MAXPOOL_PREFIXES:
                 yield KernelSpec(f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}", "conv_nhwc_mma.cu", NHWC_CONV,
                                  t.threads)
-        if precision not in NO_SPLIT_K:
-            yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce", "conv_nhwc_mma.cu", NHWC_REDUCE, THREADS)
+        # int8's sums are int32 and its reduction requantizes: next to its tiles, in their unit
+        yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce",
+                         "conv_nhwc_wgmma.cu" if precision == "int8" else "conv_nhwc_mma.cu", NHWC_REDUCE, THREADS)
 
 
 KERNELS = registry(entries())
@@ -118,8 +116,6 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     y_cstride = writes(op)[0].c_total
     p_total, t, suffix = n * ho * wo, cfg.tile, NHWC_ELEMS[precision].suffix
     split = cfg.splits > 1
-    assert precision not in NO_SPLIT_K or (not split and cfg.k_split >= cin * op.kernel[0] * op.kernel[1]), \
-        f"{op.name}: {precision} convs do not split K"
     parts = dict(zip(NHWC_PARTS.names, nhwc_parts(op)))
     args = dict(x=x, wr=w, bias=b, out=ws if split else y, batch=n, cin=cin, h=h, w=wd, x_cstride=x_cstride,
                 cout=cout, ho=ho, wo=wo, y_cstride=y_cstride, kh=op.kernel[0], kw=op.kernel[1], stride=op.stride,
