@@ -34,6 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import arch
+from ..errors import WeightsError
 from ..weights import Weights, require_calibration
 from .numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d, walk_layers
 
@@ -152,6 +153,16 @@ def _layer(l: arch.Layer, weights: Weights, acts: dict[str, Act], calib: dict, s
     return (_as_float(acts[l.src]) @ w.T + b).astype(np.float32), None
 
 
+def _check_scales(layers: list[arch.Layer], calib: dict, float_layers: frozenset[str]) -> None:
+    """Every conv run in int8 has its weight and input scales: a calibration from a quantized ONNX may lack the
+    stem's (weights.QDQ_STEM), which then runs in float only (one WeightsError line)."""
+    for l in layers:
+        if isinstance(l, arch.Conv) and l.name not in float_layers and (
+                l.name not in calib["weight_scales"] or l.src not in calib["activation_scales"]):
+            raise WeightsError(f"the 8-bit calibration ({calib['method']}) has no scales for {l.name} (the quantized "
+                               f"ONNX's do not apply to it): it runs in float only")
+
+
 def forward_int8(weights: Weights, x: np.ndarray, float_layers: frozenset[str] = DEFAULT_FLOAT_LAYERS,
                  visit: Callable[[str, np.ndarray, float | None], None] | None = None) -> np.ndarray:
     """Logits (N, classes) float32 of the 8-bit network on normalised images ``x`` (N, 3, H, W). ``visit(name,
@@ -159,6 +170,7 @@ def forward_int8(weights: Weights, x: np.ndarray, float_layers: frozenset[str] =
     checks of a kernel. Refuses (WeightsError, one line) weights without calibration."""
     calib = require_calibration(weights)
     layers = weights.layers()
+    _check_scales(layers, calib, float_layers)
     store = storage_scales(layers, calib["activation_scales"])
     srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
     last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}
