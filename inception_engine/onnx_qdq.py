@@ -222,7 +222,7 @@ def strip(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, Scales]
     done: set[int] = set()
     for i, dqs in _pairs(r, {o.name for o in model.graph.output}):
         s, axis = r.check(i, (TensorProto.INT8,))
-        x = r.nodes[i].input[0]
+        x = rename.get(r.nodes[i].input[0], r.nodes[i].input[0])  # a pair on a pair's output: the same tensor
         weight = r.proto(x)
         q = None
         if weight is not None:  # ModelOpt: a float weight, quantized with the given scale as ONNX does

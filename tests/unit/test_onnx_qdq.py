@@ -247,3 +247,42 @@ def test_calibrate_refuses_an_already_quantized_file(qdq, tmp_path):
     with pytest.raises(EngineError, match="already quantized"):
         convert_calibrated(tmp_path / "q.onnx", tmp_path / "w.npz", False, tmp_path / "imgs", 1)
     assert not (tmp_path / "w.npz").exists()
+
+
+def test_float_weights_quantized_in_the_file_as_modelopt_writes_them(qdq, converted, tmp_path):
+    """ModelOpt's layout: float weights -> QuantizeLinear -> DequantizeLinear. The onnxruntime file rewritten so,
+    its weights moved off their int8 grid by up to 0.4 of a step (the file's QuantizeLinear rounds them back), and
+    one conv given a single per-tensor scale: the same arrays and scales, that one's repeated per channel."""
+    model = onnx.load(str(qdq))
+    init = initializers(model)
+    rng = np.random.default_rng(0)
+    per_tensor = [n for n in synthetic_onnx_model().graph.node if n.op_type == "Conv"][1].input[1]  # Conv2d_2a_3x3
+    nodes, inits = [], []
+    for n in model.graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized") and init[n.input[0]].ndim == 4:
+            q, s = init[n.input[0]], init[n.input[1]]
+            w = (q + rng.uniform(-0.4, 0.4, q.shape)) * s.reshape(-1, 1, 1, 1)
+            name = n.input[0].removesuffix("_quantized")
+            if name == per_tensor:
+                s = np.float32(s.max())
+                n.input[1], n.input[2] = name + "_tensor_scale", name + "_tensor_zero_point"
+                inits += [numpy_helper.from_array(s, n.input[1]), numpy_helper.from_array(np.int8(0), n.input[2])]
+            inits.append(numpy_helper.from_array(w.astype(np.float32), name + "_float"))
+            nodes.append(helper.make_node("QuantizeLinear", [name + "_float", *n.input[1:]], [n.input[0] + "_q"],
+                                          axis=0))
+            n.input[0] = n.input[0] + "_q"
+        nodes.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(inits)
+    onnx.save(declared(model, arch.INPUT_SIZE), str(tmp_path / "modelopt.onnx"))
+    got = load_weights(convert(tmp_path / "modelopt.onnx", tmp_path / "w.npz"))
+    want = converted.manifest["provenance"]["calibration"]
+    calib = got.manifest["provenance"]["calibration"]
+    assert calib["activation_scales"] == want["activation_scales"]
+    s = calib["weight_scales"].pop("Conv2d_2a_3x3")
+    assert s == [max(want["weight_scales"].pop("Conv2d_2a_3x3"))] * 32
+    assert calib["weight_scales"] == want["weight_scales"]
+    for k, a in got.arrays.items():
+        if k != "Conv2d_2a_3x3.weight":
+            np.testing.assert_array_equal(a, converted.arrays[k], err_msg=k)
