@@ -13,6 +13,10 @@ the 94 convolutions (BatchNorm folded in) and the classifier as canonical arrays
    which has no padding, so the fold is exact: w'[o,c] = w[o,c] * a_c, b'[o] = b[o] + sum_{c,i,j} w[o,c,i,j] * t_c.
 5. Every folded array must be finite and within float32's range (a BatchNorm variance + epsilon must be
    positive); the weight file never holds a value onnxruntime would not compute.
+
+An already-quantized model (QuantizeLinear/DequantizeLinear pairs) is first stripped to its float graph, then matched
+as above; its scales become the weight file's 8-bit calibration (onnx_qdq.py, which refuses what the scheme cannot
+run exactly). The QOperator format is refused by name.
 """
 
 from __future__ import annotations

@@ -162,7 +162,8 @@ class _Reader:
     def _type_message(t: int) -> str:
         name = TensorProto.DataType.Name(t) if t in TensorProto.DataType.values() else str(t)
         if t == TensorProto.UINT8:
-            return f"uint8 quantization (onnxruntime's default QUInt8 activations, asymmetric); {REQUANTIZE}"
+            return (f"uint8 quantization (asymmetric, as onnxruntime's default QUInt8 activations), where the 8-bit "
+                    f"scheme is symmetric int8; {REQUANTIZE}")
         if t in FP8_TYPES:
             return f"FP8 QDQ ({name}) is not supported, the 8-bit scheme is int8; {REQUANTIZE}"
         if t in INT4_TYPES:

@@ -6,7 +6,8 @@ Numbers (weights.calibration holds the scales; the calibration command, calibrat
   half to even (np.rint; the GPU's cvt.rni), saturate symmetrically. -128 is never used, so that negating a value
   never overflows and the range is the same on both sides of zero, as a symmetric scale assumes (TensorRT's
   convention; Wu et al. 2020, "Integer Quantization for Deep Learning Inference", sec. 3.1).
-- Weights: per output channel, ``s_w[o] = max|w[o]| / 127`` and ``w_q = clip(rint(w / s_w), -127, 127)``.
+- Weights: per output channel, the calibration record's ``s_w[o]`` (the calibration command's ``max|w[o]| / 127``;
+  an already-quantized ONNX's own, onnx_qdq.py), and ``w_q = clip(rint(w / s_w), -127, 127)``.
 - A convolution is int8 x int8 -> int32: zero padding is the integer 0, and the sums are exact. They are computed
   with float64 GEMMs: every product is at most 127^2 and every partial sum at most 127^2 * C*kh*kw < 2^31 < 2^53,
   so every float64 partial sum is an exact integer in any order of summation (checked per layer, ACC_LIMIT).
