@@ -458,8 +458,8 @@ def calibration(g: Graph, scales: Scales, layers: list[arch.Layer], tensors: dic
     ``tensors`` the converter's match (arch tensor -> value), ``affine`` whether an input preprocessing was folded
     into the stem. Refuses (module doc) a Q/DQ the scheme cannot honour."""
     found = _Found(g, scales)
+    ws = _weight_scales(found, layers, tensors, affine)  # first: a BatchNorm after a conv says why its scales part
     act = _activation_scales(found, layers, tensors, affine)
-    ws = _weight_scales(found, layers, tensors, affine)
     pooled = next(l.src for l in layers if isinstance(l, arch.GlobalAvgPool))
     body = _ancestors(g, tensors[pooled]) - _ancestors(g, tensors[arch.INPUT])
     for rv, (s, i) in found.at.items():  # the head, the aux classifier and the preprocessing run in float

@@ -286,3 +286,19 @@ def test_float_weights_quantized_in_the_file_as_modelopt_writes_them(qdq, conver
     for k, a in got.arrays.items():
         if k != "Conv2d_2a_3x3.weight":
             np.testing.assert_array_equal(a, converted.arrays[k], err_msg=k)
+
+
+def test_refuses_a_batchnorm_after_a_quantized_conv(qdq, tmp_path):
+    """A dynamo export quantized as is: BatchNormalization nodes after the convs, which move the int8 weights off
+    their grid (one inserted after Conv2d_2a_3x3 here)."""
+    model = onnx.load(str(qdq))
+    conv = [n for n in synthetic_onnx_model().graph.node if n.op_type == "Conv"][1]
+    node = next(n for n in model.graph.node if n.op_type == "Conv" and n.output[0] == conv.output[0])
+    node.output[0] = conv.output[0] + "_conv"
+    params = [conv.output[0] + k for k in ("_gamma", "_beta", "_mean", "_var")]
+    model.graph.initializer.extend(numpy_helper.from_array(np.full(32, v, np.float32), n)
+                                   for n, v in zip(params, (2.0, 0.0, 0.0, 1.0)))
+    at = list(model.graph.node).index(node) + 1
+    model.graph.node.insert(at, helper.make_node("BatchNormalization", [node.output[0], *params], [conv.output[0]]))
+    refused(model, tmp_path, "Conv2d_2a_3x3's quantized weight is followed by a BatchNormalization",
+            "quant_pre_process")
