@@ -100,9 +100,10 @@ class _Reader:
         self.protos: dict[str, TensorProto] = {t.name: t for t in model.graph.initializer}
         self.identity: dict[str, str] = {}
         for n in self.nodes:
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
+            if (n.op_type == "Constant" and n.output and n.attribute
+                    and n.attribute[0].type == onnx.AttributeProto.TENSOR):
                 self.protos[n.output[0]] = n.attribute[0].t
-            elif n.op_type == "Identity" and n.domain in ("", "ai.onnx"):
+            elif n.op_type == "Identity" and n.domain in ("", "ai.onnx") and n.input and n.output:
                 self.identity[n.output[0]] = n.input[0]
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
@@ -150,6 +151,9 @@ class _Reader:
         if self.proto(n.input[1]) is None:
             raise self.fail(i, "the scale is computed at run time, expected a constant")
         s = self.array(n.input[1], i)
+        if len(n.input) > 2 and n.input[2] and self.array(n.input[2], i).shape != s.shape:
+            raise self.fail(i, f"a zero point of shape {list(self.array(n.input[2], i).shape)} for a scale of shape "
+                               f"{list(s.shape)} (onnxruntime refuses it; damaged file?)")
         if s.ndim > 1 or not np.issubdtype(s.dtype, np.floating):
             raise self.fail(i, f"a scale of shape {list(s.shape)} and type {s.dtype}: expected one float per tensor "
                                f"or per channel; {REQUANTIZE}")
@@ -217,6 +221,9 @@ def strip(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, Scales]
     """The float graph of a QDQ model (module doc, 1) and the scales its Q/DQ nodes held."""
     refuse_qoperator(model, source)
     r = _Reader(model, source)
+    for i, n in enumerate(r.nodes):  # inputs and outputs as the schema has them, before any is looked at
+        if n.op_type in QDQ_OPS:
+            check_schema(lambda msg, j: r.fail(j, msg), i, n, r.opset)
     scales = Scales(f"{model.producer_name} {model.producer_version}".strip()[:200] or "unknown", source, r.nodes)
     rename: dict[str, str] = {}  # DequantizeLinear output -> the float value it stands for
     folded: dict[str, np.ndarray] = {}  # DequantizeLinear output -> the float constant it computes
@@ -228,6 +235,8 @@ def strip(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, Scales]
         q = None
         if weight is not None:  # ModelOpt: a float weight, quantized with the given scale as ONNX does
             w = r.array(x, i).astype(np.float32)
+            if not np.all(np.isfinite(w)):
+                raise r.fail(i, f"the weight '{x}' contains NaN or Inf (corrupt file?)")
             if s.ndim == 1 and not (w.ndim and -w.ndim <= axis < w.ndim and w.shape[axis] == s.size):
                 raise r.fail(i, f"{s.size} scales along axis {axis} of a weight of shape {list(w.shape)}")
             q = np.clip(np.rint(w / _along(s, axis, w.ndim)), -128, 127).astype(np.int8)
