@@ -10,7 +10,8 @@ array to its name, so two arrays swapped together with their checksums are found
 
 Provenance: ``provenance`` ({"kind": "torchvision" | "fid" | "synthetic" | "other", "source_sha256": the ONNX
 file's SHA-256 or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null, room
-for one: calibrate.py's record, CALIBRATION_KEYS, checked by check_calibration}) and
+for one: calibrate.py's record, or an already-quantized ONNX's scales (onnx_qdq.py, method "qdq:<producer>"),
+CALIBRATION_KEYS, checked by check_calibration}) and
 ``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or
 transplanted record is refused. A file converted before provenance was kept has neither; it loads, its kind "unknown".
 
