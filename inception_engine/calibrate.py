@@ -143,6 +143,9 @@ def convert_calibrated(model: str | Path, target: Path, overwrite: bool, directo
     calibration_images(directory, count)
     out = convert(model, target, overwrite=overwrite)
     try:
+        if (load_weight_file(out).manifest.get("provenance") or {}).get("calibration") is not None:
+            raise EngineError(f"{model} is already quantized (QuantizeLinear/DequantizeLinear): its own scales are "
+                              f"its 8-bit calibration; convert it without --calibrate")
         calibrate_file(out, directory, count)
     except BaseException:
         out.unlink(missing_ok=True)

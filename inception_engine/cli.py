@@ -345,8 +345,9 @@ def convert_or_synthesize(model: str | None, output: str | None, force: bool, sy
                "inception-run finds it there" if out.resolve() in default_places() or env else
                f"use it with inception-run --weights {out}")
         calibration = (m.get("provenance") or {}).get("calibration")
-        calibrated = (f", 8-bit scales from {plural(int(calibration['images']), 'image')} of "
-                      f"{ctx.params['calibrate']}" if calibration else "")
+        calibrated = ("" if not calibration else f", 8-bit scales of its QDQ nodes ({calibration['method']})"
+                      if calibration["images"] is None else f", 8-bit scales from "
+                      f"{plural(int(calibration['images']), 'image')} of {ctx.params['calibrate']}")
         click.echo(f"wrote {out} ({model_id.describe()}, from {Path(model).name}, exporter "
                    f"{m.get('exporter', '?')}, opset {m.get('opset', '?')}{calibrated}); {use}")
         return

@@ -13,6 +13,10 @@ the 94 convolutions (BatchNorm folded in) and the classifier as canonical arrays
    which has no padding, so the fold is exact: w'[o,c] = w[o,c] * a_c, b'[o] = b[o] + sum_{c,i,j} w[o,c,i,j] * t_c.
 5. Every folded array must be finite and within float32's range (a BatchNorm variance + epsilon must be
    positive); the weight file never holds a value onnxruntime would not compute.
+
+An already-quantized model (QuantizeLinear/DequantizeLinear pairs) is first stripped to its float graph, then matched
+as above; its scales become the weight file's 8-bit calibration (onnx_qdq.py, which refuses what the scheme cannot
+run exactly). The QOperator format is refused by name.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from . import arch
+from . import arch, onnx_qdq
 from .errors import ConversionError
 from .onnx_read import (PREPROCESSING_OPS, Graph, evaluate, load_external_data, load_onnx, node_attrs, node_axes,
                         normalise)
@@ -363,8 +367,6 @@ def _input_affine(g: Graph, value: str) -> tuple[np.ndarray, np.ndarray]:
 
 # --- the public API ----------------------------------------------------------------------------------------------
 
-QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger")
-
 
 def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     """Canonical float32 arrays and the manifest for an Inception-V3 export. External data still referenced by
@@ -378,10 +380,10 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
             model = inliner.inline_local_functions(model)
         except Exception as e:  # the inliner's own error says what is wrong with the function
             raise ConversionError(f"{source}: cannot inline the model's local functions ({e})") from None
-    quantized = next((n.op_type for n in model.graph.node if n.op_type in QUANTIZED_OPS), None)
-    if quantized:  # issue 49's QDQ reading is not there yet: refused by name, never matched as something else
-        raise ConversionError(f"{source}: an already-quantized ONNX ({quantized} nodes) is not read yet; convert the "
-                              f"float export and add 8-bit scales with --calibrate IMAGE_DIR")
+    qdq = None  # an already-quantized model: its float graph, matched as any other, and its scales (onnx_qdq.py)
+    onnx_qdq.refuse_qoperator(model, str(source))
+    if any(n.op_type in onnx_qdq.QDQ_OPS for n in model.graph.node):
+        model, qdq = onnx_qdq.strip(model, str(source))
     g = normalise(model, str(source))
     outputs = [o.name for o in model.graph.output]
     if not outputs:
@@ -411,6 +413,8 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
             arrays[first + ".weight"], arrays[first + ".bias"], scale, shift)
         affine = {"scale": [float(s) for s in scale], "shift": [float(t) for t in shift]}
 
+    calibration = None if qdq is None else onnx_qdq.calibration(
+        g, qdq, arch.inception_v3(match.count_include_pad, network), match.tensors, affine is not None)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     inp = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "size": arch.INPUT_SIZE, "resize": RESIZE,
            "transform_input": affine is not None}
@@ -434,7 +438,7 @@ def convert_model(model: onnx.ModelProto, source_path: str | Path) -> tuple[dict
         "provenance": {"kind": provenance_kind(model, network), "source_sha256": source_sha256,
                        "source_name": source.name,
                        "producer": f"{model.producer_name} {model.producer_version}".strip()[:200] or None,
-                       "calibration": None},
+                       "calibration": calibration},
     }
     _check_range(arrays, source)
     return {k: v.astype(np.float32) for k, v in arrays.items()}, manifest

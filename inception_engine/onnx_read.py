@@ -249,7 +249,7 @@ def _not_understood(source: str, nodes: Sequence[onnx.NodeProto], msg: str, node
     return ConversionError(f"{source}: not an Inception-V3 export this converter understands: {where}{msg}")
 
 
-def _check_schema(fail: Callable[[str, int], ConversionError], i: int, node: onnx.NodeProto, opset: int) -> None:
+def check_schema(fail: Callable[[str, int], ConversionError], i: int, node: onnx.NodeProto, opset: int) -> None:
     """The node is what its ONNX schema allows, as onnxruntime checks it before running anything: a known
     operator of the opset, its number of inputs and outputs, and only the attributes it defines, each once, of
     its type, the required ones present. (A misspelt attribute is an error, never silently a default.)"""
@@ -285,7 +285,7 @@ def normalise(model: onnx.ModelProto, source: str) -> Graph:
     opset = _default_opset(model, source)
     for i, node in enumerate(g.node):  # before any tensor is read: cheap, and what onnxruntime checks first
         if node.domain in ("", "ai.onnx"):
-            _check_schema(lambda msg, i: _not_understood(source, g.node, msg, i), i, node, opset)
+            check_schema(lambda msg, i: _not_understood(source, g.node, msg, i), i, node, opset)
     consts: dict[str, np.ndarray] = {}
     for t in g.initializer:
         if t.name in consts:

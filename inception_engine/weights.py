@@ -10,7 +10,8 @@ array to its name, so two arrays swapped together with their checksums are found
 
 Provenance: ``provenance`` ({"kind": "torchvision" | "fid" | "synthetic" | "other", "source_sha256": the ONNX
 file's SHA-256 or null, "source_name", "producer": the ONNX producer's name and version, "calibration": null, room
-for one: calibrate.py's record, CALIBRATION_KEYS, checked by check_calibration}) and
+for one: calibrate.py's record, or an already-quantized ONNX's scales (onnx_qdq.py, method "qdq:<producer>"),
+CALIBRATION_KEYS, checked by check_calibration}) and
 ``provenance_sha256``, a SHA-256 of its canonical JSON and the arrays' checksums: an edited or
 transplanted record is refused. A file converted before provenance was kept has neither; it loads, its kind "unknown".
 
@@ -78,6 +79,11 @@ CALIBRATE = "inception-convert-weights MODEL.onnx --calibrate IMAGE_DIR"
 # and the scales: per tensor (arch names, "image" the input) and per conv output channel (backends/int8_reference)
 CALIBRATION_KEYS = ("method", "parameter", "images", "images_sha256", "activation_scales", "weight_scales")
 CALIBRATION_METHODS = ("percentile",)
+# calibration from an already-quantized ONNX (onnx_qdq.py): method "qdq:<producer>", no parameter or images (the
+# source file's digest is the provenance's); the stem's input and weight scales are absent where the file's do not
+# apply (the stem then runs in float, as int8_reference.DEFAULT_FLOAT_LAYERS has it)
+QDQ_METHOD = "qdq:"
+QDQ_STEM = arch.conv_layers()[0].name
 
 
 @dataclass
@@ -182,24 +188,30 @@ def check_calibration(calib: Any, manifest: dict[str, Any]) -> None:
     if not isinstance(calib, dict) or set(calib) != set(CALIBRATION_KEYS):
         raise WeightsError(f"the manifest's calibration record is not an object of {', '.join(CALIBRATION_KEYS)}; "
                            f"calibrate again with {CALIBRATE}")
-    if calib["method"] not in CALIBRATION_METHODS or not _positive(calib["parameter"]):
+    qdq = isinstance(calib["method"], str) and calib["method"].startswith(QDQ_METHOD)
+    if qdq:
+        if any(calib[k] is not None for k in ("parameter", "images", "images_sha256")):
+            raise WeightsError("the manifest's calibration from a quantized ONNX has a parameter or images")
+    elif calib["method"] not in CALIBRATION_METHODS or not _positive(calib["parameter"]):
         raise WeightsError(f"the manifest's calibration method {calib['method']!r:.40} ({calib['parameter']!r:.40})"
                            f" is not one of {', '.join(CALIBRATION_METHODS)} with a positive parameter")
-    if not (_is_int(calib["images"]) and calib["images"] > 0 and isinstance(calib["images_sha256"], str)):
+    elif not (_is_int(calib["images"]) and calib["images"] > 0 and isinstance(calib["images_sha256"], str)):
         raise WeightsError("the manifest's calibration lacks its image count or digest")
     act, ws = calib["activation_scales"], calib["weight_scales"]
     if not (isinstance(act, dict) and all(_positive(v) for v in act.values())):
         raise WeightsError("the manifest's calibration activation scales are not positive numbers by tensor")
     shapes = network_shapes(manifest)
     convs = {k[:-len(".weight")]: s[0] for k, s in shapes.items() if k.endswith(".weight") and len(s) == 4}
-    if not isinstance(ws, dict) or set(ws) != set(convs) or not all(
-            isinstance(ws[k], list) and len(ws[k]) == n and all(_positive(v) for v in ws[k]) for k, n in convs.items()):
+    needed = set(convs) - ({QDQ_STEM} if qdq else set())  # a quantized ONNX's stem may have none that apply
+    if not isinstance(ws, dict) or not needed <= set(ws) <= set(convs) or not all(
+            isinstance(ws[k], list) and len(ws[k]) == convs[k] and all(_positive(v) for v in ws[k]) for k in ws):
         raise WeightsError("the manifest's calibration weight scales are not one positive number per output channel "
                            "of every conv")
     tensors = {arch.INPUT} | {l.name for l in arch.inception_v3(network=manifest.get("network", "torchvision"))
                               if isinstance(l, arch.Conv | arch.Pool | arch.Concat)}
-    if not set(act) >= tensors:
-        raise WeightsError(f"the manifest's calibration lacks the activation scale of {min(tensors - set(act))}")
+    lacking = tensors - set(act) - ({arch.INPUT} if qdq else set())
+    if lacking:
+        raise WeightsError(f"the manifest's calibration lacks the activation scale of {min(lacking)}")
 
 
 def require_calibration(weights: Weights) -> dict[str, Any]:

@@ -6,7 +6,8 @@ Numbers (weights.calibration holds the scales; the calibration command, calibrat
   half to even (np.rint; the GPU's cvt.rni), saturate symmetrically. -128 is never used, so that negating a value
   never overflows and the range is the same on both sides of zero, as a symmetric scale assumes (TensorRT's
   convention; Wu et al. 2020, "Integer Quantization for Deep Learning Inference", sec. 3.1).
-- Weights: per output channel, ``s_w[o] = max|w[o]| / 127`` and ``w_q = clip(rint(w / s_w), -127, 127)``.
+- Weights: per output channel, the calibration record's ``s_w[o]`` (the calibration command's ``max|w[o]| / 127``;
+  an already-quantized ONNX's own, onnx_qdq.py), and ``w_q = clip(rint(w / s_w), -127, 127)``.
 - A convolution is int8 x int8 -> int32: zero padding is the integer 0, and the sums are exact. They are computed
   with float64 GEMMs: every product is at most 127^2 and every partial sum at most 127^2 * C*kh*kw < 2^31 < 2^53,
   so every float64 partial sum is an exact integer in any order of summation (checked per layer, ACC_LIMIT).
@@ -34,6 +35,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import arch
+from ..errors import WeightsError
 from ..weights import Weights, require_calibration
 from .numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d, walk_layers
 
@@ -152,6 +154,16 @@ def _layer(l: arch.Layer, weights: Weights, acts: dict[str, Act], calib: dict, s
     return (_as_float(acts[l.src]) @ w.T + b).astype(np.float32), None
 
 
+def _check_scales(layers: list[arch.Layer], calib: dict, float_layers: frozenset[str]) -> None:
+    """Every conv run in int8 has its weight and input scales: a calibration from a quantized ONNX may lack the
+    stem's (weights.QDQ_STEM), which then runs in float only (one WeightsError line)."""
+    for l in layers:
+        if isinstance(l, arch.Conv) and l.name not in float_layers and (
+                l.name not in calib["weight_scales"] or l.src not in calib["activation_scales"]):
+            raise WeightsError(f"the 8-bit calibration ({calib['method']}) has no scales for {l.name} (the quantized "
+                               f"ONNX's do not apply to it): it runs in float only")
+
+
 def forward_int8(weights: Weights, x: np.ndarray, float_layers: frozenset[str] = DEFAULT_FLOAT_LAYERS,
                  visit: Callable[[str, np.ndarray, float | None], None] | None = None) -> np.ndarray:
     """Logits (N, classes) float32 of the 8-bit network on normalised images ``x`` (N, 3, H, W). ``visit(name,
@@ -159,6 +171,7 @@ def forward_int8(weights: Weights, x: np.ndarray, float_layers: frozenset[str] =
     checks of a kernel. Refuses (WeightsError, one line) weights without calibration."""
     calib = require_calibration(weights)
     layers = weights.layers()
+    _check_scales(layers, calib, float_layers)
     store = storage_scales(layers, calib["activation_scales"])
     srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
     last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}

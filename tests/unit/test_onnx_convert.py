@@ -326,9 +326,10 @@ def test_refuses_missing_relu(model, tmp_path):
     refused(model, tmp_path, "Conv2d_2a_3x3 (Conv + ReLU) expects Relu, found Conv")
 
 
-def test_refuses_an_already_quantized_model_by_name(model, tmp_path):
+def test_refuses_a_dequantize_of_what_no_quantize_made(model, tmp_path):
+    """A DequantizeLinear of a run-time tensor must read a QuantizeLinear (QDQ pairs; test_onnx_qdq.py)."""
     next(n for n in model.graph.node if n.op_type == "Relu").op_type = "DequantizeLinear"
-    refused(model, tmp_path, "an already-quantized ONNX (DequantizeLinear nodes) is not read yet")
+    refused(model, tmp_path, "(DequantizeLinear", "which is neither a constant nor a QuantizeLinear's output")
 
 
 def test_refuses_other_activation(model, tmp_path):
