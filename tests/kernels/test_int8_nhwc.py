@@ -41,7 +41,8 @@ from inception_engine.plan import ConvOp, GlobalAvgPoolOp, PoolOp, View
 
 from helpers.mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rng_for
 
-KERNELS = ("pool2d_nhwc_i8", "global_avg_pool_nhwc_i8", "conv_input_nhwc_i8")
+KERNELS = ("pool2d_nhwc_i8", "pool2d_nhwc_i8_k3s1", "pool2d_nhwc_i8_k3s2", "global_avg_pool_nhwc_i8",
+           "conv_input_nhwc_i8")
 POISON = 0x80  # int8 -128: never written by an int8 kernel
 C_TYPE = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
 
@@ -49,16 +50,22 @@ C_TYPE = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
 # --- CPU, NumPy ----------------------------------------------------------------------------------------------------
 
 
+MEAN_SMALL_MAX = 9  # i8_piece.cuh's i8q::MEAN_SMALL_MAX: the counts whose mean multiplies by the reciprocal
+
+
 def test_float32_division_rounds_every_window_mean_as_float64_does():
     """rint(float32(s) / float32(c)) == rint(s / c) in float64 for every |s| <= 127 c, c = 1..25 (the 5x5 pools'
-    windows too); float32(s) * float32(1 / c) misses some (count 14), so the kernel divides."""
-    wrong_by_reciprocal = 0
+    windows too); float32(s) * float32(1 / c) rounds all of them the same for c <= 9 (i8q::mean_small, the 3x3
+    pools' counts) but misses some for c = 14, so larger counts divide."""
+    wrong_by_reciprocal = {}
     for c in range(1, 26):
         s = np.arange(-127 * c, 127 * c + 1)
         want = np.rint(s / c)
         np.testing.assert_array_equal(np.rint(s.astype(np.float32) / np.float32(c)), want, err_msg=f"count {c}")
-        wrong_by_reciprocal += int((np.rint(s.astype(np.float32) * (np.float32(1) / np.float32(c))) != want).sum())
-    assert wrong_by_reciprocal > 0
+        by_reciprocal = np.rint(s.astype(np.float32) * (np.float32(1) / np.float32(c)))
+        wrong_by_reciprocal[c] = int((by_reciprocal != want).sum())
+    assert all(wrong_by_reciprocal[c] == 0 for c in range(1, MEAN_SMALL_MAX + 1)), wrong_by_reciprocal
+    assert wrong_by_reciprocal[14] > 0
 
 
 def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -205,6 +212,16 @@ POOL_CASES = [  # kind, kernel, stride, pad, count_include_pad, h, w, (s_in, s_o
     ("avg", 3, 1, 1, True, 7, 7, (0.04, 0.013)),  # ratio > 3: saturates at +-127
     ("max", 2, 2, 0, True, 9, 8, (1.0, 1.0)), ("avg", 5, 1, 2, False, 9, 8, (1.0, 1.0)),
     ("avg", 2, 2, 0, True, 8, 6, (0.1, 0.1)),  # counts of 4: many half-integer means
+    # pool2d_nhwc_i8_k3s<S>'s runs of 4 outputs a thread: rows of 1, 2, 3, 5, 6, 7, 9 outputs (a short last run),
+    # a 1-pixel-wide image, pads that leave whole columns outside, the network's shapes (35 -> 35, 147 -> 73)
+    ("avg", 3, 1, 1, False, 3, 1, (1.0, 1.0)), ("avg", 3, 1, 1, True, 4, 2, (1.0, 1.0)),
+    ("avg", 3, 1, 1, False, 5, 3, (0.05, 0.07)), ("avg", 3, 1, 1, False, 7, 6, (1.0, 1.0)),
+    ("avg", 3, 1, 1, True, 5, 7, (0.02, 0.05)), ("avg", 3, 1, 1, False, 11, 9, (1.0, 1.0)),
+    ("avg", 3, 1, 0, True, 6, 11, (1.0, 1.0)), ("avg", 3, 1, 2, False, 6, 7, (1.0, 1.0)),
+    ("avg", 3, 1, 1, False, 35, 35, (0.05, 0.04)), ("max", 3, 2, 0, True, 17, 17, (1.0, 1.0)),
+    ("max", 3, 2, 0, True, 15, 19, (0.05, 0.07)), ("max", 3, 2, 1, True, 9, 12, (1.0, 1.0)),
+    ("max", 3, 1, 1, True, 5, 3, (1.0, 1.0)), ("max", 3, 2, 0, True, 3, 3, (1.0, 1.0)),
+    ("avg", 3, 2, 1, False, 9, 13, (1.0, 1.0)), ("max", 3, 2, 0, True, 147, 31, (1.0, 1.0)),
 ]
 
 
@@ -224,7 +241,8 @@ def test_pool_i8(mem, case):
     x_ptr = put_i8(mem, q, src.c_total, src.c_offset)
     y_ptr = mem.alloc(math.prod(dst.shape), POISON)
     spec = nhwc_pool_spec(op, 0, "int8", ratio=requant_ratio(s_in, s_out))
-    assert spec.kernel == "pool2d_nhwc_i8" and spec.args[0] == src.c_offset and spec.args[1] == dst.c_offset
+    want_kernel = f"pool2d_nhwc_i8_k3s{stride}" if kernel == 3 and stride in (1, 2) else "pool2d_nhwc_i8"
+    assert spec.kernel == want_kernel and spec.args[0] == src.c_offset and spec.args[1] == dst.c_offset
     mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, spec.block,
                           (x_ptr + src.c_offset, y_ptr + dst.c_offset) + spec.args[2:]))
     got = get_i8(mem, y_ptr, dst.shape, dst.c_offset, c)
@@ -247,8 +265,9 @@ def test_pool_i8_poison_catches_an_unwritten_piece(mem):
     x_ptr = put_i8(mem, np.zeros((n, c, h, w), np.int8), c, 0)
     y_ptr = mem.alloc(math.prod(dst.shape), POISON)
     spec = nhwc_pool_spec(op, 0, "int8")
-    assert spec.grid[0] == 1  # 256 pixels, a thread each: one block; launch none of it but half
-    mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, (128, 1, 1), (x_ptr, y_ptr) + spec.args[2:]))
+    # 16 rows of 4 runs of 4 pixels, a thread a run: 64 threads, one block; launch none of it but half (8 rows)
+    assert spec.kernel == "pool2d_nhwc_i8_k3s1" and spec.grid[0] == 1
+    mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, (32, 1, 1), (x_ptr, y_ptr) + spec.args[2:]))
     with pytest.raises(AssertionError, match="2048 output elements not written"):
         get_i8(mem, y_ptr, dst.shape, 0, c)
 
