@@ -10,9 +10,10 @@
 //   is not the same in general: with count 14 it misses 78 of the half-integer quotients in range (-1771 / 14 =
 //   -126.5 among them), which then round to the wrong neighbour. For counts 1..9 (every 3x3 window) the product
 //   rounds every |sum| <= 127 count to the same integer (mean_small; tests/kernels/test_int8_nhwc.py checks all of
-//   them), and costs one multiply where the division costs a dozen instructions. The division rounds right: |sum| <= 127 * count < 2^12 and
-//   count <= 25, so a quotient that is not a half-integer is at least 1 / (2 count) >= 2^-6 away from one, far more
-//   than float32's half ulp there (<= 2^-13); a half-integer quotient is representable and stays one.
+//   them), and costs one multiply where the division costs a dozen instructions. The division rounds right:
+//   |sum| <= 127 * count < 2^12 and count <= 25, so a quotient that is not a half-integer is at least
+//   1 / (2 count) >= 2^-6 away from one, far more than float32's half ulp there (<= 2^-13); a half-integer quotient
+//   is representable and stays one.
 // The CPU emulator (tests/cuda_emu) compiles this with g++: the host branches are the same operations in IEEE
 // float32 (default rounding mode: to nearest, ties to even).
 #pragma once

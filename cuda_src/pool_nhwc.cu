@@ -22,7 +22,9 @@
 // pieces. Views as in conv_nhwc.cuh: x, y point at the view's first channel of pixel 0; pixel i starts i * *_cstride
 // elements later. Channel counts, strides and view offsets are multiples of the piece.
 //
-// Launch: pool2d_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256).
+// Launch: pool2d_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256);
+//         pool2d_nhwc_i8_k3s1, _k3s2 (3x3 windows only): block 256,
+//         grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/16 / 256).
 //         global_avg_pool_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
 #include "i8_piece.cuh"
