@@ -1,11 +1,14 @@
-"""The int8 NHWC kernels that are not convolutions (``--precision int8``): pool_nhwc.cu's pool2d_nhwc_i8 and
-global_avg_pool_nhwc_i8 and conv_input_nhwc.cu's conv_input_nhwc_i8, against backends/int8_reference.py.
+"""The int8 NHWC kernels that are not convolutions (``--precision int8``): pool_nhwc.cu's pool2d_nhwc_i8[_k3s1|_k3s2]
+and global_avg_pool_nhwc_i8 and conv_input_nhwc.cu's conv_input_nhwc_i8 and conv_input_mma_nhwc_i8, against
+backends/int8_reference.py.
 
 - CPU, NumPy: the average pool's float32 division (i8_piece.cuh's i8q::mean) rounds every integer window sum the way
-  the reference's float64 rint(sum / count) does, exhaustively; the reciprocal multiply would not.
+  the reference's float64 rint(sum / count) does, exhaustively; so does the reciprocal multiply (i8q::mean_small) for
+  counts up to 9, but not for 14.
 - CPU, g++ fiber emulator (tests/cuda_emu), and the same tests on the GPU (marked gpu):
   - pools: bit-exact against int8_reference.pool_int8 followed by requantize, on views of wider buffers, with
-    padding on every side, windows whose means are half-integers (ties), and requantization ratios;
+    padding on every side, windows whose means are half-integers (ties), and requantization ratios; the 3x3 kernels'
+    runs of 4 outputs a thread on rows of 1 to 73 outputs (short last runs);
   - global average pool: float32 (S * scale) / hw, S the exact int32 sum. Against the exact mean (float64) within
     2 * 2^-24 relative (two float32 roundings, a product and a quotient); against the reference (the float32 mean
     of the dequantized values) within 1e-6 of the mean of |x|: the reference rounds each dequantized value (2^-24
@@ -14,7 +17,8 @@ global_avg_pool_nhwc_i8 and conv_input_nhwc.cu's conv_input_nhwc_i8, against bac
     would be 1/25 of a level;
   - the first conv, quantized at inv_out: exactly equal to a NumPy reference in the kernel's own arithmetic (fp32
     fmaf in (c, r, s) order, + bias, ReLU, quantize), and within one level of the reference's float32 layer (another
-    summation order) on fewer than 1e-3 of the elements.
+    summation order) on fewer than 1e-3 of the elements; on the tensor cores (fp16 operands), within one level of
+    the ideal conv of the rounded operands, and of the float32 layer on fewer than FP16_STEM_OFF of the elements.
   Every int8 buffer starts as -128 (bytes 0x80), which an int8 kernel never writes (it saturates to +-127), so an
   unwritten output or a write outside the destination view fails; float32 outputs start as NaN.
 """
