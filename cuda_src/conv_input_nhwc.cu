@@ -47,10 +47,13 @@
 // - where no window reaches past a row's ends (Conv2d_1a), the rows travel as 16-byte chunks (the aligned copy
 //   below), as a 4-byte cp.async a float costs ~12 instructions each, and the kernel keeps its offsets in shared
 //   memory, not registers, to run 6 (fp16) / 5 (tf32) blocks an SM: then it moves the layer's bytes at ~2.3 TB/s.
-// Launch: conv_input_mma_nhwc[_tf32]: block 128, grid (blocks, ceil(Cout / CONV_INPUT_COUT)), a block taking output
+// conv_input_mma_nhwc_i8 (`--precision int8`): fp16's kernel (operands rounded to fp16, fp32 sums), its output
+// quantized as conv_input_nhwc_i8's; the fp16 operands move a few more outputs than the FMA kernel's sum order does
+// across a rounding boundary (one level; tests/kernels/test_int8_nhwc.py measures how many).
+// Launch: conv_input_mma_nhwc[_tf32|_i8]: block 128, grid (blocks, ceil(Cout / CONV_INPUT_COUT)), a block taking output
 // rows blockIdx.x, + blocks, ... of the batch*Ho (cuda.tiles.input_mma_blocks), dynamic shared memory
 // conv_input_mma_smem_bytes(). Needs Cin*KH*KW <= CONV_INPUT_MMA_K and that memory <= 48 KB (cuda.tiles.input_tile
-// falls back to the FMA kernel otherwise); Cout, y_cstride and y's first channel multiples of 8.
+// falls back to the FMA kernel otherwise); Cout, y_cstride and y's first channel multiples of 8 (16 for int8).
 #include "conv_mma.cuh"
 #include "i8_piece.cuh"
 
@@ -62,10 +65,11 @@
     const float *__restrict__ x, const float *__restrict__ wt, const float *__restrict__ bias, T *__restrict__ y,  \
         int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, int kw, int stride,      \
         int pad_h, int pad_w, int relu
-// An entry point of the tensor-core version: BODY<E> on the launch's arguments.
-#define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS, MIN_BLOCKS)                                                    \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(CONV_INPUT_PARAMS(E::T)) {            \
-        BODY<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu); \
+// An entry point of the tensor-core version for a float element type: BODY<E> on the launch's arguments.
+#define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS, MIN_BLOCKS)                                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(CONV_INPUT_PARAMS(E::T)) {           \
+        BODY<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu, \
+                MmaElemOut<E>{});                                                                               \
     }
 
 // The FMA kernel's output, a piece of PIECE channels of element type T from their float32 values: a float element
@@ -310,15 +314,38 @@ __device__ __forceinline__ void conv_input_mma_copy_aligned(float* copy, const f
     cp_async::commit();
 }
 
+// The tensor-core kernel's output: a pair of float32 values (sums + bias, ReLU) into the staged row as elements of
+// type T, and the staged rows leave in Chunks. A float element type rounds as its store2 does, in 16-byte chunks
+// (MmaElemOut); int8 quantizes at inv_out as I8Out does, in 8-byte chunks, as a staged row (CONV_INPUT_MMA_ROW = 40
+// bytes) is 8-byte aligned only (MmaI8Out).
+template <class E>
+struct MmaElemOut {
+    using T = typename E::T;
+    using Chunk = uint4;
+    __device__ __forceinline__ void store2(T* p, float v0, float v1) const { E::store2(p, v0, v1); }
+};
+struct MmaI8Out {
+    using T = I8Piece::T;
+    using Chunk = uint2;
+    float inv_out;
+    __device__ __forceinline__ void store2(T* p, float v0, float v1) const {
+        const unsigned q0 = static_cast<unsigned>(i8q::quantize(v0, inv_out)) & 0xFF;
+        const unsigned q1 = static_cast<unsigned>(i8q::quantize(v1, inv_out)) & 0xFF;
+        *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(q0 | q1 << 8);
+    }
+};
+
 // The block's output rows blockIdx.x, + gridDim.x, ... (the host launches one block per few rows at large batch, so
 // that what depends on the weights alone, B fragments, the fragments' offsets and the bias, is set up once for them).
 // The next row's copy is issued as soon as the current row's math is done, and lands while its output is stored.
-template <class E>
-__device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E::T)) {
+// E: the mma's element type (its fragments and mma), O: the output's (MmaElemOut<E> or MmaI8Out).
+template <class E, class O>
+__device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename O::T), const O store_out) {
     using F = InputFragments<E>;
-    using T = typename E::T;
+    using T = typename O::T;
+    using Chunk = typename O::Chunk;
     constexpr int CO = CONV_INPUT_COUT, NJ = CO / 8, STEPS = CONV_INPUT_MMA_K / F::STEP, PACK = F::PACK;
-    constexpr int WARPS = CONV_INPUT_MMA_THREADS / 32, PIECE = E::PIECE, PIECES = CO / PIECE;
+    constexpr int WARPS = CONV_INPUT_MMA_THREADS / 32, PIECE = sizeof(Chunk) / sizeof(T), PIECES = CO / PIECE;
     const int wp = conv_input_mma_width(w, pad_w, wo, kw, stride), rows = cin * kh, k_total = rows * kw;
     float* const copy = reinterpret_cast<float*>(conv_input_smem);
     T* const out = reinterpret_cast<T*>(conv_input_smem + 4 * conv_input_mma_copy_floats(cin, kh, wp));
@@ -414,7 +441,7 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
                         v0 = fmaxf(v0, 0.f);
                         v1 = fmaxf(v1, 0.f);
                     }
-                    E::store2(out + (16 * tile + g + 8 * half) * CONV_INPUT_MMA_ROW + 8 * j + 2 * t, v0, v1);
+                    store_out.store2(out + (16 * tile + g + 8 * half) * CONV_INPUT_MMA_ROW + 8 * j + 2 * t, v0, v1);
                 }
         }
         __syncthreads();  // the row's output is staged; the copy is free
@@ -424,8 +451,8 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
         for (int n = threadIdx.x; n < wo * PIECES; n += CONV_INPUT_MMA_THREADS) {
             const int px = n / PIECES, q = n % PIECES;
             if (m0 + q * PIECE < cout)  // Cout is a multiple of PIECE: a piece is wholly inside or outside
-                *reinterpret_cast<uint4*>(yrow + (size_t)px * y_cstride + q * PIECE) =
-                    *reinterpret_cast<const uint4*>(out + px * CONV_INPUT_MMA_ROW + q * PIECE);
+                *reinterpret_cast<Chunk*>(yrow + (size_t)px * y_cstride + q * PIECE) =
+                    *reinterpret_cast<const Chunk*>(out + px * CONV_INPUT_MMA_ROW + q * PIECE);
         }
     }
 }
@@ -434,3 +461,9 @@ __device__ __forceinline__ void conv_input_mma_rows(CONV_INPUT_PARAMS(typename E
 // registers to without spilling (76 and 96 registers).
 CONV_INPUT_KERNEL(conv_input_mma_nhwc, conv_input_mma_rows, NhwcF16, CONV_INPUT_MMA_THREADS, 6)
 CONV_INPUT_KERNEL(conv_input_mma_nhwc_tf32, conv_input_mma_rows, NhwcTf32, CONV_INPUT_MMA_THREADS, 5)
+// int8: fp16's operands and mma, the output quantized (~20 KB of shared memory at 299x299).
+extern "C" __global__ void __launch_bounds__(CONV_INPUT_MMA_THREADS, 6)
+    conv_input_mma_nhwc_i8(CONV_INPUT_PARAMS(I8Piece::T), float inv_out) {
+    conv_input_mma_rows<NhwcF16>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h,
+                                 pad_w, relu, MmaI8Out{inv_out});
+}

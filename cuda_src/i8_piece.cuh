@@ -7,10 +7,13 @@
 //   symmetrically, so -128 is never written;
 // - requantize: the same with q itself for v and ratio = float32(s_in) / float32(s_out) for inv;
 // - average: rint(sum / count) as one correctly rounded float32 division (__fdiv_rn). sum * float32(1 / count)
-//   is not the same: with count 14 it misses 78 of the half-integer quotients in range (-1771 / 14 = -126.5 among
-//   them), which then round to the wrong neighbour. The division rounds right: |sum| <= 127 * count < 2^12 and
-//   count <= 25, so a quotient that is not a half-integer is at least 1 / (2 count) >= 2^-6 away from one, far more
-//   than float32's half ulp there (<= 2^-13); a half-integer quotient is representable and stays one.
+//   is not the same in general: with count 14 it misses 78 of the half-integer quotients in range (-1771 / 14 =
+//   -126.5 among them), which then round to the wrong neighbour. For counts 1..9 (every 3x3 window) the product
+//   rounds every |sum| <= 127 count to the same integer (mean_small; tests/kernels/test_int8_nhwc.py checks all of
+//   them), and costs one multiply where the division costs a dozen instructions. The division rounds right:
+//   |sum| <= 127 * count < 2^12 and count <= 25, so a quotient that is not a half-integer is at least
+//   1 / (2 count) >= 2^-6 away from one, far more than float32's half ulp there (<= 2^-13); a half-integer quotient
+//   is representable and stays one.
 // The CPU emulator (tests/cuda_emu) compiles this with g++: the host branches are the same operations in IEEE
 // float32 (default rounding mode: to nearest, ties to even).
 #pragma once
@@ -64,6 +67,20 @@ __device__ __forceinline__ int requantize(int q, float ratio) {
 __device__ __forceinline__ int mean(int sum, int count) {
     return rint(div(static_cast<float>(sum), static_cast<float>(count)));
 }
+
+constexpr int MEAN_SMALL_MAX = 9;
+
+// float32(1) / float32(count) for count 1..MEAN_SMALL_MAX, as constants (the compiler rounds each quotient
+// correctly, as div would): selects, where div has a slow path that costs a call and a stack frame.
+__device__ __forceinline__ float recip_small(int count) {
+    float r = 1.f;
+#pragma unroll
+    for (int c = 2; c <= MEAN_SMALL_MAX; ++c) r = count == c ? 1.f / static_cast<float>(c) : r;
+    return r;
+}
+
+// rint(sum / count) for count <= MEAN_SMALL_MAX, recip = recip_small(count): the same integer as mean (see above).
+__device__ __forceinline__ int mean_small(int sum, float recip) { return rint(mul(static_cast<float>(sum), recip)); }
 }  // namespace i8q
 
 // 16 int8 channels, a 16-byte piece of an NHWC pixel (channel counts, strides and view offsets multiples of 16).

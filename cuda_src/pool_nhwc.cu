@@ -22,7 +22,9 @@
 // pieces. Views as in conv_nhwc.cuh: x, y point at the view's first channel of pixel 0; pixel i starts i * *_cstride
 // elements later. Channel counts, strides and view offsets are multiples of the piece.
 //
-// Launch: pool2d_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256).
+// Launch: pool2d_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256);
+//         pool2d_nhwc_i8_k3s1, _k3s2 (3x3 windows only): block 256,
+//         grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/16 / 256).
 //         global_avg_pool_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
 #include "i8_piece.cuh"
@@ -142,6 +144,150 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     for (int e = 0; e < PIECE; ++e) acc[e] = i8q::requantize(is_max ? acc[e] : i8q::mean(acc[e], count), ratio);
     I8Piece::store(y + (size_t)p * y_cstride + PIECE * cg, acc);
 }
+
+// pool2d_nhwc_i8_k3s<S>: the network's 3x3 pools (stride 1: the Mixed blocks' average pools, pad 1; stride 2: the max
+// pools, pad 0), same arguments and results as pool2d_nhwc_i8 (kernel, stride: 3 and S, checked by the launch code).
+// A thread pools one 16-byte piece for I8_RUN outputs in a row (grid: pieces fastest, then runs of a row, then rows),
+// so windows that overlap share their columns: first the K rows of each of the (I8_RUN - 1) * S + K input columns are
+// reduced, then each output reduces its K columns. Max: __vmaxs4 on the packed bytes (padding never enters). Average:
+// the bytes offset by +128 (xor 0x80: 1..255, so padding and the bias are the only difference from the sum) and
+// spread into 16-bit pairs (prmt), added as plain 32-bit words: 9 * 255 < 2^16, so no pair carries into the next;
+// the sum is the pair minus 128 per inside position. The mean: i8q::mean_small (counts <= 9, the reciprocal's
+// product, exact as the division).
+constexpr int I8_RUN = 4;
+
+namespace i8pool {
+constexpr unsigned BIAS4 = 0x80808080u;
+// the signed bytes of a word as unsigned (v + 128) 16-bit pairs: lo holds bytes 0 and 2, hi bytes 1 and 3.
+__device__ __forceinline__ void spread(unsigned word, unsigned& lo, unsigned& hi) {
+    const unsigned u = word ^ BIAS4;
+    lo = __byte_perm(u, 0u, 0x4240);
+    hi = __byte_perm(u, 0u, 0x4341);
+}
+
+// the 8 pair-words of one output's window sum (spread order) -> 16 int8 channels at y, requantized.
+__device__ __forceinline__ void store_mean(signed char* y, const unsigned (&s)[8], int inside, int count,
+                                           float ratio) {
+    const float recip = i8q::recip_small(count);
+    const int off = 128 * inside;
+    int q[16];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // word k: channels 4k..4k+3 from lo (4k, 4k+2) and hi (4k+1, 4k+3)
+        const unsigned lo = s[2 * k], hi = s[2 * k + 1];
+        q[4 * k + 0] = static_cast<int>(lo & 0xFFFFu) - off;
+        q[4 * k + 1] = static_cast<int>(hi & 0xFFFFu) - off;
+        q[4 * k + 2] = static_cast<int>(lo >> 16) - off;
+        q[4 * k + 3] = static_cast<int>(hi >> 16) - off;
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) q[e] = i8q::requantize(i8q::mean_small(q[e], recip), ratio);
+    I8Piece::store(y, q);
+}
+
+__device__ __forceinline__ void store_max(signed char* y, const unsigned (&m)[4], float ratio) {
+    if (ratio == 1.f) {
+        *reinterpret_cast<uint4*>(y) = uint4{m[0], m[1], m[2], m[3]};
+        return;
+    }
+    int q[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) q[e] = static_cast<signed char>(m[e / 4] >> (8 * (e % 4)) & 0xFF);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) q[e] = i8q::requantize(q[e], ratio);
+    I8Piece::store(y, q);
+}
+
+__device__ __forceinline__ uint4 load(const signed char* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+}  // namespace i8pool
+
+template <int S>
+__device__ __forceinline__ void pool_i8_k3(const signed char* __restrict__ x, signed char* __restrict__ y, int batch,
+                                           int channels, int h, int w, int x_cstride, int ho, int wo, int y_cstride,
+                                           int pad, int is_max, int count_include_pad, float ratio) {
+    constexpr int K = 3, COLS = (I8_RUN - 1) * S + K;
+    static_assert(K * K <= i8q::MEAN_SMALL_MAX, "the reciprocal mean is exact up to 9 positions");
+    const int groups = channels / I8Piece::PIECE, runs = (wo + I8_RUN - 1) / I8_RUN;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= batch * ho * runs * groups) return;
+    const int cg = idx % groups, run = idx / groups % runs, row = idx / (groups * runs);  // row = b * Ho + oh
+    const int oh = row % ho, b = row / ho, ow0 = run * I8_RUN;
+    const int h0 = oh * S - pad, w0 = ow0 * S - pad;
+    const signed char* xb = x + (size_t)b * h * w * x_cstride + I8Piece::PIECE * cg;
+    signed char* yp = y + ((size_t)row * wo + ow0) * y_cstride + I8Piece::PIECE * cg;
+    int rows_in = 0;
+#pragma unroll
+    for (int r = 0; r < K; ++r) rows_in += (unsigned)(h0 + r) < (unsigned)h;
+    if (is_max) {
+        unsigned col[COLS][4];  // each column's maximum over the window's rows (all -128 outside the image)
+#pragma unroll
+        for (int j = 0; j < COLS; ++j) {
+            col[j][0] = col[j][1] = col[j][2] = col[j][3] = i8pool::BIAS4;
+            const int iw = w0 + j;
+            if ((unsigned)iw >= (unsigned)w) continue;
+#pragma unroll
+            for (int r = 0; r < K; ++r) {
+                const int ih = h0 + r;
+                if ((unsigned)ih >= (unsigned)h) continue;
+                const uint4 v = i8pool::load(xb + ((size_t)ih * w + iw) * x_cstride);
+                col[j][0] = __vmaxs4(col[j][0], v.x), col[j][1] = __vmaxs4(col[j][1], v.y);
+                col[j][2] = __vmaxs4(col[j][2], v.z), col[j][3] = __vmaxs4(col[j][3], v.w);
+            }
+        }
+#pragma unroll
+        for (int o = 0; o < I8_RUN; ++o) {
+            if (ow0 + o >= wo) break;
+            unsigned m[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                m[k] = __vmaxs4(__vmaxs4(col[o * S][k], col[o * S + 1][k]), col[o * S + 2][k]);
+            i8pool::store_max(yp + (size_t)o * y_cstride, m, ratio);
+        }
+        return;
+    }
+    unsigned col[COLS][8];  // each column's sum over the window's rows, spread (0 outside the image)
+    int cols_in[COLS];
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) col[j][k] = 0;
+        const int iw = w0 + j;
+        cols_in[j] = (unsigned)iw < (unsigned)w;
+        if (!cols_in[j]) continue;
+#pragma unroll
+        for (int r = 0; r < K; ++r) {
+            const int ih = h0 + r;
+            if ((unsigned)ih >= (unsigned)h) continue;
+            const uint4 v = i8pool::load(xb + ((size_t)ih * w + iw) * x_cstride);
+            const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                unsigned lo, hi;
+                i8pool::spread(words[k], lo, hi);
+                col[j][2 * k] += lo, col[j][2 * k + 1] += hi;
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 0; o < I8_RUN; ++o) {
+        if (ow0 + o >= wo) break;
+        unsigned s[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s[k] = col[o * S][k] + col[o * S + 1][k] + col[o * S + 2][k];
+        const int inside = rows_in * (cols_in[o * S] + cols_in[o * S + 1] + cols_in[o * S + 2]);
+        i8pool::store_mean(yp + (size_t)o * y_cstride, s, inside, count_include_pad ? K * K : inside, ratio);
+    }
+}
+
+#define POOL_I8_K3(S)                                                                                               \
+    extern "C" __global__ void __launch_bounds__(IE_THREADS) pool2d_nhwc_i8_k3s##S(                                 \
+        const signed char* __restrict__ x, signed char* __restrict__ y, int batch, int channels, int h, int w,      \
+        int x_cstride, int ho, int wo, int y_cstride, int kernel, int stride, int pad, int is_max,                  \
+        int count_include_pad, float ratio) {                                                                       \
+        pool_i8_k3<S>(x, y, batch, channels, h, w, x_cstride, ho, wo, y_cstride, pad, is_max, count_include_pad,    \
+                      ratio);                                                                                       \
+    }
+POOL_I8_K3(1)
+POOL_I8_K3(2)
 
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     global_avg_pool_nhwc_i8(const signed char* __restrict__ x, float* __restrict__ y, int batch, int channels, int hw,

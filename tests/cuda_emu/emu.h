@@ -70,6 +70,21 @@ inline int __float2int_rn(float v) {
     if (r < -2147483648.f) return -2147483647 - 1;
     return static_cast<int>(r);
 }
+// The byte permute (selector nibbles 0..7: bytes of x, then y) and the per-byte signed maximum of the SIMD intrinsics.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long b = (static_cast<unsigned long long>(y) << 32) | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; ++n) r |= static_cast<unsigned>(b >> (8 * (s >> (4 * n) & 7)) & 0xFF) << (8 * n);
+    return r;
+}
+inline unsigned __vmaxs4(unsigned a, unsigned b) {
+    unsigned r = 0;
+    for (int n = 0; n < 4; ++n) {
+        const int x = static_cast<signed char>(a >> (8 * n) & 0xFF), y = static_cast<signed char>(b >> (8 * n) & 0xFF);
+        r |= (static_cast<unsigned>(x > y ? x : y) & 0xFF) << (8 * n);
+    }
+    return r;
+}
 // Blocks run one after another, so memory is always coherent and an atomic is a plain read-modify-write.
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {

@@ -1,7 +1,7 @@
 """The int8 forward on the GPU (--precision int8), element for element: a plan whose arena reuses nothing, so that
 after one forward every layer's output is still there; each op is then recomputed in NumPy (helpers/int8_plan.py,
 int8_reference's arithmetic) from the GPU's own inputs of that op, and its output must be the GPU's exactly (the
-stem, float32 in both with sums in another order, within one level on a few elements). The arena starts poisoned
+stem, fp16 tensor-core operands against float32, within one level on a few elements). The arena starts poisoned
 with -128, which no int8 kernel writes. Then the whole network at 299x299 against int8_reference and fp32."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from helpers.int8_plan import gap_features, nhwc, run_op
 from helpers.random_weights import random_arrays
 
 pytestmark = pytest.mark.gpu
+STEM_OFF = 6e-3  # the stem's outputs one level from the float32 reference's, at most (see its check)
 
 
 def calibrated(size: int, seed: int = 5) -> Weights:
@@ -65,7 +66,11 @@ def test_every_int8_op_is_its_reference_on_the_gpus_own_inputs(sm90a, batch):
                     assert (got != -128).all(), f"{op.name}: elements never written"
                     diff = np.abs(got.astype(np.int32) - w)
                     if isinstance(op, ConvOp) and op.src.buffer == be.plan.input.buffer:
-                        assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (op.name, diff.max(), (diff > 0).sum())
+                        # the stem on fp16's tensor cores (conv_input_mma_nhwc_i8: the issue lets it stay fp16): its
+                        # fp16 operands move an output across a level on 1.3e-3..3.8e-3 of an image's elements
+                        # (mean 2.0e-3; fp16 operands in NumPy, 57 image_like_batch images, these weights), never
+                        # by more than one level; the FMA kernel's sum order alone stayed under 1e-3
+                        assert diff.max() <= 1 and (diff > 0).mean() < STEM_OFF, (op.name, diff.max(), (diff > 0).sum())
                     else:
                         assert diff.max() == 0, (op.name, v, int(diff.max()), int((diff > 0).sum()))
                     checked += 1

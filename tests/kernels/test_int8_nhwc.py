@@ -1,11 +1,14 @@
-"""The int8 NHWC kernels that are not convolutions (``--precision int8``): pool_nhwc.cu's pool2d_nhwc_i8 and
-global_avg_pool_nhwc_i8 and conv_input_nhwc.cu's conv_input_nhwc_i8, against backends/int8_reference.py.
+"""The int8 NHWC kernels that are not convolutions (``--precision int8``): pool_nhwc.cu's pool2d_nhwc_i8[_k3s1|_k3s2]
+and global_avg_pool_nhwc_i8 and conv_input_nhwc.cu's conv_input_nhwc_i8 and conv_input_mma_nhwc_i8, against
+backends/int8_reference.py.
 
 - CPU, NumPy: the average pool's float32 division (i8_piece.cuh's i8q::mean) rounds every integer window sum the way
-  the reference's float64 rint(sum / count) does, exhaustively; the reciprocal multiply would not.
+  the reference's float64 rint(sum / count) does, exhaustively; so does the reciprocal multiply (i8q::mean_small) for
+  counts up to 9, but not for 14.
 - CPU, g++ fiber emulator (tests/cuda_emu), and the same tests on the GPU (marked gpu):
   - pools: bit-exact against int8_reference.pool_int8 followed by requantize, on views of wider buffers, with
-    padding on every side, windows whose means are half-integers (ties), and requantization ratios;
+    padding on every side, windows whose means are half-integers (ties), and requantization ratios; the 3x3 kernels'
+    runs of 4 outputs a thread on rows of 1 to 73 outputs (short last runs);
   - global average pool: float32 (S * scale) / hw, S the exact int32 sum. Against the exact mean (float64) within
     2 * 2^-24 relative (two float32 roundings, a product and a quotient); against the reference (the float32 mean
     of the dequantized values) within 1e-6 of the mean of |x|: the reference rounds each dequantized value (2^-24
@@ -14,7 +17,8 @@ global_avg_pool_nhwc_i8 and conv_input_nhwc.cu's conv_input_nhwc_i8, against bac
     would be 1/25 of a level;
   - the first conv, quantized at inv_out: exactly equal to a NumPy reference in the kernel's own arithmetic (fp32
     fmaf in (c, r, s) order, + bias, ReLU, quantize), and within one level of the reference's float32 layer (another
-    summation order) on fewer than 1e-3 of the elements.
+    summation order) on fewer than 1e-3 of the elements; on the tensor cores (fp16 operands), within one level of
+    the ideal conv of the rounded operands, and of the float32 layer on fewer than FP16_STEM_OFF of the elements.
   Every int8 buffer starts as -128 (bytes 0x80), which an int8 kernel never writes (it saturates to +-127), so an
   unwritten output or a write outside the destination view fails; float32 outputs start as NaN.
 """
@@ -35,13 +39,14 @@ from inception_engine.backends.cuda.families.pool_nhwc import nhwc_gap_spec, nhw
 from inception_engine.backends.cuda.kernels import arg_format
 from inception_engine.backends.cuda.launch import Launch, LaunchSpec
 from inception_engine.backends.cuda.params import direct_weights
-from inception_engine.backends.cuda.tiles import INPUT_TILE
+from inception_engine.backends.cuda.tiles import INPUT_TILE, input_tile
 from inception_engine.backends.numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d
 from inception_engine.plan import ConvOp, GlobalAvgPoolOp, PoolOp, View
 
 from helpers.mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rng_for
 
-KERNELS = ("pool2d_nhwc_i8", "global_avg_pool_nhwc_i8", "conv_input_nhwc_i8")
+KERNELS = ("pool2d_nhwc_i8", "pool2d_nhwc_i8_k3s1", "pool2d_nhwc_i8_k3s2", "global_avg_pool_nhwc_i8",
+           "conv_input_nhwc_i8", "conv_input_mma_nhwc_i8")
 POISON = 0x80  # int8 -128: never written by an int8 kernel
 C_TYPE = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
 
@@ -49,16 +54,22 @@ C_TYPE = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
 # --- CPU, NumPy ----------------------------------------------------------------------------------------------------
 
 
+MEAN_SMALL_MAX = 9  # i8_piece.cuh's i8q::MEAN_SMALL_MAX: the counts whose mean multiplies by the reciprocal
+
+
 def test_float32_division_rounds_every_window_mean_as_float64_does():
     """rint(float32(s) / float32(c)) == rint(s / c) in float64 for every |s| <= 127 c, c = 1..25 (the 5x5 pools'
-    windows too); float32(s) * float32(1 / c) misses some (count 14), so the kernel divides."""
-    wrong_by_reciprocal = 0
+    windows too); float32(s) * float32(1 / c) rounds all of them the same for c <= 9 (i8q::mean_small, the 3x3
+    pools' counts) but misses some for c = 14, so larger counts divide."""
+    wrong_by_reciprocal = {}
     for c in range(1, 26):
         s = np.arange(-127 * c, 127 * c + 1)
         want = np.rint(s / c)
         np.testing.assert_array_equal(np.rint(s.astype(np.float32) / np.float32(c)), want, err_msg=f"count {c}")
-        wrong_by_reciprocal += int((np.rint(s.astype(np.float32) * (np.float32(1) / np.float32(c))) != want).sum())
-    assert wrong_by_reciprocal > 0
+        by_reciprocal = np.rint(s.astype(np.float32) * (np.float32(1) / np.float32(c)))
+        wrong_by_reciprocal[c] = int((by_reciprocal != want).sum())
+    assert all(wrong_by_reciprocal[c] == 0 for c in range(1, MEAN_SMALL_MAX + 1)), wrong_by_reciprocal
+    assert wrong_by_reciprocal[14] > 0
 
 
 def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -205,6 +216,16 @@ POOL_CASES = [  # kind, kernel, stride, pad, count_include_pad, h, w, (s_in, s_o
     ("avg", 3, 1, 1, True, 7, 7, (0.04, 0.013)),  # ratio > 3: saturates at +-127
     ("max", 2, 2, 0, True, 9, 8, (1.0, 1.0)), ("avg", 5, 1, 2, False, 9, 8, (1.0, 1.0)),
     ("avg", 2, 2, 0, True, 8, 6, (0.1, 0.1)),  # counts of 4: many half-integer means
+    # pool2d_nhwc_i8_k3s<S>'s runs of 4 outputs a thread: rows of 1, 2, 3, 5, 6, 7, 9 outputs (a short last run),
+    # a 1-pixel-wide image, pads that leave whole columns outside, the network's shapes (35 -> 35, 147 -> 73)
+    ("avg", 3, 1, 1, False, 3, 1, (1.0, 1.0)), ("avg", 3, 1, 1, True, 4, 2, (1.0, 1.0)),
+    ("avg", 3, 1, 1, False, 5, 3, (0.05, 0.07)), ("avg", 3, 1, 1, False, 7, 6, (1.0, 1.0)),
+    ("avg", 3, 1, 1, True, 5, 7, (0.02, 0.05)), ("avg", 3, 1, 1, False, 11, 9, (1.0, 1.0)),
+    ("avg", 3, 1, 0, True, 6, 11, (1.0, 1.0)), ("avg", 3, 1, 2, False, 6, 7, (1.0, 1.0)),
+    ("avg", 3, 1, 1, False, 35, 35, (0.05, 0.04)), ("max", 3, 2, 0, True, 17, 17, (1.0, 1.0)),
+    ("max", 3, 2, 0, True, 15, 19, (0.05, 0.07)), ("max", 3, 2, 1, True, 9, 12, (1.0, 1.0)),
+    ("max", 3, 1, 1, True, 5, 3, (1.0, 1.0)), ("max", 3, 2, 0, True, 3, 3, (1.0, 1.0)),
+    ("avg", 3, 2, 1, False, 9, 13, (1.0, 1.0)), ("max", 3, 2, 0, True, 147, 31, (1.0, 1.0)),
 ]
 
 
@@ -224,7 +245,8 @@ def test_pool_i8(mem, case):
     x_ptr = put_i8(mem, q, src.c_total, src.c_offset)
     y_ptr = mem.alloc(math.prod(dst.shape), POISON)
     spec = nhwc_pool_spec(op, 0, "int8", ratio=requant_ratio(s_in, s_out))
-    assert spec.kernel == "pool2d_nhwc_i8" and spec.args[0] == src.c_offset and spec.args[1] == dst.c_offset
+    want_kernel = f"pool2d_nhwc_i8_k3s{stride}" if kernel == 3 and stride in (1, 2) else "pool2d_nhwc_i8"
+    assert spec.kernel == want_kernel and spec.args[0] == src.c_offset and spec.args[1] == dst.c_offset
     mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, spec.block,
                           (x_ptr + src.c_offset, y_ptr + dst.c_offset) + spec.args[2:]))
     got = get_i8(mem, y_ptr, dst.shape, dst.c_offset, c)
@@ -247,8 +269,9 @@ def test_pool_i8_poison_catches_an_unwritten_piece(mem):
     x_ptr = put_i8(mem, np.zeros((n, c, h, w), np.int8), c, 0)
     y_ptr = mem.alloc(math.prod(dst.shape), POISON)
     spec = nhwc_pool_spec(op, 0, "int8")
-    assert spec.grid[0] == 1  # 256 pixels, a thread each: one block; launch none of it but half
-    mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, (128, 1, 1), (x_ptr, y_ptr) + spec.args[2:]))
+    # 16 rows of 4 runs of 4 pixels, a thread a run: 64 threads, one block; launch none of it but half (8 rows)
+    assert spec.kernel == "pool2d_nhwc_i8_k3s1" and spec.grid[0] == 1
+    mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, (32, 1, 1), (x_ptr, y_ptr) + spec.args[2:]))
     with pytest.raises(AssertionError, match="2048 output elements not written"):
         get_i8(mem, y_ptr, dst.shape, 0, c)
 
@@ -304,8 +327,29 @@ def kernel_order_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: 
     return q.reshape(n, ho, wo, cout).transpose(0, 3, 1, 2)
 
 
-@pytest.mark.parametrize("case", INPUT_CASES, ids=lambda c: "x".join(map(str, c[:5])))
-def test_input_conv_i8(mem, case):
+def input_op(n, cin, h, w, cout, kernel, stride, pad, before, after) -> ConvOp:
+    ho, wo = (h + 2 * pad[0] - kernel[0]) // stride + 1, (w + 2 * pad[1] - kernel[1]) // stride + 1
+    return ConvOp("first", View("x", 0, (n, cin, h, w), 0, cin),
+                  View("y", 0, (n, before + cout + after, ho, wo), before, cout), kernel, stride, pad)
+
+
+# Every case on the FMA kernel, and on the tensor-core one where input_tile picks it (K <= 32: the first three).
+INPUT_RUNS = [(case, tile) for case in INPUT_CASES for tile in dict.fromkeys((INPUT_TILE,
+                                                                              input_tile(input_op(*case), "int8")))]
+# The tensor-core kernel's fp16 operands against the float32 reference: one level on up to this fraction of the
+# outputs. Measured with fp16 operands (float64 sums, as exact as the kernel's fp32 ones here) on image-like inputs
+# (synthetic.image_like_batch) and calibrated weights: 2.0e-3 at 75x75 (16 images; 3.8e-3 the worst single image of
+# 57), 2.1e-3 at 299x299 (8 images), never more than one level; random normal inputs here: bound with room.
+FP16_STEM_OFF = 1e-2
+
+
+@pytest.mark.parametrize("case,tile", INPUT_RUNS,
+                         ids=[f"{'x'.join(map(str, c[:5]))}-{t.prefix}" for c, t in INPUT_RUNS])
+def test_input_conv_i8(mem, case, tile):
+    """conv_input_nhwc_i8 (FMA): exactly its own sum order's arithmetic, within one level of the float32 reference
+    on < 1e-3 of the outputs. conv_input_mma_nhwc_i8 (fp16 operands, fp32 sums): within one level of the quantized
+    ideal conv of the fp16-rounded operands (sums in float64) on < 1e-3 of the outputs (fp32 sums in another
+    order), and within one level of the float32 reference on < FP16_STEM_OFF."""
     n, cin, h, w, cout, kernel, stride, pad, before, after = case
     rng = rng_for("input i8", *case)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
@@ -314,21 +358,27 @@ def test_input_conv_i8(mem, case):
     float_out = conv2d_bias_relu(x, w_, b, stride, pad)  # the reference's float32 layer
     scale = float(np.float32(0.8 * float_out.max() / 127))  # some outputs saturate
     ho, wo = float_out.shape[2:]
-    op = ConvOp("first", View("x", 0, (n, cin, h, w), 0, cin),
-                View("y", 0, (n, before + cout + after, ho, wo), before, cout), kernel, stride, pad)
-    wt = direct_weights(w_, INPUT_TILE)
+    op = input_op(*case)
+    assert op.dst.dims[2:] == (ho, wo)
+    wt = direct_weights(w_, tile)
     ptrs = []
     for a in (x, wt, b):
         ptrs.append(mem.alloc(a.nbytes, 0xFF))
         mem.write(ptrs[-1], a)
     y_ptr = mem.alloc(math.prod(op.dst.shape), POISON)
-    cfg = ConvConfig(INPUT_TILE, 1, cin * kernel[0] * kernel[1], 0.0)
+    cfg = ConvConfig(tile, 1, cin * kernel[0] * kernel[1], 0.0)
     specs = input_conv_specs(op, cfg, ptrs[0], cin, y_ptr + before, ptrs[1], ptrs[2], "int8", 1, inv_scale(scale))
-    assert [s.kernel for s in specs] == ["conv_input_nhwc_i8"]
+    assert [s.kernel for s in specs] == ["conv_input_nhwc_i8" if tile == INPUT_TILE else "conv_input_mma_nhwc_i8"]
     mem.launch(specs[0])
     got = get_i8(mem, y_ptr, op.dst.shape, before, cout)
-    np.testing.assert_array_equal(got, kernel_order_reference(x, w_, b, stride, pad, inv_scale(scale)))
-    want = ref.quantize(float_out, scale)
-    diff = np.abs(got.astype(np.int32) - want)
-    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (diff.max(), (diff > 0).sum())
+    diff = np.abs(got.astype(np.int32) - ref.quantize(float_out, scale))
+    if tile == INPUT_TILE:
+        np.testing.assert_array_equal(got, kernel_order_reference(x, w_, b, stride, pad, inv_scale(scale)))
+        assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (diff.max(), (diff > 0).sum())
+    else:
+        f16 = [a.astype(np.float16).astype(np.float64) for a in (x, w_)]
+        ideal = conv2d_bias_relu(*f16, b.astype(np.float64), stride, pad).astype(np.float32)
+        own = np.abs(got.astype(np.int32) - np.clip(np.rint(ideal * np.float32(inv_scale(scale))), -127, 127))
+        assert own.max() <= 1 and (own > 0).mean() < 1e-3, (own.max(), (own > 0).sum())
+        assert diff.max() <= 1 and (diff > 0).mean() < FP16_STEM_OFF, (diff.max(), (diff > 0).mean())
     assert (got == 127).any() and (got == 0).any() and ((got > 0) & (got < 127)).mean() > 0.2

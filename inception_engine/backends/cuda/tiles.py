@@ -236,11 +236,12 @@ def input_mma_blocks(op: ConvOp, num_sms: int | None) -> int:
 
 
 def input_tile(op: ConvOp, precision: str) -> Tile:
-    """The tile of a conv that reads the network's input: the tensor-core kernel in fp16 and tf32 where K and its
-    shared memory fit, else the FMA kernel (fp32's only one: a single TF32 product would break its accuracy)."""
+    """The tile of a conv that reads the network's input: the tensor-core kernel in fp16, tf32 and int8 (fp16
+    operands, the stem the issue lets stay fp16) where K and its shared memory fit, else the FMA kernel (fp32's only
+    one: a single TF32 product would break its accuracy)."""
     k = op.src.channels * op.kernel[0] * op.kernel[1]
     fits = k <= INPUT_MMA_MAX_K and input_mma_smem_bytes(op, NHWC_ELEMS[precision].bytes) <= INPUT_MMA_MAX_SHARED
-    return INPUT_MMA_TILE if precision in INPUT_MMA_PRECISIONS and fits else INPUT_TILE
+    return INPUT_MMA_TILE if precision in INPUT_MMA_PRECISIONS + ("int8",) and fits else INPUT_TILE
 
 
 # conv_nhwc_mma.cu's NhwcMaxPoolLoader: the 1x1 convs that read through a 3x3 max pool (plan.fuse_max_pools) run on

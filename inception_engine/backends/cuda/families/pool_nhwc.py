@@ -1,7 +1,7 @@
 """pool_nhwc.cu: the NHWC path's pools, per element type: pool2d (a moved average pool adds its conv's bias) and the
 global average pool, which writes float32 features (the FC's input) to the side buffer. int8 (``--precision int8``)
-has its own two kernels: pool2d_nhwc_i8 requantizes (``ratio``) where the fp ones add a bias, and
-global_avg_pool_nhwc_i8 dequantizes (``scale``)."""
+has its own kernels: pool2d_nhwc_i8 requantizes (``ratio``) where the fp ones add a bias (pool2d_nhwc_i8_k3s1 and
+_k3s2: the 3x3 pools, several outputs a thread), and global_avg_pool_nhwc_i8 dequantizes (``scale``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ GAP_NHWC_I8 = GAP_NHWC + Signature.of("f: scale")
 FLOAT_PRECISIONS = ("fp16", "tf32", "fp32")  # the element types of the fp kernels (int8's are named below)
 INT8 = "int8"
 I8_SUFFIX = "_i8"
+I8_RUN = 4  # pool_nhwc.cu's I8_RUN: the outputs in a row one thread of pool2d_nhwc_i8_k3s<S> pools
+I8_K3_STRIDES = (1, 2)  # the 3x3 pools with a kernel of their own (pool2d_nhwc_i8_k3s<S>): all of the network's
 
 
 def entries() -> Iterator[KernelSpec]:
@@ -31,6 +33,8 @@ def entries() -> Iterator[KernelSpec]:
         yield KernelSpec(f"pool2d_nhwc{e.suffix}", "pool_nhwc.cu", POOL_NHWC, THREADS)
         yield KernelSpec(f"global_avg_pool_nhwc{e.suffix}", "pool_nhwc.cu", GAP_NHWC, THREADS)
     yield KernelSpec(f"pool2d_nhwc{I8_SUFFIX}", "pool_nhwc.cu", POOL_NHWC_I8, THREADS)
+    for stride in I8_K3_STRIDES:
+        yield KernelSpec(f"pool2d_nhwc{I8_SUFFIX}_k3s{stride}", "pool_nhwc.cu", POOL_NHWC_I8, THREADS)
     yield KernelSpec(f"global_avg_pool_nhwc{I8_SUFFIX}", "pool_nhwc.cu", GAP_NHWC_I8, THREADS)
 
 
@@ -61,9 +65,15 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
     int8 = precision == INT8
-    k = KERNELS[f"pool2d_nhwc{I8_SUFFIX if int8 else NHWC_ELEMS[precision].suffix}"]  # a thread a 16-byte piece
     last = dict(ratio=float(ratio)) if int8 else dict(bias=bias)
-    return LaunchSpec.of(op.name, k, (k.blocks(n * ho * wo * c * elem_bytes(precision) // 16), 1, 1),
+    pieces = c * elem_bytes(precision) // 16  # a thread a 16-byte piece
+    if int8 and op.kernel == 3 and op.stride in I8_K3_STRIDES:  # and I8_RUN outputs of a row
+        k = KERNELS[f"pool2d_nhwc{I8_SUFFIX}_k3s{op.stride}"]
+        threads = n * ho * -(-wo // I8_RUN) * pieces
+    else:
+        k = KERNELS[f"pool2d_nhwc{I8_SUFFIX if int8 else NHWC_ELEMS[precision].suffix}"]
+        threads = n * ho * wo * pieces
+    return LaunchSpec.of(op.name, k, (k.blocks(threads), 1, 1),
                          dict(x=view_ptr(arena, op.src, precision), y=view_ptr(arena, op.dst, precision), batch=n,
                               channels=c, h=h, w=w, x_cstride=op.src.c_total, ho=ho, wo=wo, y_cstride=op.dst.c_total,
                               kernel=op.kernel, stride=op.stride, pad=op.pad, is_max=int(op.kind == "max"),
