@@ -1,5 +1,5 @@
 // conv_nhwc_ws.cu: the NHWC implicit-GEMM conv (conv_nhwc.cuh) on warp-specialized persistent wgmma tiles (sm_90a),
-// fp16 and tf32: cp.async producers (_ws_), the copy engine's TMA (_ws_tma_), and TMA with ping-pong consumers
+// fp16, tf32 and int8: cp.async producers (_ws_), the copy engine's TMA (_ws_tma_), and TMA with ping-pong consumers
 // (_ws_tma_pp_).
 //
 // Idea: the same implicit GEMM as conv_nhwc_wgmma.cu, warp-specialized and persistent ("_ws" tiles). Where every warp
@@ -23,11 +23,11 @@
 // as an im2col box of the input (its first pixel's window corner, shifted by the stage's tap) and the B tile as a box
 // of the weights, through two tensor maps in global memory (cuda.tensor_maps; `maps`: A's, then B's, 128 bytes each),
 // which frees the issue slots the eight producer warps' cp.async took. A stage's rows are 128 bytes (64 k of fp16, 32
-// of tf32) in the 128-byte swizzle: TMA moves boxes of 128-byte rows 1.4x (im2col) and 2.1x (tiled) faster than of
-// 64-byte ones (docs/PERFORMANCE.md), with which these tiles would be slower than the cp.async ones. A stage must
-// not span two taps: Cin is a multiple of its k (cuda.tiles.tile_fits). full[b] takes the one arrival of that thread
-// with the stage's bytes expected, and the consumers need no proxy fence (the copy engine writes through the async
-// proxy, which their wgmma read).
+// of tf32, 128 of int8) in the 128-byte swizzle: TMA moves boxes of 128-byte rows 1.4x (im2col) and 2.1x (tiled)
+// faster than of 64-byte ones (docs/PERFORMANCE.md), with which these tiles would be slower than the cp.async ones.
+// A stage must not span two taps: Cin is a multiple of its k (cuda.tiles.tile_fits). full[b] takes the one arrival
+// of that thread with the stage's bytes expected, and the consumers need no proxy fence (the copy engine writes
+// through the async proxy, which their wgmma read).
 // Ping-pong (the "_ws_tma_pp_" tiles, TMA only): with the loads on the copy engine, the consumers' epilogue is the
 // largest cost left, because the tensor cores idle while both consumer warpgroups store the same tile. Here each
 // consumer warpgroup takes whole tiles, in turn (block tiles 0, 2, 4, ... and 1, 3, ...), so that one stores while
@@ -41,7 +41,13 @@
 // other's next tile has been seen landed (TMA loads into different buffers may land out of order: the producer's
 // order alone would not say so).
 //
-// Launch: conv_nhwc[_tf32]_ws_<BM>x<BN> and _ws_tma_<BM>x<BN>: WS_THREADS threads, _ws_tma_pp_<BM>x<BN>:
+// int8 (NhwcI8): the same tiles on int8 operands, k32 steps of 32 bytes, exact s32 sums in the registers fp32 ones
+// take, the requantizing epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout]); split-K writes
+// int32 partial sums (conv_nhwc_i8_splitk_reduce requantizes their exact sum). The TMA tiles' 128-byte rows are 128 channels a stage, so they take Cin multiples of 128 only
+// (Inception: the 256-, 384-, 768-, 1280- and 2048-channel inputs and Mixed_6b's 128s); the cp.async _ws_ tiles,
+// 64 channels a stage, take every Cin multiple of 16.
+//
+// Launch: conv_nhwc[_tf32|_i8]_ws_<BM>x<BN> and _ws_tma_<BM>x<BN>: WS_THREADS threads, _ws_tma_pp_<BM>x<BN>:
 //         WS_PP_THREADS; grid (blocks, 1, 1), at most one block an SM; dynamic shared memory ws_ring_bytes(BM, BN,
 //         ROW). The TMA tiles take the tensor maps' address last.
 #include "conv_nhwc.cuh"
@@ -192,7 +198,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
             continue;
         }
         if (PINGPONG && j > 0) mbarrier::wait(turn + group, turns++ & 1);
-        float d[MB][BN / 2];
+        typename E::Acc d[MB][BN / 2];
         int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before ring.buf
         for (int kt = 0; kt < t.stages; ++kt) {
             mbarrier::wait(full + ring.buf, ring.phase);
@@ -206,7 +212,7 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
             for (int mb = 0; mb < MB; ++mb) {
                 const unsigned long long da = da0 + (ring.buf * A_STEP + mb * ROWS64_STEP);
 #pragma unroll
-                for (int kk = 0; kk < ROW / 32; ++kk) {  // k steps of 32 bytes: k16 (fp16), k8 (tf32)
+                for (int kk = 0; kk < ROW / 32; ++kk) {  // k steps of 32 bytes: k16 (fp16), k8 (tf32), k32 (int8)
                     const unsigned long long on = kk * wgmma::DESC_32_BYTES;
                     E::template wgmma<BN>(d[mb], da + on, db + on, kk ? 1 : accumulate);
                 }
@@ -263,5 +269,8 @@ CONV_NHWC_WS_TILES(conv_nhwc, NhwcF16)
 #endif
 #ifdef IE_NHWC_TF32
 CONV_NHWC_WS_TILES(conv_nhwc_tf32, NhwcTf32)
+#endif
+#ifdef IE_NHWC_INT8
+CONV_NHWC_WS_TILES(conv_nhwc_i8, NhwcI8)
 #endif
 #endif

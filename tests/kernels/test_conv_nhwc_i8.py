@@ -1,13 +1,17 @@
-"""int8 NHWC convs on Hopper's wgmma (conv_nhwc_wgmma.cu's conv_nhwc_i8_wgmma_<BM>x<BN>, conv_mma.cuh's NhwcI8)
-against int8_reference's integer semantics, element for element.
+"""int8 NHWC convs on Hopper's wgmma (conv_mma.cuh's NhwcI8: conv_nhwc_wgmma.cu's conv_nhwc_i8_wgmma_<BM>x<BN>,
+conv_nhwc_ws.cu's warp-specialized conv_nhwc_i8_ws_, _ws_tma_ and _ws_tma_pp_ tiles, conv_nhwc_halo.cu's
+conv_nhwc_i8_halo_ tiles) against int8_reference's integer semantics, element for element.
 
 - CPU, NumPy: the weight rows (params.direct_weights for the int8 tiles: int8_reference.quantize_weights in (r, s, c)
   order, Cin padded to 16), the epilogue argument (params.int8_epilogue), split-K (int32 partial sums,
   conv_nhwc_i8_splitk_reduce).
-- CPU, g++ fiber emulator (tests/cuda_emu, whose .s8 wgmma reads the operands through the ISA's 64-byte swizzle
-  independently of the kernel), and the same tests on the GPU (marked gpu): every int8 tile on 1x1, 3x3 (padding 1),
-  1x3, 3x1 and stride-2 convs of channel-slice views, and a fused conv whose three parts are stored at different
-  scales with ReLU on the first two only. Every buffer starts as -128 (0x80 bytes), a value the kernels never write
+- CPU, g++ fiber emulator (tests/cuda_emu, whose .s8 wgmma reads the operands through the ISA's 64- and 128-byte
+  swizzles independently of the kernel, and whose TMA copies read the emulator's own tensor maps), and the same tests
+  on the GPU (marked gpu): every int8 tile that fits on 1x1, 3x3 (padding 1), 1x3, 3x1 and stride-2 convs of
+  channel-slice views, a fused conv whose three parts are stored at different scales with ReLU on the first two only;
+  the TMA tiles (Cin a multiple of 128) and the halo tiles (stride 1, several taps; planes of 64 channels, a last one
+  of 16, 32 or 48) on convs of their own; the persistent tiles with num_sms 3, so that each block takes several
+  tiles and its ring wraps. Every buffer starts as -128 (0x80 bytes), a value the kernels never write
   (they saturate to +-127) and the inputs never hold: an unwritten output, a write outside the destination views or a
   read outside the source view shows. Outputs must equal int8_reference's exactly: conv_int32, then
   float32(acc) * (s_x s_w[m]) + bias[m] (two roundings), ReLU, quantize at the part's storage scale.
@@ -25,8 +29,10 @@ from inception_engine.backends.cuda.cost_model import ConvConfig
 from inception_engine.backends.cuda.kernels import arg_format
 from inception_engine.backends.cuda.launch_nhwc import nhwc_conv_specs
 from inception_engine.backends.cuda.params import direct_weights, int8_epilogue
-from inception_engine.backends.cuda.tiles import (NHWC_ELEMS, Tile, check_nhwc_precision, wgmma_ring_bytes,
-                                                  wgmma_stages)
+from inception_engine.backends.cuda.tensor_maps import MAP_BYTES
+from inception_engine.backends.cuda.tiles import (HALO_CIN_I8, NHWC_ELEMS, Tile, check_nhwc_precision, halo_smem_bytes,
+                                                  is_halo, is_pingpong, is_tma, is_ws, tile_fits, wgmma_ring_bytes,
+                                                  wgmma_stages, ws_row, ws_stages)
 from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, FusedConvOp, View
 
@@ -35,6 +41,10 @@ from test_conv_nhwc import Emulated, OnGpu
 
 PRECISION = "int8"
 TILES = NHWC_ELEMS[PRECISION].wgmma_tiles
+WGMMA = [t for t in TILES if "_wgmma" in t.prefix]  # conv_nhwc_wgmma.cu's
+WS = [t for t in TILES if is_ws(t.prefix) and not is_tma(t.prefix)]  # conv_nhwc_ws.cu's cp.async ones
+TMA = [t for t in TILES if is_tma(t.prefix)]  # ... its TMA ones, ping-pong too
+HALO = [t for t in TILES if is_halo(t.prefix)]
 POISON = -128
 KERNELS = [f"{t.prefix}_{t.name}" for t in TILES] + ["conv_nhwc_i8_splitk_reduce"]
 
@@ -46,7 +56,12 @@ def emu(build_cache_dir):
     # the int8 tiles alone: conv_nhwc.cuh compiles only the element types asked for
     wrapper = "#define IE_NHWC_INT8\n" + emu_wrapper_source(
         "conv_nhwc_wgmma.cu", [(k, arg_format(k)) for k in KERNELS],
-        ('extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',))
+        ('#include "conv_nhwc_ws.cu"', '#include "conv_nhwc_halo.cu"',
+         'extern "C" int emu_wgmma_ring_bytes(int split, int bm, int bn) { return wgmma_ring_bytes(split, bm, bn); }',
+         'extern "C" int emu_ws_ring_bytes(int bm, int bn, int row) { return ws_ring_bytes(bm, bn, row); }',
+         'extern "C" int emu_ws_stages(int bm, int bn, int row) { return ws_stages(bm, bn, row); }',
+         'extern "C" int emu_halo_smem_bytes(int elem, int bm, int bn, int cin, int kh, int kw, int wg) {'
+         ' return halo_smem_bytes(elem, bm, bn, cin, kh, kw, wg); }'))
     mem = Emulated(compile_emu_lib(build_cache_dir, "emu_nhwc_i8", wrapper, "-O2", True))
     yield mem
     mem.close()
@@ -94,14 +109,24 @@ def test_int8_needs_wgmma():
     with pytest.raises(EngineError, match="int8 runs on Hopper's wgmma tiles only"):
         check_nhwc_precision(PRECISION, False)
     check_nhwc_precision(PRECISION, True)
-    assert not NHWC_ELEMS[PRECISION].mma_tiles and len(TILES) == 6
-    assert all(t.bk == 64 for t in TILES)  # 64 int8 k a 64-byte row
+    assert not NHWC_ELEMS[PRECISION].mma_tiles
+    assert (len(WGMMA), len(WS), len(TMA), len(HALO), len(TILES)) == (6, 4, 4, 5, 19)
+    assert all(t.bk == 64 for t in WGMMA + WS + HALO)  # 64 int8 k a 64-byte row (a halo plane's)
+    assert all(t.bk == 128 for t in TMA) and sum(map(is_pingpong, (t.prefix for t in TMA))) == 2  # 128-byte rows
 
 
 def test_ring_bytes_are_the_kernels(emu):
-    for t in TILES:
+    for t in WGMMA:
         assert wgmma_ring_bytes(f"{t.prefix}_{t.name}") == emu.lib.emu_wgmma_ring_bytes(0, t.bm, t.bn)
         assert wgmma_ring_bytes(f"{t.prefix}_{t.name}") == wgmma_stages(t.bm, t.bn) * (t.bm + t.bn) * 64
+    for t in WS + TMA:  # rows of 64 bytes (64 k), the TMA tiles' of 128 (128 k)
+        row = ws_row(t.prefix)
+        assert row == t.bk and ws_stages(t.bm, t.bn, row) == emu.lib.emu_ws_stages(t.bm, t.bn, row) >= 3
+        assert wgmma_ring_bytes(f"{t.prefix}_{t.name}") == emu.lib.emu_ws_ring_bytes(t.bm, t.bn, row) <= 227 * 1024
+    for t in HALO:  # planes of 64 int8 channels, 64-byte rows: Conv2d_2b's 32 channels in one, Conv2d_4a's 80 in two
+        assert t.bk == HALO_CIN_I8
+        for kernel, wg, cin in (((3, 3), 149, 32), ((3, 3), 73, 80), ((5, 5), 39, 48), ((1, 7), 23, 192)):
+            assert halo_smem_bytes(t, kernel, wg, cin) == emu.lib.emu_halo_smem_bytes(1, t.bm, t.bn, cin, *kernel, wg)
 
 
 # --- kernels on the emulator and on the GPU -------------------------------------------------------------------------
@@ -172,8 +197,10 @@ def launch(mem, op: ConvOp, tile: Tile, q: np.ndarray, w: np.ndarray, s_w: np.nd
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
     assert math.ceil(k_total / k_split) == splits
     ws = poisoned(mem, 4 * splits * op.dst.n * op.dst.h * op.dst.w * op.dst.channels) if splits > 1 else 0
+    # num_sms 3: a persistent tile's blocks each take several tiles, so its ring (and a halo tile's two buffers) wrap
+    maps = mem.alloc(2 * MAP_BYTES) if is_tma(tile.prefix) else 0
     specs = nhwc_conv_specs(op, ConvConfig(tile, splits, k_split, 0.0), x_ptr + op.src.c_offset, op.src.c_total,
-                            op.src.channels, y, w_ptr, b_ptr, ws, PRECISION)
+                            op.src.channels, y, w_ptr, b_ptr, ws, PRECISION, num_sms=3, maps=maps)
     want = [f"{tile.prefix}_{tile.name}"] + ["conv_nhwc_i8_splitk_reduce"] * (splits > 1)
     assert [s.kernel for s in specs] == want
     mem.launch(specs)
@@ -190,10 +217,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[5][0]}x{c[5][1]}s{c[6]}c{c[1]}o{c[2]}")
-def test_conv_equals_int8_reference(mem, case):
-    """Every int8 tile: the output view equals int8_reference's conv exactly, no -128 left in it, every byte outside
-    it still -128, the input untouched."""
+def case_id(c: tuple) -> str:
+    return f"{c[0]}x{c[3]}x{c[4]}-{c[5][0]}x{c[5][1]}s{c[6]}c{c[1]}o{c[2]}"
+
+
+def check_conv(mem, case: tuple, tiles: list[Tile]) -> None:
+    """The case's conv on each of the tiles: the output view equals int8_reference's conv exactly, no -128 left in it,
+    every byte outside it still -128."""
     n, cin, cout, h, wd, kernel, stride, pad, (x_total, x_off), (y_total, y_off) = case
     ho, wo = (h + 2 * pad[0] - kernel[0]) // stride + 1, (wd + 2 * pad[1] - kernel[1]) // stride + 1
     op = ConvOp("conv", View("x", 0, (n, x_total, h, wd), x_off, cin),
@@ -204,16 +234,72 @@ def test_conv_equals_int8_reference(mem, case):
     want = reference(q, w, s_x, s_w, bias, stride, pad, out_scales, cout)
     assert (np.abs(want) == 127).any() and (want == 0).any() and (np.abs(want) < 127).any()
     epilogue = int8_epilogue(bias, np.float32(s_x) * s_w, np.float32(1) / out_scales)
-    for tile in TILES:
+    assert tiles and all(tile_fits(op, t) for t in tiles)
+    for tile in tiles:
         y = poisoned(mem, n * ho * wo * y_total)
         launch(mem, op, tile, q, w, s_w, epilogue, y + y_off)
         got = mem.read(y, (n, ho, wo, y_total), np.int8)
         outside = np.concatenate([got[..., :y_off].ravel(), got[..., y_off + cout:].ravel()])
-        assert (outside == POISON).all(), f"{tile.name}: {(outside != POISON).sum()} bytes written outside the view"
+        label = f"{tile.prefix}_{tile.name}"
+        assert (outside == POISON).all(), f"{label}: {(outside != POISON).sum()} bytes written outside the view"
         inside = got[..., y_off:y_off + cout].transpose(0, 3, 1, 2)
-        assert (inside != POISON).all(), f"{tile.name}: {(inside == POISON).sum()} outputs not written"
+        assert (inside != POISON).all(), f"{label}: {(inside == POISON).sum()} outputs not written"
         bad = inside != want
-        assert not bad.any(), f"{tile.name}: {bad.sum()} of {bad.size} outputs differ from int8_reference"
+        assert not bad.any(), f"{label}: {bad.sum()} of {bad.size} outputs differ from int8_reference"
+
+
+def fitting(case: tuple, tiles: list[Tile]) -> list[Tile]:
+    n, cin, cout, h, wd, kernel, stride, pad, (x_total, x_off), (y_total, y_off) = case
+    op = ConvOp("conv", View("x", 0, (n, x_total, h, wd), x_off, cin), View("y", 0, (n, y_total, 1, 1), y_off, cout),
+                kernel, stride, pad)
+    return [t for t in tiles if tile_fits(op, t)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_conv_equals_int8_reference(mem, case):
+    """The wgmma and cp.async warp-specialized tiles (every Cin), and the halo tiles where they fit."""
+    check_conv(mem, case, WGMMA + WS + fitting(case, HALO))
+
+
+TMA_CASES = [  # Cin a multiple of 128 (a TMA stage's 128 int8 channels of one tap)
+    # taps along W past both edges; a view at channel 16 of a wider buffer; 128-pixel boxes across rows and images
+    (3, 128, 200, 9, 9, (1, 7), 1, (0, 3), (144, 16), (208, 8)),
+    (2, 128, 48, 11, 13, (7, 1), 1, (3, 0), (128, 0), (48, 0)),  # taps along H
+    (2, 256, 96, 9, 9, (3, 3), 2, (0, 0), (256, 0), (96, 0)),  # stride 2: the window corners two apart
+    (1, 384, 200, 8, 8, (1, 1), 1, (0, 0), (416, 0), (256, 56)),  # 8x8 1x1, Cout past a channel tile
+    # 9 pixel tiles on num_sms 3 and 2 channel tiles at 128x128: each ping-pong consumer takes several tiles, so the
+    # turn barriers and both consumers' ring positions go through several phases
+    (6, 128, 136, 12, 16, (3, 3), 1, (1, 1), (128, 0), (136, 0)),
+]
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=case_id)
+def test_tma_tiles_equal_int8_reference(mem, case):
+    """conv_nhwc_ws.cu's TMA tiles and their ping-pong versions: the A rows as im2col boxes of 128 int8 channels
+    through a tensor map of 1-byte elements, the weights as tiled boxes; the cp.async tiles on the same convs."""
+    check_conv(mem, case, TMA + WS)
+
+
+HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16: planes of 64 channels
+    (2, 32, 64, 13, 11, (3, 3), 1, (1, 1), (32, 0), (64, 0)),  # Conv2d_2b's shape: one plane of 32 (one k32 step)
+    (1, 32, 32, 12, 9, (3, 3), 1, (0, 0), (48, 8), (48, 8)),  # Conv2d_2a's; views of wider buffers
+    (2, 80, 136, 11, 13, (3, 3), 1, (0, 0), (96, 16), (144, 8)),  # Conv2d_4a's: a full plane, then 16 channels
+    (1, 48, 64, 9, 9, (5, 5), 1, (2, 2), (48, 0), (64, 0)),  # the 35x35 5x5: one plane of 48 (two k32 steps)
+    (2, 96, 96, 8, 7, (3, 3), 1, (1, 1), (96, 0), (128, 32)),  # their 3x3s: a full plane and 32 channels
+    (2, 192, 24, 6, 8, (1, 7), 1, (0, 3), (192, 0), (32, 0)),  # three full planes, 7 taps along W
+    (1, 16, 48, 7, 10, (3, 1), 1, (1, 0), (16, 0), (48, 0)),  # one plane of 16
+    # 3 images of several tiles of the 42-wide padded grid: with num_sms 3 each block takes several tiles, each
+    # consumer warpgroup several, so both buffers' barriers go through several phases
+    (3, 64, 64, 40, 40, (3, 3), 1, (1, 1), (64, 0), (64, 0)),
+]
+
+
+@pytest.mark.parametrize("case", HALO_CASES, ids=case_id)
+def test_halo_tiles_equal_int8_reference(mem, case):
+    """conv_nhwc_halo.cu's halo tiles on the convs they take: every kernel shape, padding or none, Cout below the
+    tile's, views of wider buffers, last planes of 16, 32 and 48 channels."""
+    assert fitting(case, HALO) == HALO
+    check_conv(mem, case, HALO)
 
 
 @pytest.mark.parametrize("splits", [2, 3])
@@ -242,8 +328,8 @@ FUSED = [(24, 40, 8), (16, 16, 0), (12, 28, 12)]  # parts: (channels, buffer cha
 def test_fused_conv_writes_each_part_at_its_scale(mem):
     """Three stacked 1x1 convs (plan.FusedConvOp) whose parts lie in one arena at different storage scales (one
     inv_out per channel), the last past relu_end (a pooled member's raw product): each part equals int8_reference,
-    every other byte of the arena stays -128. Every int8 tile."""
-    n, cin, h, wd = 2, 80, 5, 6
+    every other byte of the arena stays -128. Every int8 tile of 1x1 convs (the TMA ones: Cin 128)."""
+    n, cin, h, wd = 2, 128, 5, 6
     places, pos = [], 0
     for _, c_total, _ in FUSED:
         places.append(pos)
@@ -262,7 +348,9 @@ def test_fused_conv_writes_each_part_at_its_scale(mem):
     want = reference(q, w, s_x, s_w, bias, 1, (0, 0), out_scales, relu_end)
     assert (want[:, relu_end:] < 0).any()  # no ReLU there
     epilogue = int8_epilogue(bias, np.float32(s_x) * s_w, np.float32(1) / out_scales)
-    for tile in TILES:
+    tiles = [t for t in TILES if tile_fits(op, t)]
+    assert tiles == WGMMA + WS + TMA  # a 1x1 conv of 128 channels: no halo tile
+    for tile in tiles:
         arena = poisoned(mem, pos)
         launch(mem, op, tile, q, w, s_w, epilogue, arena + parts[0].offset + parts[0].c_offset)
         got = mem.read(arena, (pos,), np.int8)
@@ -321,7 +409,7 @@ def test_epilogue_rounds_product_and_sum_apart(mem):
     op = ConvOp("conv", View("x", 0, (n, cin, h, wd), 0, cin), View("y", 0, (n, cout, h, wd), 0, cout), (1, 1), 1,
                 (0, 0))
     epilogue = int8_epilogue(bias, scale, ones)
-    for tile in TILES[:1] + TILES[-1:]:
+    for tile in WGMMA[:1] + WGMMA[-1:] + WS[-1:]:
         y = poisoned(mem, n * h * wd * cout)
         launch(mem, op, tile, q, w, scale, epilogue, y)
         got = mem.read(y, (n, h, wd, cout), np.int8).transpose(0, 3, 1, 2)

@@ -19,8 +19,9 @@ from ...errors import EngineError
 from .device import driver
 
 MAP_BYTES = 128  # a CUtensorMap
-# CUtensorMapDataType: the element bits as they are (tf32 activations are float32 words already rounded to TF32)
-DATA_TYPE = {2: 6, 4: 7}  # FLOAT16, FLOAT32
+# CUtensorMapDataType: the element bits as they are (tf32 activations are float32 words already rounded to TF32; int8
+# ones bytes, moved as UINT8: the copy engine does not convert, and its zero fill is the byte 0, int8's 0 too)
+DATA_TYPE = {1: 0, 2: 6, 4: 7}  # UINT8, FLOAT16, FLOAT32
 SWIZZLE = {64: 2, 128: 3}  # CUtensorMapSwizzle for rows of 64 / 128 bytes (the wgmma descriptors' layouts)
 L2_PROMOTION_128B = 2
 

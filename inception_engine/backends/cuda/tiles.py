@@ -106,9 +106,10 @@ def wgmma_tile(bm: int, bn: int, precision: str) -> Tile:
                 WGMMA_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision] * resident / 2, WGMMA_PREFIX[precision], False)
 
 
-# conv_nhwc_ws.cu's warp-specialized persistent wgmma tiles (fp16 and tf32): two producer warpgroups load, two consumer
-# warpgroups multiply; WS_THREADS threads, one block an SM, at most one block per SM launched (WS_SPEEDS' model
-# speeds: a guess, WGMMA_SPEEDS' per SM (two blocks) x 1.2, until measured).
+# conv_nhwc_ws.cu's warp-specialized persistent wgmma tiles (fp16, tf32, int8): two producer warpgroups load, two
+# consumer warpgroups multiply; WS_THREADS threads, one block an SM, at most one block per SM launched (WS_SPEEDS' model
+# speeds: a guess, WGMMA_SPEEDS' per SM (two blocks) x 1.2, until measured; int8's twice fp16's, WGMMA_SLOWDOWN: a
+# guess too).
 WS_THREADS = 512
 WS_SPEEDS = {(128, 192): 1.2 * 1890e3, (128, 128): 1.2 * 1410e3, (128, 64): 1.2 * 1230e3, (256, 128): 1.2 * 1410e3}
 
@@ -119,10 +120,17 @@ def ws_stages(bm: int, bn: int, row: int = 64) -> int:
     return min(12, 200 * 1024 // ((bm + bn) * row))
 
 
+def family_prefix(precision: str, family: str) -> str:
+    """The kernel prefix of a conv_nhwc_*.cu tile family ("ws", "halo") in this precision: conv_nhwc<suffix>_<family>
+    (the suffix of its WGMMA_PREFIX, as NHWC_ELEMS' suffix)."""
+    return f"{WGMMA_PREFIX[precision].removesuffix('_wgmma')}_{family}"
+
+
 def ws_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc_ws.cu's warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
-    return Tile(bm, bn, 32 if precision == "fp16" else 16, 1, WS_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
-                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_ws", False, WS_THREADS)
+    """conv_nhwc_ws.cu's warp-specialized tile of bm pixels x bn channels (sm_90a; fp16, tf32, int8), 64-byte rows a
+    stage."""
+    return Tile(bm, bn, 64 // WGMMA_ELEM_BYTES[precision], 1, WS_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
+                family_prefix(precision, "ws"), False, WS_THREADS)
 
 
 def is_ws(kernel_or_prefix: str) -> bool:
@@ -137,13 +145,13 @@ def is_ws(kernel_or_prefix: str) -> bool:
 WS_TMA_SHAPES = ((128, 192), (256, 128))
 
 
-TMA_ROW = 128  # bytes of a TMA tile's stage row: 64 k of fp16, 32 of tf32 (conv_nhwc_ws.cu's header)
+TMA_ROW = 128  # bytes of a TMA tile's stage row: 64 k of fp16, 32 of tf32, 128 of int8 (conv_nhwc_ws.cu's header)
 
 
 def ws_tma_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc_ws.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    """conv_nhwc_ws.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16, tf32, int8)."""
     ws = ws_tile(bm, bn, precision)
-    return replace(ws, bk=TMA_ROW // (2 if precision == "fp16" else 4), prefix=ws.prefix + "_tma")
+    return replace(ws, bk=TMA_ROW // WGMMA_ELEM_BYTES[precision], prefix=ws.prefix + "_tma")
 
 
 def is_tma(kernel_or_prefix: str) -> bool:
@@ -163,7 +171,7 @@ WS_PP_THREADS = 384
 
 
 def ws_pp_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc_ws.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16 and tf32)."""
+    """conv_nhwc_ws.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16, tf32, int8)."""
     tma = ws_tma_tile(bm, bn, precision)
     return replace(tma, prefix=tma.prefix + "_pp", threads=WS_PP_THREADS)
 
@@ -172,24 +180,25 @@ def is_pingpong(kernel_or_prefix: str) -> bool:
     return "_ws_tma_pp" in kernel_or_prefix
 
 
-# conv_nhwc_halo.cu's halo tiles (fp16 and tf32, sm_90a): stride-1 convs of several taps and Cin a multiple of 16, first
-# the stem's Conv2d_2a and 2b, then Conv2d_4a and the 35x35 modules' 3x3s and 5x5s. bm positions of the padded-width
-# grid a tile, bn output channels (grid.y: ceil(Cout / bn) channel tiles), HALO_THREADS threads, one block an SM;
-# the bn channels' weights and two tiles' input rows, in planes of HALO_CIN channels, in up to MAX_SHARED_BYTES of
-# shared memory. HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32 halves them): 256 x 64 and 256 x 32 fitted to tf32's
-# Conv2d_2b and Conv2d_2a at batch 128 on an H100, through conv_config's formula; the 128-position tiles' are the 256
-# ones' of their bn (96: 64's). Fitting all five to their own times (the medians of the speeds they imply) makes the
-# model's choices slower, so these stay (docs/PERFORMANCE.md). Tuning measures every tile anyway.
-HALO_THREADS, HALO_CIN, HALO_K_MULTIPLE = 384, 32, 16
+# conv_nhwc_halo.cu's halo tiles (fp16, tf32, int8; sm_90a): stride-1 convs of several taps and Cin a multiple of 16,
+# first the stem's Conv2d_2a and 2b, then Conv2d_4a and the 35x35 modules' 3x3s and 5x5s. bm positions of the
+# padded-width grid a tile, bn output channels (grid.y: ceil(Cout / bn) channel tiles), HALO_THREADS threads, one block
+# an SM; the bn channels' weights and two tiles' input rows, in planes of HALO_CIN channels (int8: HALO_CIN_I8, a
+# 64-byte row as fp16's), in up to MAX_SHARED_BYTES of shared memory. HALO_SPEEDS (fp16's, as WGMMA_SPEEDS; tf32
+# halves them, int8 doubles them: a guess): 256 x 64 and 256 x 32 fitted to tf32's Conv2d_2b and Conv2d_2a at batch
+# 128 on an H100, through conv_config's formula; the 128-position tiles' are the 256 ones' of their bn (96: 64's).
+# Fitting all five to their own times (the medians of the speeds they imply) makes the model's choices slower, so these
+# stay (docs/PERFORMANCE.md). Tuning measures every tile anyway.
+HALO_THREADS, HALO_CIN, HALO_CIN_I8, HALO_K_MULTIPLE = 384, 32, 64, 16
 HALO_SPEEDS = {(256, 64): 1790e3, (256, 32): 1620e3, (128, 96): 1790e3, (128, 64): 1790e3, (128, 32): 1620e3}
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 
 
 def halo_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc_halo.cu's halo tile of bm grid positions x bn channels (fp16, tf32); bk: one tap of a HALO_CIN
-    plane."""
-    return Tile(bm, bn, HALO_CIN, 1, HALO_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision],
-                f"conv_nhwc{'_tf32' if precision == 'tf32' else ''}_halo", False, HALO_THREADS)
+    """conv_nhwc_halo.cu's halo tile of bm grid positions x bn channels (fp16, tf32, int8); bk: one tap of a plane,
+    its channels (conv_nhwc_halo.cu's halo_cin: HALO_CIN, int8's HALO_CIN_I8)."""
+    return Tile(bm, bn, HALO_CIN_I8 if precision == "int8" else HALO_CIN, 1,
+                HALO_SPEEDS[bm, bn] / WGMMA_SLOWDOWN[precision], family_prefix(precision, "halo"), False, HALO_THREADS)
 
 
 def is_halo(kernel_or_prefix: str) -> bool:
@@ -197,11 +206,11 @@ def is_halo(kernel_or_prefix: str) -> bool:
 
 
 def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int, cin: int) -> int:
-    """conv_nhwc_halo.cu's halo_smem_bytes(): per plane of HALO_CIN input channels, the weights (KH KW bn rows) and two
-    buffers of the tile's input rows (bm + (KH - 1) Wg + KW - 1 of them, in whole KB); four mbarriers. wg: the padded
-    input width."""
-    (kh, kw), row = kernel, HALO_CIN * (4 if tile.prefix.startswith("conv_nhwc_tf32") else 2)
-    rows, planes = tile.bm + (kh - 1) * wg + kw - 1, -(-cin // HALO_CIN)
+    """conv_nhwc_halo.cu's halo_smem_bytes(): per plane of tile.bk input channels (a row: 128 bytes of tf32, 64 of
+    fp16 or int8), the weights (KH KW bn rows) and two buffers of the tile's input rows (bm + (KH - 1) Wg + KW - 1 of
+    them, in whole KB); four mbarriers. wg: the padded input width."""
+    (kh, kw), row = kernel, 128 if tile.prefix.startswith("conv_nhwc_tf32") else 64
+    rows, planes = tile.bm + (kh - 1) * wg + kw - 1, -(-cin // tile.bk)
     return planes * (kh * kw * tile.bn * row + 2 * (-(-rows * row // 1024) * 1024)) + 4 * 8
 
 
@@ -292,8 +301,12 @@ NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SP
                          + tuple(ws_pp_tile(bm, bn, "tf32") for bm, bn in WS_PP_SHAPES)
                          + tuple(halo_tile(bm, bn, "tf32") for bm, bn in HALO_SPEEDS))
 NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
-# int8 (conv_mma.cuh's NhwcI8): conv_nhwc_wgmma.cu's tiles only, fp16's shapes, no split-K.
-NHWC_I8_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "int8") for bm, bn in WGMMA_SPEEDS)
+# int8 (conv_mma.cuh's NhwcI8): fp16's sm_90a tiles and shapes (split-K with int32 partial sums).
+NHWC_I8_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "int8") for bm, bn in WGMMA_SPEEDS)
+                       + tuple(ws_tile(bm, bn, "int8") for bm, bn in WS_SPEEDS)
+                       + tuple(ws_tma_tile(bm, bn, "int8") for bm, bn in WS_TMA_SHAPES)
+                       + tuple(ws_pp_tile(bm, bn, "int8") for bm, bn in WS_PP_SHAPES)
+                       + tuple(halo_tile(bm, bn, "int8") for bm, bn in HALO_SPEEDS))
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the
 # FMA units, 256 pixels x 32 channels per block (one pixel per thread), every precision. INPUT_MMA_TILE: on the tensor
 # cores, an output row x 32 channels per block, fp16 and tf32, K = Cin*KH*KW <= 32 (``input_tile`` picks it where it
