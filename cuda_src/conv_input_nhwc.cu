@@ -7,6 +7,11 @@
 // fp16 (conv_input_nhwc), TF32-rounded float32 (conv_input_nhwc_tf32) or float32 (conv_input_nhwc_f32;
 // conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32), wt
 // float32 [K][Cout] (K = Cin*KH*KW in (c, r, s) order, cuda.params.direct_weights), sums in fp32.
+// conv_input_nhwc_i8 (`--precision int8`): the same fp32 sums, bias and ReLU, then quantized to int8 at the output's
+// storage scale (i8_piece.cuh's i8q::quantize: clamp(rint(v * inv_out), -127, 127), inv_out = float32(1) /
+// float32(scale), the argument after relu), as backends/int8_reference.py quantizes this float layer's output. The
+// kernel's sums run in (c, r, s) order, one fmaf each, so its int8 output can differ from a float32 reference summed
+// in another order by one level where a value lies within float rounding of a rounding boundary.
 //
 // Idea: the input has 3 channels. conv_nhwc.cuh reads whole 16-byte pieces of 8 channels, so it would need the input
 // converted to an fp16 NHWC copy padded to 8 channels: K = 72 instead of 27, and a copy written and read back
@@ -20,8 +25,8 @@
 // Bytes: the input once, the output once (~320 MB at batch 128, ~0.1 ms); 2.4 G multiply-adds (~0.08 ms at the FMA
 // peak). The fp16 rounding of the input is gone too: fp32 inputs, weights and sums, one rounding at the store.
 //
-// Launch: conv_input_nhwc[_tf32|_f32]: block 256, grid (ceil(batch*Ho*Wo / 256), ceil(Cout / CONV_INPUT_COUT)).
-// Needs Cin*KH*KW <= CONV_INPUT_MAX_K; Cout, y_cstride and y's first channel multiples of 8.
+// Launch: conv_input_nhwc[_tf32|_f32|_i8]: block 256, grid (ceil(batch*Ho*Wo / 256), ceil(Cout / CONV_INPUT_COUT)).
+// Needs Cin*KH*KW <= CONV_INPUT_MAX_K; Cout, y_cstride and y's first channel multiples of 8 (16 for int8).
 //
 // conv_input_mma_nhwc[_tf32] (fp16 and tf32): the same conv on the tensor cores. The FMA kernel above spends 864
 // multiply-adds and 216 shared-memory broadcasts a pixel, several times the FMA units' floor and the layer's bytes'
@@ -47,6 +52,7 @@
 // conv_input_mma_smem_bytes(). Needs Cin*KH*KW <= CONV_INPUT_MMA_K and that memory <= 48 KB (cuda.tiles.input_tile
 // falls back to the FMA kernel otherwise); Cout, y_cstride and y's first channel multiples of 8.
 #include "conv_mma.cuh"
+#include "i8_piece.cuh"
 
 #define CONV_INPUT_COUT 32    // output channels per thread (and per block)
 #define CONV_INPUT_MAX_K 256  // shared memory for 256 x 32 weights, 32 KB
@@ -56,15 +62,35 @@
     const float *__restrict__ x, const float *__restrict__ wt, const float *__restrict__ bias, T *__restrict__ y,  \
         int batch, int cin, int h, int w, int cout, int ho, int wo, int y_cstride, int kh, int kw, int stride,      \
         int pad_h, int pad_w, int relu
-// An entry point of this file: BODY<E>, one of the two versions below, on the launch's arguments.
+// An entry point of the tensor-core version: BODY<E> on the launch's arguments.
 #define CONV_INPUT_KERNEL(NAME, BODY, E, THREADS, MIN_BLOCKS)                                                    \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(CONV_INPUT_PARAMS(E::T)) {            \
         BODY<E>(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu); \
     }
 
+// The FMA kernel's output, a piece of PIECE channels of element type T from their float32 values: a float element
+// type rounds them as its store does (ElemOut), int8 quantizes them at inv_out (I8Out).
 template <class E>
-__device__ __forceinline__ void conv_input_pixel(CONV_INPUT_PARAMS(typename E::T)) {
-    constexpr int CO = CONV_INPUT_COUT, PIECE = E::PIECE;
+struct ElemOut {
+    using T = typename E::T;
+    static constexpr int PIECE = E::PIECE;
+    __device__ __forceinline__ void store(T* p, const float (&v)[PIECE]) const { E::store(p, v); }
+};
+struct I8Out {
+    using T = I8Piece::T;
+    static constexpr int PIECE = I8Piece::PIECE;
+    float inv_out;
+    __device__ __forceinline__ void store(T* p, const float (&v)[PIECE]) const {
+        int q[PIECE];
+#pragma unroll
+        for (int e = 0; e < PIECE; ++e) q[e] = i8q::quantize(v[e], inv_out);
+        I8Piece::store(p, q);
+    }
+};
+
+template <class O>
+__device__ __forceinline__ void conv_input_pixel(CONV_INPUT_PARAMS(typename O::T), const O out) {
+    constexpr int CO = CONV_INPUT_COUT, PIECE = O::PIECE;
     __shared__ __align__(16) float ws[CONV_INPUT_MAX_K][CO];
     const int k_total = cin * kh * kw, m0 = blockIdx.y * CO;
     for (int i = threadIdx.x; i < k_total * CO; i += blockDim.x) {  // consecutive threads, consecutive channels
@@ -75,7 +101,7 @@ __device__ __forceinline__ void conv_input_pixel(CONV_INPUT_PARAMS(typename E::T
 
     const int howo = ho * wo, p_total = batch * howo, p0 = blockIdx.x * blockDim.x, p = p0 + threadIdx.x;
     // The block's output is one run of 128-byte pixels: stage it (the header).
-    const bool dense = sizeof(typename E::T) == 4 && y_cstride == CO && cout == CO;
+    const bool dense = sizeof(typename O::T) == 4 && y_cstride == CO && cout == CO;
     if (p >= p_total && !dense) return;
     const int b = p / howo, q = p - b * howo, oh = q / wo, ow = q - oh * wo;
     const int ih0 = oh * stride - pad_h, iw0 = ow * stride - pad_w;
@@ -128,11 +154,11 @@ __device__ __forceinline__ void conv_input_pixel(CONV_INPUT_PARAMS(typename E::T
                 v[4 * f + 2] = t.z;
                 v[4 * f + 3] = t.w;
             }
-            E::store(y + (size_t)(p0 + px) * CO + PIECE * g, v);
+            out.store(y + (size_t)(p0 + px) * CO + PIECE * g, v);
         }
         return;
     }
-    typename E::T* yp = y + (size_t)p * y_cstride + m0;
+    typename O::T* yp = y + (size_t)p * y_cstride + m0;
 #pragma unroll
     for (int g = 0; g < CO / PIECE; ++g) {
         if (m0 + PIECE * g >= cout) break;  // cout is a multiple of PIECE: a piece is wholly inside or outside
@@ -142,13 +168,24 @@ __device__ __forceinline__ void conv_input_pixel(CONV_INPUT_PARAMS(typename E::T
             v[e] = acc[PIECE * g + e] + __ldg(bias + m0 + PIECE * g + e);
             if (relu) v[e] = fmaxf(v[e], 0.f);
         }
-        E::store(yp + PIECE * g, v);
+        out.store(yp + PIECE * g, v);
     }
 }
 
-CONV_INPUT_KERNEL(conv_input_nhwc, conv_input_pixel, NhwcF16, 256, 1)
-CONV_INPUT_KERNEL(conv_input_nhwc_tf32, conv_input_pixel, NhwcTf32, 256, 1)
-CONV_INPUT_KERNEL(conv_input_nhwc_f32, conv_input_pixel, NhwcF32, 256, 1)
+// The FMA kernel for a float element type E.
+#define CONV_INPUT_FMA_KERNEL(NAME, E)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(CONV_INPUT_PARAMS(E::T)) {                        \
+        conv_input_pixel(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, \
+                         relu, ElemOut<E>{});                                                                   \
+    }
+CONV_INPUT_FMA_KERNEL(conv_input_nhwc, NhwcF16)
+CONV_INPUT_FMA_KERNEL(conv_input_nhwc_tf32, NhwcTf32)
+CONV_INPUT_FMA_KERNEL(conv_input_nhwc_f32, NhwcF32)
+extern "C" __global__ void __launch_bounds__(256, 1)
+    conv_input_nhwc_i8(CONV_INPUT_PARAMS(I8Piece::T), float inv_out) {
+    conv_input_pixel(x, wt, bias, y, batch, cin, h, w, cout, ho, wo, y_cstride, kh, kw, stride, pad_h, pad_w, relu,
+                     I8Out{inv_out});
+}
 
 
 // --- the tensor-core version ---------------------------------------------------------------------------------------

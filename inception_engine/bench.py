@@ -294,6 +294,10 @@ def run_bench(backend_names: list[str], batch_sizes: list[int], iters: int = 20,
     weights, weights_desc, synthetic = pick_weights(weights_path, notes)
     if "cpu" in backend_names:
         notes.append(cpu_path_note())
+    if precision == "int8":
+        notes.append("int8: rel L2 and top-1 are against the float64 network on the bench's N(0, 1) input, which lies "
+                     "outside the range the scales were calibrated on; the 8-bit network's accuracy on images: "
+                     "dev/int8_accuracy.py")
     report = Report(weights_desc, synthetic, iters, warmup, list(batch_sizes), list(backend_names), precision,
                     peak_tflops, peak_gbs, reference_images if reference else None, notes=notes, host=host_info())
     classes, options = backend_classes(backend_names, precision)

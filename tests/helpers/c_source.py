@@ -98,11 +98,12 @@ def own_text(out: str, src: Path) -> str:
 
 
 def c_params(declaration: str) -> tuple[tuple[str, str], ...]:
-    """'const float* __restrict x, int n, long long t' -> (("x", "P"), ("n", "i"), ("t", "q"))."""
+    """'const float* __restrict x, int n, long long t, float s' -> (("x", "P"), ("n", "i"), ("t", "q"), ("s", "f"))."""
     params = []
     for param in filter(None, (p.strip() for p in declaration.split(","))):
         name = re.findall(r"(\w+)$", param)[0]
-        code = "P" if "*" in param else "q" if re.search(r"\blong\s+long\b", param) else "i"
+        code = ("P" if "*" in param else "q" if re.search(r"\blong\s+long\b", param)
+                else "f" if re.fullmatch(r"(const\s+)?float\s+\w+", param) else "i")
         assert code != "i" or re.fullmatch(r"(const\s+)?(unsigned\s+)?int\s+\w+", param), param
         params.append((name, code))
     return tuple(params)

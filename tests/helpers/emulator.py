@@ -22,7 +22,7 @@ EMU = TESTS / "cuda_emu"
 GXX = shutil.which("g++")
 NOT_EMULATED = {"timing.cu"}  # inline PTX (%globaltimer); gpu_sleep is a no-op in the stand-in
 
-C_PARAM = {"P": "void*", "i": "int", "q": "long long"}
+C_PARAM = {"P": "void*", "i": "int", "q": "long long", "f": "float"}
 
 
 @functools.cache

@@ -31,7 +31,7 @@ from inception_engine.backends.numpy_primitives import conv2d_bias_relu
 from inception_engine.plan import ALIGN, View, build_plan
 
 from helpers.build_cache import shared_library
-from helpers.emulator import codegen_flags
+from helpers.emulator import C_PARAM, codegen_flags
 from helpers.gpu_buffers import Arena, Params, run
 
 EMU = Path(__file__).resolve().parents[1] / "cuda_emu"
@@ -201,7 +201,7 @@ def emu_wrapper_source(source: str, kernels: list[tuple[str, str]], extra: tuple
     """C++ that includes the .cu source and exports emu_<name>(grid, block.x, args...) for each (name, arg format)."""
     lines = [f'#include "{source}"', *extra]
     for name, fmt in kernels:
-        params = ", ".join(f"{'void*' if c == 'P' else 'int'} a{i}" for i, c in enumerate(fmt))
+        params = ", ".join(f"{C_PARAM[c]} a{i}" for i, c in enumerate(fmt))
         args = ", ".join(f"emu::Ptr{{a{i}}}" if c == "P" else f"a{i}" for i, c in enumerate(fmt))
         lines.append(f'extern "C" void emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {params}) '
                      f'{{ emu::launch(dim3{{gx, gy, gz}}, dim3{{bx}}, [&] {{ {name}({args}); }}); }}')

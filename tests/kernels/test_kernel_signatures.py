@@ -1,9 +1,9 @@
 """The C side of every kernel against the kernel registry (backends/cuda/kernels.py): each entry the registry holds is
 declared in the file its spec names, with the parameters of its signature (name for name, type for type: pointer
-P, int i, long long q) and the block of its spec (its ``__launch_bounds__``, or the file's ``Launch: block N`` where
-it has none); it uses dynamic shared memory (an ``extern __shared__`` array) exactly where its spec gives it some,
-and no more than the emulator's copy of that array holds; no file declares an entry point the registry lacks, and
-the registry's files and compile units are the ones cuda_build builds.
+P, int i, long long q, float f) and the block of its spec (its ``__launch_bounds__``, or the file's ``Launch: block
+N`` where it has none); it uses dynamic shared memory (an ``extern __shared__`` array) exactly where its spec gives
+it some, and no more than the emulator's copy of that array holds; no file declares an entry point the registry
+lacks, and the registry's files and compile units are the ones cuda_build builds.
 
 The sources are read after the preprocessor (helpers.c_source: g++ -E with the CPU emulator's headers, which leaves
 every tile in, as the macros that stamp them out write them); nothing is compiled, so this runs in seconds.
@@ -36,9 +36,9 @@ def sources(tmp_path_factory) -> dict[str, Source]:
 
 def test_the_parser_reads_types_names_bounds_and_constants():
     text = ('extern "C" void __launch_bounds__((128 / 8) * (64 / 4), 2) k(const NhwcF16::T *__restrict x, '
-            'unsigned* __restrict c, int n, long long t) {}\nextern "C" void j() {}')
+            'unsigned* __restrict c, int n, long long t, float s) {}\nextern "C" void j() {}')
     found = {m["name"]: (c_params(m["params"]), m["bounds"]) for m in ENTRY.finditer(text)}
-    assert found == {"k": ((("x", "P"), ("c", "P"), ("n", "i"), ("t", "q")), "(128 / 8) * (64 / 4), 2"),
+    assert found == {"k": ((("x", "P"), ("c", "P"), ("n", "i"), ("t", "q"), ("s", "f")), "(128 / 8) * (64 / 4), 2"),
                      "j": ((), None)}
     consts = {"A": ["128"], "B": ["A + 256"], "C": ["1", "2"]}
     assert evaluate("(B - 3 * 4) / 5", consts) == (128 + 256 - 12) // 5

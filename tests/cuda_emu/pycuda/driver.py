@@ -20,7 +20,7 @@ import numpy as np
 
 _lib = ctypes.CDLL(os.environ["INCEPTION_EMU_LIB"])
 _live: dict[int, DeviceAllocation] = {}
-_C_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong}
+_C_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong, "f": ctypes.c_float}
 _launching = threading.Lock()  # one emulated kernel at a time, whichever thread launches it
 _contexts = threading.local()  # each thread's context stack
 

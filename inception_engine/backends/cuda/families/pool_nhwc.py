@@ -1,48 +1,84 @@
 """pool_nhwc.cu: the NHWC path's pools, per element type: pool2d (a moved average pool adds its conv's bias) and the
-global average pool, which writes float32 features (the FC's input) to the side buffer."""
+global average pool, which writes float32 features (the FC's input) to the side buffer. int8 (``--precision int8``)
+has its own two kernels: pool2d_nhwc_i8 requantizes (``ratio``) where the fp ones add a bias, and
+global_avg_pool_nhwc_i8 dequantizes (``scale``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ....plan import GlobalAvgPoolOp, PoolOp
+import numpy as np
+
+from ....plan import GlobalAvgPoolOp, PoolOp, View
 from ..tiles import NHWC_ELEMS, THREADS
 from .conv_nhwc import nhwc_ptr
 from .spec import KernelSpec, LaunchSpec, Signature, registry
 
 SOURCES = ("pool_nhwc.cu",)
-POOL_NHWC = Signature.of("P: x y", "i: batch channels h w x_cstride ho wo y_cstride kernel stride pad is_max "
-                         "count_include_pad", "P: bias")
+POOL_ARGS = Signature.of("P: x y", "i: batch channels h w x_cstride ho wo y_cstride kernel stride pad is_max "
+                         "count_include_pad")
+POOL_NHWC = POOL_ARGS + Signature.of("P: bias")
 GAP_NHWC = Signature.of("P: x y", "i: batch channels hw x_cstride y_bstride")
+POOL_NHWC_I8 = POOL_ARGS + Signature.of("f: ratio")
+GAP_NHWC_I8 = GAP_NHWC + Signature.of("f: scale")
+FLOAT_PRECISIONS = ("fp16", "tf32", "fp32")  # the element types of the fp kernels (int8's are named below)
+INT8 = "int8"
+I8_SUFFIX = "_i8"
 
 
 def entries() -> Iterator[KernelSpec]:
-    for e in NHWC_ELEMS.values():
+    for e in (NHWC_ELEMS[p] for p in FLOAT_PRECISIONS):
         yield KernelSpec(f"pool2d_nhwc{e.suffix}", "pool_nhwc.cu", POOL_NHWC, THREADS)
         yield KernelSpec(f"global_avg_pool_nhwc{e.suffix}", "pool_nhwc.cu", GAP_NHWC, THREADS)
+    yield KernelSpec(f"pool2d_nhwc{I8_SUFFIX}", "pool_nhwc.cu", POOL_NHWC_I8, THREADS)
+    yield KernelSpec(f"global_avg_pool_nhwc{I8_SUFFIX}", "pool_nhwc.cu", GAP_NHWC_I8, THREADS)
 
 
 KERNELS = registry(entries())
 
 
-def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0) -> LaunchSpec:
-    """pool_nhwc.cu's pool2d; bias: the device address of op.bias's bias (a moved pool), else 0."""
+def requant_ratio(s_in: float, s_out: float) -> float:
+    """pool2d_nhwc_i8's ratio: float32(s_in) / float32(s_out), as int8_reference.requantize computes it (exactly 1
+    where the two float32 scales are equal: the pool leaves its values as they are)."""
+    return float(np.float32(s_in) / np.float32(s_out))
+
+
+def elem_bytes(precision: str) -> int:
+    return 1 if precision == INT8 else NHWC_ELEMS[precision].bytes
+
+
+def view_ptr(arena: int, v: View, precision: str) -> int:
+    """Device address of the view's first channel of pixel 0 (conv_nhwc.nhwc_ptr, int8's one-byte elements too)."""
+    return arena + (v.offset + v.c_offset) if precision == INT8 else nhwc_ptr(arena, v, precision)
+
+
+def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0, ratio: float = 1.0) -> LaunchSpec:
+    """pool_nhwc.cu's pool2d; bias: the device address of op.bias's bias (a moved pool, fp only), else 0. int8:
+    ratio = float32(s_in) / float32(s_out), the requantization to the output's storage scale (1: the same scale)."""
     assert bool(bias) == bool(op.bias), f"{op.name}: a moved pool needs its conv's bias, and only it"
+    assert precision == INT8 or ratio == 1.0, f"{op.name}: only an int8 pool requantizes"
+    assert precision != INT8 or not bias, f"{op.name}: an int8 pool adds no bias"
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
-    elem = NHWC_ELEMS[precision]
-    k = KERNELS[f"pool2d_nhwc{elem.suffix}"]  # a thread a 16-byte piece
-    return LaunchSpec.of(op.name, k, (k.blocks(n * ho * wo * c * elem.bytes // 16), 1, 1),
-                         dict(x=nhwc_ptr(arena, op.src, precision), y=nhwc_ptr(arena, op.dst, precision), batch=n,
+    int8 = precision == INT8
+    k = KERNELS[f"pool2d_nhwc{I8_SUFFIX if int8 else NHWC_ELEMS[precision].suffix}"]  # a thread a 16-byte piece
+    last = dict(ratio=float(ratio)) if int8 else dict(bias=bias)
+    return LaunchSpec.of(op.name, k, (k.blocks(n * ho * wo * c * elem_bytes(precision) // 16), 1, 1),
+                         dict(x=view_ptr(arena, op.src, precision), y=view_ptr(arena, op.dst, precision), batch=n,
                               channels=c, h=h, w=w, x_cstride=op.src.c_total, ho=ho, wo=wo, y_cstride=op.dst.c_total,
                               kernel=op.kernel, stride=op.stride, pad=op.pad, is_max=int(op.kind == "max"),
-                              count_include_pad=int(op.count_include_pad), bias=bias))
+                              count_include_pad=int(op.count_include_pad), **last))
 
 
-def nhwc_gap_spec(op: GlobalAvgPoolOp, arena: int, features: int, precision: str = "fp16") -> LaunchSpec:
-    """pool_nhwc.cu's global average pool of the NHWC view into float32 (N, C) features at ``features``."""
+def nhwc_gap_spec(op: GlobalAvgPoolOp, arena: int, features: int, precision: str = "fp16",
+                  scale: float | None = None) -> LaunchSpec:
+    """pool_nhwc.cu's global average pool of the NHWC view into float32 (N, C) features at ``features``; int8: of
+    the values dequantized at ``scale`` (the input's storage scale, float32)."""
+    assert (scale is not None) == (precision == INT8), f"{op.name}: an int8 input's scale, and only its"
     nb, ch, hh, ww = op.src.dims
-    k = KERNELS[f"global_avg_pool_nhwc{NHWC_ELEMS[precision].suffix}"]  # a thread a 16-byte piece of channels
-    return LaunchSpec.of(op.name, k, (k.blocks(nb * ch * NHWC_ELEMS[precision].bytes // 16), 1, 1),
-                         dict(x=nhwc_ptr(arena, op.src, precision), y=features, batch=nb, channels=ch, hw=hh * ww,
-                              x_cstride=op.src.c_total, y_bstride=ch))
+    int8 = precision == INT8
+    k = KERNELS[f"global_avg_pool_nhwc{I8_SUFFIX if int8 else NHWC_ELEMS[precision].suffix}"]
+    last = dict(scale=float(scale)) if scale is not None else {}
+    return LaunchSpec.of(op.name, k, (k.blocks(nb * ch * elem_bytes(precision) // 16), 1, 1),  # a thread a piece
+                         dict(x=view_ptr(arena, op.src, precision), y=features, batch=nb, channels=ch, hw=hh * ww,
+                              x_cstride=op.src.c_total, y_bstride=ch, **last))

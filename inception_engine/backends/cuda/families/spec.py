@@ -17,7 +17,8 @@ from ..tiles import blocks
 @dataclass(frozen=True)
 class Signature:
     """A kernel's parameters as its C source declares them: names and pycuda struct codes (P pointer, i int32,
-    q int64). tests/kernels/test_kernel_signatures.py checks every kernel's C declaration against its Signature."""
+    q int64, f float32). tests/kernels/test_kernel_signatures.py checks every kernel's C declaration against its
+    Signature."""
 
     params: tuple[tuple[str, str], ...]
 
@@ -39,7 +40,7 @@ class Signature:
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.params)
 
-    def pack(self, kernel: str, args: Mapping[str, int]) -> tuple[int, ...]:
+    def pack(self, kernel: str, args: Mapping[str, float]) -> tuple[float, ...]:
         """The arguments given by name, in the C order: exactly the signature's names, each once."""
         if set(args) != set(self.names):
             missing, extra = sorted(set(self.names) - set(args)), sorted(set(args) - set(self.names))
@@ -115,18 +116,18 @@ class LaunchSpec:
     kernel: str  # entry point in the cubins
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    args: tuple[int, ...]  # device pointers and int32s, in the kernel's parameter order
+    args: tuple[float, ...]  # device pointers, int32s and float32s (int8 scales), in the kernel's parameter order
     shared: int = 0  # bytes of dynamic shared memory
     maps: tuple[TensorMap, ...] = ()  # tensor maps the kernel reads from its `maps` argument's address, 128 bytes each
 
     @classmethod
-    def of(cls, op: str, kernel: KernelSpec, grid: tuple[int, int, int], args: Mapping[str, int],
+    def of(cls, op: str, kernel: KernelSpec, grid: tuple[int, int, int], args: Mapping[str, float],
            conv: ConvOp | None = None, maps: tuple[TensorMap, ...] = ()) -> LaunchSpec:
         """A launch of ``kernel`` with its arguments by name (packed in its signature's order), its registry entry's
         block and dynamic shared memory (that of the conv it computes, ``conv``, where that depends on the conv)."""
         return cls(op, kernel.name, grid, kernel.block, kernel.signature.pack(kernel.name, args),
                    kernel.shared_bytes(conv), maps)
 
-    def arg(self, name: str, kernel: KernelSpec) -> int:
+    def arg(self, name: str, kernel: KernelSpec) -> float:
         """The argument ``name`` of this launch of ``kernel``."""
         return self.args[kernel.signature.names.index(name)]
