@@ -55,18 +55,11 @@ inline float __uint_as_float(unsigned u) {
 template <class T>
 T __ldcg(const T* p) { return *p; }
 // The explicitly rounded float32 operations (round to nearest even; the library compiles with -ffp-contract=off, so
-// a product and a sum stay two roundings), and the conversions: int -> float rounds to nearest (cvtsi2ss under the
-// default rounding mode); float -> int rounds half to even (nearbyint) and saturates as cvt.rni.s32.f32 (NaN: 0).
+// a product and a sum stay two roundings), and int -> float, rounded to nearest (cvtsi2ss under the default rounding
+// mode).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __int2float_rn(int i) { return static_cast<float>(i); }
-inline int __float2int_rn(float v) {
-    const float r = std::nearbyint(v);
-    if (r != r) return 0;
-    if (r >= 2147483648.f) return 2147483647;
-    if (r < -2147483648.f) return -2147483647 - 1;
-    return static_cast<int>(r);
-}
 // Blocks run one after another, so memory is always coherent and an atomic is a plain read-modify-write.
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
