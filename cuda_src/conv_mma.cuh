@@ -25,6 +25,7 @@
 // Launch: block 256, grid (ceil(N/BN), ceil(M/BM), splits), static shared memory only (< 48 KB, no attribute).
 #pragma once
 #include "common.cuh"
+#include "i8_piece.cuh"
 #include "wgmma.cuh"
 
 #ifdef __CUDACC__
@@ -234,23 +235,17 @@ struct NhwcF32 : NhwcTf32 {
 // float32 storage scale s per tensor; backends/int8_reference.py states the arithmetic), 16 channels a piece, so a
 // stage's rows of 64 bytes hold 64 k and each wgmma m64nNk32 .s32.s8.s8 takes 32 of them: the same tiles, swizzle and
 // descriptors as fp16. The sums are exact int32 (Acc); the epilogue (conv_nhwc.cuh's NhwcStore::column4) scales them
-// in float32, adds the bias, applies ReLU and requantizes to the output's storage scale, saturating to +-127: -128 is
-// never written (the poison of the tests and of the arena).
+// in float32, adds the bias, applies ReLU and requantizes to the output's storage scale (i8_piece.cuh's i8q::quantize),
+// saturating to +-127: -128 is never written (the poison of the tests and of the arena).
 struct NhwcI8 {
     using T = signed char;
     using Acc = int;
     static constexpr int PIECE = 16;
     static constexpr bool SPLIT = false, INT = true;
-    static constexpr int QMAX = 127;
     template <int N>
     __device__ __forceinline__ static void wgmma(int (&d)[N / 2], unsigned long long a, unsigned long long b,
                                                  int accumulate) {
         ::wgmma::Mma<N>::s8(d, a, b, accumulate);
-    }
-    // v at the output's scale (inv_out: 1 / the storage scale, float32): rint(v * inv_out) (round half to even),
-    // saturated to +-QMAX, as int8_reference.quantize.
-    __device__ __forceinline__ static int quantize(float v, float inv_out) {
-        return max(-QMAX, min(QMAX, __float2int_rn(__fmul_rn(v, inv_out))));
     }
     // Four channels of a pixel (each in [-127, 127]), lowest first, as one 4-byte store.
     __device__ __forceinline__ static void store4(T* p, const int (&q)[4]) {

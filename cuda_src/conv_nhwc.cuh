@@ -288,7 +288,7 @@ struct NhwcStore {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const float f = __fadd_rn(__fmul_rn(__int2float_rn(q[e]), scale[e]), bias[e]);
-                    v[e] = E::quantize(relu ? fmaxf(f, 0.f) : f, inv_out[e]);
+                    v[e] = i8q::quantize(relu ? fmaxf(f, 0.f) : f, inv_out[e]);
                 }
                 E::store4(y + p * col.cstride, v);
             } else {

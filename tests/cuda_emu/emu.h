@@ -58,8 +58,8 @@ inline float __uint_as_float(unsigned u) {
 template <class T>
 T __ldcg(const T* p) { return *p; }
 // The explicitly rounded float32 operations (round to nearest even; the library compiles with -ffp-contract=off, so
-// a product and a sum stay two roundings), and the conversions: int -> float rounds to nearest (cvtsi2ss under the
-// default rounding mode); float -> int rounds half to even (nearbyint) and saturates as cvt.rni.s32.f32 (NaN: 0).
+// a product and a sum stay two roundings), and int -> float, rounded to nearest (cvtsi2ss under the default rounding
+// mode).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __int2float_rn(int i) { return static_cast<float>(i); }
