@@ -8,6 +8,9 @@
 // sums. cp.async copies at once (the wait is then trivially satisfied); the barrier that follows it in the kernel
 // still orders.
 #pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "mma_emu.h"
@@ -42,8 +45,20 @@ inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 
 namespace cp_async {
 inline void copy4(float* dst, const float* src, bool valid) { *dst = valid ? *src : 0.f; }
-inline void copy16(float* dst, const float* src) { std::memcpy(dst, src, 16); }
+inline void check_aligned16(const void* dst, const void* src);
+inline void copy16(float* dst, const float* src) {
+    check_aligned16(dst, src);
+    std::memcpy(dst, src, 16);
+}
+// cp.async of 16 bytes needs both addresses 16-byte aligned: the GPU stops with "misaligned address" otherwise.
+inline void check_aligned16(const void* dst, const void* src) {
+    if ((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) {
+        std::fprintf(stderr, "emulator: cp.async of 16 bytes from %p to %p: misaligned address\n", src, dst);
+        std::abort();
+    }
+}
 inline void copy16_or_zero(void* dst, const void* src, bool valid) {
+    check_aligned16(dst, src);
     if (valid)
         std::memcpy(dst, src, 16);
     else

@@ -282,7 +282,7 @@ def test_tma_tiles_equal_int8_reference(mem, case):
 
 HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16: planes of 64 channels
     (2, 32, 64, 13, 11, (3, 3), 1, (1, 1), (32, 0), (64, 0)),  # Conv2d_2b's shape: one plane of 32 (one k32 step)
-    (1, 32, 32, 12, 9, (3, 3), 1, (0, 0), (48, 8), (48, 8)),  # Conv2d_2a's; views of wider buffers
+    (1, 32, 32, 12, 9, (3, 3), 1, (0, 0), (48, 16), (48, 8)),  # Conv2d_2a's; views of wider buffers
     (2, 80, 136, 11, 13, (3, 3), 1, (0, 0), (96, 16), (144, 8)),  # Conv2d_4a's: a full plane, then 16 channels
     (1, 48, 64, 9, 9, (5, 5), 1, (2, 2), (48, 0), (64, 0)),  # the 35x35 5x5: one plane of 48 (two k32 steps)
     (2, 96, 96, 8, 7, (3, 3), 1, (1, 1), (96, 0), (128, 32)),  # their 3x3s: a full plane and 32 channels
