@@ -43,13 +43,14 @@
 //
 // int8 (NhwcI8): the same tiles on int8 operands, k32 steps of 32 bytes, exact s32 sums in the registers fp32 ones
 // take, the requantizing epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout]); split-K writes
-// int32 partial sums (conv_nhwc_i8_splitk_reduce requantizes their exact sum). The TMA tiles' 128-byte rows are 128 channels a stage, so they take Cin multiples of 128 only
-// (Inception: the 256-, 384-, 768-, 1280- and 2048-channel inputs and Mixed_6b's 128s); the cp.async _ws_ tiles,
-// 64 channels a stage, take every Cin multiple of 16.
+// int32 partial sums (conv_nhwc_i8_splitk_reduce requantizes their exact sum). The TMA tiles' 128-byte rows are 128
+// channels a stage, so they take Cin multiples of 128 only (Inception: the 256-, 384-, 768-, 1280- and 2048-channel inputs and Mixed_6b's 128s); their _r64_ twins' 64-byte
+// rows (64-byte swizzle, boxes TMA moves slower a byte) take the multiples of 64 too (the 64-, 192- and 448-channel
+// ones); the cp.async _ws_ tiles, 64 channels a stage, take every Cin multiple of 16.
 //
-// Launch: conv_nhwc[_tf32|_i8]_ws_<BM>x<BN> and _ws_tma_<BM>x<BN>: WS_THREADS threads, _ws_tma_pp_<BM>x<BN>:
-//         WS_PP_THREADS; grid (blocks, 1, 1), at most one block an SM; dynamic shared memory ws_ring_bytes(BM, BN,
-//         ROW). The TMA tiles take the tensor maps' address last.
+// Launch: conv_nhwc[_tf32|_i8]_ws_<BM>x<BN> and _ws_tma[_r64]_<BM>x<BN>: WS_THREADS threads,
+//         _ws_tma_pp[_r64]_<BM>x<BN>: WS_PP_THREADS; grid (blocks, 1, 1), at most one block an SM; dynamic shared
+//         memory ws_ring_bytes(BM, BN, ROW). The TMA tiles take the tensor maps' address last.
 #include "conv_nhwc.cuh"
 
 // The ring's stages (cuda.tiles.ws_stages): ~200 KB of stages of BM + BN rows of `row` bytes, at most 12.
@@ -90,10 +91,11 @@ struct WsRing {
     }
 };
 
-template <class E, int BM, int BN, bool TMA = false, bool PINGPONG = false>
+template <class E, int BM, int BN, bool TMA = false, bool PINGPONG = false, int TMA_ROW = 128>
 __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, const unsigned char* maps = nullptr) {
     using T = typename E::T;
-    constexpr int ROW = TMA ? 128 : 64;  // bytes of a stage's row: its k (the TMA tiles' in the 128-byte swizzle)
+    // bytes of a stage's row: its k (the TMA tiles' in the 128-byte swizzle, int8's _r64_ ones' in the 64-byte one)
+    constexpr int ROW = TMA ? TMA_ROW : 64;
     constexpr int PRODUCERS = PINGPONG ? WS_PP_PRODUCERS : WS_PRODUCERS;
     // 64-row blocks of a consumer warpgroup: half the tile's, or all of them (ping-pong)
     constexpr int MB = PINGPONG ? BM / 64 : BM / 128, STAGES = ws_stages(BM, BN, ROW);
@@ -241,17 +243,19 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
 // Their TMA twins NAME_ws_tma_BMxBN take the tensor maps' address last.
 #define CONV_NHWC_WS_KERNEL(NAME, E, BM, BN) \
     CONV_NHWC_ENTRY(NAME##_ws_##BM##x##BN, E, WS_THREADS, 1, (conv_nhwc_ws_gemm<E, BM, BN>))
-#define CONV_NHWC_WS_TMA_KERNEL(NAME, E, BM, BN)                                                                  \
+#define CONV_NHWC_WS_TMA_KERNEL_ROW(NAME, E, BM, BN, ROW)                                                         \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                                   \
-        NAME##_ws_tma_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {                 \
-        conv_nhwc_ws_gemm<E, BM, BN, true>(CONV_NHWC_ARGS(E), maps);                                              \
+        NAME##_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {                         \
+        conv_nhwc_ws_gemm<E, BM, BN, true, false, ROW>(CONV_NHWC_ARGS(E), maps);                                  \
     }
+#define CONV_NHWC_WS_TMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WS_TMA_KERNEL_ROW(NAME##_ws_tma, E, BM, BN, 128)
 // Their ping-pong versions NAME_ws_tma_pp_BMxBN: WS_PP_THREADS (384), 168 registers a thread at launch.
-#define CONV_NHWC_WS_PP_KERNEL(NAME, E, BM, BN)                                                                   \
+#define CONV_NHWC_WS_PP_KERNEL_ROW(NAME, E, BM, BN, ROW)                                                          \
     extern "C" __global__ void __launch_bounds__(WS_PP_THREADS, 1)                                                \
-        NAME##_ws_tma_pp_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {              \
-        conv_nhwc_ws_gemm<E, BM, BN, true, true>(CONV_NHWC_ARGS(E), maps);                                        \
+        NAME##_##BM##x##BN(CONV_NHWC_PARAMS(E), const unsigned char* __restrict__ maps) {                         \
+        conv_nhwc_ws_gemm<E, BM, BN, true, true, ROW>(CONV_NHWC_ARGS(E), maps);                                   \
     }
+#define CONV_NHWC_WS_PP_KERNEL(NAME, E, BM, BN) CONV_NHWC_WS_PP_KERNEL_ROW(NAME##_ws_tma_pp, E, BM, BN, 128)
 
 // In cuda/tiles.py's order (NHWC_WGMMA_TILES): cp.async, then TMA, then TMA ping-pong.
 #define CONV_NHWC_WS_TILES(NAME, E)             \
@@ -272,5 +276,11 @@ CONV_NHWC_WS_TILES(conv_nhwc_tf32, NhwcTf32)
 #endif
 #ifdef IE_NHWC_INT8
 CONV_NHWC_WS_TILES(conv_nhwc_i8, NhwcI8)
+// int8's TMA tiles of 64-byte rows (NAME_ws_tma_r64_, NAME_ws_tma_pp_r64_): 64 channels a stage, for the Cin multiples
+// of 64 but not of 128 (Inception's 64-, 192- and 448-channel inputs).
+CONV_NHWC_WS_TMA_KERNEL_ROW(conv_nhwc_i8_ws_tma_r64, NhwcI8, 128, 192, 64)
+CONV_NHWC_WS_TMA_KERNEL_ROW(conv_nhwc_i8_ws_tma_r64, NhwcI8, 256, 128, 64)
+CONV_NHWC_WS_PP_KERNEL_ROW(conv_nhwc_i8_ws_tma_pp_r64, NhwcI8, 128, 192, 64)
+CONV_NHWC_WS_PP_KERNEL_ROW(conv_nhwc_i8_ws_tma_pp_r64, NhwcI8, 128, 128, 64)
 #endif
 #endif

@@ -110,9 +110,11 @@ def test_int8_needs_wgmma():
         check_nhwc_precision(PRECISION, False)
     check_nhwc_precision(PRECISION, True)
     assert not NHWC_ELEMS[PRECISION].mma_tiles
-    assert (len(WGMMA), len(WS), len(TMA), len(HALO), len(TILES)) == (6, 4, 4, 5, 19)
+    assert (len(WGMMA), len(WS), len(TMA), len(HALO), len(TILES)) == (6, 4, 8, 5, 23)
     assert all(t.bk == 64 for t in WGMMA + WS + HALO)  # 64 int8 k a 64-byte row (a halo plane's)
-    assert all(t.bk == 128 for t in TMA) and sum(map(is_pingpong, (t.prefix for t in TMA))) == 2  # 128-byte rows
+    # TMA: 128-byte rows, 128 k a stage, and their _r64 twins of 64-byte rows; two of each ping-pong
+    assert sorted(t.bk for t in TMA) == [64] * 4 + [128] * 4 and all(ws_row(t.prefix) == t.bk for t in TMA)
+    assert sum(map(is_pingpong, (t.prefix for t in TMA))) == 4
 
 
 def test_ring_bytes_are_the_kernels(emu):
@@ -261,7 +263,7 @@ def test_conv_equals_int8_reference(mem, case):
     check_conv(mem, case, WGMMA + WS + fitting(case, HALO))
 
 
-TMA_CASES = [  # Cin a multiple of 128 (a TMA stage's 128 int8 channels of one tap)
+TMA_CASES = [  # Cin a multiple of 128 (a TMA stage's 128 int8 channels of one tap), or of 64 (the _r64 tiles')
     # taps along W past both edges; a view at channel 16 of a wider buffer; 128-pixel boxes across rows and images
     (3, 128, 200, 9, 9, (1, 7), 1, (0, 3), (144, 16), (208, 8)),
     (2, 128, 48, 11, 13, (7, 1), 1, (3, 0), (128, 0), (48, 0)),  # taps along H
@@ -270,14 +272,20 @@ TMA_CASES = [  # Cin a multiple of 128 (a TMA stage's 128 int8 channels of one t
     # 9 pixel tiles on num_sms 3 and 2 channel tiles at 128x128: each ping-pong consumer takes several tiles, so the
     # turn barriers and both consumers' ring positions go through several phases
     (6, 128, 136, 12, 16, (3, 3), 1, (1, 1), (128, 0), (136, 0)),
+    (2, 192, 136, 9, 9, (1, 7), 1, (0, 3), (208, 16), (136, 0)),  # 192 and 448 channels: the _r64 tiles only
+    (1, 448, 64, 8, 8, (3, 3), 1, (1, 1), (448, 0), (64, 0)),
+    (2, 64, 96, 11, 13, (3, 3), 2, (0, 0), (64, 0), (96, 0)),
 ]
 
 
 @pytest.mark.parametrize("case", TMA_CASES, ids=case_id)
 def test_tma_tiles_equal_int8_reference(mem, case):
-    """conv_nhwc_ws.cu's TMA tiles and their ping-pong versions: the A rows as im2col boxes of 128 int8 channels
-    through a tensor map of 1-byte elements, the weights as tiled boxes; the cp.async tiles on the same convs."""
-    check_conv(mem, case, TMA + WS)
+    """conv_nhwc_ws.cu's TMA tiles and their ping-pong versions: the A rows as im2col boxes of 128 (_r64: 64) int8
+    channels through a tensor map of 1-byte elements, the weights as tiled boxes; the cp.async tiles on the same
+    convs."""
+    tma = fitting(case, TMA)
+    assert len(tma) == (8 if case[1] % 128 == 0 else 4)
+    check_conv(mem, case, tma + WS)
 
 
 HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16: planes of 64 channels

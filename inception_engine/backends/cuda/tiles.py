@@ -146,12 +146,18 @@ WS_TMA_SHAPES = ((128, 192), (256, 128))
 
 
 TMA_ROW = 128  # bytes of a TMA tile's stage row: 64 k of fp16, 32 of tf32, 128 of int8 (conv_nhwc_ws.cu's header)
+# int8's TMA tiles of 64-byte rows too (64 k a stage, for Cin multiples of 64 but not of 128: Inception's 64-, 192- and
+# 448-channel inputs), named <prefix>_r64_<BM>x<BN>
+TMA_ROW64, TMA_ROW64_TAG = 64, "_r64"
 
 
-def ws_tma_tile(bm: int, bn: int, precision: str) -> Tile:
-    """conv_nhwc_ws.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16, tf32, int8)."""
+def ws_tma_tile(bm: int, bn: int, precision: str, row: int = TMA_ROW, pingpong: bool = False) -> Tile:
+    """conv_nhwc_ws.cu's TMA warp-specialized tile of bm pixels x bn channels (sm_90a; fp16, tf32, int8), stage rows
+    of `row` bytes (TMA_ROW; int8's also TMA_ROW64), ping-pong or not."""
     ws = ws_tile(bm, bn, precision)
-    return replace(ws, bk=TMA_ROW // WGMMA_ELEM_BYTES[precision], prefix=ws.prefix + "_tma")
+    tag = TMA_ROW64_TAG if row == TMA_ROW64 else ""
+    return replace(ws, bk=row // WGMMA_ELEM_BYTES[precision], prefix=f"{ws.prefix}_tma{'_pp' * pingpong}{tag}",
+                   threads=WS_PP_THREADS if pingpong else ws.threads)
 
 
 def is_tma(kernel_or_prefix: str) -> bool:
@@ -159,8 +165,11 @@ def is_tma(kernel_or_prefix: str) -> bool:
 
 
 def ws_row(kernel_or_prefix: str) -> int:
-    """Bytes of a warp-specialized tile's stage row (conv_nhwc_ws.cu's ROW): the TMA tiles' TMA_ROW, else 64."""
-    return TMA_ROW if is_tma(kernel_or_prefix) else 64
+    """Bytes of a warp-specialized tile's stage row (conv_nhwc_ws.cu's ROW): the TMA tiles' TMA_ROW (the _r64 ones'
+    TMA_ROW64), else 64."""
+    if not is_tma(kernel_or_prefix):
+        return 64
+    return TMA_ROW64 if TMA_ROW64_TAG + "_" in kernel_or_prefix + "_" else TMA_ROW
 
 
 # conv_nhwc_ws.cu's ping-pong TMA tiles (``_ws_tma_pp_``): each of the two consumer warpgroups takes whole tiles in
@@ -170,10 +179,9 @@ WS_PP_SHAPES = ((128, 192), (128, 128))
 WS_PP_THREADS = 384
 
 
-def ws_pp_tile(bm: int, bn: int, precision: str) -> Tile:
+def ws_pp_tile(bm: int, bn: int, precision: str, row: int = TMA_ROW) -> Tile:
     """conv_nhwc_ws.cu's ping-pong TMA tile of bm pixels x bn channels (sm_90a; fp16, tf32, int8)."""
-    tma = ws_tma_tile(bm, bn, precision)
-    return replace(tma, prefix=tma.prefix + "_pp", threads=WS_PP_THREADS)
+    return ws_tma_tile(bm, bn, precision, row, pingpong=True)
 
 
 def is_pingpong(kernel_or_prefix: str) -> bool:
@@ -282,10 +290,11 @@ def conv_kernel(op: ConvOp, tile: Tile) -> str:
 
 def tile_label(tile: Tile) -> str:
     """A tile's name that tells the NHWC path's wgmma tiles (w128x128), warp-specialized ones (ws128x128, TMA
-    wt128x192, TMA ping-pong wp128x192) and halo ones (h128x64) from its mma.sync ones of the same shape."""
+    wt128x192, TMA ping-pong wp128x192; int8's of 64-byte rows wt128x192r64) and halo ones (h128x64) from its mma.sync
+    ones of the same shape."""
     kind = ("wp" if is_pingpong(tile.prefix) else "wt" if is_tma(tile.prefix) else "ws" if is_ws(tile.prefix)
             else "h" if is_halo(tile.prefix) else "w" if "_wgmma" in tile.prefix else "")
-    return kind + tile.name
+    return kind + tile.name + ("r64" if is_tma(tile.prefix) and ws_row(tile.prefix) == TMA_ROW64 else "")
 
 
 # The sm_90a tiles in the order their files instantiate them: conv_nhwc_wgmma.cu's, conv_nhwc_ws.cu's (cp.async, then
@@ -306,6 +315,8 @@ NHWC_I8_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "int8") for bm, bn in WGMMA_SPEE
                        + tuple(ws_tile(bm, bn, "int8") for bm, bn in WS_SPEEDS)
                        + tuple(ws_tma_tile(bm, bn, "int8") for bm, bn in WS_TMA_SHAPES)
                        + tuple(ws_pp_tile(bm, bn, "int8") for bm, bn in WS_PP_SHAPES)
+                       + tuple(ws_tma_tile(bm, bn, "int8", TMA_ROW64) for bm, bn in WS_TMA_SHAPES)
+                       + tuple(ws_pp_tile(bm, bn, "int8", TMA_ROW64) for bm, bn in WS_PP_SHAPES)
                        + tuple(halo_tile(bm, bn, "int8") for bm, bn in HALO_SPEEDS))
 # conv_input_nhwc.cu: the first conv of the NHWC path, from the float32 NCHW input, no split-K. INPUT_TILE: on the
 # FMA units, 256 pixels x 32 channels per block (one pixel per thread), every precision. INPUT_MMA_TILE: on the tensor
