@@ -49,12 +49,11 @@ from .protocol import (HEADER_LENGTH, MODEL_NAME, MODEL_VERSION, OUTPUT_PROBS, A
 
 def multiprocess_metrics() -> bool:
     """Whether this process's metrics go to prometheus-client's multiprocess files (the directory in
-    $PROMETHEUS_MULTIPROC_DIR: with several front-ends, hub.py); where so, every metric made from now on does, even
-    if prometheus_client was imported before the variable was set."""
-    if not os.environ.get(MULTIPROC_ENV):
-        return False
-    values.ValueClass = values.MultiProcessValue()
-    return True
+    $PROMETHEUS_MULTIPROC_DIR: with several front-ends, hub.py); every metric made from now on follows it, even where
+    prometheus_client was imported before the variable was set (or unset)."""
+    on = bool(os.environ.get(MULTIPROC_ENV))
+    values.ValueClass = values.MultiProcessValue() if on else values.MutexValue
+    return on
 
 
 class Metrics:

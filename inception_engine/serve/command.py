@@ -150,11 +150,14 @@ def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: st
     bound = sock.getsockname()
     address = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}"
     failed: list[str] = []
+    server: Any = None
+    runner: GracefulServer | None = None
 
     def on_ready(facts: EngineFacts | None, names: list[str]) -> None:
         if facts is None:
-            failed.append(server.failed or "the engines could not start")
-            runner.stop()
+            if runner is not None:  # the one-process server stops here; the hub returns why itself
+                failed.append(server.failed or "the engines could not start")
+                runner.stop()
             return
         for note in facts.notes:
             click.echo(f"note: {note}", err=True)
