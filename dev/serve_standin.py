@@ -89,7 +89,10 @@ def patch_devices(batch_ms: float, host_us: float) -> None:
             pass
 
         def facts(self) -> EngineFacts:
-            return EngineFacts("cuda", "fp16", self.sizes[-1], None, ())
+            from inception_engine.weights import ModelId
+
+            # a model id, as an engine's facts have one: inception-run --server writes it in every result
+            return EngineFacts("cuda", "fp16", self.sizes[-1], None, (), ModelId("0" * 16, "synthetic"))
 
         def close(self) -> None:
             if self.files is not None:
