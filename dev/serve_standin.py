@@ -102,13 +102,13 @@ def patch_devices(batch_ms: float, host_us: float) -> None:
 
 
 def serve(port: int, max_batch: int, process: bool, http_workers: int = 1) -> None:
-    """The server as inception-serve runs it (command.GracefulServer, app.make_app; with ``http_workers`` > 1
+    """The server as inception-serve runs it (app.GracefulServer, app.make_app; with ``http_workers`` > 1
     command.run_with_frontends), on the stand-in engine; its device a thread (as with one GPU) or, ``process``, a
     worker process (devices.ProcessDevice, as with several)."""
     from inception_engine.config import EngineConfig
     from inception_engine.serve import app as app_module
-    from inception_engine.serve.app import Server, make_app
-    from inception_engine.serve.command import GracefulServer, listening_socket, metrics_directory, run_with_frontends
+    from inception_engine.serve.app import GracefulServer, Server, make_app
+    from inception_engine.serve.command import listening_socket, metrics_directory, run_with_frontends
     from inception_engine.serve.devices import ProcessDevice
     from inception_engine.serve.settings import Limits, ServeOptions
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 import zlib
 from collections.abc import Callable
@@ -220,6 +221,29 @@ class Server:
             x = req.tensor
         logits = np.stack(await self.batcher.run("tensor", x, names))
         return Answer(logits=logits, probs=softmax(logits))
+
+
+class GracefulServer:
+    """uvicorn's server, whose SIGTERM and SIGINT stop it gracefully and end the process with 0 (uvicorn raises the
+    signal again once stopped, which would end it with the signal's status)."""
+
+    def __init__(self, app: Any, sock: socket.socket, timeout: float):
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                super().handle_exit(sig, frame)
+                self._captured_signals.clear()  # the stop it asked for is done: exit 0, not by the signal
+
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=timeout, timeout_keep_alive=5)
+        self.server, self.sock = Quiet(config), sock
+
+    def run(self) -> None:
+        self.server.run(sockets=[self.sock])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
 
 
 def bad_images(results: list[Any]) -> None:

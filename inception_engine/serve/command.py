@@ -74,29 +74,6 @@ def engine_spec(weights: str | None, backend: str, precision: str, batch_size: i
                           batch_size=resolved.batch_size), count
 
 
-class GracefulServer:
-    """uvicorn's server, whose SIGTERM and SIGINT stop it gracefully and end the process with 0 (uvicorn raises the
-    signal again once stopped, which would end it with the signal's status)."""
-
-    def __init__(self, app: Any, sock: socket.socket, timeout: float):
-        import uvicorn
-
-        class Quiet(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                super().handle_exit(sig, frame)
-                self._captured_signals.clear()  # the stop it asked for is done: exit 0, not by the signal
-
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=timeout, timeout_keep_alive=5)
-        self.server, self.sock = Quiet(config), sock
-
-    def run(self) -> None:
-        self.server.run(sockets=[self.sock])
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-
-
 @click.command(name="inception-serve", cls=Command, context_settings=CONTEXT)
 @click.option("--weights", "weights_path", metavar="PATH",
               help="Weight file (default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache).")
@@ -151,7 +128,7 @@ def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: st
     address = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}"
     failed: list[str] = []
     server: Any = None
-    runner: GracefulServer | None = None
+    runner: Any = None  # app.GracefulServer, once made
 
     def on_ready(facts: EngineFacts | None, names: list[str]) -> None:
         if facts is None:
@@ -174,7 +151,7 @@ def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: st
         click.echo("inception-serve: stopped", err=True)
         return
     try:
-        from .app import Server, make_app
+        from .app import GracefulServer, Server, make_app
     except ImportError as e:
         raise EngineError(f"inception-serve needs {e.name} (pip install -e '.[serve]')") from None
     server = Server(options, on_ready)

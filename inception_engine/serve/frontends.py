@@ -38,7 +38,6 @@ import numpy as np
 
 from ..engine import EngineFacts
 from ..errors import EngineError
-from .settings import ServeOptions
 
 ARENA_BYTES = 512 << 20  # a front-end's shared memory: pages are taken as used, not at creation
 ALIGN = 64
@@ -200,24 +199,3 @@ class HubClient:
             self.task.cancel()
         if self.writer is not None:
             self.writer.close()
-
-
-def frontend_main(options: ServeOptions, index: int, listening: socket.socket, link: socket.socket,
-                  owner: int) -> None:
-    """A front-end process (spawned): app.py's routes on the shared listening socket, computing through the hub;
-    its arena comes first on ``link``. Ends with 0 once stopped (SIGTERM), as the one-process server does."""
-    from ..ingest.workers import die_with
-    from .app import Server, make_app, multiprocess_metrics
-    from .command import GracefulServer
-
-    die_with(owner)
-    multiprocess_metrics()
-    _, fds, _, _ = socket.recv_fds(link, 16, 1)
-    hub = HubClient(link, fds[0])
-
-    def on_ready(facts: EngineFacts | None, names: list[str]) -> None:
-        if facts is not None:
-            asyncio.get_running_loop().create_task(hub.acknowledge())
-
-    server = Server(options, on_ready, hub=hub)
-    GracefulServer(make_app(server), listening, timeout=options.limits.request_seconds + 5).run()

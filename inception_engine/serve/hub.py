@@ -1,5 +1,6 @@
 """The engine process of ``inception-serve --http-workers N``: its devices and batcher, computing for N front-end
-processes that it starts (frontends.py says how they hand requests over, and how the server stops)."""
+processes that it starts (``frontend_main``: app.py's routes, computing through frontends.HubClient); frontends.py
+says how they hand requests over, and how the server stops."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import numpy as np
 
 from ..engine import EngineFacts
 from ..errors import first_line
+from ..ingest.workers import die_with
 from .batcher import Batcher
 from .devices import DeviceError, make_devices
-from .frontends import ARENA_BYTES, frontend_main, receive, send, unpack
+from .frontends import ARENA_BYTES, HubClient, receive, send, unpack
 from .settings import ServeOptions
 
 
@@ -62,6 +64,7 @@ class Hub:
             if await self._start_devices():
                 await self.stopping.wait()
         finally:
+            self.stopping.set()  # the front-ends' ends from here on are asked for
             await self._stop_frontends()
             for task in links:
                 task.cancel()
@@ -184,6 +187,25 @@ class Hub:
                 d.close()
 
         await asyncio.get_running_loop().run_in_executor(None, close)
+
+
+def frontend_main(options: ServeOptions, index: int, listening: socket.socket, link: socket.socket,
+                  owner: int) -> None:
+    """A front-end process (spawned): app.py's routes on the shared listening socket, computing through the hub;
+    its arena comes first on ``link``. Ends with 0 once stopped (SIGTERM), as the one-process server does."""
+    from .app import GracefulServer, Server, make_app, multiprocess_metrics
+
+    die_with(owner)
+    multiprocess_metrics()
+    _, fds, _, _ = socket.recv_fds(link, 16, 1)
+    hub = HubClient(link, fds[0])
+
+    def on_ready(facts: EngineFacts | None, names: list[str]) -> None:
+        if facts is not None:
+            asyncio.get_running_loop().create_task(hub.acknowledge())
+
+    server = Server(options, on_ready, hub=hub)
+    GracefulServer(make_app(server), listening, timeout=options.limits.request_seconds + 5).run()
 
 
 def serve_with_frontends(options: ServeOptions, listening: socket.socket, count: int,
