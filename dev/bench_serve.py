@@ -529,7 +529,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--device-process", action="store_true",
                     help="then the same rows again with the one GPU's engine in a worker process (its own GIL; "
-                         "serve_standin.py --device-process), its server CPU counting the server process only")
+                         "serve_standin.py --device-process); server CPU: every process of it, main process: the "
+                         "HTTP side alone")
     ap.add_argument("--http-workers", type=ints, default=[1], metavar="N,M",
                     help="inception-serve --http-workers: the rows again for each (comma-separated)")
     ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
