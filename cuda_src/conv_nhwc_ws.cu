@@ -44,9 +44,10 @@
 // int8 (NhwcI8): the same tiles on int8 operands, k32 steps of 32 bytes, exact s32 sums in the registers fp32 ones
 // take, the requantizing epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout]); split-K writes
 // int32 partial sums (conv_nhwc_i8_splitk_reduce requantizes their exact sum). The TMA tiles' 128-byte rows are 128
-// channels a stage, so they take Cin multiples of 128 only (Inception: the 256-, 384-, 768-, 1280- and 2048-channel inputs and Mixed_6b's 128s); their _r64_ twins' 64-byte
-// rows (64-byte swizzle, boxes TMA moves slower a byte) take the multiples of 64 too (the 64-, 192- and 448-channel
-// ones); the cp.async _ws_ tiles, 64 channels a stage, take every Cin multiple of 16.
+// channels a stage, so they take Cin multiples of 128 only (Inception: the 256-, 384-, 768-, 1280- and 2048-channel
+// inputs and Mixed_6b's 128s); their _r64_ twins' 64-byte rows (64-byte swizzle, boxes TMA moves slower a byte) take
+// the multiples of 64 too (the 64-, 192- and 448-channel ones); the cp.async _ws_ tiles, 64 channels a stage, take
+// every Cin multiple of 16.
 //
 // Launch: conv_nhwc[_tf32|_i8]_ws_<BM>x<BN> and _ws_tma[_r64]_<BM>x<BN>: WS_THREADS threads,
 //         _ws_tma_pp[_r64]_<BM>x<BN>: WS_PP_THREADS; grid (blocks, 1, 1), at most one block an SM; dynamic shared

@@ -3,7 +3,8 @@ torchvision's Inception-V3 in fp16 and LitServe's own batching), in one run on a
 
     python dev/bench_serve.py [--images 1024] [--concurrency 1,4,16,64,256] [--sizes 1,64] [--seconds 5]
                               [--precision fp16] [--decode gpu] [--peer litserve|none] [--run-images 16384]
-                              [--profile 64,128] [--json out.json]
+                              [--profile 64,128] [--http-workers 1,4] [--json out.json]
+    python dev/bench_serve.py --soak 420 [--rate R | --soak-load 0.8] [--sizes 64] [--http-workers 4] ...
 
 On the GPU machine the HTTP packages come from dev/gpu_machine/serve_kit.sh (``install`` sets PYTHONPATH).
 
@@ -18,6 +19,9 @@ per row: images/s, requests/s, p50 and p99 latency in ms, failed requests, and i
 process, every thread) per image answered. ``--profile SIZE,C``: py-spy samples inception-serve during that row
 (the thread holding the GIL: with one GPU the event loop and the device's thread share one) and its hottest frames
 are printed, by thread, by self and by total samples (dev/serve_standin.py measures the same without a GPU).
+
+``--http-workers 1,4``: the rows for inception-serve with each number of HTTP front-end processes, one server after
+the other in the same run. ``--soak SECONDS``: instead, a soak (serve_soak.py says what it samples and judges).
 
 Beside it: ``inception-run DIR`` (--decode, --precision as given) on ``--run-images`` files (the --images folder's
 files linked as many times as needed), its steady images/s (bench_folder.inception_run); and ``inception-run
@@ -96,6 +100,7 @@ async def drive(kind: str, url: str, reqs: list[list[bytes]], mode: str, level: 
     conc = int(level) if mode == "closed" else 1024
     send, close = await (triton_sender if kind == "inception" else peer_sender)(url, conc)
     lat: list[float] = []
+    errors: list[str] = []  # the first few failures' messages
     failed = images = 0
     end = time.perf_counter() + seconds
 
@@ -103,8 +108,10 @@ async def drive(kind: str, url: str, reqs: list[list[bytes]], mode: str, level: 
         nonlocal failed, images
         try:
             ok = await send(reqs[r % len(reqs)])
-        except Exception:
+        except Exception as e:
             ok = False
+            if len(errors) < 5:
+                errors.append(f"{type(e).__name__}: {str(e).strip()[:300]}")
         if ok:
             lat.append(time.perf_counter() - due)
             images += len(reqs[r % len(reqs)])
@@ -125,16 +132,19 @@ async def drive(kind: str, url: str, reqs: list[list[bytes]], mode: str, level: 
         if mode == "closed":
             await asyncio.gather(*(closed(w) for w in range(conc)))
         else:
-            tasks, r = [], 0
+            tasks: set[asyncio.Task] = set()  # those not done: a long soak keeps no task it has finished
+            r = 0
             while (due := t0 + r / level) < end:
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                tasks.append(asyncio.create_task(one(r, due)))
+                task = asyncio.create_task(one(r, due))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
                 r += 1
             await asyncio.gather(*tasks)
         took = time.perf_counter() - t0
     finally:
         await close()
-    return {"lat": lat, "failed": failed, "images": images, "seconds": took}
+    return {"lat": lat, "failed": failed, "images": images, "seconds": took, "errors": errors}
 
 
 def client_proc(args: tuple) -> dict:
@@ -159,7 +169,8 @@ def load_point(kind: str, url: str, files: list[Path], size: int, mode: str, lev
 
     return {"server": kind, "size": size, "mode": mode, "level": level, "seconds": round(took, 2),
             "images_s": round(sum(p["images"] for p in parts) / took), "requests_s": round(len(lat) / took),
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "failed": sum(p["failed"] for p in parts)}
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "failed": sum(p["failed"] for p in parts),
+            "errors": [e for p in parts for e in p["errors"]][:5]}
 
 
 def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace, pid: int | None = None) -> list[dict]:
@@ -185,10 +196,30 @@ def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace, pid:
     return rows
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (every thread of it), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (a server's front-ends and device processes), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:  # it ended meanwhile
+            continue
+    return out
+
+
+def cpu_seconds(pid: int, tree: bool = True) -> float:
+    """utime + stime of a process and (``tree``) the processes below it (every thread of them), in seconds."""
+    total = 0
+    for p in process_tree(pid) if tree else [pid]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def measured(pid: int | None, load: Any, *args: Any) -> dict:
@@ -196,11 +227,13 @@ def measured(pid: int | None, load: Any, *args: Any) -> dict:
     counted in: the server idles then)."""
     if pid is None:
         return load(*args)
-    cpu0 = cpu_seconds(pid)
+    cpu0, main0 = cpu_seconds(pid), cpu_seconds(pid, tree=False)
     out = load(*args)
     images = out["images_s"] * out["seconds"]
     out["server_cpu_s"] = round(cpu_seconds(pid) - cpu0, 2)
     out["cpu_us_image"] = round(1e6 * out["server_cpu_s"] / images) if images else None
+    # the server's first process alone: with HTTP front-ends, the engine's process (its one core is the limit)
+    out["main_cpu_us_image"] = round(1e6 * (cpu_seconds(pid, tree=False) - main0) / images) if images else None
     return out
 
 
@@ -280,18 +313,21 @@ def fmt(row: dict) -> str:
     level = f"c={int(row['level'])}" if row["mode"] == "closed" else f"{row['level']:.0f} req/s"
     return (f"{row['server']:10} {row['size']:3} img/req {row['mode']:6} {level:>12}: {row['images_s']:7} img/s "
             f"{row['requests_s']:6} req/s  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  failed {row['failed']}"
-            + (f"  server CPU {row['cpu_us_image']} us/image" if row.get("cpu_us_image") else ""))
+            + (f"  server CPU {row['cpu_us_image']} us/image (main process {row['main_cpu_us_image']})"
+               if row.get("cpu_us_image") else ""))
 
 
 # ------------------------------------------------------------------------------------------------ the servers
 
-def start_inception(args: argparse.Namespace, device_process: bool = False) -> tuple[subprocess.Popen, str]:
-    """inception-serve; ``device_process``: its one device in a worker process (serve_standin.py --device-process)."""
+def start_inception(args: argparse.Namespace, device_process: bool = False,
+                    http_workers: int = 1) -> tuple[subprocess.Popen, str]:
+    """inception-serve; ``device_process``: its one device in a worker process (serve_standin.py --device-process);
+    ``http_workers``: its HTTP front-end processes (--http-workers)."""
     server = ([str(ROOT / "dev" / "serve_standin.py"), "--device-process"] if device_process else
               ["-m", "inception_engine.serve.command"])
     cmd = [sys.executable, *server, "--port", "0", "--precision", args.precision,
            "--decode", args.decode, "--backend", args.backend, "--max-queue-delay-ms", str(args.delay_ms),
-           "--max-images", "4096"]
+           "--max-images", "4096", "--http-workers", str(http_workers)]
     if args.weights:
         cmd += ["--weights", args.weights]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -443,8 +479,8 @@ def peer_server(port: int, batch: int, model: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- beside them
 
-def runs_beside(url: str, d: Path, args: argparse.Namespace) -> list[dict]:
-    """inception-run on the same files, locally and through the warm server (--server)."""
+def runs_beside(url: str, d: Path, args: argparse.Namespace, local_too: bool = True, label: str = "") -> list[dict]:
+    """inception-run on the same files, locally (``local_too``) and through the warm server (--server)."""
     from bench_folder import inception_run, many
 
     files = len(list(d.glob("*.jpg")))
@@ -452,8 +488,9 @@ def runs_beside(url: str, d: Path, args: argparse.Namespace) -> list[dict]:
     local = ["--precision", args.precision, "--decode", args.decode, "--backend", args.backend, str(target)]
     local += ["--weights", args.weights] if args.weights else []
     out = Path(args.workdir) / "run.jsonl"
-    rows = [{"run": "inception-run", **inception_run(local, out, timeout=900)},
-            {"run": "inception-run --server", **inception_run(["--server", url, str(target)], out, timeout=900)}]
+    rows = [{"run": "inception-run", **inception_run(local, out, timeout=900)}] if local_too else []
+    rows += [{"run": f"inception-run --server{label}", **inception_run(["--server", url, str(target)], out,
+                                                                         timeout=900)}]
     for r in rows:
         r.pop("top1", None)
         print(f"{r['run']:24} {files if target is d else args.run_images} files: wall {r['wall_s']} s, steady "
@@ -492,7 +529,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--device-process", action="store_true",
                     help="then the same rows again with the one GPU's engine in a worker process (its own GIL; "
-                         "serve_standin.py --device-process), its server CPU counting the server process only")
+                         "serve_standin.py --device-process); server CPU: every process of it, main process: the "
+                         "HTTP side alone")
+    ap.add_argument("--http-workers", type=ints, default=[1], metavar="N,M",
+                    help="inception-serve --http-workers: the rows again for each (comma-separated)")
+    ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
+                    help="instead of the sweep: a soak of SECONDS at a fixed rate, memory sampled (serve_soak.py); "
+                         "exit 1 where its verdict is FAIL")
+    ap.add_argument("--soak-load", type=float, default=0.8, help="the soak's rate, as a share of the saturated one")
+    ap.add_argument("--soak-concurrency", type=int, default=64, help="the closed loop that finds the saturated rate")
+    ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between the soak's memory samples")
     ap.add_argument("--peer-server", nargs=2, type=int, metavar=("PORT", "BATCH"), help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -507,14 +553,23 @@ def main() -> None:
     d = folder(Path(args.workdir), args.style, args.images)
     files = sorted(d.glob("*.jpg"))
     report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "peer_server"}, "rows": []}
-    proc, url = start_inception(args)
-    try:
-        report["rows"] += sweep("inception", url, files, args, proc.pid)
-        if args.run_images:
-            report["runs"] = runs_beside(url, d, args)
-    finally:
-        proc.terminate()
-        print(f"inception-serve exit code {proc.wait(timeout=120)}", flush=True)
+    if args.soak:
+        from serve_soak import soak_command
+
+        return soak_command(args, files, report)
+    report["runs"] = []
+    for i, workers in enumerate(args.http_workers):
+        proc, url = start_inception(args, http_workers=workers)
+        label = f" (http-workers {workers})" if len(args.http_workers) > 1 else ""
+        try:
+            print(f"inception-serve --http-workers {workers}:", flush=True)
+            report["rows"] += [{**r, "server": f"inception/{workers}fe" if label else "inception"}
+                               for r in sweep("inception", url, files, args, proc.pid)]
+            if args.run_images:
+                report["runs"] += runs_beside(url, d, args, local_too=i == 0, label=label)
+        finally:
+            proc.terminate()
+            print(f"inception-serve exit code {proc.wait(timeout=120)}", flush=True)
     if args.device_process:
         proc, url = start_inception(args, device_process=True)
         try:

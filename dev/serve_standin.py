@@ -4,10 +4,13 @@ fixed time a batch, ``--batch-ms``, as a GPU would: the device thread waiting wi
 dev/bench_serve.py's load (tritonclient's asyncio client, binary BYTES requests of small JPEGs, several processes).
 
     python dev/serve_standin.py [--sizes 64,1] [--concurrency 32] [--seconds 6] [--client-procs 2] [--profile]
-                                [--batch-ms 0] [--host-us 0] [--process]
+                                [--batch-ms 0] [--host-us 0] [--process] [--http-workers 1,4] [--rounds 1]
 
-Per row: the server's images/s, and its CPU time per image (utime + stime of its process over the row, from
-/proc/PID/stat): the figure that a machine shared with other work changes least. ``--profile``: py-spy samples the
+Per row: the server's images/s, and its CPU time per image (utime + stime of its processes over the row, from
+/proc/PID/stat, front-ends and device processes included): the figure that a machine shared with other work changes
+least. ``--http-workers 1,4``: a server of each (inception-serve --http-workers), all started at once, their rows
+interleaved ``--rounds`` times, then per row the median images/s of each and its ratio to the first's.
+``--profile``: py-spy samples the
 server during each row (``record --format raw``), its hottest frames printed (bench_serve.top_frames).
 
 Only this module swaps the engine (devices.DeviceWorker, in the server's own process: ``--serve PORT``); the product
@@ -86,7 +89,10 @@ def patch_devices(batch_ms: float, host_us: float) -> None:
             pass
 
         def facts(self) -> EngineFacts:
-            return EngineFacts("cuda", "fp16", self.sizes[-1], None, ())
+            from inception_engine.weights import ModelId
+
+            # a model id, as an engine's facts have one: inception-run --server writes it in every result
+            return EngineFacts("cuda", "fp16", self.sizes[-1], None, (), ModelId("0" * 16, "synthetic"))
 
         def close(self) -> None:
             if self.files is not None:
@@ -95,13 +101,14 @@ def patch_devices(batch_ms: float, host_us: float) -> None:
     devices.DeviceWorker = StandInWorker  # type: ignore[misc]
 
 
-def serve(port: int, max_batch: int, process: bool) -> None:
-    """The server as inception-serve runs it (command.GracefulServer, app.make_app), on the stand-in engine; its
-    device a thread (as with one GPU) or, ``process``, a worker process (devices.ProcessDevice, as with several)."""
+def serve(port: int, max_batch: int, process: bool, http_workers: int = 1) -> None:
+    """The server as inception-serve runs it (app.GracefulServer, app.make_app; with ``http_workers`` > 1
+    command.run_with_frontends), on the stand-in engine; its device a thread (as with one GPU) or, ``process``, a
+    worker process (devices.ProcessDevice, as with several)."""
     from inception_engine.config import EngineConfig
     from inception_engine.serve import app as app_module
-    from inception_engine.serve.app import Server, make_app
-    from inception_engine.serve.command import GracefulServer, listening_socket
+    from inception_engine.serve.app import GracefulServer, Server, make_app
+    from inception_engine.serve.command import listening_socket, metrics_directory, run_with_frontends
     from inception_engine.serve.devices import ProcessDevice
     from inception_engine.serve.settings import Limits, ServeOptions
 
@@ -113,8 +120,14 @@ def serve(port: int, max_batch: int, process: bool) -> None:
     options = ServeOptions(spec, 1, max_batch, 0.0, 2, Limits(max_images=4096))
     sock = listening_socket("127.0.0.1", port)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = Server(options, lambda facts, names: print(f"standin: ready at {url}", file=sys.stderr, flush=True))
-    GracefulServer(make_app(server), sock, timeout=5).run()
+    def ready(facts: Any, names: list[str]) -> None:
+        print(f"standin: ready at {url}" if facts is not None else "standin: failed", file=sys.stderr, flush=True)
+
+    if http_workers > 1:
+        with metrics_directory():
+            run_with_frontends(options, sock, http_workers, ready)
+        return
+    GracefulServer(make_app(Server(options, ready)), sock, timeout=5).run()
 
 
 def serve_with_device_process(argv: list[str]) -> None:
@@ -163,8 +176,10 @@ def main() -> None:
     ap.add_argument("--client-procs", type=int, default=2)
     ap.add_argument("--batch-ms", type=float, default=0.0, help="a batch's time on the stand-in device")
     ap.add_argument("--host-us", type=float, default=0.0,
-                    help="the runner's Python an image on the stand-in device, holding the GIL")
+                    help="the runner's Python a image on the stand-in device, holding the GIL")
     ap.add_argument("--process", action="store_true", help="the device in a worker process (ProcessDevice)")
+    ap.add_argument("--http-workers", default="1", help="a server for each (comma-separated), rows interleaved")
+    ap.add_argument("--rounds", type=int, default=1, help="times each row is measured on each server")
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--profile", action="store_true", help="py-spy the server during each row")
@@ -172,36 +187,71 @@ def main() -> None:
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve is not None:
-        return serve(args.serve, args.max_batch, args.process)
-    from bench_serve import load_point, measured, py_spy, top_frames
-
+        return serve(args.serve, args.max_batch, args.process, int(args.http_workers))
     files = jpegs(args.images)
+    servers = {int(w): start_standin(args, int(w)) for w in args.http_workers.split(",")}
+    try:
+        rows = measure_all(args, servers, files)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=60)
+    if len(servers) > 1 or args.rounds > 1:
+        summary(rows, list(servers))
+
+
+def start_standin(args: argparse.Namespace, http_workers: int) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, STAND_IN: f"{args.batch_ms},{args.host_us}"}
     proc = subprocess.Popen([sys.executable, __file__, "--serve", "0", "--max-batch", str(args.max_batch),
-                             *(["--process"] if args.process else [])], stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=env)
-    url = None
+                             "--http-workers", str(http_workers), *(["--process"] if args.process else [])],
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     for line in proc.stderr:  # type: ignore[union-attr]
         if line.startswith("standin: ready at "):
-            url = line.split()[-1]
-            break
+            return proc, line.split()[-1]
         sys.stderr.write(line)
-    if url is None:
-        raise SystemExit(f"the stand-in server did not start (exit {proc.wait()})")
-    try:
+    raise SystemExit(f"the stand-in server did not start (exit {proc.wait()})")
+
+
+def measure_all(args: argparse.Namespace, servers: dict[int, tuple[subprocess.Popen, str]],
+                files: list[Path]) -> list[dict]:
+    """Every (size, concurrency) row on every server, ``args.rounds`` times, the servers alternating row by row."""
+    from bench_serve import load_point, measured, py_spy, top_frames
+
+    rows = []
+    for r in range(args.rounds):
         for size in (int(s) for s in args.sizes.split(",")):
             for c in (int(v) for v in args.concurrency.split(",")):
-                spy = py_spy(proc.pid, f"/tmp/serve_standin_{size}_{c}.txt") if args.profile else None
-                row = measured(proc.pid, load_point, "inception", url, files, size, "closed", c, args.seconds,
-                               args.client_procs)
-                print(f"{size:3} img/req c={c:<4}: {row['images_s']:6} img/s  p50 {row['p50_ms']} ms  failed "
-                      f"{row['failed']}  server CPU {row['cpu_us_image']} us/image "
-                      f"({row['server_cpu_s'] / row['seconds']:.2f} cores)", flush=True)
-                if spy is not None:
-                    print(top_frames(spy, args.top), flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+                for workers, (proc, url) in servers.items():
+                    spy = py_spy(proc.pid, f"/tmp/serve_standin_{size}_{c}_{workers}.txt") if args.profile else None
+                    row = measured(proc.pid, load_point, "inception", url, files, size, "closed", c, args.seconds,
+                                   args.client_procs)
+                    rows.append({**row, "http_workers": workers, "round": r})
+                    print(f"http-workers {workers} {size:3} img/req c={c:<4}: {row['images_s']:6} img/s  p50 "
+                          f"{row['p50_ms']} ms  failed {row['failed']}  server CPU {row['cpu_us_image']} us/image "
+                          f"({row['server_cpu_s'] / row['seconds']:.2f} cores; main process "
+                          f"{row['main_cpu_us_image']})", flush=True)
+                    if spy is not None:
+                        print(top_frames(spy, args.top), flush=True)
+    return rows
+
+
+def summary(rows: list[dict], workers: list[int]) -> None:
+    """Per (size, concurrency): each server's median images/s and CPU per image over the rounds, and its ratio to
+    the first server's."""
+    import statistics
+
+    print("medians over the rounds (ratio: images/s against http-workers " f"{workers[0]}):")
+    for key in dict.fromkeys((r["size"], r["level"]) for r in rows):
+        cells = []
+        for w in workers:
+            mine = [r for r in rows if (r["size"], r["level"]) == key and r["http_workers"] == w]
+            rate = statistics.median(r["images_s"] for r in mine)
+            cpu = statistics.median(r["cpu_us_image"] or 0 for r in mine)
+            cells.append((w, rate, cpu))
+        base = cells[0][1] or 1
+        print(f"  {key[0]:3} img/req c={int(key[1]):<4}" + "".join(
+            f"  | {w} front-ends: {rate:7.0f} img/s ({rate / base:.2f}x), {cpu:.0f} us/image"
+            for w, rate, cpu in cells))
 
 
 # The stand-in's timings (batch ms, host us an image), for the server and for a device's worker process, which

@@ -5,5 +5,7 @@
     batcher.py   dynamic batching: every connection's images joined into batches, spread over the devices
     app.py       the ASGI application (Starlette): routes, limits, metrics (prometheus-client)
     command.py   the console command (uvicorn), start-up and graceful stop
+    hub.py       --http-workers N: the engine process, and the N HTTP front-end processes it starts
+    frontends.py their hand-off: a shared-memory arena per front-end, messages on a Unix socket
     client.py    inception-run --server: a local run's predictions, computed by a running server
 """

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
 import zlib
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess, values
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -39,15 +42,27 @@ from ..output import as_json
 from ..pipeline import Prediction, labelled, softmax
 from .batcher import Batcher, BatchStats
 from .devices import DeviceError, make_devices
-from .settings import Limits, ServeOptions
+from .frontends import HubClient
+from .settings import MULTIPROC_ENV, Limits, ServeOptions
 from .protocol import (HEADER_LENGTH, MODEL_NAME, MODEL_VERSION, OUTPUT_PROBS, Answer, InferRequest, OutputSpec,
                        ProtocolError, infer_response, model_config, model_metadata, parse_infer)
 
 
+def multiprocess_metrics() -> bool:
+    """Whether this process's metrics go to prometheus-client's multiprocess files (the directory in
+    $PROMETHEUS_MULTIPROC_DIR: with several front-ends, hub.py); every metric made from now on follows it, even where
+    prometheus_client was imported before the variable was set (or unset)."""
+    on = bool(os.environ.get(MULTIPROC_ENV))
+    values.ValueClass = values.MultiProcessValue() if on else values.MutexValue
+    return on
+
+
 class Metrics:
-    """The server's Prometheus metrics, in a registry of its own."""
+    """The server's Prometheus metrics, in a registry of its own; with several processes (multiprocess_metrics),
+    each process's values in the shared files, which ``exposition`` adds up."""
 
     def __init__(self, max_batch: int):
+        self.multiprocess = multiprocess_metrics()
         r = self.registry = CollectorRegistry()
         self.requests = Counter("inception_requests", "Requests answered, by route and HTTP status",
                                 ["route", "status"], registry=r)
@@ -64,13 +79,23 @@ class Metrics:
         self.batch_images = Histogram("inception_batch_images", "Images per batch", ["device"], registry=r,
                                       buckets=sizes)
         self.images = Counter("inception_images", "Images computed, by device", ["device"], registry=r)
-        self.ready = Gauge("inception_ready", "1 once every device has warmed up", registry=r)
-        self.in_flight = Gauge("inception_requests_in_flight", "Requests being answered", ["route"], registry=r)
+        self.ready = Gauge("inception_ready", "1 once every device has warmed up", registry=r,
+                           multiprocess_mode="livemax")
+        self.in_flight = Gauge("inception_requests_in_flight", "Requests being answered", ["route"], registry=r,
+                               multiprocess_mode="livesum")
         # each label set's children looked up once (prometheus_client's labels() checks and locks at every call:
         # half the metrics' time a request)
         self._routes: dict[str, tuple[Any, Any]] = {}
         self._statuses: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._devices: dict[str, tuple[Any, Any, Any]] = {}
+
+    def exposition(self) -> bytes:
+        """The metrics as Prometheus text: this process's, or every process's added up."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
 
     def batch(self, stats: BatchStats) -> None:
         if stats.device not in self._devices:
@@ -101,13 +126,17 @@ class Metrics:
 
 
 class Server:
-    """The devices, their batcher and the decode threads, behind the routes."""
+    """The devices, their batcher and the decode threads, behind the routes; or, in a front-end process of several
+    (``hub``: frontends.HubClient), the decode threads and the link to the process that holds the devices."""
 
-    def __init__(self, options: ServeOptions, on_ready: Callable[[EngineFacts | None, list[str]], Any] | None = None):
+    def __init__(self, options: ServeOptions, on_ready: Callable[[EngineFacts | None, list[str]], Any] | None = None,
+                 hub: HubClient | None = None):
         self.options, self.limits = options, options.limits
         self.metrics = Metrics(options.max_batch)
         self.devices: list[Any] = []
-        self.batcher: Batcher | None = None
+        self.device_names: list[str] = []
+        self.hub = hub
+        self.batcher: Batcher | HubClient | None = None
         self.facts: EngineFacts | None = None
         self.ready = False
         self.failed: str | None = None  # why the devices could not start
@@ -120,25 +149,34 @@ class Server:
         """Build and warm up every device, then serve (``ready``)."""
         loop = asyncio.get_running_loop()
         try:
-            self.devices = make_devices(self.options.spec, self.options.gpus, loop)
-            all_facts = await asyncio.gather(*(d.ready() for d in self.devices))
+            if self.hub is not None:
+                self.facts, self.pre, self.device_names = await self.hub.ready()
+                self.batcher = self.hub
+            else:
+                self.devices = make_devices(self.options.spec, self.options.gpus, loop)
+                all_facts = await asyncio.gather(*(d.ready() for d in self.devices))
+                self.facts, self.pre = all_facts[0]
+                self.device_names = [d.name for d in self.devices]
+                self.batcher = Batcher(self.devices, self.options.max_batch, self.options.max_delay,
+                                       self.metrics.batch)
         except Exception as e:
             self.failed = str(e)
             if self.on_ready is not None:
                 self.on_ready(None, [])
             return
-        self.facts, self.pre = all_facts[0]
         self.size = self.pre.size
-        self.batcher = Batcher(self.devices, self.options.max_batch, self.options.max_delay, self.metrics.batch)
         self.ready = True
         self.metrics.ready.set(1)
         if self.on_ready is not None:
-            self.on_ready(self.facts, [d.name for d in self.devices])
+            self.on_ready(self.facts, self.device_names)
 
     async def stop(self) -> None:
         self.ready = False
         self.metrics.ready.set(0)
-        if self.batcher is not None:
+        if self.hub is not None:  # the hub's devices: it ends them, once every front-end has stopped
+            self.hub.close()
+        elif self.batcher is not None:
+            assert isinstance(self.batcher, Batcher)
             await self.batcher.close()
         await asyncio.get_running_loop().run_in_executor(None, self._close_devices)
         self.decode_pool.shutdown(wait=True, cancel_futures=True)
@@ -183,6 +221,29 @@ class Server:
             x = req.tensor
         logits = np.stack(await self.batcher.run("tensor", x, names))
         return Answer(logits=logits, probs=softmax(logits))
+
+
+class GracefulServer:
+    """uvicorn's server, whose SIGTERM and SIGINT stop it gracefully and end the process with 0 (uvicorn raises the
+    signal again once stopped, which would end it with the signal's status)."""
+
+    def __init__(self, app: Any, sock: socket.socket, timeout: float):
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                super().handle_exit(sig, frame)
+                self._captured_signals.clear()  # the stop it asked for is done: exit 0, not by the signal
+
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=timeout, timeout_keep_alive=5)
+        self.server, self.sock = Quiet(config), sock
+
+    def run(self) -> None:
+        self.server.run(sockets=[self.sock])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
 
 
 def bad_images(results: list[Any]) -> None:
@@ -330,7 +391,7 @@ async def config(server: Server, request: Request) -> Response:
     f = server.facts
     assert f is not None
     facts = {"backend": f.backend_name, "precision": f.precision, "weights": str(f.weights_path),
-             "decode": server.options.spec.decode, "devices": ",".join(d.name for d in server.devices)}
+             "decode": server.options.spec.decode, "devices": ",".join(server.device_names)}
     if f.model is not None:  # what every result names the model by (weights.ModelId), as inception-run's
         facts |= {"model_digest": f.model.digest, "model_kind": f.model.kind,
                   "model_source_sha256": f.model.source_sha256 or ""}
@@ -407,4 +468,4 @@ async def classify(server: Server, request: Request) -> Response:
 
 
 async def metrics(server: Server, request: Request) -> Response:
-    return Response(generate_latest(server.metrics.registry), headers={"content-type": CONTENT_TYPE_LATEST})
+    return Response(server.metrics.exposition(), headers={"content-type": CONTENT_TYPE_LATEST})

@@ -9,9 +9,14 @@ commands.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import socket
 import sys
+import tempfile
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -25,7 +30,7 @@ from ..errors import EngineError, OptionError
 from ..ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from ..ingest.workers import default_workers
 from ..model_files import weight_file_path
-from .settings import Limits, ServeOptions
+from .settings import MULTIPROC_ENV, Limits, ServeOptions
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -69,29 +74,6 @@ def engine_spec(weights: str | None, backend: str, precision: str, batch_size: i
                           batch_size=resolved.batch_size), count
 
 
-class GracefulServer:
-    """uvicorn's server, whose SIGTERM and SIGINT stop it gracefully and end the process with 0 (uvicorn raises the
-    signal again once stopped, which would end it with the signal's status)."""
-
-    def __init__(self, app: Any, sock: socket.socket, timeout: float):
-        import uvicorn
-
-        class Quiet(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                super().handle_exit(sig, frame)
-                self._captured_signals.clear()  # the stop it asked for is done: exit 0, not by the signal
-
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=timeout, timeout_keep_alive=5)
-        self.server, self.sock = Quiet(config), sock
-
-    def run(self) -> None:
-        self.server.run(sockets=[self.sock])
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-
-
 @click.command(name="inception-serve", cls=Command, context_settings=CONTEXT)
 @click.option("--weights", "weights_path", metavar="PATH",
               help="Weight file (default: $INCEPTION_WEIGHTS, then weights/inception_v3.npz, then the user cache).")
@@ -124,12 +106,17 @@ class GracefulServer:
               help=f"Refuse an image that declares more than N pixels, before decoding it [default: "
                    f"${MAX_PIXELS_ENV}, else {DEFAULT_MAX_PIXELS:,}, Pillow's decompression-bomb limit].")
 @click.option("--decode-workers", type=click.IntRange(1, 1024), default=None, metavar="N",
-              help="Threads decoding images on the host [default: one per usable CPU].")
+              help="Threads decoding images on the host [default: one per usable CPU; shared out among the "
+                   "front-ends].")
+@click.option("--http-workers", type=click.IntRange(1, 256), default=1, show_default=True, metavar="N",
+              help="HTTP front-end processes receiving requests for the one engine process (more than 1: requests "
+                   "are received and parsed on as many cores; the images reach the engine through shared memory).")
 @version_option
 @user_errors
 def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: str, max_batch: int | None,
               max_queue_delay_ms: float, gpus: int | None, host: str, port: int, max_images: int, max_body_mb: float,
-              request_timeout: float, body_timeout: float, max_pixels: int | None, decode_workers: int | None) -> None:
+              request_timeout: float, body_timeout: float, max_pixels: int | None, decode_workers: int | None,
+              http_workers: int) -> None:
     """Serve Inception-V3 over HTTP (the Open Inference Protocol, as Triton speaks it) until SIGTERM or Ctrl-C."""
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
     spec, devices = engine_spec(weights_path, backend, precision, max_batch, decode, gpus, max_pixels)
@@ -140,20 +127,31 @@ def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: st
     bound = sock.getsockname()
     address = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}"
     failed: list[str] = []
+    server: Any = None
+    runner: Any = None  # app.GracefulServer, once made
 
     def on_ready(facts: EngineFacts | None, names: list[str]) -> None:
         if facts is None:
-            failed.append(server.failed or "the engines could not start")
-            runner.stop()
+            if runner is not None:  # the one-process server stops here; the hub returns why itself
+                failed.append(server.failed or "the engines could not start")
+                runner.stop()
             return
         for note in facts.notes:
             click.echo(f"note: {note}", err=True)
+        front = f", {http_workers} HTTP front-ends" if http_workers > 1 else ""
         click.echo(f"inception-serve: ready at {address} (devices {', '.join(names)}; {facts.backend_name} backend, "
-                   f"{facts.precision}, decode {spec.decode}, max batch {spec.batch_size}, weights "
+                   f"{facts.precision}, decode {spec.decode}, max batch {spec.batch_size}{front}, weights "
                    f"{facts.weights_path})", err=True)
 
+    if http_workers > 1:
+        with metrics_directory():
+            why = run_with_frontends(options, sock, http_workers, on_ready)
+        if why is not None:
+            raise EngineError(why)
+        click.echo("inception-serve: stopped", err=True)
+        return
     try:
-        from .app import Server, make_app
+        from .app import GracefulServer, Server, make_app
     except ImportError as e:
         raise EngineError(f"inception-serve needs {e.name} (pip install -e '.[serve]')") from None
     server = Server(options, on_ready)
@@ -162,6 +160,29 @@ def serve_cmd(weights_path: str | None, backend: str, precision: str, decode: st
     if failed:
         raise EngineError(failed[0])
     click.echo("inception-serve: stopped", err=True)
+
+
+@contextlib.contextmanager
+def metrics_directory() -> Iterator[None]:
+    """A directory of its own for prometheus-client's multiprocess files, named in the environment that the
+    front-ends inherit; removed at the end."""
+    d = tempfile.mkdtemp(prefix="inception-serve-metrics-")
+    os.environ[MULTIPROC_ENV] = d
+    try:
+        yield
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_with_frontends(options: ServeOptions, sock: socket.socket, count: int,
+                       on_ready: Callable[[EngineFacts | None, list[str]], Any]) -> str | None:
+    """The engine here, ``count`` HTTP front-end processes before it (hub.py): why it could not serve, or None."""
+    try:
+        from .hub import serve_with_frontends
+    except ImportError as e:
+        raise EngineError(f"inception-serve needs {e.name} (pip install -e '.[serve]')") from None
+    return serve_with_frontends(options, sock, count, on_ready)
 
 
 def serve_main() -> None:

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from ..config import EngineConfig
 
+# prometheus-client's multiprocess directory (several HTTP front-ends: each process's metrics in its files there)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
 
 @dataclass(frozen=True)
 class Limits:
