@@ -220,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const float f = __fadd_rn(__fmul_rn(__int2float_rn(acc[e]), __ldg(bias + cout + m + e)), __ldg(bias + m + e));
-        q[e] = NhwcI8::quantize(m + e < parts.relu_end ? fmaxf(f, 0.f) : f, __ldg(bias + 2 * cout + m + e));
+        q[e] = i8q::quantize(m + e < parts.relu_end ? fmaxf(f, 0.f) : f, __ldg(bias + 2 * cout + m + e));
     }
     const NhwcParts::Column col = parts.column(y_cstride, m);
     *reinterpret_cast<unsigned short*>(y + (col.base + p * col.cstride)) =
