@@ -23,7 +23,7 @@
 // elements later. Channel counts, strides and view offsets are multiples of the piece.
 //
 // Launch: pool2d_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256);
-//         pool2d_nhwc_i8_k3s1, _k3s2 (3x3 windows only): block 256,
+//         pool2d_nhwc_i8_k3s1 (3x3 windows, stride 1 only): block 256,
 //         grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/16 / 256).
 //         global_avg_pool_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
@@ -145,8 +145,10 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     I8Piece::store(y + (size_t)p * y_cstride + PIECE * cg, acc);
 }
 
-// pool2d_nhwc_i8_k3s<S>: the network's 3x3 pools (stride 1: the Mixed blocks' average pools, pad 1; stride 2: the max
-// pools, pad 0), same arguments and results as pool2d_nhwc_i8 (kernel, stride: 3 and S, checked by the launch code).
+// pool2d_nhwc_i8_k3s<S>: the network's 3x3 stride-1 pools (the Mixed blocks' average pools, pad 1), same arguments
+// and results as pool2d_nhwc_i8 (kernel, stride: 3 and S, checked by the launch code). Only S = 1 is built: the
+// stride-2 max pools ran slower so than on pool2d_nhwc_i8 (H100, batch 128: MaxPool_3a 0.163 against 0.111 ms,
+// MaxPool_5a 0.116 against 0.079), where a thread's piece is one output and the warps' loads overlap less.
 // A thread pools one 16-byte piece for I8_RUN outputs in a row (grid: pieces fastest, then runs of a row, then rows),
 // so windows that overlap share their columns: first the K rows of each of the (I8_RUN - 1) * S + K input columns are
 // reduced, then each output reduces its K columns. Max: __vmaxs4 on the packed bytes (padding never enters). Average:
@@ -287,7 +289,6 @@ __device__ __forceinline__ void pool_i8_k3(const signed char* __restrict__ x, si
                       ratio);                                                                                       \
     }
 POOL_I8_K3(1)
-POOL_I8_K3(2)
 
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     global_avg_pool_nhwc_i8(const signed char* __restrict__ x, float* __restrict__ y, int batch, int channels, int hw,

@@ -1,7 +1,7 @@
 """pool_nhwc.cu: the NHWC path's pools, per element type: pool2d (a moved average pool adds its conv's bias) and the
 global average pool, which writes float32 features (the FC's input) to the side buffer. int8 (``--precision int8``)
-has its own kernels: pool2d_nhwc_i8 requantizes (``ratio``) where the fp ones add a bias (pool2d_nhwc_i8_k3s1 and
-_k3s2: the 3x3 pools, several outputs a thread), and global_avg_pool_nhwc_i8 dequantizes (``scale``)."""
+has its own kernels: pool2d_nhwc_i8 requantizes (``ratio``) where the fp ones add a bias (pool2d_nhwc_i8_k3s1: the
+3x3 stride-1 pools, several outputs a thread), and global_avg_pool_nhwc_i8 dequantizes (``scale``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ FLOAT_PRECISIONS = ("fp16", "tf32", "fp32")  # the element types of the fp kerne
 INT8 = "int8"
 I8_SUFFIX = "_i8"
 I8_RUN = 4  # pool_nhwc.cu's I8_RUN: the outputs in a row one thread of pool2d_nhwc_i8_k3s<S> pools
-I8_K3_STRIDES = (1, 2)  # the 3x3 pools with a kernel of their own (pool2d_nhwc_i8_k3s<S>): all of the network's
+I8_K3_STRIDES = (1,)  # the 3x3 pools with a kernel of their own (pool2d_nhwc_i8_k3s<S>); pool_nhwc.cu says why not 2
 
 
 def entries() -> Iterator[KernelSpec]:
