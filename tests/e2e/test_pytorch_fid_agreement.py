@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def export_script():
+    """scripts/export_pytorch_fid_onnx.py as a module (scripts/ on sys.path for its onnx_check, as when run)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location("export_pytorch_fid_onnx",
                                                   ROOT / "scripts" / "export_pytorch_fid_onnx.py")
     module = importlib.util.module_from_spec(spec)
@@ -40,22 +43,9 @@ def export_script():
 
 
 def random_fid_module():
-    """pytorch-fid's blocks (the export script's fid_module) with He-initialised convolutions and random BatchNorm
-    statistics, in eval mode."""
-    torch.manual_seed(0)
-    model = export_script().fid_module(pretrained=False, state_dict=None)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.Conv2d):
-                torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-            elif isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.1, 0.1)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.6, 1.4)
-                m.bias.uniform_(-0.1, 0.3)
-            elif isinstance(m, torch.nn.Linear):
-                torch.nn.init.normal_(m.weight, std=2048 ** -0.5)
-    return model.eval()
+    """pytorch-fid's blocks with the export script's seeded random weights (He-initialised convolutions, random
+    BatchNorm statistics), in eval mode."""
+    return export_script().random_fid_module(seed=0)
 
 
 @pytest.fixture(scope="module")
