@@ -307,10 +307,12 @@ def measure(args: argparse.Namespace, folder: Path, stats: Path, weights: Path, 
         for precision in args.precisions.split(","):
             runs.append(timed(ours(f"ours-{precision}-{decode}", folder, stats, weights, precision, decode), args.out))
             print(f"{runs[-1].label}: {runs[-1].wall_s:.1f} s, FID {runs[-1].fid}", flush=True)
+            save_summary(args, runs)
     torch_cli = [sys.executable, "-c", PYTORCH_FID_SHIM, str(folder), str(stats), "--device", args.device]
     for label, fp32 in (("pytorch-fid", False), ("pytorch-fid-fp32", True))[:2 if args.torch_fp32 else 1]:
         runs.append(timed(Run(label, torch_cli), args.out, pytorch_fid_env(state_dict, fp32)))
         print(f"{label}: {runs[-1].wall_s:.1f} s, FID {runs[-1].fid}", flush=True)
+        save_summary(args, runs)
     if not args.no_flat:
         first = args.decode.split(",")[0], args.precisions.split(",")[0]
         tenth = subset(folder, max(1, args.images // 10))
@@ -337,6 +339,13 @@ def report(args: argparse.Namespace, runs: list[Run]) -> None:
         if r.label.startswith("ours") and r.rc == 0:
             print(f"{r.label}: FID {fmt(r.fid)}; rel. diff. to pytorch-fid {fmt(rel(r.fid, base.fid))}"
                   + (f", to pytorch-fid-fp32 {fmt(rel(r.fid, ref.fid))}" if ref is not base else ""))
+    save_summary(args, runs)
+    print(f"\nlogs and summary.json in {args.out}")
+
+
+def save_summary(args: argparse.Namespace, runs: list[Run]) -> None:
+    """summary.json (and --json) with the runs so far: written after each run, so that a call stopped at its time
+    limit still brings back what it measured."""
     summary = {"images": args.images, "ref_images": args.ref_images, "format": args.format, "device": device_name(),
                "cores": os.cpu_count(), "runs": [asdict(r) for r in runs]}
     for path in (args.out / "summary.json", args.json):
@@ -344,7 +353,6 @@ def report(args: argparse.Namespace, runs: list[Run]) -> None:
             tmp = path.with_suffix(".part")
             tmp.write_text(json.dumps(summary, indent=2) + "\n")
             tmp.replace(path)
-    print(f"\nlogs and summary.json in {args.out}")
 
 
 def fmt(x: float | None) -> str:

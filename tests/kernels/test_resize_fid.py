@@ -21,9 +21,13 @@ import pytest
 from PIL import Image
 
 from inception_engine.backends.cuda.device import driver
-from inception_engine.ingest import gpu_fid_resize, gpu_resize
+from inception_engine.errors import EngineError
+from inception_engine.ingest import gpu_fid_resize, gpu_resize, jpeg_decode
 from inception_engine.ingest.fid_resize import FID_SIZE, MODE_SCALING, pytorch_fid_resize
-from inception_engine.ingest.images import Preprocess, normalize_u8
+from inception_engine.ingest.images import Preprocess, decode_u8, normalize_u8
+
+# the stand-ins of jpeg_batch.c and the JPEG makers of resize_pil.cu's tests (this folder is on sys.path)
+from test_resize_pil import FakeNative, jpeg_bytes, png_bytes, turned_jpeg
 
 MEAN, STD = MODE_SCALING["pytorch-fid"]
 PRE = Preprocess(mean=(MEAN,) * 3, std=(STD,) * 3, mode="pytorch-fid")
@@ -122,6 +126,46 @@ def test_resize_matches_the_cpu_path(gpu, device, sentinel):
 def test_resize_reads_the_stored_image_upright(gpu, device):
     _, kernels = gpu
     assert run(kernels, device, [(h, w, o) for o in range(1, 9) for h, w in ((256, 320), (90, 41))], 3.0) == []
+
+
+@pytest.mark.gpu
+def test_decode_files_gives_the_cpu_paths_network_input(gpu, device, tmp_path, monkeypatch):
+    """GpuJpegDecoder with pytorch-fid's preprocessing, through jpeg_batch.c's stand-in (Pillow decoding as
+    stored): each slot the network's float32 input, JPEGs resized on the GPU as stored whatever their EXIF
+    orientation (pytorch-fid ignores it), a PNG by the CPU path, errors in the CPU path's words."""
+    _, kernels = gpu
+    monkeypatch.setattr(jpeg_decode, "NATIVE", True)
+    monkeypatch.setattr(jpeg_decode, "open_native", lambda threads: (FakeNative(), None))
+    rng = np.random.default_rng(5)
+    photo = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # noqa: E731
+    whole = jpeg_bytes(photo(256, 256))
+    files = {"a.jpg": whole, "turned6.jpg": turned_jpeg(photo(256, 320), 6), "big.jpg": jpeg_bytes(photo(500, 375)),
+             "b.png": png_bytes(photo(256, 256)), "cut.jpg": whole[:len(whole) // 2]}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    paths = [str(tmp_path / n) for n in files]
+
+    def cpu(path: str, data: bytes) -> np.ndarray:
+        return normalize_u8(decode_u8(path, PRE), PRE)
+
+    dec = jpeg_decode.GpuJpegDecoder(kernels, PRE, max_batch=len(paths))
+    assert dec.reads_files and dec.slot_shape == (3, FID_SIZE, FID_SIZE)
+    y = device.alloc(len(paths) * PLANE * 4)
+    stream = driver().Stream()
+    errors = dec.decode_files(paths, y, stream, cpu)
+    stream.synchronize()
+    got = np.empty(len(paths) * PLANE, np.float32)
+    driver().memcpy_dtoh(got, y)
+    dec.close()
+    for path, err, slot in zip(paths, errors, got.reshape(len(paths), 3, FID_SIZE, FID_SIZE)):
+        if path.endswith("cut.jpg"):
+            with pytest.raises(EngineError) as e:
+                cpu(path, b"")
+            assert err == str(e.value)
+            continue
+        assert err is None, err
+        h, w = Image.open(path).size[::-1]
+        assert float(np.abs(slot - cpu(path, b"")).max()) <= bound(h, w), path
 
 
 def test_bound_is_tight_enough_to_fail():
