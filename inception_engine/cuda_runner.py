@@ -232,6 +232,8 @@ class CudaRunner:
     def submit(self, slots: list[int], top_k: int) -> Ticket:
         """Classify the images in these ring slots (decoded on the host). The slots are free again when it
         returns: copied straight from the page-locked ring (waited for), else gathered into pinned staging first."""
+        if self._fid_input:  # its buffers take the decoder's network input, not host pixels
+            raise EngineError(f"the {self.pre.mode} preprocessing on the cuda runner takes files decoded on the GPU")
         self._check(len(slots), top_k)
         drv, k = driver(), self._next_turn()
         direct = self._ring_pin is not None
