@@ -224,6 +224,10 @@ fi
 # Issue 52: the FID tools from the kit (.whl/fid), the GPU resize, the agreement test and the benchmark.
 if want fid; then
   if source dev/gpu_machine/fid_kit.sh install >>"$OUT/fid.log" 2>&1; then
+    if ls .whl/nvimg/*.whl >/dev/null 2>&1; then  # --decode gpu's nvImageCodec, as the folder group installs it
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
+        >>"$OUT/fid.log" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
+    fi
     step "pytest fid" fid.log 240 python3 -m pytest -q -rfEs -s tests/kernels/test_resize_fid.py \
       tests/e2e/test_pytorch_fid_agreement.py
     step "bench fid" fid.log 540 python3 dev/bench_fid.py --out "$OUT/bench_fid" ${FID_ARGS:---images 50000}

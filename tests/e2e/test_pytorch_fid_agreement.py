@@ -83,16 +83,33 @@ def pytorch_fids_own(model, folders) -> float:
     return float(pf_score.calculate_frechet_distance(*stats[0], *stats[1]))
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
-def test_fid_equals_pytorch_fids_within_1e_4(setup, backend):
+def gpu_decode_missing() -> str | None:
+    from inception_engine.errors import EngineError
+    from inception_engine.ingest.jpeg_decode import check_gpu_decode
+
+    try:
+        check_gpu_decode()
+    except (EngineError, OSError) as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("backend, decode", [("cpu", "cpu"), ("cuda", "cpu"), ("cuda", "gpu")])
+def test_fid_equals_pytorch_fids_within_1e_4(setup, backend, decode):
+    """--decode gpu on these PNGs: each one the GPU decoder's CPU path, its network input copied to the forward as
+    the GPU resize writes it (the cuda runner's pytorch-fid input)."""
     if backend == "cuda" and not backends.is_available("cuda")[0]:
         pytest.skip(f"needs a GPU: {backends.is_available('cuda')[1]}")
+    if decode == "gpu" and (why := gpu_decode_missing()) is not None:
+        pytest.skip(f"--decode gpu unavailable: {why}")
     model, weights, folders = setup
     want = pytorch_fids_own(model, folders)
     r = runner().invoke(fid_command.fid_cmd, [str(folders[0]), str(folders[1]), "--weights", str(weights),
-                                               "--backend", backend, "--precision", "fp32", "--json"])
+                                               "--backend", backend, "--precision", "fp32", "--decode", decode,
+                                               "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["resize"] == "pytorch-fid" and doc["network"] == "fid"
-    print(f"{backend}: FID {doc['fid']:.8f}, pytorch-fid's {want:.8f}, rel {abs(doc['fid'] - want) / want:.2e}")
+    print(f"{backend}, decode {decode}: FID {doc['fid']:.8f}, pytorch-fid's {want:.8f}, "
+          f"rel {abs(doc['fid'] - want) / want:.2e}")
     assert want > 0 and abs(doc["fid"] - want) <= 1e-4 * want
