@@ -28,8 +28,6 @@ from .ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from .ingest.workers import WORKER_KINDS
 from .weights import Weights, find_weights
 
-GPU_RESIZES = ("torchvision", "pytorch-fid")  # the preprocessing --decode gpu has kernels for
-
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16")
 DECODE_CHOICES = ("cpu", "gpu")
@@ -103,9 +101,6 @@ class EngineConfig:
         choice("decode", self.decode, DECODE_CHOICES)
         if self.resize is not None:
             choice("resize", self.resize, RESIZE_MODES)
-            if self.decode == "gpu" and self.resize not in GPU_RESIZES:
-                raise OptionError("resize", self.resize, "is CPU-decode only (decode='cpu'): the GPU decoder resizes "
-                                                         "as torchvision and pytorch-fid do")
         at_least_one("workers", self.workers)
         object.__setattr__(self, "max_pixels", pixel_limit(self.max_pixels))
         if not isinstance(self.weights, Weights):

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from . import backends
-from .config import (BACKEND_CHOICES, DECODE_CHOICES, GPU_RESIZES, PRECISION_CHOICES, EngineConfig, Resolved,
-                     resolve, weights_file)
+from .config import (BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, Resolved, resolve,
+                     weights_file)
 from .errors import BackendUnavailable, EngineError, OptionError
 from .ingest.files import ImageSource
 from .ingest.images import Preprocess
@@ -172,9 +172,6 @@ class Engine:
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
-        if self.preprocess.mode not in GPU_RESIZES and config.decode == "gpu":
-            self.close()
-            raise OptionError("decode", "gpu", f"the {self.preprocess.mode} preprocessing is CPU-decode only")
 
     @property
     def backend_name(self) -> str:

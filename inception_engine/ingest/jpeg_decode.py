@@ -26,9 +26,9 @@ nvImageCodec's Python module is imported only where the C path is unavailable (n
 release has it); where it is missing, or cannot make a decoder, ``GpuJpegDecoder`` raises BackendUnavailable with one
 line.
 
-With pytorch-fid's preprocessing (Preprocess.mode "pytorch-fid") the slots are instead the network's float32
-(3, size, size) input: the decoded images resized as pytorch-fid resizes them (gpu_fid_resize.py), read as stored,
-since pytorch-fid ignores EXIF orientation; ``cpu_fallback`` then gives that input too.
+With an FID tool's preprocessing (Preprocess.mode "pytorch-fid" or "clean-fid") the slots are instead the
+network's float32 (3, size, size) input: the decoded images resized as that tool resizes them (gpu_fid_resize.py),
+read as stored, since both tools ignore EXIF orientation; ``cpu_fallback`` then gives that input too.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ..backends.cuda.device import driver
 from ..backends.cuda.kernels import Kernels
 from ..errors import BackendUnavailable, EngineError, first_line
 from .files import read_file
-from .gpu_fid_resize import GpuFidResize
+from .gpu_fid_resize import GpuCleanFidResize, GpuFidResize
 from .gpu_resize import CHANNELS, DeviceImage, GpuResizeCrop
 from .images import Preprocess
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
@@ -221,11 +221,12 @@ class GpuJpegDecoder:
                                          f"({type(e).__name__}: {first_line(e)}); use --decode cpu, or install "
                                          f"nvImageCodec {SUPPORTED}") from None
             self._codec = api.module
-        # the slots it fills: torchvision's uint8 (size, size, 3) crops, or pytorch-fid's resize as the network's
+        # the slots it fills: torchvision's uint8 (size, size, 3) crops, or an FID tool's resize as the network's
         # float32 (3, size, size) input (gpu_fid_resize.py; cpu_fallback then gives that too)
-        self.fid = pre.mode == "pytorch-fid"
-        self._resize: GpuResizeCrop | GpuFidResize = (GpuFidResize(kernels, pre.mean, pre.std, pre.size) if self.fid
-                                                      else GpuResizeCrop(kernels, pre))
+        self.fid = pre.mode != "torchvision"
+        resize = {"pytorch-fid": GpuFidResize, "clean-fid": GpuCleanFidResize}.get(pre.mode)
+        self._resize: GpuResizeCrop | GpuFidResize | GpuCleanFidResize = (
+            GpuResizeCrop(kernels, pre) if resize is None else resize(kernels, pre.mean, pre.std, pre.size))
         self.slot_shape = (CHANNELS, pre.size, pre.size) if self.fid else (pre.size, pre.size, CHANNELS)
         self.slot_dtype = np.dtype(np.float32 if self.fid else np.uint8)
         self._decoded: list[Any] = []  # the last batch's nvImageCodec images, alive until its resize has run
@@ -290,7 +291,7 @@ class GpuJpegDecoder:
                 sizes.append(np.array([layout[:2]], np.int32))
                 turns.append(layout[2])
         files = np.array(which, np.int64)
-        # pytorch-fid opens images as stored (no EXIF orientation)
+        # the FID tools open images as stored (no EXIF orientation)
         orientation = np.ones(len(turns), np.int64) if self.fid else np.array(turns, np.int64)
         hw = np.concatenate(sizes).astype(np.int64)
         nbytes = (hw[:, 0] * hw[:, 1] * CHANNELS + 255) // 256 * 256
@@ -357,7 +358,7 @@ class GpuJpegDecoder:
             if dev is None:
                 to_cpu.append(i)
             else:
-                jobs.append((dev, rows[i], 1 if self.fid else turn))  # pytorch-fid: no EXIF orientation
+                jobs.append((dev, rows[i], 1 if self.fid else turn))  # the FID tools: no EXIF orientation
                 self._decoded.append(img)
         self._resize.enqueue(jobs, dst_ptr, stream)
         row_errors: list[str | None] = [None] * self.max_batch

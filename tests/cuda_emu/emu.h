@@ -54,6 +54,10 @@ inline float __uint_as_float(unsigned u) {
 }
 template <class T>
 T __ldcg(const T* p) { return *p; }
+// Round-to-nearest double arithmetic that the compiler may not fuse: the emulator is built with -ffp-contract=off,
+// so a plain product and sum are each rounded once, as on the GPU.
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 // Blocks run one after another, so memory is always coherent and an atomic is a plain read-modify-write.
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {

@@ -23,7 +23,7 @@ from PIL import Image
 from inception_engine.backends.cuda.device import driver
 from inception_engine.errors import EngineError
 from inception_engine.ingest import gpu_fid_resize, gpu_resize, jpeg_decode
-from inception_engine.ingest.fid_resize import FID_SIZE, MODE_SCALING, pytorch_fid_resize
+from inception_engine.ingest.fid_resize import FID_SIZE, MODE_SCALING, clean_fid_resize, pytorch_fid_resize
 from inception_engine.ingest.images import Preprocess, decode_u8, normalize_u8
 
 # the stand-ins of jpeg_batch.c and the JPEG makers of resize_pil.cu's tests (this folder is on sys.path)
@@ -31,6 +31,7 @@ from test_resize_pil import FakeNative, jpeg_bytes, png_bytes, turned_jpeg
 
 MEAN, STD = MODE_SCALING["pytorch-fid"]
 PRE = Preprocess(mean=(MEAN,) * 3, std=(STD,) * 3, mode="pytorch-fid")
+CLEAN = Preprocess(mean=(MODE_SCALING["clean-fid"][0],) * 3, std=(MODE_SCALING["clean-fid"][1],) * 3, mode="clean-fid")
 PLANE = 3 * FID_SIZE * FID_SIZE
 U = 2.0 ** -24
 TRANSPOSES = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
@@ -82,10 +83,13 @@ def device(gpu):
     d.free()
 
 
-def run(kernels: Any, device: Device, cases: list[tuple[int, int, int]], sentinel: float) -> list[str]:
+def run(kernels: Any, device: Device, cases: list[tuple[int, int, int]], sentinel: float, clean: bool = False) \
+        -> list[str]:
     """Each (h, w, orientation) image (random pixels) into every other slot of a batch filled with ``sentinel``;
-    the failures, one line each."""
-    resize = gpu_fid_resize.GpuFidResize(kernels, PRE.mean, PRE.std, FID_SIZE)
+    the failures, one line each. clean: clean-fid's resize, which must give the CPU path's floats exactly."""
+    pre = CLEAN if clean else PRE
+    resize = (gpu_fid_resize.GpuCleanFidResize if clean else gpu_fid_resize.GpuFidResize)(kernels, pre.mean, pre.std,
+                                                                                          FID_SIZE)
     slots = 2 * len(cases) + 1
     y = device.alloc(slots * PLANE * 4)
     driver().memcpy_htod(y, np.full(slots * PLANE, sentinel, np.float32))
@@ -102,8 +106,9 @@ def run(kernels: Any, device: Device, cases: list[tuple[int, int, int]], sentine
     resize.close()
     bad = []
     for i, ((h, w, o), a) in enumerate(zip(cases, images)):
-        err = float(np.abs(got[2 * i + 1] - cpu_input(upright(a, o))).max())
-        if not err <= bound(*a.shape[:2]):
+        want = normalize_u8(clean_fid_resize(upright(a, o)), CLEAN) if clean else cpu_input(upright(a, o))
+        err = float(np.abs(got[2 * i + 1] - want).max())
+        if not err <= (0.0 if clean else bound(*a.shape[:2])):
             bad.append(f"{h}x{w} orientation {o}: max |GPU - CPU| {err:.2e} > {bound(h, w):.2e}")
     if not (got[0::2] == np.float32(sentinel)).all():
         bad.append("a kernel wrote outside its slot")
@@ -120,6 +125,16 @@ SIZES = [(256, 256), (299, 299), (512, 512), (375, 500), (1001, 347), (1, 7), (1
 def test_resize_matches_the_cpu_path(gpu, device, sentinel):
     _, kernels = gpu
     assert run(kernels, device, [(h, w, 1) for h, w in SIZES], sentinel) == []
+
+
+@pytest.mark.gpu
+def test_clean_fid_resize_matches_the_cpu_path_exactly(gpu, device):
+    """Pillow's float bicubic in double, rounded to float per pass, in Pillow's pass order (both orders here:
+    shrinking the height more than twice as much as the width goes vertical first): bit for bit."""
+    _, kernels = gpu
+    sizes = [*SIZES, (300, 1200), (700, 100)]
+    assert run(kernels, device, [(h, w, 1) for h, w in sizes], -1.0, clean=True) == []
+    assert run(kernels, device, [(256, 320, o) for o in (3, 6)], 2.0, clean=True) == []
 
 
 @pytest.mark.gpu
