@@ -1,7 +1,8 @@
-"""resize_fid.cu (ingest/gpu_fid_resize.py) on the GPU (and on the CPU emulator: test_cuda_emulated.py): pytorch-fid's
-resize of decoded pixels into the network's float32 input against the CPU path (ingest/fid_resize.py's float64
-interpolation, normalised as the host does), for upscales, downscales, the identity, tiny images and every EXIF
-orientation, each slot written whole and nothing outside the targeted slots.
+"""resize_fid.cu (ingest/gpu_fid_resize.py) on the GPU (and on the CPU emulator: test_cuda_emulated.py): the FID
+tools' resizes of decoded pixels into the network's float32 input against the CPU path (ingest/fid_resize.py,
+normalised as the host does), for upscales, downscales, the identity, tiny images and every EXIF orientation, each
+slot written whole and nothing outside the targeted slots. clean-fid's must match bit for bit (the same double
+arithmetic as Pillow's); pytorch-fid's within the bound below.
 
 Tolerance: the kernel follows torch's float32 arithmetic, the CPU path interpolates in float64. The source
 coordinate s = scale * (o + 0.5) - 0.5 is computed in float (scale = in / size rounded, the product rounded, the
