@@ -97,7 +97,7 @@ def shown_before(note: str) -> bool:
               help="cpu: Pillow, torchvision's preprocessing exactly. gpu: JPEGs decoded by nvImageCodec and resized "
                    "on the GPU as Pillow does (cuda backend; pip install -e '.[gpu-decode]').")
 @click.option("--resize", type=click.Choice(RESIZE_MODES), default=None,
-              help="Whose preprocessing (the FID tools' are CPU-decode only) [default: the weight file's network's: "
+              help="Whose preprocessing (on either decode) [default: the weight file's network's: "
                    "torchvision's for the classifier, pytorch-fid's for the FID network].")
 @click.option("--output", "output_path", metavar="FILE",
               help="Write results to FILE.jsonl (one JSON line per image) or FILE.csv as they finish, instead of "

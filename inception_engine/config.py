@@ -101,9 +101,6 @@ class EngineConfig:
         choice("decode", self.decode, DECODE_CHOICES)
         if self.resize is not None:
             choice("resize", self.resize, RESIZE_MODES)
-            if self.decode == "gpu" and self.resize != "torchvision":
-                raise OptionError("resize", self.resize, "is CPU-decode only (decode='cpu'): the GPU decoder resizes "
-                                                         "as torchvision does")
         at_least_one("workers", self.workers)
         object.__setattr__(self, "max_pixels", pixel_limit(self.max_pixels))
         if not isinstance(self.weights, Weights):

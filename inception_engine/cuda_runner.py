@@ -40,7 +40,7 @@ from .backends.cuda.device import HostRegistration, driver
 from .backends.cuda.kernels import launch_async, spec
 from .errors import EngineError
 from .ingest import jpeg_decode
-from .ingest.images import Preprocess, decode_u8_bytes
+from .ingest.images import Preprocess, decode_u8_bytes, normalize_u8
 from .ingest.ring import HostRing
 from .pipeline import TopK
 
@@ -143,7 +143,13 @@ class CudaRunner:
         # batches outstanding on the GPU: with --decode gpu, two decode calls' worth, so that the forward has work
         # queued while this thread hands out a call's results; the host-decoded path stages per turn (two)
         self.depth = 2 * (self.decode_batch // self.batch) if gpu_decode else 2
-        self._image_bytes = pre.size * pre.size * 3
+        # a buffer's image: uint8 (size, size, 3) pixels, normalised on the GPU; with pytorch-fid's resize (GPU decode
+        # only: the engine's HostRunner takes its host-decoded float pixels) the network's float32 input, as the
+        # decoder's resize (gpu_fid_resize.py) writes it, copied to the forward's input as it is
+        self._fid_input = pre.pixel_dtype != np.uint8
+        if self._fid_input and not gpu_decode:
+            raise EngineError(f"the {pre.mode} preprocessing reaches the cuda runner only decoded on the GPU")
+        self._image_bytes = pre.size * pre.size * 3 * (4 if self._fid_input else 1)
         self._ring: np.ndarray | None = None
         self._ring_pin: HostRegistration | None = None
         self._decoders: list[Any] = []  # the backend's jpeg_decode.GpuJpegDecoders, one per decode chain
@@ -226,6 +232,8 @@ class CudaRunner:
     def submit(self, slots: list[int], top_k: int) -> Ticket:
         """Classify the images in these ring slots (decoded on the host). The slots are free again when it
         returns: copied straight from the page-locked ring (waited for), else gathered into pinned staging first."""
+        if self._fid_input:  # its buffers take the decoder's network input, not host pixels
+            raise EngineError(f"the {self.pre.mode} preprocessing on the cuda runner takes files decoded on the GPU")
         self._check(len(slots), top_k)
         drv, k = driver(), self._next_turn()
         direct = self._ring_pin is not None
@@ -290,10 +298,14 @@ class CudaRunner:
         with self.backend.gpu:
             if call >= self._turns.n:  # call - n used the buffer: its last batch must be normalised first
                 copy.wait_for_event(self._normalized[i])
-            errors = fill(self._decoders[chain], self._u8[i],
-                          lambda path, data: decode_u8_bytes(data, path, self.pre), copy)
+            errors = fill(self._decoders[chain], self._u8[i], self._cpu_path, copy)
             self._copied[i].record(copy)
         return Decoded(i, n, errors)
+
+    def _cpu_path(self, path: str, data: bytes) -> np.ndarray:
+        """A file the GPU decoder leaves to the CPU, as a slot of the decode buffer holds it."""
+        pixels = decode_u8_bytes(data, path, self.pre)
+        return normalize_u8(pixels, self.pre) if self._fid_input else pixels
 
     def cancel_decode(self) -> None:
         """Wakes every ``decode`` waiting for a buffer (the run is over): they raise DecodeCancelled."""
@@ -334,9 +346,13 @@ class CudaRunner:
             buffer = k
             self._copied[k].record(self._copy)
         b.stream.wait_for_event(self._copied[buffer])
-        normalize = spec("normalize_u8_nchw")
-        launch_async(self._normalize, (normalize.blocks(hw), self.batch, 1), normalize.block, b.stream,
-                     self._u8[buffer] + first * self._image_bytes, b.input_ptr, self._mean_std, hw, 3 * hw)
+        if self._fid_input:  # the network's input already (3 * hw floats an image)
+            drv.memcpy_dtod_async(b.input_ptr, self._u8[buffer] + first * self._image_bytes,
+                                  self.batch * self._image_bytes, b.stream)
+        else:
+            normalize = spec("normalize_u8_nchw")
+            launch_async(self._normalize, (normalize.blocks(hw), self.batch, 1), normalize.block, b.stream,
+                         self._u8[buffer] + first * self._image_bytes, b.input_ptr, self._mean_std, hw, 3 * hw)
         self._normalized[buffer].record(b.stream)
         b.replay()
         launch_async(self._topk, (n, 1, 1), spec("softmax_topk_rows").block, b.stream, b.output_ptr, self._prob[k],

@@ -172,9 +172,6 @@ class Engine:
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls
-        if self.preprocess.mode != "torchvision" and config.decode == "gpu":  # the weight file's FID network
-            self.close()
-            raise OptionError("decode", "gpu", f"the {self.preprocess.mode} preprocessing is CPU-decode only")
 
     @property
     def backend_name(self) -> str:
@@ -263,8 +260,8 @@ class Engine:
             self.check_features()
         if self._backend_name != "cuda":
             return HostRunner(self.forward, batch, self.preprocess, features)
-        if self.preprocess.pixel_dtype != np.uint8:  # the FID resizes' float pixels: normalised on the host (the
-            # GPU runner takes uint8), every batch through the one backend of this run's batch size
+        if self.preprocess.pixel_dtype != np.uint8 and self.decode != "gpu":  # the FID resizes' float pixels,
+            # decoded on the host: normalised there, every batch through the one backend of this run's batch size
             return HostRunner(self._padded_forward(batch, tune), batch, self.preprocess, features)
         started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:

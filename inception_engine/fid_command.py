@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .commands import CONTEXT, Command, user_errors, version_option
-from .config import BACKEND_CHOICES, PRECISION_CHOICES, WORKER_KINDS, EngineConfig
+from .config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, WORKER_KINDS, EngineConfig
 from .engine import Engine
 from .errors import EngineError
 from .fid import (IS_SPLITS, KID_SUBSET_SIZE, KID_SUBSETS, RunningStats, frechet_distance, inception_score,
@@ -162,6 +162,9 @@ def report(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
               help="auto: tf32 on the GPU, fp32 on the CPU; fp32 for scores to compare with other tools'.")
 @click.option("--batch-size", type=click.IntRange(1, 4096), default=None, metavar="N", help="Images per forward.")
+@click.option("--decode", type=click.Choice(DECODE_CHOICES), default="cpu", show_default=True,
+              help="cpu: Pillow, the tool's preprocessing exactly. gpu: JPEGs decoded by nvImageCodec and resized on "
+                   "the GPU (torchvision's and pytorch-fid's resizes; cuda backend; other files on the CPU).")
 @click.option("--workers", type=click.IntRange(1, 1024), default=None, metavar="N", help="Decode workers.")
 @click.option("--worker-kind", type=click.Choice(WORKER_KINDS), default="auto", show_default=True,
               help="Decode workers as threads or processes.")
@@ -169,12 +172,13 @@ def report(result: dict[str, Any], as_json: bool) -> None:
 @version_option
 @user_errors
 def fid_cmd(a: str, b: str | None, weights_path: str | None, resize: str | None, kid: bool, isc: bool,
-            save: str | None, as_json: bool, backend: str, precision: str, batch_size: int | None,
+            save: str | None, as_json: bool, backend: str, precision: str, batch_size: int | None, decode: str,
             workers: int | None, worker_kind: str, recursive: bool) -> None:
     """The FID of A and B: each a folder of images or a statistics file (.npz of mu and sigma)."""
     check_usage(a, b, kid, isc, save)
     inputs = [x for x in (a, b) if x is not None]
-    config = EngineConfig(weights_path, backend, precision, batch_size, workers, worker_kind, resize=resize) \
+    config = EngineConfig(weights_path, backend, precision, batch_size, workers, worker_kind, decode=decode,
+                          resize=resize) \
         if any(not is_stats_file(x) for x in inputs) else None
     try:
         result, sides = run_fid(config, inputs, kid, isc, recursive)
@@ -210,7 +214,7 @@ def run_fid(config: EngineConfig | None, inputs: list[str], kid: bool, isc: bool
                 model = engine.model
                 result.update(model=model.name, kind=model.kind, network=engine.weights.network,
                               resize=engine.preprocess.mode, backend=engine.backend_name,
-                              precision=engine.precision)
+                              precision=engine.precision, decode=engine.decode)
                 if engine.weights.network != "fid":
                     click.echo("note: these weights are not the FID network (pytorch-fid's); its FID compares "
                                "only with scores of the same weights", err=True)

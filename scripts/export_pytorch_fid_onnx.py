@@ -51,6 +51,30 @@ def fid_module(pretrained: bool, state_dict: str | None) -> Any:
     return model.eval()
 
 
+def random_fid_module(seed: int = 0) -> Any:
+    """The same modules with random weights of realistic scale, for checks where the real weights cannot be had
+    (tests/e2e/test_pytorch_fid_agreement.py, dev/bench_fid.py): He-initialised convolutions, random BatchNorm
+    statistics and affine terms, a fc of unit-variance outputs, so that activations stay O(1) through the network
+    as with the real weights (torchvision's own initialisation shrinks them layer by layer). Seeded: the same
+    ``seed`` gives the same weights on any machine with the same torch."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = fid_module(pretrained=False, state_dict=None)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            elif isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.6, 1.4)
+                m.bias.uniform_(-0.1, 0.3)
+            elif isinstance(m, torch.nn.Linear):
+                torch.nn.init.normal_(m.weight, std=2048 ** -0.5)
+    return model.eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", default="pt_inception_fid.onnx", help="ONNX file to write (default: %(default)s)")

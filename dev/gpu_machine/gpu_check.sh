@@ -43,11 +43,15 @@
 #
 # 14. (group int8) a calibrated synthetic weight file, the int8 GPU tests (every op element for element), inception-tune
 #    int8, and inception-bench int8 beside fp16 and torch.compile fp16
+# 15. (group fid) issue 52 with the FID kit (dev/gpu_machine/fid_kit.sh: pytorch-fid, clean-fid): resize_fid.cu
+#    against the CPU path (tests/kernels/test_resize_fid.py), pytorch-fid's FID against inception-fid's on the same
+#    random weights (tests/e2e/test_pytorch_fid_agreement.py, cpu and cuda), then dev/bench_fid.py (FID_ARGS; default
+#    --images 50000: generated 256x256 PNGs against statistics, inception-fid vs pytorch-fid's command)
 #
 #   bash dev/gpu_machine/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
 #                                            ray (9), floor (10), autotune (11), multigpu (12), folder (13),
-#                                            int8 (14); default: all but compile, ray, floor, autotune, multigpu,
-#                                            folder and int8
+#                                            int8 (14), fid (15); default: all but compile, ray, floor, autotune,
+#                                            multigpu, folder, int8 and fid
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -57,7 +61,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder int8 " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder int8 fid " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -237,6 +241,21 @@ if want multigpu; then
     --json "$OUT/multigpu.json" ${MULTIGPU_ARGS:-}
 fi
 
+# Issue 52: the FID tools from the kit (.whl/fid), the GPU resize, the agreement test and the benchmark.
+if want fid; then
+  if source dev/gpu_machine/fid_kit.sh install >>"$OUT/fid.log" 2>&1; then
+    if ls .whl/nvimg/*.whl >/dev/null 2>&1; then  # --decode gpu's nvImageCodec, as the folder group installs it
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
+        >>"$OUT/fid.log" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
+    fi
+    step "pytest fid" fid.log 240 python3 -m pytest -q -rfEs -s tests/kernels/test_resize_fid.py \
+      tests/e2e/test_pytorch_fid_agreement.py
+    step "bench fid" fid.log 540 python3 dev/bench_fid.py --out "$OUT/bench_fid" ${FID_ARGS:---images 50000}
+  else
+    SUMMARY+=("$(printf '%-22s %-14s' "fid" "SKIPPED") $(tail -1 "$OUT/fid.log")")
+  fi
+fi
+
 if want kernels; then
 
 step "racecheck forward" racecheck.log 60 "$SANITIZER" --tool racecheck --racecheck-report hazard \
@@ -287,6 +306,7 @@ fi
   grep -E "^[0-9]+ images, batch|^Engine.predict_iter|^Ray Data \(|^Ray floor" "$OUT/ray.log" 2>/dev/null
   grep -E "^(NVIDIA|convs, one|other ops|compute floor)" "$OUT/floor.log" 2>/dev/null
   awk '/^[0-9]+ JPEGs, batch/{p=1} p' "$OUT/multigpu.log" 2>/dev/null
+  awk '/^[0-9]+ (png|jpeg|both) images /{p=1} p' "$OUT/fid.log" 2>/dev/null
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"

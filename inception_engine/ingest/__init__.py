@@ -12,6 +12,7 @@
     jpeg_batch.py   cuda_src/jpeg_batch.c from Python: a call's files read and decoded by nvImageCodec's C API
     nvimgcodec.py   nvImageCodec's Python API, as each release shapes it
     gpu_resize.py   resize_pil.cu's passes: Pillow's resize and centre crop of decoded device images
+    gpu_fid_resize.py  resize_fid.cu's: pytorch-fid's and clean-fid's resizes into the network's float32 input
     jpeg_decode.py  GpuJpegDecoder: --decode gpu, files to crops in device memory
 
 The rule of the package's imports, checked by tests/unit/test_layering.py:

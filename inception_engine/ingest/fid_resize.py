@@ -12,8 +12,8 @@
 
 The two FID resizes give fractional pixels: they travel as float32 in [0, 255] (``Preprocess.pixel_dtype``), and
 the host normalises them (x / 255 - mean) / std in float32. pytorch-fid divides by 255 before it interpolates; both
-are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. They are CPU-decode only: the
-GPU decoder (--decode gpu) resizes as Pillow's bilinear with antialiasing does, which is neither.
+are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. With --decode gpu the GPU
+decoder's resizes (gpu_fid_resize.py, resize_fid.cu) reproduce both on the GPU.
 """
 
 from __future__ import annotations

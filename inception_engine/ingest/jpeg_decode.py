@@ -25,6 +25,10 @@ its default of replicating pixels (nvimgcodec.DECODER_OPTIONS).
 nvImageCodec's Python module is imported only where the C path is unavailable (nvimgcodec.py: its API as each
 release has it); where it is missing, or cannot make a decoder, ``GpuJpegDecoder`` raises BackendUnavailable with one
 line.
+
+With an FID tool's preprocessing (Preprocess.mode "pytorch-fid" or "clean-fid") the slots are instead the
+network's float32 (3, size, size) input: the decoded images resized as that tool resizes them (gpu_fid_resize.py),
+read as stored, since both tools ignore EXIF orientation; ``cpu_fallback`` then gives that input too.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ..backends.cuda.device import driver
 from ..backends.cuda.kernels import Kernels
 from ..errors import BackendUnavailable, EngineError, first_line
 from .files import read_file
+from .gpu_fid_resize import GpuCleanFidResize, GpuFidResize
 from .gpu_resize import CHANNELS, DeviceImage, GpuResizeCrop
 from .images import Preprocess
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
@@ -216,7 +221,14 @@ class GpuJpegDecoder:
                                          f"({type(e).__name__}: {first_line(e)}); use --decode cpu, or install "
                                          f"nvImageCodec {SUPPORTED}") from None
             self._codec = api.module
-        self._resize = GpuResizeCrop(kernels, pre)
+        # the slots it fills: torchvision's uint8 (size, size, 3) crops, or an FID tool's resize as the network's
+        # float32 (3, size, size) input (gpu_fid_resize.py; cpu_fallback then gives that too)
+        self.fid = pre.mode != "torchvision"
+        resize = {"pytorch-fid": GpuFidResize, "clean-fid": GpuCleanFidResize}.get(pre.mode)
+        self._resize: GpuResizeCrop | GpuFidResize | GpuCleanFidResize = (
+            GpuResizeCrop(kernels, pre) if resize is None else resize(kernels, pre.mean, pre.std, pre.size))
+        self.slot_shape = (CHANNELS, pre.size, pre.size) if self.fid else (pre.size, pre.size, CHANNELS)
+        self.slot_dtype = np.dtype(np.float32 if self.fid else np.uint8)
         self._decoded: list[Any] = []  # the last batch's nvImageCodec images, alive until its resize has run
         self._staging: np.ndarray | None = None  # pinned (max_batch, size, size, 3) for CPU-path results
         self._arena: Any = None  # device memory decode_files decodes whole images into
@@ -279,7 +291,8 @@ class GpuJpegDecoder:
                 sizes.append(np.array([layout[:2]], np.int32))
                 turns.append(layout[2])
         files = np.array(which, np.int64)
-        orientation = np.array(turns, np.int64)
+        # the FID tools open images as stored (no EXIF orientation)
+        orientation = np.ones(len(turns), np.int64) if self.fid else np.array(turns, np.int64)
         hw = np.concatenate(sizes).astype(np.int64)
         nbytes = (hw[:, 0] * hw[:, 1] * CHANNELS + 255) // 256 * 256
         offsets = np.cumsum(nbytes) - nbytes
@@ -345,7 +358,7 @@ class GpuJpegDecoder:
             if dev is None:
                 to_cpu.append(i)
             else:
-                jobs.append((dev, rows[i], turn))
+                jobs.append((dev, rows[i], 1 if self.fid else turn))  # the FID tools: no EXIF orientation
                 self._decoded.append(img)
         self._resize.enqueue(jobs, dst_ptr, stream)
         row_errors: list[str | None] = [None] * self.max_batch
@@ -390,13 +403,14 @@ class GpuJpegDecoder:
 
     def _upload_cpu_results(self, jobs: Sequence[tuple[int, str, bytes]], dst_ptr: int, stream: Any,
                             cpu_fallback: Callable[[str, bytes], np.ndarray], errors: list[str | None]) -> None:
-        """For each (slot, path, bytes): the CPU path's crop uploaded into its slot, or its error in errors[slot]."""
+        """For each (slot, path, bytes): the CPU path's result (a slot's shape and type) uploaded into its slot, or
+        its error in errors[slot]."""
         if not jobs:
             return
         drv = driver()
-        shape = (self.pre.size, self.pre.size, CHANNELS)
+        shape = self.slot_shape
         if self._staging is None:
-            self._staging = drv.pagelocked_empty((self.max_batch, *shape), np.uint8)
+            self._staging = drv.pagelocked_empty((self.max_batch, *shape), self.slot_dtype)
 
         def crop_of(job: tuple[int, str, bytes]) -> np.ndarray | str:
             try:
@@ -416,8 +430,9 @@ class GpuJpegDecoder:
             if isinstance(crop, str):
                 errors[row] = crop
                 continue
-            if crop.shape != shape or crop.dtype != np.uint8:
-                raise ValueError(f"cpu_fallback gave {crop.dtype} {crop.shape} for {path}, expected uint8 {shape}")
+            if crop.shape != shape or crop.dtype != self.slot_dtype:
+                raise ValueError(f"cpu_fallback gave {crop.dtype} {crop.shape} for {path}, expected "
+                                 f"{self.slot_dtype} {shape}")
             self._staging[row] = crop
             drv.memcpy_htod_async(dst_ptr + row * crop.nbytes, self._staging[row], stream)
 

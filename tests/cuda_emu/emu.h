@@ -85,6 +85,10 @@ inline unsigned __vmaxs4(unsigned a, unsigned b) {
     }
     return r;
 }
+// Round-to-nearest double arithmetic that the compiler may not fuse: the emulator is built with -ffp-contract=off,
+// so a plain product and sum are each rounded once, as on the GPU.
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 // Blocks run one after another, so memory is always coherent and an atomic is a plain read-modify-write.
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {

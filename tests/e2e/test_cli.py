@@ -596,7 +596,6 @@ def test_run_resize_names_whose_preprocessing_runs(weights_file, image_dir):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--weights", "W", "--decode", "gpu"], "error: --resize pytorch-fid: is CPU-decode only"),
     (["--weights", "W", "--ray", "auto", "--output", "out"], "--resize is for this machine's engines"),
     (["--server", "http://127.0.0.1:9"], "--resize is the server's to choose (it resizes as its weight file's")])
 def test_run_resize_refusals_are_one_line(weights_file, image_dir, extra, words, monkeypatch):

@@ -304,3 +304,27 @@ def test_gemm_floor_counts_the_forwards_work(monkeypatch):
     conv = next(op for op in gemm_floor.fused_plan(2, gemm_floor.cb.he_weights(0).layers()).conv_ops
                 if op.name == "Conv2d_1a_3x3")
     assert gemm_floor.gemm_shape(conv) == (2 * 149 * 149, 32, 3 * 3 * 3)
+
+
+def test_bench_fid_measures_a_command_and_reads_both_tools_fids(tmp_path, monkeypatch):
+    """bench_fid.py without torch: its images are deterministic, varied and the size asked; a timed command's wall
+    time, memory peaks and printed FID (inception-fid --json's or pytorch-fid's line) are read back; the table says
+    each run's ratio to pytorch-fid and its relative difference."""
+    bench = load(DEV / "bench_fid.py", monkeypatch)
+    a, b = bench.generated(3), bench.generated(3)
+    assert a.shape == (256, 256, 3) and a.dtype == np.uint8 and np.array_equal(a, b)
+    assert not np.array_equal(a, bench.generated(4)) and a.std() > 10
+    assert [bench.image_name(i, "both") for i in range(2)] == ["000000.png", "000001.jpg"]
+    folder = bench.image_folder(tmp_path, "gen", 4, "both", 0, 1.0)
+    assert sorted(p.name for p in folder.iterdir()) == [".complete", "000000.png", "000001.jpg", "000002.png",
+                                                        "000003.jpg"]
+    assert len(list(bench.subset(folder, 2).glob("0*"))) == 2
+    assert bench.parse_fid('{\n  "fid": 12.5,\n  "model": "x"\n}\n') == 12.5
+    assert bench.parse_fid("100%|####| 2/2\nFID:  269.923705707366\n") == 269.923705707366
+    assert bench.parse_fid("Traceback ...\n") is None
+    script = "import numpy; x = bytearray(64 << 20); print('FID:  2.0')"
+    run = bench.timed(bench.Run("ours-x", [sys.executable, "-c", script]), tmp_path)
+    assert run.rc == 0 and run.fid == 2.0 and run.wall_s > 0 and run.peak_rss_mib >= 64
+    base = bench.Run("pytorch-fid", [], wall_s=10.0, rc=0, fid=2.0002)
+    rows = bench.table([run, base], base, base).splitlines()
+    assert rows[2].startswith(f"| ours-x | {run.wall_s:.2f} | {10.0 / run.wall_s:.2f} |") and "1.00e-04" in rows[2]

@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def export_script():
+    """scripts/export_pytorch_fid_onnx.py as a module (scripts/ on sys.path for its onnx_check, as when run)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location("export_pytorch_fid_onnx",
                                                   ROOT / "scripts" / "export_pytorch_fid_onnx.py")
     module = importlib.util.module_from_spec(spec)
@@ -40,22 +43,9 @@ def export_script():
 
 
 def random_fid_module():
-    """pytorch-fid's blocks (the export script's fid_module) with He-initialised convolutions and random BatchNorm
-    statistics, in eval mode."""
-    torch.manual_seed(0)
-    model = export_script().fid_module(pretrained=False, state_dict=None)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.Conv2d):
-                torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-            elif isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.1, 0.1)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.6, 1.4)
-                m.bias.uniform_(-0.1, 0.3)
-            elif isinstance(m, torch.nn.Linear):
-                torch.nn.init.normal_(m.weight, std=2048 ** -0.5)
-    return model.eval()
+    """pytorch-fid's blocks with the export script's seeded random weights (He-initialised convolutions, random
+    BatchNorm statistics), in eval mode."""
+    return export_script().random_fid_module(seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +83,33 @@ def pytorch_fids_own(model, folders) -> float:
     return float(pf_score.calculate_frechet_distance(*stats[0], *stats[1]))
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
-def test_fid_equals_pytorch_fids_within_1e_4(setup, backend):
+def gpu_decode_missing() -> str | None:
+    from inception_engine.errors import EngineError
+    from inception_engine.ingest.jpeg_decode import check_gpu_decode
+
+    try:
+        check_gpu_decode()
+    except (EngineError, OSError) as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("backend, decode", [("cpu", "cpu"), ("cuda", "cpu"), ("cuda", "gpu")])
+def test_fid_equals_pytorch_fids_within_1e_4(setup, backend, decode):
+    """--decode gpu on these PNGs: each one the GPU decoder's CPU path, its network input copied to the forward as
+    the GPU resize writes it (the cuda runner's pytorch-fid input)."""
     if backend == "cuda" and not backends.is_available("cuda")[0]:
         pytest.skip(f"needs a GPU: {backends.is_available('cuda')[1]}")
+    if decode == "gpu" and (why := gpu_decode_missing()) is not None:
+        pytest.skip(f"--decode gpu unavailable: {why}")
     model, weights, folders = setup
     want = pytorch_fids_own(model, folders)
     r = runner().invoke(fid_command.fid_cmd, [str(folders[0]), str(folders[1]), "--weights", str(weights),
-                                               "--backend", backend, "--precision", "fp32", "--json"])
+                                               "--backend", backend, "--precision", "fp32", "--decode", decode,
+                                               "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["resize"] == "pytorch-fid" and doc["network"] == "fid"
-    print(f"{backend}: FID {doc['fid']:.8f}, pytorch-fid's {want:.8f}, rel {abs(doc['fid'] - want) / want:.2e}")
+    print(f"{backend}, decode {decode}: FID {doc['fid']:.8f}, pytorch-fid's {want:.8f}, "
+          f"rel {abs(doc['fid'] - want) / want:.2e}")
     assert want > 0 and abs(doc["fid"] - want) <= 1e-4 * want

@@ -39,6 +39,7 @@ STREAM_TESTS = ["tests/kernels/test_pipeline_io.py::test_gpu_decode_stream_match
                 "tests/kernels/test_pipeline_io.py::test_cuda_runner_streams_the_reference_predictions"]
 PIPELINE_RUNS = {"gpu-decode-stream": [STREAM_TESTS[0]], "runner-stream": [STREAM_TESTS[1]],
                  "kernels": ["tests/kernels/test_pipeline_io.py", "tests/kernels/test_resize_pil.py",
+                             "tests/kernels/test_resize_fid.py",
                              *(f"--deselect={t}" for t in STREAM_TESTS)]}
 
 
@@ -46,7 +47,8 @@ PIPELINE_RUNS = {"gpu-decode-stream": [STREAM_TESTS[0]], "runner-stream": [STREA
 def test_pipeline_kernels_on_the_emulator(backend_emu_lib, run):
     """The streaming pipeline's kernels: pipeline_io.cu's normalize and top-k and the cuda runner streaming images
     through a ring (tests/kernels/test_pipeline_io.py); resize_pil.cu bit-exact against Pillow and GpuJpegDecoder's
-    host side with Pillow standing in for nvImageCodec (tests/kernels/test_resize_pil.py)."""
+    host side with Pillow standing in for nvImageCodec (tests/kernels/test_resize_pil.py); resize_fid.cu against the
+    CPU path's pytorch-fid resize (tests/kernels/test_resize_fid.py)."""
     r = run_emulated(backend_emu_lib, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                      *PIPELINE_RUNS[run])
     tail = r.stdout[-3000:] + r.stderr[-2000:]
