@@ -52,9 +52,13 @@ sys.path.insert(0, str(ROOT))
 SIZE = 256
 FID_CLI = "from inception_engine.fid_command import fid_main; fid_main()"
 # pytorch-fid's own main() with its weight download replaced by the state dict in $BENCH_FID_STATE_DICT (and, with
-# BENCH_FID_TORCH_FP32=1, TF32 convolutions off); nothing else of it is changed
+# BENCH_FID_TORCH_FP32=1, TF32 convolutions off), on this machine's SciPy (scripts/export_pytorch_fid_onnx.py's
+# pytorch_fid_on_this_scipy: 0.3.0 calls sqrtm with a keyword SciPy 1.18 removed); nothing else of it is changed
 PYTORCH_FID_SHIM = (
-    "import os, torch, pytorch_fid.inception as inc, pytorch_fid.fid_score as score\n"
+    "import os, sys, torch, pytorch_fid.inception as inc, pytorch_fid.fid_score as score\n"
+    f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+    "from export_pytorch_fid_onnx import pytorch_fid_on_this_scipy\n"
+    "pytorch_fid_on_this_scipy()\n"
     "inc.load_state_dict_from_url = lambda *a, **k: torch.load(os.environ['BENCH_FID_STATE_DICT'], "
     "map_location='cpu', weights_only=True)\n"
     "if os.environ.get('BENCH_FID_TORCH_FP32') == '1':\n"

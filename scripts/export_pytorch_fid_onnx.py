@@ -75,6 +75,29 @@ def random_fid_module(seed: int = 0) -> Any:
     return model.eval()
 
 
+def pytorch_fid_on_this_scipy() -> None:
+    """pytorch-fid 0.3.0 computes its FID with ``scipy.linalg.sqrtm(A, disp=False)``, a keyword SciPy 1.18 removed
+    (TypeError there). Where SciPy lacks it, pytorch-fid's module reference is given a sqrtm that takes it and returns
+    what the old one did with disp=False: (the root, its relative Frobenius residual). The root is SciPy's own."""
+    import inspect
+
+    import numpy as np
+    from pytorch_fid import fid_score
+    from scipy import linalg
+
+    sqrtm = linalg.sqrtm
+    if "disp" in inspect.signature(sqrtm).parameters:
+        return
+
+    def sqrtm_with_disp(a: Any, disp: bool = True, blocksize: int = 64) -> Any:
+        root = sqrtm(a)
+        if disp:
+            return root
+        return root, float(np.linalg.norm(root @ root - a, "fro") / np.linalg.norm(a, "fro"))
+
+    fid_score.linalg = type("linalg", (), {"sqrtm": staticmethod(sqrtm_with_disp)})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", default="pt_inception_fid.onnx", help="ONNX file to write (default: %(default)s)")

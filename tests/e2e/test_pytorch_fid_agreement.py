@@ -71,7 +71,9 @@ def setup(tmp_path_factory):
 
 
 def pytorch_fids_own(model, folders) -> float:
-    """pytorch-fid's FID of the folders with ``model`` as its FID Inception (its resize and 2x - 1 included)."""
+    """pytorch-fid's FID of the folders with ``model`` as its FID Inception (its resize and 2x - 1 included), on
+    this machine's SciPy (export_pytorch_fid_onnx.pytorch_fid_on_this_scipy)."""
+    export_script().pytorch_fid_on_this_scipy()
     original = pf_inception.fid_inception_v3
     pf_inception.fid_inception_v3 = lambda: model
     try:
