@@ -240,7 +240,7 @@ def test_run_recursive_with_gpus_takes_the_same_images(weights_file, nested, mon
     (["--precison", "fp16"], "error: no such option --precison (did you mean --precision?); inception-run --help "
                              "lists the options"),
     (["--precision", "bf16"], "error: invalid value for '--precision': 'bf16' is not one of 'auto', 'fp32', "
-                              "'tf32', 'fp16'; inception-run --help lists the options"),
+                              "'tf32', 'fp16', 'int8'; inception-run --help lists the options"),
     ([], "error: missing argument 'IMAGES...'; inception-run --help lists the options"),
 ])
 def test_usage_errors_are_one_line(args, line, monkeypatch, capsys):
