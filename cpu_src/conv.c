@@ -31,32 +31,10 @@
 // Tasks: (image, run of adjacent B panels, chunk of A panels), taken in turn by the thread pool (threadpool.c). A
 // layer with few B panels (8x8 maps: 2 an image) splits M into chunks too, each repacking its B panel, so that
 // every thread has work; the weights stay shared and read-only.
-#include "ie_cpu.h"
+#include "gemm.h"
 
-#include <immintrin.h>
 #include <stdlib.h>
 
-#define MR 8
-#define VECS 2  // 16-float vectors a B row
-#define NR (16 * VECS)
-#define KC 384
-#define RUNS 4          // masked loads a vector may take before a gather is cheaper
-// The micro-kernel prefetches A this many k steps ahead. A forward reads 95 MB of weights, three times the L3, so
-// each layer's A comes from memory at its first B panel; 160 steps (5 KB) cover that latency where the hardware
-// prefetchers alone did not: whole forward 67.1 -> 63.1 ms on one core, 35.0 -> 31.7 ms on two, against 16 steps.
-#define PREFETCH_K 160
-
-// How one 16-pixel vector of a B panel reads one tap from a channel plane: lane l takes plane[start[r] + S*l] for
-// the run r whose mask has bit l (stride S = 1 or 2; runs = -1: gather plane[index[l]] under gather_mask); lanes
-// in no run are zero.
-typedef struct {
-    int32_t index[16];
-    int32_t start[RUNS];
-    __mmask16 mask[RUNS];
-    __mmask16 even_lo[RUNS], even_hi[RUNS];  // stride 2: the 32 floats from start[r] that lanes of run r read
-    __mmask16 gather_mask;
-    int32_t runs;
-} lane_reads;
 
 typedef struct {
     const ie_conv *p;
@@ -71,7 +49,7 @@ typedef struct {
 // Packed weights: K blocks of KC rows one after the other; in each, the A panels one after the other, each
 // [kc][MR] (zero past M). A sweep of the A panels over one B panel reads one contiguous stretch.
 // K is cut into equal blocks of at most KC rows (K = 288 as 2 x 144, not 256 + 32).
-static int k_block(int64_t k) {
+IE_HIDDEN int k_block(int64_t k) {
     int64_t blocks = (k + KC - 1) / KC;
     return (int)((k + blocks - 1) / blocks);
 }
@@ -98,7 +76,7 @@ int ie_cpu_supported(void) {
 static _Thread_local void *scratch;
 static _Thread_local size_t scratch_bytes;
 
-static void *thread_scratch(size_t bytes) {
+IE_HIDDEN void *thread_scratch(size_t bytes) {
     if (bytes > scratch_bytes) {
         free(scratch);
         scratch_bytes = (bytes + 4095) & ~(size_t)4095;
@@ -111,7 +89,7 @@ static void *thread_scratch(size_t bytes) {
 // plan[tap * VECS + v] for the panel at output pixel n0: lane l of vector v reads input pixel
 // (oy*S - PH + ky, ox*S - PW + kx) for (oy, ox) = output pixel n0 + 16v + l. Integer vector arithmetic: this runs
 // for every tap of every panel and must cost little next to the packing it plans (3 input channels in the stem).
-IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
+IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i zero = _mm512_setzero_si512(), wo = _mm512_set1_epi32(p->wo), one = _mm512_set1_epi32(1);
     for (int v = 0; v < VECS; v++) {
@@ -170,8 +148,8 @@ IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
 // B rows [k0, k0 + kc) of the first vecs vectors of the panel that ``plan`` describes, into dst ([k][NR]). Along K
 // the tap changes every C rows; within a tap each vector reads every channel plane the same way, with the plan's
 // loads in registers.
-IE_AVX512 static void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0, int kc,
-                             float *dst) {
+IE_HIDDEN IE_AVX512 void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0,
+                                int kc, float *dst) {
     const int64_t plane = (int64_t)p->h * p->w;
     for (int64_t k = k0; k < k0 + kc;) {
         int tap = (int)(k / p->c), c = (int)(k % p->c);
@@ -267,8 +245,9 @@ IE_AVX512 static inline __attribute__((always_inline)) void micro_kernel_vecs(
     }
 }
 
-IE_AVX512 static void micro_kernel(int vecs, int kc, const float *a, const float *b, float *c, int64_t ldc, int rows,
-                                   const __mmask16 *mask, int first, int last, const float *bias, int relu) {
+IE_HIDDEN IE_AVX512 void micro_kernel(int vecs, int kc, const float *a, const float *b, float *c, int64_t ldc,
+                                      int rows, const __mmask16 *mask, int first, int last, const float *bias,
+                                      int relu) {
     switch (vecs) {
     case 1: micro_kernel_vecs(1, kc, a, b, c, ldc, rows, mask, first, last, bias, relu); break;
     case 2: micro_kernel_vecs(2, kc, a, b, c, ldc, rows, mask, first, last, bias, relu); break;

@@ -32,7 +32,7 @@ from ..weights import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("conv.c", "pool.c", "threadpool.c")
+SOURCES = ("conv.c", "winograd.c", "pool.c", "threadpool.c")
 FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread")
 
 
@@ -105,7 +105,8 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
             lib.ie_packed_weights_floats.argtypes = [ctypes.c_int, ctypes.c_int64]
             lib.ie_pack_weights.restype = None
             lib.ie_pack_weights.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
-            for name, params in (("ie_conv2d", ConvParams), ("ie_pool2d", PoolParams)):
+            for name, params in (("ie_conv2d", ConvParams), ("ie_conv2d_winograd", ConvParams),
+                                 ("ie_pool2d", PoolParams)):
                 getattr(lib, name).argtypes = [ctypes.POINTER(params), ctypes.c_int]
                 getattr(lib, name).restype = None
             return lib, None
@@ -131,14 +132,34 @@ def _image_stride(a: np.ndarray, name: str) -> int:
     return a.strides[0] // 4
 
 
+def _pack_rows(rows: np.ndarray) -> np.ndarray:
+    """An (M, K) matrix as ie_conv2d's micro-kernel reads it (cpu_src/conv.c: panels of MR rows, K blocks)."""
+    lib = library()
+    rows = np.ascontiguousarray(rows, np.float32)
+    packed = np.empty(lib.ie_packed_weights_floats(rows.shape[0], rows.shape[1]), np.float32)
+    lib.ie_pack_weights(rows.ctypes.data, rows.shape[0], rows.shape[1], packed.ctypes.data)
+    return packed
+
+
 def pack_weights(w: np.ndarray) -> np.ndarray:
     """(O, C, kh, kw) weights as ie_conv2d reads them (cpu_src/conv.c: K in (ky, kx, c) order, panels of rows)."""
-    lib = library()
-    o = w.shape[0]
-    rows = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1), np.float32)
-    packed = np.empty(lib.ie_packed_weights_floats(o, rows.shape[1]), np.float32)
-    lib.ie_pack_weights(rows.ctypes.data, o, rows.shape[1], packed.ctypes.data)
-    return packed
+    return _pack_rows(w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
+
+
+# F(2x2, 3x3)'s filter transform (cpu_src/winograd.c has the input and output transforms that go with it).
+WINOGRAD_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+
+
+def uses_winograd(kernel: tuple[int, int], stride: int) -> bool:
+    """Convolutions ie_conv2d_winograd computes: 3x3 at stride 1."""
+    return tuple(kernel) == (3, 3) and stride == 1
+
+
+def pack_winograd_weights(w: np.ndarray) -> np.ndarray:
+    """(O, C, 3, 3) weights as ie_conv2d_winograd reads them: U = G g G^T (in float64), then for each of the 16
+    positions of U the (O, C) matrix packed as pack_weights packs a 1x1 conv's, one after the other."""
+    u = np.einsum("ui,ocij,vj->uvoc", WINOGRAD_G, w.astype(np.float64), WINOGRAD_G)
+    return np.concatenate([_pack_rows(u_xi) for u_xi in u.reshape(16, *w.shape[:2])])
 
 
 @dataclass
@@ -156,18 +177,21 @@ class Call:
 
 
 def prepare_conv(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, pad: tuple[int, int],
-                 relu: bool, threads: int) -> Call:
+                 relu: bool, threads: int, winograd: bool = True) -> Call:
     """y = relu(conv(x, w) + b) (or without the ReLU) into the view ``y``, on ``threads`` threads. x (N, C, H, W)
-    and y are float32 views whose images are contiguous (channel slices of a buffer); w (O, C, kh, kw), b (O,)."""
+    and y are float32 views whose images are contiguous (channel slices of a buffer); w (O, C, kh, kw), b (O,).
+    3x3 stride-1 convolutions run by Winograd's F(2x2, 3x3) (``uses_winograd``) unless ``winograd`` is off."""
     o, c, kh, kw = w.shape
     if y.shape[2] * y.shape[3] >= 1 << 22 or x.shape[2] * x.shape[3] >= 1 << 31:
         raise ValueError(f"images of {x.shape[2:]} -> {y.shape[2:]} pixels are beyond the C kernels (2^22 outputs)")
-    packed = pack_weights(w)
+    winograd = winograd and uses_winograd((kh, kw), stride)
+    packed = pack_winograd_weights(w) if winograd else pack_weights(w)
     bias = np.ascontiguousarray(b, np.float32)
     params = ConvParams(x.ctypes.data, y.ctypes.data, packed.ctypes.data, bias.ctypes.data,
                         _image_stride(x, "x"), _image_stride(y, "y"), x.shape[0], c, x.shape[2], x.shape[3], o,
                         y.shape[2], y.shape[3], kh, kw, stride, pad[0], pad[1], int(relu))
-    return Call(library().ie_conv2d, params, threads, (x, y, packed, bias))
+    fn = library().ie_conv2d_winograd if winograd else library().ie_conv2d
+    return Call(fn, params, threads, (x, y, packed, bias))
 
 
 def prepare_pool(x: np.ndarray, y: np.ndarray, kind: str, kernel: int, stride: int, pad: int,

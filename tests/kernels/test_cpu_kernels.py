@@ -1,11 +1,11 @@
 """The C kernels of the float32 CPU path (cpu_src/, backends/cpu_kernels.py) against float64 NumPy, and the fallback
 to the NumPy code where they cannot be built.
 
-Shapes are chosen to hit the edges of the blocking in cpu_src/conv.c: M not a multiple of MR (8), N not a multiple
-of the 32-pixel panels (and under 16), K over one block of 384 and not a multiple of it, vectors that wrap over
-several output rows (narrow maps), padding, stride 2 (gathers). Inputs and outputs are channel slices of larger
-buffers (offset views with image strides); outputs are poisoned with NaN so that unwritten elements fail, and the
-channels around them must stay NaN.
+Shapes are chosen to hit the edges of the blocking in cpu_src/conv.c and winograd.c: M not a multiple of MR (8), N
+not a multiple of the 32-pixel panels (and under 16), K over one block of 384 and not a multiple of it, vectors that
+wrap over several output rows (narrow maps), padding, stride 2 (gathers), Winograd tiles past the map's edge.
+Inputs and outputs are channel slices of larger buffers (offset views with image strides); outputs are poisoned
+with NaN so that unwritten elements fail, and the channels around them must stay NaN.
 """
 
 from __future__ import annotations
@@ -99,6 +99,40 @@ def test_conv_matches_float64(case, threads, relu):
     assert not np.isnan(y).any(), "an output element was not written"
     assert_only_view_written(ybuf, 3, o)
     assert rel_l2(y, ref) < 2e-6
+
+
+WINOGRAD_CASES = [  # n, c, h, w, o, pad: 3x3 stride 1, F(2x2, 3x3) (cpu_src/winograd.c)
+    (1, 5, 7, 9, 11, 1),  # odd output sizes: the last tiles' second row and column are outside the map
+    (2, 37, 9, 10, 29, 1),  # C over one block of 32 gathered channels, not a multiple of it; O not a multiple of 8
+    (1, 6, 13, 12, 70, 0),  # unpadded; O = 70: two groups of output channels, the second partial
+    (1, 400, 6, 7, 17, 1),  # C = 400: two K blocks in each position's GEMM
+    (1, 24, 19, 21, 9, 1),  # 110 tiles: three full panels and a 14-tile one (one vector)
+    (1, 3, 2, 2, 4, 1),  # a single tile
+    (1, 160, 8, 8, 200, 1),  # 16 tiles, 25 A panels: M is split into chunks across threads
+]
+
+
+@each_case(WINOGRAD_CASES, "relu", [True, False])
+def test_winograd_conv_matches_float64(case, threads, relu):
+    """The Winograd path against float64 and against the direct path of the same kernels."""
+    n, c, h, w, o, pad = case
+    rng = rng_for("winograd", case, threads, relu)
+    _, x = slice_of(rng, (n, c, h, w), 1, 2, None)
+    wt = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(c * 9)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    ref = np.einsum("nchwij,ocij->nohw", windows(x.astype(np.float64), 3, 3, 1, (pad, pad), 0.0), wt.astype(np.float64))
+    ref += b[:, None, None]
+    if relu:
+        ref = np.maximum(ref, 0)
+    assert cpu_kernels.uses_winograd((3, 3), 1)
+    ybuf, y = slice_of(rng, (n, o, *ref.shape[2:]), 2, 3, np.nan)
+    cpu_kernels.prepare_conv(x, y, wt, b, 1, (pad, pad), relu, threads)()
+    assert not np.isnan(y).any(), "an output element was not written"
+    assert_only_view_written(ybuf, 2, o)
+    assert rel_l2(y, ref) < 2e-6
+    direct = np.full_like(y, np.nan)
+    cpu_kernels.prepare_conv(x, direct, wt, b, 1, (pad, pad), relu, threads, winograd=False)()
+    assert rel_l2(y, direct) < 2e-6
 
 
 POOL_CASES = [  # n, c, h, w, kind, kernel, stride, pad, count_include_pad
