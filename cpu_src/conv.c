@@ -214,6 +214,13 @@ IE_AVX512 static inline __attribute__((always_inline)) void micro_kernel_vecs(
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < vecs; v++) acc[r][v] = _mm512_setzero_ps();
+    // The next A panel's block of C (the caller's next call, MR rows down): its lines come in while this one
+    // multiplies, where a store missing the cache would wait for them. Whole forward, one core: 125 -> 115 ms.
+#pragma GCC unroll 16
+    for (int r = MR; r < 2 * MR; r++) {
+        __builtin_prefetch(c + r * ldc, 1, 3);
+        __builtin_prefetch(c + r * ldc + 16 * vecs - 1, 1, 3);
+    }
     for (int k = 0; k < kc; k++, a += MR, b += NR) {
         _mm_prefetch((const char *)(a + PREFETCH_K * MR), _MM_HINT_T0);
         __m512 bv[VECS];
