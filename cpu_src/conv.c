@@ -23,10 +23,11 @@
 //
 // Blocking, measured on the stem, 35x35, 17x17 and 8x8 layers (AMD Zen 5, one core): MR = 8 divides every M of the
 // network (32..448), where MR = 12 (24 accumulators) lost up to 12% to the zero rows of the last panel (M = 32, 64)
-// and was no faster elsewhere; NR = 48 (24 accumulators) was no faster than 32. KC = 384, K cut into equal blocks:
-// K = 288 (the stem) in one block, 4032 (the 8x8 3x3 layers) in 11; a packed B panel (<= 48 KB) stays in L1 while
-// the A panels of its K block (M*KC floats, at most 690 KB) stream from L2. 256 and 512 were within the noise, 128
-// slower on the stem.
+// and was no faster elsewhere; NR = 48 (24 accumulators) was no faster than 32. KC = 192, K cut into equal blocks:
+// K = 288 (the stem) in 2 blocks of 144, 4032 (the 8x8 3x3 layers) in 21; a packed B panel (<= 24 KB) stays in the
+// 48 KB L1 while the A panels of its K block (M*KC floats, at most 345 KB) stream from L2. On Zen 5, 256 and 512
+// were within the noise of 384; on Intel Xeon (Sapphire Rapids class, 48 KB L1) 192 beat 384 by 3-5% on the whole
+// forward (a 48 KB B panel filled the L1).
 //
 // Tasks: (image, run of adjacent B panels, chunk of A panels), taken in turn by the thread pool (threadpool.c). A
 // layer with few B panels (8x8 maps: 2 an image) splits M into chunks too, each repacking its B panel, so that

@@ -11,7 +11,7 @@
 #define MR 8
 #define VECS 2  // 16-float vectors a B row
 #define NR (16 * VECS)
-#define KC 384
+#define KC 192
 #define RUNS 4          // masked loads a vector may take before a gather is cheaper
 // The micro-kernel prefetches A this many k steps ahead. A forward reads 95 MB of weights, three times the L3, so
 // each layer's A comes from memory at its first B panel; 160 steps (5 KB) cover that latency where the hardware
