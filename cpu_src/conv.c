@@ -88,9 +88,9 @@ IE_HIDDEN void *thread_scratch(size_t bytes) {
 }
 
 // plan[tap * VECS + v] for the panel at output pixel n0: lane l of vector v reads input pixel
-// (oy*S - PH + ky, ox*S - PW + kx) for (oy, ox) = output pixel n0 + 16v + l. Integer vector arithmetic: this runs
-// for every tap of every panel and must cost little next to the packing it plans (3 input channels in the stem).
-IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
+// (oy*stride_h - PH + ky, ox*S - PW + kx) for (oy, ox) = output pixel n0 + 16v + l. Integer vector arithmetic: this
+// runs for every tap of every panel and must cost little next to the packing it plans (3 input channels in the stem).
+IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int stride_h, int n0, lane_reads *plan) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i zero = _mm512_setzero_si512(), wo = _mm512_set1_epi32(p->wo), one = _mm512_set1_epi32(1);
     for (int v = 0; v < VECS; v++) {
@@ -105,7 +105,7 @@ IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int n0, lane_reads *plan) 
         __mmask16 high = _mm512_cmpge_epi32_mask(ox, wo);
         oy = _mm512_mask_add_epi32(oy, high, oy, one);
         ox = _mm512_mask_sub_epi32(ox, high, ox, wo);
-        __m512i iy0 = _mm512_sub_epi32(_mm512_mullo_epi32(oy, _mm512_set1_epi32(p->stride)),
+        __m512i iy0 = _mm512_sub_epi32(_mm512_mullo_epi32(oy, _mm512_set1_epi32(stride_h)),
                                        _mm512_set1_epi32(p->pad_h));
         __m512i ix0 = _mm512_sub_epi32(_mm512_mullo_epi32(ox, _mm512_set1_epi32(p->stride)),
                                        _mm512_set1_epi32(p->pad_w));
@@ -283,7 +283,7 @@ IE_AVX512 static void conv_task(void *arg, int task) {
         __mmask16 mask[VECS];
         int vecs = 0;  // vectors with a pixel in them
         for (int v = 0; v < VECS; v++) vecs += (mask[v] = lanes_below(n_out - n0 - 16 * v)) != 0;
-        plan_panel(p, n0, plan);
+        plan_panel(p, p->stride, n0, plan);
         for (int64_t k0 = 0; k0 < job->k; k0 += kb) {
             int kc = job->k - k0 < kb ? (int)(job->k - k0) : kb;
             pack_b(p, x, plan, vecs, k0, kc, b);

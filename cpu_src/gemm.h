@@ -36,8 +36,9 @@ int64_t ie_packed_weights_floats(int m, int64_t k);
 IE_HIDDEN int k_block(int64_t k);
 // At least ``bytes`` of 64-byte-aligned memory of the calling thread, valid until its next call.
 IE_HIDDEN void *thread_scratch(size_t bytes);
-// plan[tap * VECS + v]: how vector v of the B panel at output pixel n0 reads each tap of p.
-IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int n0, lane_reads *plan);
+// plan[tap * VECS + v]: how vector v of the B panel at output pixel n0 reads each tap of p, whose stride is
+// stride_h down the rows and p->stride along them (winograd.c's tiles: the two can differ).
+IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int stride_h, int n0, lane_reads *plan);
 // B rows [k0, k0 + kc) ((tap, c) order) of the panel that ``plan`` describes, its first vecs vectors, into dst
 // ([k][NR]).
 IE_HIDDEN IE_AVX512 void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0,

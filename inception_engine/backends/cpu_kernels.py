@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import native_build
+from .numpy_primitives import winograd_matrices
 from ..weights import user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -146,20 +147,44 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
     return _pack_rows(w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
 
 
-# F(2x2, 3x3)'s filter transform (cpu_src/winograd.c has the input and output transforms that go with it).
-WINOGRAD_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+# Winograd along one axis, as cpu_src/winograd.c applies it: outputs a tile, (AT, G, BT) for a kernel of r taps.
+# r = 3: Lavin & Gray's F(2, 3), whose B and A are additions only (winograd.c has them built in); r = 5, 7: F(2, r)
+# of numpy_primitives.winograd_matrices; r = 1: the identity.
+_LAVIN_F23 = (np.array([[1, 1, 1, 0], [0, 1, -1, -1]]),
+              np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]]),
+              np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]))
+WINOGRAD_MAX_N = 8  # input tile along an axis (winograd.c's MAX_N)
+WINOGRAD_HEADER = 256  # floats of transforms before U in the packed weights (winograd.c's HEADER)
+
+
+def winograd_axis(r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if r == 1:
+        return (np.ones((1, 1)),) * 3
+    if r == 3:
+        return _LAVIN_F23
+    return winograd_matrices(2, r)
 
 
 def uses_winograd(kernel: tuple[int, int], stride: int) -> bool:
-    """Convolutions ie_conv2d_winograd computes: 3x3 at stride 1."""
-    return tuple(kernel) == (3, 3) and stride == 1
+    """Convolutions ie_conv2d_winograd computes: stride 1, odd kernels up to 7 along each axis, not 1x1."""
+    return stride == 1 and max(kernel) > 1 and all(k in (1, 3, 5, 7) for k in kernel)
 
 
 def pack_winograd_weights(w: np.ndarray) -> np.ndarray:
-    """(O, C, 3, 3) weights as ie_conv2d_winograd reads them: U = G g G^T (in float64), then for each of the 16
-    positions of U the (O, C) matrix packed as pack_weights packs a 1x1 conv's, one after the other."""
-    u = np.einsum("ui,ocij,vj->uvoc", WINOGRAD_G, w.astype(np.float64), WINOGRAD_G)
-    return np.concatenate([_pack_rows(u_xi) for u_xi in u.reshape(16, *w.shape[:2])])
+    """(O, C, kh, kw) weights as ie_conv2d_winograd reads them: a header of WINOGRAD_HEADER floats (B^T along H
+    and W, each MAX_N x MAX_N, then A^T along H and W, each 2 x MAX_N, zero-padded), then U = G g G^T (in
+    float64) as one (O, C) matrix for each position of the input tile, each packed as pack_weights packs a 1x1
+    conv's, one after the other."""
+    (at_h, g_h, bt_h), (at_w, g_w, bt_w) = winograd_axis(w.shape[2]), winograd_axis(w.shape[3])
+    header = np.zeros(WINOGRAD_HEADER)
+    n = WINOGRAD_MAX_N
+    for offset, rows, m in ((0, n, bt_h), (n * n, n, bt_w), (2 * n * n, 2, at_h), (2 * n * n + 2 * n, 2, at_w)):
+        block = np.zeros((rows, n))
+        block[:m.shape[0], :m.shape[1]] = m
+        header[offset:offset + rows * n] = block.ravel()
+    u = np.einsum("ui,ocij,vj->uvoc", g_h, w.astype(np.float64), g_w)
+    return np.concatenate([header.astype(np.float32),
+                           *(_pack_rows(u_xi) for u_xi in u.reshape(-1, *w.shape[:2]))])
 
 
 @dataclass
@@ -180,7 +205,8 @@ def prepare_conv(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, str
                  relu: bool, threads: int, winograd: bool = True) -> Call:
     """y = relu(conv(x, w) + b) (or without the ReLU) into the view ``y``, on ``threads`` threads. x (N, C, H, W)
     and y are float32 views whose images are contiguous (channel slices of a buffer); w (O, C, kh, kw), b (O,).
-    3x3 stride-1 convolutions run by Winograd's F(2x2, 3x3) (``uses_winograd``) unless ``winograd`` is off."""
+    Stride-1 convolutions wider than 1x1 run by Winograd's F(2, r) along each axis (``uses_winograd``) unless
+    ``winograd`` is off."""
     o, c, kh, kw = w.shape
     if y.shape[2] * y.shape[3] >= 1 << 22 or x.shape[2] * x.shape[3] >= 1 << 31:
         raise ValueError(f"images of {x.shape[2:]} -> {y.shape[2:]} pixels are beyond the C kernels (2^22 outputs)")
