@@ -304,3 +304,11 @@ def test_gemm_floor_counts_the_forwards_work(monkeypatch):
     conv = next(op for op in gemm_floor.fused_plan(2, gemm_floor.cb.he_weights(0).layers()).conv_ops
                 if op.name == "Conv2d_1a_3x3")
     assert gemm_floor.gemm_shape(conv) == (2 * 149 * 149, 32, 3 * 3 * 3)
+
+
+def test_bench_cpu_layer_table_groups_and_sorts(monkeypatch):
+    bench_cpu = load(DEV / "bench_cpu.py", monkeypatch)
+    labels = [("conv a", 2e9), ("pool", 0.0), ("conv a", 2e9), ("conv b", 1e9)]
+    table = bench_cpu.layer_table(labels, [1.0, 0.5, 3.0, 2.0])
+    assert table == [("conv a", 2, 4.0, pytest.approx(1000.0)), ("conv b", 1, 2.0, pytest.approx(500.0)),
+                     ("pool", 1, 0.5, 0.0)]
