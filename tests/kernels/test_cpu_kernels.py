@@ -115,7 +115,16 @@ WINOGRAD_CASES = [  # n, c, h, w, o, kh, kw, pad: stride 1, F(2, r) along each a
     (1, 70, 8, 8, 40, 1, 3, (0, 1)),  # 1-D F(2, 3), the 8x8 layers' 1x3 and 3x1
     (1, 70, 8, 8, 40, 3, 1, (1, 0)),
     (1, 6, 9, 3, 10, 7, 1, (3, 0)),  # 3-pixel rows: more runs of tiles a vector than masked stores -> scatter
+    (1, 9, 12, 9, 10, 5, 3, (2, 1)),  # shapes the network lacks run the transforms' generic code: 6 x 4 tiles
 ]
+
+
+def test_which_convs_run_winograd():
+    """Stride 1, wider than 1x1, odd up to 5 along each axis or 7 along one; 7x7 (F(2, 7) both ways) is less
+    accurate than the tests' 2e-6 and runs direct."""
+    assert all(cpu_kernels.uses_winograd(k, 1) for k in ((3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1), (5, 3)))
+    assert not any(cpu_kernels.uses_winograd(k, 1) for k in ((1, 1), (7, 7), (7, 3), (2, 2), (3, 9)))
+    assert not cpu_kernels.uses_winograd((3, 3), 2)
 
 
 @each_case(WINOGRAD_CASES, "relu", [True, False])
