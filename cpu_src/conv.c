@@ -23,40 +23,19 @@
 //
 // Blocking, measured on the stem, 35x35, 17x17 and 8x8 layers (AMD Zen 5, one core): MR = 8 divides every M of the
 // network (32..448), where MR = 12 (24 accumulators) lost up to 12% to the zero rows of the last panel (M = 32, 64)
-// and was no faster elsewhere; NR = 48 (24 accumulators) was no faster than 32. KC = 384, K cut into equal blocks:
-// K = 288 (the stem) in one block, 4032 (the 8x8 3x3 layers) in 11; a packed B panel (<= 48 KB) stays in L1 while
-// the A panels of its K block (M*KC floats, at most 690 KB) stream from L2. 256 and 512 were within the noise, 128
-// slower on the stem.
+// and was no faster elsewhere; NR = 48 (24 accumulators) was no faster than 32. KC = 192, K cut into equal blocks:
+// K = 288 (the stem) in 2 blocks of 144, 4032 (the 8x8 3x3 layers) in 21; a packed B panel (<= 24 KB) stays in the
+// 48 KB L1 while the A panels of its K block (M*KC floats, at most 345 KB) stream from L2. On Zen 5, 256 and 512
+// were within the noise of 384; on Intel Xeon (Sapphire Rapids class, 48 KB L1) 192 beat 384 by 3-5% on the whole
+// forward (a 48 KB B panel filled the L1).
 //
 // Tasks: (image, run of adjacent B panels, chunk of A panels), taken in turn by the thread pool (threadpool.c). A
 // layer with few B panels (8x8 maps: 2 an image) splits M into chunks too, each repacking its B panel, so that
 // every thread has work; the weights stay shared and read-only.
-#include "ie_cpu.h"
+#include "gemm.h"
 
-#include <immintrin.h>
 #include <stdlib.h>
 
-#define MR 8
-#define VECS 2  // 16-float vectors a B row
-#define NR (16 * VECS)
-#define KC 384
-#define RUNS 4          // masked loads a vector may take before a gather is cheaper
-// The micro-kernel prefetches A this many k steps ahead. A forward reads 95 MB of weights, three times the L3, so
-// each layer's A comes from memory at its first B panel; 160 steps (5 KB) cover that latency where the hardware
-// prefetchers alone did not: whole forward 67.1 -> 63.1 ms on one core, 35.0 -> 31.7 ms on two, against 16 steps.
-#define PREFETCH_K 160
-
-// How one 16-pixel vector of a B panel reads one tap from a channel plane: lane l takes plane[start[r] + S*l] for
-// the run r whose mask has bit l (stride S = 1 or 2; runs = -1: gather plane[index[l]] under gather_mask); lanes
-// in no run are zero.
-typedef struct {
-    int32_t index[16];
-    int32_t start[RUNS];
-    __mmask16 mask[RUNS];
-    __mmask16 even_lo[RUNS], even_hi[RUNS];  // stride 2: the 32 floats from start[r] that lanes of run r read
-    __mmask16 gather_mask;
-    int32_t runs;
-} lane_reads;
 
 typedef struct {
     const ie_conv *p;
@@ -71,7 +50,7 @@ typedef struct {
 // Packed weights: K blocks of KC rows one after the other; in each, the A panels one after the other, each
 // [kc][MR] (zero past M). A sweep of the A panels over one B panel reads one contiguous stretch.
 // K is cut into equal blocks of at most KC rows (K = 288 as 2 x 144, not 256 + 32).
-static int k_block(int64_t k) {
+IE_HIDDEN int k_block(int64_t k) {
     int64_t blocks = (k + KC - 1) / KC;
     return (int)((k + blocks - 1) / blocks);
 }
@@ -98,7 +77,7 @@ int ie_cpu_supported(void) {
 static _Thread_local void *scratch;
 static _Thread_local size_t scratch_bytes;
 
-static void *thread_scratch(size_t bytes) {
+IE_HIDDEN void *thread_scratch(size_t bytes) {
     if (bytes > scratch_bytes) {
         free(scratch);
         scratch_bytes = (bytes + 4095) & ~(size_t)4095;
@@ -109,9 +88,9 @@ static void *thread_scratch(size_t bytes) {
 }
 
 // plan[tap * VECS + v] for the panel at output pixel n0: lane l of vector v reads input pixel
-// (oy*S - PH + ky, ox*S - PW + kx) for (oy, ox) = output pixel n0 + 16v + l. Integer vector arithmetic: this runs
-// for every tap of every panel and must cost little next to the packing it plans (3 input channels in the stem).
-IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
+// (oy*stride_h - PH + ky, ox*S - PW + kx) for (oy, ox) = output pixel n0 + 16v + l. Integer vector arithmetic: this
+// runs for every tap of every panel and must cost little next to the packing it plans (3 input channels in the stem).
+IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int stride_h, int n0, lane_reads *plan) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i zero = _mm512_setzero_si512(), wo = _mm512_set1_epi32(p->wo), one = _mm512_set1_epi32(1);
     for (int v = 0; v < VECS; v++) {
@@ -126,7 +105,7 @@ IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
         __mmask16 high = _mm512_cmpge_epi32_mask(ox, wo);
         oy = _mm512_mask_add_epi32(oy, high, oy, one);
         ox = _mm512_mask_sub_epi32(ox, high, ox, wo);
-        __m512i iy0 = _mm512_sub_epi32(_mm512_mullo_epi32(oy, _mm512_set1_epi32(p->stride)),
+        __m512i iy0 = _mm512_sub_epi32(_mm512_mullo_epi32(oy, _mm512_set1_epi32(stride_h)),
                                        _mm512_set1_epi32(p->pad_h));
         __m512i ix0 = _mm512_sub_epi32(_mm512_mullo_epi32(ox, _mm512_set1_epi32(p->stride)),
                                        _mm512_set1_epi32(p->pad_w));
@@ -170,8 +149,8 @@ IE_AVX512 static void plan_panel(const ie_conv *p, int n0, lane_reads *plan) {
 // B rows [k0, k0 + kc) of the first vecs vectors of the panel that ``plan`` describes, into dst ([k][NR]). Along K
 // the tap changes every C rows; within a tap each vector reads every channel plane the same way, with the plan's
 // loads in registers.
-IE_AVX512 static void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0, int kc,
-                             float *dst) {
+IE_HIDDEN IE_AVX512 void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0,
+                                int kc, float *dst) {
     const int64_t plane = (int64_t)p->h * p->w;
     for (int64_t k = k0; k < k0 + kc;) {
         int tap = (int)(k / p->c), c = (int)(k % p->c);
@@ -236,6 +215,13 @@ IE_AVX512 static inline __attribute__((always_inline)) void micro_kernel_vecs(
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < vecs; v++) acc[r][v] = _mm512_setzero_ps();
+    // The next A panel's block of C (the caller's next call, MR rows down): its lines come in while this one
+    // multiplies, where a store missing the cache would wait for them. Whole forward, one core: 125 -> 115 ms.
+#pragma GCC unroll 16
+    for (int r = MR; r < 2 * MR; r++) {
+        __builtin_prefetch(c + r * ldc, 1, 3);
+        __builtin_prefetch(c + r * ldc + 16 * vecs - 1, 1, 3);
+    }
     for (int k = 0; k < kc; k++, a += MR, b += NR) {
         _mm_prefetch((const char *)(a + PREFETCH_K * MR), _MM_HINT_T0);
         __m512 bv[VECS];
@@ -267,8 +253,9 @@ IE_AVX512 static inline __attribute__((always_inline)) void micro_kernel_vecs(
     }
 }
 
-IE_AVX512 static void micro_kernel(int vecs, int kc, const float *a, const float *b, float *c, int64_t ldc, int rows,
-                                   const __mmask16 *mask, int first, int last, const float *bias, int relu) {
+IE_HIDDEN IE_AVX512 void micro_kernel(int vecs, int kc, const float *a, const float *b, float *c, int64_t ldc,
+                                      int rows, const __mmask16 *mask, int first, int last, const float *bias,
+                                      int relu) {
     switch (vecs) {
     case 1: micro_kernel_vecs(1, kc, a, b, c, ldc, rows, mask, first, last, bias, relu); break;
     case 2: micro_kernel_vecs(2, kc, a, b, c, ldc, rows, mask, first, last, bias, relu); break;
@@ -296,7 +283,7 @@ IE_AVX512 static void conv_task(void *arg, int task) {
         __mmask16 mask[VECS];
         int vecs = 0;  // vectors with a pixel in them
         for (int v = 0; v < VECS; v++) vecs += (mask[v] = lanes_below(n_out - n0 - 16 * v)) != 0;
-        plan_panel(p, n0, plan);
+        plan_panel(p, p->stride, n0, plan);
         for (int64_t k0 = 0; k0 < job->k; k0 += kb) {
             int kc = job->k - k0 < kb ? (int)(job->k - k0) : kb;
             pack_b(p, x, plan, vecs, k0, kc, b);
@@ -318,8 +305,10 @@ void ie_conv2d(const ie_conv *p, int threads) {
     job.panel_block = p->images * job.panels / (8 * threads);
     job.panel_block = job.panel_block < 1 ? 1 : job.panel_block > 8 ? 8 : job.panel_block;
     job.blocks = (job.panels + job.panel_block - 1) / job.panel_block;
-    // Few panels (8x8 maps: 2 an image): split M too, in chunks of at least 4 A panels (32 rows).
-    while (p->images * job.blocks * job.m_chunks < 4 * threads && job.m_panels >= 8 * job.m_chunks)
+    // Few tasks: split M too, in chunks of at least 4 A panels, until there are 8 tasks a thread. The 17x17 layers
+    // have 10 panels (the last one pixel): 10 tasks on 2 threads take 5 panels' time where 4.5 would do, while a
+    // chunk repeats only the packing of its B panel.
+    while (p->images * job.blocks * job.m_chunks < 8 * threads && job.m_panels >= 8 * job.m_chunks)
         job.m_chunks *= 2;
     ie_parallel(p->images * job.blocks * job.m_chunks, threads, conv_task, &job);
 }

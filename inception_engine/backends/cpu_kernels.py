@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import native_build
+from .numpy_primitives import winograd_matrices
 from ..weights import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("conv.c", "pool.c", "threadpool.c")
+SOURCES = ("conv.c", "winograd.c", "pool.c", "threadpool.c")
 FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread")
 
 
@@ -105,7 +106,8 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
             lib.ie_packed_weights_floats.argtypes = [ctypes.c_int, ctypes.c_int64]
             lib.ie_pack_weights.restype = None
             lib.ie_pack_weights.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
-            for name, params in (("ie_conv2d", ConvParams), ("ie_pool2d", PoolParams)):
+            for name, params in (("ie_conv2d", ConvParams), ("ie_conv2d_winograd", ConvParams),
+                                 ("ie_pool2d", PoolParams)):
                 getattr(lib, name).argtypes = [ctypes.POINTER(params), ctypes.c_int]
                 getattr(lib, name).restype = None
             return lib, None
@@ -131,14 +133,62 @@ def _image_stride(a: np.ndarray, name: str) -> int:
     return a.strides[0] // 4
 
 
+def _pack_rows(rows: np.ndarray) -> np.ndarray:
+    """An (M, K) matrix as ie_conv2d's micro-kernel reads it (cpu_src/conv.c: panels of MR rows, K blocks)."""
+    lib = library()
+    rows = np.ascontiguousarray(rows, np.float32)
+    packed = np.empty(lib.ie_packed_weights_floats(rows.shape[0], rows.shape[1]), np.float32)
+    lib.ie_pack_weights(rows.ctypes.data, rows.shape[0], rows.shape[1], packed.ctypes.data)
+    return packed
+
+
 def pack_weights(w: np.ndarray) -> np.ndarray:
     """(O, C, kh, kw) weights as ie_conv2d reads them (cpu_src/conv.c: K in (ky, kx, c) order, panels of rows)."""
-    lib = library()
-    o = w.shape[0]
-    rows = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(o, -1), np.float32)
-    packed = np.empty(lib.ie_packed_weights_floats(o, rows.shape[1]), np.float32)
-    lib.ie_pack_weights(rows.ctypes.data, o, rows.shape[1], packed.ctypes.data)
-    return packed
+    return _pack_rows(w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
+
+
+# Winograd along one axis, as cpu_src/winograd.c applies it: outputs a tile, (AT, G, BT) for a kernel of r taps.
+# r = 3: Lavin & Gray's F(2, 3), whose B and A are additions only (winograd.c has them built in); r = 5, 7: F(2, r)
+# of numpy_primitives.winograd_matrices; r = 1: the identity.
+_LAVIN_F23 = (np.array([[1, 1, 1, 0], [0, 1, -1, -1]]),
+              np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]]),
+              np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]))
+WINOGRAD_MAX_N = 8  # input tile along an axis (winograd.c's MAX_N)
+WINOGRAD_HEADER = 256  # floats of transforms before U in the packed weights (winograd.c's HEADER)
+
+
+def winograd_axis(r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if r == 1:
+        return (np.ones((1, 1)),) * 3
+    if r == 3:
+        return _LAVIN_F23
+    return winograd_matrices(2, r)
+
+
+def uses_winograd(kernel: tuple[int, int], stride: int) -> bool:
+    """Convolutions ie_conv2d_winograd computes: stride 1, odd kernels up to 5 along each axis, or 7 along one (1x7,
+    7x1), not 1x1. F(2, 7) along both axes of a 7x7 loses more than the 2e-6 (relative L2, one layer) that the
+    others keep."""
+    kh, kw = kernel
+    return (stride == 1 and max(kh, kw) > 1 and kh in (1, 3, 5, 7) and kw in (1, 3, 5, 7)
+            and (max(kh, kw) < 7 or min(kh, kw) == 1))
+
+
+def pack_winograd_weights(w: np.ndarray) -> np.ndarray:
+    """(O, C, kh, kw) weights as ie_conv2d_winograd reads them: a header of WINOGRAD_HEADER floats (B^T along H
+    and W, each MAX_N x MAX_N, then A^T along H and W, each 2 x MAX_N, zero-padded), then U = G g G^T (in
+    float64) as one (O, C) matrix for each position of the input tile, each packed as pack_weights packs a 1x1
+    conv's, one after the other."""
+    (at_h, g_h, bt_h), (at_w, g_w, bt_w) = winograd_axis(w.shape[2]), winograd_axis(w.shape[3])
+    header = np.zeros(WINOGRAD_HEADER)
+    n = WINOGRAD_MAX_N
+    for offset, rows, m in ((0, n, bt_h), (n * n, n, bt_w), (2 * n * n, 2, at_h), (2 * n * n + 2 * n, 2, at_w)):
+        block = np.zeros((rows, n))
+        block[:m.shape[0], :m.shape[1]] = m
+        header[offset:offset + rows * n] = block.ravel()
+    u = np.einsum("ui,ocij,vj->uvoc", g_h, w.astype(np.float64), g_w)
+    return np.concatenate([header.astype(np.float32),
+                           *(_pack_rows(u_xi) for u_xi in u.reshape(-1, *w.shape[:2]))])
 
 
 @dataclass
@@ -156,18 +206,22 @@ class Call:
 
 
 def prepare_conv(x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, pad: tuple[int, int],
-                 relu: bool, threads: int) -> Call:
+                 relu: bool, threads: int, winograd: bool = True) -> Call:
     """y = relu(conv(x, w) + b) (or without the ReLU) into the view ``y``, on ``threads`` threads. x (N, C, H, W)
-    and y are float32 views whose images are contiguous (channel slices of a buffer); w (O, C, kh, kw), b (O,)."""
+    and y are float32 views whose images are contiguous (channel slices of a buffer); w (O, C, kh, kw), b (O,).
+    Stride-1 convolutions wider than 1x1 run by Winograd's F(2, r) along each axis (``uses_winograd``) unless
+    ``winograd`` is off."""
     o, c, kh, kw = w.shape
     if y.shape[2] * y.shape[3] >= 1 << 22 or x.shape[2] * x.shape[3] >= 1 << 31:
         raise ValueError(f"images of {x.shape[2:]} -> {y.shape[2:]} pixels are beyond the C kernels (2^22 outputs)")
-    packed = pack_weights(w)
+    winograd = winograd and uses_winograd((kh, kw), stride)
+    packed = pack_winograd_weights(w) if winograd else pack_weights(w)
     bias = np.ascontiguousarray(b, np.float32)
     params = ConvParams(x.ctypes.data, y.ctypes.data, packed.ctypes.data, bias.ctypes.data,
                         _image_stride(x, "x"), _image_stride(y, "y"), x.shape[0], c, x.shape[2], x.shape[3], o,
                         y.shape[2], y.shape[3], kh, kw, stride, pad[0], pad[1], int(relu))
-    return Call(library().ie_conv2d, params, threads, (x, y, packed, bias))
+    fn = library().ie_conv2d_winograd if winograd else library().ie_conv2d
+    return Call(fn, params, threads, (x, y, packed, bias))
 
 
 def prepare_pool(x: np.ndarray, y: np.ndarray, kind: str, kernel: int, stride: int, pad: int,

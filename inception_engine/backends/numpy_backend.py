@@ -1,9 +1,10 @@
 """NumPy backend: the reference every other backend is checked against (float64), and the CPU path (float32).
 
 The float32 CPU path runs its convolutions and pools in C kernels of its own where they can be built
-(cpu_kernels.py, cpu_src/: an implicit-GEMM convolution with an AVX-512 micro-kernel, one call a layer on the
-kernels' thread pool), with each average pool moved behind the 1x1 conv it feeds. Everywhere else (float64, no C
-compiler, no AVX-512) it runs the NumPy code of numpy_primitives.py (im2col + GEMM, or Winograd).
+(cpu_kernels.py, cpu_src/: an implicit-GEMM convolution with an AVX-512 micro-kernel, Winograd on it for the
+stride-1 convs wider than 1x1, one call a layer on the kernels' thread pool), with each average pool moved behind
+the 1x1 conv it feeds. Everywhere else (float64, no C compiler, no AVX-512) it runs the NumPy code of
+numpy_primitives.py (im2col + GEMM, or Winograd).
 
 The backend prepares every op once at init: weights reshaped, transformed or packed, arena views, zero-bordered
 padding buffers, shared work memory, and how each layer is split over its threads (``split_work``). ``forward``

@@ -328,3 +328,11 @@ def test_bench_fid_measures_a_command_and_reads_both_tools_fids(tmp_path, monkey
     base = bench.Run("pytorch-fid", [], wall_s=10.0, rc=0, fid=2.0002)
     rows = bench.table([run, base], base, base).splitlines()
     assert rows[2].startswith(f"| ours-x | {run.wall_s:.2f} | {10.0 / run.wall_s:.2f} |") and "1.00e-04" in rows[2]
+
+
+def test_bench_cpu_layer_table_groups_and_sorts(monkeypatch):
+    bench_cpu = load(DEV / "bench_cpu.py", monkeypatch)
+    labels = [("conv a", 2e9), ("pool", 0.0), ("conv a", 2e9), ("conv b", 1e9)]
+    table = bench_cpu.layer_table(labels, [1.0, 0.5, 3.0, 2.0])
+    assert table == [("conv a", 2, 4.0, pytest.approx(1000.0)), ("conv b", 1, 2.0, pytest.approx(500.0)),
+                     ("pool", 1, 0.5, 0.0)]

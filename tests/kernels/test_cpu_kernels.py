@@ -1,11 +1,11 @@
 """The C kernels of the float32 CPU path (cpu_src/, backends/cpu_kernels.py) against float64 NumPy, and the fallback
 to the NumPy code where they cannot be built.
 
-Shapes are chosen to hit the edges of the blocking in cpu_src/conv.c: M not a multiple of MR (8), N not a multiple
-of the 32-pixel panels (and under 16), K over one block of 384 and not a multiple of it, vectors that wrap over
-several output rows (narrow maps), padding, stride 2 (gathers). Inputs and outputs are channel slices of larger
-buffers (offset views with image strides); outputs are poisoned with NaN so that unwritten elements fail, and the
-channels around them must stay NaN.
+Shapes are chosen to hit the edges of the blocking in cpu_src/conv.c and winograd.c: M not a multiple of MR (8), N
+not a multiple of the 32-pixel panels (and under 16), K over one block of 384 and not a multiple of it, vectors that
+wrap over several output rows (narrow maps), padding, stride 2 (gathers), Winograd tiles past the map's edge.
+Inputs and outputs are channel slices of larger buffers (offset views with image strides); outputs are poisoned
+with NaN so that unwritten elements fail, and the channels around them must stay NaN.
 """
 
 from __future__ import annotations
@@ -99,6 +99,55 @@ def test_conv_matches_float64(case, threads, relu):
     assert not np.isnan(y).any(), "an output element was not written"
     assert_only_view_written(ybuf, 3, o)
     assert rel_l2(y, ref) < 2e-6
+
+
+WINOGRAD_CASES = [  # n, c, h, w, o, kh, kw, pad: stride 1, F(2, r) along each axis r > 1 (cpu_src/winograd.c)
+    (1, 5, 7, 9, 11, 3, 3, (1, 1)),  # odd output sizes: the last tiles' second row and column are outside the map
+    (2, 37, 9, 10, 29, 3, 3, (1, 1)),  # C over one block of 32 gathered channels, not a multiple; O not one of 8
+    (1, 6, 13, 12, 70, 3, 3, (0, 0)),  # unpadded; O = 70: two groups of output channels, the second partial
+    (1, 400, 6, 7, 17, 3, 3, (1, 1)),  # C = 400: three K blocks in each position's GEMM
+    (1, 24, 19, 21, 9, 3, 3, (1, 1)),  # 110 tiles: three full panels and a 14-tile one (one vector)
+    (1, 3, 2, 2, 4, 3, 3, (1, 1)),  # a single tile
+    (1, 160, 8, 8, 200, 3, 3, (1, 1)),  # 16 tiles, 25 A panels: M is split into chunks across threads
+    (1, 45, 17, 17, 50, 1, 7, (0, 3)),  # F(2, 7) along W: 1 x 8 input tiles
+    (2, 20, 9, 8, 13, 7, 1, (3, 0)),  # F(2, 7) along H: tiles of 2 rows, one pixel wide
+    (3, 5, 5, 6, 7, 5, 5, (2, 2)),  # F(2x2, 5x5): 36 positions
+    (1, 70, 8, 8, 40, 1, 3, (0, 1)),  # 1-D F(2, 3), the 8x8 layers' 1x3 and 3x1
+    (1, 70, 8, 8, 40, 3, 1, (1, 0)),
+    (1, 6, 9, 3, 10, 7, 1, (3, 0)),  # 3-pixel rows: more runs of tiles a vector than masked stores -> scatter
+    (1, 9, 12, 9, 10, 5, 3, (2, 1)),  # shapes the network lacks run the transforms' generic code: 6 x 4 tiles
+]
+
+
+def test_which_convs_run_winograd():
+    """Stride 1, wider than 1x1, odd up to 5 along each axis or 7 along one; 7x7 (F(2, 7) both ways) is less
+    accurate than the tests' 2e-6 and runs direct."""
+    assert all(cpu_kernels.uses_winograd(k, 1) for k in ((3, 3), (5, 5), (1, 7), (7, 1), (1, 3), (3, 1), (5, 3)))
+    assert not any(cpu_kernels.uses_winograd(k, 1) for k in ((1, 1), (7, 7), (7, 3), (2, 2), (3, 9)))
+    assert not cpu_kernels.uses_winograd((3, 3), 2)
+
+
+@each_case(WINOGRAD_CASES, "relu", [True, False])
+def test_winograd_conv_matches_float64(case, threads, relu):
+    """The Winograd path against float64 and against the direct path of the same kernels."""
+    n, c, h, w, o, kh, kw, pad = case
+    rng = rng_for("winograd", case, threads, relu)
+    _, x = slice_of(rng, (n, c, h, w), 1, 2, None)
+    wt = (rng.standard_normal((o, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    ref = np.einsum("nchwij,ocij->nohw", windows(x.astype(np.float64), kh, kw, 1, pad, 0.0), wt.astype(np.float64))
+    ref += b[:, None, None]
+    if relu:
+        ref = np.maximum(ref, 0)
+    assert cpu_kernels.uses_winograd((kh, kw), 1)
+    ybuf, y = slice_of(rng, (n, o, *ref.shape[2:]), 2, 3, np.nan)
+    cpu_kernels.prepare_conv(x, y, wt, b, 1, pad, relu, threads)()
+    assert not np.isnan(y).any(), "an output element was not written"
+    assert_only_view_written(ybuf, 2, o)
+    assert rel_l2(y, ref) < 2e-6
+    direct = np.full_like(y, np.nan)
+    cpu_kernels.prepare_conv(x, direct, wt, b, 1, pad, relu, threads, winograd=False)()
+    assert rel_l2(y, direct) < 2e-6
 
 
 POOL_CASES = [  # n, c, h, w, kind, kernel, stride, pad, count_include_pad
