@@ -159,3 +159,9 @@ def soak_command(args: argparse.Namespace, files: list[Path], report: dict[str, 
         print(f"wrote {args.json}")
     if report["soak"]["verdict"] != "PASS" or code != 0:
         raise SystemExit(1)
+
+
+if __name__ == "__main__":  # a module of bench_serve.py: run as a script, it only says so
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                            epilog="Run it through dev/bench_serve.py --soak SECONDS.").parse_args()
+    raise SystemExit("dev/serve_soak.py is bench_serve.py's soak: run dev/bench_serve.py --soak SECONDS")
