@@ -492,3 +492,17 @@ def test_cli_compile_rows_in_the_table_and_json(compiling, weights_file, tmp_pat
     assert rows["torch-compile", 1]["compile_s"] == pytest.approx(40.1)
     assert Compiling.made == [(1, True, "fp16", None), (1, False, "fp16", "reduce-overhead"),
                               (128, True, "fp16", None), (128, False, "fp16", "reduce-overhead")]
+
+
+def test_int8_benches_its_reference_images_on_image_like_inputs():
+    """int8's first reference images are image-like, the same at every batch size; the rest, and every other
+    precision's batch, the one stream of normals."""
+    from inception_engine.bench import bench_input
+
+    eight, one = bench_input((8, 3, 75, 75), "int8", 2), bench_input((1, 3, 75, 75), "int8", 2)
+    fp16 = bench_input((8, 3, 75, 75), "fp16", 2)
+    assert np.array_equal(eight[:1], one) and np.array_equal(eight[2:], fp16[2:])
+    assert not np.array_equal(eight[:2], fp16[:2])
+    assert np.array_equal(fp16[:1], bench_input((1, 3, 75, 75), "fp16", 2))
+    # image-like: smooth (neighbouring pixels close), where normals are not
+    assert np.abs(np.diff(eight[:2], axis=-1)).mean() < 0.2 < np.abs(np.diff(fp16[:2], axis=-1)).mean()
