@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ....plan import GlobalAvgPoolOp, PoolOp, View
+from ....plan import GlobalAvgPoolOp, PoolOp
 from ..tiles import NHWC_ELEMS, THREADS
 from .conv_nhwc import nhwc_ptr
 from .spec import KernelSpec, LaunchSpec, Signature, registry
@@ -47,15 +47,6 @@ def requant_ratio(s_in: float, s_out: float) -> float:
     return float(np.float32(s_in) / np.float32(s_out))
 
 
-def elem_bytes(precision: str) -> int:
-    return 1 if precision == INT8 else NHWC_ELEMS[precision].bytes
-
-
-def view_ptr(arena: int, v: View, precision: str) -> int:
-    """Device address of the view's first channel of pixel 0 (conv_nhwc.nhwc_ptr, int8's one-byte elements too)."""
-    return arena + (v.offset + v.c_offset) if precision == INT8 else nhwc_ptr(arena, v, precision)
-
-
 def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 0, ratio: float = 1.0) -> LaunchSpec:
     """pool_nhwc.cu's pool2d; bias: the device address of op.bias's bias (a moved pool, fp only), else 0. int8:
     ratio = float32(s_in) / float32(s_out), the requantization to the output's storage scale (1: the same scale)."""
@@ -66,7 +57,7 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
     _, _, ho, wo = op.dst.dims
     int8 = precision == INT8
     last = dict(ratio=float(ratio)) if int8 else dict(bias=bias)
-    pieces = c * elem_bytes(precision) // 16  # a thread a 16-byte piece
+    pieces = c * NHWC_ELEMS[precision].bytes // 16  # a thread a 16-byte piece
     if int8 and op.kernel == 3 and op.stride in I8_K3_STRIDES:  # and I8_RUN outputs of a row
         k = KERNELS[f"pool2d_nhwc{I8_SUFFIX}_k3s{op.stride}"]
         threads = n * ho * -(-wo // I8_RUN) * pieces
@@ -74,7 +65,7 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
         k = KERNELS[f"pool2d_nhwc{I8_SUFFIX if int8 else NHWC_ELEMS[precision].suffix}"]
         threads = n * ho * wo * pieces
     return LaunchSpec.of(op.name, k, (k.blocks(threads), 1, 1),
-                         dict(x=view_ptr(arena, op.src, precision), y=view_ptr(arena, op.dst, precision), batch=n,
+                         dict(x=nhwc_ptr(arena, op.src, precision), y=nhwc_ptr(arena, op.dst, precision), batch=n,
                               channels=c, h=h, w=w, x_cstride=op.src.c_total, ho=ho, wo=wo, y_cstride=op.dst.c_total,
                               kernel=op.kernel, stride=op.stride, pad=op.pad, is_max=int(op.kind == "max"),
                               count_include_pad=int(op.count_include_pad), **last))
@@ -89,6 +80,6 @@ def nhwc_gap_spec(op: GlobalAvgPoolOp, arena: int, features: int, precision: str
     int8 = precision == INT8
     k = KERNELS[f"global_avg_pool_nhwc{I8_SUFFIX if int8 else NHWC_ELEMS[precision].suffix}"]
     last = dict(scale=float(scale)) if scale is not None else {}
-    return LaunchSpec.of(op.name, k, (k.blocks(nb * ch * elem_bytes(precision) // 16), 1, 1),  # a thread a piece
-                         dict(x=view_ptr(arena, op.src, precision), y=features, batch=nb, channels=ch, hw=hh * ww,
+    return LaunchSpec.of(op.name, k, (k.blocks(nb * ch * NHWC_ELEMS[precision].bytes // 16), 1, 1),  # a thread a piece
+                         dict(x=nhwc_ptr(arena, op.src, precision), y=features, batch=nb, channels=ch, hw=hh * ww,
                               x_cstride=op.src.c_total, y_bstride=ch, **last))
