@@ -31,12 +31,22 @@ SMALL = {"count_include_pad": True, "input": {"size": SIZE, "resize": 86},
 INT8_TILE = Tile(128, 64, 64, 2, 1.0, INT8_PREFIX, False, 256)  # any int8 tile: pack_params reads its prefix
 
 
-@pytest.fixture(scope="module")
-def calibrated() -> Weights:
-    w = Weights(random_arrays(5), json.loads(json.dumps(SMALL)))
+# the FID network (arch.NETWORKS["fid"]): average pools that exclude the padding (counts 4, 6, 9), a max pool in
+# front of Mixed_7c's pool-branch conv
+FID_SMALL = {**SMALL, "count_include_pad": False, "network": "fid",
+             "input": {**SMALL["input"], "mean": [0.5] * 3, "std": [0.5] * 3}}
+
+
+def calibrate(network: str, manifest: dict) -> Weights:
+    w = Weights(random_arrays(5, network), json.loads(json.dumps(manifest)))
     x = image_like_batch(4, seed=3, size=SIZE)
     w.manifest["provenance"]["calibration"] = calibration_record(w, [x], 4, "0" * 64)
     return w
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> Weights:
+    return calibrate("torchvision", SMALL)
 
 
 def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np.ndarray:
@@ -62,7 +72,10 @@ def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np
     return features
 
 
-def test_the_int8_plan_computes_the_references_tensors(calibrated):
+@pytest.mark.parametrize("network", ["torchvision", "fid"])
+def test_the_int8_plan_computes_the_references_tensors(calibrated, network):
+    if network == "fid":
+        calibrated = calibrate("fid", FID_SMALL)
     x = image_like_batch(2, seed=7, size=SIZE)
     want: dict[str, tuple[np.ndarray, float | None]] = {}
     q8.forward_int8(calibrated, x, visit=lambda n, a, s: want.__setitem__(n, (a, s)))
