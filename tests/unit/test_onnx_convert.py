@@ -327,8 +327,12 @@ def test_refuses_missing_relu(model, tmp_path):
 
 
 def test_refuses_a_dequantize_of_what_no_quantize_made(model, tmp_path):
-    """A DequantizeLinear of a run-time tensor must read a QuantizeLinear (QDQ pairs; test_onnx_qdq.py)."""
-    next(n for n in model.graph.node if n.op_type == "Relu").op_type = "DequantizeLinear"
+    """A DequantizeLinear of a run-time tensor must read a QuantizeLinear (QDQ pairs; test_onnx_qdq.py); a well-formed
+    one (with its scale), so that the refusal is this one and not its schema's."""
+    node = next(n for n in model.graph.node if n.op_type == "Relu")
+    node.op_type = "DequantizeLinear"
+    node.input.append("dq_scale")
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.05, np.float32), "dq_scale"))
     refused(model, tmp_path, "(DequantizeLinear", "which is neither a constant nor a QuantizeLinear's output")
 
 
