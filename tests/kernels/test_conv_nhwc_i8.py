@@ -3,7 +3,7 @@ conv_nhwc_ws.cu's warp-specialized conv_nhwc_i8_ws_, _ws_tma_ and _ws_tma_pp_ ti
 conv_nhwc_i8_halo_ tiles) against int8_reference's integer semantics, element for element.
 
 - CPU, NumPy: the weight rows (params.direct_weights for the int8 tiles: int8_reference.quantize_weights in (r, s, c)
-  order, Cin padded to 16), the epilogue argument (params.int8_epilogue), split-K (int32 partial sums,
+  order, Cin padded to 16), the epilogue argument (int8_scales.int8_epilogue), split-K (int32 partial sums,
   conv_nhwc_i8_splitk_reduce).
 - CPU, g++ fiber emulator (tests/cuda_emu, whose .s8 wgmma reads the operands through the ISA's 64- and 128-byte
   swizzles independently of the kernel, and whose TMA copies read the emulator's own tensor maps), and the same tests
@@ -28,7 +28,8 @@ from inception_engine.backends import int8_reference as ref
 from inception_engine.backends.cuda.cost_model import ConvConfig
 from inception_engine.backends.cuda.kernels import arg_format
 from inception_engine.backends.cuda.launch_nhwc import nhwc_conv_specs
-from inception_engine.backends.cuda.params import direct_weights, int8_epilogue
+from inception_engine.backends.cuda.int8_scales import int8_epilogue
+from inception_engine.backends.cuda.params import direct_weights
 from inception_engine.backends.cuda.tensor_maps import MAP_BYTES
 from inception_engine.backends.cuda.tiles import (HALO_CIN_I8, NHWC_ELEMS, Tile, check_nhwc_precision, halo_smem_bytes,
                                                   is_halo, is_pingpong, is_tma, is_ws, tile_fits, wgmma_ring_bytes,

@@ -19,7 +19,18 @@ import numpy as np
 from ... import arch
 from ...plan import ConvOp, FusedConvOp, GlobalAvgPoolOp, PoolOp
 from ...weights import Weights, require_calibration
-from ..int8_reference import quantize_weights, storage_scales
+from ..int8_reference import storage_scales
+
+
+def int8_epilogue(bias: np.ndarray, scale: np.ndarray, inv_out: np.ndarray) -> np.ndarray:
+    """The int8 convs' `bias` argument (conv_nhwc.cuh's NhwcStore::column4): float32[3 cout], the bias, then each
+    channel's multiplier scale[m] = float32(s_x) * float32(s_w[m]), then inv_out[m] = float32(1) / float32(the
+    storage scale of the output tensor channel m is written to), one per channel as a fused conv's parts may be stored
+    at different scales."""
+    parts = [np.asarray(a, np.float32).reshape(-1) for a in (bias, scale, inv_out)]
+    if not parts[0].size == parts[1].size == parts[2].size:
+        raise ValueError(f"int8 epilogue: bias, scale and inv_out of {[p.size for p in parts]} channels")
+    return np.concatenate(parts)
 
 
 @dataclass(frozen=True)
@@ -52,18 +63,17 @@ class Int8Scales:
     def members(self, op: ConvOp) -> tuple[str, ...]:
         return op.members if isinstance(op, FusedConvOp) else (op.name,)
 
-    def conv_weights(self, op: ConvOp, w: np.ndarray) -> np.ndarray:
-        """int8 (Cout, Cin, kh, kw) of a conv's (stacked) float weights, per output channel at its member's scales."""
-        return quantize_weights(w, np.concatenate([self.weight[m] for m in self.members(op)]))
+    def conv_weight_scales(self, op: ConvOp) -> np.ndarray:
+        """Per output channel of a conv (a fused one's members stacked), its weight scale."""
+        return np.concatenate([self.weight[m] for m in self.members(op)])
 
     def conv_epilogue(self, op: ConvOp, bias: np.ndarray) -> np.ndarray:
-        """float32[3 Cout]: bias, the multiplier float32(s_x) * float32(s_w[m]), and float32(1) / float32(the
-        storage scale of the tensor channel m is written to): conv_nhwc.cuh's int8 epilogue reads these."""
+        """int8_epilogue's float32[3 Cout]: bias, the multiplier float32(s_x) * float32(s_w[m]), and
+        float32(1) / float32(the storage scale of the tensor channel m is written to)."""
         members = self.members(op)
         s_x = np.float32(self.input_scale(members[0]))
-        mult = np.concatenate([s_x * self.weight[m] for m in members]).astype(np.float32)
         inv = np.concatenate([np.full(self.weight[m].size, self.inv(m), np.float32) for m in members])
-        return np.concatenate([np.asarray(bias, np.float32), mult, inv]).astype(np.float32)
+        return int8_epilogue(bias, s_x * self.conv_weight_scales(op), inv)
 
     def pool_ratio(self, op: PoolOp) -> np.float32:
         """float32(s_in) / float32(s_out) of a pool (1 where they are equal: no requantization)."""

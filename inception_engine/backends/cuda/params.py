@@ -9,8 +9,8 @@ import numpy as np
 from ...plan import ConvOp, FCOp, FusedConvOp, Plan, PoolOp, align
 from ...weights import Weights
 from .cost_model import ConvConfig
-from ..int8_reference import quantize_weights
 from .int8_scales import Int8Scales
+from ..int8_reference import quantize_weights
 from .tiles import NHWC_PIECE, Tile
 from .winograd import o_pad, winograd_transforms, winograd_weights
 
@@ -51,17 +51,6 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     with np.errstate(over="ignore"):
         w16[:, :w.shape[1]] = w
     return w16.view(np.float32)
-
-
-def int8_epilogue(bias: np.ndarray, scale: np.ndarray, inv_out: np.ndarray) -> np.ndarray:
-    """The int8 convs' `bias` argument (conv_nhwc.cuh's NhwcStore::column4): float32[3 cout], the bias, then each
-    channel's multiplier scale[m] = float32(s_x) * float32(s_w[m]), then inv_out[m] = float32(1) / float32(the
-    storage scale of the output tensor channel m is written to), one per channel as a fused conv's parts may be stored
-    at different scales."""
-    parts = [np.asarray(a, np.float32).reshape(-1) for a in (bias, scale, inv_out)]
-    if not parts[0].size == parts[1].size == parts[2].size:
-        raise ValueError(f"int8 epilogue: bias, scale and inv_out of {[p.size for p in parts]} channels")
-    return np.concatenate(parts)
 
 
 def round_tf32(a: np.ndarray) -> np.ndarray:
@@ -131,7 +120,7 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
                 add(f"{key}.bt", bt)
                 add(f"{key}.at", at)
         elif cfg is not None and int8 is not None and cfg.tile.prefix.startswith(INT8_PREFIX):
-            w, b = int8_rows(int8.conv_weights(op, w)), int8.conv_epilogue(op, b)
+            w, b = direct_weights(w, cfg.tile, int8.conv_weight_scales(op)), int8.conv_epilogue(op, b)
         elif cfg is not None:
             w = direct_weights(w, cfg.tile)
         add(op.name + ".weight", w)
