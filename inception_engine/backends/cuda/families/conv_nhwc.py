@@ -105,8 +105,9 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
     cfg.splits > 1; for INPUT_TILE and INPUT_MMA_TILE conv_input_nhwc.cu's, x then the float32 NCHW input (x_cstride
     unused). The persistent tiles' grid: ``persistent_grid``. A TMA tile reads its two tensor maps (the spec's
     ``maps``, which the caller encodes there) from `maps`. int8: the stem quantizes its output at ``inv_out``
-    (float32(1) / its storage scale); the int8 tiles (conv_mma.cuh's NhwcI8) take one K slice (their sums are exact
-    int32) and for b the float32[3 cout] of ``int8_scales.int8_epilogue`` (Int8Scales.conv_epilogue)."""
+    (float32(1) / its storage scale); the int8 tiles (conv_mma.cuh's NhwcI8) take for b the float32[3 cout] of
+    ``int8_scales.int8_epilogue`` (Int8Scales.conv_epilogue), and split K into int32 partial sums, which
+    conv_nhwc_i8_splitk_reduce requantizes."""
     if cfg.tile in (INPUT_TILE, INPUT_MMA_TILE):
         if precision == "int8":
             return input_conv_specs(op, cfg, x, cin, y, w, b, precision, num_sms, inv_out=inv_out)
