@@ -29,6 +29,45 @@
 #include "conv_mma.cuh"
 #include "i8_piece.cuh"
 
+__device__ __forceinline__ float window_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ int window_max(int a, int b) { return max(a, b); }
+
+// The max or the sum, per channel, of one PIECE-channel piece over the window from (h0, w0) of image b, positions
+// outside the image left out: load(v, pixel) gives the piece of input pixel (b * h + ih) * w + iw. Returns how many
+// positions were inside. The pool2d kernels of every element type share it (acc: float, or int for int8).
+template <int PIECE, class Acc, class Load>
+__device__ __forceinline__ int pool_window(Acc (&acc)[PIECE], Load&& load, int b, int h, int w, int h0, int w0,
+                                           int kernel, int is_max) {
+    int inside = 0;
+    for (int r = 0; r < kernel; ++r) {
+        const int ih = h0 + r;
+        if ((unsigned)ih >= (unsigned)h) continue;
+        for (int s = 0; s < kernel; ++s) {
+            const int iw = w0 + s;
+            if ((unsigned)iw >= (unsigned)w) continue;
+            Acc v[PIECE];
+            load(v, (size_t)(b * h + ih) * w + iw);
+#pragma unroll
+            for (int e = 0; e < PIECE; ++e) acc[e] = is_max ? window_max(acc[e], v[e]) : acc[e] + v[e];
+            ++inside;
+        }
+    }
+    return inside;
+}
+
+// The per-channel sum of one piece over the hw pixels of image b (load(v, pixel) as above): the global pools'.
+template <int PIECE, class Acc, class Load>
+__device__ __forceinline__ void pixel_sums(Acc (&acc)[PIECE], Load&& load, int b, int hw) {
+#pragma unroll
+    for (int e = 0; e < PIECE; ++e) acc[e] = 0;
+    for (int i = 0; i < hw; ++i) {
+        Acc v[PIECE];
+        load(v, (size_t)b * hw + i);
+#pragma unroll
+        for (int e = 0; e < PIECE; ++e) acc[e] += v[e];
+    }
+}
+
 template <class E>
 __device__ __forceinline__ void pool2d_nhwc_piece(const typename E::T* __restrict__ x, typename E::T* __restrict__ y,
                                                   int batch, int channels, int h, int w, int x_cstride, int ho, int wo,
@@ -43,20 +82,8 @@ __device__ __forceinline__ void pool2d_nhwc_piece(const typename E::T* __restric
     float acc[PIECE];
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) acc[e] = is_max ? -INFINITY : 0.f;
-    int inside = 0;
-    for (int r = 0; r < kernel; ++r) {
-        const int ih = h0 + r;
-        if ((unsigned)ih >= (unsigned)h) continue;
-        for (int s = 0; s < kernel; ++s) {
-            const int iw = w0 + s;
-            if ((unsigned)iw >= (unsigned)w) continue;
-            float v[PIECE];
-            E::load(v, x + ((size_t)(b * h + ih) * w + iw) * x_cstride + PIECE * cg);
-#pragma unroll
-            for (int e = 0; e < PIECE; ++e) acc[e] = is_max ? fmaxf(acc[e], v[e]) : acc[e] + v[e];
-            ++inside;
-        }
-    }
+    const auto load = [&](float (&v)[PIECE], size_t pixel) { E::load(v, x + pixel * x_cstride + PIECE * cg); };
+    const int inside = pool_window(acc, load, b, h, w, h0, w0, kernel, is_max);
     if (!is_max) {
         const float scale = 1.f / (float)(count_include_pad ? kernel * kernel : inside);
 #pragma unroll
@@ -78,14 +105,7 @@ __device__ __forceinline__ void global_avg_pool_nhwc_piece(const typename E::T* 
     if (idx >= batch * groups) return;
     const int cg = idx % groups, b = idx / groups;
     float acc[PIECE];
-#pragma unroll
-    for (int e = 0; e < PIECE; ++e) acc[e] = 0.f;
-    for (int i = 0; i < hw; ++i) {
-        float v[PIECE];
-        E::load(v, x + ((size_t)b * hw + i) * x_cstride + PIECE * cg);
-#pragma unroll
-        for (int e = 0; e < PIECE; ++e) acc[e] += v[e];
-    }
+    pixel_sums(acc, [&](float (&v)[PIECE], size_t pixel) { E::load(v, x + pixel * x_cstride + PIECE * cg); }, b, hw);
     float* yp = y + (size_t)b * y_bstride + PIECE * cg;
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) yp[e] = acc[e] / (float)hw;
@@ -125,20 +145,8 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     int acc[PIECE];
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) acc[e] = is_max ? -i8q::QMAX - 1 : 0;
-    int inside = 0;
-    for (int r = 0; r < kernel; ++r) {
-        const int ih = h0 + r;
-        if ((unsigned)ih >= (unsigned)h) continue;
-        for (int s = 0; s < kernel; ++s) {
-            const int iw = w0 + s;
-            if ((unsigned)iw >= (unsigned)w) continue;
-            int v[PIECE];
-            I8Piece::load(v, x + ((size_t)(b * h + ih) * w + iw) * x_cstride + PIECE * cg);
-#pragma unroll
-            for (int e = 0; e < PIECE; ++e) acc[e] = is_max ? max(acc[e], v[e]) : acc[e] + v[e];
-            ++inside;
-        }
-    }
+    const auto load = [&](int (&v)[PIECE], size_t pixel) { I8Piece::load(v, x + pixel * x_cstride + PIECE * cg); };
+    const int inside = pool_window(acc, load, b, h, w, h0, w0, kernel, is_max);
     const int count = count_include_pad ? kernel * kernel : inside;
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) acc[e] = i8q::requantize(is_max ? acc[e] : i8q::mean(acc[e], count), ratio);
@@ -298,14 +306,8 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     if (idx >= batch * groups) return;
     const int cg = idx % groups, b = idx / groups;
     int acc[PIECE];
-#pragma unroll
-    for (int e = 0; e < PIECE; ++e) acc[e] = 0;
-    for (int i = 0; i < hw; ++i) {
-        int v[PIECE];
-        I8Piece::load(v, x + ((size_t)b * hw + i) * x_cstride + PIECE * cg);
-#pragma unroll
-        for (int e = 0; e < PIECE; ++e) acc[e] += v[e];
-    }
+    pixel_sums(acc, [&](int (&v)[PIECE], size_t pixel) { I8Piece::load(v, x + pixel * x_cstride + PIECE * cg); }, b,
+               hw);
     float* yp = y + (size_t)b * y_bstride + PIECE * cg;
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) yp[e] = i8q::div(i8q::mul(static_cast<float>(acc[e]), scale), (float)hw);
