@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.cuda.device import driver
 from ..backends.cuda.kernels import Kernels, launch_async, spec
-from .gpu_resize import CHANNELS, DeviceImage, Staged, upright_views
+from .gpu_resize import CHANNELS, QueuedResize, Staged, upright_views
 from .pil_resize import pillow_vertical_first_rule, vertical_first
 
 # resize_fid.cu's RESIZE_FID_JOB: src, in_h, in_w, in_row, in_col, slot
@@ -25,27 +24,22 @@ JOB_FIELDS = 6
 KERNEL = "resize_fid_bilinear"
 
 
-class GpuFidResize:
+class GpuFidResize(QueuedResize):
     """Enqueues resize_fid.cu's pytorch-fid resize of decoded device images into slots of a float32 NCHW batch:
     one launch a batch, its jobs in one pinned buffer copied once; ``wait`` blocks until the last enqueued batch no
     longer needs that buffer or its source images."""
 
     def __init__(self, kernels: Kernels, mean: Sequence[float], std: Sequence[float], size: int = 299):
+        super().__init__()
         self.kernels, self.size = kernels, size
         self._jobs = Staged(np.int64)
         self._scaling = Staged(np.float32)
         self._mean_std = np.asarray([*mean, *std], np.float32)
         if self._mean_std.shape != (2 * CHANNELS,):
             raise ValueError(f"mean and std need {CHANNELS} values each, got {len(mean)} and {len(std)}")
-        self._done: Any = None
 
-    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int, int]], y_ptr: int, stream: Any) -> None:
-        """For each (image, slot, EXIF orientation): the image as it stands upright, resized, into slot ``slot`` of
-        the (N, 3, size, size) float32 batch at y_ptr."""
-        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _, _ in jobs], np.int64)
-                              for f in ("ptr", "height", "width", "pitch")),
-                            np.array([slot for _, slot, _ in jobs], np.int64), y_ptr, stream,
-                            np.array([o for _, _, o in jobs], np.int64))
+    def _staged(self) -> tuple[Staged, ...]:
+        return self._jobs, self._scaling
 
     def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
                        slots: np.ndarray, y_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
@@ -66,19 +60,7 @@ class GpuFidResize:
         plane = self.size * self.size
         launch_async(self.kernels[KERNEL], (k.blocks(plane), len(table), 1), k.block, stream, jobs, y_ptr, scaling,
                      self.size, CHANNELS * plane)
-        drv = driver()
-        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
-        self._done.record(stream)
-
-    def wait(self) -> None:
-        if self._done is not None:
-            self._done.synchronize()
-            self._done = None
-
-    def close(self) -> None:
-        self.wait()
-        self._jobs.free()
-        self._scaling.free()
+        self._record(stream)
 
 
 # clean-fid's resize (resize_fid.cu's resize_clean_first / _second): Pillow's mode "F" bicubic resize of each
@@ -133,25 +115,20 @@ def clean_schedule(h: int, w: int, size: int) -> tuple[bool, tuple[np.ndarray, n
     return (True, ys, xs) if vertical else (False, xs, ys)
 
 
-class GpuCleanFidResize:
+class GpuCleanFidResize(QueuedResize):
     """Enqueues clean-fid's resize of decoded device images into slots of a float32 NCHW batch (the network's
     input, scaled by mean and std): two launches a batch, the first passes into a float32 intermediate per image,
     the second into the slots. The same interface as GpuFidResize."""
 
     def __init__(self, kernels: Kernels, mean: Sequence[float], std: Sequence[float], size: int = 299):
+        super().__init__()
         self.kernels, self.size = kernels, size
         self._starts, self._weights = Staged(np.int32), Staged(np.float64)
         self._jobs, self._scaling = Staged(np.int64), Staged(np.float32)
         self._mean_std = np.asarray([*mean, *std], np.float32)
-        self._tmp: Any = None
-        self._tmp_bytes = 0
-        self._done: Any = None
 
-    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int, int]], y_ptr: int, stream: Any) -> None:
-        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _, _ in jobs], np.int64)
-                              for f in ("ptr", "height", "width", "pitch")),
-                            np.array([slot for _, slot, _ in jobs], np.int64), y_ptr, stream,
-                            np.array([o for _, _, o in jobs], np.int64))
+    def _staged(self) -> tuple[Staged, ...]:
+        return self._starts, self._weights, self._jobs, self._scaling
 
     def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
                        slots: np.ndarray, y_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
@@ -177,12 +154,7 @@ class GpuCleanFidResize:
         mid_rows = np.array([size if v else int(a) for (v, _, _), a in zip(scheds, h)], np.int64)
         mid_cols = np.array([int(b) if v else size for (v, _, _), b in zip(scheds, w)], np.int64)
         mid_bytes = mid_rows * mid_cols * CHANNELS * 4
-        need = int(mid_bytes.sum())
-        if need > self._tmp_bytes:
-            if self._tmp is not None:
-                self._tmp.free()
-            self._tmp, self._tmp_bytes = driver().mem_alloc(need), need
-        mid = int(self._tmp) + np.cumsum(mid_bytes) - mid_bytes
+        mid = self._scratch(int(mid_bytes.sum())) + np.cumsum(mid_bytes) - mid_bytes
         vertical = np.array([v for v, _, _ in scheds], np.int64)
         off = np.array(offsets, np.int64)
         taps1 = np.array([f[1].shape[1] for _, f, _ in scheds], np.int64)
@@ -200,19 +172,4 @@ class GpuCleanFidResize:
         launch_async(self.kernels["resize_clean_first"], (k1.blocks(most), len(first), 1), k1.block, stream, base)
         launch_async(self.kernels["resize_clean_second"], (k2.blocks(size * size), len(second), 1), k2.block, stream,
                      base + first.nbytes, y_ptr, scaling, CHANNELS * size * size)
-        drv = driver()
-        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
-        self._done.record(stream)
-
-    def wait(self) -> None:
-        if self._done is not None:
-            self._done.synchronize()
-            self._done = None
-
-    def close(self) -> None:
-        self.wait()
-        for staged in (self._starts, self._weights, self._jobs, self._scaling):
-            staged.free()
-        if self._tmp is not None:
-            self._tmp.free()
-            self._tmp = None
+        self._record(stream)

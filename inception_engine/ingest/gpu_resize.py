@@ -130,7 +130,60 @@ class Staged:
 JOB_FIELDS = 10
 
 
-class GpuResizeCrop:
+class QueuedResize:
+    """What the GPU resizes (GpuResizeCrop; ingest.gpu_fid_resize's) share: ``enqueue`` of (image, slot, EXIF
+    orientation) jobs as the arrays the subclass's ``enqueue_arrays`` takes, the event after a batch's last launch
+    that ``wait`` blocks on, an intermediate device buffer that grows when a batch needs more (``_scratch``), and
+    ``close``, which frees it and the staged buffers ``_staged`` names."""
+
+    def __init__(self) -> None:
+        self._done: Any = None  # event after the last batch's last launch
+        self._tmp: Any = None
+        self._tmp_bytes = 0
+
+    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int, int]], dst_ptr: int, stream: Any) -> None:
+        """For each (image, slot, EXIF orientation): the image as it stands upright into slot `slot` of the batch at
+        dst_ptr."""
+        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _, _ in jobs], np.int64)
+                              for f in ("ptr", "height", "width", "pitch")),
+                            np.array([slot for _, slot, _ in jobs], np.int64), dst_ptr, stream,
+                            np.array([o for _, _, o in jobs], np.int64))
+
+    def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
+                       slots: np.ndarray, dst_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
+        raise NotImplementedError
+
+    def _staged(self) -> tuple[Staged, ...]:
+        raise NotImplementedError
+
+    def _scratch(self, need: int) -> int:
+        """The intermediate buffer's address, grown to ``need`` bytes (after ``wait``: nothing still reads it)."""
+        if need > self._tmp_bytes:
+            if self._tmp is not None:
+                self._tmp.free()
+            self._tmp, self._tmp_bytes = driver().mem_alloc(need), need
+        return int(self._tmp)
+
+    def _record(self, stream: Any) -> None:
+        drv = driver()
+        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
+        self._done.record(stream)
+
+    def wait(self) -> None:
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+
+    def close(self) -> None:
+        self.wait()
+        for staged in self._staged():
+            staged.free()
+        if self._tmp is not None:
+            self._tmp.free()
+            self._tmp = None
+
+
+class GpuResizeCrop(QueuedResize):
     """Enqueues resize_pil.cu's passes for decoded device images into slots of a (N, size, size, 3) uint8 batch.
 
     A batch is at most four launches, whatever its size: the first passes taken horizontally, those taken
@@ -140,20 +193,13 @@ class GpuResizeCrop:
     ``wait`` blocks until the last enqueued batch no longer needs them (its tables copied, its source images read)."""
 
     def __init__(self, kernels: Kernels, pre: Preprocess):
+        super().__init__()
         self.kernels, self.pre = kernels, pre
-        self._done: Any = None  # event after the last batch's last launch
         self._tables = Staged(np.int32)
         self._jobs = Staged(np.int64)
-        self._tmp: Any = None
-        self._tmp_bytes = 0
 
-    def enqueue(self, jobs: Sequence[tuple[DeviceImage, int, int]], dst_ptr: int, stream: Any) -> None:
-        """For each (image, slot, EXIF orientation): the crop of the image as it stands upright into slot `slot` of
-        the batch at dst_ptr."""
-        self.enqueue_arrays(*(np.array([getattr(img, f) for img, _, _ in jobs], np.int64)
-                              for f in ("ptr", "height", "width", "pitch")),
-                            np.array([slot for _, slot, _ in jobs], np.int64), dst_ptr, stream,
-                            np.array([o for _, _, o in jobs], np.int64))
+    def _staged(self) -> tuple[Staged, ...]:
+        return self._tables, self._jobs
 
     def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
                        slots: np.ndarray, dst_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
@@ -162,7 +208,7 @@ class GpuResizeCrop:
         self.wait()
         if len(ptr) == 0:
             return
-        drv, size = driver(), self.pre.size
+        size = self.pre.size
         if orientation is None:
             orientation = np.ones(len(ptr), np.int64)
         ptr, height, width, row, col = upright_views(ptr.astype(np.int64), height.astype(np.int64),
@@ -180,14 +226,9 @@ class GpuResizeCrop:
             p.coeffs.taps, p.out_rows, p.out_cols))) for s in scheds], np.int64)[image_size]
         table_at = tables + 4 * np.array(offsets, np.int64).reshape(len(scheds), 4)[image_size]
         lo, vertical, tmp_bytes = per_size[:, 0], per_size[:, 1].astype(bool), per_size[:, 2]
-        need = int(tmp_bytes.sum())
-        if need > self._tmp_bytes:
-            if self._tmp is not None:
-                self._tmp.free()
-            self._tmp, self._tmp_bytes = drv.mem_alloc(need), need
         # each image has its part of the intermediate buffer; the first pass reads the upright view from its row (or
         # column) lo
-        mid = int(self._tmp) + np.cumsum(tmp_bytes) - tmp_bytes
+        mid = self._scratch(int(tmp_bytes.sum())) + np.cumsum(tmp_bytes) - tmp_bytes
         mid_pitch = per_size[:, 5] * CHANNELS
         first = np.stack([ptr + np.where(vertical, lo * col, lo * row), mid, table_at[:, 0], table_at[:, 1],
                           per_size[:, 3], per_size[:, 4], per_size[:, 5], row, col, mid_pitch], axis=1)
@@ -205,18 +246,4 @@ class GpuResizeCrop:
             k = spec(kernel)
             launch_async(self.kernels[kernel], (k.blocks(most), len(table), 1), k.block, stream, base)
             base += table.nbytes
-        self._done = drv.Event(drv.event_flags.DISABLE_TIMING)
-        self._done.record(stream)
-
-    def wait(self) -> None:
-        if self._done is not None:
-            self._done.synchronize()
-            self._done = None
-
-    def close(self) -> None:
-        self.wait()
-        self._tables.free()
-        self._jobs.free()
-        if self._tmp is not None:
-            self._tmp.free()
-            self._tmp = None
+        self._record(stream)
