@@ -32,7 +32,7 @@ ratio and a table; the full stdout/stderr of every run and a JSON summary go und
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import re
@@ -126,14 +126,10 @@ def subset(d: Path, n: int) -> Path:
 
 
 def export_script():
-    """scripts/export_pytorch_fid_onnx.py as a module (scripts/ on sys.path for its onnx_check)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("export_pytorch_fid_onnx",
-                                                  ROOT / "scripts" / "export_pytorch_fid_onnx.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """scripts/export_pytorch_fid_onnx.py as a module (scripts/ on sys.path, as when it runs: its onnx_check)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    return importlib.import_module("export_pytorch_fid_onnx")
 
 
 def random_weights(work: Path, seed: int) -> tuple[Path, Path]:

@@ -9,7 +9,7 @@ stay O(1)), and its own get_activations / calculate_frechet_distance compute its
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -31,15 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def export_script():
-    """scripts/export_pytorch_fid_onnx.py as a module (scripts/ on sys.path for its onnx_check, as when run)."""
+    """scripts/export_pytorch_fid_onnx.py as a module (scripts/ on sys.path, as when it runs: its onnx_check)."""
     if str(ROOT / "scripts") not in sys.path:
         sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("export_pytorch_fid_onnx",
-                                                  ROOT / "scripts" / "export_pytorch_fid_onnx.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("export_pytorch_fid_onnx")
 
 
 def random_fid_module():

@@ -20,6 +20,8 @@ from ... import arch
 from ...plan import ConvOp, FusedConvOp, GlobalAvgPoolOp, PoolOp
 from ...weights import Weights, require_calibration
 from ..int8_reference import storage_scales
+from .families.conv_input_nhwc import inv_scale
+from .families.pool_nhwc import requant_ratio
 
 
 def int8_epilogue(bias: np.ndarray, scale: np.ndarray, inv_out: np.ndarray) -> np.ndarray:
@@ -58,7 +60,7 @@ class Int8Scales:
 
     def inv(self, tensor: str) -> np.float32:
         """float32(1) / float32(storage scale): what a kernel multiplies by to quantize (int8_reference.quantize)."""
-        return np.float32(1.0) / np.float32(self.store[tensor])
+        return np.float32(inv_scale(self.store[tensor]))
 
     def members(self, op: ConvOp) -> tuple[str, ...]:
         return op.members if isinstance(op, FusedConvOp) else (op.name,)
@@ -77,7 +79,7 @@ class Int8Scales:
 
     def pool_ratio(self, op: PoolOp) -> np.float32:
         """float32(s_in) / float32(s_out) of a pool (1 where they are equal: no requantization)."""
-        return np.float32(self.input_scale(op.name)) / np.float32(self.store[op.name])
+        return np.float32(requant_ratio(self.input_scale(op.name), self.store[op.name]))
 
     def gap_scale(self, op: GlobalAvgPoolOp) -> np.float32:
         """The scale the global average pool dequantizes its int8 input at."""
