@@ -67,22 +67,25 @@ IE_AVX512 static inline void input_transform(const float *d, int64_t d_tap, floa
 // Generic B^T d B (nh, nw <= MAX_N) for one vector of 16 tiles, by the nonzero terms of the two 1-D transforms:
 // along W into t, then along H into v. Inlined with nh and nw constant (input_transform_any), so that t stays in
 // registers; the branches on zero coefficients go the same way for every vector.
+// sum over j < n of coef[j] * the 16 floats at x + j * stride, skipping zero coefficients (the transforms' many
+// zeros): a row of a transform matrix applied to a column of tiles in memory.
+IE_AVX512 static inline __attribute__((always_inline)) __m512 coef_dot(const float *coef, int n, const float *x,
+                                                                      int64_t stride) {
+    __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; j < n; j++)
+        if (coef[j] != 0.0f) sum = _mm512_fmadd_ps(_mm512_set1_ps(coef[j]), _mm512_load_ps(x + j * stride), sum);
+    return sum;
+}
+
 IE_AVX512 static inline __attribute__((always_inline)) void input_transform_n(
     const wino_job *job, const int nh, const int nw, const float *d, int64_t d_tap, float *v, int64_t v_xi) {
     __m512 t[MAX_N * MAX_N];
 #pragma GCC unroll 8
     for (int i = 0; i < nh; i++)
 #pragma GCC unroll 8
-        for (int u = 0; u < nw; u++) {
-            __m512 sum = _mm512_setzero_ps();
-#pragma GCC unroll 8
-            for (int j = 0; j < nw; j++) {
-                float coef = job->axes.bt_w[u * MAX_N + j];
-                if (coef != 0.0f)
-                    sum = _mm512_fmadd_ps(_mm512_set1_ps(coef), _mm512_load_ps(d + (i * nw + j) * d_tap), sum);
-            }
-            t[i * nw + u] = sum;
-        }
+        for (int u = 0; u < nw; u++)
+            t[i * nw + u] = coef_dot(job->axes.bt_w + u * MAX_N, nw, d + i * nw * d_tap, d_tap);
 #pragma GCC unroll 8
     for (int u = 0; u < nh; u++)
 #pragma GCC unroll 8
@@ -230,16 +233,7 @@ IE_AVX512 static inline __attribute__((always_inline)) void output_tile_n(
 #pragma GCC unroll 2
     for (int a = 0; a < mh; a++)
 #pragma GCC unroll 8
-        for (int w = 0; w < nw; w++) {
-            __m512 sum = _mm512_setzero_ps();
-#pragma GCC unroll 8
-            for (int u = 0; u < nh; u++) {
-                float coef = job->axes.at_h[a * MAX_N + u];
-                if (coef != 0.0f)
-                    sum = _mm512_fmadd_ps(_mm512_set1_ps(coef), _mm512_load_ps(src + (u * nw + w) * M_XI), sum);
-            }
-            t[a][w] = sum;
-        }
+        for (int w = 0; w < nw; w++) t[a][w] = coef_dot(job->axes.at_h + a * MAX_N, nh, src + w * M_XI, nw * M_XI);
 #pragma GCC unroll 2
     for (int a = 0; a < mh; a++) {
         __m512 y[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
