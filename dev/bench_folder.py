@@ -332,6 +332,8 @@ def main() -> None:
     ap.add_argument("--first-long", default="", help="precisions of first-long-run rows: each --decode gpu run "
                     "on a fresh cache (kernels only), then again (e.g. fp16,tf32,fp32)")
     ap.add_argument("--only-first-long", action="store_true", help="skip the per-set rows")
+    ap.add_argument("--sets", default="small,imagenet,turned", help="folders of the per-set rows, of small, "
+                    "imagenet, turned")
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--weights", default="/tmp/bench-weights.npz")
@@ -361,8 +363,9 @@ def main() -> None:
         for p in ("tf32", "fp16", "fp32"):
             r = inception_run([photo, "--weights", args.weights, "--precision", p], root / "first.jsonl")
             row(what="first answer", precision=p, wall_s=r["wall_s"], notes=r["notes"])
-    sets = {} if args.only_first_long else {"small": small, "imagenet": folder(root, "imagenet", args.imagenet_images),
-                                            "turned": folder(root, "turned", args.imagenet_images)}
+    made = {"small": lambda: small, "imagenet": lambda: folder(root, "imagenet", args.imagenet_images),
+            "turned": lambda: folder(root, "turned", args.imagenet_images)}
+    sets = {} if args.only_first_long else {name: made[name]() for name in args.sets.split(",")}
     for name, d in sets.items():
         for b in map(int, args.batches.split(",")):
             from inception_engine.cuda_runner import DECODE_IMAGES

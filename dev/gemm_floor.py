@@ -1,12 +1,15 @@
 """What the forward's convolutions cost as plain GEMMs in cuBLAS: a measured floor for issue 23's targets.
 
     python3 dev/gemm_floor.py --precision fp16 --batch 128 [--iters 50] [--json FILE]
+    python3 dev/gemm_floor.py --precision int8 --weights CALIBRATED.npz --batch 128
 
 Every conv of the plan the cuda backend runs (plan.fused_plan: each module's 1x1 convs fused into one GEMM, the stem's
 max pool MaxPool_3a folded into Conv2d_3b) is an implicit GEMM of M = batch x output pixels, N = output
 channels, K = input channels x kernel taps. This script times cuBLAS (through PyTorch: torch.matmul of an (M, K) by a
-(K, N) matrix, fp16 operands or TF32 ones) on each of those shapes, beside the cuda backend's own per-op times
-(``time_layers``: eager launches, one op at a time) and its whole forward (the CUDA graph with concurrent branches).
+(K, N) matrix, fp16 operands or TF32 ones; for int8, torch._int_mm, cuBLASLt's s8 x s8 -> s32 GEMM, with K and N
+rounded up to its multiples of 8 and B column-major, the layout it runs fastest, writing int32 where ours writes int8)
+on each of those shapes, beside the cuda backend's own per-op times (``time_layers``: eager launches, one op at a
+time) and its whole forward (the CUDA graph with concurrent branches).
 cuBLAS gets the easier job: its A matrix is given, where our kernels gather A from the activations (the im2col is
 implicit) and add bias and ReLU on the way out. So the sum of cuBLAS's times, one GEMM after another, is what the convs
 would take if each ran as fast as NVIDIA's GEMM library runs that shape; the ops that are no GEMM (pools, the
@@ -31,7 +34,10 @@ import numpy as np
 from inception_engine.backends import cuda as cb
 from inception_engine.bench import ceilings, gpu_name
 from inception_engine.bench_report import PEAK_TFLOPS
-from inception_engine.plan import ConvOp, fused_plan
+from inception_engine.backends.cuda.backend import folds_max_pools
+from inception_engine.plan import ConvOp, Plan, fused_plan
+from inception_engine.model_files import load_weights
+from inception_engine.weights import Weights
 
 
 @dataclass
@@ -50,10 +56,14 @@ def gemm_shape(op: ConvOp) -> tuple[int, int, int]:
     return batch * ho * wo, cout, op.src.channels * op.kernel[0] * op.kernel[1]
 
 
-def ours(precision: str, batch: int, iters: int) -> tuple[float, dict[str, float], list[ConvOp]]:
+def the_plan(precision: str, batch: int, weights: Weights) -> Plan:
+    """The fused plan the cuda backend runs in this precision (int8 keeps its average pools before the convs)."""
+    return fused_plan(batch, weights.layers(), max_pools=folds_max_pools(precision), move_pools=precision != "int8")
+
+
+def ours(precision: str, batch: int, iters: int, weights: Weights) -> tuple[float, dict[str, float], list[ConvOp]]:
     """The forward's median ms, each op's median ms, and the conv ops of the plan the backend ran."""
-    weights = cb.he_weights(0)
-    plan = fused_plan(batch, weights.layers())
+    plan = the_plan(precision, batch, weights)
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
     with cb.CudaBackend(weights, plan, precision=precision, tune=True) as backend:
         backend.forward(x)
@@ -66,34 +76,46 @@ def ours(precision: str, batch: int, iters: int) -> tuple[float, dict[str, float
 def cublas_ms(m: int, n: int, k: int, precision: str, iters: int) -> float:
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    dtype = torch.float16 if precision == "fp16" else torch.float32
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
-    c = torch.empty(m, n, device="cuda", dtype=dtype)
+    if precision == "int8":
+        k, n = -(-k // 8) * 8, -(-n // 8) * 8
+        a = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8).t()
+
+        def gemm() -> None:
+            torch._int_mm(a, b)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        dtype = torch.float16 if precision == "fp16" else torch.float32
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        b = torch.randn(k, n, device="cuda", dtype=dtype)
+        c = torch.empty(m, n, device="cuda", dtype=dtype)
+
+        def gemm() -> None:
+            torch.matmul(a, b, out=c)
     for _ in range(5):
-        torch.matmul(a, b, out=c)
+        gemm()
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        torch.matmul(a, b, out=c)
+        gemm()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
 
 
-ELEM_BYTES = {"tf32": 4, "fp16": 2}  # NHWC activations: TF32-rounded float32, or fp16
+ELEM_BYTES = {"tf32": 4, "fp16": 2, "int8": 1}  # NHWC activations: TF32-rounded float32, fp16, int8
 
 
-def op_floors(precision: str, batch: int, peak_tflops: float, gbs: float) -> dict[str, tuple[float, float]]:
+def op_floors(precision: str, batch: int, peak_tflops: float, gbs: float,
+              weights: Weights) -> dict[str, tuple[float, float]]:
     """Each op's (compute floor, memory floor) in ms: its FLOPs at the tensor-core peak, and its minimum bytes
     (bench_kernels.work: input, weights and output once) at the copy bandwidth. The plan is the one the cuda backend
     runs (fused 1x1 groups), so the op names match time_layers'."""
     from bench_kernels import work  # this script's neighbour: python3 dev/gemm_floor.py puts dev/ on the path
 
-    plan = fused_plan(batch, cb.he_weights(0).layers())
+    plan = the_plan(precision, batch, weights)
     floors = {}
     for op in plan.ops:  # concats are no ops: their branches write into the concat's buffer
         flops, nbytes = work(op, ELEM_BYTES[precision])
@@ -105,7 +127,7 @@ def report(d: dict) -> None:
     """The table and totals of a run (main's measurement, or a JSON it wrote)."""
     precision, rows = d["precision"], [LayerRow(**r) for r in d["rows"]]
     peak, gbs = d["peak_tflops"], d["peak_gbs"]
-    floors = op_floors(precision, d["batch"], peak, gbs)
+    floors = op_floors(precision, d["batch"], peak, gbs, cb.he_weights(0))
     conv_rows = [r for r in rows if r.cublas_ms is not None]
     ours_conv = sum(r.ours_ms for r in conv_rows)
     cublas_conv = sum(r.cublas_ms or 0.0 for r in conv_rows)
@@ -137,7 +159,8 @@ def report(d: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--precision", default="fp16", choices=("tf32", "fp16"))
+    ap.add_argument("--precision", default="fp16", choices=("tf32", "fp16", "int8"))
+    ap.add_argument("--weights", help="a weight file (int8: a calibrated one; default: he_weights(0))")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", help="also write the rows and totals here")
@@ -148,7 +171,10 @@ def main() -> None:
             report(json.load(f))
         return
 
-    forward, per_op, convs = ours(args.precision, args.batch, args.iters)
+    if args.precision == "int8" and not args.weights:
+        ap.error("int8 needs a calibrated weight file: --weights (dev/make_calibrated_weights.py makes one)")
+    weights = load_weights(args.weights) if args.weights else cb.he_weights(0)
+    forward, per_op, convs = ours(args.precision, args.batch, args.iters, weights)
     by_name = {op.name: op for op in convs}
     rows = []
     for name, ms in per_op.items():

@@ -28,16 +28,19 @@ FID_SIZE = 299
 MODE_SCALING = {"pytorch-fid": (0.5, 0.5), "clean-fid": (128 / 255, 128 / 255)}
 
 
-def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
-    """(out_size, in_size) float64 matrix of torch's bilinear interpolation with align_corners=False and no
-    antialiasing (aten's area_pixel_compute_source_index and the linear kernel): output i samples source position
-    (i + 0.5) * in / out - 0.5, clamped at 0 below, between its floor and the next pixel (the last one at the
-    edge)."""
-    scale = in_size / out_size
-    src = np.maximum((np.arange(out_size) + 0.5) * scale - 0.5, 0.0)
+def bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """torch's bilinear interpolation with align_corners=False and no antialiasing (aten's
+    area_pixel_compute_source_index and the linear kernel), per output index: (lo, hi, frac), output i being
+    (1 - frac) * x[lo] + frac * x[hi]. Output i samples source position (i + 0.5) * in / out - 0.5, clamped at 0
+    below, between its floor and the next pixel (the last one at the edge)."""
+    src = np.maximum((np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5, 0.0)
     lo = np.minimum(src.astype(np.int64), in_size - 1)
-    hi = np.minimum(lo + 1, in_size - 1)
-    frac = src - lo
+    return lo, np.minimum(lo + 1, in_size - 1), src - lo
+
+
+def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
+    """bilinear_taps as an (out_size, in_size) float64 matrix."""
+    lo, hi, frac = bilinear_taps(in_size, out_size)
     m = np.zeros((out_size, in_size))
     np.add.at(m, (np.arange(out_size), lo), 1.0 - frac)
     np.add.at(m, (np.arange(out_size), hi), frac)
@@ -45,11 +48,15 @@ def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
 
 
 def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation, in float64."""
+    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation, in float64, rows
+    then columns, two taps each (gathers, no matrix product: the decode workers run it side by side, and a
+    multi-threaded BLAS in each of them would oversubscribe the cores)."""
     h, w = rgb.shape[:2]
-    rows, cols = bilinear_weights(h, size), bilinear_weights(w, size)
-    out = np.einsum("ph,hwc,qw->pqc", rows, rgb.astype(np.float64), cols, optimize=True)
-    return out.astype(np.float32)
+    (ylo, yhi, fy), (xlo, xhi, fx) = bilinear_taps(h, size), bilinear_taps(w, size)
+    x = rgb.astype(np.float64)
+    fy, fx = fy[:, None, None], fx[None, :, None]
+    rows = x[ylo] * (1.0 - fy) + x[yhi] * fy
+    return (rows[:, xlo] * (1.0 - fx) + rows[:, xhi] * fx).astype(np.float32)
 
 
 def clean_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
