@@ -319,12 +319,15 @@ def fmt(row: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ the servers
 
-def start_inception(args: argparse.Namespace, device_process: bool = False,
-                    http_workers: int = 1) -> tuple[subprocess.Popen, str]:
+def start_inception(args: argparse.Namespace, device_process: bool = False, http_workers: int = 1,
+                    decode_images: int | None = None) -> tuple[subprocess.Popen, str]:
     """inception-serve; ``device_process``: its one device in a worker process (serve_standin.py --device-process);
-    ``http_workers``: its HTTP front-end processes (--http-workers)."""
+    ``http_workers``: its HTTP front-end processes (--http-workers); ``decode_images``: cuda_runner.DECODE_IMAGES
+    set to it in the engine's process (the files of a GPU decode call, and so of an encoded job)."""
     server = ([str(ROOT / "dev" / "serve_standin.py"), "--device-process"] if device_process else
-              ["-m", "inception_engine.serve.command"])
+              ["-m", "inception_engine.serve.command"] if decode_images is None else
+              ["-c", f"import inception_engine.cuda_runner as r; r.DECODE_IMAGES = {decode_images}; "
+                     "from inception_engine.serve.command import serve_main; serve_main()"])
     cmd = [sys.executable, *server, "--port", "0", "--precision", args.precision,
            "--decode", args.decode, "--backend", args.backend, "--max-queue-delay-ms", str(args.delay_ms),
            "--max-images", "4096", "--http-workers", str(http_workers)]
@@ -533,6 +536,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                          "HTTP side alone")
     ap.add_argument("--http-workers", type=ints, default=[1], metavar="N,M",
                     help="inception-serve --http-workers: the rows again for each (comma-separated)")
+    ap.add_argument("--decode-images", type=ints, default=None, metavar="N,M",
+                    help="the rows again for each GPU decode call size N (cuda_runner.DECODE_IMAGES; default: "
+                         "as shipped; N = the max batch: jobs of one batch, the server before decode-call jobs)")
     ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
                     help="instead of the sweep: a soak of SECONDS at a fixed rate, memory sampled (serve_soak.py); "
                          "exit 1 where its verdict is FAIL")
@@ -558,13 +564,16 @@ def main() -> None:
 
         return soak_command(args, files, report)
     report["runs"] = []
-    for i, workers in enumerate(args.http_workers):
-        proc, url = start_inception(args, http_workers=workers)
-        label = f" (http-workers {workers})" if len(args.http_workers) > 1 else ""
+    combos = [(w, n) for w in args.http_workers for n in args.decode_images or [None]]
+    for i, (workers, calls) in enumerate(combos):
+        proc, url = start_inception(args, http_workers=workers, decode_images=calls)
+        name = "inception" + (f"/{workers}fe" if len(args.http_workers) > 1 else "") + (
+            f"/calls{calls}" if calls else "")
+        label = f" ({name})" if len(combos) > 1 else ""
         try:
-            print(f"inception-serve --http-workers {workers}:", flush=True)
-            report["rows"] += [{**r, "server": f"inception/{workers}fe" if label else "inception"}
-                               for r in sweep("inception", url, files, args, proc.pid)]
+            print(f"inception-serve --http-workers {workers}" + (f", decode calls of {calls}" if calls else "") + ":",
+                  flush=True)
+            report["rows"] += [{**r, "server": name} for r in sweep("inception", url, files, args, proc.pid)]
             if args.run_images:
                 report["runs"] += runs_beside(url, d, args, local_too=i == 0, label=label)
         finally:

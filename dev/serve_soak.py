@@ -147,7 +147,8 @@ def soak_command(args: argparse.Namespace, files: list[Path], report: dict[str, 
 
     from bench_serve import start_inception
 
-    proc, url = start_inception(args, http_workers=args.http_workers[-1])
+    proc, url = start_inception(args, http_workers=args.http_workers[-1],
+                                decode_images=args.decode_images[-1] if args.decode_images else None)
     try:
         report["soak"] = soak(args, proc.pid, url, files)
     finally:

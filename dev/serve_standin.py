@@ -84,6 +84,7 @@ def patch_devices(batch_ms: float, host_us: float) -> None:
             sizes = sorted({*devices.SMALL_RUNNERS, batch})
             self.runners = [(StandInRunner(b, batch_ms, host_us), None) for b in sizes]
             self.depth, self.sizes = 2, devices.buckets(batch)
+            self.encoded_batch = batch  # the stand-in runners decode nothing: jobs of one batch
 
         def warm_up(self) -> None:
             pass

@@ -2,10 +2,12 @@
 
 Each kind of job (devices.Job: ``encoded``, ``pixels``, ``tensor``) has its lane, a queue of pieces of requests. A
 lane's collector waits for its first image, then up to ``max_delay`` seconds more for the batch to fill to
-``max_batch`` images, then for a device with room (each takes its runner's ``depth`` batches at once), and takes
-whatever the lane holds by then, up to ``max_batch``: while every device is busy batches fill by themselves. A
-request larger than a batch is split, and a batch may end inside a request: its images are answered from several
-batches and put back in order. Each batch's results go back to the requests it holds, each to its own.
+``max_batch`` images, then for a device with room (each takes its runner's ``depth`` jobs at once), and takes
+whatever the lane holds by then, up to the lane's job size: while every device is busy jobs fill by themselves. The
+job size is ``max_batch``, except the ``encoded`` lane's, which is the devices' ``encoded_batch`` (a GPU decode
+call of several batches: devices.py says why). A request larger than a job is split, and a job may end inside a
+request: its images are answered from several jobs and put back in order. Each job's results go back to the
+requests it holds, each to its own.
 """
 
 from __future__ import annotations
@@ -96,24 +98,28 @@ class Batcher:
         self.devices, self.max_batch, self.max_delay = devices, max_batch, max_delay
         self.on_batch = on_batch
         self.lanes = {kind: Lane() for kind in KINDS}
+        # images a job of each lane may hold (devices are ready: their encoded_batch is known)
+        self.job_images = {kind: max_batch for kind in KINDS}
+        self.job_images["encoded"] = max(max_batch, min(d.encoded_batch for d in devices))
         self.idle: asyncio.Queue[Any] = asyncio.Queue()  # a device once per batch it may take now
         for d in devices:
             for _ in range(max(1, d.depth)):
                 self.idle.put_nowait(d)
         self.running: set[asyncio.Task] = set()
-        self.collectors = [asyncio.create_task(self._collect(lane)) for lane in self.lanes.values()]
+        self.collectors = [asyncio.create_task(self._collect(lane, self.job_images[kind]))
+                           for kind, lane in self.lanes.items()]
 
     async def run(self, kind: str, data: Any, names: list[str], top_k: int = 0) -> list[Any]:
         """Every image's result, in order (devices.DeviceError where a batch failed); ``names``: the images' names
         in error messages."""
         loop = asyncio.get_running_loop()
         req = Pending(kind, data, names, top_k, loop.create_future(), queued_at=time.perf_counter())
-        lane = self.lanes[kind]
-        for start in range(0, len(data), self.max_batch):
-            lane.add(Piece(req, start, min(start + self.max_batch, len(data))))
+        lane, most = self.lanes[kind], self.job_images[kind]
+        for start in range(0, len(data), most):
+            lane.add(Piece(req, start, min(start + most, len(data))))
         return await req.future
 
-    async def _collect(self, lane: Lane) -> None:
+    async def _collect(self, lane: Lane, most: int) -> None:
         loop = asyncio.get_running_loop()
         while True:
             while not lane.count:
@@ -128,7 +134,7 @@ class Batcher:
                 except TimeoutError:
                     break
             device = await self.idle.get()
-            pieces = lane.take(self.max_batch)
+            pieces = lane.take(most)
             if not pieces:  # every request waiting had timed out
                 self.idle.put_nowait(device)
                 continue

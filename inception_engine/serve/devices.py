@@ -15,9 +15,12 @@ without Python per file (about twice nvImageCodec's Python API's rate), as anony
 made once and rewritten for every batch): the server never reads a path a client sends. Where jpeg_batch.c is
 unavailable the runner decodes the bytes through nvImageCodec's Python API.
 
-A device's loop (``serve_jobs``) keeps two batches outstanding: the next batch is submitted (decoded and copied to
-the GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and
-the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds.
+A device's loop (``serve_jobs``) keeps two jobs outstanding: the next job is submitted (decoded and copied to the
+GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and
+the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds. An ``encoded``
+job may hold more images than a batch, up to the largest runner's decode call (``encoded_batch``,
+cuda_runner.DECODE_IMAGES: a decode call has a fixed cost of a few milliseconds, which a batch of 64 does not
+amortise): it is decoded in one call and classified a batch at a time, as inception-run's folder job does.
 
 Jobs: ``encoded`` (image files' bytes, decoded by the runner on the GPU: --decode gpu), ``pixels`` (images decoded
 on the host, (n, size, size, 3) uint8) -> per image its top-k (index, probability) pairs or its error message;
@@ -103,10 +106,16 @@ class DeviceWorker:
         except BaseException:
             self.close()
             raise
-        # batches outstanding at once, over all runners (no runner may have more than its own depth): two, one
-        # computed while the next is decoded and uploaded; more would only split the queue into smaller batches
+        # jobs outstanding at once, over all runners: two, one computed while the next is decoded and uploaded; more
+        # would only split the queue into smaller jobs. A job of a whole decode call has decode_batch / batch
+        # batches, and the runner's depth is two decode calls' worth of batches (cuda_runner.CudaRunner.depth).
         self.depth = min(2, *(r.depth for r, _ in self.runners))
         self.sizes = [batch] if self.engine.backend_name == "cpu" else buckets(batch)
+        big = self.runners[-1][0]
+        # images an encoded job may hold: a decode call of the largest runner where it decodes in calls of batches
+        self.encoded_batch = (big.decode_batch if self.engine.decode == "gpu" and big.decode_fallback is None
+                              and all(hasattr(big, a) for a in ("decode", "split", "classify")) else batch)
+        self._decode_calls = 0  # the largest runner's decode calls (cuda_runner.CudaRunner.decode numbers them)
 
     def facts(self) -> EngineFacts:
         return self.engine.facts()
@@ -119,7 +128,7 @@ class DeviceWorker:
         img = io.BytesIO()
         Image.new("RGB", (self.size + 43, self.size), (120, 80, 40)).save(img, "JPEG")
         for runner, _ in self.runners:
-            n = runner.batch
+            n = self.encoded_batch if runner is self.runners[-1][0] else runner.batch
             kind, data = (("encoded", [img.getvalue()] * n) if self.engine.decode == "gpu" else
                           ("pixels", np.zeros((n, self.size, self.size, 3), np.uint8)))
             job = Job(kind, data, ["warm-up"] * n, 1)
@@ -135,25 +144,32 @@ class DeviceWorker:
         return self.engine.backend_for(b, tune="cached").forward(np.ascontiguousarray(x))[:n]
 
     def submit(self, job: Job) -> Any:
+        """Start a job: (runner, its tickets, memory file -> image name) for result; a tensor job's logits."""
         if job.kind == "tensor":
             return self.forward(job.data)
         n = len(job.data)
-        runner, ring = next((r, g) for r, g in self.runners if r.batch >= n)
+        runner, ring = next(((r, g) for r, g in self.runners if r.batch >= n), self.runners[-1])
         if job.kind == "pixels":
             ring.array[:n] = job.data
-            return runner, runner.submit(list(range(n)), job.top_k), {}
+            return runner, [runner.submit(list(range(n)), job.top_k)], {}
         if runner.decode_fallback is not None:  # nvImageCodec's Python API: it decodes the bytes themselves
-            return runner, runner.submit_encoded([(name, bytes(d)) for name, d in zip(job.names, job.data)],
-                                                 job.top_k), {}
-        # jpeg_batch.c reads files by name, here this worker's memory files, read before submit_encoded returns
+            return runner, [runner.submit_encoded([(name, bytes(d)) for name, d in zip(job.names, job.data)],
+                                                  job.top_k)], {}
+        # jpeg_batch.c reads files by name, here this worker's memory files, read before the decode call returns
         paths = self.files.hold(job.data)
-        return runner, runner.submit_encoded(list(zip(paths, job.data)), job.top_k), dict(zip(paths, job.names))
+        names = dict(zip(paths, job.names))
+        if runner is not self.runners[-1][0] or self.encoded_batch == runner.batch:
+            return runner, [runner.submit_encoded(list(zip(paths, job.data)), job.top_k)], names
+        decoded = runner.decode(paths, self._decode_calls)  # one call, then a batch at a time
+        self._decode_calls += 1
+        return runner, [runner.classify(part, job.top_k) for part in runner.split(decoded)], names
 
     def result(self, job: Job, ticket: Any) -> Any:
         if job.kind == "tensor":
             return ticket
-        runner, t, names = ticket
-        return [renamed(r, names) for r in runner.result(t)] if names else runner.result(t)
+        runner, tickets, names = ticket
+        out = [r for t in tickets for r in runner.result(t)]
+        return [renamed(r, names) for r in out] if names else out
 
     def close(self) -> None:
         try:
@@ -251,6 +267,7 @@ class ThreadDevice:
         self.index, self.loop = index, loop
         self.name = "cpu" if spec.backend == "cpu" else f"gpu{index}"
         self.depth = 1
+        self.encoded_batch = spec.batch_size or 1  # set from the engine's runners once warm (DeviceWorker's)
         # SimpleQueue: the event loop's put, once a batch, wakes the thread without queue.Queue's Python locking
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ready: asyncio.Future[tuple[EngineFacts, Preprocess]] = loop.create_future()
@@ -268,7 +285,7 @@ class ThreadDevice:
         except BaseException as e:
             self.loop.call_soon_threadsafe(_settle, self._ready, None, EngineError(failure(e)))
             return
-        self.depth = worker.depth
+        self.depth, self.encoded_batch = worker.depth, worker.encoded_batch
         self.loop.call_soon_threadsafe(_settle, self._ready, (worker.facts(), worker.engine.preprocess), None)
 
         def take(block: bool) -> Any:
@@ -317,7 +334,7 @@ def _process_main(spec: EngineConfig, gpu: int, conn: Any, owner: int, cpus: lis
     except BaseException as e:
         conn.send(("error", f"GPU {gpu}: {failure(e)}"))
         return
-    conn.send(("ready", (worker.facts(), worker.engine.preprocess, worker.depth)))
+    conn.send(("ready", (worker.facts(), worker.engine.preprocess, worker.depth, worker.encoded_batch)))
 
     def take(block: bool) -> Any:
         return conn.recv() if block or conn.poll() else None
@@ -340,6 +357,7 @@ class ProcessDevice:
 
     def __init__(self, spec: EngineConfig, index: int, loop: asyncio.AbstractEventLoop, cpus: list[int] | None = None):
         self.index, self.loop, self.name, self.depth = index, loop, f"gpu{index}", 1
+        self.encoded_batch = spec.batch_size or 1  # set from the worker's ready message
         ctx = multiprocessing.get_context("spawn")  # not a fork of a process that may hold a CUDA context
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_process_main, args=(spec, index, child, os.getpid(), cpus or []),
@@ -365,7 +383,7 @@ class ProcessDevice:
             kind, payload = self._conn.recv()
             if kind == "error":
                 raise EngineError(payload)
-            facts, pre, self.depth = payload
+            facts, pre, self.depth, self.encoded_batch = payload
             self.loop.call_soon_threadsafe(_settle, self._ready, (facts, pre), None)
             while True:
                 key, result, error = self._conn.recv()

@@ -214,7 +214,7 @@ def test_lane_splits_the_last_piece_to_fill_a_batch():
 class FakeDevice:
     """A device that answers each tensor job with its rows' first values, recording batch sizes."""
 
-    name, depth = "fake", 1
+    name, depth, encoded_batch = "fake", 1, 4
 
     def __init__(self) -> None:
         self.batches: list[int] = []
@@ -238,6 +238,71 @@ def test_batcher_joins_requests_splits_large_ones_and_answers_each_its_own():
     answers, batches = asyncio.run(go())
     assert answers == [[0.0], [100.0, 101.0], [200.0 + i for i in range(9)], [300.0]]
     assert sum(batches) == 13 and max(batches) == 4 and len(batches) == 4  # 13 images in 4 batches of up to 4
+
+
+class RecordingDevice:
+    """Answers each image with (job number, its name); records every job's size. ``gate`` holds the first job
+    until released, so that requests queue behind it as they do behind a busy GPU."""
+
+    def __init__(self, encoded_batch: int):
+        self.name, self.depth, self.encoded_batch = "gpu0", 1, encoded_batch
+        self.jobs: list[tuple[str, int]] = []
+        self.gate = asyncio.Event()
+
+    def run(self, job) -> asyncio.Future:
+        number = len(self.jobs)
+        self.jobs.append((job.kind, len(job.names)))
+
+        async def answer():
+            if number == 0:
+                await self.gate.wait()
+            if job.kind == "tensor":
+                return list(np.asarray(job.data)[:, :1])
+            return [(number, name) for name in job.names]
+
+        return asyncio.ensure_future(answer())
+
+
+def run_requests(device: RecordingDevice, kind: str, sizes: list[int], max_batch: int = 64):
+    async def main():
+        batcher = Batcher([device], max_batch, 0.0)
+        first = asyncio.create_task(batcher.run(kind, data(1, 0), ["first"], 1))
+        await asyncio.sleep(0.01)  # the first job holds the device: the rest queue
+        reqs = [asyncio.create_task(batcher.run(kind, data(n, r), [f"r{r}i{i}" for i in range(n)], 1))
+                for r, n in enumerate(sizes)]
+        await asyncio.sleep(0.01)
+        device.gate.set()
+        out = await asyncio.gather(first, *reqs)
+        await batcher.close()
+        return out[1:]
+
+    def data(n: int, r: int):
+        return [b"x"] * n if kind == "encoded" else np.full((n, 1, 1, 3), r, np.uint8)
+
+    return asyncio.run(main())
+
+
+def test_encoded_jobs_fill_to_the_devices_decode_call_and_answers_stay_in_order():
+    device = RecordingDevice(encoded_batch=256)
+    sizes = [64, 64, 100, 30, 200]
+    results = run_requests(device, "encoded", sizes)
+    assert [n for _, n in device.jobs[1:]] == [256, 202]  # 458 queued images: a whole decode call, then the rest
+    for r, (n, got) in enumerate(zip(sizes, results)):
+        assert [name for _, name in got] == [f"r{r}i{i}" for i in range(n)]
+    # request 3 (images 228..257) ends past the job's 256: its images come from two jobs, back in order
+    assert [{job for job, _ in got} for got in results] == [{1}, {1}, {1}, {1, 2}, {2}]
+
+
+def test_other_lanes_take_max_batch_jobs():
+    device = RecordingDevice(encoded_batch=256)
+    run_requests(device, "pixels", [64, 64, 100])
+    assert [n for _, n in device.jobs[1:]] == [64, 64, 64, 36]
+
+
+def test_a_device_without_decode_calls_gets_max_batch_encoded_jobs():
+    device = RecordingDevice(encoded_batch=64)
+    run_requests(device, "encoded", [100, 100])
+    assert [n for _, n in device.jobs[1:]] == [64, 64, 64, 8]
 
 
 def test_lane_drops_the_images_of_requests_nobody_waits_for():
