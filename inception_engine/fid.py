@@ -18,10 +18,13 @@ covariance is the unbiased one (N - 1), as numpy.cov and pytorch-fid take it. A 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,11 +46,15 @@ class RunningStats:
     against numpy.cov). Rows are gathered into blocks of ``block`` rows and each block's y^T y, the whole cost
     (2 * 2048^2 flops a row), is one matrix product (NumPy's BLAS, which releases the GIL) on a thread of its own, so
     that the caller, the forward's result loop, never waits for it: one block is filled while the last is summed.
-    ``result`` waits for the last product.
+    ``result`` waits for the last product. ``blas``: a context each product runs in (the command gives
+    backends.blas_threads.single_threaded_blas where decode worker processes hold every core: a multi-threaded
+    OpenBLAS among them spins for cores it does not get and slows the decoders; one core sums ~10,000 rows/s, more
+    than host decoding gives).
     """
 
-    def __init__(self, block: int = 1024):
-        self.block = block
+    def __init__(self, block: int = 1024,
+                 blas: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext):
+        self.block, self.blas = block, blas
         self.count = 0
         self.shift: np.ndarray | None = None
         self.sum: np.ndarray | None = None
@@ -89,7 +96,8 @@ class RunningStats:
     def _accumulate(self, y: np.ndarray) -> None:
         assert self.sum is not None and self.m2 is not None
         self.sum += y.sum(axis=0)
-        self.m2 += y.T @ y
+        with self.blas():
+            self.m2 += y.T @ y
 
     def _wait(self) -> None:
         if self._pending is not None:

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import click
 import numpy as np
 from tqdm import tqdm
 
+from .backends.blas_threads import single_threaded_blas
 from .commands import CONTEXT, Command, user_errors, version_option
 from .config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, WORKER_KINDS, EngineConfig
 from .engine import Engine
@@ -82,7 +84,8 @@ def score_folder(engine: Engine, folder: str, recursive: bool, keep: tuple[bool,
     """One pass over a folder: running statistics, and where ``keep`` says so (features, logits) their files."""
     paths = list_folder(folder, recursive)
     side = Side(folder, len(paths))
-    stats = RunningStats()
+    # host decoding: worker processes on every core, where a multi-threaded BLAS would only slow them
+    stats = RunningStats(blas=contextlib.nullcontext if engine.decode == "gpu" else single_threaded_blas)
     if keep[0]:
         side.features = np.lib.format.open_memmap(tmp / f"{id(side)}.f.npy", "w+", np.float32,
                                                   (len(paths), engine.feature_width))
