@@ -109,13 +109,13 @@ ELEM_BYTES = {"tf32": 4, "fp16": 2, "int8": 1}  # NHWC activations: TF32-rounded
 
 
 def op_floors(precision: str, batch: int, peak_tflops: float, gbs: float,
-              weights: Weights) -> dict[str, tuple[float, float]]:
+              weights: Weights | None = None) -> dict[str, tuple[float, float]]:
     """Each op's (compute floor, memory floor) in ms: its FLOPs at the tensor-core peak, and its minimum bytes
     (bench_kernels.work: input, weights and output once) at the copy bandwidth. The plan is the one the cuda backend
     runs (fused 1x1 groups), so the op names match time_layers'."""
     from bench_kernels import work  # this script's neighbour: python3 dev/gemm_floor.py puts dev/ on the path
 
-    plan = the_plan(precision, batch, weights)
+    plan = the_plan(precision, batch, weights or cb.he_weights(0))
     floors = {}
     for op in plan.ops:  # concats are no ops: their branches write into the concat's buffer
         flops, nbytes = work(op, ELEM_BYTES[precision])
@@ -127,7 +127,7 @@ def report(d: dict) -> None:
     """The table and totals of a run (main's measurement, or a JSON it wrote)."""
     precision, rows = d["precision"], [LayerRow(**r) for r in d["rows"]]
     peak, gbs = d["peak_tflops"], d["peak_gbs"]
-    floors = op_floors(precision, d["batch"], peak, gbs, cb.he_weights(0))
+    floors = op_floors(precision, d["batch"], peak, gbs)
     conv_rows = [r for r in rows if r.cublas_ms is not None]
     ours_conv = sum(r.ours_ms for r in conv_rows)
     cublas_conv = sum(r.cublas_ms or 0.0 for r in conv_rows)

@@ -40,7 +40,7 @@ from .backends.cuda.device import HostRegistration, driver
 from .backends.cuda.kernels import launch_async, spec
 from .errors import EngineError
 from .ingest import jpeg_decode
-from .ingest.images import Preprocess, decode_u8_bytes, normalize_u8
+from .ingest.images import Preprocess, decode_u8_bytes
 from .ingest.ring import HostRing
 from .pipeline import TopK
 
@@ -304,8 +304,7 @@ class CudaRunner:
 
     def _cpu_path(self, path: str, data: bytes) -> np.ndarray:
         """A file the GPU decoder leaves to the CPU, as a slot of the decode buffer holds it."""
-        pixels = decode_u8_bytes(data, path, self.pre)
-        return normalize_u8(pixels, self.pre) if self._fid_input else pixels
+        return decode_u8_bytes(data, path, self.pre)  # an FID tool's: the network's input already
 
     def cancel_decode(self) -> None:
         """Wakes every ``decode`` waiting for a buffer (the run is over): they raise DecodeCancelled."""

@@ -374,6 +374,10 @@ class Engine:
         """classify_pixels's runner (backend, kernels, CUDA graph), built now if it is not yet: a caller that
         starts before its first images arrive, such as a Ray actor, sets up while they are being decoded instead
         of at the first batch."""
+        if self.preprocess.mode != "torchvision":
+            raise EngineError(f"classify_pixels takes the classifier's uint8 pixels; the {self.preprocess.mode} "
+                              f"preprocessing decodes to the network's input (Preprocess.decoded_shape): use "
+                              f"predict with the image files, or forward")
         if self._pixel_runner is None:
             self._pixel_runner = self.runner(self.batch_size)
         return self._pixel_runner

@@ -37,7 +37,7 @@ from PIL import Image
 
 from .errors import EngineError, first_line
 from .ingest.files import ImageSource, read_batch, source_name
-from .ingest.images import Preprocess, normalize_u8
+from .ingest.images import Preprocess, network_input
 from .ingest.ring import HostRing
 from .ingest.workers import DecodePool, default_workers
 from .labels import Labels, imagenet_labels
@@ -151,7 +151,10 @@ class HostRunner:
 
     def submit(self, slots: list[int], top_k: int) -> tuple[list[TopK], np.ndarray | None]:
         assert self.ring is not None
-        x = normalize_u8(self.ring.array[slots], self.pre)
+        first = slots[0]
+        consecutive = slots[-1] - first == len(slots) - 1 and slots == list(range(first, first + len(slots)))
+        x = network_input(self.ring.array[first:first + len(slots)] if consecutive else self.ring.array[slots],
+                          self.pre)  # a consecutive batch's FID input is used in place, not copied
         logits, feats = self.forward(x, features=True) if self.features else (self.forward(x), None)
         return top_k_rows(softmax(logits), top_k), feats
 

@@ -66,7 +66,7 @@ def decode_batch(batch: Batch, pre: Preprocess) -> Batch:
     """Ray's ``read_binary_files(..., include_paths=True)`` rows ("bytes", "path") -> "path", "pixels" (uint8,
     zeros where the image failed) and "error" ("" or the one-line reason)."""
     paths = batch["path"]
-    pixels = np.zeros((len(paths), pre.size, pre.size, 3), np.uint8)
+    pixels = np.zeros((len(paths), *pre.decoded_shape), pre.pixel_dtype)
     errors = np.full(len(paths), "", dtype=object)
     for i, (data, path) in enumerate(zip(batch["bytes"], paths)):
         errors[i] = decode_into(pixels, i, str(path), pre, data) or ""

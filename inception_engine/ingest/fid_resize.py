@@ -48,15 +48,18 @@ def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
 
 
 def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation, in float64, rows
-    then columns, two taps each (gathers, no matrix product: the decode workers run it side by side, and a
-    multi-threaded BLAS in each of them would oversubscribe the cores)."""
+    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation, in float64,
+    columns then rows (torch's order), two taps each: gathers of the uint8 columns and of whole rows, no matrix
+    product (the decode workers run it side by side, and a multi-threaded BLAS in each would oversubscribe the
+    cores)."""
     h, w = rgb.shape[:2]
     (ylo, yhi, fy), (xlo, xhi, fx) = bilinear_taps(h, size), bilinear_taps(w, size)
-    x = rgb.astype(np.float64)
-    fy, fx = fy[:, None, None], fx[None, :, None]
-    rows = x[ylo] * (1.0 - fy) + x[yhi] * fy
-    return (rows[:, xlo] * (1.0 - fx) + rows[:, xhi] * fx).astype(np.float32)
+    cols = rgb[:, xlo] * (1.0 - fx)[None, :, None]
+    cols += rgb[:, xhi] * fx[None, :, None]
+    out = cols[ylo]
+    out *= (1.0 - fy)[:, None, None]
+    out += cols[yhi] * fy[:, None, None]
+    return out.astype(np.float32)
 
 
 def clean_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:

@@ -54,13 +54,21 @@ class Preprocess:
     # with the preprocessing to wherever images are decoded (decode processes, the GPU decoder's header check).
     max_pixels: int = DEFAULT_MAX_PIXELS
     # whose preprocessing (fid_resize.RESIZE_MODES): "torchvision" (resize, crop: uint8 pixels), or an FID tool's
-    # resize to size x size (float32 pixels in [0, 255]) with that tool's scaling as mean and std
+    # resize to size x size with that tool's scaling as mean and std (decoded straight to the network's input)
     mode: str = "torchvision"
 
     @property
     def pixel_dtype(self) -> type:
-        """What a decoded image's pixels are: uint8 (torchvision's), float32 (the FID tools' resizes)."""
+        """What a decoded image is made of: uint8 pixels (torchvision's), float32 (the FID tools' resizes)."""
         return np.uint8 if self.mode == "torchvision" else np.float32
+
+    @property
+    def decoded_shape(self) -> tuple[int, int, int]:
+        """A decoded image's shape: (size, size, 3) uint8 pixels, which a quarter of float32's bytes carry to the
+        GPU; with an FID tool's resize, whose pixels are fractional, the network's input itself, (3, size, size)
+        float32 normalised where the image is decoded (a decode worker), so that the process that runs the forward
+        has nothing left to do to it."""
+        return (self.size, self.size, 3) if self.mode == "torchvision" else (3, self.size, self.size)
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -279,9 +287,9 @@ FULL_RESIZE_MAX_CROPS = 8
 def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
     """(size, size, 3) uint8 RGB from an already decoded image: EXIF orientation, RGB, torchvision's Resize and
     CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes). An FID tool's mode: its
-    resize instead (fid_resize.fid_pixels: float32)."""
+    resize and scaling instead, the network's input (Preprocess.decoded_shape)."""
     if pre.mode != "torchvision":
-        return fid_pixels(img, pre.mode, pre.size)
+        return normalize_u8(fid_pixels(img, pre.mode, pre.size), pre)
     img = to_rgb(exif_upright(img))
     if pre.resize < pre.size:  # only with an inconsistent manifest; torchvision would pad
         raise EngineError(f"resize {pre.resize} is smaller than crop {pre.size}; the weight manifest is inconsistent")
@@ -303,9 +311,17 @@ def normalize_u8(x: np.ndarray, pre: Preprocess = Preprocess()) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(y, -1, -3))
 
 
+def network_input(decoded: np.ndarray, pre: Preprocess = Preprocess()) -> np.ndarray:
+    """Decoded images (..., Preprocess.decoded_shape) -> the network's input (..., 3, size, size) float32: uint8
+    pixels normalised (normalize_u8); an FID tool's images are that already."""
+    if pre.mode == "torchvision":
+        return normalize_u8(decoded, pre)
+    return np.ascontiguousarray(decoded, np.float32)
+
+
 def preprocess_pil(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
     """(3, size, size) float32, normalised, from an already decoded image."""
-    return normalize_u8(resize_crop(img, pre), pre)
+    return network_input(resize_crop(img, pre), pre)
 
 
 def decode_u8(source: str | os.PathLike | Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
@@ -332,4 +348,4 @@ def resize_crop_named(img: Image.Image, name: object, pre: Preprocess) -> np.nda
 
 def load_image(source: str | os.PathLike | Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
     """A path or a PIL image -> (3, size, size) float32. Bad files raise EngineError with one line."""
-    return normalize_u8(decode_u8(source, pre), pre)
+    return network_input(decode_u8(source, pre), pre)

@@ -1,5 +1,5 @@
-"""The host ring: ``slots`` decoded images of (size, size, 3) uint8 that decode workers write and a runner copies out
-(image number ``seq`` goes to slot ``seq % slots``)."""
+"""The host ring: ``slots`` decoded images (images.Preprocess.decoded_shape) that decode workers write and a runner
+copies out (image number ``seq`` goes to slot ``seq % slots``)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import numpy as np
 
 
 class HostRing:
-    """``slots`` images of (size, size, 3) uint8: anonymous memory for thread workers; for process workers an
+    """``slots`` decoded images: anonymous memory for thread workers; for process workers an
     anonymous shared file (Linux memfd) that each worker maps through a descriptor handed over at its start. It has
     no name: nothing is left in /dev/shm whatever ends the run (SIGKILL included), and a small /dev/shm (a
     container's 64 MB) does not bound it."""
 
     def __init__(self, slots: int, size: int, shared: bool, dtype: type = np.uint8):
-        """dtype: the pixels' (uint8; float32 for the FID tools' resizes, images.Preprocess.pixel_dtype)."""
-        shape = (slots, size, size, 3)
+        """dtype (images.Preprocess.pixel_dtype): uint8, pixels (size, size, 3); float32, an FID tool's images as the
+        network's input (3, size, size) (images.Preprocess.decoded_shape says why)."""
+        shape = (slots, size, size, 3) if np.dtype(dtype) == np.uint8 else (slots, 3, size, size)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         self.fd: int | None = None
         self._map: mmap.mmap | None = None

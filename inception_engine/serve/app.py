@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..engine import EngineFacts
-from ..ingest.images import Preprocess, normalize_u8
+from ..ingest.images import Preprocess, network_input
 from ..ingest.workers import decode_into
 from ..output import as_json
 from ..pipeline import Prediction, labelled, softmax
@@ -189,11 +189,11 @@ class Server:
     # ------------------------------------------------------------------------------------------- the computation
 
     async def decode(self, encoded: list[bytes], names: list[str]) -> np.ndarray:
-        """Each image decoded on the host (Pillow: torchvision's preprocessing exactly) in the decode threads, into
-        (n, size, size, 3) uint8: ProtocolError naming every image that could not be."""
+        """Each image decoded on the host (Pillow: the weight file's preprocessing exactly) in the decode threads,
+        into (n, *Preprocess.decoded_shape): ProtocolError naming every image that could not be."""
         loop = asyncio.get_running_loop()
-        pixels = np.empty((len(encoded), self.size, self.size, 3), np.uint8)
         pre, n = self.pre, len(encoded)
+        pixels = np.empty((n, *pre.decoded_shape), pre.pixel_dtype)
         step = -(-n // self.options.decode_workers)  # one task a thread: a future per image costs the loop more
 
         def decode_part(first: int) -> list[str | None]:
@@ -216,7 +216,7 @@ class Server:
             return Answer(top=tops)
         if req.encoded is not None:
             pixels = await self.decode(req.encoded, names)
-            x = await asyncio.get_running_loop().run_in_executor(self.decode_pool, normalize_u8, pixels,
+            x = await asyncio.get_running_loop().run_in_executor(self.decode_pool, network_input, pixels,
                                                                  self.pre)
         else:
             x = req.tensor

@@ -23,7 +23,7 @@ cuda_runner.DECODE_IMAGES: a decode call has a fixed cost of a few milliseconds,
 amortise): it is decoded in one call and classified a batch at a time, as inception-run's folder job does.
 
 Jobs: ``encoded`` (image files' bytes, decoded by the runner on the GPU: --decode gpu), ``pixels`` (images decoded
-on the host, (n, size, size, 3) uint8) -> per image its top-k (index, probability) pairs or its error message;
+on the host, (n, *Preprocess.decoded_shape)) -> per image its top-k (index, probability) pairs or its error message;
 ``tensor`` ((n, 3, size, size) float32, normalised) -> (n, classes) float32 logits.
 """
 
@@ -100,7 +100,7 @@ class DeviceWorker:
                 range(1, batch + 1)))
             for b in sizes:
                 runner = self.engine.runner(b)
-                ring = HostRing(runner.batch, self.size, shared=False)
+                ring = HostRing(runner.batch, self.size, shared=False, dtype=self.engine.preprocess.pixel_dtype)
                 self.runners.append((runner, ring))
                 runner.attach(ring)
         except BaseException:
@@ -130,7 +130,8 @@ class DeviceWorker:
         for runner, _ in self.runners:
             n = self.encoded_batch if runner is self.runners[-1][0] else runner.batch
             kind, data = (("encoded", [img.getvalue()] * n) if self.engine.decode == "gpu" else
-                          ("pixels", np.zeros((n, self.size, self.size, 3), np.uint8)))
+                          ("pixels", np.zeros((n, *self.engine.preprocess.decoded_shape),
+                                              self.engine.preprocess.pixel_dtype)))
             job = Job(kind, data, ["warm-up"] * n, 1)
             result = self.result(job, self.submit(job))
             if isinstance(result[0], str):

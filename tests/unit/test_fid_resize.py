@@ -76,9 +76,11 @@ def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
     manifest = {"network": "fid", "input": {"mean": [0.5] * 3, "std": [0.5] * 3, "size": 299, "resize": 299}}
     pre = Preprocess.from_manifest(manifest)  # the FID network's default: pytorch-fid's
     assert (pre.mode, pre.mean, pre.pixel_dtype) == ("pytorch-fid", (0.5,) * 3, np.float32)
-    got = decode_u8(path, pre)
-    np.testing.assert_allclose(got, pytorch_fid_resize(rgba[:, :, :3]), rtol=1e-6)
+    got = decode_u8(path, pre)  # decoded straight to the network's input (Preprocess.decoded_shape)
+    assert got.shape == pre.decoded_shape == (3, 299, 299) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, normalize_u8(pytorch_fid_resize(rgba[:, :, :3]), pre))
     x = load_image(path, pre)  # 2x - 1 of the resized [0, 1] image, as pytorch-fid's normalize_input
+    np.testing.assert_array_equal(x, got)
     np.testing.assert_allclose(x, np.moveaxis(pytorch_fid_resize(rgba[:, :, :3]) / 255.0 * 2 - 1, -1, 0), atol=1e-6)
     clean = Preprocess.from_manifest(manifest, mode="clean-fid")
     y = normalize_u8(fid_pixels(Image.fromarray(rgba[:, :, :3]), "clean-fid")[None], clean)[0]
