@@ -554,11 +554,17 @@ def test_a_server_of_the_fid_network_numbers_its_classes(tmp_path, images):
 
     manifest = {"network": "fid", "count_include_pad": False, "input": {"mean": [0.5] * 3, "std": [0.5] * 3,
                                                                        "size": 75, "resize": 75}}
-    served = start_server(save_weights(tmp_path / "fid.npz", random_arrays(7, "fid"), manifest), "--max-batch", "4")
+    weights = save_weights(tmp_path / "fid.npz", random_arrays(7, "fid"), manifest)
+    served = start_server(weights, "--max-batch", "4")
     try:
         status, doc = post(f"{served.url}/v1/classify?top_k=40", images[0].read_bytes())
         assert status == 200, doc
         named = [(t["index"], t["label"]) for t in doc["top"]]
+        # the server's host decoding gives the network pytorch-fid's fractional pixels, as a local run does
+        with Engine(weights, backend="cpu", batch_size=1) as engine:
+            want = engine.predict([images[0]], top_k=40)[0].top
+        assert [t["index"] for t in doc["top"]] == [i for i, _, _ in want]
+        np.testing.assert_allclose([t["prob"] for t in doc["top"]], [p for _, _, p in want], rtol=1e-5)
         client = httpclient.InferenceServerClient(served.host_port, network_timeout=120.0)
         try:
             assert [o["shape"] for o in client.get_model_metadata(MODEL)["outputs"]] == [[-1, 1008]] * 2
