@@ -59,7 +59,8 @@ def test_frechet_distance_agrees_with_scipys_sqrtm(n, d):
 
 def test_trace_sqrt_product_hand_computed():
     # diagonal: tr sqrt(diag(a) diag(b)) = sum sqrt(a_i b_i)
-    assert trace_sqrt_product(np.diag([4.0, 9.0, 0.0]), np.diag([1.0, 4.0, 5.0])) == pytest.approx(2 + 6)
+    assert trace_sqrt_product(np.diag([4.0, 9.0, 0.0]), np.diag([1.0, 4.0, 5.0])) == pytest.approx(2 + 6)  # singular
+    assert trace_sqrt_product(np.diag([4.0, 9.0, 1.0]), np.diag([1.0, 4.0, 5.0])) == pytest.approx(8 + 5 ** 0.5)
     # 1-d Gaussians: (m1 - m2)^2 + (s1 - s2)^2
     assert frechet_distance(np.array([1.0]), np.array([[4.0]]), np.array([3.0]), np.array([[9.0]])) == \
         pytest.approx(4 + 1)
