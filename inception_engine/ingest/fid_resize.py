@@ -10,9 +10,9 @@
   resized as a float32 Pillow image (mode "F") to 299x299 with ``Image.BICUBIC`` and clipped to [0, 255], not
   quantised; its network then scales by (x - 128) / 128 (mean = std = 128/255 here).
 
-The two FID resizes give fractional pixels: they travel as float32 in [0, 255] (``Preprocess.pixel_dtype``), and
-the host normalises them (x / 255 - mean) / std in float32. pytorch-fid divides by 255 before it interpolates; both
-are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. With --decode gpu the GPU
+The two FID resizes give fractional pixels, float32 in [0, 255], which the decode worker normalises (x / 255 -
+mean) / std in float32 into the network's input (images.Preprocess.decoded_shape). pytorch-fid divides by 255 before
+it interpolates; both are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. With --decode gpu the GPU
 decoder's resizes (gpu_fid_resize.py, resize_fid.cu) reproduce both on the GPU.
 """
 
@@ -48,11 +48,20 @@ def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
 
 
 def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation, in float64,
-    columns then rows (torch's order), two taps each: gathers of the uint8 columns and of whole rows, no matrix
-    product (the decode workers run it side by side, and a multi-threaded BLAS in each would oversubscribe the
-    cores)."""
+    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation.
+
+    Enlarging (H, W <= size, generators' 256 x 256 and smaller): Pillow's bilinear resize of each channel as a float32
+    image. Where it does not shrink, Pillow's triangle filter keeps its support of one pixel, so each output takes
+    torch's two taps with torch's weights (the same source position (i + 0.5) * in / out - 0.5, clamped at the
+    edges); it sums in double and rounds to float32 between its two passes: within one float32 step of the float64
+    result, about 3x faster. Shrinking (Pillow would widen the filter: antialiasing, which torch's bilinear does not
+    do): the float64 taps, columns then rows (torch's order), as gathers of uint8 columns and of whole rows, no
+    matrix product (the decode workers run it side by side, and a multi-threaded BLAS in each would oversubscribe
+    the cores)."""
     h, w = rgb.shape[:2]
+    if h <= size and w <= size:
+        return np.stack([np.asarray(Image.fromarray(rgb[:, :, c].astype(np.float32), mode="F")
+                                    .resize((size, size), resample=Image.BILINEAR)) for c in range(3)], axis=2)
     (ylo, yhi, fy), (xlo, xhi, fx) = bilinear_taps(h, size), bilinear_taps(w, size)
     cols = rgb[:, xlo] * (1.0 - fx)[None, :, None]
     cols += rgb[:, xhi] * fx[None, :, None]

@@ -89,3 +89,15 @@ def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
     assert tv.mean == (0.5,) * 3 and decode_u8(path, tv).dtype == np.uint8  # the weight file's scaling
     with pytest.raises(EngineError, match="choose one of"):
         Preprocess.from_manifest(manifest, mode="tf")
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (128, 299), (37, 200)])
+def test_enlarging_through_pillow_is_within_a_float32_step_of_the_float64_taps(shape):
+    """pytorch_fid_resize takes Pillow's float32 bilinear where no axis shrinks: the same taps and weights as torch's,
+    one float32 rounding between its passes."""
+    rgb = np.random.default_rng(shape[1]).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    rows, cols = bilinear_weights(shape[0], 299), bilinear_weights(shape[1], 299)
+    exact = np.einsum("ph,hwc,qw->pqc", rows, rgb.astype(np.float64), cols, optimize=True)
+    got = pytorch_fid_resize(rgb)
+    assert got.dtype == np.float32 and got.shape == (299, 299, 3)
+    assert np.abs(got - exact).max() <= 2 * np.spacing(np.float32(255))
