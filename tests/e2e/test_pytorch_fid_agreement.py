@@ -1,7 +1,9 @@
 """Issue 52's check where PyTorch and pytorch-fid are installed (the GPU machine; never the default test install,
 which skips this file): the same random weights in pytorch-fid's own modules, exported to ONNX and converted, and
 the same two folders of images give pytorch-fid's FID within 1e-4 relative, with its preprocessing (--resize
-pytorch-fid) on the cpu backend and, where a GPU is usable, the cuda backend in fp32.
+pytorch-fid) on the cpu backend and, where a GPU is usable, the cuda backend in fp32; and, where clean-fid is
+installed too, clean-fid's FID in its "clean" mode (--resize clean-fid) with the same network as its feature
+extractor (its own network, NVIDIA's TorchScript port, is a download).
 
 pytorch-fid's InceptionV3 is built with pytorch-fid's FID Inception replaced by the same modules with random weights
 (its weights are a download; the random ones are He-initialised, BatchNorm statistics random, so that activations
@@ -109,4 +111,37 @@ def test_fid_equals_pytorch_fids_within_1e_4(setup, backend, decode):
     assert doc["resize"] == "pytorch-fid" and doc["network"] == "fid"
     print(f"{backend}, decode {decode}: FID {doc['fid']:.8f}, pytorch-fid's {want:.8f}, "
           f"rel {abs(doc['fid'] - want) / want:.2e}")
+    assert want > 0 and abs(doc["fid"] - want) <= 1e-4 * want
+
+
+def clean_fids_own(model, folders) -> float:
+    """clean-fid's compute_fid of the folders in its "clean" mode (its loading, its float32 Pillow bicubic resize,
+    its FID), ``model``'s pool features as its feature extractor on its [0, 255] input scaled as its own network
+    scales it, (x - 128) / 128."""
+    cleanfid = pytest.importorskip("cleanfid.fid")
+    export_script().pytorch_fid_on_this_scipy()
+    original = pf_inception.fid_inception_v3
+    pf_inception.fid_inception_v3 = lambda: model
+    try:  # pytorch-fid's wrapper for the pool features, with neither its resize nor its scaling
+        net = pf_inception.InceptionV3([pf_inception.InceptionV3.BLOCK_INDEX_BY_DIM[2048]], resize_input=False,
+                                       normalize_input=False).eval()
+    finally:
+        pf_inception.fid_inception_v3 = original
+
+    def features(x):
+        return net((x - 128) / 128)[0].flatten(1)
+
+    return float(cleanfid.compute_fid(str(folders[0]), str(folders[1]), mode="clean", custom_feat_extractor=features,
+                                      device=torch.device("cpu"), num_workers=0, batch_size=8, verbose=False))
+
+
+def test_clean_fid_mode_equals_clean_fids_within_1e_4(setup):
+    model, weights, folders = setup
+    want = clean_fids_own(model, folders)
+    r = runner().invoke(fid_command.fid_cmd, [str(folders[0]), str(folders[1]), "--weights", str(weights),
+                                               "--backend", "cpu", "--resize", "clean-fid", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["resize"] == "clean-fid"
+    print(f"clean-fid mode: FID {doc['fid']:.8f}, clean-fid's {want:.8f}, rel {abs(doc['fid'] - want) / want:.2e}")
     assert want > 0 and abs(doc["fid"] - want) <= 1e-4 * want
