@@ -12,8 +12,8 @@
 
 The two FID resizes give fractional pixels, float32 in [0, 255], which the decode worker normalises (x / 255 -
 mean) / std in float32 into the network's input (images.Preprocess.decoded_shape). pytorch-fid divides by 255 before
-it interpolates; both are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. With --decode gpu the GPU
-decoder's resizes (gpu_fid_resize.py, resize_fid.cu) reproduce both on the GPU.
+it interpolates; both are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. With
+--decode gpu the GPU decoder's resizes (gpu_fid_resize.py, resize_fid.cu) reproduce both on the GPU.
 """
 
 from __future__ import annotations
