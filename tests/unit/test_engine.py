@@ -412,3 +412,12 @@ def test_padded_forward_cuts_a_partial_batch_to_its_images(weights):
         want_logits, want_feats = engine.forward(x, features=True)
         np.testing.assert_allclose(forward(x), want_logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(feats, want_feats, rtol=1e-5, atol=1e-6)
+
+
+def test_classify_pixels_refuses_an_fid_preprocessing_in_one_line():
+    """The FID tools' preprocessing decodes to the network's input, not to uint8 pixels (Preprocess.decoded_shape):
+    classify_pixels, which takes uint8 pixels decoded elsewhere (Ray Data's workers), says so before any work."""
+    with Engine(random_weights(0, "fid"), backend="cpu", batch_size=2) as engine:
+        with pytest.raises(EngineError, match="pytorch-fid preprocessing decodes to the network's input") as e:
+            engine.classify_pixels(np.zeros((1, 299, 299, 3), np.uint8))
+        assert "\n" not in str(e.value)
