@@ -1,10 +1,11 @@
 """A soak of inception-serve (``dev/bench_serve.py --soak SECONDS``): an open loop at a fixed rate (``--rate``
-requests/s, or ``--soak-load`` of the saturated rate, measured first with a closed loop of ``--soak-concurrency``),
-for SECONDS, while the server's memory is sampled every ``--sample-every`` seconds: the resident memory of its
-processes (the command's process and every one below it: front-ends, device processes; RSS summed, and PSS, which
-counts shared pages once) and the GPUs' used memory (nvidia-smi, where there is one). Then: failed requests (the
-first messages), the memory's trend (the mean of the first window against the last, a window being a minute or a
-fifth of the soak, whichever is shorter; and the least-squares slope after the first window) and a verdict:
+requests/s, or ``--soak-load`` of the saturated rate, measured first with a closed loop of ``--soak-concurrency``
+after as long a closed loop to warm the server), for SECONDS, while the server's memory is sampled every
+``--sample-every`` seconds: the resident memory of its processes (the command's process and every one below it:
+front-ends, device processes; RSS summed, and PSS, which counts shared pages once) and the GPUs' used memory
+(nvidia-smi, where there is one). Then: failed requests (the first messages), the memory's trend (the mean of the
+first window against the last, a window being a minute or a fifth of the soak, whichever is shorter; and the
+least-squares slope after the first window) and a verdict:
 
     PASS where no request failed, the host's memory grew by at most max(64 MiB, 5 %) and the GPUs' by at most
     32 MiB between the first window and the last.
@@ -111,6 +112,9 @@ def soak(args: argparse.Namespace, pid: int, url: str, files: list[Path]) -> dic
     size = args.sizes[-1]
     rate = args.rate
     if not rate:
+        # load first, then probe: on a server fresh from its warm-up the probe measured 7,806 images/s where the
+        # sweep's same row, after ~15 s of other rows, measured 11,595 (H100, 2026-12-06)
+        load_point("inception", url, files, size, "closed", args.soak_concurrency, args.seconds, args.client_procs)
         probe = load_point("inception", url, files, size, "closed", args.soak_concurrency, args.seconds,
                            args.client_procs)
         rate = args.soak_load * probe["requests_s"]
