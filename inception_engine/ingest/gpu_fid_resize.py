@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.cuda.kernels import Kernels, launch_async, spec
-from .gpu_resize import CHANNELS, QueuedResize, Staged, upright_views
+from .gpu_resize import CHANNELS, QueuedResize, Staged
 from .pil_resize import pillow_vertical_first_rule, vertical_first
 
 # resize_fid.cu's RESIZE_FID_JOB: src, in_h, in_w, in_row, in_col, slot
@@ -41,18 +41,9 @@ class GpuFidResize(QueuedResize):
     def _staged(self) -> tuple[Staged, ...]:
         return self._jobs, self._scaling
 
-    def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
-                       slots: np.ndarray, y_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
-        """``enqueue`` with the images as arrays (address, height, width, row pitch as stored, slot, EXIF orientation:
-        all 1 where None)."""
-        self.wait()
-        if len(ptr) == 0:
-            return
-        if orientation is None:
-            orientation = np.ones(len(ptr), np.int64)
-        origin, h, w, row, col = upright_views(ptr.astype(np.int64), height.astype(np.int64),
-                                               width.astype(np.int64), pitch.astype(np.int64), orientation)
-        table = np.stack([origin, h, w, row, col, slots.astype(np.int64)], axis=1)
+    def _enqueue_upright(self, origin: np.ndarray, h: np.ndarray, w: np.ndarray, row: np.ndarray, col: np.ndarray,
+                         slots: np.ndarray, y_ptr: int, stream: Any) -> None:
+        table = np.stack([origin, h, w, row, col, slots], axis=1)
         assert table.shape[1] == JOB_FIELDS
         scaling = self._scaling.upload([self._mean_std], stream)
         jobs = self._jobs.upload([np.ascontiguousarray(table)], stream)
@@ -130,15 +121,8 @@ class GpuCleanFidResize(QueuedResize):
     def _staged(self) -> tuple[Staged, ...]:
         return self._starts, self._weights, self._jobs, self._scaling
 
-    def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
-                       slots: np.ndarray, y_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
-        self.wait()
-        if len(ptr) == 0:
-            return
-        if orientation is None:
-            orientation = np.ones(len(ptr), np.int64)
-        origin, h, w, row, col = upright_views(ptr.astype(np.int64), height.astype(np.int64),
-                                               width.astype(np.int64), pitch.astype(np.int64), orientation)
+    def _enqueue_upright(self, origin: np.ndarray, h: np.ndarray, w: np.ndarray, row: np.ndarray, col: np.ndarray,
+                         slots: np.ndarray, y_ptr: int, stream: Any) -> None:
         scheds = [clean_schedule(int(a), int(b), self.size) for a, b in zip(h, w)]
         starts, weights, s_at, w_at = [], [], 0, 0
         offsets = []
@@ -163,7 +147,7 @@ class GpuCleanFidResize(QueuedResize):
                           mid_cols, row, col, vertical, slots], axis=1)
         second = np.stack([mid, np.zeros_like(mid), start_dev + 4 * off[:, 2], weight_dev + 8 * off[:, 3], taps2,
                            np.full_like(mid, size), np.full_like(mid, size), mid_cols * CHANNELS,
-                           np.full_like(mid, CHANNELS), 1 - vertical, slots.astype(np.int64)], axis=1)
+                           np.full_like(mid, CHANNELS), 1 - vertical, slots], axis=1)
         assert first.shape[1] == second.shape[1] == CLEAN_JOB_FIELDS
         scaling = self._scaling.upload([self._mean_std], stream)
         base = self._jobs.upload([first, second], stream)

@@ -151,6 +151,21 @@ class QueuedResize:
 
     def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
                        slots: np.ndarray, dst_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
+        """``enqueue`` with the images as arrays (address, height, width, row pitch as stored, slot, EXIF orientation:
+        all 1 where None), once the last batch no longer needs the buffers: the subclass's ``_enqueue_upright`` of
+        the images seen upright (upright_views)."""
+        self.wait()
+        if len(ptr) == 0:
+            return
+        if orientation is None:
+            orientation = np.ones(len(ptr), np.int64)
+        origin, h, w, row, col = upright_views(ptr.astype(np.int64), height.astype(np.int64),
+                                               width.astype(np.int64), pitch.astype(np.int64), orientation)
+        self._enqueue_upright(origin, h, w, row, col, slots.astype(np.int64), dst_ptr, stream)
+
+    def _enqueue_upright(self, origin: np.ndarray, height: np.ndarray, width: np.ndarray, row: np.ndarray,
+                         col: np.ndarray, slots: np.ndarray, dst_ptr: int, stream: Any) -> None:
+        """The batch's launches for upright images (upright_views' address, height, width, row and column steps)."""
         raise NotImplementedError
 
     def _staged(self) -> tuple[Staged, ...]:
@@ -201,18 +216,10 @@ class GpuResizeCrop(QueuedResize):
     def _staged(self) -> tuple[Staged, ...]:
         return self._tables, self._jobs
 
-    def enqueue_arrays(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, pitch: np.ndarray,
-                       slots: np.ndarray, dst_ptr: int, stream: Any, orientation: np.ndarray | None = None) -> None:
-        """``enqueue`` with the images as arrays (address, height, width, row pitch as stored, slot, EXIF orientation:
-        all 1 where None): Python work per distinct image size, not per image."""
-        self.wait()
-        if len(ptr) == 0:
-            return
+    def _enqueue_upright(self, ptr: np.ndarray, height: np.ndarray, width: np.ndarray, row: np.ndarray,
+                         col: np.ndarray, slots: np.ndarray, dst_ptr: int, stream: Any) -> None:
+        """Python work per distinct image size, not per image."""
         size = self.pre.size
-        if orientation is None:
-            orientation = np.ones(len(ptr), np.int64)
-        ptr, height, width, row, col = upright_views(ptr.astype(np.int64), height.astype(np.int64),
-                                                     width.astype(np.int64), pitch.astype(np.int64), orientation)
         sizes, image_size = np.unique(height << 32 | width, return_inverse=True)
         scheds = [schedule(int(k >> 32), int(k & 0xFFFFFFFF), self.pre.resize, size) for k in sizes]
         pieces, offsets, pos = [], [], 0  # each size's coefficient tables, once
