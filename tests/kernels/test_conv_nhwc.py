@@ -191,6 +191,10 @@ def test_nhwc_needs_channel_counts_in_pieces_and_fp32_needs_wgmma():
 # --- kernels on the emulator and on the GPU ------------------------------------------------------------------------
 
 
+# kernel argument formats (kernels.arg_format) as ctypes types, for the emulator's entry points
+C_TYPE = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
+
+
 class Emulated:
     """Device memory is host memory; launches go to the emulator library's emu_<kernel> entry points."""
 
@@ -199,8 +203,8 @@ class Emulated:
     def __init__(self, lib: ctypes.CDLL):
         self.lib, self.keep = lib, []
 
-    def alloc(self, nbytes: int) -> int:
-        raw = np.full(nbytes + 256, 0xFF, np.uint8)
+    def alloc(self, nbytes: int, poison: int = 0xFF) -> int:
+        raw = np.full(nbytes + 256, poison, np.uint8)
         self.keep.append(raw)
         return raw.ctypes.data + (-raw.ctypes.data % 256)
 
@@ -217,8 +221,7 @@ class Emulated:
             if spec.maps:  # the TMA tiles' tensor maps, in the emulator's own format
                 self.write(spec.args[-1], encode_all(spec.maps, emulated))
             fn = getattr(self.lib, f"emu_{spec.kernel}")
-            fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.c_void_p if c == "P" else ctypes.c_int
-                                                 for c in arg_format(spec.kernel)]
+            fn.argtypes = [ctypes.c_uint] * 4 + [C_TYPE[c] for c in arg_format(spec.kernel)]
             fn(*spec.grid, spec.block[0], *spec.args)
 
     def close(self) -> None:
@@ -229,9 +232,9 @@ class OnGpu:
     def __init__(self, kernels: Kernels, arch: str):
         self.kernels, self.allocs, self.wgmma = kernels, [], cuda_build.has_wgmma(arch)
 
-    def alloc(self, nbytes: int) -> int:
+    def alloc(self, nbytes: int, poison: int = 0xFF) -> int:
         a = driver().mem_alloc(max(nbytes, 1))
-        driver().memset_d8(int(a), 0xFF, max(nbytes, 1))
+        driver().memset_d8(int(a), poison, max(nbytes, 1))
         self.allocs.append(a)
         return int(a)
 

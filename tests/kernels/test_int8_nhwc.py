@@ -25,7 +25,6 @@ backends/int8_reference.py.
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
@@ -37,18 +36,18 @@ from inception_engine.backends.cuda.cost_model import ConvConfig
 from inception_engine.backends.cuda.families.conv_input_nhwc import input_conv_specs, inv_scale
 from inception_engine.backends.cuda.families.pool_nhwc import nhwc_gap_spec, nhwc_pool_spec, requant_ratio
 from inception_engine.backends.cuda.kernels import arg_format
-from inception_engine.backends.cuda.launch import Launch, LaunchSpec
+from inception_engine.backends.cuda.launch import LaunchSpec
 from inception_engine.backends.cuda.params import direct_weights
 from inception_engine.backends.cuda.tiles import INPUT_TILE, input_tile
 from inception_engine.backends.numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d
 from inception_engine.plan import ConvOp, GlobalAvgPoolOp, PoolOp, View
 
 from helpers.mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rng_for
+from test_conv_nhwc import Emulated, OnGpu
 
 KERNELS = ("pool2d_nhwc_i8", "pool2d_nhwc_i8_k3s1", "global_avg_pool_nhwc_i8",
            "conv_input_nhwc_i8", "conv_input_mma_nhwc_i8")
 POISON = 0x80  # int8 -128: never written by an int8 kernel
-C_TYPE = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
 
 
 # --- CPU, NumPy ----------------------------------------------------------------------------------------------------
@@ -104,68 +103,6 @@ def test_fma32_rounds_once():
 # --- kernels on the emulator and on the GPU ------------------------------------------------------------------------
 
 
-class Emulated:
-    """Device memory is host memory; launches go to the emulator library's emu_<kernel> entry points."""
-
-    def __init__(self, lib: ctypes.CDLL):
-        self.lib, self.keep = lib, []
-
-    def alloc(self, nbytes: int, poison: int) -> int:
-        raw = np.full(nbytes + 256, poison, np.uint8)
-        self.keep.append(raw)
-        return raw.ctypes.data + (-raw.ctypes.data % 256)
-
-    def write(self, ptr: int, a: np.ndarray) -> None:
-        ctypes.memmove(ptr, np.ascontiguousarray(a).ctypes.data, a.nbytes)
-
-    def read(self, ptr: int, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        out = np.empty(shape, dtype)
-        ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
-        return out
-
-    def launch(self, spec: LaunchSpec) -> None:
-        fn = getattr(self.lib, f"emu_{spec.kernel}")
-        fn.argtypes = [ctypes.c_uint] * 4 + [C_TYPE[c] for c in arg_format(spec.kernel)]
-        fn(*spec.grid, spec.block[0], *spec.args)
-
-
-class OnGpu:
-    def __init__(self, kernels):
-        self.kernels, self.allocs = kernels, []
-
-    def alloc(self, nbytes: int, poison: int) -> int:
-        from inception_engine.backends.cuda.device import driver
-
-        a = driver().mem_alloc(max(nbytes, 1))
-        driver().memset_d8(int(a), poison, max(nbytes, 1))
-        self.allocs.append(a)
-        return int(a)
-
-    def write(self, ptr: int, a: np.ndarray) -> None:
-        from inception_engine.backends.cuda.device import driver
-
-        driver().memcpy_htod(ptr, np.ascontiguousarray(a))
-
-    def read(self, ptr: int, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        from inception_engine.backends.cuda.device import driver
-
-        out = np.empty(shape, dtype)
-        driver().Context.synchronize()
-        driver().memcpy_dtoh(out, ptr)
-        return out
-
-    def launch(self, spec: LaunchSpec) -> None:
-        from inception_engine.backends.cuda.device import driver
-
-        Launch(spec, self.kernels[spec.kernel])(None)
-        driver().Context.synchronize()
-
-    def close(self) -> None:
-        for a in self.allocs:
-            a.free()
-        self.allocs = []
-
-
 @pytest.fixture(scope="module")
 def emu(build_cache_dir):
     if NVCC is None:
@@ -177,7 +114,7 @@ def emu(build_cache_dir):
 
 @pytest.fixture(scope="module")
 def gpu_mem(gpu):
-    mem = OnGpu(gpu[1])
+    mem = OnGpu(gpu[1], gpu[0].arch)
     yield mem
     mem.close()
 
@@ -247,8 +184,8 @@ def test_pool_i8(mem, case):
     spec = nhwc_pool_spec(op, 0, "int8", ratio=requant_ratio(s_in, s_out))
     want_kernel = "pool2d_nhwc_i8_k3s1" if kernel == 3 and stride == 1 else "pool2d_nhwc_i8"
     assert spec.kernel == want_kernel and spec.args[0] == src.c_offset and spec.args[1] == dst.c_offset
-    mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, spec.block,
-                          (x_ptr + src.c_offset, y_ptr + dst.c_offset) + spec.args[2:]))
+    mem.launch([LaunchSpec(spec.op, spec.kernel, spec.grid, spec.block,
+                           (x_ptr + src.c_offset, y_ptr + dst.c_offset) + spec.args[2:])])
     got = get_i8(mem, y_ptr, dst.shape, dst.c_offset, c)
     layer = arch.Pool("pool", "x", kind, kernel, stride, pad, include)
     pooled = ref.pool_int8(q, layer)
@@ -271,7 +208,7 @@ def test_pool_i8_poison_catches_an_unwritten_piece(mem):
     spec = nhwc_pool_spec(op, 0, "int8")
     # 16 rows of 4 runs of 4 pixels, a thread a run: 64 threads, one block; launch none of it but half (8 rows)
     assert spec.kernel == "pool2d_nhwc_i8_k3s1" and spec.grid[0] == 1
-    mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, (32, 1, 1), (x_ptr, y_ptr) + spec.args[2:]))
+    mem.launch([LaunchSpec(spec.op, spec.kernel, spec.grid, (32, 1, 1), (x_ptr, y_ptr) + spec.args[2:])])
     with pytest.raises(AssertionError, match="2048 output elements not written"):
         get_i8(mem, y_ptr, dst.shape, 0, c)
 
@@ -288,8 +225,8 @@ def test_global_avg_pool_i8_writes_float32_features(mem):
     spec = nhwc_gap_spec(GlobalAvgPoolOp("gap", src, View("f", 0, (n, c, 1, 1), 0, c)), 0, 0, "int8", scale)
     args = dict(zip(("x", "y", "batch", "channels", "hw", "x_cstride", "y_bstride", "scale"), spec.args))
     assert args["x"] == before and args["hw"] == hw * hw and args["x_cstride"] == before + c
-    mem.launch(LaunchSpec(spec.op, spec.kernel, spec.grid, spec.block,
-                          (x_ptr + before, y_ptr, n, c, hw * hw, before + c, c + 16, args["scale"])))
+    mem.launch([LaunchSpec(spec.op, spec.kernel, spec.grid, spec.block,
+                           (x_ptr + before, y_ptr, n, c, hw * hw, before + c, c + 16, args["scale"]))])
     got = mem.read(y_ptr, (n, c + 16), np.float32)
     assert np.isnan(got[:, c:]).all(), "wrote past each row's features"
     got = got[:, :c].astype(np.float64)
@@ -369,7 +306,7 @@ def test_input_conv_i8(mem, case, tile):
     cfg = ConvConfig(tile, 1, cin * kernel[0] * kernel[1], 0.0)
     specs = input_conv_specs(op, cfg, ptrs[0], cin, y_ptr + before, ptrs[1], ptrs[2], "int8", 1, inv_scale(scale))
     assert [s.kernel for s in specs] == ["conv_input_nhwc_i8" if tile == INPUT_TILE else "conv_input_mma_nhwc_i8"]
-    mem.launch(specs[0])
+    mem.launch([specs[0]])
     got = get_i8(mem, y_ptr, op.dst.shape, before, cout)
     diff = np.abs(got.astype(np.int32) - ref.quantize(float_out, scale))
     if tile == INPUT_TILE:
