@@ -23,12 +23,12 @@ from PIL import Image
 
 from inception_engine.backends.cuda.device import driver
 from inception_engine.errors import EngineError
-from inception_engine.ingest import gpu_fid_resize, gpu_resize, jpeg_decode
+from inception_engine.ingest import gpu_fid_resize, jpeg_decode
 from inception_engine.ingest.fid_resize import FID_SIZE, MODE_SCALING, clean_fid_resize, pytorch_fid_resize
 from inception_engine.ingest.images import Preprocess, decode_u8, normalize_u8
 
-# the stand-ins of jpeg_batch.c and the JPEG makers of resize_pil.cu's tests (this folder is on sys.path)
-from test_resize_pil import FakeNative, jpeg_bytes, png_bytes, turned_jpeg
+# resize_pil.cu's tests' device buffers, stand-ins of jpeg_batch.c and JPEG makers (this folder is on sys.path)
+from test_resize_pil import Device, FakeNative, jpeg_bytes, png_bytes, turned_jpeg
 
 MEAN, STD = MODE_SCALING["pytorch-fid"]
 PRE = Preprocess(mean=(MEAN,) * 3, std=(STD,) * 3, mode="pytorch-fid")
@@ -51,30 +51,6 @@ def upright(a: np.ndarray, orientation: int) -> np.ndarray:
 def cpu_input(a: np.ndarray) -> np.ndarray:
     """The CPU path's network input for the upright image a: (3, 299, 299) float32."""
     return normalize_u8(pytorch_fid_resize(a), PRE)
-
-
-class Device:
-    """Device buffers for one test, freed at the end."""
-
-    def __init__(self) -> None:
-        self.allocs: list[Any] = []
-
-    def alloc(self, nbytes: int) -> int:
-        a = driver().mem_alloc(max(nbytes, 4))
-        self.allocs.append(a)
-        return int(a)
-
-    def upload(self, a: np.ndarray, pad: int) -> gpu_resize.DeviceImage:
-        h, w, _ = a.shape
-        rows = np.full((h, w * 3 + pad), 0xEE, np.uint8)  # the pad, never to be read
-        rows[:, :w * 3] = a.reshape(h, -1)
-        ptr = self.alloc(rows.nbytes)
-        driver().memcpy_htod(ptr, rows)
-        return gpu_resize.DeviceImage(ptr, h, w, w * 3 + pad)
-
-    def free(self) -> None:
-        for a in self.allocs:
-            a.free()
 
 
 @pytest.fixture

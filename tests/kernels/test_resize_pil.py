@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +28,13 @@ from inception_engine.ingest.images import Preprocess, decode_u8, resize_crop
 from inception_engine.ingest.pil_resize import resize_crop_u8
 
 from helpers.fake_codec import FakeCodec
+from helpers.gpu_buffers import rng_for
 
 
 pytestmark = pytest.mark.gpu
 
 PRE = Preprocess()
 SLOT = PRE.size * PRE.size * 3
-
-
-def rng_for(*key: object) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 class Device:
