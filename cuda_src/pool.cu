@@ -13,6 +13,7 @@
 // Launch: pool2d: block 256, grid ceil(batch*channels*Ho*Wo / 256).
 //         global_avg_pool: block 256 (8 warps), grid ceil(batch*channels / 8).
 #include "common.cuh"
+#include "pool_window.cuh"
 
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     pool2d(const float* __restrict__ x, float* __restrict__ y, int batch, int channels, int h, int w,
@@ -23,21 +24,11 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     const int ow = idx % wo, oh = (idx / wo) % ho, c = (idx / (wo * ho)) % channels, b = idx / (wo * ho * channels);
     const float* xp = x + (size_t)b * x_bstride + (size_t)c * h * w;
     const int h0 = oh * stride - pad, w0 = ow * stride - pad;
-    float acc = is_max ? -INFINITY : 0.f;
-    int inside = 0;
-    for (int r = 0; r < kernel; ++r) {
-        const int ih = h0 + r;
-        if ((unsigned)ih >= (unsigned)h) continue;
-        for (int s = 0; s < kernel; ++s) {
-            const int iw = w0 + s;
-            if ((unsigned)iw >= (unsigned)w) continue;
-            const float v = __ldg(xp + ih * w + iw);
-            acc = is_max ? fmaxf(acc, v) : acc + v;
-            ++inside;
-        }
-    }
-    if (!is_max) acc /= (float)(count_include_pad ? kernel * kernel : inside);
-    y[(size_t)b * y_bstride + (size_t)c * ho * wo + oh * wo + ow] = acc;
+    float acc[1] = {is_max ? -INFINITY : 0.f};
+    const auto load = [&](float (&v)[1], size_t pixel) { v[0] = __ldg(xp + pixel); };  // image 0 of the plane xp
+    const int inside = pool_window(acc, load, 0, h, w, h0, w0, kernel, is_max);
+    if (!is_max) acc[0] /= (float)(count_include_pad ? kernel * kernel : inside);
+    y[(size_t)b * y_bstride + (size_t)c * ho * wo + oh * wo + ow] = acc[0];
 }
 
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
