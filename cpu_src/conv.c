@@ -299,16 +299,11 @@ IE_AVX512 static void conv_task(void *arg, int task) {
 
 void ie_conv2d(const ie_conv *p, int threads) {
     conv_job job = {.p = p, .k = (int64_t)p->kh * p->kw * p->c, .panels = (p->ho * p->wo + NR - 1) / NR,
-                    .m_panels = (p->o + MR - 1) / MR, .m_chunks = 1};
-    // Runs of up to 8 adjacent panels a task, about 8 tasks a thread: threads working on neighbouring panels
-    // would share the cache lines at the panels' edges in every row of C.
-    job.panel_block = p->images * job.panels / (8 * threads);
-    job.panel_block = job.panel_block < 1 ? 1 : job.panel_block > 8 ? 8 : job.panel_block;
-    job.blocks = (job.panels + job.panel_block - 1) / job.panel_block;
-    // Few tasks: split M too, in chunks of at least 4 A panels, until there are 8 tasks a thread. The 17x17 layers
-    // have 10 panels (the last one pixel): 10 tasks on 2 threads take 5 panels' time where 4.5 would do, while a
-    // chunk repeats only the packing of its B panel.
-    while (p->images * job.blocks * job.m_chunks < 8 * threads && job.m_panels >= 8 * job.m_chunks)
-        job.m_chunks *= 2;
+                    .m_panels = (p->o + MR - 1) / MR};
+    // Few tasks: M split too until there are 8 a thread. The 17x17 layers have 10 panels (the last one pixel): 10
+    // tasks on 2 threads take 5 panels' time where 4.5 would do, while a chunk repeats only the packing of its B
+    // panel.
+    split_tasks(p->images, job.panels, job.m_panels, threads, 8 * threads, &job.panel_block, &job.blocks,
+                &job.m_chunks);
     ie_parallel(p->images * job.blocks * job.m_chunks, threads, conv_task, &job);
 }

@@ -43,6 +43,20 @@ IE_HIDDEN IE_AVX512 void plan_panel(const ie_conv *p, int stride_h, int n0, lane
 // ([k][NR]).
 IE_HIDDEN IE_AVX512 void pack_b(const ie_conv *p, const float *x, const lane_reads *plan, int vecs, int64_t k0,
                                 int kc, float *dst);
+// How a layer's GEMM is cut into tasks (conv.c's and winograd.c's): per image, runs of up to 8 adjacent B panels a
+// task, about 8 tasks a thread (threads on neighbouring panels would share the cache lines at the panels' edges in
+// every row of C); where that leaves fewer than min_tasks tasks, the A panels are split too, in chunks of at least
+// 4 A panels, doubling until there are. Sets *panel_block (B panels a task), *blocks (tasks an image and A chunk)
+// and *m_chunks; the tasks number images * blocks * m_chunks.
+static inline void split_tasks(int images, int panels, int m_panels, int threads, int min_tasks, int *panel_block,
+                               int *blocks, int *m_chunks) {
+    int pb = images * panels / (8 * threads);
+    pb = pb < 1 ? 1 : pb > 8 ? 8 : pb;
+    *panel_block = pb;
+    *blocks = (panels + pb - 1) / pb;
+    *m_chunks = 1;
+    while (images * *blocks * *m_chunks < min_tasks && m_panels >= 8 * *m_chunks) *m_chunks *= 2;
+}
 // C[0:rows, 0:16*vecs] = (first ? 0 : C) + A panel ([kc][MR]) * B panel ([kc][NR]); with last, + bias and ReLU.
 IE_HIDDEN IE_AVX512 void micro_kernel(int vecs, int kc, const float *a, const float *b, float *c, int64_t ldc,
                                       int rows, const __mmask16 *mask, int first, int last, const float *bias,

@@ -336,7 +336,7 @@ IE_AVX512 static void wino_task(void *arg, int task) {
 // Kernels up to MAX_N - 1 = 7 along each axis, not 1x1; stride 1. Output tiles are 2 along an axis the kernel
 // extends in, else 1.
 void ie_conv2d_winograd(const ie_conv *p, int threads) {
-    wino_job job = {.p = p, .tiles = *p, .m_panels = (p->o + MR - 1) / MR, .m_chunks = 1};
+    wino_job job = {.p = p, .tiles = *p, .m_panels = (p->o + MR - 1) / MR};
     job.mh = p->kh > 1 ? 2 : 1;
     job.mw = p->kw > 1 ? 2 : 1;
     job.nh = job.mh + p->kh - 1;
@@ -350,11 +350,7 @@ void ie_conv2d_winograd(const ie_conv *p, int threads) {
     job.tiles.kw = job.nw;
     job.tiles.stride = job.mw;  // along rows of tiles; plan_panel takes mh for the other axis
     job.panels = (job.tiles.ho * job.tiles.wo + NR - 1) / NR;
-    // As conv.c: runs of up to 8 panels a task, about 8 tasks a thread; split M where panels are few.
-    job.panel_block = p->images * job.panels / (8 * threads);
-    job.panel_block = job.panel_block < 1 ? 1 : job.panel_block > 8 ? 8 : job.panel_block;
-    job.blocks = (job.panels + job.panel_block - 1) / job.panel_block;
-    while (p->images * job.blocks * job.m_chunks < 4 * threads && job.m_panels >= 8 * job.m_chunks)
-        job.m_chunks *= 2;
+    split_tasks(p->images, job.panels, job.m_panels, threads, 4 * threads, &job.panel_block, &job.blocks,
+                &job.m_chunks);
     ie_parallel(p->images * job.blocks * job.m_chunks, threads, wino_task, &job);
 }
