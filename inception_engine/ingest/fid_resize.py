@@ -38,15 +38,6 @@ def bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, 
     return lo, np.minimum(lo + 1, in_size - 1), src - lo
 
 
-def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
-    """bilinear_taps as an (out_size, in_size) float64 matrix."""
-    lo, hi, frac = bilinear_taps(in_size, out_size)
-    m = np.zeros((out_size, in_size))
-    np.add.at(m, (np.arange(out_size), lo), 1.0 - frac)
-    np.add.at(m, (np.arange(out_size), hi), frac)
-    return m
-
-
 def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
     """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation.
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from inception_engine.errors import EngineError
-from inception_engine.ingest.fid_resize import bilinear_weights, clean_fid_resize, fid_pixels, pytorch_fid_resize
+from inception_engine.ingest.fid_resize import bilinear_taps, clean_fid_resize, fid_pixels, pytorch_fid_resize
 from inception_engine.ingest.images import Preprocess, decode_u8, load_image, normalize_u8
 
 
@@ -32,6 +32,15 @@ def torch_bilinear_reference(x: np.ndarray, out_h: int, out_w: int) -> np.ndarra
                 for c, wc in taps(j, w, out_w):
                     out[i, j] += wr * wc * x[r, c]
     return out
+
+
+def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
+    """fid_resize.bilinear_taps as an (out_size, in_size) float64 matrix."""
+    lo, hi, frac = bilinear_taps(in_size, out_size)
+    m = np.zeros((out_size, in_size))
+    np.add.at(m, (np.arange(out_size), lo), 1.0 - frac)
+    np.add.at(m, (np.arange(out_size), hi), frac)
+    return m
 
 
 def test_bilinear_weights_hand_computed_halving_and_doubling():
