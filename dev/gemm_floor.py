@@ -34,8 +34,8 @@ import numpy as np
 from inception_engine.backends import cuda as cb
 from inception_engine.bench import ceilings, gpu_name
 from inception_engine.bench_report import PEAK_TFLOPS
-from inception_engine.backends.cuda.backend import folds_max_pools
-from inception_engine.plan import ConvOp, Plan, fused_plan
+from inception_engine.backends.cuda.backend import prepare_plan
+from inception_engine.plan import ConvOp, Plan, build_plan
 from inception_engine.model_files import load_weights
 from inception_engine.weights import Weights
 
@@ -58,7 +58,7 @@ def gemm_shape(op: ConvOp) -> tuple[int, int, int]:
 
 def the_plan(precision: str, batch: int, weights: Weights) -> Plan:
     """The fused plan the cuda backend runs in this precision (int8 keeps its average pools before the convs)."""
-    return fused_plan(batch, weights.layers(), max_pools=folds_max_pools(precision), move_pools=precision != "int8")
+    return prepare_plan(build_plan(batch, weights.layers()), precision, nhwc=True, concurrent=True, fuse=True)
 
 
 def ours(precision: str, batch: int, iters: int, weights: Weights) -> tuple[float, dict[str, float], list[ConvOp]]:

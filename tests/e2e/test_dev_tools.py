@@ -304,7 +304,7 @@ def test_gemm_floor_counts_the_forwards_work(monkeypatch):
     # int8's plan keeps the average pools in front of their convs (more ops), the same GEMM work
     int8 = gemm_floor.op_floors("int8", 1, 1.0, 1.0)
     assert len(int8) > len(one) and sum(c for c, _ in int8.values()) == pytest.approx(11.43, abs=0.005)
-    conv = next(op for op in gemm_floor.fused_plan(2, gemm_floor.cb.he_weights(0).layers()).conv_ops
+    conv = next(op for op in gemm_floor.the_plan("fp16", 2, gemm_floor.cb.he_weights(0)).conv_ops
                 if op.name == "Conv2d_1a_3x3")
     assert gemm_floor.gemm_shape(conv) == (2 * 149 * 149, 32, 3 * 3 * 3)
 
