@@ -49,9 +49,9 @@ TWO_CHAINS = "import inception_engine.ingest.jpeg_decode as j; j.DECODE_CHAINS =
 # the pipeline's shape before decode chains: one decode call in flight, two batches outstanding on the GPU
 TWO_BATCHES = ("import inception_engine.cuda_runner as s; init = s.CudaRunner.__init__; "
                "s.CudaRunner.__init__ = lambda self, *a, **k: (init(self, *a, **k), setattr(self, 'depth', 2))[0]; ")
-# decode calls of 1,024 files instead of stream.DECODE_IMAGES (256): one decoder alone +22 % (dev/performance-log.md,
+# decode calls of 1,024 files instead of images.DECODE_IMAGES (256): one decoder alone +22 % (dev/performance-log.md,
 # round five, call AC), not yet measured in inception-run
-BIG_CALLS = "import inception_engine.cuda_runner as s; s.DECODE_IMAGES = 1024; "
+BIG_CALLS = "import inception_engine.ingest.images as s; s.DECODE_IMAGES = 1024; "
 VARIANTS = {"python-api": PYTHON_API, "one-chain": ONE_CHAIN + RUN, "two-chains": TWO_CHAINS + RUN,
             "one-chain-two-batches": ONE_CHAIN + TWO_BATCHES + RUN, "calls-of-1024": BIG_CALLS + RUN}
 # (noise, coarse cell): ~35 KB and ~95 KB at quality 90; "turned": the small files as a phone stores photos taken
@@ -249,7 +249,7 @@ def decoder_child(d: Path, start_at: float, seconds: float, gpu: int, gpus: int,
     from inception_engine.ingest import jpeg_decode
     from inception_engine.backends.cuda.device import Gpu, driver
     from inception_engine.backends.cuda.kernels import Kernels
-    from inception_engine.cuda_runner import DECODE_IMAGES
+    from inception_engine.ingest.images import DECODE_IMAGES
     from inception_engine.ingest.images import Preprocess, decode_u8
     from inception_engine.multi_gpu import cpu_share
 
@@ -368,9 +368,9 @@ def main() -> None:
     sets = {} if args.only_first_long else {name: made[name]() for name in args.sets.split(",")}
     for name, d in sets.items():
         for b in map(int, args.batches.split(",")):
-            from inception_engine.cuda_runner import DECODE_IMAGES
+            from inception_engine.ingest.images import decode_call_images
 
-            calls = b * max(1, -(-DECODE_IMAGES // b))  # the files of one decode call at this batch
+            calls = decode_call_images(b)  # the files of one decode call at this batch
             row(what="decoder alone", files=name, batch=calls, **decoder_alone(d, calls, 4096))
         core = one_core(d)
         together, cores = all_cores(d)

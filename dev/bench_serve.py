@@ -322,11 +322,11 @@ def fmt(row: dict) -> str:
 def start_inception(args: argparse.Namespace, device_process: bool = False, http_workers: int = 1,
                     decode_images: int | None = None) -> tuple[subprocess.Popen, str]:
     """inception-serve; ``device_process``: its one device in a worker process (serve_standin.py --device-process);
-    ``http_workers``: its HTTP front-end processes (--http-workers); ``decode_images``: cuda_runner.DECODE_IMAGES
+    ``http_workers``: its HTTP front-end processes (--http-workers); ``decode_images``: images.DECODE_IMAGES
     set to it in the engine's process (the files of a GPU decode call, and so of an encoded job)."""
     server = ([str(ROOT / "dev" / "serve_standin.py"), "--device-process"] if device_process else
               ["-m", "inception_engine.serve.command"] if decode_images is None else
-              ["-c", f"import inception_engine.cuda_runner as r; r.DECODE_IMAGES = {decode_images}; "
+              ["-c", f"import inception_engine.ingest.images as i; i.DECODE_IMAGES = {decode_images}; "
                      "from inception_engine.serve.command import serve_main; serve_main()"])
     cmd = [sys.executable, *server, "--port", "0", "--precision", args.precision,
            "--decode", args.decode, "--backend", args.backend, "--max-queue-delay-ms", str(args.delay_ms),
@@ -537,7 +537,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--http-workers", type=ints, default=[1], metavar="N,M",
                     help="inception-serve --http-workers: the rows again for each (comma-separated)")
     ap.add_argument("--decode-images", type=ints, default=None, metavar="N,M",
-                    help="the rows again for each GPU decode call size N (cuda_runner.DECODE_IMAGES; default: "
+                    help="the rows again for each GPU decode call size N (images.DECODE_IMAGES; default: "
                          "as shipped; N = the max batch: jobs of one batch, the server before decode-call jobs)")
     ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
                     help="instead of the sweep: a soak of SECONDS at a fixed rate, memory sampled (serve_soak.py); "

@@ -20,8 +20,8 @@ the one thread that feeds the GPU, beside many decode workers). A partial last b
 (the rows past it hold an earlier batch's pixels and are not read back): one more forward of a few milliseconds
 instead of a second plan, tuning and graph.
 
-With --decode gpu the files of a decode call (DECODE_IMAGES, whole batches) are decoded straight into a u8 buffer of
-that many images on a chain's copy stream (``decode``), and the compute stream takes them a batch at a time
+With --decode gpu the files of a decode call (images.decode_call_images: whole batches) are decoded straight into a
+u8 buffer of that many images on a chain's copy stream (``decode``), and the compute stream takes them a batch at a time
 (``split``, ``classify``); two decode calls' batches may be outstanding there (``depth``), each turn with its own
 top-k buffers, so the forward has work queued while the host hands out a call's results.
 """
@@ -40,16 +40,12 @@ from .backends.cuda.device import HostRegistration, driver
 from .backends.cuda.kernels import launch_async, spec
 from .errors import EngineError
 from .ingest import jpeg_decode
-from .ingest.images import Preprocess, decode_u8_bytes
+from .ingest.images import Preprocess, decode_call_images, decode_u8_bytes
 from .ingest.ring import HostRing
 from .pipeline import TopK
 
 TOPK_N = 1024  # pipeline_io.cu's TOPK_N: the most classes softmax_topk_rows sorts
 
-
-# --decode gpu hands nvImageCodec at least this many files a call (a whole number of batches): its call has a fixed
-# cost of a few milliseconds, which a batch of 64 does not amortise.
-DECODE_IMAGES = 256
 
 
 class DecodeCancelled(Exception):
@@ -139,7 +135,7 @@ class CudaRunner:
             raise EngineError(f"the plan's input {plan.input.dims} does not take {pre.size}x{pre.size} images")
         self.backend, self.batch, self.pre = backend, plan.batch, pre
         # files per decode call (--decode gpu); its buffers hold that many images, classified a batch at a time
-        self.decode_batch = self.batch * max(1, -(-DECODE_IMAGES // self.batch)) if gpu_decode else self.batch
+        self.decode_batch = decode_call_images(self.batch) if gpu_decode else self.batch
         # batches outstanding on the GPU: with --decode gpu, two decode calls' worth, so that the forward has work
         # queued while this thread hands out a call's results; the host-decoded path stages per turn (two)
         self.depth = 2 * (self.decode_batch // self.batch) if gpu_decode else 2

@@ -43,6 +43,15 @@ MAX_PIXELS_ENV = "INCEPTION_MAX_PIXELS"
 # and turning it upright or converting its mode copies it; the resize adds only a small multiple of the crop.
 DECODE_BYTES_PER_PIXEL = 12
 
+# --decode gpu hands nvImageCodec at least this many files a call (a whole number of batches): its call has a fixed
+# cost of a few milliseconds, which a batch of 64 does not amortise.
+DECODE_IMAGES = 256
+
+
+def decode_call_images(batch: int) -> int:
+    """The files of one --decode gpu call at this batch size: whole batches, at least DECODE_IMAGES."""
+    return batch * max(1, -(-DECODE_IMAGES // batch))
+
 
 @dataclass(frozen=True)
 class Preprocess:

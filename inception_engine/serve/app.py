@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..engine import EngineFacts
-from ..ingest.images import Preprocess, network_input
+from ..ingest.images import Preprocess, decode_call_images, network_input
 from ..ingest.workers import decode_into
 from ..output import as_json
 from ..pipeline import Prediction, labelled, softmax
@@ -75,8 +75,9 @@ class Metrics:
         self.compute_seconds = Histogram("inception_compute_seconds", "Time a device takes for a batch",
                                          ["device"], registry=r,
                                          buckets=(.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10))
-        # a GPU-decoded job may hold a decode call of several batches (devices.py): up to 256 images, or one batch
-        sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, max_batch} & set(range(1, max(max_batch, 256) + 1)))
+        # a GPU-decoded job may hold a decode call of several batches (devices.py)
+        most = decode_call_images(max_batch)
+        sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, max_batch, most} & set(range(1, most + 1)))
         self.batch_images = Histogram("inception_batch_images", "Images per batch", ["device"], registry=r,
                                       buckets=sizes)
         self.images = Counter("inception_images", "Images computed, by device", ["device"], registry=r)

@@ -19,7 +19,7 @@ A device's loop (``serve_jobs``) keeps two jobs outstanding: the next job is sub
 GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and
 the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds. An ``encoded``
 job may hold more images than a batch, up to the largest runner's decode call (``encoded_batch``,
-cuda_runner.DECODE_IMAGES: a decode call has a fixed cost of a few milliseconds, which a batch of 64 does not
+images.decode_call_images: a decode call has a fixed cost of a few milliseconds, which a batch of 64 does not
 amortise): it is decoded in one call and classified a batch at a time, as inception-run's folder job does.
 
 Jobs: ``encoded`` (image files' bytes, decoded by the runner on the GPU: --decode gpu), ``pixels`` (images decoded
