@@ -10,6 +10,7 @@ from inception_engine import cuda_build
 
 from helpers.build_cache import file_lock
 from helpers.emulator import build_emu_lib
+from helpers.gpu_memory import OnGpu
 
 
 def build_sm90_once(build_cache_dir: Path) -> dict[str, Path]:
@@ -36,3 +37,17 @@ def backend_emu_lib(build_cache_dir) -> Path:
     if cuda_build.find_nvcc() is not None:
         build_sm90_once(build_cache_dir)
     return build_emu_lib(build_cache_dir)
+
+
+@pytest.fixture(scope="module")
+def gpu_mem(gpu):
+    """helpers.gpu_memory on the GPU (a module may override it: test_conv_nhwc_i8 skips GPUs without wgmma)."""
+    mem = OnGpu(gpu[1], gpu[0].arch)
+    yield mem
+    mem.close()
+
+
+@pytest.fixture(params=["emulated", pytest.param("gpu", marks=pytest.mark.gpu)])
+def mem(request):
+    """The test module's ``emu`` (its kernels on the CPU emulator), then ``gpu_mem``."""
+    return request.getfixturevalue("emu" if request.param == "emulated" else "gpu_mem")

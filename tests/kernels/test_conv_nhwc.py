@@ -20,7 +20,6 @@ conv_input_nhwc.cu and pool_nhwc.cu against float64 NumPy, every kernel test onc
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
 
@@ -30,12 +29,11 @@ import pytest
 from inception_engine import cuda_build
 from inception_engine.backends.cuda.backend import CudaBackend
 from inception_engine.backends.cuda.cost_model import ConvConfig, choose_configs
-from inception_engine.backends.cuda.device import driver
-from inception_engine.backends.cuda.kernels import NHWC_CONV_FORMAT, Kernels, arg_format, source_of
-from inception_engine.backends.cuda.launch import Launch, LaunchSpec
+from inception_engine.backends.cuda.kernels import NHWC_CONV_FORMAT, arg_format, source_of
+from inception_engine.backends.cuda.launch import LaunchSpec
 from inception_engine.backends.cuda.launch_nhwc import check_nhwc, nhwc_conv_specs, nhwc_pool_spec, nhwc_ptr
 from inception_engine.backends.cuda.params import direct_weights, op_params, round_tf32
-from inception_engine.backends.cuda.tensor_maps import MAP_BYTES, emulated, encode_all
+from inception_engine.backends.cuda.tensor_maps import MAP_BYTES
 from inception_engine.backends.cuda.tiles import (HALO_THREADS, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE,
                                                   MAX_SHARED_BYTES, NHWC_ELEMS, TILES_OF, WGMMA_LO_TILES, Tile, blocks,
                                                   check_nhwc_precision, halo_smem_bytes, input_tile, is_halo,
@@ -48,6 +46,7 @@ from inception_engine.plan import ConvOp, FusedConvOp, PoolOp, View, build_plan
 from inception_engine.weights import Weights
 
 from helpers.emulator import run_emulated as run_backend_emulated
+from helpers.gpu_memory import Emulated
 from helpers.mma_harness import NVCC, Case, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
 from helpers.network import assert_top1_agrees_on_256_inputs
 
@@ -191,75 +190,6 @@ def test_nhwc_needs_channel_counts_in_pieces_and_fp32_needs_wgmma():
 # --- kernels on the emulator and on the GPU ------------------------------------------------------------------------
 
 
-# kernel argument formats (kernels.arg_format) as ctypes types, for the emulator's entry points
-C_TYPE = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
-
-
-class Emulated:
-    """Device memory is host memory; launches go to the emulator library's emu_<kernel> entry points."""
-
-    wgmma = True  # the emulator runs conv_nhwc_wgmma.cu's wgmma tiles too (tests/cuda_emu/wgmma_emu.h)
-
-    def __init__(self, lib: ctypes.CDLL):
-        self.lib, self.keep = lib, []
-
-    def alloc(self, nbytes: int, poison: int = 0xFF) -> int:
-        raw = np.full(nbytes + 256, poison, np.uint8)
-        self.keep.append(raw)
-        return raw.ctypes.data + (-raw.ctypes.data % 256)
-
-    def write(self, ptr: int, a: np.ndarray) -> None:
-        ctypes.memmove(ptr, np.ascontiguousarray(a).ctypes.data, a.nbytes)
-
-    def read(self, ptr: int, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        out = np.empty(shape, dtype)
-        ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
-        return out
-
-    def launch(self, specs: list[LaunchSpec]) -> None:
-        for spec in specs:
-            if spec.maps:  # the TMA tiles' tensor maps, in the emulator's own format
-                self.write(spec.args[-1], encode_all(spec.maps, emulated))
-            fn = getattr(self.lib, f"emu_{spec.kernel}")
-            fn.argtypes = [ctypes.c_uint] * 4 + [C_TYPE[c] for c in arg_format(spec.kernel)]
-            fn(*spec.grid, spec.block[0], *spec.args)
-
-    def close(self) -> None:
-        self.keep = []
-
-
-class OnGpu:
-    def __init__(self, kernels: Kernels, arch: str):
-        self.kernels, self.allocs, self.wgmma = kernels, [], cuda_build.has_wgmma(arch)
-
-    def alloc(self, nbytes: int, poison: int = 0xFF) -> int:
-        a = driver().mem_alloc(max(nbytes, 1))
-        driver().memset_d8(int(a), poison, max(nbytes, 1))
-        self.allocs.append(a)
-        return int(a)
-
-    def write(self, ptr: int, a: np.ndarray) -> None:
-        driver().memcpy_htod(ptr, np.ascontiguousarray(a))
-
-    def read(self, ptr: int, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        out = np.empty(shape, dtype)
-        driver().Context.synchronize()
-        driver().memcpy_dtoh(out, ptr)
-        return out
-
-    def launch(self, specs: list[LaunchSpec]) -> None:
-        for spec in specs:
-            if spec.maps:  # the TMA tiles' tensor maps, as the driver encodes them
-                self.write(spec.args[-1], encode_all(spec.maps))
-            Launch(spec, self.kernels[spec.kernel])(None)
-        driver().Context.synchronize()
-
-    def close(self) -> None:
-        for a in self.allocs:
-            a.free()
-        self.allocs = []
-
-
 @pytest.fixture(scope="module")
 def emu(build_cache_dir):
     if NVCC is None:
@@ -281,18 +211,6 @@ def emu(build_cache_dir):
     mem = Emulated(lib)
     yield mem
     mem.close()
-
-
-@pytest.fixture(scope="module")
-def gpu_mem(gpu):
-    mem = OnGpu(gpu[1], gpu[0].arch)
-    yield mem
-    mem.close()
-
-
-@pytest.fixture(params=["emulated", pytest.param("gpu", marks=pytest.mark.gpu)])
-def mem(request):
-    return request.getfixturevalue("emu" if request.param == "emulated" else "gpu_mem")
 
 
 def put_nhwc(mem, data: np.ndarray, c_total: int, c_offset: int, precision: str) -> int:

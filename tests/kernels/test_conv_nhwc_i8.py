@@ -37,8 +37,8 @@ from inception_engine.backends.cuda.tiles import (HALO_CIN_I8, NHWC_ELEMS, Tile,
 from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, FusedConvOp, View
 
+from helpers.gpu_memory import Emulated, OnGpu
 from helpers.mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rng_for
-from test_conv_nhwc import Emulated, OnGpu
 
 PRECISION = "int8"
 TILES = NHWC_ELEMS[PRECISION].wgmma_tiles
@@ -76,10 +76,6 @@ def gpu_mem(gpu):
     yield mem
     mem.close()
 
-
-@pytest.fixture(params=["emulated", pytest.param("gpu", marks=pytest.mark.gpu)])
-def mem(request):
-    return request.getfixturevalue("emu" if request.param == "emulated" else "gpu_mem")
 
 
 # --- NumPy ----------------------------------------------------------------------------------------------------------

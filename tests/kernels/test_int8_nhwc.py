@@ -42,8 +42,8 @@ from inception_engine.backends.cuda.tiles import INPUT_TILE, input_tile
 from inception_engine.backends.numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d
 from inception_engine.plan import ConvOp, GlobalAvgPoolOp, PoolOp, View
 
+from helpers.gpu_memory import Emulated
 from helpers.mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rng_for
-from test_conv_nhwc import Emulated, OnGpu
 
 KERNELS = ("pool2d_nhwc_i8", "pool2d_nhwc_i8_k3s1", "global_avg_pool_nhwc_i8",
            "conv_input_nhwc_i8", "conv_input_mma_nhwc_i8")
@@ -110,18 +110,6 @@ def emu(build_cache_dir):
     lib = compile_emu_lib(build_cache_dir, "emu_int8_nhwc", emu_wrapper_source(
         "pool_nhwc.cu", [(k, arg_format(k)) for k in KERNELS], ('#include "conv_input_nhwc.cu"',)), "-O2", True)
     return Emulated(lib)
-
-
-@pytest.fixture(scope="module")
-def gpu_mem(gpu):
-    mem = OnGpu(gpu[1], gpu[0].arch)
-    yield mem
-    mem.close()
-
-
-@pytest.fixture(params=["emulated", pytest.param("gpu", marks=pytest.mark.gpu)])
-def mem(request):
-    return request.getfixturevalue("emu" if request.param == "emulated" else "gpu_mem")
 
 
 def put_i8(mem, q: np.ndarray, c_total: int, c_offset: int) -> int:
