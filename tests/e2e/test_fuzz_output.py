@@ -201,20 +201,45 @@ def marked(marker: str) -> list[int]:
     return pids
 
 
+KILL_PHOTOS = 96
+
+
 def dev_shm(since: float, until: float) -> set[str]:
-    """Names in /dev/shm made between two moments (time.time()): what a run in that window may have left."""
-    names = set()
+    """Names in /dev/shm made between two moments (time.time()) that no live process maps or holds open: what a
+    dead run in that window left. (Other tests' processes, running meanwhile on other xdist workers, make and hold
+    their own, multiprocessing's semaphores among them, until they end.)"""
+    found = {}
     for entry in os.scandir("/dev/shm") if os.path.isdir("/dev/shm") else []:
         with contextlib.suppress(FileNotFoundError):
-            if since <= entry.stat().st_ctime <= until:
-                names.add(entry.name)
-    return names
+            st = entry.stat()
+            if since <= st.st_ctime <= until:
+                found[entry.name] = st.st_ino
+    used = shm_inodes_in_use() if found else set()
+    return {name for name, ino in found.items() if ino not in used}
+
+
+def shm_inodes_in_use() -> set[int]:
+    """Inodes of /dev/shm files that a live process maps (/proc/PID/maps: by inode, since a POSIX semaphore is
+    mapped under the temporary name it was made with before its link to the final one) or has open."""
+    used = set()
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                used.update(int(line.split()[4]) for line in f if " /dev/shm/" in line)
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                        used.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+    return used
 
 
 @pytest.mark.parametrize("seed", range(2))
 def test_sigkill_leaves_nothing_behind_and_resume_completes(tmp_path_factory, weights, seed):
     rng = np.random.default_rng(seed)
-    photos = write_photos(tmp_path_factory.mktemp("kill"), 24, 100 + seed)
+    # enough photos that the run is still going after its first results and the random wait (24 finished within it
+    # on an idle machine)
+    photos = write_photos(tmp_path_factory.mktemp("kill"), KILL_PHOTOS, 100 + seed)
     out = photos.parent / f"kill{seed}.{['jsonl', 'csv'][seed % 2]}"
     marker = f"INCEPTION_FUZZ_KILL_{os.getpid()}_{seed}"
     started = time.time()
@@ -249,7 +274,7 @@ def test_sigkill_leaves_nothing_behind_and_resume_completes(tmp_path_factory, we
     assert r.returncode == 0, r.stderr
     fmt = out.suffix[1:]
     after = read_lines(out.read_bytes(), fmt, out)
-    assert after.damaged == after.duplicates == 0 and len(after.done) == 24
+    assert after.damaged == after.duplicates == 0 and len(after.done) == KILL_PHOTOS
     assert sorted(row["image"] for row in READERS[fmt](out)) == sorted(str(p) for p in photos.iterdir())
 
 
