@@ -81,6 +81,21 @@ async def triton_sender(url: str, conc: int) -> tuple[Any, Any]:
     return send, client.close
 
 
+async def ready_sender(url: str, conc: int) -> tuple[Any, Any]:
+    """A bare round trip (GET /v2/health/ready) with the same client: the HTTP floor under an image's latency."""
+    import tritonclient.http.aio as aio
+
+    client = aio.InferenceServerClient(url.removeprefix("http://"), conn_limit=max(conc, 1))
+
+    async def send(images: list[bytes]) -> bool:
+        return await client.is_server_ready()
+
+    return send, client.close
+
+
+SENDERS = {"inception": triton_sender, "ready": ready_sender}
+
+
 async def peer_sender(url: str, conc: int) -> tuple[Any, Any]:
     import aiohttp
 
@@ -98,7 +113,7 @@ async def peer_sender(url: str, conc: int) -> tuple[Any, Any]:
 async def drive(kind: str, url: str, reqs: list[list[bytes]], mode: str, level: float, seconds: float) -> dict:
     """One client process's share: closed loop of ``level`` outstanding, or open loop at ``level`` requests/s."""
     conc = int(level) if mode == "closed" else 1024
-    send, close = await (triton_sender if kind == "inception" else peer_sender)(url, conc)
+    send, close = await SENDERS.get(kind, peer_sender)(url, conc)
     lat: list[float] = []
     errors: list[str] = []  # the first few failures' messages
     failed = images = 0
@@ -182,18 +197,50 @@ def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace, pid:
         for c in args.concurrency:
             profiled = pid is not None and args.profile == [size, c]
             spy = py_spy(pid, str(Path(args.workdir) / f"pyspy_{size}_{c}.txt")) if profiled else None
+            before = server_times(url) if kind == "inception" else None
             row = measured(pid, load_point, kind, url, files, size, "closed", c, args.seconds, args.client_procs)
+            if before is not None:
+                row.update(per_request(before, server_times(url)))
             rows.append(row)
             print(fmt(row), flush=True)
             if spy is not None:
                 print(top_frames(spy, args.profile_top), flush=True)
             best = max(best, row["requests_s"])
+            if kind == "inception" and size == 1 and c == 1:  # what of one image's latency is HTTP and the client
+                floor = load_point("ready", url, files, size, "closed", c, args.seconds, args.client_procs)
+                rows.append({**floor, "server": "ready"})
+                print(fmt(rows[-1]), flush=True)
         rate = args.rate or 0.8 * best
         if rate > 0:
             row = measured(pid, load_point, kind, url, files, size, "open", rate, args.seconds, args.client_procs)
             rows.append(row)
             print(fmt(row), flush=True)
     return rows
+
+
+def server_times(url: str) -> dict[str, float]:
+    """The sums and counts of the server's infer request seconds, batch compute seconds and queue seconds
+    (its /metrics, every process's added up)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r'(inception_(?:request|compute|queue)_seconds)_(sum|count)(\{[^}]*\})? (\S+)$', line)
+        if m and (m[1] != "inception_request_seconds" or 'route="infer"' in (m[3] or "")):
+            key = f"{m[1].split('_')[1]}_{m[2]}"
+            out[key] = out.get(key, 0.0) + float(m[4])
+    return out
+
+
+def per_request(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Means over a row, in ms: the server's time a request (arrival to answer), a batch's compute, an image's queue
+    wait (metrics' differences)."""
+    def mean(name: str) -> float | None:
+        n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+        return round(1000 * (after[f"{name}_sum"] - before.get(f"{name}_sum", 0.0)) / n, 3) if n else None
+
+    return {"server_request_ms": mean("request"), "compute_ms": mean("compute"), "queue_ms": mean("queue")}
 
 
 def process_tree(pid: int) -> list[int]:
@@ -314,7 +361,9 @@ def fmt(row: dict) -> str:
     return (f"{row['server']:10} {row['size']:3} img/req {row['mode']:6} {level:>12}: {row['images_s']:7} img/s "
             f"{row['requests_s']:6} req/s  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  failed {row['failed']}"
             + (f"  server CPU {row['cpu_us_image']} us/image (main process {row['main_cpu_us_image']})"
-               if row.get("cpu_us_image") else ""))
+               if row.get("cpu_us_image") else "")
+            + (f"  server: {row['server_request_ms']} ms a request, compute {row['compute_ms']} ms a batch, queue "
+               f"{row['queue_ms']} ms" if row.get("server_request_ms") is not None else ""))
 
 
 # ------------------------------------------------------------------------------------------------ the servers
@@ -492,8 +541,10 @@ def runs_beside(url: str, d: Path, args: argparse.Namespace, local_too: bool = T
     local += ["--weights", args.weights] if args.weights else []
     out = Path(args.workdir) / "run.jsonl"
     rows = [{"run": "inception-run", **inception_run(local, out, timeout=900)}] if local_too else []
-    rows += [{"run": f"inception-run --server{label}", **inception_run(["--server", url, str(target)], out,
-                                                                         timeout=900)}]
+    for batch in args.server_batches or [None]:
+        size = ["--batch-size", str(batch)] if batch else []
+        rows += [{"run": f"inception-run --server{label}" + (f" --batch-size {batch}" if batch else ""),
+                  **inception_run(["--server", url, *size, str(target)], out, timeout=900)}]
     for r in rows:
         r.pop("top1", None)
         print(f"{r['run']:24} {files if target is d else args.run_images} files: wall {r['wall_s']} s, steady "
@@ -524,6 +575,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peer-model", default="torch", choices=["torch", "fake"],
                     help="fake: random scores instead of the network, to check the peer's plumbing without torch")
     ap.add_argument("--run-images", type=int, default=16384, help="files for the inception-run rows (0: none)")
+    ap.add_argument("--server-batches", type=ints, default=None, metavar="N,M",
+                    help="inception-run --server with --batch-size N (images a request), then M, ...; default: the "
+                         "server's max batch")
     ap.add_argument("--workdir", default="/tmp/bench_serve")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=ints, default=None, metavar="SIZE,C",

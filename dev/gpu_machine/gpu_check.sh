@@ -47,11 +47,13 @@
 #    against the CPU path (tests/kernels/test_resize_fid.py), pytorch-fid's FID against inception-fid's on the same
 #    random weights (tests/e2e/test_pytorch_fid_agreement.py, cpu and cuda), then dev/bench_fid.py (FID_ARGS; default
 #    --images 50000: generated 256x256 PNGs against statistics, inception-fid vs pytorch-fid's command)
+# 16. (group serve) issue 48: tests/device/test_serve_gpu.py, dev/bench_serve.py (SERVE_ARGS) beside inception-run
+#    and the LitServe peer, and a soak of SOAK_SECONDS where set
 #
 #   bash dev/gpu_machine/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
 #                                            ray (9), floor (10), autotune (11), multigpu (12), folder (13),
-#                                            int8 (14), fid (15); default: all but compile, ray, floor, autotune,
-#                                            multigpu, folder, int8 and fid
+#                                            int8 (14), fid (15), serve (16); default: all but compile, ray,
+#                                            floor, autotune, multigpu, folder, int8, fid and serve
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -61,7 +63,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder int8 fid " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder int8 fid serve " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -253,6 +255,31 @@ if want fid; then
     step "bench fid" fid.log 540 python3 dev/bench_fid.py --out "$OUT/bench_fid" ${FID_ARGS:---images 50000}
   else
     SUMMARY+=("$(printf '%-22s %-14s' "fid" "SKIPPED") $(tail -1 "$OUT/fid.log")")
+  fi
+fi
+
+# Issue 48: the server's GPU tests, dev/bench_serve.py's sweep (SERVE_ARGS; default: single images and 64-image
+# requests at concurrency 1 and 128, the HTTP floor, inception-run and inception-run --server on 16,384 files beside
+# it, the LitServe peer), then, where SOAK_SECONDS is set, a soak of that length at 80 % of saturation.
+if want serve; then
+  if source dev/gpu_machine/serve_kit.sh install >>"$OUT/serve.log" 2>&1; then
+    if ls .whl/nvimg/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
+        >>"$OUT/serve.log" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
+    fi
+    SERVE_W=$(python3 -c "import sys; sys.path.insert(0, 'dev'); from bench_e2e import synthetic_weights_file; \
+print(synthetic_weights_file('/tmp'))" 2>>"$OUT/serve.log")
+    step "pytest serve" serve.log 90 python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider tests/device/test_serve_gpu.py
+    # shellcheck disable=SC2086
+    step "bench serve" serve.log 300 python3 dev/bench_serve.py --weights "$SERVE_W" --json "$OUT/serve.json" \
+      ${SERVE_ARGS:---sizes 1,64 --concurrency 1,128 --seconds 4 --images 2048 --run-images 16384}
+    if [ -n "${SOAK_SECONDS:-}" ]; then
+      step "soak serve" soak.log $((SOAK_SECONDS + 60)) python3 dev/bench_serve.py --weights "$SERVE_W" --peer none \
+        --images 2048 --soak "$SOAK_SECONDS" --http-workers 4 --soak-concurrency 64 --sample-every 10 \
+        --json "$OUT/soak.json"
+    fi
+  else
+    SUMMARY+=("$(printf '%-22s %-14s' "serve" "SKIPPED") $(tail -1 "$OUT/serve.log")")
   fi
 fi
 
