@@ -3,8 +3,12 @@
 The files are read here (the server never reads a path) and sent as binary v2 infer requests of ``batch`` images
 (the server's max batch unless --batch-size says otherwise), asking for the classification of the probabilities
 with exact scores: the server's runner gives the same top-k a local run's does, and each score comes back as the
-shortest decimal of the same double, so the lines written are a local run's. ``inflight`` requests are outstanding
-at once, each read and sent on a thread of a pool; predictions come back in input order, a chunk at a time.
+shortest decimal of the same double, so the lines written are a local run's. The files are read in input order on
+one thread (~60,000 small files/s from the page cache, several times what a GPU server classifies), each chunk sent
+as soon as it is read on a thread of a pool that keeps ``inflight`` requests outstanding; predictions come back in
+input order, a chunk at a time. Reading in order makes the first request leave after its own files are read, not
+after every outstanding chunk's (16 threads each reading its chunk at once held the first result back ~0.5 s with
+requests of 256 images).
 
 Per image errors: a file that cannot be read gets its error here, worded as a local run words it; an image the
 server cannot decode comes back in the 400's ``errors`` (by its index in the request), re-worded with the path in
@@ -130,6 +134,7 @@ class RemoteRun:
         self.batch = batch_size or self._facts.batch_size
         self.on_note: Callable[[str], None] | None = None  # the server's notes are its own: none come here
         self._pool = ThreadPoolExecutor(inflight, thread_name_prefix="server-request")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="server-read")  # in order: module docstring
         self._inflight = inflight
         self._it: Iterator[Prediction] | None = None
 
@@ -154,23 +159,18 @@ class RemoteRun:
         while chunks or waiting:
             while chunks and len(waiting) < 2 * self._inflight:  # read ahead, bounded
                 start = chunks.popleft()
-                waiting.append(self._pool.submit(self.classify_chunk, paths[start:start + self.batch]))
+                chunk = paths[start:start + self.batch]
+                read = self._reader.submit(read_chunk, chunk)
+                waiting.append(self._pool.submit(lambda c=chunk, r=read: self.classify_chunk(c, *r.result())))
             preds = waiting.popleft().result()
             if self.on_progress:
                 self.on_progress(len(preds))
             yield from preds
 
-    def classify_chunk(self, paths: list[str]) -> list[Prediction]:
-        """One chunk's predictions: the files read, sent, and the ones the server could not decode left out and
-        the rest sent again, until every image has its prediction or its error."""
-        out: dict[int, Prediction] = {}
-        todo: list[tuple[int, bytes]] = []
-        for i, path in enumerate(paths):
-            data, error = read_file(path)
-            if data is None:
-                out[i] = Prediction(path, error=error)
-            else:
-                todo.append((i, data))
+    def classify_chunk(self, paths: list[str], out: dict[int, Prediction],
+                       todo: list[tuple[int, bytes]]) -> list[Prediction]:
+        """One chunk's predictions, from its files as read_chunk read them: sent, and the ones the server could
+        not decode left out and the rest sent again, until every image has its prediction or its error."""
         while todo:
             body, headers = encode_images_request([data for _, data in todo], self.top_k)
             status, doc = self.conn.request("POST", f"/v2/models/{MODEL_NAME}/infer", body, headers)
@@ -205,7 +205,22 @@ class RemoteRun:
         if self._it is not None:
             self._it.close()  # type: ignore[attr-defined]  # a generator
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._reader.shutdown(wait=True, cancel_futures=True)
         self.conn.close()
+
+
+def read_chunk(paths: list[str]) -> tuple[dict[int, Prediction], list[tuple[int, bytes]]]:
+    """A chunk's files read: the errors of those that cannot be read (worded as a local run words them), by
+    position, and the (position, bytes) of the rest."""
+    failed: dict[int, Prediction] = {}
+    read: list[tuple[int, bytes]] = []
+    for i, path in enumerate(paths):
+        data, error = read_file(path)
+        if data is None:
+            failed[i] = Prediction(path, error=error)
+        else:
+            read.append((i, data))
+    return failed, read
 
 
 def reworded(message: str, index: int, path: str) -> str:

@@ -516,6 +516,24 @@ def test_inception_run_server_resume(server, run_inputs, tmp_path):
     assert sorted(Path(d["image"]).name for d in lines) == sorted(p.name for p in run_inputs.iterdir())
 
 
+def test_inception_run_server_files_that_cannot_be_read_keep_their_place(server, run_inputs, tmp_path):
+    """A file that cannot be read (missing, a directory) gets a local run's error line in its place among the
+    server's predictions; requests of 2 images, so that the chunks read in order on the reader thread are several."""
+    from inception_engine import cli
+
+    from helpers.cli import runner
+
+    images = sorted(map(str, run_inputs.glob("img*")))
+    (tmp_path / "dir.png").mkdir()
+    args = [images[0], str(tmp_path / "missing.png"), *images[1:3], str(tmp_path / "dir.png"), images[3]]
+    out = tmp_path / "r.jsonl"
+    r = runner().invoke(cli.run_cmd, [*args, "--server", server.url, "--batch-size", "2", "--output", str(out)])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert r.exit_code == 1 and [d["image"] for d in lines] == args
+    assert [("error" in d) for d in lines] == [False, True, False, False, True, False]
+    assert "missing.png" in lines[1]["error"] and "dir.png" in lines[4]["error"]
+
+
 def test_inception_run_server_refusals(server, run_inputs):
     from inception_engine import cli
 
