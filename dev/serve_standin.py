@@ -41,7 +41,6 @@ class StandInRunner:
     ``host_us``: the runner's own Python a image (decode calls, uploads, top-k), spun holding the GIL."""
 
     decode_fallback = None  # the jpeg_batch.c path: DeviceWorker hands it memory files
-    depth = 2
 
     def __init__(self, batch: int, batch_ms: float, host_us: float):
         self.batch, self.batch_ms, self.host_us = batch, batch_ms, host_us
@@ -69,30 +68,36 @@ def patch_devices(batch_ms: float, host_us: float) -> None:
     from inception_engine.engine import EngineFacts
     from inception_engine.ingest.images import Preprocess
     from inception_engine.serve import devices
-    from inception_engine.weights import ModelId
 
     class Engine:
         backend_name, decode, preprocess = "cuda", "gpu", Preprocess()
-
-        def __init__(self, batch: int):
-            self.batch_size = batch
-
-        def facts(self) -> EngineFacts:
-            # a model id, as an engine's facts have one: inception-run --server writes it in every result
-            return EngineFacts("cuda", "fp16", self.batch_size, None, (), ModelId("0" * 16, "synthetic"))
 
         def close(self) -> None:
             pass
 
     class StandInWorker(devices.DeviceWorker):
-        @classmethod
-        def build(cls, spec: Any) -> devices.DeviceWorker:
-            sizes = sorted({*devices.SMALL_RUNNERS, spec.batch_size})
-            # the stand-in runners decode nothing: jobs of one batch
-            return cls(Engine(spec.batch_size), [(StandInRunner(b, batch_ms, host_us), None) for b in sizes])
+        def __init__(self, spec: Any):
+            self.engine, self.size = Engine(), SIZE
+            # the tree before MemoryFiles (an A/B against it) has none: its memory files are made per batch
+            self.files = devices.MemoryFiles() if hasattr(devices, "MemoryFiles") else None
+            batch = spec.batch_size
+            sizes = sorted({*devices.SMALL_RUNNERS, batch})
+            self.runners = [(StandInRunner(b, batch_ms, host_us), None) for b in sizes]
+            self.depth, self.sizes = 2, devices.buckets(batch)
+            self.encoded_batch = batch  # the stand-in runners decode nothing: jobs of one batch
 
         def warm_up(self) -> None:
             pass
+
+        def facts(self) -> EngineFacts:
+            from inception_engine.weights import ModelId
+
+            # a model id, as an engine's facts have one: inception-run --server writes it in every result
+            return EngineFacts("cuda", "fp16", self.sizes[-1], None, (), ModelId("0" * 16, "synthetic"))
+
+        def close(self) -> None:
+            if self.files is not None:
+                self.files.close()
 
     devices.DeviceWorker = StandInWorker  # type: ignore[misc]
 

@@ -15,16 +15,12 @@ without Python per file (about twice nvImageCodec's Python API's rate), as anony
 made once and rewritten for every batch): the server never reads a path a client sends. Where jpeg_batch.c is
 unavailable the runner decodes the bytes through nvImageCodec's Python API.
 
-A device's loop (``serve_jobs``) keeps two jobs outstanding: the next job is submitted (decoded and copied to the GPU)
-before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and the max
-batch), since a runner replays its whole batch's CUDA graph however few images a batch holds. An ``encoded`` job may
-hold more images than a batch, up to the largest runner's decode call (``encoded_batch``, images.decode_call_images: a
-decode call has a fixed cost of a few milliseconds, which a batch of 64 does not amortise): it is decoded in one call
-and classified a batch at a time, as inception-run's folder job does. That decode call runs on a thread of the worker's
-own (the runner's ``decode_chains`` of them, as the folder job decodes beside the thread that starts the forwards:
-pipeline.classify_encoded), and its batches' forwards start on the device's thread as soon as it is done (``advance``):
-the device's thread waits for a decode only when it needs that job's results, and the next job's decode overlaps the
-forwards and the handing out of results.
+A device's loop (``serve_jobs``) keeps two jobs outstanding: the next job is submitted (decoded and copied to the
+GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and
+the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds. An ``encoded``
+job may hold more images than a batch, up to the largest runner's decode call (``encoded_batch``,
+images.decode_call_images: a decode call has a fixed cost of a few milliseconds, which a batch of 64 does not
+amortise): it is decoded in one call and classified a batch at a time, as inception-run's folder job does.
 
 Jobs: ``encoded`` (image files' bytes, decoded by the runner on the GPU: --decode gpu), ``pixels`` (images decoded
 on the host, (n, *Preprocess.decoded_shape)) -> per image its top-k (index, probability) pairs or its error message;
@@ -42,8 +38,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -85,18 +80,6 @@ def buckets(batch: int) -> list[int]:
     return [*out, batch]
 
 
-@dataclass(eq=False)  # compared by identity: advance looks for one among those waiting
-class DecodeCall:
-    """An encoded job's decode call, running on the worker's decode thread (``future``: the runner's Decoded and the
-    memory files' names), then its batches classified on the device's thread (``tickets``) or its failure."""
-
-    future: Future
-    top_k: int
-    tickets: list[Any] = field(default_factory=list)
-    names: dict[str, str] = field(default_factory=dict)
-    error: BaseException | None = None
-
-
 # The cuda runner replays one CUDA graph of its whole batch whatever a batch holds: a lone image on a runner of 64
 # would take a batch-64 forward (~2 ms in fp16 on an H100) where a batch-1 forward takes a fraction of it. A device
 # keeps runners of these sizes too (below its max batch), each batch going to the smallest that holds it.
@@ -104,52 +87,35 @@ SMALL_RUNNERS = (1, 8)
 
 
 class DeviceWorker:
-    """One engine and its runners (``build``), used from one thread (the device's) and, for the decode calls of
-    encoded jobs, the worker's decode threads (``submit``)."""
+    """One engine and its runners, used from one thread only."""
 
-    def __init__(self, engine: Any, runners: list[tuple[Any, HostRing | None]]):
-        """A worker of ``engine``'s runners, by batch size, each with the ring attached to it; ``close`` ends them
-        and the engine."""
-        self.engine, self.runners = engine, runners
-        self.size = engine.preprocess.size
-        batch = engine.batch_size
-        self.files = MemoryFiles()  # the jobs decoded within submit
-        # the decode calls' files, decode call c in set c % 2: a call's files are read before its decode returns,
-        # and with two jobs outstanding the call before it is the only other one that may still be reading
-        self._call_files = [MemoryFiles(), MemoryFiles()]
-        self._unclassified: deque[DecodeCall] = deque()  # decode calls submitted, in order, not yet classified
+    def __init__(self, spec: EngineConfig):
+        self.engine = build_engine(spec)
+        self.runners: list[tuple[Any, HostRing]] = []  # (runner, its ring), by batch size
+        self.files = MemoryFiles()
+        try:
+            self.size = self.engine.preprocess.size
+            batch = self.engine.batch_size
+            sizes = [batch] if self.engine.backend_name == "cpu" else sorted({*SMALL_RUNNERS, batch} & set(
+                range(1, batch + 1)))
+            for b in sizes:
+                runner = self.engine.runner(b)
+                ring = HostRing(runner.batch, self.size, shared=False, dtype=self.engine.preprocess.pixel_dtype)
+                self.runners.append((runner, ring))
+                runner.attach(ring)
+        except BaseException:
+            self.close()
+            raise
         # jobs outstanding at once, over all runners: two, one computed while the next is decoded and uploaded; more
         # would only split the queue into smaller jobs. A job of a whole decode call has decode_batch / batch
         # batches, and the runner's depth is two decode calls' worth of batches (cuda_runner.CudaRunner.depth).
-        self.depth = min(2, *(r.depth for r, _ in runners))
-        self.sizes = [batch] if engine.backend_name == "cpu" else buckets(batch)
-        big = runners[-1][0]
+        self.depth = min(2, *(r.depth for r, _ in self.runners))
+        self.sizes = [batch] if self.engine.backend_name == "cpu" else buckets(batch)
+        big = self.runners[-1][0]
         # images an encoded job may hold: a decode call of the largest runner where it decodes in calls of batches
-        self.encoded_batch = (big.decode_batch if engine.decode == "gpu" and big.decode_fallback is None
+        self.encoded_batch = (big.decode_batch if self.engine.decode == "gpu" and big.decode_fallback is None
                               and all(hasattr(big, a) for a in ("decode", "split", "classify")) else batch)
         self._decode_calls = 0  # the largest runner's decode calls (cuda_runner.CudaRunner.decode numbers them)
-        self._decoding = (ThreadPoolExecutor(big.decode_chains, thread_name_prefix="device-decode")
-                          if self.encoded_batch > batch else None)
-
-    @classmethod
-    def build(cls, spec: EngineConfig) -> DeviceWorker:
-        """The engine of ``spec`` and its runners: the max batch's, and on a GPU SMALL_RUNNERS' below it."""
-        engine = build_engine(spec)
-        runners: list[tuple[Any, HostRing | None]] = []
-        try:
-            batch = engine.batch_size
-            sizes = [batch] if engine.backend_name == "cpu" else sorted({*SMALL_RUNNERS, batch} & set(
-                range(1, batch + 1)))
-            for b in sizes:
-                runner = engine.runner(b)
-                ring = HostRing(runner.batch, engine.preprocess.size, shared=False,
-                                dtype=engine.preprocess.pixel_dtype)
-                runners.append((runner, ring))
-                runner.attach(ring)
-            return cls(engine, runners)
-        except BaseException:
-            close_all(engine, runners)
-            raise
 
     def facts(self) -> EngineFacts:
         return self.engine.facts()
@@ -191,68 +157,30 @@ class DeviceWorker:
             return runner, [runner.submit_encoded([(name, bytes(d)) for name, d in zip(job.names, job.data)],
                                                   job.top_k)], {}
         # jpeg_batch.c reads files by name, here this worker's memory files, read before the decode call returns
-        if self._decoding is None or runner is not self.runners[-1][0]:
-            paths = self.files.hold(job.data)
-            return (runner, [runner.submit_encoded(list(zip(paths, job.data)), job.top_k)],
-                    dict(zip(paths, job.names)))
-        call = self._decode_calls  # one call on the decode thread, then a batch at a time (advance)
+        paths = self.files.hold(job.data)
+        names = dict(zip(paths, job.names))
+        if runner is not self.runners[-1][0] or self.encoded_batch == runner.batch:
+            return runner, [runner.submit_encoded(list(zip(paths, job.data)), job.top_k)], names
+        decoded = runner.decode(paths, self._decode_calls)  # one call, then a batch at a time
         self._decode_calls += 1
-        pending = DecodeCall(self._decoding.submit(self._decode_call, runner, job, call), job.top_k)
-        self._unclassified.append(pending)
-        return runner, pending, None
-
-    def _decode_call(self, runner: Any, job: Job, call: int) -> tuple[Any, dict[str, str]]:
-        """On the decode thread: the job's images into memory files and decoded (cuda_runner.CudaRunner.decode)."""
-        paths = self._call_files[call % 2].hold(job.data)
-        return runner.decode(paths, call), dict(zip(paths, job.names))
-
-    def advance(self, wait_for: DecodeCall | None = None) -> None:
-        """Start the forwards of the decode calls that are done, in submission order (``wait_for``: waiting for
-        that one's decode first): the GPU gets a job's batches as soon as they are decoded."""
-        big = self.runners[-1][0]
-        while self._unclassified and (wait_for is not None or self._unclassified[0].future.done()):
-            call = self._unclassified.popleft()
-            if call is wait_for:
-                wait_for = None
-            try:
-                decoded, call.names = call.future.result()
-                call.tickets = [big.classify(part, call.top_k) for part in big.split(decoded)]
-            except Exception as e:  # the job's failure, given when its result is asked for
-                call.error = e
+        return runner, [runner.classify(part, job.top_k) for part in runner.split(decoded)], names
 
     def result(self, job: Job, ticket: Any) -> Any:
         if job.kind == "tensor":
             return ticket
         runner, tickets, names = ticket
-        if isinstance(tickets, DecodeCall):
-            call = tickets
-            self.advance(call if any(c is call for c in self._unclassified) else None)
-            if call.error is not None:
-                raise call.error
-            tickets, names = call.tickets, call.names
         out = [r for t in tickets for r in runner.result(t)]
         return [renamed(r, names) for r in out] if names else out
 
     def close(self) -> None:
         try:
-            if self._decoding is not None:
-                self._decoding.shutdown(wait=True)
-        finally:
-            for files in (self.files, *self._call_files):
-                files.close()
-            close_all(self.engine, self.runners)
-            self.runners = []
-
-
-def close_all(engine: Any, runners: list[tuple[Any, HostRing | None]]) -> None:
-    """The runners and their rings closed, then the engine."""
-    try:
-        for runner, ring in runners:
-            runner.close()
-            if ring is not None:
+            for runner, ring in self.runners:
+                runner.close()
                 ring.close()
-    finally:
-        engine.close()
+            self.runners = []
+        finally:
+            self.files.close()
+            self.engine.close()
 
 
 class MemoryFiles:
@@ -327,7 +255,6 @@ def serve_jobs(worker: DeviceWorker, take: Take, give: Give) -> None:
             pending.append((key, job, worker.submit(job)))
         except Exception as e:
             give(key, None, failure(e))
-        worker.advance()
 
 
 def failure(e: BaseException) -> str:
@@ -354,7 +281,7 @@ class ThreadDevice:
 
     def _main(self, spec: EngineConfig) -> None:
         try:
-            worker = DeviceWorker.build(spec)
+            worker = DeviceWorker(spec)
             worker.warm_up()
         except BaseException as e:
             self.loop.call_soon_threadsafe(_settle, self._ready, None, EngineError(failure(e)))
@@ -403,7 +330,7 @@ def _process_main(spec: EngineConfig, gpu: int, conn: Any, owner: int, cpus: lis
     if cpus:
         os.sched_setaffinity(0, cpus)
     try:
-        worker = DeviceWorker.build(spec)
+        worker = DeviceWorker(spec)
         worker.warm_up()
     except BaseException as e:
         conn.send(("error", f"GPU {gpu}: {failure(e)}"))
