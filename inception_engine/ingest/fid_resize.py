@@ -39,7 +39,20 @@ def bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, 
 
 
 def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation.
+    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation
+    (pytorch_fid_planes, channels last)."""
+    return np.ascontiguousarray(np.moveaxis(pytorch_fid_planes(rgb, size), 0, -1))
+
+
+def clean_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: clean-fid's "clean" resize (clean_fid_planes,
+    channels last)."""
+    return np.ascontiguousarray(np.moveaxis(clean_fid_planes(rgb, size), 0, -1))
+
+
+def pytorch_fid_planes(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> (3, size, size) float32 in [0, 255], a plane per channel (the network's layout):
+    pytorch-fid's bilinear interpolation.
 
     Enlarging (H, W <= size, generators' 256 x 256 and smaller): Pillow's bilinear resize of each channel as a float32
     image. Where it does not shrink, Pillow's triangle filter keeps its support of one pixel, so each output takes
@@ -51,31 +64,45 @@ def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
     the cores)."""
     h, w = rgb.shape[:2]
     if h <= size and w <= size:
-        return np.stack([np.asarray(Image.fromarray(rgb[:, :, c].astype(np.float32), mode="F")
-                                    .resize((size, size), resample=Image.BILINEAR)) for c in range(3)], axis=2)
+        return pillow_planes(rgb, size, Image.BILINEAR)
     (ylo, yhi, fy), (xlo, xhi, fx) = bilinear_taps(h, size), bilinear_taps(w, size)
     cols = rgb[:, xlo] * (1.0 - fx)[None, :, None]
     cols += rgb[:, xhi] * fx[None, :, None]
     out = cols[ylo]
     out *= (1.0 - fy)[:, None, None]
     out += cols[yhi] * fy[:, None, None]
-    return out.astype(np.float32)
+    return np.moveaxis(out, -1, 0).astype(np.float32)
 
 
-def clean_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: clean-fid's "clean" resize, each channel a float32
+def clean_fid_planes(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> (3, size, size) float32 in [0, 255]: clean-fid's "clean" resize, each channel a float32
     Pillow image resized bicubically, clipped, not rounded."""
-    chans = [np.asarray(Image.fromarray(rgb[:, :, c].astype(np.float32), mode="F")
-                        .resize((size, size), resample=Image.BICUBIC)) for c in range(3)]
-    return np.clip(np.stack(chans, axis=2), 0, 255).astype(np.float32)
+    planes = pillow_planes(rgb, size, Image.BICUBIC)
+    return np.clip(planes, 0, 255, out=planes)
+
+
+def pillow_planes(rgb: np.ndarray, size: int, resample: int) -> np.ndarray:
+    """Each channel of (H, W, 3) uint8 as a float32 Pillow image (mode "F": its exact integers), resized to size x
+    size with ``resample``, into one (3, size, size) float32 array."""
+    out = np.empty((3, size, size), np.float32)
+    for c in range(3):
+        band = Image.fromarray(np.ascontiguousarray(rgb[:, :, c])).convert("F")
+        out[c] = np.asarray(band.resize((size, size), resample=resample))
+    return out
+
+
+def fid_planes(img: Image.Image, mode: str, size: int = FID_SIZE) -> np.ndarray:
+    """A decoded image as the FID tool ``mode`` feeds it to its network, before the scaling: RGB by Pillow's own
+    conversion (as both tools do: no EXIF orientation, alpha dropped), resized to size x size, float32, (3, size,
+    size)."""
+    rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    if mode == "pytorch-fid":
+        return pytorch_fid_planes(rgb, size)
+    if mode == "clean-fid":
+        return clean_fid_planes(rgb, size)
+    raise ValueError(f"no FID resize {mode!r}; choose one of {', '.join(RESIZE_MODES[1:])}")
 
 
 def fid_pixels(img: Image.Image, mode: str, size: int = FID_SIZE) -> np.ndarray:
-    """A decoded image as the FID tool ``mode`` feeds it to its network, before the scaling: RGB by Pillow's own
-    conversion (as both tools do: no EXIF orientation, alpha dropped), resized to size x size, float32."""
-    rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    if mode == "pytorch-fid":
-        return pytorch_fid_resize(rgb, size)
-    if mode == "clean-fid":
-        return clean_fid_resize(rgb, size)
-    raise ValueError(f"no FID resize {mode!r}; choose one of {', '.join(RESIZE_MODES[1:])}")
+    """fid_planes, channels last: (size, size, 3)."""
+    return np.ascontiguousarray(np.moveaxis(fid_planes(img, mode, size), 0, -1))

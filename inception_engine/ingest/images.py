@@ -30,7 +30,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from .. import arch
 from ..errors import EngineError, first_line
 from ..weights import IMAGENET_MEAN, IMAGENET_STD
-from .fid_resize import MODE_SCALING, RESIZE_MODES, fid_pixels
+from .fid_resize import MODE_SCALING, RESIZE_MODES, fid_planes
 from .pil_resize import crop_box, resize_crop_image, resized_size
 
 RESIZE = 342  # torchvision's resize_size for Inception-V3
@@ -298,7 +298,7 @@ def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
     CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes). An FID tool's mode: its
     resize and scaling instead, the network's input (Preprocess.decoded_shape)."""
     if pre.mode != "torchvision":
-        return normalize_u8(fid_pixels(img, pre.mode, pre.size), pre)
+        return normalize_planes(fid_planes(img, pre.mode, pre.size), pre)
     img = to_rgb(exif_upright(img))
     if pre.resize < pre.size:  # only with an inconsistent manifest; torchvision would pad
         raise EngineError(f"resize {pre.resize} is smaller than crop {pre.size}; the weight manifest is inconsistent")
@@ -318,6 +318,16 @@ def normalize_u8(x: np.ndarray, pre: Preprocess = Preprocess()) -> np.ndarray:
     y = x.astype(np.float32) / np.float32(255)
     y = (y - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
     return np.ascontiguousarray(np.moveaxis(y, -1, -3))
+
+
+def normalize_planes(planes: np.ndarray, pre: Preprocess = Preprocess()) -> np.ndarray:
+    """normalize_u8's operations on (3, size, size) float32 planes (an FID resize's pixels, in [0, 255]), in place:
+    the same float32 division, subtraction and division of each element, so bit for bit its result, without its
+    temporaries and the transposing copy."""
+    planes /= np.float32(255)
+    planes -= np.asarray(pre.mean, np.float32)[:, None, None]
+    planes /= np.asarray(pre.std, np.float32)[:, None, None]
+    return planes
 
 
 def network_input(decoded: np.ndarray, pre: Preprocess = Preprocess()) -> np.ndarray:
