@@ -71,7 +71,7 @@ def pytorch_fid_planes(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
     out = cols[ylo]
     out *= (1.0 - fy)[:, None, None]
     out += cols[yhi] * fy[:, None, None]
-    return np.moveaxis(out, -1, 0).astype(np.float32)
+    return np.ascontiguousarray(np.moveaxis(out, -1, 0), dtype=np.float32)
 
 
 def clean_fid_planes(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
