@@ -116,8 +116,8 @@ def test_enlarging_through_pillow_is_within_a_float32_step_of_the_float64_taps(s
 @pytest.mark.parametrize("shape", [(256, 256), (64, 299), (310, 200), (400, 500), (1, 700)])
 def test_decode_workers_network_input_is_the_tools_resize_normalised(mode, shape):
     """What a decode worker writes for an FID mode (resize_crop: the resize's planes scaled in place) is, bit for
-    bit, normalize_u8 of the channels-last resize, every plane written (NaN-poisoned nowhere to hide: a fresh array
-    each call), C-contiguous as the ring's slot takes it."""
+    bit, normalize_u8 of the channels-last resize (every element compared: a plane left unwritten fails), and
+    C-contiguous as the ring's slot takes it."""
     rng = np.random.default_rng(sum(shape))
     img = Image.fromarray(rng.integers(0, 256, (*shape, 3), np.uint8))
     pre = Preprocess(mean=(0.5,) * 3, std=(0.5,) * 3, mode=mode)
