@@ -123,7 +123,7 @@ def row_decode(args: argparse.Namespace) -> dict:
     paths = images_in(Path(args.dir), args.limit)
     pre, slots = Preprocess(), 4 * args.batch_size
     workers = args.workers or default_workers()
-    ring = HostRing(slots, pre.size, shared=args.kind == "process")
+    ring = HostRing(slots, pre, shared=args.kind == "process")
     pool = DecodePool(ring, pre, workers, args.kind)
     try:
         warm = [pool.submit(i % slots, p) for i, p in enumerate(paths[:slots])]

@@ -196,7 +196,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
         kind = "process" if len(sources) >= PROCESS_MIN_IMAGES and workers > 1 else "thread"
     if kind == "process" and not hasattr(os, "memfd_create"):  # not Linux: the ring cannot be shared
         kind = "thread"
-    ring = HostRing(slots, pre.size, shared=kind == "process", dtype=pre.pixel_dtype)
+    ring = HostRing(slots, pre, shared=kind == "process")
     pool = None
     try:
         runner.attach(ring)

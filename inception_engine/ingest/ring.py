@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .images import Preprocess
 
 
 class HostRing:
@@ -16,10 +19,9 @@ class HostRing:
     no name: nothing is left in /dev/shm whatever ends the run (SIGKILL included), and a small /dev/shm (a
     container's 64 MB) does not bound it."""
 
-    def __init__(self, slots: int, size: int, shared: bool, dtype: type = np.uint8):
-        """dtype (images.Preprocess.pixel_dtype): uint8, pixels (size, size, 3); float32, an FID tool's images as the
-        network's input (3, size, size) (images.Preprocess.decoded_shape says why)."""
-        shape = (slots, size, size, 3) if np.dtype(dtype) == np.uint8 else (slots, 3, size, size)
+    def __init__(self, slots: int, pre: Preprocess, shared: bool):
+        """Slots of images decoded as ``pre`` decodes them (its decoded_shape and pixel_dtype)."""
+        shape, dtype = (slots, *pre.decoded_shape), pre.pixel_dtype
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         self.fd: int | None = None
         self._map: mmap.mmap | None = None
@@ -33,7 +35,7 @@ class HostRing:
 
     @classmethod
     def wrapping(cls, pixels: np.ndarray) -> HostRing:
-        """A ring over images decoded already (N, size, size, 3): slot i is image i."""
+        """A ring over images decoded already (N, *Preprocess.decoded_shape): slot i is image i."""
         ring = cls.__new__(cls)
         ring.fd, ring._map, ring.array, ring.slots = None, None, pixels, len(pixels)
         return ring

@@ -100,7 +100,7 @@ class DeviceWorker:
                 range(1, batch + 1)))
             for b in sizes:
                 runner = self.engine.runner(b)
-                ring = HostRing(runner.batch, self.size, shared=False, dtype=self.engine.preprocess.pixel_dtype)
+                ring = HostRing(runner.batch, self.engine.preprocess, shared=False)
                 self.runners.append((runner, ring))
                 runner.attach(ring)
         except BaseException:

@@ -289,7 +289,7 @@ def test_the_limit_reaches_decode_processes_and_lifts_pillows_own(tmp_path, monk
     p = tmp_path / "big.png"
     random_rgb(400, 300).save(p)
     pre = Preprocess(max_pixels=100_000)
-    ring = HostRing(2, pre.size, shared=True)
+    ring = HostRing(2, pre, shared=True)
     pool = workers.DecodePool(ring, pre, 1, "process", chunk=1)
     try:
         error = pool.submit(0, p).result(timeout=60)

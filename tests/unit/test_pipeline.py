@@ -90,7 +90,7 @@ def test_process_workers_decode_in_chunks_held_back_until_flushed(photos, tmp_pa
     bad.write_text("not a picture")
     sources = [*photos[:4], bad, *photos[4:6]]
     pre = Preprocess()
-    ring = HostRing(len(sources), pre.size, shared=True)
+    ring = HostRing(len(sources), pre, shared=True)
     pool = workers.DecodePool(ring, pre, 2, "process", chunk=3)
     try:
         futures = [pool.submit(i, s) for i, s in enumerate(sources)]
@@ -135,7 +135,7 @@ def test_a_broken_pool_fails_the_chunks_futures_not_the_submit(photos):
     from concurrent.futures import BrokenExecutor
 
     pre = Preprocess()
-    ring = HostRing(4, pre.size, shared=True)
+    ring = HostRing(4, pre, shared=True)
     pool = workers.DecodePool(ring, pre, 1, "process", chunk=2)
     try:
         first = [pool.submit(0, photos[0]), pool.submit(1, photos[1])]
@@ -164,9 +164,9 @@ def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch
     rings: list[int] = []
     real_ring = pipeline.HostRing
 
-    def counting_ring(slots: int, size: int, shared: bool, dtype: type = np.uint8):
+    def counting_ring(slots: int, pre: Preprocess, shared: bool):
         rings.append(slots)
-        return real_ring(slots, size, shared, dtype)
+        return real_ring(slots, pre, shared)
 
     decoded: list[str] = []
     real_decode = workers.decode_u8
@@ -228,7 +228,7 @@ def test_the_process_ring_has_no_name_in_dev_shm(photos):
 
     before = set(os.listdir("/dev/shm"))
     pre = Preprocess()
-    ring = HostRing(3, pre.size, shared=True)
+    ring = HostRing(3, pre, shared=True)
     pool = workers.DecodePool(ring, pre, 1, "process", chunk=1)
     try:
         assert pool.submit(2, photos[0]).result(timeout=60) is None
