@@ -38,18 +38,6 @@ def bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, 
     return lo, np.minimum(lo + 1, in_size - 1), src - lo
 
 
-def pytorch_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: pytorch-fid's bilinear interpolation
-    (pytorch_fid_planes, channels last)."""
-    return np.ascontiguousarray(np.moveaxis(pytorch_fid_planes(rgb, size), 0, -1))
-
-
-def clean_fid_resize(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size, size, 3) float32 in [0, 255]: clean-fid's "clean" resize (clean_fid_planes,
-    channels last)."""
-    return np.ascontiguousarray(np.moveaxis(clean_fid_planes(rgb, size), 0, -1))
-
-
 def pytorch_fid_planes(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
     """(H, W, 3) uint8 -> (3, size, size) float32 in [0, 255], a plane per channel (the network's layout):
     pytorch-fid's bilinear interpolation.
@@ -101,8 +89,3 @@ def fid_planes(img: Image.Image, mode: str, size: int = FID_SIZE) -> np.ndarray:
     if mode == "clean-fid":
         return clean_fid_planes(rgb, size)
     raise ValueError(f"no FID resize {mode!r}; choose one of {', '.join(RESIZE_MODES[1:])}")
-
-
-def fid_pixels(img: Image.Image, mode: str, size: int = FID_SIZE) -> np.ndarray:
-    """fid_planes, channels last: (size, size, 3)."""
-    return np.ascontiguousarray(np.moveaxis(fid_planes(img, mode, size), 0, -1))

@@ -24,8 +24,8 @@ from PIL import Image
 from inception_engine.backends.cuda.device import driver
 from inception_engine.errors import EngineError
 from inception_engine.ingest import gpu_fid_resize, jpeg_decode
-from inception_engine.ingest.fid_resize import FID_SIZE, MODE_SCALING, clean_fid_resize, pytorch_fid_resize
-from inception_engine.ingest.images import Preprocess, decode_u8, normalize_u8
+from inception_engine.ingest.fid_resize import FID_SIZE, MODE_SCALING, clean_fid_planes, pytorch_fid_planes
+from inception_engine.ingest.images import Preprocess, decode_u8, normalize_planes, normalize_u8
 
 # resize_pil.cu's tests' device buffers, stand-ins of jpeg_batch.c and JPEG makers (this folder is on sys.path)
 from test_resize_pil import Device, FakeNative, jpeg_bytes, png_bytes, turned_jpeg
@@ -50,7 +50,7 @@ def upright(a: np.ndarray, orientation: int) -> np.ndarray:
 
 def cpu_input(a: np.ndarray) -> np.ndarray:
     """The CPU path's network input for the upright image a: (3, 299, 299) float32."""
-    return normalize_u8(pytorch_fid_resize(a), PRE)
+    return normalize_planes(pytorch_fid_planes(a), PRE)
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def run(kernels: Any, device: Device, cases: list[tuple[int, int, int]], sentine
     resize.close()
     bad = []
     for i, ((h, w, o), a) in enumerate(zip(cases, images)):
-        want = normalize_u8(clean_fid_resize(upright(a, o)), CLEAN) if clean else cpu_input(upright(a, o))
+        want = normalize_planes(clean_fid_planes(upright(a, o)), CLEAN) if clean else cpu_input(upright(a, o))
         err = float(np.abs(got[2 * i + 1] - want).max())
         if not err <= (0.0 if clean else bound(*a.shape[:2])):
             bad.append(f"{h}x{w} orientation {o}: max |GPU - CPU| {err:.2e} > {bound(h, w):.2e}")
@@ -165,7 +165,7 @@ def test_bound_is_tight_enough_to_fail():
     the two differ beyond uint8 rounding) Pillow's antialiased bilinear resize."""
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
-    shifted = normalize_u8(pytorch_fid_resize(np.roll(a, 1, axis=1)), PRE)
+    shifted = normalize_planes(pytorch_fid_planes(np.roll(a, 1, axis=1)), PRE)
     assert np.abs(shifted - cpu_input(a)).max() > 100 * bound(256, 256)
     big = rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)
     pil = normalize_u8(np.asarray(Image.fromarray(big).resize((FID_SIZE, FID_SIZE), Image.BILINEAR), np.float32), PRE)

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from inception_engine.errors import EngineError
-from inception_engine.ingest.fid_resize import bilinear_taps, clean_fid_resize, fid_pixels, pytorch_fid_resize
+from inception_engine.ingest.fid_resize import bilinear_taps, clean_fid_planes, fid_planes, pytorch_fid_planes
 from inception_engine.ingest.images import Preprocess, decode_u8, load_image, normalize_u8
 
 
@@ -32,6 +32,21 @@ def torch_bilinear_reference(x: np.ndarray, out_h: int, out_w: int) -> np.ndarra
                 for c, wc in taps(j, w, out_w):
                     out[i, j] += wr * wc * x[r, c]
     return out
+
+
+def channels_last(planes: np.ndarray) -> np.ndarray:
+    """(3, H, W) planes as (H, W, 3) pixels, the tools' and the references' layout."""
+    return np.moveaxis(planes, 0, -1)
+
+
+def pytorch_fid_resize(rgb: np.ndarray, size: int = 299) -> np.ndarray:
+    """pytorch-fid's resize, channels last."""
+    return channels_last(pytorch_fid_planes(rgb, size))
+
+
+def clean_fid_resize(rgb: np.ndarray, size: int = 299) -> np.ndarray:
+    """clean-fid's resize, channels last."""
+    return channels_last(clean_fid_planes(rgb, size))
 
 
 def bilinear_weights(in_size: int, out_size: int) -> np.ndarray:
@@ -92,7 +107,7 @@ def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
     np.testing.assert_array_equal(x, got)
     np.testing.assert_allclose(x, np.moveaxis(pytorch_fid_resize(rgba[:, :, :3]) / 255.0 * 2 - 1, -1, 0), atol=1e-6)
     clean = Preprocess.from_manifest(manifest, mode="clean-fid")
-    y = normalize_u8(fid_pixels(Image.fromarray(rgba[:, :, :3]), "clean-fid")[None], clean)[0]
+    y = normalize_u8(channels_last(fid_planes(Image.fromarray(rgba[:, :, :3]), "clean-fid"))[None], clean)[0]
     np.testing.assert_allclose(y, np.moveaxis((clean_fid_resize(rgba[:, :, :3]) - 128.0) / 128.0, -1, 0), atol=1e-6)
     tv = Preprocess.from_manifest(manifest, mode="torchvision")
     assert tv.mean == (0.5,) * 3 and decode_u8(path, tv).dtype == np.uint8  # the weight file's scaling
@@ -102,7 +117,7 @@ def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
 
 @pytest.mark.parametrize("shape", [(256, 256), (128, 299), (37, 200)])
 def test_enlarging_through_pillow_is_within_a_float32_step_of_the_float64_taps(shape):
-    """pytorch_fid_resize takes Pillow's float32 bilinear where no axis shrinks: the same taps and weights as torch's,
+    """pytorch_fid_planes takes Pillow's float32 bilinear where no axis shrinks: the same taps and weights as torch's,
     one float32 rounding between its passes."""
     rgb = np.random.default_rng(shape[1]).integers(0, 256, (*shape, 3), dtype=np.uint8)
     rows, cols = bilinear_weights(shape[0], 299), bilinear_weights(shape[1], 299)
@@ -122,6 +137,6 @@ def test_decode_workers_network_input_is_the_tools_resize_normalised(mode, shape
     img = Image.fromarray(rng.integers(0, 256, (*shape, 3), np.uint8))
     pre = Preprocess(mean=(0.5,) * 3, std=(0.5,) * 3, mode=mode)
     got = decode_u8(img, pre)
-    want = normalize_u8(fid_pixels(img, mode), pre)
+    want = normalize_u8(channels_last(fid_planes(img, mode)), pre)
     assert got.shape == (3, 299, 299) and got.dtype == np.float32 and got.flags["C_CONTIGUOUS"]
     assert np.array_equal(got, want) and np.isfinite(got).all()
