@@ -12,12 +12,12 @@ line, exit 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
-import contextlib
 from pathlib import Path
 from typing import Any
 

@@ -152,7 +152,7 @@ class HostRunner:
     def submit(self, slots: list[int], top_k: int) -> tuple[list[TopK], np.ndarray | None]:
         assert self.ring is not None
         first = slots[0]
-        consecutive = slots[-1] - first == len(slots) - 1 and slots == list(range(first, first + len(slots)))
+        consecutive = slots == list(range(first, first + len(slots)))
         x = network_input(self.ring.array[first:first + len(slots)] if consecutive else self.ring.array[slots],
                           self.pre)  # a consecutive batch's FID input is used in place, not copied
         logits, feats = self.forward(x, features=True) if self.features else (self.forward(x), None)
