@@ -86,6 +86,14 @@ export PATH="$PATH:/usr/local/cuda/bin"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >>"$OUT/env_pytest.log" 2>&1
 
 # step NAME LOG LIMIT_S COMMAND...: run with a time limit, append to LOG, remember status, time and last line.
+# --decode gpu's nvImageCodec from the kit's .whl/nvimg/ where it has it, onto PYTHONPATH; its pip output to log $1.
+nvimg_kit() {
+  if ls .whl/nvimg/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
+      >>"$OUT/$1" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
+  fi
+}
+
 step() {
   local name=$1 log=$2 limit=$3
   shift 3
@@ -224,10 +232,7 @@ fi
 # --gpus 1..N on the machine's GPUs, the PyTorch script. nvImageCodec comes from .whl/nvimg/ where the kit has it
 # (pip download nvidia-nvimgcodec-cu13 nvidia-nvjpeg there, slimmed by dev/gpu_machine/slim_nvimgcodec_wheel.py).
 if want folder; then
-  if ls .whl/nvimg/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
-      >>"$OUT/folder.log" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
-  fi
+  nvimg_kit folder.log
   step "pytest folder job" folder.log 120 python3 -m pytest -m gpu -q -rfEs tests/kernels/test_pipeline_io.py \
     tests/device/test_gpu_decode.py tests/device/test_cuda_tuning_tables.py
   gpus=$(nvidia-smi -L | wc -l)
@@ -246,10 +251,7 @@ fi
 # Issue 52: the FID tools from the kit (.whl/fid), the GPU resize, the agreement test and the benchmark.
 if want fid; then
   if source dev/gpu_machine/fid_kit.sh install >>"$OUT/fid.log" 2>&1; then
-    if ls .whl/nvimg/*.whl >/dev/null 2>&1; then  # --decode gpu's nvImageCodec, as the folder group installs it
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
-        >>"$OUT/fid.log" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
-    fi
+    nvimg_kit fid.log
     step "pytest fid" fid.log 240 python3 -m pytest -q -rfEs -s tests/kernels/test_resize_fid.py \
       tests/e2e/test_pytorch_fid_agreement.py
     step "bench fid" fid.log 540 python3 dev/bench_fid.py --out "$OUT/bench_fid" ${FID_ARGS:---images 50000}
@@ -263,10 +265,7 @@ fi
 # it, the LitServe peer), then, where SOAK_SECONDS is set, a soak of that length at 80 % of saturation.
 if want serve; then
   if source dev/gpu_machine/serve_kit.sh install >>"$OUT/serve.log" 2>&1; then
-    if ls .whl/nvimg/*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nvimg .whl/nvimg/*.whl \
-        >>"$OUT/serve.log" 2>&1 && export PYTHONPATH="/tmp/nvimg:$PYTHONPATH"
-    fi
+    nvimg_kit serve.log
     SERVE_W=$(python3 -c "import sys; sys.path.insert(0, 'dev'); from bench_e2e import synthetic_weights_file; \
 print(synthetic_weights_file('/tmp'))" 2>>"$OUT/serve.log")
     step "pytest serve" serve.log 90 python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider tests/device/test_serve_gpu.py
