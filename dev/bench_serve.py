@@ -220,16 +220,22 @@ def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace, pid:
 
 def server_times(url: str) -> dict[str, float]:
     """The sums and counts of the server's infer request seconds, batch compute seconds and queue seconds
-    (its /metrics, every process's added up)."""
+    (its /metrics, every process's added up), as prometheus-client parses them."""
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r'(inception_(?:request|compute|queue)_seconds)_(sum|count)(\{[^}]*\})? (\S+)$', line)
-        if m and (m[1] != "inception_request_seconds" or 'route="infer"' in (m[3] or "")):
-            key = f"{m[1].split('_')[1]}_{m[2]}"
-            out[key] = out.get(key, 0.0) + float(m[4])
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("inception_request_seconds", "inception_compute_seconds", "inception_queue_seconds"):
+            continue
+        for sample in family.samples:
+            part = sample.name.rsplit("_", 1)[1]
+            if part in ("sum", "count") and (family.name != "inception_request_seconds"
+                                             or sample.labels.get("route") == "infer"):
+                key = f"{family.name.split('_')[1]}_{part}"
+                out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
