@@ -34,8 +34,10 @@
 // multiples of 16; Cout, y_cstride and the parts' starts and offsets multiples of 4); `bias` is float32[3 Cout]:
 // bias[m], scale[m] = s_x s_w[m] at Cout + m, inv_out[m] = 1 / (the storage scale of channel m's part) at
 // 2 Cout + m; y = clamp(rint(relu(float(acc) * scale + bias) * inv_out), -127, 127), each operation rounded on its
-// own as int8_reference computes it (NhwcStore::column4), four channels a 4-byte store. Split-K: int32 raw sums in the
-// workspace, summed exactly by conv_nhwc_i8_splitk_reduce, which applies the same epilogue.
+// own as int8_reference computes it (NhwcStore::column4), four channels a 4-byte store; a moved pool's raw products
+// (past relu_end) are the int32 sums themselves, 4 bytes a channel (offsets, cstride in bytes, multiples of 16).
+// Split-K: int32 raw sums in the workspace, summed exactly by conv_nhwc_i8_splitk_reduce, which applies the same
+// epilogue.
 // Parts: the 1x1 convs of a module that read the same input run as one GEMM of their stacked weights
 // (plan.fuse_pointwise), whose output channels go to up to four views of the same arena: part 0 from channel 0 at
 // y (y_cstride), part i = 1..3 from channel start_i at y + offset_i (elements, maybe negative), pixel stride
@@ -78,16 +80,17 @@ __device__ __forceinline__ int swizzled(int row, int piece) { return (piece ^ (r
 struct NhwcParts {
     int start[3], offset[3], cstride[3], relu_end;
 
-    // Channel m of output pixel p is at element base + p cstride from y. 32-bit: every part lies in the arena, which
-    // has fewer than 2^31 elements (CudaBackend checks).
+    // Channel m of output pixel p is at element base + p cstride from y; it is channel ch of its part. 32-bit: every
+    // part lies in the arena, which has fewer than 2^31 elements (CudaBackend checks). An int8 raw product's int32
+    // value is at byte offset + 4 ch = base + 3 ch instead (NhwcStore::column4).
     struct Column {
-        int base, cstride;
+        int base, cstride, ch;
     };
     __device__ __forceinline__ Column column(int y_cstride, int m) const {
-        Column col{m, y_cstride};
+        Column col{m, y_cstride, m};
 #pragma unroll
         for (int i = 0; i < 3; ++i)
-            if (m >= start[i]) col = Column{offset[i] + (m - start[i]), cstride[i]};
+            if (m >= start[i]) col = Column{offset[i] + (m - start[i]), cstride[i], m - start[i]};
         return col;
     }
 };
@@ -264,12 +267,23 @@ struct NhwcStore {
     // int8 (E::INT): bias holds bias[m], then scale[m] = s_x s_w[m] at cout + m and inv_out[m] (1 / the storage scale
     // of channel m's output) at 2 cout + m, all float32, and each sum becomes
     // quantize(relu(float(acc) * scale[m] + bias[m]), inv_out[m]), every operation rounded on its own (no fused
-    // multiply-add), as int8_reference.conv_epilogue and quantize compute it.
+    // multiply-add), as int8_reference.conv_epilogue and quantize compute it. Channels from relu_end on are a moved
+    // pool's raw products (plan.fuse_pointwise): in int8 the exact int32 sums, 16 bytes a pixel's four channels, at
+    // byte offset + 4 ch of their part (whose cstride counts bytes), for pool_nhwc.cu's avg_pool_products_nhwc_i8.
     template <class Quads>
     __device__ __forceinline__ void column4(int m, Quads&& quads) const {
         using Acc = typename E::Acc;
         if (m >= a.cout) return;
         const NhwcParts::Column col = a.parts.column(a.y_cstride, m);
+        if constexpr (E::INT) {
+            if (m >= a.parts.relu_end) {
+                signed char* const raw = static_cast<signed char*>(a.out) + (col.base + 3 * col.ch);
+                quads([&](int p, const Acc (&q)[4]) {
+                    if (p < p_total) *reinterpret_cast<int4*>(raw + p * col.cstride) = int4{q[0], q[1], q[2], q[3]};
+                });
+                return;
+            }
+        }
         float bias[4], scale[4], inv_out[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {

@@ -200,7 +200,8 @@ CONV_NHWC_WGMMA_TILES(conv_nhwc_i8, NhwcI8)
 #endif
 
 // conv_nhwc_i8_splitk_reduce: y[p, m] (int8, the parts) = NhwcStore::column4's epilogue of the int32 sum over z of
-// ws[z][p][m] (exact: int32 sums of int8 products, whatever the slices), two channels a thread, one 2-byte store.
+// ws[z][p][m] (exact: int32 sums of int8 products, whatever the slices), two channels a thread, one 2-byte store (a
+// moved pool's raw products: the sums, one 8-byte store).
 // Launch: block 256, grid ceil(P * M / 2 / 256).
 #ifdef IE_NHWC_INT8
 extern "C" __global__ void __launch_bounds__(256)
@@ -216,13 +217,17 @@ extern "C" __global__ void __launch_bounds__(256)
         acc[0] += s.x;
         acc[1] += s.y;
     }
+    const NhwcParts::Column col = parts.column(y_cstride, m);
+    if (m >= parts.relu_end) {  // a moved pool's raw product: the int32 sums (NhwcStore::column4)
+        *reinterpret_cast<int2*>(y + (col.base + 3 * col.ch + p * col.cstride)) = int2{acc[0], acc[1]};
+        return;
+    }
     int q[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const float f = __fadd_rn(__fmul_rn(__int2float_rn(acc[e]), __ldg(bias + cout + m + e)), __ldg(bias + m + e));
-        q[e] = i8q::quantize(m + e < parts.relu_end ? fmaxf(f, 0.f) : f, __ldg(bias + 2 * cout + m + e));
+        q[e] = i8q::quantize(fmaxf(f, 0.f), __ldg(bias + 2 * cout + m + e));
     }
-    const NhwcParts::Column col = parts.column(y_cstride, m);
     *reinterpret_cast<unsigned short*>(y + (col.base + p * col.cstride)) =
         static_cast<unsigned short>((q[0] & 0xff) | (q[1] & 0xff) << 8);
 }

@@ -12,6 +12,12 @@
 // pool2d_nhwc_i8: max pool exact on int8; average pool: the window's int8 sum in int32, divided by the count as one
 // float32 division and rounded half to even (i8q::mean); then, where ratio != 1 (a pool feeding a concat stored at
 // another scale), requantized: clamp(rint(q * ratio), -127, 127), ratio = float32(s_in) / float32(s_out).
+// avg_pool_products_nhwc_i8: an average pool moved behind its 1x1 conv (int8_reference.moved_pools): x holds the
+// conv's raw products, exact int32 sums (conv_nhwc.cuh's NhwcStore::column4; x_cstride int32s a pixel), and
+// y[b, oh, ow, c] = quantize(relu((float(S) * scale[c]) * (1 / float(count)) + bias[c]), inv_out[c]): S the window's
+// int32 sum (the reference checks that it fits), count kernel^2 (count_include_pad) or the positions inside (at most
+// 9: i8q::recip_small), each operation rounded on its own; epi = float32[3 C]: bias, scale = s_x s_w, inv_out
+// (Int8Scales.moved_pool_epilogue). A thread takes four channels (a 16-byte piece of int32s) of one output.
 // global_avg_pool_nhwc_i8: float32 features of the dequantized input, y[b, c] = (S * scale) / hw with S the exact
 // int32 sum over H*W (|S| <= 127 * hw < 2^24, exact in float32) and two float32 roundings, a product and a quotient:
 // within 2^-23 of the exact mean, relative (the reference's float32 mean of dequantized values is within a few
@@ -25,6 +31,7 @@
 // Launch: pool2d_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256);
 //         pool2d_nhwc_i8_k3s1 (3x3 windows, stride 1 only): block 256,
 //         grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/16 / 256).
+//         avg_pool_products_nhwc_i8: block 256, grid ceil(batch*Ho*Wo*channels/4 / 256).
 //         global_avg_pool_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
 #include "i8_piece.cuh"
@@ -272,6 +279,33 @@ __device__ __forceinline__ void pool_i8_k3(const signed char* __restrict__ x, si
                       ratio);                                                                                       \
     }
 POOL_I8_K3(1)
+
+extern "C" __global__ void __launch_bounds__(IE_THREADS)
+    avg_pool_products_nhwc_i8(const int* __restrict__ x, signed char* __restrict__ y, int batch, int channels, int h,
+                              int w, int x_cstride, int ho, int wo, int y_cstride, int kernel, int stride, int pad,
+                              int count_include_pad, const float* __restrict__ epi) {
+    constexpr int PIECE = 4;
+    const int groups = channels / PIECE, idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= batch * ho * wo * groups) return;
+    const int cg = idx % groups, p = idx / groups;  // output pixel p = (b * Ho + oh) * Wo + ow
+    const int ow = p % wo, oh = p / wo % ho, b = p / (wo * ho);
+    int acc[PIECE] = {0, 0, 0, 0};
+    const auto load = [&](int (&v)[PIECE], size_t pixel) {
+        const int4 q = __ldg(reinterpret_cast<const int4*>(x + pixel * x_cstride) + cg);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    };
+    const int inside = pool_window(acc, load, b, h, w, oh * stride - pad, ow * stride - pad, kernel, 0);
+    const float recip = i8q::recip_small(count_include_pad ? kernel * kernel : inside);
+    unsigned word = 0;
+#pragma unroll
+    for (int e = 0; e < PIECE; ++e) {
+        const int c = PIECE * cg + e;
+        const float f = __fadd_rn(i8q::mul(i8q::mul(__int2float_rn(acc[e]), __ldg(epi + channels + c)), recip),
+                                  __ldg(epi + c));
+        word |= (static_cast<unsigned>(i8q::quantize(fmaxf(f, 0.f), __ldg(epi + 2 * channels + c))) & 0xFF) << (8 * e);
+    }
+    *reinterpret_cast<unsigned*>(y + (size_t)p * y_cstride + PIECE * cg) = word;
+}
 
 extern "C" __global__ void __launch_bounds__(IE_THREADS)
     global_avg_pool_nhwc_i8(const signed char* __restrict__ x, float* __restrict__ y, int batch, int channels, int hw,

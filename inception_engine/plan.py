@@ -86,7 +86,9 @@ class FusedConvOp(ConvOp):
     [start, start + parts[i].channels) of the stacked output go to view parts[i], start being the channels of the
     parts before it. Each part is member i's destination, except for the last ``pooled`` members, whose average pool
     was moved behind them: their parts receive the raw product (no bias, no ReLU) for a PoolOp with ``bias`` to
-    finish. ``dst`` is the stacked output as a whole, a view of no buffer (shapes and FLOPs only)."""
+    finish. ``dst`` is the stacked output as a whole, a view of no buffer (shapes and FLOPs only). A raw product
+    wider than an arena element (int8's exact int32 sums: ``fuse_pointwise``'s product_elems) has a view of
+    ``channels`` values whose pixels are ``c_total`` arena elements apart, product_elems per value."""
 
     members: tuple[str, ...] = ()  # the convs, in stacking order (their weights are "<member>.weight")
     parts: tuple[View, ...] = ()
@@ -396,15 +398,16 @@ def pointwise_groups(plan: Plan, move_pools: bool = True) -> list[PointwiseGroup
     return groups
 
 
-def fuse_pointwise(plan: Plan, move_pools: bool = True) -> Plan:
+def fuse_pointwise(plan: Plan, move_pools: bool = True, product_elems: int = 1) -> Plan:
     """The plan with each ``pointwise_groups`` group that lies within one module as one FusedConvOp named
     "<module>.pointwise", at the group's first op: the members without a moved pool first (in op order), then those
     with one, whose raw products go to the moved pool's own buffer (which held its output: as many pixels and at
     least as many channels). Each moved pool becomes a PoolOp with ``bias`` from that product into its member's
     destination, at its own place. The fused op writes all its parts at the group's first op, earlier than the
     members did, so the plan must keep every buffer of a stage live for the whole stage (``plan.concurrent``).
-    Without move_pools every average pool stays in front of its conv: in 8 bits the two do not commute (each rounds
-    its output to the int8 grid), and the reference pools first (backends/int8_reference.py)."""
+    product_elems: arena elements a raw product value takes (int8: 4, its int32 sums in a byte arena); a pool whose
+    products do not fit its buffer stays in front of its conv. Without move_pools every average pool stays there
+    (an 8-bit network whose file rounds the pool's output: backends/int8_reference.moved_pools)."""
     if not plan.concurrent:
         raise ValueError("fuse_pointwise needs a plan whose buffers live for whole stages "
                          "(build_plan(concurrent=True))")
@@ -422,7 +425,8 @@ def fuse_pointwise(plan: Plan, move_pools: bool = True) -> Plan:
             pool, conv = ops[g.pools[i]], ops[i]
             n, _, h, w = pool.src.dims
             home = plan.buffers[pool.dst.buffer]
-            products[i] = View(home.name, home.offset, (n, conv.dst.channels, h, w), 0, conv.dst.channels)
+            products[i] = View(home.name, home.offset, (n, product_elems * conv.dst.channels, h, w), 0,
+                               conv.dst.channels)
             if products[i].n * products[i].c_total * h * w > home.elems:
                 break
         else:
@@ -493,17 +497,17 @@ def overlap(a: Buffer, b: Buffer) -> bool:
     return a.offset < b.offset + b.elems and b.offset < a.offset + a.elems
 
 
-def fuse(plan: Plan, max_pools: bool = True, move_pools: bool = True) -> Plan:
+def fuse(plan: Plan, max_pools: bool = True, move_pools: bool = True, product_elems: int = 1) -> Plan:
     """Each module's 1x1 convs as one GEMM (``fuse_pointwise``, with move_pools the average pools moved behind their
     convs) and, with max_pools, the max pools that pay folded into the 1x1 convs behind them (``fuse_max_pools``:
     MaxPool_3a into Conv2d_3b; its conv_nhwc_mma.cu kernels exist for the mma.sync tiles of fp16 and tf32)."""
-    plan = fuse_pointwise(plan, move_pools)
+    plan = fuse_pointwise(plan, move_pools, product_elems)
     return fuse_max_pools(plan) if max_pools else plan
 
 
 def fused_plan(batch: int, layers: list[Layer], input_size: int = arch.INPUT_SIZE, max_pools: bool = True,
-               move_pools: bool = True) -> Plan:
+               move_pools: bool = True, product_elems: int = 1) -> Plan:
     """The plan the CUDA NHWC path runs: stages for concurrent branches, ``fuse``d, the pools' inputs kept live for
     the convs that take them."""
     return fuse(build_plan(batch, layers, input_size=input_size, concurrent=True, pool_inputs=max_pools), max_pools,
-                move_pools)
+                move_pools, product_elems)

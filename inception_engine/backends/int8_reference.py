@@ -20,6 +20,15 @@ Numbers (weights.calibration holds the scales; the calibration command, calibrat
   pool sums the int8 window in integers, divides by the window's count (count_include_pad as the network says) and
   rounds half to even: ``rint(sum / count)``, computed in float64, exact for these sums; same scale as its input.
   A pool feeding a concat is then requantized to the concat's scale (``rint(q * (s_in / s_out))``, float32).
+- An average pool moved behind its conv (``moved_pools``: stride 1, its only reader a 1x1 conv of stride 1 and no
+  padding, and the calibration not a quantized ONNX's, whose file rounds the pool's output): the pool's output is
+  never rounded. The conv's exact int32 sums at every pixel of the pool's input, ``acc``, are window-summed in
+  integers (``S``, exact: checked against ACC_LIMIT), and the epilogue scales by the window's count:
+  ``y = (float32(S) * (s_x * s_w[o])) * (1 / float32(count)) + bias[o]``, each operation rounded on its own in
+  float32 (the reciprocal too), ReLU, quantized at the conv's storage scale. Both are linear, so this is the
+  pool-then-conv network without the pool's rounding to the int8 grid (up to half a level of the pool's scale
+  closer to the float network), and on the GPU the pool runs on the conv's few output channels (32-192) instead of
+  its input's (192-2048).
 - Layers in ``float_layers`` (default DEFAULT_FLOAT_LAYERS: the stem's first conv, whose input is the image, and
   the classifier) run in float32 on the dequantized input; their outputs are quantized by whoever reads them. The
   global average pool runs in float32 (its only reader is the classifier).
@@ -36,7 +45,7 @@ import numpy as np
 
 from .. import arch
 from ..errors import WeightsError
-from ..weights import Weights, require_calibration
+from ..weights import QDQ_METHOD, Weights, require_calibration
 from .numpy_primitives import conv2d_bias_relu, global_avg_pool, pool2d, walk_layers
 
 QMAX = 127
@@ -105,6 +114,50 @@ def pool_int8(q: np.ndarray, layer: arch.Pool) -> np.ndarray:
     return np.rint(sums / counts).astype(np.int8)
 
 
+def moved_pools(layers: list[arch.Layer], calib: dict,
+                float_layers: frozenset[str] = DEFAULT_FLOAT_LAYERS) -> dict[str, str]:
+    """pool name -> conv name of each average pool that runs behind its conv (module doc): stride 1, read by one
+    8-bit 1x1 conv of stride 1 and no padding alone; none where the calibration is a quantized ONNX's (its file
+    rounds the pool's output to the int8 grid, which the scheme then honours by pooling first)."""
+    if str(calib.get("method", "")).startswith(QDQ_METHOD):
+        return {}
+    readers: dict[str, list[arch.Layer]] = {}
+    for l in layers:
+        for s in (l.srcs if isinstance(l, arch.Concat) else (l.src,)):
+            readers.setdefault(s, []).append(l)
+    out = {}
+    for l in layers:
+        if isinstance(l, arch.Pool) and l.kind == "avg" and l.stride == 1 and len(readers.get(l.name, [])) == 1:
+            conv = readers[l.name][0]
+            if (isinstance(conv, arch.Conv) and conv.kernel == (1, 1) and conv.stride == 1 and conv.pad == (0, 0)
+                    and conv.name not in float_layers):
+                out[l.name] = conv.name
+    return out
+
+
+def window_sums(acc: np.ndarray, layer: arch.Pool) -> tuple[np.ndarray, np.ndarray]:
+    """The average pool's exact integer window sums of int32 ``acc`` (int64) and each output's count (float32:
+    kernel^2 with count_include_pad, else the positions inside; broadcasts over (N, C, Ho, Wo))."""
+    k = layer.kernel
+    sums = np.rint(pool2d(acc.astype(np.float64), "avg", k, layer.stride, layer.pad, True) * k * k)
+    if layer.count_include_pad or not layer.pad:
+        counts = np.full((1, 1, 1, 1), k * k, np.float32)
+    else:
+        ones = np.ones((1, 1, *acc.shape[2:]))
+        counts = np.rint(pool2d(ones, "avg", k, layer.stride, layer.pad, True) * k * k).astype(np.float32)
+    return sums.astype(np.int64), counts
+
+
+def moved_pool_epilogue(sums: np.ndarray, counts: np.ndarray, s_x: float, s_w: np.ndarray,
+                        bias: np.ndarray) -> np.ndarray:
+    """(float32(S) * (s_x * s_w[o])) * (1 / float32(count)) + bias[o], ReLU: a moved pool's float32 output before
+    requantization (module doc; each operation rounded on its own)."""
+    mult = (np.float32(s_x) * np.asarray(s_w, np.float32)).reshape(1, -1, 1, 1)
+    recip = np.float32(1) / np.asarray(counts, np.float32)
+    y = (sums.astype(np.float32) * mult) * recip + np.asarray(bias, np.float32).reshape(1, -1, 1, 1)
+    return np.maximum(y, np.float32(0))
+
+
 def storage_scales(layers: list[arch.Layer], act: dict[str, float]) -> dict[str, float]:
     """The scale each tensor is stored at (module doc): a concat's for its branches, its input's for a pool, else
     its own calibrated one."""
@@ -132,15 +185,22 @@ def _as_int8(a: Act, scale: float) -> np.ndarray:
 
 
 def _layer(l: arch.Layer, weights: Weights, acts: dict[str, Act], calib: dict, store: dict[str, float],
-           float_layers: frozenset[str]) -> Act:
+           float_layers: frozenset[str], moved: dict[str, arch.Pool]) -> Act:
     if isinstance(l, arch.Conv):
         w, b = weights.conv(l.name)
         if l.name in float_layers:
             return conv2d_bias_relu(_as_float(acts[l.src]), w, b, l.stride, l.pad), None
         s_x = store.get(l.src, calib["activation_scales"].get(l.src))
         s_w = np.asarray(calib["weight_scales"][l.name], np.float32)
-        acc = conv_int32(_as_int8(acts[l.src], s_x), quantize_weights(w, s_w), l.stride, l.pad)
-        return quantize(conv_epilogue(acc, s_x, s_w, b), store[l.name]), store[l.name]
+        pool = moved.get(l.src)
+        src = acts[pool.src if pool else l.src]
+        acc = conv_int32(_as_int8(src, s_x), quantize_weights(w, s_w), l.stride, l.pad)
+        if pool is None:
+            return quantize(conv_epilogue(acc, s_x, s_w, b), store[l.name]), store[l.name]
+        if pool.kernel ** 2 * np.abs(acc).max(initial=0) > ACC_LIMIT:
+            raise ValueError(f"{pool.name}: the window sums of {l.name}'s products may overflow int32")
+        y = moved_pool_epilogue(*window_sums(acc, pool), s_x, s_w, b)
+        return quantize(y, store[l.name]), store[l.name]
     if isinstance(l, arch.Pool):
         src = acts[l.src]
         s_in = src[1] if src[1] is not None else store.get(l.src, calib["activation_scales"][l.src])
@@ -168,17 +228,23 @@ def forward_int8(weights: Weights, x: np.ndarray, float_layers: frozenset[str] =
                  visit: Callable[[str, np.ndarray, float | None], None] | None = None) -> np.ndarray:
     """Logits (N, classes) float32 of the 8-bit network on normalised images ``x`` (N, 3, H, W). ``visit(name,
     array, scale)`` sees every layer's output as stored (int8 with its scale, or float32 with None), for element-wise
-    checks of a kernel. Refuses (WeightsError, one line) weights without calibration."""
+    checks of a kernel (not a moved pool's: it has none of its own). Refuses (WeightsError, one line) weights
+    without calibration."""
     calib = require_calibration(weights)
     layers = weights.layers()
     _check_scales(layers, calib, float_layers)
     store = storage_scales(layers, calib["activation_scales"])
-    srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (l.src,)) for l in layers}
-    last_read = {s: i for i, l in enumerate(layers) for s in srcs[l.name]}
+    moved = {l.name: l for l in layers if l.name in moved_pools(layers, calib, float_layers)}
+    # a moved pool's reader reads the pool's input; the pool itself computes nothing
+    srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (moved[l.src].src,) if l.src in moved else (l.src,))
+            for l in layers if l.name not in moved}
+    last_read = {s: i for i, l in enumerate(layers) if l.name in srcs for s in srcs[l.name]}
     acts: dict[str, Act] = {arch.INPUT: (np.asarray(x, np.float32), None)}
     out: Act = acts[arch.INPUT]
     for i, l in enumerate(layers):
-        out = acts[l.name] = _layer(l, weights, acts, calib, store, float_layers)
+        if l.name in moved:
+            continue
+        out = acts[l.name] = _layer(l, weights, acts, calib, store, float_layers, moved)
         if visit is not None:
             visit(l.name, *out)
         for s in srcs[l.name]:

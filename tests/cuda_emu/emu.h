@@ -48,6 +48,9 @@ struct alignas(8) uint2 {
 struct alignas(8) int2 {
     int x, y;
 };
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
 template <class T>
 T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned u) {

@@ -13,7 +13,7 @@ import pytest
 
 from inception_engine import cuda_build
 from inception_engine.backends import int8_reference as q8
-from inception_engine.backends.cuda.backend import CudaBackend
+from inception_engine.backends.cuda.backend import PRODUCT_ELEMS, CudaBackend
 from inception_engine.backends.cuda.device import Gpu
 from inception_engine.backends.cuda.int8_scales import Int8Scales
 from inception_engine.backends.cuda.params import pack_params
@@ -23,7 +23,7 @@ from inception_engine.plan import ConvOp, GlobalAvgPoolOp, PoolOp, build_plan, f
 from inception_engine.synthetic import image_like_batch
 from inception_engine.weights import Weights
 
-from helpers.int8_plan import gap_features, nhwc, run_op
+from helpers.int8_plan import gap_features, raw, run_op, view_of
 from helpers.random_weights import random_arrays
 
 pytestmark = pytest.mark.gpu
@@ -45,12 +45,19 @@ def sm90a(gpu):
         pytest.skip("int8 runs on sm_90a's wgmma tiles; this GPU has none")
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_every_int8_op_is_its_reference_on_the_gpus_own_inputs(sm90a, batch):
+@pytest.mark.parametrize("batch,qdq", [(1, False), (3, False), (3, True)])
+def test_every_int8_op_is_its_reference_on_the_gpus_own_inputs(sm90a, batch, qdq):
+    """Our calibration's network (the average pools behind their convs: raw int32 products, then the moved pools)
+    and a quantized ONNX's (the pools first)."""
     size = 75
     weights = calibrated(size)
+    if qdq:
+        weights.manifest["provenance"]["calibration"].update(method="qdq:test", parameter=None, images=None,
+                                                             images_sha256=None)
+    moved = bool(Int8Scales.of(weights).moved)
+    assert moved != qdq
     plan = fuse(build_plan(batch, weights.layers(), reuse=False, input_size=size, concurrent=True),
-                max_pools=False, move_pools=False)
+                max_pools=False, move_pools=moved, product_elems=PRODUCT_ELEMS["int8"])
     x = image_like_batch(batch, seed=11, size=size)
     with CudaBackend(weights, plan, graph=False, precision="int8") as be:
         logits, features = be.forward(x, features=True)
@@ -61,9 +68,9 @@ def test_every_int8_op_is_its_reference_on_the_gpus_own_inputs(sm90a, batch):
         for op in be.plan.ops:
             if isinstance(op, (ConvOp, PoolOp)):
                 want = run_op(op, arena, be.plan, weights, scales, params, offsets, x)
-                for v, w in zip(writes(op), want):
-                    got = nhwc(arena, v)
-                    assert (got != -128).all(), f"{op.name}: elements never written"
+                for v, w, is_raw in zip(writes(op), want, raw(op)):
+                    got = view_of(arena, v, is_raw)
+                    assert is_raw or (got != -128).all(), f"{op.name}: elements never written"
                     diff = np.abs(got.astype(np.int32) - w)
                     if isinstance(op, ConvOp) and op.src.buffer == be.plan.input.buffer:
                         # the stem on fp16's tensor cores (conv_input_mma_nhwc_i8: the issue lets it stay fp16): its

@@ -327,13 +327,15 @@ def test_split_k_sums_int32_exactly_then_requantizes(mem, splits):
         assert (inside == want).all(), f"{tile.name}: {(inside != want).sum()} outputs differ"
 
 
-FUSED = [(24, 40, 8), (16, 16, 0), (12, 28, 12)]  # parts: (channels, buffer channels, channel offset)
+FUSED = [(24, 40, 8), (16, 16, 0), (12, 48, 0)]  # parts: (channels, buffer channels, channel offset); the last raw
 
 
-def test_fused_conv_writes_each_part_at_its_scale(mem):
-    """Three stacked 1x1 convs (plan.FusedConvOp) whose parts lie in one arena at different storage scales (one
-    inv_out per channel), the last past relu_end (a pooled member's raw product): each part equals int8_reference,
-    every other byte of the arena stays -128. Every int8 tile of 1x1 convs (the TMA ones: Cin 128)."""
+def test_fused_conv_writes_each_part_at_its_scale_and_the_raw_products_as_int32(mem):
+    """Three stacked 1x1 convs (plan.FusedConvOp) whose parts lie in one arena, the first two at different storage
+    scales (one inv_out per channel), the last past relu_end (a moved pool's member): its raw products, the exact
+    int32 sums, 4 bytes a channel (a buffer whose c_total counts bytes: plan.fuse_pointwise's product_elems). Each
+    part equals int8_reference, every other byte of the arena stays -128. Every int8 tile of 1x1 convs (the TMA
+    ones: Cin 128), and split-K (conv_nhwc_i8_splitk_reduce) on two of them."""
     n, cin, h, wd = 2, 128, 5, 6
     places, pos = [], 0
     for _, c_total, _ in FUSED:
@@ -347,28 +349,35 @@ def test_fused_conv_writes_each_part_at_its_scale(mem):
     relu_end = cout - FUSED[-1][0]
     q, w, s_w, bias, s_x = conv_data(("fused",), cin, cout, (n, cin, h, wd), (1, 1))
     bias[relu_end:] = 0  # the pooled member's bias waits for its pool
-    y_float = ref.conv_epilogue(ref.conv_int32(q, ref.quantize_weights(w, s_w), 1, (0, 0)), s_x, s_w, bias)
+    acc = ref.conv_int32(q, ref.quantize_weights(w, s_w), 1, (0, 0))
+    y_float = ref.conv_epilogue(acc, s_x, s_w, bias)
     out_scales = out_scales_for(y_float, [ch for ch, *_ in FUSED])
-    assert len(np.unique(out_scales)) == len(FUSED)
     want = reference(q, w, s_x, s_w, bias, 1, (0, 0), out_scales, relu_end)
-    assert (want[:, relu_end:] < 0).any()  # no ReLU there
+    assert (acc[:, relu_end:] < 0).any() and (np.abs(acc[:, relu_end:]) > 127).any()  # raw: no ReLU, no int8 range
     epilogue = int8_epilogue(bias, np.float32(s_x) * s_w, np.float32(1) / out_scales)
     tiles = [t for t in TILES if tile_fits(op, t)]
     assert tiles == WGMMA + WS + TMA  # a 1x1 conv of 128 channels: no halo tile
-    for tile in tiles:
+    for tile, splits in [(t, 1) for t in tiles] + [(TILES[1], 2), (WS[0], 2)]:
         arena = poisoned(mem, pos)
-        launch(mem, op, tile, q, w, s_w, epilogue, arena + parts[0].offset + parts[0].c_offset)
+        launch(mem, op, tile, q, w, s_w, epilogue, arena + parts[0].offset + parts[0].c_offset, splits)
         got = mem.read(arena, (pos,), np.int8)
         written = np.zeros(pos, bool)
         start = 0
-        for part, place in zip(parts, places):
+        for i, (part, place) in enumerate(zip(parts, places)):
             c_total = part.c_total
             buf = got[place:place + n * h * wd * c_total].reshape(n, h, wd, c_total)
-            view = buf[..., part.c_offset:part.c_offset + part.channels].transpose(0, 3, 1, 2)
-            bad = view != want[:, start:start + part.channels]
-            assert not bad.any(), f"{tile.name} {part.buffer}: {bad.sum()} outputs differ from int8_reference"
-            marks = written[place:place + n * h * wd * c_total].reshape(n, h, wd, c_total)
-            marks[..., part.c_offset:part.c_offset + part.channels] = True
+            if i == len(parts) - 1:
+                view = buf.view(np.int32).transpose(0, 3, 1, 2)
+                expected = acc[:, start:start + part.channels]
+                marks = written[place:place + n * h * wd * c_total]
+                marks[:] = True
+            else:
+                view = buf[..., part.c_offset:part.c_offset + part.channels].transpose(0, 3, 1, 2)
+                expected = want[:, start:start + part.channels]
+                marks = written[place:place + n * h * wd * c_total].reshape(n, h, wd, c_total)
+                marks[..., part.c_offset:part.c_offset + part.channels] = True
+            bad = view != expected
+            assert not bad.any(), f"{tile.name}/{splits} {part.buffer}: {bad.sum()} outputs differ from int8_reference"
             start += part.channels
         assert (got[~written] == POISON).all(), f"{tile.name}: {(got[~written] != POISON).sum()} stray writes"
 

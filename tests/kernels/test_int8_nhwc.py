@@ -9,6 +9,10 @@ backends/int8_reference.py.
   - pools: bit-exact against int8_reference.pool_int8 followed by requantize, on views of wider buffers, with
     padding on every side, windows whose means are half-integers (ties), and requantization ratios; the 3x3 kernels'
     runs of 4 outputs a thread on rows of 1 to 73 outputs (short last runs);
+  - a moved pool (avg_pool_products_nhwc_i8): the window sums of int32 products as large as a 2048-channel 1x1
+    conv's (float32 rounds their sums), the epilogue's float32 operations one by one (int8_reference.window_sums and
+    moved_pool_epilogue, then each channel's reciprocal scale), into a channel slice of a wider buffer, padding
+    counted or not;
   - global average pool: float32 (S * scale) / hw, S the exact int32 sum. Against the exact mean (float64) within
     2 * 2^-24 relative (two float32 roundings, a product and a quotient); against the reference (the float32 mean
     of the dequantized values) within 1e-6 of the mean of |x|: the reference rounds each dequantized value (2^-24
@@ -45,7 +49,7 @@ from inception_engine.plan import ConvOp, GlobalAvgPoolOp, PoolOp, View
 from helpers.gpu_memory import Emulated
 from helpers.mma_harness import NVCC, compile_emu_lib, emu_wrapper_source, rng_for
 
-KERNELS = ("pool2d_nhwc_i8", "pool2d_nhwc_i8_k3s1", "global_avg_pool_nhwc_i8",
+KERNELS = ("pool2d_nhwc_i8", "pool2d_nhwc_i8_k3s1", "avg_pool_products_nhwc_i8", "global_avg_pool_nhwc_i8",
            "conv_input_nhwc_i8", "conv_input_mma_nhwc_i8")
 POISON = 0x80  # int8 -128: never written by an int8 kernel
 
@@ -199,6 +203,36 @@ def test_pool_i8_poison_catches_an_unwritten_piece(mem):
     mem.launch([LaunchSpec(spec.op, spec.kernel, spec.grid, (32, 1, 1), (x_ptr, y_ptr) + spec.args[2:])])
     with pytest.raises(AssertionError, match="2048 output elements not written"):
         get_i8(mem, y_ptr, dst.shape, 0, c)
+
+
+@pytest.mark.parametrize("include,h,w", [(True, 9, 8), (False, 9, 8), (False, 1, 3), (True, 17, 17),
+                                         (False, 8, 8)])
+def test_avg_pool_products_i8_is_the_moved_pools_reference(mem, include, h, w):
+    n, c, before = 2, 32, 16
+    rng = rng_for("moved pool i8", include, h, w)
+    acc = rng.integers(-127 * 127 * 2048, 127 * 127 * 2048, (n, c, h, w)).astype(np.int32)
+    acc[:, :8] //= 4096  # small sums too, whose outputs are not all saturated
+    scale = (rng.uniform(0.5, 2.0, c) * 1e-4).astype(np.float32)
+    bias = rng.normal(0, 0.3, c).astype(np.float32)
+    inv = (1 / rng.uniform(0.01, 0.05, c)).astype(np.float32)
+    src = View("x", 0, (n, 4 * c, h, w), 0, c)  # a raw product: int32s, 4 bytes a channel
+    dst = View("y", 0, (n, before + c + 16, h, w), before, c)
+    op = PoolOp("pool", src, dst, "avg", 3, 1, 1, include, bias="conv")
+    x_ptr = mem.alloc(acc.nbytes, POISON)
+    mem.write(x_ptr, np.ascontiguousarray(acc.transpose(0, 2, 3, 1)))
+    y_ptr = mem.alloc(math.prod(dst.shape), POISON)
+    epi_ptr = mem.alloc(3 * c * 4, POISON)
+    mem.write(epi_ptr, np.concatenate([bias, scale, inv]))
+    spec = nhwc_pool_spec(op, 0, "int8", epi_ptr)
+    assert spec.kernel == "avg_pool_products_nhwc_i8"
+    mem.launch([LaunchSpec(spec.op, spec.kernel, spec.grid, spec.block,
+                           (x_ptr, y_ptr + dst.c_offset) + spec.args[2:])])
+    got = get_i8(mem, y_ptr, dst.shape, dst.c_offset, c)
+    sums, counts = ref.window_sums(acc, arch.Pool("pool", "x", "avg", 3, 1, 1, include))
+    y = ref.moved_pool_epilogue(sums, counts, 1.0, scale, bias)
+    want = np.clip(np.rint(y * inv.reshape(1, -1, 1, 1)), -127, 127).astype(np.int8)
+    np.testing.assert_array_equal(got, want)
+    assert (np.abs(sums) > 2**24).any() and (np.abs(got[:, :8]) < 127).any() and (got != 0).any()
 
 
 def test_global_avg_pool_i8_writes_float32_features(mem):

@@ -84,6 +84,61 @@ def test_pools_on_int8_max_exact_average_rounds_half_to_even():
     assert excl.tolist() == [[[[2, 2], [2, 2]]]]  # 7 / 4 = 1.75 -> 2 everywhere (every window holds all four)
 
 
+def test_window_sums_are_exact_integers_and_counts_follow_the_padding_rule():
+    rng = np.random.default_rng(4)
+    acc = rng.integers(-2**26, 2**26, (2, 3, 5, 4)).astype(np.int32)  # sums of 9 reach 2^29.2: float32 would round
+    for include in (True, False):
+        sums, counts = q8.window_sums(acc, arch.Pool("p", "x", "avg", 3, 1, 1, include))
+        padded = np.pad(acc.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        inside = np.pad(np.ones((5, 4), np.int64), 1)
+        for i in range(5):
+            for j in range(4):
+                assert np.array_equal(sums[:, :, i, j], padded[:, :, i:i + 3, j:j + 3].sum(axis=(2, 3)))
+                want = 9 if include else inside[i:i + 3, j:j + 3].sum()
+                assert np.broadcast_to(counts, sums.shape)[0, 0, i, j] == want
+
+
+def test_moved_pools_are_the_average_pools_a_lone_1x1_conv_reads_unless_the_file_rounds_them():
+    tv, fid = arch.inception_v3(), arch.inception_v3(network="fid")
+    ours = {"method": "percentile"}
+    moved = q8.moved_pools(tv, ours)
+    assert sorted(moved) == sorted(f"{m}.avg_pool" for m in ("Mixed_5b", "Mixed_5c", "Mixed_5d", "Mixed_6b",
+                                                             "Mixed_6c", "Mixed_6d", "Mixed_6e", "Mixed_7b",
+                                                             "Mixed_7c"))
+    assert all(conv.endswith(".branch_pool") for conv in moved.values())
+    assert "Mixed_7c.max_pool" not in q8.moved_pools(fid, ours) and len(q8.moved_pools(fid, ours)) == 8
+    assert q8.moved_pools(tv, {"method": "qdq:onnxruntime"}) == {}
+    assert "Mixed_5b.avg_pool" not in q8.moved_pools(tv, ours, frozenset({"Mixed_5b.branch_pool"}))
+
+
+def test_a_moved_pool_skips_the_pools_rounding_and_stays_in_integers_until_its_epilogue(calibrated):
+    """forward_int8's branch_pool of a moved pool: the conv's exact int32 sums over the pool's int8 input, window
+    sums, then the one float32 epilogue; against pooling first, it differs where the pool's rounding mattered, and
+    is closer to the float network there."""
+    x = image_like_batch(2, seed=5, size=75)
+    calib = require_calibration(calibrated)
+    seen: dict[str, tuple[np.ndarray, float | None]] = {}
+    q8.forward_int8(calibrated, x, visit=lambda n, a, s: seen.__setitem__(n, (a, s)))
+    assert "Mixed_5b.avg_pool" not in seen and "Mixed_5b.branch_pool" in seen
+    src, s_x = seen["Mixed_5b"]  # the pool's input (the concat before Mixed_5c)
+    w, b = calibrated.conv("Mixed_5c.branch_pool")
+    s_w = np.asarray(calib["weight_scales"]["Mixed_5c.branch_pool"], np.float32)
+    acc = q8.conv_int32(src, q8.quantize_weights(w, s_w), 1, (0, 0)).astype(np.int64)
+    sums = np.pad(acc, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    sums = sum(sums[:, :, i:i + acc.shape[2], j:j + acc.shape[3]] for i in range(3) for j in range(3))
+    mult = (np.float32(s_x) * s_w).reshape(1, -1, 1, 1)
+    y = (sums.astype(np.float32) * mult) * (np.float32(1) / np.float32(9)) + b.reshape(1, -1, 1, 1)
+    got, s_out = seen["Mixed_5c.branch_pool"]
+    assert np.array_equal(got, q8.quantize(np.maximum(y, 0), s_out))
+    pooled_first = q8.conv_int32(q8.pool_int8(src, arch.Pool("p", "x", "avg", 3, 1, 1)), q8.quantize_weights(w, s_w),
+                                 1, (0, 0))
+    first = q8.quantize(q8.conv_epilogue(pooled_first, s_x, s_w, b), s_out)
+    exact = np.maximum(sums * np.float64(s_x) * s_w.reshape(1, -1, 1, 1) / 9 + b.reshape(1, -1, 1, 1), 0) / s_out
+    differ = got != first
+    assert differ.any()
+    assert np.abs(got - exact)[differ].mean() < np.abs(first - exact)[differ].mean()
+
+
 def test_histogram_is_independent_of_how_the_data_is_split():
     rng = np.random.default_rng(1)
     parts = [rng.standard_normal(1000) * s for s in (0.01, 1.0, 50.0)]

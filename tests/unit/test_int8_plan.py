@@ -1,5 +1,6 @@
-"""The int8 forward as the CUDA backend lays it out, run in NumPy (helpers/int8_plan.py): the fused plan (no average
-pool moved), the int8 parameters (params.pack_params with Int8Scales) and the scalars the launches take, each op
+"""The int8 forward as the CUDA backend lays it out, run in NumPy (helpers/int8_plan.py): the fused plan (the
+average pools moved behind their convs, as the 8-bit network computes them, or not, for a quantized ONNX's
+calibration), the int8 parameters (params.pack_params with Int8Scales) and the scalars the launches take, each op
 reading and writing its NHWC views of one int8 arena poisoned with -128. What the GPU kernels compute per op is
 int8_reference's arithmetic; here the plumbing around them (which scale goes where, fused parts, concat offsets)
 must give int8_reference.forward_int8's tensors exactly."""
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from inception_engine.backends import int8_reference as q8
+from inception_engine.backends.cuda.backend import PRODUCT_ELEMS
 from inception_engine.backends.cuda.cost_model import ConvConfig
 from inception_engine.backends.cuda.int8_scales import Int8Scales
 from inception_engine.backends.cuda.params import INT8_PREFIX, int8_rows, pack_params
@@ -22,7 +24,7 @@ from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, fused_p
 from inception_engine.synthetic import image_like_batch
 from inception_engine.weights import Weights
 
-from helpers.int8_plan import gap_features, nhwc, run_op
+from helpers.int8_plan import gap_features, raw, run_op, view_of
 from helpers.random_weights import random_arrays
 
 SIZE = 75
@@ -50,9 +52,10 @@ def calibrated() -> Weights:
 
 
 def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np.ndarray:
-    plan = fused_plan(x.shape[0], weights.layers(), SIZE, max_pools=False, move_pools=False)
-    assert not any(isinstance(op, PoolOp) and op.bias for op in plan.ops)
     scales = Int8Scales.of(weights)
+    plan = fused_plan(x.shape[0], weights.layers(), SIZE, max_pools=False, move_pools=bool(scales.moved),
+                      product_elems=PRODUCT_ELEMS["int8"])
+    assert {op.name for op in plan.ops if isinstance(op, PoolOp) and op.bias} == set(scales.moved)
     stem = plan.input.buffer
     configs = {op.name: ConvConfig(INT8_TILE, 1, 0, 0.0) if isinstance(op, ConvOp) and op.src.buffer != stem else None
                for op in plan.ops if isinstance(op, (ConvOp, FCOp))}
@@ -62,20 +65,31 @@ def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np
     for op in plan.ops:
         if isinstance(op, (ConvOp, PoolOp)):  # each layer's output as stored (a fused conv's: its members')
             outs = run_op(op, arena, plan, weights, scales, params, offsets, x)
-            names = scales.members(op) if isinstance(op, ConvOp) else (op.name,)
-            for name, v, out in zip(names, writes(op), outs):
-                nhwc(arena, v)[...] = out
-                seen[name] = out
+            names = scales.members(op) if isinstance(op, ConvOp) else (op.bias or op.name,)
+            for name, v, out, is_raw in zip(names, writes(op), outs, raw(op)):
+                view_of(arena, v, is_raw)[...] = out
+                if not is_raw:
+                    seen[name] = out
         elif isinstance(op, GlobalAvgPoolOp):
             features = gap_features(op, arena, scales)
     assert features is not None
     return features
 
 
-@pytest.mark.parametrize("network", ["torchvision", "fid"])
+def as_quantized_onnxs(weights: Weights) -> Weights:
+    """The same scales as a quantized ONNX's calibration record (its file rounds each pool's output: no pool moves)."""
+    manifest = json.loads(json.dumps(weights.manifest))
+    manifest["provenance"]["calibration"].update(method="qdq:test", parameter=None, images=None, images_sha256=None)
+    return Weights(weights.arrays, manifest)
+
+
+@pytest.mark.parametrize("network", ["torchvision", "fid", "qdq"])
 def test_the_int8_plan_computes_the_references_tensors(calibrated, network):
     if network == "fid":
         calibrated = calibrate("fid", FID_SMALL)
+    if network == "qdq":
+        calibrated = as_quantized_onnxs(calibrated)
+        assert not Int8Scales.of(calibrated).moved
     x = image_like_batch(2, seed=7, size=SIZE)
     want: dict[str, tuple[np.ndarray, float | None]] = {}
     q8.forward_int8(calibrated, x, visit=lambda n, a, s: want.__setitem__(n, (a, s)))
@@ -106,10 +120,12 @@ def test_int8_rows_are_rsc_rows_padded_to_16_channels():
 
 
 def test_a_fused_convs_epilogue_has_each_parts_own_reciprocal(calibrated):
-    plan = fused_plan(1, calibrated.layers(), SIZE, max_pools=False, move_pools=False)
+    plan = fused_plan(1, calibrated.layers(), SIZE, max_pools=False, product_elems=PRODUCT_ELEMS["int8"])
     scales = Int8Scales.of(calibrated)
     op = next(op for op in plan.ops if op.name == "Mixed_5b.pointwise")
-    assert len(op.members) == 3  # branch1x1 (concat), 5x5_1, 3x3dbl_1: the pool branch's conv stays behind its pool
+    # branch1x1 (concat), 5x5_1, 3x3dbl_1, then branch_pool's raw products (int32: 4 bytes a channel)
+    assert op.members[-1] == "Mixed_5b.branch_pool" and op.pooled == 1
+    assert op.parts[-1].c_total == 4 * op.parts[-1].channels
     epi = scales.conv_epilogue(op, np.zeros(op.dst.channels, np.float32))
     inv = epi[2 * op.dst.channels:]
     widths = [p.channels for p in op.parts]

@@ -53,22 +53,30 @@ def settle_layout(plan: Plan, precision: str, nhwc: bool | None, device: int) ->
     return nhwc_fits(plan) and (precision != "fp32" or wgmma) if nhwc is None else False
 
 
-def prepare_plan(plan: Plan, precision: str, nhwc: bool, concurrent: bool, fuse: bool) -> Plan:
+# arena elements of a raw product that a moved pool reads (plan.fuse_pointwise): int8's are int32 sums in a byte arena
+PRODUCT_ELEMS = {"int8": 4}
+
+
+def prepare_plan(plan: Plan, precision: str, nhwc: bool, concurrent: bool, fuse: bool,
+                 int8: Int8Scales | None = None) -> Plan:
     """The plan as the backend runs it: fused (plan.fused_plan: stages, the pools' inputs live for their readers)
     or concurrent where asked and not made so already; checked for what the precision's kernels and 32-bit indexing
-    take."""
+    take. int8: the average pools moved behind their convs are the 8-bit network's (``int8.moved``), no others."""
     if fuse and not nhwc:
         raise EngineError("fused 1x1 convolutions run on the NHWC layout only")
     if (concurrent or fuse) and not plan.concurrent and not plan.layers:
         raise ValueError("a concurrent or fused cuda backend needs a plan from build_plan (it has no layers)")
-    max_pools, move_pools = folds_max_pools(precision), precision != "int8"  # plan.fuse_pointwise says why not
+    max_pools, move_pools = folds_max_pools(precision), int8 is None or bool(int8.moved)
+    product_elems = PRODUCT_ELEMS.get(precision, 1)
     if fuse and not is_fused(plan):
-        plan = (fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools, move_pools) if plan.layers
-                else fuse_plan(plan, max_pools, move_pools))
-    if not move_pools and any(isinstance(op, PoolOp) and op.bias for op in plan.ops):
-        raise EngineError(f"{precision} computes every average pool before its convolution; give a plan made "
-                          f"without moving pools (plan.fuse_pointwise's move_pools=False)")
-    elif concurrent and not plan.concurrent:
+        plan = (fused_plan(plan.batch, list(plan.layers), plan.input.h, max_pools, move_pools, product_elems)
+                if plan.layers else fuse_plan(plan, max_pools, move_pools, product_elems))
+    moved = {op.name for op in plan.ops if isinstance(op, PoolOp) and op.bias}
+    if int8 is not None and moved != set(int8.moved):
+        raise EngineError(f"the 8-bit network computes {', '.join(sorted(int8.moved)) or 'no average pool'} behind "
+                          f"its convolution, this plan {', '.join(sorted(moved)) or 'none'}; give a plan made by "
+                          f"plan.fuse_pointwise(move_pools={bool(int8.moved)}, product_elems={product_elems})")
+    if concurrent and not plan.concurrent:
         plan = build_plan(plan.batch, list(plan.layers), input_size=plan.input.h, concurrent=True)
     if not max_pools and any(op.max_pool for op in plan.conv_ops):
         raise EngineError(f"{precision} has no kernel for a 1x1 convolution that reads through a max pool; "
@@ -143,7 +151,7 @@ class CudaBackend:
         self.tiles = tiles
         self.concurrent = graph if concurrent is None else concurrent
         self.fuse = is_fused(plan) or (nhwc if fuse is None else fuse)
-        plan = prepare_plan(plan, precision, nhwc, self.concurrent, self.fuse)
+        plan = prepare_plan(plan, precision, nhwc, self.concurrent, self.fuse, self.int8)
         # where the convs' configs come from: "given", "measured" now, the tuning "cache", the shipped "table", or
         # the cost "model"
         self.tuning_source = "given" if configs is not None else "model"

@@ -1,6 +1,7 @@
 """What the 8-bit forward's launches need of the calibration, per plan op: the int8 weights, each conv's epilogue
 (bias, multiplier, reciprocal of the output's scale, per output channel), each pool's requantization ratio, the
-global average pool's dequantization scale, the stem's output reciprocal. The arithmetic is int8_reference's
+global average pool's dequantization scale, the stem's output reciprocal, and which average pools run behind their
+conv (``moved``: int8_reference.moved_pools) with the epilogue their kernel applies. The arithmetic is int8_reference's
 (its module doc): the kernels are checked element-wise against it, so every number here is computed exactly as
 the reference computes it (float32 products and reciprocals of the float32 scales).
 
@@ -19,7 +20,7 @@ import numpy as np
 from ... import arch
 from ...plan import ConvOp, FusedConvOp, GlobalAvgPoolOp, PoolOp
 from ...weights import Weights, require_calibration
-from ..int8_reference import storage_scales
+from ..int8_reference import moved_pools, storage_scales
 from .families.conv_input_nhwc import inv_scale
 from .families.pool_nhwc import requant_ratio
 
@@ -37,11 +38,13 @@ def int8_epilogue(bias: np.ndarray, scale: np.ndarray, inv_out: np.ndarray) -> n
 
 @dataclass(frozen=True)
 class Int8Scales:
-    """Storage scale per tensor (layer name), each layer's input tensor, and each conv's per-channel weight scales."""
+    """Storage scale per tensor (layer name), each layer's input tensor, each conv's per-channel weight scales, and
+    the average pools that run behind their conv (pool name -> conv name)."""
 
     store: Mapping[str, float]
     src: Mapping[str, str]
     weight: Mapping[str, np.ndarray]
+    moved: Mapping[str, str]
 
     @classmethod
     def of(cls, weights: Weights) -> Int8Scales:
@@ -52,7 +55,7 @@ class Int8Scales:
         store = storage_scales(layers, calib["activation_scales"])
         src = {l.name: l.src for l in layers if not isinstance(l, arch.Concat)}
         weight = {name: np.asarray(s, np.float32) for name, s in calib["weight_scales"].items()}
-        return cls(store, src, weight)
+        return cls(store, src, weight, moved_pools(layers, calib))
 
     def input_scale(self, layer: str) -> float:
         """The scale a layer reads its input at: the input tensor's storage scale."""
@@ -76,6 +79,14 @@ class Int8Scales:
         s_x = np.float32(self.input_scale(members[0]))
         inv = np.concatenate([np.full(self.weight[m].size, self.inv(m), np.float32) for m in members])
         return int8_epilogue(bias, s_x * self.conv_weight_scales(op), inv)
+
+    def moved_pool_epilogue(self, op: PoolOp, bias: np.ndarray) -> np.ndarray:
+        """A moved pool's int8_epilogue (pool_nhwc.cu's avg_pool_products_nhwc_i8): its conv's (op.bias) bias, the
+        multiplier float32(s_x) * float32(s_w[m]) of the conv's input (the pool's input, at the pool's storage
+        scale) and the reciprocal of the conv's storage scale. The division by the window's count is the kernel's."""
+        conv = op.bias
+        return int8_epilogue(bias, np.float32(self.input_scale(conv)) * self.weight[conv],
+                             np.full(self.weight[conv].size, self.inv(conv), np.float32))
 
     def pool_ratio(self, op: PoolOp) -> np.float32:
         """float32(s_in) / float32(s_out) of a pool (1 where they are equal: no requantization)."""

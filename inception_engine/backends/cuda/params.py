@@ -91,7 +91,8 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
     (``winograd_weights``), and the transforms it uses are stored once under "<transforms_key>.bt" / ".at". The FC
     weight stays (out, in) for fc_gemv and takes its kernel's ``direct_weights`` layout when the FC runs as a
     1x1-conv GEMM. With ``int8`` (--precision int8), the convs on int8 tiles take int8 weights (``int8_rows``) and,
-    as their "bias", the epilogue's three per-channel arrays (Int8Scales.conv_epilogue).
+    as their "bias", the epilogue's three per-channel arrays (Int8Scales.conv_epilogue; a moved pool's, of its
+    conv: Int8Scales.moved_pool_epilogue).
     """
     parts: list[np.ndarray] = []
     offsets: dict[str, int] = {}
@@ -107,7 +108,8 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
 
     for op in plan.ops:
         if isinstance(op, PoolOp) and op.bias:
-            add(op.bias + ".bias", weights.arrays[op.bias + ".bias"])
+            b = weights.arrays[op.bias + ".bias"]
+            add(op.bias + ".bias", b if int8 is None else int8.moved_pool_epilogue(op, b))
         if not isinstance(op, (ConvOp, FCOp)):
             continue
         w, b = op_params(weights, op)
