@@ -48,9 +48,10 @@
 // conv_nhwc[_tf32|_f32|_i8]_splitk_reduce sums them in slice order, adds bias, applies ReLU and writes y.
 // Block order: tile_n0 / tile_m0 (common.cuh) on grid (pixel tiles, channel tiles): consecutive blocks take the
 // channel tiles of one pixel tile, which then share its input through L2.
-// Max pool in front (conv_nhwc[_tf32]_maxpool3_<BM>x<BN>, plan.fuse_max_pools): a 1x1 conv whose input is a 3x3 max
-// pool of x (stride `stride`, no padding) takes the window maxima as it loads A (NhwcMaxPoolLoader), so the pool's
-// output never goes through memory: MaxPool_3a and Conv2d_3b become one pass over the pool's input.
+// Max pool in front (conv_nhwc[_tf32]_maxpool3_<BM>x<BN>, conv_nhwc_i8_wgmma_maxpool3_<BM>x<BN>, plan.fuse_max_pools):
+// a 1x1 conv whose input is a 3x3 max pool of x (stride `stride`, no padding) takes the window maxima as it loads A
+// (NhwcMaxPoolLoader), so the pool's output never goes through memory: MaxPool_3a and Conv2d_3b become one pass over
+// the pool's input.
 //
 //
 // The kernels, one file per family of tiles, each compiled once per element type (cuda_build.UNITS):
@@ -214,6 +215,65 @@ struct NhwcLoader {
 #pragma unroll
             for (int i = 0; i < B_ROWS; ++i) E::split(bd + i * ROWS * BK, b_lo + b_at + i * ROWS * BK);
         }
+    }
+};
+
+// The loader of a 1x1 conv that reads a max pool's output without it being stored (plan.fuse_max_pools): x is the
+// pool's input, stride the pool's (pad 0: its windows lie inside the image, as torchvision's stem pools do), and
+// A[p][k] = max over the POOL x POOL window of output pixel p, channel k. The A pieces travel through registers:
+// the thread's POOL^2 pieces of every row are loaded as raw words first, without a branch (a row past P or a piece
+// past K loads pixel 0's and is zeroed after), so that all of them are in flight together, as a cp.async stage's
+// would be; then their maxima are stored where a cp.async would have put the piece, and the ring's barrier makes
+// them visible as it does the copies (on the wgmma tiles, cp_async_ring's ASYNC proxy fence covers these stores too).
+// The weights still go by cp.async. A 1x1 conv has one tap, so the base's tap offset is the channel offset. fp16 and
+// tf32 on the mma.sync tiles (conv_nhwc_mma.cu), int8 on the wgmma ones (conv_nhwc_wgmma.cu).
+template <class E, int BM, int BN, int NT, int POOL>
+struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
+    using Base = NhwcLoader<E, BM, BN, NT>;
+    using typename Base::T;
+    using Base::A_ROWS, Base::BK, Base::PIECE, Base::ROWS;
+    using Base::Base;
+
+    __device__ __forceinline__ void operator()(int, int stage) {
+        const bool k_ok = this->k < this->k_end;
+        const int row = this->w * this->x_cstride;
+        bool ok[A_ROWS];
+        uint4 q[A_ROWS][POOL * POOL];
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) {
+            ok[i] = k_ok && this->a_ih[i] >= 0;  // a_ih < 0: the base's marker of a pixel past P
+            const T* const corner = this->x + (ok[i] ? (unsigned)(this->a_corner[i] + this->tap) : 0u);
+#pragma unroll
+            for (int t = 0; t < POOL * POOL; ++t)
+                q[i][t] = __ldg(reinterpret_cast<const uint4*>(corner + t / POOL * row + t % POOL * this->x_cstride));
+        }
+        T* const ad = this->a_dst + stage * (BM * BK);
+#pragma unroll
+        for (int i = 0; i < A_ROWS; ++i) {
+            if constexpr (E::INT) {  // int8: the bytes' maxima, four a word (__vmaxs4), stored as they are
+                uint4 m = q[i][0];
+#pragma unroll
+                for (int t = 1; t < POOL * POOL; ++t) {
+                    m.x = __vmaxs4(m.x, q[i][t].x), m.y = __vmaxs4(m.y, q[i][t].y);
+                    m.z = __vmaxs4(m.z, q[i][t].z), m.w = __vmaxs4(m.w, q[i][t].w);
+                }
+                *reinterpret_cast<uint4*>(ad + i * ROWS * BK) = ok[i] ? m : uint4{0, 0, 0, 0};
+            } else {
+                float m[PIECE], v[PIECE];
+                E::unpack(m, q[i][0]);
+#pragma unroll
+                for (int t = 1; t < POOL * POOL; ++t) {
+                    E::unpack(v, q[i][t]);
+#pragma unroll
+                    for (int e = 0; e < PIECE; ++e) m[e] = fmaxf(m[e], v[e]);
+                }
+#pragma unroll
+                for (int e = 0; e < PIECE; ++e) m[e] = ok[i] ? m[e] : 0.f;
+                E::store(ad + i * ROWS * BK, m);  // exact: the maximum is one of the element type's values
+            }
+        }
+        this->copy_b(stage, k_ok);
+        this->advance();
     }
 };
 

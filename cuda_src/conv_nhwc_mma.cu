@@ -10,54 +10,6 @@
 //         conv_nhwc[_tf32|_f32]_splitk_reduce: block 256, grid ceil(P * M / 2 / 256).
 #include "conv_nhwc.cuh"
 
-// The loader of a 1x1 conv that reads a max pool's output without it being stored (plan.fuse_max_pools): x is the
-// pool's input, stride the pool's (pad 0: its windows lie inside the image, as torchvision's stem pools do), and
-// A[p][k] = max over the POOL x POOL window of output pixel p, channel k. The A pieces travel through registers:
-// the thread's POOL^2 pieces of every row are loaded as raw words first, without a branch (a row past P or a piece
-// past K loads pixel 0's and is zeroed after), so that all of them are in flight together, as a cp.async stage's
-// would be; then their maxima are stored where a cp.async would have put the piece, and the ring's barrier makes
-// them visible as it does the copies. The weights still go by cp.async. A 1x1 conv has one tap, so the base's tap
-// offset is the channel offset.
-template <class E, int BM, int BN, int NT, int POOL>
-struct NhwcMaxPoolLoader : NhwcLoader<E, BM, BN, NT> {
-    using Base = NhwcLoader<E, BM, BN, NT>;
-    using typename Base::T;
-    using Base::A_ROWS, Base::BK, Base::PIECE, Base::ROWS;
-    using Base::Base;
-
-    __device__ __forceinline__ void operator()(int, int stage) {
-        const bool k_ok = this->k < this->k_end;
-        const int row = this->w * this->x_cstride;
-        bool ok[A_ROWS];
-        uint4 q[A_ROWS][POOL * POOL];
-#pragma unroll
-        for (int i = 0; i < A_ROWS; ++i) {
-            ok[i] = k_ok && this->a_ih[i] >= 0;  // a_ih < 0: the base's marker of a pixel past P
-            const T* const corner = this->x + (ok[i] ? (unsigned)(this->a_corner[i] + this->tap) : 0u);
-#pragma unroll
-            for (int t = 0; t < POOL * POOL; ++t)
-                q[i][t] = __ldg(reinterpret_cast<const uint4*>(corner + t / POOL * row + t % POOL * this->x_cstride));
-        }
-        T* const ad = this->a_dst + stage * (BM * BK);
-#pragma unroll
-        for (int i = 0; i < A_ROWS; ++i) {
-            float m[PIECE], v[PIECE];
-            E::unpack(m, q[i][0]);
-#pragma unroll
-            for (int t = 1; t < POOL * POOL; ++t) {
-                E::unpack(v, q[i][t]);
-#pragma unroll
-                for (int e = 0; e < PIECE; ++e) m[e] = fmaxf(m[e], v[e]);
-            }
-#pragma unroll
-            for (int e = 0; e < PIECE; ++e) m[e] = ok[i] ? m[e] : 0.f;
-            E::store(ad + i * ROWS * BK, m);  // exact: the maximum is one of the element type's values
-        }
-        this->copy_b(stage, k_ok);
-        this->advance();
-    }
-};
-
 template <class E, int BM, int BN, int WARPS_M, int STAGES, class Loader = NhwcLoader<E, BM, BN, 256>>
 __device__ __forceinline__ void conv_nhwc_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;

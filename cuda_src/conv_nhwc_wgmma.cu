@@ -20,7 +20,8 @@
 //
 // int8 (NhwcI8): int8 activations and weights, exact s32 sums in the registers fp32 ones take, the requantizing
 // epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout], bias, scale, inv_out). No split-K (k_split
-// >= K: one slice, grid.z 1), no mma.sync tiles and no max-pool twins.
+// >= K: one slice, grid.z 1) and no mma.sync tiles; the max-pool twins of the 1x1 convs behind a 3x3 max pool
+// (conv_nhwc_i8_wgmma_maxpool3_<BM>x<BN>: NhwcMaxPoolLoader, conv_nhwc.cuh).
 //
 // Launch: conv_nhwc[_tf32|_f32|_i8]_wgmma_<BM>x<BN>: block 256, grid (ceil(P / BM), ceil(M / BN), splits), dynamic
 //         shared memory wgmma_ring_bytes(split, BM, BN).
@@ -52,12 +53,11 @@ static_assert(wgmma_ring_bytes(true, 128, 128) <= sizeof(wgmma_ring), "the emula
 static_assert(wgmma_ring_bytes(false, 128, 192) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
 
-template <class E, int BM, int BN>
+template <class E, int BM, int BN, class Loader = NhwcLoader<E, BM, BN, 256>>
 __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     using T = typename E::T;
-    constexpr int NT = 256, MB = BM / 128;  // two warpgroups, each MB blocks of 64 pixel rows
+    constexpr int MB = BM / 128;  // two warpgroups of 128 threads, each MB blocks of 64 pixel rows
     constexpr int STAGES = wgmma_stages(E::SPLIT, BM, BN);
-    using Loader = NhwcLoader<E, BM, BN, NT>;
     constexpr int BK = Loader::BK;
     static_assert(BM % 128 == 0 && (BN == 192 || BN == 128 || BN == 64 || BN == 32), "wgmma tile shape");
 
@@ -196,6 +196,16 @@ CONV_NHWC_WGMMA_KERNEL(conv_nhwc_f32, NhwcF32, 128, 32)
 #endif
 #ifdef IE_NHWC_INT8
 CONV_NHWC_WGMMA_TILES(conv_nhwc_i8, NhwcI8)
+// int8's max-pool twins (int8 has no mma.sync tiles): NAME_wgmma_maxpool3_BMxBN, the 1x1 conv behind a 3x3 max pool.
+#define CONV_NHWC_WGMMA_MAXPOOL_KERNEL(NAME, E, BM, BN)                                   \
+    CONV_NHWC_ENTRY(NAME##_wgmma_maxpool3_##BM##x##BN, E, 256, 2,                         \
+                    (conv_nhwc_wgmma_gemm<E, BM, BN, NhwcMaxPoolLoader<E, BM, BN, 256, 3>>))
+CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 128, 192)
+CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 128, 128)
+CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 128, 64)
+CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 128, 32)
+CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 256, 64)
+CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 256, 32)
 #endif
 #endif
 

@@ -48,7 +48,7 @@ def sm90a(gpu):
 @pytest.mark.parametrize("batch,qdq", [(1, False), (3, False), (3, True)])
 def test_every_int8_op_is_its_reference_on_the_gpus_own_inputs(sm90a, batch, qdq):
     """Our calibration's network (the average pools behind their convs: raw int32 products, then the moved pools)
-    and a quantized ONNX's (the pools first)."""
+    and a quantized ONNX's (the pools first); Conv2d_3b reads through MaxPool_3a in both."""
     size = 75
     weights = calibrated(size)
     if qdq:
@@ -57,7 +57,8 @@ def test_every_int8_op_is_its_reference_on_the_gpus_own_inputs(sm90a, batch, qdq
     moved = bool(Int8Scales.of(weights).moved)
     assert moved != qdq
     plan = fuse(build_plan(batch, weights.layers(), reuse=False, input_size=size, concurrent=True),
-                max_pools=False, move_pools=moved, product_elems=PRODUCT_ELEMS["int8"])
+                max_pools=True, move_pools=moved, product_elems=PRODUCT_ELEMS["int8"])
+    assert any(op.max_pool for op in plan.conv_ops)  # Conv2d_3b through MaxPool_3a
     x = image_like_batch(batch, seed=11, size=size)
     with CudaBackend(weights, plan, graph=False, precision="int8") as be:
         logits, features = be.forward(x, features=True)

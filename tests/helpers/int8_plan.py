@@ -63,7 +63,10 @@ def run_op(op: ConvOp | PoolOp, arena: np.ndarray, plan: Plan, weights: Weights,
     if isinstance(op, ConvOp):
         cout = op.dst.channels
         wq, epi = conv_params(op, params, offsets)
-        acc = q8.conv_int32(nhwc(arena, op.src), wq, op.stride, op.pad)
+        src = nhwc(arena, op.src)
+        if op.max_pool:  # a 1x1 conv that reads through a max pool (exact on int8), of the pool's stride
+            src = q8.pool_int8(src.copy(), arch.Pool("pool", "x", "max", op.max_pool, op.stride))
+        acc = q8.conv_int32(src, wq, 1 if op.max_pool else op.stride, op.pad)
         y = acc.astype(np.float32) * epi[cout:2 * cout, None, None] + epi[:cout, None, None]
         q = np.clip(np.rint(np.maximum(y, 0) * epi[2 * cout:, None, None]), -127, 127).astype(np.int8)
         starts = np.cumsum([0] + [v.channels for v in writes(op)])

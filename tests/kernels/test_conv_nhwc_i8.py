@@ -24,6 +24,7 @@ import math
 import numpy as np
 import pytest
 
+from inception_engine import arch
 from inception_engine.backends import int8_reference as ref
 from inception_engine.backends.cuda.cost_model import ConvConfig
 from inception_engine.backends.cuda.kernels import arg_format
@@ -31,9 +32,9 @@ from inception_engine.backends.cuda.launch_nhwc import nhwc_conv_specs
 from inception_engine.backends.cuda.int8_scales import int8_epilogue
 from inception_engine.backends.cuda.params import direct_weights
 from inception_engine.backends.cuda.tensor_maps import MAP_BYTES
-from inception_engine.backends.cuda.tiles import (HALO_CIN_I8, NHWC_ELEMS, Tile, check_nhwc_precision, halo_smem_bytes,
-                                                  is_halo, is_pingpong, is_tma, is_ws, tile_fits, wgmma_ring_bytes,
-                                                  wgmma_stages, ws_row, ws_stages)
+from inception_engine.backends.cuda.tiles import (HALO_CIN_I8, MAXPOOL_PREFIXES, NHWC_ELEMS, Tile, check_nhwc_precision,
+                                                  conv_kernel, halo_smem_bytes, is_halo, is_pingpong, is_tma, is_ws,
+                                                  tile_fits, wgmma_ring_bytes, wgmma_stages, ws_row, ws_stages)
 from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, FusedConvOp, View
 
@@ -47,7 +48,9 @@ WS = [t for t in TILES if is_ws(t.prefix) and not is_tma(t.prefix)]  # conv_nhwc
 TMA = [t for t in TILES if is_tma(t.prefix)]  # ... its TMA ones, ping-pong too
 HALO = [t for t in TILES if is_halo(t.prefix)]
 POISON = -128
-KERNELS = [f"{t.prefix}_{t.name}" for t in TILES] + ["conv_nhwc_i8_splitk_reduce"]
+MAXPOOL = [t for t in TILES if t.prefix in MAXPOOL_PREFIXES]  # the wgmma tiles' max-pool twins
+KERNELS = ([f"{t.prefix}_{t.name}" for t in TILES] + [f"{t.prefix}_maxpool3_{t.name}" for t in MAXPOOL]
+           + ["conv_nhwc_i8_splitk_reduce"])
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +203,7 @@ def launch(mem, op: ConvOp, tile: Tile, q: np.ndarray, w: np.ndarray, s_w: np.nd
     maps = mem.alloc(2 * MAP_BYTES) if is_tma(tile.prefix) else 0
     specs = nhwc_conv_specs(op, ConvConfig(tile, splits, k_split, 0.0), x_ptr + op.src.c_offset, op.src.c_total,
                             op.src.channels, y, w_ptr, b_ptr, ws, PRECISION, num_sms=3, maps=maps)
-    want = [f"{tile.prefix}_{tile.name}"] + ["conv_nhwc_i8_splitk_reduce"] * (splits > 1)
+    want = [conv_kernel(op, tile)] + ["conv_nhwc_i8_splitk_reduce"] * (splits > 1)
     assert [s.kernel for s in specs] == want
     mem.launch(specs)
 
@@ -380,6 +383,40 @@ def test_fused_conv_writes_each_part_at_its_scale_and_the_raw_products_as_int32(
             assert not bad.any(), f"{tile.name}/{splits} {part.buffer}: {bad.sum()} outputs differ from int8_reference"
             start += part.channels
         assert (got[~written] == POISON).all(), f"{tile.name}: {(got[~written] != POISON).sum()} stray writes"
+
+
+MAXPOOL_CASES = [  # (batch, Cin, H, W, Cout, splits); the pool's input and the conv's output views of wider buffers
+    (2, 32, 11, 9, 40, 1),  # 40 pixels: a part of one tile
+    (3, 64, 19, 17, 80, 1),  # Conv2d_3b's channels: 216 pixels, two 128-pixel tiles
+    (1, 128, 15, 15, 136, 2),  # split-K: 2 slices of 64 channels, Cout past one 128 tile
+]
+
+
+@pytest.mark.parametrize("case", MAXPOOL_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_conv_reads_through_a_max_pool(mem, case):
+    """conv_nhwc_i8_wgmma_maxpool3_<BM>x<BN> (plan.fuse_max_pools; conv_nhwc.cuh's NhwcMaxPoolLoader on int8 words):
+    the 1x1 conv of a 3x3 stride-2 max pool of the int8 input, exactly int8_reference's pool (exact on int8) then
+    conv, on every tile that takes it."""
+    n, cin, h, wd, cout, splits = case
+    ho, wo = (h - 3) // 2 + 1, (wd - 3) // 2 + 1
+    op = ConvOp("conv", View("x", 0, (n, cin + 16, h, wd), 16, cin), View("y", 0, (n, cout + 8, ho, wo), 4, cout),
+                (1, 1), 2, (0, 0), max_pool=3)
+    q, w, s_w, bias, s_x = conv_data(("maxpool",) + case, cin, cout, (n, cin, h, wd), (1, 1))
+    pooled = ref.pool_int8(q, arch.Pool("pool", "x", "max", 3, 2, 0))
+    y_float = ref.conv_epilogue(ref.conv_int32(pooled, ref.quantize_weights(w, s_w), 1, (0, 0)), s_x, s_w, bias)
+    out_scales = out_scales_for(y_float, [cout])
+    want = reference(pooled, w, s_x, s_w, bias, 1, (0, 0), out_scales, cout)
+    epilogue = int8_epilogue(bias, np.float32(s_x) * s_w, np.float32(1) / out_scales)
+    tiles = [t for t in TILES if tile_fits(op, t)]
+    assert tiles == MAXPOOL == WGMMA
+    for tile in tiles:
+        y = poisoned(mem, n * ho * wo * (cout + 8))
+        launch(mem, op, tile, q, w, s_w, epilogue, y + 4, splits)
+        got = mem.read(y, (n, ho, wo, cout + 8), np.int8)
+        assert (got[..., :4] == POISON).all() and (got[..., 4 + cout:] == POISON).all(), tile.name
+        inside = got[..., 4:4 + cout].transpose(0, 3, 1, 2)
+        bad = inside != want
+        assert not bad.any(), f"{tile.name}: {bad.sum()} of {bad.size} outputs differ from int8_reference"
 
 
 def tie_epilogue(a: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

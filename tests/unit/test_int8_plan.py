@@ -53,8 +53,9 @@ def calibrated() -> Weights:
 
 def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np.ndarray:
     scales = Int8Scales.of(weights)
-    plan = fused_plan(x.shape[0], weights.layers(), SIZE, max_pools=False, move_pools=bool(scales.moved),
+    plan = fused_plan(x.shape[0], weights.layers(), SIZE, max_pools=True, move_pools=bool(scales.moved),
                       product_elems=PRODUCT_ELEMS["int8"])
+    assert any(op.max_pool for op in plan.conv_ops)  # MaxPool_3a read by Conv2d_3b
     assert {op.name for op in plan.ops if isinstance(op, PoolOp) and op.bias} == set(scales.moved)
     stem = plan.input.buffer
     configs = {op.name: ConvConfig(INT8_TILE, 1, 0, 0.0) if isinstance(op, ConvOp) and op.src.buffer != stem else None

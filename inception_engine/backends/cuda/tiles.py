@@ -261,15 +261,15 @@ def input_tile(op: ConvOp, precision: str) -> Tile:
     return INPUT_MMA_TILE if precision in INPUT_MMA_PRECISIONS + ("int8",) and fits else INPUT_TILE
 
 
-# conv_nhwc_mma.cu's NhwcMaxPoolLoader: the 1x1 convs that read through a 3x3 max pool (plan.fuse_max_pools) run on
-# the mma.sync tiles of these prefixes, as <prefix>_maxpool3_<BM>x<BN>.
-MAXPOOL_PREFIXES, MAXPOOL_KERNEL = ("conv_nhwc", "conv_nhwc_tf32"), 3
+# conv_nhwc.cuh's NhwcMaxPoolLoader: the 1x1 convs that read through a 3x3 max pool (plan.fuse_max_pools) run on
+# the tiles of these prefixes, as <prefix>_maxpool3_<BM>x<BN>: fp16's and tf32's mma.sync tiles, int8's wgmma ones.
+MAXPOOL_PREFIXES, MAXPOOL_KERNEL = ("conv_nhwc", "conv_nhwc_tf32", "conv_nhwc_i8_wgmma"), 3
 
 
 def folds_max_pools(precision: str) -> bool:
-    """Whether this precision's NHWC tiles include the MAXPOOL_PREFIXES ones (fp16, tf32; fp32 has wgmma tiles only),
-    so that its plan may fold max pools into convs (plan.fused_plan's max_pools)."""
-    return any(t.prefix in MAXPOOL_PREFIXES for t in NHWC_ELEMS[precision].mma_tiles)
+    """Whether this precision's NHWC tiles include the MAXPOOL_PREFIXES ones (fp16, tf32, int8; fp32's wgmma tiles
+    have no max-pool twins), so that its plan may fold max pools into convs (plan.fused_plan's max_pools)."""
+    return any(t.prefix in MAXPOOL_PREFIXES for t in NHWC_ELEMS[precision].tiles(wgmma=True))
 
 
 def tile_fits(op: ConvOp, tile: Tile) -> bool:

@@ -1,7 +1,8 @@
 """The NHWC conv tiles (conv_nhwc.cuh): conv_nhwc_mma.cu's mma.sync tiles (and their max-pool twins) and split-K
-reduction, and on sm_90a conv_nhwc_wgmma.cu's wgmma tiles, conv_nhwc_ws.cu's warp-specialized persistent ones (cp.async,
-TMA, TMA ping-pong) and conv_nhwc_halo.cu's halo ones: one signature, one launch builder. Each file compiles once per
-element type it holds (cuda_build.UNITS); the tiles are tiles.py's ``NHWC_ELEMS[precision]``."""
+reduction, and on sm_90a conv_nhwc_wgmma.cu's wgmma tiles (int8's with max-pool twins), conv_nhwc_ws.cu's
+warp-specialized persistent ones (cp.async, TMA, TMA ping-pong) and conv_nhwc_halo.cu's halo ones: one signature,
+one launch builder. Each file compiles once per element type it holds (cuda_build.UNITS); the tiles are tiles.py's
+``NHWC_ELEMS[precision]``."""
 
 from __future__ import annotations
 
@@ -49,10 +50,10 @@ def entries() -> Iterator[KernelSpec]:
             name = f"{t.prefix}_{t.name}"
             yield KernelSpec(name, nhwc_conv_source(name), NHWC_TMA if is_tma(name) else NHWC_CONV, t.threads,
                              tile_shared(t))
-        for t in e.mma_tiles:
+        for t in e.tiles(wgmma=True):
             if t.prefix in MAXPOOL_PREFIXES:
-                yield KernelSpec(f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}", "conv_nhwc_mma.cu", NHWC_CONV,
-                                 t.threads)
+                name = f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}"
+                yield KernelSpec(name, nhwc_conv_source(name), NHWC_CONV, t.threads, tile_shared(t))
         # int8's sums are int32 and its reduction requantizes: next to its tiles, in their unit
         yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce",
                          "conv_nhwc_wgmma.cu" if precision == "int8" else "conv_nhwc_mma.cu", NHWC_REDUCE, THREADS)
