@@ -17,7 +17,8 @@
 // y[b, oh, ow, c] = quantize(relu((float(S) * scale[c]) * (1 / float(count)) + bias[c]), inv_out[c]): S the window's
 // int32 sum (the reference checks that it fits), count kernel^2 (count_include_pad) or the positions inside (at most
 // 9: i8q::recip_small), each operation rounded on its own; epi = float32[3 C]: bias, scale = s_x s_w, inv_out
-// (Int8Scales.moved_pool_epilogue). A thread takes four channels (a 16-byte piece of int32s) of one output.
+// (Int8Scales.moved_pool_epilogue). 3x3 windows of stride 1 only (the moved pools'). A thread takes four channels (a
+// 16-byte piece of int32s) of I8_RUN outputs in a row, whose windows share their columns, as pool2d_nhwc_i8_k3s1's.
 // global_avg_pool_nhwc_i8: float32 features of the dequantized input, y[b, c] = (S * scale) / hw with S the exact
 // int32 sum over H*W (|S| <= 127 * hw < 2^24, exact in float32) and two float32 roundings, a product and a quotient:
 // within 2^-23 of the exact mean, relative (the reference's float32 mean of dequantized values is within a few
@@ -31,7 +32,7 @@
 // Launch: pool2d_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*Ho*Wo*channels/PIECE / 256);
 //         pool2d_nhwc_i8_k3s1 (3x3 windows, stride 1 only): block 256,
 //         grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/16 / 256).
-//         avg_pool_products_nhwc_i8: block 256, grid ceil(batch*Ho*Wo*channels/4 / 256).
+//         avg_pool_products_nhwc_i8: block 256, grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/4 / 256).
 //         global_avg_pool_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
 #include "i8_piece.cuh"
@@ -284,27 +285,55 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     avg_pool_products_nhwc_i8(const int* __restrict__ x, signed char* __restrict__ y, int batch, int channels, int h,
                               int w, int x_cstride, int ho, int wo, int y_cstride, int kernel, int stride, int pad,
                               int count_include_pad, const float* __restrict__ epi) {
-    constexpr int PIECE = 4;
-    const int groups = channels / PIECE, idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= batch * ho * wo * groups) return;
-    const int cg = idx % groups, p = idx / groups;  // output pixel p = (b * Ho + oh) * Wo + ow
-    const int ow = p % wo, oh = p / wo % ho, b = p / (wo * ho);
-    int acc[PIECE] = {0, 0, 0, 0};
-    const auto load = [&](int (&v)[PIECE], size_t pixel) {
-        const int4 q = __ldg(reinterpret_cast<const int4*>(x + pixel * x_cstride) + cg);
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    };
-    const int inside = pool_window(acc, load, b, h, w, oh * stride - pad, ow * stride - pad, kernel, 0);
-    const float recip = i8q::recip_small(count_include_pad ? kernel * kernel : inside);
-    unsigned word = 0;
+    constexpr int PIECE = 4, K = 3, COLS = I8_RUN - 1 + K;  // kernel 3, stride 1: checked by the launch code
+    const int groups = channels / PIECE, runs = (wo + I8_RUN - 1) / I8_RUN;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= batch * ho * runs * groups) return;
+    const int cg = idx % groups, run = idx / groups % runs, row = idx / (groups * runs);  // row = b * Ho + oh
+    const int oh = row % ho, b = row / ho, ow0 = run * I8_RUN;
+    const int h0 = oh - pad, w0 = ow0 - pad;
+    int rows_in = 0;
+#pragma unroll
+    for (int r = 0; r < K; ++r) rows_in += (unsigned)(h0 + r) < (unsigned)h;
+    int col[COLS][PIECE];  // each column's sum over the window's rows (0 outside the image)
+    int cols_in[COLS];
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) {
+#pragma unroll
+        for (int e = 0; e < PIECE; ++e) col[j][e] = 0;
+        const int iw = w0 + j;
+        cols_in[j] = (unsigned)iw < (unsigned)w;
+        if (!cols_in[j]) continue;
+#pragma unroll
+        for (int r = 0; r < K; ++r) {
+            const int ih = h0 + r;
+            if ((unsigned)ih >= (unsigned)h) continue;
+            const int4 v = __ldg(reinterpret_cast<const int4*>(x + ((size_t)(b * h + ih) * w + iw) * x_cstride) + cg);
+            col[j][0] += v.x, col[j][1] += v.y, col[j][2] += v.z, col[j][3] += v.w;
+        }
+    }
+    float bias[PIECE], scale[PIECE], inv_out[PIECE];
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) {
-        const int c = PIECE * cg + e;
-        const float f = __fadd_rn(i8q::mul(i8q::mul(__int2float_rn(acc[e]), __ldg(epi + channels + c)), recip),
-                                  __ldg(epi + c));
-        word |= (static_cast<unsigned>(i8q::quantize(fmaxf(f, 0.f), __ldg(epi + 2 * channels + c))) & 0xFF) << (8 * e);
+        bias[e] = __ldg(epi + PIECE * cg + e);
+        scale[e] = __ldg(epi + channels + PIECE * cg + e);
+        inv_out[e] = __ldg(epi + 2 * channels + PIECE * cg + e);
     }
-    *reinterpret_cast<unsigned*>(y + (size_t)p * y_cstride + PIECE * cg) = word;
+    signed char* yp = y + ((size_t)row * wo + ow0) * y_cstride + PIECE * cg;
+#pragma unroll
+    for (int o = 0; o < I8_RUN; ++o) {
+        if (ow0 + o >= wo) break;
+        const int inside = rows_in * (cols_in[o] + cols_in[o + 1] + cols_in[o + 2]);
+        const float recip = i8q::recip_small(count_include_pad ? K * K : inside);
+        unsigned word = 0;
+#pragma unroll
+        for (int e = 0; e < PIECE; ++e) {
+            const int sum = col[o][e] + col[o + 1][e] + col[o + 2][e];
+            const float f = __fadd_rn(i8q::mul(i8q::mul(__int2float_rn(sum), scale[e]), recip), bias[e]);
+            word |= (static_cast<unsigned>(i8q::quantize(fmaxf(f, 0.f), inv_out[e])) & 0xFF) << (8 * e);
+        }
+        *reinterpret_cast<unsigned*>(yp + (size_t)o * y_cstride) = word;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(IE_THREADS)

@@ -12,7 +12,7 @@ backends/int8_reference.py.
   - a moved pool (avg_pool_products_nhwc_i8): the window sums of int32 products as large as a 2048-channel 1x1
     conv's (float32 rounds their sums), the epilogue's float32 operations one by one (int8_reference.window_sums and
     moved_pool_epilogue, then each channel's reciprocal scale), into a channel slice of a wider buffer, padding
-    counted or not;
+    counted or not, rows of 1 to 35 outputs (runs of 4 a thread, short last runs);
   - global average pool: float32 (S * scale) / hw, S the exact int32 sum. Against the exact mean (float64) within
     2 * 2^-24 relative (two float32 roundings, a product and a quotient); against the reference (the float32 mean
     of the dequantized values) within 1e-6 of the mean of |x|: the reference rounds each dequantized value (2^-24
@@ -206,7 +206,7 @@ def test_pool_i8_poison_catches_an_unwritten_piece(mem):
 
 
 @pytest.mark.parametrize("include,h,w", [(True, 9, 8), (False, 9, 8), (False, 1, 3), (True, 17, 17),
-                                         (False, 8, 8)])
+                                         (False, 8, 8), (False, 5, 6), (True, 35, 35)])
 def test_avg_pool_products_i8_is_the_moved_pools_reference(mem, include, h, w):
     n, c, before = 2, 32, 16
     rng = rng_for("moved pool i8", include, h, w)

@@ -26,7 +26,6 @@ PRODUCTS_I8 = Signature.of("P: x y", "i: batch channels h w x_cstride ho wo y_cs
                            "count_include_pad", "P: epi")
 PRODUCTS_I8_KERNEL = "avg_pool_products_nhwc_i8"
 PRODUCT_BYTES = 4  # a raw product of the int8 convs: an int32 (conv_nhwc.cuh's NhwcStore::column4)
-RECIP_MAX_COUNT = 9  # i8_piece.cuh's MEAN_SMALL_MAX: the window sizes avg_pool_products_nhwc_i8 divides by
 FLOAT_PRECISIONS = ("fp16", "tf32", "fp32")  # the element types of the fp kernels (int8's are named below)
 INT8 = "int8"
 I8_SUFFIX = "_i8"
@@ -83,13 +82,14 @@ def nhwc_pool_spec(op: PoolOp, arena: int, precision: str = "fp16", bias: int = 
 def products_pool_spec(op: PoolOp, arena: int, epi: int) -> LaunchSpec:
     """avg_pool_products_nhwc_i8 of a moved pool: op.src is its conv's raw int32 products (a view whose c_total
     counts bytes, PRODUCT_BYTES a channel: plan.fuse_pointwise's product_elems), epi the conv's epilogue's address."""
-    assert op.kind == "avg" and op.kernel ** 2 <= RECIP_MAX_COUNT, f"{op.name}: not a moved 3x3 average pool"
+    assert op.kind == "avg" and op.kernel == 3 and op.stride == 1, f"{op.name}: not a moved 3x3 average pool"
     assert op.src.c_total == PRODUCT_BYTES * op.src.channels and op.src.c_offset == 0, \
         f"{op.name}: its products are not a whole buffer of int32s"
     n, c, h, w = op.src.dims
     _, _, ho, wo = op.dst.dims
     k = KERNELS[PRODUCTS_I8_KERNEL]
-    return LaunchSpec.of(op.name, k, (k.blocks(n * ho * wo * c // PRODUCT_BYTES), 1, 1),  # 4 channels a thread
+    threads = n * ho * -(-wo // I8_RUN) * c // PRODUCT_BYTES  # 4 channels of I8_RUN outputs a thread
+    return LaunchSpec.of(op.name, k, (k.blocks(threads), 1, 1),
                          dict(x=nhwc_ptr(arena, op.src, INT8), y=nhwc_ptr(arena, op.dst, INT8), batch=n, channels=c,
                               h=h, w=w, x_cstride=op.src.c_total // PRODUCT_BYTES, ho=ho, wo=wo,
                               y_cstride=op.dst.c_total, kernel=op.kernel, stride=op.stride, pad=op.pad,
