@@ -116,6 +116,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=75, help="input size (299 on a machine with time)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
+    if a.calibration % BATCH:  # onnxruntime's percentile calibrator stacks its batches: they must be one shape
+        p.error(f"--calibration must be a multiple of {BATCH} (onnxruntime's calibrator takes equal batches)")
     logging.getLogger().setLevel(logging.ERROR)  # quantize_static's notes on biases it leaves in float (shared ones)
     rows = compare(a.calibration, a.held_out, a.size, a.seed)
     print(f"synthetic model, {a.size}x{a.size}, {a.calibration} calibration / {a.held_out} held-out images, "
