@@ -35,6 +35,7 @@ from inception_engine.backends import cuda as cb
 from inception_engine.bench import ceilings, gpu_name
 from inception_engine.bench_report import PEAK_TFLOPS
 from inception_engine.backends.cuda.backend import prepare_plan
+from inception_engine.backends.cuda.int8_scales import Int8Scales
 from inception_engine.plan import ConvOp, Plan, build_plan
 from inception_engine.model_files import load_weights
 from inception_engine.weights import Weights
@@ -57,8 +58,12 @@ def gemm_shape(op: ConvOp) -> tuple[int, int, int]:
 
 
 def the_plan(precision: str, batch: int, weights: Weights) -> Plan:
-    """The fused plan the cuda backend runs in this precision (int8 keeps its average pools before the convs)."""
-    return prepare_plan(build_plan(batch, weights.layers()), precision, nhwc=True, concurrent=True, fuse=True)
+    """The fused plan the cuda backend runs in this precision (int8: the average pools its calibration moves behind
+    their convs; weights without one, as our calibration would)."""
+    prov = weights.manifest.get("provenance") or {}
+    int8 = Int8Scales.of(weights) if precision == "int8" and prov.get("calibration") is not None else None
+    return prepare_plan(build_plan(batch, weights.layers()), precision, nhwc=True, concurrent=True, fuse=True,
+                        int8=int8)
 
 
 def ours(precision: str, batch: int, iters: int, weights: Weights) -> tuple[float, dict[str, float], list[ConvOp]]:
