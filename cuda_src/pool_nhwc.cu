@@ -33,45 +33,22 @@
 //         pool2d_nhwc_i8_k3s1 (3x3 windows, stride 1 only): block 256,
 //         grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/16 / 256).
 //         avg_pool_products_nhwc_i8: block 256, grid ceil(batch*Ho*ceil(Wo/I8_RUN)*channels/4 / 256).
-//         global_avg_pool_nhwc[_tf32|_f32|_i8]: block 256, grid batch * ceil(channels/PIECE / GAP_PIECES).
+//         global_avg_pool_nhwc[_tf32|_f32|_i8]: block 256, grid ceil(batch*channels/PIECE / 256).
 #include "conv_mma.cuh"
 #include "i8_piece.cuh"
 #include "pool_window.cuh"
 
-// The global pools: a block takes GAP_PIECES pieces of one image, GAP_LANES threads a piece. Lane l sums pixels l,
-// l + GAP_LANES, ... (the lanes of a row of GAP_PIECES threads read consecutive pieces of one pixel), then lane 0 adds
-// the lanes' sums in lane order: at batch 1 the 64 pixels of an 8x8 map are 8 loads a thread in flight at once, not
-// 64 one after another on a few threads (the single thread's loop was the longest op of a batch-1 forward).
-constexpr int GAP_LANES = 8, GAP_PIECES = IE_THREADS / GAP_LANES;
-
-// acc (lane 0's, after the block's barrier): the per-channel sum of this thread's piece over the hw pixels of image b,
-// load(v, pixel) reading the piece of pixel `pixel` of the buffer; false for the threads that write nothing. grid.x =
-// batch * ceil(groups / GAP_PIECES).
+// The per-channel sum of one piece over the hw pixels of image b (load(v, pixel) as above): the global pools'.
 template <int PIECE, class Acc, class Load>
-__device__ __forceinline__ bool gap_sums(Acc (&acc)[PIECE], Load&& load, int groups, int hw, int& b, int& cg) {
-    __shared__ Acc part[GAP_LANES][GAP_PIECES][PIECE];
-    const int blocks_a_row = (groups + GAP_PIECES - 1) / GAP_PIECES;
-    const int lane = threadIdx.x / GAP_PIECES, slot = threadIdx.x % GAP_PIECES;
-    b = blockIdx.x / blocks_a_row;
-    cg = blockIdx.x % blocks_a_row * GAP_PIECES + slot;
+__device__ __forceinline__ void pixel_sums(Acc (&acc)[PIECE], Load&& load, int b, int hw) {
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) acc[e] = 0;
-    if (cg < groups) {
-        for (int i = lane; i < hw; i += GAP_LANES) {
-            Acc v[PIECE];
-            load(v, (size_t)b * hw + i);
+    for (int i = 0; i < hw; ++i) {
+        Acc v[PIECE];
+        load(v, (size_t)b * hw + i);
 #pragma unroll
-            for (int e = 0; e < PIECE; ++e) acc[e] += v[e];
-        }
+        for (int e = 0; e < PIECE; ++e) acc[e] += v[e];
     }
-#pragma unroll
-    for (int e = 0; e < PIECE; ++e) part[lane][slot][e] = acc[e];
-    __syncthreads();
-    if (lane != 0 || cg >= groups) return false;
-    for (int l = 1; l < GAP_LANES; ++l)
-#pragma unroll
-        for (int e = 0; e < PIECE; ++e) acc[e] += part[l][slot][e];
-    return true;
 }
 
 template <class E>
@@ -107,10 +84,11 @@ __device__ __forceinline__ void global_avg_pool_nhwc_piece(const typename E::T* 
                                                            int batch, int channels, int hw, int x_cstride,
                                                            int y_bstride) {
     constexpr int PIECE = E::PIECE;
+    const int groups = channels / PIECE, idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= batch * groups) return;
+    const int cg = idx % groups, b = idx / groups;
     float acc[PIECE];
-    int b, cg;
-    const auto load = [&](float (&v)[PIECE], size_t pixel) { E::load(v, x + pixel * x_cstride + PIECE * cg); };
-    if (!gap_sums(acc, load, channels / PIECE, hw, b, cg)) return;
+    pixel_sums(acc, [&](float (&v)[PIECE], size_t pixel) { E::load(v, x + pixel * x_cstride + PIECE * cg); }, b, hw);
     float* yp = y + (size_t)b * y_bstride + PIECE * cg;
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) yp[e] = acc[e] / (float)hw;
@@ -362,10 +340,12 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     global_avg_pool_nhwc_i8(const signed char* __restrict__ x, float* __restrict__ y, int batch, int channels, int hw,
                             int x_cstride, int y_bstride, float scale) {
     constexpr int PIECE = I8Piece::PIECE;
+    const int groups = channels / PIECE, idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= batch * groups) return;
+    const int cg = idx % groups, b = idx / groups;
     int acc[PIECE];
-    int b, cg;
-    const auto load = [&](int (&v)[PIECE], size_t pixel) { I8Piece::load(v, x + pixel * x_cstride + PIECE * cg); };
-    if (!gap_sums(acc, load, channels / PIECE, hw, b, cg)) return;
+    pixel_sums(acc, [&](int (&v)[PIECE], size_t pixel) { I8Piece::load(v, x + pixel * x_cstride + PIECE * cg); }, b,
+               hw);
     float* yp = y + (size_t)b * y_bstride + PIECE * cg;
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) yp[e] = i8q::div(i8q::mul(static_cast<float>(acc[e]), scale), (float)hw);

@@ -30,7 +30,6 @@ FLOAT_PRECISIONS = ("fp16", "tf32", "fp32")  # the element types of the fp kerne
 INT8 = "int8"
 I8_SUFFIX = "_i8"
 I8_RUN = 4  # pool_nhwc.cu's I8_RUN: the outputs in a row one thread of pool2d_nhwc_i8_k3s<S> pools
-GAP_PIECES = THREADS // 8  # pool_nhwc.cu's GAP_PIECES: a global pool's block takes that many pieces of one image
 I8_K3_STRIDES = (1,)  # the 3x3 pools with a kernel of their own (pool2d_nhwc_i8_k3s<S>); pool_nhwc.cu says why not 2
 
 
@@ -106,7 +105,6 @@ def nhwc_gap_spec(op: GlobalAvgPoolOp, arena: int, features: int, precision: str
     int8 = precision == INT8
     k = KERNELS[f"global_avg_pool_nhwc{I8_SUFFIX if int8 else NHWC_ELEMS[precision].suffix}"]
     last = dict(scale=float(scale)) if scale is not None else {}
-    pieces = ch * NHWC_ELEMS[precision].bytes // 16  # of an image, GAP_PIECES a block
-    return LaunchSpec.of(op.name, k, (nb * -(-pieces // GAP_PIECES), 1, 1),
+    return LaunchSpec.of(op.name, k, (k.blocks(nb * ch * NHWC_ELEMS[precision].bytes // 16), 1, 1),  # a thread a piece
                          dict(x=nhwc_ptr(arena, op.src, precision), y=features, batch=nb, channels=ch, hw=hh * ww,
                               x_cstride=op.src.c_total, y_bstride=ch, **last))
