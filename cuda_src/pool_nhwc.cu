@@ -191,6 +191,23 @@ __device__ __forceinline__ void store_max(signed char* y, const unsigned (&m)[4]
 }
 
 __device__ __forceinline__ uint4 load(const signed char* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+// A row of windows' columns w0 + j, j < COLS: whether each lies inside the image (cols_in[j]), and add(j, ih, iw)
+// for each of its K rows h0 + r that do.
+template <int COLS, int K, class Add>
+__device__ __forceinline__ void columns(int h0, int w0, int h, int w, int (&cols_in)[COLS], Add&& add) {
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) {
+        const int iw = w0 + j;
+        cols_in[j] = (unsigned)iw < (unsigned)w;
+        if (!cols_in[j]) continue;
+#pragma unroll
+        for (int r = 0; r < K; ++r) {
+            const int ih = h0 + r;
+            if ((unsigned)ih < (unsigned)h) add(j, ih, iw);
+        }
+    }
+}
 }  // namespace i8pool
 
 template <int S>
@@ -237,29 +254,18 @@ __device__ __forceinline__ void pool_i8_k3(const signed char* __restrict__ x, si
         }
         return;
     }
-    unsigned col[COLS][8];  // each column's sum over the window's rows, spread (0 outside the image)
+    unsigned col[COLS][8] = {};  // each column's sum over the window's rows, spread (0 outside the image)
     int cols_in[COLS];
+    i8pool::columns<COLS, K>(h0, w0, h, w, cols_in, [&](int j, int ih, int iw) {
+        const uint4 v = i8pool::load(xb + ((size_t)ih * w + iw) * x_cstride);
+        const unsigned words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int j = 0; j < COLS; ++j) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) col[j][k] = 0;
-        const int iw = w0 + j;
-        cols_in[j] = (unsigned)iw < (unsigned)w;
-        if (!cols_in[j]) continue;
-#pragma unroll
-        for (int r = 0; r < K; ++r) {
-            const int ih = h0 + r;
-            if ((unsigned)ih >= (unsigned)h) continue;
-            const uint4 v = i8pool::load(xb + ((size_t)ih * w + iw) * x_cstride);
-            const unsigned words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                unsigned lo, hi;
-                i8pool::spread(words[k], lo, hi);
-                col[j][2 * k] += lo, col[j][2 * k + 1] += hi;
-            }
+        for (int k = 0; k < 4; ++k) {
+            unsigned lo, hi;
+            i8pool::spread(words[k], lo, hi);
+            col[j][2 * k] += lo, col[j][2 * k + 1] += hi;
         }
-    }
+    });
 #pragma unroll
     for (int o = 0; o < I8_RUN; ++o) {
         if (ow0 + o >= wo) break;
@@ -295,23 +301,12 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
     int rows_in = 0;
 #pragma unroll
     for (int r = 0; r < K; ++r) rows_in += (unsigned)(h0 + r) < (unsigned)h;
-    int col[COLS][PIECE];  // each column's sum over the window's rows (0 outside the image)
+    int col[COLS][PIECE] = {};  // each column's sum over the window's rows (0 outside the image)
     int cols_in[COLS];
-#pragma unroll
-    for (int j = 0; j < COLS; ++j) {
-#pragma unroll
-        for (int e = 0; e < PIECE; ++e) col[j][e] = 0;
-        const int iw = w0 + j;
-        cols_in[j] = (unsigned)iw < (unsigned)w;
-        if (!cols_in[j]) continue;
-#pragma unroll
-        for (int r = 0; r < K; ++r) {
-            const int ih = h0 + r;
-            if ((unsigned)ih >= (unsigned)h) continue;
-            const int4 v = __ldg(reinterpret_cast<const int4*>(x + ((size_t)(b * h + ih) * w + iw) * x_cstride) + cg);
-            col[j][0] += v.x, col[j][1] += v.y, col[j][2] += v.z, col[j][3] += v.w;
-        }
-    }
+    i8pool::columns<COLS, K>(h0, w0, h, w, cols_in, [&](int j, int ih, int iw) {
+        const int4 v = __ldg(reinterpret_cast<const int4*>(x + ((size_t)(b * h + ih) * w + iw) * x_cstride) + cg);
+        col[j][0] += v.x, col[j][1] += v.y, col[j][2] += v.z, col[j][3] += v.w;
+    });
     float bias[PIECE], scale[PIECE], inv_out[PIECE];
 #pragma unroll
     for (int e = 0; e < PIECE; ++e) {
