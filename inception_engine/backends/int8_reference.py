@@ -100,18 +100,26 @@ def conv_epilogue(acc: np.ndarray, s_x: float, s_w: np.ndarray, bias: np.ndarray
     return np.maximum(y, np.float32(0))
 
 
+def window_sums(acc: np.ndarray, layer: arch.Pool) -> tuple[np.ndarray, np.ndarray]:
+    """The average pool's exact integer window sums of integer ``acc`` (int8 values, or a moved pool's int32
+    products), as int64, and each output's count (float32: kernel^2 with count_include_pad, else the positions
+    inside; broadcasts over (N, C, Ho, Wo))."""
+    k = layer.kernel
+    sums = np.rint(pool2d(acc.astype(np.float64), "avg", k, layer.stride, layer.pad, True) * k * k)
+    if layer.count_include_pad or not layer.pad:
+        counts = np.full((1, 1, 1, 1), k * k, np.float32)
+    else:
+        ones = np.ones((1, 1, *acc.shape[2:]))
+        counts = np.rint(pool2d(ones, "avg", k, layer.stride, layer.pad, True) * k * k).astype(np.float32)
+    return sums.astype(np.int64), counts
+
+
 def pool_int8(q: np.ndarray, layer: arch.Pool) -> np.ndarray:
     """Max pool exact on int8; average pool: integer window sums / count, rounded half to even (module doc)."""
     if layer.kind == "max":
         return pool2d(q.astype(np.float32), "max", layer.kernel, layer.stride, layer.pad).astype(np.int8)
-    sums = pool2d(q.astype(np.float64), "avg", layer.kernel, layer.stride, layer.pad, True) * layer.kernel ** 2
-    sums = np.rint(sums)  # exact integers: the float64 mean times the window size
-    if layer.count_include_pad or not layer.pad:
-        counts = np.float64(layer.kernel ** 2)
-    else:
-        ones = np.ones((1, 1, *q.shape[2:]))
-        counts = np.rint(pool2d(ones, "avg", layer.kernel, layer.stride, layer.pad, True) * layer.kernel ** 2)
-    return np.rint(sums / counts).astype(np.int8)
+    sums, counts = window_sums(q, layer)
+    return np.rint(sums / counts).astype(np.int8)  # float64: exact sums over exact counts
 
 
 def moved_pools(layers: list[arch.Layer], calib: dict,
@@ -133,19 +141,6 @@ def moved_pools(layers: list[arch.Layer], calib: dict,
                     and conv.name not in float_layers):
                 out[l.name] = conv.name
     return out
-
-
-def window_sums(acc: np.ndarray, layer: arch.Pool) -> tuple[np.ndarray, np.ndarray]:
-    """The average pool's exact integer window sums of int32 ``acc`` (int64) and each output's count (float32:
-    kernel^2 with count_include_pad, else the positions inside; broadcasts over (N, C, Ho, Wo))."""
-    k = layer.kernel
-    sums = np.rint(pool2d(acc.astype(np.float64), "avg", k, layer.stride, layer.pad, True) * k * k)
-    if layer.count_include_pad or not layer.pad:
-        counts = np.full((1, 1, 1, 1), k * k, np.float32)
-    else:
-        ones = np.ones((1, 1, *acc.shape[2:]))
-        counts = np.rint(pool2d(ones, "avg", k, layer.stride, layer.pad, True) * k * k).astype(np.float32)
-    return sums.astype(np.int64), counts
 
 
 def moved_pool_epilogue(sums: np.ndarray, counts: np.ndarray, s_x: float, s_w: np.ndarray,
@@ -234,7 +229,8 @@ def forward_int8(weights: Weights, x: np.ndarray, float_layers: frozenset[str] =
     layers = weights.layers()
     _check_scales(layers, calib, float_layers)
     store = storage_scales(layers, calib["activation_scales"])
-    moved = {l.name: l for l in layers if l.name in moved_pools(layers, calib, float_layers)}
+    moving = moved_pools(layers, calib, float_layers)
+    moved = {l.name: l for l in layers if l.name in moving}
     # a moved pool's reader reads the pool's input; the pool itself computes nothing
     srcs = {l.name: (l.srcs if isinstance(l, arch.Concat) else (moved[l.src].src,) if l.src in moved else (l.src,))
             for l in layers if l.name not in moved}

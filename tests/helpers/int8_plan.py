@@ -8,6 +8,8 @@ member writes its raw products, int32 (``products``), which the moved pool reads
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from inception_engine import arch
@@ -89,3 +91,10 @@ def run_op(op: ConvOp | PoolOp, arena: np.ndarray, plan: Plan, weights: Weights,
 def gap_features(op: GlobalAvgPoolOp, arena: np.ndarray, scales: Int8Scales) -> np.ndarray:
     """The global average pool's float32 features of the int8 arena (dequantized mean)."""
     return nhwc(arena, op.src).astype(np.float32).mean(axis=(2, 3)) * scales.gap_scale(op)
+
+
+def as_quantized_onnxs(weights: Weights) -> Weights:
+    """The same scales as a quantized ONNX's calibration record (its file rounds each pool's output: no pool moves)."""
+    manifest = json.loads(json.dumps(weights.manifest))
+    manifest["provenance"]["calibration"].update(method="qdq:test", parameter=None, images=None, images_sha256=None)
+    return Weights(weights.arrays, manifest)

@@ -24,7 +24,7 @@ from inception_engine.plan import ConvOp, FCOp, GlobalAvgPoolOp, PoolOp, fused_p
 from inception_engine.synthetic import image_like_batch
 from inception_engine.weights import Weights
 
-from helpers.int8_plan import gap_features, raw, run_op, view_of
+from helpers.int8_plan import as_quantized_onnxs, gap_features, raw, run_op, view_of
 from helpers.random_weights import random_arrays
 
 SIZE = 75
@@ -75,13 +75,6 @@ def run_plan(weights: Weights, x: np.ndarray, seen: dict[str, np.ndarray]) -> np
             features = gap_features(op, arena, scales)
     assert features is not None
     return features
-
-
-def as_quantized_onnxs(weights: Weights) -> Weights:
-    """The same scales as a quantized ONNX's calibration record (its file rounds each pool's output: no pool moves)."""
-    manifest = json.loads(json.dumps(weights.manifest))
-    manifest["provenance"]["calibration"].update(method="qdq:test", parameter=None, images=None, images_sha256=None)
-    return Weights(weights.arrays, manifest)
 
 
 @pytest.mark.parametrize("network", ["torchvision", "fid", "qdq"])

@@ -29,6 +29,7 @@ from .lowering import GpuFacts, lower, resolve_spec
 from .tensor_maps import encode_all
 from .params import pack_params
 from .schedule import schedule
+from .families.pool_nhwc import PRODUCT_BYTES
 from .int8_scales import Int8Scales
 from .tiles import NHWC_PIECE, PRECISIONS, Tile, check_nhwc_precision, folds_max_pools
 from .tuning import (config_from_json, config_to_json, pick_fastest, shape_key, table_configs, tuning_cache_dir,
@@ -54,7 +55,7 @@ def settle_layout(plan: Plan, precision: str, nhwc: bool | None, device: int) ->
 
 
 # arena elements of a raw product that a moved pool reads (plan.fuse_pointwise): int8's are int32 sums in a byte arena
-PRODUCT_ELEMS = {"int8": 4}
+PRODUCT_ELEMS = {"int8": PRODUCT_BYTES}
 
 
 def prepare_plan(plan: Plan, precision: str, nhwc: bool, concurrent: bool, fuse: bool,

@@ -75,18 +75,18 @@ class Int8Scales:
     def conv_epilogue(self, op: ConvOp, bias: np.ndarray) -> np.ndarray:
         """int8_epilogue's float32[3 Cout]: bias, the multiplier float32(s_x) * float32(s_w[m]), and
         float32(1) / float32(the storage scale of the tensor channel m is written to)."""
-        members = self.members(op)
-        s_x = np.float32(self.input_scale(members[0]))
-        inv = np.concatenate([np.full(self.weight[m].size, self.inv(m), np.float32) for m in members])
-        return int8_epilogue(bias, s_x * self.conv_weight_scales(op), inv)
+        return self.epilogue(self.members(op), bias)
 
     def moved_pool_epilogue(self, op: PoolOp, bias: np.ndarray) -> np.ndarray:
-        """A moved pool's int8_epilogue (pool_nhwc.cu's avg_pool_products_nhwc_i8): its conv's (op.bias) bias, the
-        multiplier float32(s_x) * float32(s_w[m]) of the conv's input (the pool's input, at the pool's storage
-        scale) and the reciprocal of the conv's storage scale. The division by the window's count is the kernel's."""
-        conv = op.bias
-        return int8_epilogue(bias, np.float32(self.input_scale(conv)) * self.weight[conv],
-                             np.full(self.weight[conv].size, self.inv(conv), np.float32))
+        """A moved pool's: its conv's (op.bias) epilogue, whose input is the pool's input at the pool's storage
+        scale (pool_nhwc.cu's avg_pool_products_nhwc_i8; the division by the window's count is the kernel's)."""
+        return self.epilogue((op.bias,), bias)
+
+    def epilogue(self, members: tuple[str, ...], bias: np.ndarray) -> np.ndarray:
+        """int8_epilogue of convs that read one input, their channels stacked in member order."""
+        s_x = np.float32(self.input_scale(members[0]))
+        inv = np.concatenate([np.full(self.weight[m].size, self.inv(m), np.float32) for m in members])
+        return int8_epilogue(bias, s_x * np.concatenate([self.weight[m] for m in members]), inv)
 
     def pool_ratio(self, op: PoolOp) -> np.float32:
         """float32(s_in) / float32(s_out) of a pool (1 where they are equal: no requantization)."""
