@@ -121,11 +121,12 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 
 class CudaRunner:
     def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False, decode_threads: int = 0,
-                 started: Any = None, features: bool = False):
+                 started: Any = None, features: bool = False, decode_chains: int | None = None):
         """gpu_decode: make the backend's JPEG decoders now (for submit_encoded and decode), so that a decoder that
         cannot be made stops the run before its first image rather than at its first batch; with decode_threads
-        host threads each (0: one per CPU), from ``started`` (jpeg_decode.NativeStart) where given. features: copy
-        each batch's pool features back beside its top-k (``features_of``)."""
+        host threads each (0: one per CPU), from ``started`` (jpeg_decode.NativeStart) where given; decode_chains of
+        them (None: jpeg_decode.DECODE_CHAINS), each a decode call in flight. features: copy each batch's pool
+        features back beside its top-k (``features_of``)."""
         drv = driver()
         plan = backend.plan
         self.classes = plan.output.channels
@@ -177,7 +178,7 @@ class CudaRunner:
                 with backend.gpu:
                     self._decoders = jpeg_decode.reuse_decoders(backend.jpeg_decoders, backend.kernels, pre,
                                                                 decode_threads, self.decode_batch,
-                                                                jpeg_decode.DECODE_CHAINS, started)
+                                                                decode_chains or jpeg_decode.DECODE_CHAINS, started)
                     self._copies += [drv.Stream(1) for _ in self._decoders[1:]]
             except BaseException:
                 self.close()
@@ -291,11 +292,15 @@ class CudaRunner:
             raise DecodeCancelled()
         chain = call % len(self._decoders)
         copy = self._copies[chain]
-        with self.backend.gpu:
-            if call >= self._turns.n:  # call - n used the buffer: its last batch must be normalised first
-                copy.wait_for_event(self._normalized[i])
-            errors = fill(self._decoders[chain], self._u8[i], self._cpu_path, copy)
-            self._copied[i].record(copy)
+        try:
+            with self.backend.gpu:
+                if call >= self._turns.n:  # call - n used the buffer: its last batch must be normalised first
+                    copy.wait_for_event(self._normalized[i])
+                errors = fill(self._decoders[chain], self._u8[i], self._cpu_path, copy)
+                self._copied[i].record(copy)
+        except BaseException:  # no batch of this call will give the buffer back: call i + n would wait for ever
+            self._turns.give(i)
+            raise
         return Decoded(i, n, errors)
 
     def _cpu_path(self, path: str, data: bytes) -> np.ndarray:

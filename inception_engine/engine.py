@@ -251,9 +251,10 @@ class Engine:
         if not getattr(self.backend_class, "FEATURES", False):
             raise OptionError("backend", self._backend_name, "returns no features; the cpu and cuda backends do")
 
-    def runner(self, n_images: int, features: bool = False) -> Runner:
+    def runner(self, n_images: int, features: bool = False, decode_chains: int | None = None) -> Runner:
         """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs; with
-        ``features``, one that keeps each batch's pool features (``features_of``)."""
+        ``features``, one that keeps each batch's pool features (``features_of``); a cuda runner decoding on the GPU
+        with ``decode_chains`` decode calls in flight (None: jpeg_decode.DECODE_CHAINS)."""
         batch = max(1, min(self.batch_size, n_images))
         tune: bool | str = True if measures_in_run(n_images) else "cached"
         if features:
@@ -265,7 +266,7 @@ class Engine:
             return HostRunner(self._padded_forward(batch, tune), batch, self.preprocess, features)
         started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:
-            return self._cuda_runner(batch, tune, started, features)
+            return self._cuda_runner(batch, tune, started, features, decode_chains)
         finally:
             if started is not None:
                 started.close()  # nothing left to close where the runner's decoder took it
@@ -285,7 +286,8 @@ class Engine:
             return backend.forward(x)[:n]
         return forward
 
-    def _cuda_runner(self, batch: int, tune: bool | str, started: Any, features: bool = False) -> Runner:
+    def _cuda_runner(self, batch: int, tune: bool | str, started: Any, features: bool = False,
+                     decode_chains: int | None = None) -> Runner:
         from .cuda_runner import CudaRunner  # on use: it loads the CUDA backend's package
 
         backend = self.backend_for(batch, tune)
@@ -294,7 +296,8 @@ class Engine:
                             f"running the cost model's kernels; `inception-tune --precisions {self.precision} "
                             f"--batch-sizes {batch}` measures the fastest once (~20 s)")
         runner = CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
-                            decode_threads=self.pipeline.workers or 0, started=started, features=features)
+                            decode_threads=self.pipeline.workers or 0, started=started, features=features,
+                            decode_chains=decode_chains)
         if runner.decode_fallback is not None:
             self._note_once(f"--decode gpu reads and decodes through nvImageCodec's Python API, about half as fast: "
                             f"cuda_src/jpeg_batch.c is unavailable ({runner.decode_fallback})")

@@ -15,12 +15,14 @@ without Python per file (about twice nvImageCodec's Python API's rate), as anony
 made once and rewritten for every batch): the server never reads a path a client sends. Where jpeg_batch.c is
 unavailable the runner decodes the bytes through nvImageCodec's Python API.
 
-A device's loop (``serve_jobs``) keeps two jobs outstanding: the next job is submitted (decoded and copied to the
-GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS and
-the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds. An ``encoded``
-job may hold more images than a batch, up to the largest runner's decode call (``encoded_batch``,
+A device's loop (``serve_jobs``) keeps two jobs a runner outstanding: the next job is submitted (decoded and copied
+to the GPU) before the oldest's result is collected. A GPU device has runners of several batch sizes (SMALL_RUNNERS
+and the max batch), since a runner replays its whole batch's CUDA graph however few images a batch holds. An
+``encoded`` job may hold more images than a batch, up to the largest runner's decode call (``encoded_batch``,
 images.decode_call_images: a decode call has a fixed cost of a few milliseconds, which a batch of 64 does not
-amortise): it is decoded in one call and classified a batch at a time, as inception-run's folder job does.
+amortise): it is decoded in one call and classified a batch at a time, as inception-run's folder job does. Those
+calls run on SERVER_DECODE_CHAINS threads of their own (``DecodeChains``), each with its decoder, so that two decode
+calls are in flight beside the forwards; each classifies its call once decoded, in call order.
 
 Jobs: ``encoded`` (image files' bytes, decoded by the runner on the GPU: --decode gpu), ``pixels`` (images decoded
 on the host, (n, *Preprocess.decoded_shape)) -> per image its top-k (index, probability) pairs or its error message;
@@ -38,6 +40,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +87,75 @@ def buckets(batch: int) -> list[int]:
 # would take a batch-64 forward (~2 ms in fp16 on an H100) where a batch-1 forward takes a fraction of it. A device
 # keeps runners of these sizes too (below its max batch), each batch going to the smallest that holds it.
 SMALL_RUNNERS = (1, 8)
+# Decode calls in flight on the largest runner (jpeg_decode.DECODE_CHAINS is inception-run's): two lift the GPU
+# decoder's rate beside a busy forward (fp16, H100: 14,300 -> 17,600 images/s, jpeg_decode.py), where one call at a
+# time held the server below inception-run's rate. The second decoder's start (~1.2 s) is paid before the server is
+# ready, not by a request.
+SERVER_DECODE_CHAINS = 2
+# Decode calls classified and not yet collected, at most: the runner's result buffers hold two calls' batches
+# (cuda_runner.CudaRunner.depth).
+CLASSIFIED_AHEAD = 2
+
+
+class DecodeChains:
+    """The largest runner's decode calls, each on chain ``call % chains`` (a thread, its memory files and, in the
+    runner, its decoder), then classified on that thread in call order, no more than CLASSIFIED_AHEAD calls ahead
+    of the results collected (``collected``). ``gpu`` is held while a call's batches are enqueued: the device's
+    thread enqueues on the same backend (a tensor job's forward)."""
+
+    def __init__(self, runner: Any, chains: int, gpu: threading.Lock):
+        self.runner, self.gpu = runner, gpu
+        self.pools = [ThreadPoolExecutor(1, thread_name_prefix=f"decode-chain{j}") for j in range(chains)]
+        self.files = [MemoryFiles() for _ in range(chains)]
+        self._turn = threading.Condition()
+        self._next = 0  # the next call to classify
+        self._collected = 0  # calls whose results were collected
+        self._calls = 0  # calls submitted
+        self._closed = False
+
+    def submit(self, data: Sequence[bytes | memoryview], names: list[str], top_k: int) -> Future:
+        """Decode and classify these images as the next call: a future of (the runner's tickets, memory file ->
+        image name)."""
+        call, self._calls = self._calls, self._calls + 1
+        chain = call % len(self.pools)
+        return self.pools[chain].submit(self._call, call, chain, data, names, top_k)
+
+    def _call(self, call: int, chain: int, data: Sequence[bytes | memoryview], names: list[str],
+              top_k: int) -> tuple[list[Any], dict[str, str]]:
+        try:
+            paths = self.files[chain].hold(data)  # this chain's files: its previous call has read them
+            decoded = self.runner.decode(paths, call)
+            with self._turn:
+                self._turn.wait_for(lambda: self._closed or (self._next == call
+                                                             and call < self._collected + CLASSIFIED_AHEAD))
+                if self._closed:
+                    raise EngineError("the device stopped before this batch ran")
+            with self.gpu:
+                tickets = [self.runner.classify(part, top_k) for part in self.runner.split(decoded)]
+            return tickets, dict(zip(paths, names))
+        finally:
+            with self._turn:  # a call that failed still passes on its turn
+                self._turn.wait_for(lambda: self._closed or self._next == call)
+                self._next += 1
+                self._turn.notify_all()
+
+    def collected(self) -> None:
+        """A call's results were read: its result buffers are free for a later call's batches."""
+        with self._turn:
+            self._collected += 1
+            self._turn.notify_all()
+
+    def close(self) -> None:
+        """Ends the chains: a call not yet classified fails (the device's loop collects every call it submitted
+        first, so none is left in a server that stops in order)."""
+        with self._turn:
+            self._closed = True
+            self._turn.notify_all()
+        self.runner.cancel_decode()
+        for pool in self.pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for files in self.files:
+            files.close()
 
 
 class DeviceWorker:
@@ -93,29 +165,34 @@ class DeviceWorker:
         self.engine = build_engine(spec)
         self.runners: list[tuple[Any, HostRing]] = []  # (runner, its ring), by batch size
         self.files = MemoryFiles()
+        self.chains: DecodeChains | None = None
+        self.gpu = threading.Lock()  # enqueueing on a backend: this thread's and the decode chains'
         try:
             self.size = self.engine.preprocess.size
             batch = self.engine.batch_size
             sizes = [batch] if self.engine.backend_name == "cpu" else sorted({*SMALL_RUNNERS, batch} & set(
                 range(1, batch + 1)))
             for b in sizes:
-                runner = self.engine.runner(b)
+                runner = self.engine.runner(b, decode_chains=SERVER_DECODE_CHAINS if b == batch else None)
                 ring = HostRing(runner.batch, self.engine.preprocess, shared=False)
                 self.runners.append((runner, ring))
                 runner.attach(ring)
+            big = self.runners[-1][0]
+            # images an encoded job may hold: a decode call of the largest runner where it decodes in calls
+            self.encoded_batch = (big.decode_batch if self.engine.decode == "gpu" and big.decode_fallback is None
+                                  and all(hasattr(big, a) for a in ("decode", "split", "classify")) else batch)
+            if self.encoded_batch > big.batch:
+                self.chains = DecodeChains(big, big.decode_chains, self.gpu)
         except BaseException:
             self.close()
             raise
-        # jobs outstanding at once, over all runners: two, one computed while the next is decoded and uploaded; more
-        # would only split the queue into smaller jobs. A job of a whole decode call has decode_batch / batch
-        # batches, and the runner's depth is two decode calls' worth of batches (cuda_runner.CudaRunner.depth).
-        self.depth = min(2, *(r.depth for r, _ in self.runners))
+        # jobs outstanding on a runner: two, one computed while the next is decoded and uploaded; more would only
+        # split the queue into smaller jobs. Jobs of whole decode calls: one a decode chain besides, each decoding
+        # while two are classified (DecodeChains keeps those within the runner's result buffers). ``depth``: the
+        # jobs the device takes at once (the batcher's turns for it).
+        self.runner_depth = min(2, *(r.depth for r, _ in self.runners))
+        self.depth = self.runner_depth + (len(self.chains.pools) if self.chains else 0)
         self.sizes = [batch] if self.engine.backend_name == "cpu" else buckets(batch)
-        big = self.runners[-1][0]
-        # images an encoded job may hold: a decode call of the largest runner where it decodes in calls of batches
-        self.encoded_batch = (big.decode_batch if self.engine.decode == "gpu" and big.decode_fallback is None
-                              and all(hasattr(big, a) for a in ("decode", "split", "classify")) else batch)
-        self._decode_calls = 0  # the largest runner's decode calls (cuda_runner.CudaRunner.decode numbers them)
 
     def facts(self) -> EngineFacts:
         return self.engine.facts()
@@ -133,16 +210,33 @@ class DeviceWorker:
                           ("pixels", np.zeros((n, *self.engine.preprocess.decoded_shape),
                                               self.engine.preprocess.pixel_dtype)))
             job = Job(kind, data, ["warm-up"] * n, 1)
-            result = self.result(job, self.submit(job))
-            if isinstance(result[0], str):
-                raise EngineError(f"warm-up: {result[0]}")
+            # every decode chain's decoder once (the jobs of a whole decode call go round them)
+            jobs = [job] * (len(self.chains.pools) if self.chains and n == self.encoded_batch else 1)
+            for result in [self.result(j, t) for j, t in [(j, self.submit(j)) for j in jobs]]:
+                if isinstance(result[0], str):
+                    raise EngineError(f"warm-up: {result[0]}")
+
+    def room(self, job: Job, pending: Sequence[Job]) -> bool:
+        """Whether ``job`` may be submitted beside the ``pending`` ones (``runner_depth`` a runner; ``depth`` of
+        jobs of whole decode calls)."""
+        key = self._runner_key(job)
+        same = sum(self._runner_key(j) == key for j in pending)
+        return same < (self.depth if key == "chains" else self.runner_depth)
+
+    def _runner_key(self, job: Job) -> Any:
+        if job.kind == "tensor":
+            return "tensor"
+        if self.chains is not None and job.kind == "encoded" and len(job.data) > self.runners[-1][0].batch:
+            return "chains"
+        return next((r.batch for r, _ in self.runners if r.batch >= len(job.data)), self.runners[-1][0].batch)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         n = len(x)
         b = next(s for s in self.sizes if s >= n) if self.engine.backend_name != "cpu" else n
         if b > n:
             x = np.concatenate([x, np.zeros((b - n, *x.shape[1:]), np.float32)])
-        return self.engine.backend_for(b, tune="cached").forward(np.ascontiguousarray(x))[:n]
+        with self.gpu:
+            return self.engine.backend_for(b, tune="cached").forward(np.ascontiguousarray(x))[:n]
 
     def submit(self, job: Job) -> Any:
         """Start a job: (runner, its tickets, memory file -> image name) for result; a tensor job's logits."""
@@ -156,24 +250,33 @@ class DeviceWorker:
         if runner.decode_fallback is not None:  # nvImageCodec's Python API: it decodes the bytes themselves
             return runner, [runner.submit_encoded([(name, bytes(d)) for name, d in zip(job.names, job.data)],
                                                   job.top_k)], {}
+        if self._runner_key(job) == "chains":  # one decode call, then a batch at a time, on a decode chain
+            assert self.chains is not None
+            return runner, self.chains.submit(job.data, job.names, job.top_k), None
         # jpeg_batch.c reads files by name, here this worker's memory files, read before the decode call returns
         paths = self.files.hold(job.data)
-        names = dict(zip(paths, job.names))
-        if runner is not self.runners[-1][0] or self.encoded_batch == runner.batch:
-            return runner, [runner.submit_encoded(list(zip(paths, job.data)), job.top_k)], names
-        decoded = runner.decode(paths, self._decode_calls)  # one call, then a batch at a time
-        self._decode_calls += 1
-        return runner, [runner.classify(part, job.top_k) for part in runner.split(decoded)], names
+        return runner, [runner.submit_encoded(list(zip(paths, job.data)), job.top_k)], dict(zip(paths, job.names))
 
     def result(self, job: Job, ticket: Any) -> Any:
         if job.kind == "tensor":
             return ticket
         runner, tickets, names = ticket
-        out = [r for t in tickets for r in runner.result(t)]
+        if isinstance(tickets, Future):  # a decode chain's call
+            try:
+                tickets, names = tickets.result()
+                out = [r for t in tickets for r in runner.result(t)]
+            finally:
+                assert self.chains is not None
+                self.chains.collected()
+        else:
+            out = [r for t in tickets for r in runner.result(t)]
         return [renamed(r, names) for r in out] if names else out
 
     def close(self) -> None:
         try:
+            if self.chains is not None:
+                self.chains.close()
+                self.chains = None
             for runner, ring in self.runners:
                 runner.close()
                 ring.close()
@@ -228,8 +331,8 @@ Give = Callable[[Any, Any, str | None], None]  # (key, result, error message)
 
 
 def serve_jobs(worker: DeviceWorker, take: Take, give: Give) -> None:
-    """Run jobs until STOP, up to ``worker.depth`` submitted before the oldest is collected; each job's result (or
-    its error, in one line) goes to ``give`` in the order the jobs came."""
+    """Run jobs until STOP, as many submitted before the oldest is collected as ``worker.room`` allows; each job's
+    result (or its error, in one line) goes to ``give`` in the order the jobs came."""
     pending: deque[tuple[Any, Job, Any]] = deque()
 
     def finish_oldest() -> None:
@@ -249,7 +352,7 @@ def serve_jobs(worker: DeviceWorker, take: Take, give: Give) -> None:
                 finish_oldest()
             return
         key, job = item
-        if len(pending) >= worker.depth:
+        while pending and not worker.room(job, [j for _, j, _ in pending]):
             finish_oldest()
         try:
             pending.append((key, job, worker.submit(job)))

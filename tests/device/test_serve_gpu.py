@@ -3,6 +3,7 @@ path for the top-k of images; a forward for whole tensors), on one GPU and, wher
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,15 @@ def test_gpu_server_equals_engine(weights_file, images, decode):
         r = client.infer("inception_v3", [inp], outputs=[httpclient.InferRequestedOutput("logits")])
         client.close()
         np.testing.assert_allclose(r.as_numpy("logits"), logits, rtol=0, atol=5e-2)
+        # requests at once: with --decode gpu their jobs are decode calls of several batches on the device's decode
+        # chains (serve/devices.DecodeChains), several in flight; each request gets its own images' answers
+        order = [list(range(len(images)))[k:] + list(range(len(images)))[:k] for k in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda o: top5(served, [images[i] for i in o]), order))
+        for o, answer in zip(order, answers):
+            assert [a[0][0] for a in answer] == [got[i][0][0] for i in o]
+            np.testing.assert_allclose([[s for _, s in a] for a in answer], [[s for _, s in got[i]] for i in o],
+                                       rtol=0, atol=2e-3)
     finally:
         assert served.stop() == 0, served.drain()
 
