@@ -22,13 +22,9 @@
 // - The weights of the block's BN channels (blockIdx.y: its channel tile; 74 KB for tf32's 2b, 111 KB for fp16's 4a
 //   at BN 64) stay in shared memory for the whole kernel.
 // - Warp-specialized and persistent as the _ws_ tiles: warpgroup 0 copies (the weights first, then each tile's
-//   halo into buffer L % buffers of the block's L-th tile), warpgroups 1 and 2 each take every other tile of the
-//   block, all BM of its rows, so one multiplies while the other stores. full[b] / empty[b] hand buffer b over (the
+//   halo into buffer L % 2 of the block's L-th tile), warpgroups 1 and 2 each take every other tile of the block,
+//   all BM of its rows, so one multiplies while the other stores. full[b] / empty[b] hand buffer b over (the
 //   producers' cp.async arrivals / the 4 warps of its consumer warpgroup).
-// - As many halo buffers as shared memory holds beside the weights, 2 to HALO_MAX_BUFFERS (halo_buffers): with two,
-//   the copy of a block's next tile waits for a consumer to finish the one before, so only ~one tile of input is in
-//   flight an SM; Conv2d_2a's and 2b's tiles are a few hundred cycles of wgmma each, too short to cover that copy's
-//   latency, and those convs ran at ~3x their memory floor. More buffers let the producers run further ahead.
 // int8 (NhwcI8): exact s32 sums in the registers fp32 ones take, the requantizing epilogue of NhwcStore::column4
 // (bias: float32[3 cout]).
 // Needs stride 1, Cin a multiple of 16, no split-K, shared memory within the opt-in limit (cuda.tiles.halo_fits).
@@ -37,8 +33,7 @@
 //         halo_smem_bytes(sizeof(element), BM, BN, Cin, KH, KW, Wg).
 #include "conv_nhwc.cuh"
 
-constexpr int HALO_PRODUCERS = 128, HALO_CIN = 32, HALO_MAX_BUFFERS = 4;
-constexpr int HALO_SHARED_LIMIT = 227 * 1024;  // dynamic shared memory a block may opt in to (sm_90: 227 KB)
+constexpr int HALO_PRODUCERS = 128, HALO_CIN = 32;
 [[maybe_unused]] constexpr int HALO_THREADS = HALO_PRODUCERS + 256;  // cuda.tiles.HALO_THREADS
 [[maybe_unused]] constexpr int HALO_PRODUCER_REGS = 56, HALO_CONSUMER_REGS = 224;  // 128 x 56 + 256 x 224 = 384 x 168
 // Channels a row (a plane's) of elements of `elem` bytes: HALO_CIN, or for int8 64 (a 64-byte row, as fp16's).
@@ -50,23 +45,10 @@ __host__ __device__ constexpr int halo_planes(int elem, int cin) { return (cin +
 __host__ __device__ constexpr int halo_plane_bytes(int elem, int bm, int kh, int kw, int wg) {
     return (halo_rows(bm, kh, kw, wg) * halo_cin(elem) * elem + 1023) / 1024 * 1024;
 }
-// The weights of all planes (kh kw bn rows a plane).
-__host__ __device__ constexpr int halo_weight_bytes(int elem, int bn, int cin, int kh, int kw) {
-    return halo_planes(elem, cin) * kh * kw * bn * halo_cin(elem) * elem;
-}
-// The barriers' bytes: full[HALO_MAX_BUFFERS] and empty[HALO_MAX_BUFFERS].
-constexpr int HALO_BARRIER_BYTES = 2 * HALO_MAX_BUFFERS * 8;
-// Halo buffers: as many as fit in HALO_SHARED_LIMIT beside the weights, at least 2 and at most HALO_MAX_BUFFERS
-// (cuda.tiles.halo_buffers).
-__host__ __device__ constexpr int halo_buffers(int elem, int bm, int bn, int cin, int kh, int kw, int wg) {
-    const int buffer = halo_planes(elem, cin) * halo_plane_bytes(elem, bm, kh, kw, wg);
-    const int fit = (HALO_SHARED_LIMIT - HALO_BARRIER_BYTES - halo_weight_bytes(elem, bn, cin, kh, kw)) / buffer;
-    return fit < 2 ? 2 : fit > HALO_MAX_BUFFERS ? HALO_MAX_BUFFERS : fit;
-}
-// The weights, the halo buffers, then the barriers (cuda.tiles.halo_smem_bytes).
+// The weights, two halo buffers, full[2] and empty[2] (cuda.tiles.halo_smem_bytes).
 __host__ __device__ constexpr int halo_smem_bytes(int elem, int bm, int bn, int cin, int kh, int kw, int wg) {
-    return halo_weight_bytes(elem, bn, cin, kh, kw) + halo_buffers(elem, bm, bn, cin, kh, kw, wg) *
-           halo_planes(elem, cin) * halo_plane_bytes(elem, bm, kh, kw, wg) + HALO_BARRIER_BYTES;
+    const int weights = kh * kw * bn * halo_cin(elem) * elem;  // a plane's
+    return halo_planes(elem, cin) * (weights + 2 * halo_plane_bytes(elem, bm, kh, kw, wg)) + 4 * 8;
 }
 
 // A count of k steps as a type, so that the loop over them unrolls inside a generic lambda.
@@ -92,11 +74,10 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
     const int taps = a.kh * a.kw, wg = a.w + 2 * a.pad_w, rows = halo_rows(BM, a.kh, a.kw, wg);
     const int planes = halo_planes(sizeof(T), a.cin), plane_bytes = halo_plane_bytes(sizeof(T), BM, a.kh, a.kw, wg);
     const int buffer_bytes = planes * plane_bytes, n0 = blockIdx.y * BN;  // n0: the block's first output channel
-    const int buffers = halo_buffers(sizeof(T), BM, BN, a.cin, a.kh, a.kw, wg);
     unsigned char* const weights = wgmma_ring;  // [plane][tap][n][ROW bytes], swizzled
-    unsigned char* const halo = wgmma_ring + planes * taps * BN * ROW;  // buffers of [plane][row][ROW bytes]
-    unsigned long long* const full = reinterpret_cast<unsigned long long*>(halo + buffers * buffer_bytes);
-    unsigned long long* const empty = full + HALO_MAX_BUFFERS;
+    unsigned char* const halo = wgmma_ring + planes * taps * BN * ROW;  // two buffers of [plane][row][ROW bytes]
+    unsigned long long* const full = reinterpret_cast<unsigned long long*>(halo + 2 * buffer_bytes);
+    unsigned long long* const empty = full + 2;
 #ifndef __CUDACC__
     if (halo_smem_bytes(sizeof(T), BM, BN, a.cin, a.kh, a.kw, wg) > (int)sizeof(wgmma_ring)) {
         std::fprintf(stderr, "emulator: a halo tile needs %d bytes of shared memory\n",
@@ -106,7 +87,7 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
 #endif
     const int tid = threadIdx.x;
     if (tid == 0)
-        for (int b = 0; b < buffers; ++b) {
+        for (int b = 0; b < 2; ++b) {
             mbarrier::init(full + b, HALO_PRODUCERS);
             mbarrier::init(empty + b, 4);
         }
@@ -127,9 +108,8 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
         }
         int local = 0;
         for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++local) {
-            // buffer buf's use `use`: it waits for the consumer of use - 1
-            const int buf = local % buffers, use = local / buffers, b = i / tiles_img, q0 = (i - b * tiles_img) * BM;
-            if (use >= 1) mbarrier::wait(empty + buf, (use - 1) & 1);
+            const int buf = local & 1, b = i / tiles_img, q0 = (i - b * tiles_img) * BM;
+            if (local >= 2) mbarrier::wait(empty + buf, ((local >> 1) - 1) & 1);
             for (int plane = 0; plane < planes; ++plane) {
                 const int k = plane * CIN + piece * PIECE;  // the piece's first channel
                 const bool has = k < a.cin;
@@ -150,18 +130,17 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
         return;
     }
 
-    // The consumers: warpgroup `group` takes the block's tiles local = group, group + 2, ..., from buffer
-    // local % buffers.
+    // The consumers: warpgroup `group` takes the block's tiles local = group, group + 2, ..., from buffer `group`.
     wgmma::max_registers<HALO_CONSUMER_REGS, true>();
     const int group = (tid - HALO_PRODUCERS) / 128, lane = tid % 32, warp = tid / 32 % 4;
     const unsigned long long db0 = descriptor(weights);
+    const unsigned long long da0 = descriptor(halo + group * buffer_bytes);
     const NhwcStore<E> store{a, p_total, 0, 1};
     for (int local = group, i = blockIdx.x + group * gridDim.x; i < tiles; local += 2, i += 2 * gridDim.x) {
-        const int b = i / tiles_img, q0 = (i - b * tiles_img) * BM, buf = local % buffers;
-        const unsigned long long da0 = descriptor(halo + buf * buffer_bytes);
+        const int b = i / tiles_img, q0 = (i - b * tiles_img) * BM;
         typename E::Acc d[MB][BN / 2];
         int accumulate = 0;  // a register, not a constant (wgmma.cuh: C7515)
-        mbarrier::wait(full + buf, (local / buffers) & 1);
+        mbarrier::wait(full + group, (local >> 1) & 1);
         wgmma::fence_proxy_async();  // the producers' copies, seen through the barrier, before the async proxy's reads
         // Plane by plane, tap by tap: the full planes' STEPS k steps, then a last plane of 16 channels' STEPS / 2
         // (int8: of 16 or 32 channels, 1; of 48, STEPS), in loops of their own (a branch between the two inside the
@@ -192,7 +171,7 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
         }
         wgmma::commit();
         wgmma::wait<0>();
-        if (lane == 0) mbarrier::arrive(empty + buf);
+        if (lane == 0) mbarrier::arrive(empty + group);
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
 

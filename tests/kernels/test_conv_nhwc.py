@@ -360,7 +360,7 @@ HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 cha
     Case(1, 32, 24, 9, 14, (5, 5), 1, (2, 2), (0, 16)),  # 25 taps of weights: Cout 24 of a wider channel tile
     Case(2, 32, 24, 6, 8, (1, 7), 1, (0, 3), (0, 0), (8, 0)),
     # 3 images of 7 tiles of the 42-wide padded grid: with num_sms 3 each block takes 7 tiles, each consumer warpgroup
-    # several, so every buffer's barriers (4 of them at Cin 32) go through several phases
+    # several, so both buffers' barriers go through several phases
     Case(3, 32, 64, 40, 40, (3, 3), 1, (1, 1)),
     # Conv2d_4a's: 3 planes, the last half; 3 channel tiles
     Case(2, 80, 136, 11, 13, (3, 3), 1, (0, 0), (16, 0), (0, 8)),

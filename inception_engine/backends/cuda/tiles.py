@@ -213,26 +213,13 @@ def is_halo(kernel_or_prefix: str) -> bool:
     return kernel_or_prefix.endswith("_halo") or "_halo_" in kernel_or_prefix
 
 
-HALO_MAX_BUFFERS = 4  # conv_nhwc_halo.cu's
-HALO_BARRIER_BYTES = 2 * HALO_MAX_BUFFERS * 8  # full[] and empty[] mbarriers
-
-
-def halo_buffers(tile: Tile, kernel: tuple[int, int], wg: int, cin: int) -> tuple[int, int, int]:
-    """conv_nhwc_halo.cu's halo_buffers(): (buffers, bytes a buffer, the weights' bytes). Per plane of tile.bk input
-    channels (a row: 128 bytes of tf32, 64 of fp16 or int8), the weights are KH KW bn rows and a buffer the tile's
-    input rows (bm + (KH - 1) Wg + KW - 1 of them, in whole KB); as many buffers as fit in MAX_SHARED_BYTES beside the
-    weights and barriers, 2 to HALO_MAX_BUFFERS. wg: the padded input width."""
+def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int, cin: int) -> int:
+    """conv_nhwc_halo.cu's halo_smem_bytes(): per plane of tile.bk input channels (a row: 128 bytes of tf32, 64 of
+    fp16 or int8), the weights (KH KW bn rows) and two buffers of the tile's input rows (bm + (KH - 1) Wg + KW - 1 of
+    them, in whole KB); four mbarriers. wg: the padded input width."""
     (kh, kw), row = kernel, 128 if tile.prefix.startswith("conv_nhwc_tf32") else 64
     rows, planes = tile.bm + (kh - 1) * wg + kw - 1, -(-cin // tile.bk)
-    weights, buffer = planes * kh * kw * tile.bn * row, planes * (-(-rows * row // 1024) * 1024)
-    fit = (MAX_SHARED_BYTES - HALO_BARRIER_BYTES - weights) // buffer
-    return min(max(fit, 2), HALO_MAX_BUFFERS), buffer, weights
-
-
-def halo_smem_bytes(tile: Tile, kernel: tuple[int, int], wg: int, cin: int) -> int:
-    """conv_nhwc_halo.cu's halo_smem_bytes(): the weights, ``halo_buffers`` buffers, the mbarriers."""
-    buffers, buffer, weights = halo_buffers(tile, kernel, wg, cin)
-    return weights + buffers * buffer + HALO_BARRIER_BYTES
+    return planes * (kh * kw * tile.bn * row + 2 * (-(-rows * row // 1024) * 1024)) + 4 * 8
 
 
 def halo_conv_smem_bytes(tile: Tile, op: ConvOp) -> int:
