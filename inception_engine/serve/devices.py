@@ -224,11 +224,15 @@ class DeviceWorker:
         return same < (self.depth if key == "chains" else self.runner_depth)
 
     def _runner_key(self, job: Job) -> Any:
+        """Where a job runs: "tensor" (a forward), "chains" (every encoded job of the largest runner where it has
+        decode chains: its submit_encoded and its decode calls would take the same buffers under two numberings),
+        else its runner's batch."""
         if job.kind == "tensor":
             return "tensor"
-        if self.chains is not None and job.kind == "encoded" and len(job.data) > self.runners[-1][0].batch:
+        runner = next((r for r, _ in self.runners if r.batch >= len(job.data)), self.runners[-1][0])
+        if self.chains is not None and job.kind == "encoded" and runner is self.runners[-1][0]:
             return "chains"
-        return next((r.batch for r, _ in self.runners if r.batch >= len(job.data)), self.runners[-1][0].batch)
+        return runner.batch
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         n = len(x)

@@ -232,7 +232,8 @@ def test_decode_chains_give_the_one_chain_predictions_in_order(gpu, tmp_path, mo
     calls of 4 files (2 batches), 23 inputs: 6 calls over 2 chains, the last call partial."""
     from helpers.random_weights import random_arrays
 
-    from inception_engine import cuda_runner, pipeline
+    from inception_engine import pipeline
+    from inception_engine.ingest import images
     from inception_engine.backends.cuda.backend import CudaBackend
     from inception_engine.cuda_runner import CudaRunner
     from inception_engine.plan import build_plan
@@ -242,7 +243,7 @@ def test_decode_chains_give_the_one_chain_predictions_in_order(gpu, tmp_path, mo
         nvimgcodec.load_nvimgcodec()
     except BackendUnavailable as e:
         pytest.skip(str(e))
-    monkeypatch.setattr(cuda_runner, "DECODE_IMAGES", 4)
+    monkeypatch.setattr(images, "DECODE_IMAGES", 4)  # a decode call: images.decode_call_images
     size = 75
     pre = Preprocess(size=size, resize=86)
     weights = Weights(random_arrays(17), {"count_include_pad": True})

@@ -117,8 +117,8 @@ def test_close_wakes_a_call_waiting_for_its_buffer():
 
 
 def test_room_per_runner_and_for_decode_calls():
-    """Two jobs a runner at once; jobs of whole decode calls (more images than the largest batch) as many as the
-    device's depth, beside them."""
+    """Two jobs a runner at once; the largest runner's encoded jobs (on its decode chains) as many as the device's
+    depth, beside them."""
     worker = DeviceWorker.__new__(DeviceWorker)
     worker.runners = [(SimpleNamespace(batch=b), None) for b in (1, 8, 128)]
     worker.chains = object()
@@ -131,6 +131,66 @@ def test_room_per_runner_and_for_decode_calls():
     assert worker.room(one, [one]) and not worker.room(one, [one, one])
     assert worker.room(one, [eight, eight, big, big])  # another runner's jobs do not count
     assert worker.room(big, [big, big, big]) and not worker.room(big, [big, big, big, big])
-    assert not worker.room(job(100), [job(128), job(65)]) and worker.room(job(100), [job(128), job(3), big, big])
+    assert not worker.room(job(100), [job(128), job(9), big, big]) and worker.room(job(9), [job(128), job(3), big])
+    assert not worker.room(job(100, "pixels"), [job(128, "pixels")] * 2)  # host-decoded: no chains
     worker.chains = None  # no decode chains (the CPU backend, host decoding): 256 images go to the largest runner
-    assert not worker.room(big, [job(128), job(128)])
+    assert not worker.room(big, [job(128), job(128)]) and worker.room(big, [job(128), job(8)])
+
+
+class EncodedRunner(ChainRunner):
+    """ChainRunner with the rest of the cuda runner's encoded path: ``submit_encoded`` decodes a batch in a call of
+    its own numbering, through the same buffers (as CudaRunner's does), ``result`` reads a ticket."""
+
+    def __init__(self, batch: int, decode_batch: int, chains: int):
+        super().__init__(chains, batch)
+        self.decode_batch, self.depth, self.decode_fallback = decode_batch, 2 * decode_batch // batch, None
+        self.serial_calls = 0
+
+    def submit_encoded(self, items: list[tuple[str, bytes]], top_k: int) -> list[bytes]:
+        call, self.serial_calls = self.serial_calls, self.serial_calls + 1
+        buffer = self.turns.take(call)
+        if buffer is None:
+            raise DecodeCancelled()
+        self.turns.give(buffer)
+        return [data for _, data in items]
+
+    def result(self, ticket: list[bytes]) -> list[bytes]:
+        return ticket
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_device_serves_jobs_of_every_size_on_its_runners_and_chains():
+    """A device of a 1-image runner and a 4-image one with two decode chains (calls of 8): jobs of 1 to 8 images,
+    every one of the largest runner's through the chains (its submit_encoded and its decode calls numbered apart
+    would wait on the same buffers for ever), each job's answers its own images, in order."""
+    from inception_engine.serve.devices import STOP, MemoryFiles, serve_jobs
+
+    small, big = EncodedRunner(1, 1, 1), EncodedRunner(4, 8, 2)
+    worker = DeviceWorker.__new__(DeviceWorker)
+    worker.runners = [(small, None), (big, None)]
+    worker.files, worker.gpu = MemoryFiles(), threading.Lock()
+    worker.chains = DecodeChains(big, 2, worker.gpu)
+    worker.runner_depth, worker.depth = 2, 4
+    sizes = [1, 3, 6, 2, 8, 4, 1, 1, 5, 7, 3, 1, 8, 2]
+    jobs = [Job("encoded", images(k, n), [f"images[{i}]" for i in range(n)], 1) for k, n in enumerate(sizes)]
+    todo = [(k, job) for k, job in enumerate(jobs)] + [STOP]
+    answers: dict[int, list] = {}
+
+    def take(block: bool):
+        return todo.pop(0) if todo else None
+
+    def give(key, result, error):
+        answers[key] = result if error is None else error
+
+    thread = threading.Thread(target=serve_jobs, args=(worker, take, give), daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    stuck = thread.is_alive()
+    worker.chains.close()
+    worker.files.close()
+    assert not stuck, f"the device's loop did not end ({len(answers)} of {len(jobs)} jobs answered)"
+    assert [answers[k] for k in range(len(jobs))] == [job.data for job in jobs]
+    assert small.serial_calls == sizes.count(1) and big.serial_calls == 0
+    assert big.classified == list(range(len(sizes) - sizes.count(1)))
