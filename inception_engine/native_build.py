@@ -7,20 +7,20 @@ import hashlib
 import os
 import subprocess
 import tempfile
-from importlib import resources
 from pathlib import Path
 
 
 def source_dir(folder: str, probe: str) -> Path:
-    """``folder`` (cuda_src or cpu_src) as installed (package ``inception_engine.<folder>``), else at the top of a
-    checkout; ``probe`` is a file that must be in it."""
-    try:
-        path = Path(str(resources.files(f"inception_engine.{folder}")))
+    """``folder`` (cuda_src or cpu_src) beside this module, where an install puts it (package
+    ``inception_engine.<folder>``), else at the top of the checkout this module is in; ``probe`` is a file that
+    must be in it. Found from this file, not through the import system: an editable install's finder answers for
+    ``inception_engine.<folder>`` wherever the package was imported from, so another checkout on PYTHONPATH (an old
+    tree beside the new for an A/B) would build the installed checkout's kernels under its own Python."""
+    here = Path(__file__).resolve().parent
+    for path in (here / folder, here.parent / folder):
         if (path / probe).is_file():
             return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / folder
+    return here.parent / folder
 
 
 def build_key(src: Path, suffixes: tuple[str, ...], tools: str) -> str:

@@ -6,8 +6,8 @@
 #   e.g. bash dev/gpu_machine/ab_bench.sh .snapold --backends cuda --precision fp16 --batch-sizes 1,128 --iters 20
 #
 # OLD_CHECKOUT is another copy of the repo (e.g. `git archive <commit> | tar -x -C .snapold`, carried too). Each
-# checkout is installed in turn (editable, no dependencies): the kernels are found through the installed package,
-# so PYTHONPATH alone would run the installed checkout's cuda_src with the other's Python. Logs go to $OUT
+# checkout is installed in turn (editable, no dependencies), so that its console scripts and metadata are its own;
+# each finds its kernels from its own files (native_build.source_dir). Logs go to $OUT
 # (default ./ab_out) as ab_<old|new>_<round>.log; the median rows are printed last.
 set -u -o pipefail
 OLD=${1:?usage: bash dev/gpu_machine/ab_bench.sh OLD_CHECKOUT [inception-bench arguments...]}

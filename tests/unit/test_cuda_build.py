@@ -72,3 +72,29 @@ def test_main_without_nvidia_smi_says_so_and_exits_2(monkeypatch, capsys):
     assert cuda_build.main() == 2
     err = capsys.readouterr().err
     assert err.startswith("error: nvidia-smi is not on PATH") and err.count("\n") == 1
+
+
+def test_the_sources_are_those_of_the_checkout_whose_module_asks(tmp_path):
+    """native_build.source_dir finds cuda_src/ from its module's own file: a copy of the package in another checkout
+    (an old tree on PYTHONPATH beside the installed one, for an A/B) gets that checkout's sources, not the installed
+    checkout's; an installed package's own folder comes first."""
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    from inception_engine import native_build
+
+    assert (cuda_build.source_dir() / cuda_build.PROBE).is_file()
+    package = tmp_path / "old" / "inception_engine"
+    package.mkdir(parents=True)
+    shutil.copy(native_build.__file__, package / "native_build.py")
+    (tmp_path / "old" / "cuda_src").mkdir()
+    (tmp_path / "old" / "cuda_src" / cuda_build.PROBE).write_text("// the old tree's\n")
+    spec = importlib.util.spec_from_file_location("old_native_build", package / "native_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.source_dir("cuda_src", cuda_build.PROBE) == (tmp_path / "old" / "cuda_src").resolve()
+    (package / "cuda_src").mkdir()  # as an install lays it out
+    (package / "cuda_src" / cuda_build.PROBE).write_text("")
+    assert module.source_dir("cuda_src", cuda_build.PROBE) == (package / "cuda_src").resolve()
+    assert Path(cuda_build.source_dir()) != (tmp_path / "old" / "cuda_src").resolve()
