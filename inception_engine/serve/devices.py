@@ -212,7 +212,9 @@ class DeviceWorker:
             job = Job(kind, data, ["warm-up"] * n, 1)
             # every decode chain's decoder once (the jobs of a whole decode call go round them)
             jobs = [job] * (len(self.chains.pools) if self.chains and n == self.encoded_batch else 1)
-            for result in [self.result(j, t) for j, t in [(j, self.submit(j)) for j in jobs]]:
+            tickets = [self.submit(j) for j in jobs]
+            for j, ticket in zip(jobs, tickets):
+                result = self.result(j, ticket)
                 if isinstance(result[0], str):
                     raise EngineError(f"warm-up: {result[0]}")
 
@@ -229,10 +231,14 @@ class DeviceWorker:
         else its runner's batch."""
         if job.kind == "tensor":
             return "tensor"
-        runner = next((r for r, _ in self.runners if r.batch >= len(job.data)), self.runners[-1][0])
+        runner, _ = self._runner_of(len(job.data))
         if self.chains is not None and job.kind == "encoded" and runner is self.runners[-1][0]:
             return "chains"
         return runner.batch
+
+    def _runner_of(self, n: int) -> tuple[Any, HostRing]:
+        """The smallest runner that holds n images (the largest where none does), and its ring."""
+        return next(((r, g) for r, g in self.runners if r.batch >= n), self.runners[-1])
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         n = len(x)
@@ -247,7 +253,7 @@ class DeviceWorker:
         if job.kind == "tensor":
             return self.forward(job.data)
         n = len(job.data)
-        runner, ring = next(((r, g) for r, g in self.runners if r.batch >= n), self.runners[-1])
+        runner, ring = self._runner_of(n)
         if job.kind == "pixels":
             ring.array[:n] = job.data
             return runner, [runner.submit(list(range(n)), job.top_k)], {}
@@ -265,15 +271,15 @@ class DeviceWorker:
         if job.kind == "tensor":
             return ticket
         runner, tickets, names = ticket
-        if isinstance(tickets, Future):  # a decode chain's call
-            try:
+        chained = isinstance(tickets, Future)  # a decode chain's call: its tickets once it is classified
+        try:
+            if chained:
                 tickets, names = tickets.result()
-                out = [r for t in tickets for r in runner.result(t)]
-            finally:
+            out = [r for t in tickets for r in runner.result(t)]
+        finally:
+            if chained:
                 assert self.chains is not None
                 self.chains.collected()
-        else:
-            out = [r for t in tickets for r in runner.result(t)]
         return [renamed(r, names) for r in out] if names else out
 
     def close(self) -> None:
