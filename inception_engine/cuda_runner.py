@@ -65,9 +65,13 @@ class BufferTurns:
         self._cond = threading.Condition()
 
     def take(self, call: int) -> int | None:
-        """Call ``call``'s buffer, once free (None: ``cancel`` was called)."""
+        """Call ``call``'s buffer, once free (None: ``cancel`` was called). A call number taken before raises: two
+        numberings of one runner's calls (its submit_encoded's and a caller's decode) would wait on each other."""
         b = call % self.n
         with self._cond:
+            if call < self._next[b] or (call == self._next[b] and self._held[b]):
+                raise RuntimeError(f"decode call {call} was numbered twice: a runner's decode calls take one "
+                                   f"numbering (its decode or its submit_encoded, not both)")
             self._cond.wait_for(lambda: self._cancelled or (self._next[b] == call and not self._held[b]))
             if self._cancelled:
                 return None

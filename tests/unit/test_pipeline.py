@@ -421,6 +421,21 @@ def test_buffer_turns_are_taken_in_call_order():
     assert got[3] is None and not waiting.is_alive()
 
 
+def test_a_call_number_taken_twice_is_refused_not_waited_for():
+    """Two numberings of one runner's decode calls (serve/devices.py once sent small jobs to submit_encoded while its
+    decode chains numbered theirs): the second take of a number, held or given back, raises at once."""
+    from inception_engine.cuda_runner import BufferTurns
+
+    turns = BufferTurns(2)
+    assert turns.take(0) == 0
+    with pytest.raises(RuntimeError, match="decode call 0 was numbered twice"):
+        turns.take(0)  # still held
+    turns.give(0)
+    with pytest.raises(RuntimeError, match="decode call 0 was numbered twice"):
+        turns.take(0)  # given back: buffer 0 is call 2's now
+    assert turns.take(1) == 1 and turns.take(2) == 0
+
+
 def test_encoded_stream_reads_in_order_with_errors_in_place(tmp_path):
     """classify_encoded (--decode gpu) reads each batch on this thread: every file's bytes reach the runner, the
     unreadable ones get their error in their place, a partial last batch included."""
