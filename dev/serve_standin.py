@@ -25,6 +25,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,10 @@ def patch_devices(batch_ms: float, host_us: float) -> None:
             sizes = sorted({*devices.SMALL_RUNNERS, batch})
             self.runners = [(StandInRunner(b, batch_ms, host_us), None) for b in sizes]
             self.depth, self.sizes = 2, devices.buckets(batch)
+            self.runner_depth = self.depth
             self.encoded_batch = batch  # the stand-in runners decode nothing: jobs of one batch
+            self.chains = None  # nor in decode calls: no decode chains
+            self.gpu = threading.Lock()
 
         def warm_up(self) -> None:
             pass
