@@ -162,8 +162,9 @@ def report(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: fid, kid, isc and what computed them.")
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
               help="Where the network runs (the features come from the cpu and cuda backends).")
-@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
-              help="auto: tf32 on the GPU, fp32 on the CPU; fp32 for scores to compare with other tools'.")
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="fp32", show_default=True,
+              help="fp32: the score other tools give (pytorch-fid's with TF32 off to ~1e-5). tf32 and fp16 are "
+                   "faster and move the FID (README: how far); auto is tf32 on the GPU, as inception-run's.")
 @click.option("--batch-size", type=click.IntRange(1, 4096), default=None, metavar="N", help="Images per forward.")
 @click.option("--decode", type=click.Choice(DECODE_CHOICES), default="cpu", show_default=True,
               help="cpu: Pillow, the tool's preprocessing exactly. gpu: JPEGs decoded by nvImageCodec and resized on "

@@ -116,3 +116,21 @@ def test_an_unreadable_image_stops_the_score_with_exit_1(fid_weights, dirs, tmp_
     r = run(a, bad, "--weights", fid_weights, "--backend", "cpu")
     assert r.exit_code == 1 and "1 of 4 images" in one_line_error(r) and "zz.png" in r.stderr, r.output
     assert r.stdout == ""
+
+
+def test_the_default_precision_is_fp32(fid_weights, dirs, monkeypatch):
+    """A score is set beside other tools' scores: the engine is asked for fp32 unless --precision says otherwise
+    (auto would take tf32 on a GPU, which moves the FID)."""
+    asked = []
+    real = Engine.from_config
+
+    def from_config(config):
+        asked.append(config.precision)
+        return real(config)
+
+    monkeypatch.setattr(Engine, "from_config", staticmethod(from_config))
+    a, b = dirs
+    for extra in ([], ["--precision", "auto"]):
+        r = run(a, b, "--weights", fid_weights, "--backend", "cpu", "--batch-size", "4", *extra)
+        assert r.exit_code == 0, r.output
+    assert asked == ["fp32", "auto"]
