@@ -168,12 +168,14 @@ def open_regular(path: str | os.PathLike, buffered: bool = True) -> BinaryIO:
 
 def not_a_file(mode: int) -> str | None:
     """What a file-system entry is, for those that are not regular files (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
     for test, what in ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (named pipe)"),
                        (stat.S_ISSOCK, "is a socket"), (stat.S_ISCHR, "is a character device"),
                        (stat.S_ISBLK, "is a block device")):
         if test(mode):
             return what
-    return None if stat.S_ISREG(mode) else "is not a regular file"
+    return "is not a regular file"
 
 
 def open_image_bytes(data: bytes, name: str, limit: int = DEFAULT_MAX_PIXELS, upright: bool = True) -> Image.Image:

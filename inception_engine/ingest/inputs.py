@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .images import image_extensions, not_an_image_file
+from .images import file_problem, image_extensions, not_a_file
 
 # Counting what a top-level-only listing skips walks the subdirectories: stop after this many, so that pointing the
 # command at a large tree without --recursive costs a moment, not a full walk.
@@ -35,6 +36,55 @@ class DirectoryListing:
         return f"{n} image{'s' * (n != '1')} in subfolders not searched (--recursive searches them)"
 
 
+@dataclass
+class Level:
+    """One directory of a walk: its path as given, its subdirectories' names (symbolic links to directories
+    included, as os.walk lists them) and its other entries named like images."""
+
+    path: str
+    dirs: list[str]
+    images: list[os.DirEntry]
+    links: set[str]  # the subdirectories that are symbolic links: listed, never walked into
+
+
+def walk_levels(top: str, exts: set[str]) -> Iterator[Level]:
+    """os.walk's walk (top-down, hidden names left out, links to directories not followed, unreadable directories
+    skipped) over ``os.scandir``'s entries, so that a caller that needs an entry's file type reads it from the
+    directory listing where it can (a regular file: no system call) instead of calling stat on its path."""
+    try:
+        with os.scandir(top) as it:
+            entries = [e for e in it if not e.name.startswith(".")]
+    except OSError:
+        return
+    level = Level(top, [], [], set())
+    for e in entries:
+        try:
+            is_dir = e.is_dir()
+        except OSError:
+            is_dir = False
+        if is_dir:
+            level.dirs.append(e.name)
+            if e.is_symlink():
+                level.links.add(e.name)
+        elif os.path.splitext(e.name)[1].lower() in exts:
+            level.images.append(e)
+    yield level
+    for d in level.dirs:  # the caller may prune level.dirs meanwhile, as with os.walk
+        if d not in level.links:
+            yield from walk_levels(os.path.join(top, d), exts)
+
+
+def entry_problem(entry: os.DirEntry) -> str | None:
+    """not_an_image_file of a listed entry: None for a regular file (links followed), read from the listing's file
+    type where the entry is no link."""
+    try:
+        if entry.is_file(follow_symlinks=False):
+            return None
+        return not_a_file(entry.stat().st_mode)
+    except OSError as e:
+        return file_problem(entry.path, e)
+
+
 def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str] | None = None) -> DirectoryListing:
     """The directory's image files (``exts``: by default every extension Pillow reads), and without ``recursive``
     the count of those its subfolders hold."""
@@ -43,32 +93,30 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
     listing = DirectoryListing([])
     found: list[str] = []  # as str(Path(root) / name) writes them
     walked = 0
-    walk = os.walk(top)
-    for root, dirs, names in walk:
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        base = Path(root)
+    walk = walk_levels(str(top), exts)
+    for level in walk:
+        base = Path(level.path)
         prefix = "" if str(base) == "." else str(base).rstrip(os.sep) + os.sep  # str(base / name) is prefix + name
-        images = [n for n in names if not n.startswith(".") and os.path.splitext(n)[1].lower() in exts]
         if recursive or base == top:
-            for d in dirs:
+            for d in level.dirs:
                 if os.path.splitext(d)[1].lower() in exts:
-                    listing.not_files.append(f"{Path(root, d).relative_to(top)}: is a directory, not an image")
-            for n in images:
-                why = not_an_image_file(prefix + n)
+                    listing.not_files.append(f"{Path(level.path, d).relative_to(top)}: is a directory, not an image")
+            for entry in level.images:
+                why = entry_problem(entry)
                 if why is None:
-                    found.append(prefix + n)
+                    found.append(prefix + entry.name)
                 else:
-                    name = str((base / n).relative_to(top))
+                    name = str((base / entry.name).relative_to(top))
                     listing.not_files.append(f"{name if name.isprintable() else repr(name)[1:-1]}: {why}")
             continue
-        listing.skipped += len(images)
+        listing.skipped += len(level.images)
         walked += 1
         if walked >= SKIP_COUNT_DIRS:
             listing.more_skipped = next(walk, None) is not None  # a directory left unwalked: the count is a floor
             break
     # in Path order (component by component, the same first ones for all), by a key: comparing Path objects costs
-    # seconds on 100,000 files
-    listing.files = sorted(found, key=lambda p: p.split(os.sep))
+    # seconds on 100,000 files. The top level's files share every component but the last: plain string order is it.
+    listing.files = sorted(found, key=lambda p: p.split(os.sep)) if recursive else sorted(found)
     return listing
 
 
@@ -86,11 +134,24 @@ def may_hold_images(args: tuple[str, ...] | list[str], recursive: bool = False) 
     exts = image_extensions()
 
     def in_directory(d: str) -> bool:
-        for _, dirs, names in os.walk(d):
-            dirs[:] = [x for x in dirs if not x.startswith(".")] if recursive else []
-            if any(not n.startswith(".") and os.path.splitext(n)[1].lower() in exts for n in names):
-                return True
-        return False
+        subdirs = []
+        try:
+            with os.scandir(d) as it:
+                for e in it:  # a file type is read only for names that could answer
+                    named = os.path.splitext(e.name)[1].lower() in exts
+                    if e.name.startswith(".") or not (named or recursive):
+                        continue
+                    try:
+                        is_dir = e.is_dir()
+                    except OSError:
+                        is_dir = False
+                    if not is_dir and named:
+                        return True
+                    if is_dir and recursive and not e.is_symlink():
+                        subdirs.append(e.path)
+        except OSError:
+            return False
+        return any(in_directory(sub) for sub in subdirs)
 
     for arg in args:
         if os.path.isdir(arg):

@@ -67,3 +67,38 @@ def test_a_listing_is_in_path_order_and_spells_paths_as_path_does(tmp_path, monk
         monkeypatch.chdir(tmp_path)
     want = [str(p) for p in sorted(Path(top, n) for n in names)]
     assert list_directory(top, recursive=True).files == want
+
+
+def test_links_and_entries_named_like_images(tmp_path):
+    """A link to an image is an image; a link to a directory is listed, never walked into (as os.walk does); a
+    directory or a dangling link named like an image is said, not classified; may_hold_images agrees with the
+    listing."""
+    from inception_engine.ingest.inputs import expand_inputs, list_directory, may_hold_images
+
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    (real / "sub" / "deep.png").write_bytes(b"x")
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "a.jpg").write_bytes(b"x")
+    (top / "b.jpg").symlink_to(real / "sub" / "deep.png")
+    (top / "dir.jpg").mkdir()
+    (top / "gone.jpg").symlink_to(tmp_path / "nothing.jpg")
+    (top / "linked").symlink_to(real, target_is_directory=True)
+    listing = list_directory(top, recursive=True)
+    assert listing.files == [str(top / "a.jpg"), str(top / "b.jpg")]
+    said = sorted(listing.not_files)
+    assert said[0] == "dir.jpg: is a directory, not an image"
+    assert said[1].startswith("gone.jpg: dangling symbolic link (its target ") and len(said) == 2
+    assert listing.skipped == 0
+    only_sub = tmp_path / "only_sub"
+    (only_sub / "inner").mkdir(parents=True)
+    (only_sub / "inner" / "x.png").write_bytes(b"x")
+    (only_sub / "d.jpg").mkdir()
+    assert not may_hold_images([str(only_sub)]) and may_hold_images([str(only_sub)], recursive=True)
+    assert list_directory(only_sub, recursive=False).skipped == 1
+    only_link = tmp_path / "only_link"
+    only_link.mkdir()
+    (only_link / "linked").symlink_to(real, target_is_directory=True)
+    assert not may_hold_images([str(only_link)], recursive=True)  # links to directories are not followed
+    assert expand_inputs([str(only_link)], recursive=True).items[0][1].endswith("directory has no image files")
