@@ -20,7 +20,6 @@ from typing import Any
 
 import click
 from PIL import Image
-from tqdm import tqdm
 
 from . import backends
 from .commands import CONTEXT, Command, plural, stderr_is_tty, user_errors, version_option
@@ -33,7 +32,7 @@ from .ingest.inputs import expand_inputs, may_hold_images, no_images_line
 from .output import ResultFile, ResumeSummary
 from .output_read import image_key
 from .pipeline import Prediction
-from .sinks import interrupted, make_sink, terminal_echo, write_results
+from .sinks import interrupted, make_sink, progress_bar, terminal_echo, write_results
 
 MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)
 
@@ -215,8 +214,7 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
         show = progress_bar_fits() and len(todo) > facts.batch_size
         first_at: list[float] = []  # when the first result came: start-up ends there
         t0 = time.perf_counter()
-        with tqdm(total=len(todo), desc="classifying", unit="img", file=sys.stderr, disable=not show,
-                  dynamic_ncols=True) as bar:
+        with progress_bar(len(todo), "classifying", "img", show) as bar:
             # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
             echo = terminal_echo if show and sys.stdout.isatty() else click.echo
             sink = make_sink(out, run.as_json, facts, echo)  # a file of another model is refused here

@@ -23,7 +23,6 @@ from typing import Any
 
 import click
 import numpy as np
-from tqdm import tqdm
 
 from .backends.blas_threads import single_threaded_blas
 from .commands import CONTEXT, Command, user_errors, version_option
@@ -34,6 +33,7 @@ from .fid import (IS_SPLITS, KID_SUBSET_SIZE, KID_SUBSETS, RunningStats, frechet
                   kernel_inception_distance, load_stats, save_stats)
 from .ingest.fid_resize import RESIZE_MODES
 from .ingest.inputs import expand_inputs
+from .sinks import progress_bar
 
 
 @dataclass
@@ -103,8 +103,7 @@ def score_folder(engine: Engine, folder: str, recursive: bool, keep: tuple[bool,
             side.logits[indices] = rows.astype(np.float64) @ fc_w + fc_b
 
     show = sys.stderr.isatty() and len(paths) > engine.batch_size
-    with tqdm(total=len(paths), desc=f"scoring {folder}", unit="img", file=sys.stderr, disable=not show,
-              dynamic_ncols=True) as bar:
+    with progress_bar(len(paths), f"scoring {folder}", "img", show) as bar:
         for p in engine.predict_iter(paths, top_k=1, on_progress=bar.update, on_features=take):
             if not p.ok:  # type: ignore[union-attr]
                 side.failed.append(p.error)  # type: ignore[union-attr]

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from tqdm import tqdm
 
 from .errors import EngineError
 from .output import Rendered, ResultFile, as_json, terminal_bytes
@@ -57,9 +56,33 @@ def interrupted(done: int, inputs: int, resumable: Path | None) -> click.excepti
     return click.exceptions.Exit(130)
 
 
+class NoBar:
+    """A progress bar that is not drawn: tqdm (~30 ms of imports) is loaded only for one that is."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def progress_bar(total: int, desc: str, unit: str, show: bool) -> Any:
+    """tqdm's bar on stderr where ``show``, else a NoBar; both a context manager with ``update(n)``."""
+    if not show:
+        return NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
 def terminal_echo(text: str, nl: bool = True, err: bool = False) -> None:
     """click.echo with any progress bar cleared first and drawn again after, so that the two never share a line
     (stdout and stderr are often the same terminal). Under tqdm's lock: its monitor thread redraws bars too."""
+    from tqdm import tqdm
+
     with tqdm.external_write_mode(file=sys.stderr if err else sys.stdout):
         click.echo(text, nl=nl, err=err)
 
