@@ -560,21 +560,24 @@ def runs_beside(url: str, d: Path, args: argparse.Namespace, local_too: bool = T
     return rows
 
 
-def client_phases(url: str, target: Path, out: Path, times: int) -> None:
-    """inception-run --server on the same files ``times`` times through dev/client_phases.py: where its wall time
-    goes (the interpreter's own start timed apart, as ``python -c pass``)."""
+def client_phases(url: str, target: Path, out: Path, inflight: list[int]) -> None:
+    """inception-run --server on the same files through dev/client_phases.py, once per number of requests kept
+    outstanding (0: the client's own): where its wall time goes (the interpreter's own start timed apart, as
+    ``python -c pass``)."""
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     print(f"client phases: the interpreter alone {time.perf_counter() - t0:.3f} s", flush=True)
     script = str(Path(__file__).resolve().parent / "client_phases.py")
-    for _ in range(times):
+    for n in inflight:
         out.unlink(missing_ok=True)
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, script, "--", "--server", url, str(target), "--output", str(out)],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, script, *(["--inflight", str(n)] if n else []), "--", "--server", url,
+                            str(target), "--output", str(out)], capture_output=True, text=True, timeout=300)
         wall = time.perf_counter() - t0
         lines = [line for line in r.stderr.splitlines() if line.startswith(("phases:", "error:"))]
-        print(f"client phases: wall {wall:.3f} s, rc {r.returncode}; " + "; ".join(lines), flush=True)
+        summary = [line for line in r.stderr.splitlines() if " images/s" in line][-1:]
+        print(f"client phases, in flight {n or 'default'}: wall {wall:.3f} s, rc {r.returncode}; "
+              + "; ".join(summary + lines), flush=True)
 
 
 def ints(text: str) -> list[int]:
@@ -603,9 +606,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--server-batches", type=ints, default=None, metavar="N,M",
                     help="inception-run --server with --batch-size N (images a request), then M, ...; default: the "
                          "server's max batch")
-    ap.add_argument("--client-phases", type=int, default=0, metavar="N",
-                    help="then inception-run --server N times more through dev/client_phases.py: its wall time "
-                         "by phase")
+    ap.add_argument("--client-phases", type=ints, default=None, metavar="N,M",
+                    help="then inception-run --server through dev/client_phases.py (its wall time by phase), once "
+                         "per number of requests outstanding (0: the client's default)")
     ap.add_argument("--workdir", default="/tmp/bench_serve")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=ints, default=None, metavar="SIZE,C",
