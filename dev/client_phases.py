@@ -15,6 +15,7 @@ import time
 
 T0 = time.perf_counter()
 
+import argparse  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
@@ -41,12 +42,12 @@ def timed(module: Any, name: str) -> None:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    inflight = None
-    if argv[:1] == ["--inflight"]:
-        inflight, argv = int(argv[1]), argv[2:]
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--inflight", type=int, default=None, metavar="N",
+                    help="requests kept outstanding (serve/client.INFLIGHT) [default: the client's]")
+    ap.add_argument("run", nargs=argparse.REMAINDER, help="-- then inception-run's arguments")
+    args = ap.parse_args()
+    argv, inflight = args.run[1:] if args.run[:1] == ["--"] else args.run, args.inflight
     import inception_engine.cli as cli
 
     mark("imports")
