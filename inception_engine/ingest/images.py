@@ -245,15 +245,6 @@ def file_problem(name: object, e: OSError) -> str:
     return f"cannot read ({e.strerror or first_line(e)})"
 
 
-def not_an_image_file(path: str | os.PathLike) -> str | None:
-    """None for a regular file (symbolic links followed), else what the entry is instead, in words: how a
-    directory's listing tells images from entries merely named like them."""
-    try:
-        return not_a_file(os.stat(path).st_mode)
-    except OSError as e:
-        return file_problem(path, e)
-
-
 def exif_upright(img: Image.Image) -> Image.Image:
     """Rotate/flip as the EXIF orientation tag says; a broken EXIF block leaves the pixels as stored, since the
     picture itself decoded fine."""

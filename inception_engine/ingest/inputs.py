@@ -75,8 +75,9 @@ def walk_levels(top: str, exts: set[str]) -> Iterator[Level]:
 
 
 def entry_problem(entry: os.DirEntry) -> str | None:
-    """not_an_image_file of a listed entry: None for a regular file (links followed), read from the listing's file
-    type where the entry is no link."""
+    """None for a regular file (links followed), else what the listed entry is instead, in words: how a listing
+    tells images from entries merely named like them. A file type is read from the listing where the entry is no
+    link (no system call)."""
     try:
         if entry.is_file(follow_symlinks=False):
             return None
