@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from inception_engine.engine import Engine
-from inception_engine.ingest.images import image_extensions
+from inception_engine.ingest.entries import image_extensions
 from inception_engine.ray_data import classify_dataset, decode_images, jsonl_datasink, read_images, require_ray
 from inception_engine.model_files import load_weights
 from inception_engine.weights import find_weights

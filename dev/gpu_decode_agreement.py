@@ -26,7 +26,8 @@ from inception_engine.backends import cuda as cb
 from inception_engine.errors import EngineError
 from inception_engine.ingest import jpeg_decode, jpeg_header
 from inception_engine.ingest.files import read_file
-from inception_engine.ingest.images import Preprocess, decode_u8_bytes, image_extensions
+from inception_engine.ingest.entries import image_extensions
+from inception_engine.ingest.images import Preprocess, decode_u8_bytes
 
 CpuPath = Callable[[str, bytes], np.ndarray]
 

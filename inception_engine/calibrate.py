@@ -38,7 +38,8 @@ import numpy as np
 from . import arch
 from .backends.int8_reference import QMAX, float_walk, weight_scales
 from .errors import EngineError
-from .ingest.images import Preprocess, image_extensions, load_image
+from .ingest.entries import image_extensions
+from .ingest.images import Preprocess, load_image
 from .onnx_convert import convert
 from .weights import CALIBRATION_METHODS, Weights, load_weight_file, save_weights
 

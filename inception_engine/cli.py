@@ -27,11 +27,11 @@ from .config import (BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHO
                      RunConfig)
 from .drivers import start_driver
 from .errors import EngineError
-from .ingest.images import DECODE_BYTES_PER_PIXEL, DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
+from .ingest.entries import DECODE_BYTES_PER_PIXEL, DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from .ingest.inputs import expand_inputs, may_hold_images, no_images_line
 from .output import ResultFile, ResumeSummary
 from .output_read import image_key
-from .pipeline import Prediction
+from .results import Prediction
 from .sinks import interrupted, make_sink, progress_bar, terminal_echo, write_results
 
 MIN_BAR_COLUMNS = 40  # a terminal narrower than this gets no progress bar (at 0 columns tqdm drew empty lines)

@@ -18,15 +18,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import backends
 from .errors import EngineError, OptionError
-from .features_file import check_features_path
-from .ingest.fid_resize import RESIZE_MODES
-from .ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
-from .ingest.workers import WORKER_KINDS
-from .weights import Weights, find_weights
+from .ingest.entries import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
+from .ingest.modes import RESIZE_MODES, WORKER_KINDS
+
+if TYPE_CHECKING:
+    from .weights import Weights
 
 BACKEND_CHOICES = ("auto", *backends.BACKENDS)
 PRECISION_CHOICES = ("auto", "fp32", "tf32", "fp16", "int8")  # int8: a calibrated weight file, sm_90a
@@ -73,6 +73,8 @@ def weights_file(weights: str | os.PathLike | None) -> Path:
     if weights is not None and not os.path.lexists(weights):  # worded for the API; the rest weights.py words
         raise OptionError("weights", os.fspath(weights), "no such file (inception-convert-weights makes one from "
                                                          "torchvision's ONNX export)")
+    from .weights import find_weights  # on use (NumPy): inception-run --server reads no weight file
+
     return find_weights(weights)
 
 
@@ -90,7 +92,7 @@ class EngineConfig:
     decode: str = "cpu"
     # the most pixels an image may declare (None: $INCEPTION_MAX_PIXELS, else Pillow's default, 89,478,485)
     max_pixels: int | None = None
-    # whose preprocessing (ingest.fid_resize.RESIZE_MODES; None: the weight file's network's)
+    # whose preprocessing (RESIZE_MODES; None: the weight file's network's)
     resize: str | None = None
 
     def __post_init__(self) -> None:
@@ -103,12 +105,16 @@ class EngineConfig:
             choice("resize", self.resize, RESIZE_MODES)
         at_least_one("workers", self.workers)
         object.__setattr__(self, "max_pixels", pixel_limit(self.max_pixels))
+        from .weights import Weights
+
         if not isinstance(self.weights, Weights):
             object.__setattr__(self, "weights", weights_file(self.weights))
 
     @property
     def weights_path(self) -> Path | None:
         """The weight file to read; None where Weights were given."""
+        from .weights import Weights
+
         return None if isinstance(self.weights, Weights) else self.weights
 
     def replace(self, **changes: Any) -> EngineConfig:
@@ -217,6 +223,8 @@ class RunConfig:
             raise EngineError(f"--features are computed by this process's engine; {away} does not write them")
         if self.resume:
             raise EngineError("--features writes every input's row; --resume runs only the missing ones")
+        from .features_file import check_features_path
+
         check_features_path(self.features)
 
     def _check_ray(self) -> None:

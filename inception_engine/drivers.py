@@ -10,14 +10,14 @@ this machine never reads.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import RunConfig
-from .engine import Engine, EngineFacts
-from .features_file import FeatureFile
-from .multi_gpu import start_on_gpus
 from .output import Rendered
-from .pipeline import Prediction
+from .results import EngineFacts, Prediction
+
+if TYPE_CHECKING:
+    pass
 
 Progress = Callable[[int], None]
 
@@ -57,6 +57,9 @@ class LocalDriver(Wrapping):
     --features, each batch's features go to the run's FeatureFile, put in place when the stream ends whole."""
 
     def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
+        # the drivers' modules import the engine (NumPy, the plan) on use: inception-run --server needs neither
+        from .engine import Engine
+
         self.inner = Engine.from_config(run.engine)
         self.top_k, self.on_progress, self.fmt = run.top_k, on_progress, fmt
         self.features_path, self.features_file = run.features, None
@@ -69,6 +72,8 @@ class LocalDriver(Wrapping):
         return self._with_features(paths)
 
     def _with_features(self, paths: list[str]) -> Iterator[Any]:
+        from .features_file import FeatureFile
+
         assert self.features_path is not None
         file = self.features_file = FeatureFile(self.features_path, paths, self.inner.feature_width)
         stream = self.inner.predict_iter(paths, self.top_k, on_progress=self.on_progress, render=self.fmt,
@@ -97,6 +102,8 @@ class GpusDriver(Wrapping):
     overlap the workers' start with the first chunks' work."""
 
     def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
+        from .multi_gpu import start_on_gpus
+
         assert run.gpus is not None
         self.inner = start_on_gpus(run.gpus, run.top_k, run.engine, on_progress, fmt)
 
@@ -109,8 +116,7 @@ class ServerDriver(Wrapping):
     writes the results; the server's backend and precision must be those the run asks for (auto: any)."""
 
     def __init__(self, run: RunConfig, on_progress: Progress, fmt: str | None):
-        # on use: the client and the protocol's tables take ~20 ms to import, which no other run should pay
-        from .serve.client import RemoteRun
+        from .serve.client import RemoteRun  # on use: no other run needs the client
 
         assert run.server is not None and isinstance(run.engine, dict)
         asked = run.engine

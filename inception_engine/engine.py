@@ -16,10 +16,8 @@ of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +36,8 @@ from .pipeline import (HostRunner, OnFeatures, PipelineOptions, Prediction, Runn
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
-from .weights import ModelId, Weights
+from .results import EngineFacts
+from .weights import Weights
 
 __all__ = ["BACKEND_CHOICES", "DECODE_CHOICES", "PRECISION_CHOICES", "Engine", "EngineConfig", "EngineFacts",
            "Prediction", "softmax", "top_classes"]
@@ -87,25 +86,6 @@ def open_decoder_early(config: EngineConfig) -> Any:
         return NativeStart(config.workers or 0) if check_gpu_decode() else None
     except BackendUnavailable:
         return None
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineFacts:
-    """What an Engine runs with, as inception-run prints it: small and picklable, so that a --gpus worker sends its
-    engine's to the parent, which builds none."""
-
-    backend_name: str
-    precision: str
-    batch_size: int
-    weights_path: Path | None
-    notes: tuple[str, ...]
-    model: ModelId | None = None  # what every result names the weights by
-    network: str = "torchvision"  # the weight file's network (arch.NETWORKS): its classes' names are ``labels``
-
-    @property
-    def labels(self) -> Labels:
-        """The names of the network's classes (labels.network_labels)."""
-        return network_labels(self.network)
 
 
 class Engine:

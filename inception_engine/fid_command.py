@@ -26,12 +26,11 @@ import numpy as np
 
 from .backends.blas_threads import single_threaded_blas
 from .commands import CONTEXT, Command, user_errors, version_option
-from .config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, WORKER_KINDS, EngineConfig
+from .config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, RESIZE_MODES, WORKER_KINDS, EngineConfig
 from .engine import Engine
 from .errors import EngineError
 from .fid import (IS_SPLITS, KID_SUBSET_SIZE, KID_SUBSETS, RunningStats, frechet_distance, inception_score,
                   kernel_inception_distance, load_stats, save_stats)
-from .ingest.fid_resize import RESIZE_MODES
 from .ingest.inputs import expand_inputs
 from .sinks import progress_bar
 

@@ -9,7 +9,7 @@ shared out: each process gets its share of the CPUs. For several machines use Ra
 The parent builds no engine and reads no weights (an ONNX export given as weights it converts, or finds converted,
 once: the workers read the weight file). Its EngineConfig was checked where it was made; what probes the GPU (the
 GPU count, config.resolve: ~0.5 s) runs while the workers start, ending them where it fails. Each worker sends its
-engine's facts (engine.EngineFacts) first on its queue, before its chunks, and the parent reports worker 0's
+engine's facts (results.EngineFacts) first on its queue, before its chunks, and the parent reports worker 0's
 (``GpuRun.facts``).
 """
 
@@ -26,12 +26,13 @@ from typing import Any
 
 from . import backends
 from .config import EngineConfig, resolve
-from .engine import Engine, EngineFacts
+from .engine import Engine
+from .results import EngineFacts
 from .errors import EngineError, first_line
 from .ingest.workers import default_workers, die_with
 from .model_files import weight_file_path
 from .output import Rendered
-from .pipeline import Prediction
+from .results import Prediction
 
 CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
 

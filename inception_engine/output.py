@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .errors import EngineError, first_line
-from .ingest.images import file_error, not_a_file
+from .ingest.entries import file_error, not_a_file
 from .labels import Labels, known_labels
 from .output_read import (COMPUTED_KEYS, NAME_ERRORS, Computed, ResultLines, check_computed, check_top_k, csv_header,
                           read_lines)
-from .pipeline import ComputedBy, Prediction, TopK, make_predictions
+from .results import ComputedBy, Prediction, TopK, make_predictions
 
 FSYNC_SECONDS = 5.0
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}

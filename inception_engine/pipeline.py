@@ -41,46 +41,19 @@ from .ingest.images import Preprocess, network_input
 from .ingest.ring import HostRing
 from .ingest.workers import DecodePool, default_workers
 from .labels import Labels, imagenet_labels
+from .results import ComputedBy, Prediction, TopK, labelled, make_predictions
 
-TopK = list[tuple[int, float]]  # (class index, probability), most likely first
 # auto: processes for runs of at least this many images (2,841 against threads' 1,040 images/s of decode on the H100
 # machine's 16 cores: the GIL serialises Pillow's Python parts, docs/PERFORMANCE.md), threads below (no start-up).
 PROCESS_MIN_IMAGES = 256
 
 
-@dataclass(frozen=True)
-class Prediction:
-    image: str  # the path as given, or "<PIL.Image N>" for in-memory images
-    top: list[tuple[int, str, float]] | None = None  # (class index, label, probability), most likely first
-    error: str | None = None
-    # what computed ``top``: the backend's name, the precision it ran in and the model (weights.ModelId.name)
-    # (Engine.predict_iter fills them in; None for errors, which nothing computed)
-    backend: str | None = None
-    precision: str | None = None
-    model: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-# (backend, precision, model): what each prediction of a stream records as having computed it
-ComputedBy = tuple[str | None, str | None, str | None]
 # Called as each batch finishes, before its results are handed out: the input indices of the images it classified
 # and their pool features, a row each (Engine.predict_iter's ``on_features``; the runner made with features=True)
 OnFeatures = Callable[[list[int], np.ndarray], None]
 # What a stream hands out for a batch of results, in order: from each image's name and its top-k, or its error
 # message (None: a Prediction each; Engine.predict_iter's ``render``: each one's line of an output file)
 Finish = Callable[[list[str], list[TopK | str]], list[Any]]
-
-
-def make_predictions(names: list[str], tops: list[TopK | str], computed_by: ComputedBy,
-                     labels: Labels) -> list[Prediction]:
-    """A Prediction per image, its classes named by ``labels``, recording ``computed_by``; or its error."""
-    backend, precision, model = computed_by
-    return [Prediction(name, error=top) if isinstance(top, str) else
-            Prediction(name, labelled(top, labels), backend=backend, precision=precision, model=model)
-            for name, top in zip(names, tops)]
 
 
 def predictions_by(computed_by: ComputedBy, labels: Labels | None = None) -> Finish:
@@ -103,11 +76,6 @@ def top_k_rows(probs: np.ndarray, k: int) -> list[TopK]:
     """The k most likely classes of each probability row; ties broken by the lower index."""
     order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     return [[(int(i), float(p[i])) for i in row] for p, row in zip(probs, order)]
-
-
-def labelled(top: TopK, labels: Labels) -> list[tuple[int, str, float]]:
-    """Each class with its name in ``labels`` (the network's: labels.network_labels); "class N" past their end."""
-    return [(i, labels[i] if i < len(labels) else f"class {i}", p) for i, p in top]
 
 
 def top_classes(probs: np.ndarray, k: int, labels: Labels | None = None) -> list[tuple[int, str, float]]:

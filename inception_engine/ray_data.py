@@ -31,11 +31,12 @@ import numpy as np
 from .config import DEFAULT_BATCH_GPU, EngineConfig, RunConfig, pixel_limit
 from .engine import Engine, load
 from .errors import EngineError, OptionError
-from .ingest.images import Preprocess, image_extensions
+from .ingest.entries import image_extensions
+from .ingest.images import Preprocess
 from .ingest.inputs import expand_inputs, list_directory
 from .ingest.workers import decode_into
 from .output import jsonl_bytes
-from .pipeline import Prediction
+from .results import Prediction
 from .weights import Weights
 
 Batch = dict[str, np.ndarray]

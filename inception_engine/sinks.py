@@ -19,10 +19,10 @@ import click
 from .errors import EngineError
 from .output import Rendered, ResultFile, as_json, terminal_bytes
 from .output_read import Computed
-from .pipeline import Prediction
+from .results import Prediction
 
 if TYPE_CHECKING:
-    from .engine import EngineFacts
+    from .results import EngineFacts
 
 Echo = Callable[..., None]
 

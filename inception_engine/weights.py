@@ -48,6 +48,7 @@ from .atomic import (STALE_PART_SECONDS, _fsync_folder, _host, atomic_write, def
                      remove_stale_parts, writable_target)
 from .errors import WeightsError
 from .paths import user_cache_dir
+from .results import ModelId
 
 FORMAT_VERSION = 2  # 2: checksums bound to the array names
 PROVENANCE_KINDS = ("torchvision", "fid", "synthetic", "other")  # fid: pytorch-fid's module, exported
@@ -126,27 +127,6 @@ class Weights:
         kind = prov["kind"] if isinstance(prov, dict) else "synthetic" if self.manifest.get("synthetic") else "unknown"
         source = prov.get("source_sha256") if isinstance(prov, dict) else None
         return ModelId(model_digest(sums), kind, source)
-
-
-@dataclass(frozen=True)
-class ModelId:
-    """What every result names its model by: ``digest`` (model_digest), ``kind`` (PROVENANCE_KINDS, or "unknown"
-    for a file converted before provenance was kept) and the source file's SHA-256 where it is known."""
-
-    digest: str
-    kind: str
-    source_sha256: str | None = None
-
-    @property
-    def name(self) -> str:
-        """The digest, "synthetic-" before it for the synthetic model: what result lines and CSV rows hold."""
-        return f"synthetic-{self.digest}" if self.kind == "synthetic" else self.digest
-
-    def describe(self) -> str:
-        """A few words for a header line: ``model 3f9a0c12ab45 (torchvision)``."""
-        what = {"synthetic": "SYNTHETIC: random weights, its classes mean nothing",
-                "unknown": "source not recorded: converted before provenance was kept"}.get(self.kind, self.kind)
-        return f"model {self.name} ({what})"
 
 
 def model_digest(sums: dict[str, str]) -> str:

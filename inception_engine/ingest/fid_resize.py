@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-RESIZE_MODES = ("torchvision", "pytorch-fid", "clean-fid")
+from .modes import RESIZE_MODES
+
 FID_SIZE = 299
 # What each FID mode's network takes: (mean, std) of x / 255, per channel. pytorch-fid: 2x - 1 = (x - 0.5) / 0.5;
 # clean-fid's InceptionV3W: (255x - 128) / 128 = (x - 128/255) / (128/255).

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from PIL import Image
 
 from ..errors import EngineError
-from .images import file_error, open_regular
+from .entries import file_error, open_regular
 
 ImageSource = str | os.PathLike | Image.Image
 

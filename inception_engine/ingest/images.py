@@ -13,16 +13,14 @@ On a PIL image that is (torchvision/transforms/functional.py, ``_compute_resized
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import re
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -30,18 +28,13 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from .. import arch
 from ..errors import EngineError, first_line
 from ..weights import IMAGENET_MEAN, IMAGENET_STD
-from .fid_resize import MODE_SCALING, RESIZE_MODES, fid_planes
+from .entries import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV, file_error, open_regular
+from .fid_resize import MODE_SCALING, fid_planes
+from .modes import RESIZE_MODES
 from .pil_resize import crop_box, resize_crop_image, resized_size
 
 RESIZE = 342  # torchvision's resize_size for Inception-V3
 ORIENTATION = 0x0112  # the EXIF orientation tag
-# The most pixels an image may declare unless the run says otherwise (--max-pixels, $INCEPTION_MAX_PIXELS):
-# Pillow's own default bomb limit, 89,478,485 (a 256 MB picture at 3 bytes a pixel).
-DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
-MAX_PIXELS_ENV = "INCEPTION_MAX_PIXELS"
-# What decoding one image may hold at once, per decode worker: Pillow keeps 4 bytes a pixel (RGB padded to 32 bits),
-# and turning it upright or converting its mode copies it; the resize adds only a small multiple of the crop.
-DECODE_BYTES_PER_PIXEL = 12
 
 # --decode gpu hands nvImageCodec at least this many files a call (a whole number of batches): its call has a fixed
 # cost of a few milliseconds, which a batch of 64 does not amortise.
@@ -98,12 +91,6 @@ class Preprocess:
                    mean=mean, std=std, max_pixels=max_pixels, mode=mode)  # type: ignore[arg-type]
 
 
-def image_extensions() -> set[str]:
-    """Lower-case file extensions Pillow can open (".jpg", ".png", ...)."""
-    Image.init()
-    return {ext.lower() for ext in Image.registered_extensions()}
-
-
 def too_many_pixels(name: object, pixels: int | None, limit: int) -> EngineError:
     """The one message for an image that declares more than ``limit`` pixels, whatever its size and whoever
     noticed (our header checks, or Pillow's own bomb check: pillow_errors)."""
@@ -138,44 +125,6 @@ def open_image(path: str | Path, limit: int = DEFAULT_MAX_PIXELS, upright: bool 
         check_declared_size(img, path, limit)
         img.load()
         return exif_upright(img) if upright else img
-
-
-def open_regular(path: str | os.PathLike, buffered: bool = True) -> BinaryIO:
-    """The file at path opened for reading, if it is a non-empty regular file (symbolic links followed); else an
-    EngineError saying what it is instead. A FIFO or a device is never read: opening one could block or consume it;
-    the check is made on the opened descriptor too, so a file swapped in between is caught."""
-    try:
-        kind = not_a_file(os.stat(path).st_mode)
-        if kind is None:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise EngineError(file_error(path, e)) from None
-    if kind is not None:
-        raise EngineError(f"{path}: {kind}, not an image file")
-    try:
-        st = os.fstat(fd)
-        kind = not_a_file(st.st_mode)
-        if kind is not None:
-            raise EngineError(f"{path}: {kind}, not an image file")
-        if st.st_size == 0:
-            raise EngineError(f"{path}: empty file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=-1 if buffered else 0)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def not_a_file(mode: int) -> str | None:
-    """What a file-system entry is, for those that are not regular files (None for a regular file)."""
-    if stat.S_ISREG(mode):
-        return None
-    for test, what in ((stat.S_ISDIR, "is a directory"), (stat.S_ISFIFO, "is a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "is a socket"), (stat.S_ISCHR, "is a character device"),
-                       (stat.S_ISBLK, "is a block device")):
-        if test(mode):
-            return what
-    return "is not a regular file"
 
 
 def open_image_bytes(data: bytes, name: str, limit: int = DEFAULT_MAX_PIXELS, upright: bool = True) -> Image.Image:
@@ -216,33 +165,6 @@ def bomb_pixels(e: Image.DecompressionBombError) -> int | None:
     """The pixels an image declares, from Pillow's DecompressionBombError ("Image size (N pixels) exceeds ...")."""
     found = re.search(r"\((\d+) pixels\)", str(e))
     return int(found.group(1)) if found else None
-
-
-def file_error(name: object, e: OSError) -> str:
-    """The one-line message for a file that cannot be read (not for bad image data: see pillow_errors)."""
-    return f"{name}: {file_problem(name, e)}"
-
-
-def file_problem(name: object, e: OSError) -> str:
-    """What is wrong with the file system entry ``name`` that gave the error e, in words."""
-    if e.errno == errno.ENOENT:
-        if isinstance(name, (str, os.PathLike)) and os.path.islink(name):
-            try:
-                return f"dangling symbolic link (its target {os.readlink(name)} does not exist)"
-            except OSError:  # gone since
-                return "dangling symbolic link"
-        return "no such file"
-    if e.errno == errno.ELOOP:
-        return "symbolic link loop (too many levels of symbolic links)"
-    if e.errno == errno.EISDIR:
-        return "is a directory, not an image file"
-    if e.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied"
-    if e.errno == errno.ENOTDIR:
-        return "no such file (a part of the path is not a directory)"
-    if e.errno == errno.ENAMETOOLONG:
-        return "file name too long"
-    return f"cannot read ({e.strerror or first_line(e)})"
 
 
 def exif_upright(img: Image.Image) -> Image.Image:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .images import file_problem, image_extensions, not_a_file
+from .entries import file_problem, image_extensions, not_a_file
 
 # Counting what a top-level-only listing skips walks the subdirectories: stop after this many, so that pointing the
 # command at a large tree without --recursive costs a moment, not a full walk.

@@ -14,7 +14,8 @@ import io
 
 from PIL import Image
 
-from .images import DEFAULT_MAX_PIXELS, bomb_pixels, let_pillow_open, too_many_pixels
+from .entries import DEFAULT_MAX_PIXELS
+from .images import bomb_pixels, let_pillow_open, too_many_pixels
 
 EXIF_ORIENTATION = 0x0112
 GPU_MODES = ("RGB", "L")  # JPEG modes nvImageCodec decodes to what Pillow + to_rgb give (CMYK it would not)

@@ -25,10 +25,10 @@ from PIL import Image
 
 from ..errors import EngineError, first_line
 from .files import ImageSource
+from .modes import WORKER_KINDS
 from .images import Preprocess, decode_u8, decode_u8_bytes, let_pillow_open
 from .ring import HostRing, RingDescriptor
 
-WORKER_KINDS = ("auto", "thread", "process")
 
 
 def default_workers() -> int:

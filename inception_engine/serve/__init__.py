@@ -8,4 +8,5 @@
     hub.py       --http-workers N: the engine process, and the N HTTP front-end processes it starts
     frontends.py their hand-off: a shared-memory arena per front-end, messages on a Unix socket
     client.py    inception-run --server: a local run's predictions, computed by a running server
+    wire.py      the protocol's names and a client's request and answer (NumPy-free, for client.py)
 """

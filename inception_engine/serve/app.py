@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..engine import EngineFacts
+from ..results import EngineFacts
 from ..ingest.images import Preprocess, decode_call_images, network_input
 from ..ingest.workers import decode_into
 from ..output import as_json

@@ -32,12 +32,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..engine import EngineFacts
 from ..errors import EngineError
 from ..ingest.files import read_file
-from ..pipeline import Prediction
-from ..weights import ModelId
-from .protocol import MODEL_NAME, encode_images_request, parse_classification
+from ..results import EngineFacts, ModelId, Prediction
+from .wire import MODEL_NAME, encode_images_request, parse_classification
 
 # Requests outstanding: enough that the server's jobs never wait for this client. A GPU server holds two jobs of a
 # whole decode call each (256 images: serve/devices.py), so that its next job is decoded while one is computed: 8

@@ -25,9 +25,9 @@ from PIL import Image
 from .. import backends
 from ..commands import CONTEXT, Command, user_errors, version_option
 from ..config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, resolve
-from ..engine import EngineFacts
+from ..results import EngineFacts
 from ..errors import EngineError, OptionError
-from ..ingest.images import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
+from ..ingest.entries import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
 from ..ingest.workers import default_workers
 from ..model_files import weight_file_path
 from .settings import MULTIPROC_ENV, Limits, ServeOptions

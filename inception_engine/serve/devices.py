@@ -48,7 +48,8 @@ import numpy as np
 from PIL import Image
 
 from ..config import EngineConfig
-from ..engine import Engine, EngineFacts
+from ..engine import Engine
+from ..results import EngineFacts
 from ..errors import EngineError, first_line
 from ..ingest.images import Preprocess
 from ..ingest.ring import HostRing

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import EngineFacts
+from ..results import EngineFacts
 from ..errors import EngineError
 
 ARENA_BYTES = 512 << 20  # a front-end's shared memory: pages are taken as used, not at creation

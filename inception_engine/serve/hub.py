@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import EngineFacts
+from ..results import EngineFacts
 from ..errors import first_line
 from ..ingest.workers import die_with
 from .batcher import Batcher

@@ -20,8 +20,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: no imports from the package beyond this layer",
      ("errors", "arch", "native_build", "paths", "data", "atomic")),
     ("core: weights, plans, the kernel build, the native APIs",
-     ("weights", "model_files", "labels", "plan", "onnx_read", "onnx_qdq", "onnx_convert", "cuda_build", "cuda_graph",
-      "fid", "cudnn_api")),
+     ("weights", "results", "model_files", "labels", "plan", "onnx_read", "onnx_qdq", "onnx_convert", "cuda_build",
+      "cuda_graph", "fid", "cudnn_api")),
     ("backends: what runs a plan", ("backends",)),
     ("ingest: the input side, from names to decoded crops (host or GPU)", ("ingest",)),
     ("pipeline: the result streams, joining the input side to a backend",
@@ -181,3 +181,19 @@ def test_test_files_have_unique_names():
 
     names = Counter(p.name for p in Path(__file__).resolve().parents[1].rglob("test_*.py"))
     assert [n for n, c in names.items() if c > 1] == []
+
+
+def test_the_command_line_and_the_server_client_load_no_numpy():
+    """inception-run starts without NumPy, the engine or tqdm: a --server run (serve/client.py, results.py,
+    ingest/entries.py, serve/wire.py) never needs them, and every command's --help answers sooner. The local paths
+    import them where they start an engine."""
+    import subprocess
+    import sys
+
+    code = ("import sys, inception_engine.cli, inception_engine.serve.client, inception_engine.drivers; "
+            "print(sorted(m for m in ('numpy', 'tqdm', 'inception_engine.engine', 'inception_engine.plan', "
+            "'inception_engine.pipeline', 'inception_engine.weights') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

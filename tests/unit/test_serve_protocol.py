@@ -12,6 +12,7 @@ import pytest
 
 from inception_engine.labels import imagenet_labels, network_labels
 from inception_engine.serve import protocol as p
+from inception_engine.serve import wire
 from inception_engine.serve.batcher import Batcher, Lane, Pending, Piece
 
 SIZE = 299
@@ -162,7 +163,7 @@ def test_top_from_the_runner_and_exact_scores_read_back():
     req = p.InferRequest(None, [p.OutputSpec("probabilities", False, 2, exact=True)])
     body, _ = p.infer_response(req, p.Answer(top=top), imagenet_labels())
     data = json.loads(body)["outputs"][0]["data"]
-    assert [(i, s) for i, _, s in p.parse_classification(data)] == [(5, 0.25), (7, 0.125), (1, 1 / 3), (2, 0.1)]
+    assert [(i, s) for i, _, s in wire.parse_classification(data)] == [(5, 0.25), (7, 0.125), (1, 1 / 3), (2, 0.1)]
 
 
 @pytest.mark.parametrize("from_runner", [True, False])
@@ -175,11 +176,11 @@ def test_classification_names_classes_by_the_labels_given(from_runner):
     answer = p.Answer(top=[[(1005, 0.5), (7, 0.25)]]) if from_runner else p.Answer(logits=probs, probs=probs)
     req = p.InferRequest(None, [p.OutputSpec("probabilities", False, 2, exact=True)])
     data = json.loads(p.infer_response(req, answer, fid)[0])["outputs"][0]["data"]
-    assert [(i, label) for i, label, _ in p.parse_classification(data)] == [(1005, "class 1005"), (7, "class 7")]
+    assert [(i, label) for i, label, _ in wire.parse_classification(data)] == [(1005, "class 1005"), (7, "class 7")]
 
 
 def test_client_request_parses_as_the_server_reads_it():
-    body, headers = p.encode_images_request([b"a", b"bc"], 4)
+    body, headers = wire.encode_images_request([b"a", b"bc"], 4)
     req = p.parse_infer(body, headers[p.HEADER_LENGTH], SIZE, 8)
     assert req.encoded == [b"a", b"bc"] and req.top_k == 4 and not req.needs_logits and req.outputs[0].exact
 
