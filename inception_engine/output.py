@@ -3,7 +3,7 @@
 ``--output FILE.jsonl`` writes one JSON object per line, ``{"image": PATH, "top": [{"index", "label", "prob"}],
 "backend": B, "precision": P, "model": M}`` or ``{"image": PATH, "error": MSG}``; ``FILE.csv`` one row per image,
 ``image, error``, then index, label and probability of each of the top k, then ``backend, precision, model``
-(empty for errors). M names the weights (weights.ModelId.name: 12 hex digits of their checksums, "synthetic-"
+(empty for errors). M names the weights (results.ModelId.name: 12 hex digits of their checksums, "synthetic-"
 before them for the synthetic model). Each line says it rather than a header line, so that every line stands on
 its own (grep, concatenated files, readers that take each line as a result) and --resume can refuse a file of
 another model line by line (output_read.check_computed).

@@ -17,7 +17,7 @@ class Prediction:
     image: str  # the path as given, or "<PIL.Image N>" for in-memory images
     top: list[tuple[int, str, float]] | None = None  # (class index, label, probability), most likely first
     error: str | None = None
-    # what computed ``top``: the backend's name, the precision it ran in and the model (weights.ModelId.name)
+    # what computed ``top``: the backend's name, the precision it ran in and the model (ModelId.name)
     # (Engine.predict_iter fills them in; None for errors, which nothing computed)
     backend: str | None = None
     precision: str | None = None

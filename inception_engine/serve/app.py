@@ -394,7 +394,7 @@ async def config(server: Server, request: Request) -> Response:
     assert f is not None
     facts = {"backend": f.backend_name, "precision": f.precision, "weights": str(f.weights_path),
              "decode": server.options.spec.decode, "devices": ",".join(server.device_names)}
-    if f.model is not None:  # what every result names the model by (weights.ModelId), as inception-run's
+    if f.model is not None:  # what every result names the model by (results.ModelId), as inception-run's
         facts |= {"model_digest": f.model.digest, "model_kind": f.model.kind,
                   "model_source_sha256": f.model.source_sha256 or ""}
     return JSONResponse(model_config(server.size, server.options.max_batch, facts, f.labels))
