@@ -112,10 +112,8 @@ class EngineConfig:
 
     @property
     def weights_path(self) -> Path | None:
-        """The weight file to read; None where Weights were given."""
-        from .weights import Weights
-
-        return None if isinstance(self.weights, Weights) else self.weights
+        """The weight file to read; None where Weights were given (__post_init__ made every other value a Path)."""
+        return self.weights if isinstance(self.weights, Path) else None
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with ``changes``, checked as any new config is."""

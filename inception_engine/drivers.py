@@ -10,14 +10,11 @@ this machine never reads.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .config import RunConfig
 from .output import Rendered
 from .results import EngineFacts, Prediction
-
-if TYPE_CHECKING:
-    pass
 
 Progress = Callable[[int], None]
 

@@ -58,11 +58,7 @@ def walk_levels(top: str, exts: set[str]) -> Iterator[Level]:
         return
     level = Level(top, [], [], set())
     for e in entries:
-        try:
-            is_dir = e.is_dir()
-        except OSError:
-            is_dir = False
-        if is_dir:
+        if is_directory(e):
             level.dirs.append(e.name)
             if e.is_symlink():
                 level.links.add(e.name)
@@ -72,6 +68,14 @@ def walk_levels(top: str, exts: set[str]) -> Iterator[Level]:
     for d in level.dirs:  # the caller may prune level.dirs meanwhile, as with os.walk
         if d not in level.links:
             yield from walk_levels(os.path.join(top, d), exts)
+
+
+def is_directory(entry: os.DirEntry) -> bool:
+    """Whether the entry is a directory or a link to one, as os.walk tells them (an entry that cannot be read: no)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def entry_problem(entry: os.DirEntry) -> str | None:
@@ -142,10 +146,7 @@ def may_hold_images(args: tuple[str, ...] | list[str], recursive: bool = False) 
                     named = os.path.splitext(e.name)[1].lower() in exts
                     if e.name.startswith(".") or not (named or recursive):
                         continue
-                    try:
-                        is_dir = e.is_dir()
-                    except OSError:
-                        is_dir = False
+                    is_dir = is_directory(e)
                     if not is_dir and named:
                         return True
                     if is_dir and recursive and not e.is_symlink():
