@@ -329,9 +329,9 @@ struct MmaI8Out {
     using Chunk = uint2;
     float inv_out;
     __device__ __forceinline__ void store2(T* p, float v0, float v1) const {
-        const unsigned q0 = static_cast<unsigned>(i8q::quantize(v0, inv_out)) & 0xFF;
-        const unsigned q1 = static_cast<unsigned>(i8q::quantize(v1, inv_out)) & 0xFF;
-        *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(q0 | q1 << 8);
+        const float lo = -static_cast<float>(i8q::QMAX);
+        *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(
+            __byte_perm(i8q::quantized_bits(v0, inv_out, lo), i8q::quantized_bits(v1, inv_out, lo), 0x0040));
     }
 };
 

@@ -247,11 +247,6 @@ struct NhwcI8 {
                                                  int accumulate) {
         ::wgmma::Mma<N>::s8(d, a, b, accumulate);
     }
-    // Four channels of a pixel (each in [-127, 127]), lowest first, as one 4-byte store.
-    __device__ __forceinline__ static void store4(T* p, const int (&q)[4]) {
-        *reinterpret_cast<unsigned*>(p) = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 |
-                                          static_cast<unsigned>(q[3] & 0xff) << 24;
-    }
 };
 
 // Zero accumulators of a warp's MI x NJ m16n8 tiles (the tensor-core kernels' one initialisation).

@@ -358,13 +358,14 @@ struct NhwcStore {
         quads([&](int p, const Acc (&q)[4]) {
             if (p >= p_total) return;
             if constexpr (E::INT) {
-                int v[4];
+                const float lo = relu ? 0.f : -static_cast<float>(i8q::QMAX);
+                unsigned b[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const float f = __fadd_rn(__fmul_rn(__int2float_rn(q[e]), scale[e]), bias[e]);
-                    v[e] = i8q::quantize(relu ? fmaxf(f, 0.f) : f, inv_out[e]);
+                    b[e] = i8q::quantized_bits(f, inv_out[e], lo);
                 }
-                E::store4(y + p * col.cstride, v);
+                *reinterpret_cast<unsigned*>(y + p * col.cstride) = i8q::pack_low_bytes(b[0], b[1], b[2], b[3]);
             } else {
                 float v[4];
 #pragma unroll

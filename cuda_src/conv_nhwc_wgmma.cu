@@ -232,13 +232,13 @@ extern "C" __global__ void __launch_bounds__(256)
         *reinterpret_cast<int2*>(y + (col.base + 3 * col.ch + p * col.cstride)) = int2{acc[0], acc[1]};
         return;
     }
-    int q[2];
+    unsigned b[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const float f = __fadd_rn(__fmul_rn(__int2float_rn(acc[e]), __ldg(bias + cout + m + e)), __ldg(bias + m + e));
-        q[e] = i8q::quantize(fmaxf(f, 0.f), __ldg(bias + 2 * cout + m + e));
+        b[e] = i8q::quantized_bits(f, __ldg(bias + 2 * cout + m + e), 0.f);  // after a ReLU
     }
     *reinterpret_cast<unsigned short*>(y + (col.base + p * col.cstride)) =
-        static_cast<unsigned short>((q[0] & 0xff) | (q[1] & 0xff) << 8);
+        static_cast<unsigned short>(__byte_perm(b[0], b[1], 0x0040));
 }
 #endif

@@ -14,6 +14,14 @@
 //   |sum| <= 127 * count < 2^12 and count <= 25, so a quotient that is not a half-integer is at least
 //   1 / (2 count) >= 2^-6 away from one, far more than float32's half ulp there (<= 2^-13); a half-integer quotient
 //   is representable and stays one.
+// - a store's bytes (quantized_bits): the same quantize without a conversion instruction (F2I issues at a quarter of
+//   the FP32 rate on sm_90, and an epilogue converts every output): x = v * inv clamped to [lo, 127], plus 1.5 * 2^23.
+//   The sum lies in [2^23, 2^24), where float32's spacing is 1, so the addition rounds x to the nearest integer, ties
+//   to even, as cvt.rni does, and leaves that integer in the low mantissa bits: the low byte is q in two's complement.
+//   Clamping before the rounding equals saturating after it (rounding is monotone, +-127 are integers). With lo = 0
+//   it is quantize(fmaxf(v, 0), inv) as well, for inv > 0 (v * inv has v's sign): a ReLU costs nothing more. For
+//   finite v only (NaN would give lo, where quantize gives 0): the operands are integer sums times finite scales (the
+//   weight file's arrays are checked finite).
 // The CPU emulator (tests/cuda_emu) compiles this with g++: the host branches are the same operations in IEEE
 // float32 (default rounding mode: to nearest, ties to even).
 #pragma once
@@ -53,10 +61,29 @@ __device__ __forceinline__ float div(float a, float b) {
 #endif
 }
 
+__device__ __forceinline__ float add(float a, float b) {
+#ifdef __CUDACC__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
 __device__ __forceinline__ int saturate(int q) { return q < -QMAX ? -QMAX : q > QMAX ? QMAX : q; }
 
 // float -> int8 at the scale whose float32 reciprocal is inv.
 __device__ __forceinline__ int quantize(float v, float inv) { return saturate(rint(mul(v, inv))); }
+
+// quantize(v, inv) in the low byte of the result (the header); lo = -QMAX, or 0 for quantize(fmaxf(v, 0), inv).
+__device__ __forceinline__ unsigned quantized_bits(float v, float inv, float lo) {
+    constexpr float ROUNDER = 12582912.f;  // 1.5 * 2^23
+    return __float_as_uint(add(fminf(fmaxf(mul(v, inv), lo), static_cast<float>(QMAX)), ROUNDER));
+}
+
+// The low bytes of b0 .. b3 as one word, b0's lowest: three byte permutes.
+__device__ __forceinline__ unsigned pack_low_bytes(unsigned b0, unsigned b1, unsigned b2, unsigned b3) {
+    return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+}
 
 // int8 at s_in -> int8 at s_out, ratio = float32(s_in) / float32(s_out); ratio 1 leaves q as it is.
 __device__ __forceinline__ int requantize(int q, float ratio) {
@@ -94,9 +121,9 @@ struct I8Piece {
         for (int e = 0; e < PIECE; ++e) v[e] = static_cast<signed char>(w[e / 4] >> (8 * (e % 4)) & 0xFF);
     }
     __device__ __forceinline__ static void store(T* p, const int (&v)[PIECE]) {
-        unsigned w[4] = {0, 0, 0, 0};
+        unsigned w[4];
 #pragma unroll
-        for (int e = 0; e < PIECE; ++e) w[e / 4] |= (static_cast<unsigned>(v[e]) & 0xFF) << (8 * (e % 4));
+        for (int i = 0; i < 4; ++i) w[i] = i8q::pack_low_bytes(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
         *reinterpret_cast<uint4*>(p) = uint4{w[0], w[1], w[2], w[3]};
     }
 };

@@ -320,14 +320,14 @@ extern "C" __global__ void __launch_bounds__(IE_THREADS)
         if (ow0 + o >= wo) break;
         const int inside = rows_in * (cols_in[o] + cols_in[o + 1] + cols_in[o + 2]);
         const float recip = i8q::recip_small(count_include_pad ? K * K : inside);
-        unsigned word = 0;
+        unsigned b[PIECE];
 #pragma unroll
         for (int e = 0; e < PIECE; ++e) {
             const int sum = col[o][e] + col[o + 1][e] + col[o + 2][e];
             const float f = __fadd_rn(i8q::mul(i8q::mul(__int2float_rn(sum), scale[e]), recip), bias[e]);
-            word |= (static_cast<unsigned>(i8q::quantize(fmaxf(f, 0.f), inv_out[e])) & 0xFF) << (8 * e);
+            b[e] = i8q::quantized_bits(f, inv_out[e], 0.f);  // after a ReLU
         }
-        *reinterpret_cast<unsigned*>(yp + (size_t)o * y_cstride) = word;
+        *reinterpret_cast<unsigned*>(yp + (size_t)o * y_cstride) = i8q::pack_low_bytes(b[0], b[1], b[2], b[3]);
     }
 }
 

@@ -53,6 +53,11 @@ struct alignas(16) int4 {
 };
 template <class T>
 T __ldg(const T* p) { return *p; }
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    __builtin_memcpy(&u, &f, 4);
+    return u;
+}
 inline float __uint_as_float(unsigned u) {
     float f;
     __builtin_memcpy(&f, &u, 4);

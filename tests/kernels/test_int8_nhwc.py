@@ -75,6 +75,29 @@ def test_float32_division_rounds_every_window_mean_as_float64_does():
     assert wrong_by_reciprocal[14] > 0
 
 
+def quantized_bits(v: np.ndarray, inv: np.ndarray, lo: float) -> np.ndarray:
+    """i8q::quantized_bits in float32 arithmetic: the bits of clamp(v * inv, lo, 127) + 1.5 * 2^23."""
+    x = np.minimum(np.maximum(v * inv, np.float32(lo)), np.float32(127))
+    return (x + np.float32(12582912)).view(np.uint32)
+
+
+def test_quantized_bits_low_byte_is_quantize():
+    """The low byte of i8q::quantized_bits is quantize's int8 (saturate(rint(v * inv))) for every half-integer and its
+    float32 neighbours in [-300, 300], far outside the range and random values; with lo = 0 it is quantize of the
+    ReLU'd value, as the epilogues use it."""
+    halves = np.arange(-600, 601, dtype=np.float32) / np.float32(2)
+    up, down = np.nextafter(halves, np.float32(np.inf)), np.nextafter(halves, np.float32(-np.inf))
+    rng = np.random.default_rng(0)
+    v = np.concatenate([halves, up, down, np.float32([0.0, -0.0, 1e30, -1e30, 3e38, -3e38]),
+                        (rng.standard_normal(200_000) * 100).astype(np.float32)])
+    inv = np.where(np.arange(len(v)) % 2 == 0, np.float32(1), rng.uniform(0.01, 4, len(v)).astype(np.float32))
+    for lo, relu in ((-127.0, False), (0.0, True)):
+        with np.errstate(over="ignore"):
+            want = np.clip(np.rint((np.maximum(v, np.float32(0)) if relu else v) * inv), -127, 127).astype(np.int8)
+            got = (quantized_bits(v, inv, lo) & 0xFF).astype(np.uint8).view(np.int8)
+        np.testing.assert_array_equal(got, want, err_msg=f"lo {lo}")
+
+
 def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """float32 a * b + c rounded once (fmaf), from float32 arrays: the product is exact in float64, the sum's float64
     rounding error is recovered exactly (TwoSum), and decides the one case where rounding the float64 sum to float32
