@@ -16,7 +16,8 @@
 //   64 of int8, 64 bytes in the 64-byte one), so wider inputs are cut into planes of that many channels: the halo is
 //   planes x rows, the weights planes x taps x BN rows, and the K loop runs plane by plane, tap by tap. Cin is a
 //   multiple of 16: a last plane of 16 channels takes half the row's k steps (int8: 16 or 32 channels one k32 step,
-//   48 two; the copies zero-fill the channels past Cin in both operands).
+//   48 two; the copies zero-fill the channels past Cin that a k step reads, in both operands; the halo's copies skip
+//   the half of a row that no k step reads).
 // - L2 reads: halo_rows / BM = 2.2x the input for Conv2d_2b's 149-wide grid at BM 256 (2.2x for Conv2d_4a's 73-wide
 //   one at BM 128), instead of 9x.
 // - The weights of the block's BN channels (blockIdx.y: its channel tile; 74 KB for tf32's 2b, 111 KB for fp16's 4a
@@ -98,8 +99,6 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
 
     if (tid < HALO_PRODUCERS) {
         wgmma::max_registers<HALO_PRODUCER_REGS, false>();
-        constexpr int STEP = HALO_PRODUCERS / PIECES;  // rows a pass of the producers covers
-        const int piece = tid % PIECES, row0 = tid / PIECES;  // this thread copies piece `piece` of rows row0 + STEP i
         for (int i = tid; i < planes * taps * BN * PIECES; i += HALO_PRODUCERS) {  // (plane, tap, n) weight rows
             const int row = i / PIECES, c = i % PIECES, plane = row / (taps * BN), tap = row / BN - plane * taps;
             const int n = n0 + row % BN, k = plane * CIN + c * PIECE;
@@ -111,17 +110,23 @@ __device__ __forceinline__ void conv_nhwc_halo_gemm(const NhwcConvArgs<E>& a) {
             const int buf = local & 1, b = i / tiles_img, q0 = (i - b * tiles_img) * BM;
             if (local >= 2) mbarrier::wait(empty + buf, ((local >> 1) - 1) & 1);
             for (int plane = 0; plane < planes; ++plane) {
+                // The pieces of a row that the plane's k steps read (the consumers' loops below): all of them, or
+                // for a last plane of at most half a row's bytes, the first half (the rest is never read, so it is
+                // not copied, and twice as many rows go in a pass).
+                const bool half = (a.cin - plane * CIN) * (int)sizeof(T) <= ROW / 2;
+                const int used = half ? PIECES / 2 : PIECES, step = HALO_PRODUCERS / used;  // rows a pass covers
+                const int piece = tid % used, row0 = tid / used;  // piece `piece` of rows row0 + step i
                 const int k = plane * CIN + piece * PIECE;  // the piece's first channel
                 const bool has = k < a.cin;
                 unsigned char* const dst = halo + buf * buffer_bytes + plane * plane_bytes;
                 int ph = (q0 + row0) / wg, pw = q0 + row0 - ph * wg;  // the row's padded input position
                 const T* const image = a.x + (size_t)b * a.h * a.w * a.x_cstride + (has ? k : 0);
-                for (int row = row0; row < rows; row += STEP) {
+                for (int row = row0; row < rows; row += step) {
                     const int ih = ph - a.pad_h, iw = pw - a.pad_w;
                     const bool ok = has && (unsigned)ih < (unsigned)a.h && (unsigned)iw < (unsigned)a.w;
                     cp_async::copy16_or_zero(dst + swizzled(row, piece),
                                              image + (ok ? (ih * a.w + iw) * a.x_cstride : 0), ok);
-                    for (pw += STEP; pw >= wg; pw -= wg) ++ph;
+                    for (pw += step; pw >= wg; pw -= wg) ++ph;
                 }
             }
             cp_async::arrive_on(full + buf);  // once this thread's copies so far (the weights too) have landed
