@@ -5,13 +5,17 @@ and the reading of files (inputs.py, files.py) are all that ``inception-run --se
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from typing import BinaryIO
 
+import PIL
 from PIL import Image
 
+from ..atomic import atomic_write
 from ..errors import EngineError, first_line
+from ..paths import user_cache_dir
 
 # The most pixels an image may declare unless the run says otherwise (--max-pixels, $INCEPTION_MAX_PIXELS):
 # Pillow's own default bomb limit, 89,478,485 (a 256 MB picture at 3 bytes a pixel).
@@ -22,10 +26,33 @@ MAX_PIXELS_ENV = "INCEPTION_MAX_PIXELS"
 DECODE_BYTES_PER_PIXEL = 12
 
 
-def image_extensions() -> set[str]:
-    """Lower-case file extensions Pillow can open (".jpg", ".png", ...)."""
+def image_extensions() -> frozenset[str]:
+    """Lower-case file extensions Pillow can open (".jpg", ".png", ...): those of its own plugins (pillow_extensions),
+    and any a plugin registered in this process (a HEIF opener the caller imported), from Pillow's registry as it
+    stands, which costs nothing."""
+    return pillow_extensions() | {ext.lower() for ext in Image.EXTENSION}
+
+
+@functools.cache
+def pillow_extensions() -> frozenset[str]:
+    """The extensions of Pillow's own plugins. Pillow learns them by importing every plugin (``Image.init``: ~50 ms,
+    a sixth of an ``inception-run --server`` client's start before its first request), and they are the same for a
+    Pillow version, so the set is kept in the user cache under that version and a later process reads one small
+    file. The cache is only a cache: unreadable, unwritable or not a list this wrote, the plugins are imported."""
+    path = user_cache_dir() / f"pillow-{PIL.__version__}-extensions.txt"
+    try:
+        cached = frozenset(path.read_text().split())
+    except (OSError, UnicodeDecodeError):
+        cached = frozenset()
+    if ".jpg" in cached and all(e.startswith(".") and e == e.lower() for e in cached):
+        return cached
     Image.init()
-    return {ext.lower() for ext in Image.registered_extensions()}
+    found = frozenset(ext.lower() for ext in Image.registered_extensions())
+    try:
+        atomic_write(path, lambda f: f.write("\n".join(sorted(found)).encode() + b"\n"))
+    except EngineError:  # a read-only home: the next process imports the plugins again
+        pass
+    return found
 
 
 def open_regular(path: str | os.PathLike, buffered: bool = True) -> BinaryIO:

@@ -3,6 +3,9 @@ out."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,40 @@ def test_links_and_entries_named_like_images(tmp_path):
     (only_link / "linked").symlink_to(real, target_is_directory=True)
     assert not may_hold_images([str(only_link)], recursive=True)  # links to directories are not followed
     assert expand_inputs([str(only_link)], recursive=True).items[0][1].endswith("directory has no image files")
+
+
+def fresh_extensions(monkeypatch, cache: Path) -> frozenset[str]:
+    from inception_engine.ingest import entries
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    entries.pillow_extensions.cache_clear()
+    try:
+        return entries.image_extensions()
+    finally:
+        entries.pillow_extensions.cache_clear()
+
+
+def test_image_extensions_are_kept_per_pillow_version_and_a_later_process_skips_the_plugins(tmp_path, monkeypatch):
+    """The first lookup imports Pillow's plugins and writes the set beside the other caches; a fresh process then
+    reads it without importing them (Image.init: ~50 ms of the client's start) and gets the same set. A file that is
+    no list of extensions, or a cache that cannot be written, is never trusted or fatal."""
+    from PIL import Image
+
+    Image.init()
+    want = frozenset(e.lower() for e in Image.registered_extensions())
+    got = fresh_extensions(monkeypatch, tmp_path)
+    assert got >= want and {".jpg", ".png", ".webp"} <= got
+    (written,) = (tmp_path / "inception-engine").glob("pillow-*-extensions.txt")
+    assert frozenset(written.read_text().split()) == want
+    probe = ("import sys; from inception_engine.ingest.entries import image_extensions as e; x = e(); "
+             "print(' '.join(sorted(x))); print('PIL.TiffImagePlugin' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}).stdout.splitlines()
+    assert (frozenset(out[0].split()), out[1]) == (want, "False")
+
+    written.write_text("garbage\n")
+    assert fresh_extensions(monkeypatch, tmp_path) == got
+    assert frozenset(written.read_text().split()) == want  # rewritten
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # XDG_CACHE_HOME a file: no folder can be made under it
+    assert fresh_extensions(monkeypatch, blocked) == got
