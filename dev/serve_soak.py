@@ -54,24 +54,48 @@ def gpu_memory() -> float | None:
     return sum(float(v) for v in out.stdout.split())
 
 
-class Sampler(threading.Thread):
-    """Samples (seconds since start, RSS, PSS, GPU MiB) every ``every`` seconds until ``stop``."""
+def server_answers(url: str) -> tuple[int, int] | None:
+    """(infer requests answered, of which errors) so far, from the server's /metrics; None where it does not answer."""
+    import urllib.request
 
-    def __init__(self, pid: int, every: float):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    except OSError:
+        return None
+    counts = {"inception_requests": 0.0, "inception_request_failures": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.removesuffix("_total") in counts and sample.labels.get("route") == "infer":
+                counts[sample.name.removesuffix("_total")] += sample.value
+    return int(counts["inception_requests"]), int(counts["inception_request_failures"])
+
+
+class Sampler(threading.Thread):
+    """Samples (seconds since start, RSS, PSS, GPU MiB) every ``every`` seconds until ``stop``, and prints each with
+    the server's count of answered and failed requests so far (its /metrics): a soak cut short before its report
+    still says whether the server failed any request, and whether it kept up with the rate."""
+
+    def __init__(self, pid: int, every: float, url: str):
         super().__init__(daemon=True)
-        self.pid, self.every = pid, every
+        self.pid, self.every, self.url = pid, every, url
         self.samples: list[tuple[float, float, float, float | None]] = []
         self.done = threading.Event()
         self.t0 = time.monotonic()
 
     def run(self) -> None:
+        before = server_answers(self.url)
         while not self.done.is_set():
             rss, pss = host_memory(self.pid)
             t = time.monotonic() - self.t0
             self.samples.append((t, rss, pss, gpu_memory()))
             gpu = self.samples[-1][3]
+            now = server_answers(self.url)
+            answers = (f"; server: {now[0] - before[0]} requests answered, {now[1] - before[1]} failed"
+                       if now is not None and before is not None else "")
             print(f"soak {t:7.1f} s: host RSS {rss:8.1f} MiB, PSS {pss:8.1f} MiB"
-                  + (f", GPU {gpu:8.1f} MiB" if gpu is not None else ""), flush=True)
+                  + (f", GPU {gpu:8.1f} MiB" if gpu is not None else "") + answers, flush=True)
             self.done.wait(self.every)
 
     def stop(self) -> list[tuple[float, float, float, float | None]]:
@@ -121,7 +145,7 @@ def soak(args: argparse.Namespace, pid: int, url: str, files: list[Path]) -> dic
         print(f"soak: saturated at {probe['images_s']} images/s ({probe['requests_s']} requests/s of {size} images, "
               f"c={args.soak_concurrency}); the soak runs at {rate:.1f} requests/s "
               f"({args.soak_load:.0%})", flush=True)
-    sampler = Sampler(pid, args.sample_every)
+    sampler = Sampler(pid, args.sample_every, url)
     sampler.start()
     row = load_point("inception", url, files, size, "open", rate, args.soak, args.client_procs)
     samples = sampler.stop()
