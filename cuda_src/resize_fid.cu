@@ -7,8 +7,9 @@
 // floor(s) and the next one (the same at the last row or column), weights 1 - (s - floor(s)) and s - floor(s); the
 // four taps combined as torch's upsample_bilinear2d kernel combines them: h0 * (w0 * p00 + w1 * p01) + h1 * (w0 *
 // p10 + w1 * p11), in float. pytorch-fid's 2x - 1 is mean = std = 0.5 (the FID weight file's scaling), as the host
-// normalises the CPU path's pixels (images.normalize_u8). The CPU path (ingest/fid_resize.py) interpolates in
-// float64; the two differ by float32 rounding: see tests/kernels/test_resize_fid.py for the bound.
+// normalises the CPU path's pixels (images.normalize_u8). The CPU path computes the same arithmetic in C
+// (cpu_src/fid_resize.c; its Pillow fallback, ingest/fid_resize.py, in float64): they differ where nvcc fuses a
+// product and a sum (tests/kernels/test_resize_fid.py's bound).
 //
 // Images are HWC uint8, 3 channels, read through two byte steps as resize_pil.cu reads them (in[y][x][c] = in +
 // y * in_row + x * in_col + c: the view of a stored image that its EXIF orientation makes upright, without a copy;

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from .paths import user_cache_dir
 
 
 def source_dir(folder: str, probe: str) -> Path:
@@ -54,3 +58,34 @@ def compile_library(command: list[str], path: Path, what: str, timeout: float) -
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def c_compiler() -> list[str]:
+    """The C compiler command: $CC (it may carry arguments: "ccache gcc"), else cc."""
+    return shlex.split(os.environ.get("CC", "")) or ["cc"]
+
+
+def c_cache_dir() -> Path:
+    """Where the C libraries are cached."""
+    return user_cache_dir() / "cpu"
+
+
+def c_library(stem: str, sources: tuple[str, ...], flags: tuple[str, ...]) -> Path:
+    """``~/.cache/inception-engine/cpu/<stem>-<key>.so``: cpu_src's ``sources`` built with ``flags`` by the C
+    compiler, compiling them first if that is not cached. The key hashes every file of cpu_src, the compiler (its
+    path and ``--version``) and the flags: an edited source or another compiler never loads stale code. Raises
+    OSError with the reason (no compiler, a failed build)."""
+    cc = c_compiler()
+    found = shutil.which(cc[0])
+    if found is None:
+        raise OSError(f"no C compiler: {cc[0]!r} (from $CC, else cc) is not on PATH")
+    cc[0] = found
+    try:
+        version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise OSError(f"C compiler {found} does not run: {e}") from None
+    src = source_dir("cpu_src", sources[0])
+    path = c_cache_dir() / f"{stem}-{build_key(src, ('.c', '.h'), chr(0).join((*cc, version, *flags)))}.so"
+    if path.is_file():
+        return path
+    return compile_library([*cc, *flags, *(str(src / s) for s in sources)], path, ", ".join(sources), timeout=600)

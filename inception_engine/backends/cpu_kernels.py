@@ -16,11 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import platform
-import shlex
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +25,6 @@ import numpy as np
 
 from .. import native_build
 from .numpy_primitives import winograd_matrices
-from ..weights import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -37,41 +32,15 @@ SOURCES = ("conv.c", "winograd.c", "pool.c", "threadpool.c")
 FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread")
 
 
-def source_dir() -> Path:
-    return native_build.source_dir("cpu_src", SOURCES[0])
-
-
 def cache_dir() -> Path:
-    return user_cache_dir() / "cpu"
-
-
-def compiler() -> list[str]:
-    """The C compiler command: $CC (it may carry arguments: "ccache gcc"), else cc."""
-    return shlex.split(os.environ.get("CC", "")) or ["cc"]
-
-
-def build_key(cc: list[str], cc_version: str) -> str:
-    return native_build.build_key(source_dir(), (".c", ".h"), "\0".join((*cc, cc_version, *FLAGS)))
+    return native_build.c_cache_dir()
 
 
 def build() -> Path:
     """The compiled library's path, compiling it first if it is not cached. Raises OSError with the reason."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise OSError(f"the C kernels are for x86-64 CPUs with AVX-512, this is {platform.machine()}")
-    cc = compiler()
-    found = shutil.which(cc[0])
-    if found is None:
-        raise OSError(f"no C compiler: {cc[0]!r} (from $CC, else cc) is not on PATH")
-    cc[0] = found
-    try:
-        version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise OSError(f"C compiler {found} does not run: {e}") from None
-    path = cache_dir() / f"ie_cpu-{build_key(cc, version)}.so"
-    if path.is_file():
-        return path
-    return native_build.compile_library([*cc, *FLAGS, *(str(source_dir() / s) for s in SOURCES)], path, "cpu_src",
-                                        timeout=600)
+    return native_build.c_library("ie_cpu", SOURCES, FLAGS)
 
 
 class ConvParams(ctypes.Structure):

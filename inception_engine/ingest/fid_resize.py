@@ -10,18 +10,29 @@
   resized as a float32 Pillow image (mode "F") to 299x299 with ``Image.BICUBIC`` and clipped to [0, 255], not
   quantised; its network then scales by (x - 128) / 128 (mean = std = 128/255 here).
 
-The two FID resizes give fractional pixels, float32 in [0, 255], which the decode worker normalises (x / 255 -
-mean) / std in float32 into the network's input (images.Preprocess.decoded_shape). pytorch-fid divides by 255 before
-it interpolates; both are linear, so the results agree to float32 rounding (a few ulp), not bit for bit. With
---decode gpu the GPU decoder's resizes (gpu_fid_resize.py, resize_fid.cu) reproduce both on the GPU.
+A decode worker writes the network's input (images.Preprocess.decoded_shape). For pytorch-fid that is
+cpu_src/fid_resize.c (pytorch_fid_input): torch's own float32 arithmetic, x / 255 first, as resize_fid.cu computes
+it on the GPU decode path, resize and scaling in one pass. Where no C compiler builds it, and for clean-fid, the
+resizes below give fractional pixels, float32 in [0, 255], normalised (x / 255 - mean) / std in float32; for
+pytorch-fid that interpolates in float64 and divides by 255 after, so it agrees with torch to float32 rounding of the
+coordinates (~1e-5), not bit for bit. With --decode gpu the GPU decoder's resizes (gpu_fid_resize.py, resize_fid.cu)
+reproduce both on the GPU.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import logging
+from collections.abc import Sequence
+
 import numpy as np
 from PIL import Image
 
+from .. import native_build
 from .modes import RESIZE_MODES
+
+log = logging.getLogger(__name__)
 
 FID_SIZE = 299
 # What each FID mode's network takes: (mean, std) of x / 255, per channel. pytorch-fid: 2x - 1 = (x - 0.5) / 0.5;
@@ -63,6 +74,45 @@ def pytorch_fid_planes(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(out, -1, 0), dtype=np.float32)
 
 
+# cpu_src/fid_resize.c alone: plain C (no vector extensions), each product and sum rounded on its own as written.
+FID_C_SOURCES = ("fid_resize.c",)
+FID_C_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off")
+
+
+@functools.cache
+def fid_library() -> ctypes.CDLL | None:
+    """cpu_src/fid_resize.c (``ie_fid_bilinear``), loaded; None where no C compiler builds it (the decode workers then
+    resize through Pillow: pytorch_fid_planes), logged at debug level. A library of its own (a fraction of a second
+    to compile, where the CPU backend's takes seconds and needs AVX-512), so that each decode worker builds or loads
+    it alone."""
+    try:
+        lib = ctypes.CDLL(str(native_build.c_library("ie_fid", FID_C_SOURCES, FID_C_FLAGS)))
+    except OSError as e:
+        log.debug("the C FID resize is unavailable, decode workers resize through Pillow: %s", e)
+        return None
+    lib.ie_fid_bilinear.restype = ctypes.c_int
+    lib.ie_fid_bilinear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p,
+                                    ctypes.c_int, ctypes.c_void_p]
+    return lib
+
+
+def pytorch_fid_input(rgb: np.ndarray, size: int, mean: Sequence[float], std: Sequence[float]) -> np.ndarray | None:
+    """(H, W, 3) uint8 -> the network's (3, size, size) float32 input, (x / 255 - mean) / std of pytorch-fid's
+    bilinear interpolation, by cpu_src/fid_resize.c: torch's float32 arithmetic, resize_fid.cu's (the GPU decode
+    path's), in one pass (~10x Pillow's three float32 channel resizes and the normalisation); None where that
+    library cannot be built (no C compiler): pytorch_fid_planes then."""
+    lib = fid_library()
+    if lib is None:
+        return None
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+    out = np.empty((3, size, size), np.float32)
+    mean_std = np.asarray([*mean, *std], np.float32)
+    if lib.ie_fid_bilinear(rgb.ctypes.data, rgb.shape[0], rgb.shape[1], rgb.strides[0], out.ctypes.data, size,
+                           mean_std.ctypes.data) != 0:
+        raise MemoryError(f"no memory for the resize's tables of {size} rows and columns")
+    return out
+
+
 def clean_fid_planes(rgb: np.ndarray, size: int = FID_SIZE) -> np.ndarray:
     """(H, W, 3) uint8 -> (3, size, size) float32 in [0, 255]: clean-fid's "clean" resize, each channel a float32
     Pillow image resized bicubically, clipped, not rounded."""
@@ -80,11 +130,16 @@ def pillow_planes(rgb: np.ndarray, size: int, resample: int) -> np.ndarray:
     return out
 
 
+def rgb_of(img: Image.Image) -> np.ndarray:
+    """(H, W, 3) uint8 by Pillow's own conversion, as both tools take it: no EXIF orientation, alpha dropped."""
+    return np.asarray(img.convert("RGB"), dtype=np.uint8)
+
+
 def fid_planes(img: Image.Image, mode: str, size: int = FID_SIZE) -> np.ndarray:
     """A decoded image as the FID tool ``mode`` feeds it to its network, before the scaling: RGB by Pillow's own
     conversion (as both tools do: no EXIF orientation, alpha dropped), resized to size x size, float32, (3, size,
     size)."""
-    rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    rgb = rgb_of(img)
     if mode == "pytorch-fid":
         return pytorch_fid_planes(rgb, size)
     if mode == "clean-fid":

@@ -2,9 +2,10 @@
 EXIF orientation (gpu_resize.upright_views), into slots of the network's float32 (N, 3, size, size) input, scaled as
 the weight file says (mean, std of x / 255; pytorch-fid's 2x - 1 is mean = std = 0.5).
 
-The CPU path's pixels (ingest/fid_resize.py's pytorch_fid_planes, normalised on the host) come from a float64
-interpolation; the kernel's arithmetic is torch's float32 one, so the two differ by float32 rounding (bounded in
-tests/kernels/test_resize_fid.py). It runs on the CUDA kernel layer: the caller's loaded Kernels, its context current.
+The kernel's arithmetic is torch's float32 one, as the CPU path's (cpu_src/fid_resize.c); the two differ where
+nvcc fuses a product and a sum, and the CPU path's Pillow fallback (a float64 interpolation) by float32 rounding
+(bounded in tests/kernels/test_resize_fid.py). It runs on the CUDA kernel layer: the caller's loaded Kernels, its
+context current.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from .. import arch
 from ..errors import EngineError, first_line
 from ..weights import IMAGENET_MEAN, IMAGENET_STD
 from .entries import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV, file_error, open_regular
-from .fid_resize import MODE_SCALING, fid_planes
+from .fid_resize import MODE_SCALING, fid_planes, pytorch_fid_input, rgb_of
 from .modes import RESIZE_MODES
 from .pil_resize import crop_box, resize_crop_image, resized_size
 
@@ -212,6 +212,10 @@ def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
     """(size, size, 3) uint8 RGB from an already decoded image: EXIF orientation, RGB, torchvision's Resize and
     CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes). An FID tool's mode: its
     resize and scaling instead, the network's input (Preprocess.decoded_shape)."""
+    if pre.mode == "pytorch-fid":
+        x = pytorch_fid_input(rgb_of(img), pre.size, pre.mean, pre.std)
+        if x is not None:
+            return x
     if pre.mode != "torchvision":
         return normalize_planes(fid_planes(img, pre.mode, pre.size), pre)
     img = to_rgb(exif_upright(img))

@@ -9,7 +9,9 @@ import pytest
 from PIL import Image
 
 from inception_engine.errors import EngineError
-from inception_engine.ingest.fid_resize import bilinear_taps, clean_fid_planes, fid_planes, pytorch_fid_planes
+from inception_engine.ingest import fid_resize
+from inception_engine.ingest.fid_resize import (bilinear_taps, clean_fid_planes, fid_planes, pytorch_fid_input,
+                                                pytorch_fid_planes)
 from inception_engine.ingest.images import Preprocess, decode_u8, load_image, normalize_u8
 
 
@@ -90,6 +92,51 @@ def test_clean_fid_resize_is_pillow_bicubic_on_float_channels_clipped_not_rounde
     np.testing.assert_allclose(clean_fid_resize(flat, 3), 77, atol=1e-4)  # a constant stays itself
 
 
+def torch_float32_bilinear(rgb: np.ndarray, size: int, mean: float, std: float) -> np.ndarray:
+    """pytorch-fid's input as torch computes it in float32 (upsample_bilinear2d: the scale and source coordinate in
+    float, x / 255 first), then (v - mean) / std, every operation one NumPy float32 operation: (3, size, size)."""
+    f = np.float32
+
+    def taps(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        s = np.maximum((f(n) / f(size)) * (np.arange(size, dtype=f) + f(0.5)) - f(0.5), f(0))
+        lo = s.astype(np.int64)
+        w1 = s - lo.astype(f)
+        return lo, lo + (lo < n - 1), f(1) - w1, w1
+
+    (y0, y1, h0, h1), (x0, x1, w0, w1) = taps(rgb.shape[0]), taps(rgb.shape[1])
+    unit = np.arange(256, dtype=f) / f(255)
+    px = unit[rgb]
+    h0, h1 = h0[:, None], h1[:, None]
+    out = np.empty((3, size, size), f)
+    for c in range(3):
+        p = px[:, :, c]
+        v = h0 * (w0 * p[y0][:, x0] + w1 * p[y0][:, x1]) + h1 * (w0 * p[y1][:, x0] + w1 * p[y1][:, x1])
+        out[c] = (v - f(mean)) / f(std)
+    return out
+
+
+needs_fid_c = pytest.mark.skipif(fid_resize.fid_library() is None, reason="no C compiler builds cpu_src/fid_resize.c")
+
+
+@needs_fid_c
+@pytest.mark.parametrize("shape", [(256, 256), (299, 299), (64, 299), (310, 200), (400, 500), (1, 700), (700, 1)])
+def test_c_resize_is_torchs_float32_arithmetic_bit_for_bit(shape):
+    """cpu_src/fid_resize.c (what the decode workers run for pytorch-fid) equals torch's float32 formula operation
+    for operation, enlarging and shrinking, on an image view with padded rows; and lies within float32 rounding of
+    the float64 interpolation."""
+    rng = np.random.default_rng(sum(shape))
+    wide = rng.integers(0, 256, (shape[0], shape[1] + 5, 3), dtype=np.uint8)
+    rgb = wide[:, 2:shape[1] + 2]  # rows 3 (w + 5) bytes apart
+    got = pytorch_fid_input(rgb, 299, (0.5,) * 3, (0.5,) * 3)
+    assert got is not None and got.dtype == np.float32 and got.shape == (3, 299, 299) and got.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(got, torch_float32_bilinear(np.ascontiguousarray(rgb), 299, 0.5, 0.5))
+    if shape[0] * shape[1] <= 256 * 256:
+        exact = np.moveaxis(torch_bilinear_reference(rgb.astype(np.float64) / 255, 299, 299), -1, 0) * 2 - 1
+        # torch rounds each source coordinate (up to ~300) to float32: a weight off by a few 2^-24 x 256, an
+        # output by as much of a [0, 1] pixel step, twice that after 2x - 1
+        assert np.abs(got - exact).max() < 8 * 256 * 2.0 ** -24
+
+
 def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
     """Both tools open with Image.open(...).convert("RGB"): EXIF orientation ignored, alpha dropped."""
     rgba = np.random.default_rng(0).integers(0, 256, (40, 30, 4), dtype=np.uint8)
@@ -102,10 +149,13 @@ def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
     assert (pre.mode, pre.mean, pre.pixel_dtype) == ("pytorch-fid", (0.5,) * 3, np.float32)
     got = decode_u8(path, pre)  # decoded straight to the network's input (Preprocess.decoded_shape)
     assert got.shape == pre.decoded_shape == (3, 299, 299) and got.dtype == np.float32
-    np.testing.assert_array_equal(got, normalize_u8(pytorch_fid_resize(rgba[:, :, :3]), pre))
+    want = pytorch_fid_input(rgba[:, :, :3], 299, pre.mean, pre.std)
+    if want is None:  # no C compiler: the Pillow resize, normalised
+        want = normalize_u8(pytorch_fid_resize(rgba[:, :, :3]), pre)
+    np.testing.assert_array_equal(got, want)
     x = load_image(path, pre)  # 2x - 1 of the resized [0, 1] image, as pytorch-fid's normalize_input
     np.testing.assert_array_equal(x, got)
-    np.testing.assert_allclose(x, np.moveaxis(pytorch_fid_resize(rgba[:, :, :3]) / 255.0 * 2 - 1, -1, 0), atol=1e-6)
+    np.testing.assert_allclose(x, np.moveaxis(pytorch_fid_resize(rgba[:, :, :3]) / 255.0 * 2 - 1, -1, 0), atol=2e-5)
     clean = Preprocess.from_manifest(manifest, mode="clean-fid")
     y = normalize_u8(channels_last(fid_planes(Image.fromarray(rgba[:, :, :3]), "clean-fid"))[None], clean)[0]
     np.testing.assert_allclose(y, np.moveaxis((clean_fid_resize(rgba[:, :, :3]) - 128.0) / 128.0, -1, 0), atol=1e-6)
@@ -129,14 +179,19 @@ def test_enlarging_through_pillow_is_within_a_float32_step_of_the_float64_taps(s
 
 @pytest.mark.parametrize("mode", ["pytorch-fid", "clean-fid"])
 @pytest.mark.parametrize("shape", [(256, 256), (64, 299), (310, 200), (400, 500), (1, 700)])
-def test_decode_workers_network_input_is_the_tools_resize_normalised(mode, shape):
-    """What a decode worker writes for an FID mode (resize_crop: the resize's planes scaled in place) is, bit for
-    bit, normalize_u8 of the channels-last resize (every element compared: a plane left unwritten fails), and
-    C-contiguous as the ring's slot takes it."""
+@pytest.mark.parametrize("c_resize", [True, False])
+def test_decode_workers_network_input_is_the_tools_resize_normalised(mode, shape, c_resize, monkeypatch):
+    """What a decode worker writes for an FID mode (resize_crop) is, bit for bit, pytorch-fid's C resize where it
+    is built, else (and for clean-fid) normalize_u8 of the channels-last Pillow resize (every element compared: a
+    plane left unwritten fails), and C-contiguous as the ring's slot takes it."""
+    if not c_resize:
+        monkeypatch.setattr(fid_resize, "fid_library", lambda: None)
     rng = np.random.default_rng(sum(shape))
     img = Image.fromarray(rng.integers(0, 256, (*shape, 3), np.uint8))
     pre = Preprocess(mean=(0.5,) * 3, std=(0.5,) * 3, mode=mode)
     got = decode_u8(img, pre)
-    want = normalize_u8(channels_last(fid_planes(img, mode)), pre)
+    by_c = fid_resize.pytorch_fid_input(np.asarray(img), 299, pre.mean, pre.std) if mode == "pytorch-fid" else None
+    assert (by_c is not None) == (mode == "pytorch-fid" and c_resize and fid_resize.fid_library() is not None)
+    want = by_c if by_c is not None else normalize_u8(channels_last(fid_planes(img, mode)), pre)
     assert got.shape == (3, 299, 299) and got.dtype == np.float32 and got.flags["C_CONTIGUOUS"]
     assert np.array_equal(got, want) and np.isfinite(got).all()
