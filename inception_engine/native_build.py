@@ -11,8 +11,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .paths import user_cache_dir
-
 
 def source_dir(folder: str, probe: str) -> Path:
     """``folder`` (cuda_src or cpu_src) beside this module, where an install puts it (package
@@ -67,6 +65,8 @@ def c_compiler() -> list[str]:
 
 def c_cache_dir() -> Path:
     """Where the C libraries are cached."""
+    from .paths import user_cache_dir  # here: this module also loads alone, as a file (test_cuda_build)
+
     return user_cache_dir() / "cpu"
 
 
