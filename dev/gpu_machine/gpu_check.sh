@@ -262,7 +262,8 @@ fi
 
 # Issue 48: the server's GPU tests, dev/bench_serve.py's sweep (SERVE_ARGS; default: single images and 64-image
 # requests at concurrency 1 and 128, the HTTP floor, inception-run and inception-run --server on 16,384 files beside
-# it, the LitServe peer), then, where SOAK_SECONDS is set, a soak of that length at 80 % of saturation.
+# it, the LitServe peer), then, where SOAK_SECONDS is set, a soak of that length at 80 % of saturation (one
+# command's 600 s hold a soak of ~500 s at most: the 10-minute one runs in two calls, soak_detached.sh).
 if want serve; then
   if source dev/gpu_machine/serve_kit.sh install >>"$OUT/serve.log" 2>&1; then
     nvimg_kit serve.log
