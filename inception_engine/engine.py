@@ -26,6 +26,7 @@ from . import backends
 from .config import (BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, Resolved, resolve,
                      weights_file)
 from .errors import BackendUnavailable, EngineError, OptionError
+from .ingest.fid_resize import PILLOW_FID_RESIZE_NOTE, fid_library
 from .ingest.files import ImageSource
 from .ingest.images import Preprocess
 from .ingest.ring import HostRing
@@ -149,6 +150,8 @@ class Engine:
         self.labels: Labels = network_labels(self.weights.network)
         if self.weights.network == "fid":
             self.notes.append(NUMBERED_NOTE)
+        if self.preprocess.mode == "pytorch-fid" and self.decode != "gpu" and fid_library() is None:
+            self.notes.append(PILLOW_FID_RESIZE_NOTE)  # also builds the library once here, before the decode workers
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)
         self._backends: dict[int, tuple[dict[str, Any], Any]] = {}  # batch -> (its options, backend), on first use
         self._pixel_runner: Runner | None = None  # classify_pixels's, kept between calls

@@ -79,6 +79,11 @@ FID_C_SOURCES = ("fid_resize.c",)
 FID_C_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off")
 
 
+# The engine's note where the C resize cannot be built (Engine.notes: printed on stderr by the commands).
+PILLOW_FID_RESIZE_NOTE = ("no C compiler built cpu_src/fid_resize.c ($CC, else cc): pytorch-fid's resize runs through "
+                          "Pillow, ~3x slower on the host, its pixels within float32 rounding of torch's")
+
+
 @functools.cache
 def fid_library() -> ctypes.CDLL | None:
     """cpu_src/fid_resize.c (``ie_fid_bilinear``), loaded; None where no C compiler builds it (the decode workers then

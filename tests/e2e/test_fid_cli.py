@@ -134,3 +134,20 @@ def test_the_default_precision_is_fp32(fid_weights, dirs, monkeypatch):
         r = run(a, b, "--weights", fid_weights, "--backend", "cpu", "--batch-size", "4", *extra)
         assert r.exit_code == 0, r.output
     assert asked == ["fp32", "auto"]
+
+
+def test_without_a_c_compiler_the_pillow_resize_is_said_in_one_line(fid_weights, dirs, monkeypatch, tmp_path):
+    """pytorch-fid's resize on the host is C (cpu_src/fid_resize.c); where it cannot be built, the Pillow resize
+    runs instead and the run says so once, on stderr, with the score still computed."""
+    from inception_engine.ingest import fid_resize
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # notes are said once a machine: a fresh one
+    a, b = dirs
+    ok = run(a, b, "--weights", fid_weights, "--backend", "cpu", "--batch-size", "4")
+    assert ok.exit_code == 0 and fid_resize.PILLOW_FID_RESIZE_NOTE not in ok.stderr
+    monkeypatch.setattr(fid_resize, "fid_library", lambda: None)
+    monkeypatch.setattr("inception_engine.engine.fid_library", lambda: None)
+    r = run(a, b, "--weights", fid_weights, "--backend", "cpu", "--batch-size", "4", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count(fid_resize.PILLOW_FID_RESIZE_NOTE) == 1
+    assert abs(float(r.stdout.split()[-1]) - float(ok.stdout.split()[-1])) < 1e-3 * abs(float(ok.stdout.split()[-1]))
