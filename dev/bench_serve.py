@@ -218,16 +218,20 @@ def sweep(kind: str, url: str, files: list[Path], args: argparse.Namespace, pid:
     return rows
 
 
-def server_times(url: str) -> dict[str, float]:
-    """The sums and counts of the server's infer request seconds, batch compute seconds and queue seconds
-    (its /metrics, every process's added up), as prometheus-client parses them."""
+def metric_families(url: str) -> list[Any]:
+    """The server's /metrics (every process's added up), as prometheus-client parses them. Raises OSError where the
+    server does not answer."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    return list(text_string_to_metric_families(urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()))
+
+
+def server_times(url: str) -> dict[str, float]:
+    """The sums and counts of the server's infer request seconds, batch compute seconds and queue seconds."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in metric_families(url):
         if family.name not in ("inception_request_seconds", "inception_compute_seconds", "inception_queue_seconds"):
             continue
         for sample in family.samples:

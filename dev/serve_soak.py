@@ -56,16 +56,14 @@ def gpu_memory() -> float | None:
 
 def server_answers(url: str) -> tuple[int, int] | None:
     """(infer requests answered, of which errors) so far, from the server's /metrics; None where it does not answer."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
+    from bench_serve import metric_families
 
     try:
-        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        families = metric_families(url)
     except OSError:
         return None
     counts = {"inception_requests": 0.0, "inception_request_failures": 0.0}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for sample in family.samples:
             if sample.name.removesuffix("_total") in counts and sample.labels.get("route") == "infer":
                 counts[sample.name.removesuffix("_total")] += sample.value

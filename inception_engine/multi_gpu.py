@@ -27,12 +27,11 @@ from typing import Any
 from . import backends
 from .config import EngineConfig, resolve
 from .engine import Engine
-from .results import EngineFacts
 from .errors import EngineError, first_line
 from .ingest.workers import default_workers, die_with
 from .model_files import weight_file_path
 from .output import Rendered
-from .results import Prediction
+from .results import EngineFacts, Prediction
 
 CHUNK_BATCHES = 4  # chunk = this many batches: long enough to keep a worker's pipeline full, short enough to balance
 

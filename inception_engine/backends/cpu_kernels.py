@@ -32,10 +32,6 @@ SOURCES = ("conv.c", "winograd.c", "pool.c", "threadpool.c")
 FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread")
 
 
-def cache_dir() -> Path:
-    return native_build.c_cache_dir()
-
-
 def build() -> Path:
     """The compiled library's path, compiling it first if it is not cached. Raises OSError with the reason."""
     if platform.machine().lower() not in ("x86_64", "amd64"):

@@ -30,7 +30,6 @@ from .images import Preprocess, decode_u8, decode_u8_bytes, let_pillow_open
 from .ring import HostRing, RingDescriptor
 
 
-
 def default_workers() -> int:
     """Decode workers by default: the CPUs this process may use."""
     try:

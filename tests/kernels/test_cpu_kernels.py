@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from inception_engine import native_build
 from inception_engine.backends import cpu_kernels
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.errors import BackendUnavailable
@@ -196,7 +197,7 @@ def test_views_must_have_contiguous_images():
 @needs_kernels
 def test_library_is_cached_by_source_and_compiler():
     path = cpu_kernels.build()
-    assert path.parent == cpu_kernels.cache_dir() and path.name.startswith("ie_cpu-")
+    assert path.parent == native_build.c_cache_dir() and path.name.startswith("ie_cpu-")
     mtime = path.stat().st_mtime_ns
     assert cpu_kernels.build() == path and path.stat().st_mtime_ns == mtime, "a cached library was rebuilt"
 
