@@ -88,15 +88,20 @@ def folder(root: Path, style: str, n: int) -> Path:
 
 
 def many(root: Path, d: Path, times: int) -> Path:
-    """A folder of d's files linked ``times`` times (distinct names): a long run without generating more."""
-    out = root / f"{d.name}-x{times}"
+    """A folder of d's files linked ``times`` times (distinct names): a long run without generating more. Hard
+    links, so that each entry is a regular file as in a user's folder (a symbolic link costs the listing a stat
+    apiece: ~45 ms on 16,384); symbolic links where the file system refuses hard links."""
+    out = root / f"{d.name}-x{times}-files"
     if not (out / ".complete").exists():
         out.mkdir(exist_ok=True)
         for t in range(times):
             for f in sorted(d.glob("*.jpg")):
                 link = out / f"{t:02d}-{f.name}"
                 if not link.exists():
-                    link.symlink_to(f)
+                    try:
+                        os.link(f, link)
+                    except OSError:
+                        link.symlink_to(f.resolve())
         (out / ".complete").write_text("ok\n")
     return out
 

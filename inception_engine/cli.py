@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from PIL import Image
 
 from . import backends
-from .commands import CONTEXT, Command, plural, stderr_is_tty, user_errors, version_option
+from .commands import CONTEXT, Command, plural, process_start, stderr_is_tty, user_errors, version_option
 from .config import (BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, RESIZE_MODES, WORKER_KINDS,
                      RunConfig)
 from .drivers import start_driver
@@ -143,7 +142,10 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
         # before the weights are read: a machine without a GPU is refused at once (--gpus N checks the count as its
         # workers start: multi_gpu.start_on_gpus)
         backends.require_gpus(1)
-    warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
+    if run.driver != "server":  # which decodes nothing here, and never imports Pillow's Image
+        from PIL import Image
+
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
     out = ResultFile(run.output, run.top_k, run.resume) if run.output else None
     try:
         stats = run_here(run, out)
@@ -170,7 +172,8 @@ def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
 
 @dataclass(frozen=True)
 class RunStats:
-    """How a run went, for its summary line: results, errors, the clock at its start, first and last result."""
+    """How a run went, for its summary line: results, errors, the clock at the command's start (commands.
+    process_start: the interpreter's start and the imports counted), first and last result."""
 
     total: int
     failed: int
@@ -188,7 +191,7 @@ class RunStats:
         end = time.perf_counter()
         after = self.todo - min(self.todo, self.batch)
         steady = (f", {after / max(self.last_at - self.first_at, 1e-9):.0f} images/s after the first result at "
-                  f"{self.first_at - self.t0:.1f} s" if self.first_at is not None and after >= self.batch else "")
+                  f"{self.first_at - self.t0:.2f} s" if self.first_at is not None and after >= self.batch else "")
         return (f"{plural(self.total, 'image')} ({plural(self.failed, 'error')}) in {end - self.t0:.1f} s on the "
                 f"{self.computed_in}, {self.todo / max(end - self.t0, 1e-9):.0f} images/s{steady} -> {path}")
 
@@ -213,7 +216,7 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
         computed_in = f"{facts.backend_name} backend, {facts.precision}"
         show = progress_bar_fits() and len(todo) > facts.batch_size
         first_at: list[float] = []  # when the first result came: start-up ends there
-        t0 = time.perf_counter()
+        t0 = process_start()  # the summary's times count from the command's start, as its user's clock does
         with progress_bar(len(todo), "classifying", "img", show) as bar:
             # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
             echo = terminal_echo if show and sys.stdout.isatty() else click.echo

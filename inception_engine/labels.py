@@ -10,8 +10,6 @@ import functools
 from collections.abc import Sequence
 from importlib import resources
 
-from .arch import NETWORKS, NUM_CLASSES
-
 Labels = tuple[str, ...]  # a network's class names, by class index
 NUMBERED_NOTE = ("these weights are the FID network: its 1008 classes are TF's 2015 Inception classes, whose names "
                  "are not shipped; each is labelled \"class N\"")
@@ -19,6 +17,8 @@ NUMBERED_NOTE = ("these weights are the FID network: its 1008 classes are TF's 2
 
 @functools.cache
 def imagenet_labels() -> Labels:
+    from .arch import NUM_CLASSES  # on use: the architecture's tables are no part of reading a result line
+
     text = resources.files("inception_engine.data").joinpath("imagenet_classes.txt").read_text(encoding="utf-8")
     names = tuple(line.strip() for line in text.splitlines() if line.strip())
     if len(names) != NUM_CLASSES:
@@ -36,12 +36,16 @@ def numbered(count: int) -> Labels:
 def network_labels(network: str) -> Labels:
     """The class names of a network (a key of arch.NETWORKS): ImageNet's for torchvision's classifier, numbered for
     the FID network."""
+    from .arch import NETWORKS
+
     return imagenet_labels() if network == "torchvision" else numbered(NETWORKS[network].classes)
 
 
 def known_labels(index: Sequence[int], names: Sequence[object]) -> Labels | None:
     """The network's label set (network_labels) that names each class index ``index[j]`` as ``names[j]``; None
     where none does. Indices must be ints."""
+    from .arch import NETWORKS
+
     if not index or min(index) < 0:
         return None
     for network in NETWORKS:

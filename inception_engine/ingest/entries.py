@@ -8,10 +8,10 @@ import errno
 import functools
 import os
 import stat
+import sys
 from typing import BinaryIO
 
 import PIL
-from PIL import Image
 
 from ..atomic import atomic_write
 from ..errors import EngineError, first_line
@@ -29,8 +29,10 @@ DECODE_BYTES_PER_PIXEL = 12
 def image_extensions() -> frozenset[str]:
     """Lower-case file extensions Pillow can open (".jpg", ".png", ...): those of its own plugins (pillow_extensions),
     and any a plugin registered in this process (a HEIF opener the caller imported), from Pillow's registry as it
-    stands, which costs nothing."""
-    return pillow_extensions() | {ext.lower() for ext in Image.EXTENSION}
+    stands, which costs nothing. A plugin registers through PIL.Image, so where no one imported it (an
+    ``inception-run --server`` client, which never decodes) there is none to add and it is not imported here."""
+    image = sys.modules.get("PIL.Image")
+    return pillow_extensions() | {ext.lower() for ext in (image.EXTENSION if image is not None else ())}
 
 
 @functools.cache
@@ -46,6 +48,8 @@ def pillow_extensions() -> frozenset[str]:
         cached = frozenset()
     if ".jpg" in cached and all(e.startswith(".") and e == e.lower() for e in cached):
         return cached
+    from PIL import Image
+
     Image.init()
     found = frozenset(ext.lower() for ext in Image.registered_extensions())
     try:

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-
-from PIL import Image
+from typing import TYPE_CHECKING, Union
 
 from ..errors import EngineError
 from .entries import file_error, open_regular
 
-ImageSource = str | os.PathLike | Image.Image
+if TYPE_CHECKING:
+    from PIL import Image
+
+# PIL.Image by name: reading files (an inception-run --server client) never imports it
+ImageSource = Union[str, os.PathLike, "Image.Image"]
 
 
 def source_name(i: int, src: ImageSource) -> str:
     """Input number ``i``'s name in the results: its path as given, or "<PIL.Image i>" for an in-memory image."""
-    return f"<PIL.Image {i}>" if isinstance(src, Image.Image) else str(src)
+    return str(src) if isinstance(src, (str, os.PathLike)) else f"<PIL.Image {i}>"
 
 
 def read_file(source: str | os.PathLike) -> tuple[bytes | None, str | None]:

@@ -121,23 +121,28 @@ def server_facts(conn: Connection, backend: str, precision: str) -> EngineFacts:
 
 class RemoteRun:
     """The predictions of ``classify(paths)`` from the server, in order, as an iterator (what inception-run's
-    --gpus run is: ``facts``, ``on_note``, ``close``)."""
+    --gpus run is: ``facts``, ``on_note``, ``close``). The server is asked what it runs at once, on a thread of
+    its own, while the caller lists the inputs; ``facts`` waits for the answer (and raises its error)."""
 
     def __init__(self, url: str, top_k: int, backend: str = "auto", precision: str = "auto",
                  batch_size: int | None = None, on_progress: Callable[[int], None] | None = None,
                  inflight: int = INFLIGHT):
         self.conn = Connection(url)
-        self._facts = server_facts(self.conn, backend, precision)
-        self.top_k, self.on_progress = top_k, on_progress
-        self.batch = batch_size or self._facts.batch_size
+        self.top_k, self.on_progress, self.batch_size = top_k, on_progress, batch_size
         self.on_note: Callable[[str], None] | None = None  # the server's notes are its own: none come here
         self._pool = ThreadPoolExecutor(inflight, thread_name_prefix="server-request")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="server-read")  # in order: module docstring
+        self._asked = self._pool.submit(server_facts, self.conn, backend, precision)
         self._inflight = inflight
         self._it: Iterator[Prediction] | None = None
 
     def facts(self) -> EngineFacts:
-        return self._facts
+        return self._asked.result()
+
+    @property
+    def batch(self) -> int:
+        """Images a request: --batch-size, else the server's max batch."""
+        return self.batch_size or self.facts().batch_size
 
     def classify(self, paths: list[str]) -> RemoteRun:
         self._it = self._stream(paths)
@@ -152,12 +157,13 @@ class RemoteRun:
         return next(self._it)
 
     def _stream(self, paths: list[str]) -> Iterator[Prediction]:
-        chunks = deque(range(0, len(paths), self.batch))
+        batch = self.batch
+        chunks = deque(range(0, len(paths), batch))
         waiting: deque[Future[list[Prediction]]] = deque()
         while chunks or waiting:
             while chunks and len(waiting) < 2 * self._inflight:  # read ahead, bounded
                 start = chunks.popleft()
-                chunk = paths[start:start + self.batch]
+                chunk = paths[start:start + batch]
                 read = self._reader.submit(read_chunk, chunk)
                 waiting.append(self._pool.submit(lambda c=chunk, r=read: self.classify_chunk(c, *r.result())))
             preds = waiting.popleft().result()
@@ -194,7 +200,7 @@ class RemoteRun:
         except (KeyError, ValueError, TypeError, IndexError):
             raise EngineError(f"the server at {self.conn.url} answered with outputs inception-serve does not "
                               f"give") from None
-        f = self._facts
+        f = self.facts()
         model = f.model.name if f.model is not None else None
         return {i: Prediction(paths[i], top, backend=f.backend_name, precision=f.precision, model=model)
                 for i, top in zip(rows, tops)}
@@ -229,5 +235,5 @@ def reworded(message: str, index: int, path: str) -> str:
 
 def remote_run(url: str, top_k: int, backend: str, precision: str, batch_size: int | None,
                on_progress: Callable[[int], None] | None) -> RemoteRun:
-    """inception-run --server's run (cli.run_cmd), started: the server asked what it runs."""
+    """inception-run --server's run (cli.run_cmd), started: the server is being asked what it runs."""
     return RemoteRun(url, top_k, backend, precision, batch_size, on_progress)
