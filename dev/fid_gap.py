@@ -1,0 +1,105 @@
+"""Where our FID and pytorch-fid's part: in the features (the forward, the decode, the resize) or in the arithmetic
+(statistics, the matrix square root). bench_fid.py's folders and random FID weights; both tools' statistics of both
+folders saved (``inception-fid --save-stats``, pytorch-fid's own ``--save-stats`` through bench_fid's shim, TF32 off
+unless --tf32), then each pair of statistics scored by both FID formulas (ours: fid.frechet_distance; pytorch-fid's
+calculate_frechet_distance, scipy.linalg.sqrtm), and the statistics compared.
+
+    python3 dev/fid_gap.py [--images 20000] [--ref-images 5000] [--format jpeg] [--precision fp32] [--decode cpu]
+
+On the GPU machine, after ``source dev/gpu_machine/fid_kit.sh install``. Prints one line per comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "dev")]
+
+import bench_fid  # noqa: E402
+
+
+def stats_ours(folder: Path, out: Path, weights: Path, precision: str, decode: str) -> float:
+    t0 = time.perf_counter()
+    argv = [sys.executable, "-c", bench_fid.FID_CLI, str(folder), "--save-stats", str(out), "--weights", str(weights),
+            "--precision", precision, "--decode", decode]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"inception-fid failed ({r.returncode}): {r.stderr[-2000:]}")
+    for line in r.stderr.splitlines():
+        if line.startswith("note:"):
+            print(f"  {line}")
+    return time.perf_counter() - t0
+
+
+def stats_pytorch_fid(folder: Path, out: Path, state_dict: Path, tf32: bool, device: str) -> float:
+    t0 = time.perf_counter()
+    argv = [sys.executable, "-c", bench_fid.PYTORCH_FID_SHIM, "--save-stats", str(folder), str(out), "--device", device]
+    r = subprocess.run(argv, capture_output=True, text=True, env=bench_fid.pytorch_fid_env(state_dict, not tf32))
+    if r.returncode != 0:
+        raise SystemExit(f"pytorch-fid failed ({r.returncode}): {r.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path) as f:
+        return f["mu"].astype(np.float64), f["sigma"].astype(np.float64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=20000)
+    ap.add_argument("--ref-images", type=int, default=5000)
+    ap.add_argument("--format", choices=["png", "jpeg"], default="jpeg")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--decode", default="cpu")
+    ap.add_argument("--device", default="cuda", help="pytorch-fid's --device")
+    ap.add_argument("--tf32", action="store_true", help="pytorch-fid with its default TF32 convolutions")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench-fid-work"))
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    gen = bench_fid.image_folder(args.work, "gen", args.images, args.format, 0, 1.0)
+    ref = bench_fid.image_folder(args.work, "ref", args.ref_images, args.format, 10_000_000, 1.15)
+    state_dict, weights = bench_fid.random_weights(args.work, 0)
+
+    from pytorch_fid import fid_score
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from export_pytorch_fid_onnx import pytorch_fid_on_this_scipy
+
+    from inception_engine import fid
+
+    pytorch_fid_on_this_scipy()
+    stats = {}
+    for name, folder in (("gen", gen), ("ref", ref)):
+        ours, theirs = args.work / f"gap-ours-{name}.npz", args.work / f"gap-torch-{name}.npz"
+        t_ours = stats_ours(folder, ours, weights, args.precision, args.decode)
+        t_theirs = stats_pytorch_fid(folder, theirs, state_dict, args.tf32, args.device)
+        print(f"{name}: statistics in {t_ours:.1f} s (ours) and {t_theirs:.1f} s (pytorch-fid)", flush=True)
+        stats[name] = load(ours), load(theirs)
+        (mu_o, s_o), (mu_t, s_t) = stats[name]
+        print(f"  mu: max |ours - theirs| {np.abs(mu_o - mu_t).max():.3e} (max |mu| {np.abs(mu_t).max():.3e}); "
+              f"sigma: |ours - theirs|_F / |theirs|_F {np.linalg.norm(s_o - s_t) / np.linalg.norm(s_t):.3e}")
+    pairs = {"ours/ours": (stats["gen"][0], stats["ref"][0]), "torch/torch": (stats["gen"][1], stats["ref"][1]),
+             "ours-gen/torch-ref": (stats["gen"][0], stats["ref"][1]),
+             "torch-gen/ours-ref": (stats["gen"][1], stats["ref"][0])}
+    base = None
+    for label, ((mu1, s1), (mu2, s2)) in pairs.items():
+        a = fid.frechet_distance(mu1, s1, mu2, s2)
+        b = float(fid_score.calculate_frechet_distance(mu1, s1, mu2, s2))
+        base = b if base is None and label == "torch/torch" else base
+        print(f"{label:20} FID ours {a:.8f}  pytorch-fid's formula {b:.8f}  rel {abs(a - b) / b:.2e}", flush=True)
+    ref_fid = float(fid_score.calculate_frechet_distance(*stats["gen"][1], *stats["ref"][1]))
+    for label, ((mu1, s1), (mu2, s2)) in pairs.items():
+        a = fid.frechet_distance(mu1, s1, mu2, s2)
+        print(f"{label:20} our formula vs pytorch-fid end to end: rel {abs(a - ref_fid) / ref_fid:.2e}")
+
+
+if __name__ == "__main__":
+    main()
