@@ -52,6 +52,21 @@ def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
         return f["mu"].astype(np.float64), f["sigma"].astype(np.float64)
 
 
+def trace_sqrt_forms(s1: np.ndarray, s2: np.ndarray) -> dict[str, float]:
+    """tr sqrt(S1 S2) computed four ways, equal in exact arithmetic: their spread is the arithmetic's error."""
+    from scipy import linalg
+
+    from inception_engine import fid
+
+    root = linalg.sqrtm(s1 @ s2)
+    root = root[0] if isinstance(root, tuple) else root
+    eig = np.linalg.eigvals(s1 @ s2)
+    return {"ours (S1's Cholesky, eigvalsh)": fid.trace_sqrt_product(s1, s2),
+            "ours with S1 and S2 swapped": fid.trace_sqrt_product(s2, s1),
+            "eigvals of S1 S2 (general), sqrt of re": float(np.sqrt(np.clip(eig.real, 0, None)).sum()),
+            "scipy.linalg.sqrtm (pytorch-fid's)": float(np.trace(root).real)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=20000)
@@ -79,6 +94,8 @@ def main() -> None:
     stats = {}
     for name, folder in (("gen", gen), ("ref", ref)):
         ours, theirs = args.work / f"gap-ours-{name}.npz", args.work / f"gap-torch-{name}.npz"
+        ours.unlink(missing_ok=True)
+        theirs.unlink(missing_ok=True)  # pytorch-fid refuses to overwrite
         t_ours = stats_ours(folder, ours, weights, args.precision, args.decode)
         t_theirs = stats_pytorch_fid(folder, theirs, state_dict, args.tf32, args.device)
         print(f"{name}: statistics in {t_ours:.1f} s (ours) and {t_theirs:.1f} s (pytorch-fid)", flush=True)
@@ -95,6 +112,11 @@ def main() -> None:
         b = float(fid_score.calculate_frechet_distance(mu1, s1, mu2, s2))
         base = b if base is None and label == "torch/torch" else base
         print(f"{label:20} FID ours {a:.8f}  pytorch-fid's formula {b:.8f}  rel {abs(a - b) / b:.2e}", flush=True)
+    (mu1, s1), (mu2, s2) = stats["gen"][1], stats["ref"][1]
+    print(f"torch/torch terms: |mu1 - mu2|^2 {float((mu1 - mu2) @ (mu1 - mu2)):.6f}, tr S1 + tr S2 "
+          f"{float(np.trace(s1) + np.trace(s2)):.6f}; tr sqrt(S1 S2) by:")
+    for label, value in trace_sqrt_forms(s1, s2).items():
+        print(f"  {label:40} {value:.10f}")
     ref_fid = float(fid_score.calculate_frechet_distance(*stats["gen"][1], *stats["ref"][1]))
     for label, ((mu1, s1), (mu2, s2)) in pairs.items():
         a = fid.frechet_distance(mu1, s1, mu2, s2)
