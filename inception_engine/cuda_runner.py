@@ -1,4 +1,4 @@
-"""The cuda backend as the streaming pipeline's runner (pipeline.Runner): uint8 pixels in, top-k out.
+"""The cuda backend as the streaming pipeline's runner (pipeline.Runner): decoded images in, top-k out.
 
 The runner joins the two sides the pipeline connects: the input side's host ring and GPU JPEG decoder (ingest) and
 the backend (backends.cuda: its plan, buffers, kernels and CUDA graph), which never sees the input side.
@@ -12,7 +12,9 @@ Per batch, two streams and two sets of buffers (turn k = batch number % 2):
                      CUDA graph) ─> softmax_topk_rows logits -> top[k] ─> copy top[k] to the host ─> done[k]
 
 so batch i + 1's bytes cross PCIe while batch i's forward runs, a quarter of the float32 input's bytes cross at
-all, and only k (index, probability) pairs per image come back. The ring is page-locked in place where the driver
+all, and only k (index, probability) pairs per image come back. With an FID tool's resize the decode workers write
+the network's float32 input itself (its pixels are fractional): it crosses whole and is copied into the forward's
+input on the compute stream instead of normalised. The ring is page-locked in place where the driver
 allows (device.HostRegistration: cuMemHostRegister through ctypes, since pycuda 2026.1's register_host_memory fails
 on it with a SystemError from Boost.Python), so the copy is DMA straight from its slots, waited for before submit
 returns; elsewhere the batch is gathered into pinned staging[k] first, a memcpy on the host (a few ms a batch, on
@@ -144,12 +146,10 @@ class CudaRunner:
         # batches outstanding on the GPU: with --decode gpu, two decode calls' worth, so that the forward has work
         # queued while this thread hands out a call's results; the host-decoded path stages per turn (two)
         self.depth = 2 * (self.decode_batch // self.batch) if gpu_decode else 2
-        # a buffer's image: uint8 (size, size, 3) pixels, normalised on the GPU; with pytorch-fid's resize (GPU decode
-        # only: the engine's HostRunner takes its host-decoded float pixels) the network's float32 input, as the
-        # decoder's resize (gpu_fid_resize.py) writes it, copied to the forward's input as it is
+        # a buffer's image: uint8 (size, size, 3) pixels, normalised on the GPU; with an FID tool's resize the
+        # network's float32 input (3, size, size), as the decode workers (fid_resize.py) or the GPU decoder's resize
+        # (gpu_fid_resize.py) write it, copied to the forward's input as it is
         self._fid_input = pre.pixel_dtype != np.uint8
-        if self._fid_input and not gpu_decode:
-            raise EngineError(f"the {pre.mode} preprocessing reaches the cuda runner only decoded on the GPU")
         self._image_bytes = pre.size * pre.size * 3 * (4 if self._fid_input else 1)
         self._ring: np.ndarray | None = None
         self._ring_pin: HostRegistration | None = None
@@ -233,8 +233,6 @@ class CudaRunner:
     def submit(self, slots: list[int], top_k: int) -> Ticket:
         """Classify the images in these ring slots (decoded on the host). The slots are free again when it
         returns: copied straight from the page-locked ring (waited for), else gathered into pinned staging first."""
-        if self._fid_input:  # its buffers take the decoder's network input, not host pixels
-            raise EngineError(f"the {self.pre.mode} preprocessing on the cuda runner takes files decoded on the GPU")
         self._check(len(slots), top_k)
         drv, k = driver(), self._next_turn()
         direct = self._ring_pin is not None
@@ -248,7 +246,7 @@ class CudaRunner:
                     drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
             else:
                 if not self._staging:
-                    self._staging = [drv.pagelocked_empty((self.batch, self.pre.size, self.pre.size, 3), np.uint8)
+                    self._staging = [drv.pagelocked_empty((self.batch, *self.pre.decoded_shape), self.pre.pixel_dtype)
                                      for _ in range(2)]
                 staging = self._staging[k]
                 for first, end, row in slot_runs(slots):

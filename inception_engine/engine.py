@@ -244,30 +244,12 @@ class Engine:
             self.check_features()
         if self._backend_name != "cuda":
             return HostRunner(self.forward, batch, self.preprocess, features)
-        if self.preprocess.pixel_dtype != np.uint8 and self.decode != "gpu":  # the FID resizes' float pixels,
-            # decoded on the host: normalised there, every batch through the one backend of this run's batch size
-            return HostRunner(self._padded_forward(batch, tune), batch, self.preprocess, features)
         started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:
             return self._cuda_runner(batch, tune, started, features, decode_chains)
         finally:
             if started is not None:
                 started.close()  # nothing left to close where the runner's decoder took it
-
-    def _padded_forward(self, batch: int, tune: bool | str) -> Callable[..., Any]:
-        """forward(x, features=False) on the backend for ``batch`` images, a smaller last batch padded with zeros
-        (and its outputs cut): one backend, tuned once, for the whole run, as the cuda runner has."""
-        backend = self.backend_for(batch, tune)
-
-        def forward(x: np.ndarray, features: bool = False) -> Any:
-            n = len(x)
-            if n < batch:
-                x = np.concatenate([x, np.zeros((batch - n, *x.shape[1:]), x.dtype)])
-            if features:
-                logits, feats = backend.forward(x, features=True)
-                return logits[:n], feats[:n]
-            return backend.forward(x)[:n]
-        return forward
 
     def _cuda_runner(self, batch: int, tune: bool | str, started: Any, features: bool = False,
                      decode_chains: int | None = None) -> Runner:

@@ -125,19 +125,24 @@ class PageLockingDriver:
 
 
 @pytest.mark.parametrize("graph", [False] if EMULATED else [False, True])
-@pytest.mark.parametrize("ring", ["page-locked", "staged"])
-def test_cuda_runner_streams_the_reference_predictions(graph, ring, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ring, mode", [("page-locked", "torchvision"), ("staged", "torchvision"),
+                                        ("page-locked", "pytorch-fid"), ("staged", "pytorch-fid")])
+def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_path, monkeypatch):
     """An unreadable file, then 5 images in batches of 2 through a ring of 4 slots: the ring wraps, inside a batch
     too (the file's slot is skipped: slots 3 and 0 make the second batch), and the last batch is partial. fp32 on
     NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's. The ring
     page-locked (the copies straight from its slots) or not (gathered into pinned staging first). The runner copies
-    each batch's pool features back too (features=True): the reference's, by input index, none for the bad file."""
+    each batch's pool features back too (features=True): the reference's, by input index, none for the bad file.
+    torchvision's preprocessing puts uint8 pixels in the ring, normalised on the GPU; pytorch-fid's the network's
+    float32 input, as inception-fid's host decode path does."""
     from inception_engine.backends.cuda import device
+    from inception_engine.ingest.fid_resize import MODE_SCALING
 
     lib = PageLockingDriver(device._libcuda())
     monkeypatch.setattr(device, "_libcuda", lambda: lib if ring == "page-locked" else None)
     size = 75
-    pre = Preprocess(size=size, resize=86)
+    pre = (Preprocess(size=size, resize=86) if mode == "torchvision" else
+           Preprocess(size=size, mean=(MODE_SCALING[mode][0],) * 3, std=(MODE_SCALING[mode][1],) * 3, mode=mode))
     weights = Weights(random_arrays(11), {"count_include_pad": True})
     paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(5)])
     (tmp_path / "unreadable.png").write_bytes(b"not a picture")
@@ -152,7 +157,8 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, tmp_path, mo
     finally:
         backend.close()
     if ring == "page-locked":
-        assert lib.registered == [(4 * size * size * 3, 0)] and lib.unregistered == [0]
+        assert lib.registered == [(4 * size * size * 3 * np.dtype(pre.pixel_dtype).itemsize, 0)]
+        assert lib.unregistered == [0]
     host = NumpyBackend(weights, build_plan(len(paths), weights.layers(), input_size=size), dtype=np.float64)
     from inception_engine.ingest.images import load_image
 

@@ -402,18 +402,6 @@ def test_fid_network_features_through_the_pipeline_with_its_preprocessing(kind, 
         Engine(fid, backend="cpu", resize="tf")
 
 
-def test_padded_forward_cuts_a_partial_batch_to_its_images(weights):
-    """The FID path's forward on the cuda backend: one backend of the run's batch size, a short batch padded."""
-    x = np.stack([load_image(im) for im in images(3, seed=3)])
-    with Engine(weights, backend="cpu", batch_size=2) as engine:
-        forward = engine._padded_forward(4, "cached")
-        logits, feats = forward(x, features=True)
-        assert sorted(engine._backends) == [4] and logits.shape == (3, 1000) and feats.shape == (3, 2048)
-        want_logits, want_feats = engine.forward(x, features=True)
-        np.testing.assert_allclose(forward(x), want_logits, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(feats, want_feats, rtol=1e-5, atol=1e-6)
-
-
 def test_classify_pixels_refuses_an_fid_preprocessing_in_one_line():
     """The FID tools' preprocessing decodes to the network's input, not to uint8 pixels (Preprocess.decoded_shape):
     classify_pixels, which takes uint8 pixels decoded elsewhere (Ray Data's workers), says so before any work."""

@@ -201,6 +201,11 @@ def memcpy_dtoh_async(dst: np.ndarray, ptr: int, stream: Stream | None = None) -
     memcpy_dtoh(dst, ptr)
 
 
+def memcpy_dtod_async(dst: int, src: int, nbytes: int, stream: Stream | None = None) -> None:
+    _need_context()
+    _at(dst, nbytes, np.uint8)[:] = _at(src, nbytes, np.uint8).copy()  # the bytes, overlapping or not
+
+
 class Stream:
     def __init__(self, flags: int = 0):
         _need_context()
