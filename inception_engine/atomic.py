@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import stat
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ def default_file_mode() -> int:
 
 
 def _host() -> str:
+    import socket  # on use: the host's name only where a file is written
+
     return "".join(c if c.isalnum() or c == "-" else "-" for c in socket.gethostname()) or "host"
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import sys
@@ -35,6 +34,8 @@ class OneLineUsage(click.UsageError):
 
 def usage_line(e: click.UsageError) -> str:
     if isinstance(e, click.NoSuchOption):
+        import difflib  # on use: only a mistyped option asks
+
         guess = difflib.get_close_matches(e.option_name, e.possibilities or [], n=1)
         return f"no such option {e.option_name}" + (f" (did you mean {guess[0]}?)" if guess else "")
     text = " ".join(e.format_message().split()).rstrip(".")

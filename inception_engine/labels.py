@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from importlib import resources
 
 Labels = tuple[str, ...]  # a network's class names, by class index
 NUMBERED_NOTE = ("these weights are the FID network: its 1008 classes are TF's 2015 Inception classes, whose names "
@@ -17,7 +16,9 @@ NUMBERED_NOTE = ("these weights are the FID network: its 1008 classes are TF's 2
 
 @functools.cache
 def imagenet_labels() -> Labels:
-    from .arch import NUM_CLASSES  # on use: the architecture's tables are no part of reading a result line
+    from importlib import resources  # on use, as the architecture's tables: neither is needed to read a result line
+
+    from .arch import NUM_CLASSES
 
     text = resources.files("inception_engine.data").joinpath("imagenet_classes.txt").read_text(encoding="utf-8")
     names = tuple(line.strip() for line in text.splitlines() if line.strip())

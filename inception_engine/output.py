@@ -40,7 +40,6 @@ import json
 import math
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -315,6 +314,8 @@ class ResultFile:
         target = Path(os.path.realpath(self.path))  # a symbolic link stays one: its target is replaced
         tmp = None
         try:
+            import tempfile  # on use: a rewrite is rare, and tempfile brings shutil and random
+
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=rewrite_prefix(target), suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
