@@ -2,9 +2,11 @@
 (statistics, the matrix square root). bench_fid.py's folders and random FID weights; both tools' statistics of both
 folders saved (``inception-fid --save-stats``, pytorch-fid's own ``--save-stats`` through bench_fid's shim, TF32 off
 unless --tf32), then each pair of statistics scored by both FID formulas (ours: fid.frechet_distance; pytorch-fid's
-calculate_frechet_distance, scipy.linalg.sqrtm), and the statistics compared.
+calculate_frechet_distance, scipy.linalg.sqrtm), and the statistics compared. ``--float64``: the referee, pytorch-fid's
+own modules (its resize included) run in float64 on the same device, its FID beside each tool's.
 
     python3 dev/fid_gap.py [--images 20000] [--ref-images 5000] [--format jpeg] [--precision fp32] [--decode cpu]
+                           [--float64]
 
 On the GPU machine, after ``source dev/gpu_machine/fid_kit.sh install``. Prints one line per comparison.
 """
@@ -47,6 +49,27 @@ def stats_pytorch_fid(folder: Path, out: Path, state_dict: Path, tf32: bool, dev
     return time.perf_counter() - t0
 
 
+def stats_float64(folder: Path, state_dict: Path, device: str, workers: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """pytorch-fid's network with the random state dict, in float64 (weights, resize, every layer), over the
+    folder's images as pytorch-fid reads them: (mu, sigma) as it computes them."""
+    import torch
+    import torchvision.transforms.functional as TF
+    from pytorch_fid import inception as inc
+    from pytorch_fid.fid_score import IMAGE_EXTENSIONS, ImagePathDataset
+
+    inc.load_state_dict_from_url = lambda *a, **k: torch.load(state_dict, map_location="cpu", weights_only=True)
+    model = inc.InceptionV3([inc.InceptionV3.BLOCK_INDEX_BY_DIM[2048]]).double().to(device).eval()
+    files = sorted(str(p) for p in folder.iterdir() if p.suffix.lower().lstrip(".") in IMAGE_EXTENSIONS)
+    loader = torch.utils.data.DataLoader(ImagePathDataset(files, transforms=TF.to_tensor), batch_size=50,
+                                         num_workers=workers)
+    rows = []
+    with torch.no_grad():
+        for batch in loader:
+            rows.append(model(batch.double().to(device))[0].squeeze(3).squeeze(2).cpu().numpy())
+    act = np.concatenate(rows)
+    return act.mean(axis=0), np.cov(act, rowvar=False)
+
+
 def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with np.load(path) as f:
         return f["mu"].astype(np.float64), f["sigma"].astype(np.float64)
@@ -75,6 +98,7 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--decode", default="cpu")
     ap.add_argument("--device", default="cuda", help="pytorch-fid's --device")
+    ap.add_argument("--float64", action="store_true", help="also pytorch-fid's modules in float64, the referee")
     ap.add_argument("--tf32", action="store_true", help="pytorch-fid with its default TF32 convolutions")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-fid-work"))
     args = ap.parse_args()
@@ -103,6 +127,18 @@ def main() -> None:
         (mu_o, s_o), (mu_t, s_t) = stats[name]
         print(f"  mu: max |ours - theirs| {np.abs(mu_o - mu_t).max():.3e} (max |mu| {np.abs(mu_t).max():.3e}); "
               f"sigma: |ours - theirs|_F / |theirs|_F {np.linalg.norm(s_o - s_t) / np.linalg.norm(s_t):.3e}")
+    if args.float64:
+        t0 = time.perf_counter()
+        f64 = [stats_float64(folder, state_dict, args.device) for folder in (gen, ref)]
+        referee = fid.frechet_distance(*f64[0], *f64[1])
+        print(f"float64 (pytorch-fid's modules, {time.perf_counter() - t0:.1f} s): FID {referee:.10f}")
+        for label, i in (("ours", 0), ("pytorch-fid", 1)):
+            got = fid.frechet_distance(*stats["gen"][i], *stats["ref"][i])
+            print(f"  {label:12} FID {got:.10f}  rel. to float64 {abs(got - referee) / referee:.2e}")
+            for name, k in (("gen", 0), ("ref", 1)):
+                (mu, sigma), (mu64, sigma64) = stats[name][i], f64[k]
+                print(f"    {name}: mu max |d| {np.abs(mu - mu64).max():.3e}, sigma |d|_F / |S|_F "
+                      f"{np.linalg.norm(sigma - sigma64) / np.linalg.norm(sigma64):.3e}")
     pairs = {"ours/ours": (stats["gen"][0], stats["ref"][0]), "torch/torch": (stats["gen"][1], stats["ref"][1]),
              "ours-gen/torch-ref": (stats["gen"][0], stats["ref"][1]),
              "torch-gen/ours-ref": (stats["gen"][1], stats["ref"][0])}
