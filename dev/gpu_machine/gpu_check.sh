@@ -46,7 +46,8 @@
 # 15. (group fid) issue 52 with the FID kit (dev/gpu_machine/fid_kit.sh: pytorch-fid, clean-fid): resize_fid.cu
 #    against the CPU path (tests/kernels/test_resize_fid.py), pytorch-fid's FID against inception-fid's on the same
 #    random weights (tests/e2e/test_pytorch_fid_agreement.py, cpu and cuda), then dev/bench_fid.py (FID_ARGS; default
-#    --images 50000: generated 256x256 PNGs against statistics, inception-fid vs pytorch-fid's command)
+#    --images 50000: generated 256x256 PNGs against statistics, inception-fid vs pytorch-fid's command), then
+#    dev/fid_gap.py --float64 (FID_GAP_ARGS; default 20,000 JPEGs against 5,000): each tool's FID against float64
 # 16. (group serve) issue 48: tests/device/test_serve_gpu.py, dev/bench_serve.py (SERVE_ARGS) beside inception-run
 #    and the LitServe peer, and a soak of SOAK_SECONDS where set
 #
@@ -255,6 +256,10 @@ if want fid; then
     step "pytest fid" fid.log 240 python3 -m pytest -q -rfEs -s tests/kernels/test_resize_fid.py \
       tests/e2e/test_pytorch_fid_agreement.py
     step "bench fid" fid.log 540 python3 dev/bench_fid.py --out "$OUT/bench_fid" ${FID_ARGS:---images 50000}
+    # where our FID and pytorch-fid's part, with pytorch-fid's modules in float64 as the referee (bench_fid's images
+    # and weights in its default --work, made by the step above where the sizes agree)
+    # shellcheck disable=SC2086
+    step "fid gap" fid.log 300 python3 dev/fid_gap.py --float64 ${FID_GAP_ARGS:---images 20000 --ref-images 5000}
   else
     SUMMARY+=("$(printf '%-22s %-14s' "fid" "SKIPPED") $(tail -1 "$OUT/fid.log")")
   fi
