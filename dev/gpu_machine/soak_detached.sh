@@ -4,14 +4,15 @@
 #
 #   call 1:  source .whl/gpu-env.sh && bash dev/gpu_machine/soak_detached.sh start [SECONDS]
 #            the serve kit and nvImageCodec, the synthetic weights, the kernels built, then dev/bench_serve.py --soak
-#            SECONDS (default 600) started detached; it returns once the soak's open loop has begun
+#            SECONDS (default 600) started detached; it returns START_HOLD seconds (default 150) into the open loop
 #   call 2:  source .whl/gpu-env.sh && bash dev/gpu_machine/soak_detached.sh collect
 #            at once (the machine is released after ~30 s idle): waits for the soak up to 590 s, prints its report
 #            and copies the log to $OUT
 #
 # Nothing else may run beside it. Each sample line carries the server's answered and failed requests so far, so a
 # soak cut short still shows whether any failed. The probe before the open loop (a warm-up and a closed loop of
-# --seconds each) adds ~10 s: call 1 waits for it, so that call 2's 590 s cover the soak's SECONDS.
+# --seconds each) adds ~10 s: call 1 waits for it and holds on 150 s more, so that call 2's 590 s cover the rest of
+# the soak's SECONDS, its verdict and the server's exit (twice a 600-s soak outran a collect that began at once).
 set -u
 OUT=${OUT:-/tmp/out}
 LOG=/tmp/soak_detached.log
@@ -32,7 +33,14 @@ print(synthetic_weights_file('/tmp'))")
       pgrep -f "bench_serve.py.*--soak" >/dev/null || break
       sleep 1
     done
-    cat "$LOG"
+    # then this call holds on for START_HOLD seconds of the soak (default 150), so that the collecting call's 590 s
+    # cover the rest with room: the soak's drain, verdict and the server's exit take ~10 s past its SECONDS
+    for _ in $(seq 1 "${START_HOLD:-150}"); do
+      pgrep -f "bench_serve.py.*--soak" >/dev/null || break
+      sleep 1
+    done
+    grep -v "^soak .*host RSS" "$LOG"
+    grep "^soak .*host RSS" "$LOG" | tail -n 2
     ;;
   collect)
     mkdir -p "$OUT"
