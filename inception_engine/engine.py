@@ -8,10 +8,11 @@
 
 ``predict_iter`` runs pipeline.classify: decode workers write uint8 pixels into a ring of host memory (an FID tool's
 resize: the network's float32 input), the cuda backend uploads them on a copy stream, normalises on the GPU and
-brings back only the top-k (cuda_runner.py: CudaRunner); other backends normalise on the host (pipeline.HostRunner). On the cuda backend a run uses one batch size,
-min(batch_size, number of images), and a partial last batch runs that batch's forward; elsewhere a final partial batch
-of ``n`` images gets a plan of batch ``n`` of its own rather than being padded (on the CPU padding costs up to
-``batch_size - 1`` wasted forwards, a second plan one set-up, cached for the engine's lifetime).
+brings back only the top-k (cuda_runner.py: CudaRunner); other backends normalise on the host (pipeline.HostRunner).
+On the cuda backend a run uses one batch size, min(batch_size, number of images), and a partial last batch runs that
+batch's forward; elsewhere a final partial batch of ``n`` images gets a plan of batch ``n`` of its own rather than
+being padded (on the CPU padding costs up to ``batch_size - 1`` wasted forwards, a second plan one set-up, cached for
+the engine's lifetime).
 """
 
 from __future__ import annotations
