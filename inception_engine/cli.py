@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from . import backends
-from .commands import CONTEXT, Command, plural, process_start, stderr_is_tty, user_errors, version_option
+from .commands import CONTEXT, Command, command_start, plural, stderr_is_tty, user_errors, version_option
 from .config import (BACKEND_CHOICES, DECODE_CHOICES, NO_GPU_NOTE, PRECISION_CHOICES, RESIZE_MODES, WORKER_KINDS,
                      RunConfig)
 from .drivers import start_driver
@@ -129,6 +129,7 @@ def shown_before(note: str) -> bool:
 @user_errors
 def run_cmd(images: tuple[str, ...], **options: Any) -> None:
     """Classify IMAGE... (files, directories, globs) with Inception-V3 and print the top-k ImageNet classes."""
+    started = command_start()
     if options["ray_address"] is not None:
         from .ray_data import require_ray, run_on_ray
 
@@ -148,7 +149,7 @@ def run_cmd(images: tuple[str, ...], **options: Any) -> None:
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # images.open_image refuses those itself
     out = ResultFile(run.output, run.top_k, run.resume) if run.output else None
     try:
-        stats = run_here(run, out)
+        stats = run_here(run, out, started)
     except KeyboardInterrupt:  # before the results began: the engine or the workers starting, the inputs listed
         click.echo("interrupted before the first result", err=True)
         raise click.exceptions.Exit(130) from None
@@ -173,7 +174,7 @@ def run_config(images: tuple[str, ...], o: dict[str, Any]) -> RunConfig:
 @dataclass(frozen=True)
 class RunStats:
     """How a run went, for its summary line: results, errors, the clock at the command's start (commands.
-    process_start: the interpreter's start and the imports counted), first and last result."""
+    command_start: its process's start, the interpreter and the imports counted), first and last result."""
 
     total: int
     failed: int
@@ -196,7 +197,7 @@ class RunStats:
                 f"{self.computed_in}, {self.todo / max(end - self.t0, 1e-9):.0f} images/s{steady} -> {path}")
 
 
-def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
+def run_here(run: RunConfig, out: ResultFile | None, started: float) -> RunStats:
     """The run on this machine's driver (this process, or one worker per GPU), results into the run's sink. The
     driver (the engine's weights, with --decode gpu nvImageCodec's start; or the workers) starts before the inputs
     are listed, so that listing a large folder overlaps its start-up."""
@@ -216,7 +217,7 @@ def run_here(run: RunConfig, out: ResultFile | None) -> RunStats:
         computed_in = f"{facts.backend_name} backend, {facts.precision}"
         show = progress_bar_fits() and len(todo) > facts.batch_size
         first_at: list[float] = []  # when the first result came: start-up ends there
-        t0 = process_start()  # the summary's times count from the command's start, as its user's clock does
+        t0 = started  # the summary's times count from the command's start, as its user's clock does
         with progress_bar(len(todo), "classifying", "img", show) as bar:
             # results to the bar's terminal: clear the bar around each write (into a file or a pipe: no need)
             echo = terminal_echo if show and sys.stdout.isatty() else click.echo

@@ -95,3 +95,16 @@ def process_start() -> float:
     except (OSError, ValueError, IndexError, AttributeError):
         return now
     return now - age if 0 <= age < 86400 * 365 else now
+
+
+# A command that starts within this many seconds of its process (interpreter, imports: ~0.1-2 s) is the process's
+# own, and counts from the process's start; later, it was called inside a longer-lived one (a test, a notebook).
+OWN_PROCESS_S = 10.0
+
+
+def command_start() -> float:
+    """Where a command's summary counts from, on ``time.perf_counter``'s clock: the process's start (process_start)
+    for a command that is its process's own, else now."""
+    now = time.perf_counter()
+    started = process_start()
+    return started if now - started < OWN_PROCESS_S else now

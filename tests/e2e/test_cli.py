@@ -81,6 +81,31 @@ def test_run_directory_text_output(weights_file, image_dir):
         assert 0.0 <= float(prob) <= 1.0 and labels[int(index.rstrip(")"))] == label
 
 
+def test_run_summary_counts_from_the_commands_start(weights_file, image_dir, tmp_path, monkeypatch):
+    """The summary's times count from the command's start (commands.command_start): its process's start where the
+    command is its process's own, as the user's clock does; from the call where it runs inside an older process (here,
+    one that seems to have started 100 s ago), never the process's age."""
+    import time
+
+    from inception_engine import commands
+
+    args = [str(image_dir), "--weights", str(weights_file), "--backend", "cpu", "--batch-size", "2"]
+    for age, own in ((100.0, False), (0.5, True)):
+        monkeypatch.setattr(commands, "process_start", lambda age=age: time.perf_counter() - age)
+        out = tmp_path / f"age{age}.jsonl"
+        t0 = time.perf_counter()
+        r = runner().invoke(cli.run_cmd, [*args, "--output", str(out)])
+        took = time.perf_counter() - t0
+        assert r.exit_code == 0, r.output
+        m = re.search(r"in ([0-9.]+) s on the .* after the first result at ([0-9.]+) s", r.stderr)
+        assert m, r.stderr
+        total, first = float(m.group(1)), float(m.group(2))
+        if own:  # the half second before the call counted
+            assert 0.5 <= first <= took + 0.5 + 0.01 and total <= took + 0.5 + 0.05
+        else:
+            assert first <= took + 0.01 and total <= took + 0.05
+
+
 def test_run_json_schema_and_probabilities(weights_file, image_dir):
     r = runner().invoke(cli.run_cmd, [str(image_dir / "a_rgb.jpg"), str(image_dir / "g_rotated.jpg"), "--json",
                                       "--weights", str(weights_file), "--backend", "cpu", "--top-k", "5"])
