@@ -7,7 +7,7 @@
 // source coordinate s = max(scale * (o + 0.5) - 0.5, 0), scale = in / size in float, taps floor(s) and the next (the
 // same at the last row or column), weights 1 - (s - floor(s)) and s - floor(s); the four taps combined as
 // h0 * (w0 * p00 + w1 * p01) + h1 * (w0 * p10 + w1 * p11); x / 255 an IEEE division before the interpolation (a
-// table of the 256 quotients: the same floats). Built alone into its own small library (backends/cpu_kernels.py's
+// table of the 256 quotients: the same floats). Built alone into its own small library (ingest/fid_resize.py's
 // fid_library), plain C, no vector extensions, so that every decode worker can load it where the CPU path's
 // AVX-512 kernels cannot run; one call an image, single-threaded (the decode workers run side by side).
 //

@@ -12,7 +12,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-from inception_engine.ingest.fid_resize import MODE_SCALING
 from inception_engine.ingest.images import Preprocess
 from inception_engine.ingest.ring import HostRing
 from inception_engine.ingest.workers import DecodePool, default_workers
@@ -26,10 +25,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=64)
     a = ap.parse_args()
     files = sorted(str(p) for p in a.folder.iterdir() if not p.name.startswith("."))
-    pre = Preprocess()  # the classifier's; an FID tool's with its network's scaling
-    if a.resize in MODE_SCALING:
-        mean, std = MODE_SCALING[a.resize]
-        pre = Preprocess(mean=(mean,) * 3, std=(std,) * 3, mode=a.resize)
+    pre = Preprocess.from_manifest({}, mode=a.resize)  # an FID tool's with its network's scaling
     ring = HostRing(a.slots, pre, shared=True)
     pool = DecodePool(ring, pre, a.workers, kind="process")
     try:

@@ -70,11 +70,6 @@ def stats_float64(folder: Path, state_dict: Path, device: str, workers: int = 8)
     return act.mean(axis=0), np.cov(act, rowvar=False)
 
 
-def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(path) as f:
-        return f["mu"].astype(np.float64), f["sigma"].astype(np.float64)
-
-
 def trace_sqrt_forms(s1: np.ndarray, s2: np.ndarray) -> dict[str, float]:
     """tr sqrt(S1 S2) computed four ways, equal in exact arithmetic: their spread is the arithmetic's error."""
     from scipy import linalg
@@ -123,39 +118,38 @@ def main() -> None:
         t_ours = stats_ours(folder, ours, weights, args.precision, args.decode)
         t_theirs = stats_pytorch_fid(folder, theirs, state_dict, args.tf32, args.device)
         print(f"{name}: statistics in {t_ours:.1f} s (ours) and {t_theirs:.1f} s (pytorch-fid)", flush=True)
-        stats[name] = load(ours), load(theirs)
+        stats[name] = fid.load_stats(ours), fid.load_stats(theirs)
         (mu_o, s_o), (mu_t, s_t) = stats[name]
         print(f"  mu: max |ours - theirs| {np.abs(mu_o - mu_t).max():.3e} (max |mu| {np.abs(mu_t).max():.3e}); "
               f"sigma: |ours - theirs|_F / |theirs|_F {np.linalg.norm(s_o - s_t) / np.linalg.norm(s_t):.3e}")
+    pairs = {"ours/ours": (stats["gen"][0], stats["ref"][0]), "torch/torch": (stats["gen"][1], stats["ref"][1]),
+             "ours-gen/torch-ref": (stats["gen"][0], stats["ref"][1]),
+             "torch-gen/ours-ref": (stats["gen"][1], stats["ref"][0])}
+    ours_formula = {label: fid.frechet_distance(*a, *b) for label, (a, b) in pairs.items()}
     if args.float64:
         t0 = time.perf_counter()
         f64 = [stats_float64(folder, state_dict, args.device) for folder in (gen, ref)]
         referee = fid.frechet_distance(*f64[0], *f64[1])
         print(f"float64 (pytorch-fid's modules, {time.perf_counter() - t0:.1f} s): FID {referee:.10f}")
         for label, i in (("ours", 0), ("pytorch-fid", 1)):
-            got = fid.frechet_distance(*stats["gen"][i], *stats["ref"][i])
+            got = ours_formula[("ours/ours", "torch/torch")[i]]
             print(f"  {label:12} FID {got:.10f}  rel. to float64 {abs(got - referee) / referee:.2e}")
             for name, k in (("gen", 0), ("ref", 1)):
                 (mu, sigma), (mu64, sigma64) = stats[name][i], f64[k]
                 print(f"    {name}: mu max |d| {np.abs(mu - mu64).max():.3e}, sigma |d|_F / |S|_F "
                       f"{np.linalg.norm(sigma - sigma64) / np.linalg.norm(sigma64):.3e}")
-    pairs = {"ours/ours": (stats["gen"][0], stats["ref"][0]), "torch/torch": (stats["gen"][1], stats["ref"][1]),
-             "ours-gen/torch-ref": (stats["gen"][0], stats["ref"][1]),
-             "torch-gen/ours-ref": (stats["gen"][1], stats["ref"][0])}
-    base = None
+    theirs_formula = {}
     for label, ((mu1, s1), (mu2, s2)) in pairs.items():
-        a = fid.frechet_distance(mu1, s1, mu2, s2)
-        b = float(fid_score.calculate_frechet_distance(mu1, s1, mu2, s2))
-        base = b if base is None and label == "torch/torch" else base
+        a, b = ours_formula[label], float(fid_score.calculate_frechet_distance(mu1, s1, mu2, s2))
+        theirs_formula[label] = b
         print(f"{label:20} FID ours {a:.8f}  pytorch-fid's formula {b:.8f}  rel {abs(a - b) / b:.2e}", flush=True)
     (mu1, s1), (mu2, s2) = stats["gen"][1], stats["ref"][1]
     print(f"torch/torch terms: |mu1 - mu2|^2 {float((mu1 - mu2) @ (mu1 - mu2)):.6f}, tr S1 + tr S2 "
           f"{float(np.trace(s1) + np.trace(s2)):.6f}; tr sqrt(S1 S2) by:")
     for label, value in trace_sqrt_forms(s1, s2).items():
         print(f"  {label:40} {value:.10f}")
-    ref_fid = float(fid_score.calculate_frechet_distance(*stats["gen"][1], *stats["ref"][1]))
-    for label, ((mu1, s1), (mu2, s2)) in pairs.items():
-        a = fid.frechet_distance(mu1, s1, mu2, s2)
+    ref_fid = theirs_formula["torch/torch"]  # pytorch-fid end to end: its statistics, its formula
+    for label, a in ours_formula.items():
         print(f"{label:20} our formula vs pytorch-fid end to end: rel {abs(a - ref_fid) / ref_fid:.2e}")
 
 

@@ -150,7 +150,7 @@ class CudaRunner:
         # network's float32 input (3, size, size), as the decode workers (fid_resize.py) or the GPU decoder's resize
         # (gpu_fid_resize.py) write it, copied to the forward's input as it is
         self._fid_input = pre.pixel_dtype != np.uint8
-        self._image_bytes = pre.size * pre.size * 3 * (4 if self._fid_input else 1)
+        self._image_bytes = int(np.prod(pre.decoded_shape)) * np.dtype(pre.pixel_dtype).itemsize
         self._ring: np.ndarray | None = None
         self._ring_pin: HostRegistration | None = None
         self._decoders: list[Any] = []  # the backend's jpeg_decode.GpuJpegDecoders, one per decode chain

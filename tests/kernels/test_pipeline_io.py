@@ -136,13 +136,11 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_pa
     torchvision's preprocessing puts uint8 pixels in the ring, normalised on the GPU; pytorch-fid's the network's
     float32 input, as inception-fid's host decode path does."""
     from inception_engine.backends.cuda import device
-    from inception_engine.ingest.fid_resize import MODE_SCALING
 
     lib = PageLockingDriver(device._libcuda())
     monkeypatch.setattr(device, "_libcuda", lambda: lib if ring == "page-locked" else None)
     size = 75
-    pre = (Preprocess(size=size, resize=86) if mode == "torchvision" else
-           Preprocess(size=size, mean=(MODE_SCALING[mode][0],) * 3, std=(MODE_SCALING[mode][1],) * 3, mode=mode))
+    pre = Preprocess.from_manifest({"input": {"size": size, "resize": 86}}, mode=mode)
     weights = Weights(random_arrays(11), {"count_include_pad": True})
     paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(5)])
     (tmp_path / "unreadable.png").write_bytes(b"not a picture")
