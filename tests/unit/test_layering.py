@@ -188,14 +188,15 @@ def test_the_command_line_and_the_server_client_load_no_numpy():
     ingest/entries.py, serve/wire.py) never needs them, and every command's --help answers sooner. The local paths
     import them where they start an engine. Nor do Pillow's Image, the architecture's tables, tempfile (through
     importlib.resources) or difflib load before a --server client's first request: each is imported where it is
-    used."""
+    used. A module the interpreter's start already loaded (a site .pth file may import tempfile) is not ours."""
     import subprocess
     import sys
 
-    code = ("import sys, inception_engine.cli, inception_engine.serve.client, inception_engine.drivers; "
+    code = ("import sys; started = set(sys.modules); "
+            "import inception_engine.cli, inception_engine.serve.client, inception_engine.drivers; "
             "print(sorted(m for m in ('numpy', 'tqdm', 'inception_engine.engine', 'inception_engine.plan', "
             "'inception_engine.pipeline', 'inception_engine.weights', 'PIL.Image', 'inception_engine.arch', "
-            "'tempfile', 'difflib') if m in sys.modules))")
+            "'tempfile', 'difflib') if m in sys.modules and m not in started))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stderr[-2000:]
