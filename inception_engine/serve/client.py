@@ -16,8 +16,10 @@ place of the server's ``images[i]``, and the chunk's other images are sent again
 server, a 5xx, a timeout) ends the run with one line: --resume continues it.
 
 The output equals a local run's on the same backend and precision where the server's batches are the local run's:
-each request is a batch of its own unless other clients' images join it; on the CPU backend a forward of one image
-can differ from the same image's row in a larger batch in the last bits of a float.
+each request is a batch of its own unless other clients' images join it. The CPU backend's C kernels compute each
+image alone; its NumPy code (where they are unavailable: no AVX-512F) splits a batch's work by images and rows, so
+that an image's scores can differ in the last bits of a float with its place in its batch, which a file the server
+cannot decode shifts.
 """
 
 from __future__ import annotations

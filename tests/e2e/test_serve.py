@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import signal
 import socket
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inception_engine.backends import cpu_kernels
 from inception_engine.engine import Engine
 from inception_engine.ingest.images import load_image
 
@@ -498,8 +500,28 @@ def test_inception_run_server_output_equals_a_local_run(server, weights_file, ru
     local = run("--weights", str(weights_file), "--backend", "cpu", "--batch-size", str(MAX_BATCH), out=out("local"))
     remote = run("--server", server.url, out=out("remote"))
     assert local[0] == remote[0] == 1  # two images could not be read
-    assert remote[1] == local[1]
+    if cpu_kernels.library() is not None:
+        assert remote[1] == local[1]
+    else:  # the NumPy code's sums depend on an image's place in its batch, which differs here (client.py's docstring)
+        assert same_but_last_digits(remote[1], local[1])
     assert "cut.png: " in remote[1] and "text.png: not an image" in remote[1]
+
+
+NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+
+
+def same_but_last_digits(a: str, b: str, rel: float = 1e-5) -> bool:
+    """Whether two outputs are the same text around their decimal numbers, and those numbers within ``rel``."""
+    if NUMBER.split(a) != NUMBER.split(b):
+        return False
+    x, y = (np.array([float(v) for v in NUMBER.findall(t)]) for t in (a, b))
+    return x.shape == y.shape and bool(np.all(np.abs(x - y) <= rel * np.maximum(np.abs(x), np.abs(y))))
+
+
+def test_same_but_last_digits_tells_the_text_and_the_numbers_apart():
+    assert same_but_last_digits('{"score": 0.0500847, "x": 1}', '{"score": 0.0500846, "x": 1}')
+    assert not same_but_last_digits('{"score": 0.0500847}', '{"score": 0.0501847}')
+    assert not same_but_last_digits('{"score": 0.0500847, "label": "a"}', '{"score": 0.0500847, "label": "b"}')
 
 
 def test_inception_run_server_resume(server, run_inputs, tmp_path):

@@ -122,7 +122,9 @@ def test_int8_reference_agrees_with_onnxruntime_on_the_qdq_model(qdq, converted,
     branch's scale first (onnx_qdq.py), at most one step apart (Mixed_5b below), and a random network amplifies
     such steps. The logits are compared by cosine and by the largest difference relative to the float logits'
     range; measured (75 x 75, 2 images): cosine >= 0.995, max |diff| <= 5 % of the range, about what onnxruntime's
-    own optimised (integer kernels) and unoptimised executions of the same file differ by (cosine 0.998, 3 %)."""
+    own optimised (integer kernels) and unoptimised executions of the same file differ by (cosine 0.998, 3 % on a CPU
+    with AVX-512; 0.988, 8 % on one with AVX2 alone, whose integer kernels round differently). So the bound against
+    the unoptimised execution is fixed, and against the optimised one it is how far onnxruntime's own two are apart."""
     model = onnx.load(str(qdq))
     q_of = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
     float_nodes = synthetic_onnx_model().graph.node  # arch's layers in order, under the names the QDQ file keeps
@@ -147,10 +149,18 @@ def test_int8_reference_agrees_with_onnxruntime_on_the_qdq_model(qdq, converted,
     span = float(fp32.max() - fp32.min())
     fused = session(qdq, True).run(None, {"input": x})[0]
     default = q8.forward_int8(converted, x)  # the stem in float, as the scheme runs it by default
+
+    def apart(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+        """The smallest cosine of two rows, and the largest difference relative to the float logits' range."""
+        cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+        return float(cos.min()), float(np.abs(got - want).max() / span)
+
+    ort_cos, ort_diff = apart(theirs["logits"], fused)
     for got in (logits, default):
-        for want in (fused, theirs["logits"]):
-            cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-            assert cos.min() > 0.99 and np.abs(got - want).max() < 0.08 * span
+        cos, diff = apart(got, theirs["logits"])
+        assert cos > 0.99 and diff < 0.08
+        cos, diff = apart(got, fused)
+        assert cos > min(0.99, ort_cos - 0.005) and diff < max(0.08, ort_diff + 0.02)
 
 
 def refused(model: onnx.ModelProto, tmp_path: Path, *parts: str) -> str:
