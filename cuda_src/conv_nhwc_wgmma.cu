@@ -15,8 +15,11 @@
 // SPLIT (NhwcF32): each thread splits the pieces it copied into high halves in place and low halves in a ring of
 // WGMMA_LO_TILES A and B tiles of their own (cp_async_ring's landed), and each k step is three wgmma: A B, A B_lo, A_lo
 // B. The low tiles of tile t are written before the barrier of tile t, while a warpgroup may still be in the math of
-// tile t - 1 and its wgmma of tile t - 2 may still read: so three of them, one for each. Every WGMMA_SPLIT_CHUNK tiles
-// the accumulators are waited for and added to `total`, and the next tile starts them anew.
+// tile t - 1 and its wgmma of tile t - 2 may still read: so three of them, one for each. The cross products A B_lo and
+// A_lo B, ~2^-11 of A B, go to accumulators of their own (dx): the tensor cores add each instruction's products to
+// their accumulator with a loss of about a unit in its last place (see WGMMA_SPLIT_CHUNK), so small terms added to the
+// large sums would lose what they carry. Every WGMMA_SPLIT_CHUNK tiles both sets are waited for and added to `total`
+// (rounded to nearest), and the next tile starts them anew.
 //
 // int8 (NhwcI8): int8 activations and weights, exact s32 sums in the registers fp32 ones take, the requantizing
 // epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout], bias, scale, inv_out). No split-K (k_split
@@ -32,7 +35,7 @@
 // multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would not fit twice);
 // 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES more tiles for the
 // low halves (conv_nhwc_wgmma_gemm): 6 stages for its tiles of at most 64 channels, and 8 for 128x128, which runs one
-// block an SM (its sums in registers twice would spill at two).
+// block an SM (its sums in registers three times would spill at two).
 __host__ __device__ constexpr int wgmma_stages(bool split, int bm, int bn) {
     return split ? (bn == 128 ? 8 : 6) : bm == 256 ? 4 : bn == 192 ? 5 : 6;
 }
@@ -92,7 +95,9 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
     constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
     int lo = WGMMA_LO_TILES - 1;  // the low tiles of the tile being split and multiplied (SPLIT)
-    // SPLIT: d holds the sums of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far); then they move to total.
+    // SPLIT: d holds the high halves' products (A B) of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far), dx the
+    // cross products (A B_lo + A_lo B) of the same tiles; then both move to total.
+    typename E::Acc dx[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
     float total[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
     int chunk_tiles = 0;
     if constexpr (E::SPLIT) {
@@ -106,8 +111,9 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {
                 wgmma::fence_registers(d[mb]);
+                wgmma::fence_registers(dx[mb]);
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i];
+                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i] + dx[mb][i];
             }
         }
     };
@@ -131,8 +137,8 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
                     E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
                     if constexpr (E::SPLIT) {
                         const unsigned long long da_lo = da_lo0 + (lo * A_STEP + mb * ROWS64_STEP);
-                        E::template wgmma<BN>(d[mb], da + on, db_lo0 + lo * B_STEP + on, 1);
-                        E::template wgmma<BN>(d[mb], da_lo + on, db + on, 1);
+                        E::template wgmma<BN>(dx[mb], da + on, db_lo0 + lo * B_STEP + on, half ? 1 : accumulate);
+                        E::template wgmma<BN>(dx[mb], da_lo + on, db + on, 1);
                     }
                 }
             }
@@ -168,8 +174,8 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // Two blocks of 256 threads an SM. Shared memory and accumulators a thread: 128x128 96 KB, 64; 128x64 72 KB,
 // 128x32 60 KB (3 blocks fit); 128x192 100 KB, 96 (ptxas: 128 registers, none spilled). The 256-pixel tiles, for
 // the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and loads): 256x64 80 KB,
-// 256x32 72 KB. NhwcF32 (three wgmma a k step, low tiles, and its sums in registers twice): 128x64 108 KB, 113
-// registers; 128x32 90 KB; 128x128 one block an SM (its 128 sums would spill at 128 registers), 176 KB.
+// 256x32 72 KB. NhwcF32 (three wgmma a k step, low tiles, and its sums in registers three times): 128x64 108 KB, 128
+// registers; 128x32 90 KB, 95; 128x128 one block an SM (its 192 sums would spill at 128 registers), 176 KB, 237.
 #define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS) \
     CONV_NHWC_ENTRY(NAME##_wgmma_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_wgmma_gemm<E, BM, BN>))
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)

@@ -89,8 +89,8 @@ WGMMA_LO_TILES = 3  # conv_nhwc_wgmma.cu's: the low halves' tiles of the 3xTF32 
 WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
                 (256, 32): 770e3}
 # fp32 on the NHWC path: three TF32 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of tf32's model speed (a guess
-# until measured). Its sums live in registers twice (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block an
-# SM (168 registers), the others two.
+# until measured). Its sums live in registers three times (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one
+# block an SM (237 registers), the others two (128x64: 128).
 F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
 WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma",
                 "int8": "conv_nhwc_i8_wgmma"}
