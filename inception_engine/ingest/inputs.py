@@ -39,10 +39,12 @@ class DirectoryListing:
 @dataclass
 class Level:
     """One directory of a walk: its path as given, its subdirectories' names (symbolic links to directories
-    included, as os.walk lists them) and its other entries named like images."""
+    included, as os.walk lists them), the names of its regular files named like images, and its other entries named
+    like images (links, and what is no file), whose type the caller reads (entry_problem)."""
 
     path: str
     dirs: list[str]
+    files: list[str]
     images: list[os.DirEntry]
     links: set[str]  # the subdirectories that are symbolic links: listed, never walked into
 
@@ -56,13 +58,20 @@ def walk_levels(top: str, exts: set[str]) -> Iterator[Level]:
             entries = [e for e in it if not e.name.startswith(".")]
     except OSError:
         return
-    level = Level(top, [], [], set())
+    level = Level(top, [], [], [], set())
+    # A folder of images is mostly regular files named like images: each costs a name test and a file type read from
+    # the listing, no function of ours (a hundred thousand entries a second more on one core).
     for e in entries:
-        if is_directory(e):
-            level.dirs.append(e.name)
+        name = e.name
+        dot = name.rfind(".")  # os.path.splitext's extension, for a name that does not start with a dot
+        named = dot > 0 and name[dot:].lower() in exts
+        if named and e.is_file(follow_symlinks=False):
+            level.files.append(name)
+        elif is_directory(e):
+            level.dirs.append(name)
             if e.is_symlink():
-                level.links.add(e.name)
-        elif os.path.splitext(e.name)[1].lower() in exts:
+                level.links.add(name)
+        elif named:
             level.images.append(e)
     yield level
     for d in level.dirs:  # the caller may prune level.dirs meanwhile, as with os.walk
@@ -106,6 +115,7 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
             for d in level.dirs:
                 if os.path.splitext(d)[1].lower() in exts:
                     listing.not_files.append(f"{Path(level.path, d).relative_to(top)}: is a directory, not an image")
+            found += [prefix + name for name in level.files] if prefix else level.files
             for entry in level.images:
                 why = entry_problem(entry)
                 if why is None:
@@ -114,7 +124,7 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
                     name = str((base / entry.name).relative_to(top))
                     listing.not_files.append(f"{name if name.isprintable() else repr(name)[1:-1]}: {why}")
             continue
-        listing.skipped += len(level.images)
+        listing.skipped += len(level.files) + len(level.images)
         walked += 1
         if walked >= SKIP_COUNT_DIRS:
             listing.more_skipped = next(walk, None) is not None  # a directory left unwalked: the count is a floor
