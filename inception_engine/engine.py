@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import backends
+from .backends import cpu_kernels
 from .config import (BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, EngineConfig, Resolved, resolve,
                      weights_file)
 from .errors import BackendUnavailable, EngineError, OptionError
@@ -151,6 +152,8 @@ class Engine:
         self.labels: Labels = network_labels(self.weights.network)
         if self.weights.network == "fid":
             self.notes.append(NUMBERED_NOTE)
+        if self._backend_name == "cpu" and (note := cpu_kernels.numpy_code_note()) is not None:
+            self.notes.append(note)  # also builds the kernels once here, as the backend would at the first forward
         if self.preprocess.mode == "pytorch-fid" and self.decode != "gpu" and fid_library() is None:
             self.notes.append(PILLOW_FID_RESIZE_NOTE)  # also builds the library once here, before the decode workers
         self.pipeline = PipelineOptions(workers=config.workers, worker_kind=config.worker_kind)

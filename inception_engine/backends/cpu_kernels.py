@@ -90,6 +90,14 @@ def unavailable_reason() -> str | None:
     return load()[1]
 
 
+def numpy_code_note() -> str | None:
+    """The line a run says where the CPU backend runs its NumPy code for want of the C kernels (a fallback the user
+    should know of: ~2.2x slower where both run, docs/PERFORMANCE.md), or None where the kernels load."""
+    reason = unavailable_reason()
+    return None if reason is None else (f"the CPU backend's C kernels are unavailable ({reason}): it runs its NumPy "
+                                        f"code, about half their speed")
+
+
 def _image_stride(a: np.ndarray, name: str) -> int:
     """Floats between images of an (N, C, H, W) float32 view whose images are contiguous (a channel slice)."""
     n, c, h, w = a.shape

@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from inception_engine import backends, multi_gpu
+from inception_engine.backends import cpu_kernels
 from inception_engine.backends.numpy_backend import NumpyBackend
 from inception_engine.config import NO_GPU_NOTE, EngineConfig, RunConfig, resolve
 from inception_engine.engine import Engine, EngineFacts, softmax
@@ -172,7 +173,20 @@ def test_auto_picks_cpu_without_a_gpu(weights):
         pytest.skip("a GPU is usable here; auto means cuda")
     engine = Engine(weights, backend="auto")
     assert (engine.backend_name, engine.precision, engine.batch_size) == ("cpu", "fp32", 8)
-    assert engine.notes == ["no usable GPU: running on the CPU"]
+    assert engine.notes == ["no usable GPU: running on the CPU", *CPU_NOTES]
+
+
+# What an engine on the CPU backend says of this machine: nothing where the C kernels load, else that it runs NumPy.
+CPU_NOTES = tuple(n for n in [cpu_kernels.numpy_code_note()] if n is not None)
+
+
+def test_the_cpu_backend_says_when_it_runs_its_numpy_code(weights, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "load", lambda: (None, "the CPU lacks AVX-512F or FMA"))
+    notes = Engine(weights, backend="cpu").notes
+    assert notes == ["the CPU backend's C kernels are unavailable (the CPU lacks AVX-512F or FMA): it runs its NumPy "
+                     "code, about half their speed"]
+    monkeypatch.setattr(cpu_kernels, "load", lambda: (object(), None))
+    assert Engine(weights, backend="cpu").notes == []
 
 
 def no_gpu(monkeypatch) -> None:
@@ -283,7 +297,7 @@ def test_facts_are_what_the_engine_runs_with_and_survive_a_queue(tmp_path, monke
     from inception_engine.weights import load_weight_file
 
     model = load_weight_file(path).model_id()
-    assert facts == EngineFacts("cpu", "fp32", 2, path, (NO_GPU_NOTE,), model) and model.kind == "unknown"
+    assert facts == EngineFacts("cpu", "fp32", 2, path, (NO_GPU_NOTE, *CPU_NOTES), model) and model.kind == "unknown"
     assert pickle.loads(pickle.dumps(facts)) == facts
 
 
