@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inception_engine.backends import cpu_kernels
 from inception_engine.config import EngineConfig
 from PIL import Image
 
@@ -189,7 +190,8 @@ def test_the_parent_builds_no_engine_and_prints_what_worker_0_ran_with(weights_f
     two = run("two", "--gpus", "2")
     model = load_weight_file(weights_file).model_id()
     assert one.exit_code == two.exit_code == 0, two.output
-    note = "note: no usable GPU: running on the CPU (--backend cuda says why)\n"
+    note = "note: no usable GPU: running on the CPU (--backend cuda says why)\n" + "".join(
+        f"note: {n}\n" for n in [cpu_kernels.numpy_code_note()] if n is not None)  # the second where no AVX-512F
     assert one.stderr.startswith(note) and two.stderr.startswith(note)
     if mode == "text":
         assert two.stdout.splitlines()[0] == f"# cpu backend, fp32, weights {weights_file}, {model.describe()}"
