@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inception_engine.backends import cpu_kernels
 from inception_engine.config import EngineConfig
 from PIL import Image
 
@@ -23,7 +22,7 @@ from inception_engine.multi_gpu import deal
 from inception_engine.weights import load_weight_file, save_weights
 
 from helpers import gpu_workers
-from helpers.cli import one_line_error, runner
+from helpers.cli import cpu_notes, one_line_error, runner
 from helpers.random_weights import random_arrays
 from helpers.result_lines import assert_same_results, read_rows
 
@@ -191,7 +190,7 @@ def test_the_parent_builds_no_engine_and_prints_what_worker_0_ran_with(weights_f
     model = load_weight_file(weights_file).model_id()
     assert one.exit_code == two.exit_code == 0, two.output
     note = "note: no usable GPU: running on the CPU (--backend cuda says why)\n" + "".join(
-        f"note: {n}\n" for n in [cpu_kernels.numpy_code_note()] if n is not None)  # the second where no AVX-512F
+        f"note: {n}\n" for n in cpu_notes())  # the second where the machine has no AVX-512F
     assert one.stderr.startswith(note) and two.stderr.startswith(note)
     if mode == "text":
         assert two.stdout.splitlines()[0] == f"# cpu backend, fp32, weights {weights_file}, {model.describe()}"

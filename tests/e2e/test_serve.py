@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import re
 import signal
 import socket
 import time
@@ -22,6 +21,7 @@ from inception_engine.backends import cpu_kernels
 from inception_engine.engine import Engine
 from inception_engine.ingest.images import load_image
 
+from helpers.result_lines import same_but_last_digits
 from helpers.serve import READY, jpeg_bytes, png_bytes, serve_weights, start_server, write_images
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is in the test extra")
@@ -505,17 +505,6 @@ def test_inception_run_server_output_equals_a_local_run(server, weights_file, ru
     else:  # the NumPy code's sums depend on an image's place in its batch, which differs here (client.py's docstring)
         assert same_but_last_digits(remote[1], local[1])
     assert "cut.png: " in remote[1] and "text.png: not an image" in remote[1]
-
-
-NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
-
-
-def same_but_last_digits(a: str, b: str, rel: float = 1e-5) -> bool:
-    """Whether two outputs are the same text around their decimal numbers, and those numbers within ``rel``."""
-    if NUMBER.split(a) != NUMBER.split(b):
-        return False
-    x, y = (np.array([float(v) for v in NUMBER.findall(t)]) for t in (a, b))
-    return x.shape == y.shape and bool(np.all(np.abs(x - y) <= rel * np.maximum(np.abs(x), np.abs(y))))
 
 
 def test_same_but_last_digits_tells_the_text_and_the_numbers_apart():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
+from inception_engine.backends import cpu_kernels
+
 
 def runner() -> CliRunner:
     try:
@@ -18,3 +20,10 @@ def one_line_error(result) -> str:
     assert err.startswith("error: ") and "\n" not in err, err
     assert "Traceback" not in result.output
     return err
+
+
+def cpu_notes() -> tuple[str, ...]:
+    """The notes an engine on the CPU backend takes on this machine: that it runs its NumPy code where the C kernels
+    are unavailable (no AVX-512F, no C compiler), else none."""
+    note = cpu_kernels.numpy_code_note()
+    return () if note is None else (note,)

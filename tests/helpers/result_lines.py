@@ -1,11 +1,13 @@
 """inception-run's --output JSON lines, read back and compared, for the tests that run the engine more than one way
-(Ray, worker processes)."""
+(Ray, worker processes, a server); and any of its outputs as text, compared to float32 rounding."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -25,3 +27,15 @@ def assert_same_results(a: list[dict], b: list[dict]) -> None:
         top_x, top_y = x.get("top", []), y.get("top", [])
         assert [(t["index"], t["label"]) for t in top_x] == [(t["index"], t["label"]) for t in top_y]
         assert [t["prob"] for t in top_x] == pytest.approx([t["prob"] for t in top_y], rel=1e-5)
+
+
+NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+
+
+def same_but_last_digits(a: str, b: str, rel: float = 1e-5) -> bool:
+    """Whether two outputs (text, JSON, JSON lines, CSV) are the same text around their decimal numbers, and those
+    numbers within ``rel``: what assert_same_results asks of rows, for any output format."""
+    if NUMBER.split(a) != NUMBER.split(b):
+        return False
+    x, y = (np.array([float(v) for v in NUMBER.findall(t)]) for t in (a, b))
+    return x.shape == y.shape and bool(np.all(np.abs(x - y) <= rel * np.maximum(np.abs(x), np.abs(y))))

@@ -17,6 +17,7 @@ from inception_engine.labels import NUMBERED_NOTE, imagenet_labels
 from inception_engine.pipeline import labelled
 from inception_engine.plan import build_plan
 
+from helpers.cli import cpu_notes
 from helpers.random_weights import random_weights, write_random_weights
 
 
@@ -173,11 +174,9 @@ def test_auto_picks_cpu_without_a_gpu(weights):
         pytest.skip("a GPU is usable here; auto means cuda")
     engine = Engine(weights, backend="auto")
     assert (engine.backend_name, engine.precision, engine.batch_size) == ("cpu", "fp32", 8)
-    assert engine.notes == ["no usable GPU: running on the CPU", *CPU_NOTES]
+    assert engine.notes == ["no usable GPU: running on the CPU", *cpu_notes()]
 
 
-# What an engine on the CPU backend says of this machine: nothing where the C kernels load, else that it runs NumPy.
-CPU_NOTES = tuple(n for n in [cpu_kernels.numpy_code_note()] if n is not None)
 
 
 def test_the_cpu_backend_says_when_it_runs_its_numpy_code(weights, monkeypatch):
@@ -297,7 +296,7 @@ def test_facts_are_what_the_engine_runs_with_and_survive_a_queue(tmp_path, monke
     from inception_engine.weights import load_weight_file
 
     model = load_weight_file(path).model_id()
-    assert facts == EngineFacts("cpu", "fp32", 2, path, (NO_GPU_NOTE, *CPU_NOTES), model) and model.kind == "unknown"
+    assert facts == EngineFacts("cpu", "fp32", 2, path, (NO_GPU_NOTE, *cpu_notes()), model) and model.kind == "unknown"
     assert pickle.loads(pickle.dumps(facts)) == facts
 
 
