@@ -23,7 +23,13 @@ Steps, each cached under --work (images and weights are made once and reused by 
    skips it), the reference that our fp32 should match within 1e-4;
 5. host memory of each run: peak RSS of its main process (os.wait4) and the peak of its process tree's proportional
    set size (PSS: shared pages split between the processes that map them; sampled every 0.2 s from /proc), and
-   ours again on a tenth of the images (a folder of links): flat means the same peak at N/10 and N.
+   ours again on a tenth of the images (a folder of links): flat means the same peak at N/10 and N;
+6. with --limits, what bounds the job, in the same run: ours on 128 of the images (the fixed cost: start-up, the
+   statistics file, the distance's eigendecompositions) and the forward alone per precision and in fp16
+   (inception-bench at batch 128 on the same weights). A precision's floor is the fixed cost plus the images over
+   its forward rate. A forward with fp32's accuracy needs three half-precision tensor-core products a product at the
+   least (two 11-bit halves of each operand: hi hi + hi lo + lo hi), so none runs faster than a third of fp16's rate:
+   the job's floor at fp32's accuracy is the fixed cost plus 3 x images / fp16's rate.
 
 Prints the FIDs, each run's relative difference to pytorch-fid's (and to its fp32 row), the wall-time
 ratio and a table; the full stdout/stderr of every run and a JSON summary go under --out.
@@ -278,6 +284,7 @@ def main() -> None:
     ap.add_argument("--torch-fp32", action=argparse.BooleanOptionalAction, default=True,
                     help="also pytorch-fid with TF32 off, the strict reference (default: on)")
     ap.add_argument("--no-flat", action="store_true", help="skip ours on a tenth of the images (the memory check)")
+    ap.add_argument("--limits", action="store_true", help="also measure what bounds the job (step 6)")
     ap.add_argument("--seed", type=int, default=0, help="the random weights' seed")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-fid-work"), help="images and weights (cached)")
     ap.add_argument("--out", type=Path, default=Path("bench-fid-out"), help="logs and summary.json")
@@ -299,6 +306,8 @@ def main() -> None:
 
     runs = measure(args, folder, stats, weights, state_dict)
     report(args, runs)
+    if args.limits:
+        job_limits(args, folder, stats, weights, runs)
 
 
 def measure(args: argparse.Namespace, folder: Path, stats: Path, weights: Path, state_dict: Path) -> list[Run]:
@@ -350,11 +359,55 @@ def report(args: argparse.Namespace, runs: list[Run]) -> None:
     print(f"\nlogs and summary.json in {args.out}")
 
 
-def save_summary(args: argparse.Namespace, runs: list[Run]) -> None:
+FLOOR_BATCH = 128
+FIXED_IMAGES = 128
+
+
+def forward_rate(precision: str, weights: Path, out: Path) -> float | None:
+    """The forward alone: inception-bench's cuda images/s at batch FLOOR_BATCH on these weights, None if it failed."""
+    path = out / f"forward-{precision}.json"
+    argv = [sys.executable, "-c", "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import "
+            "bench_main; bench_main()", "--backends", "cuda", "--precision", precision, "--batch-sizes",
+            str(FLOOR_BATCH), "--iters", "30", "--no-reference", "--weights", str(weights), "--json", str(path)]
+    run = timed(Run(f"forward-{precision}", argv), out)
+    if run.rc != 0 or not path.exists():
+        return None
+    rows = [r for r in json.loads(path.read_text())["rows"] if r["backend"] == "cuda" and r["images_per_s"]]
+    return rows[0]["images_per_s"] if rows else None
+
+
+def job_limits(args: argparse.Namespace, folder: Path, stats: Path, weights: Path, runs: list[Run]) -> None:
+    """Step 6: the fixed cost and each precision's forward alone, the floors they set, beside 10x pytorch-fid."""
+    base = next(r for r in runs if r.label == "pytorch-fid")
+    decode, precision = args.decode.split(",")[0], args.precisions.split(",")[0]
+    fixed = timed(ours(f"ours-{precision}-{decode}-fixed", subset(folder, FIXED_IMAGES), stats, weights, precision,
+                       decode), args.out)
+    rates = {p: forward_rate(p, weights, args.out) for p in dict.fromkeys([*args.precisions.split(","), "fp16"])}
+    target = base.wall_s / 10
+    print(f"\nwhat bounds the job ({args.images} images; 10x pytorch-fid is {target:.2f} s):")
+    print(f"  fixed cost: ours on {FIXED_IMAGES} of the images, {fixed.wall_s:.2f} s (rc {fixed.rc})")
+    limits = {"target_s": target, "fixed_s": fixed.wall_s, "forward_images_per_s": rates, "floors_s": {}}
+    for p, rate in rates.items():
+        if rate:
+            floor = fixed.wall_s + args.images / rate
+            limits["floors_s"][p] = floor
+            print(f"  {p}: forward alone {rate:,.0f} images/s at batch {FLOOR_BATCH}; job floor {floor:.2f} s "
+                  f"= {base.wall_s / floor:.2f}x pytorch-fid at most")
+    if rates.get("fp16"):
+        floor = fixed.wall_s + 3 * args.images / rates["fp16"]
+        limits["floors_s"]["fp32-accurate, at best"] = floor
+        print(f"  fp32's accuracy at best (three fp16 products a product): job floor {floor:.2f} s = "
+              f"{base.wall_s / floor:.2f}x pytorch-fid at most")
+    save_summary(args, runs, limits)
+
+
+def save_summary(args: argparse.Namespace, runs: list[Run], limits: dict | None = None) -> None:
     """summary.json (and --json) with the runs so far: written after each run, so that a call stopped at its time
     limit still brings back what it measured."""
     summary = {"images": args.images, "ref_images": args.ref_images, "format": args.format, "device": device_name(),
                "cores": os.cpu_count(), "runs": [asdict(r) for r in runs]}
+    if limits is not None:
+        summary["limits"] = limits
     for path in (args.out / "summary.json", args.json):
         if path is not None:
             tmp = path.with_suffix(".part")
