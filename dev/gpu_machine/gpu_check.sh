@@ -339,6 +339,9 @@ fi
   grep -E "^(NVIDIA|convs, one|other ops|compute floor)" "$OUT/floor.log" 2>/dev/null
   awk '/^[0-9]+ JPEGs, batch/{p=1} p' "$OUT/multigpu.log" 2>/dev/null
   awk '/^[0-9]+ (png|jpeg|both) images /{p=1} p' "$OUT/fid.log" 2>/dev/null
+  # inception-run and inception-run --server beside the server, and --server's phases (its first result): in the
+  # printed summary, since a device call brings back only a few of $OUT's files
+  grep -E " files: wall |^client phases" "$OUT/serve.log" 2>/dev/null | cut -c1-400
   grep -E "^[0-9]+ (passed|failed|errors?)|^(FAILED|ERROR) " "$OUT/env_pytest.log" | tail -12
   for line in "${SUMMARY[@]}"; do echo "$line"; done
 } | tee "$OUT/summary.txt"
