@@ -370,10 +370,25 @@ def forward_rate(precision: str, weights: Path, out: Path) -> float | None:
             "bench_main; bench_main()", "--backends", "cuda", "--precision", precision, "--batch-sizes",
             str(FLOOR_BATCH), "--iters", "30", "--no-reference", "--weights", str(weights), "--json", str(path)]
     run = timed(Run(f"forward-{precision}", argv), out)
-    if run.rc != 0 or not path.exists():
-        return None
-    rows = [r for r in json.loads(path.read_text())["rows"] if r["backend"] == "cuda" and r["images_per_s"]]
+    return cuda_rate(json.loads(path.read_text())) if run.rc == 0 and path.exists() else None
+
+
+def cuda_rate(report: dict) -> float | None:
+    """The cuda row's images/s in an inception-bench --json report (None where it has none: no GPU, a failure)."""
+    rows = [r for r in report["rows"] if r["backend"] == "cuda" and r["images_per_s"]]
     return rows[0]["images_per_s"] if rows else None
+
+
+FP32_AT_BEST = "fp32-accurate, at best"
+
+
+def floors(images: int, fixed_s: float, rates: dict[str, float | None]) -> dict[str, float]:
+    """The job's least wall time per forward: the fixed cost plus the images over the forward's rate; and, from
+    fp16's rate, that of an fp32-accurate forward of three fp16 products a product (step 6)."""
+    out = {p: fixed_s + images / rate for p, rate in rates.items() if rate}
+    if rates.get("fp16"):
+        out[FP32_AT_BEST] = fixed_s + 3 * images / rates["fp16"]  # type: ignore[operator]
+    return out
 
 
 def job_limits(args: argparse.Namespace, folder: Path, stats: Path, weights: Path, runs: list[Run]) -> None:
@@ -386,18 +401,12 @@ def job_limits(args: argparse.Namespace, folder: Path, stats: Path, weights: Pat
     target = base.wall_s / 10
     print(f"\nwhat bounds the job ({args.images} images; 10x pytorch-fid is {target:.2f} s):")
     print(f"  fixed cost: ours on {FIXED_IMAGES} of the images, {fixed.wall_s:.2f} s (rc {fixed.rc})")
-    limits = {"target_s": target, "fixed_s": fixed.wall_s, "forward_images_per_s": rates, "floors_s": {}}
-    for p, rate in rates.items():
-        if rate:
-            floor = fixed.wall_s + args.images / rate
-            limits["floors_s"][p] = floor
-            print(f"  {p}: forward alone {rate:,.0f} images/s at batch {FLOOR_BATCH}; job floor {floor:.2f} s "
-                  f"= {base.wall_s / floor:.2f}x pytorch-fid at most")
-    if rates.get("fp16"):
-        floor = fixed.wall_s + 3 * args.images / rates["fp16"]
-        limits["floors_s"]["fp32-accurate, at best"] = floor
-        print(f"  fp32's accuracy at best (three fp16 products a product): job floor {floor:.2f} s = "
-              f"{base.wall_s / floor:.2f}x pytorch-fid at most")
+    limits = {"target_s": target, "fixed_s": fixed.wall_s, "forward_images_per_s": rates,
+              "floors_s": floors(args.images, fixed.wall_s, rates)}
+    for p, floor in limits["floors_s"].items():
+        how = (f"forward alone {rates[p]:,.0f} images/s at batch {FLOOR_BATCH}" if p in rates
+               else "three fp16 products a product, at a third of fp16's rate")
+        print(f"  {p}: {how}; job floor {floor:.2f} s = {base.wall_s / floor:.2f}x pytorch-fid at most")
     save_summary(args, runs, limits)
 
 

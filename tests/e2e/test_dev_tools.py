@@ -333,6 +333,18 @@ def test_bench_fid_measures_a_command_and_reads_both_tools_fids(tmp_path, monkey
     assert rows[2].startswith(f"| ours-x | {run.wall_s:.2f} | {10.0 / run.wall_s:.2f} |") and "1.00e-04" in rows[2]
 
 
+def test_bench_fid_limits_floors_and_the_bench_rate(monkeypatch):
+    """bench_fid --limits: a floor is the fixed cost plus the images over the forward's rate, fp32's accuracy at best
+    three fp16 forwards; a precision without a rate (no GPU) has no floor; the rate is the cuda row's."""
+    bench = load(DEV / "bench_fid.py", monkeypatch)
+    got = bench.floors(20000, 2.5, {"fp32": 4000.0, "fp16": 30000.0, "tf32": None})
+    assert got == pytest.approx({"fp32": 7.5, "fp16": 2.5 + 2 / 3, bench.FP32_AT_BEST: 4.5})
+    assert bench.floors(100, 1.0, {"fp32": None}) == {}
+    rows = [{"backend": "cudnn", "images_per_s": 9.0}, {"backend": "cuda", "images_per_s": 4375.1}]
+    assert bench.cuda_rate({"rows": rows}) == 4375.1
+    assert bench.cuda_rate({"rows": [{"backend": "cuda", "images_per_s": None}]}) is None
+
+
 def test_bench_cpu_layer_table_groups_and_sorts(monkeypatch):
     bench_cpu = load(DEV / "bench_cpu.py", monkeypatch)
     labels = [("conv a", 2e9), ("pool", 0.0), ("conv a", 2e9), ("conv b", 1e9)]
