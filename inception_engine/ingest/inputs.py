@@ -49,6 +49,13 @@ class Level:
     links: set[str]  # the subdirectories that are symbolic links: listed, never walked into
 
 
+def named_like_image(name: str, exts: set[str]) -> bool:
+    """Whether a name has one of ``exts`` (lower case, with the dot) as its extension, as os.path.splitext takes it
+    (the last dot, after something other than leading dots), without splitext's cost on a listing of thousands."""
+    dot = name.rfind(".")
+    return dot > 0 and name[dot:].lower() in exts and (name[0] != "." or name[:dot].lstrip(".") != "")
+
+
 def walk_levels(top: str, exts: set[str]) -> Iterator[Level]:
     """os.walk's walk (top-down, hidden names left out, links to directories not followed, unreadable directories
     skipped) over ``os.scandir``'s entries, so that a caller that needs an entry's file type reads it from the
@@ -63,8 +70,7 @@ def walk_levels(top: str, exts: set[str]) -> Iterator[Level]:
     # the listing (no system call, no function of ours); only the other entries take is_directory and entry_problem.
     for e in entries:
         name = e.name
-        dot = name.rfind(".")  # os.path.splitext's extension, for a name that does not start with a dot
-        named = dot > 0 and name[dot:].lower() in exts
+        named = named_like_image(name, exts)
         if named and e.is_file(follow_symlinks=False):
             level.files.append(name)
         elif is_directory(e):
@@ -113,7 +119,7 @@ def list_directory(directory: str | os.PathLike, recursive: bool, exts: set[str]
         prefix = "" if str(base) == "." else str(base).rstrip(os.sep) + os.sep  # str(base / name) is prefix + name
         if recursive or base == top:
             for d in level.dirs:
-                if os.path.splitext(d)[1].lower() in exts:
+                if named_like_image(d, exts):
                     listing.not_files.append(f"{Path(level.path, d).relative_to(top)}: is a directory, not an image")
             found += [prefix + name for name in level.files] if prefix else level.files
             for entry in level.images:
@@ -153,7 +159,7 @@ def may_hold_images(args: tuple[str, ...] | list[str], recursive: bool = False) 
         try:
             with os.scandir(d) as it:
                 for e in it:  # a file type is read only for names that could answer
-                    named = os.path.splitext(e.name)[1].lower() in exts
+                    named = named_like_image(e.name, exts)
                     if e.name.startswith(".") or not (named or recursive):
                         continue
                     is_dir = is_directory(e)

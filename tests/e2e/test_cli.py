@@ -15,7 +15,7 @@ from inception_engine import backends, cli, engine
 from inception_engine.labels import imagenet_labels
 from inception_engine.model_files import load_weights
 
-from helpers.cli import cpu_notes, one_line_error, runner
+from helpers.cli import cpu_notes_stderr, one_line_error, runner
 from helpers.random_weights import write_random_weights
 
 
@@ -283,8 +283,8 @@ def test_the_cpu_fallback_note_is_short_and_said_once(weights_file, image_dir, t
     args = [str(image_dir / "a_rgb.jpg"), "--weights", str(weights_file), "--top-k", "1"]
     first, second = runner().invoke(cli.run_cmd, args), runner().invoke(cli.run_cmd, args)
     assert first.exit_code == second.exit_code == 0
-    numpy_code = "".join(f"note: {n}\n" for n in cpu_notes())  # where the machine has no AVX-512F
-    assert first.stderr == "note: no usable GPU: running on the CPU (--backend cuda says why)\n" + numpy_code
+    assert first.stderr == ("note: no usable GPU: running on the CPU (--backend cuda says why)\n"
+                            + cpu_notes_stderr())  # the NumPy code's note where the machine has no AVX-512F
     assert second.stderr == "" and second.stdout.startswith("# cpu backend, fp32, ")  # the header still says it
 
 

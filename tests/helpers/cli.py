@@ -27,3 +27,8 @@ def cpu_notes() -> tuple[str, ...]:
     are unavailable (no AVX-512F, no C compiler), else none."""
     note = cpu_kernels.numpy_code_note()
     return () if note is None else (note,)
+
+
+def cpu_notes_stderr() -> str:
+    """cpu_notes as a run prints them on stderr."""
+    return "".join(f"note: {n}\n" for n in cpu_notes())

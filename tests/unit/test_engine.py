@@ -178,7 +178,6 @@ def test_auto_picks_cpu_without_a_gpu(weights):
 
 
 
-
 def test_the_cpu_backend_says_when_it_runs_its_numpy_code(weights, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "load", lambda: (None, "the CPU lacks AVX-512F or FMA"))
     notes = Engine(weights, backend="cpu").notes

@@ -142,3 +142,10 @@ def test_image_extensions_are_kept_per_pillow_version_and_a_later_process_skips_
     blocked = tmp_path / "file"
     blocked.write_text("")  # XDG_CACHE_HOME a file: no folder can be made under it
     assert fresh_extensions(monkeypatch, blocked) == got
+
+
+@pytest.mark.parametrize("name", ["a.jpg", "A.JPG", "a..jpg", "a.b.png", "..a.jpg", ".jpg", "..jpg", "x", "x.",
+                                  "a.jpeg.txt", "jpg", "."])
+def test_named_like_image_takes_the_extension_as_splitext_does(name):
+    exts = {".jpg", ".png"}
+    assert inputs.named_like_image(name, exts) == (os.path.splitext(name)[1].lower() in exts)
