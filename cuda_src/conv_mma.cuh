@@ -141,7 +141,7 @@ __device__ __forceinline__ float rounded(float v) { return __uint_as_float(round
 // The element types of the NHWC path's activations (conv_nhwc_*.cu, conv_input_nhwc.cu, pool_nhwc.cu). A 16-byte
 // piece holds PIECE channels of one pixel; the kernels move whole pieces. load / store convert a piece from / to
 // floats, store2 two adjacent channels; mma is the tensor-core step whose k spans two pieces. SPLIT: each operand
-// goes to the tensor cores as two TF32 halves (NhwcF32).
+// goes to the tensor cores as two fp16 halves (NhwcF32).
 // NhwcF16 (--precision fp16): binary16 words, rounded to nearest even at every store; mma.m16n8k16 .f16.
 struct NhwcF16 {
     using T = unsigned short;
@@ -208,26 +208,38 @@ struct NhwcTf32 {
 };
 
 // NhwcF32 (--precision fp32 on the NHWC path, sm_90a: conv_nhwc_wgmma.cu's wgmma tiles only): float32 words, stored
-// unrounded, and products with float32's accuracy from the TF32 tensor cores by splitting each operand in two
-// ("3xTF32"; e.g. CUTLASS's fp32 emulation): a = a_hi + a_lo with a_hi = rna(a) and a_lo = rna(a - a_hi) (the
-// difference is exact in float32). a b = a_hi b_hi + a_hi b_lo + a_lo b_hi + a_lo b_lo, and the last term is
-// ~2^-22 |a b|, as are the roundings of a_lo and b_lo: three TF32 products per product, each ~2^-21 relative off
-// instead of tf32's ~2^-11. split() does it on a piece in shared memory: the high halves in place, the low ones
-// at `lo`, both proper TF32 values.
+// unrounded, and products with float32's accuracy from the fp16 tensor cores by splitting each operand in two
+// ("3xFP16", as CUTLASS's and Ootomo and Yokota's fp32 emulations split for TF32): a = a_hi + a_lo 2^-11 with
+// a_hi = rn_f16(a) and a_lo = rn_f16((a - a_hi) 2^11) (the difference and its product with 2^11 are exact in
+// float32). a b = a_hi b_hi + (a_hi b_lo + a_lo b_hi) 2^-11 + a_lo b_lo 2^-22; the last term, and the roundings of
+// a_lo and b_lo, are ~2^-24 |a b|: three fp16 products per product, each as accurate as float32's own rounding,
+// at fp16's rate (twice TF32's). The low halves are scaled by 2^11 so that they stay normal fp16 numbers: unscaled,
+// the low half of a weight of 0.01 would be a subnormal with a few bits. The high halves need |a| < 65520 (fp16's
+// largest, rounded to): larger activations or weights become infinities (the backend checks the weights).
+// split() turns a 16-byte piece in shared memory into four fp16 high halves at `hi` and four low ones at `lo`.
 struct NhwcF32 : NhwcTf32 {
     static constexpr bool SPLIT = true;
+    static constexpr float LO_SCALE = 2048.f, LO_UNSCALE = 1.f / 2048.f;  // 2^11 and back: exact
     __device__ __forceinline__ static void store(T* p, const float (&v)[PIECE]) {
         *reinterpret_cast<float4*>(p) = float4{v[0], v[1], v[2], v[3]};
     }
     __device__ __forceinline__ static void store2(T* p, float v0, float v1) {
         *reinterpret_cast<float2*>(p) = float2{v0, v1};
     }
-    __device__ __forceinline__ static void split(T* hi, T* lo) {
-        const float4 v = *reinterpret_cast<const float4*>(hi);
-        const float4 h{tf32::rounded(v.x), tf32::rounded(v.y), tf32::rounded(v.z), tf32::rounded(v.w)};
-        *reinterpret_cast<float4*>(hi) = h;
-        *reinterpret_cast<float4*>(lo) = float4{tf32::rounded(v.x - h.x), tf32::rounded(v.y - h.y),
-                                                tf32::rounded(v.z - h.z), tf32::rounded(v.w - h.w)};
+    __device__ __forceinline__ static void split(const T* piece, unsigned short* hi, unsigned short* lo) {
+        const float4 v = *reinterpret_cast<const float4*>(piece);
+        const unsigned h01 = f16::pack(v.x, v.y), h23 = f16::pack(v.z, v.w);
+        *reinterpret_cast<uint2*>(hi) = uint2{h01, h23};
+        *reinterpret_cast<uint2*>(lo) = uint2{f16::pack((v.x - f16::unpack(h01, 0)) * LO_SCALE,
+                                                        (v.y - f16::unpack(h01, 1)) * LO_SCALE),
+                                              f16::pack((v.z - f16::unpack(h23, 0)) * LO_SCALE,
+                                                        (v.w - f16::unpack(h23, 1)) * LO_SCALE)};
+    }
+    // The split halves' products: fp16 wgmma (k16 a row of 32 bytes).
+    template <int N>
+    __device__ __forceinline__ static void wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b,
+                                                 int accumulate) {
+        ::wgmma::Mma<N>::f16(d, a, b, accumulate);
     }
 };
 

@@ -1,7 +1,7 @@
 // conv_nhwc.cuh: what the NHWC conv kernels share. They compute 2-D convolution + bias + ReLU on NHWC activations, an
 // implicit GEMM on the tensor cores whose operands both travel global -> shared memory by cp.async alone (CudaBackend's
 // NHWC layout: `--precision fp16`, fp16 activations, `--precision tf32`, TF32 values in float32 words, and `--precision
-// fp32` on sm_90a, float32 words whose products are three TF32 ones, and `--precision int8` on sm_90a, int8 values
+// fp32` on sm_90a, float32 words whose products are three fp16 ones, and `--precision int8` on sm_90a, int8 values
 // with exact int32 sums; conv_mma.cuh's NhwcF16, NhwcTf32, NhwcF32 and NhwcI8).
 //
 // y[b, oh, ow, m] = relu(bias[m] + sum_{r, s, c} w[m, r, s, c] * x[b, oh*S - PH + r, ow*S - PW + s, c]) as
@@ -76,6 +76,11 @@
 
 template <int PIECE>
 __device__ __forceinline__ int swizzled(int row, int piece) { return (piece ^ (row >> 1 & 3)) * PIECE; }
+// A 16-byte float32 piece (k 4 piece .. 4 piece + 3 of a 16-k row) as four fp16 values in a row of 32 bytes of the
+// 32-byte swizzle (wgmma.cuh's desc_k_major_32b): where they start, in fp16 elements from the row's start.
+__device__ __forceinline__ int swizzled32(int row, int piece) {
+    return ((piece >> 1 ^ (row >> 2 & 1)) << 3) + ((piece & 1) << 2);
+}
 
 // Where the output channels go (the header's parts): part i >= 1 takes channels from start[i - 1] on.
 struct NhwcParts {
@@ -129,7 +134,7 @@ struct NhwcLoader {
     const T* __restrict__ wr;
     T* a_dst;  // this thread's first piece in As[0] and Bs[0]
     T* b_dst;
-    int a_at, b_at;  // ... as offsets from As[0] and Bs[0] (where split() puts the low halves)
+    int half_at;  // its first piece's fp16 halves in a tile of split()'s set: row row0, swizzled32 (A's and B's alike)
     bool b_rows;  // the thread has B rows (a narrow tile: only the threads of its first BN rows)
     int h, w, cin, kw, x_cstride, k_end;
     int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
@@ -144,8 +149,7 @@ struct NhwcLoader {
         const int howo = a.ho * a.wo, p_total = a.batch * howo, k_total = a.kh * a.kw * a.cin;
         a_dst = &as[0][row0][swizzled<PIECE>(row0, piece)];
         b_dst = &bs[0][row0][swizzled<PIECE>(row0, piece)];
-        a_at = a_dst - &as[0][0][0];
-        b_at = b_dst - &bs[0][0][0];
+        half_at = row0 * BK + swizzled32(row0, piece);
         b_rows = BN >= ROWS || row0 < BN;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
@@ -203,17 +207,24 @@ struct NhwcLoader {
         }
     }
 
-    // SPLIT element types: this thread's pieces of the tile in `stage` become their high halves, and their low
-    // halves go to the same places of the tiles at a_lo, b_lo (E::split). Each piece is split by the thread that
-    // copied it, once its own copies have landed (cp_async_ring's landed), so no other thread has to wait.
-    __device__ __forceinline__ void split(int stage, T* a_lo, T* b_lo) const {
-        T* const ad = a_dst + stage * (BM * BK);
+    // SPLIT element types: this thread's pieces of the tile in `stage` go, as fp16 high and low halves (E::split), to
+    // the same rows of a set of four tiles of 32-byte rows at `set`: A's high halves (BM rows), A's low ones, B's
+    // high ones (BN rows), B's low ones. Each piece is split by the thread that copied it, once its own copies have
+    // landed (cp_async_ring's landed), so no other thread has to wait.
+    __device__ __forceinline__ void split(int stage, unsigned short* set) const {
+        constexpr int ROW16 = BK;  // fp16 elements of a 32-byte row: one per k of the stage
+        const T* const ad = a_dst + stage * (BM * BK);
 #pragma unroll
-        for (int i = 0; i < A_ROWS; ++i) E::split(ad + i * ROWS * BK, a_lo + a_at + i * ROWS * BK);
+        for (int i = 0; i < A_ROWS; ++i)
+            E::split(ad + i * ROWS * BK, set + half_at + i * ROWS * ROW16,
+                     set + BM * ROW16 + half_at + i * ROWS * ROW16);
         if (b_rows) {
-            T* const bd = b_dst + stage * (BN * BK);
+            const T* const bd = b_dst + stage * (BN * BK);
+            unsigned short* const b_set = set + 2 * BM * ROW16;
 #pragma unroll
-            for (int i = 0; i < B_ROWS; ++i) E::split(bd + i * ROWS * BK, b_lo + b_at + i * ROWS * BK);
+            for (int i = 0; i < B_ROWS; ++i)
+                E::split(bd + i * ROWS * BK, b_set + half_at + i * ROWS * ROW16,
+                         b_set + BN * ROW16 + half_at + i * ROWS * ROW16);
         }
     }
 };

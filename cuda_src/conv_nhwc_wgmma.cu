@@ -1,5 +1,5 @@
 // conv_nhwc_wgmma.cu: the NHWC implicit-GEMM conv (conv_nhwc.cuh) on Hopper's wgmma tiles (sm_90a), fp16, tf32,
-// fp32 (3xTF32) and int8.
+// fp32 (3xFP16) and int8.
 //
 // Idea: the same implicit GEMM as conv_nhwc_mma.cu with wgmma (wgmma.cuh): the tiles the loader fills are already in
 // wgmma's 64-byte swizzle, so each warpgroup multiplies its 64 pixel rows of the stage by the whole BN-channel B tile
@@ -12,14 +12,16 @@
 // loads in flight. A 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage. 128x192 (96
 // accumulators a thread) covers the Cout = 192 and 384 layers in whole tiles, reading 1.2x fewer bytes per multiply-add
 // than 128x128.
-// SPLIT (NhwcF32): each thread splits the pieces it copied into high halves in place and low halves in a ring of
-// WGMMA_LO_TILES A and B tiles of their own (cp_async_ring's landed), and each k step is three wgmma: A B, A B_lo, A_lo
-// B. The low tiles of tile t are written before the barrier of tile t, while a warpgroup may still be in the math of
-// tile t - 1 and its wgmma of tile t - 2 may still read: so three of them, one for each. The cross products A B_lo and
-// A_lo B, ~2^-11 of A B, go to accumulators of their own (dx): the tensor cores add each instruction's products to
-// their accumulator with a loss of about a unit in its last place (see WGMMA_SPLIT_CHUNK), so small terms added to the
-// large sums would lose what they carry. Every WGMMA_SPLIT_CHUNK tiles both sets are waited for and added to `total`
-// (rounded to nearest), and the next tile starts them anew.
+// SPLIT (NhwcF32, fp32 as 3xFP16): the ring's float32 stages are not read by the tensor cores. Each thread splits the
+// pieces it copied into fp16 high and low halves (conv_mma.cuh's NhwcF32::split) in a set of four tiles of 32-byte
+// rows (A_hi, A_lo, B_hi, B_lo; the 32-byte swizzle), one of a ring of WGMMA_LO_TILES sets, once its copies have
+// landed (cp_async_ring's landed); each stage (k16) is then three fp16 wgmma, A_hi B_hi, A_hi B_lo, A_lo B_hi. The
+// set of tile t is written before the barrier of tile t, while a warpgroup may still be in the math of tile t - 1
+// and its wgmma of tile t - 2 may still read: so three sets, one for each. The cross products, ~2^-11 of A B (2^11
+// times that, the low halves' scale), go to accumulators of their own (dx): the tensor cores add each instruction's
+// products to their accumulator with a loss of about a unit in its last place (see WGMMA_SPLIT_CHUNK), so small
+// terms added to the large sums would lose what they carry. Every WGMMA_SPLIT_CHUNK tiles both sets are waited for
+// and added to `total` (rounded to nearest; dx times 2^-11, exact), and the next tile starts them anew.
 //
 // int8 (NhwcI8): int8 activations and weights, exact s32 sums in the registers fp32 ones take, the requantizing
 // epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout], bias, scale, inv_out). No split-K (k_split
@@ -31,20 +33,20 @@
 #include "conv_nhwc.cuh"
 
 // Stages of the wgmma tiles' ring (cuda.tiles.wgmma_stages), for two blocks an SM (one block cannot hide its own
-// barrier and load latency, which is why there are no 256x128 and 256x192 wgmma tiles): for 128 pixel rows, 4 in flight while one is
-// multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would not fit twice);
-// 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES more tiles for the
-// low halves (conv_nhwc_wgmma_gemm): 6 stages for its tiles of at most 64 channels, and 8 for 128x128, which runs one
-// block an SM (its sums in registers three times would spill at two).
+// barrier and load latency, which is why there are no 256x128 and 256x192 wgmma tiles): for 128 pixel rows, 4 in
+// flight while one is multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would
+// not fit twice); 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES sets
+// of halves, each a stage's bytes (conv_nhwc_wgmma_gemm): 6 stages for its tiles of at most 64 channels, and 8 for
+// 128x128, which runs one block an SM (its sums in registers three times would spill at two).
 __host__ __device__ constexpr int wgmma_stages(bool split, int bm, int bn) {
     return split ? (bn == 128 ? 8 : 6) : bm == 256 ? 4 : bn == 192 ? 5 : 6;
 }
 constexpr int WGMMA_LO_TILES = 3;
-// A SPLIT type's tensor-core accumulators take the sums of this many tiles (12 wgmma of k8), then they are added to
-// fp32 registers, rounded to nearest. The tensor cores' own accumulation measured biased: with every tile in them,
-// fp32 forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit (2.0e-5 at batch 1, split-K), on the
-// H100, against 4.5e-7 for the FFMA path.
-[[maybe_unused]] constexpr int WGMMA_SPLIT_CHUNK = 2;  // unused where the wgmma tiles are not built
+// A SPLIT type's tensor-core accumulators take the sums of this many tiles (d: one fp16 wgmma of k16 a tile, dx:
+// two), then they are added to fp32 registers, rounded to nearest. The tensor cores' own accumulation measured
+// biased: with every tile in them, fp32 forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit
+// (2.0e-5 at batch 1, split-K), on the H100, against 4.5e-7 for the FFMA path.
+[[maybe_unused]] constexpr int WGMMA_SPLIT_CHUNK = 4;  // unused where the wgmma tiles are not built
 // The ring's bytes, the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes).
 __host__ __device__ constexpr int wgmma_ring_bytes(bool split, int bm, int bn) {
     return (wgmma_stages(split, bm, bn) + (split ? WGMMA_LO_TILES : 0)) * (bm + bn) * 64;
@@ -66,11 +68,11 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 
     // 512-byte aligned tiles (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
     // wgmma_ring_bytes(E::SPLIT, BM, BN), the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes):
-    // As[STAGES], Bs[STAGES], and for SPLIT A_lo[WGMMA_LO_TILES], B_lo[WGMMA_LO_TILES].
+    // As[STAGES], Bs[STAGES], and for SPLIT WGMMA_LO_TILES sets of the fp16 halves, each A_hi[BM][BK], A_lo[BM][BK],
+    // B_hi[BN][BK], B_lo[BN][BK] in rows of 32 bytes (a set is as many bytes as a stage of float32: (BM + BN) 64).
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
-    T* const a_lo = reinterpret_cast<T*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
-    T* const b_lo = a_lo + WGMMA_LO_TILES * BM * BK;
+    unsigned short* const halves = reinterpret_cast<unsigned short*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
 #ifndef __CUDACC__
     static_assert(wgmma_ring_bytes(E::SPLIT, BM, BN) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
@@ -90,13 +92,16 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     // The descriptors of buffer 0; a buffer, and 64 rows, are fixed steps on (start addresses in units of 16 bytes).
     const unsigned long long da0 = wgmma::desc_k_major_64b(&As[0][64 * MB * group][0]);
     const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
-    const unsigned long long da_lo0 = wgmma::desc_k_major_64b(a_lo + 64 * MB * group * BK);
-    const unsigned long long db_lo0 = wgmma::desc_k_major_64b(b_lo);
     constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
     constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
-    int lo = WGMMA_LO_TILES - 1;  // the low tiles of the tile being split and multiplied (SPLIT)
-    // SPLIT: d holds the high halves' products (A B) of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far), dx the
-    // cross products (A B_lo + A_lo B) of the same tiles; then both move to total.
+    // SPLIT: the halves' set 0 (wgmma.cuh's 32-byte rows): A_hi, A_lo, B_hi, B_lo, and a set's step.
+    const unsigned long long dh0 = wgmma::desc_k_major_32b(halves + 64 * MB * group * BK);
+    constexpr unsigned HALF_ROWS64_STEP = 64 * 32 / 16, A_HALF = BM * 32 / 16, B_HALF = BN * 32 / 16;
+    constexpr unsigned SET_STEP = 2 * (A_HALF + B_HALF);
+    const unsigned long long dhb0 = dh0 - HALF_ROWS64_STEP * MB * group + 2 * A_HALF;  // B_hi of set 0
+    int set = WGMMA_LO_TILES - 1;  // the set of halves of the tile being split and multiplied (SPLIT)
+    // SPLIT: d holds the high halves' products (A_hi B_hi) of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far),
+    // dx the cross products (A_hi B_lo + A_lo B_hi, 2^11 times their value); then both move to total.
     typename E::Acc dx[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
     float total[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
     int chunk_tiles = 0;
@@ -113,32 +118,38 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
                 wgmma::fence_registers(d[mb]);
                 wgmma::fence_registers(dx[mb]);
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i] + dx[mb][i];
+                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i] + dx[mb][i] * E::LO_UNSCALE;
             }
         }
     };
     const auto split = [&](int st) {
         if constexpr (E::SPLIT) {
-            lo = lo == WGMMA_LO_TILES - 1 ? 0 : lo + 1;
-            load.split(st, a_lo + lo * BM * BK, b_lo + lo * BN * BK);
+            set = set == WGMMA_LO_TILES - 1 ? 0 : set + 1;
+            load.split(st, halves + set * (SET_STEP * 8));
         }
     };
     cp_async_ring<STAGES, BK, true>(
         k_begin, k_end, load,
         [&](int st) {
-            const unsigned long long db = db0 + st * B_STEP;
             wgmma::fence();
+            if constexpr (E::SPLIT) {  // one k16 a stage: three fp16 wgmma on the tile's set of halves
+                const unsigned long long on = set * SET_STEP, b_hi = dhb0 + on, b_lo = b_hi + B_HALF;
 #pragma unroll
-            for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
-                const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
+                for (int mb = 0; mb < MB; ++mb) {
+                    const unsigned long long a_hi = dh0 + (on + mb * HALF_ROWS64_STEP), a_lo = a_hi + A_HALF;
+                    E::template wgmma<BN>(d[mb], a_hi, b_hi, accumulate);
+                    E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);
+                    E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);
+                }
+            } else {
+                const unsigned long long db = db0 + st * B_STEP;
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {  // k8 + k8 (tf32) or k16 + k16 (fp16): 32 bytes on
-                    const unsigned long long on = half * wgmma::DESC_32_BYTES;
-                    E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
-                    if constexpr (E::SPLIT) {
-                        const unsigned long long da_lo = da_lo0 + (lo * A_STEP + mb * ROWS64_STEP);
-                        E::template wgmma<BN>(dx[mb], da + on, db_lo0 + lo * B_STEP + on, half ? 1 : accumulate);
-                        E::template wgmma<BN>(dx[mb], da_lo + on, db + on, 1);
+                for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+                    const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {  // k16 + k16 (fp16), k8 + k8 (tf32) or k32 + k32 (int8)
+                        const unsigned long long on = half * wgmma::DESC_32_BYTES;
+                        E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
                     }
                 }
             }

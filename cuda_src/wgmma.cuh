@@ -36,6 +36,12 @@ __device__ __forceinline__ unsigned long long desc_k_major_128b(const void* tile
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
     return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
 }
+// The same for rows of 32 bytes (one k16 of fp16) in the 32-byte swizzle (mode 3): byte address bit 4 XORed with
+// bit 7 (row / 4 mod 2), 8-row groups 256 bytes apart (NhwcF32's fp16 halves, conv_nhwc.cuh's swizzled32()).
+__device__ __forceinline__ unsigned long long desc_k_major_32b(const void* tile) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
+    return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(256 >> 4) << 32 | 3ull << 62;
+}
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

@@ -32,7 +32,7 @@ from inception_engine.plan import ConvOp, FCOp, Op, View, build_plan  # noqa: E4
 from inception_engine.weights import Weights  # noqa: E402
 
 # Ways to run the forward: CudaBackend keyword arguments. The first is the backend's default.
-# fp32: the NCHW path's FFMA and Winograd kernels (on sm_90a fp32 defaults to NHWC, 3xTF32: inception-bench's cuda
+# fp32: the NCHW path's FFMA and Winograd kernels (on sm_90a fp32 defaults to NHWC, 3xFP16: inception-bench's cuda
 # row, with cuda-nchw beside it).
 MODES = {name: {**kw, "nhwc": False} for name, kw in {
     "graph, concurrent, fixup": {"graph": True, "concurrent": True, "fixup": True},

@@ -1,9 +1,10 @@
 // wgmma_emu.h: cuda_src/wgmma.cuh for the CPU emulator (included by tf32_emu.h after f16_emu.h).
 //
-// The descriptor here is the tile's start address / 16 and, for 128-byte rows, one flag bit (the kernel only adds
-// byte offsets / 16 to it); the layout is the one the real descriptors name: K-major rows of 64 bytes, 8-row groups
+// The descriptor here is the tile's start address / 16 and, for 128-byte and 32-byte rows, the real descriptor's
+// mode bits (the kernel only adds byte offsets / 16 to it); the layout is the one the real descriptors name: K-major rows of 64 bytes, 8-row groups
 // 512 bytes apart, 64-byte swizzle (bits [4, 6) XOR bits [7, 9) of the address), or rows of 128 bytes, 8-row groups
-// 1024 bytes apart, 128-byte swizzle (bits [4, 7) XOR bits [7, 10)). Element addresses are computed as the PTX ISA
+// 1024 bytes apart, 128-byte swizzle (bits [4, 7) XOR bits [7, 10)), or rows of 32 bytes, 8-row groups 256 bytes
+// apart, 32-byte swizzle (bit 4 XOR bit 7). Element addresses are computed as the PTX ISA
 // defines those modes, on the address bits, independently of the kernel's swizzle, so a tile stored in another
 // layout gives wrong sums. Each thread computes its own accumulators (the ISA's D fragment layout, wgmma.cuh's
 // header) from shared memory, which no thread writes between the barrier before a stage's wgmma and the barrier
@@ -23,6 +24,11 @@ constexpr unsigned long long DESC_128B = 1ull << 62;
 inline unsigned long long desc_k_major_128b(const void* tile) {
     return reinterpret_cast<uintptr_t>(tile) >> 4 | DESC_128B;
 }
+// Rows of 32 bytes in the 32-byte swizzle: bits 62 and 63 set, as the real descriptor's mode 3.
+constexpr unsigned long long DESC_32B = 3ull << 62;
+inline unsigned long long desc_k_major_32b(const void* tile) {
+    return reinterpret_cast<uintptr_t>(tile) >> 4 | DESC_32B;
+}
 
 inline void fence() {}
 inline void commit() {}
@@ -38,8 +44,12 @@ void fence_registers(int (&)[R]) {}
 
 
 // Where byte `kbyte` of row `row` of the tile lives. 128-byte rows: bits [4, 7) XOR bits [7, 10) of the address,
-// whatever row of the 1024-byte pattern the tile starts at.
+// whatever row of the 1024-byte pattern the tile starts at. 32-byte rows: bit 4 XOR bit 7.
 inline const unsigned char* element(unsigned long long desc, int row, int kbyte) {
+    if ((desc & DESC_32B) == DESC_32B) {
+        const uintptr_t logical = ((desc & ~DESC_32B) << 4) + row * 32 + kbyte;
+        return reinterpret_cast<const unsigned char*>(logical ^ ((logical >> 7 & 1) << 4));
+    }
     if (desc & DESC_128B) {
         const uintptr_t logical = ((desc & ~DESC_128B) << 4) + row * 128 + kbyte;
         return reinterpret_cast<const unsigned char*>(logical ^ ((logical >> 7 & 7) << 4));

@@ -44,7 +44,7 @@ def test_graph_and_eager_match_the_reference_and_each_other(weights, batch, nhwc
     """Concurrent graph (branches on several streams), serial graph, serial eager, concurrent eager: every kernel
     is deterministic, so all four must agree bit for bit; a missing fork/join or shared memory between branches
     that run at once would show as a difference (or a NaN from the poisoned arena). fp32 on NCHW tensors and in the
-    default layout (NHWC with 3xTF32 on sm_90a)."""
+    default layout (NHWC with 3xFP16 on sm_90a)."""
     x = make_input(batch, seed=batch)
     ref = reference(weights, x, batch)
     plan = build_plan(batch, weights.layers())

@@ -1,4 +1,4 @@
-"""The NHWC path (CudaBackend(nhwc=True)), fp16, tf32 and fp32 (3xTF32, wgmma tiles only): cuda_src/conv_nhwc_*.cu,
+"""The NHWC path (CudaBackend(nhwc=True)), fp16, tf32 and fp32 (3xFP16, wgmma tiles only): cuda_src/conv_nhwc_*.cu,
 conv_input_nhwc.cu and pool_nhwc.cu against float64 NumPy, every kernel test once per element type.
 
 - CPU, NumPy: the shared-tile swizzle (a piece per row and stage, every ldmatrix phase and every cp.async phase on 8
@@ -12,9 +12,9 @@ conv_input_nhwc.cu and pool_nhwc.cu against float64 NumPy, every kernel test onc
   NaN (fp16 and fp32 NaN alike: all bytes 0xFF), including the source buffer's channels outside the view, so an
   unwritten output, a write outside the destination view or a read outside the source view fails. Conv outputs are
   compared with the ideal conv of the element type (operands rounded to fp16 or TF32, sums in float64, output
-  rounded alike): rel L2 <= 1e-3, and for fp32 (float32 operands) <= 1e-5, which one TF32 product instead of three
-  would miss by 30x. tf32 outputs must be TF32 values exactly (the next conv's mma takes them as they are,
-  unrounded).
+  rounded alike): rel L2 <= 1e-3, and for fp32 (float32 operands) <= 1e-5, which one fp16 product instead of three
+  would miss by 30x, also on operands far below and above 1 (fp32's low halves, scaled to stay normal fp16). tf32
+  outputs must be TF32 values exactly (the next conv's mma takes them as they are, unrounded).
 - The whole network on the emulator (75x75 images) and on the GPU (299x299, the issue's 256-input top-1 criterion).
 """
 
@@ -50,8 +50,8 @@ from helpers.gpu_memory import Emulated
 from helpers.mma_harness import NVCC, Case, compile_emu_lib, emu_wrapper_source, rel_l2, rng_for
 from helpers.network import assert_top1_agrees_on_256_inputs
 
-# rel L2 against the ideal conv: fp32 sums and one more rounding of the output (~3e-4); fp32's 3xTF32 products are
-# ~2^-21 off each, tf32's single ones ~2^-11 (~3e-4 over a conv)
+# rel L2 against the ideal conv: fp32 sums and one more rounding of the output (~3e-4); fp32's 3xFP16 products are
+# ~2^-24 off each, tf32's single ones ~2^-11 (~3e-4 over a conv)
 TOL = {"fp16": 1e-3, "tf32": 1e-3, "fp32": 1e-5}
 NET_TOL = {"fp16": 1e-2, "tf32": 3e-3, "fp32": 1e-4}  # the issue's bounds
 ROW_BYTES = 64  # a shared row: 32 k of fp16, 16 of tf32
@@ -269,14 +269,15 @@ def ideal_conv(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, precisio
     return elem(y)
 
 
-def run_conv(mem, case: Case, tile: Tile, splits: int, precision: str) -> None:
+def run_conv(mem, case: Case, tile: Tile, splits: int, precision: str, x_scale: float = 1.0,
+             w_scale: float = 1.0) -> None:
     rng = rng_for("nhwc", case, tile.name, splits, precision)
     size = NHWC_ELEMS[precision].bytes
     op = conv_op(case)
-    x = rng.standard_normal(op.src.dims).astype(np.float32)
+    x = (x_scale * rng.standard_normal(op.src.dims)).astype(np.float32)
     k_total = case.cin * case.kernel[0] * case.kernel[1]
-    w = (rng.standard_normal((case.cout, case.cin, *case.kernel)) / np.sqrt(k_total)).astype(np.float32)
-    b = (0.1 * rng.standard_normal(case.cout)).astype(np.float32)
+    w = (w_scale * rng.standard_normal((case.cout, case.cin, *case.kernel)) / np.sqrt(k_total)).astype(np.float32)
+    b = (0.1 * x_scale * w_scale * rng.standard_normal(case.cout)).astype(np.float32)
     x_ptr = put_nhwc(mem, x, op.src.c_total, op.src.c_offset, precision)
     before = mem.read(x_ptr, (op.src.n, op.src.h, op.src.w, op.src.c_total), DTYPE[precision])
     y_ptr = mem.alloc(size * math.prod(op.dst.shape))
@@ -352,6 +353,17 @@ def test_conv_every_tile(mem, case, precision):
     for tile in NHWC_ELEMS[precision].tiles(mem.wgmma):
         if tile_fits(conv_op(case), tile):
             run_conv(mem, case, tile, 1, precision)
+
+
+@pytest.mark.parametrize("x_scale, w_scale", ((2.0 ** -12, 1.0), (1.0, 2.0 ** -10), (256.0, 2.0 ** -8)),
+                         ids=("tiny-inputs", "tiny-weights", "large-inputs"))
+def test_fp32_halves_keep_float32_accuracy_across_magnitudes(mem, x_scale, w_scale):
+    """fp32's operands go to the tensor cores as fp16 high and low halves (conv_mma.cuh's NhwcF32): operands far
+    below 1 (whose low halves, unscaled, would be fp16 subnormals of a few bits) and far above it keep float32's
+    accuracy."""
+    case = Case(1, 96, 200, 8, 8, (1, 1), 1, (0, 0))
+    for tile in NHWC_ELEMS["fp32"].tiles(mem.wgmma):
+        run_conv(mem, case, tile, 1, "fp32", x_scale, w_scale)
 
 
 HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 channels: 128 bytes of tf32, 64 of fp16)

@@ -12,7 +12,7 @@ whose operands are whole 16-byte pieces loaded by cp.async (on sm_90a its wgmma 
 first, which reads the 3-channel float32 input as uploaded (conv_input_nhwc.cu); the pools are pool_nhwc.cu's, and
 the FC runs on float32 features. ``CudaBackend(nhwc=False)`` runs them on fp32 NCHW tensors instead (conv_tf32.cu /
 conv_f16.cu, the Winograd convs FFMA). "fp32" keeps float32's accuracy (~1e-6): on sm_90a it takes the NHWC path
-too, each conv product three TF32 ones on the tensor cores ("3xTF32", conv_mma.cuh's NhwcF32); elsewhere, or with
+too, each conv product three fp16 ones on the tensor cores ("3xFP16", conv_mma.cuh's NhwcF32); elsewhere, or with
 nhwc=False, it runs on NCHW tensors: conv.cu's FFMA kernels, and winograd.cu's F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5)
 or F(3, 7) for the stride-1 3x3, 5x5, 1x7 and 7x1 convs.
 

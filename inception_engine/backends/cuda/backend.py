@@ -98,7 +98,7 @@ class CudaBackend:
     fixup: split-K convs reduce inside the conv kernel (one launch), else in conv_splitk_reduce (the default: the
     separate reduction is the faster of the two); the tensor-core kernels have no such variant, so in tf32/fp16
     split-K always uses conv_splitk_reduce.
-    precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xTF32 tensor-core GEMMs), "tf32" or
+    precision: "fp32" (float32 accuracy: on NCHW the FFMA kernels, on NHWC 3xFP16 tensor-core GEMMs), "tf32" or
     "fp16" (tensor-core GEMMs for the convs and the batched FC, with TF32 or fp16 operands), "int8" (sm_90a, NHWC:
     int8 activations and weights at the weight file's calibrated scales, int8 wgmma GEMMs with int32 sums, the
     stem and the classifier in float32; backends/int8_reference.py is its arithmetic, element for element).
