@@ -335,11 +335,15 @@ def test_bench_fid_measures_a_command_and_reads_both_tools_fids(tmp_path, monkey
 
 def test_bench_fid_limits_floors_and_the_bench_rate(monkeypatch):
     """bench_fid --limits: a floor is the fixed cost plus the images over the forward's rate, fp32's accuracy at best
-    three fp16 forwards; a precision without a rate (no GPU) has no floor; the rate is the cuda row's."""
+    three fp16 forwards; a precision without a rate (no GPU) has no floor; the rate is the cuda row's; the fixed cost
+    is a run less its forward."""
     bench = load(DEV / "bench_fid.py", monkeypatch)
     got = bench.floors(20000, 2.5, {"fp32": 4000.0, "fp16": 30000.0, "tf32": None})
     assert got == pytest.approx({"fp32": 7.5, "fp16": 2.5 + 2 / 3, bench.FP32_AT_BEST: 4.5})
     assert bench.floors(100, 1.0, {"fp32": None}) == {}
+    # the fixed cost: the run less its images' forward at the rate alone, or the whole run without a rate
+    assert bench.fixed_cost(3.0, 2560, 5120.0) == pytest.approx(2.5) and bench.fixed_cost(3.0, 2560, None) == 3.0
+    assert bench.FIXED_IMAGES > 2048  # a full-rank covariance, as a real job's
     rows = [{"backend": "cudnn", "images_per_s": 9.0}, {"backend": "cuda", "images_per_s": 4375.1}]
     assert bench.cuda_rate({"rows": rows}) == 4375.1
     assert bench.cuda_rate({"rows": [{"backend": "cuda", "images_per_s": None}]}) is None

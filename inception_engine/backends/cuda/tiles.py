@@ -88,14 +88,15 @@ WGMMA_LO_TILES = 3  # conv_nhwc_wgmma.cu's: the sets of fp16 halves of the 3xFP1
 # tf32 ones (those with Cout 192 or 384, and Conv2d_4a), 128x128 and 128x64 on most others.
 WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128, 32): 690e3, (256, 64): 1150e3,
                 (256, 32): 770e3}
-# fp32 on the NHWC path: three fp16 wgmma a k step (conv_mma.cuh's NhwcF32), so a third of fp16's model speed (a guess
-# until measured). Its sums live in registers three times (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one
-# block an SM (237 registers), the others two (128x64: 128).
+# fp32 on the NHWC path: three fp16 wgmma a k step (conv_mma.cuh's NhwcF32) and the split's work, a fifth of fp16's
+# model speed (the forward at batch 128 on the H100, 2026-12-07: 20.8 ms against fp16's ~4.3). Its sums live in
+# registers three times (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block an SM (237 registers), the
+# others two (128x64: 128).
 F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
 WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma",
                 "int8": "conv_nhwc_i8_wgmma"}
 # Model speed divisors against fp16's WGMMA_SPEEDS; int8's s8 wgmma has twice fp16's peak (a guess until measured).
-WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 3, "int8": 0.5}
+WGMMA_SLOWDOWN = {"fp16": 1, "tf32": 2, "fp32": 5, "int8": 0.5}
 WGMMA_ELEM_BYTES = {"fp16": 2, "tf32": 4, "fp32": 4, "int8": 1}  # a stage's k: its 64-byte rows of these
 
 
