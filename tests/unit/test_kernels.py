@@ -19,6 +19,7 @@ from inception_engine.backends.cuda.launch import LaunchSpec, launch_specs
 from inception_engine.backends.cuda.launch_nhwc import nhwc_launch_specs
 from inception_engine.backends.cuda.params import pack_params
 from inception_engine.backends.cuda.tiles import MAX_SHARED_BYTES, NHWC_ELEMS, folds_max_pools, tile_fits
+from inception_engine.errors import EngineError
 from inception_engine.plan import ConvOp, build_plan, fused_plan
 from inception_engine.weights import Weights
 
@@ -43,6 +44,22 @@ def assert_from_registry(specs: list[LaunchSpec]) -> set[str]:
         assert 0 <= s.shared <= k.max_shared <= MAX_SHARED_BYTES, s
         assert s.shared == k.max_shared or isinstance(k.shared, ConvShared), s
     return {s.kernel for s in specs}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32", "tf32"])
+def test_a_weight_beyond_fp16s_range_is_refused_where_the_tensor_cores_take_fp16(weights, precision):
+    """fp16's tiles and fp32's (three fp16 products a product) take fp16 operands: a weight past 65504 would become
+    an infinity, so the packing refuses it in one line naming the layer; tf32's TF32 operands have float32's range."""
+    plan = fused_plan(8, arch.inception_v3(), max_pools=folds_max_pools(precision))
+    configs = choose_configs(plan, 132, False, precision, False, nhwc=True, wgmma=True)
+    big = {**weights.arrays, "Conv2d_2a_3x3.weight": weights.arrays["Conv2d_2a_3x3.weight"].copy()}
+    big["Conv2d_2a_3x3.weight"][3, 1, 2, 0] = -70000.0
+    if precision == "tf32":
+        pack_params(Weights(big, {}), plan, configs)
+        return
+    with pytest.raises(EngineError, match=r"^Conv2d_2a_3x3: a weight of magnitude 70000 is beyond fp16's range"):
+        pack_params(Weights(big, {}), plan, configs)
+    pack_params(weights, plan, configs)  # N(0, 1) weights are far inside it
 
 
 @pytest.mark.parametrize("precision", ["fp16", "tf32", "fp32"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import EngineError
 from ...plan import ConvOp, FCOp, FusedConvOp, Plan, PoolOp, align
 from ...weights import Weights
 from .cost_model import ConvConfig
@@ -15,6 +16,16 @@ from .tiles import NHWC_PIECE, Tile
 from .winograd import o_pad, winograd_transforms, winograd_weights
 
 INT8_PREFIX = "conv_nhwc_i8"  # the int8 NHWC conv tiles' kernels (conv_nhwc_wgmma.cu's NhwcI8)
+# binary16's largest finite value: what rounds to it or below stays finite, 65520 and beyond become infinities
+FP16_MAX = 65504.0
+
+
+def fp16_operands(prefix: str) -> bool:
+    """A kernel whose tensor-core operands are fp16: the fp16 tiles, and fp32's on Hopper (conv_mma.cuh's NhwcF32:
+    three fp16 products a product), whose weights must therefore lie in fp16's range as well."""
+    if prefix.startswith(("conv_nhwc_tf32", INT8_PREFIX)):
+        return False
+    return prefix == "conv_f16" or prefix.startswith("conv_nhwc")
 
 
 def transforms_key(op: ConvOp, cfg: ConvConfig) -> str:
@@ -124,6 +135,10 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
         elif cfg is not None and int8 is not None and cfg.tile.prefix.startswith(INT8_PREFIX):
             w, b = direct_weights(w, cfg.tile, int8.conv_weight_scales(op)), int8.conv_epilogue(op, b)
         elif cfg is not None:
+            if fp16_operands(cfg.tile.prefix) and w.size and float(np.abs(w).max()) > FP16_MAX:
+                raise EngineError(f"{op.name}: a weight of magnitude {float(np.abs(w).max()):.6g} is beyond fp16's "
+                                  f"range ({FP16_MAX:g}), which this precision's tensor-core kernels "
+                                  f"({cfg.tile.prefix}) take their operands in: use --precision tf32, or the CPU")
             w = direct_weights(w, cfg.tile)
         add(op.name + ".weight", w)
         add(op.name + ".bias", b)
