@@ -209,7 +209,8 @@ struct NhwcTf32 {
 
 // NhwcF32 (--precision fp32 on the NHWC path, sm_90a: conv_nhwc_wgmma.cu's wgmma tiles only): float32 words, stored
 // unrounded, and products with float32's accuracy from the fp16 tensor cores by splitting each operand in two
-// ("3xFP16", as CUTLASS's and Ootomo and Yokota's fp32 emulations split for TF32): a = a_hi + a_lo 2^-11 with
+// ("3xFP16"; Ootomo and Yokota, "Recovering single precision accuracy from Tensor Cores while surpassing the FP32
+// theoretical peak performance", 2022, split so, the low half scaled): a = a_hi + a_lo 2^-11 with
 // a_hi = rn_f16(a) and a_lo = rn_f16((a - a_hi) 2^11) (the difference and its product with 2^11 are exact in
 // float32). a b = a_hi b_hi + (a_hi b_lo + a_lo b_hi) 2^-11 + a_lo b_lo 2^-22; the last term, and the roundings of
 // a_lo and b_lo, are ~2^-24 |a b|: three fp16 products per product, each as accurate as float32's own rounding,
