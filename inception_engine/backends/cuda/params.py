@@ -39,7 +39,7 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
     multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cuh
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
-    rounded to TF32 (``round_tf32``), for its fp32 tiles float32 (they split it in two TF32 halves themselves);
+    rounded to TF32 (``round_tf32``), for its fp32 tiles float32 (they split it in two fp16 halves themselves);
     conv_input_nhwc.cu reads wt as conv.cu. The int8 tiles (``scales``: the per-output-channel weight scales,
     required): ``int8_rows`` of ``clip(rint(w / scales[o]), -127, 127)``, int8_reference.quantize_weights."""
     if tile.prefix.startswith(INT8_PREFIX):
