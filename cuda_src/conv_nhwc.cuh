@@ -82,6 +82,15 @@ __device__ __forceinline__ int swizzled32(int row, int piece) {
     return ((piece >> 1 ^ (row >> 2 & 1)) << 3) + ((piece & 1) << 2);
 }
 
+// A SPLIT element type's set of fp16 halves of one stage (NhwcLoader::split writes it, conv_nhwc_wgmma.cu's wgmma
+// read it): four tiles of 32-byte rows (ROW fp16 values, one k16), A_hi (BM rows), A_lo, B_hi (BN rows), B_lo, at
+// these offsets in fp16 elements; SIZE of them, as many bytes as a float32 stage of BM + BN rows.
+template <int BM, int BN>
+struct HalvesSet {
+    static constexpr int ROW = 16;
+    static constexpr int A_HI = 0, A_LO = BM * ROW, B_HI = 2 * BM * ROW, B_LO = B_HI + BN * ROW, SIZE = B_LO + BN * ROW;
+};
+
 // Where the output channels go (the header's parts): part i >= 1 takes channels from start[i - 1] on.
 struct NhwcParts {
     int start[3], offset[3], cstride[3], relu_end;
@@ -212,19 +221,21 @@ struct NhwcLoader {
     // high ones (BN rows), B's low ones. Each piece is split by the thread that copied it, once its own copies have
     // landed (cp_async_ring's landed), so no other thread has to wait.
     __device__ __forceinline__ void split(int stage, unsigned short* set) const {
-        constexpr int ROW16 = BK;  // fp16 elements of a 32-byte row: one per k of the stage
+        using S = HalvesSet<BM, BN>;
+        static_assert(BK == S::ROW, "a stage's k is one row of halves");
         const T* const ad = a_dst + stage * (BM * BK);
 #pragma unroll
-        for (int i = 0; i < A_ROWS; ++i)
-            E::split(ad + i * ROWS * BK, set + half_at + i * ROWS * ROW16,
-                     set + BM * ROW16 + half_at + i * ROWS * ROW16);
+        for (int i = 0; i < A_ROWS; ++i) {
+            unsigned short* const at = set + half_at + i * ROWS * S::ROW;
+            E::split(ad + i * ROWS * BK, at + S::A_HI, at + S::A_LO);
+        }
         if (b_rows) {
             const T* const bd = b_dst + stage * (BN * BK);
-            unsigned short* const b_set = set + 2 * BM * ROW16;
 #pragma unroll
-            for (int i = 0; i < B_ROWS; ++i)
-                E::split(bd + i * ROWS * BK, b_set + half_at + i * ROWS * ROW16,
-                         b_set + BN * ROW16 + half_at + i * ROWS * ROW16);
+            for (int i = 0; i < B_ROWS; ++i) {
+                unsigned short* const at = set + half_at + i * ROWS * S::ROW;
+                E::split(bd + i * ROWS * BK, at + S::B_HI, at + S::B_LO);
+            }
         }
     }
 };

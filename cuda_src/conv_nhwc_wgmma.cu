@@ -68,8 +68,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 
     // 512-byte aligned tiles (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
     // wgmma_ring_bytes(E::SPLIT, BM, BN), the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes):
-    // As[STAGES], Bs[STAGES], and for SPLIT WGMMA_LO_TILES sets of the fp16 halves, each A_hi[BM][BK], A_lo[BM][BK],
-    // B_hi[BN][BK], B_lo[BN][BK] in rows of 32 bytes (a set is as many bytes as a stage of float32: (BM + BN) 64).
+    // As[STAGES], Bs[STAGES], and for SPLIT WGMMA_LO_TILES sets of the fp16 halves (conv_nhwc.cuh's HalvesSet).
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
     unsigned short* const halves = reinterpret_cast<unsigned short*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
@@ -94,11 +93,13 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
     constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
     constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
-    // SPLIT: the halves' set 0 (wgmma.cuh's 32-byte rows): A_hi, A_lo, B_hi, B_lo, and a set's step.
-    const unsigned long long dh0 = wgmma::desc_k_major_32b(halves + 64 * MB * group * BK);
-    constexpr unsigned HALF_ROWS64_STEP = 64 * 32 / 16, A_HALF = BM * 32 / 16, B_HALF = BN * 32 / 16;
-    constexpr unsigned SET_STEP = 2 * (A_HALF + B_HALF);
-    const unsigned long long dhb0 = dh0 - HALF_ROWS64_STEP * MB * group + 2 * A_HALF;  // B_hi of set 0
+    // SPLIT: the sets of halves (conv_nhwc.cuh's HalvesSet, wgmma.cuh's 32-byte rows): set 0's descriptor, and its
+    // tiles, a set and 64 rows as steps on it.
+    using S = HalvesSet<BM, BN>;
+    static_assert(!E::SPLIT || S::SIZE * 2 == (BM + BN) * BK * static_cast<int>(sizeof(T)),
+                  "a set of halves is a float32 stage's bytes");
+    const unsigned long long ds0 = wgmma::desc_k_major_32b(halves);
+    constexpr unsigned SET_STEP = S::SIZE / 8, HALF_ROWS64_STEP = 64 * S::ROW / 8;  // fp16 elements / 8: 16 bytes
     int set = WGMMA_LO_TILES - 1;  // the set of halves of the tile being split and multiplied (SPLIT)
     // SPLIT: d holds the high halves' products (A_hi B_hi) of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far),
     // dx the cross products (A_hi B_lo + A_lo B_hi, 2^11 times their value); then both move to total.
@@ -125,7 +126,7 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     const auto split = [&](int st) {
         if constexpr (E::SPLIT) {
             set = set == WGMMA_LO_TILES - 1 ? 0 : set + 1;
-            load.split(st, halves + set * (SET_STEP * 8));
+            load.split(st, halves + set * S::SIZE);
         }
     };
     cp_async_ring<STAGES, BK, true>(
@@ -133,10 +134,12 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
         [&](int st) {
             wgmma::fence();
             if constexpr (E::SPLIT) {  // one k16 a stage: three fp16 wgmma on the tile's set of halves
-                const unsigned long long on = set * SET_STEP, b_hi = dhb0 + on, b_lo = b_hi + B_HALF;
+                const unsigned long long ds = ds0 + set * SET_STEP;
+                const unsigned long long b_hi = ds + S::B_HI / 8, b_lo = ds + S::B_LO / 8;
 #pragma unroll
-                for (int mb = 0; mb < MB; ++mb) {
-                    const unsigned long long a_hi = dh0 + (on + mb * HALF_ROWS64_STEP), a_lo = a_hi + A_HALF;
+                for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+                    const unsigned long long rows = ds + (MB * group + mb) * HALF_ROWS64_STEP;
+                    const unsigned long long a_hi = rows + S::A_HI / 8, a_lo = rows + S::A_LO / 8;
                     E::template wgmma<BN>(d[mb], a_hi, b_hi, accumulate);
                     E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);
                     E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);
