@@ -404,13 +404,14 @@ def job_limits(args: argparse.Namespace, folder: Path, stats: Path, weights: Pat
     """Step 6: the fixed cost and each precision's forward alone, the floors they set, beside 10x pytorch-fid."""
     base = next(r for r in runs if r.label == "pytorch-fid")
     decode, precision = args.decode.split(",")[0], args.precisions.split(",")[0]
-    run = timed(ours(f"ours-{precision}-{decode}-fixed", subset(folder, min(FIXED_IMAGES, args.images)), stats,
-                     weights, precision, decode), args.out)
+    n = min(FIXED_IMAGES, args.images)
+    run = timed(ours(f"ours-{precision}-{decode}-fixed", subset(folder, n), stats, weights, precision, decode),
+                args.out)
     rates = {p: forward_rate(p, weights, args.out) for p in dict.fromkeys([*args.precisions.split(","), "fp16"])}
-    fixed = fixed_cost(run.wall_s, min(FIXED_IMAGES, args.images), rates.get(precision))
+    fixed = fixed_cost(run.wall_s, n, rates.get(precision))
     target = base.wall_s / 10
     print(f"\nwhat bounds the job ({args.images} images; 10x pytorch-fid is {target:.2f} s):")
-    print(f"  fixed cost: ours on {min(FIXED_IMAGES, args.images)} of the images, {run.wall_s:.2f} s (rc {run.rc}), "
+    print(f"  fixed cost: ours on {n} of the images, {run.wall_s:.2f} s (rc {run.rc}), "
           f"less their {precision} forward alone: {fixed:.2f} s")
     limits = {"target_s": target, "fixed_s": fixed, "fixed_run_s": run.wall_s, "forward_images_per_s": rates,
               "floors_s": floors(args.images, fixed, rates)}
