@@ -11,10 +11,21 @@ import os
 STAMPED = {
     "inception_engine.engine": ["Engine._start", "Engine.runner", "Engine.close"],
     "inception_engine.ingest.jpeg_decode": ["open_native", "warm_up"],
-    "inception_engine.backends.cuda.backend": ["CudaBackend.__init__"],
+    "inception_engine.backends.cuda.backend": ["CudaBackend.__init__", "tune_configs"],
+    "inception_engine.backends.cuda.device": ["Gpu.__init__"],
+    "inception_engine.backends.cuda.params": ["pack_params"],
+    "inception_engine.cuda_graph": ["CudaGraph.__init__"],
     "inception_engine.cli": ["expand_inputs", "write_results"],
     "inception_engine.multi_gpu": ["start_on_gpus", "GpuRun.classify", "GpuRun.facts", "GpuRun.close"],
     "inception_engine.output": ["ResultFile.close"],
+    "inception_engine.model_files": ["load_weights"],
+    "inception_engine.backends.cuda.kernels": ["Kernels.__init__"],
+    "inception_engine.cuda_runner": ["CudaRunner.__init__", "CudaRunner.attach", "CudaRunner.submit",
+                                     "CudaRunner.close"],
+    "inception_engine.ingest.workers": ["DecodePool.__init__", "DecodePool.close", "_attach_ring",
+                                        "_decode_chunk_in_worker"],
+    "inception_engine.fid_command": ["list_folder", "score_folder", "scores"],
+    "inception_engine.fid": ["load_stats", "RunningStats.result", "trace_sqrt_product"],
 }
 
 if os.environ.get("IE_STAMPS"):
