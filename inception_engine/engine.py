@@ -32,10 +32,11 @@ from .ingest.fid_resize import PILLOW_FID_RESIZE_NOTE, fid_library
 from .ingest.files import ImageSource
 from .ingest.images import Preprocess
 from .ingest.ring import HostRing
+from .ingest.workers import start_forkserver
 from .labels import NUMBERED_NOTE, Labels, network_labels
 from . import arch
 from .pipeline import (HostRunner, OnFeatures, PipelineOptions, Prediction, Runner, classify, classify_encoded,
-                       labelled, predictions_by, softmax, top_classes)
+                       decode_plan, labelled, predictions_by, softmax, top_classes)
 from .plan import build_plan
 from .model_files import load_weights
 from .output import Rendered, line_renderer
@@ -238,11 +239,15 @@ class Engine:
         if not getattr(self.backend_class, "FEATURES", False):
             raise OptionError("backend", self._backend_name, "returns no features; the cpu and cuda backends do")
 
+    def run_batch(self, n_images: int) -> int:
+        """The batch size of a run of ``n_images``: the engine's, or all of them where they are fewer."""
+        return max(1, min(self.batch_size, n_images))
+
     def runner(self, n_images: int, features: bool = False, decode_chains: int | None = None) -> Runner:
         """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs; with
         ``features``, one that keeps each batch's pool features (``features_of``); a cuda runner decoding on the GPU
         with ``decode_chains`` decode calls in flight (None: jpeg_decode.DECODE_CHAINS)."""
-        batch = max(1, min(self.batch_size, n_images))
+        batch = self.run_batch(n_images)
         tune: bool | str = True if measures_in_run(n_images) else "cached"
         if features:
             self.check_features()
@@ -290,6 +295,9 @@ class Engine:
             return
         by = (self._backend_name, self._precision, self.model.name)
         finish = line_renderer(render, top_k, by, self.labels) if render else predictions_by(by, self.labels)
+        n = len(images)
+        if self.decode != "gpu" and decode_plan(n, self.run_batch(n), self.pipeline)[2] == "process":
+            start_forkserver()  # the decode processes' start-up, beside the runner's
         runner = self.runner(len(images), features=on_features is not None)
         stream = (classify_encoded(images, runner, top_k, by, finish, on_features) if self.decode == "gpu"
                   else classify(images, runner, self.preprocess, top_k, self.pipeline, by, finish, on_features))

@@ -146,6 +146,19 @@ class PipelineOptions:
     ring_batches: int = 4  # ring slots = this many batches (in flight on the runner + being decoded)
 
 
+def decode_plan(images: int, batch: int, options: PipelineOptions) -> tuple[int, int, str]:
+    """(ring slots, decode workers, their kind: "thread" or "process") of a run of ``images`` in batches of
+    ``batch``."""
+    slots = max(batch, min(images, batch * options.ring_batches))
+    workers = min(options.workers or default_workers(), slots)
+    kind = options.worker_kind
+    if kind == "auto":
+        kind = "process" if images >= PROCESS_MIN_IMAGES and workers > 1 else "thread"
+    if kind == "process" and not hasattr(os, "memfd_create"):  # not Linux: the ring cannot be shared
+        kind = "thread"
+    return slots, workers, kind
+
+
 def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
              options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None, None),
              finish: Finish | None = None, on_features: OnFeatures | None = None) -> Iterator[Any]:
@@ -156,14 +169,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     options = options or PipelineOptions()
     if not sources:
         return
-    batch = runner.batch
-    slots = max(batch, min(len(sources), batch * options.ring_batches))
-    workers = min(options.workers or default_workers(), slots)
-    kind = options.worker_kind
-    if kind == "auto":
-        kind = "process" if len(sources) >= PROCESS_MIN_IMAGES and workers > 1 else "thread"
-    if kind == "process" and not hasattr(os, "memfd_create"):  # not Linux: the ring cannot be shared
-        kind = "thread"
+    slots, workers, kind = decode_plan(len(sources), runner.batch, options)
     ring = HostRing(slots, pre, shared=kind == "process")
     pool = None
     try:

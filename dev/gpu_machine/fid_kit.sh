@@ -29,6 +29,7 @@ _fk_install() {
   [ -d "$_fk_dir" ] || { echo "fid_kit: no $_fk_dir (carry .whl)" >&2; return 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$_fk_site" "$_fk_dir"/*.whl || return 1
   export PYTHONPATH="$_fk_site${PYTHONPATH:+:$PYTHONPATH}"
+  bash "$_fk_root/dev/gpu_machine/compile_bytecode.sh"  # as an install leaves it: the job's fixed cost depends on it
   python3 -c "import torch, torchvision, scipy, pytorch_fid, cleanfid; \
 print('fid_kit: pytorch-fid', pytorch_fid.__version__, '| clean-fid | torch', torch.__version__, \
 '| torchvision', torchvision.__version__, '| scipy', scipy.__version__, '| cuda', torch.cuda.is_available())"

@@ -85,6 +85,7 @@ elif ! python3 -c "import pycuda.driver" >"$OUT/env_pytest.log" 2>&1; then
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >>"$OUT/env_pytest.log" 2>&1
+bash dev/gpu_machine/compile_bytecode.sh  # as an install leaves it (the kits add theirs when they install)
 
 # step NAME LOG LIMIT_S COMMAND...: run with a time limit, append to LOG, remember status, time and last line.
 # --decode gpu's nvImageCodec from the kit's .whl/nvimg/ where it has it, onto PYTHONPATH; its pip output to log $1.

@@ -33,6 +33,7 @@ _sk_install() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$_sk_site" "$_sk_dir"/*.whl || return 1
   export PYTHONPATH="$_sk_site${PYTHONPATH:+:$PYTHONPATH}"
   export PATH="$_sk_site/bin:$PATH"  # py-spy
+  bash "$_sk_root/dev/gpu_machine/compile_bytecode.sh"  # as an install leaves it: start-up timings depend on it
   python3 -c "import starlette, uvicorn, prometheus_client, tritonclient, litserve as l, sys; \
 print('serve_kit: starlette', starlette.__version__, 'uvicorn', uvicorn.__version__, 'litserve', l.__version__)" \
     && echo "serve_kit: $(py-spy --version)"

@@ -158,6 +158,46 @@ def test_process_chunks_keep_every_worker_two_tasks_deep():
     assert workers.process_chunk(256, 2) == 16 and workers.process_chunk(8, 8) == 1
 
 
+def test_decode_plan_takes_processes_for_long_runs_with_several_workers():
+    opts = pipeline.PipelineOptions(workers=4)
+    assert pipeline.decode_plan(255, 64, opts) == (255, 4, "thread")
+    assert pipeline.decode_plan(256, 64, opts) == (256, 4, "process")
+    assert pipeline.decode_plan(10_000, 64, opts) == (256, 4, "process")  # the ring: 4 batches
+    assert pipeline.decode_plan(10_000, 64, pipeline.PipelineOptions(workers=1))[2] == "thread"
+    assert pipeline.decode_plan(3, 2, pipeline.PipelineOptions(workers=4, worker_kind="process")) == (3, 3, "process")
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_process_run_starts_the_forkserver_before_its_runner(weights, photos, monkeypatch, kind):
+    """The decode processes' forkserver is started before the engine builds the run's runner, so that their
+    start-ups overlap, with the workers' module preloaded in it (not the command's __main__); a thread run starts
+    none."""
+    from multiprocessing import forkserver
+
+    from inception_engine import engine as engine_module
+
+    steps: list[str] = []
+    real_start, real_runner = engine_module.start_forkserver, Engine.runner
+
+    def start() -> None:
+        steps.append("forkserver")
+        real_start()
+
+    def runner(self, *args, **kwargs):
+        steps.append("runner")
+        return real_runner(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "start_forkserver", start)
+    monkeypatch.setattr(Engine, "runner", runner)
+    with Engine(weights, backend="cpu", batch_size=3, workers=2, worker_kind=kind) as engine:
+        preds = engine.predict(photos[:4], top_k=1)
+    assert all(p.ok for p in preds)
+    assert steps == (["forkserver", "runner"] if kind == "process" else ["runner"])
+    if kind == "process":
+        assert forkserver._forkserver._preload_modules == [workers.__name__]
+        assert forkserver._forkserver._forkserver_pid is not None
+
+
 def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch):
     """60 images through a ring of 4 batches of 2: the first prediction arrives before most images are decoded,
     and the ring never grows with the input."""
