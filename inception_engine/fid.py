@@ -48,7 +48,8 @@ class RunningStats:
     against numpy.cov). Rows are gathered into blocks of ``block`` rows and each block's y^T y, the whole cost
     (2 * 2048^2 flops a row), is one matrix product (NumPy's BLAS, which releases the GIL) on a thread of its own, so
     that the caller, the forward's result loop, never waits for it: one block is filled while the last is summed.
-    ``result`` waits for the last product. ``blas``: a context each product runs in (the command gives
+    ``result`` waits for the last product and sums the rows left itself. ``blas``: a context each block's product
+    runs in on that thread (the command gives
     backends.blas_threads.single_threaded_blas where decode worker processes hold every core: a multi-threaded
     OpenBLAS among them spins for cores it does not get and slows the decoders; one core sums ~10,000 rows/s, more
     than host decoding gives).
@@ -95,10 +96,11 @@ class RunningStats:
         self._buffers.reverse()
         self._filled = 0
 
-    def _accumulate(self, y: np.ndarray) -> None:
+    def _accumulate(self, y: np.ndarray,
+                    blas: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
         assert self.sum is not None and self.m2 is not None
         self.sum += y.sum(axis=0)
-        with self.blas():
+        with (blas or self.blas)():
             self.m2 += y.T @ y
 
     def _wait(self) -> None:
@@ -107,41 +109,52 @@ class RunningStats:
             self._pending = None
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mu, sigma); at least two rows are needed for a covariance."""
+        """(mu, sigma); at least two rows are needed for a covariance. The rows not summed yet are summed here, on
+        this thread with the BLAS's own threads: whoever held the cores while rows arrived is done by now."""
         if self.count < 2 or self.shift is None or self.sum is None or self.m2 is None:
             raise EngineError(f"the statistics need at least 2 images, got {self.count}")
-        if self._filled:
-            self._submit()
         self._wait()
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self._filled:
+            self._accumulate(self._buffers[0][:self._filled], contextlib.nullcontext)
+            self._filled = 0
         d = self.sum / self.count
         return self.shift + d, (self.m2 - self.count * np.outer(d, d)) / (self.count - 1)
 
 
-def trace_sqrt_product(sigma1: np.ndarray, sigma2: np.ndarray) -> float:
-    """tr sqrt(sigma1 sigma2) for symmetric positive semi-definite matrices, from the symmetric form (module doc)."""
-    sigma1 = np.asarray(sigma1, np.float64)
+def covariance_root(sigma: np.ndarray) -> np.ndarray:
+    """R with sigma = R R^T: Cholesky's lower factor where sigma is positive definite, else (singular) the symmetric
+    square root from its eigendecomposition, its eigenvalues clipped at 0."""
+    sigma = np.asarray(sigma, np.float64)
     try:
-        root1 = np.linalg.cholesky(sigma1)  # lower: sigma1 = root1 root1^T
-    except np.linalg.LinAlgError:  # singular: the symmetric square root, sigma1 = root1 root1^T too
-        w, v = np.linalg.eigh(sigma1)
-        root1 = (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+        return np.linalg.cholesky(sigma)
+    except np.linalg.LinAlgError:
+        w, v = np.linalg.eigh(sigma)
+        return (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+
+
+def trace_sqrt_product(sigma1: np.ndarray, sigma2: np.ndarray, root1: np.ndarray | None = None) -> float:
+    """tr sqrt(sigma1 sigma2) for symmetric positive semi-definite matrices, from the symmetric form (module doc);
+    ``root1``: sigma1's covariance_root where it was computed already."""
+    root1 = covariance_root(sigma1) if root1 is None else root1
     inner = root1.T @ np.asarray(sigma2, np.float64) @ root1
     eig = np.linalg.eigvalsh((inner + inner.T) / 2)  # symmetric up to rounding: make it exactly so
     return float(np.sqrt(np.clip(eig, 0, None)).sum())
 
 
-def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:
-    """The Frechet distance of two Gaussians, float64."""
+def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray,
+                     root1: np.ndarray | None = None) -> float:
+    """The Frechet distance of two Gaussians, float64; ``root1``: sigma1's covariance_root where it was computed
+    already."""
     mu1, mu2 = np.asarray(mu1, np.float64), np.asarray(mu2, np.float64)
     sigma1, sigma2 = np.asarray(sigma1, np.float64), np.asarray(sigma2, np.float64)
     if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape or sigma1.shape != (len(mu1), len(mu1)):
         raise EngineError(f"the two statistics differ in shape: mu {mu1.shape} and {mu2.shape}, sigma {sigma1.shape} "
                           f"and {sigma2.shape}")
     diff = mu1 - mu2
-    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2 * trace_sqrt_product(sigma1, sigma2))
+    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2 * trace_sqrt_product(sigma1, sigma2, root1))
 
 
 def kernel_inception_distance(feats1: np.ndarray, feats2: np.ndarray, subsets: int = KID_SUBSETS,

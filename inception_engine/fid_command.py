@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ from .commands import CONTEXT, Command, user_errors, version_option
 from .config import BACKEND_CHOICES, DECODE_CHOICES, PRECISION_CHOICES, RESIZE_MODES, WORKER_KINDS, EngineConfig
 from .engine import Engine
 from .errors import EngineError
-from .fid import (IS_SPLITS, KID_SUBSET_SIZE, KID_SUBSETS, RunningStats, frechet_distance, inception_score,
-                  kernel_inception_distance, load_stats, save_stats)
+from .fid import (IS_SPLITS, KID_SUBSET_SIZE, KID_SUBSETS, RunningStats, covariance_root, frechet_distance,
+                  inception_score, kernel_inception_distance, load_stats, save_stats)
 from .ingest.inputs import expand_inputs
 from .sinks import progress_bar
 
@@ -46,6 +47,19 @@ class Side:
     features: np.ndarray | None = None  # (images, 2048) float32, memory-mapped
     logits: np.ndarray | None = None  # (images, classes) float32, memory-mapped
     failed: list[str] = field(default_factory=list)
+    root: np.ndarray | None = None  # sigma's fid.covariance_root, where computed ahead
+
+
+def stats_side(path: str) -> Side:
+    mu, sigma = load_stats(path)
+    return Side(path, mu=mu, sigma=sigma)
+
+
+def rooted_side(inputs: list[str]) -> int:
+    """Which side's covariance the distance factors (fid.frechet_distance's sigma1): B where it is a statistics
+    file, whose factor is then computed while the engine starts, else A. So a folder scores the same digits as its
+    saved statistics in the same place."""
+    return 1 if len(inputs) == 2 and is_stats_file(inputs[1]) else 0
 
 
 def is_stats_file(arg: str) -> bool:
@@ -117,11 +131,11 @@ class ImagesFailed(EngineError):
     """Images of a folder could not be read: exit 1, as inception-run exits for unreadable images."""
 
 
-def scores(sides: list[Side], kid: bool, isc: bool) -> dict[str, Any]:
+def scores(sides: list[Side], kid: bool, isc: bool, rooted: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if len(sides) == 2:
-        a, b = sides
-        out["fid"] = frechet_distance(a.mu, a.sigma, b.mu, b.sigma)  # type: ignore[arg-type]
+        x, y = sides[rooted], sides[1 - rooted]  # the distance is symmetric: the factored side first
+        out["fid"] = frechet_distance(x.mu, x.sigma, y.mu, y.sigma, x.root)  # type: ignore[arg-type]
     if kid:
         mean, std = kernel_inception_distance(sides[0].features, sides[1].features)  # type: ignore[arg-type]
         m = min(KID_SUBSET_SIZE, sides[0].images, sides[1].images)
@@ -201,7 +215,17 @@ def run_fid(config: EngineConfig | None, inputs: list[str], kid: bool, isc: bool
     """Each input's statistics (a folder scored, a file read), then the scores, with what computed them."""
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="inception-fid-") as tmp:
-        engine = Engine.from_config(config) if config is not None else None
+        files = {k: stats_side(arg) for k, arg in enumerate(inputs) if is_stats_file(arg)}  # bad ones said first
+        rooted = rooted_side(inputs)
+        engine = None
+        if config is not None:
+            with ThreadPoolExecutor(1, thread_name_prefix="fid-root") as pool:
+                # the statistics file's factor (a second or more where it is singular) beside the engine's start,
+                # which uses no BLAS: so it runs with the BLAS's threads as they are, and ends before scoring begins
+                root = pool.submit(covariance_root, files[rooted].sigma) if rooted in files else None
+                engine = Engine.from_config(config)
+                if root is not None:
+                    files[rooted].root = root.result()
         if engine is not None:  # its fallbacks, once a machine as inception-run says them (not the numbered classes)
             from .cli import show_notes
             from .labels import NUMBERED_NOTE
@@ -210,13 +234,12 @@ def run_fid(config: EngineConfig | None, inputs: list[str], kid: bool, isc: bool
         try:
             sides = []
             for k, arg in enumerate(inputs):
-                if is_stats_file(arg):
-                    mu, sigma = load_stats(arg)
-                    sides.append(Side(arg, mu=mu, sigma=sigma))
+                if k in files:
+                    sides.append(files[k])
                 else:
                     assert engine is not None
                     sides.append(score_folder(engine, arg, recursive, (kid, isc and k == 0), Path(tmp)))
-            result.update(scores(sides, kid, isc))
+            result.update(scores(sides, kid, isc, rooted))
             if engine is not None:
                 model = engine.model
                 result.update(model=model.name, kind=model.kind, network=engine.weights.network,

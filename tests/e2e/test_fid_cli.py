@@ -86,6 +86,31 @@ def test_statistics_saved_and_reused_give_the_same_fid(fid_weights, dirs, tmp_pa
     assert files["fid"] == pytest.approx(0, abs=1e-6) and "backend" not in files
 
 
+def test_a_statistics_file_is_factored_while_the_engine_starts(fid_weights, dirs, tmp_path, monkeypatch):
+    """A against B's statistics: B's covariance is factored on a thread of its own beside the engine's start, and
+    the FID is the digits of A's statistics against B's, the same factor taken."""
+    import threading
+
+    a, b = dirs
+    sa, sb = tmp_path / "a.npz", tmp_path / "b.npz"
+    for d, s in ((a, sa), (b, sb)):
+        assert run(d, "--save-stats", s, "--weights", fid_weights, "--backend", "cpu").exit_code == 0
+    threads: list[str] = []
+    real = fid_command.covariance_root
+
+    def recorded(sigma):
+        threads.append(threading.current_thread().name)
+        return real(sigma)
+
+    monkeypatch.setattr(fid_command, "covariance_root", recorded)
+    folder_vs_file = json.loads(run(a, sb, "--weights", fid_weights, "--backend", "cpu", "--json").stdout)["fid"]
+    assert len(threads) == 1 and threads[0].startswith("fid-root")
+    files = json.loads(run(sa, sb, "--json").stdout)["fid"]
+    assert folder_vs_file == files  # the same statistics and the same factor: the same digits
+    want = frechet_distance(*load_stats(sb), *load_stats(sa))
+    assert folder_vs_file == pytest.approx(want, rel=1e-12)
+
+
 def test_resize_names_another_tools_preprocessing(fid_weights, dirs):
     a, b = dirs
     docs = {m: json.loads(run(a, b, "--weights", fid_weights, "--backend", "cpu", "--json", "--resize", m).stdout)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from inception_engine.errors import EngineError
-from inception_engine.fid import (RunningStats, frechet_distance, inception_score, kernel_inception_distance,
-                                  load_stats, save_stats, trace_sqrt_product)
+from inception_engine.fid import (RunningStats, covariance_root, frechet_distance, inception_score,
+                                  kernel_inception_distance, load_stats, save_stats, trace_sqrt_product)
 
 linalg = pytest.importorskip("scipy.linalg")
 
@@ -43,6 +43,43 @@ def test_running_stats_in_batches_are_numpys_mean_and_cov():
     np.testing.assert_allclose(sigma, np.cov(x.astype(np.float64), rowvar=False), rtol=1e-10, atol=1e-14)
     with pytest.raises(EngineError, match="at least 2"):
         RunningStats().result()
+
+
+def test_running_stats_sum_the_rows_left_with_the_blas_as_it_is():
+    """Full blocks are summed on the statistics thread inside the ``blas`` context (one BLAS thread while decode
+    processes hold the cores); the rows left at ``result`` on the caller's thread outside it, once those are done."""
+    import threading
+
+    entered: list[str] = []
+
+    class Recorded:
+        def __enter__(self) -> None:
+            entered.append(threading.current_thread().name)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    x = features(2 * 64 + 10, 16, 3)
+    stats = RunningStats(block=64, blas=Recorded)
+    for part in np.array_split(x, 9):
+        stats.add(part)
+    mu, sigma = stats.result()
+    assert len(entered) == 2 and all(name.startswith("fid-stats") for name in entered)
+    np.testing.assert_allclose(sigma, np.cov(x.astype(np.float64), rowvar=False), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(mu, x.astype(np.float64).mean(axis=0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n", [300, 40])  # positive definite (Cholesky), singular (the symmetric root)
+def test_covariance_root_factors_and_serves_the_distance(n):
+    a, b = features(n, 64, 4), features(n, 64, 5, shift=0.05)
+    (mu1, s1), (mu2, s2) = ((x.astype(np.float64).mean(0), np.cov(x.astype(np.float64), rowvar=False)) for x in (a, b))
+    r = covariance_root(s1)
+    np.testing.assert_allclose(r @ r.T, s1, rtol=0, atol=1e-12 * np.abs(s1).max())
+    assert frechet_distance(mu1, s1, mu2, s2, r) == frechet_distance(mu1, s1, mu2, s2)
+    # symmetric: factoring the other side gives the same distance, to rounding where both are positive definite, to
+    # the noise of the zero eigenvalues (~1e-9) where they are singular
+    rel = 1e-12 if n > 64 else 1e-8
+    assert frechet_distance(mu2, s2, mu1, s1) == pytest.approx(frechet_distance(mu1, s1, mu2, s2), rel=rel)
 
 
 # full rank; singular (fewer images than dimensions); the pool features' 2048 dimensions (scipy's sqrtm ~8 s there;
