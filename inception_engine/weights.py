@@ -36,6 +36,7 @@ import json
 import math
 import os
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,8 @@ def check_manifest(manifest: Any, shapes: dict[str, tuple[int, ...]] | None = No
 
 # --- reading -------------------------------------------------------------------------------------------------
 
+READ_THREADS = min(8, os.cpu_count() or 1)  # a weight file's arrays read and checked at once (read_weight_file)
+
 def _npy_header(f: Any, member: str) -> tuple[str, bool, tuple[int, ...], int]:
     """(descr, fortran_order, shape, header bytes) of an npy stream, the header length bounded before it is read
     and parsed as a literal (never numpy's reader, whose errors on damaged headers escape as other types)."""
@@ -406,14 +409,20 @@ def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = Non
         if shapes is None and isinstance(manifest, dict):
             expected = network_shapes(manifest)
         check_manifest(manifest, expected)
-        arrays = {}
-        for k in expected:
+
+        def checked(k: str) -> np.ndarray:
             a = _read_member(zf, members[k], expected[k])
             if manifest["sha256"][k] != sha256_array(k, a):
                 raise WeightsError(f"array {k} fails its checksum (damaged or edited file); {CONVERT_AGAIN}")
             if not np.all(np.isfinite(a)):
                 raise WeightsError(f"array {k} holds NaN or Inf values; {CONVERT_AGAIN}")
-            arrays[k] = a.astype(np.float32, copy=False)
+            return a.astype(np.float32, copy=False)
+
+        # The arrays on READ_THREADS threads: their checksums and the zip's CRCs (hashlib and zlib release the GIL)
+        # are most of a load; the zip file serialises the reads themselves. The first failing array in the
+        # architecture's order is the one said, as a serial read would say it.
+        with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="weights") as pool:
+            arrays = dict(zip(expected, pool.map(checked, expected)))
     return arrays, manifest
 
 
