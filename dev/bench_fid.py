@@ -26,9 +26,12 @@ Steps, each cached under --work (images and weights are made once and reused by 
    ours again on a tenth of the images (a folder of links): flat means the same peak at N/10 and N;
 6. with --limits, what bounds the job, in the same run: the forward alone per precision and in fp16 (inception-bench
    at batch 128 on the same weights), and the fixed cost (start-up, the statistics file, the distance): ours on
-   FIXED_IMAGES = 2,560 of the images less their forward at its rate. More images than the 2,048 features make the
-   covariance full rank, as a real job's is: the distance then takes the Cholesky path, where a singular one (a few
-   images) takes an eigendecomposition ~1 s slower on a 2-core host. A precision's floor is the fixed cost plus the
+   FIXED_IMAGES = 2,560 of the images less their forward at its rate. With real weights, more images than the 2,048
+   features make the covariance full rank and the distance takes the Cholesky path; a singular one takes an
+   eigendecomposition ~1 s slower on a 2-core host. Random weights leave pool channels dead (zero for every image),
+   so their covariances are singular whatever the number of images: the fixed cost here is a real job's or more.
+   Then the whole job once more under dev/startup_stamps.py, its steps printed (start-up, the decode workers, the
+   stream, the statistics, the distance's parts, the exit). A precision's floor is the fixed cost plus the
    images over its forward rate. A forward with fp32's accuracy needs three half-precision tensor-core products a
    product at the least (two 11-bit halves of each operand: hi hi + hi lo + lo hi, as the cuda backend's fp32 does on
    Hopper), so none runs faster than a third of fp16's rate: the job's floor at fp32's accuracy is the fixed cost plus
@@ -419,7 +422,29 @@ def job_limits(args: argparse.Namespace, folder: Path, stats: Path, weights: Pat
         how = (f"forward alone {rates[p]:,.0f} images/s at batch {FLOOR_BATCH}" if p in rates
                else "three fp16 products a product, at a third of fp16's rate")
         print(f"  {p}: {how}; job floor {floor:.2f} s = {base.wall_s / floor:.2f}x pytorch-fid at most")
+    limits["steps"] = job_steps(folder, stats, weights, precision, decode)
     save_summary(args, runs, limits)
+
+
+def job_steps(folder: Path, stats: Path, weights: Path, precision: str, decode: str) -> list[list]:
+    """The whole job once under dev/startup_stamps.py: its main process's steps (a step repeated back to back as
+    one, with its count), printed and returned as [step, start s, end s, thread, count]."""
+    from startup_stamps import collapsed, stamps
+
+    args = [str(folder), str(stats), "--weights", str(weights), "--json", "--precision", precision, "--decode",
+            decode]
+    wall, code, _, procs = stamps(args, "fid")
+    main_proc = min(procs, key=lambda p: p["start"]) if procs else None  # the workers' clocks start later
+    steps = [list(e) for e in collapsed(main_proc["events"])] if main_proc else []
+    workers = sorted(e[1] for p in procs for e in p["events"] if e[0] == "_attach_ring")
+    print(f"  where the whole job's time goes (dev/startup_stamps.py --command fid; wall {wall:.2f} s, rc {code}; "
+          f"seconds from the start):")
+    for step, a, b, thread, count in steps:
+        print(f"    {a:6.3f} - {b:6.3f}  {step}{f' x{count}' if count > 1 else ''}"
+              + (f"  [{thread}]" if thread != "MainThread" else ""))
+    if workers:
+        print(f"    first decode worker up at {workers[0]:.3f} s")
+    return steps
 
 
 def save_summary(args: argparse.Namespace, runs: list[Run], limits: dict | None = None) -> None:
