@@ -7,6 +7,8 @@ fit int32, pointers land on the right views and parameters.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -324,6 +326,60 @@ def test_pick_fastest_takes_each_ops_fastest_set_and_keeps_the_rest():
         fastest = min(range(len(sets)), key=lambda i: times[i][op.name])
         assert best[op.name] == sets[fastest][op.name]
     assert best["fc"] == default["fc"]  # not timed: unchanged
+
+
+class NoContextDevice:
+    """A pycuda Device whose attributes answer and whose primary context must not be retained."""
+
+    count = staticmethod(lambda: 1)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def name(self) -> str:
+        return "FAKE H100"
+
+    def compute_capability(self) -> tuple[int, int]:
+        return 9, 0
+
+    def get_attribute(self, attribute: str) -> int:
+        assert attribute == "sms"
+        return 132
+
+    def retain_primary_context(self):
+        raise AssertionError("a context was created to read the device's facts")
+
+
+class NoContextDriver:
+    Device = NoContextDevice
+    Error = RuntimeError
+
+    class device_attribute:  # noqa: N801 (pycuda's name)
+        MULTIPROCESSOR_COUNT = "sms"
+
+    @staticmethod
+    def init() -> None:
+        pass
+
+
+def test_cached_tuning_is_found_without_a_cuda_context(monkeypatch, tmp_path):
+    """tune_configs reads the device's name and SM count for its cache key without retaining the primary context:
+    retained and released at once, the context would be created and destroyed before the backend creates it again."""
+    from inception_engine.backends.cuda import backend as backend_module
+    from inception_engine.backends.cuda import device as device_module
+    from inception_engine.backends.cuda.tuning import tuning_cache_dir, tuning_key
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(device_module, "driver", lambda: NoContextDriver)
+    plan = build_plan(4)
+    arch_ = cuda_build.target((9, 0))
+    configs = choose_configs(plan, 132, precision="fp16", winograd=None)
+    path = tuning_cache_dir() / f"{tuning_key('FAKE H100', arch_, 132, plan, 'fp16', False, True, False)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({name: config_to_json(c) for name, c in configs.items()}))
+    got, source = backend_module.tune_configs(Weights({}, {}), plan, "fp16", measure=False)
+    assert source == "cache" and {k: config_to_json(v) for k, v in got.items()} == \
+        {k: config_to_json(v) for k, v in configs.items()}
 
 
 def test_tuned_configs_survive_json_and_the_key_sees_what_matters():

@@ -21,7 +21,7 @@ from ...plan import fuse as fuse_plan
 from ...weights import Weights, atomic_write
 from .. import event_timed_ms
 from .cost_model import ConvConfig, choose_configs
-from .device import Gpu, driver, probe
+from .device import Gpu, driver, gpu_facts, probe
 from .kernels import Kernels, spec, unit_of
 from .launch import Launch
 from .launch_nhwc import check_nhwc, nhwc_fits
@@ -468,11 +468,7 @@ def tune_configs(weights: Weights, plan: Plan, precision: str = "fp32", fixup: b
     winograd is False), each conv timed in place with CudaBackend.time_layers (median of ``iters``), one eager
     backend per candidate set, ``progress(done, total)`` after each. Otherwise (None, "model"): the caller takes the
     cost model's configs. fresh: measure whatever the cache and the table hold."""
-    gpu = Gpu(device)
-    try:
-        name, arch, num_sms = gpu.device.name(), gpu.arch, gpu.num_sms
-    finally:
-        gpu.release()
+    name, arch, num_sms = gpu_facts(device)  # no context: the backend creates the one it keeps
     key = tuning_key(name, arch, num_sms, plan, precision, fixup, winograd, nhwc)
     path = tuning_cache_dir() / f"{key}.json"
     if not fresh:

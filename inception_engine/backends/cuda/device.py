@@ -40,6 +40,14 @@ def probe(index: int = 0) -> tuple[Any, str]:
                                  f"check the GPU with nvidia-smi") from None
 
 
+def gpu_facts(index: int = 0) -> tuple[str, str, int]:
+    """(name, nvcc target, SM count) of GPU ``index``, without creating a context: a primary context that is
+    retained and released again is created and destroyed (~0.1-0.2 s each time), where a device's attributes need
+    none."""
+    device, arch = probe(index)
+    return device.name(), arch, device.get_attribute(driver().device_attribute.MULTIPROCESSOR_COUNT)
+
+
 class Gpu:
     """One device and its primary context (shared with the CUDA runtime, so cuDNN or PyTorch in the same process
     see the same memory). The context is current only inside ``with gpu:``; nothing is left pushed in between."""
