@@ -243,11 +243,14 @@ def parse_fid(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def ours(label: str, folder: Path, stats: Path, weights: Path, precision: str, decode: str) -> Run:
+def ours(label: str, folder: Path, stats: Path, weights: Path, precision: str, decode: str,
+         batch: int | None = None) -> Run:
     argv = [sys.executable, "-c", FID_CLI, str(folder), str(stats), "--weights", str(weights), "--json",
             "--precision", precision]
     if decode != "cpu":
         argv += ["--decode", decode]
+    if batch is not None:
+        argv += ["--batch-size", str(batch)]
     return Run(label, argv)
 
 
@@ -286,6 +289,8 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,tf32", help="inception-fid's --precision per run")
     ap.add_argument("--decode", default="cpu", help="inception-fid's --decode per run, comma-separated (gpu: the "
                                                     "FID resizes on the GPU, where the command has --decode)")
+    ap.add_argument("--batch-sizes", type=lambda v: [int(b) for b in v.split(",")], default=None, metavar="N,M",
+                    help="inception-fid's --batch-size per run (default: its own, 64 on the GPU)")
     ap.add_argument("--device", default="cuda", help="pytorch-fid's --device (default: %(default)s)")
     ap.add_argument("--torch-fp32", action=argparse.BooleanOptionalAction, default=True,
                     help="also pytorch-fid with TF32 off, the strict reference (default: on)")
@@ -321,9 +326,11 @@ def measure(args: argparse.Namespace, folder: Path, stats: Path, weights: Path, 
     runs = []
     for decode in args.decode.split(","):
         for precision in args.precisions.split(","):
-            runs.append(timed(ours(f"ours-{precision}-{decode}", folder, stats, weights, precision, decode), args.out))
-            print(f"{runs[-1].label}: {runs[-1].wall_s:.1f} s, FID {runs[-1].fid}", flush=True)
-            save_summary(args, runs)
+            for batch in args.batch_sizes or [None]:
+                label = f"ours-{precision}-{decode}" + (f"-b{batch}" if batch is not None else "")
+                runs.append(timed(ours(label, folder, stats, weights, precision, decode, batch), args.out))
+                print(f"{runs[-1].label}: {runs[-1].wall_s:.1f} s, FID {runs[-1].fid}", flush=True)
+                save_summary(args, runs)
     torch_cli = [sys.executable, "-c", PYTORCH_FID_SHIM, str(folder), str(stats), "--device", args.device]
     for label, fp32 in (("pytorch-fid", False), ("pytorch-fid-fp32", True))[:2 if args.torch_fp32 else 1]:
         runs.append(timed(Run(label, torch_cli), args.out, pytorch_fid_env(state_dict, fp32)))
