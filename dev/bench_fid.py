@@ -436,7 +436,7 @@ def job_limits(args: argparse.Namespace, folder: Path, stats: Path, weights: Pat
 def job_steps(folder: Path, stats: Path, weights: Path, precision: str, decode: str) -> list[list]:
     """The whole job once under dev/startup_stamps.py: its main process's steps (a step repeated back to back as
     one, with its count), printed and returned as [step, start s, end s, thread, count]."""
-    from startup_stamps import collapsed, stamps
+    from startup_stamps import collapsed, stamps, step_lines
 
     args = [str(folder), str(stats), "--weights", str(weights), "--json", "--precision", precision, "--decode",
             decode]
@@ -446,9 +446,8 @@ def job_steps(folder: Path, stats: Path, weights: Path, precision: str, decode: 
     workers = sorted(e[1] for p in procs for e in p["events"] if e[0] == "_attach_ring")
     print(f"  where the whole job's time goes (dev/startup_stamps.py --command fid; wall {wall:.2f} s, rc {code}; "
           f"seconds from the start):")
-    for step, a, b, thread, count in steps:
-        print(f"    {a:6.3f} - {b:6.3f}  {step}{f' x{count}' if count > 1 else ''}"
-              + (f"  [{thread}]" if thread != "MainThread" else ""))
+    if steps:
+        print("\n".join(step_lines(steps, "    ")))
     if workers:
         print(f"    first decode worker up at {workers[0]:.3f} s")
     return steps

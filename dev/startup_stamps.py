@@ -57,6 +57,13 @@ def collapsed(events: list) -> list[tuple[str, float, float, str, int]]:
     return out
 
 
+def step_lines(steps: list, indent: str = "  ") -> list[str]:
+    """``collapsed`` steps as printed: start - end, the step (x count where repeated), its thread where not the main
+    one."""
+    return [f"{indent}{a:7.3f} - {b:7.3f}  {step}{f' x{count}' if count > 1 else ''}"
+            + (f"  [{thread}]" if thread != "MainThread" else "") for step, a, b, thread, count in steps]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--command", choices=sorted(COMMANDS), default="run", help="inception-run or inception-fid")
@@ -69,9 +76,7 @@ def main() -> None:
             continue  # a helper process (resource tracker, forkserver) that ran no stamped step
         who = f"GPU {p['gpu']} worker" if p["gpu"] is not None else "process"
         print(f"{who} (pid {p['pid']}), started at {p['start']:.3f} s")
-        for step, a, b, thread, count in collapsed(p["events"]):
-            times = f" x{count}" if count > 1 else ""
-            print(f"  {a:7.3f} - {b:7.3f}  {step}{times}" + (f"  [{thread}]" if thread != "MainThread" else ""))
+        print("\n".join(step_lines(collapsed(p["events"]))))
     print(f"wall {wall:.3f} s from start to exit, exit code {code}; inception-{opts.command} said:")
     print(textwrap.indent(said.rstrip(), "  "))
 

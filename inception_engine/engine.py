@@ -298,7 +298,7 @@ class Engine:
         n = len(images)
         if self.decode != "gpu" and decode_plan(n, self.run_batch(n), self.pipeline)[2] == "process":
             start_forkserver()  # the decode processes' start-up, beside the runner's
-        runner = self.runner(len(images), features=on_features is not None)
+        runner = self.runner(n, features=on_features is not None)
         stream = (classify_encoded(images, runner, top_k, by, finish, on_features) if self.decode == "gpu"
                   else classify(images, runner, self.preprocess, top_k, self.pipeline, by, finish, on_features))
         try:

@@ -92,15 +92,14 @@ class RunningStats:
         self._wait()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="fid-stats")
-        self._pending = self._pool.submit(self._accumulate, y)
+        self._pending = self._pool.submit(self._accumulate, y, self.blas)
         self._buffers.reverse()
         self._filled = 0
 
-    def _accumulate(self, y: np.ndarray,
-                    blas: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
+    def _accumulate(self, y: np.ndarray, blas: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
         assert self.sum is not None and self.m2 is not None
         self.sum += y.sum(axis=0)
-        with (blas or self.blas)():
+        with blas():
             self.m2 += y.T @ y
 
     def _wait(self) -> None:

@@ -310,6 +310,7 @@ def check_manifest(manifest: Any, shapes: dict[str, tuple[int, ...]] | None = No
 
 READ_THREADS = min(8, os.cpu_count() or 1)  # a weight file's arrays read and checked at once (read_weight_file)
 
+
 def _npy_header(f: Any, member: str) -> tuple[str, bool, tuple[int, ...], int]:
     """(descr, fortran_order, shape, header bytes) of an npy stream, the header length bounded before it is read
     and parsed as a literal (never numpy's reader, whose errors on damaged headers escape as other types)."""

@@ -45,7 +45,11 @@ def gpu_facts(index: int = 0) -> tuple[str, str, int]:
     retained and released again is created and destroyed (~0.1-0.2 s each time), where a device's attributes need
     none."""
     device, arch = probe(index)
-    return device.name(), arch, device.get_attribute(driver().device_attribute.MULTIPROCESSOR_COUNT)
+    return device.name(), arch, sm_count(device)
+
+
+def sm_count(device: Any) -> int:
+    return device.get_attribute(driver().device_attribute.MULTIPROCESSOR_COUNT)
 
 
 class Gpu:
@@ -53,10 +57,9 @@ class Gpu:
     see the same memory). The context is current only inside ``with gpu:``; nothing is left pushed in between."""
 
     def __init__(self, index: int = 0):
-        drv = driver()
         self.device, self.arch = probe(index)
         self.ctx = self.device.retain_primary_context()
-        self.num_sms = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self.num_sms = sm_count(self.device)
 
     def __enter__(self) -> Gpu:
         self.ctx.push()

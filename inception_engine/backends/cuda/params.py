@@ -135,10 +135,11 @@ def pack_params(weights: Weights, plan: Plan, configs: dict[str, ConvConfig | No
         elif cfg is not None and int8 is not None and cfg.tile.prefix.startswith(INT8_PREFIX):
             w, b = direct_weights(w, cfg.tile, int8.conv_weight_scales(op)), int8.conv_epilogue(op, b)
         elif cfg is not None:
-            if fp16_operands(cfg.tile.prefix) and w.size and float(np.abs(w).max()) > FP16_MAX:
-                raise EngineError(f"{op.name}: a weight of magnitude {float(np.abs(w).max()):.6g} is beyond fp16's "
-                                  f"range ({FP16_MAX:g}), which this precision's tensor-core kernels "
-                                  f"({cfg.tile.prefix}) take their operands in: use --precision tf32, or the CPU")
+            largest = float(np.abs(w).max()) if fp16_operands(cfg.tile.prefix) and w.size else 0.0
+            if largest > FP16_MAX:
+                raise EngineError(f"{op.name}: a weight of magnitude {largest:.6g} is beyond fp16's range "
+                                  f"({FP16_MAX:g}), which this precision's tensor-core kernels ({cfg.tile.prefix}) "
+                                  f"take their operands in: use --precision tf32, or the CPU")
             w = direct_weights(w, cfg.tile)
         add(op.name + ".weight", w)
         add(op.name + ".bias", b)
