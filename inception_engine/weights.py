@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -411,8 +412,20 @@ def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = Non
             expected = network_shapes(manifest)
         check_manifest(manifest, expected)
 
+        # Each reading thread opens the file once for itself: a ZipFile's members share its one file position,
+        # and Python 3.12's zipfile reads another thread's bytes when two threads open members of one ZipFile at once
+        # (seen on the GPU machine: "no npy header", "Overlapped entries").
+        local, opened = threading.local(), []
+
+        def own_zip() -> zipfile.ZipFile:
+            if not hasattr(local, "zf"):
+                local.zf = zipfile.ZipFile(path)
+                opened.append(local.zf)
+            return local.zf
+
         def checked(k: str) -> np.ndarray:
-            a = _read_member(zf, members[k], expected[k])
+            own = own_zip()
+            a = _read_member(own, own.getinfo(members[k].filename), expected[k])
             if manifest["sha256"][k] != sha256_array(k, a):
                 raise WeightsError(f"array {k} fails its checksum (damaged or edited file); {CONVERT_AGAIN}")
             if not np.all(np.isfinite(a)):
@@ -420,10 +433,14 @@ def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = Non
             return a.astype(np.float32, copy=False)
 
         # The arrays on READ_THREADS threads: their checksums and the zip's CRCs (hashlib and zlib release the GIL)
-        # are most of a load; the zip file serialises the reads themselves. The first failing array in the
-        # architecture's order is the one said, as a serial read would say it.
-        with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="weights") as pool:
-            arrays = dict(zip(expected, pool.map(checked, expected)))
+        # are most of a load. The first failing array in the architecture's order is the one said, as a serial
+        # read would say it.
+        try:
+            with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="weights") as pool:
+                arrays = dict(zip(expected, pool.map(checked, expected)))
+        finally:
+            for z in opened:
+                z.close()
     return arrays, manifest
 
 

@@ -179,6 +179,28 @@ def test_swapped_arrays_with_their_checksums_are_found(tiny_arch, tmp_path):
         assert "array a.weight fails its checksum" in refused(path)
 
 
+def test_no_zip_file_is_read_by_two_threads(tiny_arch, tmp_path, monkeypatch):
+    """The arrays are read on several threads, and a ZipFile's members share its one file position: each thread
+    opens its own (Python 3.12's zipfile read another thread's bytes there: "no npy header", "Overlapped entries")."""
+    import threading
+
+    readers: dict[int, set[int]] = {}
+    real_open = zipfile.ZipFile.open
+
+    def recording_open(self, *args, **kwargs):
+        readers.setdefault(id(self), set()).add(threading.get_ident())
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", recording_open)
+    monkeypatch.setattr(weights, "READ_THREADS", 4)
+    arrays = tiny_arrays()
+    path = write_zip(tmp_path / "w.npz", members_of(arrays, manifest_for(arrays)))
+    for _ in range(3):
+        w = load_weights(path)
+        assert all(np.array_equal(w.arrays[k], arrays[k]) for k in SHAPES)
+    assert readers and all(len(threads) == 1 for threads in readers.values()), readers
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_non_finite_weights_with_matching_checksums_are_refused(tiny_arch, tmp_path, value):
     arrays = tiny_arrays()
