@@ -412,9 +412,10 @@ def read_weight_file(path: Path, shapes: dict[str, tuple[int, ...]] | None = Non
             expected = network_shapes(manifest)
         check_manifest(manifest, expected)
 
-        # Each reading thread opens the file once for itself: a ZipFile's members share its one file position,
-        # and Python 3.12's zipfile reads another thread's bytes when two threads open members of one ZipFile at once
-        # (seen on the GPU machine: "no npy header", "Overlapped entries").
+        # Each reading thread opens the file for itself: the members of one ZipFile share its file object, and
+        # newer zipfiles (3.12's, 3.13's) skip a member header's extra field (numpy's zip64 one) with a seek relative
+        # to wherever another thread left that file, so concurrent opens read the wrong bytes ("no npy header",
+        # "Overlapped entries").
         local, opened = threading.local(), []
 
         def own_zip() -> zipfile.ZipFile:
