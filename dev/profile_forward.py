@@ -73,6 +73,8 @@ def main() -> None:
     # the concurrent graph's plan (its stages and streams), as inception-bench runs it
     with cb.CudaBackend(weights, plan, precision=args.precision, configs=configs, tune=tune) as graph:
         concurrent_plan = graph.plan
+        print(f"configs: the eager forward's from the {backend.tuning_source}, "
+              f"the graph's from the {graph.tuning_source}")
     print_critical_path(specs, ncu_durations(args.critical_path), concurrent_plan)
 
 
