@@ -1,0 +1,70 @@
+"""Split-K's cost inside the graph: a forward with its tuned configs against the same configs with every conv's K in
+one slice, alternated in one process (median milliseconds of ``CudaBackend.time_forward``, the graph's replay).
+
+At batch 1 the int8 forward's critical path holds 71 kernels for 50 ops: 21 are split-K reductions
+(conv_nhwc_i8_splitk_reduce), each a launch after its conv (`dev/profile_forward.py --critical-path`). Tuning times
+each conv alone; this measures whether those slices pay for their extra launch in the concurrent graph.
+
+    python3 dev/split_k_ab.py --precision int8 --weights W8.npz --batch 1 [--rounds 3] [--iters 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+import numpy as np
+
+from inception_engine.backends import cuda as cb
+from inception_engine.model_files import load_weights
+from inception_engine.plan import build_plan
+
+
+def one_slice(configs: dict) -> dict:
+    """The configs with K in one slice wherever a direct conv split it (Winograd's slices are left alone)."""
+    out = {}
+    for name, c in configs.items():
+        if c is None or c.wino or c.splits == 1:
+            out[name] = c
+        else:
+            out[name] = dataclasses.replace(c, splits=1, k_split=c.splits * c.k_split)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--precision", default="int8", choices=("fp32", "tf32", "fp16", "int8"))
+    p.add_argument("--weights", help="an engine weight file (int8: a calibrated one)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=300)
+    a = p.parse_args()
+    weights = load_weights(a.weights) if a.weights else cb.he_weights(0)
+    plan = build_plan(a.batch, weights.layers())
+    x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
+    with cb.CudaBackend(weights, plan, precision=a.precision, tune="cached") as tuned:
+        configs = tuned.configs
+        print(f"configs from the {tuned.tuning_source}; split convs: "
+              f"{sum(1 for c in configs.values() if c is not None and not c.wino and c.splits > 1)}")
+    variants = {"tuned": configs, "one slice": one_slice(configs)}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    backends = {k: cb.CudaBackend(weights, plan, precision=a.precision, configs=c) for k, c in variants.items()}
+    try:
+        for _ in range(a.rounds):
+            for k, b in backends.items():
+                times[k].append(statistics.median(b.time_forward(x, a.iters, 20)))
+        outs = {k: b.forward(x) for k, b in backends.items()}
+    finally:
+        for b in backends.values():
+            b.close()
+    for k, t in times.items():
+        rounds = ", ".join(f"{v:.4f}" for v in t)
+        print(f"{k:10s} batch {a.batch}: {rounds} ms (median {statistics.median(t):.4f})")
+    same = np.array_equal(outs["tuned"], outs["one slice"])
+    print(f"logits identical: {same}" + ("" if same else
+          f" (max |difference| {np.abs(outs['tuned'] - outs['one slice']).max():.3g})"))
+
+
+if __name__ == "__main__":
+    main()
