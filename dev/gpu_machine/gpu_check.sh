@@ -42,7 +42,8 @@
 #    precisions and batches, first long run against a repeated one, --gpus 1..N, the PyTorch script)
 #
 # 14. (group int8) a calibrated synthetic weight file, the int8 GPU tests (every op element for element), inception-tune
-#    int8, and inception-bench int8 beside fp16 and torch.compile fp16
+#    int8, and inception-bench int8 beside fp16 and torch.compile fp16; at batch 1, dev/split_k_ab.py and the
+#    critical path kernel by kernel (ncu, dev/profile_forward.py --critical-path)
 # 15. (group fid) issue 52 with the FID kit (dev/gpu_machine/fid_kit.sh: pytorch-fid, clean-fid): resize_fid.cu
 #    against the CPU path (tests/kernels/test_resize_fid.py), pytorch-fid's FID against inception-fid's on the same
 #    random weights (tests/e2e/test_pytorch_fid_agreement.py, cpu and cuda), then dev/bench_fid.py (FID_ARGS; default
@@ -202,6 +203,12 @@ if want int8; then
     --json "$OUT/bench_int8.json"
   bench "bench fp16 (int8's peer)" 170 --backends cuda,torch-compile --precision fp16 --batch-sizes 1,128 \
     --iters 50 --no-reference --weights "$W8" --json "$OUT/bench_int8_fp16.json"
+  # batch 1: the tuned split-K against one slice in the graph, and the critical path kernel by kernel
+  step "split-K A/B int8 b1" int8.log 90 python3 dev/split_k_ab.py --precision int8 --weights "$W8" --batch 1
+  step "ncu int8 b1" int8.log 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    --log-file "$OUT/ncu_int8_b1.log" python3 dev/profile_forward.py --precision int8 --weights "$W8" --batch 1 --tuned
+  step "critical path int8 b1" int8.log 60 python3 dev/profile_forward.py --precision int8 --weights "$W8" \
+    --batch 1 --tuned --critical-path "$OUT/ncu_int8_b1.log"
 fi
 
 # Issue 23's floor: each conv of the forward as the plain GEMM cuBLAS runs (dev/gemm_floor.py), beside ours.
