@@ -87,8 +87,35 @@ def ncu_durations(path: Path) -> list[tuple[str, float]]:
     return [(r[name], float(r[value].replace(",", "")) * scale[r[unit]]) for r in rows[1:] if len(r) > value]
 
 
+def critical_path(plan, per_op: dict[str, float]) -> tuple[list[int], float]:
+    """The concurrent graph's critical path through ``plan``'s stages and streams (schedule.py), each op taking
+    ``per_op[name]``: the ops on it in order (indices into plan.ops) and its length. An op starts when its stream's
+    previous op and the ops it waits for have ended, a stage's first ops when the stage before it has."""
+    sched = schedule(plan)
+    end: dict[int, float] = {}
+    came_from: dict[int, int | None] = {}  # op -> the op it waited for last (the path backwards)
+    stage_start, stage_first, stage_last, tails = 0.0, 0, None, {}
+    for i, op in enumerate(plan.ops):
+        if i and plan.stages[i] != plan.stages[i - 1]:
+            stage_last = max(range(stage_first, i), key=lambda j: end[j])
+            stage_start, stage_first, tails = end[stage_last], i, {}
+        before = [(stage_start, stage_last)] + [(end[j], j) for j in sched[i].waits]
+        if sched[i].stream in tails:
+            before.append((end[tails[sched[i].stream]], tails[sched[i].stream]))
+        start, came_from[i] = max(before, key=lambda t: t[0])
+        end[i] = start + per_op.get(op.name, 0.0)
+        tails[sched[i].stream] = i
+    last = max(end, key=lambda j: end[j])
+    path: list[int] = []
+    j: int | None = last
+    while j is not None:
+        path.append(j)
+        j = came_from[j]
+    return path[::-1], end[last]
+
+
 def print_critical_path(specs, durations: list[tuple[str, float]], plan) -> None:
-    """Per op its kernels' time; the critical path of the concurrent graph through ``plan``'s stages."""
+    """Per op on the concurrent graph's critical path its kernels' time (``durations``, ncu's, in launch order)."""
     timed = durations[-len(specs):]  # the forward's launches are the last ones (any before belong to the set-up)
     if len(timed) < len(specs) or any(s.kernel != k for s, (k, _) in zip(specs, timed)):
         raise SystemExit(f"the CSV's last {len(specs)} kernels are not this forward's launches")
@@ -97,34 +124,11 @@ def print_critical_path(specs, durations: list[tuple[str, float]], plan) -> None
     for s, (_, us) in zip(specs, timed):
         per_op[s.op] += us
         kernels[s.op] += 1
-    sched = schedule(plan)
-    end: dict[int, float] = {}
-    on_path: dict[int, int | None] = {}  # op -> the op it waited for last (the path backwards)
-    stage_start, stage_first, tails = 0.0, None, {}
-    for i, op in enumerate(plan.ops):
-        if i == 0 or plan.stages[i] != plan.stages[i - 1]:
-            if i:
-                last = max(range(stage_first, i), key=lambda j: end[j])
-                stage_start, stage_last = end[last], last
-            else:
-                stage_last = None
-            stage_first, tails = i, {}
-        before = [(stage_start, stage_last)] + [(end[j], j) for j in sched[i].waits]
-        if sched[i].stream in tails:
-            before.append((end[tails[sched[i].stream]], tails[sched[i].stream]))
-        start, on_path[i] = max(before, key=lambda t: t[0])
-        end[i] = start + per_op.get(op.name, 0.0)
-        tails[sched[i].stream] = i
-    last = max(end, key=lambda j: end[j])
-    path = []
-    j: int | None = last
-    while j is not None:
-        path.append(j)
-        j = on_path[j]
+    path, length = critical_path(plan, per_op)
     total = sum(us for _, us in timed)
-    print(f"{len(specs)} launches, {total:.1f} us in all; critical path {end[last]:.1f} us through {len(path)} ops, "
+    print(f"{len(specs)} launches, {total:.1f} us in all; critical path {length:.1f} us through {len(path)} ops, "
           f"{sum(kernels[plan.ops[j].name] for j in path)} kernels")
-    for j in reversed(path):
+    for j in path:
         name = plan.ops[j].name
         print(f"  {per_op.get(name, 0.0):7.1f} us {kernels[name]:2d} kernel(s)  {name}")
 

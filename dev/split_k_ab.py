@@ -1,5 +1,7 @@
-"""Split-K's cost inside the graph: a forward with its tuned configs against the same configs with every conv's K in
-one slice, alternated in one process (median milliseconds of ``CudaBackend.time_forward``, the graph's replay).
+"""Split-K's cost inside the graph: a forward with its tuned configs against the same configs with K in one slice,
+everywhere or only on the critical path (the ops on the graph's longest chain of kernels, each kernel counted one,
+profile_forward.critical_path), alternated in one process (median milliseconds of ``CudaBackend.time_forward``, the
+graph's replay).
 
 At batch 1 the int8 forward's critical path holds 71 kernels for 50 ops: 21 are split-K reductions
 (conv_nhwc_i8_splitk_reduce), each a launch after its conv (`dev/profile_forward.py --critical-path`). Tuning times
@@ -13,6 +15,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -20,12 +25,16 @@ from inception_engine.backends import cuda as cb
 from inception_engine.model_files import load_weights
 from inception_engine.plan import build_plan
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_forward import critical_path  # noqa: E402
 
-def one_slice(configs: dict) -> dict:
-    """The configs with K in one slice wherever a direct conv split it (Winograd's slices are left alone)."""
+
+def one_slice(configs: dict, only: set[str] | None = None) -> dict:
+    """The configs with K in one slice wherever a direct conv split it (of the ops in ``only`` where given;
+    Winograd's slices are left alone)."""
     out = {}
     for name, c in configs.items():
-        if c is None or c.wino or c.splits == 1:
+        if c is None or c.wino or c.splits == 1 or (only is not None and name not in only):
             out[name] = c
         else:
             out[name] = dataclasses.replace(c, splits=1, k_split=c.splits * c.k_split)
@@ -45,9 +54,13 @@ def main() -> None:
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
     with cb.CudaBackend(weights, plan, precision=a.precision, tune="cached") as tuned:
         configs = tuned.configs
+        kernels = Counter(s.op for s in tuned.specs)
+        path, length = critical_path(tuned.plan, {op: float(n) for op, n in kernels.items()})
+        on_path = {tuned.plan.ops[j].name for j in path}
         print(f"configs from the {tuned.tuning_source}; split convs: "
-              f"{sum(1 for c in configs.values() if c is not None and not c.wino and c.splits > 1)}")
-    variants = {"tuned": configs, "one slice": one_slice(configs)}
+              f"{sum(1 for c in configs.values() if c is not None and not c.wino and c.splits > 1)}; the critical "
+              f"path: {len(path)} ops, {length:.0f} kernels")
+    variants = {"tuned": configs, "one slice": one_slice(configs), "on path": one_slice(configs, on_path)}
     times: dict[str, list[float]] = {k: [] for k in variants}
     backends = {k: cb.CudaBackend(weights, plan, precision=a.precision, configs=c) for k, c in variants.items()}
     try:
@@ -61,9 +74,9 @@ def main() -> None:
     for k, t in times.items():
         rounds = ", ".join(f"{v:.4f}" for v in t)
         print(f"{k:10s} batch {a.batch}: {rounds} ms (median {statistics.median(t):.4f})")
-    same = np.array_equal(outs["tuned"], outs["one slice"])
-    print(f"logits identical: {same}" + ("" if same else
-          f" (max |difference| {np.abs(outs['tuned'] - outs['one slice']).max():.3g})"))
+    for k in ("one slice", "on path"):
+        diff = float(np.abs(outs["tuned"] - outs[k]).max())
+        print(f"{k}: logits {'identical to the tuned' if diff == 0 else f'differ from the tuned by up to {diff:.3g}'}")
 
 
 if __name__ == "__main__":
