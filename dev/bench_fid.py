@@ -58,11 +58,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from startup_stamps import COMMANDS, collapsed, stamps, step_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SIZE = 256
-FID_CLI = "from inception_engine.fid_command import fid_main; fid_main()"
+FID_CLI = COMMANDS["fid"]  # inception-fid as `python -c` runs it
 # pytorch-fid's own main() with its weight download replaced by the state dict in $BENCH_FID_STATE_DICT (and, with
 # BENCH_FID_TORCH_FP32=1, TF32 convolutions off), on this machine's SciPy (scripts/export_pytorch_fid_onnx.py's
 # pytorch_fid_on_this_scipy: 0.3.0 calls sqrtm with a keyword SciPy 1.18 removed); nothing else of it is changed
@@ -436,8 +437,6 @@ def job_limits(args: argparse.Namespace, folder: Path, stats: Path, weights: Pat
 def job_steps(folder: Path, stats: Path, weights: Path, precision: str, decode: str) -> list[list]:
     """The whole job once under dev/startup_stamps.py: its main process's steps (a step repeated back to back as
     one, with its count), printed and returned as [step, start s, end s, thread, count]."""
-    from startup_stamps import collapsed, stamps, step_lines
-
     args = [str(folder), str(stats), "--weights", str(weights), "--json", "--precision", precision, "--decode",
             decode]
     wall, code, _, procs = stamps(args, "fid")

@@ -52,7 +52,9 @@ def main() -> None:
     weights = load_weights(a.weights) if a.weights else cb.he_weights(0)
     plan = build_plan(a.batch, weights.layers())
     x = np.random.default_rng(1).standard_normal(plan.input.dims).astype(np.float32)
-    with cb.CudaBackend(weights, plan, precision=a.precision, tune="cached") as tuned:
+    tuned = cb.CudaBackend(weights, plan, precision=a.precision, tune="cached")
+    backends = {"tuned": tuned}
+    try:
         configs = tuned.configs
         kernels = Counter(s.op for s in tuned.specs)
         path, length = critical_path(tuned.plan, {op: float(n) for op, n in kernels.items()})
@@ -60,10 +62,9 @@ def main() -> None:
         print(f"configs from the {tuned.tuning_source}; split convs: "
               f"{sum(1 for c in configs.values() if c is not None and not c.wino and c.splits > 1)}; the critical "
               f"path: {len(path)} ops, {length:.0f} kernels")
-    variants = {"tuned": configs, "one slice": one_slice(configs), "on path": one_slice(configs, on_path)}
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    backends = {k: cb.CudaBackend(weights, plan, precision=a.precision, configs=c) for k, c in variants.items()}
-    try:
+        for k, c in (("one slice", one_slice(configs)), ("on path", one_slice(configs, on_path))):
+            backends[k] = cb.CudaBackend(weights, plan, precision=a.precision, configs=c)
+        times: dict[str, list[float]] = {k: [] for k in backends}
         for _ in range(a.rounds):
             for k, b in backends.items():
                 times[k].append(statistics.median(b.time_forward(x, a.iters, 20)))

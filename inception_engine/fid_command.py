@@ -55,13 +55,6 @@ def stats_side(path: str) -> Side:
     return Side(path, mu=mu, sigma=sigma)
 
 
-def rooted_side(inputs: list[str]) -> int:
-    """Which side's covariance the distance factors (fid.frechet_distance's sigma1): B where it is a statistics
-    file, whose factor is then computed while the engine starts, else A. So a folder scores the same digits as its
-    saved statistics in the same place."""
-    return 1 if len(inputs) == 2 and is_stats_file(inputs[1]) else 0
-
-
 def is_stats_file(arg: str) -> bool:
     return arg.lower().endswith(".npz")
 
@@ -216,7 +209,10 @@ def run_fid(config: EngineConfig | None, inputs: list[str], kid: bool, isc: bool
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="inception-fid-") as tmp:
         files = {k: stats_side(arg) for k, arg in enumerate(inputs) if is_stats_file(arg)}  # bad ones said first
-        rooted = rooted_side(inputs)
+        # the side whose covariance the distance factors (fid.frechet_distance's sigma1): B where it is a statistics
+        # file, whose factor is then computed while the engine starts, else A; so a folder scores the same digits as
+        # its saved statistics in the same place
+        rooted = 1 if 1 in files else 0
         engine = None
         if config is not None:
             with ThreadPoolExecutor(1, thread_name_prefix="fid-root") as pool:
