@@ -243,32 +243,28 @@ class Engine:
         """The batch size of a run of ``n_images``: the engine's, or all of them where they are fewer."""
         return max(1, min(self.batch_size, n_images))
 
-    def backend_for_run(self, n_images: int) -> Any:
-        """The backend a run of ``n_images`` takes (one batch size, tuned only for long runs), built now where it is
-        not yet: a caller that knows the run's size can build it beside other work, and ``runner`` finds it."""
-        return self.backend_for(self.run_batch(n_images), True if measures_in_run(n_images) else "cached")
-
     def runner(self, n_images: int, features: bool = False, decode_chains: int | None = None) -> Runner:
-        """The pipeline's runner for a run of ``n_images`` (``backend_for_run``'s backend); with ``features``, one
-        that keeps each batch's pool features (``features_of``); a cuda runner decoding on the GPU with
-        ``decode_chains`` decode calls in flight (None: jpeg_decode.DECODE_CHAINS)."""
+        """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs; with
+        ``features``, one that keeps each batch's pool features (``features_of``); a cuda runner decoding on the GPU
+        with ``decode_chains`` decode calls in flight (None: jpeg_decode.DECODE_CHAINS)."""
         batch = self.run_batch(n_images)
+        tune: bool | str = True if measures_in_run(n_images) else "cached"
         if features:
             self.check_features()
         if self._backend_name != "cuda":
             return HostRunner(self.forward, batch, self.preprocess, features)
         started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:
-            return self._cuda_runner(n_images, started, features, decode_chains)
+            return self._cuda_runner(batch, tune, started, features, decode_chains)
         finally:
             if started is not None:
                 started.close()  # nothing left to close where the runner's decoder took it
 
-    def _cuda_runner(self, n_images: int, started: Any, features: bool = False,
+    def _cuda_runner(self, batch: int, tune: bool | str, started: Any, features: bool = False,
                      decode_chains: int | None = None) -> Runner:
         from .cuda_runner import CudaRunner  # on use: it loads the CUDA backend's package
 
-        backend, batch = self.backend_for_run(n_images), self.run_batch(n_images)
+        backend = self.backend_for(batch, tune)
         if getattr(backend, "tuning_source", None) == "model":
             self._note_once(f"no tuning table for {backend.gpu.device.name()} ({self.precision}, batch {batch}): "
                             f"running the cost model's kernels; `inception-tune --precisions {self.precision} "

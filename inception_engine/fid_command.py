@@ -86,9 +86,9 @@ def list_folder(folder: str, recursive: bool) -> list[str]:
     return [path for path, _ in listed.items]
 
 
-def score_folder(engine: Engine, folder: str, paths: list[str], keep: tuple[bool, bool], tmp: Path) -> Side:
-    """One pass over a folder's images (``list_folder``'s paths): running statistics, and where ``keep`` says so
-    (features, logits) their files."""
+def score_folder(engine: Engine, folder: str, recursive: bool, keep: tuple[bool, bool], tmp: Path) -> Side:
+    """One pass over a folder: running statistics, and where ``keep`` says so (features, logits) their files."""
+    paths = list_folder(folder, recursive)
     side = Side(folder, len(paths))
     # host decoding: worker processes on every core, where a multi-threaded BLAS would only slow them
     stats = RunningStats(blas=contextlib.nullcontext if engine.decode == "gpu" else single_threaded_blas)
@@ -213,16 +213,13 @@ def run_fid(config: EngineConfig | None, inputs: list[str], kid: bool, isc: bool
         # file, whose factor is then computed while the engine starts, else A; so a folder scores the same digits as
         # its saved statistics in the same place
         rooted = 1 if 1 in files else 0
-        folders = {k: list_folder(arg, recursive) for k, arg in enumerate(inputs) if k not in files}
         engine = None
         if config is not None:
             with ThreadPoolExecutor(1, thread_name_prefix="fid-root") as pool:
-                # the statistics file's factor (a second or more where it is singular) beside the engine's start and
-                # the build of the first folder's backend, which use no BLAS: so it runs with the BLAS's threads as
-                # they are, and ends before scoring begins
+                # the statistics file's factor (a second or more where it is singular) beside the engine's start,
+                # which uses no BLAS: so it runs with the BLAS's threads as they are, and ends before scoring begins
                 root = pool.submit(covariance_root, files[rooted].sigma) if rooted in files else None
                 engine = Engine.from_config(config)
-                engine.backend_for_run(len(folders[min(folders)]))
                 if root is not None:
                     files[rooted].root = root.result()
         if engine is not None:  # its fallbacks, once a machine as inception-run says them (not the numbered classes)
@@ -237,7 +234,7 @@ def run_fid(config: EngineConfig | None, inputs: list[str], kid: bool, isc: bool
                     sides.append(files[k])
                 else:
                     assert engine is not None
-                    sides.append(score_folder(engine, arg, folders[k], (kid, isc and k == 0), Path(tmp)))
+                    sides.append(score_folder(engine, arg, recursive, (kid, isc and k == 0), Path(tmp)))
             result.update(scores(sides, kid, isc, rooted))
             if engine is not None:
                 model = engine.model

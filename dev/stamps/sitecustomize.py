@@ -9,7 +9,7 @@ import os
 
 # module -> the functions (or Class.method) stamped there: the steps of an engine's start, a run, and its end
 STAMPED = {
-    "inception_engine.engine": ["Engine._start", "Engine.backend_for_run", "Engine.runner", "Engine.close"],
+    "inception_engine.engine": ["Engine._start", "Engine.runner", "Engine.close"],
     "inception_engine.ingest.jpeg_decode": ["open_native", "warm_up"],
     "inception_engine.backends.cuda.backend": ["CudaBackend.__init__", "tune_configs"],
     "inception_engine.backends.cuda.device": ["Gpu.__init__"],

@@ -87,35 +87,24 @@ def test_statistics_saved_and_reused_give_the_same_fid(fid_weights, dirs, tmp_pa
 
 
 def test_a_statistics_file_is_factored_while_the_engine_starts(fid_weights, dirs, tmp_path, monkeypatch):
-    """A against B's statistics: B's covariance is factored on a thread of its own beside the engine's start and the
-    build of A's backend (the factor waits, here, until that backend is built), and the FID is the digits of A's
-    statistics against B's, the same factor taken."""
+    """A against B's statistics: B's covariance is factored on a thread of its own beside the engine's start, and
+    the FID is the digits of A's statistics against B's, the same factor taken."""
     import threading
-
-    from inception_engine.engine import Engine
 
     a, b = dirs
     sa, sb = tmp_path / "a.npz", tmp_path / "b.npz"
     for d, s in ((a, sa), (b, sb)):
         assert run(d, "--save-stats", s, "--weights", fid_weights, "--backend", "cpu").exit_code == 0
     threads: list[str] = []
-    overlapped: list[bool] = []
-    real, real_build, built = fid_command.covariance_root, Engine.backend_for_run, threading.Event()
+    real = fid_command.covariance_root
 
     def recorded(sigma):
         threads.append(threading.current_thread().name)
-        overlapped.append(built.wait(60))  # False: the backend was built only once the factor was done
         return real(sigma)
 
-    def build(self, n_images):
-        backend = real_build(self, n_images)
-        built.set()
-        return backend
-
     monkeypatch.setattr(fid_command, "covariance_root", recorded)
-    monkeypatch.setattr(Engine, "backend_for_run", build)
     folder_vs_file = json.loads(run(a, sb, "--weights", fid_weights, "--backend", "cpu", "--json").stdout)["fid"]
-    assert len(threads) == 1 and threads[0].startswith("fid-root") and overlapped == [True]
+    assert len(threads) == 1 and threads[0].startswith("fid-root")
     files = json.loads(run(sa, sb, "--json").stdout)["fid"]
     assert folder_vs_file == files  # the same statistics and the same factor: the same digits
     want = frechet_distance(*load_stats(sb), *load_stats(sa))
