@@ -32,7 +32,7 @@ from inception_engine.backends.cuda.cost_model import ConvConfig, choose_configs
 from inception_engine.backends.cuda.kernels import NHWC_CONV_FORMAT, arg_format, source_of
 from inception_engine.backends.cuda.launch import LaunchSpec
 from inception_engine.backends.cuda.launch_nhwc import check_nhwc, nhwc_conv_specs, nhwc_pool_spec, nhwc_ptr
-from inception_engine.backends.cuda.params import direct_weights, op_params, round_tf32
+from inception_engine.backends.cuda.params import direct_weights, fp32_halves, op_params, round_tf32
 from inception_engine.backends.cuda.tensor_maps import MAP_BYTES
 from inception_engine.backends.cuda.tiles import (HALO_THREADS, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE,
                                                   MAX_SHARED_BYTES, NHWC_ELEMS, TILES_OF, WGMMA_LO_TILES, Tile, blocks,
@@ -105,9 +105,38 @@ def test_nhwc_weights_are_rows_in_rsc_order_padded_to_eight_channels(precision):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((5, 3, 3, 2)).astype(np.float32)
     for tile in NHWC_ELEMS[precision].tiles(wgmma=True):
-        got = direct_weights(w, tile).view(DTYPE[precision]).reshape(5, 3, 2, 8)
-        np.testing.assert_array_equal(got[..., :3], as_elem(w.transpose(0, 2, 3, 1), precision))
+        got = direct_weights(w, tile)
+        if precision == "fp32":  # pieces of four channels as their fp16 halves, which hold float32's value to ~2^-24
+            got = unsplit_halves(got).reshape(5, 3, 2, 8)
+            np.testing.assert_allclose(got[..., :3], w.transpose(0, 2, 3, 1), rtol=2.0 ** -22, atol=0)
+        else:
+            got = got.view(DTYPE[precision]).reshape(5, 3, 2, 8)
+            np.testing.assert_array_equal(got[..., :3], as_elem(w.transpose(0, 2, 3, 1), precision))
         assert not got[..., 3:].any()
+
+
+def unsplit_halves(pieces: np.ndarray) -> np.ndarray:
+    """fp32_halves' rows back to float32: hi + lo 2^-11 of each piece's four high then four low halves."""
+    h = pieces.view(np.float16).reshape(pieces.shape[0], -1, 2, 4).astype(np.float64)
+    return (h[:, :, 0] + h[:, :, 1] / 2048).reshape(pieces.shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("scale", (1.0, 2.0 ** -10, 300.0))
+def test_fp32_weight_halves_are_the_kernels_split(scale):
+    """The fp32 tiles' weights come split from the host (params.fp32_halves), so they must be the halves the kernel
+    makes of its activations (conv_mma.cuh's NhwcF32::split): hi = rn(w), lo = rn((w - hi) 2^11), each piece's four
+    high halves then its four low ones; together they hold float32's value to ~2^-24 of the row's largest (closer
+    than that to a weight whose high half is an fp16 subnormal only through the low half)."""
+    rng = np.random.default_rng(3)
+    w = (scale * rng.standard_normal((7, 24))).astype(np.float32)
+    got = fp32_halves(w)
+    assert got.dtype == np.float32 and got.shape == w.shape
+    h = got.view(np.float16).reshape(7, 6, 2, 4)
+    hi, lo = h[:, :, 0].reshape(7, 24), h[:, :, 1].reshape(7, 24)
+    np.testing.assert_array_equal(hi, w.astype(np.float16))
+    np.testing.assert_array_equal(lo, ((w - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16))
+    err = np.abs(unsplit_halves(got).astype(np.float64) - w) / np.abs(w).max(axis=1, keepdims=True)
+    assert err.max() <= 2.0 ** -22, err.max()
 
 
 def test_round_tf32_is_cvt_rna():
