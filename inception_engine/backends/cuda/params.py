@@ -12,7 +12,7 @@ from ...weights import Weights
 from .cost_model import ConvConfig
 from .int8_scales import Int8Scales
 from ..int8_reference import quantize_weights
-from .tiles import NHWC_PIECE, Tile
+from .tiles import Tile, nhwc_cin
 from .winograd import o_pad, winograd_transforms, winograd_weights
 
 INT8_PREFIX = "conv_nhwc_i8"  # the int8 NHWC conv tiles' kernels (conv_nhwc_wgmma.cu's NhwcI8)
@@ -39,8 +39,8 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
     multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cuh
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
-    rounded to TF32 (``round_tf32``), for its fp32 tiles the halves of ``fp32_halves`` (four channels a 16-byte
-    piece, as float32 would take);
+    rounded to TF32 (``round_tf32``), for its fp32 tiles float32, which conv_nhwc_f32_split_weights splits into
+    fp16 halves on the GPU once they are uploaded (lowering's setup launches);
     conv_input_nhwc.cu reads wt as conv.cu. The int8 tiles (``scales``: the per-output-channel weight scales,
     required): ``int8_rows`` of ``clip(rint(w / scales[o]), -127, 127)``, int8_reference.quantize_weights."""
     if tile.prefix.startswith(INT8_PREFIX):
@@ -50,12 +50,11 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     if tile.prefix.startswith("conv_nhwc"):
         cout, cin, kh, kw = w.shape
         tf32, f32 = tile.prefix.startswith("conv_nhwc_tf32"), tile.prefix.startswith("conv_nhwc_f32")
-        w16 = np.zeros((cout, kh, kw, -(-cin // NHWC_PIECE) * NHWC_PIECE),
-                       np.float32 if tf32 or f32 else np.float16)
+        w16 = np.zeros((cout, kh, kw, nhwc_cin(cin)), np.float32 if tf32 or f32 else np.float16)
         with np.errstate(over="ignore"):
             w16[..., :cin] = w.transpose(0, 2, 3, 1)
         w16 = w16.reshape(cout, -1)
-        return round_tf32(w16) if tf32 else fp32_halves(w16) if f32 else w16.view(np.float32)
+        return round_tf32(w16) if tf32 else w16 if f32 else w16.view(np.float32)
     w = w.reshape(w.shape[0], -1)
     if tile.prefix != "conv_f16":
         return np.ascontiguousarray(w.T, dtype=np.float32)
@@ -63,20 +62,6 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     with np.errstate(over="ignore"):
         w16[:, :w.shape[1]] = w
     return w16.view(np.float32)
-
-
-def fp32_halves(w: np.ndarray) -> np.ndarray:
-    """float32 rows (Cout, K), K a multiple of 4, as the fp32 tiles' weights (conv_mma.cuh's NhwcF32): each piece of
-    four consecutive k split into fp16 halves as the kernel splits its activations, hi = rn(w) and
-    lo = rn((w - hi) 2^11) (the difference and the product exact in float32), stored as the piece's four high halves
-    then its four low ones: 16 bytes, where the piece's float32 values would be. The kernel copies them into its
-    tiles instead of splitting the weights again in every block."""
-    cout, k = w.shape
-    hi = w.astype(np.float16)
-    with np.errstate(over="ignore", invalid="ignore"):
-        lo = ((w - hi.astype(np.float32)) * np.float32(2048.0)).astype(np.float16)
-    pieces = np.concatenate([hi.reshape(cout, k // 4, 4), lo.reshape(cout, k // 4, 4)], axis=2)
-    return np.ascontiguousarray(pieces).view(np.float32).reshape(cout, k)
 
 
 def round_tf32(a: np.ndarray) -> np.ndarray:
