@@ -217,7 +217,8 @@ struct NhwcTf32 {
 // at fp16's rate (twice TF32's). The low halves are scaled by 2^11 so that they stay normal fp16 numbers: unscaled,
 // the low half of a weight of 0.01 would be a subnormal with a few bits. The high halves need |a| < 65520 (fp16's
 // largest, rounded to): larger activations or weights become infinities (the backend checks the weights).
-// split() turns a 16-byte piece in shared memory into four fp16 high halves at `hi` and four low ones at `lo`.
+// split() turns a 16-byte piece of activations in shared memory into four fp16 high halves at `hi` and four low ones
+// at `lo`; the weights' pieces come split (copy_halves).
 struct NhwcF32 : NhwcTf32 {
     static constexpr bool SPLIT = true;
     static constexpr float LO_SCALE = 2048.f, LO_UNSCALE = 1.f / 2048.f;  // 2^11 and back: exact
@@ -235,6 +236,13 @@ struct NhwcF32 : NhwcTf32 {
                                                         (v.y - f16::unpack(h01, 1)) * LO_SCALE),
                                               f16::pack((v.z - f16::unpack(h23, 0)) * LO_SCALE,
                                                         (v.w - f16::unpack(h23, 1)) * LO_SCALE)};
+    }
+    // A weight piece arrives split (conv_nhwc_wgmma.cu's conv_nhwc_f32_split_weights: the same halves, made once
+    // after the upload): its 16 bytes are the four high halves, then the four low ones.
+    __device__ __forceinline__ static void copy_halves(const T* piece, unsigned short* hi, unsigned short* lo) {
+        const uint4 v = *reinterpret_cast<const uint4*>(piece);
+        *reinterpret_cast<uint2*>(hi) = uint2{v.x, v.y};
+        *reinterpret_cast<uint2*>(lo) = uint2{v.z, v.w};
     }
     // The split halves' products: fp16 wgmma (k16 a row of 32 bytes).
     template <int N>

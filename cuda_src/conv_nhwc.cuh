@@ -216,10 +216,11 @@ struct NhwcLoader {
         }
     }
 
-    // SPLIT element types: this thread's pieces of the tile in `stage` go, as fp16 high and low halves (E::split), to
-    // the same rows of a set of four tiles of 32-byte rows at `set`: A's high halves (BM rows), A's low ones, B's
-    // high ones (BN rows), B's low ones. Each piece is split by the thread that copied it, once its own copies have
-    // landed (cp_async_ring's landed), so no other thread has to wait.
+    // SPLIT element types: this thread's pieces of the tile in `stage` go, as fp16 high and low halves, to the same
+    // rows of a set of four tiles of 32-byte rows at `set`: A's high halves (BM rows), A's low ones, B's high ones (BN
+    // rows), B's low ones. Each piece is handled by the thread that copied it, once its own copies have landed
+    // (cp_async_ring's landed), so no other thread has to wait: A's pieces are split (E::split), B's came split
+    // (conv_nhwc_f32_split_weights, once after the upload) and are only moved (E::copy_halves).
     __device__ __forceinline__ void split(int stage, unsigned short* set) const {
         using S = HalvesSet<BM, BN>;
         static_assert(BK == S::ROW, "a stage's k is one row of halves");
@@ -234,7 +235,7 @@ struct NhwcLoader {
 #pragma unroll
             for (int i = 0; i < B_ROWS; ++i) {
                 unsigned short* const at = set + half_at + i * ROWS * S::ROW;
-                E::split(bd + i * ROWS * BK, at + S::B_HI, at + S::B_LO);
+                E::copy_halves(bd + i * ROWS * BK, at + S::B_HI, at + S::B_LO);
             }
         }
     }

@@ -229,6 +229,22 @@ CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 256, 32)
 #endif
 #endif
 
+// conv_nhwc_f32_split_weights: the fp32 tiles' weight rows (params.direct_weights), uploaded as float32, become in
+// place what their loader copies (NhwcF32::copy_halves): each 16-byte piece of four weights its four fp16 high
+// halves, then its four low ones, made by NhwcF32::split, the rounding the tiles give their activations. Launched
+// once per weight array after the parameters are uploaded (lowering's setup launches): no block splits the weights
+// again, and the host does not either (NumPy's float16 casts cost ~6 ns a weight on the development machine).
+// Launch: block 256, grid ceil(pieces / 256).
+#ifdef IE_NHWC_FP32
+extern "C" __global__ void __launch_bounds__(256) conv_nhwc_f32_split_weights(float* w, int pieces) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= pieces) return;
+    float* const piece = w + 4 * i;
+    unsigned short* const halves = reinterpret_cast<unsigned short*>(piece);
+    NhwcF32::split(piece, halves, halves + 4);  // the piece is read whole before its halves are written
+}
+#endif
+
 // conv_nhwc_i8_splitk_reduce: y[p, m] (int8, the parts) = NhwcStore::column4's epilogue of the int32 sum over z of
 // ws[z][p][m] (exact: int32 sums of int8 products, whatever the slices), two channels a thread, one 2-byte store (a
 // moved pool's raw products: the sums, one 8-byte store).

@@ -31,14 +31,15 @@ from inception_engine.backends.cuda.backend import CudaBackend
 from inception_engine.backends.cuda.cost_model import ConvConfig, choose_configs
 from inception_engine.backends.cuda.kernels import NHWC_CONV_FORMAT, arg_format, source_of
 from inception_engine.backends.cuda.launch import LaunchSpec
+from inception_engine.backends.cuda.families.conv_nhwc import SPLIT_WEIGHTS, weight_setup_specs
 from inception_engine.backends.cuda.launch_nhwc import check_nhwc, nhwc_conv_specs, nhwc_pool_spec, nhwc_ptr
 from inception_engine.backends.cuda.params import direct_weights, op_params, round_tf32
 from inception_engine.backends.cuda.tensor_maps import MAP_BYTES
 from inception_engine.backends.cuda.tiles import (HALO_THREADS, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE,
                                                   MAX_SHARED_BYTES, NHWC_ELEMS, TILES_OF, WGMMA_LO_TILES, Tile, blocks,
                                                   check_nhwc_precision, halo_smem_bytes, input_tile, is_halo,
-                                                  is_pingpong, is_tma, is_ws, tile_fits, wgmma_ring_bytes, wgmma_stages,
-                                                  ws_row, ws_stages, ws_tile, ws_tma_tile)
+                                                  is_pingpong, is_tma, is_ws, nhwc_cin, tile_fits, wgmma_ring_bytes,
+                                                  wgmma_stages, ws_row, ws_stages, ws_tile, ws_tma_tile)
 from inception_engine.backends.cuda.tuning import tuning_candidates
 from inception_engine.backends.numpy_primitives import conv2d_bias_relu, pool2d
 from inception_engine.errors import EngineError
@@ -61,7 +62,7 @@ KERNELS = [f"{t.prefix}_{t.name}" for p in PRECISIONS for t in NHWC_ELEMS[p].til
     for name in ("pool2d_nhwc", "global_avg_pool_nhwc", "conv_input_nhwc")] + [
     f"conv_nhwc{NHWC_ELEMS[p].suffix}_splitk_reduce" for p in PRECISIONS] + [
     f"conv_input_mma_nhwc{NHWC_ELEMS[p].suffix}" for p in INPUT_MMA_PRECISIONS] + [
-    f"{t.prefix}_maxpool3_{t.name}" for p in PRECISIONS for t in NHWC_ELEMS[p].mma_tiles]
+    f"{t.prefix}_maxpool3_{t.name}" for p in PRECISIONS for t in NHWC_ELEMS[p].mma_tiles] + [SPLIT_WEIGHTS]
 DTYPE = {"fp16": np.float16, "tf32": np.float32, "fp32": np.float32}
 
 
@@ -269,6 +270,16 @@ def ideal_conv(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, precisio
     return elem(y)
 
 
+def put_weights(mem, op: ConvOp, tile: Tile, w: np.ndarray) -> int:
+    """The conv's weights uploaded as the backend uploads them (params.direct_weights), then what they need once
+    there (weight_setup_specs: on fp32 tiles, the split into fp16 halves); their address."""
+    rows = direct_weights(w, tile)
+    w_ptr = mem.alloc(rows.nbytes)
+    mem.write(w_ptr, rows)
+    mem.launch(weight_setup_specs(op, tile, w_ptr))
+    return w_ptr
+
+
 def run_conv(mem, case: Case, tile: Tile, splits: int, precision: str, x_scale: float = 1.0,
              w_scale: float = 1.0) -> None:
     rng = rng_for("nhwc", case, tile.name, splits, precision)
@@ -281,9 +292,7 @@ def run_conv(mem, case: Case, tile: Tile, splits: int, precision: str, x_scale: 
     x_ptr = put_nhwc(mem, x, op.src.c_total, op.src.c_offset, precision)
     before = mem.read(x_ptr, (op.src.n, op.src.h, op.src.w, op.src.c_total), DTYPE[precision])
     y_ptr = mem.alloc(size * math.prod(op.dst.shape))
-    w16 = direct_weights(w, tile)
-    w_ptr, b_ptr = mem.alloc(w16.nbytes), mem.alloc(b.nbytes)
-    mem.write(w_ptr, w16)
+    w_ptr, b_ptr = put_weights(mem, op, tile, w), mem.alloc(b.nbytes)
     mem.write(b_ptr, b)
     k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
     cfg = ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)
@@ -364,6 +373,39 @@ def test_fp32_halves_keep_float32_accuracy_across_magnitudes(mem, x_scale, w_sca
     case = Case(1, 96, 200, 8, 8, (1, 1), 1, (0, 0))
     for tile in NHWC_ELEMS["fp32"].tiles(mem.wgmma):
         run_conv(mem, case, tile, 1, "fp32", x_scale, w_scale)
+
+
+@pytest.mark.parametrize("scale", (1.0, 2.0 ** -10, 300.0))
+def test_fp32_weights_split_on_the_gpu_into_the_kernels_halves(mem, scale):
+    """conv_nhwc_f32_split_weights (weight_setup_specs, once after the upload): each 16-byte piece of an fp32 tile's
+    float32 weight rows becomes, in place, its four fp16 high halves then its four low ones, hi = rn(w) and
+    lo = rn((w - hi) 2^11), the split the tiles give their activations (NhwcF32::split), here in NumPy; together
+    they hold the weights to 2^-22 of the row's largest (a high half that is an fp16 subnormal leaves the rest to the
+    low half). Weights of 2^-10 put high halves among the subnormals; the words after the rows keep their poison."""
+    if not NHWC_ELEMS["fp32"].tiles(mem.wgmma):
+        pytest.skip("this GPU has no wgmma (sm_90a): no fp32 NHWC tiles")
+    rng = np.random.default_rng(3)
+    op = ConvOp("conv", View("x", 0, (1, 20, 5, 5), 0, 20), View("y", 0, (1, 7, 5, 5), 0, 7), (3, 1), 1, (1, 0))
+    w = (scale * rng.standard_normal((7, 20, 3, 1))).astype(np.float32)
+    tile = NHWC_ELEMS["fp32"].tiles(mem.wgmma)[0]
+    rows = direct_weights(w, tile)
+    assert rows.shape == (7, 3 * nhwc_cin(20)) and rows.dtype == np.float32
+    w_ptr = mem.alloc(rows.nbytes + 64)
+    mem.write(w_ptr, np.full(rows.size + 16, np.nan, np.float32))
+    specs = weight_setup_specs(op, tile, w_ptr)
+    assert [s.kernel for s in specs] == [SPLIT_WEIGHTS]
+    mem.write(w_ptr, rows)
+    mem.launch(specs)
+    got = mem.read(w_ptr, (rows.size + 16,), np.float32)
+    assert np.isnan(got[rows.size:]).all(), "the split wrote past the weights"
+    h = got[:rows.size].view(np.float16).reshape(7, -1, 2, 4)
+    hi, lo = h[:, :, 0].reshape(rows.shape), h[:, :, 1].reshape(rows.shape)
+    np.testing.assert_array_equal(hi, rows.astype(np.float16))
+    np.testing.assert_array_equal(lo, ((rows - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16))
+    value = hi.astype(np.float64) + lo.astype(np.float64) / 2048
+    assert (np.abs(value - rows) / np.abs(rows).max(axis=1, keepdims=True)).max() <= 2.0 ** -22
+    assert all(not weight_setup_specs(op, t, w_ptr) for p in PRECISIONS if p != "fp32"
+               for t in NHWC_ELEMS[p].tiles(True))
 
 
 HALO_CASES = [  # stride 1, several taps, Cin a multiple of 16 (planes of 32 channels: 128 bytes of tf32, 64 of fp16)
@@ -510,9 +552,7 @@ def test_fused_conv_writes_each_part(mem, precision):
     runs = [(t, 1) for t in elem.tiles(mem.wgmma) if tile_fits(op, t)] + [
         (t, 3) for t in split_k_tiles(precision, mem.wgmma)[:2]]
     for tile, splits in runs:
-        w16 = direct_weights(w, tile)
-        w_ptr = mem.alloc(w16.nbytes)
-        mem.write(w_ptr, w16)
+        w_ptr = put_weights(mem, op, tile, w)
         arena = mem.alloc(size * arena_elems)
         k_split = math.ceil(math.ceil(k_total / splits) / tile.bk) * tile.bk
         cfg = ConvConfig(tile, math.ceil(k_total / k_split), k_split, 0.0)

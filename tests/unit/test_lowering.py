@@ -66,6 +66,35 @@ def test_lowering_covers_the_plan_with_launches_of_its_kernels(weights, case):
     assert lowered(weights, *case)[3] == low  # deterministic
 
 
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: c[1])
+def test_setup_splits_each_fp32_tiles_weights_once_and_nothing_else(weights, case):
+    """The setup launches: on the NHWC path in fp32, one conv_nhwc_f32_split_weights per conv on an fp32 tile, over
+    exactly its weight rows (a thread a piece of four float32 words), none for the first conv (its FFMA tile reads
+    float32) nor in fp16 or tf32."""
+    gpu, precision, nhwc, batch, softmax, fixup = case
+    plan, configs, offsets, low = lowered(weights, *case)
+    on_f32 = [op for op in plan.conv_ops if configs[op.name].tile.prefix == "conv_nhwc_f32_wgmma"]
+    assert len(on_f32) == (len(plan.conv_ops) - 1 if precision == "fp32" else 0)
+    assert [s.op for s in low.setup] == [op.name for op in on_f32]
+    weights_of = {op.name: pack_params(weights, plan, configs)[0][offsets[op.name + ".weight"]:] for op in on_f32[:3]}
+    for s in low.setup:
+        k = kernels.spec(s.kernel)
+        w, pieces = s.arg("w", k), s.arg("pieces", k)
+        assert s.kernel == "conv_nhwc_f32_split_weights" and w == Ref("params", 4 * offsets[s.op + ".weight"])
+        assert s.grid[0] * s.block[0] >= pieces > (s.grid[0] - 1) * s.block[0]
+        if s.op in weights_of:  # the pieces end where the rows do: the bias starts at the next aligned offset
+            rows = direct_weights_of(weights, plan, s.op)
+            assert 4 * pieces == rows.size and np.array_equal(weights_of[s.op][:rows.size], rows.ravel())
+
+
+def direct_weights_of(weights, plan, name):
+    from inception_engine.backends.cuda.params import direct_weights, op_params
+
+    op = next(o for o in plan.conv_ops if o.name == name)
+    configs = choose_configs(plan, 132, False, "fp32", True, nhwc=True, wgmma=True)
+    return direct_weights(op_params(weights, op)[0], configs[name].tile)
+
+
 @pytest.mark.parametrize("case", CASES[:1] + CASES[3:4], ids=["fp16-nhwc", "fp32-nchw"])
 def test_resolved_lowering_is_the_plan_walk_on_addresses(weights, case):
     gpu, precision, nhwc, batch, softmax, fixup = case

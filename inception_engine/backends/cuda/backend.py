@@ -230,14 +230,18 @@ class CudaBackend:
         self._in_ptr, self._out_ptr = low.input.resolve(bases), low.output.resolve(bases)
         self._features_ptr = low.features.resolve(bases)
         self.specs = [resolve_spec(s, bases) for s in low.specs]
+        setup = [resolve_spec(s, bases) for s in low.setup]
         for launch in self.specs:  # the TMA tiles' tensor maps, at the address each takes as `maps`
             if launch.maps:
                 drv.memcpy_htod(launch.arg("maps", spec(launch.kernel)), encode_all(launch.maps))
         # Only the units these launches need (a first run compiles one precision's), plus gpu_sleep (time_layers)
         # and the streaming pipeline's ends: all built in parallel.
-        kernels = Kernels(self._gpu.arch, {unit_of(k) for k in {s.kernel for s in self.specs} | {
+        kernels = Kernels(self._gpu.arch, {unit_of(k) for k in {s.kernel for s in self.specs + setup} | {
             "gpu_sleep", "normalize_u8_nchw", "softmax_topk_rows"}})
         self.kernels = kernels
+        for s in setup:  # what the uploaded parameters need once (fp32's weights split into fp16 halves)
+            Launch(s, kernels[s.kernel])(self._stream)
+        self._stream.synchronize()
         self._launches = [Launch(s, kernels[s.kernel]) for s in self.specs]
         self._sleep = kernels["gpu_sleep"]
         if self.concurrent:

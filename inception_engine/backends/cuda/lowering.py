@@ -18,6 +18,7 @@ from .cost_model import ConvConfig
 from .families.spec import LaunchSpec
 from .int8_scales import Int8Scales
 from .launch import launch_specs, view_ptr
+from .families.conv_nhwc import weight_setup_specs
 from .launch_nhwc import nhwc_launch_specs, nhwc_side, tma_map_layout
 from .tiles import NAN_BITS, NHWC_ELEMS
 from .workspace import counter_layout, workspace_layout
@@ -61,6 +62,7 @@ class Lowering:
     input: Ref  # where the (batch, 3, size, size) float32 input goes
     output: Ref  # where the (batch, classes) logits or probabilities come out
     features: Ref  # where the global average pool's (batch, channels) float32 output is once the forward is done
+    setup: tuple[LaunchSpec, ...] = ()  # run once, after the parameters are uploaded and before any forward
 
 
 def resolve_spec(spec: LaunchSpec, bases: Mapping[str, int]) -> LaunchSpec:
@@ -79,7 +81,8 @@ def lower(plan: Plan, configs: Mapping[str, ConvConfig | None], precision: str, 
     (NHWC: the float32 input, features and logits), "params" (``params``: each key's element offset, as
     params.pack_params lays them out in ``params_words``), "ws" (split-K and Winograd), "probs" (softmax),
     "counters" (fixup's tile counters), "maps" (the TMA tiles' tensor maps). int8: precision "int8"'s scales (the
-    calibration, as the launches take it)."""
+    calibration, as the launches take it). Its ``setup``: what the uploaded parameters need once (the fp32 tiles'
+    weights split into fp16 halves)."""
     configs = dict(configs)
     words: dict[str, int] = {}
     fill: dict[str, int] = {}
@@ -106,8 +109,10 @@ def lower(plan: Plan, configs: Mapping[str, ConvConfig | None], precision: str, 
             words["maps"] = math.ceil(map_bytes / 4)
         specs = nhwc_launch_specs(plan, configs, arena, Ref("side"), par, dict(params), ws, probs, precision,
                                   max(1, gpu.num_sms), Ref("maps") if map_bytes else 0, int8)
+        setup = [s for op in plan.conv_ops if (cfg := configs[op.name]) is not None
+                 for s in weight_setup_specs(op, cfg.tile, par + 4 * params[op.name + ".weight"])]
         return Lowering(tuple(specs), words, fill, Ref("side", 4 * side.input),
-                        probs or Ref("side", 4 * side.logits), Ref("side", 4 * side.features))
+                        probs or Ref("side", 4 * side.logits), Ref("side", 4 * side.features), tuple(setup))
     specs = launch_specs(plan, configs, arena, par, dict(params), ws, probs, counters)
     # NCHW: the pool's output is an arena buffer of its own, (N, C, 1, 1) contiguous, which the FC reads last
     gap = next(op for op in plan.ops if isinstance(op, GlobalAvgPoolOp))

@@ -333,6 +333,13 @@ INPUT_MMA_MAX_ROWS = 8  # output rows a block takes at most (input_mma_blocks)
 INPUT_MMA_PRECISIONS = ("fp16", "tf32")  # its element types
 INPUT_MMA_MAX_SHARED = 48 * 1024  # the mma kernel takes no opt-in (the emulator's buffer is this size too)
 NHWC_PIECE = 8  # channels per 16-byte piece of fp16 (tf32's 4 divide it): NHWC channel counts, strides and offsets
+
+
+def nhwc_cin(cin: int) -> int:
+    """Input channels of an NHWC weight row's taps (params.direct_weights): Cin padded with zeros to whole pieces."""
+    return -(-cin // NHWC_PIECE) * NHWC_PIECE
+
+
 HALF_NAN_BITS = 0x7E007E00  # two fp16 quiet NaNs: the NHWC arena starts poisoned too
 # int8's poison: four -128s, a value its kernels never write (they saturate to +-127: int8_reference's QMAX).
 I8_POISON_BITS = 0x80808080

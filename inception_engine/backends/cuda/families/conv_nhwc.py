@@ -14,8 +14,8 @@ from ....plan import ConvOp, FusedConvOp, View, writes
 from ..cost_model import ConvConfig
 from ..tensor_maps import Im2colMap, TensorMap, TiledMap
 from ..tiles import (INPUT_MMA_TILE, INPUT_TILE, MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NHWC_ELEMS,
-                     THREADS, Tile, blocks, conv_kernel, halo_conv_smem_bytes, halo_fits, is_halo, is_tma, is_ws,
-                     tile_fits, wgmma_ring_bytes)
+                     THREADS, WGMMA_PREFIX, Tile, blocks, conv_kernel, halo_conv_smem_bytes, halo_fits, is_halo,
+                     is_tma, is_ws, nhwc_cin, tile_fits, wgmma_ring_bytes)
 from .conv_input_nhwc import input_conv_specs
 from .spec import ConvShared, KernelSpec, LaunchSpec, Signature, registry
 
@@ -25,6 +25,7 @@ NHWC_CONV = Signature.of("P: x wr bias out", "i: batch cin h w x_cstride cout ho
                          "k_split") + NHWC_PARTS  # the parts: nhwc_parts
 NHWC_TMA = NHWC_CONV + Signature.of("P: maps")  # ... and the tensor maps' address (the TMA tiles)
 NHWC_REDUCE = Signature.of("P: ws bias y", "i: splits p_total cout y_cstride") + NHWC_PARTS
+SPLIT_WEIGHTS = "conv_nhwc_f32_split_weights"  # the fp32 tiles' weights into fp16 halves, once after the upload
 
 
 def nhwc_conv_source(kernel: str) -> str:
@@ -54,6 +55,8 @@ def entries() -> Iterator[KernelSpec]:
             if t.prefix in MAXPOOL_PREFIXES:
                 name = f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}"
                 yield KernelSpec(name, nhwc_conv_source(name), NHWC_CONV, t.threads, tile_shared(t))
+        if precision == "fp32":
+            yield KernelSpec(SPLIT_WEIGHTS, "conv_nhwc_wgmma.cu", Signature.of("P: w", "i: pieces"), THREADS)
         # int8's sums are int32 and its reduction requantizes: next to its tiles, in their unit
         yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce",
                          "conv_nhwc_wgmma.cu" if precision == "int8" else "conv_nhwc_mma.cu", NHWC_REDUCE, THREADS)
@@ -140,6 +143,17 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
                                    dict(ws=ws, bias=b, y=y, splits=cfg.splits, p_total=p_total, cout=cout,
                                         y_cstride=y_cstride, **parts)))
     return specs
+
+
+def weight_setup_specs(op: ConvOp, tile: Tile, w: int) -> list[LaunchSpec]:
+    """What a conv's weights at `w` (params.direct_weights' rows for `tile`) need once uploaded, before any forward:
+    on an fp32 tile, their split into fp16 halves in place (conv_nhwc_f32_split_weights, a thread a 16-byte piece of
+    the Cout x KH x KW x nhwc_cin(Cin) float32 words); nothing on every other tile."""
+    if not tile.prefix.startswith(WGMMA_PREFIX["fp32"]):
+        return []
+    pieces = op.dst.channels * op.kernel[0] * op.kernel[1] * nhwc_cin(op.src.channels) // 4
+    k = KERNELS[SPLIT_WEIGHTS]
+    return [LaunchSpec.of(op.name, k, (k.blocks(pieces), 1, 1), dict(w=w, pieces=pieces))]
 
 
 def tma_maps(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, w: int, elem_bytes: int) -> tuple[TensorMap, ...]:
