@@ -217,8 +217,9 @@ struct NhwcTf32 {
 // at fp16's rate (twice TF32's). The low halves are scaled by 2^11 so that they stay normal fp16 numbers: unscaled,
 // the low half of a weight of 0.01 would be a subnormal with a few bits. The high halves need |a| < 65520 (fp16's
 // largest, rounded to): larger activations or weights become infinities (the backend checks the weights).
-// split() turns a 16-byte piece of activations in shared memory into four fp16 high halves at `hi` and four low ones
-// at `lo`; the weights' pieces come split (copy_halves).
+// split() turns a 16-byte piece into four fp16 high halves at `hi` and four low ones at `lo`: the activations' in
+// shared memory, every stage; the weights' in global memory, once after the upload (conv_nhwc_wgmma.cu's
+// conv_nhwc_f32_split_weights), so that the tiles only move theirs (copy_halves).
 struct NhwcF32 : NhwcTf32 {
     static constexpr bool SPLIT = true;
     static constexpr float LO_SCALE = 2048.f, LO_UNSCALE = 1.f / 2048.f;  // 2^11 and back: exact

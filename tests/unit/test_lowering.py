@@ -14,7 +14,7 @@ from inception_engine.backends.cuda.cost_model import choose_configs
 from inception_engine.backends.cuda.launch import launch_specs
 from inception_engine.backends.cuda.launch_nhwc import nhwc_launch_specs, nhwc_side
 from inception_engine.backends.cuda.lowering import GpuFacts, Ref, lower, resolve_spec
-from inception_engine.backends.cuda.params import pack_params
+from inception_engine.backends.cuda.params import direct_weights, op_params, pack_params
 from inception_engine.backends.cuda.tiles import folds_max_pools
 from inception_engine.backends.cuda.families.spec import LaunchSpec, Signature
 from inception_engine.plan import build_plan, fused_plan
@@ -76,23 +76,17 @@ def test_setup_splits_each_fp32_tiles_weights_once_and_nothing_else(weights, cas
     on_f32 = [op for op in plan.conv_ops if configs[op.name].tile.prefix == "conv_nhwc_f32_wgmma"]
     assert len(on_f32) == (len(plan.conv_ops) - 1 if precision == "fp32" else 0)
     assert [s.op for s in low.setup] == [op.name for op in on_f32]
-    weights_of = {op.name: pack_params(weights, plan, configs)[0][offsets[op.name + ".weight"]:] for op in on_f32[:3]}
+    packed = pack_params(weights, plan, configs)[0] if on_f32 else None
     for s in low.setup:
         k = kernels.spec(s.kernel)
         w, pieces = s.arg("w", k), s.arg("pieces", k)
         assert s.kernel == "conv_nhwc_f32_split_weights" and w == Ref("params", 4 * offsets[s.op + ".weight"])
         assert s.grid[0] * s.block[0] >= pieces > (s.grid[0] - 1) * s.block[0]
-        if s.op in weights_of:  # the pieces end where the rows do: the bias starts at the next aligned offset
-            rows = direct_weights_of(weights, plan, s.op)
-            assert 4 * pieces == rows.size and np.array_equal(weights_of[s.op][:rows.size], rows.ravel())
-
-
-def direct_weights_of(weights, plan, name):
-    from inception_engine.backends.cuda.params import direct_weights, op_params
-
-    op = next(o for o in plan.conv_ops if o.name == name)
-    configs = choose_configs(plan, 132, False, "fp32", True, nhwc=True, wgmma=True)
-    return direct_weights(op_params(weights, op)[0], configs[name].tile)
+        op = next(o for o in on_f32 if o.name == s.op)
+        rows = direct_weights(op_params(weights, op)[0], configs[s.op].tile)
+        # the pieces end where the rows do: the bias starts at the next aligned offset
+        assert 4 * pieces == rows.size
+        assert np.array_equal(packed[offsets[s.op + ".weight"]:][:rows.size], rows.ravel())
 
 
 @pytest.mark.parametrize("case", CASES[:1] + CASES[3:4], ids=["fp16-nhwc", "fp32-nchw"])
