@@ -29,9 +29,9 @@ import pytest
 from inception_engine import cuda_build
 from inception_engine.backends.cuda.backend import CudaBackend
 from inception_engine.backends.cuda.cost_model import ConvConfig, choose_configs
+from inception_engine.backends.cuda.families.conv_nhwc import SPLIT_WEIGHTS, weight_setup_specs
 from inception_engine.backends.cuda.kernels import NHWC_CONV_FORMAT, arg_format, source_of
 from inception_engine.backends.cuda.launch import LaunchSpec
-from inception_engine.backends.cuda.families.conv_nhwc import SPLIT_WEIGHTS, weight_setup_specs
 from inception_engine.backends.cuda.launch_nhwc import check_nhwc, nhwc_conv_specs, nhwc_pool_spec, nhwc_ptr
 from inception_engine.backends.cuda.params import direct_weights, op_params, round_tf32
 from inception_engine.backends.cuda.tensor_maps import MAP_BYTES

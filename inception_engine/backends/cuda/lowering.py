@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 
 from ...plan import GlobalAvgPoolOp, Plan
 from .cost_model import ConvConfig
+from .families.conv_nhwc import weight_setup_specs
 from .families.spec import LaunchSpec
 from .int8_scales import Int8Scales
 from .launch import launch_specs, view_ptr
-from .families.conv_nhwc import weight_setup_specs
 from .launch_nhwc import nhwc_launch_specs, nhwc_side, tma_map_layout
 from .tiles import NAN_BITS, NHWC_ELEMS
 from .workspace import counter_layout, workspace_layout
