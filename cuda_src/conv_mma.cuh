@@ -24,6 +24,8 @@
 //
 // Launch: block 256, grid (ceil(N/BN), ceil(M/BM), splits), static shared memory only (< 48 KB, no attribute).
 #pragma once
+#include <type_traits>
+
 #include "common.cuh"
 #include "i8_piece.cuh"
 #include "wgmma.cuh"
@@ -371,7 +373,10 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
 // the ring loads one tile less ahead (STAGES - 2), into the buffer of tile t - 2, whose reads the math of tile t - 1
 // waited for. (With 3-4 stages that loses more than the overlap gains.)
 // landed(stage), if given, runs in each thread once its own copies of the tile in `stage` have landed and before
-// the barrier that lets everyone read them: a thread may rewrite its own pieces there (NhwcF32's split).
+// the barrier that lets everyone read them: a thread may rewrite its own pieces there (NhwcF32's split). It runs a
+// tile ahead, off the chain of waits and barriers: tile 0's before the loop, tile t + 1's inside the math of tile t,
+// which is then called as math(stage, ahead) and calls ahead() once it has issued its asynchronous work, so that the
+// rewrite overlaps the tensor cores' work on tile t instead of lengthening every tile's chain of waits.
 struct NoLanded {
     __device__ __forceinline__ void operator()(int) const {}
 };
@@ -388,16 +393,30 @@ __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& loa
     }
     // The buffers of tiles kt + AHEAD and kt, counted around the ring rather than taken modulo STAGES.
     int load_buf = AHEAD, math_buf = 0;
+    constexpr bool LANDED = !std::is_same_v<std::decay_t<Landed>, NoLanded>;
+    if constexpr (LANDED) {
+        cp_async::wait<AHEAD - 1>();  // this thread's copies of tile 0 have landed
+        landed(0);
+    }
     for (int kt = 0; kt < tiles; ++kt) {
         cp_async::wait<AHEAD - 1>();  // this thread's copies of tile kt have landed ...
-        landed(math_buf);
         if constexpr (ASYNC) wgmma::fence_proxy_async();
         __syncthreads();  // ... everyone's have, and everyone is done with tile kt - 1 (kt - 2 if ASYNC)
         if (kt + AHEAD < tiles) load(k_begin + (kt + AHEAD) * BK, load_buf);  // tile kt - 1's buffer (kt - 2 if ASYNC)
         cp_async::commit();
-        math(math_buf);
+        const int next_buf = math_buf == STAGES - 1 ? 0 : math_buf + 1;
+        if constexpr (LANDED) {
+            math(math_buf, [&] {
+                if (kt + 1 < tiles) {
+                    cp_async::wait<AHEAD - 1>();  // this thread's copies of tile kt + 1 have landed
+                    landed(next_buf);
+                }
+            });
+        } else {
+            math(math_buf);
+        }
         load_buf = load_buf == STAGES - 1 ? 0 : load_buf + 1;
-        math_buf = math_buf == STAGES - 1 ? 0 : math_buf + 1;
+        math_buf = next_buf;
     }
 }
 

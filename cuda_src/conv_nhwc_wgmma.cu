@@ -16,8 +16,8 @@
 // pieces it copied into fp16 high and low halves (conv_mma.cuh's NhwcF32::split) in a set of four tiles of 32-byte
 // rows (A_hi, A_lo, B_hi, B_lo; the 32-byte swizzle), one of a ring of WGMMA_LO_TILES sets, once its copies have
 // landed (cp_async_ring's landed); each stage (k16) is then three fp16 wgmma, A_hi B_hi, A_hi B_lo, A_lo B_hi. The
-// set of tile t is written before the barrier of tile t, while a warpgroup may still be in the math of tile t - 1
-// and its wgmma of tile t - 2 may still read: so three sets, one for each. The cross products, ~2^-11 of A B (2^11
+// set of tile t + 1 is written in the math of tile t, after its wgmma are issued (the ring's landed runs a tile
+// ahead), while the wgmma of tiles t and t - 1 may still read theirs: so three sets, one for each. The cross products, ~2^-11 of A B (2^11
 // times that, the low halves' scale), go to accumulators of their own (dx): the tensor cores add each instruction's
 // products to their accumulator with a loss of about a unit in its last place (see WGMMA_SPLIT_CHUNK), so small
 // terms added to the large sums would lose what they carry. Every WGMMA_SPLIT_CHUNK tiles both sets are waited for
@@ -129,44 +129,52 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
             load.split(st, halves + set * S::SIZE);
         }
     };
-    cp_async_ring<STAGES, BK, true>(
-        k_begin, k_end, load,
-        [&](int st) {
-            wgmma::fence();
-            if constexpr (E::SPLIT) {  // one k16 a stage: three fp16 wgmma on the tile's set of halves
-                const unsigned long long ds = ds0 + set * SET_STEP;
-                const unsigned long long b_hi = ds + S::B_HI / 8, b_lo = ds + S::B_LO / 8;
-#pragma unroll
-                for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
-                    const unsigned long long rows = ds + (MB * group + mb) * HALF_ROWS64_STEP;
-                    const unsigned long long a_hi = rows + S::A_HI / 8, a_lo = rows + S::A_LO / 8;
-                    E::template wgmma<BN>(d[mb], a_hi, b_hi, accumulate);
-                    E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);
-                    E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);
-                }
-            } else {
-                const unsigned long long db = db0 + st * B_STEP;
-#pragma unroll
-                for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
-                    const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {  // k16 + k16 (fp16), k8 + k8 (tf32) or k32 + k32 (int8)
-                        const unsigned long long on = half * wgmma::DESC_32_BYTES;
-                        E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
-                    }
-                }
-            }
-            accumulate = 1;
-            wgmma::commit();
-            if (E::SPLIT && ++chunk_tiles == WGMMA_SPLIT_CHUNK) {
+    // SPLIT: the math of tile t also splits tile t + 1 (the ring's ahead), once its wgmma are issued. Tile t + 1's set
+    // is tile t - 2's, whose wgmma every warpgroup waited for (wait<1> in the math of tile t - 1) before the barrier
+    // of tile t; the split itself happens after that barrier. A chunk's sums are waited for and promoted at the start
+    // of the next chunk's first tile, so that its barrier and loads are not behind the drain.
+    const auto multiply = [&](int st, auto&& ahead) {
+        if constexpr (E::SPLIT) {
+            if (chunk_tiles == WGMMA_SPLIT_CHUNK) {
                 wgmma::wait<0>();
                 promote();
                 accumulate = chunk_tiles = 0;
-            } else {
-                wgmma::wait<1>();
             }
-        },
-        split);
+        }
+        wgmma::fence();
+        if constexpr (E::SPLIT) {  // one k16 a stage: three fp16 wgmma on the tile's set of halves
+            const unsigned long long ds = ds0 + set * SET_STEP;
+            const unsigned long long b_hi = ds + S::B_HI / 8, b_lo = ds + S::B_LO / 8;
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+                const unsigned long long rows = ds + (MB * group + mb) * HALF_ROWS64_STEP;
+                const unsigned long long a_hi = rows + S::A_HI / 8, a_lo = rows + S::A_LO / 8;
+                E::template wgmma<BN>(d[mb], a_hi, b_hi, accumulate);
+                E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);
+                E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);
+            }
+        } else {
+            const unsigned long long db = db0 + st * B_STEP;
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+                const unsigned long long da = da0 + (st * A_STEP + mb * ROWS64_STEP);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {  // k16 + k16 (fp16), k8 + k8 (tf32) or k32 + k32 (int8)
+                    const unsigned long long on = half * wgmma::DESC_32_BYTES;
+                    E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
+                }
+            }
+        }
+        accumulate = 1;
+        wgmma::commit();
+        ahead();
+        if constexpr (E::SPLIT) ++chunk_tiles;
+        wgmma::wait<1>();
+    };
+    if constexpr (E::SPLIT)
+        cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, multiply, split);
+    else
+        cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, [&](int st) { multiply(st, [] {}); });
     wgmma::wait<0>();
     if (E::SPLIT && chunk_tiles) promote();
 #pragma unroll
