@@ -102,11 +102,10 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     constexpr unsigned SET_STEP = S::SIZE / 8, HALF_ROWS64_STEP = 64 * S::ROW / 8;  // fp16 elements / 8: 16 bytes
     int set = WGMMA_LO_TILES - 1;  // the set of halves of the tile being split and multiplied (SPLIT)
     // SPLIT: d holds the high halves' products (A_hi B_hi) of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far),
-    // then moves to total. dx holds the cross products (A_hi B_lo + A_lo B_hi, 2^11 times their value) of the whole K
-    // slice: they are ~2^-11 of the sum, and so are the tensor cores' losses in adding them, so they need no chunks.
+    // dx the cross products (A_hi B_lo + A_lo B_hi, 2^11 times their value); then both move to total.
     typename E::Acc dx[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
     float total[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
-    int chunk_tiles = 0, cross_accumulate = 0;
+    int chunk_tiles = 0;
     if constexpr (E::SPLIT) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb)
@@ -118,8 +117,9 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {
                 wgmma::fence_registers(d[mb]);
+                wgmma::fence_registers(dx[mb]);
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i];
+                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i] + dx[mb][i] * E::LO_UNSCALE;
             }
         }
     };
@@ -129,15 +129,14 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
             load.split(st, halves + set * S::SIZE);
         }
     };
-    // SPLIT: a tile's wgmma are two groups, d's then dx's. The math of tile t also splits tile t + 1 (the ring's
-    // ahead), once its wgmma are issued. Tile t + 1's set is tile t - 2's, whose wgmma every warpgroup waited for
-    // (wait<2> in the math of tile t - 1) before the barrier of tile t; the split itself happens after that barrier.
-    // A chunk's d is waited for (its group only: the cross products may still run) and promoted at the start of the
-    // next chunk's first tile, after that tile's barrier and loads.
+    // SPLIT: the math of tile t also splits tile t + 1 (the ring's ahead), once its wgmma are issued. Tile t + 1's set
+    // is tile t - 2's, whose wgmma every warpgroup waited for (wait<1> in the math of tile t - 1) before the barrier
+    // of tile t; the split itself happens after that barrier. A chunk's sums are waited for and promoted at the start
+    // of the next chunk's first tile, so that its barrier and loads are not behind the drain.
     const auto multiply = [&](int st, auto&& ahead) {
         if constexpr (E::SPLIT) {
             if (chunk_tiles == WGMMA_SPLIT_CHUNK) {
-                wgmma::wait<1>();
+                wgmma::wait<0>();
                 promote();
                 accumulate = chunk_tiles = 0;
             }
@@ -146,18 +145,14 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
         if constexpr (E::SPLIT) {  // one k16 a stage: three fp16 wgmma on the tile's set of halves
             const unsigned long long ds = ds0 + set * SET_STEP;
             const unsigned long long b_hi = ds + S::B_HI / 8, b_lo = ds + S::B_LO / 8;
-            const auto a_rows = [&](int mb, int tile) {  // rows 64 (MB group + mb) .. of A_hi or A_lo
-                return ds + (MB * group + mb) * HALF_ROWS64_STEP + tile / 8;
-            };
 #pragma unroll
-            for (int mb = 0; mb < MB; ++mb) E::template wgmma<BN>(d[mb], a_rows(mb, S::A_HI), b_hi, accumulate);
-            wgmma::commit();
-#pragma unroll
-            for (int mb = 0; mb < MB; ++mb) {
-                E::template wgmma<BN>(dx[mb], a_rows(mb, S::A_HI), b_lo, cross_accumulate);
-                E::template wgmma<BN>(dx[mb], a_rows(mb, S::A_LO), b_hi, 1);
+            for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
+                const unsigned long long rows = ds + (MB * group + mb) * HALF_ROWS64_STEP;
+                const unsigned long long a_hi = rows + S::A_HI / 8, a_lo = rows + S::A_LO / 8;
+                E::template wgmma<BN>(d[mb], a_hi, b_hi, accumulate);
+                E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);
+                E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);
             }
-            cross_accumulate = 1;
         } else {
             const unsigned long long db = db0 + st * B_STEP;
 #pragma unroll
@@ -173,27 +168,15 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
         accumulate = 1;
         wgmma::commit();
         ahead();
-        if constexpr (E::SPLIT) {
-            ++chunk_tiles;
-            wgmma::wait<2>();
-        } else {
-            wgmma::wait<1>();
-        }
+        if constexpr (E::SPLIT) ++chunk_tiles;
+        wgmma::wait<1>();
     };
     if constexpr (E::SPLIT)
         cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, multiply, split);
     else
         cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, [&](int st) { multiply(st, [] {}); });
     wgmma::wait<0>();
-    if constexpr (E::SPLIT) {
-        promote();
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-            wgmma::fence_registers(dx[mb]);
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) total[mb][i] += dx[mb][i] * E::LO_UNSCALE;
-        }
-    }
+    if (E::SPLIT && chunk_tiles) promote();
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
     cp_async::wait<0>();  // no copy may still target shared memory when the block exits
