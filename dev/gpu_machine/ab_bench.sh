@@ -8,7 +8,9 @@
 # OLD_CHECKOUT is another copy of the repo (e.g. `git archive <commit> | tar -x -C .snapold`, carried too). Each
 # checkout is installed in turn (editable, no dependencies), so that its console scripts and metadata are its own;
 # each finds its kernels from its own files (native_build.source_dir). Logs go to $OUT
-# (default ./ab_out) as ab_<old|new>_<round>.log; the median rows are printed last.
+# (default ./ab_out) as ab_<old|new>_<round>.log; the median rows are printed last. CLOCKS=1: each run's SM clock and
+# board power too, sampled while it runs (dev/gpu_machine/gpu_clocks.py; ab_<label>_clocks.csv), a line under its
+# rows: a faster tree that also kept a higher clock may owe the difference to power, not to its code.
 set -u -o pipefail
 OLD=${1:?usage: bash dev/gpu_machine/ab_bench.sh OLD_CHECKOUT [inception-bench arguments...]}
 shift
@@ -27,9 +29,13 @@ bench() {  # checkout label
     { echo "ab_bench: could not install $1 (see $OUT/ab_env.log)" >&2; return 1; }
   # Which cuda_src this checkout compiles: its own, or the A/B compares one set of kernels under two Pythons.
   (cd "$1" && python3 -c "from inception_engine import cuda_build; print('kernels from', cuda_build.source_dir())" &&
+    $SAMPLE "$OUT/ab_$2_clocks.csv" -- \
     python3 -c "import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli import bench_main; \
 bench_main()" "${@:3}") >"$OUT/ab_$2.log" 2>&1
 }
+# CLOCKS=1: each run under gpu_clocks.py's sampler; otherwise plainly (run_plain drops the LOG -- before the command)
+run_plain() { shift 2; "$@"; }
+if [ "${CLOCKS:-0}" = 1 ]; then SAMPLE="python3 $NEW/dev/gpu_machine/gpu_clocks.py run"; else SAMPLE=run_plain; fi
 
 for r in $(seq 1 "$ROUNDS"); do
   bench "$OLD" "old_$r" "$@"
@@ -38,4 +44,6 @@ done
 for f in "$OUT"/ab_old_*.log "$OUT"/ab_new_*.log; do
   echo "== $(basename "$f" .log)"
   grep -E '^(backend|cuda|cudnn|torch)' "$f" | cut -c1-112
+  clocks=${f%.log}_clocks.csv
+  [ "${CLOCKS:-0}" = 1 ] && [ -f "$clocks" ] && python3 "$NEW/dev/gpu_machine/gpu_clocks.py" summary "$clocks" clocks
 done

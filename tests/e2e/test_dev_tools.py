@@ -355,3 +355,16 @@ def test_bench_cpu_layer_table_groups_and_sorts(monkeypatch):
     table = bench_cpu.layer_table(labels, [1.0, 0.5, 3.0, 2.0])
     assert table == [("conv a", 2, 4.0, pytest.approx(1000.0)), ("conv b", 1, 2.0, pytest.approx(500.0)),
                      ("pool", 1, 0.5, 0.0)]
+
+
+def test_gpu_clocks_summarises_the_busy_samples_and_runs_without_nvidia_smi(tmp_path, monkeypatch):
+    clocks = load(DEV / "gpu_machine" / "gpu_clocks.py", monkeypatch)
+    got = clocks.parse("1980, 70.1\n1755, 650.0\n[N/A], [N/A]\n1700, 690.5\n1800, 600.0\n")
+    assert got == clocks.Clocks(samples=4, busy=3, sm_mhz=1755.0, sm_mhz_min=1700.0, watts=650.0, watts_max=690.5)
+    assert "SM clock 1755 MHz (min 1700), power 650 W (max 690)" in got.line("main")
+    assert clocks.parse("1980, 70\n").line("idle") == "idle: no busy samples of 1"
+    # without nvidia-smi the command still runs, its status is the run's, and the log is empty
+    monkeypatch.setenv("PATH", str(tmp_path))
+    log = tmp_path / "clocks.csv"
+    assert clocks.main(["run", str(log), "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
+    assert log.read_text() == ""
