@@ -368,3 +368,33 @@ def test_gpu_clocks_summarises_the_busy_samples_and_runs_without_nvidia_smi(tmp_
     log = tmp_path / "clocks.csv"
     assert clocks.main(["run", str(log), "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
     assert log.read_text() == ""
+
+
+def test_fp32_tile_ablation_edits_are_in_the_kernel_and_compile(tmp_path, monkeypatch):
+    """Each variant's edit finds its text in conv_nhwc_wgmma.cu once, so a kernel change that moves it fails here and
+    not on the GPU machine; each edited kernel compiles for sm_90a where nvcc is on PATH (CI's is)."""
+    ablation = load(DEV / "gpu_machine" / "fp32_tile_ablation.py", monkeypatch)
+    kernel = (ROOT / ablation.KERNEL).read_text()
+    assert set(ablation.VARIANTS) == {"main", *ablation.EDITS}
+    for variant, (old, _) in ablation.EDITS.items():
+        assert kernel.count(old) == 1, variant
+    tree = ablation.make_tree("onewg", tmp_path)
+    edited = (tree / ablation.KERNEL).read_text()
+    assert "a_lo, b_hi" not in edited and (tree / "cuda_src" / "conv_nhwc.cuh").is_file()
+    assert (ablation.make_tree("main", tmp_path) / ablation.KERNEL).read_text() == kernel
+    Run = ablation.Run
+    lines = ablation.table([Run("main", 20.0, "a"), Run("nowg", 16.0, "b"), Run("main", 20.2, "c"),
+                            Run("nowg", None, "d")])
+    assert lines[1].split()[:3] == ["main", "20.10", "+0.0"] and lines[1].endswith("20.00 / 20.20; c")
+    assert lines[2].split()[:3] == ["nowg", "16.00", "-20.4"] and lines[2].endswith("16.00; d")
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return
+    for variant, (old, new) in ablation.EDITS.items():
+        src = tmp_path / "cuda_src"
+        shutil.copytree(ROOT / "cuda_src", src, dirs_exist_ok=True)
+        (src / "conv_nhwc_wgmma.cu").write_text(kernel.replace(old, new))
+        done = subprocess.run([nvcc, "-gencode", "arch=compute_90a,code=sm_90a", "-DIE_NHWC_FP32", "-cubin", "-o",
+                               str(tmp_path / f"{variant}.cubin"), str(src / "conv_nhwc_wgmma.cu")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (variant, done.stderr[-2000:])
