@@ -17,11 +17,12 @@
 // rows (A_hi, A_lo, B_hi, B_lo; the 32-byte swizzle), one of a ring of WGMMA_LO_TILES sets, once its copies have
 // landed (cp_async_ring's landed); each stage (k16) is then three fp16 wgmma, A_hi B_hi, A_hi B_lo, A_lo B_hi. The
 // set of tile t + 1 is written in the math of tile t, after its wgmma are issued (the ring's landed runs a tile
-// ahead), while the wgmma of tiles t and t - 1 may still read theirs: so three sets, one for each. The cross products, ~2^-11 of A B (2^11
-// times that, the low halves' scale), go to accumulators of their own (dx): the tensor cores add each instruction's
-// products to their accumulator with a loss of about a unit in its last place (see WGMMA_SPLIT_CHUNK), so small
-// terms added to the large sums would lose what they carry. Every WGMMA_SPLIT_CHUNK tiles both sets are waited for
-// and added to `total` (rounded to nearest; dx times 2^-11, exact), and the next tile starts them anew.
+// ahead), while the wgmma of tiles t and t - 1 may still read theirs: so three sets, one for each. The cross
+// products, ~2^-11 of A B (2^11 times that, the low halves' scale), go to accumulators of their own (dx): the tensor
+// cores add each instruction's products to their accumulator with a loss of about a unit in its last place (see
+// WGMMA_SPLIT_CHUNK), so small terms added to the large sums would lose what they carry. Every WGMMA_SPLIT_CHUNK
+// tiles both sets are waited for and added to `total` (rounded to nearest; dx times 2^-11, exact) at the start of
+// the next tile, which starts them anew.
 //
 // int8 (NhwcI8): int8 activations and weights, exact s32 sums in the registers fp32 ones take, the requantizing
 // epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout], bias, scale, inv_out). No split-K (k_split
