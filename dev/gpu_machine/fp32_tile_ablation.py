@@ -4,13 +4,13 @@
                                                   [--work .ablation] [--json FILE]
 
 On the GPU machine, from the repo root (``source .whl/gpu-env.sh`` first). Each variant is a copy of this checkout's
-tracked files (``git ls-files``) under --work with one edit to cuda_src/conv_nhwc_wgmma.cu; its results are wrong by
-design, only its time counts. Every variant runs ``inception-bench --backends cuda --precision fp32 --batch-sizes
-BATCH --iters ITERS --no-reference`` from its own tree (its own kernels and tuning table), in turn, --rounds times,
-with the SM clock and board power sampled while it runs (gpu_clocks.py): a variant that multiplies stale or zero
-operands draws less power and may keep a higher clock, which is why the split and load variants below keep
-running on real data, one tile in four. A table of medians, with each variant's time against the unchanged tree's,
-is printed last.
+package, kernels and build files (TREE) under --work with one edit to cuda_src/conv_nhwc_wgmma.cu; its results are
+wrong by design, only its time counts. Every variant runs ``inception-bench --backends cuda --precision fp32
+--batch-sizes BATCH --iters ITERS --no-reference`` from its own tree (its own kernels and tuning table), in turn,
+--rounds times, with the SM clock and board power sampled while it runs (gpu_clocks.py): a variant that multiplies
+stale or zero operands draws less power and may keep a higher clock, which is why the split and load variants below
+keep running on real data, one tile in four. A table of medians, with each variant's time against the unchanged
+tree's, is printed last.
 
 Variants (VARIANTS): main (unchanged), nodrain (the sums drained once at the end, not every WGMMA_SPLIT_CHUNK
 tiles), onewg (A_hi B_hi only: the two cross products' wgmma out), nowg (no wgmma), split1of4 (A's split into
@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = "cuda_src/conv_nhwc_wgmma.cu"
+TREE = ("inception_engine", "cuda_src", "cpu_src", "pyproject.toml", "setup.py", "README.md")
 CLOCKS = Path(__file__).resolve().parent / "gpu_clocks.py"
 
 # variant -> (text in KERNEL, its replacement); main has none.
@@ -62,15 +63,17 @@ class Run:
 
 
 def make_tree(variant: str, work: Path) -> Path:
-    """A copy of the checkout's tracked files with the variant's edit."""
+    """A copy of what the forward needs of this checkout (TREE: the package, its kernels, its build files; the GPU
+    machine's copy of a checkout has no .git to list files with) with the variant's edit."""
     tree = work / variant
     if tree.exists():
         shutil.rmtree(tree)
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, files.decode().split("\0")):
+    tree.mkdir(parents=True)
+    for name in TREE:
         src = ROOT / name
-        if src.is_file():
-            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, tree / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif src.is_file():
             shutil.copy2(src, tree / name)
     if variant in EDITS:
         old, new = EDITS[variant]
