@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import statistics
 import subprocess
@@ -31,10 +30,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import gpu_clocks  # this folder is on sys.path, as `python3 dev/gpu_machine/NAME.py` has it
+
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = "cuda_src/conv_nhwc_wgmma.cu"
 TREE = ("inception_engine", "cuda_src", "cpu_src", "pyproject.toml", "setup.py", "README.md")
-CLOCKS = Path(__file__).resolve().parent / "gpu_clocks.py"
 
 # variant -> (text in KERNEL, its replacement); main has none.
 EDITS: dict[str, tuple[str, str]] = {
@@ -105,16 +105,17 @@ BENCH = ("import sys; sys.argv[0] = 'inception-bench'; from inception_engine.cli
 
 
 def bench(tree: Path, label: str, args: argparse.Namespace) -> Run:
-    log = args.work / f"{label}.log"
-    csv = args.work / f"{label}_clocks.csv"
-    command = [sys.executable, str(CLOCKS), "run", str(csv), "--", sys.executable, "-c", BENCH, "--backends", "cuda",
-               "--precision", "fp32", "--batch-sizes", str(args.batch), "--iters", str(args.iters), "--no-reference"]
-    with log.open("w") as out:
-        subprocess.run(command, cwd=tree, stdout=out, stderr=subprocess.STDOUT)
-    row = re.search(rf"^cuda\s+{args.batch}\s+([0-9.]+)", log.read_text(), re.M)
-    summary = subprocess.run([sys.executable, str(CLOCKS), "summary", str(csv), "clocks"], capture_output=True,
-                             text=True).stdout.strip()
-    return Run(label.split("_")[0], float(row.group(1)) if row else None, summary.removeprefix("clocks: "))
+    """One inception-bench run in the tree, its clocks sampled; its median ms from its --json report."""
+    report = args.work / f"{label}.json"
+    report.unlink(missing_ok=True)
+    samples = args.work / f"{label}_clocks.csv"
+    command = [sys.executable, "-c", BENCH, "--backends", "cuda", "--precision", "fp32", "--batch-sizes",
+               str(args.batch), "--iters", str(args.iters), "--no-reference", "--json", str(report.resolve())]
+    with (args.work / f"{label}.log").open("w") as log:
+        gpu_clocks.run(samples, command, cwd=tree, output=log)
+    rows = json.loads(report.read_text())["rows"] if report.exists() else []
+    ms = next((r["median_ms"] for r in rows if r["backend"] == "cuda" and r["median_ms"]), None)
+    return Run(label.split("_")[0], ms, gpu_clocks.parse(samples.read_text()).describe())
 
 
 def table(runs: list[Run]) -> list[str]:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 BUSY_WATTS = 150.0
 QUERY = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100"]
@@ -32,11 +33,14 @@ class Clocks:
     watts: float
     watts_max: float
 
-    def line(self, label: str) -> str:
+    def describe(self) -> str:
         if not self.busy:
-            return f"{label}: no busy samples of {self.samples}"
-        return (f"{label}: SM clock {self.sm_mhz:.0f} MHz (min {self.sm_mhz_min:.0f}), power {self.watts:.0f} W "
+            return f"no busy samples of {self.samples}"
+        return (f"SM clock {self.sm_mhz:.0f} MHz (min {self.sm_mhz_min:.0f}), power {self.watts:.0f} W "
                 f"(max {self.watts_max:.0f}), medians of {self.busy} busy samples of {self.samples}")
+
+    def line(self, label: str) -> str:
+        return f"{label}: {self.describe()}"
 
 
 def parse(text: str) -> Clocks:
@@ -55,15 +59,20 @@ def parse(text: str) -> Clocks:
                   statistics.median(r[1] for r in busy), max(r[1] for r in busy))
 
 
-def run(log: Path, command: list[str]) -> int:
+def run(log: Path, command: list[str], cwd: Path | None = None, output: IO[str] | None = None) -> int:
+    """COMMAND's exit status, nvidia-smi's samples in LOG meanwhile; COMMAND's stdout and stderr go to output if
+    given (else where this process's go), and it runs in cwd."""
+    def command_status() -> int:
+        return subprocess.call(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT if output else None)
+
     with log.open("w") as out:
         try:
             sampler = subprocess.Popen(QUERY, stdout=out, stderr=subprocess.DEVNULL)
         except FileNotFoundError:
             print("gpu_clocks: nvidia-smi is not on PATH; the command runs without samples", file=sys.stderr)
-            return subprocess.call(command)
+            return command_status()
         try:
-            return subprocess.call(command)
+            return command_status()
         finally:
             sampler.terminate()
             sampler.wait()

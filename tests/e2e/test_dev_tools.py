@@ -22,7 +22,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -387,6 +387,14 @@ def test_fp32_tile_ablation_edits_are_in_the_kernel_and_compile(tmp_path, monkey
                             Run("nowg", None, "d")])
     assert lines[1].split()[:3] == ["main", "20.10", "+0.0"] and lines[1].endswith("20.00 / 20.20; c")
     assert lines[2].split()[:3] == ["nowg", "16.00", "-20.4"] and lines[2].endswith("16.00; d")
+    # a run's median is the cuda row's of the bench's --json report (here a stand-in that writes one)
+    args = SimpleNamespace(work=tmp_path / "runs", batch=128, iters=1)
+    args.work.mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(ablation, "BENCH", "import json, sys; json.dump({'rows': [{'backend': 'cuda', 'median_ms': 19.5}]}, "
+                  "open(sys.argv[sys.argv.index('--json') + 1], 'w'))")
+        m.setenv("PATH", str(tmp_path))  # no nvidia-smi: the run goes on without samples
+        assert ablation.bench(tree, "onewg_1", args) == Run("onewg", 19.5, "no busy samples of 0")
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return
