@@ -219,11 +219,14 @@ struct NhwcTf32 {
 // at fp16's rate (twice TF32's). The low halves are scaled by 2^11 so that they stay normal fp16 numbers: unscaled,
 // the low half of a weight of 0.01 would be a subnormal with a few bits. The high halves need |a| < 65520 (fp16's
 // largest, rounded to): larger activations or weights become infinities (the backend checks the weights).
-// split() turns a 16-byte piece into four fp16 high halves at `hi` and four low ones at `lo`: the activations' in
-// shared memory, every stage; the weights' in global memory, once after the upload (conv_nhwc_wgmma.cu's
-// conv_nhwc_f32_split_weights), so that the tiles only move theirs (copy_halves).
+// The weights are split once after the upload (conv_nhwc_wgmma.cu's conv_nhwc_f32_split_weights): each group of 16
+// k of a row (rows padded to whole groups) becomes its 16 high halves, then its 16 low ones, so that a stage's 64-byte
+// row of B holds the k16 of B_hi in its first 32 bytes and of B_lo in its last: two descriptors of one tile. The
+// activations stay float32 in the stage; each thread splits its own register fragment of A (split_fragment) and
+// the tensor cores take it from registers (wgmma.cuh's f16_rs).
 struct NhwcF32 : NhwcTf32 {
     static constexpr bool SPLIT = true;
+    static constexpr int GROUP = 16;  // k of a weight row's group of halves: a stage's k
     static constexpr float LO_SCALE = 2048.f, LO_UNSCALE = 1.f / 2048.f;  // 2^11 and back: exact
     __device__ __forceinline__ static void store(T* p, const float (&v)[PIECE]) {
         *reinterpret_cast<float4*>(p) = float4{v[0], v[1], v[2], v[3]};
@@ -231,27 +234,45 @@ struct NhwcF32 : NhwcTf32 {
     __device__ __forceinline__ static void store2(T* p, float v0, float v1) {
         *reinterpret_cast<float2*>(p) = float2{v0, v1};
     }
-    __device__ __forceinline__ static void split(const T* piece, unsigned short* hi, unsigned short* lo) {
-        const float4 v = *reinterpret_cast<const float4*>(piece);
-        const unsigned h01 = f16::pack(v.x, v.y), h23 = f16::pack(v.z, v.w);
-        *reinterpret_cast<uint2*>(hi) = uint2{h01, h23};
-        *reinterpret_cast<uint2*>(lo) = uint2{f16::pack((v.x - f16::unpack(h01, 0)) * LO_SCALE,
-                                                        (v.y - f16::unpack(h01, 1)) * LO_SCALE),
-                                              f16::pack((v.z - f16::unpack(h23, 0)) * LO_SCALE,
-                                                        (v.w - f16::unpack(h23, 1)) * LO_SCALE)};
+    // The high and low halves of the pair (x, y), x in bits 0..15.
+    __device__ __forceinline__ static void split(float x, float y, unsigned& hi, unsigned& lo) {
+        hi = f16::pack(x, y);
+        lo = f16::pack((x - f16::unpack(hi, 0)) * LO_SCALE, (y - f16::unpack(hi, 1)) * LO_SCALE);
     }
-    // A weight piece arrives split (conv_nhwc_wgmma.cu's conv_nhwc_f32_split_weights: the same halves, made once
-    // after the upload): its 16 bytes are the four high halves, then the four low ones.
-    __device__ __forceinline__ static void copy_halves(const T* piece, unsigned short* hi, unsigned short* lo) {
-        const uint4 v = *reinterpret_cast<const uint4*>(piece);
-        *reinterpret_cast<uint2*>(hi) = uint2{v.x, v.y};
-        *reinterpret_cast<uint2*>(lo) = uint2{v.z, v.w};
+    // This thread's register fragment of A (wgmma.cuh's f16_rs) as float32 pairs: at p (its row, k 2t), p + 8 rows
+    // (of 16 k), p + k8 (k 2t + 8) and p + k8 + 8 rows; then split into its high and low halves.
+    __device__ __forceinline__ static void load_fragment(const T* p, int k8, float2 (&v)[4]) {
+        v[0] = *reinterpret_cast<const float2*>(p);
+        v[1] = *reinterpret_cast<const float2*>(p + 8 * GROUP);
+        v[2] = *reinterpret_cast<const float2*>(p + k8);
+        v[3] = *reinterpret_cast<const float2*>(p + k8 + 8 * GROUP);
     }
-    // The split halves' products: fp16 wgmma (k16 a row of 32 bytes).
+    __device__ __forceinline__ static void split_fragment(const float2 (&v)[4], unsigned (&hi)[4], unsigned (&lo)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) split(v[i].x, v[i].y, hi[i], lo[i]);
+    }
+    // A weight row's group of GROUP float32 at g, in place: its high halves, then its low ones.
+    __device__ __forceinline__ static void split_group(T* g) {
+        float4 v[GROUP / 4];
+#pragma unroll
+        for (int i = 0; i < GROUP / 4; ++i) v[i] = reinterpret_cast<const float4*>(g)[i];
+        uint4* const out = reinterpret_cast<uint4*>(g);
+#pragma unroll
+        for (int i = 0; i < GROUP / 8; ++i) {
+            uint4 hi, lo;
+            split(v[2 * i].x, v[2 * i].y, hi.x, lo.x);
+            split(v[2 * i].z, v[2 * i].w, hi.y, lo.y);
+            split(v[2 * i + 1].x, v[2 * i + 1].y, hi.z, lo.z);
+            split(v[2 * i + 1].z, v[2 * i + 1].w, hi.w, lo.w);
+            out[i] = hi;
+            out[GROUP / 8 + i] = lo;
+        }
+    }
+    // The split halves' products: fp16 wgmma (k16), A from registers.
     template <int N>
-    __device__ __forceinline__ static void wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b,
-                                                 int accumulate) {
-        ::wgmma::Mma<N>::f16(d, a, b, accumulate);
+    __device__ __forceinline__ static void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b,
+                                                    int accumulate) {
+        ::wgmma::Mma<N>::f16_rs(d, a, b, accumulate);
     }
 };
 
@@ -372,17 +393,8 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[MI][NJ][4], co
 // next tile's math returns. Each thread then fences its landed copies for the async proxy before the barrier, and
 // the ring loads one tile less ahead (STAGES - 2), into the buffer of tile t - 2, whose reads the math of tile t - 1
 // waited for. (With 3-4 stages that loses more than the overlap gains.)
-// landed(stage), if given, runs in each thread once its own copies of the tile in `stage` have landed and before
-// the barrier that lets everyone read them: a thread may rewrite its own pieces there (NhwcF32's split). It runs a
-// tile ahead, off the chain of waits and barriers: tile 0's before the loop, tile t + 1's inside the math of tile t,
-// which is then called as math(stage, ahead) and calls ahead() once it has issued its asynchronous work, so that the
-// rewrite overlaps the tensor cores' work on tile t instead of lengthening every tile's chain of waits.
-struct NoLanded {
-    __device__ __forceinline__ void operator()(int) const {}
-};
-template <int STAGES, int BK, bool ASYNC = false, class Load, class Math, class Landed = NoLanded>
-__device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math,
-                                              Landed&& landed = Landed{}) {
+template <int STAGES, int BK, bool ASYNC = false, class Load, class Math>
+__device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& load, Math&& math) {
     constexpr int AHEAD = ASYNC ? STAGES - 2 : STAGES - 1;  // tiles in flight behind the current one
     static_assert(AHEAD >= 1, "too few stages");
     const int tiles = (k_end - k_begin + BK - 1) / BK;
@@ -393,30 +405,15 @@ __device__ __forceinline__ void cp_async_ring(int k_begin, int k_end, Load&& loa
     }
     // The buffers of tiles kt + AHEAD and kt, counted around the ring rather than taken modulo STAGES.
     int load_buf = AHEAD, math_buf = 0;
-    constexpr bool LANDED = !std::is_same_v<std::decay_t<Landed>, NoLanded>;
-    if constexpr (LANDED) {
-        cp_async::wait<AHEAD - 1>();  // this thread's copies of tile 0 have landed
-        landed(0);
-    }
     for (int kt = 0; kt < tiles; ++kt) {
         cp_async::wait<AHEAD - 1>();  // this thread's copies of tile kt have landed ...
         if constexpr (ASYNC) wgmma::fence_proxy_async();
         __syncthreads();  // ... everyone's have, and everyone is done with tile kt - 1 (kt - 2 if ASYNC)
         if (kt + AHEAD < tiles) load(k_begin + (kt + AHEAD) * BK, load_buf);  // tile kt - 1's buffer (kt - 2 if ASYNC)
         cp_async::commit();
-        const int next_buf = math_buf == STAGES - 1 ? 0 : math_buf + 1;
-        if constexpr (LANDED) {
-            math(math_buf, [&] {
-                if (kt + 1 < tiles) {
-                    cp_async::wait<AHEAD - 1>();  // this thread's copies of tile kt + 1 have landed
-                    landed(next_buf);
-                }
-            });
-        } else {
-            math(math_buf);
-        }
+        math(math_buf);
         load_buf = load_buf == STAGES - 1 ? 0 : load_buf + 1;
-        math_buf = next_buf;
+        math_buf = math_buf == STAGES - 1 ? 0 : math_buf + 1;
     }
 }
 

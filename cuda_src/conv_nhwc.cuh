@@ -76,20 +76,6 @@
 
 template <int PIECE>
 __device__ __forceinline__ int swizzled(int row, int piece) { return (piece ^ (row >> 1 & 3)) * PIECE; }
-// A 16-byte float32 piece (k 4 piece .. 4 piece + 3 of a 16-k row) as four fp16 values in a row of 32 bytes of the
-// 32-byte swizzle (wgmma.cuh's desc_k_major_32b): where they start, in fp16 elements from the row's start.
-__device__ __forceinline__ int swizzled32(int row, int piece) {
-    return ((piece >> 1 ^ (row >> 2 & 1)) << 3) + ((piece & 1) << 2);
-}
-
-// A SPLIT element type's set of fp16 halves of one stage (NhwcLoader::split writes it, conv_nhwc_wgmma.cu's wgmma
-// read it): four tiles of 32-byte rows (ROW fp16 values, one k16), A_hi (BM rows), A_lo, B_hi (BN rows), B_lo, at
-// these offsets in fp16 elements; SIZE of them, as many bytes as a float32 stage of BM + BN rows.
-template <int BM, int BN>
-struct HalvesSet {
-    static constexpr int ROW = 16;
-    static constexpr int A_HI = 0, A_LO = BM * ROW, B_HI = 2 * BM * ROW, B_LO = B_HI + BN * ROW, SIZE = B_LO + BN * ROW;
-};
 
 // Where the output channels go (the header's parts): part i >= 1 takes channels from start[i - 1] on.
 struct NhwcParts {
@@ -143,7 +129,6 @@ struct NhwcLoader {
     const T* __restrict__ wr;
     T* a_dst;  // this thread's first piece in As[0] and Bs[0]
     T* b_dst;
-    int half_at;  // its first piece's fp16 halves in a tile of split()'s set: row row0, swizzled32 (A's and B's alike)
     bool b_rows;  // the thread has B rows (a narrow tile: only the threads of its first BN rows)
     int h, w, cin, kw, x_cstride, k_end;
     int a_ih[A_ROWS], a_iw[A_ROWS];  // the pixel's window corner
@@ -158,7 +143,6 @@ struct NhwcLoader {
         const int howo = a.ho * a.wo, p_total = a.batch * howo, k_total = a.kh * a.kw * a.cin;
         a_dst = &as[0][row0][swizzled<PIECE>(row0, piece)];
         b_dst = &bs[0][row0][swizzled<PIECE>(row0, piece)];
-        half_at = row0 * BK + swizzled32(row0, piece);
         b_rows = BN >= ROWS || row0 < BN;
 #pragma unroll
         for (int i = 0; i < A_ROWS; ++i) {
@@ -168,9 +152,11 @@ struct NhwcLoader {
             a_iw[i] = ow * a.stride - a.pad_w;
             a_corner[i] = ((b * a.h + oh * a.stride - a.pad_h) * a.w + a_iw[i]) * a.x_cstride;
         }
+        // SPLIT: the weight rows are whole groups of halves (NhwcF32::GROUP k), a stage's k.
+        const int w_stride = E::SPLIT ? (k_total + BK - 1) / BK * BK : k_total;
 #pragma unroll
         for (int i = 0; i < B_ROWS; ++i)
-            w_row[i] = m0 + row0 + ROWS * i < a.cout ? (m0 + row0 + ROWS * i) * k_total : -1;
+            w_row[i] = m0 + row0 + ROWS * i < a.cout ? (m0 + row0 + ROWS * i) * w_stride : -1;
         k = k_begin + PIECE * piece;
         const int t = k / a.cin;
         c = k - t * a.cin;
@@ -187,7 +173,9 @@ struct NhwcLoader {
             const bool ok = k_ok && (unsigned)(a_ih[i] + r) < (unsigned)h && (unsigned)(a_iw[i] + s) < (unsigned)w;
             cp_async::copy16_or_zero(ad + i * ROWS * BK, x + (ok ? (unsigned)(a_corner[i] + tap) : 0u), ok);
         }
-        copy_b(stage, k_ok);
+        // SPLIT: a piece of B is half of its stage's group's high or low halves, which lie in the padded row when
+        // the stage's first k is in the slice (k_begin, a multiple of k_split: of BK)
+        copy_b(stage, E::SPLIT ? (k & -BK) < k_end : k_ok);
         advance();
     }
 
@@ -212,30 +200,6 @@ struct NhwcLoader {
                 s = 0;
                 ++r;
                 tap += (w - kw) * x_cstride;
-            }
-        }
-    }
-
-    // SPLIT element types: this thread's pieces of the tile in `stage` go, as fp16 high and low halves, to the same
-    // rows of a set of four tiles of 32-byte rows at `set`: A's high halves (BM rows), A's low ones, B's high ones (BN
-    // rows), B's low ones. Each piece is handled by the thread that copied it, once its own copies have landed
-    // (cp_async_ring's landed), so no other thread has to wait: A's pieces are split (E::split), B's came split
-    // (conv_nhwc_f32_split_weights, once after the upload) and are only moved (E::copy_halves).
-    __device__ __forceinline__ void split(int stage, unsigned short* set) const {
-        using S = HalvesSet<BM, BN>;
-        static_assert(BK == S::ROW, "a stage's k is one row of halves");
-        const T* const ad = a_dst + stage * (BM * BK);
-#pragma unroll
-        for (int i = 0; i < A_ROWS; ++i) {
-            unsigned short* const at = set + half_at + i * ROWS * S::ROW;
-            E::split(ad + i * ROWS * BK, at + S::A_HI, at + S::A_LO);
-        }
-        if (b_rows) {
-            const T* const bd = b_dst + stage * (BN * BK);
-#pragma unroll
-            for (int i = 0; i < B_ROWS; ++i) {
-                unsigned short* const at = set + half_at + i * ROWS * S::ROW;
-                E::copy_halves(bd + i * ROWS * BK, at + S::B_HI, at + S::B_LO);
             }
         }
     }
@@ -456,6 +420,36 @@ struct NhwcStore {
         wgmma_pixels<MB, BN>(m0, [&](int mb, int half) { return row + 64 * mb + 8 * half; }, sum);
     }
 };
+
+// A SPLIT type's (NhwcF32's) tensor-core accumulators take the sums of this many stages (d: one fp16 wgmma of k16 a
+// stage, dx: two), then they are added to fp32 registers, rounded to nearest (conv_nhwc_wgmma.cu's and
+// conv_nhwc_ws.cu's fp32 tiles). The tensor cores' own accumulation measured biased: with every stage in them, fp32
+// forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit (2.0e-5 at batch 1, split-K), on the H100,
+// against 4.5e-7 for the FFMA path.
+[[maybe_unused]] constexpr int WGMMA_SPLIT_CHUNK = 4;  // unused where the fp32 tiles are not built
+// Where this thread's register fragment of A (NhwcF32::load_fragment) lies in a stage of float32 rows of `bk` k, as
+// the loader swizzles them, for the warpgroup whose rows start at first_row: its first pair (row 16 warp + g, k 2t),
+// and k 2t + 8's offset from there. Rows 8 and 64 on share the row's swizzle.
+struct SplitFragment {
+    int at, k8;
+    __device__ __forceinline__ SplitFragment(int first_row, int bk) {
+        const int lane = threadIdx.x % 32, row = first_row + 16 * (threadIdx.x / 32 % 4) + lane / 4, t = lane % 4;
+        at = row * bk + swizzled<4>(row, t / 2) + 2 * (t % 2);
+        k8 = swizzled<4>(row, 2 + t / 2) - swizzled<4>(row, t / 2);
+    }
+};
+// A chunk's sums into the totals, once the wgmma that wrote them have been waited for: total += d + dx 2^-11.
+template <class E, int MB, int N>
+__device__ __forceinline__ void add_split_sums(float (&total)[MB][N], typename E::Acc (&d)[MB][N],
+                                               typename E::Acc (&dx)[MB][N]) {
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+        wgmma::fence_registers(d[mb]);
+        wgmma::fence_registers(dx[mb]);
+#pragma unroll
+        for (int i = 0; i < N; ++i) total[mb][i] += d[mb][i] + dx[mb][i] * E::LO_UNSCALE;
+    }
+}
 
 // The dynamic shared memory of the sm_90a tiles (wgmma, warp-specialized and halo), laid out by each kernel.
 #ifdef __CUDACC__

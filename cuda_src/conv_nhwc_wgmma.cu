@@ -12,17 +12,20 @@
 // loads in flight. A 256-pixel tile has each warpgroup multiply two blocks of 64 rows per stage. 128x192 (96
 // accumulators a thread) covers the Cout = 192 and 384 layers in whole tiles, reading 1.2x fewer bytes per multiply-add
 // than 128x128.
-// SPLIT (NhwcF32, fp32 as 3xFP16): the ring's float32 stages are not read by the tensor cores. Each thread splits the
-// pieces it copied into fp16 high and low halves (conv_mma.cuh's NhwcF32::split) in a set of four tiles of 32-byte
-// rows (A_hi, A_lo, B_hi, B_lo; the 32-byte swizzle), one of a ring of WGMMA_LO_TILES sets, once its copies have
-// landed (cp_async_ring's landed); each stage (k16) is then three fp16 wgmma, A_hi B_hi, A_hi B_lo, A_lo B_hi. The
-// set of tile t + 1 is written in the math of tile t, after its wgmma are issued (the ring's landed runs a tile
-// ahead), while the wgmma of tiles t and t - 1 may still read theirs: so three sets, one for each. The cross
-// products, ~2^-11 of A B (2^11 times that, the low halves' scale), go to accumulators of their own (dx): the tensor
-// cores add each instruction's products to their accumulator with a loss of about a unit in its last place (see
+// SPLIT (NhwcF32, fp32 as 3xFP16): the activations' stages stay float32; each thread reads its register fragment of
+// A (wgmma.cuh's f16_rs: four 8-byte loads a 64-row block, which the 64-byte swizzle spreads over the banks) and
+// splits it into fp16 high and low halves in registers (NhwcF32::split_fragment). The weights come split (once
+// after the upload: per group of 16 k, 16 high halves then 16 low ones), so a stage's 64-byte row of B holds B_hi's
+// k16 in its first 32 bytes and B_lo's in the last: the descriptor of the tile and that descriptor 32 bytes on. Each
+// stage (k16) is then three fp16 wgmma, A_hi B_hi, A_hi B_lo, A_lo B_hi. The split of tile t + 1 writes the
+// registers that tile t's wgmma read, so it waits for them (wait<0>, not wait<1>) and wgmma.fence orders its writes
+// before the next wgmma. Against splitting in shared memory (four tiles of halves a stage, written by one pass and
+// read by the tensor cores), a stage moves 32 KB through shared memory instead of ~60. The cross products, ~2^-11
+// of A B (2^11 times that, the low halves' scale), go to accumulators of their own (dx): the tensor cores add each
+// instruction's products to their accumulator with a loss of about a unit in its last place (see
 // WGMMA_SPLIT_CHUNK), so small terms added to the large sums would lose what they carry. Every WGMMA_SPLIT_CHUNK
-// tiles both sets are waited for and added to `total` (rounded to nearest; dx times 2^-11, exact) at the start of
-// the next tile, which starts them anew.
+// tiles both sets are added to `total` (rounded to nearest; dx times 2^-11, exact) at the start of the next tile,
+// which starts them anew.
 //
 // int8 (NhwcI8): int8 activations and weights, exact s32 sums in the registers fp32 ones take, the requantizing
 // epilogue of conv_nhwc.cuh's NhwcStore::column4 (bias: float32[3 cout], bias, scale, inv_out). No split-K (k_split
@@ -36,21 +39,15 @@
 // Stages of the wgmma tiles' ring (cuda.tiles.wgmma_stages), for two blocks an SM (one block cannot hide its own
 // barrier and load latency, which is why there are no 256x128 and 256x192 wgmma tiles): for 128 pixel rows, 4 in
 // flight while one is multiplied and the one before it may still be read by its wgmma (3 for 128x192, whose 6 would
-// not fit twice); 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32) needs WGMMA_LO_TILES sets
-// of halves, each a stage's bytes (conv_nhwc_wgmma_gemm): 6 stages for its tiles of at most 64 channels, and 8 for
-// 128x128, which runs one block an SM (its sums in registers three times would spill at two).
+// not fit twice); 256-row tiles, twice the bytes a stage, 2. A SPLIT element type (NhwcF32): 6 stages for its tiles
+// of at most 64 channels, and 8 for 128x128, which runs one block an SM (its sums in registers three times would
+// spill at two).
 __host__ __device__ constexpr int wgmma_stages(bool split, int bm, int bn) {
     return split ? (bn == 128 ? 8 : 6) : bm == 256 ? 4 : bn == 192 ? 5 : 6;
 }
-constexpr int WGMMA_LO_TILES = 3;
-// A SPLIT type's tensor-core accumulators take the sums of this many tiles (d: one fp16 wgmma of k16 a tile, dx:
-// two), then they are added to fp32 registers, rounded to nearest. The tensor cores' own accumulation measured
-// biased: with every tile in them, fp32 forwards were 1.1e-4 off float64 at batch 128, where long K runs unsplit
-// (2.0e-5 at batch 1, split-K), on the H100, against 4.5e-7 for the FFMA path.
-[[maybe_unused]] constexpr int WGMMA_SPLIT_CHUNK = 4;  // unused where the wgmma tiles are not built
 // The ring's bytes, the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes).
 __host__ __device__ constexpr int wgmma_ring_bytes(bool split, int bm, int bn) {
-    return (wgmma_stages(split, bm, bn) + (split ? WGMMA_LO_TILES : 0)) * (bm + bn) * 64;
+    return wgmma_stages(split, bm, bn) * (bm + bn) * 64;
 }
 
 
@@ -69,10 +66,9 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 
     // 512-byte aligned tiles (BM, BN multiples of 8 rows of 64 bytes): the swizzle repeats every 512 bytes.
     // wgmma_ring_bytes(E::SPLIT, BM, BN), the launch's dynamic shared memory (cuda.tiles.wgmma_ring_bytes):
-    // As[STAGES], Bs[STAGES], and for SPLIT WGMMA_LO_TILES sets of the fp16 halves (conv_nhwc.cuh's HalvesSet).
+    // As[STAGES], Bs[STAGES].
     T(*As)[BM][BK] = reinterpret_cast<T(*)[BM][BK]>(wgmma_ring);
     T(*Bs)[BN][BK] = reinterpret_cast<T(*)[BN][BK]>(wgmma_ring + STAGES * BM * BK * sizeof(T));
-    unsigned short* const halves = reinterpret_cast<unsigned short*>(wgmma_ring + STAGES * (BM + BN) * BK * sizeof(T));
 #ifndef __CUDACC__
     static_assert(wgmma_ring_bytes(E::SPLIT, BM, BN) <= sizeof(wgmma_ring), "the emulator's ring is too small");
 #endif
@@ -94,14 +90,8 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
     const unsigned long long db0 = wgmma::desc_k_major_64b(&Bs[0][0][0]);
     constexpr unsigned A_STEP = BM * BK * sizeof(T) / 16, B_STEP = BN * BK * sizeof(T) / 16;
     constexpr unsigned ROWS64_STEP = 64 * BK * sizeof(T) / 16;
-    // SPLIT: the sets of halves (conv_nhwc.cuh's HalvesSet, wgmma.cuh's 32-byte rows): set 0's descriptor, and its
-    // tiles, a set and 64 rows as steps on it.
-    using S = HalvesSet<BM, BN>;
-    static_assert(!E::SPLIT || S::SIZE * 2 == (BM + BN) * BK * static_cast<int>(sizeof(T)),
-                  "a set of halves is a float32 stage's bytes");
-    const unsigned long long ds0 = wgmma::desc_k_major_32b(halves);
-    constexpr unsigned SET_STEP = S::SIZE / 8, HALF_ROWS64_STEP = 64 * S::ROW / 8;  // fp16 elements / 8: 16 bytes
-    int set = WGMMA_LO_TILES - 1;  // the set of halves of the tile being split and multiplied (SPLIT)
+    // SPLIT: this thread's register fragment of A in a stage (wgmma.cuh's f16_rs), its warpgroup's rows from 64 MB group
+    const SplitFragment frag(64 * MB * group, BK);
     // SPLIT: d holds the high halves' products (A_hi B_hi) of at most WGMMA_SPLIT_CHUNK tiles (chunk_tiles so far),
     // dx the cross products (A_hi B_lo + A_lo B_hi, 2^11 times their value); then both move to total.
     typename E::Acc dx[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
@@ -114,47 +104,40 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
             for (int i = 0; i < BN / 2; ++i) total[mb][i] = 0.f;
     }
     const auto promote = [&] {
-        if constexpr (E::SPLIT) {
-#pragma unroll
-            for (int mb = 0; mb < MB; ++mb) {
-                wgmma::fence_registers(d[mb]);
-                wgmma::fence_registers(dx[mb]);
-#pragma unroll
-                for (int i = 0; i < BN / 2; ++i) total[mb][i] += d[mb][i] + dx[mb][i] * E::LO_UNSCALE;
-            }
-        }
+        if constexpr (E::SPLIT) add_split_sums<E>(total, d, dx);
     };
-    const auto split = [&](int st) {
-        if constexpr (E::SPLIT) {
-            set = set == WGMMA_LO_TILES - 1 ? 0 : set + 1;
-            load.split(st, halves + set * S::SIZE);
-        }
-    };
-    // SPLIT: the math of tile t also splits tile t + 1 (the ring's ahead), once its wgmma are issued. Tile t + 1's set
-    // is tile t - 2's, whose wgmma every warpgroup waited for (wait<1> in the math of tile t - 1) before the barrier
-    // of tile t; the split itself happens after that barrier. A chunk's sums are waited for and promoted at the start
-    // of the next chunk's first tile, so that its barrier and loads are not behind the drain.
-    const auto multiply = [&](int st, auto&& ahead) {
-        if constexpr (E::SPLIT) {
+    // SPLIT: a chunk's sums are waited for and promoted at the start of the next chunk's first tile, so that its
+    // barrier and loads are not behind the drain.
+    const auto multiply = [&](int st) {
+        if constexpr (E::SPLIT) {  // one k16 a stage: three fp16 wgmma, A's halves from registers
+            // The split writes the registers that the tile before's wgmma read (wgmma.cuh's f16_rs), so it waits for
+            // them first (which also lets the ring reload tile t - 1's buffer at tile t + 1), and wgmma.fence orders
+            // its writes before this tile's wgmma.
+            wgmma::wait<0>();
             if (chunk_tiles == WGMMA_SPLIT_CHUNK) {
-                wgmma::wait<0>();
                 promote();
                 accumulate = chunk_tiles = 0;
             }
-        }
-        wgmma::fence();
-        if constexpr (E::SPLIT) {  // one k16 a stage: three fp16 wgmma on the tile's set of halves
-            const unsigned long long ds = ds0 + set * SET_STEP;
-            const unsigned long long b_hi = ds + S::B_HI / 8, b_lo = ds + S::B_LO / 8;
+            unsigned a_hi[MB][4], a_lo[MB][4];
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
-                const unsigned long long rows = ds + (MB * group + mb) * HALF_ROWS64_STEP;
-                const unsigned long long a_hi = rows + S::A_HI / 8, a_lo = rows + S::A_LO / 8;
-                E::template wgmma<BN>(d[mb], a_hi, b_hi, accumulate);
-                E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);
-                E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);
+                float2 v[4];
+                E::load_fragment(&As[st][0][0] + frag.at + mb * 64 * BK, frag.k8, v);
+                E::split_fragment(v, a_hi[mb], a_lo[mb]);
             }
+            wgmma::fence();
+            const unsigned long long b_hi = db0 + st * B_STEP, b_lo = b_hi + wgmma::DESC_32_BYTES;
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                E::template wgmma_rs<BN>(d[mb], a_hi[mb], b_hi, accumulate);
+                E::template wgmma_rs<BN>(dx[mb], a_hi[mb], b_lo, accumulate);
+                E::template wgmma_rs<BN>(dx[mb], a_lo[mb], b_hi, 1);
+            }
+            accumulate = 1;
+            wgmma::commit();
+            ++chunk_tiles;
         } else {
+            wgmma::fence();
             const unsigned long long db = db0 + st * B_STEP;
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) {  // rows 64 (MB group + mb) ..
@@ -165,17 +148,12 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
                     E::template wgmma<BN>(d[mb], da + on, db + on, half ? 1 : accumulate);
                 }
             }
+            accumulate = 1;
+            wgmma::commit();
+            wgmma::wait<1>();
         }
-        accumulate = 1;
-        wgmma::commit();
-        ahead();
-        if constexpr (E::SPLIT) ++chunk_tiles;
-        wgmma::wait<1>();
     };
-    if constexpr (E::SPLIT)
-        cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, multiply, split);
-    else
-        cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, [&](int st) { multiply(st, [] {}); });
+    cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, multiply);
     wgmma::wait<0>();
     if (E::SPLIT && chunk_tiles) promote();
 #pragma unroll
@@ -197,8 +175,8 @@ __device__ __forceinline__ void conv_nhwc_wgmma_gemm(const NhwcConvArgs<E>& a) {
 // Two blocks of 256 threads an SM. Shared memory and accumulators a thread: 128x128 96 KB, 64; 128x64 72 KB,
 // 128x32 60 KB (3 blocks fit); 128x192 100 KB, 96 (ptxas: 128 registers, none spilled). The 256-pixel tiles, for
 // the narrow layers (Cout 32-96, where a 128-pixel stage is little math for its barrier and loads): 256x64 80 KB,
-// 256x32 72 KB. NhwcF32 (three wgmma a k step, low tiles, and its sums in registers three times): 128x64 108 KB, 128
-// registers; 128x32 90 KB, 95; 128x128 one block an SM (its 192 sums would spill at 128 registers), 176 KB, 237.
+// 256x32 72 KB. NhwcF32 (three wgmma a k step, its sums in registers three times): 128x64 72 KB, 128 registers;
+// 128x32 60 KB, 94; 128x128 one block an SM (its 192 sums would spill at 128 registers), 128 KB, 238.
 #define CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, MIN_BLOCKS) \
     CONV_NHWC_ENTRY(NAME##_wgmma_##BM##x##BN, E, 256, MIN_BLOCKS, (conv_nhwc_wgmma_gemm<E, BM, BN>))
 #define CONV_NHWC_WGMMA_KERNEL(NAME, E, BM, BN) CONV_NHWC_WGMMA_KERNEL_BLOCKS(NAME, E, BM, BN, 2)
@@ -238,19 +216,16 @@ CONV_NHWC_WGMMA_MAXPOOL_KERNEL(conv_nhwc_i8, NhwcI8, 256, 32)
 #endif
 #endif
 
-// conv_nhwc_f32_split_weights: the fp32 tiles' weight rows (params.direct_weights), uploaded as float32, become in
-// place what their loader copies (NhwcF32::copy_halves): each 16-byte piece of four weights its four fp16 high
-// halves, then its four low ones, made by NhwcF32::split, the rounding the tiles give their activations. Launched
+// conv_nhwc_f32_split_weights: the fp32 tiles' weight rows (params.direct_weights, padded to whole groups of
+// NhwcF32::GROUP), uploaded as float32, become in place what their tiles read (NhwcF32::split_group): each group of
+// 16 weights its 16 fp16 high halves, then its 16 low ones, the rounding the tiles give their activations. Launched
 // once per weight array after the parameters are uploaded (lowering's setup launches): no block splits the weights
 // again, and the host does not either (NumPy's float16 casts cost ~6 ns a weight on the development machine).
-// Launch: block 256, grid ceil(pieces / 256).
+// Launch: block 256, grid ceil(groups / 256).
 #ifdef IE_NHWC_FP32
-extern "C" __global__ void __launch_bounds__(256) conv_nhwc_f32_split_weights(float* w, int pieces) {
+extern "C" __global__ void __launch_bounds__(256) conv_nhwc_f32_split_weights(float* w, int groups) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= pieces) return;
-    float* const piece = w + 4 * i;
-    unsigned short* const halves = reinterpret_cast<unsigned short*>(piece);
-    NhwcF32::split(piece, halves, halves + 4);  // the piece is read whole before its halves are written
+    if (i < groups) NhwcF32::split_group(w + NhwcF32::GROUP * i);
 }
 #endif
 

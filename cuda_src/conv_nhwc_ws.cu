@@ -1,6 +1,6 @@
 // conv_nhwc_ws.cu: the NHWC implicit-GEMM conv (conv_nhwc.cuh) on warp-specialized persistent wgmma tiles (sm_90a),
 // fp16, tf32 and int8: cp.async producers (_ws_), the copy engine's TMA (_ws_tma_), and TMA with ping-pong consumers
-// (_ws_tma_pp_).
+// (_ws_tma_pp_); fp32 (3xFP16) on the cp.async 128x64 one.
 //
 // Idea: the same implicit GEMM as conv_nhwc_wgmma.cu, warp-specialized and persistent ("_ws" tiles). Where every warp
 // both loads and multiplies, the loader's address arithmetic (over a hundred SASS instructions a stage) takes the
@@ -49,7 +49,12 @@
 // the multiples of 64 too (the 64-, 192- and 448-channel ones); the cp.async _ws_ tiles, 64 channels a stage, take
 // every Cin multiple of 16.
 //
-// Launch: conv_nhwc[_tf32|_i8]_ws_<BM>x<BN> and _ws_tma[_r64]_<BM>x<BN>: WS_THREADS threads,
+// fp32 (NhwcF32, conv_nhwc_wgmma.cu's SPLIT): the producers copy float32 A and the split weights; each consumer loads
+// its register fragment of a stage, splits it into fp16 halves and runs the three wgmma (register A), waiting first
+// for the stage before's (they read the registers it rewrites) and releasing that stage's buffer then; its sums three
+// times over (d, dx, total) are 96 registers at 128x64.
+//
+// Launch: conv_nhwc[_tf32|_f32|_i8]_ws_<BM>x<BN> and _ws_tma[_r64]_<BM>x<BN>: WS_THREADS threads,
 //         _ws_tma_pp[_r64]_<BM>x<BN>: WS_PP_THREADS; grid (blocks, 1, 1), at most one block an SM; dynamic shared
 //         memory ws_ring_bytes(BM, BN, ROW). The TMA tiles take the tensor maps' address last.
 #include "conv_nhwc.cuh"
@@ -102,7 +107,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
     constexpr int MB = PINGPONG ? BM / 64 : BM / 128, STAGES = ws_stages(BM, BN, ROW);
     using Loader = NhwcLoader<E, BM, BN, WS_PRODUCERS>;
     constexpr int BK = ROW / sizeof(T);
-    static_assert(!E::SPLIT && BM % 128 == 0 && STAGES >= 3, "warp-specialized tile");
+    static_assert(BM % 128 == 0 && STAGES >= 3, "warp-specialized tile");
+    static_assert(!E::SPLIT || (!TMA && MB == 1), "fp32 (SPLIT): cp.async producers, 64 rows a consumer");
     static_assert(TMA || BK == Loader::BK, "the cp.async loader's stage");
     static_assert(TMA || !PINGPONG, "a ping-pong tile's one producer warpgroup asks the copy engine");
     static_assert(!PINGPONG || MB * BN / 2 <= 192, "a ping-pong consumer's sums within its 232 registers");
@@ -189,6 +195,8 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
     // of every other tile).
     wgmma::max_registers<PINGPONG ? WS_PP_CONSUMER_REGS : WS_CONSUMER_REGS, true>();
     const int group = (tid - PRODUCERS) / 128, lane = tid % 32, first_row = PINGPONG ? 0 : 64 * MB * group;
+    // SPLIT: this thread's register fragment of A in a stage (conv_nhwc_wgmma.cu's SPLIT, NhwcF32::load_fragment)
+    const SplitFragment frag(first_row, BK);
     const unsigned long long da0 = descriptor(&As[0][first_row][0]);
     const unsigned long long db0 = descriptor(&Bs[0][0][0]);
     constexpr unsigned A_STEP = BM * ROW / 16, B_STEP = BN * ROW / 16, ROWS64_STEP = 64 * ROW / 16;
@@ -203,12 +211,51 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         if (PINGPONG && j > 0) mbarrier::wait(turn + group, turns++ & 1);
         typename E::Acc d[MB][BN / 2];
         int accumulate = 0, last = 0;  // a register, not a constant (wgmma.cuh: C7515); the buffer before ring.buf
+        // SPLIT: d and dx (the cross products) of at most WGMMA_SPLIT_CHUNK stages, then added to total
+        typename E::Acc dx[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
+        float total[E::SPLIT ? MB : 1][E::SPLIT ? BN / 2 : 1];
+        int chunk_stages = 0;
+        const auto promote = [&] {
+            if constexpr (E::SPLIT) add_split_sums<E>(total, d, dx);
+        };
+        if constexpr (E::SPLIT) {
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) total[mb][i] = 0.f;
+        }
         for (int kt = 0; kt < t.stages; ++kt) {
             mbarrier::wait(full + ring.buf, ring.phase);
             if (PINGPONG && kt == t.stages - 1 && lane == 0)  // this warp has seen every fill up to the last landed
                 mbarrier::arrive(turn + (group ^ 1));
             if constexpr (!TMA)  // the producers' copies, seen through the barrier, before the async proxy's reads
                 wgmma::fence_proxy_async();
+            if constexpr (E::SPLIT) {
+                // The fragment's registers are the last stage's wgmma's: wait for them, which frees its buffer too.
+                wgmma::wait<0>();
+                if (kt > 0 && lane == 0) mbarrier::arrive(empty + last);
+                if (chunk_stages == WGMMA_SPLIT_CHUNK) {
+                    promote();
+                    accumulate = chunk_stages = 0;
+                }
+                unsigned a_hi[4], a_lo[4];
+                {
+                    float2 v[4];
+                    E::load_fragment(&As[ring.buf][0][0] + frag.at, frag.k8, v);
+                    E::split_fragment(v, a_hi, a_lo);
+                }
+                wgmma::fence();
+                const unsigned long long b_hi = db0 + ring.buf * B_STEP, b_lo = b_hi + wgmma::DESC_32_BYTES;
+                E::template wgmma_rs<BN>(d[0], a_hi, b_hi, accumulate);
+                E::template wgmma_rs<BN>(dx[0], a_hi, b_lo, accumulate);
+                E::template wgmma_rs<BN>(dx[0], a_lo, b_hi, 1);
+                accumulate = 1;
+                wgmma::commit();
+                ++chunk_stages;
+                last = ring.buf;
+                ring.next();
+                continue;
+            }
             const unsigned long long db = db0 + ring.buf * B_STEP;
             wgmma::fence();
 #pragma unroll
@@ -231,9 +278,14 @@ __device__ __forceinline__ void conv_nhwc_ws_gemm(const NhwcConvArgs<E>& a, cons
         if (lane == 0) mbarrier::arrive(empty + last);
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma::fence_registers(d[mb]);
-
-        NhwcStore<E>{a, p_total, t.z, splits}.template wgmma_rows<MB, BN>(
-            t.p0, t.m0, PINGPONG ? 0 : group, [&](int mb, int i) { return d[mb][i]; });
+        if (E::SPLIT && chunk_stages) promote();
+        const auto sum = [&](int mb, int i) {
+            if constexpr (E::SPLIT)
+                return total[mb][i];
+            else
+                return d[mb][i];
+        };
+        NhwcStore<E>{a, p_total, t.z, splits}.template wgmma_rows<MB, BN>(t.p0, t.m0, PINGPONG ? 0 : group, sum);
     }
 }
 
@@ -283,5 +335,10 @@ CONV_NHWC_WS_TMA_KERNEL_ROW(conv_nhwc_i8_ws_tma_r64, NhwcI8, 128, 192, 64)
 CONV_NHWC_WS_TMA_KERNEL_ROW(conv_nhwc_i8_ws_tma_r64, NhwcI8, 256, 128, 64)
 CONV_NHWC_WS_PP_KERNEL_ROW(conv_nhwc_i8_ws_tma_pp_r64, NhwcI8, 128, 192, 64)
 CONV_NHWC_WS_PP_KERNEL_ROW(conv_nhwc_i8_ws_tma_pp_r64, NhwcI8, 128, 128, 64)
+#endif
+#ifdef IE_NHWC_FP32
+// fp32 (3xFP16, conv_nhwc_wgmma.cu's SPLIT): its sums three times over, 64 rows a consumer: 128x64 only (128x128's
+// 192 sums a consumer do not fit WS_CONSUMER_REGS).
+CONV_NHWC_WS_KERNEL(conv_nhwc_f32, NhwcF32, 128, 64)
 #endif
 #endif

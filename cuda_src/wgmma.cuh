@@ -36,13 +36,6 @@ __device__ __forceinline__ unsigned long long desc_k_major_128b(const void* tile
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
     return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
 }
-// The same for rows of 32 bytes (one k16 of fp16) in the 32-byte swizzle (mode 3): byte address bit 4 XORed with
-// bit 7 (row / 4 mod 2), 8-row groups 256 bytes apart (NhwcF32's fp16 halves, conv_nhwc.cuh's swizzled32()).
-__device__ __forceinline__ unsigned long long desc_k_major_32b(const void* tile) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile));
-    return (unsigned long long)((a & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(256 >> 4) << 32 | 3ull << 62;
-}
-
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -96,10 +89,13 @@ __device__ __forceinline__ void fence_registers(int (&d)[R]) {
 // d = A B (accumulate 0) or d += A B (accumulate 1) for one k step: fp16 (m64nNk16, both operands not transposed:
 // K-major) or tf32 (m64nNk8) into f32 sums, or int8 (m64nNk32 .s32.s8.s8, exact s32 sums that wrap rather than
 // saturate; 8-bit operands must be K-major, and the instruction has no scale or transpose operands). Each is 32 bytes
-// of every row. N = 192, 128, 96, 64, 32. The flag (scale-d) is a predicate set from a register. Starting a tile
+// of every row. f16_rs: the same fp16 product with A from registers (the ISA's "register fragment" of A, as
+// mma.m16n8k16's for each warp's 16 rows: thread (w, g, t) holds a[0] = A[16w + g][2t, 2t + 1], a[1] = A[16w + g +
+// 8][2t, 2t + 1], a[2] and a[3] the same rows at k 2t + 8, 2t + 9, lower k in bits 0..15), which must not change
+// until the wgmma has completed (wait). N = 192, 128, 96, 64, 32. The flag (scale-d) is a predicate set from a register. Starting a tile
 // with accumulate 0 instead of zeroing d matters: a register written by another instruction between the wgmma of one
 // pipeline makes ptxas serialize them (C7515).
-#define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC)                                                                 \
+#define IE_WGMMA(N, R, REGS, DESC_A, DESC_B, ACC, RS_A, RS_B, RS_ACC)                                            \
     template <>                                                                                                   \
     struct Mma<N> {                                                                                               \
         __device__ __forceinline__ static void f16(float (&d)[R], unsigned long long a, unsigned long long b,     \
@@ -108,6 +104,13 @@ __device__ __forceinline__ void fence_registers(int (&d)[R]) {
                          "k16.f32.f16.f16 {" REGS "}, " DESC_A ", " DESC_B ", p, 1, 1, 0, 0;\n}"                  \
                          : IE_WG_D##R("+f")                                                                       \
                          : "l"(a), "l"(b), "r"(acc));                                                             \
+        }                                                                                                         \
+        __device__ __forceinline__ static void f16_rs(float (&d)[R], const unsigned (&a)[4], unsigned long long b, \
+                                                      int acc) {                                                  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_ACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N  \
+                         "k16.f32.f16.f16 {" REGS "}, {" RS_A "}, " RS_B ", p, 1, 1, 0;\n}"                       \
+                         : IE_WG_D##R("+f")                                                                       \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));                         \
         }                                                                                                         \
         __device__ __forceinline__ static void tf32(float (&d)[R], unsigned long long a, unsigned long long b,    \
                                                     int acc) {                                                    \
@@ -127,11 +130,11 @@ __device__ __forceinline__ void fence_registers(int (&d)[R]) {
 
 template <int N>
 struct Mma;
-IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98")
-IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66")
-IE_WGMMA(96, 48, IE_WG_R48, "%48", "%49", "%50")
-IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34")
-IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18")
+IE_WGMMA(192, 96, IE_WG_R96, "%96", "%97", "%98", "%96, %97, %98, %99", "%100", "%101")
+IE_WGMMA(128, 64, IE_WG_R64, "%64", "%65", "%66", "%64, %65, %66, %67", "%68", "%69")
+IE_WGMMA(96, 48, IE_WG_R48, "%48", "%49", "%50", "%48, %49, %50, %51", "%52", "%53")
+IE_WGMMA(64, 32, IE_WG_R32, "%32", "%33", "%34", "%32, %33, %34, %35", "%36", "%37")
+IE_WGMMA(32, 16, IE_WG_R16, "%16", "%17", "%18", "%16, %17, %18, %19", "%20", "%21")
 }  // namespace wgmma
 
 // mbarrier (shared-memory transaction barriers, PTX ISA "Parallel Synchronization and Communication Instructions:

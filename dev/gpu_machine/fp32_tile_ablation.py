@@ -13,10 +13,10 @@ keep running on real data, one tile in four. A table of medians, with each varia
 tree's, is printed last.
 
 Variants (VARIANTS): main (unchanged), nodrain (the sums drained once at the end, not every WGMMA_SPLIT_CHUNK
-tiles), onewg (A_hi B_hi only: the two cross products' wgmma out), nowg (no wgmma), split1of4 (A's split into
-halves, and B's move, for one tile in four: the sets keep real halves of earlier tiles), load1of4 (the copies of
-one tile in four: the ring keeps real floats of earlier tiles). An edit whose text is no longer in the file stops
-the run and names the variant: update EDITS with the kernel.
+tiles), onewg (A_hi B_hi only: the two cross products' wgmma out), nowg (no wgmma; the fragments are still loaded
+and split), nosplit (the fragment's float32 bits go to the tensor cores as they are, no conversion: real data, wrong
+values), load1of4 (the copies of one tile in four: the ring keeps real floats of earlier tiles). An edit whose text
+is no longer in the file stops the run and names the variant: update EDITS with the kernel.
 """
 
 from __future__ import annotations
@@ -38,19 +38,22 @@ TREE = ("inception_engine", "cuda_src", "cpu_src", "pyproject.toml", "setup.py",
 
 # variant -> (text in KERNEL, its replacement); main has none.
 EDITS: dict[str, tuple[str, str]] = {
-    "nodrain": ("constexpr int WGMMA_SPLIT_CHUNK = 4;", "constexpr int WGMMA_SPLIT_CHUNK = 1 << 30;"),
-    "onewg": ("E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);\n"
-              "                E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);", "(void)a_lo;"),
-    "nowg": ("E::template wgmma<BN>(d[mb], a_hi, b_hi, accumulate);\n"
-             "                E::template wgmma<BN>(dx[mb], a_hi, b_lo, accumulate);\n"
-             "                E::template wgmma<BN>(dx[mb], a_lo, b_hi, 1);",
-             "(void)a_hi; (void)a_lo; (void)b_hi; (void)b_lo;"),
-    "split1of4": ("load.split(st, halves + set * S::SIZE);",
-                  "if ((chunk_tiles & 3) == 0) load.split(st, halves + set * S::SIZE);"),
-    "load1of4": ("cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, multiply, split);",
+    "nodrain": ("if (chunk_tiles == WGMMA_SPLIT_CHUNK) {", "if (chunk_tiles == 1 << 30) {"),
+    "onewg": ("E::template wgmma_rs<BN>(dx[mb], a_hi[mb], b_lo, accumulate);\n"
+              "                E::template wgmma_rs<BN>(dx[mb], a_lo[mb], b_hi, 1);", "(void)a_lo; (void)b_lo;"),
+    "nowg": ("E::template wgmma_rs<BN>(d[mb], a_hi[mb], b_hi, accumulate);\n"
+             "                E::template wgmma_rs<BN>(dx[mb], a_hi[mb], b_lo, accumulate);\n"
+             "                E::template wgmma_rs<BN>(dx[mb], a_lo[mb], b_hi, 1);",
+             'asm volatile("" ::"r"(a_hi[mb][0]), "r"(a_hi[mb][1]), "r"(a_hi[mb][2]), "r"(a_hi[mb][3]), '
+             '"r"(a_lo[mb][0]), "r"(a_lo[mb][1]), "r"(a_lo[mb][2]), "r"(a_lo[mb][3]));\n'
+             "                (void)b_hi; (void)b_lo;"),
+    "nosplit": ("E::split_fragment(v, a_hi[mb], a_lo[mb]);",
+                "for (int i = 0; i < 4; ++i) { a_hi[mb][i] = __float_as_uint(v[i].x); "
+                "a_lo[mb][i] = __float_as_uint(v[i].y); }"),
+    "load1of4": ("cp_async_ring<STAGES, BK, true>(k_begin, k_end, load, multiply);",
                  "{\n        int loads = 0;\n"
                  "        cp_async_ring<STAGES, BK, true>(k_begin, k_end, [&](int k, int s) { if ((loads++ & 3) == 0) "
-                 "load(k, s); }, multiply, split);\n    }"),
+                 "load(k, s); }, multiply);\n    }"),
 }
 VARIANTS = ("main", *EDITS)
 

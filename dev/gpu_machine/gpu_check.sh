@@ -49,13 +49,17 @@
 #    random weights (tests/e2e/test_pytorch_fid_agreement.py, cpu and cuda), then dev/bench_fid.py (FID_ARGS; default
 #    --images 50000: generated 256x256 PNGs against statistics, inception-fid vs pytorch-fid's command), then
 #    dev/fid_gap.py --float64 (FID_GAP_ARGS; default 20,000 JPEGs against 5,000): each tool's FID against float64
+# 17. (group fp32) issue 52's fp32 tiles (3xFP16, A split in registers): the FID network's fp32 selftest, every fp32
+#    tile's GPU tests, the fp32 forward against another checkout's (FP32_AB_OLD, e.g. a `git archive main` in
+#    .snapold: dev/gpu_machine/ab_bench.sh, two rounds), then inception-tune fp32 (the table comes back as
+#    $OUT/tuning_fp32.json) and the tuned forward beside the other checkout again
 # 16. (group serve) issue 48: tests/device/test_serve_gpu.py, dev/bench_serve.py (SERVE_ARGS) beside inception-run
 #    and the LitServe peer, and a soak of SOAK_SECONDS where set
 #
 #   bash dev/gpu_machine/gpu_check.sh [GROUP...]     groups: kernels (1, 2, 4, 5, 6), bench (3), e2e (7), compile (8),
 #                                            ray (9), floor (10), autotune (11), multigpu (12), folder (13),
-#                                            int8 (14), fid (15), serve (16); default: all but compile, ray,
-#                                            floor, autotune, multigpu, folder, int8, fid and serve
+#                                            int8 (14), fid (15), serve (16), fp32 (17); default: all but compile,
+#                                            ray, floor, autotune, multigpu, folder, int8, fid, serve and fp32
 #
 # Full logs go to $OUT (default ./gpu_check_out), eight files at most; a summary table is printed last.
 # Each step has a time limit, cut further to what is left of a total budget (GPU_CHECK_BUDGET, 540 s), so the
@@ -65,7 +69,7 @@ set -u -o pipefail
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
 SELECTED=" ${*:-all} "
-want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder int8 fid serve " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
+want() { [[ ("$SELECTED" == *" all "* && ! " compile ray floor autotune multigpu folder int8 fid serve fp32 " == *" $1 "*) || "$SELECTED" == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 SUMMARY=()
@@ -209,6 +213,21 @@ if want int8; then
     --log-file "$OUT/ncu_int8_b1.log" python3 dev/profile_forward.py --precision int8 --weights "$W8" --batch 1 --tuned
   step "critical path int8 b1" int8.log 60 python3 dev/profile_forward.py --precision int8 --weights "$W8" \
     --batch 1 --tuned --critical-path "$OUT/ncu_int8_b1.log"
+fi
+
+# Issue 52's fp32 tiles: correct first, then against the other checkout, then tuned here (the ws tile enters by tuning).
+if want fp32; then
+  step "selftest fid fp32" fp32.log 60 "${SELFTEST[@]}" --network fid --batch 4 --precision fp32
+  step "pytest fp32" fp32.log 150 python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/kernels/test_conv_nhwc.py \
+    -k "fp32 or weights"
+  AB=(--backends cuda --precision fp32 --batch-sizes 1,64,128 --iters 20 --no-reference)
+  [ -n "${FP32_AB_OLD:-}" ] && step "A/B fp32" fp32.log 150 env OUT="$OUT/ab_fp32" ROUNDS=2 \
+    bash dev/gpu_machine/ab_bench.sh "$FP32_AB_OLD" "${AB[@]}"
+  step "tune fp32" fp32.log 150 python3 -c \
+    "import sys; sys.argv[0] = 'inception-tune'; from inception_engine.cli import tune_main; tune_main()" \
+    --precisions fp32 --table "$OUT/tuning_fp32.json"
+  [ -n "${FP32_AB_OLD:-}" ] && step "A/B fp32 tuned" fp32.log 100 env OUT="$OUT/ab_fp32_tuned" ROUNDS=1 \
+    bash dev/gpu_machine/ab_bench.sh "$FP32_AB_OLD" "${AB[@]}"
 fi
 
 # Issue 23's floor: each conv of the forward as the plain GEMM cuBLAS runs (dev/gemm_floor.py), beside ours.

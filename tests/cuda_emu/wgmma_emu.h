@@ -1,14 +1,14 @@
 // wgmma_emu.h: cuda_src/wgmma.cuh for the CPU emulator (included by tf32_emu.h after f16_emu.h).
 //
-// The descriptor here is the tile's start address / 16 and, for 128-byte and 32-byte rows, the real descriptor's
-// mode bits (the kernel only adds byte offsets / 16 to it); the layout is the one the real descriptors name: K-major rows of 64 bytes, 8-row groups
-// 512 bytes apart, 64-byte swizzle (bits [4, 6) XOR bits [7, 9) of the address), or rows of 128 bytes, 8-row groups
-// 1024 bytes apart, 128-byte swizzle (bits [4, 7) XOR bits [7, 10)), or rows of 32 bytes, 8-row groups 256 bytes
-// apart, 32-byte swizzle (bit 4 XOR bit 7). Element addresses are computed as the PTX ISA
-// defines those modes, on the address bits, independently of the kernel's swizzle, so a tile stored in another
-// layout gives wrong sums. Each thread computes its own accumulators (the ISA's D fragment layout, wgmma.cuh's
-// header) from shared memory, which no thread writes between the barrier before a stage's wgmma and the barrier
-// after it; fences, commit and wait are no-ops.
+// The descriptor here is the tile's start address / 16 and, for 128-byte rows, the real descriptor's mode bit (the
+// kernel only adds byte offsets / 16 to it); the layout is the one the real descriptors name: K-major rows of 64
+// bytes, 8-row groups 512 bytes apart, 64-byte swizzle (bits [4, 6) XOR bits [7, 9) of the address), or rows of 128
+// bytes, 8-row groups 1024 bytes apart, 128-byte swizzle (bits [4, 7) XOR bits [7, 10)). Element addresses are
+// computed as the PTX ISA defines those modes, on the address bits, independently of the kernel's swizzle, so a tile
+// stored in another layout gives wrong sums. Each thread computes its own accumulators (the ISA's D fragment layout,
+// wgmma.cuh's header) from shared memory, which no thread writes between the barrier before a stage's wgmma and the
+// barrier after it, and A of f16_rs from its warp's registers; fences, commit and wait are no-ops (so the emulator
+// cannot catch a register or buffer rewritten while a wgmma still reads it on the GPU).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -23,11 +23,6 @@ constexpr unsigned long long DESC_32_BYTES = 32 >> 4;
 constexpr unsigned long long DESC_128B = 1ull << 62;
 inline unsigned long long desc_k_major_128b(const void* tile) {
     return reinterpret_cast<uintptr_t>(tile) >> 4 | DESC_128B;
-}
-// Rows of 32 bytes in the 32-byte swizzle: bits 62 and 63 set, as the real descriptor's mode 3.
-constexpr unsigned long long DESC_32B = 3ull << 62;
-inline unsigned long long desc_k_major_32b(const void* tile) {
-    return reinterpret_cast<uintptr_t>(tile) >> 4 | DESC_32B;
 }
 
 inline void fence() {}
@@ -44,12 +39,8 @@ void fence_registers(int (&)[R]) {}
 
 
 // Where byte `kbyte` of row `row` of the tile lives. 128-byte rows: bits [4, 7) XOR bits [7, 10) of the address,
-// whatever row of the 1024-byte pattern the tile starts at. 32-byte rows: bit 4 XOR bit 7.
+// whatever row of the 1024-byte pattern the tile starts at.
 inline const unsigned char* element(unsigned long long desc, int row, int kbyte) {
-    if ((desc & DESC_32B) == DESC_32B) {
-        const uintptr_t logical = ((desc & ~DESC_32B) << 4) + row * 32 + kbyte;
-        return reinterpret_cast<const unsigned char*>(logical ^ ((logical >> 7 & 1) << 4));
-    }
     if (desc & DESC_128B) {
         const uintptr_t logical = ((desc & ~DESC_128B) << 4) + row * 128 + kbyte;
         return reinterpret_cast<const unsigned char*>(logical ^ ((logical >> 7 & 7) << 4));
@@ -79,22 +70,26 @@ inline float s8_at(unsigned long long desc, int row, int k) {
     return static_cast<float>(*reinterpret_cast<const signed char*>(element(desc, row, k)));
 }
 
+// wgmma's register operand A (f16_rs): each thread's four registers, published to its warp (mma_emu's way).
+inline unsigned rs_a[1024][4];
+
 template <int N>
 struct Mma {
-    // D (64 x N) = A (64 x K) B (K x N) (+ D if accumulate), A[row][k] and B[n][k] read through `at` (a template
-    // argument, so that it is inlined). A thread's N / 2 accumulators are rows g and g + 8 of its warp's 16 by N / 4
-    // columns, so it reads those 2 rows and N / 4 columns once (each element is a float, its product with another
-    // exact in double). Each sum runs over k in order, in double; the loop over a row's columns is innermost, where
-    // the compiler can vectorize it. D: float (f32 sums) or int (.s32: the double sums of int8 products are exact
-    // integers, added to d in int32 arithmetic, which wraps as the hardware's does).
-    template <int K, float (*at)(unsigned long long, int, int), class D>
-    static void run(D (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate) {
-        const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    // D (64 x N) = A (64 x K) B (K x N) (+ D if accumulate), B[n][k] read through `at` (a template argument, so that
+    // it is inlined), A[row][k] of the warp's 16 rows (row 0..15) through a_at. A thread's N / 2 accumulators are
+    // rows g and g + 8 of its warp's 16 by N / 4 columns, so it reads those 2 rows and N / 4 columns once (each
+    // element is a float, its product with another exact in double). Each sum runs over k in order, in double; the
+    // loop over a row's columns is innermost, where the compiler can vectorize it. D: float (f32 sums) or int (.s32:
+    // the double sums of int8 products are exact integers, added to d in int32 arithmetic, which wraps as the
+    // hardware's does).
+    template <int K, float (*at)(unsigned long long, int, int), class D, class AAt>
+    static void product(D (&d)[N / 2], AAt&& a_at, unsigned long long b, int accumulate) {
+        const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         constexpr int C = N / 4;
         float rows[2][K], cols[K][C];
         double sums[2][C] = {};
         for (int r = 0; r < 2; ++r)
-            for (int k = 0; k < K; ++k) rows[r][k] = at(a, 16 * warp + g + 8 * r, k);
+            for (int k = 0; k < K; ++k) rows[r][k] = a_at(g + 8 * r, k);
         for (int c = 0; c < C; ++c)
             for (int k = 0; k < K; ++k) cols[k][c] = at(b, 8 * (c / 2) + 2 * t + c % 2, k);
         for (int k = 0; k < K; ++k)
@@ -108,6 +103,26 @@ struct Mma {
             else
                 d[i] = static_cast<float>(accumulate ? d[i] + sum : sum);
         }
+    }
+    template <int K, float (*at)(unsigned long long, int, int), class D>
+    static void run(D (&d)[N / 2], unsigned long long a, unsigned long long b, int accumulate) {
+        const int warp = threadIdx.x / 32 % 4;
+        product<K, at>(d, [&](int row, int k) { return at(a, 16 * warp + row, k); }, b, accumulate);
+    }
+    // A from registers: A[row][k] of the warp's rows in lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) +
+    // 2 (k >= 8), half k % 2 (the PTX ISA's register fragment of A for .f16, written from the ISA independently of
+    // the kernel). The warp's lanes publish, meet, compute and meet again before anyone publishes anew.
+    static void f16_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b, int acc) {
+        const unsigned me = threadIdx.x, warp0 = me & ~31u;
+        std::memcpy(rs_a[me], a, sizeof a);
+        emu::warp_sync();
+        product<16, f16_at>(
+            d,
+            [&](int row, int k) {
+                return f16::unpack(rs_a[warp0 + (row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
+            },
+            b, acc);
+        emu::warp_sync();
     }
     static void f16(float (&d)[N / 2], unsigned long long a, unsigned long long b, int acc) {
         run<16, f16_at>(d, a, b, acc);

@@ -380,7 +380,7 @@ def test_fp32_tile_ablation_edits_are_in_the_kernel_and_compile(tmp_path, monkey
         assert kernel.count(old) == 1, variant
     tree = ablation.make_tree("onewg", tmp_path)
     edited = (tree / ablation.KERNEL).read_text()
-    assert "a_lo, b_hi" not in edited and (tree / "cuda_src" / "conv_nhwc.cuh").is_file()
+    assert "a_lo[mb], b_hi" not in edited and (tree / "cuda_src" / "conv_nhwc.cuh").is_file()
     assert (ablation.make_tree("main", tmp_path) / ablation.KERNEL).read_text() == kernel
     Run = ablation.Run
     lines = ablation.table([Run("main", 20.0, "a"), Run("nowg", 16.0, "b"), Run("main", 20.2, "c"),

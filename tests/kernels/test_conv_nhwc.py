@@ -36,7 +36,7 @@ from inception_engine.backends.cuda.launch_nhwc import check_nhwc, nhwc_conv_spe
 from inception_engine.backends.cuda.params import direct_weights, op_params, round_tf32
 from inception_engine.backends.cuda.tensor_maps import MAP_BYTES
 from inception_engine.backends.cuda.tiles import (HALO_THREADS, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE,
-                                                  MAX_SHARED_BYTES, NHWC_ELEMS, TILES_OF, WGMMA_LO_TILES, Tile, blocks,
+                                                  MAX_SHARED_BYTES, NHWC_ELEMS, TILES_OF, Tile, blocks,
                                                   check_nhwc_precision, halo_smem_bytes, input_tile, is_halo,
                                                   is_pingpong, is_tma, is_ws, nhwc_cin, tile_fits, wgmma_ring_bytes,
                                                   wgmma_stages, ws_row, ws_stages, ws_tile, ws_tma_tile)
@@ -318,8 +318,8 @@ def run_conv(mem, case: Case, tile: Tile, splits: int, precision: str, x_scale: 
 
 def test_ring_bytes_are_the_kernels_stages(emu):
     """The launch's dynamic shared memory (wgmma_ring_bytes, from wgmma_stages) holds the ring the kernel
-    indexes (conv_nhwc_wgmma.cu's wgmma_stages(), and for fp32 its WGMMA_LO_TILES low tiles): a smaller launch would let
-    the ring run past it, and the emulator's ring is a static array that would not notice."""
+    indexes (conv_nhwc_wgmma.cu's wgmma_stages()): a smaller launch would let the ring run past it, and the
+    emulator's ring is a static array that would not notice."""
     for precision, elem in NHWC_ELEMS.items():
         split = precision == "fp32"
         for t in elem.wgmma_tiles:
@@ -343,7 +343,7 @@ def test_ring_bytes_are_the_kernels_stages(emu):
             assert wgmma_stages(t.bm, t.bn, split) == stages, t.name
             ring = wgmma_ring_bytes(f"{t.prefix}_{t.name}")
             assert ring == emu.lib.emu_wgmma_ring_bytes(split, t.bm, t.bn)
-            assert ring == (stages + WGMMA_LO_TILES * split) * (t.bm + t.bn) * 64
+            assert ring == stages * (t.bm + t.bn) * 64
             assert ring * t.resident <= 227 * 1024  # two blocks an SM (fp32's 128x128: one)
 
 
@@ -377,11 +377,12 @@ def test_fp32_halves_keep_float32_accuracy_across_magnitudes(mem, x_scale, w_sca
 
 @pytest.mark.parametrize("scale", (1.0, 2.0 ** -10, 300.0))
 def test_fp32_weights_split_on_the_gpu_into_the_kernels_halves(mem, scale):
-    """conv_nhwc_f32_split_weights (weight_setup_specs, once after the upload): each 16-byte piece of an fp32 tile's
-    float32 weight rows becomes, in place, its four fp16 high halves then its four low ones, hi = rn(w) and
-    lo = rn((w - hi) 2^11), the split the tiles give their activations (NhwcF32::split), here in NumPy; together
-    they hold the weights to 2^-22 of the row's largest (a high half that is an fp16 subnormal leaves the rest to the
-    low half). Weights of 2^-10 put high halves among the subnormals; the words after the rows keep their poison."""
+    """conv_nhwc_f32_split_weights (weight_setup_specs, once after the upload): each group of 16 words of an fp32
+    tile's float32 weight rows (padded with zeros to whole groups: K = 3 x 24 = 72 here, so 80) becomes, in place,
+    its 16 fp16 high halves then its 16 low ones, hi = rn(w) and lo = rn((w - hi) 2^11), the split the tiles give
+    their activations (NhwcF32::split), here in NumPy; together they hold the weights to 2^-22 of the row's largest
+    (a high half that is an fp16 subnormal leaves the rest to the low half). Weights of 2^-10 put high halves among
+    the subnormals; the words after the rows keep their poison."""
     if not NHWC_ELEMS["fp32"].tiles(mem.wgmma):
         pytest.skip("this GPU has no wgmma (sm_90a): no fp32 NHWC tiles")
     rng = np.random.default_rng(3)
@@ -389,7 +390,8 @@ def test_fp32_weights_split_on_the_gpu_into_the_kernels_halves(mem, scale):
     w = (scale * rng.standard_normal((7, 20, 3, 1))).astype(np.float32)
     tile = NHWC_ELEMS["fp32"].tiles(mem.wgmma)[0]
     rows = direct_weights(w, tile)
-    assert rows.shape == (7, 3 * nhwc_cin(20)) and rows.dtype == np.float32
+    assert rows.shape == (7, 80) and rows.dtype == np.float32 and 3 * nhwc_cin(20) == 72
+    assert not rows[:, 72:].any()
     w_ptr = mem.alloc(rows.nbytes + 64)
     mem.write(w_ptr, np.full(rows.size + 16, np.nan, np.float32))
     specs = weight_setup_specs(op, tile, w_ptr)
@@ -398,7 +400,7 @@ def test_fp32_weights_split_on_the_gpu_into_the_kernels_halves(mem, scale):
     mem.launch(specs)
     got = mem.read(w_ptr, (rows.size + 16,), np.float32)
     assert np.isnan(got[rows.size:]).all(), "the split wrote past the weights"
-    h = got[:rows.size].view(np.float16).reshape(7, -1, 2, 4)
+    h = got[:rows.size].view(np.float16).reshape(7, -1, 2, 16)
     hi, lo = h[:, :, 0].reshape(rows.shape), h[:, :, 1].reshape(rows.shape)
     np.testing.assert_array_equal(hi, rows.astype(np.float16))
     np.testing.assert_array_equal(lo, ((rows - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16))

@@ -15,7 +15,7 @@ from inception_engine.backends.cuda.launch import launch_specs
 from inception_engine.backends.cuda.launch_nhwc import nhwc_launch_specs, nhwc_side
 from inception_engine.backends.cuda.lowering import GpuFacts, Ref, lower, resolve_spec
 from inception_engine.backends.cuda.params import direct_weights, op_params, pack_params
-from inception_engine.backends.cuda.tiles import folds_max_pools
+from inception_engine.backends.cuda.tiles import F32_PREFIX, folds_max_pools
 from inception_engine.backends.cuda.families.spec import LaunchSpec, Signature
 from inception_engine.plan import build_plan, fused_plan
 from inception_engine.weights import Weights
@@ -69,23 +69,23 @@ def test_lowering_covers_the_plan_with_launches_of_its_kernels(weights, case):
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: c[1])
 def test_setup_splits_each_fp32_tiles_weights_once_and_nothing_else(weights, case):
     """The setup launches: on the NHWC path in fp32, one conv_nhwc_f32_split_weights per conv on an fp32 tile, over
-    exactly its weight rows (a thread a piece of four float32 words), none for the first conv (its FFMA tile reads
-    float32) nor in fp16 or tf32."""
+    exactly its weight rows (a thread a group of 16 float32 words, the rows padded to whole groups), none for the first
+    conv (its FFMA tile reads float32) nor in fp16 or tf32."""
     gpu, precision, nhwc, batch, softmax, fixup = case
     plan, configs, offsets, low = lowered(weights, *case)
-    on_f32 = [op for op in plan.conv_ops if configs[op.name].tile.prefix == "conv_nhwc_f32_wgmma"]
+    on_f32 = [op for op in plan.conv_ops if configs[op.name].tile.prefix.startswith(F32_PREFIX)]
     assert len(on_f32) == (len(plan.conv_ops) - 1 if precision == "fp32" else 0)
     assert [s.op for s in low.setup] == [op.name for op in on_f32]
     packed = pack_params(weights, plan, configs)[0] if on_f32 else None
     for s in low.setup:
         k = kernels.spec(s.kernel)
-        w, pieces = s.arg("w", k), s.arg("pieces", k)
+        w, groups = s.arg("w", k), s.arg("groups", k)
         assert s.kernel == "conv_nhwc_f32_split_weights" and w == Ref("params", 4 * offsets[s.op + ".weight"])
-        assert s.grid[0] * s.block[0] >= pieces > (s.grid[0] - 1) * s.block[0]
+        assert s.grid[0] * s.block[0] >= groups > (s.grid[0] - 1) * s.block[0]
         op = next(o for o in on_f32 if o.name == s.op)
         rows = direct_weights(op_params(weights, op)[0], configs[s.op].tile)
-        # the pieces end where the rows do: the bias starts at the next aligned offset
-        assert 4 * pieces == rows.size
+        # the groups end where the rows do: the bias starts at the next aligned offset
+        assert 16 * groups == rows.size and rows.shape[1] % 16 == 0
         assert np.array_equal(packed[offsets[s.op + ".weight"]:][:rows.size], rows.ravel())
 
 

@@ -49,7 +49,7 @@ from .tiles import (F16_TILES, F32_WGMMA_SHAPES, HALF_NAN_BITS, TMA_ROW, HALO_CI
                     INPUT_MAX_K, INPUT_MMA_MAX_K, INPUT_MMA_PRECISIONS, INPUT_MMA_TILE, INPUT_TILE, KERNEL_SIZES,
                     MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NAN_BITS, NHWC_ELEMS, NHWC_F32_WGMMA_TILES,
                     NHWC_PIECE, NHWC_TF32_TILES, NHWC_TF32_WGMMA_TILES, NHWC_TILES, NHWC_WGMMA_TILES, NhwcElem,
-                    PRECISIONS, TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_LO_TILES, WGMMA_PREFIX,
+                    PRECISIONS, TF32_TILES, THREADS, Tile, TILES, TILES_OF, WGMMA_PREFIX,
                     WGMMA_SLOWDOWN, WGMMA_SPEEDS, WINO_TILES, WS_SPEEDS, WS_THREADS, blocks, check_nhwc_precision,
                     conv_kernel, folds_max_pools, halo_conv_smem_bytes, halo_fits, halo_smem_bytes, halo_tile,
                     input_mma_blocks, input_mma_smem_bytes, input_tile, is_halo, is_tma, is_ws, tile_fits, tile_label,

@@ -12,7 +12,7 @@ from ...weights import Weights
 from .cost_model import ConvConfig
 from .int8_scales import Int8Scales
 from ..int8_reference import quantize_weights
-from .tiles import Tile, nhwc_cin
+from .tiles import F32_GROUP, F32_PREFIX, Tile, nhwc_cin
 from .winograd import o_pad, winograd_transforms, winograd_weights
 
 INT8_PREFIX = "conv_nhwc_i8"  # the int8 NHWC conv tiles' kernels (conv_nhwc_wgmma.cu's NhwcI8)
@@ -39,8 +39,8 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
     along Cout; for conv_f16.cu IEEE binary16 (rounded to nearest even) w16[Cout][K8], K8 = K rounded up to a
     multiple of 8 with zeros, so each row is whole 16-byte pieces for its cp.async loads; for conv_nhwc.cuh
     w16[Cout][KH][KW][Cin8] ((r, s, c) order, Cin padded to 8 with zeros), binary16 or, for its tf32 tiles, float32
-    rounded to TF32 (``round_tf32``), for its fp32 tiles float32, which conv_nhwc_f32_split_weights splits into
-    fp16 halves on the GPU once they are uploaded (lowering's setup launches);
+    rounded to TF32 (``round_tf32``), for its fp32 tiles float32 rows padded with zeros to whole F32_GROUPs, which
+    conv_nhwc_f32_split_weights splits into fp16 halves on the GPU once they are uploaded (lowering's setup launches);
     conv_input_nhwc.cu reads wt as conv.cu. The int8 tiles (``scales``: the per-output-channel weight scales,
     required): ``int8_rows`` of ``clip(rint(w / scales[o]), -127, 127)``, int8_reference.quantize_weights."""
     if tile.prefix.startswith(INT8_PREFIX):
@@ -49,12 +49,14 @@ def direct_weights(w: np.ndarray, tile: Tile, scales: np.ndarray | None = None) 
         return int8_rows(quantize_weights(w, scales))
     if tile.prefix.startswith("conv_nhwc"):
         cout, cin, kh, kw = w.shape
-        tf32, f32 = tile.prefix.startswith("conv_nhwc_tf32"), tile.prefix.startswith("conv_nhwc_f32")
+        tf32, f32 = tile.prefix.startswith("conv_nhwc_tf32"), tile.prefix.startswith(F32_PREFIX)
         w16 = np.zeros((cout, kh, kw, nhwc_cin(cin)), np.float32 if tf32 or f32 else np.float16)
         with np.errstate(over="ignore"):
             w16[..., :cin] = w.transpose(0, 2, 3, 1)
         w16 = w16.reshape(cout, -1)
-        return round_tf32(w16) if tf32 else w16 if f32 else w16.view(np.float32)
+        if f32:
+            return np.pad(w16, ((0, 0), (0, -w16.shape[1] % F32_GROUP)))
+        return round_tf32(w16) if tf32 else w16.view(np.float32)
     w = w.reshape(w.shape[0], -1)
     if tile.prefix != "conv_f16":
         return np.ascontiguousarray(w.T, dtype=np.float32)

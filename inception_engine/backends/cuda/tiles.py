@@ -72,14 +72,11 @@ NHWC_TF32_TILES = tuple(Tile(t.bm, t.bn, 16, t.resident, t.macs_per_us / 2, "con
 
 def wgmma_stages(bm: int, bn: int, split: bool = False) -> int:
     """conv_nhwc_wgmma.cu's wgmma_stages(): the wgmma tile's ring of stages of BM + BN rows of 64 bytes, in dynamic
-    shared memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xFP16 tiles, which need WGMMA_LO_TILES sets
-    of halves (and whose 128x128 runs one block an SM)."""
+    shared memory (wgmma_ring_bytes), two blocks an SM; split: fp32's 3xFP16 tiles (whose 128x128 runs one block an
+    SM)."""
     if split:
         return 8 if bn == 128 else 6
     return 4 if bm == 256 else 5 if bn == 192 else 6
-
-
-WGMMA_LO_TILES = 3  # conv_nhwc_wgmma.cu's: the sets of fp16 halves of the 3xFP16 (fp32) wgmma tiles
 
 
 # The wgmma tiles' model speeds: multiply-adds per microsecond an SM with 2 blocks resident, fp16 (tf32: half). Fitted
@@ -93,6 +90,7 @@ WGMMA_SPEEDS = {(128, 192): 1890e3, (128, 128): 1410e3, (128, 64): 1230e3, (128,
 # registers three times (conv_nhwc_wgmma.cu's WGMMA_SPLIT_CHUNK): 128x128 runs one block an SM (237 registers), the
 # others two (128x64: 128).
 F32_WGMMA_SHAPES = ((128, 128), (128, 64), (128, 32))
+F32_WS_SHAPES = ((128, 64),)  # conv_nhwc_ws.cu's fp32 tile: a consumer's 64 rows of sums three times over
 WGMMA_PREFIX = {"fp16": "conv_nhwc_wgmma", "tf32": "conv_nhwc_tf32_wgmma", "fp32": "conv_nhwc_f32_wgmma",
                 "int8": "conv_nhwc_i8_wgmma"}
 # Model speed divisors against fp16's WGMMA_SPEEDS; int8's s8 wgmma has twice fp16's peak (a guess until measured).
@@ -310,7 +308,8 @@ NHWC_TF32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "tf32") for bm, bn in WGMMA_SP
                          + tuple(ws_tma_tile(bm, bn, "tf32") for bm, bn in WS_TMA_SHAPES)
                          + tuple(ws_pp_tile(bm, bn, "tf32") for bm, bn in WS_PP_SHAPES)
                          + tuple(halo_tile(bm, bn, "tf32") for bm, bn in HALO_SPEEDS))
-NHWC_F32_WGMMA_TILES = tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
+NHWC_F32_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "fp32") for bm, bn in F32_WGMMA_SHAPES)
+                        + tuple(ws_tile(bm, bn, "fp32") for bm, bn in F32_WS_SHAPES))
 # int8 (conv_mma.cuh's NhwcI8): fp16's sm_90a tiles and shapes (split-K with int32 partial sums).
 NHWC_I8_WGMMA_TILES = (tuple(wgmma_tile(bm, bn, "int8") for bm, bn in WGMMA_SPEEDS)
                        + tuple(ws_tile(bm, bn, "int8") for bm, bn in WS_SPEEDS)
@@ -333,6 +332,10 @@ INPUT_MMA_MAX_ROWS = 8  # output rows a block takes at most (input_mma_blocks)
 INPUT_MMA_PRECISIONS = ("fp16", "tf32")  # its element types
 INPUT_MMA_MAX_SHARED = 48 * 1024  # the mma kernel takes no opt-in (the emulator's buffer is this size too)
 NHWC_PIECE = 8  # channels per 16-byte piece of fp16 (tf32's 4 divide it): NHWC channel counts, strides and offsets
+
+
+F32_GROUP = 16  # conv_mma.cuh's NhwcF32::GROUP: an fp32 tile's weight rows are whole groups of this many k
+F32_PREFIX = "conv_nhwc_f32_"  # every fp32 tile's kernels (wgmma and warp-specialized) start so
 
 
 def nhwc_cin(cin: int) -> int:
@@ -369,8 +372,8 @@ WINO_TILES = (Tile(128, 128, 8, 2, 180e3, "wino_gemm", False), Tile(64, 64, 16, 
 
 
 def wgmma_ring_bytes(kernel: str) -> int:
-    """Dynamic shared memory of a conv_nhwc_wgmma.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes, and for
-    fp32's the low halves' tiles; for a warp-specialized tile, each stage's two mbarriers too), else 0:
+    """Dynamic shared memory of a conv_nhwc_wgmma.cu wgmma tile (its ring: stages of BM + BN rows of 64 bytes; for a
+    warp-specialized tile, each stage's two mbarriers too), else 0:
     conv_nhwc_wgmma.cu's wgmma_ring_bytes() and conv_nhwc_ws.cu's ws_ring_bytes()."""
     if "_wgmma_" not in kernel and not is_ws(kernel):
         return 0
@@ -379,7 +382,7 @@ def wgmma_ring_bytes(kernel: str) -> int:
         row = ws_row(kernel)
         return ws_stages(bm, bn, row) * ((bm + bn) * row + 16)
     split = kernel.startswith(WGMMA_PREFIX["fp32"])
-    return (wgmma_stages(bm, bn, split) + WGMMA_LO_TILES * split) * (bm + bn) * 64
+    return wgmma_stages(bm, bn, split) * (bm + bn) * 64
 
 
 def check_nhwc_precision(precision: str, wgmma: bool) -> None:

@@ -13,9 +13,9 @@ from functools import partial
 from ....plan import ConvOp, FusedConvOp, View, writes
 from ..cost_model import ConvConfig
 from ..tensor_maps import Im2colMap, TensorMap, TiledMap
-from ..tiles import (INPUT_MMA_TILE, INPUT_TILE, MAX_SHARED_BYTES, MAXPOOL_KERNEL, MAXPOOL_PREFIXES, NHWC_ELEMS,
-                     THREADS, WGMMA_PREFIX, Tile, blocks, conv_kernel, halo_conv_smem_bytes, halo_fits, is_halo,
-                     is_tma, is_ws, nhwc_cin, tile_fits, wgmma_ring_bytes)
+from ..tiles import (F32_GROUP, F32_PREFIX, INPUT_MMA_TILE, INPUT_TILE, MAX_SHARED_BYTES, MAXPOOL_KERNEL,
+                     MAXPOOL_PREFIXES, NHWC_ELEMS, THREADS, Tile, blocks, conv_kernel, halo_conv_smem_bytes, halo_fits,
+                     is_halo, is_tma, is_ws, nhwc_cin, tile_fits, wgmma_ring_bytes)
 from .conv_input_nhwc import input_conv_specs
 from .spec import ConvShared, KernelSpec, LaunchSpec, Signature, registry
 
@@ -56,7 +56,7 @@ def entries() -> Iterator[KernelSpec]:
                 name = f"{t.prefix}_maxpool{MAXPOOL_KERNEL}_{t.name}"
                 yield KernelSpec(name, nhwc_conv_source(name), NHWC_CONV, t.threads, tile_shared(t))
         if precision == "fp32":
-            yield KernelSpec(SPLIT_WEIGHTS, "conv_nhwc_wgmma.cu", Signature.of("P: w", "i: pieces"), THREADS)
+            yield KernelSpec(SPLIT_WEIGHTS, "conv_nhwc_wgmma.cu", Signature.of("P: w", "i: groups"), THREADS)
         # int8's sums are int32 and its reduction requantizes: next to its tiles, in their unit
         yield KernelSpec(f"conv_nhwc{e.suffix}_splitk_reduce",
                          "conv_nhwc_wgmma.cu" if precision == "int8" else "conv_nhwc_mma.cu", NHWC_REDUCE, THREADS)
@@ -147,13 +147,14 @@ def nhwc_conv_specs(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, cin: in
 
 def weight_setup_specs(op: ConvOp, tile: Tile, w: int) -> list[LaunchSpec]:
     """What a conv's weights at `w` (params.direct_weights' rows for `tile`) need once uploaded, before any forward:
-    on an fp32 tile, their split into fp16 halves in place (conv_nhwc_f32_split_weights, a thread a 16-byte piece of
-    the Cout x KH x KW x nhwc_cin(Cin) float32 words); nothing on every other tile."""
-    if not tile.prefix.startswith(WGMMA_PREFIX["fp32"]):
+    on an fp32 tile, their split into fp16 halves in place (conv_nhwc_f32_split_weights, a thread a group of F32_GROUP
+    of the Cout rows of KH x KW x nhwc_cin(Cin) float32 words, padded to whole groups); nothing on every other
+    tile."""
+    if not tile.prefix.startswith(F32_PREFIX):
         return []
-    pieces = op.dst.channels * op.kernel[0] * op.kernel[1] * nhwc_cin(op.src.channels) // 4
+    groups = op.dst.channels * -(-op.kernel[0] * op.kernel[1] * nhwc_cin(op.src.channels) // F32_GROUP)
     k = KERNELS[SPLIT_WEIGHTS]
-    return [LaunchSpec.of(op.name, k, (k.blocks(pieces), 1, 1), dict(w=w, pieces=pieces))]
+    return [LaunchSpec.of(op.name, k, (k.blocks(groups), 1, 1), dict(w=w, groups=groups))]
 
 
 def tma_maps(op: ConvOp, cfg: ConvConfig, x: int, x_cstride: int, w: int, elem_bytes: int) -> tuple[TensorMap, ...]:
