@@ -1,0 +1,1 @@
+"""The CUDA C sources of the engine's kernels, shipped as package data; inception_engine.cuda_build compiles them."""
