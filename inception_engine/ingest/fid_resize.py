@@ -101,16 +101,21 @@ def fid_library() -> ctypes.CDLL | None:
     return lib
 
 
-def pytorch_fid_input(rgb: np.ndarray, size: int, mean: Sequence[float], std: Sequence[float]) -> np.ndarray | None:
+def pytorch_fid_input(rgb: np.ndarray, size: int, mean: Sequence[float], std: Sequence[float],
+                      out: np.ndarray | None = None) -> np.ndarray | None:
     """(H, W, 3) uint8 -> the network's (3, size, size) float32 input, (x / 255 - mean) / std of pytorch-fid's
     bilinear interpolation, by cpu_src/fid_resize.c: torch's float32 arithmetic, resize_fid.cu's (the GPU decode
     path's), in one pass (~10x Pillow's three float32 channel resizes and the normalisation); None where that
-    library cannot be built (no C compiler): pytorch_fid_planes then."""
+    library cannot be built (no C compiler): pytorch_fid_planes then. ``out``: where to write it (a decode worker's
+    ring slot: no new megabyte to fault in and copy), C-contiguous float32 of that shape."""
     lib = fid_library()
     if lib is None:
         return None
     rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
-    out = np.empty((3, size, size), np.float32)
+    if out is None:
+        out = np.empty((3, size, size), np.float32)
+    elif out.shape != (3, size, size) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 (3, {size}, {size}), not {out.dtype} {out.shape}")
     mean_std = np.asarray([*mean, *std], np.float32)
     if lib.ie_fid_bilinear(rgb.ctypes.data, rgb.shape[0], rgb.shape[1], rgb.strides[0], out.ctypes.data, size,
                            mean_std.ctypes.data) != 0:

@@ -208,12 +208,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
 FULL_RESIZE_MAX_CROPS = 8
 
 
-def resize_crop(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
+def resize_crop(img: Image.Image, pre: Preprocess = Preprocess(), out: np.ndarray | None = None) -> np.ndarray:
     """(size, size, 3) uint8 RGB from an already decoded image: EXIF orientation, RGB, torchvision's Resize and
     CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes). An FID tool's mode: its
-    resize and scaling instead, the network's input (Preprocess.decoded_shape)."""
+    resize and scaling instead, the network's input (Preprocess.decoded_shape). ``out``: an array of that shape the
+    result may be written into (pytorch-fid's C resize does; the caller checks whether it got ``out`` back)."""
     if pre.mode == "pytorch-fid":
-        x = pytorch_fid_input(rgb_of(img), pre.size, pre.mean, pre.std)
+        x = pytorch_fid_input(rgb_of(img), pre.size, pre.mean, pre.std, out)
         if x is not None:
             return x
     if pre.mode != "torchvision":
@@ -262,22 +263,25 @@ def preprocess_pil(img: Image.Image, pre: Preprocess = Preprocess()) -> np.ndarr
     return network_input(resize_crop(img, pre), pre)
 
 
-def decode_u8(source: str | os.PathLike | Image.Image, pre: Preprocess = Preprocess()) -> np.ndarray:
-    """A path or a PIL image -> (size, size, 3) uint8, resized and cropped. Bad files raise EngineError with one
-    line naming the file."""
+def decode_u8(source: str | os.PathLike | Image.Image, pre: Preprocess = Preprocess(),
+              out: np.ndarray | None = None) -> np.ndarray:
+    """A path or a PIL image -> (size, size, 3) uint8, resized and cropped (``out``: as resize_crop's). Bad files
+    raise EngineError with one line naming the file."""
     if isinstance(source, Image.Image):
-        return resize_crop(source, pre)
-    return resize_crop_named(open_image(source, pre.max_pixels, pre.mode == "torchvision"), source, pre)
+        return resize_crop(source, pre, out)
+    return resize_crop_named(open_image(source, pre.max_pixels, pre.mode == "torchvision"), source, pre, out)
 
 
-def decode_u8_bytes(data: bytes, name: str, pre: Preprocess = Preprocess()) -> np.ndarray:
+def decode_u8_bytes(data: bytes, name: str, pre: Preprocess = Preprocess(),
+                    out: np.ndarray | None = None) -> np.ndarray:
     """decode_u8 of a file's bytes read elsewhere (Ray Data's workers), errors worded as for the file on disk."""
-    return resize_crop_named(open_image_bytes(data, name, pre.max_pixels, pre.mode == "torchvision"), name, pre)
+    return resize_crop_named(open_image_bytes(data, name, pre.max_pixels, pre.mode == "torchvision"), name, pre,
+                             out)
 
 
-def resize_crop_named(img: Image.Image, name: object, pre: Preprocess) -> np.ndarray:
+def resize_crop_named(img: Image.Image, name: object, pre: Preprocess, out: np.ndarray | None = None) -> np.ndarray:
     try:
-        return resize_crop(img, pre)
+        return resize_crop(img, pre, out)
     except EngineError as e:
         raise EngineError(f"{name}: {e}") from None
     except (OSError, ValueError) as e:

@@ -43,7 +43,10 @@ def decode_into(ring: np.ndarray, slot: int, source: ImageSource, pre: Preproces
     """Decode one image (from ``data``, its file's bytes read already, where given) into its ring slot; the error
     line instead where it cannot be read. Anything Pillow throws is this image's error, never the run's."""
     try:
-        ring[slot] = decode_u8(source, pre) if data is None else decode_u8_bytes(data, str(source), pre)
+        dst = ring[slot]  # written in place where the decode can (pytorch-fid's resize), else copied in
+        x = decode_u8(source, pre, dst) if data is None else decode_u8_bytes(data, str(source), pre, dst)
+        if x is not dst:
+            dst[...] = x
         return None
     except EngineError as e:
         return str(e)

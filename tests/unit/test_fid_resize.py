@@ -13,6 +13,7 @@ from inception_engine.ingest import fid_resize
 from inception_engine.ingest.fid_resize import (bilinear_taps, clean_fid_planes, fid_planes, pytorch_fid_input,
                                                 pytorch_fid_planes)
 from inception_engine.ingest.images import Preprocess, decode_u8, load_image, normalize_u8
+from inception_engine.ingest.workers import decode_into
 
 
 def torch_bilinear_reference(x: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
@@ -135,6 +136,28 @@ def test_c_resize_is_torchs_float32_arithmetic_bit_for_bit(shape):
         # torch rounds each source coordinate (up to ~300) to float32: a weight off by a few 2^-24 x 256, an
         # output by as much of a [0, 1] pixel step, twice that after 2x - 1
         assert np.abs(got - exact).max() < 8 * 256 * 2.0 ** -24
+
+
+@needs_fid_c
+def test_a_decode_worker_resizes_into_its_ring_slot(tmp_path):
+    """decode_into hands the C resize its ring slot (no new array to fault in and copy): the slot, NaN-poisoned
+    before, holds decode_u8's result bit for bit and its neighbours are untouched; an ``out`` of the wrong shape,
+    type or layout is refused, not written."""
+    rgb = np.random.default_rng(7).integers(0, 256, (256, 200, 3), dtype=np.uint8)
+    path = tmp_path / "a.png"
+    Image.fromarray(rgb).save(path)
+    pre = Preprocess(mode="pytorch-fid", mean=(0.5,) * 3, std=(0.5,) * 3)
+    ring = np.full((3, *pre.decoded_shape), np.nan, np.float32)
+    assert decode_into(ring, 1, str(path), pre) is None
+    np.testing.assert_array_equal(ring[1], decode_u8(path, pre))
+    assert np.isnan(ring[0]).all() and np.isnan(ring[2]).all()
+    out = ring[2]
+    assert pytorch_fid_input(rgb, 299, pre.mean, pre.std, out) is out
+    np.testing.assert_array_equal(out, ring[1])
+    for bad in (np.empty((3, 299, 298), np.float32), np.empty((3, 299, 299), np.float64),
+                np.empty((3, 299, 598), np.float32)[:, :, ::2]):
+        with pytest.raises(ValueError, match="out must be"):
+            pytorch_fid_input(rgb, 299, pre.mean, pre.std, bad)
 
 
 def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):

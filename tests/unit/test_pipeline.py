@@ -211,9 +211,9 @@ def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch
     decoded: list[str] = []
     real_decode = workers.decode_u8
 
-    def counting_decode(source, pre):
+    def counting_decode(source, pre, out=None):
         decoded.append(str(source))
-        return real_decode(source, pre)
+        return real_decode(source, pre, out)
 
     monkeypatch.setattr(pipeline, "HostRing", counting_ring)
     monkeypatch.setattr(workers, "decode_u8", counting_decode)
@@ -230,10 +230,10 @@ def test_ring_bounds_host_memory_and_results_stream(weights, photos, monkeypatch
 def test_in_memory_images_and_a_pathological_decoder_error(weights, photos, monkeypatch):
     real_decode = workers.decode_u8
 
-    def flaky(source, pre):
+    def flaky(source, pre, out=None):
         if str(source).endswith("04.jpg"):
             raise RuntimeError("decoder exploded\nsecond line")
-        return real_decode(source, pre)
+        return real_decode(source, pre, out)
 
     monkeypatch.setattr(workers, "decode_u8", flaky)
     pil = Image.open(photos[0]).copy()
