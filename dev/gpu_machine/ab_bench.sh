@@ -5,9 +5,9 @@
 #   bash dev/gpu_machine/ab_bench.sh OLD_CHECKOUT [inception-bench arguments...]
 #   e.g. bash dev/gpu_machine/ab_bench.sh .snapold --backends cuda --precision fp16 --batch-sizes 1,128 --iters 20
 #
-# OLD_CHECKOUT is another copy of the repo (e.g. `git archive <commit> | tar -x -C .snapold`, carried too). Each
-# checkout is installed in turn (editable, no dependencies), so that its console scripts and metadata are its own;
-# each finds its kernels from its own files (native_build.source_dir). Logs go to $OUT
+# OLD_CHECKOUT is another copy of the repo (e.g. `git archive <commit> | tar -x -C .snapold`; .snapold is git-ignored,
+# so name it in the run's carry). Each checkout is installed in turn (editable, no dependencies), so that its console
+# scripts and metadata are its own; each finds its kernels from its own files (native_build.source_dir). Logs go to $OUT
 # (default ./ab_out) as ab_<old|new>_<round>.log; the median rows are printed last. CLOCKS=1: each run's SM clock and
 # board power too, sampled while it runs (dev/gpu_machine/gpu_clocks.py; ab_<label>_clocks.csv), a line under its
 # rows: a faster tree that also kept a higher clock may owe the difference to power, not to its code.

@@ -1,1 +1,0 @@
-"""The CUDA C sources of the engine's kernels, shipped as package data; inception_engine.cuda_build compiles them."""
