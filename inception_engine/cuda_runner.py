@@ -12,9 +12,11 @@ Per batch, two streams and two sets of buffers (turn k = batch number % 2):
                      CUDA graph) ─> softmax_topk_rows logits -> top[k] ─> copy top[k] to the host ─> done[k]
 
 so batch i + 1's bytes cross PCIe while batch i's forward runs, a quarter of the float32 input's bytes cross at
-all, and only k (index, probability) pairs per image come back. With an FID tool's resize the decode workers write
-the network's float32 input itself (its pixels are fractional): it crosses whole and is copied into the forward's
-input on the compute stream instead of normalised. The ring is page-locked in place where the driver
+all, and only k (index, probability) pairs per image come back. With an FID tool's resize the decode workers hand
+over the decoded pixels (Preprocess.gpu_resize's slots: 196 KB a 256x256 image against the resized float32 input's
+1 MB, and no resize on the host's cores), and the compute stream resizes them into the forward's input with the GPU
+decode path's kernels (gpu_fid_resize.py) instead of normalising; an image too large for its slot comes resized on
+the host, the input itself, copied as it is. The ring is page-locked in place where the driver
 allows (device.HostRegistration: cuMemHostRegister through ctypes, since pycuda 2026.1's register_host_memory fails
 on it with a SystemError from Boost.Python), so the copy is DMA straight from its slots, waited for before submit
 returns; elsewhere the batch is gathered into pinned staging[k] first, a memcpy on the host (a few ms a batch, on
@@ -30,6 +32,7 @@ top-k buffers, so the forward has work queued while the host hands out a call's 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +45,8 @@ from .backends.cuda.device import HostRegistration, driver
 from .backends.cuda.kernels import launch_async, spec
 from .errors import EngineError
 from .ingest import jpeg_decode
-from .ingest.images import Preprocess, decode_call_images, decode_u8_bytes
+from .ingest.gpu_fid_resize import FID_RESIZES
+from .ingest.images import SLOT_HEADER, SLOT_PIXELS, Preprocess, decode_call_images, decode_u8_bytes
 from .ingest.ring import HostRing
 from .pipeline import TopK
 
@@ -141,6 +145,10 @@ class CudaRunner:
         if plan.input.dims[1:] != (3, pre.size, pre.size):
             raise EngineError(f"the plan's input {plan.input.dims} does not take {pre.size}x{pre.size} images")
         self.backend, self.batch, self.pre = backend, plan.batch, pre
+        # host-decoded images of an FID tool's resize come as decoded pixels, resized here (Preprocess.gpu_resize)
+        self._host_resize = not gpu_decode and pre.mode in FID_RESIZES
+        self.ring_pre = dataclasses.replace(pre, gpu_resize=True) if self._host_resize else pre
+        self._slot_heads: list[np.ndarray] = [np.zeros((0, 4), np.int32)] * 2  # per turn: its slots' SLOT_HEADERs
         # files per decode call (--decode gpu); its buffers hold that many images, classified a batch at a time
         self.decode_batch = decode_call_images(self.batch) if gpu_decode else self.batch
         # batches outstanding on the GPU: with --decode gpu, two decode calls' worth, so that the forward has work
@@ -150,7 +158,9 @@ class CudaRunner:
         # network's float32 input (3, size, size), as the decode workers (fid_resize.py) or the GPU decoder's resize
         # (gpu_fid_resize.py) write it, copied to the forward's input as it is
         self._fid_input = pre.pixel_dtype != np.uint8
-        self._image_bytes = int(np.prod(pre.decoded_shape)) * np.dtype(pre.pixel_dtype).itemsize
+        ring_pre = self.ring_pre
+        self._image_bytes = int(np.prod(ring_pre.decoded_shape)) * np.dtype(ring_pre.pixel_dtype).itemsize
+        self._resize: Any = None  # the host-decoded FID images' resize (gpu_fid_resize.py)
         self._ring: np.ndarray | None = None
         self._ring_pin: HostRegistration | None = None
         self._decoders: list[Any] = []  # the backend's jpeg_decode.GpuJpegDecoders, one per decode chain
@@ -162,6 +172,8 @@ class CudaRunner:
         with backend.gpu:
             kernels = backend.kernels
             self._normalize = kernels["normalize_u8_nchw"]
+            if self._host_resize:
+                self._resize = FID_RESIZES[pre.mode](kernels, pre.mean, pre.std, pre.size)
             self._topk = kernels["softmax_topk_rows"]
             self._prob = [self._alloc(self.batch * self.classes * 4) for _ in range(self.depth)]
             self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(self.depth)]
@@ -241,13 +253,21 @@ class CudaRunner:
                 if not direct:
                     self._copied[k].synchronize()
                 self._copy.wait_for_event(self._normalized[k])
-            if direct:
+            if self._host_resize:  # each slot's header, and its bytes in use only
+                heads = self._ring[slots, :SLOT_HEADER].view(np.int32)
+                self._slot_heads[k] = heads
+                used = np.where(heads[:, 0] == SLOT_PIXELS, SLOT_HEADER + heads[:, 1] * heads[:, 2] * 3,
+                                self._image_bytes)
+            if direct and self._host_resize:
+                for row, (slot, n) in enumerate(zip(slots, used.tolist())):
+                    drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[slot, :n], self._copy)
+            elif direct:
                 for first, end, row in slot_runs(slots):
                     drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
             else:
                 if not self._staging:
-                    self._staging = [drv.pagelocked_empty((self.batch, *self.pre.decoded_shape), self.pre.pixel_dtype)
-                                     for _ in range(2)]
+                    self._staging = [drv.pagelocked_empty((self.batch, *self.ring_pre.decoded_shape),
+                                                          self.ring_pre.pixel_dtype) for _ in range(2)]
                 staging = self._staging[k]
                 for first, end, row in slot_runs(slots):
                     staging[row:row + end - first] = self._ring[first:end]
@@ -344,11 +364,14 @@ class CudaRunner:
         (a decode buffer holds whole batches), forward, top-k into turn k's buffers, copy back."""
         drv, b = driver(), self.backend
         hw = self.pre.size * self.pre.size
-        if buffer is None:
+        host = buffer is None
+        if host:
             buffer = k
             self._copied[k].record(self._copy)
         b.stream.wait_for_event(self._copied[buffer])
-        if self._fid_input:  # the network's input already (3 * hw floats an image)
+        if host and self._host_resize:
+            self._resize_slots(self._slot_heads[k][:n], self._u8[k], b)
+        elif self._fid_input:  # the network's input already (3 * hw floats an image)
             drv.memcpy_dtod_async(b.input_ptr, self._u8[buffer] + first * self._image_bytes,
                                   self.batch * self._image_bytes, b.stream)
         else:
@@ -364,6 +387,19 @@ class CudaRunner:
         if self._feat_host:
             drv.memcpy_dtoh_async(self._feat_host[k][:n], b.features_ptr, b.stream)
         self._done[k].record(b.stream)
+
+    def _resize_slots(self, heads: np.ndarray, base: int, b: CudaBackend) -> None:
+        """Slots of host-decoded FID images (Preprocess.gpu_resize) at base into the forward's input rows, on the
+        compute stream: decoded pixels resized, an input resized on the host copied."""
+        rows = np.arange(len(heads), dtype=np.int64)
+        after_head = base + rows * self._image_bytes + SLOT_HEADER
+        raw = heads[:, 0] == SLOT_PIXELS
+        input_bytes = 3 * self.pre.size * self.pre.size * 4
+        for row in rows[~raw].tolist():
+            driver().memcpy_dtod_async(b.input_ptr + row * input_bytes, int(after_head[row]), input_bytes, b.stream)
+        if raw.any():
+            h, w = heads[raw, 1].astype(np.int64), heads[raw, 2].astype(np.int64)
+            self._resize.enqueue_arrays(after_head[raw], h, w, w * 3, rows[raw], b.input_ptr, b.stream)
 
     def result(self, ticket: Ticket) -> list[TopK | str]:
         """Top-k per image, or the error message of a file submit_encoded could not decode."""
@@ -394,6 +430,9 @@ class CudaRunner:
             self._ring = None
             for decoder in self._decoders:
                 decoder.release()  # before the copy streams go; the backend keeps the decoders
+            if self._resize is not None:
+                self._resize.close()
+                self._resize = None
             self._decoders = []
             for a in self._allocs:
                 a.free()

@@ -300,7 +300,7 @@ class Engine:
             start_forkserver()  # the decode processes' start-up, beside the runner's
         runner = self.runner(n, features=on_features is not None)
         stream = (classify_encoded(images, runner, top_k, by, finish, on_features) if self.decode == "gpu"
-                  else classify(images, runner, self.preprocess, top_k, self.pipeline, by, finish, on_features))
+                  else classify(images, runner, top_k, self.pipeline, by, finish, on_features))
         try:
             for p in stream:
                 if on_progress:

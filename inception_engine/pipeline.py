@@ -92,6 +92,7 @@ class Runner(Protocol):
 
     batch: int
     depth: int
+    ring_pre: Preprocess  # how the decode workers write the images it takes from its ring
 
     def attach(self, ring: HostRing) -> None: ...
 
@@ -112,6 +113,7 @@ class HostRunner:
     def __init__(self, forward: Callable[..., Any], batch: int, pre: Preprocess, features: bool = False):
         """features: ``forward(x, features=True)`` gives (logits, features), kept for ``features_of``."""
         self.forward, self.batch, self.pre, self.features = forward, batch, pre, features
+        self.ring_pre = pre
         self.ring: HostRing | None = None
 
     def attach(self, ring: HostRing) -> None:
@@ -159,10 +161,11 @@ def decode_plan(images: int, batch: int, options: PipelineOptions) -> tuple[int,
     return slots, workers, kind
 
 
-def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, top_k: int,
-             options: PipelineOptions | None = None, computed_by: ComputedBy = (None, None, None),
-             finish: Finish | None = None, on_features: OnFeatures | None = None) -> Iterator[Any]:
-    """Predictions for ``sources`` in their order, streamed as batches finish (errors per image); ``computed_by``:
+def classify(sources: Sequence[ImageSource], runner: Runner, top_k: int, options: PipelineOptions | None = None,
+             computed_by: ComputedBy = (None, None, None), finish: Finish | None = None,
+             on_features: OnFeatures | None = None) -> Iterator[Any]:
+    """Predictions for ``sources`` in their order, streamed as batches finish (errors per image), decoded as the
+    runner takes them (its ``ring_pre``); ``computed_by``:
     the backend and precision each result records; ``finish``: what to hand out instead of a classified image's
     Prediction, made a batch at a time (an image that could not be decoded stays a Prediction with its error);
     ``on_features``: given each batch's pool features (a runner made with features)."""
@@ -170,6 +173,7 @@ def classify(sources: Sequence[ImageSource], runner: Runner, pre: Preprocess, to
     if not sources:
         return
     slots, workers, kind = decode_plan(len(sources), runner.batch, options)
+    pre = runner.ring_pre
     ring = HostRing(slots, pre, shared=kind == "process")
     pool = None
     try:

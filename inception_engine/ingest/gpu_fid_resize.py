@@ -158,3 +158,9 @@ class GpuCleanFidResize(QueuedResize):
         launch_async(self.kernels["resize_clean_second"], (k2.blocks(size * size), len(second), 1), k2.block, stream,
                      base + first.nbytes, y_ptr, scaling, CHANNELS * size * size)
         self._record(stream)
+
+
+# Each FID tool's resize on the GPU, by Preprocess.mode: the GPU decode path's, and the host decode path's where the
+# cuda runner resizes (Preprocess.gpu_resize)
+FID_RESIZES: dict[str, type[GpuFidResize] | type[GpuCleanFidResize]] = {
+    "pytorch-fid": GpuFidResize, "clean-fid": GpuCleanFidResize}

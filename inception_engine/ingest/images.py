@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ from .modes import RESIZE_MODES
 from .pil_resize import crop_box, resize_crop_image, resized_size
 
 RESIZE = 342  # torchvision's resize_size for Inception-V3
+# A slot of an FID tool's image for the GPU's resize (Preprocess.gpu_resize): four int32 (what follows, height, width,
+# 0), then SLOT_PIXELS: the decoded (height, width, 3) uint8 RGB pixels; or SLOT_INPUT: the network's float32
+# (3, size, size) input, resized on the host (pixels too many for the slot)
+SLOT_HEADER = 16
+SLOT_PIXELS, SLOT_INPUT = 1, 2
 ORIENTATION = 0x0112  # the EXIF orientation tag
 
 # --decode gpu hands nvImageCodec at least this many files a call (a whole number of batches): its call has a fixed
@@ -58,19 +64,28 @@ class Preprocess:
     # whose preprocessing (fid_resize.RESIZE_MODES): "torchvision" (resize, crop: uint8 pixels), or an FID tool's
     # resize to size x size with that tool's scaling as mean and std (decoded straight to the network's input)
     mode: str = "torchvision"
+    # an FID tool's resize left to the GPU: the decode workers hand over the decoded pixels in a slot (SLOT_HEADER),
+    # which the cuda runner resizes as the GPU decode path does (the runner's ring_pre sets it)
+    gpu_resize: bool = False
 
     @property
     def pixel_dtype(self) -> type:
-        """What a decoded image is made of: uint8 pixels (torchvision's), float32 (the FID tools' resizes)."""
-        return np.uint8 if self.mode == "torchvision" else np.float32
+        """What a decoded image is made of: uint8 pixels (torchvision's; an FID slot for the GPU's resize), float32
+        (the FID tools' resizes)."""
+        return np.uint8 if self.mode == "torchvision" or self.gpu_resize else np.float32
 
     @property
-    def decoded_shape(self) -> tuple[int, int, int]:
+    def decoded_shape(self) -> tuple[int, ...]:
         """A decoded image's shape: (size, size, 3) uint8 pixels, which a quarter of float32's bytes carry to the
         GPU; with an FID tool's resize, whose pixels are fractional, the network's input itself, (3, size, size)
         float32 normalised where the image is decoded (a decode worker), so that the process that runs the forward
-        has nothing left to do to it."""
-        return (self.size, self.size, 3) if self.mode == "torchvision" else (3, self.size, self.size)
+        has nothing left to do to it; with that resize left to the GPU, a slot of bytes (SLOT_HEADER) that holds the
+        decoded pixels where they fit, else that input."""
+        if self.mode == "torchvision":
+            return (self.size, self.size, 3)
+        if self.gpu_resize:
+            return (SLOT_HEADER + 3 * self.size * self.size * 4,)
+        return (3, self.size, self.size)
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -211,8 +226,11 @@ FULL_RESIZE_MAX_CROPS = 8
 def resize_crop(img: Image.Image, pre: Preprocess = Preprocess(), out: np.ndarray | None = None) -> np.ndarray:
     """(size, size, 3) uint8 RGB from an already decoded image: EXIF orientation, RGB, torchvision's Resize and
     CenterCrop. What the decode workers hand to the GPU (a quarter of the float32 bytes). An FID tool's mode: its
-    resize and scaling instead, the network's input (Preprocess.decoded_shape). ``out``: an array of that shape the
-    result may be written into (pytorch-fid's C resize does; the caller checks whether it got ``out`` back)."""
+    resize and scaling instead, the network's input (Preprocess.decoded_shape); with ``gpu_resize``, its slot for
+    the GPU's resize (fid_slot). ``out``: an array of that shape the result may be written into (pytorch-fid's C
+    resize and fid_slot do; the caller checks whether it got ``out`` back)."""
+    if pre.gpu_resize and pre.mode != "torchvision":
+        return fid_slot(img, pre, out)
     if pre.mode == "pytorch-fid":
         x = pytorch_fid_input(rgb_of(img), pre.size, pre.mean, pre.std, out)
         if x is not None:
@@ -229,6 +247,25 @@ def resize_crop(img: Image.Image, pre: Preprocess = Preprocess(), out: np.ndarra
     if (new_w, new_h) != img.size:
         img = img.resize((new_w, new_h), Image.BILINEAR)
     return np.asarray(img.crop(crop_box(*img.size, pre.size)), dtype=np.uint8)
+
+
+def fid_slot(img: Image.Image, pre: Preprocess, out: np.ndarray | None = None) -> np.ndarray:
+    """An image as its FID tool reads it (Pillow's RGB, no EXIF orientation) in a slot for the GPU's resize
+    (Preprocess.gpu_resize, SLOT_HEADER): its (h, w, 3) pixels where they fit, else the network's input resized
+    here (an image of more than ~357,000 pixels at 299), which the runner copies as it is."""
+    rgb = rgb_of(img)
+    slot = np.empty(pre.decoded_shape, np.uint8) if out is None else out
+    head = slot[:SLOT_HEADER].view(np.int32)
+    if SLOT_HEADER + rgb.nbytes <= slot.nbytes:
+        head[:] = (SLOT_PIXELS, rgb.shape[0], rgb.shape[1], 0)
+        slot[SLOT_HEADER:SLOT_HEADER + rgb.nbytes] = rgb.reshape(-1)
+    else:
+        head[:] = (SLOT_INPUT, pre.size, pre.size, 0)
+        x = slot[SLOT_HEADER:].view(np.float32).reshape(3, pre.size, pre.size)
+        y = resize_crop(img, dataclasses.replace(pre, gpu_resize=False), x)
+        if y is not x:
+            x[...] = y
+    return slot
 
 
 def normalize_u8(x: np.ndarray, pre: Preprocess = Preprocess()) -> np.ndarray:

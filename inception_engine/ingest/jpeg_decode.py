@@ -48,7 +48,7 @@ from ..backends.cuda.device import driver
 from ..backends.cuda.kernels import Kernels
 from ..errors import BackendUnavailable, EngineError, first_line
 from .files import read_file
-from .gpu_fid_resize import GpuCleanFidResize, GpuFidResize
+from .gpu_fid_resize import FID_RESIZES, GpuCleanFidResize, GpuFidResize
 from .gpu_resize import CHANNELS, DeviceImage, GpuResizeCrop
 from .images import Preprocess
 from .jpeg_batch import CURRENT_DEVICE, PLAIN, UNREADABLE, JpegBatch, library
@@ -224,7 +224,7 @@ class GpuJpegDecoder:
         # the slots it fills: torchvision's uint8 (size, size, 3) crops, or an FID tool's resize as the network's
         # float32 (3, size, size) input (gpu_fid_resize.py; cpu_fallback then gives that too)
         self.fid = pre.mode != "torchvision"
-        resize = {"pytorch-fid": GpuFidResize, "clean-fid": GpuCleanFidResize}.get(pre.mode)
+        resize = FID_RESIZES.get(pre.mode)
         self._resize: GpuResizeCrop | GpuFidResize | GpuCleanFidResize = (
             GpuResizeCrop(kernels, pre) if resize is None else resize(kernels, pre.mean, pre.std, pre.size))
         self.slot_shape = (CHANNELS, pre.size, pre.size) if self.fid else (pre.size, pre.size, CHANNELS)

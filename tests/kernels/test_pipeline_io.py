@@ -94,13 +94,14 @@ def test_softmax_topk_rows_matches_float64(gpu, rows, cols, k):
     assert index[0, 0] == 3 and index[0, 1] == 9
 
 
-def small_images(folder, seed: str, names: list[str]) -> list:
-    """Random RGB pictures a little larger than the 75-pixel crop, of growing heights, saved under these names."""
+def small_images(folder, seed: str, names: list[str], shape: tuple[int, int] | None = None) -> list:
+    """Random RGB pictures a little larger than the 75-pixel crop, of growing heights (or all of ``shape``), saved
+    under these names."""
     from PIL import Image
 
     rng, paths = rng_for(seed), []
     for i, name in enumerate(names):
-        Image.fromarray(rng.integers(0, 256, (80 + 6 * i, 92, 3), dtype=np.uint8)).save(folder / name)
+        Image.fromarray(rng.integers(0, 256, (*(shape or (80 + 6 * i, 92)), 3), dtype=np.uint8)).save(folder / name)
         paths.append(folder / name)
     return paths
 
@@ -126,15 +127,17 @@ class PageLockingDriver:
 
 @pytest.mark.parametrize("graph", [False] if EMULATED else [False, True])
 @pytest.mark.parametrize("ring, mode", [("page-locked", "torchvision"), ("staged", "torchvision"),
-                                        ("page-locked", "pytorch-fid"), ("staged", "pytorch-fid")])
+                                        ("page-locked", "pytorch-fid"), ("staged", "pytorch-fid"),
+                                        ("page-locked", "clean-fid")])
 def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_path, monkeypatch):
     """An unreadable file, then 5 images in batches of 2 through a ring of 4 slots: the ring wraps, inside a batch
     too (the file's slot is skipped: slots 3 and 0 make the second batch), and the last batch is partial. fp32 on
     NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's. The ring
     page-locked (the copies straight from its slots) or not (gathered into pinned staging first). The runner copies
     each batch's pool features back too (features=True): the reference's, by input index, none for the bad file.
-    torchvision's preprocessing puts uint8 pixels in the ring, normalised on the GPU; pytorch-fid's the network's
-    float32 input, as inception-fid's host decode path does."""
+    torchvision's preprocessing puts uint8 pixels in the ring, normalised on the GPU; an FID tool's the decoded
+    pixels, resized on the GPU (Preprocess.gpu_resize), except the third image's, too many for its slot at this size
+    (75: 22,500 pixels), which comes resized on the host."""
     from inception_engine.backends.cuda import device
 
     lib = PageLockingDriver(device._libcuda())
@@ -143,6 +146,8 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_pa
     pre = Preprocess.from_manifest({"input": {"size": size, "resize": 86}}, mode=mode)
     weights = Weights(random_arrays(11), {"count_include_pad": True})
     paths = small_images(tmp_path, "runner", [f"{i}.png" for i in range(5)])
+    big = small_images(tmp_path, "runner-big", ["big.png"], (170, 160))[0]
+    paths[2] = big
     (tmp_path / "unreadable.png").write_bytes(b"not a picture")
     backend = CudaBackend(weights, build_plan(2, weights.layers(), input_size=size), graph=graph, nhwc=False)
     feats: dict[int, np.ndarray] = {}
@@ -150,12 +155,16 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_pa
     def keep(indices: list[int], rows: np.ndarray) -> None:
         feats.update(zip(indices, rows.copy()))
     try:
-        preds = list(pipeline.classify([tmp_path / "unreadable.png", *paths], CudaRunner(backend, pre, features=True),
-                                       pre, 3, pipeline.PipelineOptions(workers=2, ring_batches=2), on_features=keep))
+        runner = CudaRunner(backend, pre, features=True)
+        preds = list(pipeline.classify([tmp_path / "unreadable.png", *paths], runner, 3,
+                                       pipeline.PipelineOptions(workers=2, ring_batches=2), on_features=keep))
     finally:
         backend.close()
     if ring == "page-locked":
-        assert lib.registered == [(4 * size * size * 3 * np.dtype(pre.pixel_dtype).itemsize, 0)]
+        ring_pre = runner.ring_pre  # an FID tool's: slots of decoded pixels for the GPU's resize
+        assert ring_pre.gpu_resize == (mode != "torchvision")
+        assert lib.registered == [(4 * int(np.prod(ring_pre.decoded_shape)) * np.dtype(ring_pre.pixel_dtype).itemsize,
+                                   0)]
         assert lib.unregistered == [0]
     host = NumpyBackend(weights, build_plan(len(paths), weights.layers(), input_size=size), dtype=np.float64)
     from inception_engine.ingest.images import load_image
@@ -196,7 +205,7 @@ def test_gpu_decode_stream_matches_the_cpu_stream(tmp_path, monkeypatch):
         # (kept for the next run) holding none, or the next run freed them on a destroyed stream and crashed
         assert backend.jpeg_decoders and backend.jpeg_decoders[0]._decoded == []
         again = list(pipeline.classify_encoded(sources, CudaRunner(backend, pre), 3))
-        cpu = list(pipeline.classify(sources, CudaRunner(backend, pre), pre, 3, options))
+        cpu = list(pipeline.classify(sources, CudaRunner(backend, pre), 3, options))
     finally:
         backend.close()
     assert [(p.top, p.error) for p in again] == [(p.top, p.error) for p in gpu]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,7 +13,8 @@ from inception_engine.errors import EngineError
 from inception_engine.ingest import fid_resize
 from inception_engine.ingest.fid_resize import (bilinear_taps, clean_fid_planes, fid_planes, pytorch_fid_input,
                                                 pytorch_fid_planes)
-from inception_engine.ingest.images import Preprocess, decode_u8, load_image, normalize_u8
+from inception_engine.ingest.images import (SLOT_HEADER, SLOT_INPUT, SLOT_PIXELS, Preprocess, decode_u8, load_image,
+                                            normalize_u8)
 from inception_engine.ingest.workers import decode_into
 
 
@@ -158,6 +160,29 @@ def test_a_decode_worker_resizes_into_its_ring_slot(tmp_path):
                 np.empty((3, 299, 598), np.float32)[:, :, ::2]):
         with pytest.raises(ValueError, match="out must be"):
             pytorch_fid_input(rgb, 299, pre.mean, pre.std, bad)
+
+
+@pytest.mark.parametrize("mode", ["pytorch-fid", "clean-fid"])
+def test_a_slot_for_the_gpus_resize_holds_the_pixels_or_else_the_input(tmp_path, mode):
+    """Preprocess.gpu_resize (the cuda runner's host decode path): a decode worker writes the image as its tool reads
+    it (RGBA's alpha dropped, EXIF ignored) after a header saying so; an image with more pixels than the slot holds
+    comes as the network's input, resized here exactly as without gpu_resize. The rest of the slot is not written."""
+    pre = Preprocess(size=75, mode=mode, mean=(0.5,) * 3, std=(0.5,) * 3, gpu_resize=True)
+    assert pre.pixel_dtype == np.uint8 and pre.decoded_shape == (SLOT_HEADER + 3 * 75 * 75 * 4,)
+    rng = np.random.default_rng(11)
+    small, big = rng.integers(0, 256, (60, 90, 4), dtype=np.uint8), rng.integers(0, 256, (160, 150, 3), dtype=np.uint8)
+    Image.fromarray(small, "RGBA").save(tmp_path / "small.png")
+    Image.fromarray(big).save(tmp_path / "big.png")
+    ring = np.full((2, *pre.decoded_shape), 0xAB, np.uint8)
+    assert decode_into(ring, 0, str(tmp_path / "small.png"), pre) is None
+    assert decode_into(ring, 1, str(tmp_path / "big.png"), pre) is None
+    assert ring[0, :SLOT_HEADER].view(np.int32).tolist() == [SLOT_PIXELS, 60, 90, 0]
+    np.testing.assert_array_equal(ring[0, SLOT_HEADER:SLOT_HEADER + small[..., :3].size], small[..., :3].reshape(-1))
+    assert (ring[0, SLOT_HEADER + small[..., :3].size:] == 0xAB).all()
+    assert ring[1, :SLOT_HEADER].view(np.int32).tolist() == [SLOT_INPUT, 75, 75, 0]
+    host = dataclasses.replace(pre, gpu_resize=False)
+    np.testing.assert_array_equal(ring[1, SLOT_HEADER:].view(np.float32).reshape(3, 75, 75),
+                                  decode_u8(tmp_path / "big.png", host))
 
 
 def test_fid_modes_take_pillows_rgb_without_exif_and_their_scaling(tmp_path):
