@@ -131,12 +131,15 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]]:
 
 class CudaRunner:
     def __init__(self, backend: CudaBackend, pre: Preprocess, gpu_decode: bool = False, decode_threads: int = 0,
-                 started: Any = None, features: bool = False, decode_chains: int | None = None):
+                 started: Any = None, features: bool = False, decode_chains: int | None = None,
+                 gpu_resize: bool = False):
         """gpu_decode: make the backend's JPEG decoders now (for submit_encoded and decode), so that a decoder that
         cannot be made stops the run before its first image rather than at its first batch; with decode_threads
         host threads each (0: one per CPU), from ``started`` (jpeg_decode.NativeStart) where given; decode_chains of
         them (None: jpeg_decode.DECODE_CHAINS), each a decode call in flight. features: copy each batch's pool
-        features back beside its top-k (``features_of``)."""
+        features back beside its top-k (``features_of``). gpu_resize: host-decoded images of an FID tool's resize
+        come as slots of decoded pixels (Preprocess.gpu_resize: its ``ring_pre``), resized here; the streaming
+        pipeline's runner. Without it (the server's) they come as the network's input."""
         drv = driver()
         plan = backend.plan
         self.classes = plan.output.channels
@@ -146,7 +149,7 @@ class CudaRunner:
             raise EngineError(f"the plan's input {plan.input.dims} does not take {pre.size}x{pre.size} images")
         self.backend, self.batch, self.pre = backend, plan.batch, pre
         # host-decoded images of an FID tool's resize come as decoded pixels, resized here (Preprocess.gpu_resize)
-        self._host_resize = not gpu_decode and pre.mode in FID_RESIZES
+        self._host_resize = gpu_resize and not gpu_decode and pre.mode in FID_RESIZES
         self.ring_pre = dataclasses.replace(pre, gpu_resize=True) if self._host_resize else pre
         self._slot_heads: list[np.ndarray] = [np.zeros((0, 4), np.int32)] * 2  # per turn: its slots' SLOT_HEADERs
         # files per decode call (--decode gpu); its buffers hold that many images, classified a batch at a time

@@ -243,10 +243,12 @@ class Engine:
         """The batch size of a run of ``n_images``: the engine's, or all of them where they are fewer."""
         return max(1, min(self.batch_size, n_images))
 
-    def runner(self, n_images: int, features: bool = False, decode_chains: int | None = None) -> Runner:
+    def runner(self, n_images: int, features: bool = False, decode_chains: int | None = None,
+               gpu_resize: bool = False) -> Runner:
         """The pipeline's runner for a run of ``n_images``: one batch size, tuned only for long runs; with
         ``features``, one that keeps each batch's pool features (``features_of``); a cuda runner decoding on the GPU
-        with ``decode_chains`` decode calls in flight (None: jpeg_decode.DECODE_CHAINS)."""
+        with ``decode_chains`` decode calls in flight (None: jpeg_decode.DECODE_CHAINS); ``gpu_resize``: a cuda
+        runner that resizes host-decoded FID images itself (its ``ring_pre``: the streaming pipeline's)."""
         batch = self.run_batch(n_images)
         tune: bool | str = True if measures_in_run(n_images) else "cached"
         if features:
@@ -255,13 +257,13 @@ class Engine:
             return HostRunner(self.forward, batch, self.preprocess, features)
         started, self._decoder_start = self._decoder_start, None  # the first runner's decoder, opened at start
         try:
-            return self._cuda_runner(batch, tune, started, features, decode_chains)
+            return self._cuda_runner(batch, tune, started, features, decode_chains, gpu_resize)
         finally:
             if started is not None:
                 started.close()  # nothing left to close where the runner's decoder took it
 
     def _cuda_runner(self, batch: int, tune: bool | str, started: Any, features: bool = False,
-                     decode_chains: int | None = None) -> Runner:
+                     decode_chains: int | None = None, gpu_resize: bool = False) -> Runner:
         from .cuda_runner import CudaRunner  # on use: it loads the CUDA backend's package
 
         backend = self.backend_for(batch, tune)
@@ -271,7 +273,7 @@ class Engine:
                             f"--batch-sizes {batch}` measures the fastest once (~20 s)")
         runner = CudaRunner(backend, self.preprocess, gpu_decode=self.decode == "gpu",
                             decode_threads=self.pipeline.workers or 0, started=started, features=features,
-                            decode_chains=decode_chains)
+                            decode_chains=decode_chains, gpu_resize=gpu_resize)
         if runner.decode_fallback is not None:
             self._note_once(f"--decode gpu reads and decodes through nvImageCodec's Python API, about half as fast: "
                             f"cuda_src/jpeg_batch.c is unavailable ({runner.decode_fallback})")
@@ -298,7 +300,7 @@ class Engine:
         n = len(images)
         if self.decode != "gpu" and decode_plan(n, self.run_batch(n), self.pipeline)[2] == "process":
             start_forkserver()  # the decode processes' start-up, beside the runner's
-        runner = self.runner(n, features=on_features is not None)
+        runner = self.runner(n, features=on_features is not None, gpu_resize=True)
         stream = (classify_encoded(images, runner, top_k, by, finish, on_features) if self.decode == "gpu"
                   else classify(images, runner, top_k, self.pipeline, by, finish, on_features))
         try:

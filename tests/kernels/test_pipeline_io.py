@@ -126,10 +126,10 @@ class PageLockingDriver:
 
 
 @pytest.mark.parametrize("graph", [False] if EMULATED else [False, True])
-@pytest.mark.parametrize("ring, mode", [("page-locked", "torchvision"), ("staged", "torchvision"),
-                                        ("page-locked", "pytorch-fid"), ("staged", "pytorch-fid"),
-                                        ("page-locked", "clean-fid")])
-def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ring, mode, gpu_resize", [
+    ("page-locked", "torchvision", True), ("staged", "torchvision", True), ("page-locked", "pytorch-fid", True),
+    ("staged", "pytorch-fid", True), ("page-locked", "clean-fid", True), ("page-locked", "pytorch-fid", False)])
+def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, gpu_resize, tmp_path, monkeypatch):
     """An unreadable file, then 5 images in batches of 2 through a ring of 4 slots: the ring wraps, inside a batch
     too (the file's slot is skipped: slots 3 and 0 make the second batch), and the last batch is partial. fp32 on
     NCHW tensors (the emulator's forward stays quick); the top 3 must be the float64 reference's. The ring
@@ -137,7 +137,8 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_pa
     each batch's pool features back too (features=True): the reference's, by input index, none for the bad file.
     torchvision's preprocessing puts uint8 pixels in the ring, normalised on the GPU; an FID tool's the decoded
     pixels, resized on the GPU (Preprocess.gpu_resize), except the third image's, too many for its slot at this size
-    (75: 22,500 pixels), which comes resized on the host."""
+    (75: 22,500 pixels), which comes resized on the host; without gpu_resize (the server's runner) the network's
+    input resized on the host."""
     from inception_engine.backends.cuda import device
 
     lib = PageLockingDriver(device._libcuda())
@@ -155,14 +156,14 @@ def test_cuda_runner_streams_the_reference_predictions(graph, ring, mode, tmp_pa
     def keep(indices: list[int], rows: np.ndarray) -> None:
         feats.update(zip(indices, rows.copy()))
     try:
-        runner = CudaRunner(backend, pre, features=True)
+        runner = CudaRunner(backend, pre, features=True, gpu_resize=gpu_resize)
         preds = list(pipeline.classify([tmp_path / "unreadable.png", *paths], runner, 3,
                                        pipeline.PipelineOptions(workers=2, ring_batches=2), on_features=keep))
     finally:
         backend.close()
     if ring == "page-locked":
         ring_pre = runner.ring_pre  # an FID tool's: slots of decoded pixels for the GPU's resize
-        assert ring_pre.gpu_resize == (mode != "torchvision")
+        assert ring_pre.gpu_resize == (gpu_resize and mode != "torchvision")
         assert lib.registered == [(4 * int(np.prod(ring_pre.decoded_shape)) * np.dtype(ring_pre.pixel_dtype).itemsize,
                                    0)]
         assert lib.unregistered == [0]
