@@ -3,11 +3,16 @@ pipeline drives them (DecodePool: chunks of images a task, the ring's slots reus
 forward; images/s. For A/B of a decode or resize change, run each tree with PYTHONPATH.
 
     python3 dev/bench_decode_workers.py DIR [--workers N] [--resize pytorch-fid|clean-fid|torchvision] [--slots 64]
+                                        [--gpu-resize]
+
+--gpu-resize: an FID tool's images as the cuda runner of a streaming run takes them (Preprocess.gpu_resize: decoded
+pixels, the resize left to the GPU), not resized here.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections import deque
 from pathlib import Path
@@ -23,9 +28,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=default_workers())
     ap.add_argument("--resize", default="pytorch-fid", choices=["pytorch-fid", "clean-fid", "torchvision"])
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--gpu-resize", action="store_true", help="decoded pixels for the GPU's resize (FID modes)")
     a = ap.parse_args()
     files = sorted(str(p) for p in a.folder.iterdir() if not p.name.startswith("."))
     pre = Preprocess.from_manifest({}, mode=a.resize)  # an FID tool's with its network's scaling
+    pre = dataclasses.replace(pre, gpu_resize=a.gpu_resize and a.resize != "torchvision")
     ring = HostRing(a.slots, pre, shared=True)
     pool = DecodePool(ring, pre, a.workers, kind="process")
     try:
@@ -45,7 +52,8 @@ def main() -> None:
     finally:
         pool.close()
         ring.close()
-    print(f"{len(files)} images, {a.workers} process workers, {a.resize}: {len(files) / seconds:.0f} images/s"
+    how = f"{a.resize}{', resized on the GPU' if pre.gpu_resize else ''}"
+    print(f"{len(files)} images, {a.workers} process workers, {how}: {len(files) / seconds:.0f} images/s"
           + (f", {len(errors)} errors (first: {errors[0]})" if errors else ""))
 
 

@@ -47,7 +47,8 @@
 # 15. (group fid) issue 52 with the FID kit (dev/gpu_machine/fid_kit.sh: pytorch-fid, clean-fid): resize_fid.cu
 #    against the CPU path (tests/kernels/test_resize_fid.py), pytorch-fid's FID against inception-fid's on the same
 #    random weights (tests/e2e/test_pytorch_fid_agreement.py, cpu and cuda), then dev/bench_fid.py (FID_ARGS; default
-#    --images 50000: generated 256x256 PNGs against statistics, inception-fid vs pytorch-fid's command), then
+#    --images 50000: generated 256x256 PNGs against statistics, inception-fid vs pytorch-fid's command), where
+#    FID_AB_OLD names another checkout the host-decoded job against it (dev/fid_job_ab.py, FID_AB_FILES), then
 #    dev/fid_gap.py --float64 (FID_GAP_ARGS; default 20,000 JPEGs against 5,000): each tool's FID against float64
 # 17. (group fp32) issue 52's fp32 tiles (3xFP16, A split in registers): the FID network's fp32 selftest, every fp32
 #    tile's GPU tests, the fp32 forward against another checkout's (FP32_AB_OLD, e.g. a `git archive main` in
@@ -283,6 +284,13 @@ if want fid; then
     step "pytest fid" fid.log 240 python3 -m pytest -q -rfEs -s tests/kernels/test_resize_fid.py \
       tests/e2e/test_pytorch_fid_agreement.py
     step "bench fid" fid.log 540 python3 dev/bench_fid.py --out "$OUT/bench_fid" ${FID_ARGS:---images 50000}
+    # the host-decoded job against another checkout (FID_AB_OLD, e.g. a git archive in .snapold), on bench_fid's
+    # files: FID_AB_FILES names them as dev/fid_job_ab.py takes them (the default: those of --images 20000
+    # --ref-images 5000 --format jpeg)
+    W=/tmp/bench-fid-work
+    # shellcheck disable=SC2086
+    [ -n "${FID_AB_OLD:-}" ] && step "A/B fid job" fid.log 300 python3 dev/fid_job_ab.py "$FID_AB_OLD" \
+      ${FID_AB_FILES:-$W/gen-jpeg-20000 $W/ref-jpeg-5000-seed0.npz --weights $W/fid-random-0.npz}
     # where our FID and pytorch-fid's part, with pytorch-fid's modules in float64 as the referee (bench_fid's images
     # and weights in its default --work, made by the step above where the sizes agree)
     # shellcheck disable=SC2086
