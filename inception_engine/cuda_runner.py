@@ -157,13 +157,10 @@ class CudaRunner:
         # batches outstanding on the GPU: with --decode gpu, two decode calls' worth, so that the forward has work
         # queued while this thread hands out a call's results; the host-decoded path stages per turn (two)
         self.depth = 2 * (self.decode_batch // self.batch) if gpu_decode else 2
-        # a buffer's image: uint8 (size, size, 3) pixels, normalised on the GPU; with an FID tool's resize the
-        # network's float32 input (3, size, size), as the decode workers (fid_resize.py) or the GPU decoder's resize
-        # (gpu_fid_resize.py) write it, copied to the forward's input as it is
+        # a buffer's image: uint8 (size, size, 3) pixels, normalised on the GPU; a slot of decoded pixels, resized on
+        # the GPU (ring_pre); else with an FID tool's resize the network's float32 input (3, size, size), copied
         self._fid_input = pre.pixel_dtype != np.uint8
-        ring_pre = self.ring_pre
-        self._image_bytes = int(np.prod(ring_pre.decoded_shape)) * np.dtype(ring_pre.pixel_dtype).itemsize
-        self._resize: Any = None  # the host-decoded FID images' resize (gpu_fid_resize.py)
+        self._image_bytes = int(np.prod(self.ring_pre.decoded_shape)) * np.dtype(self.ring_pre.pixel_dtype).itemsize
         self._ring: np.ndarray | None = None
         self._ring_pin: HostRegistration | None = None
         self._decoders: list[Any] = []  # the backend's jpeg_decode.GpuJpegDecoders, one per decode chain
@@ -175,8 +172,8 @@ class CudaRunner:
         with backend.gpu:
             kernels = backend.kernels
             self._normalize = kernels["normalize_u8_nchw"]
-            if self._host_resize:
-                self._resize = FID_RESIZES[pre.mode](kernels, pre.mean, pre.std, pre.size)
+            # the host-decoded FID images' resize (gpu_fid_resize.py)
+            self._resize = FID_RESIZES[pre.mode](kernels, pre.mean, pre.std, pre.size) if self._host_resize else None
             self._topk = kernels["softmax_topk_rows"]
             self._prob = [self._alloc(self.batch * self.classes * 4) for _ in range(self.depth)]
             self._index = [self._alloc(self.batch * self.classes * 4) for _ in range(self.depth)]

@@ -18,9 +18,9 @@ def notes_mid_run(gpu: int, *args: object) -> None:
 
     runner = engine.Engine.runner
 
-    def noting(self: engine.Engine, n_images: int, features: bool = False) -> object:
+    def noting(self: engine.Engine, n_images: int, features: bool = False, **kwargs: object) -> object:
         self._note_once("this engine took a note mid-run")
-        return runner(self, n_images, features)
+        return runner(self, n_images, features, **kwargs)
 
     engine.Engine.runner = noting  # type: ignore[method-assign]
     multi_gpu._worker(gpu, *args)  # type: ignore[arg-type]
