@@ -32,10 +32,9 @@ top-k buffers, so the forward has work queued while the host hands out a call's 
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -150,8 +149,7 @@ class CudaRunner:
         self.backend, self.batch, self.pre = backend, plan.batch, pre
         # host-decoded images of an FID tool's resize come as decoded pixels, resized here (Preprocess.gpu_resize)
         self._host_resize = gpu_resize and not gpu_decode and pre.mode in FID_RESIZES
-        self.ring_pre = dataclasses.replace(pre, gpu_resize=True) if self._host_resize else pre
-        self._slot_heads: list[np.ndarray] = [np.zeros((0, 4), np.int32)] * 2  # per turn: its slots' SLOT_HEADERs
+        self.ring_pre = replace(pre, gpu_resize=True) if self._host_resize else pre
         # files per decode call (--decode gpu); its buffers hold that many images, classified a batch at a time
         self.decode_batch = decode_call_images(self.batch) if gpu_decode else self.batch
         # batches outstanding on the GPU: with --decode gpu, two decode calls' worth, so that the forward has work
@@ -253,14 +251,12 @@ class CudaRunner:
                 if not direct:
                     self._copied[k].synchronize()
                 self._copy.wait_for_event(self._normalized[k])
-            if self._host_resize:  # each slot's header, and its bytes in use only
-                heads = self._ring[slots, :SLOT_HEADER].view(np.int32)
-                self._slot_heads[k] = heads
+            heads = self._ring[slots, :SLOT_HEADER].view(np.int32) if self._host_resize else None
+            if direct and heads is not None:  # each slot's bytes in use only
                 used = np.where(heads[:, 0] == SLOT_PIXELS, SLOT_HEADER + heads[:, 1] * heads[:, 2] * 3,
                                 self._image_bytes)
-            if direct and self._host_resize:
-                for row, (slot, n) in enumerate(zip(slots, used.tolist())):
-                    drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[slot, :n], self._copy)
+                for row, (slot, nbytes) in enumerate(zip(slots, used.tolist())):
+                    drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[slot, :nbytes], self._copy)
             elif direct:
                 for first, end, row in slot_runs(slots):
                     drv.memcpy_htod_async(self._u8[k] + row * self._image_bytes, self._ring[first:end], self._copy)
@@ -272,7 +268,7 @@ class CudaRunner:
                 for first, end, row in slot_runs(slots):
                     staging[row:row + end - first] = self._ring[first:end]
                 drv.memcpy_htod_async(self._u8[k], staging[:len(slots)], self._copy)
-            self._classify(k, len(slots), top_k)
+            self._classify(k, len(slots), top_k, heads=heads)
             if direct:
                 self._copied[k].synchronize()
         return Ticket(k, len(slots), top_k)
@@ -358,19 +354,20 @@ class CudaRunner:
         self._turn += 1
         return (self._turn - 1) % self.depth
 
-    def _classify(self, k: int, n: int, top_k: int, buffer: int | None = None, first: int = 0) -> None:
+    def _classify(self, k: int, n: int, top_k: int, buffer: int | None = None, first: int = 0,
+                  heads: np.ndarray | None = None) -> None:
         """After u8[buffer]'s copy or decode was enqueued on the copy stream and its ``copied`` event recorded (by
         ``decode``; here for the host-decoded path, whose buffer is k): normalise its rows first .. first + batch - 1
-        (a decode buffer holds whole batches), forward, top-k into turn k's buffers, copy back."""
+        (a decode buffer holds whole batches), or resize them where they are slots of decoded FID images (``heads``:
+        their SLOT_HEADERs), forward, top-k into turn k's buffers, copy back."""
         drv, b = driver(), self.backend
         hw = self.pre.size * self.pre.size
-        host = buffer is None
-        if host:
+        if buffer is None:
             buffer = k
             self._copied[k].record(self._copy)
         b.stream.wait_for_event(self._copied[buffer])
-        if host and self._host_resize:
-            self._resize_slots(self._slot_heads[k][:n], self._u8[k], b)
+        if heads is not None:
+            self._resize_slots(heads, self._u8[k], b)
         elif self._fid_input:  # the network's input already (3 * hw floats an image)
             drv.memcpy_dtod_async(b.input_ptr, self._u8[buffer] + first * self._image_bytes,
                                   self.batch * self._image_bytes, b.stream)

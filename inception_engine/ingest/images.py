@@ -18,8 +18,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -262,7 +261,7 @@ def fid_slot(img: Image.Image, pre: Preprocess, out: np.ndarray | None = None) -
     else:
         head[:] = (SLOT_INPUT, pre.size, pre.size, 0)
         x = slot[SLOT_HEADER:].view(np.float32).reshape(3, pre.size, pre.size)
-        y = resize_crop(img, dataclasses.replace(pre, gpu_resize=False), x)
+        y = resize_crop(img, replace(pre, gpu_resize=False), x)
         if y is not x:
             x[...] = y
     return slot
